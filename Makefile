@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` runs the platform, `make test` runs every test.
+# Both set up everything they need first (Debian packages, the virtualenv, pip extras).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.nodeward-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck check system-deps venv schemas clean
+
+demo: $(STAMP)
+	$(BIN)/nodeward up
+
+test: system-deps $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+schemas: $(STAMP)
+	$(BIN)/nodeward schemas export schemas/json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,137 @@
+"""Configuration: one YAML file with a section per daemon, overridden by the environment.
+
+Precedence (highest first): `NODEWARD_<SECTION>__<KEY>` environment variables, the YAML
+file given with `--config`, the defaults below. Every default works with `nodeward up`.
+Later sections (`agents.gpu`, `services.cordon`, ...) are added by the modules that own them.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nodeward.durations import Duration
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BusSettings(Section):
+    """How a daemon reaches NATS."""
+
+    url: str = "nats://127.0.0.1:4222"
+    name: str | None = Field(default=None, description="client connection name; defaults to the daemon's")
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    creds_file: Path | None = Field(default=None, description="NATS .creds (JWT + nkey seed)")
+    nkey_seed_file: Path | None = None
+    inbox_prefix: str | None = Field(default=None, description="e.g. _INBOX_<node> for per-node ACLs")
+    tls_ca_file: Path | None = None
+    connect_timeout: Duration = timedelta(seconds=2)
+    reconnect_wait_max: Duration = timedelta(seconds=10)
+    publish_timeout: Duration = timedelta(seconds=5)
+    publish_retries: int = Field(default=5, ge=0)
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    provision: bool = Field(default=True, description="create/update streams on start (needs $JS.API rights)")
+
+
+class ClusterSettings(Section):
+    """How services reach Kubernetes."""
+
+    kubeconfig: Path | None = Field(default=None, description="None: in-cluster config")
+    context: str | None = None
+    request_timeout: Duration = timedelta(seconds=10)
+    retries: int = Field(default=5, ge=0)
+
+
+class DaemonSettings(Section):
+    """The HTTP endpoint every daemon serves: /healthz, /readyz, /metrics."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    shutdown_timeout: Duration = timedelta(seconds=20)
+
+
+class LogSettings(Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="NODEWARD_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        case_sensitive=False,
+    )
+
+    bus: BusSettings = BusSettings()
+    cluster: ClusterSettings = ClusterSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    log: LogSettings = LogSettings()
+    agents: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    services: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs; the environment overrides it.
+        return env_settings, init_settings
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be read or does not validate. `str()` is one line."""
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping of sections")
+    return data
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from the YAML file (if any) and the environment; `overrides` win over the file."""
+    from pydantic import ValidationError
+
+    from schemas.cloudevents import one_line
+
+    data = read_yaml(config_file) if config_file else {}
+    for key, value in overrides.items():
+        data.setdefault(key, {}).update(value) if isinstance(value, dict) else data.__setitem__(key, value)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        where = f" in {config_file}" if config_file else ""
+        raise ConfigError(f"invalid configuration{where}: {one_line(exc)}") from None
+
+
+def section(settings: Settings, group: Literal["agents", "services"], name: str, model: type[Section]) -> Any:
+    """Validate one daemon's section (`services.cordon`, ...) with that daemon's model."""
+    from pydantic import ValidationError
+
+    from schemas.cloudevents import one_line
+
+    raw = getattr(settings, group).get(name, {})
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid {group}.{name} configuration: {one_line(exc)}") from None

@@ -1,0 +1,70 @@
+"""A message a consumer could not process, kept with its error instead of being lost."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import EventData
+from schemas.tokens import subject
+
+
+class DeadLetterReason(StrEnum):
+    INVALID = "invalid"  # failed decoding or validation
+    PERMANENT = "permanent"  # the handler said retrying cannot help
+    EXHAUSTED = "exhausted"  # max deliveries reached
+
+
+class DeadLetter(EventData):
+    """The original message (headers and payload, base64) and why it failed."""
+
+    TYPE: ClassVar[str] = "dlq.v1"
+    STREAM: ClassVar[str] = "DLQ"
+    SUBJECT_PATTERN: ClassVar[str] = "dlq.<stream>.<consumer>"
+    EXAMPLE_SOURCE: ClassVar[str] = "service/cordon"
+
+    stream: str
+    consumer: str
+    original_subject: str
+    stream_sequence: int | None = Field(default=None, ge=0)
+    deliveries: int = Field(ge=0)
+    reason: DeadLetterReason
+    error: str = Field(description="one line: what was wrong")
+    error_type: str | None = None
+    original_headers: dict[str, str] = Field(default_factory=dict)
+    payload_b64: str = Field(description="the original body, base64")
+    failed_at: datetime
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream": "GPU",
+                    "consumer": "cordon",
+                    "original_subject": "gpu.health.gpu-node-07.3",
+                    "stream_sequence": 1042,
+                    "deliveries": 1,
+                    "reason": "invalid",
+                    "error": "gpu.health.v1: state: Input should be 'healthy', 'degraded', 'failed' or 'unknown'",
+                    "error_type": "DecodeError",
+                    "original_headers": {"ce-type": "gpu.health.v1", "ce-id": "x"},
+                    "payload_b64": "eyJzdGF0ZSI6ICJvbi1maXJlIn0=",
+                    "failed_at": "2026-08-20T14:02:12Z",
+                }
+            ]
+        }
+    )
+
+    @property
+    def payload(self) -> bytes:
+        return base64.b64decode(self.payload_b64)
+
+    def nats_subject(self) -> str:
+        return subject("dlq", self.stream, self.consumer)
+
+    def about(self) -> str:
+        return f"consumer/{self.stream}/{self.consumer}"

@@ -1,0 +1,157 @@
+"""Energy per node and per pod over an interval, with the carbon intensity used for CO2e."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from schemas.base import EventData, Model
+from schemas.common import K8sName, Namespace, NonNegFloat
+from schemas.tokens import subject
+
+
+class PowerSource(StrEnum):
+    IPMI_SDR = "ipmi_sdr"
+    DCMI = "dcmi"
+    RAPL = "rapl"
+    NVML = "nvml"
+    ESTIMATE = "estimate"
+
+
+class CarbonBasis(StrEnum):
+    """Lifecycle (Electricity Maps default) and operational (RTE, UK NESO) must not be mixed."""
+
+    LIFECYCLE = "lifecycle"
+    OPERATIONAL = "operational"
+
+
+class CarbonIntensity(Model):
+    g_per_kwh: NonNegFloat
+    zone: str
+    provider: str = Field(description="electricitymaps, rte-eco2mix, uk-neso, static, ...")
+    basis: CarbonBasis
+    estimated: bool = False
+    observed_at: datetime
+
+
+class EnergyReading(Model):
+    """Energy of one component from one source over the interval."""
+
+    source: PowerSource
+    component: str = Field(description="system, package-0, dram, gpu-3, ...")
+    energy_j: NonNegFloat
+    avg_power_w: NonNegFloat
+
+
+class Interval(Model):
+    start: datetime
+    end: datetime
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.end <= self.start:
+            raise ValueError("interval end must be after start")
+        return self
+
+
+class EnergyNode(EventData):
+    """A node's measured energy over an interval."""
+
+    TYPE: ClassVar[str] = "energy.node.v1"
+    STREAM: ClassVar[str] = "ENERGY"
+    SUBJECT_PATTERN: ClassVar[str] = "energy.node.<node>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
+
+    node: K8sName
+    interval: Interval
+    readings: list[EnergyReading]
+    energy_j: NonNegFloat = Field(description="whole-node energy (not the sum of overlapping readings)")
+    avg_power_w: NonNegFloat
+    carbon: CarbonIntensity | None = None
+    co2e_g: NonNegFloat | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
+                    "readings": [
+                        {"source": "ipmi_sdr", "component": "system", "energy_j": 231000.0, "avg_power_w": 3850.0},
+                        {"source": "rapl", "component": "package-0", "energy_j": 16200.0, "avg_power_w": 270.0},
+                        {"source": "nvml", "component": "gpu-0", "energy_j": 36744.0, "avg_power_w": 612.4},
+                    ],
+                    "energy_j": 231000.0,
+                    "avg_power_w": 3850.0,
+                    "carbon": {
+                        "g_per_kwh": 21.0,
+                        "zone": "CH",
+                        "provider": "electricitymaps",
+                        "basis": "lifecycle",
+                        "observed_at": "2026-08-20T14:00:00Z",
+                    },
+                    "co2e_g": 1.3475,
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("energy", "node", self.node)
+
+    def about(self) -> str:
+        return f"node/{self.node}"
+
+
+class EnergyPod(EventData):
+    """Energy attributed to one pod over an interval."""
+
+    TYPE: ClassVar[str] = "energy.pod.v1"
+    STREAM: ClassVar[str] = "ENERGY"
+    SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<ns>.<pod>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
+
+    namespace: Namespace
+    pod: K8sName
+    node: K8sName
+    interval: Interval
+    cpu_energy_j: NonNegFloat = 0.0
+    gpu_energy_j: NonNegFloat = 0.0
+    energy_j: NonNegFloat
+    attribution: str = Field(description="how the node's energy was split, e.g. cpu-time-ratio+gpu-exclusive")
+    carbon: CarbonIntensity | None = None
+    co2e_g: NonNegFloat | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "namespace": "user-alice",
+                    "pod": "jupyter-alice-0",
+                    "node": "gpu-node-07",
+                    "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
+                    "cpu_energy_j": 1250.0,
+                    "gpu_energy_j": 36744.0,
+                    "energy_j": 37994.0,
+                    "attribution": "cpu-time-ratio+gpu-exclusive",
+                    "carbon": {
+                        "g_per_kwh": 21.0,
+                        "zone": "CH",
+                        "provider": "electricitymaps",
+                        "basis": "lifecycle",
+                        "observed_at": "2026-08-20T14:00:00Z",
+                    },
+                    "co2e_g": 0.2216,
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("energy", "pod", self.namespace, self.pod)
+
+    def about(self) -> str:
+        return f"pod/{self.namespace}/{self.pod}"

@@ -1,0 +1,173 @@
+"""GPU health and telemetry, published by the node GPU agent from NVML."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import EventData, Model
+from schemas.common import K8sName, NonNegFloat, PodRef
+from schemas.tokens import subject
+
+
+class HealthState(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+class RecommendedAction(StrEnum):
+    """NVIDIA's immediate-action buckets, as `shared/data/xid-catalog.csv` maps them."""
+
+    NONE = "none"
+    RESTART_APP = "restart_app"
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    DRAIN_AND_RMA = "drain_and_rma"
+    CHECK_NVLINK = "check_nvlink"
+
+
+class HealthReason(Model):
+    """One finding behind a classification, e.g. `xid` 79 or `ecc_uncorrected`."""
+
+    code: str = Field(min_length=1, description="machine-readable reason, e.g. xid, gpu_lost")
+    message: str
+    xid: int | None = Field(default=None, ge=0)
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    action: RecommendedAction = RecommendedAction.NONE
+
+
+class MigInstance(Model):
+    gpu_instance_id: int = Field(ge=0)
+    compute_instance_id: int = Field(ge=0)
+    profile: str | None = None
+    uuid: str | None = None
+
+
+class GpuHealth(EventData):
+    """The health state of one GPU (or MIG instance) on a node: a change, or a heartbeat."""
+
+    TYPE: ClassVar[str] = "gpu.health.v1"
+    STREAM: ClassVar[str] = "GPU"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
+
+    node: K8sName
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str = Field(min_length=1)
+    mig: MigInstance | None = None
+    model: str | None = None
+    pci_bus_id: str | None = None
+    state: HealthState
+    previous_state: HealthState | None = None
+    reasons: list[HealthReason] = Field(default_factory=list)
+    recommended_action: RecommendedAction = RecommendedAction.NONE
+    pods: list[PodRef] = Field(default_factory=list, description="pods holding this GPU")
+    heartbeat: bool = Field(default=False, description="periodic restatement, not a change")
+    observed_at: datetime
+    agent_boot_id: str | None = Field(default=None, description="changes when the agent restarts")
+    sequence: int = Field(default=0, ge=0, description="per-GPU counter within one agent boot")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "gpu_index": 3,
+                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
+                    "model": "NVIDIA H100 80GB HBM3",
+                    "pci_bus_id": "00000000:4E:00.0",
+                    "state": "failed",
+                    "previous_state": "healthy",
+                    "reasons": [
+                        {
+                            "code": "xid",
+                            "xid": 79,
+                            "message": "GPU has fallen off the bus",
+                            "evidence": {"pid": 0, "event_data": 0},
+                            "action": "reboot_node",
+                        }
+                    ],
+                    "recommended_action": "reboot_node",
+                    "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
+                    "observed_at": "2026-08-20T14:02:11.318Z",
+                    "agent_boot_id": "b6a1",
+                    "sequence": 42,
+                }
+            ]
+        }
+    )
+
+    def gpu_key(self) -> str:
+        if self.mig is None:
+            return str(self.gpu_index)
+        return f"{self.gpu_index}-mig{self.mig.gpu_instance_id}-{self.mig.compute_instance_id}"
+
+    def nats_subject(self) -> str:
+        return subject("gpu", "health", self.node, self.gpu_key())
+
+    def about(self) -> str:
+        return f"node/{self.node}/gpu/{self.gpu_key()}"
+
+
+class GpuSample(Model):
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str
+    utilization_gpu_pct: float = Field(ge=0, le=100)
+    utilization_memory_pct: float = Field(ge=0, le=100)
+    memory_used_bytes: int = Field(ge=0)
+    memory_total_bytes: int = Field(ge=0)
+    temperature_c: float | None = None
+    power_w: NonNegFloat | None = None
+    energy_mj: int | None = Field(default=None, ge=0, description="NVML total energy counter")
+    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    memory_clock_mhz: int | None = Field(default=None, ge=0)
+
+
+class GpuTelemetry(EventData):
+    """Sampled utilisation, memory, temperature, power and clocks of every GPU on a node."""
+
+    TYPE: ClassVar[str] = "gpu.telemetry.v1"
+    STREAM: ClassVar[str] = "TELEMETRY"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.telemetry.<node>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
+
+    node: K8sName
+    interval_s: float = Field(gt=0)
+    samples: list[GpuSample]
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "interval_s": 15,
+                    "samples": [
+                        {
+                            "gpu_index": 0,
+                            "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
+                            "utilization_gpu_pct": 87.0,
+                            "utilization_memory_pct": 41.0,
+                            "memory_used_bytes": 61203283968,
+                            "memory_total_bytes": 85520809984,
+                            "temperature_c": 64,
+                            "power_w": 612.4,
+                            "energy_mj": 918273645,
+                            "sm_clock_mhz": 1980,
+                            "memory_clock_mhz": 2619,
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("gpu", "telemetry", self.node)
+
+    def about(self) -> str:
+        return f"node/{self.node}"

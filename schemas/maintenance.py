@@ -1,0 +1,70 @@
+"""Maintenance of a node: checkpoint stateful pods, then drain."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import EventData, Model
+from schemas.common import K8sName, PodRef
+from schemas.tokens import subject
+
+
+class MaintenancePhase(StrEnum):
+    REQUESTED = "requested"
+    CHECKPOINTING = "checkpointing"
+    CHECKPOINTED = "checkpointed"
+    DRAINING = "draining"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class CheckpointRecord(Model):
+    pod: PodRef
+    path: str | None = Field(default=None, description="checkpoint archive on the node")
+    error: str | None = None
+
+
+class Maintenance(EventData):
+    """One phase of a node's maintenance."""
+
+    TYPE: ClassVar[str] = "maintenance.v1"
+    STREAM: ClassVar[str] = "MAINTENANCE"
+    SUBJECT_PATTERN: ClassVar[str] = "maintenance.<phase>.<node>"
+    EXAMPLE_SOURCE: ClassVar[str] = "service/checkpoint"
+
+    node: K8sName
+    phase: MaintenancePhase
+    maintenance_id: str = Field(min_length=1, description="ties the phases of one maintenance together")
+    reason: str = ""
+    requested_by: str | None = None
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    error: str | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "phase": "checkpointed",
+                    "maintenance_id": "mnt-20260820-gpu-node-07",
+                    "reason": "firmware update",
+                    "requested_by": "operator/jdoe",
+                    "checkpoints": [
+                        {
+                            "pod": {"namespace": "user-alice", "name": "jupyter-alice-0", "container": "notebook"},
+                            "path": "/var/lib/kubelet/checkpoints/checkpoint-jupyter-alice-0_user-alice-notebook-2026-08-20T14:05:00Z.tar",
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("maintenance", self.phase.value, self.node)
+
+    def about(self) -> str:
+        return f"node/{self.node}"

@@ -1,0 +1,60 @@
+"""A request to tell people something (on-call, a session's owner)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import EventData
+from schemas.common import ObjectRef
+from schemas.tokens import subject
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Notification(EventData):
+    """What to say, to whom, and how to group repeats."""
+
+    TYPE: ClassVar[str] = "notify.v1"
+    STREAM: ClassVar[str] = "NOTIFY"
+    SUBJECT_PATTERN: ClassVar[str] = "notify.<severity>.<topic>"
+    EXAMPLE_SOURCE: ClassVar[str] = "service/cordon"
+
+    severity: Severity
+    topic: str = Field(min_length=1, description="gpu-health, idle-session, credentials, security, ...")
+    title: str = Field(min_length=1, max_length=300)
+    body: str = ""
+    audience: str = Field(default="oncall", description="oncall, or user:<namespace>/<name>")
+    targets: list[ObjectRef] = Field(default_factory=list)
+    dedup_key: str | None = Field(default=None, description="repeats with the same key are grouped")
+    audit_event_id: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "severity": "critical",
+                    "topic": "gpu-health",
+                    "title": "gpu-node-07 quarantined: GPU 3 fell off the bus (XID 79)",
+                    "body": "Tainted nodeward.io/gpu-unhealthy:NoSchedule and cordoned. Pods affected: user-alice/jupyter-alice-0.",
+                    "audience": "oncall",
+                    "targets": [{"kind": "Node", "name": "gpu-node-07"}],
+                    "dedup_key": "quarantine/gpu-node-07",
+                    "audit_event_id": "01920000-0000-7000-8000-000000000002",
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("notify", self.severity.value, self.topic)
+
+    def about(self) -> str:
+        return self.targets[0].key() if self.targets else f"topic/{self.topic}"

@@ -1,0 +1,132 @@
+"""Session activity samples and idleness of interactive pods (notebooks, SSH sessions)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import EventData, Model
+from schemas.common import K8sName, Namespace
+from schemas.tokens import subject
+
+
+class SessionKind(StrEnum):
+    NOTEBOOK = "notebook"
+    SSH = "ssh"
+    JOB = "job"
+    OTHER = "other"
+
+
+class KernelActivity(Model):
+    id: str
+    name: str | None = None
+    execution_state: str = Field(description="idle, busy, starting, dead (Jupyter's states)")
+    last_activity: datetime | None = None
+    connections: int = Field(default=0, ge=0)
+
+
+class SessionActivity(EventData):
+    """One sample of a session's GPU, CPU and kernel activity."""
+
+    TYPE: ClassVar[str] = "session.activity.v1"
+    STREAM: ClassVar[str] = "SESSIONS"
+    SUBJECT_PATTERN: ClassVar[str] = "session.activity.<ns>.<pod>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
+
+    namespace: Namespace
+    pod: K8sName
+    node: K8sName
+    kind: SessionKind
+    gpu_utilization_pct: float | None = Field(default=None, ge=0, le=100)
+    gpu_uuids: list[str] = Field(default_factory=list)
+    cpu_cores: float | None = Field(default=None, ge=0, description="CPU cores used over the sample")
+    kernels: list[KernelActivity] = Field(default_factory=list)
+    last_activity: datetime | None = None
+    sampled_at: datetime
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "namespace": "user-alice",
+                    "pod": "jupyter-alice-0",
+                    "node": "gpu-node-07",
+                    "kind": "notebook",
+                    "gpu_utilization_pct": 0.0,
+                    "gpu_uuids": ["GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d"],
+                    "cpu_cores": 0.02,
+                    "kernels": [
+                        {
+                            "id": "9f8e7d6c-5b4a-3210-fedc-ba9876543210",
+                            "name": "python3",
+                            "execution_state": "idle",
+                            "last_activity": "2026-08-20T11:58:02Z",
+                            "connections": 0,
+                        }
+                    ],
+                    "last_activity": "2026-08-20T11:58:02Z",
+                    "sampled_at": "2026-08-20T14:02:00Z",
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("session", "activity", self.namespace, self.pod)
+
+    def about(self) -> str:
+        return f"pod/{self.namespace}/{self.pod}"
+
+
+class IdleEvidence(Model):
+    signal: str = Field(description="gpu, cpu or kernel")
+    idle_since: datetime
+    detail: str = ""
+
+
+class SessionIdle(EventData):
+    """A session that has been idle on every signal, with how long and the evidence."""
+
+    TYPE: ClassVar[str] = "session.idle.v1"
+    STREAM: ClassVar[str] = "SESSIONS"
+    SUBJECT_PATTERN: ClassVar[str] = "session.idle.<ns>.<pod>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
+
+    namespace: Namespace
+    pod: K8sName
+    node: K8sName
+    kind: SessionKind
+    idle_since: datetime
+    idle_for_s: float = Field(ge=0)
+    evidence: list[IdleEvidence]
+    gpus_held: int = Field(default=0, ge=0)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "namespace": "user-alice",
+                    "pod": "jupyter-alice-0",
+                    "node": "gpu-node-07",
+                    "kind": "notebook",
+                    "idle_since": "2026-08-20T11:58:02Z",
+                    "idle_for_s": 7438.0,
+                    "evidence": [
+                        {"signal": "gpu", "idle_since": "2026-08-20T11:58:30Z", "detail": "0% SM for 2h03m"},
+                        {"signal": "cpu", "idle_since": "2026-08-20T11:59:00Z", "detail": "<0.05 cores"},
+                        {"signal": "kernel", "idle_since": "2026-08-20T11:58:02Z", "detail": "1 kernel idle, 0 connections"},
+                    ],
+                    "gpus_held": 1,
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("session", "idle", self.namespace, self.pod)
+
+    def about(self) -> str:
+        return f"pod/{self.namespace}/{self.pod}"

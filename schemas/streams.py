@@ -1,0 +1,76 @@
+"""The JetStream stream table: every subject nodeward uses belongs to exactly one stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+
+class Retention(StrEnum):
+    LIMITS = "limits"
+    INTEREST = "interest"
+    WORKQUEUE = "workqueue"
+
+
+class Storage(StrEnum):
+    FILE = "file"
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_age: timedelta
+    retention: Retention = Retention.LIMITS
+    storage: Storage = Storage.FILE
+    replicas: int = 1
+    duplicate_window: timedelta = timedelta(minutes=2)
+    max_bytes: int = -1
+
+
+DAY = timedelta(days=1)
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec("GPU", ("gpu.health.>",), "GPU health changes and heartbeats", 30 * DAY),
+    StreamSpec(
+        "TELEMETRY", ("gpu.telemetry.>",), "sampled GPU telemetry", timedelta(hours=6),
+        duplicate_window=timedelta(seconds=30),
+    ),
+    StreamSpec("ENERGY", ("energy.>",), "energy and CO2e per node and pod", 30 * DAY),
+    StreamSpec("SESSIONS", ("session.>",), "session activity and idleness", 7 * DAY),
+    StreamSpec("SECURITY", ("falco.>",), "Falco runtime alerts", 30 * DAY),
+    StreamSpec("CREDENTIALS", ("credentials.>",), "credential renewal work and outcomes", 30 * DAY),
+    StreamSpec("MAINTENANCE", ("maintenance.>",), "node maintenance phases", 90 * DAY),
+    StreamSpec("AUDIT", ("remediation.>",), "every action taken or refused", 365 * DAY),
+    StreamSpec("NOTIFY", ("notify.>",), "notification requests for people", 7 * DAY),
+    StreamSpec("DLQ", ("dlq.>",), "messages a consumer could not process, with the error", 30 * DAY),
+)
+
+
+def stream_spec(name: str) -> StreamSpec:
+    for spec in STREAMS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no stream named {name!r}")
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: `*` is one token, a trailing `>` is one or more."""
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, p in enumerate(p_tokens):
+        if p == ">":
+            return len(s_tokens) > i
+        if i >= len(s_tokens) or (p != "*" and p != s_tokens[i]):
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+def stream_for_subject(subject: str) -> StreamSpec | None:
+    for spec in STREAMS:
+        if any(subject_matches(p, subject) for p in spec.subjects):
+            return spec
+    return None
