@@ -109,11 +109,12 @@ def make_event(
     data: D,
     *,
     source: str,
-    id: str | None = None,  # noqa: A002 - the CloudEvents attribute name
+    id: str | None = None,
     time: datetime | None = None,
 ) -> Event[D]:
     """Wrap typed data in an envelope; `subject` comes from the data, `id` and `time` are fresh."""
-    return Event[type(data)](  # type: ignore[misc]
+    model: Any = Event[type(data)]  # type: ignore[misc]
+    event: Event[D] = model(
         id=id or new_id(),
         time=time or utcnow(),
         source=source,
@@ -121,3 +122,4 @@ def make_event(
         subject=data.about(),
         data=data,
     )
+    return event

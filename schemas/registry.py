@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from schemas.base import Event, EventData, make_event
 from schemas.credentials import CredentialDue, CredentialFailed, CredentialRenewed
@@ -26,6 +27,7 @@ class EventType:
     stream: StreamSpec
     subject_pattern: str
     description: str
+    envelope: type[Event[Any]]
 
     @property
     def subject_wildcard(self) -> str:
@@ -58,6 +60,7 @@ REGISTRY: Mapping[str, EventType] = MappingProxyType(
             stream=stream_spec(m.STREAM),
             subject_pattern=m.SUBJECT_PATTERN,
             description=(m.__doc__ or "").strip().splitlines()[0],
+            envelope=Event[m],  # type: ignore[valid-type]
         )
         for m in _MODELS
     }

@@ -1,0 +1,169 @@
+"""The bus a daemon talks to: publish typed events, run consumers, use KV."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
+from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.kv import KeyValue
+
+from nodeward.bus.connection import connect_nats
+from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
+from nodeward.bus.dlq import one_line
+from nodeward.bus.errors import PublishError
+from nodeward.bus.provision import ensure_kv, ensure_streams
+from nodeward.config import BusSettings
+from nodeward.metrics import Metrics
+from schemas.base import Event
+from schemas.cloudevents import WireMessage, encode
+from schemas.streams import STREAMS
+
+
+class Bus:
+    """One daemon's NATS connection. Create with `await Bus.connect(...)`."""
+
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, settings: BusSettings, *, source: str, metrics: Metrics
+    ) -> None:
+        self.nc = nc
+        self.js = js
+        self.settings = settings
+        self.source = source
+        self.metrics = metrics
+        self.consumers: list[Consumer] = []
+        self.log = structlog.get_logger().bind(component="bus", source=source)
+        self._m_published: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: BusSettings,
+        *,
+        source: str,
+        metrics: Metrics | None = None,
+        wait: bool = True,
+    ) -> Bus:
+        """Connect (retrying forever when `wait`), and provision streams if configured to."""
+        metrics = metrics or Metrics(source)
+        nc, js = await connect_nats(settings, name=source, metrics=metrics, wait=wait)
+        bus = cls(nc, js, settings, source=source, metrics=metrics)
+        if settings.provision:
+            await bus.provision()
+        return bus
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def provision(self) -> dict[str, str]:
+        return await ensure_streams(self.js, STREAMS, replicas=self.settings.stream_replicas)
+
+    # publishing ------------------------------------------------------------------------
+    def _count(self, type_name: str) -> None:
+        child = self._m_published.get(type_name)
+        if child is None:
+            child = self._m_published[type_name] = self.metrics.published.labels(type_name)
+        child.inc()
+
+    async def _submit(self, wire: WireMessage) -> asyncio.Future[api.PubAck]:
+        return await self.js.publish_async(wire.subject, wire.body, headers=wire.headers)
+
+    async def publish(self, event: Event[Any], *, timeout: float | None = None) -> api.PubAck:
+        """Publish and wait for JetStream's ack, retrying on timeout.
+
+        Retries resend the same `Nats-Msg-Id`, so a publish whose ack was lost is stored once.
+        """
+        wire = encode(event)
+        acks = await self._publish_wires([wire], timeout=timeout)
+        self._count(event.type)
+        return acks[0]
+
+    async def publish_many(self, events: Sequence[Event[Any]], *, timeout: float | None = None) -> list[api.PubAck]:
+        """Publish a batch pipelined (publish_async), then wait for every ack; retries the rest."""
+        acks = await self._publish_wires([encode(e) for e in events], timeout=timeout)
+        for e in events:
+            self._count(e.type)
+        return acks
+
+    async def _publish_wires(self, wires: list[WireMessage], *, timeout: float | None) -> list[api.PubAck]:
+        wait = timeout if timeout is not None else self.settings.publish_timeout.total_seconds()
+        results: list[api.PubAck | None] = [None] * len(wires)
+        todo = list(range(len(wires)))
+        last_error = "no ack"
+        for attempt in range(self.settings.publish_retries + 1):
+            futures: dict[int, asyncio.Future[api.PubAck]] = {}
+            try:
+                for i in todo:
+                    futures[i] = await self._submit(wires[i])
+            except Exception as exc:
+                last_error = one_line(exc)
+            if futures:
+                await asyncio.wait(futures.values(), timeout=wait)
+            failed = []
+            for i in todo:
+                fut = futures.get(i)
+                if fut is None or not fut.done():
+                    if fut is not None:
+                        fut.cancel()
+                    failed.append(i)
+                    continue
+                err = fut.exception()
+                if err is None:
+                    results[i] = fut.result()
+                elif isinstance(err, NoStreamResponseError):  # no stream, or JetStream restarting
+                    last_error = f"no stream answered for subject {wires[i].subject!r}"
+                    failed.append(i)
+                elif isinstance(err, APIError) and err.code is not None and err.code < 500:
+                    raise PublishError(f"JetStream refused {wires[i].subject!r}: {one_line(err)}")
+                else:
+                    last_error = one_line(err)
+                    failed.append(i)
+            todo = failed
+            if not todo:
+                return [r for r in results if r is not None]
+            self.log.warning("bus.publish_retry", attempt=attempt + 1, pending=len(todo), error=last_error)
+            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        for i in todo:
+            self.metrics.publish_failures.labels(wires[i].headers.get("ce-type", "unknown")).inc()
+        raise PublishError(f"{len(todo)} event(s) not acknowledged after {self.settings.publish_retries + 1} attempts: {last_error}")
+
+    # consuming -------------------------------------------------------------------------
+    async def consume(self, spec: ConsumerSpec, handler: Handler) -> Consumer:
+        """Start a durable consumer; it runs until `close()` (or its own `stop()`)."""
+        consumer = Consumer(self, spec, handler)
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    # state -----------------------------------------------------------------------------
+    async def kv(self, bucket: str, *, history: int = 5, ttl_s: float | None = None) -> KeyValue:
+        return await ensure_kv(
+            self.js, bucket, history=history, ttl_s=ttl_s, replicas=self.settings.stream_replicas
+        )
+
+    # shutdown --------------------------------------------------------------------------
+    async def close(self, grace: float = 10.0) -> None:
+        """Stop consumers (finish or nak in-flight work), flush publishes, drain the connection."""
+        await asyncio.gather(*(c.stop(grace) for c in self.consumers), return_exceptions=True)
+        self.consumers.clear()
+        with contextlib.suppress(Exception):
+            if self.js.publish_async_pending():
+                await asyncio.wait_for(self.js.publish_async_completed(), grace)
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+

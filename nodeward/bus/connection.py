@@ -1,0 +1,98 @@
+"""Connecting to NATS: reconnect forever, log every state change, count it in metrics."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from nodeward.bus.errors import BusError
+from nodeward.config import BusSettings
+from nodeward.metrics import Metrics
+
+
+def _redact_url(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+async def connect_nats(
+    settings: BusSettings,
+    *,
+    name: str,
+    metrics: Metrics | None = None,
+    wait: bool = True,
+) -> tuple[NATS, JetStreamContext]:
+    """A connected client and its JetStream context.
+
+    With `wait` the first connection is retried forever (a daemon started before NATS
+    waits for it); without, one failed attempt raises `BusError` (CLI commands).
+    Once connected, the client reconnects forever.
+    """
+    log = structlog.get_logger().bind(component="bus", client=name)
+    servers = [s.strip() for s in settings.url.split(",") if s.strip()]
+    shown = ", ".join(_redact_url(s) for s in servers)
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats.error", error=str(exc) or type(exc).__name__, servers=shown)
+
+    async def on_disconnected() -> None:
+        if metrics:
+            metrics.bus_connected.set(0)
+        log.warning("nats.disconnected", servers=shown)
+
+    async def on_reconnected() -> None:
+        if metrics:
+            metrics.bus_connected.set(1)
+            metrics.bus_reconnects.inc()
+        log.info("nats.reconnected", server=_redact_url(str(nc.connected_url.geturl() if nc.connected_url else "")))
+
+    async def on_closed() -> None:
+        if metrics:
+            metrics.bus_connected.set(0)
+        log.info("nats.closed")
+
+    options: dict[str, Any] = {
+        "servers": servers,
+        "name": settings.name or name,
+        "connect_timeout": settings.connect_timeout.total_seconds(),
+        "reconnect_time_wait": min(2.0, settings.reconnect_wait_max.total_seconds()),
+        "max_reconnect_attempts": -1 if wait else 1,
+        "allow_reconnect": True,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnected,
+        "reconnected_cb": on_reconnected,
+        "closed_cb": on_closed,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    if settings.user:
+        options["user"] = settings.user
+    if settings.password:
+        options["password"] = settings.password.get_secret_value()
+    if settings.token:
+        options["token"] = settings.token.get_secret_value()
+    if settings.creds_file:
+        options["user_credentials"] = str(settings.creds_file)
+    if settings.nkey_seed_file:
+        options["nkeys_seed"] = str(settings.nkey_seed_file)
+    if settings.inbox_prefix:
+        options["inbox_prefix"] = settings.inbox_prefix
+    if settings.tls_ca_file:
+        options["tls"] = ssl.create_default_context(cafile=str(settings.tls_ca_file))
+
+    nc = NATS()
+    try:
+        await nc.connect(**options)
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        await nc.close()
+        raise BusError(f"cannot connect to NATS at {shown}: {exc or type(exc).__name__}") from None
+    if metrics:
+        metrics.bus_connected.set(1)
+    log.info("nats.connected", server=_redact_url(nc.connected_url.geturl() if nc.connected_url else shown))
+    return nc, nc.jetstream(timeout=settings.publish_timeout.total_seconds())

@@ -1,0 +1,394 @@
+"""The consume framework: a durable pull consumer that never blocks a stream or loses a message.
+
+A service gives a `ConsumerSpec` and a handler. For each message the runtime:
+- decodes it into the typed event; if it cannot, dead-letters it (reason `invalid`);
+- runs the handler (bounded concurrency, in order per `order_key`), sending `in_progress`
+  while it runs longer than a third of `ack_wait`;
+- acks after the handler returns; naks with a growing delay when it raises;
+- dead-letters on `PermanentError`, or when deliveries reach `max_deliver` (reason
+  `permanent` / `exhausted`). The DLQ write is acknowledged by JetStream before the
+  original is acked; if it fails the original is nak'ed, never dropped.
+Deliveries are counted by the client, not the server (server `max_deliver` is unlimited),
+so a message whose handler kills the process is dead-lettered on its next delivery instead
+of vanishing silently when the server stops redelivering it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import nats
+import structlog
+from nats.aio.msg import Msg
+from nats.js import api
+
+from nodeward.bus.dlq import dead_letter_event, one_line
+from nodeward.bus.errors import PermanentError, RetryableError
+from schemas.base import Event
+from schemas.cloudevents import DecodeError, decode
+from schemas.dlq import DeadLetterReason
+
+if TYPE_CHECKING:
+    from nodeward.bus.bus import Bus
+
+
+def ack_info(msg: Msg) -> tuple[int, int | None]:
+    """(delivery attempt, stream sequence) from a JetStream reply subject, cheaply.
+
+    `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>...` (9 tokens) or, with domain and
+    account hash, `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>...`.
+    """
+    tokens = (msg.reply or "").split(".")
+    try:
+        if len(tokens) == 9:
+            return int(tokens[4]), int(tokens[5])
+        if len(tokens) >= 11:
+            return int(tokens[6]), int(tokens[7])
+    except ValueError:
+        pass
+    try:
+        md = msg.metadata
+        return md.num_delivered or 1, md.sequence.stream
+    except Exception:
+        return 1, None
+
+
+@dataclass(slots=True)
+class Delivery:
+    """What a handler may want to know about the message beyond the event."""
+
+    subject: str
+    attempt: int
+    stream_sequence: int | None
+    headers: dict[str, str]
+    _msg: Msg = field(repr=False)
+
+    async def in_progress(self) -> None:
+        """Extend the ack deadline now (the runtime also does this on its own)."""
+        await self._msg.in_progress()
+
+
+Handler = Callable[[Event[Any], Delivery], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    name: str
+    stream: str
+    subjects: tuple[str, ...]
+    types: frozenset[str] | None = None
+    max_deliver: int = 5
+    ack_wait: timedelta = timedelta(seconds=30)
+    retry_delays: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0)
+    concurrency: int = 8
+    batch: int = 64
+    fetch_timeout: float = 1.0
+    max_ack_pending: int = 1000
+    handler_timeout: timedelta | None = None
+    order_key: Callable[[Event[Any]], str] | None = None
+    lag_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_deliver < 1 or self.concurrency < 1 or self.batch < 1:
+            raise ValueError("max_deliver, concurrency and batch must be at least 1")
+        if self.max_ack_pending < self.batch + self.concurrency:
+            raise ValueError("max_ack_pending must cover batch + concurrency")
+
+    def retry_delay(self, attempt: int) -> float:
+        return self.retry_delays[min(attempt, len(self.retry_delays)) - 1] if self.retry_delays else 0.0
+
+    def config(self) -> api.ConsumerConfig:
+        subjects = list(self.subjects)
+        return api.ConsumerConfig(
+            name=self.name,
+            durable_name=self.name,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_wait=self.ack_wait.total_seconds(),
+            max_deliver=-1,
+            max_ack_pending=self.max_ack_pending,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+        )
+
+
+@dataclass
+class _Item:
+    msg: Msg
+    event: Event[Any] | None
+    error: DecodeError | None
+    after: asyncio.Future[None] | None
+    done: asyncio.Future[None] | None
+    key: str | None
+
+
+class Consumer:
+    """Runs one `ConsumerSpec` against a bus until stopped."""
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec, handler: Handler) -> None:
+        self.bus = bus
+        self.spec = spec
+        self.handler = handler
+        self.log = structlog.get_logger().bind(consumer=spec.name, stream=spec.stream)
+        self.bound = False
+        self._ready: deque[_Item] = deque()  # fetched, decoded, waiting for a worker
+        self._has_items = asyncio.Event()
+        self._has_space = asyncio.Event()
+        self._has_space.set()
+        self._held: dict[int, tuple[Msg, float]] = {}  # id(msg) -> (msg, since)
+        self._tails: dict[str, asyncio.Future[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fetcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._drained = asyncio.Event()  # set whenever nothing is held
+        self._psub: Any = None
+        m = bus.metrics
+        self._m_latency = m.handler_seconds.labels(spec.name)
+        m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
+        self._m_handled: dict[tuple[str, str], Any] = {}
+
+    # lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        js = self.bus.js
+        await js.add_consumer(self.spec.stream, config=self.spec.config())
+        self._psub = await js.pull_subscribe_bind(durable=self.spec.name, stream=self.spec.stream)
+        self.bound = True
+        self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"fetch:{self.spec.name}")
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"worker:{self.spec.name}:{i}")
+            for i in range(self.spec.concurrency)
+        ]
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"wip:{self.spec.name}"))
+        self._tasks.append(asyncio.create_task(self._lag_loop(), name=f"lag:{self.spec.name}"))
+        self.log.info("consumer.started", subjects=list(self.spec.subjects), concurrency=self.spec.concurrency)
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop fetching, finish in-flight work within `grace`, nak what is left."""
+        self._stopping.set()
+        if self._fetcher is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._fetcher, self.spec.fetch_timeout + 2)
+        # Messages fetched but not started go back to the server at once.
+        while self._ready:
+            item = self._ready.popleft()
+            await self._nak(item.msg, 0)
+            self._release(item)
+        if self._held:
+            self._drained.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for msg, _ in list(self._held.values()):
+            await self._nak(msg, 0)
+        self._held.clear()
+        if self._psub is not None:
+            with contextlib.suppress(Exception):
+                await self._psub.unsubscribe()
+        self.bound = False
+        self.log.info("consumer.stopped")
+
+    # fetching --------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            if len(self._ready) >= self.spec.batch:
+                self._has_space.clear()
+                await self._has_space.wait()
+                continue
+            try:
+                msgs = await self._psub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout)
+                failures = 0
+            except nats.errors.TimeoutError:
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.log.warning("consumer.fetch_failed", error=one_line(exc), failures=failures)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), min(0.2 * 2**failures, 5.0))
+                continue
+            now = time.monotonic()
+            for msg in msgs:
+                self._held[id(msg)] = (msg, now)
+                self._ready.append(self._dispatch(msg))
+            self._has_items.set()
+
+    def _order_key(self, event: Event[Any]) -> str | None:
+        if self.spec.order_key is None:
+            return None
+        try:
+            return self.spec.order_key(event)
+        except Exception as exc:
+            self.log.error("consumer.order_key_failed", error=one_line(exc), event_id=event.id)
+            return None
+
+    def _dispatch(self, msg: Msg) -> _Item:
+        try:
+            event: Event[Any] | None = decode(
+                msg.subject, msg.headers, msg.data, expected_types=self.spec.types
+            )
+            error = None
+        except DecodeError as exc:
+            event, error = None, exc
+        key = self._order_key(event) if event is not None else None
+        after = done = None
+        if key is not None:
+            after = self._tails.get(key)
+            done = asyncio.get_running_loop().create_future()
+            self._tails[key] = done
+        return _Item(msg, event, error, after, done, key)
+
+    def _release(self, item: _Item) -> None:
+        self._held.pop(id(item.msg), None)
+        if not self._held:
+            self._drained.set()
+        if item.done is not None and not item.done.done():
+            item.done.set_result(None)
+            if item.key is not None and self._tails.get(item.key) is item.done:
+                del self._tails[item.key]
+
+    # processing ------------------------------------------------------------------------
+    async def _worker(self) -> None:
+        ready = self._ready
+        while True:
+            while not ready:
+                self._has_items.clear()
+                await self._has_items.wait()
+            item = ready.popleft()
+            if len(ready) < self.spec.batch:
+                self._has_space.set()
+            try:
+                if item.after is not None:
+                    await item.after
+                await self._process(item)
+            finally:
+                self._release(item)
+
+    def _count(self, type_name: str, outcome: str) -> None:
+        child = self._m_handled.get((type_name, outcome))
+        if child is None:
+            child = self.bus.metrics.handled.labels(self.spec.name, type_name, outcome)
+            self._m_handled[(type_name, outcome)] = child
+        child.inc()
+
+    async def _process(self, item: _Item) -> None:
+        msg = item.msg
+        attempt, stream_seq = ack_info(msg)
+        if item.event is None:
+            assert item.error is not None
+            self._count(item.error.event_type or "unknown", "invalid")
+            await self._dead_letter(msg, DeadLetterReason.INVALID, item.error)
+            return
+        event = item.event
+        # Each worker is its own task, so these overwrite the previous message's context.
+        structlog.contextvars.bind_contextvars(
+            consumer=self.spec.name, event_id=event.id, event_type=event.type, subject=msg.subject,
+            attempt=attempt,
+        )
+        if True:
+            if attempt > self.spec.max_deliver:
+                self._count(event.type, "exhausted")
+                await self._dead_letter(
+                    msg, DeadLetterReason.EXHAUSTED,
+                    f"delivered {attempt - 1} times without an ack (handler crashed or timed out)",
+                )
+                return
+            delivery = Delivery(msg.subject, attempt, stream_seq, msg.headers or {}, msg)
+            started = time.perf_counter()
+            try:
+                if self.spec.handler_timeout is None:
+                    await self.handler(event, delivery)
+                else:
+                    async with asyncio.timeout(self.spec.handler_timeout.total_seconds()):
+                        await self.handler(event, delivery)
+            except PermanentError as exc:
+                self._count(event.type, "permanent")
+                self.log.warning("handler.permanent_error", error=one_line(exc))
+                await self._dead_letter(msg, DeadLetterReason.PERMANENT, exc)
+            except asyncio.CancelledError:
+                await self._nak(msg, 0)
+                raise
+            except Exception as exc:
+                await self._failed(msg, event, attempt, exc)
+            else:
+                self._count(event.type, "ok")
+                await self._ack(msg)
+            finally:
+                self._m_latency.observe(time.perf_counter() - started)
+
+    async def _failed(self, msg: Msg, event: Event[Any], attempt: int, exc: Exception) -> None:
+        if attempt >= self.spec.max_deliver:
+            self._count(event.type, "exhausted")
+            self.log.warning("handler.exhausted", error=one_line(exc), max_deliver=self.spec.max_deliver)
+            await self._dead_letter(msg, DeadLetterReason.EXHAUSTED, exc)
+            return
+        delay = exc.delay if isinstance(exc, RetryableError) and exc.delay is not None else self.spec.retry_delay(attempt)
+        self._count(event.type, "retry")
+        self.log.info("handler.retry", error=one_line(exc), error_type=type(exc).__name__, delay_s=delay)
+        await self._nak(msg, delay)
+
+    async def _dead_letter(self, msg: Msg, reason: DeadLetterReason, error: BaseException | str) -> None:
+        dl = dead_letter_event(
+            msg, stream=self.spec.stream, consumer=self.spec.name, reason=reason, error=error,
+            source=f"{self.bus.source}/{self.spec.name}",
+        )
+        try:
+            await self.bus.publish(dl)
+        except Exception as exc:
+            self.log.error("dlq.publish_failed", error=one_line(exc), reason=reason.value)
+            await self._nak(msg, self.spec.retry_delay(1))
+            return
+        self.bus.metrics.dead_lettered.labels(self.spec.name, reason.value).inc()
+        self.log.warning(
+            "dlq.dead_lettered", reason=reason.value, error=dl.data.error, subject=msg.subject,
+            stream_sequence=dl.data.stream_sequence, dlq_subject=dl.data.nats_subject(),
+        )
+        await self._ack(msg)
+
+    async def _ack(self, msg: Msg) -> None:
+        try:
+            await msg.ack()
+        except Exception as exc:
+            self.log.warning("consumer.ack_failed", error=one_line(exc))
+
+    async def _nak(self, msg: Msg, delay: float) -> None:
+        try:
+            await msg.nak(delay=delay or None)
+        except Exception as exc:
+            self.log.warning("consumer.nak_failed", error=one_line(exc))
+
+    # background loops ------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        """Send `in_progress` for every message held longer than a third of `ack_wait`."""
+        every = max(self.spec.ack_wait.total_seconds() / 3, 0.1)
+        while True:
+            await asyncio.sleep(every)
+            cutoff = time.monotonic() - every
+            for msg, since in list(self._held.values()):
+                if since <= cutoff:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+
+    async def _lag_loop(self) -> None:
+        pending = self.bus.metrics.consumer_pending.labels(self.spec.stream, self.spec.name)
+        ack_pending = self.bus.metrics.consumer_ack_pending.labels(self.spec.stream, self.spec.name)
+        while True:
+            try:
+                info = await self.bus.js.consumer_info(self.spec.stream, self.spec.name)
+                pending.set(info.num_pending or 0)
+                ack_pending.set(info.num_ack_pending or 0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log.debug("consumer.info_failed", error=one_line(exc))
+            await asyncio.sleep(self.spec.lag_interval)

