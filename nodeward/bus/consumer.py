@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import nats
 import structlog
 from nats.aio.msg import Msg
 from nats.js import api
@@ -172,9 +171,14 @@ class Consumer:
     async def stop(self, grace: float = 10.0) -> None:
         """Stop fetching, finish in-flight work within `grace`, nak what is left."""
         self._stopping.set()
+        self._has_space.set()
         if self._fetcher is not None:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._fetcher, self.spec.fetch_timeout + 2)
+            # Don't wait out a pull's timeout. Messages the pull had already received go
+            # back below; one caught mid-pull is redelivered by the server after ack_wait.
+            self._fetcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._fetcher
+        await self._return_unfetched()
         # Messages fetched but not started go back to the server at once.
         while self._ready:
             item = self._ready.popleft()
@@ -207,7 +211,7 @@ class Consumer:
             try:
                 msgs = await self._psub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout)
                 failures = 0
-            except nats.errors.TimeoutError:
+            except TimeoutError:
                 continue
             except asyncio.CancelledError:
                 raise
@@ -222,6 +226,14 @@ class Consumer:
                 self._held[id(msg)] = (msg, now)
                 self._ready.append(self._dispatch(msg))
             self._has_items.set()
+
+    async def _return_unfetched(self) -> None:
+        """Nak messages the subscription buffered for a pull that was cancelled."""
+        queue = getattr(getattr(self._psub, "_sub", None), "_pending_queue", None)
+        while queue is not None and not queue.empty():
+            msg = queue.get_nowait()
+            if msg.reply and msg.data:  # skip status messages (no body)
+                await self._nak(msg, 0)
 
     def _order_key(self, event: Event[Any]) -> str | None:
         if self.spec.order_key is None:

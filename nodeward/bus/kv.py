@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ class TypedKV(Generic[M]):
         `change` gets the current value (None if absent) and returns the new one, or None
         to leave the key as it is. It may be called several times: keep it pure.
         """
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt:  # lost a race: back off with jitter so contenders spread out
+                await asyncio.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 7)))  # noqa: S311
             current = await self.get(key)
             new = change(current.value if current else None)
             if new is None:

@@ -1,0 +1,82 @@
+"""Shared fixtures: a real nats-server per test session (per xdist worker), helpers to wait."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from nodeward.bus import Bus
+from nodeward.config import BusSettings
+from nodeward.logs import configure_logging
+from nodeward.sim.nats_server import EmbeddedNats
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    configure_logging("warning", "console")
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            result = await result
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(interval)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedNats]:
+    """One nats-server with JetStream for the whole session, on a random port, temp store."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def bus_settings(nats_url: str) -> BusSettings:
+    return BusSettings(url=nats_url, publish_timeout="2s")  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture
+async def bus(bus_settings: BusSettings) -> AsyncIterator[Bus]:
+    b = await Bus.connect(bus_settings, source="test/bus")
+    yield b
+    await b.close(grace=2)
+
+
+@pytest.fixture
+def node() -> str:
+    """A node name no other test uses, so subjects (and stream contents) don't collide."""
+    return f"node-{uuid.uuid4().hex[:10]}"
+
+
+@pytest_asyncio.fixture
+async def own_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
+    """A nats-server for one test (for tests that kill or restart it)."""
+    server = EmbeddedNats(tmp_path / "nats")
+    await server.start()
+    yield server
+    await server.stop()

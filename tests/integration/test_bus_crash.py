@@ -1,0 +1,100 @@
+"""Crashes and restarts: a killed consumer's message comes back; a restarted server loses no ack."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery, PublishError
+from nodeward.config import BusSettings
+from nodeward.sim.nats_server import EmbeddedNats
+from schemas import Event, make_event
+from schemas.gpu import GpuHealth
+from tests.conftest import REPO, wait_for
+
+
+async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(bus: Bus, nats_url: str, node: str, tmp_path: Path) -> None:
+    durable = f"crash-{node}"
+    subject = f"gpu.health.{node}.>"
+    marker = tmp_path / "started"
+    event = make_event(GpuHealth.example().model_copy(update={"node": node}), source="t")
+    await bus.publish(event)
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.helpers.hanging_consumer", nats_url, durable, subject, str(marker),
+        cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    try:
+        await wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=20, what="handler started")
+        assert marker.read_text().split() == [event.id, "1"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    got: list[tuple[str, int]] = []
+
+    async def handler(e: Event[Any], delivery: Delivery) -> None:
+        got.append((e.id, delivery.attempt))
+
+    spec = ConsumerSpec(
+        name=durable, stream="GPU", subjects=(subject,), ack_wait=timedelta(seconds=1), concurrency=1, batch=1,
+        max_ack_pending=8,
+    )
+    await bus.consume(spec, handler)
+    await wait_for(lambda: got, timeout=10, what="redelivery after SIGKILL")
+    assert got[0] == (event.id, 2)
+
+
+async def test_restarted_server_loses_no_acknowledged_event(own_nats: EmbeddedNats, node: str) -> None:
+    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source="test/publisher")
+    acked: list[str] = []
+    failed: list[str] = []
+    stop = asyncio.Event()
+    base = GpuHealth.example().model_copy(update={"node": node})
+
+    async def publisher() -> None:
+        i = 0
+        while not stop.is_set():
+            event = make_event(base.model_copy(update={"sequence": i}), source="t")
+            try:
+                await bus.publish(event)
+                acked.append(event.id)
+            except PublishError:
+                failed.append(event.id)
+            i += 1
+
+    task = asyncio.create_task(publisher())
+    try:
+        await wait_for(lambda: len(acked) >= 200, what="publishing under way")
+        port = own_nats.port
+        await own_nats.kill()  # SIGKILL: no clean shutdown of the store
+        before_restart = len(acked)
+        own_nats.port = port
+        await own_nats.start()
+        await wait_for(lambda: len(acked) >= before_restart + 200, timeout=30, what="publishing resumed")
+    finally:
+        stop.set()
+        await task
+
+    # Every acknowledged event is in the stream after the crash.
+    psub = await bus.js.pull_subscribe(f"gpu.health.{node}.>", stream="GPU")
+    stored: set[str] = set()
+    while True:
+        try:
+            msgs = await psub.fetch(500, timeout=1)
+        except TimeoutError:
+            break
+        for m in msgs:
+            stored.add((m.headers or {})["ce-id"])
+            await m.ack()
+    await bus.close(grace=1)
+    missing = [i for i in acked if i not in stored]
+    assert not missing, f"{len(missing)} acknowledged events lost of {len(acked)}"
+    assert len(acked) >= 400

@@ -1,0 +1,182 @@
+"""Dead-lettering: bad or failing messages end in the DLQ with their error; nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from datetime import timedelta
+from typing import Any
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError
+from nodeward.config import BusSettings
+from nodeward.sim.nats_server import EmbeddedNats
+from schemas import Event, decode, make_event
+from schemas.dlq import DeadLetter
+from schemas.gpu import GpuHealth
+from schemas.streams import stream_spec
+from tests.conftest import wait_for
+
+
+def health(node: str, seq: int = 0) -> Event[GpuHealth]:
+    return make_event(GpuHealth.example().model_copy(update={"node": node, "sequence": seq}), source="t")
+
+
+def spec(name: str, node: str, **kw: Any) -> ConsumerSpec:
+    base: dict[str, Any] = {
+        "name": name, "stream": "GPU", "subjects": (f"gpu.health.{node}.>",), "concurrency": 2, "batch": 8,
+        "max_ack_pending": 32, "retry_delays": (0.05,),
+    }
+    return ConsumerSpec(**(base | kw))
+
+
+async def dead_letters(bus: Bus, consumer: str) -> list[Event[DeadLetter]]:
+    """Every DLQ event for `consumer` on the GPU stream, read back from JetStream."""
+    subject = f"dlq.GPU.{consumer}"
+    info = await bus.js.stream_info("DLQ", subjects_filter=subject)
+    if not info.state.subjects:
+        return []
+    out = []
+    psub = await bus.js.pull_subscribe(subject, stream="DLQ")
+    try:
+        msgs = await psub.fetch(sum(info.state.subjects.values()), timeout=2)
+        for m in msgs:
+            out.append(decode(m.subject, m.headers, m.data))
+            await m.ack()
+    finally:
+        await psub.unsubscribe()
+    return out
+
+
+async def test_invalid_payload_is_dead_lettered_and_consumer_keeps_going(bus: Bus, node: str) -> None:
+    handled: list[str] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.id)
+
+    good_before, good_after = health(node, 1), health(node, 2)
+    bad = health(node, 3)
+    await bus.publish(good_before)
+    # A well-formed envelope whose data violates the schema.
+    headers = {"ce-specversion": "1.0", "ce-id": bad.id, "ce-source": "t", "ce-type": "gpu.health.v1",
+               "ce-time": "2026-08-20T14:02:11Z", "ce-datacontenttype": "application/json", "Nats-Msg-Id": bad.id}
+    body = b'{"node": "%s", "gpu_index": 0, "gpu_uuid": "GPU-1", "state": "on-fire", "observed_at": "2026-08-20T14:00:00Z"}' % node.encode()
+    await bus.js.publish(f"gpu.health.{node}.0", body, headers=headers)
+    await bus.js.publish(f"gpu.health.{node}.0", b"\xff\xfe not json at all")
+    await bus.publish(good_after)
+    name = f"inv-{node}"
+    await bus.consume(spec(name, node), handler)
+
+    await wait_for(lambda: {good_before.id, good_after.id} <= set(handled), what="good events handled")
+    dls = await wait_for(lambda: _n(bus, name, 2), what="two dead letters")
+    by_payload = {base64.b64decode(d.data.payload_b64): d.data for d in dls}
+    invalid = by_payload[body]
+    assert invalid.reason == "invalid"
+    assert invalid.error.startswith("gpu.health.v1: state: Input should be")
+    assert invalid.original_headers["ce-id"] == bad.id
+    assert invalid.original_subject == f"gpu.health.{node}.0"
+    assert invalid.stream_sequence is not None
+    garbage = by_payload[b"\xff\xfe not json at all"]
+    assert garbage.reason == "invalid" and "CloudEvents" in garbage.error
+    # Both were acked: nothing left pending on the consumer.
+    info = await bus.js.consumer_info("GPU", name)
+    await wait_for(lambda: _acked(bus, name), what="all acked")
+    assert info.num_redelivered == 0
+
+
+async def _n(bus: Bus, name: str, n: int) -> list[Event[DeadLetter]] | None:
+    dls = await dead_letters(bus, name)
+    return dls if len(dls) >= n else None
+
+
+async def _acked(bus: Bus, name: str) -> bool:
+    info = await bus.js.consumer_info("GPU", name)
+    return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus, node: str) -> None:
+    attempts: list[int] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        raise RuntimeError("database is down")
+
+    event = health(node)
+    await bus.publish(event)
+    name = f"fail-{node}"
+    await bus.consume(spec(name, node, max_deliver=3), handler)
+    dls = await wait_for(lambda: _n(bus, name, 1), what="dead letter")
+    assert attempts == [1, 2, 3]
+    dl = dls[0].data
+    assert dl.reason == "exhausted" and dl.deliveries == 3
+    assert dl.error == "database is down" and dl.error_type == "RuntimeError"
+    assert dl.original_headers["ce-id"] == event.id
+    await wait_for(lambda: _acked(bus, name), what="original acked")
+
+
+async def test_permanent_error_dead_letters_at_once(bus: Bus, node: str) -> None:
+    attempts: list[int] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        raise PermanentError("node gpu-node-99 does not exist")
+
+    await bus.publish(health(node))
+    name = f"perm-{node}"
+    await bus.consume(spec(name, node), handler)
+    dls = await wait_for(lambda: _n(bus, name, 1), what="dead letter")
+    assert attempts == [1]
+    assert dls[0].data.reason == "permanent"
+    assert dls[0].data.error == "node gpu-node-99 does not exist"
+
+
+async def test_dlq_write_is_acked_before_the_original(own_nats: EmbeddedNats, node: str) -> None:
+    """With the DLQ stream gone the original is never acked; once it is back, it lands there."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="300ms", publish_retries=0)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source="test/dlq")
+    try:
+        await bus.js.delete_stream("DLQ")
+        attempts: list[int] = []
+
+        async def handler(event: Event[Any], delivery: Delivery) -> None:
+            attempts.append(delivery.attempt)
+            raise PermanentError("bad target")
+
+        await bus.publish(health(node))
+        name = f"dlqdown-{node}"
+        await bus.consume(spec(name, node, retry_delays=(0.1,)), handler)
+        # The handler runs again and again: the original was nak'ed, not acked, each time.
+        await wait_for(lambda: len(attempts) >= 3, what="redeliveries while the DLQ is down")
+        info = await bus.js.consumer_info("GPU", name)
+        assert info.num_ack_pending + info.num_pending >= 1
+        await bus.provision()  # the DLQ stream comes back
+        dls = await wait_for(lambda: _n(bus, name, 1), what="dead letter after DLQ is back")
+        assert dls[0].data.reason == "permanent"
+        await wait_for(lambda: _acked(bus, name), what="original acked after the DLQ write")
+        assert len(await dead_letters(bus, name)) == 1
+    finally:
+        await bus.close(grace=1)
+
+
+async def test_long_handler_is_kept_alive_with_in_progress(bus: Bus, node: str) -> None:
+    """A handler running 3x ack_wait is not redelivered: the runtime sends in_progress."""
+    attempts: list[int] = []
+    release = asyncio.Event()
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        await release.wait()
+
+    await bus.publish(health(node))
+    name = f"slow-{node}"
+    await bus.consume(spec(name, node, ack_wait=timedelta(seconds=0.6)), handler)
+    await wait_for(lambda: attempts, what="handler started")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await wait_for(lambda: loop.time() - started > 1.8, interval=0.1, what="3x ack_wait")
+    release.set()
+    await wait_for(lambda: _acked(bus, name), what="acked")
+    assert attempts == [1]
+
+
+def test_stream_table_has_dlq() -> None:
+    assert stream_spec("DLQ").subjects == ("dlq.>",)
