@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
@@ -16,7 +17,7 @@ import structlog
 _SECRET_KEYS = ("password", "token", "secret", "keytab", "refresh_token", "access_token", "seed")
 
 
-def _redact(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Never log secret values, whatever a caller passes."""
     for key in list(event_dict):
         if any(s in key.lower() for s in _SECRET_KEYS) and key != "event":

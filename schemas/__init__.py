@@ -4,7 +4,14 @@ This package does no I/O and imports nothing but pydantic.
 """
 
 from schemas.base import Event, EventData, make_event
-from schemas.cloudevents import DecodeError, WireMessage, decode, encode, from_structured, to_structured
+from schemas.cloudevents import (
+    DecodeError,
+    WireMessage,
+    decode,
+    encode,
+    from_structured,
+    to_structured,
+)
 from schemas.registry import REGISTRY, EventType, example_event, lookup
 from schemas.streams import STREAMS, StreamSpec
 

@@ -109,11 +109,12 @@ def make_event(
     data: D,
     *,
     source: str,
-    id: str | None = None,  # noqa: A002 - the CloudEvents attribute name
+    id: str | None = None,
     time: datetime | None = None,
 ) -> Event[D]:
     """Wrap typed data in an envelope; `subject` comes from the data, `id` and `time` are fresh."""
-    return Event[type(data)](  # type: ignore[misc]
+    model: type[Event[D]] = Event[type(data)]  # type: ignore[misc,assignment]
+    return model(
         id=id or new_id(),
         time=time or utcnow(),
         source=source,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from schemas.base import Event, EventData
 from schemas.falco import FalcoAlert
 from schemas.ids import stable_id
-from schemas.registry import EventType, REGISTRY, lookup, native_type_for_subject
+from schemas.registry import REGISTRY, EventType, lookup, native_type_for_subject
 
 SPECVERSION = "1.0"
 JSON = "application/json"
@@ -155,7 +155,7 @@ def decode(
         event = _decode(subject, headers, body)
     except DecodeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - anything else is still a bad message, never a crash
+    except Exception as exc:
         raise DecodeError("malformed", f"{type(exc).__name__}: {exc}") from None
     if expected_types is not None and event.type not in expected_types:
         raise DecodeError(
@@ -205,7 +205,7 @@ def _decode_native(et: EventType, body: bytes) -> Event[EventData]:
         alert = FalcoAlert.model_validate_json(body)
     except ValidationError as exc:
         raise DecodeError("invalid_data", one_line(exc), event_type=et.name) from None
-    return Event[FalcoAlert](
+    event: Event[Any] = Event[FalcoAlert](
         id=stable_id(alert.time, alert.hostname or "", alert.rule, alert.output),
         time=alert.time,
         source=f"falco/{alert.hostname or 'unknown'}",
@@ -213,6 +213,7 @@ def _decode_native(et: EventType, body: bytes) -> Event[EventData]:
         subject=alert.about(),
         data=alert,
     )
+    return event
 
 
 __all__ = [
