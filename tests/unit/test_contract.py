@@ -424,3 +424,20 @@ def test_make_event_takes_subject_from_data() -> None:
     assert event.subject == data.about() and event.type == data.TYPE
     with pytest.raises(ValueError, match="does not match data model"):
         Event[GpuHealth](source="x", subject="y", type="notify.v1", data=data)
+
+
+def test_schemas_package_imports_only_pydantic_and_the_standard_library() -> None:
+    import ast
+    import sys
+
+    allowed = {"pydantic", "schemas", "__future__"} | set(sys.stdlib_module_names)
+    for path in sorted((REPO / "schemas").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                roots = {node.module.split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, f"{path.name} imports {roots - allowed}"
