@@ -74,6 +74,8 @@ class Daemon:
     """One agent's or service's lifecycle, health endpoints and metrics.
 
     Use as `async with Daemon("cordon", settings) as d: ...; await d.run_until_stopped()`.
+    A daemon runs once. Give each daemon its own `Metrics` (the default): the daemon adds
+    `nodeward_event_loop_lag_seconds` to that registry.
     """
 
     def __init__(
@@ -146,11 +148,12 @@ class Daemon:
 
     @property
     def started(self) -> bool:
+        """True from `start()` until the HTTP server closes at the end of `stop()`."""
         return self._runner is not None
 
     @property
     def port(self) -> int:
-        """The port the HTTP server is bound to (the one picked when settings say 0)."""
+        """The port the HTTP server is (or was last) bound to; the one picked when settings say 0."""
         if self._port is None:
             raise DaemonError(f"{self.name}: not started")
         return self._port
@@ -190,8 +193,10 @@ class Daemon:
 
     async def start(self) -> None:
         """Bind the HTTP server, start the heartbeat and every registered task."""
-        if self._runner is not None or self._stop_task is not None:
+        if self._runner is not None:
             raise DaemonError(f"{self.name}: already started")
+        if self._stop_task is not None:
+            raise DaemonError(f"{self.name}: already stopped; a daemon runs once")
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -296,6 +301,7 @@ class Daemon:
                 await asyncio.gather(self._monitor_task, return_exceptions=True)
             if self._runner is not None:
                 await self._runner.cleanup()
+                self._runner = None
             self._remove_signal_handlers()
             self.log.info("daemon stopped", seconds=round(loop.time() - began, 3))
 

@@ -288,7 +288,7 @@ async def test_serve_stops_all_when_one_stops() -> None:
     a.add_task(stop_a)
     await asyncio.wait_for(serve([a, b], handle_signals=False), 10)
     assert a.stopping.is_set() and b.stopping.is_set()
-    assert not a.started or a.failure is None
+    assert not a.started and not b.started and a.failure is None
 
 
 async def test_serve_raises_on_task_failure() -> None:
@@ -330,3 +330,19 @@ async def test_loop_monitor_reports_overdue_heartbeat() -> None:
     await asyncio.gather(task, return_exceptions=True)
     await wait_until(lambda: monitor.problem() is not None, timeout=5)
     assert "overdue" in (monitor.problem() or "")
+
+
+async def test_a_stopped_daemon_does_not_restart() -> None:
+    d = Daemon("t", settings())
+    await d.stop()
+    with pytest.raises(DaemonError, match="already stopped"):
+        await d.start()
+
+
+async def test_serve_stops_started_daemons_when_a_later_one_cannot_start() -> None:
+    a = Daemon("a", settings())
+    async with Daemon("holder", settings()) as holder:
+        b = Daemon("b", DaemonSettings(host="127.0.0.1", port=holder.port))
+        with pytest.raises(DaemonError, match="b: cannot listen"):
+            await asyncio.wait_for(serve([a, b], handle_signals=False), 10)
+    assert a.port > 0 and a.stopping.is_set() and not a.started  # started, then stopped again
