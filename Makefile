@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 schemas: $(STAMP)
-	$(BIN)/nodeward schemas export schemas/json
+	$(BIN)/python -m nodeward.schemas_export schemas/json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -17,13 +17,13 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004 - pydantic wants ValueError
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"duration must not be negative: {value!r}")
         return timedelta(seconds=value)
     if not isinstance(value, str):
-        raise ValueError(f"not a duration: {value!r}")
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004 - pydantic wants ValueError
     text = value.strip().lower().replace(" ", "")
     try:
         return parse_duration(float(text))

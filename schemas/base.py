@@ -32,6 +32,23 @@ class Model(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_extra(cls, value: Any, info: ValidationInfo) -> Any:
+        """With context `{"forbid_extra": True}` unknown fields are an error (used at input edges).
+
+        Checked on every model, nested ones included, so a typo anywhere is reported.
+        """
+        if info.context and info.context.get("forbid_extra") and isinstance(value, dict):
+            known = set(cls.model_fields) | {
+                f.alias for f in cls.model_fields.values() if f.alias is not None
+            }
+            unknown = sorted(str(k) for k in value if k not in known)
+            if unknown:
+                name = getattr(cls, "TYPE", cls.__name__)
+                raise ValueError(f"unknown field(s) for {name}: {', '.join(unknown)}")
+        return value
+
 
 class EventData(Model):
     """Base of every event type's data.
@@ -45,19 +62,6 @@ class EventData(Model):
     STREAM: ClassVar[str]
     SUBJECT_PATTERN: ClassVar[str]
     EXAMPLE_SOURCE: ClassVar[str]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _strict_extra(cls, value: Any, info: ValidationInfo) -> Any:
-        """With context `{"forbid_extra": True}` unknown fields are an error (used at input edges)."""
-        if info.context and info.context.get("forbid_extra") and isinstance(value, dict):
-            known = set(cls.model_fields) | {
-                f.alias for f in cls.model_fields.values() if f.alias is not None
-            }
-            unknown = sorted(k for k in value if k not in known)
-            if unknown:
-                raise ValueError(f"unknown field(s) for {cls.TYPE}: {', '.join(unknown)}")
-        return value
 
     def nats_subject(self) -> str:
         raise NotImplementedError
@@ -113,8 +117,8 @@ def make_event(
     time: datetime | None = None,
 ) -> Event[D]:
     """Wrap typed data in an envelope; `subject` comes from the data, `id` and `time` are fresh."""
-    model: Any = Event[type(data)]  # type: ignore[misc]
-    event: Event[D] = model(
+    model: type[Event[D]] = Event[type(data)]  # type: ignore[misc,assignment]
+    return model(
         id=id or new_id(),
         time=time or utcnow(),
         source=source,
@@ -122,4 +126,3 @@ def make_event(
         subject=data.about(),
         data=data,
     )
-    return event

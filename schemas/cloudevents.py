@@ -78,7 +78,7 @@ def encode_headers(event: Event[Any]) -> dict[str, str]:
         "ce-subject": _enc(event.subject),
         "ce-time": event.time.isoformat().replace("+00:00", "Z"),
         "ce-datacontenttype": JSON,
-        MSG_ID: event.id,
+        MSG_ID: _enc(event.id),
     }
 
 
@@ -121,7 +121,7 @@ def from_structured(
     et = _lookup(name)
     ctx = {"forbid_extra": forbid_extra}
     try:
-        return et.envelope.model_validate(obj, context=ctx)
+        return et.envelope.model_validate({**obj, "type": name}, context=ctx)
     except ValidationError as exc:
         raise DecodeError("invalid_data", one_line(exc), event_type=name) from None
 
@@ -138,6 +138,13 @@ def _parse_json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError("invalid_json", f"body is not JSON: {exc}") from None
+
+
+def _invalid_body(exc: ValidationError, type_name: str) -> DecodeError:
+    """`invalid_json` when the body does not parse, `invalid_data` when the data is wrong."""
+    if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
+        return DecodeError("invalid_json", f"body is not JSON: {one_line(exc)}", event_type=type_name)
+    return DecodeError("invalid_data", one_line(exc), event_type=type_name)
 
 
 def _is_json(content_type: str) -> bool:
@@ -157,7 +164,7 @@ def decode(
         event = _decode(subject, headers, body)
     except DecodeError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - anything else is still a bad message, never a crash
         raise DecodeError("malformed", f"{type(exc).__name__}: {exc}") from None
     if expected_types is not None and event.type not in expected_types:
         raise DecodeError(
@@ -194,7 +201,7 @@ def _decode(subject: str, headers: Mapping[str, str] | None, body: bytes) -> Eve
     try:
         data = et.model.model_validate_json(body)
     except ValidationError as exc:
-        raise DecodeError("invalid_data", one_line(exc), event_type=et.name) from None
+        raise _invalid_body(exc, et.name) from None
     attrs.setdefault("subject", data.about())
     try:
         return et.envelope(**attrs, data=data)
@@ -208,15 +215,21 @@ def _decode_native(et: EventType, body: bytes) -> Event[Any]:
     try:
         alert = FalcoAlert.model_validate_json(body)
     except ValidationError as exc:
+        raise _invalid_body(exc, et.name) from None
+    if alert.time.tzinfo is None:
+        raise DecodeError("invalid_data", "time: Falco alert time has no timezone", event_type=et.name)
+    try:
+        event: Event[Any] = Event[FalcoAlert](
+            id=stable_id(alert.time, alert.hostname or "", alert.rule, alert.output),
+            time=alert.time,
+            source=f"falco/{alert.hostname or 'unknown'}",
+            type=et.name,
+            subject=alert.about(),
+            data=alert,
+        )
+    except ValidationError as exc:
         raise DecodeError("invalid_data", one_line(exc), event_type=et.name) from None
-    return Event[FalcoAlert](
-        id=stable_id(alert.time, alert.hostname or "", alert.rule, alert.output),
-        time=alert.time,
-        source=f"falco/{alert.hostname or 'unknown'}",
-        type=et.name,
-        subject=alert.about(),
-        data=alert,
-    )
+    return event
 
 
 __all__ = [

@@ -21,7 +21,7 @@ SHARED = REPO.parent / "shared"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    configure_logging("warning", "console")
+    configure_logging("info", "console")
 
 
 async def wait_for(

@@ -101,7 +101,7 @@ class Bus:
             try:
                 for i in todo:
                     futures[i] = await self._submit(wires[i])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - disconnected or stalled: retried below
                 last_error = one_line(exc)
             if futures:
                 await asyncio.wait(futures.values(), timeout=wait)

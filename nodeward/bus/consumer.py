@@ -55,7 +55,7 @@ def ack_info(msg: Msg) -> tuple[int, int | None]:
     try:
         md = msg.metadata
         return md.num_delivered or 1, md.sequence.stream
-    except Exception:
+    except Exception:  # noqa: BLE001 - not a JetStream delivery
         return 1, None
 
 
@@ -215,7 +215,7 @@ class Consumer:
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - connection trouble: back off, keep fetching
                 failures += 1
                 self.log.warning("consumer.fetch_failed", error=one_line(exc), failures=failures)
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -240,7 +240,7 @@ class Consumer:
             return None
         try:
             return self.spec.order_key(event)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad key function must not stop fetching
             self.log.error("consumer.order_key_failed", error=one_line(exc), event_id=event.id)
             return None
 
@@ -330,7 +330,7 @@ class Consumer:
             except asyncio.CancelledError:
                 await self._nak(msg, 0)
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any other handler failure is retried
                 await self._failed(msg, event, attempt, exc)
             else:
                 self._count(event.type, "ok")
@@ -356,7 +356,7 @@ class Consumer:
         )
         try:
             await self.bus.publish(dl)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - keep the original; it comes back later
             self.log.error("dlq.publish_failed", error=one_line(exc), reason=reason.value)
             await self._nak(msg, self.spec.retry_delay(1))
             return
@@ -370,13 +370,13 @@ class Consumer:
     async def _ack(self, msg: Msg) -> None:
         try:
             await msg.ack()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait; handlers are idempotent
             self.log.warning("consumer.ack_failed", error=one_line(exc))
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         try:
             await msg.nak(delay=delay or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait anyway
             self.log.warning("consumer.nak_failed", error=one_line(exc))
 
     # background loops ------------------------------------------------------------------
@@ -401,6 +401,6 @@ class Consumer:
                 ack_pending.set(info.num_ack_pending or 0)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - lag metrics only
                 self.log.debug("consumer.info_failed", error=one_line(exc))
             await asyncio.sleep(self.spec.lag_interval)

@@ -39,7 +39,7 @@ def dead_letter_event(
         deliveries = md.num_delivered or 1
         if md.timestamp:
             stored_at = md.timestamp
-    except Exception:  # noqa: S110 - not a JetStream message: keep the defaults
+    except Exception:  # noqa: BLE001, S110 - not a JetStream message: keep the defaults
         pass
     headers: dict[str, Any] = dict(msg.headers or {})
     data = DeadLetter(

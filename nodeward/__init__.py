@@ -1,0 +1,1 @@
+"""nodeward's runtime: bus, daemon lifecycle, config, logging, metrics, CLI and simulators."""

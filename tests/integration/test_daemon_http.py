@@ -1,0 +1,128 @@
+"""The daemon's HTTP endpoints, over real sockets on free ports, with httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from nodeward.config import DaemonSettings
+from nodeward.daemon import Daemon
+
+
+def settings() -> DaemonSettings:
+    return DaemonSettings(host="127.0.0.1", port=0, shutdown_timeout=timedelta(seconds=5))
+
+
+async def test_readyz_flips_from_503_to_200() -> None:
+    bus = asyncio.Event()
+    consumer_bound = False
+
+    async def bus_connected() -> bool:
+        return bus.is_set()
+
+    async with Daemon("cordon", settings()) as d, httpx.AsyncClient(base_url=d.url) as http:
+        d.add_readiness_check("bus connected", bus_connected)
+        d.add_readiness_check("consumer bound", lambda: consumer_bound)
+        r = await http.get("/readyz")
+        assert r.status_code == 503
+        body = r.json()
+        assert body["failing"] == ["bus connected", "consumer bound"]
+        assert body["checks"] == {"bus connected": False, "consumer bound": False}
+        assert body["daemon"] == "cordon"
+
+        bus.set()
+        r = await http.get("/readyz")
+        assert r.status_code == 503 and r.json()["failing"] == ["consumer bound"]
+
+        consumer_bound = True
+        r = await http.get("/readyz")
+        assert r.status_code == 200
+        assert r.json()["status"] == "ready" and r.json()["failing"] == []
+
+        r = await http.get("/healthz")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "daemon": "cordon"}
+
+
+async def test_metrics_exposes_the_daemons_own_registry() -> None:
+    async with Daemon("gpu", settings()) as d, httpx.AsyncClient(base_url=d.url) as http:
+        d.metrics.published.labels(type="gpu.health.v1").inc(3)
+        r = await http.get("/metrics")
+        assert r.status_code == 200
+        assert r.headers["content-type"] == CONTENT_TYPE_LATEST
+        text = r.text
+        assert 'nodeward_events_published_total{type="gpu.health.v1"} 3.0' in text
+        for name in (
+            "nodeward_events_handled",
+            "nodeward_bus_connected",
+            "nodeward_event_loop_lag_seconds",
+        ):
+            assert name in text
+        om = await http.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
+        assert om.headers["content-type"].startswith("application/openmetrics-text")
+        assert om.text.rstrip().endswith("# EOF")
+
+
+async def test_two_daemons_in_one_loop_on_different_ports() -> None:
+    async with (
+        Daemon("cordon", settings()) as a,
+        Daemon("culler", settings()) as b,
+        httpx.AsyncClient() as http,
+    ):
+        assert a.port != b.port
+        a.metrics.published.labels(type="remediation.v1").inc()
+        a.add_readiness_check("never", lambda: False)
+        ra, rb = await asyncio.gather(http.get(f"{a.url}/metrics"), http.get(f"{b.url}/metrics"))
+        assert 'type="remediation.v1"' in ra.text
+        assert 'type="remediation.v1"' not in rb.text  # separate registries
+        ya, yb = await asyncio.gather(http.get(f"{a.url}/readyz"), http.get(f"{b.url}/readyz"))
+        assert (ya.status_code, yb.status_code) == (503, 200)
+        ha, hb = await asyncio.gather(http.get(f"{a.url}/healthz"), http.get(f"{b.url}/healthz"))
+        assert ha.json()["daemon"] == "cordon" and hb.json()["daemon"] == "culler"
+    # Both closed their ports.
+    async with httpx.AsyncClient() as http:
+        for d in (a, b):
+            try:
+                await http.get(f"{d.url}/healthz")
+            except httpx.ConnectError:
+                continue
+            raise AssertionError(f"{d.name} still serving after stop")
+
+
+async def test_healthz_and_readyz_503_while_stopping() -> None:
+    d = Daemon("t", settings())
+    hook_entered = asyncio.Event()
+    release = asyncio.Event()
+    seen: dict[str, int] = {}
+
+    async def hook() -> None:
+        hook_entered.set()
+        await release.wait()
+
+    d.add_shutdown_hook(hook)
+    await d.start()
+    async with httpx.AsyncClient(base_url=d.url) as http:
+        stopping = asyncio.create_task(d.stop())
+        await asyncio.wait_for(hook_entered.wait(), 5)
+        for path in ("/healthz", "/readyz"):
+            r = await http.get(path)
+            seen[path] = r.status_code
+            assert r.json()["status"] == "stopping"
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+    assert seen == {"/healthz": 503, "/readyz": 503}
+
+
+async def test_healthz_503_after_the_loop_was_blocked() -> None:
+    d = Daemon("t", settings(), heartbeat_interval=0.25, max_loop_lag=0.25)
+    async with d, httpx.AsyncClient(base_url=d.url) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        time.sleep(0.6)
+        r = await http.get("/healthz")
+        assert r.status_code == 503
+        assert r.json()["status"] == "unhealthy" and "blocked" in r.json()["reason"]
