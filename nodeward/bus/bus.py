@@ -156,7 +156,7 @@ class Bus:
             if self.js.publish_async_pending():
                 await asyncio.wait_for(self.js.publish_async_completed(), grace)
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await asyncio.wait_for(self.nc.drain(), max(grace, 0.5))
         with contextlib.suppress(Exception):
             await self.nc.close()
 

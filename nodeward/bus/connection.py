@@ -70,6 +70,7 @@ async def connect_nats(
         "reconnected_cb": on_reconnected,
         "closed_cb": on_closed,
         "pending_size": 64 * 1024 * 1024,
+        "drain_timeout": 10,
     }
     if settings.user:
         options["user"] = settings.user

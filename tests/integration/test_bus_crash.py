@@ -94,6 +94,7 @@ async def test_restarted_server_loses_no_acknowledged_event(own_nats: EmbeddedNa
         for m in msgs:
             stored.add((m.headers or {})["ce-id"])
             await m.ack()
+    await psub.unsubscribe()
     await bus.close(grace=1)
     missing = [i for i in acked if i not in stored]
     assert not missing, f"{len(missing)} acknowledged events lost of {len(acked)}"
