@@ -368,6 +368,8 @@ class Daemon:
 async def serve(daemons: Sequence[Daemon], *, handle_signals: bool = True) -> None:
     """Run several daemons in this loop until SIGTERM/SIGINT or until any of them stops.
 
+    Daemons already started (to learn their ports, say) are taken as they are.
+
     Then every daemon stops (concurrently, each within its own timeout). Raises
     `DaemonError` if a daemon failed to start or one of their tasks failed.
     """
@@ -378,7 +380,8 @@ async def serve(daemons: Sequence[Daemon], *, handle_signals: bool = True) -> No
     started: list[Daemon] = []
     try:
         for daemon in daemons:
-            await daemon.start()
+            if not daemon.started:
+                await daemon.start()
             started.append(daemon)
         waiters = [asyncio.ensure_future(d.stopping.wait()) for d in started]
         waiters.append(asyncio.ensure_future(signalled.wait()))

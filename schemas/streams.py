@@ -74,3 +74,32 @@ def stream_for_subject(subject: str) -> StreamSpec | None:
         if any(subject_matches(p, subject) for p in spec.subjects):
             return spec
     return None
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """True if some subject matches both wildcard patterns."""
+    ta, tb = a.split("."), b.split(".")
+    for i in range(max(len(ta), len(tb))):
+        x = ta[i] if i < len(ta) else None
+        y = tb[i] if i < len(tb) else None
+        if x == ">" or y == ">":
+            return x is not None and y is not None  # `>` needs at least one token here
+        if x is None or y is None:
+            return False
+        if x != y and "*" not in (x, y):
+            return False
+    return True
+
+
+def pattern_within(a: str, b: str) -> bool:
+    """True if every subject matching pattern `a` also matches pattern `b`."""
+    ta, tb = a.split("."), b.split(".")
+    for i, y in enumerate(tb):
+        if y == ">":
+            return len(ta) > i
+        if i >= len(ta):
+            return False
+        x = ta[i]
+        if x == ">" or y not in ("*", x):
+            return False
+    return len(ta) == len(tb)

@@ -40,12 +40,17 @@ async def connect_nats(
     shown = ", ".join(_redact_url(s) for s in servers)
 
     async def on_error(exc: Exception) -> None:
-        log.warning("nats.error", error=str(exc) or type(exc).__name__, servers=shown)
+        # Without `wait` a failure to connect is raised to the caller, which says it once.
+        report = log.warning if (wait or nc.is_connected) else log.debug
+        report("nats.error", error=str(exc) or type(exc).__name__, servers=shown)
 
     async def on_disconnected() -> None:
         if metrics:
             metrics.bus_connected.set(0)
-        log.warning("nats.disconnected", servers=shown)
+        if nc.is_draining or nc.is_closed:  # our own shutdown, not an outage
+            log.debug("nats.disconnected", servers=shown, reason="closing")
+        else:
+            log.warning("nats.disconnected", servers=shown)
 
     async def on_reconnected() -> None:
         if metrics:
@@ -62,9 +67,9 @@ async def connect_nats(
         "servers": servers,
         "name": settings.name or name,
         "connect_timeout": settings.connect_timeout.total_seconds(),
-        "reconnect_time_wait": min(2.0, settings.reconnect_wait_max.total_seconds()),
+        "reconnect_time_wait": min(2.0, settings.reconnect_wait_max.total_seconds()) if wait else 0.1,
         "max_reconnect_attempts": -1 if wait else 1,
-        "allow_reconnect": True,
+        "allow_reconnect": wait,
         "error_cb": on_error,
         "disconnected_cb": on_disconnected,
         "reconnected_cb": on_reconnected,

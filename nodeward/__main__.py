@@ -1,0 +1,5 @@
+import sys
+
+from nodeward.cli import main
+
+sys.exit(main())

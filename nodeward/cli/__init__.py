@@ -1,0 +1,211 @@
+"""The `nodeward` command line (typer + rich). Errors are one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nodeward.cli.common import CliError, settings_for
+from nodeward.config import ConfigError
+from nodeward.durations import parse_duration
+from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
+from nodeward.logs import configure_logging
+
+app = typer.Typer(
+    name="nodeward",
+    help="Event-driven node agents and remediation services for GPU Kubernetes platforms.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+schemas_app = typer.Typer(help="The event contract: JSON Schemas and examples.", no_args_is_help=True)
+app.add_typer(schemas_app, name="schemas")
+
+NatsOpt = Annotated[
+    str | None, typer.Option("--nats", envvar="NODEWARD_NATS_URL", help="NATS URL (default: a running `nodeward up`, else nats://127.0.0.1:4222)")
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file, a section per daemon")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="JSON output, one object per line")]
+
+
+def _duration(value: str | None) -> timedelta | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _run(coro: Any) -> None:
+    asyncio.run(coro)
+
+
+@app.callback()
+def _root(
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error")] = "warning",
+) -> None:
+    if log_level not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
+    configure_logging(log_level)
+
+
+@app.command()
+def bus(
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="where the JetStream store lives")] = DEFAULT_STATE_DIR,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="client port; 0 picks a free one")] = 4222,
+) -> None:
+    """Run the embedded nats-server with JetStream and every stream provisioned."""
+    from nodeward.platform import run_bus
+
+    def announce(url: str) -> None:
+        typer.echo(url)
+        sys.stdout.flush()
+        print(f"nodeward bus: NATS with JetStream at {url} (store {state_dir}/nats); Ctrl-C stops it", file=sys.stderr)
+
+    _run(run_bus(state_dir, port, announce))
+
+
+@app.command()
+def up(
+    state_dir: Annotated[Path, typer.Option("--state-dir", help="NATS store, kubeconfig, outbox, endpoints.json")] = DEFAULT_STATE_DIR,
+    nats_port: Annotated[int, typer.Option("--nats-port", min=0, max=65535, help="embedded NATS port; 0 picks one")] = 0,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run the whole platform in one process: embedded NATS and every agent and service."""
+    from nodeward.platform import run_up
+
+    running = Endpoints.read(state_dir)
+    if running is not None:
+        raise CliError(f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})")
+    settings = settings_for(config, nats)
+
+    def announce(endpoints: Endpoints) -> None:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
+        for name, url in endpoints.metrics.items():
+            console.print(f"  {name:<12} {url}/metrics  {url}/readyz")
+        console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
+        console.print("  watch it    nodeward tail  (another terminal)   ·   Ctrl-C stops everything")
+
+    _run(run_up(settings, state_dir, nats_port=nats_port, external_nats=nats is not None, announce=announce))
+
+
+@app.command()
+def publish(
+    type_name: Annotated[str, typer.Argument(metavar="TYPE", help="event type, e.g. gpu.health.v1")],
+    data: Annotated[str, typer.Option("--data", help="JSON text, @file, or @- for stdin: the data, or a whole CloudEvent")],
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate an event and publish it; invalid data is refused with the validation error."""
+    from nodeward.cli.events import publish as do_publish
+
+    _run(do_publish(settings_for(config, nats), type_name, data, as_json))
+
+
+@app.command()
+def tail(  # noqa: PLR0917 - typer maps parameters to options
+    subjects: Annotated[list[str] | None, typer.Argument(metavar="[SUBJECT...]", help="subject filters, e.g. 'gpu.health.>' (default: everything)")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="start this far back, e.g. 1m, 2h (default: new events only)")] = None,
+    count: Annotated[int | None, typer.Option("--count", min=1, help="exit after N events")] = None,
+    timeout: Annotated[str | None, typer.Option("--timeout", help="give up (exit 1) if nothing arrives in time")] = None,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Follow events as they are stored (ordered consumer); readable lines or JSON lines."""
+    from nodeward.cli.events import tail as do_tail
+
+    _run(do_tail(settings_for(config, nats), subjects or [], since=_duration(since), count=count, as_json=as_json,
+                 timeout=_duration(timeout)))
+
+
+@app.command()
+def streams(nats: NatsOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Messages, bytes, consumers and their lag for every nodeward stream."""
+    from nodeward.cli.inspect import streams as do_streams
+
+    _run(do_streams(settings_for(config, nats), as_json))
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Annotated[Path, typer.Argument(metavar="DIR")]) -> None:
+    """Write a JSON Schema per event type and an index.json into DIR."""
+    from nodeward.schemas_export import export
+
+    try:
+        written = export(directory)
+    except OSError as exc:
+        raise CliError(f"cannot write to {directory}: {exc.strerror}") from None
+    typer.echo(f"{len(written)} file(s) written to {directory}")
+
+
+@schemas_app.command("example")
+def schemas_example(type_name: Annotated[str, typer.Argument(metavar="TYPE")]) -> None:
+    """Print a valid example event of TYPE (structured CloudEvent JSON, fresh id)."""
+    from schemas import example_event, to_structured
+    from schemas.registry import UnknownEventType
+
+    try:
+        event = example_event(type_name)
+    except UnknownEventType as exc:
+        raise CliError(str(exc)) from None
+    typer.echo(json.dumps(to_structured(event), indent=2))
+
+
+@schemas_app.command("list")
+def schemas_list() -> None:
+    """Every event type with its stream and subject pattern."""
+    from schemas import REGISTRY
+
+    for name, et in sorted(REGISTRY.items()):
+        typer.echo(f"{name:<24} {et.stream.name:<12} {et.subject_pattern:<32} {et.description}")
+
+
+def _kinds(exc: BaseException) -> set[str]:
+    # typer has vendored click (typer._click) since 0.29; match click's exception classes
+    # by name so this works with either.
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: usage errors and failures become one line on stderr and an exit code."""
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=argv, prog_name="nodeward", standalone_mode=False)
+    except (CliError, ConfigError) as exc:
+        print(f"nodeward: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        kinds = _kinds(exc)
+        if "Exit" in kinds:
+            return int(getattr(exc, "exit_code", 0))
+        if "Abort" in kinds:
+            print("nodeward: aborted", file=sys.stderr)
+            return 130
+        if "UsageError" in kinds or "ClickException" in kinds:
+            ctx = getattr(exc, "ctx", None)
+            path = getattr(ctx, "command_path", "nodeward") or "nodeward"
+            message = " ".join(exc.format_message().split())  # type: ignore[attr-defined]
+            print(f"{path}: error: {message}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 2))
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""What every CLI command shares: one-line errors, the NATS URL, input loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+from nodeward.config import ConfigError, Settings, load_settings
+from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 1."""
+
+
+def fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+def settings_for(config: Path | None, nats: str | None) -> Settings:
+    """Settings from `--config` and the environment, with the NATS URL resolved.
+
+    URL precedence: `--nats`, `NODEWARD_NATS_URL`, `NODEWARD_BUS__URL` or the config file,
+    a `nodeward up` running from ./.nodeward, then nats://127.0.0.1:4222.
+    """
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        fail(str(exc))
+    url = nats or os.environ.get("NODEWARD_NATS_URL")
+    if url is None and settings.bus.url == DEFAULT_NATS and "NODEWARD_BUS__URL" not in os.environ:
+        running = Endpoints.read(DEFAULT_STATE_DIR)
+        if running is not None:
+            url = running.nats_url
+    if url:
+        settings.bus.url = url
+    return settings
+
+
+def read_data(spec: str) -> Any:
+    """`--data` as JSON text, `@file`, or `@-` for standard input."""
+    if spec == "@-":
+        text = sys.stdin.read()
+        where = "standard input"
+    elif spec.startswith("@"):
+        path = Path(spec[1:])
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            fail(f"cannot read {path}: {exc.strerror}")
+        where = str(path)
+    else:
+        text, where = spec, "--data"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
+
+
+def echo_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, separators=(",", ":"), default=str))

@@ -1,0 +1,74 @@
+"""`nodeward streams`: what is stored, and how far behind each consumer is."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import nats
+from nats.js.errors import NotFoundError
+from rich.console import Console
+from rich.table import Table
+
+from nodeward.cli.common import echo_json, fail
+from nodeward.config import Settings
+from schemas.streams import STREAMS
+
+
+async def streams(settings: Settings, as_json: bool) -> None:
+    try:
+        nc = await nats.connect(
+            settings.bus.url, name="cli/streams", allow_reconnect=False, max_reconnect_attempts=1,
+            connect_timeout=settings.bus.connect_timeout.total_seconds(),
+        )
+    except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
+        fail(f"cannot connect to NATS at {settings.bus.url}: {exc or type(exc).__name__}")
+    js = nc.jetstream()
+    rows: list[dict[str, Any]] = []
+    try:
+        for spec in STREAMS:
+            try:
+                info = await js.stream_info(spec.name)
+            except NotFoundError:
+                rows.append({"stream": spec.name, "missing": True})
+                continue
+            consumers = [
+                {"name": c.name, "pending": c.num_pending or 0, "ack_pending": c.num_ack_pending or 0,
+                 "redelivered": c.num_redelivered or 0}
+                for c in await js.consumers_info(spec.name)
+            ]
+            rows.append({
+                "stream": spec.name, "subjects": list(spec.subjects), "messages": info.state.messages,
+                "bytes": info.state.bytes, "consumers": consumers,
+            })
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table(title=f"JetStream at {settings.bus.url}")
+    for col in ("stream", "subjects", "messages", "bytes", "consumer", "lag", "unacked", "redelivered"):
+        table.add_column(col, justify="right" if col not in ("stream", "subjects", "consumer") else "left")
+    for row in rows:
+        if row.get("missing"):
+            table.add_row(row["stream"], "", "not provisioned", "", "", "", "", "")
+            continue
+        cons = row["consumers"] or [{"name": "-", "pending": "", "ack_pending": "", "redelivered": ""}]
+        for i, c in enumerate(cons):
+            first = i == 0
+            table.add_row(
+                row["stream"] if first else "", " ".join(row["subjects"]) if first else "",
+                str(row["messages"]) if first else "", _bytes(row["bytes"]) if first else "",
+                c["name"], str(c["pending"]), str(c["ack_pending"]), str(c["redelivered"]),
+            )
+    Console().print(table)
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

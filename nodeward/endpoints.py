@@ -1,0 +1,52 @@
+"""`<state-dir>/endpoints.json`: where every endpoint of a running `nodeward up` is."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+DEFAULT_STATE_DIR = Path(".nodeward")
+
+
+class Endpoints(BaseModel):
+    nats_url: str
+    state_dir: Path
+    kubeconfig: Path | None = None
+    outbox: Path | None = None
+    metrics: dict[str, str] = Field(default_factory=dict, description="daemon name -> base URL")
+    falco_ingest_url: str | None = None
+    falco_token_file: Path | None = None
+    pid: int = Field(default_factory=os.getpid)
+    started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    def write(self) -> Path:
+        """Write atomically (readers never see half a file)."""
+        path = self.state_dir / "endpoints.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def read(cls, state_dir: Path = DEFAULT_STATE_DIR) -> Endpoints | None:
+        """The endpoints of a platform still running from `state_dir`, else None."""
+        path = state_dir / "endpoints.json"
+        try:
+            found = cls.model_validate_json(path.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(found.pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # alive, owned by someone else
+        return found
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.state_dir / "endpoints.json").unlink()

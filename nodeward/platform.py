@@ -1,0 +1,112 @@
+"""Running nodeward: the embedded bus (`nodeward bus`) and the whole platform (`nodeward up`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from nodeward.bus import Bus
+from nodeward.config import Settings
+from nodeward.daemon import Daemon, install_signal_handlers, serve
+from nodeward.endpoints import Endpoints
+from nodeward.sim.nats_server import EmbeddedNats
+
+
+async def bus_daemon(name: str, settings: Settings, *, source: str) -> tuple[Daemon, Bus]:
+    """A daemon with its bus connection: readiness follows the connection, shutdown drains it."""
+    daemon = Daemon(name, settings.daemon)
+    bus = await Bus.connect(settings.bus, source=source, metrics=daemon.metrics)
+    daemon.add_readiness_check("bus", lambda: bus.connected)
+    daemon.add_readiness_check(
+        "consumers", lambda: all(c.bound for c in bus.consumers)
+    )
+    daemon.add_shutdown_hook(lambda: bus.close(grace=settings.daemon.shutdown_timeout.total_seconds() / 2))
+    return daemon, bus
+
+
+@dataclass(frozen=True)
+class Component:
+    """An agent or service `nodeward up` runs: a name and how to build its daemon."""
+
+    name: str
+    build: Callable[[Settings], Awaitable[Daemon]]
+
+
+# Agents and services register here as they are built (GPU agent, cordon service, ...).
+COMPONENTS: tuple[Component, ...] = ()
+
+
+async def _platform_daemon(settings: Settings) -> Daemon:
+    """The `up` process's own daemon: health of the bus it provisioned, and its metrics."""
+    daemon, _ = await bus_daemon("platform", settings, source="nodeward/up")
+    return daemon
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    remove = install_signal_handlers(lambda _: stop.set())
+    try:
+        await stop.wait()
+    finally:
+        remove()
+
+
+async def run_bus(state_dir: Path, port: int, announce: Callable[[str], None]) -> None:
+    """Embedded nats-server with every stream provisioned, until SIGINT/SIGTERM."""
+    server = EmbeddedNats(state_dir / "nats", port=port)
+    await server.start()
+    try:
+        from nodeward.config import BusSettings
+
+        bus = await Bus.connect(BusSettings(url=server.url), source="nodeward/bus")
+        await bus.close(grace=1)
+        announce(server.url)
+        await wait_for_signal()
+    finally:
+        await server.stop()
+
+
+async def run_up(
+    settings: Settings,
+    state_dir: Path,
+    *,
+    nats_port: int = 0,
+    external_nats: bool = False,
+    announce: Callable[[Endpoints], None],
+) -> None:
+    """The whole platform in this process until SIGINT/SIGTERM."""
+    log = structlog.get_logger().bind(component="up")
+    state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
+    outbox = state_dir / "outbox"
+    outbox.mkdir(parents=True, exist_ok=True)
+    server: EmbeddedNats | None = None
+    endpoints: Endpoints | None = None
+    try:
+        if not external_nats:
+            server = EmbeddedNats(state_dir / "nats", port=nats_port)
+            await server.start()
+            settings.bus.url = server.url
+        daemons = [await _platform_daemon(settings)]
+        for component in COMPONENTS:
+            daemons.append(await component.build(settings))
+        for d in daemons:
+            await d.start()
+        endpoints = Endpoints(
+            nats_url=settings.bus.url, state_dir=state_dir, outbox=outbox,
+            metrics={d.name: d.url for d in daemons},
+        )
+        endpoints.write()
+        log.info("up.ready", nats=settings.bus.url, daemons=[d.name for d in daemons])
+        announce(endpoints)
+        await serve(daemons, handle_signals=True)
+    finally:
+        if endpoints is not None:
+            endpoints.remove()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await server.stop()

@@ -1,0 +1,156 @@
+"""The CLI as a person uses it: real processes, real nats-server, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+
+NODEWARD = [sys.executable, "-m", "nodeward"]
+
+
+def run(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*NODEWARD, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        env=os.environ | (env or {}), cwd=REPO,
+    )
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def embedded_bus(tmp_path: Path) -> Iterator[str]:
+    """`nodeward bus --port 0` as a user runs it; yields the URL it prints."""
+    proc = subprocess.Popen(
+        [*NODEWARD, "bus", "--state-dir", str(tmp_path / "state"), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("nats://127.0.0.1:"), proc.stderr.read() if proc.stderr else url
+    yield url
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 0
+
+
+def test_example_published_shows_up_in_tail_with_the_same_id(embedded_bus: str) -> None:
+    env = {"NODEWARD_NATS_URL": embedded_bus}
+    example = run("schemas", "example", "gpu.health.v1")
+    assert example.returncode == 0, example.stderr
+    sent = json.loads(example.stdout)
+    published = run("publish", "gpu.health.v1", "--data", "@-", stdin=example.stdout, env=env)
+    assert published.returncode == 0, published.stderr
+    assert sent["id"] in published.stdout
+
+    tail = run("tail", "gpu.health.>", "--since", "1m", "--count", "1", "--json", env=env)
+    assert tail.returncode == 0, tail.stderr
+    got = json.loads(tail.stdout.splitlines()[0])
+    assert got["id"] == sent["id"]
+    assert got["type"] == "gpu.health.v1"
+    assert got["data"] == sent["data"]
+
+    # The same event again is stored once (JetStream de-duplication by id).
+    again = run("publish", "gpu.health.v1", "--data", "@-", "--json", stdin=example.stdout, env=env)
+    assert json.loads(again.stdout)["duplicate"] is True
+    streams = run("streams", "--json", env=env)
+    gpu = next(s for s in json.loads(streams.stdout) if s["stream"] == "GPU")
+    assert gpu["messages"] == 1
+
+
+def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
+    result = run("publish", "gpu.health.v1", "--data", '{"node": "n1", "state": "on-fire"}',
+                 env={"NODEWARD_NATS_URL": embedded_bus})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("nodeward: error: invalid gpu.health.v1 data:")
+    assert "gpu_index: Field required" in lines[0]
+
+
+def test_unknown_fields_are_refused(embedded_bus: str) -> None:
+    data = json.loads(run("schemas", "example", "notify.v1").stdout)["data"] | {"sevrity": "critical"}
+    result = run("publish", "notify.v1", "--data", json.dumps(data), env={"NODEWARD_NATS_URL": embedded_bus})
+    assert result.returncode == 1
+    assert "unknown field(s) for notify.v1: sevrity" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["publish"], 2, "Missing argument 'TYPE'"),
+        (["publish", "gpu.health.v1", "--data", "{nope"], 1, "--data is not valid JSON"),
+        (["publish", "no.such.v1", "--data", "{}"], 1, "unknown event type 'no.such.v1'"),
+        (["publish", "gpu.health.v1", "--data", "@/nonexistent/file.json"], 1, "cannot read /nonexistent/file.json"),
+        (["tail", "--since", "5 fortnights"], 2, "not a duration"),
+        (["tail", "bogus.subject"], 1, "no nodeward stream holds subject 'bogus.subject'"),
+        (["schemas", "example", "gpu.health.v9"], 1, "unknown event type 'gpu.health.v9'"),
+        (["frobnicate"], 2, "No such command 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_give_one_clear_line(args: list[str], code: int, message: str) -> None:
+    result = run(*args, env={"NODEWARD_NATS_URL": "nats://127.0.0.1:1"})
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+
+
+def test_unreachable_nats_is_one_line() -> None:
+    data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"]
+    result = run("publish", "gpu.health.v1", "--data", json.dumps(data), env={"NODEWARD_NATS_URL": "nats://127.0.0.1:1"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("nodeward: error: cannot connect to NATS at nats://127.0.0.1:1")
+
+
+def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "nodeward.yaml"
+    cfg.write_text("bus:\n  url: 42\n  frobs: true\n")
+    result = run("streams", "--config", str(cfg))
+    assert result.returncode == 1
+    assert result.stderr.startswith("nodeward: error: invalid configuration in")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
+    state = tmp_path / ".nodeward"  # the default state dir, relative to where it runs
+    proc = subprocess.Popen([*NODEWARD, "up", "--state-dir", str(state)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        endpoints_file = state / "endpoints.json"
+        wait_until(endpoints_file.exists, what="endpoints.json")
+        endpoints = json.loads(endpoints_file.read_text())
+        assert endpoints["nats_url"].startswith("nats://127.0.0.1:")
+        assert Path(endpoints["outbox"]).is_dir()
+        ready = httpx.get(endpoints["metrics"]["platform"] + "/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        metrics = httpx.get(endpoints["metrics"]["platform"] + "/metrics", timeout=5).text
+        assert "nodeward_bus_connected 1.0" in metrics
+        # A second `up` on the same state dir is refused.
+        second = run("up", "--state-dir", str(state))
+        assert second.returncode == 1 and "already running" in second.stderr
+        # Other commands find the running platform through endpoints.json.
+        streams = subprocess.run([*NODEWARD, "streams", "--json"], capture_output=True, text=True, cwd=tmp_path,
+                                 env={k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+                                 | {"PYTHONPATH": str(REPO)}, timeout=30)
+        assert streams.returncode == 0, streams.stderr
+        assert {s["stream"] for s in json.loads(streams.stdout)} >= {"GPU", "AUDIT", "DLQ"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert not (state / "endpoints.json").exists()
