@@ -31,16 +31,23 @@ from schemas.gpu import GpuHealth, HealthState
 
 def make_events(n: int) -> list:
     data = GpuHealth(
-        node="gpu-node-07", gpu_index=3, gpu_uuid="GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
-        model="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:4E:00.0", state=HealthState.HEALTHY,
-        heartbeat=True, observed_at=datetime.now(UTC), agent_boot_id="b6a1", sequence=42,
+        node="gpu-node-07",
+        gpu_index=3,
+        gpu_uuid="GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
+        model="NVIDIA H100 80GB HBM3",
+        pci_bus_id="00000000:4E:00.0",
+        state=HealthState.HEALTHY,
+        heartbeat=True,
+        observed_at=datetime.now(UTC),
+        agent_boot_id="b6a1",
+        sequence=42,
     )
     return [make_event(data, source="agent/gpu/gpu-node-07") for _ in range(n)]
 
 
 async def purge(js, stream: str = "GPU") -> None:
     await js.purge_stream(stream)
-    for c in (await js.consumers_info(stream)):
+    for c in await js.consumers_info(stream):
         await js.delete_consumer(stream, c.name)
 
 
@@ -65,10 +72,16 @@ async def nodeward_publish(bus: Bus, events, chunk: int) -> float:
 async def raw_consume(js, n: int, batch: int, name: str) -> float:
     from nats.js import api
 
-    await js.add_consumer("GPU", config=api.ConsumerConfig(
-        name=name, durable_name=name, ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=10000,
-        filter_subject="gpu.health.>",
-    ))
+    await js.add_consumer(
+        "GPU",
+        config=api.ConsumerConfig(
+            name=name,
+            durable_name=name,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            max_ack_pending=10000,
+            filter_subject="gpu.health.>",
+        ),
+    )
     psub = await js.pull_subscribe_bind(durable=name, stream="GPU")
     got = 0
     t0 = time.perf_counter()
@@ -96,7 +109,11 @@ async def nodeward_consume(bus: Bus, n: int, batch: int, name: str, concurrency:
             done.set()
 
     spec = ConsumerSpec(
-        name=name, stream="GPU", subjects=("gpu.health.>",), batch=batch, concurrency=concurrency,
+        name=name,
+        stream="GPU",
+        subjects=("gpu.health.>",),
+        batch=batch,
+        concurrency=concurrency,
         max_ack_pending=10000,
     )
     t0 = time.perf_counter()
@@ -131,31 +148,50 @@ async def main() -> None:
             pub_raw, pub_nw, con_raw, con_nw, pub_body, con_body = [], [], [], [], [], []
             for run in range(args.runs):
                 await purge(js)
-                pub_body.append(args.events / await raw_publish(js, wires, args.chunk, headers=False))
-                con_body.append(args.events / await raw_consume(js, args.events, args.batch, f"body{run}"))
+                pub_body.append(
+                    args.events / await raw_publish(js, wires, args.chunk, headers=False)
+                )
+                con_body.append(
+                    args.events / await raw_consume(js, args.events, args.batch, f"body{run}")
+                )
                 await purge(js)
-                fresh = [encode(e) for e in make_events(args.events)]  # new ids: no dedup across runs
+                fresh = [
+                    encode(e) for e in make_events(args.events)
+                ]  # new ids: no dedup across runs
                 pub_raw.append(args.events / await raw_publish(js, fresh, args.chunk, headers=True))
-                con_raw.append(args.events / await raw_consume(js, args.events, args.batch, f"raw{run}"))
+                con_raw.append(
+                    args.events / await raw_consume(js, args.events, args.batch, f"raw{run}")
+                )
                 await purge(js)
-                pub_nw.append(args.events / await nodeward_publish(bus, make_events(args.events), args.chunk))
+                pub_nw.append(
+                    args.events / await nodeward_publish(bus, make_events(args.events), args.chunk)
+                )
                 con_nw.append(
-                    args.events / await nodeward_consume(bus, args.events, args.batch, f"nw{run}", args.concurrency)
+                    args.events
+                    / await nodeward_consume(
+                        bus, args.events, args.batch, f"nw{run}", args.concurrency
+                    )
                 )
             await nc.close()
             await bus.close()
 
     def show(label: str, raw: list[float], ours: list[float]) -> None:
         r, o = statistics.median(raw), statistics.median(ours)
-        print(f"{label:8s} raw nats-py {r:9.0f} ev/s   nodeward {o:9.0f} ev/s   ratio {o / r:.2f}"
-              f"   (runs: raw {[round(x) for x in raw]}, nodeward {[round(x) for x in ours]})")
+        print(
+            f"{label:8s} raw nats-py {r:9.0f} ev/s   nodeward {o:9.0f} ev/s   ratio {o / r:.2f}"
+            f"   (runs: raw {[round(x) for x in raw]}, nodeward {[round(x) for x in ours]})"
+        )
 
-    print(f"events/run={args.events} runs={args.runs} body={body}B ce-headers~{hdr}B batch={args.batch} "
-          f"chunk={args.chunk} concurrency={args.concurrency} storage=file")
+    print(
+        f"events/run={args.events} runs={args.runs} body={body}B ce-headers~{hdr}B batch={args.batch} "
+        f"chunk={args.chunk} concurrency={args.concurrency} storage=file"
+    )
     print("baseline = raw nats-py sending the same wire message (CloudEvents headers + body):")
     show("publish", pub_raw, pub_nw)
     show("consume", con_raw, con_nw)
-    print("baseline = raw nats-py sending the body alone (no headers; what CloudEvents binary mode costs):")
+    print(
+        "baseline = raw nats-py sending the body alone (no headers; what CloudEvents binary mode costs):"
+    )
     show("publish", pub_body, pub_nw)
     show("consume", con_body, con_nw)
 

@@ -26,20 +26,26 @@ class BusSettings(Section):
     """How a daemon reaches NATS."""
 
     url: str = "nats://127.0.0.1:4222"
-    name: str | None = Field(default=None, description="client connection name; defaults to the daemon's")
+    name: str | None = Field(
+        default=None, description="client connection name; defaults to the daemon's"
+    )
     user: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
     creds_file: Path | None = Field(default=None, description="NATS .creds (JWT + nkey seed)")
     nkey_seed_file: Path | None = None
-    inbox_prefix: str | None = Field(default=None, description="e.g. _INBOX_<node> for per-node ACLs")
+    inbox_prefix: str | None = Field(
+        default=None, description="e.g. _INBOX_<node> for per-node ACLs"
+    )
     tls_ca_file: Path | None = None
     connect_timeout: Duration = timedelta(seconds=2)
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
     publish_retries: int = Field(default=5, ge=0)
     stream_replicas: int = Field(default=1, ge=1, le=5)
-    provision: bool = Field(default=True, description="create/update streams on start (needs $JS.API rights)")
+    provision: bool = Field(
+        default=True, description="create/update streams on start (needs $JS.API rights)"
+    )
 
 
 class ClusterSettings(Section):
@@ -116,7 +122,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
     data = read_yaml(config_file) if config_file else {}
     for key, value in overrides.items():
-        data.setdefault(key, {}).update(value) if isinstance(value, dict) else data.__setitem__(key, value)
+        data.setdefault(key, {}).update(value) if isinstance(value, dict) else data.__setitem__(
+            key, value
+        )
     try:
         return Settings(**data)
     except ValidationError as exc:
@@ -124,7 +132,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"invalid configuration{where}: {one_line(exc)}") from None
 
 
-def section(settings: Settings, group: Literal["agents", "services"], name: str, model: type[Section]) -> Any:
+def section(
+    settings: Settings, group: Literal["agents", "services"], name: str, model: type[Section]
+) -> Any:
     """Validate one daemon's section (`services.cordon`, ...) with that daemon's model."""
     from pydantic import ValidationError
 

@@ -31,7 +31,9 @@ def configure_logging(
     out = stream or sys.stderr
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: Any = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
     structlog.configure(
         processors=[
@@ -42,7 +44,9 @@ def configure_logging(
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )

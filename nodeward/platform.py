@@ -22,10 +22,10 @@ async def bus_daemon(name: str, settings: Settings, *, source: str) -> tuple[Dae
     daemon = Daemon(name, settings.daemon)
     bus = await Bus.connect(settings.bus, source=source, metrics=daemon.metrics)
     daemon.add_readiness_check("bus", lambda: bus.connected)
-    daemon.add_readiness_check(
-        "consumers", lambda: all(c.bound for c in bus.consumers)
+    daemon.add_readiness_check("consumers", lambda: all(c.bound for c in bus.consumers))
+    daemon.add_shutdown_hook(
+        lambda: bus.close(grace=settings.daemon.shutdown_timeout.total_seconds() / 2)
     )
-    daemon.add_shutdown_hook(lambda: bus.close(grace=settings.daemon.shutdown_timeout.total_seconds() / 2))
     return daemon, bus
 
 
@@ -97,7 +97,9 @@ async def run_up(
         for d in daemons:
             await d.start()
         endpoints = Endpoints(
-            nats_url=settings.bus.url, state_dir=state_dir, outbox=outbox,
+            nats_url=settings.bus.url,
+            state_dir=state_dir,
+            outbox=outbox,
             metrics={d.name: d.url for d in daemons},
         )
         endpoints.write()

@@ -112,7 +112,9 @@ def from_structured(
 ) -> Event[Any]:
     """An event from its structured JSON form; `type_name` is required if `obj` lacks `type`."""
     if not isinstance(obj, Mapping):
-        raise DecodeError("invalid_data", "a CloudEvent must be a JSON object", event_type=type_name)
+        raise DecodeError(
+            "invalid_data", "a CloudEvent must be a JSON object", event_type=type_name
+        )
     name = obj.get("type", type_name)
     if not isinstance(name, str):
         raise DecodeError("missing_type", "the event has no 'type'")
@@ -143,7 +145,9 @@ def _parse_json(body: bytes) -> Any:
 def _invalid_body(exc: ValidationError, type_name: str) -> DecodeError:
     """`invalid_json` when the body does not parse, `invalid_data` when the data is wrong."""
     if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
-        return DecodeError("invalid_json", f"body is not JSON: {one_line(exc)}", event_type=type_name)
+        return DecodeError(
+            "invalid_json", f"body is not JSON: {one_line(exc)}", event_type=type_name
+        )
     return DecodeError("invalid_data", one_line(exc), event_type=type_name)
 
 
@@ -168,7 +172,9 @@ def decode(
         raise DecodeError("malformed", f"{type(exc).__name__}: {exc}") from None
     if expected_types is not None and event.type not in expected_types:
         raise DecodeError(
-            "unexpected_type", f"type {event.type!r} is not one this consumer handles", event_type=event.type
+            "unexpected_type",
+            f"type {event.type!r} is not one this consumer handles",
+            event_type=event.type,
         )
     return event
 
@@ -184,7 +190,10 @@ def _decode(subject: str, headers: Mapping[str, str] | None, body: bytes) -> Eve
         native = native_type_for_subject(subject)
         if native is not None:
             return _decode_native(native, body)
-        raise DecodeError("missing_headers", "no CloudEvents headers (ce-specversion) and not a known native subject")
+        raise DecodeError(
+            "missing_headers",
+            "no CloudEvents headers (ce-specversion) and not a known native subject",
+        )
     try:
         attrs = {a: _dec(h[f"ce-{a}"]) for a in _ATTRS if f"ce-{a}" in h}
     except UnicodeDecodeError:
@@ -193,11 +202,15 @@ def _decode(subject: str, headers: Mapping[str, str] | None, body: bytes) -> Eve
         raise DecodeError("bad_header", f"unsupported specversion {attrs.get('specversion')!r}")
     missing = [a for a in ("id", "source", "type") if not attrs.get(a)]
     if missing:
-        raise DecodeError("bad_header", f"missing header(s): {', '.join('ce-' + m for m in missing)}")
+        raise DecodeError(
+            "bad_header", f"missing header(s): {', '.join('ce-' + m for m in missing)}"
+        )
     et = _lookup(attrs["type"])
     dct = attrs.pop("datacontenttype", None) or content_type or JSON
     if not _is_json(dct):
-        raise DecodeError("bad_content_type", f"data content type {dct!r} is not JSON", event_type=et.name)
+        raise DecodeError(
+            "bad_content_type", f"data content type {dct!r} is not JSON", event_type=et.name
+        )
     try:
         data = et.model.model_validate_json(body)
     except ValidationError as exc:
@@ -217,7 +230,9 @@ def _decode_native(et: EventType, body: bytes) -> Event[Any]:
     except ValidationError as exc:
         raise _invalid_body(exc, et.name) from None
     if alert.time.tzinfo is None:
-        raise DecodeError("invalid_data", "time: Falco alert time has no timezone", event_type=et.name)
+        raise DecodeError(
+            "invalid_data", "time: Falco alert time has no timezone", event_type=et.name
+        )
     try:
         event: Event[Any] = Event[FalcoAlert](
             id=stable_id(alert.time, alert.hostname or "", alert.rule, alert.output),

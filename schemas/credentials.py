@@ -26,7 +26,9 @@ class _CredentialEvent(EventData):
     namespace: Namespace
     secret: K8sName
     kind: CredentialKind
-    principal: str | None = Field(default=None, description="Kerberos principal or OAuth2 client id; never a secret")
+    principal: str | None = Field(
+        default=None, description="Kerberos principal or OAuth2 client id; never a secret"
+    )
 
     def nats_subject(self) -> str:
         return subject("credentials", self.OUTCOME, self.namespace, self.secret)
@@ -74,7 +76,9 @@ class CredentialRenewed(_CredentialEvent):
 
     expires_at: datetime
     renewable_until: datetime | None = None
-    resource_version: str | None = Field(default=None, description="the Secret's resourceVersion after the write")
+    resource_version: str | None = Field(
+        default=None, description="the Secret's resourceVersion after the write"
+    )
     rotated: bool = Field(default=False, description="a new refresh token replaced the old one")
 
     model_config = ConfigDict(

@@ -68,7 +68,9 @@ class EnergyNode(EventData):
     node: K8sName
     interval: Interval
     readings: list[EnergyReading]
-    energy_j: NonNegFloat = Field(description="whole-node energy (not the sum of overlapping readings)")
+    energy_j: NonNegFloat = Field(
+        description="whole-node energy (not the sum of overlapping readings)"
+    )
     avg_power_w: NonNegFloat
     carbon: CarbonIntensity | None = None
     co2e_g: NonNegFloat | None = None
@@ -80,9 +82,24 @@ class EnergyNode(EventData):
                     "node": "gpu-node-07",
                     "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
                     "readings": [
-                        {"source": "ipmi_sdr", "component": "system", "energy_j": 231000.0, "avg_power_w": 3850.0},
-                        {"source": "rapl", "component": "package-0", "energy_j": 16200.0, "avg_power_w": 270.0},
-                        {"source": "nvml", "component": "gpu-0", "energy_j": 36744.0, "avg_power_w": 612.4},
+                        {
+                            "source": "ipmi_sdr",
+                            "component": "system",
+                            "energy_j": 231000.0,
+                            "avg_power_w": 3850.0,
+                        },
+                        {
+                            "source": "rapl",
+                            "component": "package-0",
+                            "energy_j": 16200.0,
+                            "avg_power_w": 270.0,
+                        },
+                        {
+                            "source": "nvml",
+                            "component": "gpu-0",
+                            "energy_j": 36744.0,
+                            "avg_power_w": 612.4,
+                        },
                     ],
                     "energy_j": 231000.0,
                     "avg_power_w": 3850.0,
@@ -121,7 +138,9 @@ class EnergyPod(EventData):
     cpu_energy_j: NonNegFloat = 0.0
     gpu_energy_j: NonNegFloat = 0.0
     energy_j: NonNegFloat
-    attribution: str = Field(description="how the node's energy was split, e.g. cpu-time-ratio+gpu-exclusive")
+    attribution: str = Field(
+        description="how the node's energy was split, e.g. cpu-time-ratio+gpu-exclusive"
+    )
     carbon: CarbonIntensity | None = None
     co2e_g: NonNegFloat | None = None
 

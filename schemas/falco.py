@@ -34,7 +34,9 @@ class FalcoPriority(StrEnum):
         return list(FalcoPriority).index(self)
 
 
-_PRIORITY_ALIASES = {p.value.lower(): p for p in FalcoPriority} | {"info": FalcoPriority.INFORMATIONAL}
+_PRIORITY_ALIASES = {p.value.lower(): p for p in FalcoPriority} | {
+    "info": FalcoPriority.INFORMATIONAL
+}
 
 
 class FalcoAlert(EventData):
@@ -101,7 +103,9 @@ class FalcoAlert(EventData):
         return str(value) if value else None
 
     def nats_subject(self) -> str:
-        return ".".join(("falco", subject(self.priority.value.lower()), falco_rule_token(self.rule)))
+        return ".".join(
+            ("falco", subject(self.priority.value.lower()), falco_rule_token(self.rule))
+        )
 
     def about(self) -> str:
         if self.namespace and self.pod:

@@ -37,7 +37,9 @@ class Maintenance(EventData):
 
     node: K8sName
     phase: MaintenancePhase
-    maintenance_id: str = Field(min_length=1, description="ties the phases of one maintenance together")
+    maintenance_id: str = Field(
+        min_length=1, description="ties the phases of one maintenance together"
+    )
     reason: str = ""
     requested_by: str | None = None
     checkpoints: list[CheckpointRecord] = Field(default_factory=list)
@@ -54,7 +56,11 @@ class Maintenance(EventData):
                     "requested_by": "operator/jdoe",
                     "checkpoints": [
                         {
-                            "pod": {"namespace": "user-alice", "name": "jupyter-alice-0", "container": "notebook"},
+                            "pod": {
+                                "namespace": "user-alice",
+                                "name": "jupyter-alice-0",
+                                "container": "notebook",
+                            },
                             "path": "/var/lib/kubelet/checkpoints/checkpoint-jupyter-alice-0_user-alice-notebook-2026-08-20T14:05:00Z.tar",
                         }
                     ],

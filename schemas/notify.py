@@ -27,7 +27,9 @@ class Notification(EventData):
     EXAMPLE_SOURCE: ClassVar[str] = "service/cordon"
 
     severity: Severity
-    topic: str = Field(min_length=1, description="gpu-health, idle-session, credentials, security, ...")
+    topic: str = Field(
+        min_length=1, description="gpu-health, idle-session, credentials, security, ..."
+    )
     title: str = Field(min_length=1, max_length=300)
     body: str = ""
     audience: str = Field(default="oncall", description="oncall, or user:<namespace>/<name>")

@@ -59,7 +59,11 @@ class Remediation(EventData):
     )
 
     def nats_subject(self) -> str:
-        target = self.target.name if self.target.namespace is None else f"{self.target.namespace}/{self.target.name}"
+        target = (
+            self.target.name
+            if self.target.namespace is None
+            else f"{self.target.namespace}/{self.target.name}"
+        )
         return subject("remediation", self.action, target)
 
     def about(self) -> str:

@@ -42,7 +42,9 @@ class SessionActivity(EventData):
     kind: SessionKind
     gpu_utilization_pct: float | None = Field(default=None, ge=0, le=100)
     gpu_uuids: list[str] = Field(default_factory=list)
-    cpu_cores: float | None = Field(default=None, ge=0, description="CPU cores used over the sample")
+    cpu_cores: float | None = Field(
+        default=None, ge=0, description="CPU cores used over the sample"
+    )
     kernels: list[KernelActivity] = Field(default_factory=list)
     last_activity: datetime | None = None
     sampled_at: datetime
@@ -115,9 +117,21 @@ class SessionIdle(EventData):
                     "idle_since": "2026-08-20T11:58:02Z",
                     "idle_for_s": 7438.0,
                     "evidence": [
-                        {"signal": "gpu", "idle_since": "2026-08-20T11:58:30Z", "detail": "0% SM for 2h03m"},
-                        {"signal": "cpu", "idle_since": "2026-08-20T11:59:00Z", "detail": "<0.05 cores"},
-                        {"signal": "kernel", "idle_since": "2026-08-20T11:58:02Z", "detail": "1 kernel idle, 0 connections"},
+                        {
+                            "signal": "gpu",
+                            "idle_since": "2026-08-20T11:58:30Z",
+                            "detail": "0% SM for 2h03m",
+                        },
+                        {
+                            "signal": "cpu",
+                            "idle_since": "2026-08-20T11:59:00Z",
+                            "detail": "<0.05 cores",
+                        },
+                        {
+                            "signal": "kernel",
+                            "idle_since": "2026-08-20T11:58:02Z",
+                            "detail": "1 kernel idle, 0 connections",
+                        },
                     ],
                     "gpus_held": 1,
                 }

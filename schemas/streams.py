@@ -36,7 +36,10 @@ DAY = timedelta(days=1)
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("GPU", ("gpu.health.>",), "GPU health changes and heartbeats", 30 * DAY),
     StreamSpec(
-        "TELEMETRY", ("gpu.telemetry.>",), "sampled GPU telemetry", timedelta(hours=6),
+        "TELEMETRY",
+        ("gpu.telemetry.>",),
+        "sampled GPU telemetry",
+        timedelta(hours=6),
         duplicate_window=timedelta(seconds=30),
     ),
     StreamSpec("ENERGY", ("energy.>",), "energy and CO2e per node and pod", 30 * DAY),
@@ -46,7 +49,9 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("MAINTENANCE", ("maintenance.>",), "node maintenance phases", 90 * DAY),
     StreamSpec("AUDIT", ("remediation.>",), "every action taken or refused", 365 * DAY),
     StreamSpec("NOTIFY", ("notify.>",), "notification requests for people", 7 * DAY),
-    StreamSpec("DLQ", ("dlq.>",), "messages a consumer could not process, with the error", 30 * DAY),
+    StreamSpec(
+        "DLQ", ("dlq.>",), "messages a consumer could not process, with the error", 30 * DAY
+    ),
 )
 
 

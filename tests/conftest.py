@@ -25,7 +25,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 async def wait_for(
-    condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    condition: Callable[[], Awaitable[Any] | Any],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "",
 ) -> Any:
     """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
     loop = asyncio.get_running_loop()

@@ -29,7 +29,13 @@ class Bus:
     """One daemon's NATS connection. Create with `await Bus.connect(...)`."""
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, settings: BusSettings, *, source: str, metrics: Metrics
+        self,
+        nc: NATS,
+        js: JetStreamContext,
+        settings: BusSettings,
+        *,
+        source: str,
+        metrics: Metrics,
     ) -> None:
         self.nc = nc
         self.js = js
@@ -84,14 +90,18 @@ class Bus:
         self._count(event.type)
         return acks[0]
 
-    async def publish_many(self, events: Sequence[Event[Any]], *, timeout: float | None = None) -> list[api.PubAck]:
+    async def publish_many(
+        self, events: Sequence[Event[Any]], *, timeout: float | None = None
+    ) -> list[api.PubAck]:
         """Publish a batch pipelined (publish_async), then wait for every ack; retries the rest."""
         acks = await self._publish_wires([encode(e) for e in events], timeout=timeout)
         for e in events:
             self._count(e.type)
         return acks
 
-    async def _publish_wires(self, wires: list[WireMessage], *, timeout: float | None) -> list[api.PubAck]:
+    async def _publish_wires(
+        self, wires: list[WireMessage], *, timeout: float | None
+    ) -> list[api.PubAck]:
         wait = timeout if timeout is not None else self.settings.publish_timeout.total_seconds()
         results: list[api.PubAck | None] = [None] * len(wires)
         todo = list(range(len(wires)))
@@ -127,11 +137,15 @@ class Bus:
             todo = failed
             if not todo:
                 return [r for r in results if r is not None]
-            self.log.warning("bus.publish_retry", attempt=attempt + 1, pending=len(todo), error=last_error)
+            self.log.warning(
+                "bus.publish_retry", attempt=attempt + 1, pending=len(todo), error=last_error
+            )
             await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
         for i in todo:
             self.metrics.publish_failures.labels(wires[i].headers.get("ce-type", "unknown")).inc()
-        raise PublishError(f"{len(todo)} event(s) not acknowledged after {self.settings.publish_retries + 1} attempts: {last_error}")
+        raise PublishError(
+            f"{len(todo)} event(s) not acknowledged after {self.settings.publish_retries + 1} attempts: {last_error}"
+        )
 
     # consuming -------------------------------------------------------------------------
     async def consume(self, spec: ConsumerSpec, handler: Handler) -> Consumer:
@@ -165,5 +179,3 @@ class Bus:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-

@@ -56,7 +56,10 @@ async def connect_nats(
         if metrics:
             metrics.bus_connected.set(1)
             metrics.bus_reconnects.inc()
-        log.info("nats.reconnected", server=_redact_url(str(nc.connected_url.geturl() if nc.connected_url else "")))
+        log.info(
+            "nats.reconnected",
+            server=_redact_url(str(nc.connected_url.geturl() if nc.connected_url else "")),
+        )
 
     async def on_closed() -> None:
         if metrics:
@@ -67,7 +70,9 @@ async def connect_nats(
         "servers": servers,
         "name": settings.name or name,
         "connect_timeout": settings.connect_timeout.total_seconds(),
-        "reconnect_time_wait": min(2.0, settings.reconnect_wait_max.total_seconds()) if wait else 0.1,
+        "reconnect_time_wait": min(2.0, settings.reconnect_wait_max.total_seconds())
+        if wait
+        else 0.1,
         "max_reconnect_attempts": -1 if wait else 1,
         "allow_reconnect": wait,
         "error_cb": on_error,
@@ -100,5 +105,8 @@ async def connect_nats(
         raise BusError(f"cannot connect to NATS at {shown}: {exc or type(exc).__name__}") from None
     if metrics:
         metrics.bus_connected.set(1)
-    log.info("nats.connected", server=_redact_url(nc.connected_url.geturl() if nc.connected_url else shown))
+    log.info(
+        "nats.connected",
+        server=_redact_url(nc.connected_url.geturl() if nc.connected_url else shown),
+    )
     return nc, nc.jetstream(timeout=settings.publish_timeout.total_seconds())

@@ -101,7 +101,11 @@ class ConsumerSpec:
             raise ValueError("max_ack_pending must cover batch + concurrency")
 
     def retry_delay(self, attempt: int) -> float:
-        return self.retry_delays[min(attempt, len(self.retry_delays)) - 1] if self.retry_delays else 0.0
+        return (
+            self.retry_delays[min(attempt, len(self.retry_delays)) - 1]
+            if self.retry_delays
+            else 0.0
+        )
 
     def config(self) -> api.ConsumerConfig:
         subjects = list(self.subjects)
@@ -164,9 +168,13 @@ class Consumer:
             asyncio.create_task(self._worker(), name=f"worker:{self.spec.name}:{i}")
             for i in range(self.spec.concurrency)
         ]
-        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name=f"wip:{self.spec.name}"))
+        self._tasks.append(
+            asyncio.create_task(self._heartbeat_loop(), name=f"wip:{self.spec.name}")
+        )
         self._tasks.append(asyncio.create_task(self._lag_loop(), name=f"lag:{self.spec.name}"))
-        self.log.info("consumer.started", subjects=list(self.spec.subjects), concurrency=self.spec.concurrency)
+        self.log.info(
+            "consumer.started", subjects=list(self.spec.subjects), concurrency=self.spec.concurrency
+        )
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop fetching, finish in-flight work within `grace`, nak what is left."""
@@ -304,14 +312,18 @@ class Consumer:
         event = item.event
         # Each worker is its own task, so these overwrite the previous message's context.
         structlog.contextvars.bind_contextvars(
-            consumer=self.spec.name, event_id=event.id, event_type=event.type, subject=msg.subject,
+            consumer=self.spec.name,
+            event_id=event.id,
+            event_type=event.type,
+            subject=msg.subject,
             attempt=attempt,
         )
         if True:
             if attempt > self.spec.max_deliver:
                 self._count(event.type, "exhausted")
                 await self._dead_letter(
-                    msg, DeadLetterReason.EXHAUSTED,
+                    msg,
+                    DeadLetterReason.EXHAUSTED,
                     f"delivered {attempt - 1} times without an ack (handler crashed or timed out)",
                 )
                 return
@@ -341,17 +353,31 @@ class Consumer:
     async def _failed(self, msg: Msg, event: Event[Any], attempt: int, exc: Exception) -> None:
         if attempt >= self.spec.max_deliver:
             self._count(event.type, "exhausted")
-            self.log.warning("handler.exhausted", error=one_line(exc), max_deliver=self.spec.max_deliver)
+            self.log.warning(
+                "handler.exhausted", error=one_line(exc), max_deliver=self.spec.max_deliver
+            )
             await self._dead_letter(msg, DeadLetterReason.EXHAUSTED, exc)
             return
-        delay = exc.delay if isinstance(exc, RetryableError) and exc.delay is not None else self.spec.retry_delay(attempt)
+        delay = (
+            exc.delay
+            if isinstance(exc, RetryableError) and exc.delay is not None
+            else self.spec.retry_delay(attempt)
+        )
         self._count(event.type, "retry")
-        self.log.info("handler.retry", error=one_line(exc), error_type=type(exc).__name__, delay_s=delay)
+        self.log.info(
+            "handler.retry", error=one_line(exc), error_type=type(exc).__name__, delay_s=delay
+        )
         await self._nak(msg, delay)
 
-    async def _dead_letter(self, msg: Msg, reason: DeadLetterReason, error: BaseException | str) -> None:
+    async def _dead_letter(
+        self, msg: Msg, reason: DeadLetterReason, error: BaseException | str
+    ) -> None:
         dl = dead_letter_event(
-            msg, stream=self.spec.stream, consumer=self.spec.name, reason=reason, error=error,
+            msg,
+            stream=self.spec.stream,
+            consumer=self.spec.name,
+            reason=reason,
+            error=error,
             source=f"{self.bus.source}/{self.spec.name}",
         )
         try:
@@ -362,8 +388,12 @@ class Consumer:
             return
         self.bus.metrics.dead_lettered.labels(self.spec.name, reason.value).inc()
         self.log.warning(
-            "dlq.dead_lettered", reason=reason.value, error=dl.data.error, subject=msg.subject,
-            stream_sequence=dl.data.stream_sequence, dlq_subject=dl.data.nats_subject(),
+            "dlq.dead_lettered",
+            reason=reason.value,
+            error=dl.data.error,
+            subject=msg.subject,
+            stream_sequence=dl.data.stream_sequence,
+            dlq_subject=dl.data.nats_subject(),
         )
         await self._ack(msg)
 

@@ -15,7 +15,9 @@ from schemas.ids import stable_id
 
 def one_line(error: BaseException | str, limit: int = 2000) -> str:
     text = str(error) if not isinstance(error, str) else error
-    text = " ".join(text.split()) or (type(error).__name__ if not isinstance(error, str) else "error")
+    text = " ".join(text.split()) or (
+        type(error).__name__ if not isinstance(error, str) else "error"
+    )
     return text[:limit]
 
 

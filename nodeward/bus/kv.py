@@ -77,7 +77,9 @@ class TypedKV(Generic[M]):
                     continue
                 raise
             return Versioned(new, int(revision))
-        raise ConflictError(f"KV {self.kv._name}/{key}: still conflicting after {attempts} attempts")
+        raise ConflictError(
+            f"KV {self.kv._name}/{key}: still conflicting after {attempts} attempts"
+        )
 
     async def delete(self, key: str, *, revision: int | None = None) -> None:
         with contextlib.suppress(KeyNotFoundError):
@@ -118,7 +120,11 @@ class Lease:
             result = await self.store.update(f"lease.{self.name}", take, attempts=3)
         except ConflictError:
             return False
-        return result is not None and result.value.holder == self.holder and result.value.expires_at > now
+        return (
+            result is not None
+            and result.value.holder == self.holder
+            and result.value.expires_at > now
+        )
 
     async def release(self) -> None:
         current = await self.store.get(f"lease.{self.name}")
@@ -155,5 +161,3 @@ class Lease:
                 await task
             await self.release()
             self.log.info("lease.released")
-
-

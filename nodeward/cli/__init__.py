@@ -25,13 +25,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-schemas_app = typer.Typer(help="The event contract: JSON Schemas and examples.", no_args_is_help=True)
+schemas_app = typer.Typer(
+    help="The event contract: JSON Schemas and examples.", no_args_is_help=True
+)
 app.add_typer(schemas_app, name="schemas")
 
 NatsOpt = Annotated[
-    str | None, typer.Option("--nats", envvar="NODEWARD_NATS_URL", help="NATS URL (default: a running `nodeward up`, else nats://127.0.0.1:4222)")
+    str | None,
+    typer.Option(
+        "--nats",
+        envvar="NODEWARD_NATS_URL",
+        help="NATS URL (default: a running `nodeward up`, else nats://127.0.0.1:4222)",
+    ),
 ]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file, a section per daemon")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML config file, a section per daemon")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON output, one object per line")]
 
 
@@ -50,7 +59,9 @@ def _run(coro: Any) -> None:
 
 @app.callback()
 def _root(
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error")] = "warning",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="debug, info, warning or error")
+    ] = "warning",
 ) -> None:
     if log_level not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
@@ -59,8 +70,12 @@ def _root(
 
 @app.command()
 def bus(
-    state_dir: Annotated[Path, typer.Option("--state-dir", help="where the JetStream store lives")] = DEFAULT_STATE_DIR,
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="client port; 0 picks a free one")] = 4222,
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="where the JetStream store lives")
+    ] = DEFAULT_STATE_DIR,
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="client port; 0 picks a free one")
+    ] = 4222,
 ) -> None:
     """Run the embedded nats-server with JetStream and every stream provisioned."""
     from nodeward.platform import run_bus
@@ -68,15 +83,22 @@ def bus(
     def announce(url: str) -> None:
         typer.echo(url)
         sys.stdout.flush()
-        print(f"nodeward bus: NATS with JetStream at {url} (store {state_dir}/nats); Ctrl-C stops it", file=sys.stderr)
+        print(
+            f"nodeward bus: NATS with JetStream at {url} (store {state_dir}/nats); Ctrl-C stops it",
+            file=sys.stderr,
+        )
 
     _run(run_bus(state_dir, port, announce))
 
 
 @app.command()
 def up(
-    state_dir: Annotated[Path, typer.Option("--state-dir", help="NATS store, kubeconfig, outbox, endpoints.json")] = DEFAULT_STATE_DIR,
-    nats_port: Annotated[int, typer.Option("--nats-port", min=0, max=65535, help="embedded NATS port; 0 picks one")] = 0,
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="NATS store, kubeconfig, outbox, endpoints.json")
+    ] = DEFAULT_STATE_DIR,
+    nats_port: Annotated[
+        int, typer.Option("--nats-port", min=0, max=65535, help="embedded NATS port; 0 picks one")
+    ] = 0,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -85,7 +107,9 @@ def up(
 
     running = Endpoints.read(state_dir)
     if running is not None:
-        raise CliError(f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})")
+        raise CliError(
+            f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})"
+        )
     settings = settings_for(config, nats)
 
     def announce(endpoints: Endpoints) -> None:
@@ -96,15 +120,32 @@ def up(
         for name, url in endpoints.metrics.items():
             console.print(f"  {name:<12} {url}/metrics  {url}/readyz")
         console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
-        console.print("  watch it    nodeward tail  (another terminal)   ·   Ctrl-C stops everything")
+        console.print(
+            "  watch it    nodeward tail  (another terminal)   ·   Ctrl-C stops everything"
+        )
 
-    _run(run_up(settings, state_dir, nats_port=nats_port, external_nats=nats is not None, announce=announce))
+    _run(
+        run_up(
+            settings,
+            state_dir,
+            nats_port=nats_port,
+            external_nats=nats is not None,
+            announce=announce,
+        )
+    )
 
 
 @app.command()
 def publish(
-    type_name: Annotated[str, typer.Argument(metavar="TYPE", help="event type, e.g. gpu.health.v1")],
-    data: Annotated[str, typer.Option("--data", help="JSON text, @file, or @- for stdin: the data, or a whole CloudEvent")],
+    type_name: Annotated[
+        str, typer.Argument(metavar="TYPE", help="event type, e.g. gpu.health.v1")
+    ],
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data", help="JSON text, @file, or @- for stdin: the data, or a whole CloudEvent"
+        ),
+    ],
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
@@ -117,10 +158,21 @@ def publish(
 
 @app.command()
 def tail(  # noqa: PLR0917 - typer maps parameters to options
-    subjects: Annotated[list[str] | None, typer.Argument(metavar="[SUBJECT...]", help="subject filters, e.g. 'gpu.health.>' (default: everything)")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="start this far back, e.g. 1m, 2h (default: new events only)")] = None,
+    subjects: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[SUBJECT...]",
+            help="subject filters, e.g. 'gpu.health.>' (default: everything)",
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="start this far back, e.g. 1m, 2h (default: new events only)"),
+    ] = None,
     count: Annotated[int | None, typer.Option("--count", min=1, help="exit after N events")] = None,
-    timeout: Annotated[str | None, typer.Option("--timeout", help="give up (exit 1) if nothing arrives in time")] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="give up (exit 1) if nothing arrives in time")
+    ] = None,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
@@ -128,8 +180,16 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
     """Follow events as they are stored (ordered consumer); readable lines or JSON lines."""
     from nodeward.cli.events import tail as do_tail
 
-    _run(do_tail(settings_for(config, nats), subjects or [], since=_duration(since), count=count, as_json=as_json,
-                 timeout=_duration(timeout)))
+    _run(
+        do_tail(
+            settings_for(config, nats),
+            subjects or [],
+            since=_duration(since),
+            count=count,
+            as_json=as_json,
+            timeout=_duration(timeout),
+        )
+    )
 
 
 @app.command()

@@ -54,11 +54,20 @@ async def publish(settings: Settings, type_name: str, data_spec: str, as_json: b
     finally:
         await bus.close(grace=1)
     if as_json:
-        echo_json({"id": event.id, "subject": event.nats_subject, "stream": ack.stream, "seq": ack.seq,
-                   "duplicate": bool(ack.duplicate)})
+        echo_json(
+            {
+                "id": event.id,
+                "subject": event.nats_subject,
+                "stream": ack.stream,
+                "seq": ack.seq,
+                "duplicate": bool(ack.duplicate),
+            }
+        )
     else:
         dup = " (duplicate: already stored)" if ack.duplicate else ""
-        typer.echo(f"published {event.type} {event.id} on {event.nats_subject} -> {ack.stream} #{ack.seq}{dup}")
+        typer.echo(
+            f"published {event.type} {event.id} on {event.nats_subject} -> {ack.stream} #{ack.seq}{dup}"
+        )
 
 
 def streams_for(subjects: list[str]) -> dict[StreamSpec, list[str]]:
@@ -85,7 +94,9 @@ def summarize(event: Any) -> str:
     for key, value in event.data.model_dump(mode="json", exclude_none=True).items():
         if isinstance(value, dict | list):
             if value:
-                parts.append(f"{key}=[{len(value)}]" if isinstance(value, list) else f"{key}={{..}}")
+                parts.append(
+                    f"{key}=[{len(value)}]" if isinstance(value, list) else f"{key}={{..}}"
+                )
             continue
         text = str(value)
         parts.append(f"{key}={text if len(text) <= 60 else text[:57] + '...'}")
@@ -93,15 +104,24 @@ def summarize(event: Any) -> str:
 
 
 async def tail(
-    settings: Settings, subjects: list[str], *, since: timedelta | None, count: int | None, as_json: bool,
+    settings: Settings,
+    subjects: list[str],
+    *,
+    since: timedelta | None,
+    count: int | None,
+    as_json: bool,
     timeout: timedelta | None,
 ) -> None:
     targets = streams_for(subjects or [">"])
     try:
         nc = await nats.connect(
-            settings.bus.url, name="cli/tail", max_reconnect_attempts=1, allow_reconnect=False,
+            settings.bus.url,
+            name="cli/tail",
+            max_reconnect_attempts=1,
+            allow_reconnect=False,
             connect_timeout=settings.bus.connect_timeout.total_seconds(),
-            user=settings.bus.user, password=settings.bus.password.get_secret_value() if settings.bus.password else None,
+            user=settings.bus.user,
+            password=settings.bus.password.get_secret_value() if settings.bus.password else None,
             token=settings.bus.token.get_secret_value() if settings.bus.token else None,
             user_credentials=str(settings.bus.creds_file) if settings.bus.creds_file else None,
         )
@@ -123,16 +143,27 @@ async def tail(
                 opt_start_time=(datetime.now(UTC) - since) if since else None,
             )
             try:
-                subs.append(await js.subscribe(filters[0], stream=spec.name, ordered_consumer=True, cb=on_msg,
-                                               config=config))
+                subs.append(
+                    await js.subscribe(
+                        filters[0],
+                        stream=spec.name,
+                        ordered_consumer=True,
+                        cb=on_msg,
+                        config=config,
+                    )
+                )
             except nats.js.errors.NotFoundError:
                 continue  # stream not provisioned on this server
         if not subs:
-            fail("none of the streams for those subjects exist on this server (run nodeward bus or up)")
+            fail(
+                "none of the streams for those subjects exist on this server (run nodeward bus or up)"
+            )
         shown = 0
         deadline = asyncio.get_running_loop().time() + timeout.total_seconds() if timeout else None
         while count is None or shown < count:
-            remaining = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0)
+            remaining = (
+                None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0)
+            )
             try:
                 msg = await asyncio.wait_for(queue.get(), remaining)
             except TimeoutError:

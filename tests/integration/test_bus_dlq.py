@@ -18,13 +18,20 @@ from tests.conftest import wait_for
 
 
 def health(node: str, seq: int = 0) -> Event[GpuHealth]:
-    return make_event(GpuHealth.example().model_copy(update={"node": node, "sequence": seq}), source="t")
+    return make_event(
+        GpuHealth.example().model_copy(update={"node": node, "sequence": seq}), source="t"
+    )
 
 
 def spec(name: str, node: str, **kw: Any) -> ConsumerSpec:
     base: dict[str, Any] = {
-        "name": name, "stream": "GPU", "subjects": (f"gpu.health.{node}.>",), "concurrency": 2, "batch": 8,
-        "max_ack_pending": 32, "retry_delays": (0.05,),
+        "name": name,
+        "stream": "GPU",
+        "subjects": (f"gpu.health.{node}.>",),
+        "concurrency": 2,
+        "batch": 8,
+        "max_ack_pending": 32,
+        "retry_delays": (0.05,),
     }
     return ConsumerSpec(**(base | kw))
 
@@ -47,7 +54,9 @@ async def dead_letters(bus: Bus, consumer: str) -> list[Event[DeadLetter]]:
     return out
 
 
-async def test_invalid_payload_is_dead_lettered_and_consumer_keeps_going(bus: Bus, node: str) -> None:
+async def test_invalid_payload_is_dead_lettered_and_consumer_keeps_going(
+    bus: Bus, node: str
+) -> None:
     handled: list[str] = []
 
     async def handler(event: Event[Any], delivery: Delivery) -> None:
@@ -57,16 +66,28 @@ async def test_invalid_payload_is_dead_lettered_and_consumer_keeps_going(bus: Bu
     bad = health(node, 3)
     await bus.publish(good_before)
     # A well-formed envelope whose data violates the schema.
-    headers = {"ce-specversion": "1.0", "ce-id": bad.id, "ce-source": "t", "ce-type": "gpu.health.v1",
-               "ce-time": "2026-08-20T14:02:11Z", "ce-datacontenttype": "application/json", "Nats-Msg-Id": bad.id}
-    body = b'{"node": "%s", "gpu_index": 0, "gpu_uuid": "GPU-1", "state": "on-fire", "observed_at": "2026-08-20T14:00:00Z"}' % node.encode()
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-id": bad.id,
+        "ce-source": "t",
+        "ce-type": "gpu.health.v1",
+        "ce-time": "2026-08-20T14:02:11Z",
+        "ce-datacontenttype": "application/json",
+        "Nats-Msg-Id": bad.id,
+    }
+    body = (
+        b'{"node": "%s", "gpu_index": 0, "gpu_uuid": "GPU-1", "state": "on-fire", "observed_at": "2026-08-20T14:00:00Z"}'
+        % node.encode()
+    )
     await bus.js.publish(f"gpu.health.{node}.0", body, headers=headers)
     await bus.js.publish(f"gpu.health.{node}.0", b"\xff\xfe not json at all")
     await bus.publish(good_after)
     name = f"inv-{node}"
     await bus.consume(spec(name, node), handler)
 
-    await wait_for(lambda: {good_before.id, good_after.id} <= set(handled), what="good events handled")
+    await wait_for(
+        lambda: {good_before.id, good_after.id} <= set(handled), what="good events handled"
+    )
     dls = await wait_for(lambda: _n(bus, name, 2), what="two dead letters")
     by_payload = {base64.b64decode(d.data.payload_b64): d.data for d in dls}
     invalid = by_payload[body]

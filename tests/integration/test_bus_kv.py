@@ -25,8 +25,13 @@ async def test_concurrent_updates_lose_nothing(bus: Bus) -> None:
 
     async def writer(name: str) -> None:
         for _ in range(15):
-            await kv.update("c", lambda cur: Counter(value=(cur.value if cur else 0) + 1,
-                                                      writers=[*(cur.writers if cur else []), name]))
+            await kv.update(
+                "c",
+                lambda cur: Counter(
+                    value=(cur.value if cur else 0) + 1,
+                    writers=[*(cur.writers if cur else []), name],
+                ),
+            )
 
     await asyncio.gather(*(writer(f"w{i}") for i in range(4)))
     final = await kv.get("c")
@@ -62,7 +67,9 @@ async def test_lease_expires_when_holder_stops_renewing(bus: Bus) -> None:
     await wait_for(b.try_acquire, timeout=5, interval=0.1, what="lease taken over after expiry")
 
 
-async def test_shutdown_finishes_in_flight_and_returns_the_rest(bus: Bus, bus_settings: Any, node: str) -> None:
+async def test_shutdown_finishes_in_flight_and_returns_the_rest(
+    bus: Bus, bus_settings: Any, node: str
+) -> None:
     """stop(): the running handler finishes and is acked; unstarted messages go back un-acked."""
     finished: list[int] = []
     started = asyncio.Event()
@@ -73,10 +80,18 @@ async def test_shutdown_finishes_in_flight_and_returns_the_rest(bus: Bus, bus_se
         finished.append(event.data.sequence)
 
     base = GpuHealth.example().model_copy(update={"node": node})
-    await bus.publish_many([make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(5)])
+    await bus.publish_many(
+        [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(5)]
+    )
     name = f"shut-{node}"
-    spec = ConsumerSpec(name=name, stream="GPU", subjects=(f"gpu.health.{node}.>",), concurrency=1, batch=5,
-                        max_ack_pending=16)
+    spec = ConsumerSpec(
+        name=name,
+        stream="GPU",
+        subjects=(f"gpu.health.{node}.>",),
+        concurrency=1,
+        batch=5,
+        max_ack_pending=16,
+    )
     other = await Bus.connect(bus_settings, source="test/other")
     consumer = await other.consume(spec, slow)
     await asyncio.wait_for(started.wait(), 5)
