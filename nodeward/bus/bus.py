@@ -77,9 +77,6 @@ class Bus:
             child = self._m_published[type_name] = self.metrics.published.labels(type_name)
         child.inc()
 
-    async def _submit(self, wire: WireMessage) -> asyncio.Future[api.PubAck]:
-        return await self.js.publish_async(wire.subject, wire.body, headers=wire.headers)
-
     async def publish(self, event: Event[Any], *, timeout: float | None = None) -> api.PubAck:
         """Publish and wait for JetStream's ack, retrying on timeout.
 
@@ -108,9 +105,11 @@ class Bus:
         last_error = "no ack"
         for attempt in range(self.settings.publish_retries + 1):
             futures: dict[int, asyncio.Future[api.PubAck]] = {}
+            submit = self.js.publish_async
             try:
                 for i in todo:
-                    futures[i] = await self._submit(wires[i])
+                    wire = wires[i]
+                    futures[i] = await submit(wire.subject, wire.body, headers=wire.headers)
             except Exception as exc:  # noqa: BLE001 - disconnected or stalled: retried below
                 last_error = one_line(exc)
             if futures:

@@ -30,6 +30,7 @@ from nats.js import api
 
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.errors import PermanentError, RetryableError
+from nodeward.bus.pull import Puller
 from schemas.base import Event
 from schemas.cloudevents import DecodeError, decode
 from schemas.dlq import DeadLetterReason
@@ -151,7 +152,7 @@ class Consumer:
         self._fetcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing is held
-        self._psub: Any = None
+        self._puller: Puller | None = None
         m = bus.metrics
         self._m_latency = m.handler_seconds.labels(spec.name)
         m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
@@ -161,7 +162,10 @@ class Consumer:
     async def start(self) -> None:
         js = self.bus.js
         await js.add_consumer(self.spec.stream, config=self.spec.config())
-        self._psub = await js.pull_subscribe_bind(durable=self.spec.name, stream=self.spec.stream)
+        self._puller = Puller(
+            self.bus.nc, self.spec.stream, self.spec.name, batch=self.spec.batch, log=self.log
+        )
+        await self._puller.start()
         self.bound = True
         self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"fetch:{self.spec.name}")
         self._tasks = [
@@ -181,8 +185,7 @@ class Consumer:
         self._stopping.set()
         self._has_space.set()
         if self._fetcher is not None:
-            # Don't wait out a pull's timeout. Messages the pull had already received go
-            # back below; one caught mid-pull is redelivered by the server after ack_wait.
+            # The fetcher only waits for the puller's buffer; nothing is lost by cancelling it.
             self._fetcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._fetcher
@@ -202,9 +205,6 @@ class Consumer:
         for msg, _ in list(self._held.values()):
             await self._nak(msg, 0)
         self._held.clear()
-        if self._psub is not None:
-            with contextlib.suppress(Exception):
-                await self._psub.unsubscribe()
         self.bound = False
         self.log.info("consumer.stopped")
 
@@ -216,11 +216,10 @@ class Consumer:
                 self._has_space.clear()
                 await self._has_space.wait()
                 continue
+            assert self._puller is not None
             try:
-                msgs = await self._psub.fetch(self.spec.batch, timeout=self.spec.fetch_timeout)
+                msgs = await self._puller.get(self.spec.batch, timeout=self.spec.fetch_timeout)
                 failures = 0
-            except TimeoutError:
-                continue
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - connection trouble: back off, keep fetching
@@ -229,6 +228,8 @@ class Consumer:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(0.2 * 2**failures, 5.0))
                 continue
+            if not msgs:
+                continue
             now = time.monotonic()
             for msg in msgs:
                 self._held[id(msg)] = (msg, now)
@@ -236,11 +237,9 @@ class Consumer:
             self._has_items.set()
 
     async def _return_unfetched(self) -> None:
-        """Nak messages the subscription buffered for a pull that was cancelled."""
-        queue = getattr(getattr(self._psub, "_sub", None), "_pending_queue", None)
-        while queue is not None and not queue.empty():
-            msg = queue.get_nowait()
-            if msg.reply and msg.data:  # skip status messages (no body)
+        """Stop pulling; nak what arrived but was never dispatched."""
+        if self._puller is not None:
+            for msg in await self._puller.stop():
                 await self._nak(msg, 0)
 
     def _order_key(self, event: Event[Any]) -> str | None:
