@@ -119,6 +119,7 @@ class SimCluster:
         self.checkpoints: list[Checkpoint] = []
         self.requests: list[tuple[str, str, str, int]] = []  # identity, method, path, status
         self.faults: list[Fault] = []
+        self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
         self._by_token: dict[str, rbac.Identity] = {}
         self._runner: web.AppRunner | None = None
@@ -388,6 +389,7 @@ class SimCluster:
         if route.subresource == "eviction":
             body = await self._body(request)
             disruption.evict(self.store, store_rt, ns, route.name or "", body)
+            self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
             return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                       "code": 201}, status=201)
         if verb == "get":
@@ -537,6 +539,16 @@ class SimCluster:
                 return {"type": "DELETED", "object": gone}
             return None
 
+        as_table = _wants_table(request)
+        include = request.query.get("includeObject", "Metadata")
+
+        def encode(ev: dict[str, Any]) -> bytes:
+            if as_table and ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                obj = ev["object"]
+                ev = {"type": ev["type"], "object": tables.table(route.rt, [obj], obj["metadata"]["resourceVersion"],
+                                                                 include)}
+            return json.dumps(ev).encode() + b"\n"
+
         watcher = self.store.subscribe(store_rt.key, route.namespace)
         backlog: list[dict[str, Any]] = []
         try:
@@ -565,7 +577,7 @@ class SimCluster:
             response.enable_chunked_encoding()
             await response.prepare(request)
             for ev in backlog:
-                await response.write(json.dumps(ev).encode() + b"\n")
+                await response.write(encode(ev))
             if expired:
                 await response.write_eof()
                 return response
@@ -594,7 +606,7 @@ class SimCluster:
                     continue
                 last_rv = change.rv
                 if ev := event_for(change):
-                    await response.write(json.dumps(ev).encode() + b"\n")
+                    await response.write(encode(ev))
             with contextlib.suppress(ConnectionError):
                 await response.write_eof()
             return response

@@ -37,6 +37,28 @@ POD_COLUMNS: list[Column] = [
     ("Nominated Node", "string", "", "Nominated node name of the pod.", 1),
     ("Readiness Gates", "string", "", "Readiness gates of the pod.", 1),
 ]
+EVENT_COLUMNS: list[Column] = [
+    ("Last Seen", "string", "", "Time when last this event was seen.", 0),
+    ("Type", "string", "", "Type of this event (Normal, Warning).", 0),
+    ("Reason", "string", "", "Why the action was taken.", 0),
+    ("Object", "string", "", "The object this Event is about.", 0),
+    ("Subobject", "string", "", "The field of the object this Event is about.", 1),
+    ("Source", "string", "", "The component reporting this event.", 1),
+    ("Message", "string", "", "A human-readable description of the status of this operation.", 0),
+    ("First Seen", "string", "", "The time at which the event was first recorded.", 1),
+    ("Count", "string", "", "The number of times this event has occurred.", 1),
+    ("Name", "string", "name", "Name must be unique within a namespace.", 1),
+]
+PDB_COLUMNS: list[Column] = [
+    _NAME,
+    ("Min Available", "string", "", "The minimum number of pods that must be available.", 0),
+    ("Max Unavailable", "string", "", "The maximum number of pods that may be unavailable.", 0),
+    ("Allowed Disruptions", "integer", "", "Number of pod disruptions that are currently allowed.", 0),
+    _AGE,
+]
+NAMESPACE_COLUMNS: list[Column] = [
+    _NAME, ("Status", "string", "", "The status of the namespace", 0), _AGE,
+]
 DEFAULT_COLUMNS: list[Column] = [_NAME, _AGE]
 
 
@@ -67,12 +89,39 @@ def human_duration(seconds: float) -> str:
     return f"{h // 24 // 365}y"
 
 
-def _age(obj: dict[str, Any]) -> str:
-    ts = (obj.get("metadata") or {}).get("creationTimestamp")
+def _since(ts: str | None) -> str:
     if not ts:
         return "<unknown>"
-    created = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return human_duration((datetime.now(UTC) - created).total_seconds())
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S.%fZ"):
+        try:
+            then = datetime.strptime(ts, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        return human_duration((datetime.now(UTC) - then).total_seconds())
+    return "<unknown>"
+
+
+def _age(obj: dict[str, Any]) -> str:
+    return _since((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+def _event_row(ev: dict[str, Any]) -> list[Any]:
+    """Columns of a core v1 Event (the events.k8s.io view is converted before printing)."""
+    ref = ev.get("involvedObject") or ev.get("regarding") or {}
+    last = ev.get("lastTimestamp") or ev.get("eventTime") or (ev.get("series") or {}).get("lastObservedTime")
+    first = ev.get("firstTimestamp") or ev.get("eventTime")
+    source = (ev.get("source") or {}).get("component") or ev.get("reportingComponent") or ""
+    return [
+        _since(last), ev.get("type", ""), ev.get("reason", ""), f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}",
+        ref.get("fieldPath", ""), source, ev.get("message", ev.get("note", "")), _since(first),
+        str(ev.get("count") or 1), ev["metadata"]["name"],
+    ]
+
+
+def _pdb_row(pdb: dict[str, Any]) -> list[Any]:
+    spec, status = pdb.get("spec") or {}, pdb.get("status") or {}
+    return [pdb["metadata"]["name"], str(spec.get("minAvailable", "N/A")), str(spec.get("maxUnavailable", "N/A")),
+            int(status.get("disruptionsAllowed", 0)), _age(pdb)]
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -146,6 +195,13 @@ def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str
         columns, row = NODE_COLUMNS, _node_row
     elif rt.kind == "Pod" and rt.group == "":
         columns, row = POD_COLUMNS, _pod_row
+    elif rt.kind == "Event":
+        columns, row = EVENT_COLUMNS, _event_row
+    elif rt.kind == "PodDisruptionBudget":
+        columns, row = PDB_COLUMNS, _pdb_row
+    elif rt.kind == "Namespace":
+        columns, row = NAMESPACE_COLUMNS, lambda o: [o["metadata"]["name"], (o.get("status") or {}).get(
+            "phase", "Active"), _age(o)]
     else:
         columns, row = DEFAULT_COLUMNS, lambda o: [o["metadata"]["name"], _age(o)]
     rows = []

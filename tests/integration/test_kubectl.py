@@ -1,0 +1,170 @@
+"""kubectl drives the sim cluster: every kubectl this machine has, as an operator would use it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from simkube import PortFactory, kubectl_binaries, kubectl_version
+
+from nodeward.sim.cluster import SimCluster
+
+KUBECTLS = kubectl_binaries()
+pytestmark = [
+    pytest.mark.peer("kubectl"),
+    pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed (make test installs Debian's "
+                       "kubernetes-client through scripts/system-deps.sh)"),
+]
+TAINT = "nodeward.io/gpu-unhealthy"
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+@dataclass
+class Kubectl:
+    binary: str
+    kubeconfig: Path
+    home: Path
+    version: str = ""
+
+    @property
+    def minor(self) -> int:
+        try:
+            return int(self.version.split(".")[1])
+        except (IndexError, ValueError):
+            return 0
+
+    async def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            self.binary, "--kubeconfig", str(self.kubeconfig), *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={"HOME": str(self.home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(self.home / "cache")})
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        result = Result(proc.returncode or 0, out.decode(), err.decode())
+        if check and result.rc != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.rc}): {result.err or result.out}")
+        return result
+
+    async def json(self, *args: str) -> dict:  # type: ignore[type-arg]
+        return json.loads((await self(*args, "-o", "json")).out)  # type: ignore[no-any-return]
+
+
+VERSIONS = {b: kubectl_version(b) for b in KUBECTLS}
+
+
+@pytest.fixture(params=KUBECTLS or ["kubectl"], ids=[f"{Path(b).name}-{v}" for b, v in VERSIONS.items()] or ["none"])
+def kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> Kubectl:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(request.param, sim.write_kubeconfig(tmp_path / "kubeconfig"), home, VERSIONS.get(request.param, ""))
+
+
+@pytest.fixture
+def default_kubectl(sim: SimCluster, tmp_path: Path) -> Kubectl:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(KUBECTLS[0] if KUBECTLS else "kubectl", sim.write_kubeconfig(tmp_path / "kubeconfig"), home)
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    lines = table.strip().splitlines()
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None:
+    nodes = _rows((await kubectl("get", "nodes")).out)
+    assert sorted(nodes) == [*(f"gpu-a100-0{i}" for i in range(1, 4)), "gpu-a100-mig-01",
+                             *(f"gpu-h100-0{i}" for i in range(1, 5))]
+    assert all(cols[0] == "Ready" for cols in nodes.values())
+    pods = (await kubectl("get", "pods", "-A")).out.strip().splitlines()
+    assert pods[0].split()[:3] == ["NAMESPACE", "NAME", "READY"]
+    assert len(pods) - 1 == 38
+    assert {line.split()[0] for line in pods[1:]} == {
+        "ml-vision", "ml-nlp", "ml-speech", "ml-robotics", "ml-genomics", "nodeward"}
+    wide = _rows((await kubectl("get", "pods", "-n", "ml-nlp", "-o", "wide")).out)
+    assert wide["llm-pretrain-worker-0"][5] == "gpu-h100-02"
+
+    await kubectl("cordon", "gpu-h100-01")
+    row = _rows((await kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"]
+    assert row[0] == "Ready,SchedulingDisabled"
+
+    await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}=true:NoSchedule")
+    again = await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}=true:NoSchedule", check=False)
+    assert again.rc != 0
+    node = await kubectl.json("get", "node", "gpu-h100-01")
+    assert node["spec"]["taints"] == [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
+
+    await kubectl("label", "node", "gpu-h100-01", "nodeward.io/gpu-health=failed", "--overwrite")
+    labelled = (await kubectl("get", "nodes", "-l", "nodeward.io/gpu-health=failed")).out
+    assert list(_rows(labelled)) == ["gpu-h100-01"]
+
+    await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}:NoSchedule-")
+    await kubectl("uncordon", "gpu-h100-01")
+    node = await kubectl.json("get", "node", "gpu-h100-01")
+    assert "taints" not in node["spec"] and "unschedulable" not in node["spec"]
+    assert _rows((await kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
+
+
+async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimCluster) -> None:
+    before = {p for p in _rows((await kubectl("get", "pods", "-A", "--field-selector",
+                                              "spec.nodeName=gpu-a100-03")).out)}
+    assert before
+    drained = await kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s")
+    last = drained.out.strip().splitlines()[-1]
+    assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), last  # 1.20 says "evicted"
+    left = (await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")).out
+    assert [line.split()[1] for line in left.strip().splitlines()[1:]] == ["nodeward-agent-e2077"]
+    assert _rows((await kubectl("get", "node", "gpu-a100-03")).out)["gpu-a100-03"][0] == "Ready,SchedulingDisabled"
+    versions = {v for _, _, v in sim.evictions}
+    if kubectl.minor:  # kubectl before 1.22 evicts through policy/v1beta1, later ones through policy/v1
+        assert versions == {"policy/v1beta1" if kubectl.minor < 22 else "policy/v1"}
+    assert len(sim.evictions) == 6
+
+
+async def test_drain_of_a_node_with_a_budget_protected_pod(default_kubectl: Kubectl, sim: SimCluster) -> None:
+    kubectl = default_kubectl
+    blocked = await kubectl("drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=1s", check=False)
+    assert blocked.rc != 0
+    assert "disruption budget" in blocked.err + blocked.out
+    pods = _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
+    assert "llm-pretrain-worker-0" in pods
+    pdb = await kubectl.json("get", "pdb", "-n", "ml-nlp", "llm-pretrain")
+    assert pdb["status"]["disruptionsAllowed"] == 0
+    await kubectl("patch", "pdb", "-n", "ml-nlp", "llm-pretrain", "--type=merge", "-p", '{"spec":{"minAvailable":1}}')
+    await kubectl("drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=30s")
+    assert "llm-pretrain-worker-0" not in _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
+
+
+async def test_port_writes_are_what_kubectl_shows(default_kubectl: Kubectl, port_for: PortFactory) -> None:
+    cordon = port_for("cordon")
+    await cordon.nodes.set_condition("gpu-h100-04", "GPUHealthy", "False", "XidError", "GPU 5: Xid 79")
+    await cordon.nodes.add_taint("gpu-h100-04", TAINT, "NoSchedule", "true")
+    await cordon.nodes.set_unschedulable("gpu-h100-04")
+    await cordon.events.create(await cordon.nodes.get("gpu-h100-04"), reason="GPUUnhealthy", action="Quarantine",
+                               note="GPU 5 reported Xid 79", type_="Warning")
+    node = await default_kubectl.json("get", "node", "gpu-h100-04")
+    conditions = {c["type"]: c for c in node["status"]["conditions"]}
+    assert conditions["GPUHealthy"]["status"] == "False"
+    assert conditions["GPUHealthy"]["reason"] == "XidError"
+    described = (await default_kubectl("describe", "node", "gpu-h100-04")).out
+    assert f"Taints:             {TAINT}=true:NoSchedule" in described
+    assert "Unschedulable:      true" in described
+    assert "GPUHealthy" in described and "GPU 5: Xid 79" in described
+    events = (await default_kubectl("get", "events", "-n", "default")).out
+    assert "GPUUnhealthy" in events and "GPU 5 reported Xid 79" in events
+
+
+async def test_kubectl_as_a_service_identity_is_bound_by_its_role(default_kubectl: Kubectl) -> None:
+    as_culler = await default_kubectl("--context", "nodeward-culler", "cordon", "gpu-h100-01", check=False)
+    assert as_culler.rc != 0
+    assert ('User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"' in as_culler.err)
+    listed = await default_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
+    assert "bob-jupyter-0" in listed.out
