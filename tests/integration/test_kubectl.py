@@ -168,3 +168,19 @@ async def test_kubectl_as_a_service_identity_is_bound_by_its_role(default_kubect
     assert ('User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"' in as_culler.err)
     listed = await default_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
     assert "bob-jupyter-0" in listed.out
+
+
+async def test_auth_can_i_reflects_each_services_role(default_kubectl: Kubectl) -> None:
+    async def can(context: str, *args: str) -> str:
+        result = await default_kubectl("--context", context, "auth", "can-i", *args, check=False)
+        return result.out.strip()
+
+    assert await can("nodeward-cordon", "patch", "nodes") == "yes"
+    assert await can("nodeward-cordon", "create", "pods", "--subresource=eviction", "-n", "ml-nlp") == "yes"
+    assert await can("nodeward-cordon", "create", "pods", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-cordon", "delete", "pods", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-credentials", "update", "secrets", "-n", "ml-nlp") == "yes"
+    assert await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "nodeward") == "yes"
+    assert await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-notifier", "get", "pods") == "no"
+    assert await can("nodeward-admin", "delete", "nodes") == "yes"

@@ -23,6 +23,7 @@ class ResourceType:
     categories: tuple[str, ...] = ()
     custom: bool = False
     storage: tuple[str, str] | None = None  # another resource whose store this one shares
+    verbs: tuple[str, ...] = _RW
 
     @property
     def version(self) -> str:
@@ -72,6 +73,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True),
     ResourceType("kubeflow.org", ("v1",), "notebooks", "Notebook", True, (), ("status",), custom=True),
+    ResourceType("authorization.k8s.io", ("v1",), "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
+                 verbs=("create",)),
 )
 
 # Preferred version first; policy/v1beta1 stays served for older kubectl.
@@ -110,7 +113,7 @@ def by_kind(api_version: str, kind: str) -> ResourceType | None:
 def _resource_entry(rt: ResourceType) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": rt.resource, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-        "kind": rt.kind, "verbs": list(_RW),
+        "kind": rt.kind, "verbs": list(rt.verbs),
     }
     if rt.short_names:
         entry["shortNames"] = list(rt.short_names)

@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +118,7 @@ class SimCluster:
         self.bookmark_interval = bookmark_interval
         self.store = Store(history=history)
         self.checkpoints: list[Checkpoint] = []
-        self.requests: list[tuple[str, str, str, int]] = []  # identity, method, path, status
+        self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)  # identity, method, path, status
         self.faults: list[Fault] = []
         self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
@@ -268,12 +269,36 @@ class SimCluster:
                 return web.json_response(discovery)
         route = self._route(parts)
         verb = self._verb(request, route)
+        if verb not in route.rt.verbs:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        if route.rt.resource == "selfsubjectaccessreviews":
+            return await self._access_review(request, ident)
         attrs = rbac.Request(verb, route.rt.group, route.rt.resource, route.subresource,
                              route.namespace or "", route.name or "")
         if not rbac.authorize(ident, attrs, self._rbac_objects()):
             raise ApiError(403, "Forbidden", rbac.forbidden_message(ident, attrs), details={
                 "name": route.name or "", "group": route.rt.group, "kind": route.rt.resource})
         return await self._serve(request, route, verb)
+
+    async def _access_review(self, request: web.Request, ident: rbac.Identity) -> web.Response:
+        """`kubectl auth can-i`: what RBAC would decide for the caller (every identity may ask)."""
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be an object")
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        if not attrs:
+            allowed, reason = False, "non-resource URLs are not reviewed by the sim cluster"
+        else:
+            resource, sub = attrs.get("resource", ""), attrs.get("subresource", "")
+            req = rbac.Request(attrs.get("verb", ""), attrs.get("group", ""), resource, sub,
+                               attrs.get("namespace", ""), attrs.get("name", ""))
+            allowed = rbac.authorize(ident, req, self._rbac_objects())
+            reason = "allowed by RBAC" if allowed else ""
+        status: dict[str, Any] = {"allowed": allowed}
+        if reason:
+            status["reason"] = reason
+        return web.json_response({**body, "apiVersion": "authorization.k8s.io/v1",
+                                  "kind": "SelfSubjectAccessReview", "status": status}, status=201)
 
     def _rbac_objects(self) -> dict[str, list[Obj]]:
         out: dict[str, list[Obj]] = {}
