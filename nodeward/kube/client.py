@@ -22,7 +22,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import urllib3
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from nodeward.config import ClusterSettings
 from nodeward.kube import errors
@@ -131,6 +131,8 @@ class KubeClient:
                 status, data, headers = await asyncio.to_thread(
                     self._call, method, path, query=params, body=body, content_type=content_type,
                     timeout=request_timeout or self.timeout)
+            except OpenApiException as exc:
+                raise errors.KubeError(f"{method} {path}: {_one_line(exc)}") from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt >= self.retries:
                     raise errors.Unavailable(f"{method} {path}: {_one_line(exc)}") from None
@@ -165,6 +167,8 @@ class KubeClient:
         try:
             resp = await asyncio.to_thread(self._send, "GET", path, query=params, body=None,
                                            content_type="application/json", timeout=(self.timeout, read_timeout))
+        except OpenApiException as exc:
+            raise errors.KubeError(f"watch {path}: {_one_line(exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise errors.Unavailable(f"watch {path}: {_one_line(exc)}") from None
         if not 200 <= resp.status < 300:

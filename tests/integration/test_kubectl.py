@@ -114,9 +114,8 @@ async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None
 
 
 async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimCluster) -> None:
-    before = {p for p in _rows((await kubectl("get", "pods", "-A", "--field-selector",
-                                              "spec.nodeName=gpu-a100-03")).out)}
-    assert before
+    before = (await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")).out
+    assert len(before.strip().splitlines()) - 1 == 7
     drained = await kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s")
     last = drained.out.strip().splitlines()[-1]
     assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), last  # 1.20 says "evicted"
@@ -184,3 +183,17 @@ async def test_auth_can_i_reflects_each_services_role(default_kubectl: Kubectl) 
     assert await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp") == "no"
     assert await can("nodeward-notifier", "get", "pods") == "no"
     assert await can("nodeward-admin", "delete", "nodes") == "yes"
+
+
+async def test_server_side_dry_run_changes_nothing(default_kubectl: Kubectl, sim: SimCluster) -> None:
+    rv = sim.store.resource_version
+    out = await default_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
+    assert "(server dry run)" in out.out
+    await default_kubectl("label", "node", "gpu-h100-01", "a=b", "--dry-run=server")
+    await default_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
+    await default_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
+    assert sim.store.resource_version == rv
+    assert _rows((await default_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
+    listed = await default_kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")
+    assert len(listed.out.strip().splitlines()) - 1 == 7
+    assert sim.evictions == []

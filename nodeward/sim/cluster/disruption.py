@@ -84,7 +84,7 @@ def watch_pods(store: Store) -> None:
     store.hooks.append(hook)
 
 
-def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any) -> None:
+def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any, *, dry_run: bool = False) -> None:
     """POST pods/{name}/eviction: delete the pod if every budget allows it, else 429."""
     if not isinstance(body, dict) or body.get("kind") != "Eviction":
         raise bad_request("eviction body must be an Eviction")
@@ -116,4 +116,5 @@ def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any) 
                         f"The disruption budget {budget['metadata']['name']} needs "
                         f"{status['desiredHealthy']} healthy pods and has {status['currentHealthy']} currently")}]},
                 )
-    store.delete(rt, namespace, name, precondition_rv=pre.get("resourceVersion"), precondition_uid=pre.get("uid"))
+    store.delete(rt, namespace, name, precondition_rv=pre.get("resourceVersion"), precondition_uid=pre.get("uid"),
+                 dry_run=dry_run)

@@ -246,7 +246,9 @@ class SimCluster:
             err = bad_request(f"the body of the request could not be decoded: {exc.msg}")
             return web.json_response(err.status(), status=400)
         finally:
-            self.requests.append((ident.name if ident else "-", request.method, request.path_qs, status))
+            who = ident.name if ident else "-"
+            self.requests.append((who, request.method, request.path_qs, status))
+            self._log.debug("request", identity=who, method=request.method, path=request.path_qs, status=status)
 
     async def _dispatch(self, request: web.Request, ident: rbac.Identity | None) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
@@ -409,12 +411,19 @@ class SimCluster:
     async def _serve(self, request: web.Request, route: _Route, verb: str) -> web.StreamResponse:
         rt, store_rt = route.rt, self._storage(route)
         ns = route.namespace or ""
+        dry_values = request.query.getall("dryRun", [])
+        if any(v != "All" for v in dry_values):
+            raise bad_request(f"Invalid dry run value: {', '.join(dry_values)}: valid values are 'All'")
+        dry = bool(dry_values)
         if route.subresource == "proxy":
             return await self._proxy(request, route)
         if route.subresource == "eviction":
             body = await self._body(request)
-            disruption.evict(self.store, store_rt, ns, route.name or "", body)
-            self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
+            if isinstance(body, dict) and "All" in ((body.get("deleteOptions") or {}).get("dryRun") or []):
+                dry = True
+            disruption.evict(self.store, store_rt, ns, route.name or "", body, dry_run=dry)
+            if not dry:
+                self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
             return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                       "code": 201}, status=201)
         if verb == "get":
@@ -432,7 +441,7 @@ class SimCluster:
             if not isinstance(body, dict):
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
-            created = self.store.create(store_rt, ns, self._in(route, body))
+            created = self.store.create(store_rt, ns, self._in(route, body), dry_run=dry)
             return web.json_response(self._out(route, created), status=201)
         if verb == "update":
             body = await self._body(request)
@@ -440,7 +449,7 @@ class SimCluster:
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
             updated = self.store.update(store_rt, ns, route.name or "", self._in(route, body),
-                                        subresource=route.subresource)
+                                        subresource=route.subresource, dry_run=dry)
             return web.json_response(self._out(route, updated))
         if verb == "patch":
             body = await self._body(request)
@@ -450,13 +459,14 @@ class SimCluster:
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
             updated = self.store.update(store_rt, ns, route.name or "", self._in(route, patched),
-                                        subresource=route.subresource)
+                                        subresource=route.subresource, dry_run=dry)
             return web.json_response(self._out(route, updated))
         if verb == "delete":
             body = await self._body(request) or {}
             pre = body.get("preconditions") or {} if isinstance(body, dict) else {}
+            dry = dry or "All" in ((body.get("dryRun") or []) if isinstance(body, dict) else [])
             gone = self.store.delete(store_rt, ns, route.name or "", precondition_rv=pre.get("resourceVersion"),
-                                     precondition_uid=pre.get("uid"))
+                                     precondition_uid=pre.get("uid"), dry_run=dry)
             if rt.kind == "Pod":
                 gone["metadata"]["deletionTimestamp"] = now()
                 gone["metadata"]["deletionGracePeriodSeconds"] = 0
@@ -468,7 +478,8 @@ class SimCluster:
         if verb == "deletecollection":
             items = self._select(request, route, self.store.list(store_rt, route.namespace))
             for item in items:
-                self.store.delete(store_rt, item["metadata"].get("namespace", ""), item["metadata"]["name"])
+                self.store.delete(store_rt, item["metadata"].get("namespace", ""), item["metadata"]["name"],
+                                  dry_run=dry)
             return web.json_response(self._list_body(route, items))
         raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 

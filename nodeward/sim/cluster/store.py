@@ -113,7 +113,7 @@ class Store:
 
     # --- writes ---------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, namespace: str, obj: Obj) -> Obj:
+    def create(self, rt: ResourceType, namespace: str, obj: Obj, *, dry_run: bool = False) -> Obj:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -141,14 +141,16 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
-        meta["resourceVersion"] = self._bump()
         obj["apiVersion"], obj["kind"] = rt.api_version(), rt.kind
+        if dry_run:
+            return obj
+        meta["resourceVersion"] = self._bump()
         table[(namespace if rt.namespaced else "", name)] = obj
         self._emit(Change(self._rv, rt.key, "ADDED", copy.deepcopy(obj), None))
         return copy.deepcopy(obj)
 
     def update(self, rt: ResourceType, namespace: str, name: str, new: Obj, *, subresource: str = "",
-               check_rv: bool = True) -> Obj:
+               check_rv: bool = True, dry_run: bool = False) -> Obj:
         """Replace an object. A stale `resourceVersion` in `new` is a 409.
 
         On the main resource, status is kept when the type has a status subresource; on
@@ -194,13 +196,15 @@ class Store:
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return copy.deepcopy(old)  # a no-op write does not move resourceVersion
+        if dry_run:
+            return new
         new["metadata"]["resourceVersion"] = self._bump()
         table[key] = new
         self._emit(Change(self._rv, rt.key, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
         return copy.deepcopy(new)
 
     def delete(self, rt: ResourceType, namespace: str, name: str, *, precondition_rv: str | None = None,
-               precondition_uid: str | None = None) -> Obj:
+               precondition_uid: str | None = None, dry_run: bool = False) -> Obj:
         key = (namespace if rt.namespaced else "", name)
         table = self._objects.get(rt.key, {})
         old = table.get(key)
@@ -212,6 +216,8 @@ class Store:
         if precondition_rv and precondition_rv != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", "Precondition failed: ResourceVersion in precondition: "
                            f"{precondition_rv}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}")
+        if dry_run:
+            return copy.deepcopy(old)
         del table[key]
         gone = copy.deepcopy(old)
         gone["metadata"]["resourceVersion"] = self._bump()
