@@ -36,3 +36,16 @@ async def test_embedded_cluster_with_a_bad_seed(tmp_path: Path) -> None:
     with pytest.raises(SeedError, match="already exists"):
         async with embedded_cluster(tmp_path / "state", seed=seed):
             pass
+
+
+async def test_without_deploy_files_the_roles_come_from_the_access_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodeward.sim.cluster import rbac
+
+    monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)
+    async with embedded_cluster(tmp_path) as embedded:
+        assert set(embedded.sim.identities) == {"admin", *SERVICES}
+        async with Cluster.connect(embedded.settings_for("culler")) as culler:
+            with pytest.raises(Forbidden):
+                await culler.nodes.get("gpu-h100-01")
+            assert await culler.leases.try_acquire("culler", "me")

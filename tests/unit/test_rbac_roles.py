@@ -100,3 +100,24 @@ def test_a_call_outside_the_role_is_denied_like_a_real_cluster(objects: dict[str
         'resource "nodes" in API group "" at the cluster scope')
     lease = rbac.Request("update", "coordination.k8s.io", "leases", "", "ml-nlp", "x")
     assert not rbac.authorize(ident, lease, objects), "the lease Role is only bound in the nodeward namespace"
+
+
+def test_roles_built_from_the_table_equal_the_deploy_files(objects: dict[str, list[dict[str, Any]]]) -> None:
+    """What the sim cluster uses when deploy/rbac is not at hand grants exactly the same."""
+    built: dict[str, list[dict[str, Any]]] = {}
+    kinds = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
+             "RoleBinding": "rolebindings", "ServiceAccount": "serviceaccounts", "Namespace": "namespaces"}
+    for doc in rbac.manifests_from_access():
+        built.setdefault(kinds[doc["kind"]], []).append(doc)
+    probes = [rbac.Request(verb, group, resource, sub, ns, "")
+              for group, resource, sub in (("", "nodes", ""), ("", "nodes", "status"), ("", "nodes", "proxy"),
+                                           ("", "pods", ""), ("", "pods", "eviction"), ("", "secrets", ""),
+                                           ("events.k8s.io", "events", ""), ("kubeflow.org", "notebooks", ""),
+                                           ("networking.k8s.io", "networkpolicies", ""),
+                                           ("coordination.k8s.io", "leases", ""))
+              for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
+              for ns in ("", "nodeward", "ml-nlp")]
+    for service in access.SERVICES:
+        ident = _identity(service)
+        for probe in probes:
+            assert rbac.authorize(ident, probe, objects) == rbac.authorize(ident, probe, built), (service, probe)

@@ -129,6 +129,31 @@ def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return docs
 
 
+def manifests_from_access() -> list[dict[str, Any]]:
+    """ServiceAccounts, roles and bindings built from `nodeward.kube.access`, for when the
+    `deploy/rbac` files are not at hand (an installed wheel). The RBAC test keeps the two equal."""
+    from nodeward.kube.access import SERVICE_NAMESPACE, SERVICES, permissions, service_account
+
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVICE_NAMESPACE}}]
+    for service in SERVICES:
+        account = service_account(service)
+        docs.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": {"name": account, "namespace": SERVICE_NAMESPACE}})
+        subjects = [{"kind": "ServiceAccount", "name": account, "namespace": SERVICE_NAMESPACE}]
+        for namespace in sorted({p.namespace or "" for p in permissions(service)}):
+            rules = [{"apiGroups": [p.group], "resources": [p.resource], "verbs": [p.verb]}
+                     for p in sorted(permissions(service)) if (p.namespace or "") == namespace]
+            meta: dict[str, Any] = {"name": account}
+            kind = "ClusterRole"
+            if namespace:
+                meta["namespace"], kind = namespace, "Role"
+            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta, "rules": rules})
+            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding", "metadata": meta,
+                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": account},
+                         "subjects": subjects})
+    return docs
+
+
 def default_rbac_dir() -> Path | None:
     """`deploy/rbac` of the source tree this package runs from, if there is one."""
     candidate = Path(__file__).resolve().parents[3] / "deploy" / "rbac"

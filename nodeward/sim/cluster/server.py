@@ -127,14 +127,21 @@ class SimCluster:
         self._closing = asyncio.Event()
         self._log = get_logger(component="sim-cluster")
         self.tls = make_serving_cert(host)
-        dirs = list(rbac_dirs) if rbac_dirs is not None else [d for d in [rbac.default_rbac_dir()] if d]
-        self._load(dirs)
+        self._load(list(rbac_dirs) if rbac_dirs is not None else None)
 
     # --- setup ---------------------------------------------------------------------------
 
-    def _load(self, rbac_dirs: list[Path]) -> None:
+    def _load(self, rbac_dirs: list[Path] | None) -> None:
+        """Seed the store, then load RBAC: from `rbac_dirs`, else the source tree's
+        deploy/rbac, else the same roles built from `nodeward.kube.access`."""
         disruption.watch_pods(self.store)
-        manifests = rbac.load_manifests(rbac_dirs)
+        default = rbac.default_rbac_dir()
+        if rbac_dirs is not None:
+            manifests = rbac.load_manifests(rbac_dirs)
+        elif default is not None:
+            manifests = rbac.load_manifests([default])
+        else:
+            manifests = rbac.manifests_from_access()
         ns_rt = lookup("", "v1", "namespaces")
         assert ns_rt is not None
         try:
@@ -245,6 +252,12 @@ class SimCluster:
             status = 400
             err = bad_request(f"the body of the request could not be decoded: {exc.msg}")
             return web.json_response(err.status(), status=400)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a bug in the sim: answer as the API server does, and log it
+            self._log.exception("sim cluster request failed", method=request.method, path=request.path_qs)
+            err = ApiError(500, "InternalError", f"Internal error occurred: {type(exc).__name__}: {exc}")
+            return web.json_response(err.status(), status=500)
         finally:
             who = ident.name if ident else "-"
             self.requests.append((who, request.method, request.path_qs, status))
@@ -341,6 +354,8 @@ class SimCluster:
             if len(parts) < 3:
                 raise _not_found_path()
             group, version, rest = parts[1], parts[2], parts[3:]
+        if not rest:
+            raise _not_found_path()
         namespace: str | None = None
         if rest[0] == "namespaces" and len(rest) >= 3 and not (group == "" and len(rest) == 3
                                                                  and rest[2] in ("status", "finalize")):
