@@ -1,7 +1,7 @@
 """The cluster port: the one way services act on Kubernetes.
 
-    async with Cluster.connect(settings.cluster, service="cordon") as cluster:
-        await cluster.nodes.add_taint(node, "nodeward.io/gpu-unhealthy", "NoSchedule")
+async with Cluster.connect(settings.cluster, service="cordon") as cluster:
+    await cluster.nodes.add_taint(node, "nodeward.io/gpu-unhealthy", "NoSchedule")
 """
 
 from nodeward.kube.cluster import Cluster
@@ -26,7 +26,22 @@ from nodeward.kube.errors import (
 from nodeward.kube.watch import WatchEvent
 
 __all__ = [
-    "AlreadyExists", "BadRequest", "CheckpointFailed", "Cluster", "Conflict", "EvictionBlocked", "Forbidden",
-    "Gone", "Invalid", "KubeError", "MultipleBudgets", "NotFound", "ServerError", "TooManyRequests",
-    "Unauthorized", "Unavailable", "UndeclaredOperation", "WatchEvent",
+    "AlreadyExists",
+    "BadRequest",
+    "CheckpointFailed",
+    "Cluster",
+    "Conflict",
+    "EvictionBlocked",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeError",
+    "MultipleBudgets",
+    "NotFound",
+    "ServerError",
+    "TooManyRequests",
+    "Unauthorized",
+    "Unavailable",
+    "UndeclaredOperation",
+    "WatchEvent",
 ]

@@ -33,7 +33,9 @@ class Permission:
     namespace: str | None = None
 
 
-def _p(resource: str, *verbs: str, group: str = "", namespace: str | None = None) -> frozenset[Permission]:
+def _p(
+    resource: str, *verbs: str, group: str = "", namespace: str | None = None
+) -> frozenset[Permission]:
     return frozenset(Permission(group, resource, v, namespace) for v in verbs)
 
 
@@ -58,30 +60,73 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "notebooks.patch": _p("notebooks", "get", "patch", group="kubeflow.org"),
     "networkpolicies.create": _p("networkpolicies", "create", group="networking.k8s.io"),
     "networkpolicies.delete": _p("networkpolicies", "delete", group="networking.k8s.io"),
-    "leases.hold": _p("leases", "get", "create", "update", group="coordination.k8s.io",
-                      namespace=SERVICE_NAMESPACE),
+    "leases.hold": _p(
+        "leases",
+        "get",
+        "create",
+        "update",
+        group="coordination.k8s.io",
+        namespace=SERVICE_NAMESPACE,
+    ),
 }
 
 # The port operations each service (and the node agent) calls.
 SERVICES: dict[str, frozenset[str]] = {
-    "cordon": frozenset({
-        "nodes.get", "nodes.list", "nodes.watch", "nodes.patch", "nodes.set_condition",
-        "pods.list", "pods.get", "pods.evict", "events.create",
-    }),
-    "culler": frozenset({
-        "pods.get", "pods.list", "pods.delete", "notebooks.get", "notebooks.patch", "events.create", "leases.hold",
-    }),
-    "credentials": frozenset({
-        "secrets.get", "secrets.replace", "secrets.patch", "events.create", "leases.hold",
-    }),
-    "falco": frozenset({
-        "pods.get", "pods.patch", "pods.delete", "networkpolicies.create", "networkpolicies.delete",
-        "events.create",
-    }),
-    "checkpoint": frozenset({
-        "nodes.get", "nodes.patch", "nodes.checkpoint", "pods.get", "pods.list", "pods.evict",
-        "events.create", "leases.hold",
-    }),
+    "cordon": frozenset(
+        {
+            "nodes.get",
+            "nodes.list",
+            "nodes.watch",
+            "nodes.patch",
+            "nodes.set_condition",
+            "pods.list",
+            "pods.get",
+            "pods.evict",
+            "events.create",
+        }
+    ),
+    "culler": frozenset(
+        {
+            "pods.get",
+            "pods.list",
+            "pods.delete",
+            "notebooks.get",
+            "notebooks.patch",
+            "events.create",
+            "leases.hold",
+        }
+    ),
+    "credentials": frozenset(
+        {
+            "secrets.get",
+            "secrets.replace",
+            "secrets.patch",
+            "events.create",
+            "leases.hold",
+        }
+    ),
+    "falco": frozenset(
+        {
+            "pods.get",
+            "pods.patch",
+            "pods.delete",
+            "networkpolicies.create",
+            "networkpolicies.delete",
+            "events.create",
+        }
+    ),
+    "checkpoint": frozenset(
+        {
+            "nodes.get",
+            "nodes.patch",
+            "nodes.checkpoint",
+            "pods.get",
+            "pods.list",
+            "pods.evict",
+            "events.create",
+            "leases.hold",
+        }
+    ),
     "notifier": frozenset(),
     "agent": frozenset({"nodes.get", "pods.list"}),
 }
@@ -105,7 +150,9 @@ class Guard:
 
     def __init__(self, service: str | None) -> None:
         if service is not None and service not in SERVICES:
-            raise ValueError(f"unknown service {service!r}; declare it in nodeward.kube.access.SERVICES")
+            raise ValueError(
+                f"unknown service {service!r}; declare it in nodeward.kube.access.SERVICES"
+            )
         self.service = service
 
     def check(self, op: str) -> None:
@@ -114,7 +161,8 @@ class Guard:
         if self.service is not None and op not in SERVICES[self.service]:
             raise UndeclaredOperation(
                 f"service {self.service} does not declare {op}; add it to nodeward.kube.access.SERVICES "
-                f"and widen deploy/rbac/{self.service}.yaml")
+                f"and widen deploy/rbac/{self.service}.yaml"
+            )
 
 
 F = TypeVar("F", bound=Callable[..., Any])

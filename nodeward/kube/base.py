@@ -43,7 +43,9 @@ def core(resource: str, name: str = "", namespace: str = "", sub: str = "") -> s
     return _path("/api/v1", resource, name, namespace, sub)
 
 
-def group_path(group: str, version: str, resource: str, name: str = "", namespace: str = "", *, sub: str = "") -> str:
+def group_path(
+    group: str, version: str, resource: str, name: str = "", namespace: str = "", *, sub: str = ""
+) -> str:
     return _path(f"/apis/{group}/{version}", resource, name, namespace, sub)
 
 

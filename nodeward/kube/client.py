@@ -48,8 +48,15 @@ class Backoff:
 class KubeClient:
     """Raw, typed-error access to one API server."""
 
-    def __init__(self, configuration: Any, *, timeout: float = 10.0, retries: int = 5,
-                 backoff: Backoff | None = None, user_agent: str = "nodeward") -> None:
+    def __init__(
+        self,
+        configuration: Any,
+        *,
+        timeout: float = 10.0,
+        retries: int = 5,
+        backoff: Backoff | None = None,
+        user_agent: str = "nodeward",
+    ) -> None:
         configuration.retries = False  # retries are ours, with back-off and typed errors
         self._api = kubernetes.client.ApiClient(configuration)
         self._api.user_agent = user_agent
@@ -59,22 +66,32 @@ class KubeClient:
         self._log = get_logger(component="kube")
 
     @classmethod
-    def from_settings(cls, settings: ClusterSettings, *, user_agent: str = "nodeward") -> KubeClient:
+    def from_settings(
+        cls, settings: ClusterSettings, *, user_agent: str = "nodeward"
+    ) -> KubeClient:
         """A kubeconfig (and context) if one is set, else the in-cluster ServiceAccount."""
         configuration = kubernetes.client.Configuration()
         try:
             if settings.kubeconfig is not None:
                 kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(settings.kubeconfig), context=settings.context,
-                    client_configuration=configuration, persist_config=False)
+                    config_file=str(settings.kubeconfig),
+                    context=settings.context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
             else:
                 kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration)
+                    client_configuration=configuration
+                )
         except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
             where = settings.kubeconfig or "in-cluster config"
             raise errors.KubeError(f"cannot load {where}: {' '.join(str(exc).split())}") from None
-        return cls(configuration, timeout=_seconds(settings.request_timeout), retries=settings.retries,
-                   user_agent=user_agent)
+        return cls(
+            configuration,
+            timeout=_seconds(settings.request_timeout),
+            retries=settings.retries,
+            user_agent=user_agent,
+        )
 
     @classmethod
     def from_kubeconfig(cls, path: Path, context: str | None = None, **kw: Any) -> KubeClient:
@@ -85,23 +102,49 @@ class KubeClient:
 
     # --- requests ------------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any,
-              content_type: str, timeout: float | tuple[float, float | None] | None) -> Any:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]],
+        body: Any,
+        content_type: str,
+        timeout: float | tuple[float, float | None] | None,
+    ) -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type
-        req = self._api.param_serialize(method, path, query_params=list(query), header_params=headers,
-                                        body=body, auth_settings=["BearerToken"])
+        req = self._api.param_serialize(
+            method,
+            path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         return self._api.call_api(*req, _request_timeout=timeout)
 
-    def _call(self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any,
-              content_type: str, timeout: float) -> tuple[int, Any, Mapping[str, str]]:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]],
+        body: Any,
+        content_type: str,
+        timeout: float,
+    ) -> tuple[int, Any, Mapping[str, str]]:
         try:
-            resp = self._send(method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+            resp = self._send(
+                method, path, query=query, body=body, content_type=content_type, timeout=timeout
+            )
             raw = resp.read()
         except ApiException as exc:
             return int(exc.status or 0), exc.body or "", dict(exc.headers or {})
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw or "")
+        text = (
+            raw.decode("utf-8", "replace") if isinstance(raw, bytes | bytearray) else str(raw or "")
+        )
         try:
             data: Any = json.loads(text) if text else None
         except json.JSONDecodeError:
@@ -129,14 +172,22 @@ class KubeClient:
         while True:
             try:
                 status, data, headers = await asyncio.to_thread(
-                    self._call, method, path, query=params, body=body, content_type=content_type,
-                    timeout=request_timeout or self.timeout)
+                    self._call,
+                    method,
+                    path,
+                    query=params,
+                    body=body,
+                    content_type=content_type,
+                    timeout=request_timeout or self.timeout,
+                )
             except OpenApiException as exc:
                 raise errors.KubeError(f"{method} {path}: {_one_line(exc)}") from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt >= self.retries:
                     raise errors.Unavailable(f"{method} {path}: {_one_line(exc)}") from None
-                await self._pause(attempt, None, method, path, f"connection error: {_one_line(exc)}")
+                await self._pause(
+                    attempt, None, method, path, f"connection error: {_one_line(exc)}"
+                )
                 attempt += 1
                 continue
             if 200 <= status < 300:
@@ -150,23 +201,35 @@ class KubeClient:
             await self._pause(attempt, retry_after, method, path, f"HTTP {status}")
             attempt += 1
 
-    async def _pause(self, attempt: int, retry_after: float | None, method: str, path: str, why: str) -> None:
+    async def _pause(
+        self, attempt: int, retry_after: float | None, method: str, path: str, why: str
+    ) -> None:
         delay = retry_after if retry_after is not None else self.backoff.delay(attempt)
-        self._log.debug("kube request retried", method=method, path=path, why=why, delay=round(delay, 3))
+        self._log.debug(
+            "kube request retried", method=method, path=path, why=why, delay=round(delay, 3)
+        )
         await asyncio.sleep(delay)
 
     # --- watches -------------------------------------------------------------------------
 
-    async def stream(self, path: str, *, query: Mapping[str, str | int | bool | None],
-                     read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, path: str, *, query: Mapping[str, str | int | bool | None], read_timeout: float
+    ) -> AsyncIterator[dict[str, Any]]:
         """The newline-delimited JSON events of one watch request, until the server ends it."""
         params = [(k, _qv(v)) for k, v in query.items() if v is not None]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
         try:
-            resp = await asyncio.to_thread(self._send, "GET", path, query=params, body=None,
-                                           content_type="application/json", timeout=(self.timeout, read_timeout))
+            resp = await asyncio.to_thread(
+                self._send,
+                "GET",
+                path,
+                query=params,
+                body=None,
+                content_type="application/json",
+                timeout=(self.timeout, read_timeout),
+            )
         except OpenApiException as exc:
             raise errors.KubeError(f"watch {path}: {_one_line(exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:

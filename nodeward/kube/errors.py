@@ -10,8 +10,14 @@ class KubeError(Exception):
 
     status: int = 0
 
-    def __init__(self, message: str, *, status: int | None = None, reason: str = "",
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        reason: str = "",
+        details: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         if status is not None:
@@ -107,8 +113,15 @@ class UndeclaredOperation(KubeError):
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {
-    400: BadRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone,
-    415: UnsupportedMediaType, 422: Invalid, 429: TooManyRequests,
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    415: UnsupportedMediaType,
+    422: Invalid,
+    429: TooManyRequests,
 }
 
 
@@ -125,6 +138,8 @@ def from_status(status: int, body: Any, retry_after: float | None = None) -> Kub
     if status == 409 and reason == "AlreadyExists":
         return AlreadyExists(message, status=status, reason=reason, details=details)
     if status == 429:
-        return TooManyRequests(message, status=status, reason=reason, details=details, retry_after=retry_after)
+        return TooManyRequests(
+            message, status=status, reason=reason, details=details, retry_after=retry_after
+        )
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else KubeError)
     return cls(message, status=status, reason=reason, details=details)

@@ -38,8 +38,9 @@ def held_by_other(lease: Obj, holder: str, at: datetime) -> bool:
 
 class Leases(Area):
     @operation("leases.hold")
-    async def try_acquire(self, name: str, holder: str, duration_s: int = 15,
-                          namespace: str = SERVICE_NAMESPACE) -> bool:
+    async def try_acquire(
+        self, name: str, holder: str, duration_s: int = 15, namespace: str = SERVICE_NAMESPACE
+    ) -> bool:
         """Take or renew the lease for `holder`; False if another holder's lease is still live
         or another writer won the race."""
         path = group_path("coordination.k8s.io", "v1", "leases", name, namespace)
@@ -48,13 +49,24 @@ class Leases(Area):
         try:
             lease: Obj = await self._client.request("GET", path)
         except NotFound:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {"holderIdentity": holder, "leaseDurationSeconds": duration_s, "acquireTime": stamp,
-                             "renewTime": stamp, "leaseTransitions": 0}}
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "holderIdentity": holder,
+                    "leaseDurationSeconds": duration_s,
+                    "acquireTime": stamp,
+                    "renewTime": stamp,
+                    "leaseTransitions": 0,
+                },
+            }
             try:
-                await self._client.request("POST", group_path("coordination.k8s.io", "v1", "leases",
-                                                              namespace=namespace), body=body)
+                await self._client.request(
+                    "POST",
+                    group_path("coordination.k8s.io", "v1", "leases", namespace=namespace),
+                    body=body,
+                )
             except AlreadyExists:
                 return False
             return True

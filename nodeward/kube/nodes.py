@@ -24,7 +24,10 @@ def taints_of(node: Obj) -> list[dict[str, Any]]:
 
 
 def condition_of(node: Obj, type_: str) -> dict[str, Any] | None:
-    return next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == type_), None)
+    return next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == type_),
+        None,
+    )
 
 
 class Nodes(Area):
@@ -34,31 +37,50 @@ class Nodes(Area):
         return result
 
     @operation("nodes.list")
-    async def list(self, *, label_selector: str | None = None, field_selector: str | None = None) -> list[Obj]:
-        listing = await self._client.request("GET", core("nodes"), query={
-            "labelSelector": label_selector, "fieldSelector": field_selector})
+    async def list(
+        self, *, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[Obj]:
+        listing = await self._client.request(
+            "GET",
+            core("nodes"),
+            query={"labelSelector": label_selector, "fieldSelector": field_selector},
+        )
         return list(listing.get("items") or [])
 
     @operation("nodes.watch")
-    async def watch(self, *, label_selector: str | None = None, field_selector: str | None = None,
-                    resource_version: str | None = None) -> AsyncIterator[WatchEvent]:
+    async def watch(
+        self,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+    ) -> AsyncIterator[WatchEvent]:
         """Changes to nodes from `resource_version` (or now) on; see `nodeward.kube.watch.watch`."""
-        async for event in watch(self._client, core("nodes"), label_selector=label_selector,
-                                 field_selector=field_selector, resource_version=resource_version):
+        async for event in watch(
+            self._client,
+            core("nodes"),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
+        ):
             yield event
 
     async def _get(self, name: str) -> Obj:
         result: Obj = await self._client.request("GET", core("nodes", name))
         return result
 
-    async def _patch(self, name: str, patch: Obj, content_type: str = STRATEGIC_PATCH, sub: str = "") -> Obj:
-        result: Obj = await self._client.request("PATCH", core("nodes", name, sub=sub), body=patch,
-                                                 content_type=content_type)
+    async def _patch(
+        self, name: str, patch: Obj, content_type: str = STRATEGIC_PATCH, sub: str = ""
+    ) -> Obj:
+        result: Obj = await self._client.request(
+            "PATCH", core("nodes", name, sub=sub), body=patch, content_type=content_type
+        )
         return result
 
     @operation("nodes.patch")
-    async def add_taint(self, name: str, key: str, effect: TaintEffect = "NoSchedule",
-                        value: str | None = None) -> bool:
+    async def add_taint(
+        self, name: str, key: str, effect: TaintEffect = "NoSchedule", value: str | None = None
+    ) -> bool:
         """Add the taint unless one with this key and effect (and value) is there. True if changed.
 
         Taints are an atomic list in the real API, so the whole list is written with the
@@ -77,8 +99,13 @@ class Nodes(Area):
             if effect == "NoExecute":
                 new["timeAdded"] = _now()
             kept = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
-            await self._patch(name, {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                                     "spec": {"taints": [*kept, new]}})
+            await self._patch(
+                name,
+                {
+                    "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                    "spec": {"taints": [*kept, new]},
+                },
+            )
             return True
 
         return await self._on_conflict_retry(attempt)
@@ -90,11 +117,20 @@ class Nodes(Area):
         async def attempt() -> bool:
             node = await self._get(name)
             taints = taints_of(node)
-            kept = [t for t in taints if not (t.get("key") == key and (effect is None or t.get("effect") == effect))]
+            kept = [
+                t
+                for t in taints
+                if not (t.get("key") == key and (effect is None or t.get("effect") == effect))
+            ]
             if len(kept) == len(taints):
                 return False
-            await self._patch(name, {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
-                                     "spec": {"taints": kept or None}})
+            await self._patch(
+                name,
+                {
+                    "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                    "spec": {"taints": kept or None},
+                },
+            )
             return True
 
         return await self._on_conflict_retry(attempt)
@@ -116,11 +152,14 @@ class Nodes(Area):
     @operation("nodes.patch")
     async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
         """Set annotations; a None value removes the annotation."""
-        return await self._patch(name, {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH)
+        return await self._patch(
+            name, {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH
+        )
 
     @operation("nodes.set_condition")
-    async def set_condition(self, name: str, type_: str, status: ConditionStatus, reason: str,
-                            message: str = "") -> Obj:
+    async def set_condition(
+        self, name: str, type_: str, status: ConditionStatus, reason: str, message: str = ""
+    ) -> Obj:
         """Set one node condition through the status subresource.
 
         Conditions merge by `type`, so other writers' conditions are kept. The transition
@@ -129,7 +168,15 @@ class Nodes(Area):
         node = await self._get(name)
         stamp = _now()
         prior = condition_of(node, type_)
-        transition = prior.get("lastTransitionTime") if prior and prior.get("status") == status else stamp
-        condition = {"type": type_, "status": status, "reason": reason, "message": message,
-                     "lastHeartbeatTime": stamp, "lastTransitionTime": transition or stamp}
+        transition = (
+            prior.get("lastTransitionTime") if prior and prior.get("status") == status else stamp
+        )
+        condition = {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": transition or stamp,
+        }
         return await self._patch(name, {"status": {"conditions": [condition]}}, sub="status")

@@ -14,13 +14,20 @@ STOP_ANNOTATION = "kubeflow-resource-stopped"
 class Notebooks(Area):
     @operation("notebooks.get")
     async def get(self, namespace: str, name: str) -> Obj:
-        result: Obj = await self._client.request("GET", group_path("kubeflow.org", "v1", "notebooks", name, namespace))
+        result: Obj = await self._client.request(
+            "GET", group_path("kubeflow.org", "v1", "notebooks", name, namespace)
+        )
         return result
 
     @operation("notebooks.patch")
-    async def set_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> Obj:
+    async def set_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> Obj:
         """Set annotations (None removes one), e.g. `kubeflow-resource-stopped` to stop a notebook."""
         result: Obj = await self._client.request(
-            "PATCH", group_path("kubeflow.org", "v1", "notebooks", name, namespace),
-            body={"metadata": {"annotations": dict(annotations)}}, content_type=MERGE_PATCH)
+            "PATCH",
+            group_path("kubeflow.org", "v1", "notebooks", name, namespace),
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type=MERGE_PATCH,
+        )
         return result

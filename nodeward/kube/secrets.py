@@ -37,14 +37,20 @@ class Secrets(Area):
             desired = mutate(copied(current))
             if desired is None:
                 return current
-            desired.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-            result: Obj = await self._client.request("PUT", core("secrets", name, namespace), body=desired)
+            desired.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+            result: Obj = await self._client.request(
+                "PUT", core("secrets", name, namespace), body=desired
+            )
             return result
 
         return await self._on_conflict_retry(attempt)
 
     @operation("secrets.patch")
-    async def patch(self, namespace: str, name: str, make_patch: Callable[[Obj], Obj | None]) -> Obj:
+    async def patch(
+        self, namespace: str, name: str, make_patch: Callable[[Obj], Obj | None]
+    ) -> Obj:
         """Read, build a merge patch from the current Secret, apply it guarded by the read
         resourceVersion; on 409 read and build again. A None patch changes nothing."""
 
@@ -54,9 +60,12 @@ class Secrets(Area):
             if patch is None:
                 return current
             patch = copied(patch)
-            patch.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
-            result: Obj = await self._client.request("PATCH", core("secrets", name, namespace), body=patch,
-                                                     content_type=MERGE_PATCH)
+            patch.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+            result: Obj = await self._client.request(
+                "PATCH", core("secrets", name, namespace), body=patch, content_type=MERGE_PATCH
+            )
             return result
 
         return await self._on_conflict_retry(attempt)

@@ -49,14 +49,20 @@ async def watch(
     `relist_on_gone` is False, in which case it raises `Gone`.
     """
     log = get_logger(component="kube-watch", path=path)
-    selectors: dict[str, str | None] = {"labelSelector": label_selector, "fieldSelector": field_selector}
+    selectors: dict[str, str | None] = {
+        "labelSelector": label_selector,
+        "fieldSelector": field_selector,
+    }
     rv = resource_version
     if rv is None:
         rv = await _list_version(client, path, selectors)
     failures = 0
     while True:
         query: Mapping[str, str | int | bool | None] = {
-            **selectors, "watch": "true", "allowWatchBookmarks": "true", "resourceVersion": rv,
+            **selectors,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": rv,
             "timeoutSeconds": server_timeout,
         }
         try:

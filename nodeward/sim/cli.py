@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 
-sim_app = typer.Typer(name="sim", help="Run simulated peers (the sim cluster) on their own.", no_args_is_help=True)
+sim_app = typer.Typer(
+    name="sim", help="Run simulated peers (the sim cluster) on their own.", no_args_is_help=True
+)
 
 
 @sim_app.callback()
@@ -26,13 +28,20 @@ def _fail(message: str) -> typer.Exit:
 
 @sim_app.command("cluster")
 def cluster(
-    seed: Annotated[Path | None, typer.Option("--seed", help="seed YAML (default: the shipped seed)")] = None,
+    seed: Annotated[
+        Path | None, typer.Option("--seed", help="seed YAML (default: the shipped seed)")
+    ] = None,
     port: Annotated[int, typer.Option("--port", help="port to listen on; 0 picks a free one")] = 0,
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
-    kubeconfig: Annotated[Path, typer.Option("--kubeconfig", help="where to write the kubeconfig")] = Path(
-        ".nodeward/kubeconfig"),
-    rbac: Annotated[list[Path] | None, typer.Option("--rbac", help="RBAC manifests (file or dir); "
-                                                     "default: the source tree's deploy/rbac")] = None,
+    kubeconfig: Annotated[
+        Path, typer.Option("--kubeconfig", help="where to write the kubeconfig")
+    ] = Path(".nodeward/kubeconfig"),
+    rbac: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rbac", help="RBAC manifests (file or dir); default: the source tree's deploy/rbac"
+        ),
+    ] = None,
 ) -> None:
     """Run the sim cluster until SIGINT or SIGTERM; kubectl --kubeconfig OUT talks to it."""
     from nodeward.logs import configure_logging

@@ -59,15 +59,27 @@ def kubectl_binaries() -> list[str]:
         real = Path(os.path.realpath(main))
         found += [str(p) for p in sorted(real.parent.glob("kubectl.1.*")) if os.access(p, os.X_OK)]
     found += [p for p in os.environ.get("NODEWARD_KUBECTLS", "").split(os.pathsep) if p]
-    debian = Path(__file__).resolve().parents[2] / ".cache" / "kubectl-debian" / "usr" / "bin" / "kubectl"
+    debian = (
+        Path(__file__).resolve().parents[2]
+        / ".cache"
+        / "kubectl-debian"
+        / "usr"
+        / "bin"
+        / "kubectl"
+    )
     if debian.exists():
         found.append(str(debian))
     return list(dict.fromkeys(found))
 
 
 def kubectl_version(binary: str) -> str:
-    out = subprocess.run([binary, "version", "--client", "-o", "json"], capture_output=True, text=True,
-                         timeout=30, check=False)
+    out = subprocess.run(
+        [binary, "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     import json
 
     try:

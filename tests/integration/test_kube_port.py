@@ -43,7 +43,9 @@ async def test_nodes_get_and_list_with_selectors(admin: Cluster) -> None:
     assert len(nodes) == 8
     h100 = await admin.nodes.list(label_selector="nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
     assert sorted(n["metadata"]["name"] for n in h100) == [f"gpu-h100-0{i}" for i in range(1, 5)]
-    mig = await admin.nodes.list(label_selector="nvidia.com/mig.strategy in (mixed),nvidia.com/gpu.present")
+    mig = await admin.nodes.list(
+        label_selector="nvidia.com/mig.strategy in (mixed),nvidia.com/gpu.present"
+    )
     assert [n["metadata"]["name"] for n in mig] == ["gpu-a100-mig-01"]
     assert mig[0]["status"]["capacity"]["nvidia.com/mig-1g.10gb"] == "28"
     await admin.nodes.set_unschedulable("gpu-a100-01")
@@ -68,7 +70,10 @@ async def test_taint_added_twice_appears_once(admin: Cluster, sim: SimCluster) -
     await admin.nodes.add_taint("gpu-h100-01", TAINT, "NoExecute")
     taints = (await admin.nodes.get("gpu-h100-01"))["spec"]["taints"]
     assert sorted((t["key"], t["effect"]) for t in taints) == [
-        ("example.com/other", "PreferNoSchedule"), (TAINT, "NoExecute"), (TAINT, "NoSchedule")]
+        ("example.com/other", "PreferNoSchedule"),
+        (TAINT, "NoExecute"),
+        (TAINT, "NoSchedule"),
+    ]
     assert await admin.nodes.remove_taint("gpu-h100-01", TAINT) is True
     assert await admin.nodes.remove_taint("gpu-h100-01", TAINT) is False
     taints = (await admin.nodes.get("gpu-h100-01"))["spec"]["taints"]
@@ -109,22 +114,38 @@ async def test_cordon_labels_annotations(admin: Cluster) -> None:
     assert "nodeward.io/quarantine" not in node["metadata"]["annotations"]
     assert "unschedulable" not in node["spec"]
     with pytest.raises(Invalid, match=r"metadata\.labels"):
-        await admin.nodes.set_labels("gpu-h100-03", {"nodeward.io/gpu-health": "not a valid value!"})
+        await admin.nodes.set_labels(
+            "gpu-h100-03", {"nodeward.io/gpu-health": "not a valid value!"}
+        )
 
 
 async def test_node_condition_through_status_subresource(admin: Cluster) -> None:
-    node = await admin.nodes.set_condition("gpu-a100-02", "GPUHealthy", "False", "XidError", "GPU 3: Xid 79")
+    node = await admin.nodes.set_condition(
+        "gpu-a100-02", "GPUHealthy", "False", "XidError", "GPU 3: Xid 79"
+    )
     conditions = {c["type"]: c for c in node["status"]["conditions"]}
     assert conditions["GPUHealthy"]["status"] == "False"
     assert conditions["Ready"]["status"] == "True", "other conditions are kept (merge by type)"
     first = conditions["GPUHealthy"]["lastTransitionTime"]
-    again = await admin.nodes.set_condition("gpu-a100-02", "GPUHealthy", "False", "XidError", "still")
-    assert {c["type"]: c for c in again["status"]["conditions"]}["GPUHealthy"]["lastTransitionTime"] == first
+    again = await admin.nodes.set_condition(
+        "gpu-a100-02", "GPUHealthy", "False", "XidError", "still"
+    )
+    assert {c["type"]: c for c in again["status"]["conditions"]}["GPUHealthy"][
+        "lastTransitionTime"
+    ] == first
     # status is only written through /status: a main-resource patch cannot change it
-    patched = await admin.client.request("PATCH", "/api/v1/nodes/gpu-a100-02", body={
-        "status": {"conditions": [{"type": "GPUHealthy", "status": "True"}]}, "metadata": {"labels": {"x": "y"}}},
-        content_type=STRATEGIC_PATCH)
-    assert {c["type"]: c for c in patched["status"]["conditions"]}["GPUHealthy"]["status"] == "False"
+    patched = await admin.client.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-a100-02",
+        body={
+            "status": {"conditions": [{"type": "GPUHealthy", "status": "True"}]},
+            "metadata": {"labels": {"x": "y"}},
+        },
+        content_type=STRATEGIC_PATCH,
+    )
+    assert {c["type"]: c for c in patched["status"]["conditions"]}["GPUHealthy"][
+        "status"
+    ] == "False"
     assert patched["metadata"]["labels"]["x"] == "y"
 
 
@@ -140,11 +161,17 @@ async def test_pods_on_node_get_patch_delete(admin: Cluster) -> None:
     assert [p["metadata"]["name"] for p in listed] == ["llm-pretrain-worker-0"]
     pod = await admin.pods.get("ml-vision", "alice-jupyter-0")
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "StatefulSet"
-    patched = await admin.pods.set_labels("ml-vision", "alice-jupyter-0", {"nodeward.io/quarantined": "true"})
+    patched = await admin.pods.set_labels(
+        "ml-vision", "alice-jupyter-0", {"nodeward.io/quarantined": "true"}
+    )
     assert patched["metadata"]["labels"]["nodeward.io/quarantined"] == "true"
-    assert patched["metadata"]["generation"] == pod["metadata"]["generation"], "metadata is not spec"
+    assert patched["metadata"]["generation"] == pod["metadata"]["generation"], (
+        "metadata is not spec"
+    )
     with pytest.raises(Invalid, match=r"pod updates may not change fields"):
-        await admin.pods.patch("ml-vision", "alice-jupyter-0", {"spec": {"nodeName": "gpu-h100-04"}})
+        await admin.pods.patch(
+            "ml-vision", "alice-jupyter-0", {"spec": {"nodeName": "gpu-h100-04"}}
+        )
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is True
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is False
     with pytest.raises(NotFound):
@@ -154,10 +181,15 @@ async def test_pods_on_node_get_patch_delete(admin: Cluster) -> None:
 async def test_evict_deletes_and_nothing_replaces(admin: Cluster) -> None:
     pod = await admin.pods.get("ml-speech", "whisper-distill-worker-0")
     assert await admin.pods.evict("ml-speech", "whisper-distill-worker-0", deadline=1) is True
-    assert await admin.pods.wait_gone("ml-speech", "whisper-distill-worker-0", pod["metadata"]["uid"], within=2)
+    assert await admin.pods.wait_gone(
+        "ml-speech", "whisper-distill-worker-0", pod["metadata"]["uid"], within=2
+    )
     owner = pod["metadata"]["ownerReferences"][0]["name"]
-    rest = [p for p in await admin.pods.list("ml-speech")
-            if p["metadata"].get("ownerReferences", [{}])[0].get("name") == owner]
+    rest = [
+        p
+        for p in await admin.pods.list("ml-speech")
+        if p["metadata"].get("ownerReferences", [{}])[0].get("name") == owner
+    ]
     assert [p["metadata"]["name"] for p in rest] == ["whisper-distill-worker-1"]
     assert await admin.pods.evict("ml-speech", "whisper-distill-worker-0") is False
 
@@ -165,7 +197,9 @@ async def test_evict_deletes_and_nothing_replaces(admin: Cluster) -> None:
 async def test_eviction_blocked_by_budget_until_deadline(admin: Cluster, sim: SimCluster) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
-    with pytest.raises(EvictionBlocked, match="llm-pretrain needs 2 healthy pods and has 2 currently"):
+    with pytest.raises(
+        EvictionBlocked, match="llm-pretrain needs 2 healthy pods and has 2 currently"
+    ):
         await admin.pods.evict("ml-nlp", "llm-pretrain-worker-0", deadline=0.4)
     assert loop.time() - start >= 0.4
     evictions = [r for r in sim.requests if r[2].endswith("/llm-pretrain-worker-0/eviction")]
@@ -175,22 +209,40 @@ async def test_eviction_blocked_by_budget_until_deadline(admin: Cluster, sim: Si
 
 async def test_eviction_proceeds_once_the_budget_allows(admin: Cluster, sim: SimCluster) -> None:
     async def relax_budget_after_first_refusal() -> None:
-        while not any(r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429 for r in sim.requests):
+        while not any(
+            r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429 for r in sim.requests
+        ):
             await asyncio.sleep(0.01)
-        await admin.client.request("PATCH", "/apis/policy/v1/namespaces/ml-nlp/poddisruptionbudgets/llm-pretrain",
-                                   body={"spec": {"minAvailable": 1}}, content_type=MERGE_PATCH)
+        await admin.client.request(
+            "PATCH",
+            "/apis/policy/v1/namespaces/ml-nlp/poddisruptionbudgets/llm-pretrain",
+            body={"spec": {"minAvailable": 1}},
+            content_type=MERGE_PATCH,
+        )
 
     relax = asyncio.create_task(relax_budget_after_first_refusal())
     assert await admin.pods.evict("ml-nlp", "llm-pretrain-worker-1", deadline=5) is True
     await relax
-    pdb = await admin.client.request("GET", "/apis/policy/v1/namespaces/ml-nlp/poddisruptionbudgets/llm-pretrain")
+    pdb = await admin.client.request(
+        "GET", "/apis/policy/v1/namespaces/ml-nlp/poddisruptionbudgets/llm-pretrain"
+    )
     assert pdb["status"]["currentHealthy"] == 1 and pdb["status"]["disruptionsAllowed"] == 0
 
 
 async def test_eviction_with_two_budgets_is_reported(admin: Cluster) -> None:
-    await admin.client.request("POST", "/apis/policy/v1/namespaces/ml-robotics/poddisruptionbudgets", body={
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "second"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"training.kubeflow.org/job-name": "sim-rl"}}}})
+    await admin.client.request(
+        "POST",
+        "/apis/policy/v1/namespaces/ml-robotics/poddisruptionbudgets",
+        body={
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "second"},
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": {"training.kubeflow.org/job-name": "sim-rl"}},
+            },
+        },
+    )
     with pytest.raises(MultipleBudgets, match="more than one PodDisruptionBudget"):
         await admin.pods.evict("ml-robotics", "sim-rl-worker-0", deadline=2)
 
@@ -200,19 +252,30 @@ async def test_eviction_with_two_budgets_is_reported(admin: Cluster) -> None:
 
 async def test_event_is_recorded_for_both_event_apis(admin: Cluster) -> None:
     node = await admin.nodes.get("gpu-h100-04")
-    ev = await admin.events.create(node, reason="GPUUnhealthy", action="Quarantine",
-                                   note="GPU 2 reported Xid 79", type_="Warning")
+    ev = await admin.events.create(
+        node,
+        reason="GPUUnhealthy",
+        action="Quarantine",
+        note="GPU 2 reported Xid 79",
+        type_="Warning",
+    )
     assert ev["reportingController"] == "nodeward"
     assert ev["metadata"]["namespace"] == "default"
-    core = await admin.client.request("GET", "/api/v1/namespaces/default/events", query={
-        "fieldSelector": "involvedObject.kind=Node,involvedObject.name=gpu-h100-04"})
+    core = await admin.client.request(
+        "GET",
+        "/api/v1/namespaces/default/events",
+        query={"fieldSelector": "involvedObject.kind=Node,involvedObject.name=gpu-h100-04"},
+    )
     assert [(e["reason"], e["message"], e["source"]["component"]) for e in core["items"]] == [
-        ("GPUUnhealthy", "GPU 2 reported Xid 79", "nodeward")]
+        ("GPUUnhealthy", "GPU 2 reported Xid 79", "nodeward")
+    ]
     with pytest.raises(Invalid, match="type"):
         await admin.events.create(node, reason="X", action="Y", type_="Bogus")  # type: ignore[arg-type]
 
 
-async def test_secret_replace_conflict_is_retried_to_success(admin: Cluster, sim: SimCluster) -> None:
+async def test_secret_replace_conflict_is_retried_to_success(
+    admin: Cluster, sim: SimCluster
+) -> None:
     calls: list[str] = []
 
     def mutate(secret: dict) -> dict:  # type: ignore[type-arg]
@@ -227,7 +290,9 @@ async def test_secret_replace_conflict_is_retried_to_success(admin: Cluster, sim
     result = await admin.secrets.replace("ml-nlp", "bob-oauth", mutate)
     assert len(calls) == 2 and calls[0] != calls[1]
     assert decode(result)["access_token"] == "new-token"
-    assert result["metadata"]["annotations"]["renewed-by"] == "someone-else", "the other write survives"
+    assert result["metadata"]["annotations"]["renewed-by"] == "someone-else", (
+        "the other write survives"
+    )
     assert any(s == 409 and "/secrets/bob-oauth" in p for _, m, p, s in sim.requests if m == "PUT")
 
 
@@ -250,19 +315,26 @@ async def test_secret_patch_with_resource_version(admin: Cluster, sim: SimCluste
     stale = copy.deepcopy(result)
     stale["metadata"]["resourceVersion"] = "1"
     with pytest.raises(Conflict, match="the object has been modified"):
-        await admin.client.request("PUT", "/api/v1/namespaces/ml-vision/secrets/alice-oauth", body=stale)
+        await admin.client.request(
+            "PUT", "/api/v1/namespaces/ml-vision/secrets/alice-oauth", body=stale
+        )
 
 
 async def test_notebook_annotations(admin: Cluster) -> None:
     nb = await admin.notebooks.get("ml-genomics", "erin-jupyter")
     assert nb["kind"] == "Notebook" and nb["apiVersion"] == "kubeflow.org/v1"
-    patched = await admin.notebooks.set_annotations("ml-genomics", "erin-jupyter", {
-        "kubeflow-resource-stopped": "2026-11-29T12:00:00Z"})
+    patched = await admin.notebooks.set_annotations(
+        "ml-genomics", "erin-jupyter", {"kubeflow-resource-stopped": "2026-11-29T12:00:00Z"}
+    )
     assert patched["metadata"]["annotations"]["kubeflow-resource-stopped"] == "2026-11-29T12:00:00Z"
     assert patched["metadata"]["generation"] == nb["metadata"]["generation"]
     with pytest.raises(UnsupportedMediaType):
-        await admin.client.request("PATCH", "/apis/kubeflow.org/v1/namespaces/ml-genomics/notebooks/erin-jupyter",
-                                   body={"metadata": {"labels": {"a": "b"}}}, content_type=STRATEGIC_PATCH)
+        await admin.client.request(
+            "PATCH",
+            "/apis/kubeflow.org/v1/namespaces/ml-genomics/notebooks/erin-jupyter",
+            body={"metadata": {"labels": {"a": "b"}}},
+            content_type=STRATEGIC_PATCH,
+        )
 
 
 async def test_network_policy_create_delete(admin: Cluster) -> None:
@@ -291,17 +363,27 @@ async def test_lease_leader_election(port_for: PortFactory) -> None:
 
 async def test_checkpoint_through_node_proxy(port_for: PortFactory, sim: SimCluster) -> None:
     cp = port_for("checkpoint")
-    path = await cp.checkpoints.create("gpu-a100-02", "ml-speech", "whisper-distill-worker-0", "pytorch",
-                                       timeout_s=30)
-    assert path.startswith("/var/lib/kubelet/checkpoints/checkpoint-whisper-distill-worker-0_ml-speech-pytorch-")
+    path = await cp.checkpoints.create(
+        "gpu-a100-02", "ml-speech", "whisper-distill-worker-0", "pytorch", timeout_s=30
+    )
+    assert path.startswith(
+        "/var/lib/kubelet/checkpoints/checkpoint-whisper-distill-worker-0_ml-speech-pytorch-"
+    )
     assert [(c.node, c.pod, c.container, c.timeout) for c in sim.checkpoints] == [
-        ("gpu-a100-02", "whisper-distill-worker-0", "pytorch", 30)]
+        ("gpu-a100-02", "whisper-distill-worker-0", "pytorch", 30)
+    ]
     with pytest.raises(CheckpointFailed, match="checkpoint/restore support not available"):
-        await cp.checkpoints.create("gpu-a100-02", "ml-speech", "whisper-distill-worker-1", "pytorch")
+        await cp.checkpoints.create(
+            "gpu-a100-02", "ml-speech", "whisper-distill-worker-1", "pytorch"
+        )
     with pytest.raises(NotFound, match="pod does not exist"):
-        await cp.checkpoints.create("gpu-h100-01", "ml-speech", "whisper-distill-worker-0", "pytorch")
+        await cp.checkpoints.create(
+            "gpu-h100-01", "ml-speech", "whisper-distill-worker-0", "pytorch"
+        )
     with pytest.raises(NotFound, match="container sidecar does not exist"):
-        await cp.checkpoints.create("gpu-a100-02", "ml-speech", "whisper-distill-worker-0", "sidecar")
+        await cp.checkpoints.create(
+            "gpu-a100-02", "ml-speech", "whisper-distill-worker-0", "sidecar"
+        )
     assert len(sim.checkpoints) == 1
 
 
@@ -321,7 +403,9 @@ async def test_watch_nodes_resumes_and_sees_bookmarks(admin: Cluster, sim: SimCl
     assert int(second.resource_version) > int(first.resource_version)
     await events.aclose()
     # resume from the first event's version: the second change is replayed
-    resumed = watch(admin.client, "/api/v1/nodes", resource_version=first.resource_version, bookmarks=bookmarks)
+    resumed = watch(
+        admin.client, "/api/v1/nodes", resource_version=first.resource_version, bookmarks=bookmarks
+    )
     again = await asyncio.wait_for(anext(resumed), 5)
     assert again.object["metadata"]["name"] == "gpu-h100-02"
     watcher = asyncio.ensure_future(anext(resumed))
@@ -365,18 +449,23 @@ async def test_forbidden_outside_the_services_role(port_for: PortFactory) -> Non
         await culler.nodes.add_taint("gpu-h100-01", TAINT, "NoSchedule")
     assert err.value.message == (
         'nodes "gpu-h100-01" is forbidden: User "system:serviceaccount:nodeward:nodeward-culler" cannot get '
-        'resource "nodes" in API group "" at the cluster scope')
+        'resource "nodes" in API group "" at the cluster scope'
+    )
     assert err.value.reason == "Forbidden" and err.value.status == 403
     with pytest.raises(Forbidden, match='cannot create resource "pods/eviction"'):
         await culler.pods.evict("ml-nlp", "bob-jupyter-0")
     cordon = port_for("cordon", guarded=False)
-    with pytest.raises(Forbidden, match='cannot get resource "secrets" in API group "" in the namespace "ml-nlp"'):
+    with pytest.raises(
+        Forbidden, match='cannot get resource "secrets" in API group "" in the namespace "ml-nlp"'
+    ):
         await cordon.secrets.get("ml-nlp", "bob-oauth")
     agent = port_for("agent", guarded=False)
     assert len(await agent.pods.on_node("gpu-h100-01")) == 3
     with pytest.raises(Forbidden):
         await agent.nodes.set_labels("gpu-h100-01", {"a": "b"})
-    assert (await port_for("culler").pods.get("ml-nlp", "bob-jupyter-0"))["metadata"]["name"] == "bob-jupyter-0"
+    assert (await port_for("culler").pods.get("ml-nlp", "bob-jupyter-0"))["metadata"][
+        "name"
+    ] == "bob-jupyter-0"
 
 
 async def test_guard_refuses_undeclared_operations(port_for: PortFactory, sim: SimCluster) -> None:

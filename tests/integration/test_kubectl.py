@@ -15,8 +15,11 @@ from nodeward.sim.cluster import SimCluster
 KUBECTLS = kubectl_binaries()
 pytestmark = [
     pytest.mark.peer("kubectl"),
-    pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed (make test installs Debian's "
-                       "kubernetes-client through scripts/system-deps.sh)"),
+    pytest.mark.skipif(
+        not KUBECTLS,
+        reason="kubectl is not installed (make test installs Debian's "
+        "kubernetes-client through scripts/system-deps.sh)",
+    ),
 ]
 TAINT = "nodeward.io/gpu-unhealthy"
 
@@ -44,13 +47,24 @@ class Kubectl:
 
     async def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> Result:
         proc = await asyncio.create_subprocess_exec(
-            self.binary, "--kubeconfig", str(self.kubeconfig), *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={"HOME": str(self.home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(self.home / "cache")})
+            self.binary,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={
+                "HOME": str(self.home),
+                "PATH": "/usr/bin:/bin",
+                "KUBECACHEDIR": str(self.home / "cache"),
+            },
+        )
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
         result = Result(proc.returncode or 0, out.decode(), err.decode())
         if check and result.rc != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.rc}): {result.err or result.out}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.rc}): {result.err or result.out}"
+            )
         return result
 
     async def json(self, *args: str) -> dict:  # type: ignore[type-arg]
@@ -60,18 +74,28 @@ class Kubectl:
 VERSIONS = {b: kubectl_version(b) for b in KUBECTLS}
 
 
-@pytest.fixture(params=KUBECTLS or ["kubectl"], ids=[f"{Path(b).name}-{v}" for b, v in VERSIONS.items()] or ["none"])
+@pytest.fixture(
+    params=KUBECTLS or ["kubectl"],
+    ids=[f"{Path(b).name}-{v}" for b, v in VERSIONS.items()] or ["none"],
+)
 def kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> Kubectl:
     home = tmp_path / "home"
     home.mkdir()
-    return Kubectl(request.param, sim.write_kubeconfig(tmp_path / "kubeconfig"), home, VERSIONS.get(request.param, ""))
+    return Kubectl(
+        request.param,
+        sim.write_kubeconfig(tmp_path / "kubeconfig"),
+        home,
+        VERSIONS.get(request.param, ""),
+    )
 
 
 @pytest.fixture
 def default_kubectl(sim: SimCluster, tmp_path: Path) -> Kubectl:
     home = tmp_path / "home"
     home.mkdir()
-    return Kubectl(KUBECTLS[0] if KUBECTLS else "kubectl", sim.write_kubeconfig(tmp_path / "kubeconfig"), home)
+    return Kubectl(
+        KUBECTLS[0] if KUBECTLS else "kubectl", sim.write_kubeconfig(tmp_path / "kubeconfig"), home
+    )
 
 
 def _rows(table: str) -> dict[str, list[str]]:
@@ -81,14 +105,23 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None:
     nodes = _rows((await kubectl("get", "nodes")).out)
-    assert sorted(nodes) == [*(f"gpu-a100-0{i}" for i in range(1, 4)), "gpu-a100-mig-01",
-                             *(f"gpu-h100-0{i}" for i in range(1, 5))]
+    assert sorted(nodes) == [
+        *(f"gpu-a100-0{i}" for i in range(1, 4)),
+        "gpu-a100-mig-01",
+        *(f"gpu-h100-0{i}" for i in range(1, 5)),
+    ]
     assert all(cols[0] == "Ready" for cols in nodes.values())
     pods = (await kubectl("get", "pods", "-A")).out.strip().splitlines()
     assert pods[0].split()[:3] == ["NAMESPACE", "NAME", "READY"]
     assert len(pods) - 1 == 38
     assert {line.split()[0] for line in pods[1:]} == {
-        "ml-vision", "ml-nlp", "ml-speech", "ml-robotics", "ml-genomics", "nodeward"}
+        "ml-vision",
+        "ml-nlp",
+        "ml-speech",
+        "ml-robotics",
+        "ml-genomics",
+        "nodeward",
+    }
     wide = _rows((await kubectl("get", "pods", "-n", "ml-nlp", "-o", "wide")).out)
     assert wide["llm-pretrain-worker-0"][5] == "gpu-h100-02"
 
@@ -114,41 +147,72 @@ async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None
 
 
 async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimCluster) -> None:
-    before = (await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")).out
+    before = (
+        await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")
+    ).out
     assert len(before.strip().splitlines()) - 1 == 7
     drained = await kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s")
     last = drained.out.strip().splitlines()[-1]
-    assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), last  # 1.20 says "evicted"
+    assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), (
+        last
+    )  # 1.20 says "evicted"
     left = (await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")).out
     assert [line.split()[1] for line in left.strip().splitlines()[1:]] == ["nodeward-agent-e2077"]
-    assert _rows((await kubectl("get", "node", "gpu-a100-03")).out)["gpu-a100-03"][0] == "Ready,SchedulingDisabled"
+    assert (
+        _rows((await kubectl("get", "node", "gpu-a100-03")).out)["gpu-a100-03"][0]
+        == "Ready,SchedulingDisabled"
+    )
     versions = {v for _, _, v in sim.evictions}
-    if kubectl.minor:  # kubectl before 1.22 evicts through policy/v1beta1, later ones through policy/v1
+    if (
+        kubectl.minor
+    ):  # kubectl before 1.22 evicts through policy/v1beta1, later ones through policy/v1
         assert versions == {"policy/v1beta1" if kubectl.minor < 22 else "policy/v1"}
     assert len(sim.evictions) == 6
 
 
-async def test_drain_of_a_node_with_a_budget_protected_pod(default_kubectl: Kubectl, sim: SimCluster) -> None:
+async def test_drain_of_a_node_with_a_budget_protected_pod(
+    default_kubectl: Kubectl, sim: SimCluster
+) -> None:
     kubectl = default_kubectl
-    blocked = await kubectl("drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=1s", check=False)
+    blocked = await kubectl(
+        "drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=1s", check=False
+    )
     assert blocked.rc != 0
     assert "disruption budget" in blocked.err + blocked.out
     pods = _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
     assert "llm-pretrain-worker-0" in pods
     pdb = await kubectl.json("get", "pdb", "-n", "ml-nlp", "llm-pretrain")
     assert pdb["status"]["disruptionsAllowed"] == 0
-    await kubectl("patch", "pdb", "-n", "ml-nlp", "llm-pretrain", "--type=merge", "-p", '{"spec":{"minAvailable":1}}')
+    await kubectl(
+        "patch",
+        "pdb",
+        "-n",
+        "ml-nlp",
+        "llm-pretrain",
+        "--type=merge",
+        "-p",
+        '{"spec":{"minAvailable":1}}',
+    )
     await kubectl("drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=30s")
     assert "llm-pretrain-worker-0" not in _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
 
 
-async def test_port_writes_are_what_kubectl_shows(default_kubectl: Kubectl, port_for: PortFactory) -> None:
+async def test_port_writes_are_what_kubectl_shows(
+    default_kubectl: Kubectl, port_for: PortFactory
+) -> None:
     cordon = port_for("cordon")
-    await cordon.nodes.set_condition("gpu-h100-04", "GPUHealthy", "False", "XidError", "GPU 5: Xid 79")
+    await cordon.nodes.set_condition(
+        "gpu-h100-04", "GPUHealthy", "False", "XidError", "GPU 5: Xid 79"
+    )
     await cordon.nodes.add_taint("gpu-h100-04", TAINT, "NoSchedule", "true")
     await cordon.nodes.set_unschedulable("gpu-h100-04")
-    await cordon.events.create(await cordon.nodes.get("gpu-h100-04"), reason="GPUUnhealthy", action="Quarantine",
-                               note="GPU 5 reported Xid 79", type_="Warning")
+    await cordon.events.create(
+        await cordon.nodes.get("gpu-h100-04"),
+        reason="GPUUnhealthy",
+        action="Quarantine",
+        note="GPU 5 reported Xid 79",
+        type_="Warning",
+    )
     node = await default_kubectl.json("get", "node", "gpu-h100-04")
     conditions = {c["type"]: c for c in node["status"]["conditions"]}
     assert conditions["GPUHealthy"]["status"] == "False"
@@ -162,9 +226,14 @@ async def test_port_writes_are_what_kubectl_shows(default_kubectl: Kubectl, port
 
 
 async def test_kubectl_as_a_service_identity_is_bound_by_its_role(default_kubectl: Kubectl) -> None:
-    as_culler = await default_kubectl("--context", "nodeward-culler", "cordon", "gpu-h100-01", check=False)
+    as_culler = await default_kubectl(
+        "--context", "nodeward-culler", "cordon", "gpu-h100-01", check=False
+    )
     assert as_culler.rc != 0
-    assert ('User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"' in as_culler.err)
+    assert (
+        'User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"'
+        in as_culler.err
+    )
     listed = await default_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
     assert "bob-jupyter-0" in listed.out
 
@@ -175,17 +244,28 @@ async def test_auth_can_i_reflects_each_services_role(default_kubectl: Kubectl) 
         return result.out.strip()
 
     assert await can("nodeward-cordon", "patch", "nodes") == "yes"
-    assert await can("nodeward-cordon", "create", "pods", "--subresource=eviction", "-n", "ml-nlp") == "yes"
+    assert (
+        await can("nodeward-cordon", "create", "pods", "--subresource=eviction", "-n", "ml-nlp")
+        == "yes"
+    )
     assert await can("nodeward-cordon", "create", "pods", "-n", "ml-nlp") == "no"
     assert await can("nodeward-cordon", "delete", "pods", "-n", "ml-nlp") == "no"
     assert await can("nodeward-credentials", "update", "secrets", "-n", "ml-nlp") == "yes"
-    assert await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "nodeward") == "yes"
-    assert await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp") == "no"
+    assert (
+        await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "nodeward")
+        == "yes"
+    )
+    assert (
+        await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp")
+        == "no"
+    )
     assert await can("nodeward-notifier", "get", "pods") == "no"
     assert await can("nodeward-admin", "delete", "nodes") == "yes"
 
 
-async def test_server_side_dry_run_changes_nothing(default_kubectl: Kubectl, sim: SimCluster) -> None:
+async def test_server_side_dry_run_changes_nothing(
+    default_kubectl: Kubectl, sim: SimCluster
+) -> None:
     rv = sim.store.resource_version
     out = await default_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
     assert "(server dry run)" in out.out
@@ -193,7 +273,12 @@ async def test_server_side_dry_run_changes_nothing(default_kubectl: Kubectl, sim
     await default_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
     await default_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
     assert sim.store.resource_version == rv
-    assert _rows((await default_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
-    listed = await default_kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")
+    assert (
+        _rows((await default_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0]
+        == "Ready"
+    )
+    listed = await default_kubectl(
+        "get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03"
+    )
     assert len(listed.out.strip().splitlines()) - 1 == 7
     assert sim.evictions == []

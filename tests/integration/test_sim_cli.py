@@ -36,16 +36,24 @@ def _read_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> lis
     t.start()
     if not found.wait(timeout):
         proc.kill()
-        raise AssertionError(f"no {prefix!r} line within {timeout}s; got {lines}; stderr: {proc.stderr.read() if proc.stderr else ''}")
+        raise AssertionError(
+            f"no {prefix!r} line within {timeout}s; got {lines}; stderr: {proc.stderr.read() if proc.stderr else ''}"
+        )
     return lines
 
 
 @pytest.mark.peer("kubectl")
-@pytest.mark.skipif(not KUBECTLS, reason="kubectl is not installed (make test installs Debian's kubernetes-client)")
+@pytest.mark.skipif(
+    not KUBECTLS, reason="kubectl is not installed (make test installs Debian's kubernetes-client)"
+)
 def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "out" / "kubeconfig"
-    proc = subprocess.Popen(_sim_cli("cluster", "--port", "0", "--kubeconfig", str(kubeconfig)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _sim_cli("cluster", "--port", "0", "--kubeconfig", str(kubeconfig)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = _read_until(proc, "kubeconfig:", 30)
         assert lines[0].startswith("sim cluster: https://127.0.0.1:")
@@ -54,8 +62,14 @@ def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
         env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin")}
 
         def kubectl(*args: str) -> str:
-            out = subprocess.run([KUBECTLS[0], "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                 text=True, timeout=60, env=env, check=False)
+            out = subprocess.run(
+                [KUBECTLS[0], "--kubeconfig", str(kubeconfig), *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+                check=False,
+            )
             assert out.returncode == 0, out.stderr
             return out.stdout
 
@@ -63,7 +77,9 @@ def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
         assert len(nodes) == 8
         assert {n.split()[0] for n in nodes} >= {"gpu-h100-01", "gpu-a100-mig-01"}
         kubectl("cordon", "gpu-a100-mig-01")
-        row = next(n for n in kubectl("get", "nodes").splitlines() if n.startswith("gpu-a100-mig-01"))
+        row = next(
+            n for n in kubectl("get", "nodes").splitlines() if n.startswith("gpu-a100-mig-01")
+        )
         assert row.split()[1] == "Ready,SchedulingDisabled"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -71,14 +87,25 @@ def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
     assert rc == 0
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--port", "70000"], "error: --port must be between 0 and 65535, not 70000"),
-    (["--seed", "/nonexistent/seed.yaml"], "error: cannot read seed /nonexistent/seed.yaml: No such file or directory"),
-    (["--rbac", "/nonexistent"], "error: --rbac /nonexistent: no such file or directory"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "error: --port must be between 0 and 65535, not 70000"),
+        (
+            ["--seed", "/nonexistent/seed.yaml"],
+            "error: cannot read seed /nonexistent/seed.yaml: No such file or directory",
+        ),
+        (["--rbac", "/nonexistent"], "error: --rbac /nonexistent: no such file or directory"),
+    ],
+)
 def test_bad_arguments_are_one_clear_line(args: list[str], message: str, tmp_path: Path) -> None:
-    out = subprocess.run(_sim_cli("cluster", "--kubeconfig", str(tmp_path / "kc"), *args), capture_output=True,
-                         text=True, timeout=60, check=False)
+    out = subprocess.run(
+        _sim_cli("cluster", "--kubeconfig", str(tmp_path / "kc"), *args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2
     assert out.stderr.strip() == message
     assert out.stdout == ""
@@ -87,8 +114,13 @@ def test_bad_arguments_are_one_clear_line(args: list[str], message: str, tmp_pat
 def test_invalid_seed_is_one_line(tmp_path: Path) -> None:
     seed = tmp_path / "seed.yaml"
     seed.write_text("nodes:\n  - name: n1\n    gpu: {count: -1}\n")
-    out = subprocess.run(_sim_cli("cluster", "--seed", str(seed)), capture_output=True, text=True, timeout=60,
-                         check=False)
+    out = subprocess.run(
+        _sim_cli("cluster", "--seed", str(seed)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().startswith(f"error: invalid seed {seed}: nodes.0.gpu.count:")
     assert len(out.stderr.strip().splitlines()) == 1

@@ -17,10 +17,14 @@ async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: 
         assert embedded.kubeconfig == tmp_path / "state" / "kubeconfig"
         config = yaml.safe_load(embedded.kubeconfig.read_text())
         assert config["current-context"] == "nodeward-admin"
-        assert {c["name"] for c in config["contexts"]} == {"nodeward-admin"} | {f"nodeward-{s}" for s in SERVICES}
+        assert {c["name"] for c in config["contexts"]} == {"nodeward-admin"} | {
+            f"nodeward-{s}" for s in SERVICES
+        }
         assert config["clusters"][0]["cluster"]["server"] == embedded.url
         async with Cluster.connect(embedded.settings_for("cordon"), service="cordon") as cordon:
-            assert await cordon.nodes.add_taint("gpu-h100-01", "nodeward.io/gpu-unhealthy", "NoSchedule")
+            assert await cordon.nodes.add_taint(
+                "gpu-h100-01", "nodeward.io/gpu-unhealthy", "NoSchedule"
+            )
         async with Cluster.connect(embedded.settings_for("credentials")) as unguarded:
             with pytest.raises(Forbidden):
                 await unguarded.nodes.get("gpu-h100-01")
@@ -32,14 +36,17 @@ async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: 
 
 async def test_embedded_cluster_with_a_bad_seed(tmp_path: Path) -> None:
     seed = tmp_path / "seed.yaml"
-    seed.write_text("pods:\n  - {name: a, namespace: x, node: n}\n  - {name: a, namespace: x, node: n}\n")
+    seed.write_text(
+        "pods:\n  - {name: a, namespace: x, node: n}\n  - {name: a, namespace: x, node: n}\n"
+    )
     with pytest.raises(SeedError, match="already exists"):
         async with embedded_cluster(tmp_path / "state", seed=seed):
             pass
 
 
 async def test_without_deploy_files_the_roles_come_from_the_access_table(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from nodeward.sim.cluster import rbac
 
     monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)

@@ -37,7 +37,9 @@ def test_resource_version_generation_and_conflicts() -> None:
     cordoned = store.update(NODES, "", "n1", labelled)
     assert cordoned["metadata"]["generation"] == 2
     same = store.update(NODES, "", "n1", cordoned)
-    assert same["metadata"]["resourceVersion"] == cordoned["metadata"]["resourceVersion"], "no-op writes are free"
+    assert same["metadata"]["resourceVersion"] == cordoned["metadata"]["resourceVersion"], (
+        "no-op writes are free"
+    )
     with pytest.raises(ApiError) as err:
         store.update(NODES, "", "n1", node)  # node still carries rv1
     assert (err.value.code, err.value.reason) == (409, "Conflict")
@@ -61,9 +63,15 @@ def test_duplicate_taints_are_invalid_as_on_a_real_cluster() -> None:
     store = Store()
     taint = {"key": "k", "effect": "NoSchedule"}
     with pytest.raises(ApiError, match="taints must be unique by key and effect pair"):
-        store.create(NODES, "", {"metadata": {"name": "n1"}, "spec": {"taints": [taint, dict(taint)]}})
+        store.create(
+            NODES, "", {"metadata": {"name": "n1"}, "spec": {"taints": [taint, dict(taint)]}}
+        )
     with pytest.raises(ApiError, match="Unsupported value"):
-        store.create(NODES, "", {"metadata": {"name": "n1"}, "spec": {"taints": [{"key": "k", "effect": "Nope"}]}})
+        store.create(
+            NODES,
+            "",
+            {"metadata": {"name": "n1"}, "spec": {"taints": [{"key": "k", "effect": "Nope"}]}},
+        )
 
 
 def test_history_and_compaction() -> None:
@@ -88,7 +96,11 @@ def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     user = [p for p in pods if p["metadata"]["namespace"].startswith("ml-")]
     assert len(user) == 30
     assert len({p["metadata"]["namespace"] for p in user}) == 5
-    assert {p["metadata"]["labels"]["nodeward.io/role"] for p in user} == {"notebook", "ssh", "training"}
+    assert {p["metadata"]["labels"]["nodeward.io/role"] for p in user} == {
+        "notebook",
+        "ssh",
+        "training",
+    }
     assert all(p["metadata"]["ownerReferences"] for p in pods)
     for node in nodes:  # what the pods on a node request fits what it has
         name = node["metadata"]["name"]
@@ -106,4 +118,8 @@ def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     assert budgets["sim-rl"]["disruptionsAllowed"] == 1
     assert len(seeded.list(require("kubeflow.org", "v1", "notebooks"))) == 10
     assert len(seeded.list(require("", "v1", "secrets"))) == 5
-    assert {n["metadata"]["name"] for n in seeded.list(NAMESPACES)} >= {"nodeward", "kube-system", "default"}
+    assert {n["metadata"]["name"] for n in seeded.list(NAMESPACES)} >= {
+        "nodeward",
+        "kube-system",
+        "default",
+    }

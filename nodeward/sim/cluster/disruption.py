@@ -37,9 +37,12 @@ def budget_status(store: Store, pdb: dict[str, Any]) -> dict[str, Any]:
     """The status the disruption controller would write: healthy, desired, allowed."""
     ns = pdb["metadata"]["namespace"]
     spec = pdb.get("spec") or {}
-    pods = [p for p in store.list(PODS, ns)
-            if match_label_selector_object(spec.get("selector"), p["metadata"].get("labels"))
-            and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    pods = [
+        p
+        for p in store.list(PODS, ns)
+        if match_label_selector_object(spec.get("selector"), p["metadata"].get("labels"))
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
     expected = len(pods)
     healthy = sum(1 for p in pods if pod_healthy(p))
     if "maxUnavailable" in spec:
@@ -49,14 +52,20 @@ def budget_status(store: Store, pdb: dict[str, Any]) -> dict[str, Any]:
     allowed = max(0, healthy - desired)
     return {
         "observedGeneration": pdb["metadata"].get("generation", 1),
-        "currentHealthy": healthy, "desiredHealthy": desired, "disruptionsAllowed": allowed,
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "disruptionsAllowed": allowed,
         "expectedPods": expected,
-        "conditions": [{
-            "type": "DisruptionAllowed", "status": "True" if allowed > 0 else "False",
-            "reason": "SufficientPods" if allowed > 0 else "InsufficientPods", "message": "",
-            "observedGeneration": pdb["metadata"].get("generation", 1),
-            "lastTransitionTime": pdb["metadata"].get("creationTimestamp"),
-        }],
+        "conditions": [
+            {
+                "type": "DisruptionAllowed",
+                "status": "True" if allowed > 0 else "False",
+                "reason": "SufficientPods" if allowed > 0 else "InsufficientPods",
+                "message": "",
+                "observedGeneration": pdb["metadata"].get("generation", 1),
+                "lastTransitionTime": pdb["metadata"].get("creationTimestamp"),
+            }
+        ],
     }
 
 
@@ -66,30 +75,40 @@ def refresh(store: Store, namespace: str) -> None:
         status = budget_status(store, pdb)
         old = pdb.get("status") or {}
         for cond in status["conditions"]:
-            prev = next((c for c in old.get("conditions") or [] if c.get("type") == cond["type"]), None)
+            prev = next(
+                (c for c in old.get("conditions") or [] if c.get("type") == cond["type"]), None
+            )
             if prev and prev.get("status") == cond["status"]:
                 cond["lastTransitionTime"] = prev.get("lastTransitionTime")
         if status != old:
             pdb["status"] = status
-            store.update(PDBS, namespace, pdb["metadata"]["name"], pdb, subresource="status", check_rv=False)
+            store.update(
+                PDBS, namespace, pdb["metadata"]["name"], pdb, subresource="status", check_rv=False
+            )
 
 
 def watch_pods(store: Store) -> None:
     """Keep budget status current as pods and budgets change."""
 
     def hook(change: Change) -> None:
-        if change.key in (PODS.key, PDBS.key) and not (change.key == PDBS.key and change.type == "MODIFIED"):
+        if change.key in (PODS.key, PDBS.key) and not (
+            change.key == PDBS.key and change.type == "MODIFIED"
+        ):
             refresh(store, change.obj["metadata"].get("namespace", ""))
 
     store.hooks.append(hook)
 
 
-def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any, *, dry_run: bool = False) -> None:
+def evict(
+    store: Store, rt: ResourceType, namespace: str, name: str, body: Any, *, dry_run: bool = False
+) -> None:
     """POST pods/{name}/eviction: delete the pod if every budget allows it, else 429."""
     if not isinstance(body, dict) or body.get("kind") != "Eviction":
         raise bad_request("eviction body must be an Eviction")
     if body.get("apiVersion") not in ("policy/v1", "policy/v1beta1"):
-        raise bad_request(f"unsupported Eviction apiVersion {body.get('apiVersion')!r}: use policy/v1 or policy/v1beta1")
+        raise bad_request(
+            f"unsupported Eviction apiVersion {body.get('apiVersion')!r}: use policy/v1 or policy/v1beta1"
+        )
     if (body.get("metadata") or {}).get("name") != name:
         raise bad_request("name in URL does not match name in Eviction object")
     pod = store.get(rt, namespace, name)
@@ -97,12 +116,20 @@ def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any, 
     pre = options.get("preconditions") or {}
     terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
     if not terminal and not pod["metadata"].get("deletionTimestamp"):
-        budgets = [b for b in store.list(PDBS, namespace)
-                   if match_label_selector_object((b.get("spec") or {}).get("selector"), pod["metadata"].get("labels"))]
+        budgets = [
+            b
+            for b in store.list(PDBS, namespace)
+            if match_label_selector_object(
+                (b.get("spec") or {}).get("selector"), pod["metadata"].get("labels")
+            )
+        ]
         if len(budgets) > 1:
-            raise ApiError(500, "InternalError",
-                           "This pod has more than one PodDisruptionBudget, which the eviction subresource "
-                           "does not support.")
+            raise ApiError(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource "
+                "does not support.",
+            )
         if budgets:
             budget = budgets[0]
             status = budget_status(store, budget)
@@ -111,10 +138,26 @@ def evict(store: Store, rt: ResourceType, namespace: str, name: str, body: Any, 
             unhealthy_ok = not pod_healthy(pod) and (policy == "AlwaysAllow" or healthy_budget)
             if status["disruptionsAllowed"] < 1 and not unhealthy_ok:
                 raise ApiError(
-                    429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
-                    details={"causes": [{"reason": "DisruptionBudget", "message": (
-                        f"The disruption budget {budget['metadata']['name']} needs "
-                        f"{status['desiredHealthy']} healthy pods and has {status['currentHealthy']} currently")}]},
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    details={
+                        "causes": [
+                            {
+                                "reason": "DisruptionBudget",
+                                "message": (
+                                    f"The disruption budget {budget['metadata']['name']} needs "
+                                    f"{status['desiredHealthy']} healthy pods and has {status['currentHealthy']} currently"
+                                ),
+                            }
+                        ]
+                    },
                 )
-    store.delete(rt, namespace, name, precondition_rv=pre.get("resourceVersion"), precondition_uid=pre.get("uid"),
-                 dry_run=dry_run)
+    store.delete(
+        rt,
+        namespace,
+        name,
+        precondition_rv=pre.get("resourceVersion"),
+        precondition_uid=pre.get("uid"),
+        dry_run=dry_run,
+    )

@@ -1,8 +1,8 @@
 """The sim cluster inside `nodeward up`: started unless a kubeconfig is given.
 
-    async with embedded_cluster(state_dir) as embedded:
-        settings = embedded.settings_for("cordon")   # ClusterSettings for that service's identity
-        ...                                          # <state-dir>/kubeconfig works with kubectl
+async with embedded_cluster(state_dir) as embedded:
+    settings = embedded.settings_for("cordon")   # ClusterSettings for that service's identity
+    ...                                          # <state-dir>/kubeconfig works with kubectl
 """
 
 from __future__ import annotations
@@ -39,8 +39,14 @@ class EmbeddedCluster:
 
 
 @asynccontextmanager
-async def embedded_cluster(state_dir: Path, *, seed: Path | None = None, host: str = "127.0.0.1",
-                           port: int = 0, rbac_dirs: list[Path] | None = None) -> AsyncIterator[EmbeddedCluster]:
+async def embedded_cluster(
+    state_dir: Path,
+    *,
+    seed: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    rbac_dirs: list[Path] | None = None,
+) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
     context per service); stop it on exit. Raises `SeedError` for a bad seed and `OSError`
     if the port cannot be bound."""

@@ -45,13 +45,18 @@ def _details(kind: str, name: str, group: str) -> dict[str, Any]:
 
 def not_found(resource: str, name: str, group: str = "") -> ApiError:
     qualified = f"{resource}.{group}" if group else resource
-    return ApiError(404, "NotFound", f'{qualified} "{name}" not found', details=_details(resource, name, group))
+    return ApiError(
+        404, "NotFound", f'{qualified} "{name}" not found', details=_details(resource, name, group)
+    )
 
 
 def already_exists(resource: str, name: str, group: str = "") -> ApiError:
     qualified = f"{resource}.{group}" if group else resource
     return ApiError(
-        409, "AlreadyExists", f'{qualified} "{name}" already exists', details=_details(resource, name, group)
+        409,
+        "AlreadyExists",
+        f'{qualified} "{name}" already exists',
+        details=_details(resource, name, group),
     )
 
 

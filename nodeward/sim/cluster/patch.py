@@ -87,7 +87,12 @@ def strategic_merge_patch(target: JSON, patch: JSON, kind: str) -> JSON:
     return _smp_map(copy.deepcopy(target) if isinstance(target, dict) else {}, patch, (), keys)
 
 
-def _smp_map(orig: dict[str, Any], patch: dict[str, Any], path: tuple[str, ...], keys: dict[tuple[str, ...], str]) -> Any:
+def _smp_map(
+    orig: dict[str, Any],
+    patch: dict[str, Any],
+    path: tuple[str, ...],
+    keys: dict[tuple[str, ...], str],
+) -> Any:
     directive = patch.get("$patch")
     if directive == "replace":
         return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
@@ -134,7 +139,9 @@ def _smp_map(orig: dict[str, Any], patch: dict[str, Any], path: tuple[str, ...],
     return orig
 
 
-def _smp_list(orig: Any, patch: list[Any], path: tuple[str, ...], keys: dict[tuple[str, ...], str]) -> list[Any]:
+def _smp_list(
+    orig: Any, patch: list[Any], path: tuple[str, ...], keys: dict[tuple[str, ...], str]
+) -> list[Any]:
     strategy = keys.get(path)
     if strategy is None or not isinstance(orig, list):
         return [copy.deepcopy(i) for i in patch if not (isinstance(i, dict) and "$patch" in i)]
@@ -148,8 +155,17 @@ def _smp_list(orig: Any, patch: list[Any], path: tuple[str, ...], keys: dict[tup
         return result
     for item in patch:
         if not isinstance(item, dict) or strategy not in item:
-            raise PatchError(f"map in list {'.'.join(path)} does not contain its merge key {strategy!r}")
-        idx = next((n for n, o in enumerate(result) if isinstance(o, dict) and o.get(strategy) == item[strategy]), None)
+            raise PatchError(
+                f"map in list {'.'.join(path)} does not contain its merge key {strategy!r}"
+            )
+        idx = next(
+            (
+                n
+                for n, o in enumerate(result)
+                if isinstance(o, dict) and o.get(strategy) == item[strategy]
+            ),
+            None,
+        )
         if item.get("$patch") == "delete":
             if idx is not None:
                 result.pop(idx)
@@ -163,7 +179,9 @@ def _smp_list(orig: Any, patch: list[Any], path: tuple[str, ...], keys: dict[tup
 
 def _ordered(items: list[Any], order: list[Any], strategy: str | None) -> list[Any]:
     def ident(item: Any) -> Any:
-        return item.get(strategy) if strategy and strategy != SET and isinstance(item, dict) else item
+        return (
+            item.get(strategy) if strategy and strategy != SET and isinstance(item, dict) else item
+        )
 
     wanted = [ident(o) if isinstance(o, dict) else o for o in order]
     positions = {repr(w): n for n, w in enumerate(wanted)}
@@ -189,7 +207,9 @@ def _parent(doc: Any, parts: list[str], op: str) -> tuple[Any, str]:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise PatchError(f"{op} operation does not apply: doc is missing path: /{'/'.join(parts)}")
+            raise PatchError(
+                f"{op} operation does not apply: doc is missing path: /{'/'.join(parts)}"
+            )
     return node, parts[-1]
 
 
@@ -258,7 +278,11 @@ def json_patch(target: JSON, ops: JSON) -> JSON:
                 parent[last] = copy.deepcopy(op.get("value"))
         elif kind in ("move", "copy"):
             source = _pointer(op.get("from", ""))
-            value = _remove(doc, source, kind) if kind == "move" else copy.deepcopy(_get(doc, source, kind))
+            value = (
+                _remove(doc, source, kind)
+                if kind == "move"
+                else copy.deepcopy(_get(doc, source, kind))
+            )
             doc = _add(doc, parts, value)
         elif kind == "test":
             if _get(doc, parts, "test") != op.get("value"):
@@ -268,7 +292,9 @@ def json_patch(target: JSON, ops: JSON) -> JSON:
     return doc
 
 
-def apply_patch(target: JSON, patch: JSON, content_type: str, kind: str, *, strategic: bool = True) -> JSON:
+def apply_patch(
+    target: JSON, patch: JSON, content_type: str, kind: str, *, strategic: bool = True
+) -> JSON:
     """Apply `patch` by its content type. Custom resources do not support strategic merge (415)."""
     media = content_type.split(";", 1)[0].strip().lower()
     if media == "application/merge-patch+json":
@@ -280,13 +306,15 @@ def apply_patch(target: JSON, patch: JSON, content_type: str, kind: str, *, stra
     if media == "application/strategic-merge-patch+json":
         if not strategic:
             raise ApiError(
-                415, "UnsupportedMediaType",
-                'the body of the request was in an unknown format - accepted media types include: '
-                'application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml',
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
             )
         return strategic_merge_patch(target, patch, kind)
     raise ApiError(
-        415, "UnsupportedMediaType",
+        415,
+        "UnsupportedMediaType",
         f"the body of the request was in an unknown format - accepted media types include: "
         f"application/json-patch+json, application/merge-patch+json, "
         f"application/apply-patch+yaml{', application/strategic-merge-patch+json' if strategic else ''}",

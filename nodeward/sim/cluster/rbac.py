@@ -33,8 +33,11 @@ class Identity:
 
 
 def service_account_identity(namespace: str, name: str, short: str) -> Identity:
-    return Identity(short, f"system:serviceaccount:{namespace}:{name}",
-                    ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"))
+    return Identity(
+        short,
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
+    )
 
 
 def admin_identity() -> Identity:
@@ -71,7 +74,9 @@ def _rule_allows(rule: dict[str, Any], req: Request) -> bool:
 def _subject_matches(subject: dict[str, Any], ident: Identity) -> bool:
     kind = subject.get("kind")
     if kind == "ServiceAccount":
-        return ident.user == f"system:serviceaccount:{subject.get('namespace')}:{subject.get('name')}"
+        return (
+            ident.user == f"system:serviceaccount:{subject.get('namespace')}:{subject.get('name')}"
+        )
     if kind == "User":
         return ident.user == subject.get("name")
     if kind == "Group":
@@ -84,7 +89,9 @@ def authorize(ident: Identity, req: Request, objects: dict[str, list[dict[str, A
     if ident.superuser:
         return True
     cluster_roles = {r["metadata"]["name"]: r for r in objects.get("clusterroles", [])}
-    roles = {(r["metadata"].get("namespace"), r["metadata"]["name"]): r for r in objects.get("roles", [])}
+    roles = {
+        (r["metadata"].get("namespace"), r["metadata"]["name"]): r for r in objects.get("roles", [])
+    }
 
     def rules_of(ref: dict[str, Any], namespace: str | None) -> list[dict[str, Any]]:
         if ref.get("kind") == "ClusterRole":
@@ -115,15 +122,19 @@ def forbidden_message(ident: Identity, req: Request) -> str:
     qualified = f"{req.resource}.{req.group}" if req.group else req.resource
     subject = f'{qualified} "{req.name}"' if req.name else qualified
     where = f'in the namespace "{req.namespace}"' if req.namespace else "at the cluster scope"
-    return (f'{subject} is forbidden: User "{ident.user}" cannot {req.verb} resource "{resource}" '
-            f'in API group "{req.group}" {where}')
+    return (
+        f'{subject} is forbidden: User "{ident.user}" cannot {req.verb} resource "{resource}" '
+        f'in API group "{req.group}" {where}'
+    )
 
 
 def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """Every document in the YAML files (or directories of them) given."""
     docs: list[dict[str, Any]] = []
     for path in paths:
-        files = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path]
+        files = (
+            sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path]
+        )
         for f in files:
             docs.extend(d for d in yaml.safe_load_all(f.read_text()) if isinstance(d, dict))
     return docs
@@ -134,23 +145,50 @@ def manifests_from_access() -> list[dict[str, Any]]:
     `deploy/rbac` files are not at hand (an installed wheel). The RBAC test keeps the two equal."""
     from nodeward.kube.access import SERVICE_NAMESPACE, SERVICES, permissions, service_account
 
-    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVICE_NAMESPACE}}]
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVICE_NAMESPACE}}
+    ]
     for service in SERVICES:
         account = service_account(service)
-        docs.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": {"name": account, "namespace": SERVICE_NAMESPACE}})
+        docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": account, "namespace": SERVICE_NAMESPACE},
+            }
+        )
         subjects = [{"kind": "ServiceAccount", "name": account, "namespace": SERVICE_NAMESPACE}]
         for namespace in sorted({p.namespace or "" for p in permissions(service)}):
-            rules = [{"apiGroups": [p.group], "resources": [p.resource], "verbs": [p.verb]}
-                     for p in sorted(permissions(service)) if (p.namespace or "") == namespace]
+            rules = [
+                {"apiGroups": [p.group], "resources": [p.resource], "verbs": [p.verb]}
+                for p in sorted(permissions(service))
+                if (p.namespace or "") == namespace
+            ]
             meta: dict[str, Any] = {"name": account}
             kind = "ClusterRole"
             if namespace:
                 meta["namespace"], kind = namespace, "Role"
-            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta, "rules": rules})
-            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding", "metadata": meta,
-                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": account},
-                         "subjects": subjects})
+            docs.append(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": kind,
+                    "metadata": meta,
+                    "rules": rules,
+                }
+            )
+            docs.append(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": f"{kind}Binding",
+                    "metadata": meta,
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": kind,
+                        "name": account,
+                    },
+                    "subjects": subjects,
+                }
+            )
     return docs
 
 

@@ -38,43 +38,148 @@ class ResourceType:
         return self.storage or (self.group, self.resource)
 
 
-_POD_FIELDS = frozenset({
-    "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-    "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName",
-})
-_EVENT_FIELDS = frozenset({
-    "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-    "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-    "reason", "reportingComponent", "source", "type",
-})
-_NEW_EVENT_FIELDS = frozenset({
-    "regarding.kind", "regarding.namespace", "regarding.name", "regarding.uid", "regarding.apiVersion",
-    "reason", "reportingController", "type",
-})
+_POD_FIELDS = frozenset(
+    {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    }
+)
+_EVENT_FIELDS = frozenset(
+    {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    }
+)
+_NEW_EVENT_FIELDS = frozenset(
+    {
+        "regarding.kind",
+        "regarding.namespace",
+        "regarding.name",
+        "regarding.uid",
+        "regarding.apiVersion",
+        "reason",
+        "reportingController",
+        "type",
+    }
+)
 
 RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType("", ("v1",), "namespaces", "Namespace", False, ("ns",), ("status",), frozenset({"status.phase"})),
-    ResourceType("", ("v1",), "nodes", "Node", False, ("no",), ("status", "proxy"), frozenset({"spec.unschedulable"})),
-    ResourceType("", ("v1",), "pods", "Pod", True, ("po",), ("status", "eviction"), _POD_FIELDS, ("all",)),
-    ResourceType("", ("v1",), "events", "Event", True, ("ev",), (), _EVENT_FIELDS, storage=("events.k8s.io", "events")),
+    ResourceType(
+        "",
+        ("v1",),
+        "namespaces",
+        "Namespace",
+        False,
+        ("ns",),
+        ("status",),
+        frozenset({"status.phase"}),
+    ),
+    ResourceType(
+        "",
+        ("v1",),
+        "nodes",
+        "Node",
+        False,
+        ("no",),
+        ("status", "proxy"),
+        frozenset({"spec.unschedulable"}),
+    ),
+    ResourceType(
+        "", ("v1",), "pods", "Pod", True, ("po",), ("status", "eviction"), _POD_FIELDS, ("all",)
+    ),
+    ResourceType(
+        "",
+        ("v1",),
+        "events",
+        "Event",
+        True,
+        ("ev",),
+        (),
+        _EVENT_FIELDS,
+        storage=("events.k8s.io", "events"),
+    ),
     ResourceType("", ("v1",), "secrets", "Secret", True, (), (), frozenset({"type"})),
     ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",)),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",)),
-    ResourceType("apps", ("v1",), "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)),
-    ResourceType("apps", ("v1",), "deployments", "Deployment", True, ("deploy",), ("status",), categories=("all",)),
-    ResourceType("apps", ("v1",), "replicasets", "ReplicaSet", True, ("rs",), ("status",), categories=("all",)),
-    ResourceType("apps", ("v1",), "statefulsets", "StatefulSet", True, ("sts",), ("status",), categories=("all",)),
-    ResourceType("policy", ("v1", "v1beta1"), "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), ("status",)),
+    ResourceType(
+        "apps", ("v1",), "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "deployments",
+        "Deployment",
+        True,
+        ("deploy",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "replicasets",
+        "ReplicaSet",
+        True,
+        ("rs",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "statefulsets",
+        "StatefulSet",
+        True,
+        ("sts",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "policy",
+        ("v1", "v1beta1"),
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        True,
+        ("pdb",),
+        ("status",),
+    ),
     ResourceType("events.k8s.io", ("v1",), "events", "Event", True, ("ev",), (), _NEW_EVENT_FIELDS),
     ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True),
-    ResourceType("networking.k8s.io", ("v1",), "networkpolicies", "NetworkPolicy", True, ("netpol",)),
+    ResourceType(
+        "networking.k8s.io", ("v1",), "networkpolicies", "NetworkPolicy", True, ("netpol",)
+    ),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterroles", "ClusterRole", False),
-    ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False),
+    ResourceType(
+        "rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False
+    ),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True),
-    ResourceType("kubeflow.org", ("v1",), "notebooks", "Notebook", True, (), ("status",), custom=True),
-    ResourceType("authorization.k8s.io", ("v1",), "selfsubjectaccessreviews", "SelfSubjectAccessReview", False,
-                 verbs=("create",)),
+    ResourceType(
+        "kubeflow.org", ("v1",), "notebooks", "Notebook", True, (), ("status",), custom=True
+    ),
+    ResourceType(
+        "authorization.k8s.io",
+        ("v1",),
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        verbs=("create",),
+    ),
 )
 
 # Preferred version first; policy/v1beta1 stays served for older kubectl.
@@ -112,8 +217,11 @@ def by_kind(api_version: str, kind: str) -> ResourceType | None:
 
 def _resource_entry(rt: ResourceType) -> dict[str, Any]:
     entry: dict[str, Any] = {
-        "name": rt.resource, "singularName": rt.kind.lower(), "namespaced": rt.namespaced,
-        "kind": rt.kind, "verbs": list(rt.verbs),
+        "name": rt.resource,
+        "singularName": rt.kind.lower(),
+        "namespaced": rt.namespaced,
+        "kind": rt.kind,
+        "verbs": list(rt.verbs),
     }
     if rt.short_names:
         entry["shortNames"] = list(rt.short_names)
@@ -126,14 +234,37 @@ def _sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
     out = []
     for sub in rt.subresources:
         if sub == "status":
-            out.append({"name": f"{rt.resource}/status", "singularName": "", "namespaced": rt.namespaced,
-                        "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+            out.append(
+                {
+                    "name": f"{rt.resource}/status",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         elif sub == "eviction":
-            out.append({"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy",
-                        "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+            out.append(
+                {
+                    "name": "pods/eviction",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
         elif sub == "proxy":
-            out.append({"name": "nodes/proxy", "singularName": "", "namespaced": False,
-                        "kind": "NodeProxyOptions", "verbs": ["create", "delete", "get", "patch", "update"]})
+            out.append(
+                {
+                    "name": "nodes/proxy",
+                    "singularName": "",
+                    "namespaced": False,
+                    "kind": "NodeProxyOptions",
+                    "verbs": ["create", "delete", "get", "patch", "update"],
+                }
+            )
     return out
 
 
@@ -146,8 +277,12 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
     for rt in items:
         resources.append(_resource_entry(rt))
         resources.extend(_sub_entries(rt))
-    return {"kind": "APIResourceList", "apiVersion": "v1",
-            "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": resources,
+    }
 
 
 def api_group(group: str) -> dict[str, Any] | None:
@@ -155,7 +290,13 @@ def api_group(group: str) -> dict[str, Any] | None:
     if not versions:
         return None
     gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": gvs, "preferredVersion": gvs[0]}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": gvs,
+        "preferredVersion": gvs[0],
+    }
 
 
 def api_group_list() -> dict[str, Any]:
@@ -164,5 +305,8 @@ def api_group_list() -> dict[str, Any]:
 
 
 def api_versions(address: str) -> dict[str, Any]:
-    return {"kind": "APIVersions", "versions": ["v1"],
-            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}]}
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
+    }

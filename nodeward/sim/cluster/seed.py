@@ -43,7 +43,9 @@ class Gpu(_Model):
 class Mig(_Model):
     strategy: Literal["single", "mixed"] = "mixed"
     config: str = "all-balanced"
-    devices: dict[str, int] = Field(default_factory=dict, description="profile -> count, e.g. 1g.10gb: 14")
+    devices: dict[str, int] = Field(
+        default_factory=dict, description="profile -> count, e.g. 1g.10gb: 14"
+    )
 
 
 class NodeSeed(_Model):
@@ -137,7 +139,9 @@ class Seed(_Model):
     objects: list[dict[str, Any]] = Field(default_factory=list)
     checkpoint: CheckpointSeed = Field(default_factory=CheckpointSeed)
 
-    def fails_checkpoint(self, namespace: str, pod: str, container: str) -> CheckpointFailure | None:
+    def fails_checkpoint(
+        self, namespace: str, pod: str, container: str
+    ) -> CheckpointFailure | None:
         for f in self.checkpoint.fail:
             if f.namespace == namespace and f.pod == pod and f.container in ("*", container):
                 return f
@@ -148,7 +152,9 @@ def load_seed(path: Path | None = None) -> Seed:
     """The seed at `path`, or the default one shipped with nodeward."""
     try:
         if path is None:
-            text = importlib_resources.files("nodeward.sim.cluster").joinpath(DEFAULT_SEED).read_text()
+            text = (
+                importlib_resources.files("nodeward.sim.cluster").joinpath(DEFAULT_SEED).read_text()
+            )
             where = "the default seed"
         else:
             text = path.read_text()
@@ -173,133 +179,249 @@ def _digest(*parts: str) -> str:
 
 def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
     labels = {
-        "kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-        "node.kubernetes.io/instance-type": n.instance_type, "topology.kubernetes.io/zone": n.zone,
+        "kubernetes.io/hostname": n.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": n.instance_type,
+        "topology.kubernetes.io/zone": n.zone,
     }
-    capacity: dict[str, str] = {"cpu": n.cpu, "memory": n.memory, "pods": "110", "ephemeral-storage": "3750Gi",
-                                "hugepages-1Gi": "0", "hugepages-2Mi": "0"}
+    capacity: dict[str, str] = {
+        "cpu": n.cpu,
+        "memory": n.memory,
+        "pods": "110",
+        "ephemeral-storage": "3750Gi",
+        "hugepages-1Gi": "0",
+        "hugepages-2Mi": "0",
+    }
     if n.gpu is not None:
         labels |= {
-            "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": n.gpu.product,
-            "nvidia.com/gpu.count": str(n.gpu.count), "nvidia.com/gpu.memory": str(n.gpu.memory_mib),
-            "nvidia.com/gpu.family": n.gpu.family, "nvidia.com/cuda.driver.major": n.gpu.driver.split(".")[0],
-            "nvidia.com/mig.capable": "true" if "A100" in n.gpu.product or "H100" in n.gpu.product else "false",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": n.gpu.product,
+            "nvidia.com/gpu.count": str(n.gpu.count),
+            "nvidia.com/gpu.memory": str(n.gpu.memory_mib),
+            "nvidia.com/gpu.family": n.gpu.family,
+            "nvidia.com/cuda.driver.major": n.gpu.driver.split(".")[0],
+            "nvidia.com/mig.capable": "true"
+            if "A100" in n.gpu.product or "H100" in n.gpu.product
+            else "false",
             "nodeward.io/gpu-health": "healthy",
         }
         capacity["nvidia.com/gpu"] = str(n.gpu.count)
     if n.mig is not None:
-        labels |= {"nvidia.com/mig.strategy": n.mig.strategy, "nvidia.com/mig.config": n.mig.config,
-                   "nvidia.com/mig.config.state": "success"}
+        labels |= {
+            "nvidia.com/mig.strategy": n.mig.strategy,
+            "nvidia.com/mig.config": n.mig.config,
+            "nvidia.com/mig.config.state": "success",
+        }
         capacity["nvidia.com/gpu"] = "0"
         for profile, count in n.mig.devices.items():
             capacity[f"nvidia.com/mig-{profile}"] = str(count)
             labels[f"nvidia.com/mig-{profile}.count"] = str(count)
     labels |= n.labels
     stamp = now()
-    ready = {"type": "Ready", "status": "True" if n.ready else "False",
-             "reason": "KubeletReady" if n.ready else "KubeletNotReady",
-             "message": "kubelet is posting ready status" if n.ready else "container runtime is down"}
+    ready = {
+        "type": "Ready",
+        "status": "True" if n.ready else "False",
+        "reason": "KubeletReady" if n.ready else "KubeletNotReady",
+        "message": "kubelet is posting ready status" if n.ready else "container runtime is down",
+    }
     conditions = [
         {"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": m}
-        for t, r, m in (("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
-                        ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
-                        ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"))
+        for t, r, m in (
+            ("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"),
+        )
     ] + [ready]
     for c in conditions:
         c["lastHeartbeatTime"] = stamp
         c["lastTransitionTime"] = stamp
-    spec: dict[str, Any] = {"podCIDR": f"10.244.{index}.0/24", "podCIDRs": [f"10.244.{index}.0/24"],
-                            "providerID": f"sim://{n.name}"}
+    spec: dict[str, Any] = {
+        "podCIDR": f"10.244.{index}.0/24",
+        "podCIDRs": [f"10.244.{index}.0/24"],
+        "providerID": f"sim://{n.name}",
+    }
     if n.taints:
         spec["taints"] = n.taints
     if n.unschedulable:
         spec["unschedulable"] = True
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": n.name, "labels": labels, "annotations": {
-            "node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true",
-            **n.annotations}},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": n.name,
+            "labels": labels,
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                **n.annotations,
+            },
+        },
         "spec": spec,
         "status": {
-            "capacity": capacity, "allocatable": dict(capacity), "conditions": conditions,
-            "addresses": [{"type": "InternalIP", "address": f"10.0.0.{10 + index}"},
-                          {"type": "Hostname", "address": n.name}],
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": conditions,
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.0.{10 + index}"},
+                {"type": "Hostname", "address": n.name},
+            ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "machineID": _digest("machine", n.name)[:32], "systemUUID": _digest("uuid", n.name)[:32],
-                "bootID": _digest("boot", n.name)[:32], "kernelVersion": "5.15.0-119-generic",
-                "osImage": "Ubuntu 22.04.4 LTS", "containerRuntimeVersion": "containerd://1.7.20",
-                "kubeletVersion": "v1.30.4", "kubeProxyVersion": "v1.30.4",
-                "operatingSystem": "linux", "architecture": "amd64",
+                "machineID": _digest("machine", n.name)[:32],
+                "systemUUID": _digest("uuid", n.name)[:32],
+                "bootID": _digest("boot", n.name)[:32],
+                "kernelVersion": "5.15.0-119-generic",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "containerRuntimeVersion": "containerd://1.7.20",
+                "kubeletVersion": "v1.30.4",
+                "kubeProxyVersion": "v1.30.4",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
             },
         },
     }
 
 
-_OWNER_API = {"StatefulSet": "apps/v1", "ReplicaSet": "apps/v1", "DaemonSet": "apps/v1", "Deployment": "apps/v1",
-              "Job": "batch/v1", "PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1",
-              "Notebook": "kubeflow.org/v1"}
+_OWNER_API = {
+    "StatefulSet": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Deployment": "apps/v1",
+    "Job": "batch/v1",
+    "PyTorchJob": "kubeflow.org/v1",
+    "MPIJob": "kubeflow.org/v2beta1",
+    "Notebook": "kubeflow.org/v1",
+}
 
 
 def pod_manifest(p: PodSeed, owner_uid: str | None, pod_ip: str, host_ip: str) -> dict[str, Any]:
-    containers = p.containers or [ContainerSeed(name=p.owner.name if p.role == "notebook" and p.owner else "main")]
+    containers = p.containers or [
+        ContainerSeed(name=p.owner.name if p.role == "notebook" and p.owner else "main")
+    ]
     stamp = now()
     limits = {p.gpu_resource: str(p.gpus)} if p.gpus else {}
     specs = []
     statuses = []
     for n, c in enumerate(containers):
-        res: dict[str, Any] = {"requests": {"cpu": "4", "memory": "32Gi"}, "limits": {"memory": "32Gi"}}
+        res: dict[str, Any] = {
+            "requests": {"cpu": "4", "memory": "32Gi"},
+            "limits": {"memory": "32Gi"},
+        }
         if n == 0 and limits:
             res["requests"] |= limits
             res["limits"] |= limits
-        specs.append({"name": c.name, "image": c.image, "resources": res, "imagePullPolicy": "IfNotPresent",
-                      "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"})
+        specs.append(
+            {
+                "name": c.name,
+                "image": c.image,
+                "resources": res,
+                "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+            }
+        )
         running = p.phase == "Running"
-        statuses.append({
-            "name": c.name, "image": c.image, "imageID": f"{c.image.split(':')[0]}@sha256:{_digest(c.image)}",
-            "containerID": f"containerd://{_digest(p.namespace, p.name, c.name)}",
-            "ready": running and p.ready, "started": running, "restartCount": 0,
-            "state": {"running": {"startedAt": stamp}} if running else
-            {"terminated": {"exitCode": 0 if p.phase == "Succeeded" else 1,
-                            "reason": "Completed" if p.phase == "Succeeded" else "Error",
-                            "startedAt": stamp, "finishedAt": stamp}} if p.phase in ("Succeeded", "Failed") else
-            {"waiting": {"reason": "ContainerCreating"}},
-        })
+        statuses.append(
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"{c.image.split(':')[0]}@sha256:{_digest(c.image)}",
+                "containerID": f"containerd://{_digest(p.namespace, p.name, c.name)}",
+                "ready": running and p.ready,
+                "started": running,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": stamp}}
+                if running
+                else {
+                    "terminated": {
+                        "exitCode": 0 if p.phase == "Succeeded" else 1,
+                        "reason": "Completed" if p.phase == "Succeeded" else "Error",
+                        "startedAt": stamp,
+                        "finishedAt": stamp,
+                    }
+                }
+                if p.phase in ("Succeeded", "Failed")
+                else {"waiting": {"reason": "ContainerCreating"}},
+            }
+        )
     labels = {"nodeward.io/role": p.role} | p.labels
     meta: dict[str, Any] = {"name": p.name, "namespace": p.namespace, "labels": labels}
     if p.annotations:
         meta["annotations"] = p.annotations
     if p.owner is not None:
-        meta["ownerReferences"] = [{
-            "apiVersion": p.owner.api_version or _OWNER_API.get(p.owner.kind, "v1"), "kind": p.owner.kind,
-            "name": p.owner.name, "uid": owner_uid or _uid(p.namespace, p.owner.kind, p.owner.name),
-            "controller": True, "blockOwnerDeletion": True,
-        }]
-    volumes: list[dict[str, Any]] = [{"name": "kube-api-access", "projected": {"sources": [
-        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": p.owner.api_version or _OWNER_API.get(p.owner.kind, "v1"),
+                "kind": p.owner.kind,
+                "name": p.owner.name,
+                "uid": owner_uid or _uid(p.namespace, p.owner.kind, p.owner.name),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "kube-api-access",
+            "projected": {
+                "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]
+            },
+        }
+    ]
     if p.empty_dir:
         volumes.append({"name": "scratch", "emptyDir": {}})
     ready_state = "True" if p.phase == "Running" and p.ready else "False"
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
         "spec": {
-            "nodeName": p.node, "containers": specs, "restartPolicy": "Never" if p.role == "training" else "Always",
-            "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
-            "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst", "volumes": volumes,
+            "nodeName": p.node,
+            "containers": specs,
+            "restartPolicy": "Never" if p.role == "training" else "Always",
+            "serviceAccountName": "default",
+            "schedulerName": "default-scheduler",
+            "priority": 0,
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "volumes": volumes,
             "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-            ] + ([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}] if p.gpus else []),
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ]
+            + (
+                [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+                if p.gpus
+                else []
+            ),
         },
         "status": {
-            "phase": p.phase, "hostIP": host_ip, "podIP": pod_ip, "podIPs": [{"ip": pod_ip}], "startTime": stamp,
+            "phase": p.phase,
+            "hostIP": host_ip,
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "startTime": stamp,
             "qosClass": "Burstable",
-            "conditions": [{"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": stamp}
-                           for t, s in (("PodReadyToStartContainers", "True"), ("Initialized", "True"),
-                                        ("Ready", ready_state), ("ContainersReady", ready_state),
-                                        ("PodScheduled", "True"))],
+            "conditions": [
+                {"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": stamp}
+                for t, s in (
+                    ("PodReadyToStartContainers", "True"),
+                    ("Initialized", "True"),
+                    ("Ready", ready_state),
+                    ("ContainersReady", ready_state),
+                    ("PodScheduled", "True"),
+                )
+            ],
             "containerStatuses": statuses,
         },
     }
@@ -320,12 +442,21 @@ def apply_seed(store: Store, seed: Seed) -> None:
     assert ns_rt is not None
     for ns in dict.fromkeys(n for n in namespaces if n):
         if store.find(ns_rt, "", ns) is None:
-            store.create(ns_rt, "", {"metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
-                                     "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+            store.create(
+                ns_rt,
+                "",
+                {
+                    "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                },
+            )
     for obj in seed.objects:
         rt = by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         if rt is None:
-            raise SeedError(f"seed object of unknown kind {obj.get('apiVersion')}/{obj.get('kind')}")
+            raise SeedError(
+                f"seed object of unknown kind {obj.get('apiVersion')}/{obj.get('kind')}"
+            )
         store.put_raw(rt, obj)
     node_rt = lookup("", "v1", "nodes")
     assert node_rt is not None
@@ -336,15 +467,40 @@ def apply_seed(store: Store, seed: Seed) -> None:
     nb_rt = lookup("kubeflow.org", "v1", "notebooks")
     assert nb_rt is not None
     for nb in seed.notebooks:
-        store.create(nb_rt, nb.namespace, {
-            "apiVersion": "kubeflow.org/v1", "kind": "Notebook",
-            "metadata": {"name": nb.name, "namespace": nb.namespace, "labels": {"app": nb.name} | nb.labels,
-                         "annotations": nb.annotations},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": nb.name, "image": nb.image,
-                "resources": {"limits": {"nvidia.com/gpu": str(nb.gpus)}} if nb.gpus else {}}]}}},
-            "status": {"readyReplicas": 1, "containerState": {"running": {"startedAt": now()}}, "conditions": []},
-        })
+        store.create(
+            nb_rt,
+            nb.namespace,
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "Notebook",
+                "metadata": {
+                    "name": nb.name,
+                    "namespace": nb.namespace,
+                    "labels": {"app": nb.name} | nb.labels,
+                    "annotations": nb.annotations,
+                },
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": nb.name,
+                                    "image": nb.image,
+                                    "resources": {"limits": {"nvidia.com/gpu": str(nb.gpus)}}
+                                    if nb.gpus
+                                    else {},
+                                }
+                            ]
+                        }
+                    }
+                },
+                "status": {
+                    "readyReplicas": 1,
+                    "containerState": {"running": {"startedAt": now()}},
+                    "conditions": [],
+                },
+            },
+        )
     owner_uids: dict[tuple[str, str, str], str] = {}
     node_index = {n.name: i for i, n in enumerate(seed.nodes)}
     pod_counts: dict[str, int] = {}
@@ -359,7 +515,9 @@ def apply_seed(store: Store, seed: Seed) -> None:
         pod_ip = f"10.244.{node_index.get(p.node, 250)}.{10 + count}"
         pod_rt = lookup("", "v1", "pods")
         assert pod_rt is not None
-        store.create(pod_rt, p.namespace, pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250")))
+        store.create(
+            pod_rt, p.namespace, pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250"))
+        )
     pdb_rt = lookup("policy", "v1", "poddisruptionbudgets")
     assert pdb_rt is not None
     for b in seed.pdbs:
@@ -368,14 +526,30 @@ def apply_seed(store: Store, seed: Seed) -> None:
             spec["minAvailable"] = b.min_available
         if b.max_unavailable is not None:
             spec["maxUnavailable"] = b.max_unavailable
-        store.create(pdb_rt, b.namespace, {"metadata": {"name": b.name, "namespace": b.namespace}, "spec": spec})
+        store.create(
+            pdb_rt,
+            b.namespace,
+            {"metadata": {"name": b.name, "namespace": b.namespace}, "spec": spec},
+        )
     secret_rt = lookup("", "v1", "secrets")
     assert secret_rt is not None
     for s in seed.secrets:
-        store.create(secret_rt, s.namespace, {
-            "metadata": {"name": s.name, "namespace": s.namespace, "labels": s.labels, "annotations": s.annotations},
-            "type": s.type, "data": {k: base64.b64encode(v.encode()).decode() for k, v in s.string_data.items()},
-        })
+        store.create(
+            secret_rt,
+            s.namespace,
+            {
+                "metadata": {
+                    "name": s.name,
+                    "namespace": s.namespace,
+                    "labels": s.labels,
+                    "annotations": s.annotations,
+                },
+                "type": s.type,
+                "data": {
+                    k: base64.b64encode(v.encode()).decode() for k, v in s.string_data.items()
+                },
+            },
+        )
 
 
 def _ensure_owner(store: Store, p: PodSeed) -> str:
@@ -385,16 +559,33 @@ def _ensure_owner(store: Store, p: PodSeed) -> str:
     rt = by_kind(api_version, p.owner.kind)
     if rt is None or rt.kind == "Notebook":
         existing = store.find(rt, p.namespace, p.owner.name) if rt else None
-        return existing["metadata"]["uid"] if existing else _uid(p.namespace, p.owner.kind, p.owner.name)
+        return (
+            existing["metadata"]["uid"]
+            if existing
+            else _uid(p.namespace, p.owner.kind, p.owner.name)
+        )
     existing = store.find(rt, p.namespace, p.owner.name)
     if existing:
         return str(existing["metadata"]["uid"])
-    selector = {k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")}
+    selector = {
+        k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")
+    }
     selector = selector or {"app": p.owner.name}
-    obj = store.create(rt, p.namespace, {
-        "metadata": {"name": p.owner.name, "namespace": p.namespace},
-        "spec": {"selector": {"matchLabels": selector},
-                 "template": {"metadata": {"labels": selector}, "spec": {"containers": [
-                     {"name": c.name, "image": c.image} for c in p.containers] or [{"name": "main", "image": "x"}]}}},
-    })
+    obj = store.create(
+        rt,
+        p.namespace,
+        {
+            "metadata": {"name": p.owner.name, "namespace": p.namespace},
+            "spec": {
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": selector},
+                    "spec": {
+                        "containers": [{"name": c.name, "image": c.image} for c in p.containers]
+                        or [{"name": "main", "image": "x"}]
+                    },
+                },
+            },
+        },
+    )
     return str(obj["metadata"]["uid"])

@@ -71,7 +71,9 @@ def match_labels(reqs: list[Requirement], labels: Mapping[str, str] | None) -> b
     return all(r(labels or {}) for r in reqs)
 
 
-def match_label_selector_object(selector: Mapping[str, Any] | None, labels: Mapping[str, str] | None) -> bool:
+def match_label_selector_object(
+    selector: Mapping[str, Any] | None, labels: Mapping[str, str] | None
+) -> bool:
     """Match a `metav1.LabelSelector` (matchLabels, matchExpressions). An empty selector matches all."""
     labels = labels or {}
     if selector is None:
@@ -103,7 +105,9 @@ def _field_value(obj: Mapping[str, Any], path: str) -> str:
     return str(node)
 
 
-def parse_field_selector(text: str | None, supported: frozenset[str], resource: str) -> list[Requirement]:
+def parse_field_selector(
+    text: str | None, supported: frozenset[str], resource: str
+) -> list[Requirement]:
     """Parse `spec.nodeName=x,status.phase!=Failed`; fields outside `supported` are a 400."""
     reqs: list[Requirement] = []
     for term in _split_terms(text or ""):
@@ -112,7 +116,7 @@ def parse_field_selector(text: str | None, supported: frozenset[str], resource: 
             raise bad_request(f"invalid field selector: {term.strip()!r}")
         field, op, value = m.groups()
         if field not in supported and field not in ("metadata.name", "metadata.namespace"):
-            raise bad_request(f'field label not supported: {field}')
+            raise bad_request(f"field label not supported: {field}")
         reqs.append(_field_req(field, value, op != "!="))
     return reqs
 

@@ -41,8 +41,14 @@ from nodeward.sim.cluster.store import Change, Obj, Store, now
 from nodeward.sim.cluster.tls import make_serving_cert
 
 SERVER_VERSION = {
-    "major": "1", "minor": "30", "gitVersion": "v1.30.4-nodeward-sim", "gitCommit": "0" * 40,
-    "gitTreeState": "clean", "buildDate": "2024-08-14T19:00:00Z", "goVersion": "go1.22.5", "compiler": "gc",
+    "major": "1",
+    "minor": "30",
+    "gitVersion": "v1.30.4-nodeward-sim",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2024-08-14T19:00:00Z",
+    "goVersion": "go1.22.5",
+    "compiler": "gc",
     "platform": "linux/amd64",
 }
 CLUSTER_NAME = "nodeward-sim"
@@ -75,8 +81,11 @@ class Fault:
     message: str = "injected by the sim cluster"
 
     def matches(self, method: str, path: str) -> bool:
-        return self.count > 0 and (self.method is None or self.method == method) and (
-            self.path_contains is None or self.path_contains in path)
+        return (
+            self.count > 0
+            and (self.method is None or self.method == method)
+            and (self.path_contains is None or self.path_contains in path)
+        )
 
 
 @dataclass
@@ -90,8 +99,14 @@ class _Route:
 
 
 def _not_found_path() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource",
-                    details={"causes": [{"reason": "UnexpectedServerResponse", "message": "404 page not found"}]})
+    return ApiError(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+        details={
+            "causes": [{"reason": "UnexpectedServerResponse", "message": "404 page not found"}]
+        },
+    )
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -118,7 +133,9 @@ class SimCluster:
         self.bookmark_interval = bookmark_interval
         self.store = Store(history=history)
         self.checkpoints: list[Checkpoint] = []
-        self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)  # identity, method, path, status
+        self.requests: deque[tuple[str, str, str, int]] = deque(
+            maxlen=10000
+        )  # identity, method, path, status
         self.faults: list[Fault] = []
         self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
@@ -152,7 +169,9 @@ class SimCluster:
             meta = doc.get("metadata") or {}
             ns = meta.get("namespace")
             if ns and self.store.find(ns_rt, "", ns) is None:
-                self.store.create(ns_rt, "", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+                self.store.create(
+                    ns_rt, "", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
+                )
             rt = resources.by_kind(doc.get("apiVersion", ""), doc.get("kind", ""))
             if rt is None:
                 continue
@@ -193,8 +212,15 @@ class SimCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def fail_next(self, count: int, status: int = 503, *, method: str | None = None,
-                  path_contains: str | None = None, message: str = "injected by the sim cluster") -> Fault:
+    def fail_next(
+        self,
+        count: int,
+        status: int = 503,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        message: str = "injected by the sim cluster",
+    ) -> Fault:
         """Make the next `count` matching requests fail with `status`."""
         fault = Fault(count, status, method, path_contains, message)
         self.faults.append(fault)
@@ -205,18 +231,41 @@ class SimCluster:
     def kubeconfig(self, identity: str = rbac.ADMIN) -> dict[str, Any]:
         """A kubeconfig with one user and context per identity; `identity` is the current one."""
         if identity not in self.identities:
-            raise KeyError(f"unknown identity {identity!r}; known: {', '.join(sorted(self.identities))}")
+            raise KeyError(
+                f"unknown identity {identity!r}; known: {', '.join(sorted(self.identities))}"
+            )
+
         def ctx(short: str) -> str:
             return "nodeward-admin" if short == rbac.ADMIN else f"nodeward-{short}"
 
         return {
-            "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": CLUSTER_NAME, "cluster": {
-                "server": self.url, "certificate-authority-data": base64.b64encode(self.tls.ca_pem).decode()}}],
-            "users": [{"name": ctx(s), "user": {"token": i.token}} for s, i in sorted(self.identities.items())],
-            "contexts": [{"name": ctx(s), "context": {"cluster": CLUSTER_NAME, "user": ctx(s),
-                                                      "namespace": "default" if s == rbac.ADMIN else SERVICE_NAMESPACE}}
-                         for s in sorted(self.identities)],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
+            "clusters": [
+                {
+                    "name": CLUSTER_NAME,
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(self.tls.ca_pem).decode(),
+                    },
+                }
+            ],
+            "users": [
+                {"name": ctx(s), "user": {"token": i.token}}
+                for s, i in sorted(self.identities.items())
+            ],
+            "contexts": [
+                {
+                    "name": ctx(s),
+                    "context": {
+                        "cluster": CLUSTER_NAME,
+                        "user": ctx(s),
+                        "namespace": "default" if s == rbac.ADMIN else SERVICE_NAMESPACE,
+                    },
+                }
+                for s in sorted(self.identities)
+            ],
             "current-context": ctx(identity),
         }
 
@@ -255,26 +304,42 @@ class SimCluster:
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception as exc:  # a bug in the sim: answer as the API server does, and log it
-            self._log.exception("sim cluster request failed", method=request.method, path=request.path_qs)
-            err = ApiError(500, "InternalError", f"Internal error occurred: {type(exc).__name__}: {exc}")
+            self._log.exception(
+                "sim cluster request failed", method=request.method, path=request.path_qs
+            )
+            err = ApiError(
+                500, "InternalError", f"Internal error occurred: {type(exc).__name__}: {exc}"
+            )
             return web.json_response(err.status(), status=500)
         finally:
             who = ident.name if ident else "-"
             self.requests.append((who, request.method, request.path_qs, status))
-            self._log.debug("request", identity=who, method=request.method, path=request.path_qs, status=status)
+            self._log.debug(
+                "request", identity=who, method=request.method, path=request.path_qs, status=status
+            )
 
-    async def _dispatch(self, request: web.Request, ident: rbac.Identity | None) -> web.StreamResponse:
+    async def _dispatch(
+        self, request: web.Request, ident: rbac.Identity | None
+    ) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
         if path in _PUBLIC_PATHS:
-            return web.json_response(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
+            return (
+                web.json_response(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
+            )
         if ident is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         for fault in self.faults:
             if fault.matches(request.method, request.path):
                 fault.count -= 1
-                reasons = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-                           504: "Timeout"}
-                raise ApiError(fault.status, reasons.get(fault.status, "InternalError"), fault.message)
+                reasons = {
+                    429: "TooManyRequests",
+                    500: "InternalError",
+                    503: "ServiceUnavailable",
+                    504: "Timeout",
+                }
+                raise ApiError(
+                    fault.status, reasons.get(fault.status, "InternalError"), fault.message
+                )
         parts = [p for p in path.split("/") if p]
         if not parts or parts[0] not in ("api", "apis"):
             raise _not_found_path()
@@ -285,14 +350,32 @@ class SimCluster:
         route = self._route(parts)
         verb = self._verb(request, route)
         if verb not in route.rt.verbs:
-            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
         if route.rt.resource == "selfsubjectaccessreviews":
             return await self._access_review(request, ident)
-        attrs = rbac.Request(verb, route.rt.group, route.rt.resource, route.subresource,
-                             route.namespace or "", route.name or "")
+        attrs = rbac.Request(
+            verb,
+            route.rt.group,
+            route.rt.resource,
+            route.subresource,
+            route.namespace or "",
+            route.name or "",
+        )
         if not rbac.authorize(ident, attrs, self._rbac_objects()):
-            raise ApiError(403, "Forbidden", rbac.forbidden_message(ident, attrs), details={
-                "name": route.name or "", "group": route.rt.group, "kind": route.rt.resource})
+            raise ApiError(
+                403,
+                "Forbidden",
+                rbac.forbidden_message(ident, attrs),
+                details={
+                    "name": route.name or "",
+                    "group": route.rt.group,
+                    "kind": route.rt.resource,
+                },
+            )
         return await self._serve(request, route, verb)
 
     async def _access_review(self, request: web.Request, ident: rbac.Identity) -> web.Response:
@@ -305,15 +388,28 @@ class SimCluster:
             allowed, reason = False, "non-resource URLs are not reviewed by the sim cluster"
         else:
             resource, sub = attrs.get("resource", ""), attrs.get("subresource", "")
-            req = rbac.Request(attrs.get("verb", ""), attrs.get("group", ""), resource, sub,
-                               attrs.get("namespace", ""), attrs.get("name", ""))
+            req = rbac.Request(
+                attrs.get("verb", ""),
+                attrs.get("group", ""),
+                resource,
+                sub,
+                attrs.get("namespace", ""),
+                attrs.get("name", ""),
+            )
             allowed = rbac.authorize(ident, req, self._rbac_objects())
             reason = "allowed by RBAC" if allowed else ""
         status: dict[str, Any] = {"allowed": allowed}
         if reason:
             status["reason"] = reason
-        return web.json_response({**body, "apiVersion": "authorization.k8s.io/v1",
-                                  "kind": "SelfSubjectAccessReview", "status": status}, status=201)
+        return web.json_response(
+            {
+                **body,
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "status": status,
+            },
+            status=201,
+        )
 
     def _rbac_objects(self) -> dict[str, list[Obj]]:
         out: dict[str, list[Obj]] = {}
@@ -357,8 +453,11 @@ class SimCluster:
         if not rest:
             raise _not_found_path()
         namespace: str | None = None
-        if rest[0] == "namespaces" and len(rest) >= 3 and not (group == "" and len(rest) == 3
-                                                                 and rest[2] in ("status", "finalize")):
+        if (
+            rest[0] == "namespaces"
+            and len(rest) >= 3
+            and not (group == "" and len(rest) == 3 and rest[2] in ("status", "finalize"))
+        ):
             namespace, rest = rest[1], rest[2:]
         resource = rest[0]
         name = rest[1] if len(rest) > 1 else None
@@ -375,23 +474,40 @@ class SimCluster:
     def _verb(self, request: web.Request, route: _Route) -> str:
         method = request.method
         if route.subresource == "proxy":
-            return {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
-                method, "get")
+            return {
+                "GET": "get",
+                "POST": "create",
+                "PUT": "update",
+                "PATCH": "patch",
+                "DELETE": "delete",
+            }.get(method, "get")
         if method == "GET":
             if route.name:
                 return "get"
             return "watch" if request.query.get("watch") in ("1", "true", "True") else "list"
         if method == "POST":
             if route.name and not route.subresource:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
             return "create"
         if method in ("PUT", "PATCH"):
             if not route.name:
-                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
             return "update" if method == "PUT" else "patch"
         if method == "DELETE":
             return "delete" if route.name else "deletecollection"
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        raise ApiError(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
 
     # --- serving -------------------------------------------------------------------------
 
@@ -428,24 +544,42 @@ class SimCluster:
         ns = route.namespace or ""
         dry_values = request.query.getall("dryRun", [])
         if any(v != "All" for v in dry_values):
-            raise bad_request(f"Invalid dry run value: {', '.join(dry_values)}: valid values are 'All'")
+            raise bad_request(
+                f"Invalid dry run value: {', '.join(dry_values)}: valid values are 'All'"
+            )
         dry = bool(dry_values)
         if route.subresource == "proxy":
             return await self._proxy(request, route)
         if route.subresource == "eviction":
             body = await self._body(request)
-            if isinstance(body, dict) and "All" in ((body.get("deleteOptions") or {}).get("dryRun") or []):
+            if isinstance(body, dict) and "All" in (
+                (body.get("deleteOptions") or {}).get("dryRun") or []
+            ):
                 dry = True
             disruption.evict(self.store, store_rt, ns, route.name or "", body, dry_run=dry)
             if not dry:
                 self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
-            return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                      "code": 201}, status=201)
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "code": 201,
+                },
+                status=201,
+            )
         if verb == "get":
             obj = self._out(route, self.store.get(store_rt, ns, route.name or ""))
             if _wants_table(request):
-                return web.json_response(tables.table(rt, [obj], obj["metadata"]["resourceVersion"],
-                                                      request.query.get("includeObject", "Metadata")))
+                return web.json_response(
+                    tables.table(
+                        rt,
+                        [obj],
+                        obj["metadata"]["resourceVersion"],
+                        request.query.get("includeObject", "Metadata"),
+                    )
+                )
             return web.json_response(obj)
         if verb == "list":
             return self._list(request, route)
@@ -463,40 +597,81 @@ class SimCluster:
             if not isinstance(body, dict):
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
-            updated = self.store.update(store_rt, ns, route.name or "", self._in(route, body),
-                                        subresource=route.subresource, dry_run=dry)
+            updated = self.store.update(
+                store_rt,
+                ns,
+                route.name or "",
+                self._in(route, body),
+                subresource=route.subresource,
+                dry_run=dry,
+            )
             return web.json_response(self._out(route, updated))
         if verb == "patch":
             body = await self._body(request)
             current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
-            patched = apply_patch(current, body, request.headers.get("Content-Type", ""), rt.kind,
-                                  strategic=not rt.custom)
+            patched = apply_patch(
+                current,
+                body,
+                request.headers.get("Content-Type", ""),
+                rt.kind,
+                strategic=not rt.custom,
+            )
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
-            updated = self.store.update(store_rt, ns, route.name or "", self._in(route, patched),
-                                        subresource=route.subresource, dry_run=dry)
+            updated = self.store.update(
+                store_rt,
+                ns,
+                route.name or "",
+                self._in(route, patched),
+                subresource=route.subresource,
+                dry_run=dry,
+            )
             return web.json_response(self._out(route, updated))
         if verb == "delete":
             body = await self._body(request) or {}
             pre = body.get("preconditions") or {} if isinstance(body, dict) else {}
             dry = dry or "All" in ((body.get("dryRun") or []) if isinstance(body, dict) else [])
-            gone = self.store.delete(store_rt, ns, route.name or "", precondition_rv=pre.get("resourceVersion"),
-                                     precondition_uid=pre.get("uid"), dry_run=dry)
+            gone = self.store.delete(
+                store_rt,
+                ns,
+                route.name or "",
+                precondition_rv=pre.get("resourceVersion"),
+                precondition_uid=pre.get("uid"),
+                dry_run=dry,
+            )
             if rt.kind == "Pod":
                 gone["metadata"]["deletionTimestamp"] = now()
                 gone["metadata"]["deletionGracePeriodSeconds"] = 0
                 return web.json_response(self._out(route, gone))
-            return web.json_response({
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": route.name, "group": rt.group, "kind": rt.resource,
-                            "uid": gone["metadata"]["uid"]}})
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": {
+                        "name": route.name,
+                        "group": rt.group,
+                        "kind": rt.resource,
+                        "uid": gone["metadata"]["uid"],
+                    },
+                }
+            )
         if verb == "deletecollection":
             items = self._select(request, route, self.store.list(store_rt, route.namespace))
             for item in items:
-                self.store.delete(store_rt, item["metadata"].get("namespace", ""), item["metadata"]["name"],
-                                  dry_run=dry)
+                self.store.delete(
+                    store_rt,
+                    item["metadata"].get("namespace", ""),
+                    item["metadata"]["name"],
+                    dry_run=dry,
+                )
             return web.json_response(self._list_body(route, items))
-        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        raise ApiError(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
 
     def _check_kind(self, route: _Route, body: Obj) -> None:
         kind, api_version = body.get("kind"), body.get("apiVersion")
@@ -505,14 +680,20 @@ class SimCluster:
         else:
             expected = {route.rt.api_version(v) for v in route.rt.versions}
         if kind and kind != route.rt.kind:
-            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({route.rt.kind})")
+            raise bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind ({route.rt.kind})"
+            )
         if api_version and api_version not in expected:
-            raise bad_request(f"the API version in the data ({api_version}) does not match the expected API "
-                              f"version ({route.rt.api_version(route.version)})")
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({route.rt.api_version(route.version)})"
+            )
 
     def _selectors(self, request: web.Request, route: _Route) -> tuple[Any, Any]:
         labels = parse_label_selector(request.query.get("labelSelector"))
-        fields = parse_field_selector(request.query.get("fieldSelector"), route.rt.fields, route.rt.resource)
+        fields = parse_field_selector(
+            request.query.get("fieldSelector"), route.rt.fields, route.rt.resource
+        )
         return labels, fields
 
     def _select(self, request: web.Request, route: _Route, items: list[Obj]) -> list[Obj]:
@@ -520,7 +701,9 @@ class SimCluster:
         out = []
         for item in items:
             shown = self._out(route, item)
-            if match_labels(labels, shown["metadata"].get("labels")) and match_fields(fields, shown):
+            if match_labels(labels, shown["metadata"].get("labels")) and match_fields(
+                fields, shown
+            ):
                 out.append(shown)
         return out
 
@@ -529,8 +712,12 @@ class SimCluster:
         if cont:
             meta["continue"] = cont
             meta["remainingItemCount"] = 0
-        return {"kind": f"{route.rt.kind}List", "apiVersion": route.rt.api_version(route.version),
-                "metadata": meta, "items": items}
+        return {
+            "kind": f"{route.rt.kind}List",
+            "apiVersion": route.rt.api_version(route.version),
+            "metadata": meta,
+            "items": items,
+        }
 
     def _list(self, request: web.Request, route: _Route) -> web.Response:
         items = self._select(request, route, self.store.list(self._storage(route), route.namespace))
@@ -549,8 +736,12 @@ class SimCluster:
         else:
             items = items[start:]
         if _wants_table(request):
-            body = tables.table(route.rt, items, str(self.store.resource_version),
-                                request.query.get("includeObject", "Metadata"))
+            body = tables.table(
+                route.rt,
+                items,
+                str(self.store.resource_version),
+                request.query.get("includeObject", "Metadata"),
+            )
             if cont:
                 body["metadata"]["continue"] = cont
             return web.json_response(body)
@@ -570,11 +761,16 @@ class SimCluster:
             if route.namespace is not None and meta.get("namespace") != route.namespace:
                 return None
             shown = self._out(route, copy.deepcopy(obj))
-            ok = match_labels(labels, shown["metadata"].get("labels")) and match_fields(fields, shown)
+            ok = match_labels(labels, shown["metadata"].get("labels")) and match_fields(
+                fields, shown
+            )
             return shown if ok else None
 
         def event_for(change: Change) -> dict[str, Any] | None:
-            new, old = matches(change.obj), matches(change.old) if change.type != "DELETED" else None
+            new, old = (
+                matches(change.obj),
+                matches(change.old) if change.type != "DELETED" else None,
+            )
             if change.type == "DELETED":
                 return {"type": "DELETED", "object": new} if new else None
             if change.type == "ADDED":
@@ -596,8 +792,12 @@ class SimCluster:
         def encode(ev: dict[str, Any]) -> bytes:
             if as_table and ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
                 obj = ev["object"]
-                ev = {"type": ev["type"], "object": tables.table(route.rt, [obj], obj["metadata"]["resourceVersion"],
-                                                                 include)}
+                ev = {
+                    "type": ev["type"],
+                    "object": tables.table(
+                        route.rt, [obj], obj["metadata"]["resourceVersion"], include
+                    ),
+                }
             return json.dumps(ev).encode() + b"\n"
 
         watcher = self.store.subscribe(store_rt.key, route.namespace)
@@ -613,18 +813,30 @@ class SimCluster:
                 except ValueError:
                     raise bad_request(f"invalid resource version: {rv_text!r}") from None
                 if since < self.store.oldest_resumable:
-                    backlog.append({"type": "ERROR", "object": {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": f"too old resource version: {since} ({self.store.oldest_resumable + 1})",
-                        "reason": "Expired", "code": 410}})
+                    backlog.append(
+                        {
+                            "type": "ERROR",
+                            "object": {
+                                "kind": "Status",
+                                "apiVersion": "v1",
+                                "metadata": {},
+                                "status": "Failure",
+                                "message": f"too old resource version: {since} ({self.store.oldest_resumable + 1})",
+                                "reason": "Expired",
+                                "code": 410,
+                            },
+                        }
+                    )
                 else:
                     for change in self.store.history_since(since, store_rt.key):
                         if ev := event_for(change):
                             backlog.append(ev)
             expired = bool(backlog) and backlog[0]["type"] == "ERROR"
             last_rv = self.store.resource_version
-            response = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
-                                                                "Cache-Control": "no-cache, private"})
+            response = web.StreamResponse(
+                status=200,
+                headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"},
+            )
             response.enable_chunked_encoding()
             await response.prepare(request)
             for ev in backlog:
@@ -641,9 +853,14 @@ class SimCluster:
                 if request.transport is None or request.transport.is_closing():
                     break
                 if bookmarks and now_m >= next_bookmark:
-                    bm = {"type": "BOOKMARK", "object": {"kind": route.rt.kind,
-                                                         "apiVersion": route.rt.api_version(route.version),
-                                                         "metadata": {"resourceVersion": str(last_rv)}}}
+                    bm = {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": route.rt.kind,
+                            "apiVersion": route.rt.api_version(route.version),
+                            "metadata": {"resourceVersion": str(last_rv)},
+                        },
+                    }
                     await response.write(json.dumps(bm).encode() + b"\n")
                     next_bookmark = now_m + self.bookmark_interval
                 wait = 0.5
@@ -676,18 +893,36 @@ class SimCluster:
         assert pods is not None
         pod = self.store.find(pods, ns, pod_name)
         if pod is None or (pod.get("spec") or {}).get("nodeName") != node:
-            return web.Response(status=404, text='pod does not exist\n', content_type="text/plain")
+            return web.Response(status=404, text="pod does not exist\n", content_type="text/plain")
         names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
         if container not in names:
-            return web.Response(status=404, text=f"container {container} does not exist\n", content_type="text/plain")
+            return web.Response(
+                status=404,
+                text=f"container {container} does not exist\n",
+                content_type="text/plain",
+            )
         failure = self.seed.fails_checkpoint(ns, pod_name, container)
         if failure is not None:
-            return web.Response(status=500, content_type="text/plain", text=(
-                f"checkpointing of {ns}/{pod_name}/{container} failed "
-                f"(rpc error: code = Unknown desc = {failure.message})\n"))
+            return web.Response(
+                status=500,
+                content_type="text/plain",
+                text=(
+                    f"checkpointing of {ns}/{pod_name}/{container} failed "
+                    f"(rpc error: code = Unknown desc = {failure.message})\n"
+                ),
+            )
         stamp = now()
         path = f"/var/lib/kubelet/checkpoints/checkpoint-{pod_name}_{ns}-{container}-{stamp}.tar"
         timeout = request.query.get("timeout")
-        self.checkpoints.append(Checkpoint(node, ns, pod_name, container, path,
-                                           int(timeout) if timeout and timeout.isdigit() else None, stamp))
+        self.checkpoints.append(
+            Checkpoint(
+                node,
+                ns,
+                pod_name,
+                container,
+                path,
+                int(timeout) if timeout and timeout.isdigit() else None,
+                stamp,
+            )
+        )
         return web.json_response({"items": [path]})

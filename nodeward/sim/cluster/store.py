@@ -108,7 +108,11 @@ class Store:
 
     def list(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
         items = self._objects.get(rt.key, {})
-        out = [copy.deepcopy(o) for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace]
+        out = [
+            copy.deepcopy(o)
+            for (ns, _), o in sorted(items.items())
+            if namespace is None or ns == namespace
+        ]
         return out
 
     # --- writes ---------------------------------------------------------------------------
@@ -121,14 +125,28 @@ class Store:
         name = meta.get("name") or ""
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
-                raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
-                               "the namespace sent on the request")
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match "
+                    "the namespace sent on the request",
+                )
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
         if meta.get("resourceVersion"):
-            raise invalid(rt.kind, name, rt.group, [("metadata.resourceVersion", "FieldValueInvalid",
-                          "Invalid value: must be empty on create")])
+            raise invalid(
+                rt.kind,
+                name,
+                rt.group,
+                [
+                    (
+                        "metadata.resourceVersion",
+                        "FieldValueInvalid",
+                        "Invalid value: must be empty on create",
+                    )
+                ],
+            )
         validation.validate(rt, obj, None)
         table = self._objects.setdefault(rt.key, {})
         if (namespace if rt.namespaced else "", name) in table:
@@ -136,8 +154,12 @@ class Store:
         if rt.namespaced and rt.resource != "namespaces" and namespace not in ("",):
             ns_table = self._objects.get(("", "namespaces"), {})
             if ("", namespace) not in ns_table:
-                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found',
-                               details={"name": namespace, "kind": "namespaces"})
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{namespace}" not found',
+                    details={"name": namespace, "kind": "namespaces"},
+                )
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
@@ -149,8 +171,17 @@ class Store:
         self._emit(Change(self._rv, rt.key, "ADDED", copy.deepcopy(obj), None))
         return copy.deepcopy(obj)
 
-    def update(self, rt: ResourceType, namespace: str, name: str, new: Obj, *, subresource: str = "",
-               check_rv: bool = True, dry_run: bool = False) -> Obj:
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        new: Obj,
+        *,
+        subresource: str = "",
+        check_rv: bool = True,
+        dry_run: bool = False,
+    ) -> Obj:
         """Replace an object. A stale `resourceVersion` in `new` is a 409.
 
         On the main resource, status is kept when the type has a status subresource; on
@@ -165,7 +196,9 @@ class Store:
         new = copy.deepcopy(new)
         meta = new.setdefault("metadata", {})
         if meta.get("name", name) != name:
-            raise ApiError(400, "BadRequest", "the name of the object does not match the name on the URL")
+            raise ApiError(
+                400, "BadRequest", "the name of the object does not match the name on the URL"
+            )
         want_rv = meta.get("resourceVersion")
         if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
             raise conflict(rt.resource, name, rt.group)
@@ -203,19 +236,35 @@ class Store:
         self._emit(Change(self._rv, rt.key, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
         return copy.deepcopy(new)
 
-    def delete(self, rt: ResourceType, namespace: str, name: str, *, precondition_rv: str | None = None,
-               precondition_uid: str | None = None, dry_run: bool = False) -> Obj:
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        *,
+        precondition_rv: str | None = None,
+        precondition_uid: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
         key = (namespace if rt.namespaced else "", name)
         table = self._objects.get(rt.key, {})
         old = table.get(key)
         if old is None:
             raise not_found(rt.resource, name, rt.group)
         if precondition_uid and precondition_uid != old["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {precondition_uid}, "
-                           f"UID in object meta: {old['metadata']['uid']}")
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {precondition_uid}, "
+                f"UID in object meta: {old['metadata']['uid']}",
+            )
         if precondition_rv and precondition_rv != old["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", "Precondition failed: ResourceVersion in precondition: "
-                           f"{precondition_rv}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}")
+            raise ApiError(
+                409,
+                "Conflict",
+                "Precondition failed: ResourceVersion in precondition: "
+                f"{precondition_rv}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
+            )
         if dry_run:
             return copy.deepcopy(old)
         del table[key]

@@ -11,8 +11,13 @@ from nodeward.sim.cluster.resources import ResourceType
 Column = tuple[str, str, str, str, int]  # name, type, format, description, priority
 
 _NAME: Column = ("Name", "string", "name", "Name must be unique within a namespace.", 0)
-_AGE: Column = ("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when "
-                "this object was created.", 0)
+_AGE: Column = (
+    "Age",
+    "string",
+    "",
+    "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    0,
+)
 NODE_COLUMNS: list[Column] = [
     _NAME,
     ("Status", "string", "", "The status of the node", 0),
@@ -29,10 +34,22 @@ POD_COLUMNS: list[Column] = [
     _NAME,
     ("Ready", "string", "", "The aggregate readiness state of this pod for accepting traffic.", 0),
     ("Status", "string", "", "The aggregate status of the containers in this pod.", 0),
-    ("Restarts", "string", "", "The number of times the containers in this pod have been restarted "
-     "and when the last container in this pod has restarted.", 0),
+    (
+        "Restarts",
+        "string",
+        "",
+        "The number of times the containers in this pod have been restarted "
+        "and when the last container in this pod has restarted.",
+        0,
+    ),
     _AGE,
-    ("IP", "string", "", "IP address allocated to the pod. Routable at least within the cluster.", 1),
+    (
+        "IP",
+        "string",
+        "",
+        "IP address allocated to the pod. Routable at least within the cluster.",
+        1,
+    ),
     ("Node", "string", "", "Name of the Node the pod is assigned to.", 1),
     ("Nominated Node", "string", "", "Nominated node name of the pod.", 1),
     ("Readiness Gates", "string", "", "Readiness gates of the pod.", 1),
@@ -53,11 +70,19 @@ PDB_COLUMNS: list[Column] = [
     _NAME,
     ("Min Available", "string", "", "The minimum number of pods that must be available.", 0),
     ("Max Unavailable", "string", "", "The maximum number of pods that may be unavailable.", 0),
-    ("Allowed Disruptions", "integer", "", "Number of pod disruptions that are currently allowed.", 0),
+    (
+        "Allowed Disruptions",
+        "integer",
+        "",
+        "Number of pod disruptions that are currently allowed.",
+        0,
+    ),
     _AGE,
 ]
 NAMESPACE_COLUMNS: list[Column] = [
-    _NAME, ("Status", "string", "", "The status of the namespace", 0), _AGE,
+    _NAME,
+    ("Status", "string", "", "The status of the namespace", 0),
+    _AGE,
 ]
 DEFAULT_COLUMNS: list[Column] = [_NAME, _AGE]
 
@@ -108,20 +133,36 @@ def _age(obj: dict[str, Any]) -> str:
 def _event_row(ev: dict[str, Any]) -> list[Any]:
     """Columns of a core v1 Event (the events.k8s.io view is converted before printing)."""
     ref = ev.get("involvedObject") or ev.get("regarding") or {}
-    last = ev.get("lastTimestamp") or ev.get("eventTime") or (ev.get("series") or {}).get("lastObservedTime")
+    last = (
+        ev.get("lastTimestamp")
+        or ev.get("eventTime")
+        or (ev.get("series") or {}).get("lastObservedTime")
+    )
     first = ev.get("firstTimestamp") or ev.get("eventTime")
     source = (ev.get("source") or {}).get("component") or ev.get("reportingComponent") or ""
     return [
-        _since(last), ev.get("type", ""), ev.get("reason", ""), f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}",
-        ref.get("fieldPath", ""), source, ev.get("message", ev.get("note", "")), _since(first),
-        str(ev.get("count") or 1), ev["metadata"]["name"],
+        _since(last),
+        ev.get("type", ""),
+        ev.get("reason", ""),
+        f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}",
+        ref.get("fieldPath", ""),
+        source,
+        ev.get("message", ev.get("note", "")),
+        _since(first),
+        str(ev.get("count") or 1),
+        ev["metadata"]["name"],
     ]
 
 
 def _pdb_row(pdb: dict[str, Any]) -> list[Any]:
     spec, status = pdb.get("spec") or {}, pdb.get("status") or {}
-    return [pdb["metadata"]["name"], str(spec.get("minAvailable", "N/A")), str(spec.get("maxUnavailable", "N/A")),
-            int(status.get("disruptionsAllowed", 0)), _age(pdb)]
+    return [
+        pdb["metadata"]["name"],
+        str(spec.get("minAvailable", "N/A")),
+        str(spec.get("maxUnavailable", "N/A")),
+        int(status.get("disruptionsAllowed", 0)),
+        _age(pdb),
+    ]
 
 
 def node_status(node: dict[str, Any]) -> str:
@@ -139,7 +180,9 @@ def node_status(node: dict[str, Any]) -> str:
 
 def _node_row(node: dict[str, Any]) -> list[Any]:
     labels = (node.get("metadata") or {}).get("labels") or {}
-    roles = sorted(k.split("/", 1)[1] for k in labels if k.startswith("node-role.kubernetes.io/") and "/" in k)
+    roles = sorted(
+        k.split("/", 1)[1] for k in labels if k.startswith("node-role.kubernetes.io/") and "/" in k
+    )
     if labels.get("kubernetes.io/role"):
         roles.append(labels["kubernetes.io/role"])
     status = node.get("status") or {}
@@ -150,9 +193,15 @@ def _node_row(node: dict[str, Any]) -> list[Any]:
         return next((a["address"] for a in addresses if a.get("type") == kind), "<none>")
 
     return [
-        node["metadata"]["name"], node_status(node), ",".join(roles) or "<none>", _age(node),
-        info.get("kubeletVersion", ""), address("InternalIP"), address("ExternalIP"),
-        info.get("osImage", "<unknown>"), info.get("kernelVersion", "<unknown>"),
+        node["metadata"]["name"],
+        node_status(node),
+        ",".join(roles) or "<none>",
+        _age(node),
+        info.get("kubeletVersion", ""),
+        address("InternalIP"),
+        address("ExternalIP"),
+        info.get("osImage", "<unknown>"),
+        info.get("kernelVersion", "<unknown>"),
         info.get("containerRuntimeVersion", "<unknown>"),
     ]
 
@@ -178,17 +227,29 @@ def _pod_row(pod: dict[str, Any]) -> list[Any]:
     restarts = sum(int(cs.get("restartCount", 0)) for cs in statuses)
     gates = spec.get("readinessGates") or []
     return [
-        pod["metadata"]["name"], f"{ready}/{len(spec.get('containers') or [])}", pod_status(pod),
-        str(restarts), _age(pod), status.get("podIP") or "<none>", spec.get("nodeName") or "<none>",
-        status.get("nominatedNodeName") or "<none>", f"{len(gates)}/{len(gates)}" if gates else "<none>",
+        pod["metadata"]["name"],
+        f"{ready}/{len(spec.get('containers') or [])}",
+        pod_status(pod),
+        str(restarts),
+        _age(pod),
+        status.get("podIP") or "<none>",
+        spec.get("nodeName") or "<none>",
+        status.get("nominatedNodeName") or "<none>",
+        f"{len(gates)}/{len(gates)}" if gates else "<none>",
     ]
 
 
 def _partial(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata", {}),
+    }
 
 
-def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str, include: str) -> dict[str, Any]:
+def table(
+    rt: ResourceType, objects: list[dict[str, Any]], resource_version: str, include: str
+) -> dict[str, Any]:
     """A Table for `objects`; `include` is the `includeObject` policy: None, Metadata or Object."""
     row: Callable[[dict[str, Any]], list[Any]]
     if rt.kind == "Node" and rt.group == "":
@@ -200,8 +261,14 @@ def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str
     elif rt.kind == "PodDisruptionBudget":
         columns, row = PDB_COLUMNS, _pdb_row
     elif rt.kind == "Namespace":
-        columns, row = NAMESPACE_COLUMNS, lambda o: [o["metadata"]["name"], (o.get("status") or {}).get(
-            "phase", "Active"), _age(o)]
+        columns, row = (
+            NAMESPACE_COLUMNS,
+            lambda o: [
+                o["metadata"]["name"],
+                (o.get("status") or {}).get("phase", "Active"),
+                _age(o),
+            ],
+        )
     else:
         columns, row = DEFAULT_COLUMNS, lambda o: [o["metadata"]["name"], _age(o)]
     rows = []
@@ -213,9 +280,12 @@ def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str
             entry["object"] = _partial(obj)
         rows.append(entry)
     return {
-        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": resource_version},
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
         "columnDefinitions": [
-            {"name": n, "type": t, "format": f, "description": d, "priority": p} for n, t, f, d, p in columns
+            {"name": n, "type": t, "format": f, "description": d, "priority": p}
+            for n, t, f, d, p in columns
         ],
         "rows": rows,
     }
