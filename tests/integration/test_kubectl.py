@@ -282,3 +282,24 @@ async def test_server_side_dry_run_changes_nothing(
     )
     assert len(listed.out.strip().splitlines()) - 1 == 7
     assert sim.evictions == []
+
+
+async def test_create_and_apply_validate_on_the_server(
+    default_kubectl: Kubectl, tmp_path: Path
+) -> None:
+    if 0 < default_kubectl.minor < 27:
+        pytest.skip(
+            "kubectl before 1.27 validates against /openapi/v2, which the sim cluster does not serve"
+        )
+    manifest = tmp_path / "pdb.yaml"
+    manifest.write_text(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bob, namespace: ml-nlp}\n"
+        "spec: {minAvailable: 1, selector: {matchLabels: {notebook-name: bob-jupyter}}}\n"
+    )
+    assert "created" in (await default_kubectl("create", "-f", str(manifest))).out
+    pdb = await default_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert pdb["status"]["disruptionsAllowed"] == 0
+    manifest.write_text(manifest.read_text().replace("minAvailable: 1", "minAvailable: 0"))
+    assert "configured" in (await default_kubectl("apply", "-f", str(manifest))).out
+    pdb = await default_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert (pdb["spec"]["minAvailable"], pdb["status"]["disruptionsAllowed"]) == (0, 1)

@@ -91,9 +91,11 @@ def watch_pods(store: Store) -> None:
     """Keep budget status current as pods and budgets change."""
 
     def hook(change: Change) -> None:
-        if change.key in (PODS.key, PDBS.key) and not (
-            change.key == PDBS.key and change.type == "MODIFIED"
-        ):
+        if change.key == PDBS.key and change.type == "MODIFIED":
+            old_gen = (change.old or {}).get("metadata", {}).get("generation")
+            if old_gen == change.obj["metadata"].get("generation"):
+                return  # a status write (ours): nothing to recompute
+        if change.key in (PODS.key, PDBS.key):
             refresh(store, change.obj["metadata"].get("namespace", ""))
 
     store.hooks.append(hook)

@@ -341,6 +341,15 @@ class SimCluster:
                     fault.status, reasons.get(fault.status, "InternalError"), fault.message
                 )
         parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["openapi", "v3"] and request.method == "GET":
+            doc = (
+                resources.openapi_v3_root()
+                if len(parts) == 2
+                else resources.openapi_v3_document("/".join(parts[2:]))
+            )
+            if doc is None:
+                raise _not_found_path()
+            return web.json_response(doc)
         if not parts or parts[0] not in ("api", "apis"):
             raise _not_found_path()
         if request.method == "GET":
