@@ -209,10 +209,11 @@ async def test_eviction_blocked_by_budget_until_deadline(admin: Cluster, sim: Si
 
 async def test_eviction_proceeds_once_the_budget_allows(admin: Cluster, sim: SimCluster) -> None:
     async def relax_budget_after_first_refusal() -> None:
-        while not any(
-            r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429 for r in sim.requests
-        ):
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):  # wait for the condition: a refused eviction
+            while not any(
+                r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429 for r in sim.requests
+            ):
+                await asyncio.sleep(0.01)
         await admin.client.request(
             "PATCH",
             "/apis/policy/v1/namespaces/ml-nlp/poddisruptionbudgets/llm-pretrain",
