@@ -211,7 +211,8 @@ async def test_eviction_proceeds_once_the_budget_allows(admin: Cluster, sim: Sim
     async def relax_budget_after_first_refusal() -> None:
         async with asyncio.timeout(5):  # wait for the condition: a refused eviction
             while not any(
-                r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429 for r in sim.requests
+                r[2].endswith("/llm-pretrain-worker-1/eviction") and r[3] == 429
+                for r in sim.requests
             ):
                 await asyncio.sleep(0.01)
         await admin.client.request(

@@ -124,3 +124,18 @@ def test_invalid_seed_is_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip().startswith(f"error: invalid seed {seed}: nodes.0.gpu.count:")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_bad_rbac_manifest_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "rbac.yaml"
+    bad.write_text("kind: [unclosed\n")
+    out = subprocess.run(
+        _sim_cli("cluster", "--rbac", str(bad), "--kubeconfig", str(tmp_path / "kc")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: cannot build the sim cluster: cannot load RBAC manifests:")
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -133,9 +133,8 @@ class SimCluster:
         self.bookmark_interval = bookmark_interval
         self.store = Store(history=history)
         self.checkpoints: list[Checkpoint] = []
-        self.requests: deque[tuple[str, str, str, int]] = deque(
-            maxlen=10000
-        )  # identity, method, path, status
+        # (identity, method, path, status) of the latest requests, for tests and debugging
+        self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
         self.faults: list[Fault] = []
         self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
@@ -153,12 +152,15 @@ class SimCluster:
         deploy/rbac, else the same roles built from `nodeward.kube.access`."""
         disruption.watch_pods(self.store)
         default = rbac.default_rbac_dir()
-        if rbac_dirs is not None:
-            manifests = rbac.load_manifests(rbac_dirs)
-        elif default is not None:
-            manifests = rbac.load_manifests([default])
-        else:
-            manifests = rbac.manifests_from_access()
+        try:
+            if rbac_dirs is not None:
+                manifests = rbac.load_manifests(rbac_dirs)
+            elif default is not None:
+                manifests = rbac.load_manifests([default])
+            else:
+                manifests = rbac.manifests_from_access()
+        except (OSError, yaml.YAMLError) as exc:
+            raise SeedError(f"cannot load RBAC manifests: {' '.join(str(exc).split())}") from None
         ns_rt = lookup("", "v1", "namespaces")
         assert ns_rt is not None
         try:
@@ -175,7 +177,10 @@ class SimCluster:
             rt = resources.by_kind(doc.get("apiVersion", ""), doc.get("kind", ""))
             if rt is None:
                 continue
-            self.store.put_raw(rt, doc)
+            try:
+                self.store.put_raw(rt, doc)
+            except ApiError as exc:
+                raise SeedError(f"RBAC manifest does not apply: {exc.message}") from None
             if rt.kind == "ServiceAccount":
                 name = meta["name"]
                 short = name.removeprefix("nodeward-")
@@ -193,10 +198,7 @@ class SimCluster:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.ssl_context())
         await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1]
+        self.port = int(self._runner.addresses[0][1])
         self._log.info("sim cluster listening", url=self.url)
 
     async def stop(self) -> None:
