@@ -243,16 +243,19 @@ class KubeClient:
             raise errors.from_status(int(resp.status), data)
         raw_resp = resp.response
 
+        def hand_over(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
         def pump() -> None:
             try:
                 for line in raw_resp:
                     if line.strip():
-                        loop.call_soon_threadsafe(queue.put_nowait, line)
-            except Exception as exc:
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                        hand_over(line)
+            except Exception as exc:  # handed to the event loop, which raises a typed error
+                hand_over(exc)
             finally:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(queue.put_nowait, done)
+                hand_over(done)
 
         thread = threading.Thread(target=pump, name=f"kube-watch {path}", daemon=True)
         thread.start()
@@ -270,10 +273,10 @@ class KubeClient:
                 except json.JSONDecodeError:
                     raise errors.ServerError(f"watch {path}: undecodable event") from None
         finally:
+            # Interrupt the reader and close the connection; it never goes back to the pool
+            # with a stream half read.
             with contextlib.suppress(Exception):
-                raw_resp.shutdown() if hasattr(raw_resp, "shutdown") else None
-            with contextlib.suppress(Exception):
-                raw_resp.release_conn()
+                raw_resp.shutdown()
             with contextlib.suppress(Exception):
                 raw_resp.close()
 
