@@ -48,43 +48,43 @@ def _read_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> lis
 )
 def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "out" / "kubeconfig"
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         _sim_cli("cluster", "--port", "0", "--kubeconfig", str(kubeconfig)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        lines = _read_until(proc, "kubeconfig:", 30)
-        assert lines[0].startswith("sim cluster: https://127.0.0.1:")
-        assert lines[-1] == f"kubeconfig: {kubeconfig.resolve()}"
-        assert oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
-        env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin")}
+    ) as proc:
+        try:
+            lines = _read_until(proc, "kubeconfig:", 30)
+            assert lines[0].startswith("sim cluster: https://127.0.0.1:")
+            assert lines[-1] == f"kubeconfig: {kubeconfig.resolve()}"
+            assert oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
+            env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin")}
 
-        def kubectl(*args: str) -> str:
-            out = subprocess.run(
-                [KUBECTLS[0], "--kubeconfig", str(kubeconfig), *args],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env=env,
-                check=False,
+            def kubectl(*args: str) -> str:
+                out = subprocess.run(
+                    [KUBECTLS[0], "--kubeconfig", str(kubeconfig), *args],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env=env,
+                    check=False,
+                )
+                assert out.returncode == 0, out.stderr
+                return out.stdout
+
+            nodes = kubectl("get", "nodes").strip().splitlines()[1:]
+            assert len(nodes) == 8
+            assert {n.split()[0] for n in nodes} >= {"gpu-h100-01", "gpu-a100-mig-01"}
+            kubectl("cordon", "gpu-a100-mig-01")
+            row = next(
+                n for n in kubectl("get", "nodes").splitlines() if n.startswith("gpu-a100-mig-01")
             )
-            assert out.returncode == 0, out.stderr
-            return out.stdout
-
-        nodes = kubectl("get", "nodes").strip().splitlines()[1:]
-        assert len(nodes) == 8
-        assert {n.split()[0] for n in nodes} >= {"gpu-h100-01", "gpu-a100-mig-01"}
-        kubectl("cordon", "gpu-a100-mig-01")
-        row = next(
-            n for n in kubectl("get", "nodes").splitlines() if n.startswith("gpu-a100-mig-01")
-        )
-        assert row.split()[1] == "Ready,SchedulingDisabled"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=15)
-    assert rc == 0
+            assert row.split()[1] == "Ready,SchedulingDisabled"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=15)
+        assert rc == 0
 
 
 @pytest.mark.parametrize(

@@ -862,6 +862,8 @@ class SimCluster:
                 if deadline is not None and now_m >= deadline:
                     break
                 if request.transport is None or request.transport.is_closing():
+                    if request.transport is not None:
+                        request.transport.abort()
                     break
                 if bookmarks and now_m >= next_bookmark:
                     bm = {
@@ -886,9 +888,18 @@ class SimCluster:
                 last_rv = change.rv
                 if ev := event_for(change):
                     await response.write(encode(ev))
+            if self._closing.is_set() and request.transport is not None:
+                # Shutting down: drop the stream rather than wait on a TLS close handshake
+                # with a client that may be gone.
+                request.transport.abort()
+                return response
             with contextlib.suppress(ConnectionError):
                 await response.write_eof()
             return response
+        except ConnectionError:  # the client went away mid-write
+            if request.transport is not None:
+                request.transport.abort()
+            raise
         finally:
             self.store.unsubscribe(watcher)
 
