@@ -221,6 +221,8 @@ async def test_port_writes_are_what_kubectl_shows(
     assert f"Taints:             {TAINT}=true:NoSchedule" in described
     assert "Unschedulable:      true" in described
     assert "GPUHealthy" in described and "GPU 5: Xid 79" in described
+    events_section = described.split("Events:", 1)[1]
+    assert "GPUUnhealthy" in events_section and "nodeward" in events_section
     events = (await default_kubectl("get", "events", "-n", "default")).out
     assert "GPUUnhealthy" in events and "GPU 5 reported Xid 79" in events
 

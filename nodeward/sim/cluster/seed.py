@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from datetime import UTC, datetime
 from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Any, Literal
@@ -461,9 +462,35 @@ def apply_seed(store: Store, seed: Seed) -> None:
     node_rt = lookup("", "v1", "nodes")
     assert node_rt is not None
     host_ips: dict[str, str] = {}
+    lease_rt = lookup("coordination.k8s.io", "v1", "leases")
+    assert lease_rt is not None
     for i, n in enumerate(seed.nodes):
         node = store.create(node_rt, "", node_manifest(n, i))
         host_ips[n.name] = node["status"]["addresses"][0]["address"]
+        renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        store.create(
+            lease_rt,
+            "kube-node-lease",
+            {  # the kubelet's heartbeat
+                "metadata": {
+                    "name": n.name,
+                    "namespace": "kube-node-lease",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": n.name,
+                            "uid": node["metadata"]["uid"],
+                        }
+                    ],
+                },
+                "spec": {
+                    "holderIdentity": n.name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": renewed,
+                },
+            },
+        )
     nb_rt = lookup("kubeflow.org", "v1", "notebooks")
     assert nb_rt is not None
     for nb in seed.notebooks:
