@@ -123,3 +123,23 @@ def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
         "kube-system",
         "default",
     }
+
+
+def test_secret_string_data_is_merged_into_data_and_immutable_secrets_stay() -> None:
+    import base64
+
+    store = Store()
+    secrets = require("", "v1", "secrets")
+    store.create(NAMESPACES, "", {"metadata": {"name": "ns"}})
+    created = store.create(
+        secrets,
+        "ns",
+        {"metadata": {"name": "s"}, "data": {"a": "YQ=="}, "stringData": {"b": "bee"}},
+    )
+    assert "stringData" not in created
+    assert created["data"] == {"a": "YQ==", "b": base64.b64encode(b"bee").decode()}
+    created["immutable"] = True
+    frozen = store.update(secrets, "ns", "s", created)
+    frozen["data"] = {"a": "Yg=="}
+    with pytest.raises(ApiError, match="immutable"):
+        store.update(secrets, "ns", "s", frozen)

@@ -8,6 +8,7 @@ and get `410 Expired` for older ones.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import uuid
 from collections import deque
@@ -147,6 +148,7 @@ class Store:
                     )
                 ],
             )
+        _normalize(rt, obj)
         validation.validate(rt, obj, None)
         table = self._objects.setdefault(rt.key, {})
         if (namespace if rt.namespaced else "", name) in table:
@@ -223,6 +225,7 @@ class Store:
             if rt.namespaced:
                 meta["namespace"] = namespace
         new["apiVersion"], new["kind"] = rt.api_version(), rt.kind
+        _normalize(rt, new)
         validation.validate(rt, new, old)
         if _spec_of(new) != _spec_of(old):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
@@ -279,6 +282,18 @@ class Store:
         if self.find(rt, meta.get("namespace", ""), meta["name"]) is None:
             return self.create(rt, meta.get("namespace", ""), obj)
         return self.update(rt, meta.get("namespace", ""), meta["name"], obj, check_rv=False)
+
+
+def _normalize(rt: ResourceType, obj: Obj) -> None:
+    """What the API server does to an object before storing it: a Secret's write-only
+    `stringData` is merged into `data`, base64-encoded."""
+    if rt.kind == "Secret" and rt.group == "" and obj.get("stringData"):
+        data = dict(obj.get("data") or {})
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
+    elif rt.kind == "Secret":
+        obj.pop("stringData", None)
 
 
 def _spec_of(obj: Obj) -> Obj:

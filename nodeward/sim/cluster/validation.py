@@ -179,8 +179,13 @@ def _event(obj: dict[str, Any]) -> list[Cause]:
     return causes
 
 
-def _secret(obj: dict[str, Any]) -> list[Cause]:
+def _secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
     causes: list[Cause] = []
+    frozen = old is not None and bool(old.get("immutable"))
+    if frozen and (obj.get("data") != (old or {}).get("data") or obj.get("immutable") is not True):
+        causes.append(
+            ("data", "FieldValueForbidden", "Forbidden: field is immutable when `immutable` is set")
+        )
     for key, value in (obj.get("data") or {}).items():
         try:
             base64.b64decode(value, validate=True)
@@ -214,7 +219,7 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
     elif rt.kind == "Event" and rt.group == "events.k8s.io":
         causes += _event(obj)
     elif rt.kind == "Secret":
-        causes += _secret(obj)
+        causes += _secret(obj, old)
     elif rt.kind == "PodDisruptionBudget":
         causes += _pdb(obj)
     if causes:
