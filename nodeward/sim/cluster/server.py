@@ -26,7 +26,7 @@ import yaml
 from aiohttp import web
 
 from nodeward.logs import get_logger
-from nodeward.sim.cluster import convert, disruption, rbac, resources, tables
+from nodeward.sim.cluster import convert, disruption, protobuf, rbac, resources, tables
 from nodeward.sim.cluster.errors import ApiError, bad_request
 from nodeward.sim.cluster.patch import apply_patch
 from nodeward.sim.cluster.resources import ResourceType, lookup
@@ -542,6 +542,19 @@ class SimCluster:
         raw = await request.read()
         if not raw:
             return None
+        media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        if media == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.decode(raw)
+            except protobuf.UndecodableError:
+                pass
+        if media and "json" not in media and "yaml" not in media:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/json, application/yaml (the sim cluster does not decode {media})",
+            )
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
