@@ -26,6 +26,10 @@ def reference(obj: Obj) -> dict[str, Any]:
     }
     if meta.get("namespace"):
         ref["namespace"] = meta["namespace"]
+    if ref["kind"] == "Node":
+        # The kubelet's convention, which kubectl describe searches by: a node's events
+        # carry the node name as its uid.
+        ref["uid"] = ref["name"]
     return {k: v for k, v in ref.items() if v}
 
 

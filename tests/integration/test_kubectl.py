@@ -22,6 +22,10 @@ pytestmark = [
     ),
 ]
 TAINT = "nodeward.io/gpu-unhealthy"
+NO_OPENAPI_V2 = (
+    "kubectl before 1.27 checks dry-run and validation support in /openapi/v2 (protobuf), "
+    "which the sim cluster does not serve; it serves /openapi/v3"
+)
 
 
 @dataclass
@@ -89,13 +93,36 @@ def kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> 
     )
 
 
-@pytest.fixture
-def default_kubectl(sim: SimCluster, tmp_path: Path) -> Kubectl:
+def _minor(version: str) -> int:
+    try:
+        return int(version.split(".")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+_BY_AGE = sorted(KUBECTLS, key=lambda b: _minor(VERSIONS.get(b, "")))
+# The oldest and the newest kubectl run the scenarios; the newest also the ones old ones cannot.
+EDGES = list(dict.fromkeys([_BY_AGE[0], _BY_AGE[-1]])) if _BY_AGE else ["kubectl"]
+NEWEST = EDGES[-1]
+
+
+def _make(binary: str, sim: SimCluster, tmp_path: Path) -> Kubectl:
     home = tmp_path / "home"
     home.mkdir()
     return Kubectl(
-        KUBECTLS[0] if KUBECTLS else "kubectl", sim.write_kubeconfig(tmp_path / "kubeconfig"), home
+        binary, sim.write_kubeconfig(tmp_path / "kubeconfig"), home, VERSIONS.get(binary, "")
     )
+
+
+@pytest.fixture(params=EDGES, ids=[f"{Path(b).name}-{VERSIONS.get(b, 'none')}" for b in EDGES])
+def edge_kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> Kubectl:
+    """The oldest and the newest kubectl on this machine."""
+    return _make(request.param, sim, tmp_path)
+
+
+@pytest.fixture
+def newest_kubectl(sim: SimCluster, tmp_path: Path) -> Kubectl:
+    return _make(NEWEST, sim, tmp_path)
 
 
 def _rows(table: str) -> dict[str, list[str]]:
@@ -171,9 +198,9 @@ async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimC
 
 
 async def test_drain_of_a_node_with_a_budget_protected_pod(
-    default_kubectl: Kubectl, sim: SimCluster
+    edge_kubectl: Kubectl, sim: SimCluster
 ) -> None:
-    kubectl = default_kubectl
+    kubectl = edge_kubectl
     blocked = await kubectl(
         "drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=1s", check=False
     )
@@ -198,7 +225,7 @@ async def test_drain_of_a_node_with_a_budget_protected_pod(
 
 
 async def test_port_writes_are_what_kubectl_shows(
-    default_kubectl: Kubectl, port_for: PortFactory
+    edge_kubectl: Kubectl, port_for: PortFactory
 ) -> None:
     cordon = port_for("cordon")
     await cordon.nodes.set_condition(
@@ -213,22 +240,22 @@ async def test_port_writes_are_what_kubectl_shows(
         note="GPU 5 reported Xid 79",
         type_="Warning",
     )
-    node = await default_kubectl.json("get", "node", "gpu-h100-04")
+    node = await edge_kubectl.json("get", "node", "gpu-h100-04")
     conditions = {c["type"]: c for c in node["status"]["conditions"]}
     assert conditions["GPUHealthy"]["status"] == "False"
     assert conditions["GPUHealthy"]["reason"] == "XidError"
-    described = (await default_kubectl("describe", "node", "gpu-h100-04")).out
+    described = (await edge_kubectl("describe", "node", "gpu-h100-04")).out
     assert f"Taints:             {TAINT}=true:NoSchedule" in described
     assert "Unschedulable:      true" in described
     assert "GPUHealthy" in described and "GPU 5: Xid 79" in described
     events_section = described.split("Events:", 1)[1]
     assert "GPUUnhealthy" in events_section and "nodeward" in events_section
-    events = (await default_kubectl("get", "events", "-n", "default")).out
+    events = (await edge_kubectl("get", "events", "-n", "default")).out
     assert "GPUUnhealthy" in events and "GPU 5 reported Xid 79" in events
 
 
-async def test_kubectl_as_a_service_identity_is_bound_by_its_role(default_kubectl: Kubectl) -> None:
-    as_culler = await default_kubectl(
+async def test_kubectl_as_a_service_identity_is_bound_by_its_role(edge_kubectl: Kubectl) -> None:
+    as_culler = await edge_kubectl(
         "--context", "nodeward-culler", "cordon", "gpu-h100-01", check=False
     )
     assert as_culler.rc != 0
@@ -236,13 +263,13 @@ async def test_kubectl_as_a_service_identity_is_bound_by_its_role(default_kubect
         'User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"'
         in as_culler.err
     )
-    listed = await default_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
+    listed = await edge_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
     assert "bob-jupyter-0" in listed.out
 
 
-async def test_auth_can_i_reflects_each_services_role(default_kubectl: Kubectl) -> None:
+async def test_auth_can_i_reflects_each_services_role(edge_kubectl: Kubectl) -> None:
     async def can(context: str, *args: str) -> str:
-        result = await default_kubectl("--context", context, "auth", "can-i", *args, check=False)
+        result = await edge_kubectl("--context", context, "auth", "can-i", *args, check=False)
         return result.out.strip()
 
     assert await can("nodeward-cordon", "patch", "nodes") == "yes"
@@ -266,20 +293,21 @@ async def test_auth_can_i_reflects_each_services_role(default_kubectl: Kubectl) 
 
 
 async def test_server_side_dry_run_changes_nothing(
-    default_kubectl: Kubectl, sim: SimCluster
+    newest_kubectl: Kubectl, sim: SimCluster
 ) -> None:
+    if 0 < newest_kubectl.minor < 27:
+        pytest.skip(NO_OPENAPI_V2)
     rv = sim.store.resource_version
-    out = await default_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
+    out = await newest_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
     assert "(server dry run)" in out.out
-    await default_kubectl("label", "node", "gpu-h100-01", "a=b", "--dry-run=server")
-    await default_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
-    await default_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
+    await newest_kubectl("label", "node", "gpu-h100-01", "a=b", "--dry-run=server")
+    await newest_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
+    await newest_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
     assert sim.store.resource_version == rv
     assert (
-        _rows((await default_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0]
-        == "Ready"
+        _rows((await newest_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
     )
-    listed = await default_kubectl(
+    listed = await newest_kubectl(
         "get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03"
     )
     assert len(listed.out.strip().splitlines()) - 1 == 7
@@ -287,21 +315,19 @@ async def test_server_side_dry_run_changes_nothing(
 
 
 async def test_create_and_apply_validate_on_the_server(
-    default_kubectl: Kubectl, tmp_path: Path
+    newest_kubectl: Kubectl, tmp_path: Path
 ) -> None:
-    if 0 < default_kubectl.minor < 27:
-        pytest.skip(
-            "kubectl before 1.27 validates against /openapi/v2, which the sim cluster does not serve"
-        )
+    if 0 < newest_kubectl.minor < 27:
+        pytest.skip(NO_OPENAPI_V2)
     manifest = tmp_path / "pdb.yaml"
     manifest.write_text(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bob, namespace: ml-nlp}\n"
         "spec: {minAvailable: 1, selector: {matchLabels: {notebook-name: bob-jupyter}}}\n"
     )
-    assert "created" in (await default_kubectl("create", "-f", str(manifest))).out
-    pdb = await default_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert "created" in (await newest_kubectl("create", "-f", str(manifest))).out
+    pdb = await newest_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
     assert pdb["status"]["disruptionsAllowed"] == 0
     manifest.write_text(manifest.read_text().replace("minAvailable: 1", "minAvailable: 0"))
-    assert "configured" in (await default_kubectl("apply", "-f", str(manifest))).out
-    pdb = await default_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert "configured" in (await newest_kubectl("apply", "-f", str(manifest))).out
+    pdb = await newest_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
     assert (pdb["spec"]["minAvailable"], pdb["status"]["disruptionsAllowed"]) == (0, 1)
