@@ -16,6 +16,9 @@ class Endpoints(BaseModel):
     nats_url: str
     state_dir: Path
     kubeconfig: Path | None = None
+    kube_api: str | None = Field(
+        default=None, description="the sim cluster's URL when `up` runs it"
+    )
     outbox: Path | None = None
     metrics: dict[str, str] = Field(default_factory=dict, description="daemon name -> base URL")
     falco_ingest_url: str | None = None

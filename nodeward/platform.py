@@ -77,20 +77,31 @@ async def run_up(
     *,
     nats_port: int = 0,
     external_nats: bool = False,
+    seed: Path | None = None,
     announce: Callable[[Endpoints], None],
 ) -> None:
-    """The whole platform in this process until SIGINT/SIGTERM."""
+    """The whole platform in this process until SIGINT/SIGTERM.
+
+    Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
+    is written to `<state-dir>/kubeconfig`.
+    """
     log = structlog.get_logger().bind(component="up")
     state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
     outbox = state_dir / "outbox"
     outbox.mkdir(parents=True, exist_ok=True)
-    server: EmbeddedNats | None = None
     endpoints: Endpoints | None = None
-    try:
+    async with contextlib.AsyncExitStack() as stack:
         if not external_nats:
             server = EmbeddedNats(state_dir / "nats", port=nats_port)
-            await server.start()
+            await stack.enter_async_context(server)
             settings.bus.url = server.url
+        kube_api: str | None = None
+        if settings.cluster.kubeconfig is None:
+            from nodeward.sim.cluster.embedded import embedded_cluster
+
+            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed))
+            settings.cluster = cluster.settings_for(None)
+            kube_api = cluster.url
         daemons = [await _platform_daemon(settings)]
         for component in COMPONENTS:
             daemons.append(await component.build(settings))
@@ -100,15 +111,14 @@ async def run_up(
             nats_url=settings.bus.url,
             state_dir=state_dir,
             outbox=outbox,
+            kubeconfig=settings.cluster.kubeconfig,
+            kube_api=kube_api,
             metrics={d.name: d.url for d in daemons},
         )
+        stack.callback(endpoints.remove)
         endpoints.write()
-        log.info("up.ready", nats=settings.bus.url, daemons=[d.name for d in daemons])
+        log.info(
+            "up.ready", nats=settings.bus.url, kube=kube_api, daemons=[d.name for d in daemons]
+        )
         announce(endpoints)
         await serve(daemons, handle_signals=True)
-    finally:
-        if endpoints is not None:
-            endpoints.remove()
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await server.stop()

@@ -16,6 +16,7 @@ from nodeward.config import ConfigError
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 from nodeward.logs import configure_logging
+from nodeward.sim.cli import sim_app
 
 app = typer.Typer(
     name="nodeward",
@@ -29,6 +30,7 @@ schemas_app = typer.Typer(
     help="The event contract: JSON Schemas and examples.", no_args_is_help=True
 )
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(sim_app, name="sim")
 
 NatsOpt = Annotated[
     str | None,
@@ -92,7 +94,7 @@ def bus(
 
 
 @app.command()
-def up(
+def up(  # noqa: PLR0917 - typer maps parameters to options
     state_dir: Annotated[
         Path, typer.Option("--state-dir", help="NATS store, kubeconfig, outbox, endpoints.json")
     ] = DEFAULT_STATE_DIR,
@@ -100,9 +102,17 @@ def up(
         int, typer.Option("--nats-port", min=0, max=65535, help="embedded NATS port; 0 picks one")
     ] = 0,
     nats: NatsOpt = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option("--kubeconfig", help="a real cluster (default: run the sim cluster)"),
+    ] = None,
+    seed: Annotated[
+        Path | None,
+        typer.Option("--seed", help="the sim cluster's seed YAML (default: the shipped one)"),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Run the whole platform in one process: embedded NATS and every agent and service."""
+    """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
     from nodeward.platform import run_up
 
     running = Endpoints.read(state_dir)
@@ -111,6 +121,12 @@ def up(
             f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})"
         )
     settings = settings_for(config, nats)
+    if kubeconfig is not None:
+        if not kubeconfig.is_file():
+            raise CliError(f"kubeconfig {kubeconfig} does not exist")
+        settings.cluster.kubeconfig = kubeconfig
+    if seed is not None and not seed.is_file():
+        raise CliError(f"seed {seed} does not exist")
 
     def announce(endpoints: Endpoints) -> None:
         from rich.console import Console
@@ -119,6 +135,11 @@ def up(
         console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
         for name, url in endpoints.metrics.items():
             console.print(f"  {name:<12} {url}/metrics  {url}/readyz")
+        if endpoints.kubeconfig:
+            where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
+            console.print(
+                f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
+            )
         console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
         console.print(
             "  watch it    nodeward tail  (another terminal)   ·   Ctrl-C stops everything"
@@ -130,6 +151,7 @@ def up(
             state_dir,
             nats_port=nats_port,
             external_nats=nats is not None,
+            seed=seed,
             announce=announce,
         )
     )

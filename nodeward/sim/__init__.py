@@ -1,1 +1,1 @@
-"""Embedded stand-ins for running nodeward without a cluster: NATS, Kubernetes, GPUs."""
+"""Embedded stand-ins for running nodeward without a cluster: NATS, the sim cluster, GPUs."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,18 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
         assert ready.status_code == 200 and ready.json()["status"] == "ready"
         metrics = httpx.get(endpoints["metrics"]["platform"] + "/metrics", timeout=5).text
         assert "nodeward_bus_connected 1.0" in metrics
+        # The sim cluster runs, and its kubeconfig works with kubectl.
+        assert endpoints["kube_api"].startswith("https://127.0.0.1:")
+        assert Path(endpoints["kubeconfig"]) == state / "kubeconfig"
+        if shutil.which("kubectl"):
+            nodes = subprocess.run(
+                ["kubectl", "--kubeconfig", endpoints["kubeconfig"], "get", "nodes", "-o", "name"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert nodes.returncode == 0, nodes.stderr
+            assert len(nodes.stdout.split()) == 8
         # A second `up` on the same state dir is refused.
         second = run("up", "--state-dir", str(state))
         assert second.returncode == 1 and "already running" in second.stderr

@@ -1,0 +1,65 @@
+"""What every area of the port shares: the client, the guard, conflict retries, paths."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from nodeward.kube.access import Guard
+from nodeward.kube.client import KubeClient
+from nodeward.kube.errors import Conflict
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+class Area:
+    """One group of port operations (nodes, pods, ...)."""
+
+    def __init__(self, client: KubeClient, guard: Guard, *, conflict_retries: int = 8) -> None:
+        self._client = client
+        self._guard = guard
+        self._conflict_retries = conflict_retries
+
+    async def _on_conflict_retry(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` (which re-reads and re-applies) again on each 409, a bounded number of times."""
+        for _ in range(self._conflict_retries):
+            try:
+                return await attempt()
+            except Conflict as exc:
+                if exc.reason == "AlreadyExists":
+                    raise
+        return await attempt()
+
+
+def seg(value: str) -> str:
+    """One path segment, escaped."""
+    return quote(value, safe="")
+
+
+def core(resource: str, name: str = "", namespace: str = "", sub: str = "") -> str:
+    return _path("/api/v1", resource, name, namespace, sub)
+
+
+def group_path(
+    group: str, version: str, resource: str, name: str = "", namespace: str = "", *, sub: str = ""
+) -> str:
+    return _path(f"/apis/{group}/{version}", resource, name, namespace, sub)
+
+
+def _path(prefix: str, resource: str, name: str, namespace: str, sub: str) -> str:
+    path = prefix
+    if namespace:
+        path += f"/namespaces/{seg(namespace)}"
+    path += f"/{resource}"
+    if name:
+        path += f"/{seg(name)}"
+    if sub:
+        path += f"/{sub}"
+    return path
+
+
+def copied(obj: Obj) -> Obj:
+    return copy.deepcopy(obj)

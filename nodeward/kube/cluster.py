@@ -1,0 +1,47 @@
+"""The cluster port: every operation services perform on Kubernetes, grouped by resource."""
+
+from __future__ import annotations
+
+from nodeward.config import ClusterSettings
+from nodeward.kube.access import Guard
+from nodeward.kube.checkpoints import Checkpoints
+from nodeward.kube.client import KubeClient
+from nodeward.kube.events import Events
+from nodeward.kube.leases import Leases
+from nodeward.kube.netpol import NetworkPolicies
+from nodeward.kube.nodes import Nodes
+from nodeward.kube.notebooks import Notebooks
+from nodeward.kube.pods import Pods
+from nodeward.kube.secrets import Secrets
+
+
+class Cluster:
+    """One service's view of the cluster. Operations it does not declare raise `UndeclaredOperation`."""
+
+    def __init__(self, client: KubeClient, service: str | None = None) -> None:
+        self.client = client
+        self.service = service
+        guard = Guard(service)
+        self.nodes = Nodes(client, guard)
+        self.pods = Pods(client, guard)
+        self.events = Events(client, guard)
+        self.secrets = Secrets(client, guard)
+        self.notebooks = Notebooks(client, guard)
+        self.network_policies = NetworkPolicies(client, guard)
+        self.leases = Leases(client, guard)
+        self.checkpoints = Checkpoints(client, guard)
+
+    @classmethod
+    def connect(cls, settings: ClusterSettings, service: str | None = None) -> Cluster:
+        """A port from `settings` (kubeconfig and context, or in-cluster) for `service`."""
+        agent = f"nodeward/{service}" if service else "nodeward"
+        return cls(KubeClient.from_settings(settings, user_agent=agent), service)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> Cluster:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

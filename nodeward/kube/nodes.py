@@ -1,0 +1,182 @@
+"""Nodes: read, taint, cordon, label, annotate, set a condition, watch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from nodeward.kube.access import operation
+from nodeward.kube.base import Area, Obj, core
+from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH
+from nodeward.kube.watch import WatchEvent, watch
+
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def taints_of(node: Obj) -> list[dict[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def condition_of(node: Obj, type_: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == type_),
+        None,
+    )
+
+
+class Nodes(Area):
+    @operation("nodes.get")
+    async def get(self, name: str) -> Obj:
+        result: Obj = await self._client.request("GET", core("nodes", name))
+        return result
+
+    @operation("nodes.list")
+    async def list(
+        self, *, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[Obj]:
+        listing = await self._client.request(
+            "GET",
+            core("nodes"),
+            query={"labelSelector": label_selector, "fieldSelector": field_selector},
+        )
+        return list(listing.get("items") or [])
+
+    @operation("nodes.watch")
+    async def watch(
+        self,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes to nodes from `resource_version` (or now) on; see `nodeward.kube.watch.watch`."""
+        async for event in watch(
+            self._client,
+            core("nodes"),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
+        ):
+            yield event
+
+    async def _get(self, name: str) -> Obj:
+        result: Obj = await self._client.request("GET", core("nodes", name))
+        return result
+
+    async def _patch(
+        self, name: str, patch: Obj, content_type: str = STRATEGIC_PATCH, sub: str = ""
+    ) -> Obj:
+        result: Obj = await self._client.request(
+            "PATCH", core("nodes", name, sub=sub), body=patch, content_type=content_type
+        )
+        return result
+
+    @operation("nodes.patch")
+    async def add_taint(
+        self, name: str, key: str, effect: TaintEffect = "NoSchedule", value: str | None = None
+    ) -> bool:
+        """Add the taint unless one with this key and effect (and value) is there. True if changed.
+
+        Taints are an atomic list in the real API, so the whole list is written with the
+        resourceVersion it was read at; a 409 re-reads and re-applies.
+        """
+
+        async def attempt() -> bool:
+            node = await self._get(name)
+            taints = taints_of(node)
+            same = [t for t in taints if t.get("key") == key and t.get("effect") == effect]
+            if same and all(t.get("value") == value for t in same):
+                return False
+            new: dict[str, Any] = {"key": key, "effect": effect}
+            if value is not None:
+                new["value"] = value
+            if effect == "NoExecute":
+                new["timeAdded"] = _now()
+            kept = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
+            await self._patch(
+                name,
+                {
+                    "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                    "spec": {"taints": [*kept, new]},
+                },
+            )
+            return True
+
+        return await self._on_conflict_retry(attempt)
+
+    @operation("nodes.patch")
+    async def remove_taint(self, name: str, key: str, effect: TaintEffect | None = None) -> bool:
+        """Remove taints with `key` (and `effect`, if given). True if any was there."""
+
+        async def attempt() -> bool:
+            node = await self._get(name)
+            taints = taints_of(node)
+            kept = [
+                t
+                for t in taints
+                if not (t.get("key") == key and (effect is None or t.get("effect") == effect))
+            ]
+            if len(kept) == len(taints):
+                return False
+            await self._patch(
+                name,
+                {
+                    "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                    "spec": {"taints": kept or None},
+                },
+            )
+            return True
+
+        return await self._on_conflict_retry(attempt)
+
+    @operation("nodes.patch")
+    async def set_unschedulable(self, name: str, unschedulable: bool = True) -> bool:
+        """Cordon (True) or uncordon (False). Returns the prior value."""
+        node = await self._get(name)
+        prior = bool((node.get("spec") or {}).get("unschedulable"))
+        if prior != unschedulable:
+            await self._patch(name, {"spec": {"unschedulable": True if unschedulable else None}})
+        return prior
+
+    @operation("nodes.patch")
+    async def set_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
+        """Set labels; a None value removes the label."""
+        return await self._patch(name, {"metadata": {"labels": dict(labels)}}, MERGE_PATCH)
+
+    @operation("nodes.patch")
+    async def set_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
+        """Set annotations; a None value removes the annotation."""
+        return await self._patch(
+            name, {"metadata": {"annotations": dict(annotations)}}, MERGE_PATCH
+        )
+
+    @operation("nodes.set_condition")
+    async def set_condition(
+        self, name: str, type_: str, status: ConditionStatus, reason: str, message: str = ""
+    ) -> Obj:
+        """Set one node condition through the status subresource.
+
+        Conditions merge by `type`, so other writers' conditions are kept. The transition
+        time moves only when the status changes.
+        """
+        node = await self._get(name)
+        stamp = _now()
+        prior = condition_of(node, type_)
+        transition = (
+            prior.get("lastTransitionTime") if prior and prior.get("status") == status else stamp
+        )
+        condition = {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": transition or stamp,
+        }
+        return await self._patch(name, {"status": {"conditions": [condition]}}, sub="status")

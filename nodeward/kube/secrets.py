@@ -1,0 +1,71 @@
+"""Secrets: get, replace and patch, each guarded by the resourceVersion it read; 409 re-reads."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+
+from nodeward.kube.access import operation
+from nodeward.kube.base import Area, Obj, copied, core
+from nodeward.kube.client import MERGE_PATCH
+
+
+def decode(secret: Obj) -> dict[str, str]:
+    """The Secret's data, base64-decoded."""
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+def encode(values: Mapping[str, str]) -> dict[str, str]:
+    return {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
+
+
+class Secrets(Area):
+    @operation("secrets.get")
+    async def get(self, namespace: str, name: str) -> Obj:
+        result: Obj = await self._client.request("GET", core("secrets", name, namespace))
+        return result
+
+    @operation("secrets.replace")
+    async def replace(self, namespace: str, name: str, mutate: Callable[[Obj], Obj | None]) -> Obj:
+        """Read, `mutate` (a copy), PUT with the read resourceVersion; on 409 read and mutate again.
+
+        `mutate` returning None means no change is needed; the current Secret is returned.
+        """
+
+        async def attempt() -> Obj:
+            current: Obj = await self._client.request("GET", core("secrets", name, namespace))
+            desired = mutate(copied(current))
+            if desired is None:
+                return current
+            desired.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+            result: Obj = await self._client.request(
+                "PUT", core("secrets", name, namespace), body=desired
+            )
+            return result
+
+        return await self._on_conflict_retry(attempt)
+
+    @operation("secrets.patch")
+    async def patch(
+        self, namespace: str, name: str, make_patch: Callable[[Obj], Obj | None]
+    ) -> Obj:
+        """Read, build a merge patch from the current Secret, apply it guarded by the read
+        resourceVersion; on 409 read and build again. A None patch changes nothing."""
+
+        async def attempt() -> Obj:
+            current: Obj = await self._client.request("GET", core("secrets", name, namespace))
+            patch = make_patch(copied(current))
+            if patch is None:
+                return current
+            patch = copied(patch)
+            patch.setdefault("metadata", {})["resourceVersion"] = current["metadata"][
+                "resourceVersion"
+            ]
+            result: Obj = await self._client.request(
+                "PATCH", core("secrets", name, namespace), body=patch, content_type=MERGE_PATCH
+            )
+            return result
+
+        return await self._on_conflict_retry(attempt)

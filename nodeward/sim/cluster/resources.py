@@ -1,0 +1,399 @@
+"""The resource types the sim cluster serves, and the discovery documents that describe them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_RW = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One REST resource: where it lives, its kind, and what it supports."""
+
+    group: str
+    versions: tuple[str, ...]
+    resource: str
+    kind: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    fields: frozenset[str] = field(default_factory=frozenset)
+    categories: tuple[str, ...] = ()
+    custom: bool = False
+    storage: tuple[str, str] | None = None  # another resource whose store this one shares
+    verbs: tuple[str, ...] = _RW
+
+    @property
+    def version(self) -> str:
+        return self.versions[0]
+
+    def api_version(self, version: str | None = None) -> str:
+        v = version or self.version
+        return f"{self.group}/{v}" if self.group else v
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.storage or (self.group, self.resource)
+
+
+_POD_FIELDS = frozenset(
+    {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "spec.hostNetwork",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    }
+)
+_EVENT_FIELDS = frozenset(
+    {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    }
+)
+_NEW_EVENT_FIELDS = frozenset(
+    {
+        "regarding.kind",
+        "regarding.namespace",
+        "regarding.name",
+        "regarding.uid",
+        "regarding.apiVersion",
+        "reason",
+        "reportingController",
+        "type",
+    }
+)
+
+RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType(
+        "",
+        ("v1",),
+        "namespaces",
+        "Namespace",
+        False,
+        ("ns",),
+        ("status",),
+        frozenset({"status.phase"}),
+    ),
+    ResourceType(
+        "",
+        ("v1",),
+        "nodes",
+        "Node",
+        False,
+        ("no",),
+        ("status", "proxy"),
+        frozenset({"spec.unschedulable"}),
+    ),
+    ResourceType(
+        "", ("v1",), "pods", "Pod", True, ("po",), ("status", "eviction"), _POD_FIELDS, ("all",)
+    ),
+    ResourceType(
+        "",
+        ("v1",),
+        "events",
+        "Event",
+        True,
+        ("ev",),
+        (),
+        _EVENT_FIELDS,
+        storage=("events.k8s.io", "events"),
+    ),
+    ResourceType("", ("v1",), "secrets", "Secret", True, (), (), frozenset({"type"})),
+    ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",)),
+    ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",)),
+    ResourceType(
+        "apps", ("v1",), "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "deployments",
+        "Deployment",
+        True,
+        ("deploy",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "replicasets",
+        "ReplicaSet",
+        True,
+        ("rs",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "apps",
+        ("v1",),
+        "statefulsets",
+        "StatefulSet",
+        True,
+        ("sts",),
+        ("status",),
+        categories=("all",),
+    ),
+    ResourceType(
+        "policy",
+        ("v1", "v1beta1"),
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        True,
+        ("pdb",),
+        ("status",),
+    ),
+    ResourceType("events.k8s.io", ("v1",), "events", "Event", True, ("ev",), (), _NEW_EVENT_FIELDS),
+    ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True),
+    ResourceType(
+        "networking.k8s.io", ("v1",), "networkpolicies", "NetworkPolicy", True, ("netpol",)
+    ),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterroles", "ClusterRole", False),
+    ResourceType(
+        "rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False
+    ),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True),
+    ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True),
+    ResourceType(
+        "kubeflow.org", ("v1",), "notebooks", "Notebook", True, (), ("status",), custom=True
+    ),
+    ResourceType(
+        "authorization.k8s.io",
+        ("v1",),
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        False,
+        verbs=("create",),
+    ),
+)
+
+# Preferred version first; policy/v1beta1 stays served for older kubectl.
+GROUP_VERSIONS: dict[str, tuple[str, ...]] = {}
+for _rt in RESOURCES:
+    if _rt.group:
+        GROUP_VERSIONS.setdefault(_rt.group, ())
+        for _v in _rt.versions:
+            if _v not in GROUP_VERSIONS[_rt.group]:
+                GROUP_VERSIONS[_rt.group] = (*GROUP_VERSIONS[_rt.group], _v)
+
+
+def lookup(group: str, version: str, resource: str) -> ResourceType | None:
+    for rt in RESOURCES:
+        if rt.group == group and rt.resource == resource and version in rt.versions:
+            return rt
+    return None
+
+
+def require(group: str, version: str, resource: str) -> ResourceType:
+    """The resource type, which must be served."""
+    rt = lookup(group, version, resource)
+    if rt is None:
+        raise KeyError(f"{group}/{version}/{resource} is not served")
+    return rt
+
+
+def by_kind(api_version: str, kind: str) -> ResourceType | None:
+    group, _, version = api_version.rpartition("/")
+    for rt in RESOURCES:
+        if rt.group == group and rt.kind == kind and version in rt.versions:
+            return rt
+    return None
+
+
+def _resource_entry(rt: ResourceType) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": rt.resource,
+        "singularName": rt.kind.lower(),
+        "namespaced": rt.namespaced,
+        "kind": rt.kind,
+        "verbs": list(rt.verbs),
+    }
+    if rt.short_names:
+        entry["shortNames"] = list(rt.short_names)
+    if rt.categories:
+        entry["categories"] = list(rt.categories)
+    return entry
+
+
+def _sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
+    out = []
+    for sub in rt.subresources:
+        if sub == "status":
+            out.append(
+                {
+                    "name": f"{rt.resource}/status",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+        elif sub == "eviction":
+            out.append(
+                {
+                    "name": "pods/eviction",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
+        elif sub == "proxy":
+            out.append(
+                {
+                    "name": "nodes/proxy",
+                    "singularName": "",
+                    "namespaced": False,
+                    "kind": "NodeProxyOptions",
+                    "verbs": ["create", "delete", "get", "patch", "update"],
+                }
+            )
+    return out
+
+
+def resource_list(group: str, version: str) -> dict[str, Any] | None:
+    """`APIResourceList` for one group version, or None if not served."""
+    items = [rt for rt in RESOURCES if rt.group == group and version in rt.versions]
+    if not items:
+        return None
+    resources: list[dict[str, Any]] = []
+    for rt in items:
+        resources.append(_resource_entry(rt))
+        resources.extend(_sub_entries(rt))
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": resources,
+    }
+
+
+def api_group(group: str) -> dict[str, Any] | None:
+    versions = GROUP_VERSIONS.get(group)
+    if not versions:
+        return None
+    gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": gvs,
+        "preferredVersion": gvs[0],
+    }
+
+
+def api_group_list() -> dict[str, Any]:
+    groups = [g for g in (api_group(name) for name in GROUP_VERSIONS) if g]
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+
+def api_versions(address: str) -> dict[str, Any]:
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
+    }
+
+
+def _gv_path(group: str, version: str) -> str:
+    return f"apis/{group}/{version}" if group else f"api/{version}"
+
+
+def openapi_v3_root() -> dict[str, Any]:
+    """`/openapi/v3`: one document per group version, as the real server lists them."""
+    gvs = {(rt.group, v) for rt in RESOURCES for v in rt.versions}
+    return {
+        "paths": {
+            _gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=sim"}
+            for g, v in sorted(gvs)
+        }
+    }
+
+
+def openapi_v3_document(path: str) -> dict[str, Any] | None:
+    """A minimal OpenAPI v3 document for one group version: its item paths and their
+    operations, with the `fieldValidation` query parameter, so that kubectl validates on the
+    server (`fieldValidation=Strict`) instead of downloading schemas. No object schemas."""
+    parts = path.strip("/").split("/")
+    if parts[:1] == ["api"] and len(parts) == 2:
+        group, version = "", parts[1]
+    elif parts[:1] == ["apis"] and len(parts) == 3:
+        group, version = parts[1], parts[2]
+    else:
+        return None
+    served = [rt for rt in RESOURCES if rt.group == group and version in rt.versions]
+    if not served:
+        return None
+    params = [
+        {"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+        for n in ("dryRun", "fieldManager", "fieldValidation")
+    ]
+    paths: dict[str, Any] = {}
+    prefix = "/" + _gv_path(group, version)
+    for rt in served:
+        gvk = {"group": group, "version": version, "kind": rt.kind}
+        base = (
+            f"{prefix}/namespaces/{{namespace}}/{rt.resource}"
+            if rt.namespaced
+            else f"{prefix}/{rt.resource}"
+        )
+        content = [
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ]
+        if not rt.custom:
+            content.append("application/strategic-merge-patch+json")
+        item_ops: dict[str, Any] = {}
+        for method, verb in (
+            ("get", "get"),
+            ("put", "update"),
+            ("delete", "delete"),
+            ("patch", "patch"),
+        ):
+            if verb in rt.verbs:
+                op: dict[str, Any] = {
+                    "operationId": f"{verb}{rt.kind}",
+                    "parameters": params,
+                    "x-kubernetes-action": verb,
+                    "x-kubernetes-group-version-kind": gvk,
+                }
+                if method == "patch":
+                    op["requestBody"] = {
+                        "content": {c: {"schema": {"type": "object"}} for c in content}
+                    }
+                item_ops[method] = op
+        if item_ops:
+            paths[f"{base}/{{name}}"] = item_ops
+        if "create" in rt.verbs:
+            paths[base] = {
+                "post": {
+                    "operationId": f"create{rt.kind}",
+                    "parameters": params,
+                    "x-kubernetes-action": "post",
+                    "x-kubernetes-group-version-kind": gvk,
+                }
+            }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes (nodeward sim cluster)", "version": "v1.30.4"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }

@@ -1,0 +1,3 @@
+"""Fixtures of the integration tests. The sim cluster's live in `simkube.py`."""
+
+from tests.integration.simkube import admin, port_for, sim  # noqa: F401

@@ -1,0 +1,88 @@
+"""Shared fixtures for tests against the sim cluster: the sim itself, the port as any identity, kubectl."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from nodeward.config import ClusterSettings
+from nodeward.kube import Cluster
+from nodeward.kube.client import Backoff, KubeClient
+from nodeward.sim.cluster import SimCluster
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimCluster]:
+    async with SimCluster(port=0, bookmark_interval=0.2) as cluster:
+        yield cluster
+
+
+PortFactory = Callable[..., Cluster]
+
+
+@pytest.fixture
+async def port_for(sim: SimCluster, tmp_path: Path) -> AsyncIterator[PortFactory]:
+    """`port_for("cordon")`: the port as that service (guarded, its own token); `port_for()`: admin."""
+    made: list[Cluster] = []
+
+    def make(identity: str | None = None, *, guarded: bool = True, retries: int = 3) -> Cluster:
+        ident = identity or "admin"
+        path = sim.write_kubeconfig(tmp_path / f"kubeconfig-{ident}", identity=ident)
+        settings = ClusterSettings(kubeconfig=path, retries=retries)
+        client = KubeClient.from_settings(settings)
+        client.backoff = Backoff(base=0.01, cap=0.05)
+        cluster = Cluster(client, identity if guarded else None)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        await cluster.close()
+
+
+@pytest.fixture
+async def admin(port_for: PortFactory) -> Cluster:
+    return port_for()
+
+
+def kubectl_binaries() -> list[str]:
+    """Every kubectl this machine has: the one on PATH, its versioned siblings, NODEWARD_KUBECTLS."""
+    found: list[str] = []
+    main = shutil.which("kubectl")
+    if main:
+        found.append(main)
+        real = Path(os.path.realpath(main))
+        found += [str(p) for p in sorted(real.parent.glob("kubectl.1.*")) if os.access(p, os.X_OK)]
+    found += [p for p in os.environ.get("NODEWARD_KUBECTLS", "").split(os.pathsep) if p]
+    debian = (
+        Path(__file__).resolve().parents[2]
+        / ".cache"
+        / "kubectl-debian"
+        / "usr"
+        / "bin"
+        / "kubectl"
+    )
+    if debian.exists():
+        found.append(str(debian))
+    return list(dict.fromkeys(found))
+
+
+def kubectl_version(binary: str) -> str:
+    out = subprocess.run(
+        [binary, "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    import json
+
+    try:
+        return str(json.loads(out.stdout)["clientVersion"]["gitVersion"])
+    except (ValueError, KeyError):
+        return "unknown"

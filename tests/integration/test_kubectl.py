@@ -1,0 +1,333 @@
+"""kubectl drives the sim cluster: every kubectl this machine has, as an operator would use it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nodeward.sim.cluster import SimCluster
+from tests.integration.simkube import PortFactory, kubectl_binaries, kubectl_version
+
+KUBECTLS = kubectl_binaries()
+pytestmark = [
+    pytest.mark.peer("kubectl"),
+    pytest.mark.skipif(
+        not KUBECTLS,
+        reason="kubectl is not installed (make test installs Debian's "
+        "kubernetes-client through scripts/system-deps.sh)",
+    ),
+]
+TAINT = "nodeward.io/gpu-unhealthy"
+NO_OPENAPI_V2 = (
+    "kubectl before 1.27 checks dry-run and validation support in /openapi/v2 (protobuf), "
+    "which the sim cluster does not serve; it serves /openapi/v3"
+)
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+@dataclass
+class Kubectl:
+    binary: str
+    kubeconfig: Path
+    home: Path
+    version: str = ""
+
+    @property
+    def minor(self) -> int:
+        try:
+            return int(self.version.split(".")[1])
+        except (IndexError, ValueError):
+            return 0
+
+    async def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> Result:
+        proc = await asyncio.create_subprocess_exec(
+            self.binary,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={
+                "HOME": str(self.home),
+                "PATH": "/usr/bin:/bin",
+                "KUBECACHEDIR": str(self.home / "cache"),
+            },
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        result = Result(proc.returncode or 0, out.decode(), err.decode())
+        if check and result.rc != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.rc}): {result.err or result.out}"
+            )
+        return result
+
+    async def json(self, *args: str) -> dict:  # type: ignore[type-arg]
+        return json.loads((await self(*args, "-o", "json")).out)  # type: ignore[no-any-return]
+
+
+VERSIONS = {b: kubectl_version(b) for b in KUBECTLS}
+
+
+@pytest.fixture(
+    params=KUBECTLS or ["kubectl"],
+    ids=[f"{Path(b).name}-{v}" for b, v in VERSIONS.items()] or ["none"],
+)
+def kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> Kubectl:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(
+        request.param,
+        sim.write_kubeconfig(tmp_path / "kubeconfig"),
+        home,
+        VERSIONS.get(request.param, ""),
+    )
+
+
+def _minor(version: str) -> int:
+    try:
+        return int(version.split(".")[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+_BY_AGE = sorted(KUBECTLS, key=lambda b: _minor(VERSIONS.get(b, "")))
+# The oldest and the newest kubectl run the scenarios; the newest also the ones old ones cannot.
+EDGES = list(dict.fromkeys([_BY_AGE[0], _BY_AGE[-1]])) if _BY_AGE else ["kubectl"]
+NEWEST = EDGES[-1]
+
+
+def _make(binary: str, sim: SimCluster, tmp_path: Path) -> Kubectl:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(
+        binary, sim.write_kubeconfig(tmp_path / "kubeconfig"), home, VERSIONS.get(binary, "")
+    )
+
+
+@pytest.fixture(params=EDGES, ids=[f"{Path(b).name}-{VERSIONS.get(b, 'none')}" for b in EDGES])
+def edge_kubectl(request: pytest.FixtureRequest, sim: SimCluster, tmp_path: Path) -> Kubectl:
+    """The oldest and the newest kubectl on this machine."""
+    return _make(request.param, sim, tmp_path)
+
+
+@pytest.fixture
+def newest_kubectl(sim: SimCluster, tmp_path: Path) -> Kubectl:
+    return _make(NEWEST, sim, tmp_path)
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    lines = table.strip().splitlines()
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None:
+    nodes = _rows((await kubectl("get", "nodes")).out)
+    assert sorted(nodes) == [
+        *(f"gpu-a100-0{i}" for i in range(1, 4)),
+        "gpu-a100-mig-01",
+        *(f"gpu-h100-0{i}" for i in range(1, 5)),
+    ]
+    assert all(cols[0] == "Ready" for cols in nodes.values())
+    pods = (await kubectl("get", "pods", "-A")).out.strip().splitlines()
+    assert pods[0].split()[:3] == ["NAMESPACE", "NAME", "READY"]
+    assert len(pods) - 1 == 38
+    assert {line.split()[0] for line in pods[1:]} == {
+        "ml-vision",
+        "ml-nlp",
+        "ml-speech",
+        "ml-robotics",
+        "ml-genomics",
+        "nodeward",
+    }
+    wide = _rows((await kubectl("get", "pods", "-n", "ml-nlp", "-o", "wide")).out)
+    assert wide["llm-pretrain-worker-0"][5] == "gpu-h100-02"
+
+    await kubectl("cordon", "gpu-h100-01")
+    row = _rows((await kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"]
+    assert row[0] == "Ready,SchedulingDisabled"
+
+    await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}=true:NoSchedule")
+    again = await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}=true:NoSchedule", check=False)
+    assert again.rc != 0
+    node = await kubectl.json("get", "node", "gpu-h100-01")
+    assert node["spec"]["taints"] == [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]
+
+    await kubectl("label", "node", "gpu-h100-01", "nodeward.io/gpu-health=failed", "--overwrite")
+    labelled = (await kubectl("get", "nodes", "-l", "nodeward.io/gpu-health=failed")).out
+    assert list(_rows(labelled)) == ["gpu-h100-01"]
+
+    await kubectl("taint", "nodes", "gpu-h100-01", f"{TAINT}:NoSchedule-")
+    await kubectl("uncordon", "gpu-h100-01")
+    node = await kubectl.json("get", "node", "gpu-h100-01")
+    assert "taints" not in node["spec"] and "unschedulable" not in node["spec"]
+    assert _rows((await kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
+
+
+async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimCluster) -> None:
+    before = (
+        await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")
+    ).out
+    assert len(before.strip().splitlines()) - 1 == 7
+    drained = await kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s")
+    last = drained.out.strip().splitlines()[-1]
+    assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), (
+        last
+    )  # 1.20 says "evicted"
+    left = (await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")).out
+    assert [line.split()[1] for line in left.strip().splitlines()[1:]] == ["nodeward-agent-e2077"]
+    assert (
+        _rows((await kubectl("get", "node", "gpu-a100-03")).out)["gpu-a100-03"][0]
+        == "Ready,SchedulingDisabled"
+    )
+    versions = {v for _, _, v in sim.evictions}
+    if (
+        kubectl.minor
+    ):  # kubectl before 1.22 evicts through policy/v1beta1, later ones through policy/v1
+        assert versions == {"policy/v1beta1" if kubectl.minor < 22 else "policy/v1"}
+    assert len(sim.evictions) == 6
+
+
+async def test_drain_of_a_node_with_a_budget_protected_pod(
+    edge_kubectl: Kubectl, sim: SimCluster
+) -> None:
+    kubectl = edge_kubectl
+    blocked = await kubectl(
+        "drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=1s", check=False
+    )
+    assert blocked.rc != 0
+    assert "disruption budget" in blocked.err + blocked.out
+    pods = _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
+    assert "llm-pretrain-worker-0" in pods
+    pdb = await kubectl.json("get", "pdb", "-n", "ml-nlp", "llm-pretrain")
+    assert pdb["status"]["disruptionsAllowed"] == 0
+    await kubectl(
+        "patch",
+        "pdb",
+        "-n",
+        "ml-nlp",
+        "llm-pretrain",
+        "--type=merge",
+        "-p",
+        '{"spec":{"minAvailable":1}}',
+    )
+    await kubectl("drain", "gpu-h100-02", "--ignore-daemonsets", "--timeout=30s")
+    assert "llm-pretrain-worker-0" not in _rows((await kubectl("get", "pods", "-n", "ml-nlp")).out)
+
+
+async def test_port_writes_are_what_kubectl_shows(
+    edge_kubectl: Kubectl, port_for: PortFactory
+) -> None:
+    cordon = port_for("cordon")
+    await cordon.nodes.set_condition(
+        "gpu-h100-04", "GPUHealthy", "False", "XidError", "GPU 5: Xid 79"
+    )
+    await cordon.nodes.add_taint("gpu-h100-04", TAINT, "NoSchedule", "true")
+    await cordon.nodes.set_unschedulable("gpu-h100-04")
+    await cordon.events.create(
+        await cordon.nodes.get("gpu-h100-04"),
+        reason="GPUUnhealthy",
+        action="Quarantine",
+        note="GPU 5 reported Xid 79",
+        type_="Warning",
+    )
+    node = await edge_kubectl.json("get", "node", "gpu-h100-04")
+    conditions = {c["type"]: c for c in node["status"]["conditions"]}
+    assert conditions["GPUHealthy"]["status"] == "False"
+    assert conditions["GPUHealthy"]["reason"] == "XidError"
+    described = (await edge_kubectl("describe", "node", "gpu-h100-04")).out
+    assert f"Taints:             {TAINT}=true:NoSchedule" in described
+    assert "Unschedulable:      true" in described
+    assert "GPUHealthy" in described and "GPU 5: Xid 79" in described
+    events_section = described.split("Events:", 1)[1]
+    assert "GPUUnhealthy" in events_section and "nodeward" in events_section
+    events = (await edge_kubectl("get", "events", "-n", "default")).out
+    assert "GPUUnhealthy" in events and "GPU 5 reported Xid 79" in events
+
+
+async def test_kubectl_as_a_service_identity_is_bound_by_its_role(edge_kubectl: Kubectl) -> None:
+    as_culler = await edge_kubectl(
+        "--context", "nodeward-culler", "cordon", "gpu-h100-01", check=False
+    )
+    assert as_culler.rc != 0
+    assert (
+        'User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"'
+        in as_culler.err
+    )
+    listed = await edge_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
+    assert "bob-jupyter-0" in listed.out
+
+
+async def test_auth_can_i_reflects_each_services_role(edge_kubectl: Kubectl) -> None:
+    async def can(context: str, *args: str) -> str:
+        result = await edge_kubectl("--context", context, "auth", "can-i", *args, check=False)
+        return result.out.strip()
+
+    assert await can("nodeward-cordon", "patch", "nodes") == "yes"
+    assert (
+        await can("nodeward-cordon", "create", "pods", "--subresource=eviction", "-n", "ml-nlp")
+        == "yes"
+    )
+    assert await can("nodeward-cordon", "create", "pods", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-cordon", "delete", "pods", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-credentials", "update", "secrets", "-n", "ml-nlp") == "yes"
+    assert (
+        await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "nodeward")
+        == "yes"
+    )
+    assert (
+        await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp")
+        == "no"
+    )
+    assert await can("nodeward-notifier", "get", "pods") == "no"
+    assert await can("nodeward-admin", "delete", "nodes") == "yes"
+
+
+async def test_server_side_dry_run_changes_nothing(
+    newest_kubectl: Kubectl, sim: SimCluster
+) -> None:
+    if 0 < newest_kubectl.minor < 27:
+        pytest.skip(NO_OPENAPI_V2)
+    rv = sim.store.resource_version
+    out = await newest_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
+    assert "(server dry run)" in out.out
+    await newest_kubectl("label", "node", "gpu-h100-01", "a=b", "--dry-run=server")
+    await newest_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
+    await newest_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
+    assert sim.store.resource_version == rv
+    assert (
+        _rows((await newest_kubectl("get", "node", "gpu-h100-01")).out)["gpu-h100-01"][0] == "Ready"
+    )
+    listed = await newest_kubectl(
+        "get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03"
+    )
+    assert len(listed.out.strip().splitlines()) - 1 == 7
+    assert sim.evictions == []
+
+
+async def test_create_and_apply_validate_on_the_server(
+    newest_kubectl: Kubectl, tmp_path: Path
+) -> None:
+    if 0 < newest_kubectl.minor < 27:
+        pytest.skip(NO_OPENAPI_V2)
+    manifest = tmp_path / "pdb.yaml"
+    manifest.write_text(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bob, namespace: ml-nlp}\n"
+        "spec: {minAvailable: 1, selector: {matchLabels: {notebook-name: bob-jupyter}}}\n"
+    )
+    assert "created" in (await newest_kubectl("create", "-f", str(manifest))).out
+    pdb = await newest_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert pdb["status"]["disruptionsAllowed"] == 0
+    manifest.write_text(manifest.read_text().replace("minAvailable: 1", "minAvailable: 0"))
+    assert "configured" in (await newest_kubectl("apply", "-f", str(manifest))).out
+    pdb = await newest_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
+    assert (pdb["spec"]["minAvailable"], pdb["status"]["disruptionsAllowed"]) == (0, 1)

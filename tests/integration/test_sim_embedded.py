@@ -1,0 +1,58 @@
+"""The hook `nodeward up` uses: start the sim cluster, write <state-dir>/kubeconfig, one identity per service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodeward.kube import Cluster, Forbidden
+from nodeward.kube.access import SERVICES
+from nodeward.sim.cluster import SeedError, embedded_cluster
+
+
+async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: Path) -> None:
+    async with embedded_cluster(tmp_path / "state") as embedded:
+        assert embedded.kubeconfig == tmp_path / "state" / "kubeconfig"
+        config = yaml.safe_load(embedded.kubeconfig.read_text())
+        assert config["current-context"] == "nodeward-admin"
+        assert {c["name"] for c in config["contexts"]} == {"nodeward-admin"} | {
+            f"nodeward-{s}" for s in SERVICES
+        }
+        assert config["clusters"][0]["cluster"]["server"] == embedded.url
+        async with Cluster.connect(embedded.settings_for("cordon"), service="cordon") as cordon:
+            assert await cordon.nodes.add_taint(
+                "gpu-h100-01", "nodeward.io/gpu-unhealthy", "NoSchedule"
+            )
+        async with Cluster.connect(embedded.settings_for("credentials")) as unguarded:
+            with pytest.raises(Forbidden):
+                await unguarded.nodes.get("gpu-h100-01")
+        async with Cluster.connect(embedded.settings_for()) as admin:
+            assert len(await admin.pods.list()) == 38
+        with pytest.raises(KeyError):
+            embedded.settings_for("nope")
+
+
+async def test_embedded_cluster_with_a_bad_seed(tmp_path: Path) -> None:
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(
+        "pods:\n  - {name: a, namespace: x, node: n}\n  - {name: a, namespace: x, node: n}\n"
+    )
+    with pytest.raises(SeedError, match="already exists"):
+        async with embedded_cluster(tmp_path / "state", seed=seed):
+            pass
+
+
+async def test_without_deploy_files_the_roles_come_from_the_access_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodeward.sim.cluster import rbac
+
+    monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)
+    async with embedded_cluster(tmp_path) as embedded:
+        assert set(embedded.sim.identities) == {"admin", *SERVICES}
+        async with Cluster.connect(embedded.settings_for("culler")) as culler:
+            with pytest.raises(Forbidden):
+                await culler.nodes.get("gpu-h100-01")
+            assert await culler.leases.try_acquire("culler", "me")
