@@ -228,6 +228,8 @@ class Consumer:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(0.2 * 2**failures, 5.0))
                 continue
+            if self._puller.conflict is not None:
+                await self._recover(self._puller.conflict)
             if not msgs:
                 continue
             now = time.monotonic()
@@ -235,6 +237,23 @@ class Consumer:
                 self._held[id(msg)] = (msg, now)
                 self._ready.append(self._dispatch(msg))
             self._has_items.set()
+
+    async def _recover(self, conflict: str) -> None:
+        """After a 409 from a pull: recreate the consumer if it was deleted, else carry on."""
+        assert self._puller is not None
+        self._puller.conflict = None
+        if "deleted" not in conflict.lower():
+            return
+        self.bound = False
+        try:
+            await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
+        except Exception as exc:  # noqa: BLE001 - try again on the next conflict
+            self.log.warning("consumer.recreate_failed", error=one_line(exc))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            return
+        self.bound = True
+        self.log.warning("consumer.recreated", reason=conflict)
 
     async def _return_unfetched(self) -> None:
         """Stop pulling; nak what arrived but was never dispatched."""

@@ -121,3 +121,67 @@ async def test_restarted_server_loses_no_acknowledged_event(
     missing = [i for i in acked if i not in stored]
     assert not missing, f"{len(missing)} acknowledged events lost of {len(acked)}"
     assert len(acked) >= 400
+
+
+async def test_consumer_resumes_after_server_restart(own_nats: EmbeddedNats, node: str) -> None:
+    """Pull requests die with the connection; the consumer notices and asks again."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source="test/consumer")
+    seen: set[int] = set()
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        seen.add(event.data.sequence)
+
+    base = GpuHealth.example().model_copy(update={"node": node})
+    try:
+        spec = ConsumerSpec(
+            name=f"resume-{node}",
+            stream="GPU",
+            subjects=(f"gpu.health.{node}.>",),
+            batch=16,
+            concurrency=2,
+            max_ack_pending=64,
+        )
+        await bus.consume(spec, handler)
+        await bus.publish_many(
+            [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(10)]
+        )
+        await wait_for(lambda: len(seen) == 10, what="first ten handled")
+        port = own_nats.port
+        await own_nats.kill()
+        own_nats.port = port
+        await own_nats.start()
+        await bus.publish_many(
+            [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(10, 20)]
+        )
+        await wait_for(
+            lambda: len(seen) == 20, timeout=20, what="the next ten handled after the restart"
+        )
+        assert seen == set(range(20))
+    finally:
+        await bus.close(grace=1)
+
+
+async def test_deleted_consumer_is_recreated(bus: Bus, node: str) -> None:
+    seen: set[int] = set()
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        seen.add(event.data.sequence)
+
+    base = GpuHealth.example().model_copy(update={"node": node})
+    name = f"recreate-{node}"
+    spec = ConsumerSpec(
+        name=name,
+        stream="GPU",
+        subjects=(f"gpu.health.{node}.>",),
+        batch=16,
+        concurrency=2,
+        max_ack_pending=64,
+    )
+    consumer = await bus.consume(spec, handler)
+    await bus.publish(make_event(base.model_copy(update={"sequence": 1}), source="t"))
+    await wait_for(lambda: 1 in seen, what="first handled")
+    await bus.js.delete_consumer("GPU", name)  # an operator, or a lost JetStream state
+    await bus.publish(make_event(base.model_copy(update={"sequence": 2}), source="t"))
+    await wait_for(lambda: 2 in seen, timeout=15, what="handled after the consumer was recreated")
+    assert consumer.bound
