@@ -201,3 +201,50 @@ async def test_long_handler_is_kept_alive_with_in_progress(bus: Bus, node: str) 
 
 def test_stream_table_has_dlq() -> None:
     assert stream_spec("DLQ").subjects == ("dlq.>",)
+
+
+async def test_metrics_count_outcomes_and_lag(bus: Bus, node: str) -> None:
+    release = asyncio.Event()
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        if event.data.sequence == 0:
+            raise PermanentError("no such GPU")
+        await release.wait()
+
+    name = f"metrics-{node}"
+    await bus.publish_many([health(node, i) for i in range(40)])
+    await bus.consume(
+        spec(name, node, concurrency=1, batch=4, max_ack_pending=8, lag_interval=0.05), handler
+    )
+    sample = bus.metrics.registry.get_sample_value
+    labels = {"stream": "GPU", "consumer": name}
+    await wait_for(
+        lambda: (sample("nodeward_consumer_pending", labels) or 0) > 20, what="lag reported"
+    )
+    release.set()
+    await wait_for(
+        lambda: sample("nodeward_consumer_pending", labels) == 0, what="lag back to zero"
+    )
+    await wait_for(
+        lambda: (
+            sample(
+                "nodeward_events_handled_total",
+                {"consumer": name, "type": "gpu.health.v1", "outcome": "ok"},
+            )
+            == 39
+        ),
+        what="39 handled",
+    )
+    assert (
+        sample("nodeward_events_dead_lettered_total", {"consumer": name, "reason": "permanent"})
+        == 1
+    )
+    assert (
+        sample(
+            "nodeward_events_handled_total",
+            {"consumer": name, "type": "gpu.health.v1", "outcome": "permanent"},
+        )
+        == 1
+    )
+    assert (sample("nodeward_handler_seconds_count", {"consumer": name}) or 0) >= 40
+    assert (sample("nodeward_events_published_total", {"type": "gpu.health.v1"}) or 0) >= 40
