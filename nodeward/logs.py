@@ -28,13 +28,19 @@ def _redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMap
 def configure_logging(
     level: str = "info", fmt: Literal["auto", "json", "console"] = "auto", *, stream: Any = None
 ) -> None:
-    out = stream or sys.stderr
-    use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    """Configure structlog for this process. Without `stream`, lines go to whatever
+    `sys.stderr` is when each logger is made (so a replaced stderr is followed)."""
+    probe = stream or sys.stderr
+    use_json = fmt == "json" or (fmt == "auto" and not probe.isatty())
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        else structlog.dev.ConsoleRenderer(colors=probe.isatty())
     )
+
+    def logger_factory(*_: Any) -> structlog.PrintLogger:
+        return structlog.PrintLogger(file=stream or sys.stderr)
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -47,7 +53,7 @@ def configure_logging(
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=logger_factory,
         cache_logger_on_first_use=False,
     )
 
