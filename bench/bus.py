@@ -147,38 +147,47 @@ async def main() -> None:
             js = nc.jetstream()
             pub_raw, pub_nw, con_raw, con_nw, pub_body, con_body = [], [], [], [], [], []
             for run in range(args.runs):
-                await purge(js)
-                pub_body.append(
-                    args.events / await raw_publish(js, wires, args.chunk, headers=False)
-                )
-                con_body.append(
-                    args.events / await raw_consume(js, args.events, args.batch, f"body{run}")
-                )
-                await purge(js)
-                fresh = [
-                    encode(e) for e in make_events(args.events)
-                ]  # new ids: no dedup across runs
-                pub_raw.append(args.events / await raw_publish(js, fresh, args.chunk, headers=True))
-                con_raw.append(
-                    args.events / await raw_consume(js, args.events, args.batch, f"raw{run}")
-                )
-                await purge(js)
-                pub_nw.append(
-                    args.events / await nodeward_publish(bus, make_events(args.events), args.chunk)
-                )
-                con_nw.append(
-                    args.events
-                    / await nodeward_consume(
-                        bus, args.events, args.batch, f"nw{run}", args.concurrency
-                    )
-                )
+                # Alternate the order so drifting machine load does not favour one side.
+                order = ["body", "raw", "nodeward"] if run % 2 == 0 else ["nodeward", "raw", "body"]
+                for side in order:
+                    await purge(js)
+                    if side == "body":
+                        pub_body.append(
+                            args.events / await raw_publish(js, wires, args.chunk, headers=False)
+                        )
+                        con_body.append(
+                            args.events
+                            / await raw_consume(js, args.events, args.batch, f"body{run}")
+                        )
+                    elif side == "raw":
+                        fresh = [
+                            encode(e) for e in make_events(args.events)
+                        ]  # new ids: no dedup across runs
+                        pub_raw.append(
+                            args.events / await raw_publish(js, fresh, args.chunk, headers=True)
+                        )
+                        con_raw.append(
+                            args.events
+                            / await raw_consume(js, args.events, args.batch, f"raw{run}")
+                        )
+                    else:
+                        events = make_events(args.events)
+                        pub_nw.append(args.events / await nodeward_publish(bus, events, args.chunk))
+                        con_nw.append(
+                            args.events
+                            / await nodeward_consume(
+                                bus, args.events, args.batch, f"nw{run}", args.concurrency
+                            )
+                        )
             await nc.close()
             await bus.close()
 
     def show(label: str, raw: list[float], ours: list[float]) -> None:
         r, o = statistics.median(raw), statistics.median(ours)
+        paired = statistics.median(x / y for x, y in zip(ours, raw, strict=True))
         print(
-            f"{label:8s} raw nats-py {r:9.0f} ev/s   nodeward {o:9.0f} ev/s   ratio {o / r:.2f}"
+            f"{label:8s} raw nats-py {r:9.0f} ev/s   nodeward {o:9.0f} ev/s   "
+            f"ratio of medians {o / r:.2f}   median of paired ratios {paired:.2f}"
             f"   (runs: raw {[round(x) for x in raw]}, nodeward {[round(x) for x in ours]})"
         )
 

@@ -31,7 +31,7 @@ class _CredentialEvent(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("credentials", self.OUTCOME, self.namespace, self.secret)
+        return subject(f"credentials.{self.OUTCOME}", self.namespace, self.secret)
 
     def about(self) -> str:
         return f"secret/{self.namespace}/{self.secret}"

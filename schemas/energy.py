@@ -117,7 +117,7 @@ class EnergyNode(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("energy", "node", self.node)
+        return subject("energy.node", self.node)
 
     def about(self) -> str:
         return f"node/{self.node}"
@@ -170,7 +170,7 @@ class EnergyPod(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("energy", "pod", self.namespace, self.pod)
+        return subject("energy.pod", self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"

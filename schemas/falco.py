@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field, field_validator
 
 from schemas.base import EventData
-from schemas.tokens import falco_rule_token, subject
+from schemas.tokens import falco_rule_token
 
 
 class FalcoPriority(StrEnum):
@@ -103,9 +103,7 @@ class FalcoAlert(EventData):
         return str(value) if value else None
 
     def nats_subject(self) -> str:
-        return ".".join(
-            ("falco", subject(self.priority.value.lower()), falco_rule_token(self.rule))
-        )
+        return ".".join(("falco", self.priority.value.lower(), falco_rule_token(self.rule)))
 
     def about(self) -> str:
         if self.namespace and self.pod:

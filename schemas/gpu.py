@@ -108,7 +108,7 @@ class GpuHealth(EventData):
         return f"{self.gpu_index}-mig{self.mig.gpu_instance_id}-{self.mig.compute_instance_id}"
 
     def nats_subject(self) -> str:
-        return subject("gpu", "health", self.node, self.gpu_key())
+        return subject("gpu.health", self.node, self.gpu_key())
 
     def about(self) -> str:
         return f"node/{self.node}/gpu/{self.gpu_key()}"
@@ -167,7 +167,7 @@ class GpuTelemetry(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("gpu", "telemetry", self.node)
+        return subject("gpu.telemetry", self.node)
 
     def about(self) -> str:
         return f"node/{self.node}"

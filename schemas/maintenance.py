@@ -70,7 +70,7 @@ class Maintenance(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("maintenance", self.phase.value, self.node)
+        return subject(f"maintenance.{self.phase.value}", self.node)
 
     def about(self) -> str:
         return f"node/{self.node}"

@@ -56,7 +56,7 @@ class Notification(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("notify", self.severity.value, self.topic)
+        return subject(f"notify.{self.severity.value}", self.topic)
 
     def about(self) -> str:
         return self.targets[0].key() if self.targets else f"topic/{self.topic}"

@@ -77,7 +77,7 @@ class SessionActivity(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("session", "activity", self.namespace, self.pod)
+        return subject("session.activity", self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"
@@ -140,7 +140,7 @@ class SessionIdle(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("session", "idle", self.namespace, self.pod)
+        return subject("session.idle", self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"

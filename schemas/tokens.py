@@ -15,13 +15,15 @@ _FALCO_RULE = re.compile(r"[^a-z0-9]+")
 
 def token(value: object) -> str:
     """One safe subject token: unsafe characters become `_`, empty becomes `_`."""
-    text = _UNSAFE.sub("_", str(value))
-    return text or "_"
+    text = str(value)
+    if text.isalnum() and text.isascii():  # the common case, without a regex
+        return text
+    return _UNSAFE.sub("_", text) or "_"
 
 
-def subject(*parts: object) -> str:
-    """A subject from a fixed prefix and data-derived parts (each part is sanitised)."""
-    return ".".join(token(p) for p in parts)
+def subject(prefix: str, *parts: object) -> str:
+    """`prefix` (a literal such as `gpu.health`, used as is) then one sanitised token per part."""
+    return ".".join((prefix, *(token(p) for p in parts)))
 
 
 def falco_rule_token(rule: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,11 +72,11 @@ class Bus:
         return await ensure_streams(self.js, STREAMS, replicas=self.settings.stream_replicas)
 
     # publishing ------------------------------------------------------------------------
-    def _count(self, type_name: str) -> None:
+    def _count(self, type_name: str, n: int = 1) -> None:
         child = self._m_published.get(type_name)
         if child is None:
             child = self._m_published[type_name] = self.metrics.published.labels(type_name)
-        child.inc()
+        child.inc(n)
 
     async def publish(self, event: Event[Any], *, timeout: float | None = None) -> api.PubAck:
         """Publish and wait for JetStream's ack, retrying on timeout.
@@ -92,8 +93,8 @@ class Bus:
     ) -> list[api.PubAck]:
         """Publish a batch pipelined (publish_async), then wait for every ack; retries the rest."""
         acks = await self._publish_wires([encode(e) for e in events], timeout=timeout)
-        for e in events:
-            self._count(e.type)
+        for type_name, n in Counter(e.type for e in events).items():
+            self._count(type_name, n)
         return acks
 
     async def _publish_wires(

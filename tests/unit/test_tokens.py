@@ -42,9 +42,10 @@ def test_token_is_one_safe_token(value: str) -> None:
 @FAST
 @given(st.lists(st.text(), min_size=1, max_size=5))
 def test_subject_has_one_token_per_part(parts: list[str]) -> None:
-    built = subject(*parts)
-    assert built.count(".") == len(parts) - 1
-    assert subject_matches(".".join("*" for _ in parts), built)
+    built = subject("gpu.health", *parts)
+    assert built.startswith("gpu.health.") or not parts
+    assert built.count(".") == len(parts) + 1
+    assert subject_matches(".".join(["gpu", "health", *("*" for _ in parts)]), built)
 
 
 @FAST
