@@ -54,7 +54,7 @@ from agents.sources.nvml import (
 )
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.bus import Bus, PublishError
-from nodeward.config import Section
+from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.logs import get_logger
@@ -484,3 +484,21 @@ class GpuAgent:
                     events=len(batch),
                     error=str(exc),
                 )
+
+
+async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
+    """The GPU agent daemon of this node (not started), on the real NVML unless `nvml` is given.
+
+    The node name comes from `agents.gpu.node`, else `NODE_NAME` (downward API), else the
+    host name.
+    """
+    from nodeward.platform import bus_daemon
+
+    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
+    node = config.node_name()
+    daemon, bus = await bus_daemon(f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}")
+    agent = GpuAgent(
+        pynvml if nvml is None else nvml, bus, config, node=node, registry=daemon.metrics.registry
+    )
+    agent.attach(daemon)
+    return daemon

@@ -328,3 +328,32 @@ async def test_sim_agents_for_seed_nodes(bus_settings: BusSettings, node: str) -
         await sub.unsubscribe()
         await bus.close(grace=1)
         await asyncio.gather(*(d.stop() for d in daemons))
+
+
+async def test_agent_daemon_serves_gpu_metrics_and_readiness(
+    bus_settings: BusSettings, node: str
+) -> None:
+    import httpx
+
+    from agents.gpu import build_gpu_agent
+
+    settings = Settings(
+        bus=bus_settings, agents={"gpu": {"node": node, "telemetry_interval": "0.1s"}}
+    )
+    daemon = await build_gpu_agent(settings, nvml=SimNvml.build(node, count=1))
+    async with daemon:
+        assert daemon.name == f"agent-gpu-{node}"
+
+        async def ready() -> bool:
+            return (await daemon.readiness()).ready
+
+        await wait_for(ready, what="ready")
+
+        async def scraped() -> bool:
+            async with httpx.AsyncClient() as client:
+                text = (await client.get(f"{daemon.url}/metrics")).text
+            return (
+                'nodeward_gpu_health_state{gpu="0"' in text and "nodeward_gpu_power_watts" in text
+            )
+
+        await wait_for(scraped, what="gpu metrics")
