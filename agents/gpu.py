@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -52,6 +53,7 @@ from agents.sources.nvml import (
     sample_telemetry,
     wait_events,
 )
+from agents.sources.podresources import DEFAULT_SOCKET, KubeletPods
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.bus import Bus, PublishError
 from nodeward.config import Section, Settings, section
@@ -93,6 +95,8 @@ class GpuAgentSettings(Section):
     retired_pages_limit: int = 60
     nvlink_error_limit: int = 100
     pcie_replay_limit: int = 1_000
+    pod_resources_socket: Path = DEFAULT_SOCKET
+    pod_resources_timeout: Duration = timedelta(seconds=5)
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -409,7 +413,8 @@ class GpuAgent:
             previous_state=previous,
             reasons=list(verdict.reasons),
             recommended_action=verdict.action,
-            pods=self._pods_now.get(unit.uuid, []),
+            pods=self._pods_now.get(unit.uuid)
+            or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
             heartbeat=heartbeat,
             observed_at=utcnow(),
             agent_boot_id=self.boot_id,
@@ -497,8 +502,17 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     node = config.node_name()
     daemon, bus = await bus_daemon(f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}")
+    pods = KubeletPods(
+        config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
+    )
     agent = GpuAgent(
-        pynvml if nvml is None else nvml, bus, config, node=node, registry=daemon.metrics.registry
+        pynvml if nvml is None else nvml,
+        bus,
+        config,
+        node=node,
+        registry=daemon.metrics.registry,
+        pods=pods,
     )
     agent.attach(daemon)
+    daemon.add_shutdown_hook(pods.close)
     return daemon
