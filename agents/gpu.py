@@ -199,6 +199,7 @@ class GpuAgent:
         self._pods_now: Mapping[str, list[PodRef]] = {}
         self._stop_events = threading.Event()
         self._event_set: Any = None
+        self._event_thread: threading.Thread | None = None
         self._health_prefix = subject("gpu", "health", self.node) + "."
         self._telemetry_subject = subject("gpu", "telemetry", self.node)
 
@@ -235,7 +236,7 @@ class GpuAgent:
         self._pods_now = await self.pods.pods_by_device()
         await asyncio.gather(*(self._poll(w) for w in self.watches))
         loop = asyncio.get_running_loop()
-        threading.Thread(
+        self._event_thread = threading.Thread(
             target=wait_events,
             args=(
                 nvml,
@@ -244,17 +245,23 @@ class GpuAgent:
                 lambda err: loop.call_soon_threadsafe(self._on_event_error, err),
                 self._stop_events,
             ),
+            kwargs={"timeout_ms": 250},
             name=f"nvml-events:{self.node}",
             daemon=True,
-        ).start()
+        )
+        self._event_thread.start()
         self.ready = True
         self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id)
 
     async def _close(self) -> None:
         self.ready = False
         self._stop_events.set()
+        thread = self._event_thread
+        if thread is not None:
+            # The waiter wakes within its 250 ms timeout; never free a set it still waits on.
+            await asyncio.to_thread(thread.join, 2.0)
         with contextlib.suppress(Exception):
-            if self._event_set is not None:
+            if self._event_set is not None and not (thread and thread.is_alive()):
                 await self._control.call(partial(self.nvml.nvmlEventSetFree, self._event_set), 1.0)
             await self._control.call(self.nvml.nvmlShutdown, 1.0)
         for lane in [self._control, *(w.lane for w in self.watches)]:
