@@ -223,6 +223,7 @@ class GpuAgent:
                 for watch in self.watches:
                     tg.create_task(self._poll_loop(watch))
                 tg.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat))
+                tg.create_task(self._every(self.settings.heartbeat_interval, self._refresh_pods))
                 tg.create_task(self._every(self.settings.telemetry_interval, self._telemetry))
         finally:
             await self._close()
@@ -429,8 +430,11 @@ class GpuAgent:
         )
         return make_event(data, source=self.source)
 
-    async def _heartbeat(self) -> None:
+    async def _refresh_pods(self) -> None:
+        """Apart from the heartbeat, so a slow kubelet never delays one."""
         self._pods_now = await self.pods.pods_by_device()
+
+    async def _heartbeat(self) -> None:
         for watch in self.watches:
             if watch.lane.busy and watch.hang is not None:
                 watch.hang = hang_finding(watch.lane.current, watch.lane.busy_for)
