@@ -64,7 +64,14 @@ from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
-from schemas.gpu import GpuHealth, GpuSample, GpuTelemetry, HealthState, MigInstance
+from schemas.gpu import (
+    GpuHealth,
+    GpuSample,
+    GpuTelemetry,
+    HealthState,
+    MigInstance,
+    RecommendedAction,
+)
 from schemas.tokens import subject
 
 _STATE_VALUE = {
@@ -314,8 +321,18 @@ class GpuAgent:
                 self.log.warning(
                     "nvml call failed", gpu=watch.index, call=lane.last, error=str(exc)
                 )
-                return
-            watch.lost = lost_finding(lane.last)
+                if watch.ident is not None:
+                    return
+                # Not even identified: say so rather than stay silent about this GPU.
+                watch.lost = Finding(
+                    "nvml_error",
+                    HealthState.UNKNOWN,
+                    RecommendedAction.NONE,
+                    f"cannot identify the GPU: {exc}",
+                    evidence={"call": lane.last},
+                )
+            else:
+                watch.lost = lost_finding(lane.last)
         else:
             watch.hang = watch.lost = None
             watch.polled = sample_findings(sample, self.limits)
@@ -325,7 +342,11 @@ class GpuAgent:
 
     def _adopt(self, watch: _Watch, ident: GpuIdentity) -> None:
         watch.ident = ident
-        watch.units = [_Unit(ident.uuid)] + [
+        first = _Unit(ident.uuid)
+        if watch.units:  # published before it could be identified: keep its state and sequence
+            old = watch.units[0]
+            first.state, first.codes, first.sequence = old.state, old.codes, old.sequence
+        watch.units = [first] + [
             _Unit(
                 m.uuid,
                 MigInstance(

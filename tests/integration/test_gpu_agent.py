@@ -357,3 +357,41 @@ async def test_agent_daemon_serves_gpu_metrics_and_readiness(
             )
 
         await wait_for(scraped, what="gpu metrics")
+
+
+async def test_gpu_hung_from_the_start_is_reported_then_identified(
+    bus_settings: BusSettings, node: str
+) -> None:
+    sim = SimNvml.build(node, count=2)
+    sim.inject_fault(0, "hang")
+    bus = await Bus.connect(bus_settings, source=f"agent/gpu/{node}")
+    seen = Seen()
+
+    async def collect(msg: Any) -> None:
+        seen.messages.append((msg.subject, {}, json.loads(msg.data)))
+
+    sub = await bus.nc.subscribe(f"gpu.health.{node}.*", cb=collect)
+    agent = GpuAgent(sim, bus, FAST, node=node)
+    task = asyncio.create_task(agent.run())
+    try:
+        await wait_for(lambda: agent.ready, what="ready")
+        first = await wait_for(lambda: seen.last(0), what="gpu 0 reported")
+        assert first["state"] == "degraded" and first["gpu_uuid"].startswith("unknown-")
+        assert first["reasons"][0]["code"] == "nvml_hang"
+        await wait_for(lambda: (seen.last(1) or {}).get("state") == "healthy")
+        sim.recover(0)
+
+        def healthy() -> dict[str, Any] | None:
+            last = seen.last(0)
+            return last if last and last["state"] == "healthy" else None
+
+        healed = await wait_for(healthy, what="gpu 0 healthy")
+        assert healed["gpu_uuid"] == sim.gpus[0].uuid and healed["previous_state"] == "degraded"
+        sequences = [e["sequence"] for e in seen.health(0, heartbeat=None)]
+        assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    finally:
+        sim.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sub.unsubscribe()
+        await bus.close(grace=1)
