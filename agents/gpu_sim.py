@@ -55,14 +55,17 @@ def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[
 async def build_sim_gpu_agent(
     settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
 ) -> tuple[Daemon, GpuAgent, SimNvml]:
-    """One simulated node's GPU agent daemon (not started), its agent and its driver."""
+    """One simulated node's GPU agent daemon (not started), its agent and its driver.
+
+    The streams must exist already (`nodeward up`'s own bus provisions them first).
+    """
     from nodeward.platform import bus_daemon
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     sim = sim_nvml_for(node)
-    daemon, bus = await bus_daemon(
-        f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}"
-    )
+    # An agent publishes; it does not provision streams (whoever runs the platform has).
+    own = settings.model_copy(update={"bus": settings.bus.model_copy(update={"provision": False})})
+    daemon, bus = await bus_daemon(f"agent-gpu-{node.name}", own, source=f"agent/gpu/{node.name}")
     agent = GpuAgent(
         sim,
         bus,

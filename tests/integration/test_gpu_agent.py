@@ -297,9 +297,9 @@ async def test_sim_agents_for_seed_nodes(bus_settings: BusSettings, node: str) -
         NodeSeed(name=f"{node}-cpu", gpu=None),
     ]
     pods = [PodSeed(name="train-0", namespace="ml", node=f"{node}-h", gpus=1)]
+    bus = await Bus.connect(bus_settings, source="test/watch")  # provisions the streams
     daemons = await build_sim_gpu_agents(settings, nodes, pods)
     assert len(daemons) == 2
-    bus = await Bus.connect(bus_settings, source="test/watch")
     seen: dict[str, dict[str, Any]] = {}
 
     async def collect(msg: Any) -> None:
