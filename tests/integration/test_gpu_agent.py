@@ -395,3 +395,23 @@ async def test_gpu_hung_from_the_start_is_reported_then_identified(
         await asyncio.gather(task, return_exceptions=True)
         await sub.unsubscribe()
         await bus.close(grace=1)
+
+
+async def test_cli_plays_a_scenario(rig: Rig, nats_url: str, tmp_path: Any) -> None:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(
+        f"- {{after: 0s, node: {rig.node}, gpu: 1, fault: thermal}}\n"
+        f"- {{after: 0.2s, node: {rig.node}, gpu: 1, recover: true}}\n"
+        f"- {{after: 0.2s, node: nobody-{rig.node}, gpu: 0, xid: 79}}\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nodeward", "sim", "inject", "--nats", nats_url,
+        "--scenario", str(path), "--timeout", "1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 1
+    assert "gpu 1: fault thermal" in out.decode() and "gpu 1: recovery" in out.decode()
+    assert err.decode().count("\n") == 1 and "1 of 3 steps failed" in err.decode()
+    await wait_for(lambda: any(e["state"] == "degraded" for e in rig.seen.health(1)))
+    await rig.state(1, "healthy", previous_state="degraded")

@@ -108,3 +108,21 @@ def test_faults_are_all_applicable(sim: SimNvml) -> None:
         sim.inject_fault(3, "melt")
     with pytest.raises(ValueError, match="no GPU 9"):
         sim.inject_xid(9, 79)
+
+
+def test_scenario_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from nodeward.sim.scenario import ScenarioError, load_scenario
+
+    good = tmp_path / "ok.yaml"
+    good.write_text(
+        "- {after: 1m, node: a, gpu: 0, recover: true}\n- {after: 5s, node: a, gpu: 1, xid: 79}\n"
+    )
+    steps = load_scenario(good)
+    assert [s.after for s in steps] == [timedelta(seconds=5), timedelta(minutes=1)]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {node: a, gpu: 0, fault: melt}\n")
+    with pytest.raises(ScenarioError, match="unknown fault") as info:
+        load_scenario(bad)
+    assert "\n" not in str(info.value)
