@@ -88,5 +88,115 @@ def cluster(
         asyncio.run(run())
 
 
+@sim_app.command("inject")
+def inject(  # noqa: PLR0917 - typer options
+    node: Annotated[str | None, typer.Option("--node", help="the simulated node")] = None,
+    gpu: Annotated[int, typer.Option("--gpu", help="GPU index on that node")] = 0,
+    xid: Annotated[int | None, typer.Option("--xid", help="raise this XID")] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            "--fault",
+            help="ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
+            "thermal, nvlink-errors, pcie-replay or hang",
+        ),
+    ] = None,
+    recover: Annotated[
+        bool, typer.Option("--recover", help="reset the GPU: clear every fault")
+    ] = False,
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", help="a YAML file of timed injections, instead of one"),
+    ] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option("--nats", help="NATS URL (default: NODEWARD_NATS_URL, nodeward up)"),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for each reply")
+    ] = 3.0,
+) -> None:
+    """Inject a fault into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
+
+    With --scenario, play a file of timed injections and print one line per step.
+    Errors are one line on stderr and exit code 1.
+    """
+    from pydantic import ValidationError
+
+    from nodeward.cli.common import fail, settings_for
+    from nodeward.sim.inject import InjectReply, InjectRequest, request_injection
+    from nodeward.sim.scenario import ScenarioError, Step, load_scenario, play
+
+    steps: list[Step] = []
+    request: InjectRequest | None = None
+    if scenario is not None:
+        try:
+            steps = load_scenario(scenario)
+        except ScenarioError as exc:
+            fail(str(exc))
+    else:
+        if node is None:
+            fail("give --node (or --scenario)")
+        try:
+            request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover)
+        except ValidationError as exc:
+            fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
+    bus = settings_for(None, nats).bus
+
+    async def quiet(exc: Exception) -> None:
+        """Connection errors are reported once, below."""
+
+    async def run() -> str:
+        import nats as nats_client
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        try:
+            nc = await nats_client.connect(
+                bus.url,
+                name="cli/sim-inject",
+                max_reconnect_attempts=1,
+                allow_reconnect=False,
+                connect_timeout=bus.connect_timeout.total_seconds(),
+                error_cb=quiet,
+                user=bus.user,
+                password=bus.password.get_secret_value() if bus.password else None,
+                token=bus.token.get_secret_value() if bus.token else None,
+                user_credentials=str(bus.creds_file) if bus.creds_file else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - any connection failure is one line
+            fail(f"cannot connect to NATS at {bus.url}: {exc or type(exc).__name__}")
+        try:
+            if request is None:
+                failures: list[str] = []
+
+                def report(step: Step, reply: InjectReply | None, error: str | None) -> None:
+                    if reply is not None and reply.ok:
+                        typer.echo(f"{step.after} {reply.node} gpu {reply.gpu}: {reply.applied}")
+                    else:
+                        why = error or (reply.error if reply else "no reply")
+                        failures.append(f"{step.node} gpu {step.gpu}: {why}")
+                        typer.echo(f"{step.after} {step.node} gpu {step.gpu}: FAILED {why}")
+
+                await play(nc, steps, on_reply=report, timeout=timeout)
+                if failures:
+                    fail(f"{len(failures)} of {len(steps)} steps failed; first: {failures[0]}")
+                return f"scenario done: {len(steps)} steps"
+            assert node is not None
+            try:
+                reply = await request_injection(nc, node, request, timeout=timeout)
+            except NoRespondersError:
+                fail(f"no simulated GPU agent for node {node!r} is listening")
+            except NatsTimeout:
+                fail(f"node {node!r} did not answer within {timeout:g}s")
+            if not reply.ok:
+                fail(f"{node}: {reply.error}")
+            return f"{reply.node} gpu {reply.gpu}: {reply.applied} injected"
+        finally:
+            await nc.close()
+
+    typer.echo(asyncio.run(run()))
+
+
 if __name__ == "__main__":
     sim_app()

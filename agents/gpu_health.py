@@ -1,0 +1,417 @@
+"""Classifying one GPU: findings from counters and XIDs, then healthy/degraded/failed.
+
+Pure functions and small value objects, no I/O: the agent feeds them samples and events.
+The XID catalog decides each XID's action; application XIDs never fail a GPU; XID 48 is
+correlated with 63/64, XID 45 alone with other XIDs, and the driver's recovery action
+(XID 154, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is followed as reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from agents.sources.nvml import HealthSample
+from nodeward.xid import XidCatalog
+from schemas.gpu import HealthReason, HealthState, RecommendedAction
+
+_STATE_RANK = {
+    HealthState.HEALTHY: 0,
+    HealthState.UNKNOWN: 1,
+    HealthState.DEGRADED: 2,
+    HealthState.FAILED: 3,
+}
+_ACTION_RANK = {
+    RecommendedAction.NONE: 0,
+    RecommendedAction.RESTART_APP: 1,
+    RecommendedAction.CHECK_NVLINK: 2,
+    RecommendedAction.RESET_GPU: 3,
+    RecommendedAction.REBOOT_NODE: 4,
+    RecommendedAction.DRAIN_AND_RMA: 5,
+}
+_FAILING_ACTIONS = {
+    RecommendedAction.RESET_GPU,
+    RecommendedAction.REBOOT_NODE,
+    RecommendedAction.DRAIN_AND_RMA,
+}
+_THROTTLE_BITS = {
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+}
+# NVML_GPU_RECOVERY_ACTION_* -> (name, state, action)
+_RECOVERY: dict[int, tuple[str, HealthState, RecommendedAction]] = {
+    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: (
+        "GPU Reset Required",
+        HealthState.FAILED,
+        RecommendedAction.RESET_GPU,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: (
+        "Node Reboot Required",
+        HealthState.FAILED,
+        RecommendedAction.REBOOT_NODE,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: (
+        "Drain P2P",
+        HealthState.DEGRADED,
+        RecommendedAction.NONE,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: (
+        "Drain and Reset",
+        HealthState.FAILED,
+        RecommendedAction.RESET_GPU,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: (
+        "Recover IMEX Domain",
+        HealthState.DEGRADED,
+        RecommendedAction.NONE,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET: (
+        "Bus Reset Required",
+        HealthState.FAILED,
+        RecommendedAction.RESET_GPU,
+    ),
+    pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: (
+        "System Reboot Required",
+        HealthState.FAILED,
+        RecommendedAction.REBOOT_NODE,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason a GPU is not healthy."""
+
+    code: str
+    state: HealthState
+    action: RecommendedAction
+    message: str
+    xid: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    variant: str = ""
+    """Distinguishes findings of one code whose meaning differs (XID 48 alone or correlated)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.code}:{self.xid or ''}:{self.variant}"
+
+    def reason(self) -> HealthReason:
+        return HealthReason(
+            code=self.code,
+            message=self.message,
+            xid=self.xid,
+            evidence=self.evidence,
+            action=self.action,
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Thresholds for counters NVML reports without a verdict."""
+
+    ecc_corrected_volatile: int = 10_000
+    retired_pages: int = 60
+    nvlink_errors: int = 100
+    pcie_replays: int = 1_000
+
+
+@dataclass(frozen=True)
+class Classification:
+    state: HealthState
+    action: RecommendedAction
+    reasons: tuple[HealthReason, ...]
+    codes: tuple[str, ...] = ()
+    """The findings' keys, sorted: a change here is a change worth publishing."""
+
+
+def classify(findings: Iterable[Finding]) -> Classification:
+    """The worst state among the findings, the strongest action, every reason (worst first)."""
+    ordered = sorted(
+        findings, key=lambda f: (-_STATE_RANK[f.state], -_ACTION_RANK[f.action], f.code)
+    )
+    if not ordered:
+        return Classification(HealthState.HEALTHY, RecommendedAction.NONE, ())
+    action = max((f.action for f in ordered), key=_ACTION_RANK.__getitem__)
+    return Classification(
+        ordered[0].state,
+        action,
+        tuple(f.reason() for f in ordered),
+        tuple(sorted(f.key for f in ordered)),
+    )
+
+
+def sample_findings(s: HealthSample, limits: Limits) -> list[Finding]:
+    """Findings from one health poll (level-triggered: they last while the counters say so)."""
+    out: list[Finding] = []
+    ecc = dict(s.ecc)
+    if ecc.get("uncorrected_volatile", 0) > 0:
+        out.append(
+            Finding(
+                "ecc_uncorrected",
+                HealthState.FAILED,
+                RecommendedAction.RESET_GPU,
+                f"{ecc['uncorrected_volatile']} uncorrectable ECC errors since the driver loaded",
+                evidence=ecc,
+            )
+        )
+    elif ecc.get("corrected_volatile", 0) > limits.ecc_corrected_volatile:
+        out.append(
+            Finding(
+                "ecc_corrected_high",
+                HealthState.DEGRADED,
+                RecommendedAction.NONE,
+                f"{ecc['corrected_volatile']} corrected ECC errors since the driver loaded "
+                f"(limit {limits.ecc_corrected_volatile})",
+                evidence=ecc,
+            )
+        )
+    if s.retired_pages is not None:
+        total = s.retired_pages["sbe"] + s.retired_pages["dbe"]
+        evidence = {
+            **s.retired_pages,
+            "pending": bool(s.retired_pending),
+            "limit": limits.retired_pages,
+        }
+        if total >= limits.retired_pages:
+            out.append(
+                Finding(
+                    "retired_pages_limit",
+                    HealthState.FAILED,
+                    RecommendedAction.DRAIN_AND_RMA,
+                    f"{total} retired pages, at or above the limit of {limits.retired_pages}",
+                    evidence=evidence,
+                )
+            )
+        elif s.retired_pending:
+            out.append(
+                Finding(
+                    "retired_pages_pending",
+                    HealthState.DEGRADED,
+                    RecommendedAction.RESET_GPU,
+                    "page retirement pending: reset the GPU to apply it",
+                    evidence=evidence,
+                )
+            )
+    rows = s.remapped_rows
+    if rows is not None:
+        if rows["failure"]:
+            out.append(
+                Finding(
+                    "row_remap_failure",
+                    HealthState.FAILED,
+                    RecommendedAction.DRAIN_AND_RMA,
+                    "row remapping failed: no spare rows left",
+                    evidence=rows,
+                )
+            )
+        elif rows["pending"]:
+            out.append(
+                Finding(
+                    "row_remap_pending",
+                    HealthState.DEGRADED,
+                    RecommendedAction.RESET_GPU,
+                    "row remapping pending: reset the GPU to apply it",
+                    evidence=rows,
+                )
+            )
+    temp = s.temperature_c
+    thermal = {"temperature_c": temp, "slowdown_c": s.slowdown_c, "shutdown_c": s.shutdown_c}
+    if temp is not None and s.shutdown_c is not None and temp >= s.shutdown_c:
+        out.append(
+            Finding(
+                "thermal_shutdown",
+                HealthState.FAILED,
+                RecommendedAction.DRAIN_AND_RMA,
+                f"{temp} °C at or above the shutdown threshold {s.shutdown_c} °C",
+                evidence=thermal,
+            )
+        )
+    elif temp is not None and s.slowdown_c is not None and temp >= s.slowdown_c:
+        out.append(
+            Finding(
+                "thermal_slowdown",
+                HealthState.DEGRADED,
+                RecommendedAction.NONE,
+                f"{temp} °C at or above the slowdown threshold {s.slowdown_c} °C",
+                evidence=thermal,
+            )
+        )
+    if s.clock_reasons:
+        active = [name for name, bit in _THROTTLE_BITS.items() if s.clock_reasons & bit]
+        if active:
+            out.append(
+                Finding(
+                    "clocks_throttled",
+                    HealthState.DEGRADED,
+                    RecommendedAction.NONE,
+                    "clocks held down by " + ", ".join(active),
+                    evidence={"reasons": active, "mask": s.clock_reasons},
+                )
+            )
+    link_total = sum(s.nvlink_errors.values())
+    if link_total > limits.nvlink_errors:
+        out.append(
+            Finding(
+                "nvlink_errors",
+                HealthState.DEGRADED,
+                RecommendedAction.CHECK_NVLINK,
+                f"{link_total} NVLink errors (limit {limits.nvlink_errors})",
+                evidence=dict(s.nvlink_errors),
+            )
+        )
+    if s.pcie_replay is not None and s.pcie_replay > limits.pcie_replays:
+        out.append(
+            Finding(
+                "pcie_replays",
+                HealthState.DEGRADED,
+                RecommendedAction.NONE,
+                f"{s.pcie_replay} PCIe replays (limit {limits.pcie_replays})",
+                evidence={"replay_counter": s.pcie_replay},
+            )
+        )
+    if s.recovery_action is not None:
+        found = recovery_finding(s.recovery_action)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def recovery_finding(action: int) -> Finding | None:
+    """The driver's recovery action (XID 154) as a finding; None when it is NONE."""
+    known = _RECOVERY.get(action)
+    if action == pynvml.NVML_GPU_RECOVERY_ACTION_NONE:
+        return None
+    if known is None:
+        return Finding(
+            "recovery_action",
+            HealthState.DEGRADED,
+            RecommendedAction.NONE,
+            f"driver recovery action {action} (unknown)",
+            xid=154,
+            evidence={"recovery_action": action},
+        )
+    name, state, ours = known
+    return Finding(
+        "recovery_action",
+        state,
+        ours,
+        f"driver recovery action: {name}",
+        xid=154,
+        evidence={"recovery_action": action, "nvidia_action": name},
+    )
+
+
+def lost_finding(where: str) -> Finding:
+    return Finding(
+        "gpu_lost",
+        HealthState.FAILED,
+        RecommendedAction.REBOOT_NODE,
+        "GPU has fallen off the bus (NVML: GPU is lost)",
+        evidence={"call": where},
+    )
+
+
+def hang_finding(call: str, seconds: float) -> Finding:
+    return Finding(
+        "nvml_hang",
+        HealthState.DEGRADED,
+        RecommendedAction.RESET_GPU,
+        f"NVML call {call or '?'} has not returned for {seconds:.1f}s",
+        evidence={"call": call, "seconds": round(seconds, 3)},
+    )
+
+
+@dataclass(frozen=True)
+class XidSeen:
+    xid: int
+    at: float
+    data: dict[str, Any]
+
+
+def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> list[Finding]:
+    """Findings from the XIDs seen (one per XID), with the catalog's correlation rules."""
+    latest: dict[int, tuple[XidSeen, int]] = {}
+    for seen in history:
+        count = latest.get(seen.xid, (seen, 0))[1] + 1
+        latest[seen.xid] = (seen, count)
+
+    def near(seen: XidSeen, xids: set[int] | None = None) -> list[int]:
+        return sorted(
+            {
+                o.xid
+                for o in history
+                if o.xid != seen.xid
+                and abs(o.at - seen.at) <= window
+                and (xids is None or o.xid in xids)
+            }
+        )
+
+    out: list[Finding] = []
+    for xid, (seen, count) in sorted(latest.items()):
+        info = catalog.get(xid)
+        evidence = {
+            **seen.data,
+            "count": count,
+            "category": info.category,
+            "catalog_action": info.action.value,
+        }
+        if xid == 154:
+            continue  # followed through the recovery action it announces
+        if xid == 48:
+            remap = near(seen, {63, 64})
+            if remap:
+                out.append(
+                    Finding(
+                        "xid",
+                        HealthState.FAILED,
+                        RecommendedAction.RESET_GPU,
+                        f"XID 48 {info.name} with XID {', '.join(map(str, remap))}: drain, then reset the GPU",
+                        xid=48,
+                        evidence={
+                            **evidence,
+                            "correlated_xids": remap,
+                            "nvidia_action": "DRAIN_AND_RESET",
+                        },
+                        variant="with_remap",
+                    )
+                )
+            else:
+                out.append(
+                    Finding(
+                        "xid",
+                        HealthState.FAILED,
+                        RecommendedAction.RESET_GPU,
+                        f"XID 48 {info.name} alone: reset the GPU",
+                        xid=48,
+                        evidence={**evidence, "nvidia_action": "RESET_GPU"},
+                    )
+                )
+            continue
+        if xid == 45:
+            others = near(seen)
+            if not others:
+                out.append(
+                    Finding(
+                        "xid",
+                        HealthState.DEGRADED,
+                        RecommendedAction.NONE,
+                        f"XID 45 {info.name} alone: restart Fabric Manager",
+                        xid=45,
+                        evidence={**evidence, "nvidia_action": "RESTART_FM"},
+                        variant="solo",
+                    )
+                )
+            continue  # with other XIDs: sympathetic, follow those
+        if info.is_application or info.action not in (
+            _FAILING_ACTIONS | {RecommendedAction.CHECK_NVLINK}
+        ):
+            continue
+        state = HealthState.FAILED if info.action in _FAILING_ACTIONS else HealthState.DEGRADED
+        out.append(
+            Finding("xid", state, info.action, f"XID {xid} {info.name}", xid=xid, evidence=evidence)
+        )
+    return out

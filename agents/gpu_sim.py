@@ -1,0 +1,96 @@
+"""Simulated GPU agents for `nodeward up`: one agent per sim-cluster node, on a SimNvml.
+
+Each agent runs in its own `Daemon` with its own bus connection and answers fault
+injections for its node on `sim.inject.<node>`. Several run in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agents.gpu import GpuAgent, GpuAgentSettings
+from agents.sources.pods import StaticPods
+from nodeward.config import Settings, section
+from nodeward.daemon import Daemon
+from nodeward.sim.cluster.seed import NodeSeed, PodSeed
+from nodeward.sim.inject import serve_injections
+from nodeward.sim.nvml import SimNvml
+from schemas.common import PodRef
+
+MIG_RESOURCE = "nvidia.com/mig-"
+
+
+def sim_nvml_for(node: NodeSeed) -> SimNvml:
+    """The simulated driver of a seed node: its GPU model, count and MIG layout."""
+    gpu = node.gpu
+    if gpu is None:
+        return SimNvml(node.name, [])
+    return SimNvml.build(
+        node.name, product=gpu.product, count=gpu.count, mig=node.mig.devices if node.mig else None
+    )
+
+
+def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[PodRef]]:
+    """Hand the node's GPUs (or MIG instances) to its pods in order, as a device plugin would."""
+    free_gpus = [g.uuid for g in sim.gpus if not g.migs]
+    free_migs = [(m.profile, m.uuid) for g in sim.gpus for m in g.migs]
+    out: dict[str, list[PodRef]] = {}
+    for pod in pods:
+        if pod.node != sim.node or pod.gpus <= 0:
+            continue
+        ref = PodRef(namespace=pod.namespace, name=pod.name)
+        for _ in range(pod.gpus):
+            if pod.gpu_resource.startswith(MIG_RESOURCE):
+                profile = pod.gpu_resource.removeprefix(MIG_RESOURCE)
+                match = next((m for m in free_migs if m[0] == profile), None)
+                if match is None:
+                    break
+                free_migs.remove(match)
+                out.setdefault(match[1], []).append(ref)
+            elif free_gpus:
+                out.setdefault(free_gpus.pop(0), []).append(ref)
+    return out
+
+
+async def build_sim_gpu_agent(
+    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
+) -> tuple[Daemon, GpuAgent, SimNvml]:
+    """One simulated node's GPU agent daemon (not started), its agent and its driver.
+
+    The streams must exist already (`nodeward up`'s own bus provisions them first).
+    """
+    from nodeward.platform import bus_daemon
+
+    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
+    sim = sim_nvml_for(node)
+    # An agent publishes; it does not provision streams (whoever runs the platform has).
+    own = settings.model_copy(update={"bus": settings.bus.model_copy(update={"provision": False})})
+    daemon, bus = await bus_daemon(f"agent-gpu-{node.name}", own, source=f"agent/gpu/{node.name}")
+    agent = GpuAgent(
+        sim,
+        bus,
+        config,
+        node=node.name,
+        registry=daemon.metrics.registry,
+        pods=StaticPods(sim_pod_devices(sim, pods)),
+    )
+    agent.attach(daemon)
+    await serve_injections(bus.nc, sim)
+
+    async def release_hung_calls() -> None:
+        sim.close()
+
+    daemon.add_shutdown_hook(release_hung_calls)
+    return daemon, agent, sim
+
+
+async def build_sim_gpu_agents(
+    settings: Settings, nodes: Sequence[NodeSeed], pods: Sequence[PodSeed] = ()
+) -> list[Daemon]:
+    """A GPU agent daemon (not started) for every node that has GPUs."""
+    daemons = []
+    for node in nodes:
+        if node.gpu is not None and node.gpu.count > 0:
+            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods)
+            daemons.append(daemon)
+    return daemons

@@ -1,0 +1,99 @@
+"""Which pods hold which GPU, from the kubelet pod-resources API.
+
+`v1.PodResourcesLister/List` over gRPC on the kubelet's unix socket. The few messages
+are read by hand (no generated code); only NVIDIA devices are kept: `nvidia.com/gpu`
+and `nvidia.com/mig-*`. Device IDs are GPU or MIG UUIDs (the device plugin's default
+strategy) or indices; a shared-GPU replica suffix (`::<n>`) is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nodeward.logs import get_logger
+from nodeward.protowire import WireError, fields
+from schemas.common import PodRef
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+LIST_METHOD = "/v1.PodResourcesLister/List"
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")
+
+
+def parse_list_response(body: bytes) -> dict[str, list[PodRef]]:
+    """ListPodResourcesResponse -> device ID -> pods (with the container holding it)."""
+    out: dict[str, list[PodRef]] = {}
+    for number, pod in fields(body):
+        if number != 1:  # pod_resources
+            continue
+        name = namespace = ""
+        containers: list[bytes] = []
+        for n, v in fields(pod):
+            if n == 1:
+                name = v.decode()
+            elif n == 2:
+                namespace = v.decode()
+            elif n == 3:
+                containers.append(v)
+        for container in containers:
+            cname = ""
+            devices: list[bytes] = []
+            for n, v in fields(container):
+                if n == 1:
+                    cname = v.decode()
+                elif n == 2:
+                    devices.append(v)
+            for dev in devices:
+                resource, ids = "", []
+                for n, v in fields(dev):
+                    if n == 1:
+                        resource = v.decode()
+                    elif n == 2:
+                        ids.append(v.decode().split("::", 1)[0])
+                if not is_gpu_resource(resource):
+                    continue
+                ref = PodRef(namespace=namespace, name=name, container=cname or None)
+                for device_id in ids:
+                    if ref not in out.setdefault(device_id, []):
+                        out[device_id].append(ref)
+    return out
+
+
+class KubeletPods:
+    """Asks the kubelet on every call; an empty map (logged) when it cannot."""
+
+    def __init__(self, socket: Path = DEFAULT_SOCKET, *, timeout: float = 5.0) -> None:
+        self.socket = socket
+        self.timeout = timeout
+        self.log: Any = get_logger(source="pod-resources", socket=str(socket))
+        self._channel: Any = None
+
+    async def pods_by_device(self) -> Mapping[str, list[PodRef]]:
+        import grpc
+
+        if not self.socket.exists():
+            self.log.debug("no kubelet pod-resources socket")
+            return {}
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+        call = self._channel.unary_unary(
+            LIST_METHOD, request_serializer=lambda _: b"", response_deserializer=lambda b: b
+        )
+        try:
+            body = await call(b"", timeout=self.timeout)
+            return parse_list_response(body)
+        except grpc.aio.AioRpcError as exc:
+            self.log.warning("pod-resources List failed", code=str(exc.code()), error=exc.details())
+            await self.close()
+        except WireError as exc:
+            self.log.warning("pod-resources answer not understood", error=str(exc))
+        return {}
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()

@@ -1,0 +1,177 @@
+"""Benchmark: the GPU agent's CPU share of one core and its RSS, against a bare NVML loop.
+
+Both run in a child process of their own over the same simulated node (8 GPUs): the
+agent with 1 s telemetry and its default health poll and heartbeat, publishing to an
+embedded nats-server; the bare loop makes the same NVML calls on the same schedule
+(telemetry every second, a health sample every poll interval, an event-wait thread) and
+nothing else. CPU share = process CPU time / wall time over the measured window, after
+a warm-up. Prints medians over the runs. Target: agent under 2% of a core and 80 MB RSS.
+
+Usage: python bench/gpu_agent.py [--seconds S] [--runs R] [--gpus N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+WARMUP_S = 2.0
+POLL_S = 10.0
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def measure(seconds: float) -> dict[str, float]:
+    await asyncio.sleep(WARMUP_S)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    await asyncio.sleep(seconds)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    return {"cpu_pct": 100 * cpu / wall, "rss_mb": rss_mb()}
+
+
+async def child_agent(nats_url: str, gpus: int, seconds: float) -> dict[str, float]:
+    from agents.gpu import GpuAgent, GpuAgentSettings
+    from nodeward.bus import Bus
+    from nodeward.config import BusSettings
+    from nodeward.logs import configure_logging
+    from nodeward.sim.nvml import SimNvml
+
+    configure_logging("warning", "json")
+    sim = SimNvml.build("bench-node", count=gpus)
+    bus = await Bus.connect(
+        BusSettings(url=nats_url, provision=False), source="agent/gpu/bench-node"
+    )
+    settings = GpuAgentSettings(telemetry_interval="1s", poll_interval=f"{POLL_S}s")  # type: ignore[arg-type]
+    agent = GpuAgent(sim, bus, settings, node="bench-node")
+    task = asyncio.create_task(agent.run())
+    try:
+        return await measure(seconds)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await bus.close(grace=1)
+
+
+async def child_bare(gpus: int, seconds: float) -> dict[str, float]:
+    from agents.sources.nvml import identify, sample_health, sample_telemetry, wait_events
+    from nodeward.sim.nvml import SimNvml
+    from nodeward.watchdog import Lane
+
+    sim = SimNvml.build("bench-node", count=gpus)
+    sim.nvmlInit()
+    lane = Lane("bare")  # only for the names sample_* mark; calls run inline here
+    idents = [identify(sim, lane, i) for i in range(gpus)]
+    es = sim.nvmlEventSetCreate()
+    stop = threading.Event()
+    threading.Thread(
+        target=wait_events, args=(sim, es, lambda _: None, lambda _: None, stop), daemon=True
+    ).start()
+
+    async def loop() -> None:
+        tick = 0
+        while True:
+            for g in idents:
+                sample_telemetry(sim, lane, g)
+                if tick % int(POLL_S) == 0:
+                    sample_health(sim, lane, g)
+            tick += 1
+            await asyncio.sleep(1.0)
+
+    task = asyncio.create_task(loop())
+    try:
+        return await measure(seconds)
+    finally:
+        stop.set()
+        task.cancel()
+
+
+def run_child(kind: str, args: argparse.Namespace, nats_url: str) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--nats",
+            nats_url,
+            "--gpus",
+            str(args.gpus),
+            "--seconds",
+            str(args.seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+async def with_server(fn: Any) -> Any:
+    from nodeward.bus import Bus
+    from nodeward.config import BusSettings
+    from nodeward.sim.nats_server import EmbeddedNats
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedNats(Path(tmp))
+        await server.start()
+        try:
+            bus = await Bus.connect(BusSettings(url=server.url), source="bench/provision")
+            await bus.close(grace=1)
+            return await asyncio.to_thread(fn, server.url)
+        finally:
+            await server.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--child", choices=["agent", "bare"])
+    p.add_argument("--nats", default="")
+    args = p.parse_args()
+    if args.child == "agent":
+        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds))))
+        return
+    if args.child == "bare":
+        print(json.dumps(asyncio.run(child_bare(args.gpus, args.seconds))))
+        return
+
+    def runs(url: str) -> dict[str, list[dict[str, float]]]:
+        return {
+            kind: [run_child(kind, args, url) for _ in range(args.runs)]
+            for kind in ("bare", "agent")
+        }
+
+    results = asyncio.run(with_server(runs))
+    print(
+        f"{args.gpus} sim GPUs, telemetry 1 s, health poll {POLL_S:g} s, {args.seconds:g} s x {args.runs} runs (medians)"
+    )
+    for kind, rows in results.items():
+        cpu = statistics.median(r["cpu_pct"] for r in rows)
+        rss = statistics.median(r["rss_mb"] for r in rows)
+        print(f"  {kind:5s}  cpu {cpu:5.2f}% of a core   rss {rss:6.1f} MB")
+    agent = results["agent"]
+    ok = (
+        statistics.median(r["cpu_pct"] for r in agent) < 2
+        and statistics.median(r["rss_mb"] for r in agent) < 80
+    )
+    print(f"  target (agent < 2% and < 80 MB): {'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

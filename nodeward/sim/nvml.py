@@ -1,0 +1,503 @@
+"""Simulated NVML: the pynvml functions the GPU agent uses, over GPUs held in memory.
+
+`SimNvml` has nvidia-ml-py's function names, argument order, return types (pynvml's own
+ctypes structures where pynvml returns one), constants and error classes (it raises the
+real `pynvml.NVMLError_*`), so the agent runs unchanged on `pynvml` or on a `SimNvml`.
+Each instance is one node's driver: several run side by side in one process.
+Faults are injected at runtime with `inject_xid`, `inject_fault` and `recover`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+# Fault names `inject_fault` accepts, with what each does.
+FAULTS: dict[str, str] = {
+    "ecc-dbe-burst": "uncorrectable ECC errors (volatile and aggregate) with XID 48",
+    "row-remap-failure": "row remapping failed (and pending) with XID 64",
+    "retired-page-limit": "retired pages at the retirement limit, one pending, with XID 63",
+    "fallen-off-bus": "every call raises NVMLError_GpuIsLost, with XID 79",
+    "thermal": "temperature above the slowdown threshold; HW thermal slowdown clocks",
+    "nvlink-errors": "NVLink CRC and replay error counters climb",
+    "pcie-replay": "the PCIe replay counter climbs",
+    "hang": "every NVML call on this GPU blocks until recovery",
+}
+
+_ENOTSUP = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)  # pynvml returns the subclass, e.g. NVMLError_GpuIsLost
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What a GPU model looks like to NVML."""
+
+    name: str
+    memory_mib: int
+    nvlinks: int
+    power_limit_w: float
+    slowdown_c: int
+    shutdown_c: int
+    row_remap: bool = True
+
+
+MODELS: dict[str, GpuModel] = {
+    "H100": GpuModel("NVIDIA H100 80GB HBM3", 81559, 18, 700.0, 87, 92),
+    "A100": GpuModel("NVIDIA A100-SXM4-80GB", 81920, 12, 400.0, 85, 92),
+}
+
+
+def model_for(product: str) -> GpuModel:
+    """The model of a product label (`NVIDIA-H100-80GB-HBM3`); H100 when unknown."""
+    for key, model in MODELS.items():
+        if key in product.upper():
+            return model
+    return MODELS["H100"]
+
+
+@dataclass(eq=False)
+class SimHandle:
+    """A device handle: a GPU, or one MIG instance of it."""
+
+    gpu: SimGpu
+    mig: SimMig | None = None
+
+
+@dataclass
+class SimMig:
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    uuid: str
+
+
+@dataclass
+class SimGpu:
+    """One simulated GPU's state (guarded by the owning SimNvml's lock)."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model: GpuModel
+    migs: list[SimMig] = field(default_factory=list)
+    temperature_c: int = 45
+    utilization_gpu: int = 30
+    utilization_memory: int = 20
+    memory_used_mib: int = 20480
+    power_mw: int = 250_000
+    energy_mj: int = 0
+    clock_reasons: int = pynvml.nvmlClocksEventReasonNone
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)
+    retired_pages: dict[int, list[int]] = field(default_factory=dict)
+    retired_pending: int = 0
+    remapped: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    pcie_replay: int = 0
+    recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    lost: bool = False
+    hang: threading.Event | None = None
+    handle: SimHandle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handle = SimHandle(self)
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """Like `pynvml.c_nvmlEventData_t`: the device handle, event type and data (the XID)."""
+
+    device: SimHandle
+    eventType: int  # pynvml's field names
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+class SimEventSet:
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[SimEvent] = queue.SimpleQueue()
+        self.masks: dict[int, int] = {}  # GPU index -> registered mask
+        self.freed = False
+
+
+_MIG_PROFILES = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "7g.80gb": 1}
+
+
+class SimNvml:
+    """One node's simulated NVML driver. Thread-safe; no process-wide state."""
+
+    MAX_MIG_DEVICES = 7
+
+    def __init__(self, node: str, gpus: list[SimGpu]) -> None:
+        self.node = node
+        self.gpus = gpus
+        self._lock = threading.RLock()
+        self._sets: list[SimEventSet] = []
+        self._initialised = 0
+
+    @classmethod
+    def build(
+        cls, node: str, *, product: str = "H100", count: int = 8, mig: dict[str, int] | None = None
+    ) -> SimNvml:
+        """A node of `count` GPUs of `product`; `mig` (profile -> count on the node) spreads
+        MIG instances over the GPUs, as `nvidia.com/mig-<profile>` capacity does."""
+        model = model_for(product)
+        gpus: list[SimGpu] = []
+        for i in range(count):
+            digest = hashlib.sha256(f"{node}/{i}".encode()).hexdigest()
+            uuid = (
+                f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+            )
+            gpus.append(SimGpu(i, uuid, f"00000000:{0x18 + i * 0x10:02X}:00.0", model))
+        if mig and count:
+            slots = {g.index: 7 for g in gpus}
+            gi = {g.index: 0 for g in gpus}
+            for profile, n in sorted(mig.items()):
+                size = 7 // _MIG_PROFILES.get(profile, 7) or 1
+                for _ in range(n):
+                    gpu = next((g for g in gpus if slots[g.index] >= size), None)
+                    if gpu is None:
+                        break
+                    slots[gpu.index] -= size
+                    gi[gpu.index] += 1
+                    digest = hashlib.sha256(f"{gpu.uuid}/{gi[gpu.index]}".encode()).hexdigest()
+                    gpu.migs.append(
+                        SimMig(
+                            gi[gpu.index],
+                            0,
+                            profile,
+                            f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
+                        )
+                    )
+        return cls(node, gpus)
+
+    # -- fault injection ---------------------------------------------------------------
+
+    def _gpu(self, index: int) -> SimGpu:
+        if not 0 <= index < len(self.gpus):
+            raise ValueError(f"node {self.node} has no GPU {index} (it has {len(self.gpus)})")
+        return self.gpus[index]
+
+    def inject_xid(self, index: int, xid: int, *, gpu_instance_id: int | None = None) -> None:
+        """Raise XID `xid` on GPU `index` (an XID critical-error event)."""
+        gpu = self._gpu(index)
+        with self._lock:
+            self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, xid, gpu_instance_id)
+
+    def inject_fault(self, index: int, fault: str) -> None:
+        """Apply a named fault (see `FAULTS`) to GPU `index`."""
+        gpu = self._gpu(index)
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
+        with self._lock:
+            if fault == "ecc-dbe-burst":
+                for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+                    key = (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)
+                    gpu.ecc[key] = gpu.ecc.get(key, 0) + 16
+                self._emit(gpu, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+                self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 48)
+            elif fault == "row-remap-failure":
+                gpu.remapped[1] += 1
+                gpu.remapped[2] = 1
+                gpu.remapped[3] = 1
+                self._emit(gpu, pynvml.nvmlEventTypeDramRetirementFailure, 0)
+                self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 64)
+            elif fault == "retired-page-limit":
+                pages = gpu.retired_pages.setdefault(
+                    pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, []
+                )
+                pages.extend(0x1000 * (len(pages) + i) for i in range(64))
+                gpu.retired_pending = 1
+                self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 63)
+            elif fault == "fallen-off-bus":
+                self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 79)
+                gpu.lost = True
+            elif fault == "thermal":
+                gpu.temperature_c = gpu.model.slowdown_c + 3
+                gpu.clock_reasons |= (
+                    pynvml.nvmlClocksEventReasonHwThermalSlowdown
+                    | pynvml.nvmlClocksEventReasonHwSlowdown
+                )
+            elif fault == "nvlink-errors":
+                for link in range(min(2, gpu.model.nvlinks)):
+                    for counter in (
+                        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                        pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+                    ):
+                        gpu.nvlink_errors[(link, counter)] = (
+                            gpu.nvlink_errors.get((link, counter), 0) + 500
+                        )
+            elif fault == "pcie-replay":
+                gpu.pcie_replay += 5000
+            elif fault == "hang" and gpu.hang is None:
+                gpu.hang = threading.Event()
+
+    def set_recovery_action(self, index: int, action: int) -> None:
+        """Set the driver's recovery action (XID 154 and the GpuRecoveryAction event)."""
+        gpu = self._gpu(index)
+        with self._lock:
+            gpu.recovery_action = action
+            self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, action)
+            self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 154)
+
+    def recover(self, index: int) -> None:
+        """GPU reset: clear every fault and volatile counter; recovery action back to none."""
+        gpu = self._gpu(index)
+        with self._lock:
+            hang, gpu.hang = gpu.hang, None
+            gpu.lost = False
+            gpu.temperature_c = 45
+            gpu.clock_reasons = pynvml.nvmlClocksEventReasonNone
+            for key in list(gpu.ecc):
+                if key[1] == pynvml.NVML_VOLATILE_ECC:
+                    gpu.ecc[key] = 0
+            gpu.retired_pages.clear()
+            gpu.retired_pending = 0
+            gpu.remapped = [0, 0, 0, 0]
+            gpu.nvlink_errors.clear()
+            gpu.pcie_replay = 0
+            gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+            self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, gpu.recovery_action)
+        if hang is not None:
+            hang.set()
+
+    def close(self) -> None:
+        """Release every hung call (so threads stuck in this sim end)."""
+        with self._lock:
+            for gpu in self.gpus:
+                hang, gpu.hang = gpu.hang, None
+                if hang is not None:
+                    hang.set()
+
+    def _emit(self, gpu: SimGpu, kind: int, data: int, gi: int | None = None) -> None:
+        event = SimEvent(gpu.handle, kind, data, 0xFFFFFFFF if gi is None else gi)
+        for es in self._sets:
+            if not es.freed and es.masks.get(gpu.index, 0) & kind:
+                es.queue.put(event)
+
+    # -- the pynvml surface ------------------------------------------------------------
+
+    def _enter(self, handle: SimHandle) -> SimGpu:
+        """Every device call starts here: uninitialised, hung and lost GPUs behave as NVML's."""
+        if self._initialised <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        gpu = handle.gpu
+        hang = gpu.hang
+        if hang is not None:
+            hang.wait()
+        if gpu.lost:
+            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def nvmlInit(self) -> None:
+        with self._lock:
+            self._initialised += 1
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            if self._initialised <= 0:
+                raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.90.07"
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self._initialised <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimHandle:
+        if not 0 <= index < len(self.gpus):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._enter(self.gpus[index].handle).handle
+
+    def nvmlDeviceGetUUID(self, handle: SimHandle) -> str:
+        gpu = self._enter(handle)
+        return handle.mig.uuid if handle.mig else gpu.uuid
+
+    def nvmlDeviceGetName(self, handle: SimHandle) -> str:
+        gpu = self._enter(handle)
+        if handle.mig:
+            return f"{gpu.model.name} MIG {handle.mig.profile}"
+        return gpu.model.name
+
+    def nvmlDeviceGetIndex(self, handle: SimHandle) -> int:
+        return self._enter(handle).index
+
+    def nvmlDeviceGetPciInfo(self, handle: SimHandle) -> Any:
+        gpu = self._enter(handle)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.pci_bus_id.encode()
+        info.busIdLegacy = gpu.pci_bus_id[4:].encode()
+        return info
+
+    def nvmlDeviceGetMigMode(self, handle: SimHandle) -> list[int]:
+        gpu = self._enter(handle)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.migs else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: SimHandle) -> int:
+        self._enter(handle)
+        return self.MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: SimHandle, index: int) -> SimHandle:
+        gpu = self._enter(handle)
+        if index >= len(gpu.migs):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return SimHandle(gpu, gpu.migs[index])
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: SimHandle) -> int:
+        self._enter(handle)
+        if handle.mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.mig.gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: SimHandle) -> int:
+        self._enter(handle)
+        if handle.mig is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.mig.compute_instance_id
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: SimHandle, error_type: int, counter: int) -> int:
+        gpu = self._enter(handle)
+        with self._lock:
+            return gpu.ecc.get((error_type, counter), 0)
+
+    def nvmlDeviceGetRetiredPages(self, handle: SimHandle, cause: int) -> list[int]:
+        gpu = self._enter(handle)
+        with self._lock:
+            return list(gpu.retired_pages.get(cause, []))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: SimHandle) -> int:
+        return self._enter(handle).retired_pending
+
+    def nvmlDeviceGetRemappedRows(self, handle: SimHandle) -> tuple[int, int, int, int]:
+        gpu = self._enter(handle)
+        if gpu.migs or not gpu.model.row_remap:
+            raise _error(_ENOTSUP)  # NVML: NOT_SUPPORTED with MIG enabled
+        with self._lock:
+            corr, unc, pending, failure = gpu.remapped
+            return (corr, unc, pending, failure)
+
+    def nvmlDeviceGetTemperature(self, handle: SimHandle, sensor: int) -> int:
+        return self._enter(handle).temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: SimHandle, threshold: int) -> int:
+        gpu = self._enter(handle)
+        if threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            return gpu.model.slowdown_c
+        if threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+            return gpu.model.shutdown_c
+        raise _error(_ENOTSUP)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: SimHandle) -> int:
+        return self._enter(handle).clock_reasons
+
+    def nvmlDeviceGetNvLinkState(self, handle: SimHandle, link: int) -> int:
+        gpu = self._enter(handle)
+        if link >= gpu.model.nvlinks:
+            raise _error(_ENOTSUP)
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: SimHandle, link: int, counter: int) -> int:
+        gpu = self._enter(handle)
+        if link >= gpu.model.nvlinks:
+            raise _error(_ENOTSUP)
+        with self._lock:
+            return gpu.nvlink_errors.get((link, counter), 0)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: SimHandle) -> int:
+        return self._enter(handle).pcie_replay
+
+    def nvmlDeviceGetPowerUsage(self, handle: SimHandle) -> int:
+        return self._enter(handle).power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimHandle) -> int:
+        gpu = self._enter(handle)
+        with self._lock:
+            gpu.energy_mj += gpu.power_mw // 1000  # about one second's worth per read
+            return gpu.energy_mj
+
+    def nvmlDeviceGetUtilizationRates(self, handle: SimHandle) -> Any:
+        gpu = self._enter(handle)
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu = gpu.utilization_gpu
+        util.memory = gpu.utilization_memory
+        return util
+
+    def nvmlDeviceGetMemoryInfo(self, handle: SimHandle) -> Any:
+        gpu = self._enter(handle)
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total = gpu.model.memory_mib * 1024 * 1024
+        mem.used = gpu.memory_used_mib * 1024 * 1024
+        mem.free = mem.total - mem.used
+        return mem
+
+    def nvmlDeviceGetClockInfo(self, handle: SimHandle, clock: int) -> int:
+        self._enter(handle)
+        return 1980 if clock == pynvml.NVML_CLOCK_SM else 2619
+
+    def nvmlDeviceGetFieldValues(self, handle: SimHandle, field_ids: list[int]) -> list[Any]:
+        gpu = self._enter(handle)
+        values = []
+        for fid in field_ids:
+            value = pynvml.c_nvmlFieldValue_t()
+            value.fieldId = fid
+            if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                value.nvmlReturn = pynvml.NVML_SUCCESS
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                value.value.uiVal = gpu.recovery_action
+            else:
+                value.nvmlReturn = _ENOTSUP
+            values.append(value)
+        return values
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: SimHandle) -> int:
+        self._enter(handle)
+        return int(
+            pynvml.nvmlEventTypeXidCriticalError
+            | pynvml.nvmlEventTypeDoubleBitEccError
+            | pynvml.nvmlEventTypeSingleBitEccError
+            | pynvml.nvmlEventTypeDramRetirementEvent
+            | pynvml.nvmlEventTypeDramRetirementFailure
+            | pynvml.nvmlEventTypeGpuRecoveryAction
+        )
+
+    def nvmlEventSetCreate(self) -> SimEventSet:
+        if self._initialised <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        es = SimEventSet()
+        with self._lock:
+            self._sets.append(es)
+        return es
+
+    def nvmlDeviceRegisterEvents(self, handle: SimHandle, mask: int, es: SimEventSet) -> None:
+        gpu = self._enter(handle)
+        with self._lock:
+            es.masks[gpu.index] = es.masks.get(gpu.index, 0) | mask
+
+    def nvmlEventSetWait(self, es: SimEventSet, timeout_ms: int) -> SimEvent:
+        if es.freed:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        try:
+            return es.queue.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise _error(pynvml.NVML_ERROR_TIMEOUT) from None
+
+    nvmlEventSetWait_v2 = nvmlEventSetWait
+
+    def nvmlEventSetFree(self, es: SimEventSet) -> None:
+        with self._lock:
+            es.freed = True
+            with contextlib.suppress(ValueError):
+                self._sets.remove(es)
