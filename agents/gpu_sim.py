@@ -12,6 +12,7 @@ from agents.gpu import GpuAgent, GpuAgentSettings
 from agents.sources.pods import StaticPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
+from nodeward.platform import Component, UpContext
 from nodeward.sim.cluster.seed import NodeSeed, PodSeed
 from nodeward.sim.inject import serve_injections
 from nodeward.sim.nvml import SimNvml
@@ -94,3 +95,13 @@ async def build_sim_gpu_agents(
             daemon, _, _ = await build_sim_gpu_agent(settings, node, pods)
             daemons.append(daemon)
     return daemons
+
+
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    """One simulated GPU agent per GPU node of the sim cluster (none against a real cluster)."""
+    if context.seed is None:
+        return []
+    return await build_sim_gpu_agents(context.settings, context.seed.nodes, context.seed.pods)
+
+
+component = Component("agent-gpu-sim", _build_for_up)

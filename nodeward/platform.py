@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import structlog
@@ -14,6 +15,8 @@ from nodeward.bus import Bus
 from nodeward.config import Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.endpoints import Endpoints
+from nodeward.sim.cluster.embedded import EmbeddedCluster, embedded_cluster
+from nodeward.sim.cluster.seed import Seed, load_seed
 from nodeward.sim.nats_server import EmbeddedNats
 
 
@@ -30,15 +33,42 @@ async def bus_daemon(name: str, settings: Settings, *, source: str) -> tuple[Dae
 
 
 @dataclass(frozen=True)
+class UpContext:
+    """What `nodeward up` hands each component when it builds its daemons."""
+
+    settings: Settings
+    state_dir: Path
+    seed: Seed | None  # the sim cluster's seed, when `up` runs the sim cluster
+    cluster: EmbeddedCluster | None  # the sim cluster itself, when `up` runs it
+
+    def settings_for(self, service: str) -> Settings:
+        """Settings whose cluster credentials are `service`'s own ServiceAccount."""
+        if self.cluster is None:
+            return self.settings
+        return self.settings.model_copy(update={"cluster": self.cluster.settings_for(service)})
+
+
+@dataclass(frozen=True)
 class Component:
-    """An agent or service `nodeward up` runs: a name and how to build its daemon."""
+    """An agent or service `nodeward up` runs: a name and how to build its daemons.
+
+    Components register through the `nodeward.components` entry point group, so the
+    runtime never imports `agents/` or `services/` (they import it).
+    """
 
     name: str
-    build: Callable[[Settings], Awaitable[Daemon]]
+    build: Callable[[UpContext], Awaitable[list[Daemon]]]
 
 
-# Agents and services register here as they are built (GPU agent, cordon service, ...).
-COMPONENTS: tuple[Component, ...] = ()
+def components() -> list[Component]:
+    """Every registered component, in name order."""
+    found = []
+    for entry in sorted(entry_points(group="nodeward.components"), key=lambda e: e.name):
+        component = entry.load()
+        if not isinstance(component, Component):
+            raise TypeError(f"entry point {entry.name} is not a nodeward Component")
+        found.append(component)
+    return found
 
 
 async def _platform_daemon(settings: Settings) -> Daemon:
@@ -96,15 +126,18 @@ async def run_up(
             await stack.enter_async_context(server)
             settings.bus.url = server.url
         kube_api: str | None = None
+        cluster: EmbeddedCluster | None = None
+        seed_data: Seed | None = None
         if settings.cluster.kubeconfig is None:
-            from nodeward.sim.cluster.embedded import embedded_cluster
-
+            seed_data = load_seed(seed)
             cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed))
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
+        # The platform daemon goes first: its bus provisions the streams the others use.
         daemons = [await _platform_daemon(settings)]
-        for component in COMPONENTS:
-            daemons.append(await component.build(settings))
+        context = UpContext(settings, state_dir, seed_data, cluster)
+        for component in components():
+            daemons.extend(await component.build(context))
         for d in daemons:
             await d.start()
         endpoints = Endpoints(

@@ -134,7 +134,7 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         console = Console(stderr=True)
         console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
         for name, url in endpoints.metrics.items():
-            console.print(f"  {name:<12} {url}/metrics  {url}/readyz")
+            console.print(f"  {name:<24} {url}/metrics  {url}/readyz")
         if endpoints.kubeconfig:
             where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
             console.print(
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: usage errors and failures become one line on stderr and an exit code."""
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="nodeward", standalone_mode=False)
+        result = command.main(args=argv, prog_name="nodeward", standalone_mode=False)
     except (CliError, ConfigError) as exc:
         print(f"nodeward: error: {exc}", file=sys.stderr)
         return 1
@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: error: {message}", file=sys.stderr)
             return int(getattr(exc, "exit_code", 2))
         raise
-    return 0
+    # Without standalone mode, `typer.Exit(code)` comes back as the return value.
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":
