@@ -487,6 +487,19 @@ class CordonService:
                 self.log.exception("cordon.reconcile_failed")
 
 
+async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
+    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
+
+    Operators without the CLI can delete the key: `nats kv del <bucket> breaker`.
+    """
+
+    async def no_population() -> int:
+        return 0
+
+    kv = await bus.kv(config.bucket, history=5)
+    await CircuitBreaker(kv, config.breaker, no_population).reset()
+
+
 async def build(settings: Settings) -> Daemon:
     """The cordon service's daemon: consumer on `gpu.health.>` plus the reconcile loop.
 
@@ -509,7 +522,6 @@ async def build(settings: Settings) -> Daemon:
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
     )
-    daemon.service = service  # type: ignore[attr-defined]
 
     async def consume() -> None:
         await bus.consume(service.consumer_spec(), service.handle)

@@ -11,10 +11,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nodeward.bus.kv import TypedKV
+from nodeward.config import section
 from nodeward.kube.nodes import condition_of, taints_of
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
+from services.actions import BreakerState
+from services.cordon import CordonSettings, reset_breaker
 from services.quarantine_marks import HEALTH_LABEL, QUARANTINE_ANNOTATION, TAINT_KEY
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (
@@ -105,6 +109,10 @@ async def _applied(bus: Any, name: str) -> list[Any]:
     ]
 
 
+async def _released(bus: Any, name: str) -> list[Any]:
+    return [r for r in await audits(bus, name, "release") if r.outcome == Outcome.APPLIED]
+
+
 async def test_healthy_and_degraded_do_not_quarantine(cordon_env: EnvFactory) -> None:
     env = await cordon_env()
     await env.start()
@@ -129,7 +137,7 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
     cordon_env: EnvFactory,
 ) -> None:
     env = await cordon_env()
-    daemon = await env.start()
+    await env.start()
     sick = env.nodes[:6]
     await env.publish(*(failed(n) for n in sick))
 
@@ -155,16 +163,17 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
     back = quarantined[0]
     await env.publish(health(back, HealthState.HEALTHY, seq=2))
 
-    async def released() -> bool:
-        return not tainted(await env.node(back))
-
-    await wait_for(released, timeout=5, what="release while the breaker is tripped")
+    await wait_for(
+        lambda: _released(env.bus, back), timeout=5, what="release while the breaker is tripped"
+    )
+    assert not tainted(await env.node(back))
     assert not (await env.node(back))["spec"].get("unschedulable")
 
     # Reset through KV: the next failure of a refused node quarantines it.
-    service = daemon.service  # type: ignore[attr-defined]
-    assert (await service.breaker.state()).tripped_at is not None
-    await service.breaker.reset()
+    config = section(env.settings, "services", "cordon", CordonSettings)
+    state = await TypedKV(await env.bus.kv(config.bucket), BreakerState).get("breaker")
+    assert state is not None and state.value.tripped_at is not None
+    await reset_breaker(env.bus, config)
     await env.publish(failed(refused[0], seq=2))
 
     async def requarantined() -> bool:
@@ -199,10 +208,7 @@ async def test_release_after_healthy_period_undoes_only_our_marks(
     healthy_at = datetime.now(UTC)
     await env.publish(health(name, HealthState.HEALTHY, seq=2, at=healthy_at))
 
-    async def release_audit() -> list[Any]:
-        return [r for r in await audits(env.bus, name, "release") if r.outcome == "applied"]
-
-    await wait_for(release_audit, timeout=5, what="release")
+    await wait_for(lambda: _released(env.bus, name), timeout=5, what="release")
     assert datetime.now(UTC) - healthy_at >= timedelta(seconds=1)
     node = await env.node(name)
     assert not tainted(node)
@@ -225,11 +231,9 @@ async def test_operator_cordoned_node_stays_cordoned_on_release(cordon_env: EnvF
     assert note["cordoned"] is False
     await env.publish(health(name, HealthState.HEALTHY, seq=2))
 
-    async def released() -> bool:
-        return not tainted(await env.node(name))
-
-    await wait_for(released, timeout=5, what="release")
+    await wait_for(lambda: _released(env.bus, name), timeout=5, what="release")
     node = await env.node(name)
+    assert not tainted(node)
     assert node["spec"].get("unschedulable") is True
     assert quarantine_note(node) is None
 
