@@ -510,7 +510,15 @@ async def build(settings: Settings) -> Daemon:
     policy = load_policy(config.policy_file)
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR)
     cluster = Cluster.connect(settings.cluster, service=NAME)
-    daemon.add_shutdown_hook(cluster.close)  # runs after the bus has drained (hooks: last first)
+    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
+
+    async def close() -> None:
+        # Hooks run last-added first: drain the consumers (whose handlers use the cluster)
+        # before closing the cluster client. Closing the bus again later is harmless.
+        await bus.close(grace=grace)
+        await cluster.close()
+
+    daemon.add_shutdown_hook(close)
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
     service: CordonService
