@@ -42,11 +42,13 @@ from services.actions import (
     BreakerSettings,
     CircuitBreaker,
     Cooldown,
+    DrainSettings,
     Exemptions,
     Guard,
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    drain,
 )
 from services.cordon_state import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
 from services.gpu_policy import Decision, Policy, PolicyAction, load_policy
@@ -83,6 +85,7 @@ class CordonSettings(Section):
     node_count_ttl: Duration = timedelta(seconds=30)
     breaker: BreakerSettings = BreakerSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
+    drain: DrainSettings = DrainSettings()
 
 
 def _target(node: str) -> ObjectRef:
@@ -118,7 +121,7 @@ class CordonService:
         self.marks = QuarantineMarks(cluster)
         self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions()
+        self.exemptions = Exemptions(cluster.namespaces.labels)
         self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]
         self.cooldown = Cooldown(settings.cooldown)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -342,6 +345,22 @@ class CordonService:
         assert written is not None and written.value.quarantine is not None
         q = written.value.quarantine
         details = await self.marks.apply(name, q)
+        if decision.drain or self.settings.drain.enabled:
+            # Before the quarantine is marked applied: a restart mid-drain drains again.
+            result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
+            details["drain"] = result.to_json()
+            if not result.complete:
+                blocked = Proposal(
+                    action="drain",
+                    target=_target(name),
+                    reason=f"drain of {name} incomplete at its deadline: "
+                    + "; ".join(f"{p}: {why}" for p, why in result.blocked.items()),
+                    policy=decision.rule,
+                    trigger_id=event.id,
+                    trigger_time=event.time,
+                    details=result.to_json(),
+                )
+                await self.auditor.record(blocked, Outcome.FAILED, blocked.reason)
 
         def done(current: NodeRecord | None) -> NodeRecord | None:
             record = current or NodeRecord()

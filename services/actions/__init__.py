@@ -8,6 +8,7 @@ the service's KV bucket and in an annotation on the object.
 
 from services.actions.audit import Auditor
 from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from services.actions.drain import DrainResult, DrainSettings, drain
 from services.actions.exemptions import EXEMPT_LABEL, Exemptions, is_exempt
 from services.actions.limits import Cooldown, RateLimiter, RateLimitSettings
 from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
@@ -20,11 +21,14 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "Cooldown",
+    "DrainResult",
+    "DrainSettings",
     "Exemptions",
     "Guard",
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
     "Verdict",
+    "drain",
     "is_exempt",
 ]

@@ -135,11 +135,16 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
     sims: list[SimCluster] = []
 
     async def make(
-        count: int = 10, nodes: dict[int, dict[str, Any]] | None = None, **cordon: Any
+        count: int = 10,
+        nodes: dict[int, dict[str, Any]] | None = None,
+        seed_extra: Callable[[list[str]], dict[str, Any]] | None = None,
+        **cordon: Any,
     ) -> CordonEnv:
         uid = uuid.uuid4().hex[:8]
         prefix = f"gpu-{uid}"
-        seed = Seed(namespaces=["nodeward"], nodes=node_seeds(prefix, count, nodes or {}))
+        seeds = node_seeds(prefix, count, nodes or {})
+        extra = seed_extra([n.name for n in seeds]) if seed_extra else {}
+        seed = Seed(namespaces=["nodeward"], nodes=seeds, **extra)
         sim = SimCluster(seed, port=0, bookmark_interval=0.2)
         await sim.start()
         sims.append(sim)

@@ -13,7 +13,9 @@ from typing import Any
 
 from nodeward.bus.kv import TypedKV
 from nodeward.config import section
+from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.nodes import condition_of, taints_of
+from nodeward.sim.cluster.seed import Owner, PdbSeed, PodSeed
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
@@ -335,3 +337,58 @@ async def test_restart_mid_action_neither_duplicates_nor_loses(cordon_env: EnvFa
     note = quarantine_note(node)
     assert note is not None and note["prior_unschedulable"] is False  # not our own cordon
     assert len(await _applied(env.bus, name)) == 1
+
+
+async def test_drain_evicts_only_what_it_may_and_honours_budgets(
+    cordon_env: EnvFactory,
+) -> None:
+    def pods(names: list[str]) -> dict[str, Any]:
+        node = names[9]
+        return {
+            "pods": [
+                PodSeed(name="train-0", namespace="ml-a", node=node, gpus=1),
+                PodSeed(
+                    name="agent-x",
+                    namespace="ml-a",
+                    node=node,
+                    role="daemon",
+                    owner=Owner(kind="DaemonSet", name="agent"),
+                ),
+                PodSeed(
+                    name="pinned",
+                    namespace="ml-a",
+                    node=node,
+                    labels={"nodeward.io/exempt": "true"},
+                ),
+                PodSeed(name="guarded-0", namespace="ml-a", node=node, labels={"app": "guarded"}),
+                PodSeed(name="shielded", namespace="ml-exempt", node=node),
+            ],
+            "pdbs": [
+                PdbSeed(
+                    name="guarded", namespace="ml-a", selector={"app": "guarded"}, minAvailable=1
+                )
+            ],
+        }
+
+    env = await cordon_env(seed_extra=pods, drain={"enabled": True, "deadline": "0.3s"})
+    await env.admin.client.request(
+        "PATCH",
+        "/api/v1/namespaces/ml-exempt",
+        body={"metadata": {"labels": {"nodeward.io/exempt": "true"}}},
+        content_type=MERGE_PATCH,
+    )
+    await env.start()
+    name = env.nodes[9]
+    await env.publish(failed(name))
+    applied = await wait_for(lambda: _applied(env.bus, name), timeout=5, what="quarantine")
+    report = applied[0].details["drain"]
+    assert report["evicted"] == ["ml-a/train-0"]
+    assert set(report["kept"]) == {"ml-a/agent-x", "ml-a/pinned", "ml-exempt/shielded"}
+    assert list(report["blocked"]) == ["ml-a/guarded-0"]
+    left = {
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in await env.admin.pods.on_node(name)
+    }
+    assert left == {"ml-a/agent-x", "ml-a/pinned", "ml-exempt/shielded", "ml-a/guarded-0"}
+    incomplete = [r for r in await audits(env.bus, name, "drain") if r.outcome == "failed"]
+    assert len(incomplete) == 1 and "guarded-0" in incomplete[0].reason
