@@ -392,3 +392,45 @@ async def test_drain_evicts_only_what_it_may_and_honours_budgets(
     assert left == {"ml-a/agent-x", "ml-a/pinned", "ml-exempt/shielded", "ml-a/guarded-0"}
     incomplete = [r for r in await audits(env.bus, name, "drain") if r.outcome == "failed"]
     assert len(incomplete) == 1 and "guarded-0" in incomplete[0].reason
+
+
+async def test_build_with_the_cordon_context_of_the_up_kubeconfig(
+    bus: Any, nats_url: str, tmp_path: Any
+) -> None:
+    """How `nodeward up` wires it: the embedded sim's kubeconfig, context `nodeward-cordon`."""
+    from nodeward.config import Settings
+    from nodeward.kube import Cluster
+    from nodeward.sim.cluster import embedded_cluster
+    from services.cordon import build
+
+    async with embedded_cluster(tmp_path) as cluster:
+        node = "gpu-h100-02"
+        uid = tmp_path.name[-12:].replace("_", "-")
+        settings = Settings(
+            bus={"url": nats_url},
+            cluster=cluster.settings_for("cordon").model_dump(),
+            services={
+                "cordon": {
+                    "consumer": f"cordon-up-{uid}",
+                    "bucket": f"cordon-up-{uid}",
+                    "subjects": [f"gpu.health.{node}.>"],
+                }
+            },
+        )
+        assert settings.cluster.context == "nodeward-cordon"
+        daemon = await build(settings)
+        async with daemon:
+            event = failed(node, at=datetime.now(UTC))
+            await bus.publish(event)
+
+            async def quarantined() -> list[Any]:
+                found = [
+                    r
+                    for r in await audits(bus, node, "quarantine")
+                    if r.trigger_event_id == event.id and r.outcome == Outcome.APPLIED
+                ]
+                return found
+
+            await wait_for(quarantined, timeout=5, what="quarantine through the up kubeconfig")
+            async with Cluster.connect(cluster.settings_for(None)) as admin:
+                assert tainted(await admin.nodes.get(node))
