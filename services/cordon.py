@@ -281,9 +281,24 @@ class CordonService:
                 name, gpu, event, decision=decision, reason=proposal.reason, node=node
             )
 
-        result = await self.runner.run(proposal, act, self.guards)
+        def repeat(outcome: Outcome, guard: str | None) -> bool:
+            # A heartbeat restating a failure that was already refused or skipped the same
+            # way is not audited again (it still runs the guards: a reset breaker lets it through).
+            return health.heartbeat and record.last_decision == f"{outcome.value}/{guard or ''}"
+
+        result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
         if result.outcome == Outcome.DRY_RUN:
             await self._remember(name, event, decision, gpu, proposal.reason, dry_run=True)
+        elif result.outcome != Outcome.APPLIED:
+            last = f"{result.outcome.value}/{result.guard or ''}"
+            await self.records.update(
+                node_key(name),
+                lambda r: (
+                    None
+                    if r is not None and r.last_decision == last
+                    else (r or NodeRecord()).model_copy(update={"last_decision": last})
+                ),
+            )
 
     def _new_quarantine(
         self, event: Event[Any], decision: Decision, gpu: str, reason: str, *, dry_run: bool
@@ -469,7 +484,9 @@ class CordonService:
             rec = current or NodeRecord()
             if rec.quarantine is None or rec.quarantine.incident != q.incident:
                 return None
-            return rec.model_copy(update={"quarantine": None, "last_release_at": time.time()})
+            return rec.model_copy(
+                update={"quarantine": None, "last_release_at": time.time(), "last_decision": None}
+            )
 
         await self.records.update(node_key(name), cleared)
 

@@ -77,6 +77,9 @@ class NodeRecord(BaseModel):
     gpus: dict[str, GpuRecord] = Field(default_factory=dict)
     quarantine: Quarantine | None = None
     last_release_at: float | None = None
+    last_decision: str | None = Field(
+        default=None, description="`outcome/guard` of the last audited non-quarantine decision"
+    )
 
     def healthy_for(self, now: datetime) -> float | None:
         """Seconds every known GPU has been healthy, or None if one is not healthy."""

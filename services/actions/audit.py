@@ -49,7 +49,7 @@ class Auditor:
     def severity(self, action: str, outcome: Outcome) -> Severity:
         return self.severities.get(action, {}).get(outcome, DEFAULT_SEVERITY[outcome])
 
-    async def record(
+    def build(
         self,
         proposal: Proposal,
         outcome: Outcome,
@@ -58,7 +58,8 @@ class Auditor:
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
     ) -> Remediation:
-        remediation = Remediation(
+        """The audit record of a decision, not published."""
+        return Remediation(
             action=proposal.action,
             target=proposal.target,
             outcome=outcome,
@@ -70,6 +71,18 @@ class Auditor:
             trigger_event_id=proposal.trigger_id,
             details={**proposal.details, **(details or {})},
         )
+
+    async def record(
+        self,
+        proposal: Proposal,
+        outcome: Outcome,
+        reason: str,
+        *,
+        guard: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> Remediation:
+        """Publish the audit record of a decision, then its notification."""
+        remediation = self.build(proposal, outcome, reason, guard=guard, details=details)
         key = (self.actor, proposal.action, outcome.value, guard or "", proposal.target.key())
         if proposal.trigger_id is not None and proposal.trigger_time is not None:
             audit_id = stable_id(proposal.trigger_time, proposal.trigger_id, *key)

@@ -53,6 +53,7 @@ class Guard(Protocol):
 
 
 Act = Callable[[], Awaitable[dict[str, Any]]]
+Repeat = Callable[[Outcome, str | None], bool]
 
 
 class ActionRunner:
@@ -67,12 +68,16 @@ class ActionRunner:
         proposal: Proposal,
         act: Act,
         guards: Sequence[Guard] = (),
+        *,
+        repeat: Repeat | None = None,
     ) -> Remediation:
         """Guards in order; the first objection is audited and ends it. Then act or dry-run.
 
         A failed act is audited and raised as `RetryableError`, so the message is redelivered
         and the (idempotent) act tried again. A guard objection with `retry_after` is
-        audited and raised the same way.
+        audited and raised the same way. `repeat(outcome, guard)` True marks an objection or
+        dry run that only restates one already audited (a heartbeat): it is logged, not
+        published again.
         """
         log = structlog.get_logger().bind(action=proposal.action, target=proposal.target.key())
         for guard in guards:
@@ -80,17 +85,23 @@ class ActionRunner:
             if verdict is None:
                 continue
             log.info("action.blocked", guard=verdict.guard, outcome=verdict.outcome.value)
-            audit = await self.auditor.record(
-                proposal, verdict.outcome, verdict.reason, guard=verdict.guard
-            )
+            if repeat is not None and repeat(verdict.outcome, verdict.guard):
+                audit = self.auditor.build(
+                    proposal, verdict.outcome, verdict.reason, guard=verdict.guard
+                )
+            else:
+                audit = await self.auditor.record(
+                    proposal, verdict.outcome, verdict.reason, guard=verdict.guard
+                )
             if verdict.retry_after is not None:
                 raise RetryableError(verdict.reason, delay=verdict.retry_after)
             return audit
         if self.dry_run:
             log.info("action.dry_run")
-            return await self.auditor.record(
-                proposal, Outcome.DRY_RUN, f"dry run: would {proposal.action}: {proposal.reason}"
-            )
+            reason = f"dry run: would {proposal.action}: {proposal.reason}"
+            if repeat is not None and repeat(Outcome.DRY_RUN, None):
+                return self.auditor.build(proposal, Outcome.DRY_RUN, reason)
+            return await self.auditor.record(proposal, Outcome.DRY_RUN, reason)
         try:
             details = await act()
         except KubeError as exc:

@@ -197,6 +197,19 @@ async def test_exempt_node_is_left_alone(cordon_env: EnvFactory) -> None:
     assert quarantine_note(node) is None
     notes = await wait_for(lambda: notifications(env.bus, name), timeout=2)
     assert notes[0].severity == Severity.INFO
+    # Heartbeats restating the failure are not audited again; in order per node, so once
+    # the (stale) barrier event is audited, the heartbeat was handled.
+    await env.publish(
+        health(name, HealthState.FAILED, seq=2, xid=79, heartbeat=True),
+        health(name, HealthState.HEALTHY, seq=1),
+    )
+
+    async def barrier() -> list[Any]:
+        found = await audits(env.bus, name)
+        return found if len(found) >= 2 else []
+
+    records = await wait_for(barrier, timeout=5, what="stale barrier audit")
+    assert outcomes(records) == [("skipped", "exempt"), ("skipped", "stale")]
 
 
 async def test_release_after_healthy_period_undoes_only_our_marks(
