@@ -562,7 +562,7 @@ async def build(settings: Settings) -> Daemon:
     async def population() -> int:
         return await service.population()
 
-    breaker = CircuitBreaker(kv, config.breaker, population)
+    breaker = CircuitBreaker(kv, config.breaker, population, registry=daemon.metrics.registry)
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
     )

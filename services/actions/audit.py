@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from prometheus_client import Counter
 
 from nodeward.bus import Bus
 from schemas.base import make_event, utcnow
@@ -45,6 +46,12 @@ class Auditor:
         self.actor = actor
         self.topic = topic
         self.severities = severities or {}
+        self.decisions = Counter(
+            "nodeward_remediations",
+            "Decisions audited (remediation.v1), by action, outcome and guard",
+            ["action", "outcome", "guard"],
+            registry=bus.metrics.registry,
+        )
 
     def severity(self, action: str, outcome: Outcome) -> Severity:
         return self.severities.get(action, {}).get(outcome, DEFAULT_SEVERITY[outcome])
@@ -105,6 +112,7 @@ class Auditor:
             audit_event_id=audit_id,
         )
         await self.bus.publish(audit)
+        self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
         await self.bus.publish(make_event(note, source=self.actor, id=notify_id, time=now))
         structlog.get_logger().info(
             "action.audited",

@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import structlog
 from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, Field
 
 from nodeward.bus.kv import TypedKV
@@ -98,12 +99,23 @@ class CircuitBreaker:
         *,
         key: str = BREAKER_KEY,
         clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.store: TypedKV[BreakerState] = TypedKV(kv, BreakerState)
         self.settings = settings
         self.population = population
         self.key = key
         self.clock = clock
+        self.tripped = Gauge(
+            "nodeward_breaker_tripped",
+            "1 while the circuit breaker refuses new targets",
+            registry=registry,
+        )
+        self.admitted = Gauge(
+            "nodeward_breaker_admitted",
+            "Targets admitted within the sliding window",
+            registry=registry,
+        )
 
     async def state(self) -> BreakerState:
         current = await self.store.get(self.key)
@@ -121,6 +133,8 @@ class CircuitBreaker:
 
         result = await self.store.update(self.key, change)
         assert result is not None
+        self.tripped.set(1 if result.value.tripped_at is not None else 0)
+        self.admitted.set(len(result.value.admitted))
         return admitted, result.value
 
     async def reset(self) -> None:

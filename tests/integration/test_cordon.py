@@ -11,6 +11,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
+
 from nodeward.bus.kv import TypedKV
 from nodeward.config import section
 from nodeward.kube.client import MERGE_PATCH
@@ -139,7 +141,7 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
     cordon_env: EnvFactory,
 ) -> None:
     env = await cordon_env()
-    await env.start()
+    daemon = await env.start()
     sick = env.nodes[:6]
     await env.publish(*(failed(n) for n in sick))
 
@@ -160,6 +162,14 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
         notes = await notifications(env.bus, n)
         assert [x.severity for x in notes] == [Severity.CRITICAL]
         assert "circuit_breaker" in notes[0].title
+
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{daemon.url}/metrics")).text
+    assert "nodeward_breaker_tripped 1.0" in metrics
+    assert (
+        'nodeward_remediations_total{action="quarantine",guard="circuit_breaker",outcome="refused"} 3.0'
+        in metrics
+    )
 
     # While tripped, a recovered node is still released.
     back = quarantined[0]
