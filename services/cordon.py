@@ -155,9 +155,13 @@ class CordonService:
             and now - self._node_count[0] < self.settings.node_count_ttl.total_seconds()
         ):
             return self._node_count[1]
-        count = len(
-            await self.cluster.nodes.list(label_selector=self.settings.breaker.node_selector)
-        )
+        selector = self.settings.breaker.node_selector
+        count = len(await self.cluster.nodes.list(label_selector=selector))
+        if count == 0 and selector:
+            # No node carries the GPU label (no GPU feature discovery): a limit of 0 would
+            # refuse every quarantine, so the percentage is of all nodes instead.
+            self.log.warning("cordon.breaker_selector_matches_nothing", selector=selector)
+            count = len(await self.cluster.nodes.list())
         self._node_count = (now, count)
         return count
 
