@@ -457,3 +457,21 @@ async def test_build_with_the_cordon_context_of_the_up_kubeconfig(
             await wait_for(quarantined, timeout=5, what="quarantine through the up kubeconfig")
             async with Cluster.connect(cluster.settings_for(None)) as admin:
                 assert tainted(await admin.nodes.get(node))
+
+
+async def test_rate_limited_quarantine_is_refused_audited_and_retried(
+    cordon_env: EnvFactory,
+) -> None:
+    env = await cordon_env(rate_limit={"per_minute": 120, "burst": 1, "max_wait": "0s"})
+    await env.start()
+    first, second = env.nodes[0], env.nodes[1]
+    await env.publish(failed(first))
+    await wait_for(lambda: _applied(env.bus, first), timeout=5, what="first quarantine")
+    await env.publish(failed(second))
+    # The bucket is empty: refused (audited), then redelivered once a token is back.
+    await wait_for(lambda: _applied(env.bus, second), timeout=5, what="retried quarantine")
+    assert outcomes(await audits(env.bus, second, "quarantine")) == [
+        ("refused", "rate_limit"),
+        ("applied", None),
+    ]
+    assert tainted(await env.node(second))
