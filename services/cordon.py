@@ -81,6 +81,10 @@ class CordonSettings(Section):
     cooldown: Duration = Field(
         default=timedelta(minutes=5), description="a quarantine is held at least this long"
     )
+    max_event_age: Duration = Field(
+        default=timedelta(minutes=15),
+        description="older failures (a replay on cold start) are recorded, never acted on",
+    )
     reconcile_interval: Duration = timedelta(seconds=15)
     node_count_ttl: Duration = timedelta(seconds=30)
     breaker: BreakerSettings = BreakerSettings()
@@ -202,12 +206,36 @@ class CordonService:
         record = await self._check_operator(health.node, record, node)
         decision = self.policy.decide(health)
         self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
-        if decision.action == PolicyAction.QUARANTINE:
+        age = (datetime.now(UTC) - health.observed_at).total_seconds()
+        if (
+            decision.action == PolicyAction.QUARANTINE
+            and age > self.settings.max_event_age.total_seconds()
+        ):
+            await self._too_old(event, health, age)
+        elif decision.action == PolicyAction.QUARANTINE:
             await self._quarantine(
                 event, health, decision=decision, record=record, prior_gpu=prior_gpu, node=node
             )
         elif health.state == HealthState.HEALTHY and record.quarantine is not None:
             await self._maybe_release(health.node, record)
+
+    async def _too_old(self, event: Event[Any], health: GpuHealth, age: float) -> None:
+        """A failure observed longer ago than `max_event_age` (a replay after a cold start,
+        #1347-style): its state is recorded, but it never quarantines by itself."""
+        self.log.info("cordon.old_event", age_s=round(age, 1))
+        if health.heartbeat:
+            return
+        proposal = Proposal(
+            action="ignore",
+            target=_target(health.node),
+            reason=f"ignored as stale: {describe(health)} was observed {age:.0f}s ago, "
+            f"more than max_event_age {self.settings.max_event_age}",
+            trigger_id=event.id,
+            trigger_time=event.time,
+            protective=False,
+            details={"gpu": health.gpu_key(), "age_s": round(age, 1)},
+        )
+        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard="too_old")
 
     async def _stale(self, event: Event[Any], health: GpuHealth, prior: GpuRecord | None) -> None:
         self.log.info("cordon.stale_event", sequence=health.sequence)

@@ -304,6 +304,19 @@ async def test_stale_event_is_ignored_and_audited(cordon_env: EnvFactory) -> Non
     assert await notifications(env.bus, name)
 
 
+async def test_old_failure_replayed_on_cold_start_does_not_quarantine(
+    cordon_env: EnvFactory,
+) -> None:
+    env = await cordon_env(max_event_age="10m")
+    await env.start()
+    name = env.nodes[6]
+    await env.publish(failed(name, at=datetime.now(UTC) - timedelta(hours=1)))
+    records = await wait_for(lambda: audits(env.bus, name), timeout=5, what="audit")
+    assert outcomes(records) == [("skipped", "too_old")]
+    node = await env.node(name)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+
+
 async def test_manual_uncordon_is_respected_and_audited(cordon_env: EnvFactory) -> None:
     env = await cordon_env()
     await env.start()
