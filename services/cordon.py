@@ -179,14 +179,13 @@ class CordonService:
     async def _handle(self, event: Event[Any], health: GpuHealth) -> None:
         key = node_key(health.node)
         gpu = health.gpu_key()
-        before = await self.records.get(key)
-        prior_gpu = before.value.gpus.get(gpu) if before else None
+        prior_gpu: GpuRecord | None = None
         stale = False
 
         def accept(current: NodeRecord | None) -> NodeRecord | None:
-            nonlocal stale
+            nonlocal stale, prior_gpu
             record = current or NodeRecord()
-            previous = record.gpus.get(gpu)
+            previous = prior_gpu = record.gpus.get(gpu)
             stale = is_stale(previous, health, event.id)
             if stale or (previous is not None and previous.event_id == event.id):
                 return None

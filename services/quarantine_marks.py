@@ -7,7 +7,7 @@ mid-action) changes nothing the second time.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
@@ -73,14 +73,16 @@ class QuarantineMarks:
 
     async def apply(self, name: str, q: Quarantine) -> dict[str, Any]:
         nodes = self.cluster.nodes
-        effect: TaintEffect
-        for effect in q.taints:  # type: ignore[assignment]
-            await nodes.add_taint(name, TAINT_KEY, effect)
-        if q.cordoned:
-            await nodes.set_unschedulable(name, True)
+        effects = cast(list[TaintEffect], q.taints)
+        # Taint, cordon, label and annotation in one write, so they appear together.
+        node = await nodes.mark(
+            name,
+            add_taints=[(TAINT_KEY, e) for e in effects],
+            unschedulable=True if q.cordoned else None,
+            labels={HEALTH_LABEL: "failed"},
+            annotations={QUARANTINE_ANNOTATION: annotation(q)},
+        )
         await nodes.set_condition(name, CONDITION, "False", "GPUFailed", q.reason[:1024])
-        await nodes.set_labels(name, {HEALTH_LABEL: "failed"})
-        node = await nodes.set_annotations(name, {QUARANTINE_ANNOTATION: annotation(q)})
         if not q.event_recorded:
             await self.cluster.events.create(
                 node,

@@ -111,9 +111,11 @@ class Auditor:
             dedup_key=f"{proposal.action}/{proposal.target.key()}",
             audit_event_id=audit_id,
         )
-        await self.bus.publish(audit)
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
-        await self.bus.publish(make_event(note, source=self.actor, id=notify_id, time=now))
+        # One round trip; the audit record is first on the wire.
+        await self.bus.publish_many(
+            [audit, make_event(note, source=self.actor, id=notify_id, time=now)]
+        )
         structlog.get_logger().info(
             "action.audited",
             action=proposal.action,
