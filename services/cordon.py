@@ -56,6 +56,7 @@ from services.quarantine_marks import (
     ACTOR,
     TAINT_KEY,
     QuarantineMarks,
+    applied_details,
     has_taint,
     unschedulable,
 )
@@ -281,6 +282,17 @@ class CordonService:
             details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
         )
         if q is not None and q.phase == "applied" and not q.operator_released:
+            if q.incident == event.id:
+                # This very event opened the quarantine: a redelivery after a restart between
+                # the act and its audit. Re-publish the audit (same id: stored at most once).
+                outcome = Outcome.DRY_RUN if q.dry_run else Outcome.APPLIED
+                reason = (
+                    f"dry run: would quarantine: {proposal.reason}"
+                    if q.dry_run
+                    else proposal.reason
+                )
+                await self.auditor.record(proposal, outcome, reason, details=applied_details(q))
+                return
             if gpu in q.gpus:
                 if not health.heartbeat:
                     await self.auditor.record(

@@ -21,6 +21,16 @@ CONDITION = "GPUHealthy"
 ACTOR = "service/cordon"
 
 
+def applied_details(q: Quarantine) -> dict[str, Any]:
+    """What an applied quarantine did, as the audit record's details."""
+    return {
+        "taints": [f"{TAINT_KEY}:{e}" for e in q.taints],
+        "cordoned": q.cordoned,
+        "prior_unschedulable": q.prior_unschedulable,
+        "gpus": q.gpus,
+    }
+
+
 def unschedulable(node: Obj) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable"))
 
@@ -91,12 +101,7 @@ class QuarantineMarks:
                 note=q.reason,
                 type_="Warning",
             )
-        return {
-            "taints": [f"{TAINT_KEY}:{e}" for e in q.taints],
-            "cordoned": q.cordoned,
-            "prior_unschedulable": q.prior_unschedulable,
-            "gpus": q.gpus,
-        }
+        return applied_details(q)
 
     async def update_annotation(self, name: str, q: Quarantine) -> None:
         await self.cluster.nodes.set_annotations(name, {QUARANTINE_ANNOTATION: annotation(q)})

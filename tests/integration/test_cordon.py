@@ -488,3 +488,34 @@ async def test_rate_limited_quarantine_is_refused_audited_and_retried(
         ("applied", None),
     ]
     assert tainted(await env.node(second))
+
+
+async def test_redelivery_after_act_but_before_audit_publishes_the_audit(
+    cordon_env: EnvFactory,
+) -> None:
+    """A restart between the quarantine being recorded applied and its audit: the
+    redelivered event re-publishes the audit instead of reporting 'already quarantined'."""
+    from services.cordon_state import NodeRecord, Quarantine, node_key
+
+    env = await cordon_env()
+    name = env.nodes[3]
+    event = failed(name)
+    config = section(env.settings, "services", "cordon", CordonSettings)
+    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
+    q = Quarantine(
+        incident=event.id,
+        rule="xid-node-action",
+        reason="cut short",
+        gpus=["0"],
+        started_at=event.time,
+        phase="applied",
+        cordoned=True,
+        taints=["NoSchedule"],
+    )
+    await records.put(node_key(name), NodeRecord(quarantine=q))
+    await env.admin.nodes.mark(name, add_taints=[(TAINT_KEY, "NoSchedule")], unschedulable=True)
+    await env.start()
+    await env.publish(event)
+    applied = await wait_for(lambda: _applied(env.bus, name), timeout=5, what="the audit")
+    assert applied[0].trigger_event_id == event.id
+    assert outcomes(await audits(env.bus, name)) == [("applied", None)]
