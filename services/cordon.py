@@ -479,7 +479,6 @@ class CordonService:
                 update={"quarantine": rec.quarantine.model_copy(update={"operator_released": True})}
             )
 
-        written = await self.records.update(node_key(name), released)
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
@@ -491,15 +490,18 @@ class CordonService:
             protective=False,
             details={**details, "by": "operator", "incident": q.incident},
         )
+        # Audit first: a restart before the record is written detects it again and
+        # re-publishes the same audit id, which JetStream stores once.
         await self.auditor.record(
             proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
         )
+        written = await self.records.update(node_key(name), released)
         return written.value if written else record
 
     # release ----------------------------------------------------------------------------
     async def _maybe_release(self, name: str, record: NodeRecord) -> None:
         q = record.quarantine
-        if q is None or q.phase != "applied":
+        if q is None:  # pending too: a quarantine cut short whose GPU recovered meanwhile
             return
         healthy = record.healthy_for(datetime.now(UTC))
         if healthy is None or healthy < self.settings.healthy_period.total_seconds():
