@@ -519,3 +519,20 @@ async def test_redelivery_after_act_but_before_audit_publishes_the_audit(
     applied = await wait_for(lambda: _applied(env.bus, name), timeout=5, what="the audit")
     assert applied[0].trigger_event_id == event.id
     assert outcomes(await audits(env.bus, name)) == [("applied", None)]
+
+
+async def test_no_execute_and_a_custom_policy(cordon_env: EnvFactory, tmp_path: Any) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "rules:\n"
+        "  - {name: degraded-too, when: {states: [failed, degraded]}, action: quarantine}\n"
+        "  - {name: default, action: none}\n"
+    )
+    env = await cordon_env(no_execute=True, policy_file=str(policy))
+    await env.start()
+    name = env.nodes[2]
+    await env.publish(health(name, HealthState.DEGRADED))
+    applied = await wait_for(lambda: _applied(env.bus, name), timeout=5, what="quarantine")
+    assert applied[0].policy == "degraded-too"
+    effects = sorted(t["effect"] for t in taints_of(await env.node(name)) if t["key"] == TAINT_KEY)
+    assert effects == ["NoExecute", "NoSchedule"]
