@@ -8,6 +8,7 @@ from nodeward.kube.checkpoints import Checkpoints
 from nodeward.kube.client import KubeClient
 from nodeward.kube.events import Events
 from nodeward.kube.leases import Leases
+from nodeward.kube.namespaces import Namespaces
 from nodeward.kube.netpol import NetworkPolicies
 from nodeward.kube.nodes import Nodes
 from nodeward.kube.notebooks import Notebooks
@@ -24,6 +25,7 @@ class Cluster:
         guard = Guard(service)
         self.nodes = Nodes(client, guard)
         self.pods = Pods(client, guard)
+        self.namespaces = Namespaces(client, guard)
         self.events = Events(client, guard)
         self.secrets = Secrets(client, guard)
         self.notebooks = Notebooks(client, guard)

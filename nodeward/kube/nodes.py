@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -107,6 +107,55 @@ class Nodes(Area):
                 },
             )
             return True
+
+        return await self._on_conflict_retry(attempt)
+
+    @operation("nodes.patch")
+    async def mark(
+        self,
+        name: str,
+        *,
+        add_taints: Sequence[tuple[str, TaintEffect]] = (),
+        unschedulable: bool | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> Obj:
+        """Several marks in one write: taints added where missing, cordon (True/False),
+        labels and annotations (None removes). One GET and one PATCH carrying the
+        resourceVersion read (taints are an atomic list); a 409 re-reads and re-applies.
+        Returns the node as written (or as read, if nothing needed changing)."""
+
+        async def attempt() -> Obj:
+            node = await self._get(name)
+            meta = node.get("metadata") or {}
+            taints = taints_of(node)
+            missing = [
+                {"key": k, "effect": e, **({"timeAdded": _now()} if e == "NoExecute" else {})}
+                for k, e in add_taints
+                if not any(t.get("key") == k and t.get("effect") == e for t in taints)
+            ]
+            spec: dict[str, Any] = {}
+            if missing:
+                spec["taints"] = [*taints, *missing]
+            if (
+                unschedulable is not None
+                and bool((node.get("spec") or {}).get("unschedulable")) != unschedulable
+            ):
+                spec["unschedulable"] = True if unschedulable else None
+            metadata: dict[str, Any] = {}
+            current_labels = meta.get("labels") or {}
+            if labels and any(current_labels.get(k) != v for k, v in labels.items()):
+                metadata["labels"] = dict(labels)
+            current_notes = meta.get("annotations") or {}
+            if annotations and any(current_notes.get(k) != v for k, v in annotations.items()):
+                metadata["annotations"] = dict(annotations)
+            if not spec and not metadata:
+                return node
+            metadata["resourceVersion"] = meta["resourceVersion"]
+            patch: dict[str, Any] = {"metadata": metadata}
+            if spec:
+                patch["spec"] = spec
+            return await self._patch(name, patch)
 
         return await self._on_conflict_retry(attempt)
 

@@ -80,6 +80,29 @@ async def test_taint_added_twice_appears_once(admin: Cluster, sim: SimCluster) -
     assert [(t["key"], t["effect"]) for t in taints] == [("example.com/other", "PreferNoSchedule")]
 
 
+async def test_mark_writes_taint_cordon_labels_annotations_once(admin: Cluster) -> None:
+    await admin.nodes.add_taint("gpu-h100-03", "example.com/other", "PreferNoSchedule")
+    marks = {
+        "add_taints": [(TAINT, "NoSchedule")],
+        "unschedulable": True,
+        "labels": {"example.com/health": "failed"},
+        "annotations": {"example.com/why": "xid 79"},
+    }
+    node = await admin.nodes.mark("gpu-h100-03", **marks)  # type: ignore[arg-type]
+    assert node["spec"]["unschedulable"] is True
+    assert sorted(t["key"] for t in node["spec"]["taints"]) == ["example.com/other", TAINT]
+    assert node["metadata"]["labels"]["example.com/health"] == "failed"
+    assert node["metadata"]["annotations"]["example.com/why"] == "xid 79"
+    rv = node["metadata"]["resourceVersion"]
+    again = await admin.nodes.mark("gpu-h100-03", **marks)  # type: ignore[arg-type]
+    assert again["metadata"]["resourceVersion"] == rv, "an idempotent mark must not write"
+    undone = await admin.nodes.mark(
+        "gpu-h100-03", unschedulable=False, annotations={"example.com/why": None}
+    )
+    assert not undone["spec"].get("unschedulable")
+    assert "example.com/why" not in (undone["metadata"].get("annotations") or {})
+
+
 async def test_taint_conflict_is_reread_and_reapplied(admin: Cluster, sim: SimCluster) -> None:
     """A writer that changes the node between our read and our patch costs a 409 and a retry."""
     original = admin.client.request

@@ -117,9 +117,29 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
     for service, ops in access.SERVICES.items():
         assert ops <= set(access.OPERATIONS), service
     marked: set[str] = set()
-    from nodeward.kube import checkpoints, events, leases, netpol, nodes, notebooks, pods, secrets
+    from nodeward.kube import (
+        checkpoints,
+        events,
+        leases,
+        namespaces,
+        netpol,
+        nodes,
+        notebooks,
+        pods,
+        secrets,
+    )
 
-    for module in (nodes, pods, events, secrets, notebooks, netpol, leases, checkpoints):
+    for module in (
+        nodes,
+        pods,
+        events,
+        secrets,
+        notebooks,
+        netpol,
+        leases,
+        checkpoints,
+        namespaces,
+    ):
         for obj in vars(module).values():
             if isinstance(obj, type):
                 for attr in vars(obj).values():

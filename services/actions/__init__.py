@@ -1,0 +1,34 @@
+"""What every acting service shares: one path for every action and the guards on it.
+
+event -> policy (should we?) -> guards (may we now?) -> act or dry-run -> remediation.v1
+audit event -> notify.v1 for on-call. `ActionRunner.run` is that path; the guards are
+`Exemptions`, `CircuitBreaker`, `RateLimiter` and `Cooldown`; ownership records live in
+the service's KV bucket and in an annotation on the object.
+"""
+
+from services.actions.audit import Auditor
+from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from services.actions.drain import DrainResult, DrainSettings, drain
+from services.actions.exemptions import EXEMPT_LABEL, Exemptions, is_exempt
+from services.actions.limits import Cooldown, RateLimiter, RateLimitSettings
+from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
+
+__all__ = [
+    "EXEMPT_LABEL",
+    "ActionRunner",
+    "Auditor",
+    "BreakerSettings",
+    "BreakerState",
+    "CircuitBreaker",
+    "Cooldown",
+    "DrainResult",
+    "DrainSettings",
+    "Exemptions",
+    "Guard",
+    "Proposal",
+    "RateLimitSettings",
+    "RateLimiter",
+    "Verdict",
+    "drain",
+    "is_exempt",
+]

@@ -1,0 +1,97 @@
+"""What the cordon service remembers per node (KV bucket, key `node.<name>`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from schemas.gpu import GpuHealth, HealthState
+
+
+class GpuRecord(BaseModel):
+    """The latest accepted health event of one GPU: the ordering anchor for later ones."""
+
+    state: HealthState
+    observed_at: datetime
+    boot_id: str | None = None
+    sequence: int = 0
+    event_id: str
+    healthy_since: datetime | None = None
+
+    @classmethod
+    def after(cls, prior: GpuRecord | None, health: GpuHealth, event_id: str) -> GpuRecord:
+        healthy_since: datetime | None = None
+        if health.state == HealthState.HEALTHY:
+            was_healthy = prior is not None and prior.state == HealthState.HEALTHY
+            healthy_since = (
+                prior.healthy_since if was_healthy and prior and prior.healthy_since else None
+            ) or health.observed_at
+        return cls(
+            state=health.state,
+            observed_at=health.observed_at,
+            boot_id=health.agent_boot_id,
+            sequence=health.sequence,
+            event_id=event_id,
+            healthy_since=healthy_since,
+        )
+
+
+def is_stale(prior: GpuRecord | None, health: GpuHealth, event_id: str) -> bool:
+    """True if `health` is older than the event already accepted for this GPU.
+
+    Within one agent boot the sequence decides; across boots (or without sequences) the
+    observation time does. The very event already accepted (a redelivery) is not stale.
+    """
+    if prior is None or prior.event_id == event_id:
+        return False
+    if (
+        health.agent_boot_id is not None
+        and health.agent_boot_id == prior.boot_id
+        and health.sequence != prior.sequence
+    ):
+        return health.sequence < prior.sequence
+    return health.observed_at < prior.observed_at
+
+
+class Quarantine(BaseModel):
+    """One incident: what nodeward did to the node, so it undoes only that."""
+
+    incident: str = Field(description="id of the event that opened it")
+    rule: str
+    reason: str
+    gpus: list[str]
+    started_at: datetime
+    phase: Literal["pending", "applied"] = "pending"
+    dry_run: bool = False
+    prior_unschedulable: bool = False
+    cordoned: bool = False
+    taints: list[str] = Field(default_factory=list, description="effects of our taint we added")
+    event_recorded: bool = False
+    applied_at: float | None = None
+    operator_released: bool = False
+
+
+class NodeRecord(BaseModel):
+    gpus: dict[str, GpuRecord] = Field(default_factory=dict)
+    quarantine: Quarantine | None = None
+    last_release_at: float | None = None
+    last_decision: str | None = Field(
+        default=None, description="`outcome/guard` of the last audited non-quarantine decision"
+    )
+
+    def healthy_for(self, now: datetime) -> float | None:
+        """Seconds every known GPU has been healthy, or None if one is not healthy."""
+        if not self.gpus:
+            return None
+        spans = []
+        for gpu in self.gpus.values():
+            if gpu.state != HealthState.HEALTHY or gpu.healthy_since is None:
+                return None
+            spans.append((now - gpu.healthy_since).total_seconds())
+        return min(spans)
+
+
+def node_key(node: str) -> str:
+    return f"node.{node}"

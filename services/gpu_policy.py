@@ -1,0 +1,100 @@
+"""The cordon service's policy: which GPU health events lead to which action (YAML)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schemas.gpu import GpuHealth, HealthState, RecommendedAction
+
+DEFAULT_POLICY = "cordon.yaml"
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be read or does not validate. One line."""
+
+
+class PolicyAction(StrEnum):
+    QUARANTINE = "quarantine"
+    NONE = "none"
+
+
+class Match(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    states: list[HealthState] | None = None
+    recommended_actions: list[RecommendedAction] | None = None
+    reason_codes: list[str] | None = None
+    xids: list[int] | None = None
+
+    def matches(self, health: GpuHealth) -> bool:
+        if self.states is not None and health.state not in self.states:
+            return False
+        if self.recommended_actions is not None:
+            actions = {health.recommended_action, *(r.action for r in health.reasons)}
+            if not actions & set(self.recommended_actions):
+                return False
+        if self.reason_codes is not None and not any(
+            r.code in self.reason_codes for r in health.reasons
+        ):
+            return False
+        return self.xids is None or any(r.xid in self.xids for r in health.reasons)
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    when: Match = Match()
+    action: PolicyAction
+    no_execute: bool = False
+    drain: bool = False
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rule: str
+    action: PolicyAction
+    no_execute: bool = False
+    drain: bool = False
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rules: list[Rule] = Field(min_length=1)
+
+    def decide(self, health: GpuHealth) -> Decision:
+        for rule in self.rules:
+            if rule.when.matches(health):
+                return Decision(
+                    rule=rule.name,
+                    action=rule.action,
+                    no_execute=rule.no_execute,
+                    drain=rule.drain,
+                )
+        return Decision(rule="(no rule matched)", action=PolicyAction.NONE)
+
+
+def load_policy(path: Path | None = None) -> Policy:
+    """The policy at `path`, or the default one shipped with nodeward."""
+    try:
+        if path is None:
+            text = resources.files("services.policies").joinpath(DEFAULT_POLICY).read_text()
+        else:
+            text = path.read_text()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy {path}: {exc.strerror}") from None
+    try:
+        return Policy.model_validate(yaml.safe_load(text) or {})
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"policy {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise PolicyError(f"invalid policy {path or DEFAULT_POLICY}: {loc}: {err['msg']}") from None

@@ -1,0 +1,182 @@
+"""Helpers for the cordon service tests: a 10-node sim, the service, events, read-back."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeward.bus import Bus
+from nodeward.config import ClusterSettings, Settings
+from nodeward.daemon import Daemon
+from nodeward.kube import Cluster
+from nodeward.kube.client import Backoff, KubeClient
+from nodeward.sim.cluster import SimCluster
+from nodeward.sim.cluster.seed import NodeSeed, Seed
+from schemas import Event, decode, make_event
+from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
+from schemas.notify import Notification
+from schemas.remediation import Remediation
+from services.cordon import build
+
+
+def failed(
+    node: str, *, gpu: int = 0, seq: int = 1, boot: str = "boot-1", at: datetime | None = None
+) -> Event[GpuHealth]:
+    return health(node, HealthState.FAILED, gpu=gpu, seq=seq, boot=boot, at=at, xid=79)
+
+
+def health(
+    node: str,
+    state: HealthState,
+    *,
+    gpu: int = 0,
+    seq: int = 1,
+    boot: str = "boot-1",
+    at: datetime | None = None,
+    xid: int | None = None,
+    heartbeat: bool = False,
+) -> Event[GpuHealth]:
+    reasons = (
+        [
+            HealthReason(
+                code="xid",
+                xid=xid,
+                message="GPU has fallen off the bus",
+                action=RecommendedAction.REBOOT_NODE,
+            )
+        ]
+        if xid is not None
+        else []
+    )
+    data = GpuHealth(
+        node=node,
+        gpu_index=gpu,
+        gpu_uuid=f"GPU-{node}-{gpu}",
+        state=state,
+        reasons=reasons,
+        recommended_action=RecommendedAction.REBOOT_NODE if xid else RecommendedAction.NONE,
+        observed_at=at or datetime.now(UTC),
+        agent_boot_id=boot,
+        sequence=seq,
+        heartbeat=heartbeat,
+    )
+    return make_event(data, source=f"agent/gpu/{node}")
+
+
+async def read_stream(bus: Bus, stream: str, subject: str) -> list[Event[Any]]:
+    info = await bus.js.stream_info(stream, subjects_filter=subject)
+    total = sum((info.state.subjects or {}).values())
+    if not total:
+        return []
+    out: list[Event[Any]] = []
+    psub = await bus.js.pull_subscribe(subject, stream=stream)
+    try:
+        while len(out) < total:
+            msgs = await psub.fetch(total - len(out), timeout=2)
+            for m in msgs:
+                out.append(decode(m.subject, m.headers, m.data))
+                await m.ack()
+    finally:
+        await psub.unsubscribe()
+    return out
+
+
+async def audits(bus: Bus, node: str, action: str = "*") -> list[Remediation]:
+    return [e.data for e in await read_stream(bus, "AUDIT", f"remediation.{action}.{node}")]
+
+
+async def notifications(bus: Bus, node: str) -> list[Notification]:
+    events = await read_stream(bus, "NOTIFY", "notify.*.gpu-health")
+    return [e.data for e in events if any(t.name == node for t in e.data.targets)]
+
+
+@dataclass
+class CordonEnv:
+    """A sim cluster with unique node names and a way to run the cordon service on it."""
+
+    sim: SimCluster
+    admin: Cluster
+    bus: Bus
+    nodes: list[str]
+    settings: Settings
+    daemons: list[Daemon] = field(default_factory=list)
+
+    async def start(self) -> Daemon:
+        daemon = await build(self.settings)
+        await daemon.start()
+        self.daemons.append(daemon)
+        return daemon
+
+    async def publish(self, *events: Event[Any]) -> None:
+        await self.bus.publish_many(list(events))
+
+    async def node(self, name: str) -> dict[str, Any]:
+        return await self.admin.nodes.get(name)
+
+
+EnvFactory = Callable[..., Awaitable[CordonEnv]]
+
+
+def node_seeds(prefix: str, count: int, extra: dict[int, dict[str, Any]]) -> list[NodeSeed]:
+    return [NodeSeed(name=f"{prefix}-{i:02d}", **extra.get(i, {})) for i in range(count)]
+
+
+@pytest.fixture
+async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[EnvFactory]:
+    """`await cordon_env(nodes={3: {"unschedulable": True}}, dry_run=True, ...)`: a fresh
+    10-node sim and settings for the service; `env.start()` runs it."""
+    made: list[CordonEnv] = []
+    sims: list[SimCluster] = []
+
+    async def make(
+        count: int = 10,
+        nodes: dict[int, dict[str, Any]] | None = None,
+        seed_extra: Callable[[list[str]], dict[str, Any]] | None = None,
+        **cordon: Any,
+    ) -> CordonEnv:
+        uid = uuid.uuid4().hex[:8]
+        prefix = f"gpu-{uid}"
+        seeds = node_seeds(prefix, count, nodes or {})
+        extra = seed_extra([n.name for n in seeds]) if seed_extra else {}
+        seed = Seed(namespaces=["nodeward"], nodes=seeds, **extra)
+        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
+        await sim.start()
+        sims.append(sim)
+        names = [n.name for n in seed.nodes]
+        kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-cordon-{uid}", identity="cordon")
+        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
+        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
+        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        service: dict[str, Any] = {
+            "consumer": f"cordon-{uid}",
+            "bucket": f"cordon-{uid}",
+            "subjects": [f"gpu.health.{n}.>" for n in names],
+            "healthy_period": "0.5s",
+            "cooldown": "0s",
+            "reconcile_interval": "0.1s",
+            "breaker": {"max_percent": 30, "max_nodes": 10, "calm_period": None},
+            "rate_limit": {"per_minute": 60000, "burst": 1000},
+        } | cordon
+        settings = Settings(
+            bus={"url": nats_url, "publish_timeout": "2s"},
+            cluster={"kubeconfig": kubeconfig, "retries": 1},
+            daemon={"shutdown_timeout": "4s"},
+            services={"cordon": service},
+        )
+        env = CordonEnv(sim, Cluster(admin_client), bus, names, settings)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        for d in env.daemons:
+            await d.stop()
+        await env.admin.close()
+    for sim in sims:
+        await sim.stop()
