@@ -31,7 +31,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import bus_daemon
+from nodeward.platform import Component, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
@@ -618,3 +618,11 @@ async def build(settings: Settings) -> Daemon:
     daemon.add_task(consume, name="consume")
     daemon.add_task(service.reconcile_loop, name="reconcile")
     return daemon
+
+
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    """The cordon service under its own ServiceAccount (`nodeward-cordon`)."""
+    return [await build(context.settings_for(NAME))]
+
+
+component = Component(NAME, _build_for_up)
