@@ -211,3 +211,74 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     assert not (state / "endpoints.json").exists()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) -> None:
+    """The whole path through `nodeward up`: sim GPU agent → bus → cordon → sim cluster."""
+    proc = subprocess.Popen(
+        [*NODEWARD, "up"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    try:
+        endpoints_file = tmp_path / ".nodeward" / "endpoints.json"
+        wait_until(endpoints_file.exists, timeout=30, what="endpoints.json")
+        endpoints = json.loads(endpoints_file.read_text())
+        wait_until(
+            lambda: all(
+                httpx.get(u + "/readyz", timeout=5).status_code == 200
+                for u in endpoints["metrics"].values()
+            ),
+            timeout=30,
+            what="every daemon ready",
+        )
+        env = {"NODEWARD_NATS_URL": endpoints["nats_url"]}
+        started = time.monotonic()
+        inject = run("sim", "inject", "--node", "gpu-h100-03", "--gpu", "0", "--xid", "79", env=env)
+        assert inject.returncode == 0, inject.stderr
+
+        def quarantined() -> bool:
+            got = subprocess.run(
+                [
+                    "kubectl",
+                    "--kubeconfig",
+                    endpoints["kubeconfig"],
+                    "get",
+                    "node",
+                    "gpu-h100-03",
+                    "-o",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            node = json.loads(got.stdout)
+            taints = {t["key"] for t in node["spec"].get("taints", [])}
+            return bool(node["spec"].get("unschedulable")) and "nodeward.io/gpu-unhealthy" in taints
+
+        wait_until(quarantined, timeout=5, what="taint and cordon in the API")
+        assert time.monotonic() - started < 2.0 + 0.5  # kubectl itself takes ~0.1 s per poll
+        other = subprocess.run(
+            [
+                "kubectl",
+                "--kubeconfig",
+                endpoints["kubeconfig"],
+                "get",
+                "node",
+                "gpu-h100-04",
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert not json.loads(other.stdout)["spec"].get("unschedulable")  # only the sick node
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
