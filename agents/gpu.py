@@ -60,6 +60,7 @@ from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.logs import get_logger
+from nodeward.platform import Standalone
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event, utcnow
@@ -548,3 +549,6 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
     agent.attach(daemon)
     daemon.add_shutdown_hook(pods.close)
     return daemon
+
+
+standalone = Standalone(build_gpu_agent)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -69,6 +70,39 @@ def components() -> list[Component]:
             raise TypeError(f"entry point {entry.name} is not a nodeward Component")
         found.append(component)
     return found
+
+
+@dataclass(frozen=True)
+class Standalone:
+    """How `nodeward agent NAME` / `nodeward service NAME` runs one daemon on its own.
+
+    Registered in the `nodeward.agents` / `nodeward.services` entry point groups. `admin`
+    holds one-shot operator commands (e.g. `reset-breaker`), each returning what it did.
+    """
+
+    build: Callable[[Settings], Awaitable[Daemon]]
+    admin: Mapping[str, Callable[[Settings], Awaitable[str]]] = field(default_factory=dict)
+
+
+def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
+    return sorted(e.name for e in entry_points(group=f"nodeward.{kind}s"))
+
+
+def standalone(kind: Literal["agent", "service"], name: str) -> Standalone:
+    for entry in entry_points(group=f"nodeward.{kind}s"):
+        if entry.name == name:
+            found = entry.load()
+            if not isinstance(found, Standalone):
+                raise TypeError(f"entry point {kind} {name} is not a nodeward Standalone")
+            return found
+    known = ", ".join(standalone_names(kind)) or "none"
+    raise LookupError(f"no {kind} named {name!r} (known: {known})")
+
+
+async def run_standalone(kind: Literal["agent", "service"], name: str, settings: Settings) -> None:
+    """One agent or service in this process until SIGTERM/SIGINT (what a Pod runs)."""
+    daemon = await standalone(kind, name).build(settings)
+    await serve([daemon], handle_signals=True)
 
 
 async def _platform_daemon(settings: Settings) -> Daemon:

@@ -31,7 +31,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import Component, UpContext, bus_daemon
+from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
@@ -626,3 +626,17 @@ async def _build_for_up(context: UpContext) -> list[Daemon]:
 
 
 component = Component(NAME, _build_for_up)
+
+
+async def _reset_breaker_command(settings: Settings) -> str:
+    config: CordonSettings = section(settings, "services", NAME, CordonSettings)
+    settings.bus.provision = False
+    bus = await Bus.connect(settings.bus, source=ACTOR, wait=False)
+    try:
+        await reset_breaker(bus, config)
+    finally:
+        await bus.close(grace=1)
+    return f"cordon: circuit breaker reset (KV {config.bucket}/breaker)"
+
+
+standalone = Standalone(build, admin={"reset-breaker": _reset_breaker_command})

@@ -7,7 +7,7 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -220,6 +220,62 @@ def streams(nats: NatsOpt = None, config: ConfigOpt = None, as_json: JsonOpt = F
     from nodeward.cli.inspect import streams as do_streams
 
     _run(do_streams(settings_for(config, nats), as_json))
+
+
+def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any) -> None:
+    from nodeward.platform import run_standalone, standalone
+
+    try:
+        standalone(kind, name)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None
+    _run(run_standalone(kind, name, settings))
+
+
+@app.command()
+def agent(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="the agent, e.g. gpu")],
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one node agent on its own (what the DaemonSet runs)."""
+    _run_standalone("agent", name, settings_for(config, nats))
+
+
+@app.command()
+def service(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="the service, e.g. cordon")],
+    nats: NatsOpt = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option("--kubeconfig", help="default: in-cluster config")
+    ] = None,
+    reset_breaker: Annotated[
+        bool, typer.Option("--reset-breaker", help="close the service's circuit breaker, then exit")
+    ] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Run one service on its own (what its Deployment runs), or run an operator command."""
+    from nodeward.platform import standalone
+
+    settings = settings_for(config, nats)
+    if kubeconfig is not None:
+        settings.cluster.kubeconfig = kubeconfig
+    if reset_breaker:
+        try:
+            command = standalone("service", name).admin.get("reset-breaker")
+        except LookupError as exc:
+            raise CliError(str(exc)) from None
+        if command is None:
+            raise CliError(f"service {name} has no circuit breaker")
+        done: list[str] = []
+
+        async def run_admin() -> None:
+            done.append(await command(settings))
+
+        _run(run_admin())
+        typer.echo(done[0])
+        return
+    _run_standalone("service", name, settings)
 
 
 @schemas_app.command("export")

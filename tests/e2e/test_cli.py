@@ -282,3 +282,68 @@ def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) ->
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
+    env = {"NODEWARD_NATS_URL": embedded_bus}
+    reset = run("service", "cordon", "--reset-breaker", env=env)
+    assert reset.returncode == 0, reset.stderr
+    assert reset.stdout.startswith("cordon: circuit breaker reset")
+    unknown = run("service", "nope", env=env)
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "nodeward: error: no service named 'nope' (known: cordon)"
+    assert (
+        run("agent", "nope", env=env).stderr.strip()
+        == "nodeward: error: no agent named 'nope' (known: gpu)"
+    )
+
+
+def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path) -> None:
+    """`nodeward service cordon` as its Deployment runs it, with its own kubeconfig context."""
+    sim = subprocess.Popen(
+        [*NODEWARD, "sim", "cluster", "--kubeconfig", str(tmp_path / "kc")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    cfg = tmp_path / "cordon.yaml"
+    cfg.write_text("daemon:\n  port: 0\n")
+    svc = None
+    try:
+        wait_until((tmp_path / "kc").exists, what="sim kubeconfig")
+        svc = subprocess.Popen(
+            [
+                *NODEWARD,
+                "--log-level",
+                "info",
+                "service",
+                "cordon",
+                "--kubeconfig",
+                str(tmp_path / "kc"),
+                "--config",
+                str(cfg),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=os.environ
+            | {"NODEWARD_NATS_URL": embedded_bus, "NODEWARD_CLUSTER__CONTEXT": "nodeward-cordon"},
+        )
+        assert svc.stderr is not None
+        url = None
+        deadline = time.monotonic() + 30
+        while url is None and time.monotonic() < deadline:
+            line = svc.stderr.readline()
+            if "daemon started" in line:
+                url = json.loads(line)["url"]
+        assert url, "the service never said where it listens"
+        wait_until(
+            lambda: httpx.get(url + "/readyz", timeout=5).status_code == 200, what="cordon ready"
+        )
+    finally:
+        for p in (svc, sim):
+            if p is not None:
+                p.send_signal(signal.SIGTERM)
+                assert p.wait(timeout=30) == 0
