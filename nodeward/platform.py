@@ -18,7 +18,9 @@ from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.endpoints import Endpoints
 from nodeward.sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from nodeward.sim.cluster.seed import Seed, load_seed
+from nodeward.sim.inject import InjectReply
 from nodeward.sim.nats_server import EmbeddedNats
+from nodeward.sim.scenario import Step, play
 
 
 async def bus_daemon(name: str, settings: Settings, *, source: str) -> tuple[Daemon, Bus]:
@@ -105,9 +107,24 @@ async def run_standalone(kind: Literal["agent", "service"], name: str, settings:
     await serve([daemon], handle_signals=True)
 
 
-async def _platform_daemon(settings: Settings) -> Daemon:
-    """The `up` process's own daemon: health of the bus it provisioned, and its metrics."""
-    daemon, _ = await bus_daemon("platform", settings, source="nodeward/up")
+async def _platform_daemon(settings: Settings, scenario: list[Step]) -> Daemon:
+    """The `up` process's own daemon: health of the bus it provisioned, its metrics, and
+    the scenario's scheduled injections."""
+    daemon, bus = await bus_daemon("platform", settings, source="nodeward/up")
+    if scenario:
+        log = structlog.get_logger().bind(component="scenario")
+
+        def report(step: Step, reply: InjectReply | None, error: str | None) -> None:
+            if error is None and reply is not None and reply.ok:
+                log.info("scenario.injected", node=step.node, gpu=reply.gpu, applied=reply.applied)
+            else:
+                log.warning(
+                    "scenario.failed",
+                    node=step.node,
+                    error=error or (reply.error if reply else None),
+                )
+
+        daemon.add_task(lambda: play(bus.nc, scenario, on_reply=report), name="scenario")
     return daemon
 
 
@@ -142,6 +159,7 @@ async def run_up(
     nats_port: int = 0,
     external_nats: bool = False,
     seed: Path | None = None,
+    scenario: list[Step] | None = None,
     announce: Callable[[Endpoints], None],
 ) -> None:
     """The whole platform in this process until SIGINT/SIGTERM.
@@ -168,7 +186,7 @@ async def run_up(
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
         # The platform daemon goes first: its bus provisions the streams the others use.
-        daemons = [await _platform_daemon(settings)]
+        daemons = [await _platform_daemon(settings, scenario or [])]
         context = UpContext(settings, state_dir, seed_data, cluster)
         for component in components():
             daemons.extend(await component.build(context))

@@ -110,6 +110,12 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         Path | None,
         typer.Option("--seed", help="the sim cluster's seed YAML (default: the shipped one)"),
     ] = None,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            "--scenario", help="FILE of timed injections into the simulated GPUs, or none"
+        ),
+    ] = "none",
     config: ConfigOpt = None,
 ) -> None:
     """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
@@ -127,6 +133,14 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         settings.cluster.kubeconfig = kubeconfig
     if seed is not None and not seed.is_file():
         raise CliError(f"seed {seed} does not exist")
+    steps = []
+    if scenario != "none":
+        from nodeward.sim.scenario import ScenarioError, load_scenario
+
+        try:
+            steps = load_scenario(Path(scenario))
+        except ScenarioError as exc:
+            raise CliError(str(exc)) from None
 
     def announce(endpoints: Endpoints) -> None:
         from rich.console import Console
@@ -152,6 +166,7 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             nats_port=nats_port,
             external_nats=nats is not None,
             seed=seed,
+            scenario=steps,
             announce=announce,
         )
     )

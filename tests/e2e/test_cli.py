@@ -347,3 +347,46 @@ def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path)
             if p is not None:
                 p.send_signal(signal.SIGTERM)
                 assert p.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_up_plays_a_scenario(tmp_path: Path) -> None:
+    (tmp_path / "scenario.yaml").write_text("- {after: 0s, node: gpu-a100-02, gpu: 1, xid: 79}\n")
+    bad = run(
+        "up", "--scenario", str(tmp_path / "missing.yaml"), "--state-dir", str(tmp_path / "s")
+    )
+    assert bad.returncode == 1 and "cannot read scenario" in bad.stderr
+    proc = subprocess.Popen(
+        [*NODEWARD, "up", "--scenario", "scenario.yaml"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=os.environ | {"PYTHONPATH": str(REPO)},
+    )
+    try:
+        kubeconfig = tmp_path / ".nodeward" / "kubeconfig"
+        wait_until((tmp_path / ".nodeward" / "endpoints.json").exists, timeout=30, what="up")
+
+        def cordoned() -> bool:
+            got = subprocess.run(
+                [
+                    "kubectl",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "get",
+                    "node",
+                    "gpu-a100-02",
+                    "-o",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            return got.returncode == 0 and bool(json.loads(got.stdout)["spec"].get("unschedulable"))
+
+        wait_until(cordoned, timeout=20, what="the scenario's XID to quarantine gpu-a100-02")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
