@@ -107,10 +107,14 @@ async def run_standalone(kind: Literal["agent", "service"], name: str, settings:
     await serve([daemon], handle_signals=True)
 
 
-async def _platform_daemon(settings: Settings, scenario: list[Step]) -> Daemon:
-    """The `up` process's own daemon: health of the bus it provisioned, its metrics, and
-    the scenario's scheduled injections."""
-    daemon, bus = await bus_daemon("platform", settings, source="nodeward/up")
+async def _platform_daemon(settings: Settings) -> tuple[Daemon, Bus]:
+    """The `up` process's own daemon: health of the bus it provisioned, and its metrics."""
+    return await bus_daemon("platform", settings, source="nodeward/up")
+
+
+def _play_scenario(daemon: Daemon, bus: Bus, scenario: list[Step], daemons: list[Daemon]) -> None:
+    """Run the scenario's injections as a task of the platform daemon. Its clock starts when
+    every daemon is ready (a GPU agent takes no injection before it watches its GPUs)."""
     if scenario:
         log = structlog.get_logger().bind(component="scenario")
 
@@ -124,8 +128,12 @@ async def _platform_daemon(settings: Settings, scenario: list[Step]) -> Daemon:
                     error=error or (reply.error if reply else None),
                 )
 
-        daemon.add_task(lambda: play(bus.nc, scenario, on_reply=report), name="scenario")
-    return daemon
+        async def run() -> None:
+            while not all([(await d.readiness()).ready for d in daemons]):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            await play(bus.nc, scenario, on_reply=report)
+
+        daemon.add_task(run, name="scenario")
 
 
 async def wait_for_signal() -> None:
@@ -186,12 +194,14 @@ async def run_up(
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
         # The platform daemon goes first: its bus provisions the streams the others use.
-        daemons = [await _platform_daemon(settings, scenario or [])]
+        platform, platform_bus = await _platform_daemon(settings)
+        daemons = [platform]
         context = UpContext(settings, state_dir, seed_data, cluster)
         for component in components():
             daemons.extend(await component.build(context))
         for d in daemons:
             await d.start()
+        _play_scenario(platform, platform_bus, scenario or [], daemons)
         endpoints = Endpoints(
             nats_url=settings.bus.url,
             state_dir=state_dir,

@@ -107,8 +107,9 @@ def one_line(exc: ValidationError, *, limit: int = 3) -> str:
     errors = exc.errors(include_url=False)
     parts = []
     for err in errors[:limit]:
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{loc}: {err['msg']}")
+        # Keys come from the input: show odd ones quoted, so the line stays one line.
+        loc = ".".join(str(p) if str(p).isprintable() else repr(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {' '.join(str(err['msg']).split())}")
     more = f" (+{len(errors) - limit} more)" if len(errors) > limit else ""
     return "; ".join(parts) + more
 
