@@ -1,0 +1,60 @@
+"""A node agent's NATS user can publish its own node's GPU health, and not another node's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nats.js.errors import NotFoundError
+
+from nodeward.bus import Bus, PublishError
+from nodeward.config import BusSettings
+from nodeward.nats_auth import admin, agent_inbox, node_agent, render_authorization
+from nodeward.sim.nats_server import EmbeddedNats
+from schemas import make_event
+from schemas.gpu import GpuHealth
+
+
+async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
+    conf = tmp_path / "auth.conf"
+    conf.write_text(render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw")]))
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
+        operator = await Bus.connect(
+            BusSettings(url=url), source="test/admin"
+        )  # provisions streams
+        agent_settings = BusSettings(
+            url=server.url,
+            user="agent-gpu-node-a",
+            password="a-pw",  # type: ignore[arg-type]
+            inbox_prefix=agent_inbox("gpu-node-a"),
+            provision=False,
+            publish_timeout="500ms",  # type: ignore[arg-type]
+            publish_retries=0,
+        )
+        agent = await Bus.connect(agent_settings, source="agent/gpu/gpu-node-a")
+        try:
+            own = make_event(
+                GpuHealth.example().model_copy(update={"node": "gpu-node-a"}),
+                source="agent/gpu/gpu-node-a",
+            )
+            ack = await agent.publish(own)
+            assert ack.stream == "GPU"
+
+            forged = make_event(
+                GpuHealth.example().model_copy(update={"node": "gpu-node-b"}),
+                source="agent/gpu/gpu-node-a",
+            )
+            with pytest.raises(PublishError):
+                await agent.publish(forged)
+            info = await operator.js.stream_info("GPU", subjects_filter="gpu.health.>")
+            assert set(info.state.subjects or {}) == {own.nats_subject}
+
+            # No JetStream API either: creating a stream is refused (the request times out).
+            with pytest.raises(TimeoutError):
+                await agent.js.add_stream(name="EVIL", subjects=["evil.>"])
+            with pytest.raises(NotFoundError):
+                await operator.js.stream_info("EVIL")
+        finally:
+            await agent.close(grace=1)
+            await operator.close(grace=1)
