@@ -223,40 +223,41 @@ class CordonService:
         """A failure observed longer ago than `max_event_age` (a replay after a cold start,
         #1347-style): its state is recorded, but it never quarantines by itself."""
         self.log.info("cordon.old_event", age_s=round(age, 1))
-        if health.heartbeat:
-            return
-        proposal = Proposal(
-            action="ignore",
-            target=_target(health.node),
-            reason=f"ignored as stale: {describe(health)} was observed {age:.0f}s ago, "
-            f"more than max_event_age {self.settings.max_event_age}",
-            trigger_id=event.id,
-            trigger_time=event.time,
-            protective=False,
-            details={"gpu": health.gpu_key(), "age_s": round(age, 1)},
+        reason = (
+            f"ignored as stale: {describe(health)} was observed {age:.0f}s ago, "
+            f"more than max_event_age {self.settings.max_event_age}"
         )
-        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard="too_old")
+        await self._ignore(event, health, reason, "too_old", age_s=round(age, 1))
 
     async def _stale(self, event: Event[Any], health: GpuHealth, prior: GpuRecord | None) -> None:
         self.log.info("cordon.stale_event", sequence=health.sequence)
-        if health.heartbeat:
-            return
         newer = (
             f"sequence {prior.sequence} at {prior.observed_at.isoformat()}"
             if prior
             else "a newer event"
         )
+        reason = (
+            f"ignored as stale: {describe(health)} (sequence {health.sequence}, observed "
+            f"{health.observed_at.isoformat()}) is older than {newer}"
+        )
+        await self._ignore(event, health, reason, "stale", sequence=health.sequence)
+
+    async def _ignore(
+        self, event: Event[Any], health: GpuHealth, reason: str, guard: str, **details: Any
+    ) -> None:
+        """Audit an event that is not acted on (heartbeats restate state: not audited)."""
+        if health.heartbeat:
+            return
         proposal = Proposal(
             action="ignore",
             target=_target(health.node),
-            reason=f"ignored as stale: {describe(health)} (sequence {health.sequence}, observed "
-            f"{health.observed_at.isoformat()}) is older than {newer}",
+            reason=reason,
             trigger_id=event.id,
             trigger_time=event.time,
             protective=False,
-            details={"gpu": health.gpu_key(), "sequence": health.sequence},
+            details={"gpu": health.gpu_key(), **details},
         )
-        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard="stale")
+        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard=guard)
 
     # quarantine -------------------------------------------------------------------------
     async def _quarantine(

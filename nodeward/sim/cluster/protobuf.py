@@ -9,48 +9,15 @@ turns the kinds below into the JSON form. Anything else is a 415, which clients 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
+
+from nodeward.protowire import WireError, fields
 
 MAGIC = b"k8s\x00"
 
 
-class UndecodableError(ValueError):
+class UndecodableError(WireError):
     """Not a protobuf body this module understands."""
-
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if i >= len(buf) or shift > 63:
-            raise UndecodableError("truncated varint")
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7
-
-
-def fields(buf: bytes) -> Iterator[tuple[int, Any]]:
-    """(field number, value) of each field: ints for varints, bytes otherwise."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            length, i = _varint(buf, i)
-            value, i = buf[i : i + length], i + length
-        elif wire == 1:
-            value, i = buf[i : i + 8], i + 8
-        elif wire == 5:
-            value, i = buf[i : i + 4], i + 4
-        else:
-            raise UndecodableError(f"unsupported wire type {wire}")
-        yield number, value
 
 
 def _strings(buf: bytes, names: dict[int, str]) -> dict[str, str]:
@@ -95,6 +62,15 @@ _DECODERS = {("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _self_subje
 
 def decode(body: bytes) -> dict[str, Any]:
     """The JSON form of a protobuf-encoded object of a kind listed above."""
+    try:
+        return _decode(body)
+    except UndecodableError:
+        raise
+    except WireError as exc:
+        raise UndecodableError(str(exc)) from None
+
+
+def _decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise UndecodableError("no k8s protobuf envelope")
     type_meta: dict[str, str] = {}
