@@ -145,18 +145,27 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     def announce(endpoints: Endpoints) -> None:
         from rich.console import Console
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True)
         console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
-        for name, url in endpoints.metrics.items():
-            console.print(f"  {name:<24} {url}/metrics  {url}/readyz")
+        console.print(f"  daemons     {len(endpoints.metrics)}: {', '.join(endpoints.metrics)}")
+        console.print(
+            "              (each serves /healthz /readyz /metrics; URLs in endpoints.json)"
+        )
         if endpoints.kubeconfig:
             where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
             console.print(
                 f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
             )
         console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
+        sim_nodes = [
+            n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
+        ]
+        if sim_nodes:
+            console.print(
+                f"  try it      nodeward sim inject --node {sim_nodes[0]} --gpu 0 --xid 79"
+            )
         console.print(
-            "  watch it    nodeward tail  (another terminal)   ·   Ctrl-C stops everything"
+            "  watch it    nodeward tail   (another terminal)   ·   Ctrl-C stops everything"
         )
 
     _run(
