@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
-import structlog
 
 from nodeward.bus import Bus, ConsumerSpec
 from nodeward.config import BusSettings
@@ -134,7 +133,6 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args()
     configure_logging("warning")
-    structlog.get_logger().warning  # noqa: B018
 
     events = make_events(args.events)
     wires = [encode(e) for e in events]
