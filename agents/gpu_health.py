@@ -29,11 +29,13 @@ _ACTION_RANK = {
     RecommendedAction.RESTART_APP: 1,
     RecommendedAction.CHECK_NVLINK: 2,
     RecommendedAction.RESET_GPU: 3,
-    RecommendedAction.REBOOT_NODE: 4,
-    RecommendedAction.DRAIN_AND_RMA: 5,
+    RecommendedAction.DRAIN_AND_RESET: 4,
+    RecommendedAction.REBOOT_NODE: 5,
+    RecommendedAction.DRAIN_AND_RMA: 6,
 }
 _FAILING_ACTIONS = {
     RecommendedAction.RESET_GPU,
+    RecommendedAction.DRAIN_AND_RESET,
     RecommendedAction.REBOOT_NODE,
     RecommendedAction.DRAIN_AND_RMA,
 }
@@ -62,7 +64,7 @@ _RECOVERY: dict[int, tuple[str, HealthState, RecommendedAction]] = {
     pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: (
         "Drain and Reset",
         HealthState.FAILED,
-        RecommendedAction.RESET_GPU,
+        RecommendedAction.DRAIN_AND_RESET,
     ),
     pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: (
         "Recover IMEX Domain",
@@ -368,7 +370,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
                     Finding(
                         "xid",
                         HealthState.FAILED,
-                        RecommendedAction.RESET_GPU,
+                        RecommendedAction.DRAIN_AND_RESET,
                         f"XID 48 {info.name} with XID {', '.join(map(str, remap))}: drain, then reset the GPU",
                         xid=48,
                         evidence={

@@ -26,6 +26,7 @@ class RecommendedAction(StrEnum):
     NONE = "none"
     RESTART_APP = "restart_app"
     RESET_GPU = "reset_gpu"
+    DRAIN_AND_RESET = "drain_and_reset"  # move the work off, then reset (XID 48 with 63/64)
     REBOOT_NODE = "reboot_node"
     DRAIN_AND_RMA = "drain_and_rma"
     CHECK_NVLINK = "check_nvlink"

@@ -146,7 +146,7 @@ async def test_xid_48_with_63_is_drain_and_reset(rig: Rig) -> None:
 
     event = await wait_for(correlated, timeout=5)
     assert event["state"] == "failed"
-    assert event["recommended_action"] == "reset_gpu"
+    assert event["recommended_action"] == "drain_and_reset"
     reason = next(r for r in event["reasons"] if r.get("xid") == 48)
     assert reason["evidence"]["nvidia_action"] == "DRAIN_AND_RESET"
 

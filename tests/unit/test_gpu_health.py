@@ -42,6 +42,7 @@ def test_48_alone_and_with_63() -> None:
     assert alone.reasons[0].evidence["nvidia_action"] == "RESET_GPU"
     both = verdict((48, 0), (63, 3))
     assert both.reasons[0].evidence["nvidia_action"] == "DRAIN_AND_RESET"
+    assert both.action == RecommendedAction.DRAIN_AND_RESET
     assert both.codes != alone.codes
     apart = verdict((48, 0), (64, 60))
     assert any(r.evidence.get("nvidia_action") == "RESET_GPU" for r in apart.reasons)
