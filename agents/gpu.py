@@ -534,7 +534,9 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     node = config.node_name()
-    daemon, bus = await bus_daemon(f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}")
+    daemon, bus = await bus_daemon(
+        f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
+    )
     pods = KubeletPods(
         config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
     )

@@ -64,9 +64,9 @@ async def build_sim_gpu_agent(
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     sim = sim_nvml_for(node)
-    # An agent publishes; it does not provision streams (whoever runs the platform has).
-    own = settings.model_copy(update={"bus": settings.bus.model_copy(update={"provision": False})})
-    daemon, bus = await bus_daemon(f"agent-gpu-{node.name}", own, source=f"agent/gpu/{node.name}")
+    daemon, bus = await bus_daemon(
+        f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
+    )
     agent = GpuAgent(
         sim,
         bus,

@@ -23,10 +23,18 @@ from nodeward.sim.nats_server import EmbeddedNats
 from nodeward.sim.scenario import Step, play
 
 
-async def bus_daemon(name: str, settings: Settings, *, source: str) -> tuple[Daemon, Bus]:
-    """A daemon with its bus connection: readiness follows the connection, shutdown drains it."""
+async def bus_daemon(
+    name: str, settings: Settings, *, source: str, provision: bool | None = None
+) -> tuple[Daemon, Bus]:
+    """A daemon with its bus connection: readiness follows the connection, shutdown drains it.
+
+    `provision=False` for node agents: they publish, and have no rights to create streams.
+    """
     daemon = Daemon(name, settings.daemon)
-    bus = await Bus.connect(settings.bus, source=source, metrics=daemon.metrics)
+    bus_settings = settings.bus
+    if provision is not None:
+        bus_settings = bus_settings.model_copy(update={"provision": provision})
+    bus = await Bus.connect(bus_settings, source=source, metrics=daemon.metrics)
     daemon.add_readiness_check("bus", lambda: bus.connected)
     daemon.add_readiness_check("consumers", lambda: all(c.bound for c in bus.consumers))
     daemon.add_shutdown_hook(
