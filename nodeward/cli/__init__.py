@@ -219,12 +219,26 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
     timeout: Annotated[
         str | None, typer.Option("--timeout", help="give up (exit 1) if nothing arrives in time")
     ] = None,
+    node: Annotated[str | None, typer.Option("--node", help="only events about this node")] = None,
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", help="only events about this namespace")
+    ] = None,
+    severity: Annotated[
+        str, typer.Option("--severity", help="at least info, warning or critical")
+    ] = "info",
+    heartbeats: Annotated[
+        bool, typer.Option("--heartbeats", help="also show periodic health restatements")
+    ] = False,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Follow events as they are stored (ordered consumer); readable lines or JSON lines."""
+    from nodeward.cli.events import SEVERITIES, TailFilter
     from nodeward.cli.events import tail as do_tail
+
+    if severity not in SEVERITIES:
+        raise typer.BadParameter(f"must be one of {', '.join(SEVERITIES)}", param_hint="--severity")
 
     _run(
         do_tail(
@@ -234,6 +248,7 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
             count=count,
             as_json=as_json,
             timeout=_duration(timeout),
+            where=TailFilter(node, namespace, severity, heartbeats),
         )
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -103,6 +104,60 @@ def summarize(event: Any) -> str:
     return " ".join(parts)
 
 
+SEVERITIES = ("info", "warning", "critical")
+_COLOURS: dict[str, str | None] = {"critical": "red", "warning": "yellow", "info": None}
+
+
+def severity_of(event: Any) -> str:
+    """How much a person should care about an event: info, warning or critical."""
+    data = event.data
+    match event.type:
+        case "notify.v1":
+            return str(data.severity.value)
+        case "gpu.health.v1":
+            return {"failed": "critical", "degraded": "warning"}.get(data.state.value, "info")
+        case "falco.alert.v1":
+            rank = data.priority.rank
+            return "critical" if rank <= 2 else "warning" if rank <= 4 else "info"
+        case "remediation.v1":
+            return (
+                "warning"
+                if data.outcome.value in ("failed", "refused", "applied", "undone")
+                else "info"
+            )
+        case "dlq.v1" | "credentials.failed.v1":
+            return "warning"
+    return "info"
+
+
+@dataclass(frozen=True)
+class TailFilter:
+    """Which decoded events `tail` shows."""
+
+    node: str | None = None
+    namespace: str | None = None
+    min_severity: str = "info"
+    heartbeats: bool = False
+
+    def accepts(self, event: Any) -> bool:
+        data = event.data
+        if not self.heartbeats and getattr(data, "heartbeat", False):
+            return False
+        about = event.subject.split("/")
+        if (
+            self.node is not None
+            and getattr(data, "node", None) != self.node
+            and about[:2] != ["node", self.node]
+        ):
+            return False
+        in_namespace = getattr(data, "namespace", None) == self.namespace or (
+            len(about) == 3 and about[1] == self.namespace
+        )
+        if self.namespace is not None and not in_namespace:
+            return False
+        return SEVERITIES.index(severity_of(event)) >= SEVERITIES.index(self.min_severity)
+
+
 async def tail(
     settings: Settings,
     subjects: list[str],
@@ -111,7 +166,9 @@ async def tail(
     count: int | None,
     as_json: bool,
     timeout: timedelta | None,
+    where: TailFilter | None = None,
 ) -> None:
+    where = where or TailFilter()
     targets = streams_for(subjects or [">"])
     try:
         nc = await nats.connect(
@@ -168,8 +225,8 @@ async def tail(
                 msg = await asyncio.wait_for(queue.get(), remaining)
             except TimeoutError:
                 fail(f"no event within {timeout}")
-            _show(msg, as_json)
-            shown += 1
+            if _show(msg, as_json, where):
+                shown += 1
     finally:
         for sub in subs:
             with contextlib.suppress(Exception):
@@ -178,18 +235,25 @@ async def tail(
             await nc.close()
 
 
-def _show(msg: Msg, as_json: bool) -> None:
+def _show(msg: Msg, as_json: bool, where: TailFilter) -> bool:
+    """Print one message if the filter takes it; True if printed."""
     try:
         event = decode(msg.subject, msg.headers, msg.data)
     except DecodeError as exc:
         if as_json:
             echo_json({"subject": msg.subject, "undecodable": str(exc)})
         else:
-            typer.echo(f"{msg.subject}  UNDECODABLE  {exc}", err=False)
-        return
+            typer.echo(f"{msg.subject}  UNDECODABLE  {exc}")
+        return True
+    if not where.accepts(event):
+        return False
     if as_json:
         echo_json(to_structured(event))
     else:
         when = event.time.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
-        typer.echo(f"{when} {msg.subject} {event.type} {event.subject} {summarize(event)}")
+        severity = severity_of(event)
+        line = f"{when} {severity[:4].upper():<4} {msg.subject} {event.type} {summarize(event)}"
+        # Colours only on a terminal (click strips them from pipes and files).
+        typer.secho(line, fg=_COLOURS[severity], bold=severity == "critical")
     sys.stdout.flush()
+    return True

@@ -390,3 +390,37 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def test_tail_filters_by_node_and_severity(embedded_bus: str) -> None:
+    env = {"NODEWARD_NATS_URL": embedded_bus}
+    base = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"]
+    for node, state in (("node-a", "healthy"), ("node-b", "failed"), ("node-a", "degraded")):
+        data = base | {"node": node, "state": state}
+        assert run("publish", "gpu.health.v1", "--data", json.dumps(data), env=env).returncode == 0
+    by_node = run(
+        "tail",
+        "gpu.health.>",
+        "--since",
+        "1m",
+        "--node",
+        "node-b",
+        "--count",
+        "1",
+        "--json",
+        env=env,
+    )
+    assert json.loads(by_node.stdout)["data"]["node"] == "node-b"
+    warned = run(
+        "tail", "--since", "1m", "--severity", "warning", "--count", "2", "--json", env=env
+    )
+    assert [json.loads(line)["data"]["state"] for line in warned.stdout.splitlines()] == [
+        "failed",
+        "degraded",
+    ]
+    readable = run(
+        "tail", "gpu.health.>", "--since", "1m", "--count", "3", env=env
+    ).stdout.splitlines()
+    assert [line.split()[1] for line in readable] == ["INFO", "CRIT", "WARN"]
+    bad = run("tail", "--severity", "loud", env=env)
+    assert bad.returncode == 2 and "--severity" in bad.stderr
