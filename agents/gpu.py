@@ -509,19 +509,43 @@ class GpuAgent:
         self._outbox.put_nowait(event)
 
     async def _publisher(self) -> None:
-        """Publish in order, in batches of whatever queued up meanwhile."""
+        """Publish in order, in batches of whatever queued up meanwhile.
+
+        While NATS is unreachable, state changes are kept and sent again (same ids, so
+        JetStream stores each once); heartbeats and telemetry are dropped, as the next ones
+        restate them. At most `MAX_UNSENT` changes are kept; the oldest go first.
+        """
+        unsent: list[Event[Any]] = []
+        failures = 0
         while True:
-            batch = [await self._outbox.get()]
+            if not unsent:
+                unsent.append(await self._outbox.get())
             while not self._outbox.empty():
-                batch.append(self._outbox.get_nowait())
+                unsent.append(self._outbox.get_nowait())
             try:
-                await self.bus.publish_many(batch)
+                await self.bus.publish_many(unsent)
             except PublishError as exc:
+                failures += 1
+                changes = [e for e in unsent if _is_state_change(e)]
+                dropped = max(len(changes) - MAX_UNSENT, 0)
+                unsent = changes[dropped:]
                 self.log.error(
-                    "publish failed; heartbeats will restate the state",
-                    events=len(batch),
+                    "publish failed; keeping state changes to send again",
+                    kept=len(unsent),
+                    dropped_changes=dropped,
                     error=str(exc),
                 )
+                # Back off before trying again (a schedule, not a synchronisation).
+                await asyncio.sleep(min(0.5 * 2 ** min(failures, 5), 10.0))
+            else:
+                unsent, failures = [], 0
+
+
+MAX_UNSENT = 10_000
+
+
+def _is_state_change(event: Event[Any]) -> bool:
+    return isinstance(event.data, GpuHealth) and not event.data.heartbeat
 
 
 async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:

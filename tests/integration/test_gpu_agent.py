@@ -415,3 +415,47 @@ async def test_cli_plays_a_scenario(rig: Rig, nats_url: str, tmp_path: Any) -> N
     assert err.decode().count("\n") == 1 and "1 of 3 steps failed" in err.decode()
     await wait_for(lambda: any(e["state"] == "degraded" for e in rig.seen.health(1)))
     await rig.state(1, "healthy", previous_state="degraded")
+
+
+async def test_state_change_survives_the_stream_being_unavailable(own_nats: Any, node: str) -> None:
+    """A GPU fails while JetStream cannot store it: the change is kept and stored later."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="200ms", publish_retries=0)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source=f"agent/gpu/{node}")
+    sim = SimNvml.build(node, product="NVIDIA-H100-80GB-HBM3", count=1)
+    agent = GpuAgent(sim, bus, FAST, node=node, registry=CollectorRegistry())
+    task = asyncio.create_task(agent.run())
+    failures = bus.metrics.registry.get_sample_value
+    try:
+        await wait_for(lambda: agent.ready, timeout=5, what="agent ready")
+        await bus.js.delete_stream("GPU")  # JetStream answers nothing for gpu.health.* now
+        sim.inject_xid(0, 79)
+        await wait_for(
+            lambda: (
+                (failures("nodeward_publish_failures_total", {"type": "gpu.health.v1"}) or 0) > 0
+            ),
+            what="a failed publish",
+        )
+        await bus.provision()  # the stream is back
+
+        async def stored_failures() -> list[dict[str, Any]]:
+            info = await bus.js.stream_info("GPU", subjects_filter=f"gpu.health.{node}.0")
+            if not info.state.subjects:
+                return []
+            psub = await bus.js.pull_subscribe(f"gpu.health.{node}.0", stream="GPU")
+            try:
+                msgs = await psub.fetch(info.state.messages, timeout=2)
+            finally:
+                await psub.unsubscribe()
+            bodies = [json.loads(m.data) for m in msgs]
+            return [b for b in bodies if b["state"] == "failed" and not b["heartbeat"]]
+
+        failed = await wait_for(
+            stored_failures, timeout=20, interval=0.2, what="the failure stored later"
+        )
+        assert len(failed) == 1
+        assert failed[0]["previous_state"] == "healthy"
+    finally:
+        sim.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await bus.close(grace=1)
