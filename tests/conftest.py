@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,16 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedNats]:
-    """One nats-server with JetStream for the whole session, on a random port, temp store."""
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """One nats-server with JetStream for the whole session, on a random port, temp store.
+
+    Started and stopped in short-lived loops of its own: no session-wide event loop.
+    """
     server = EmbeddedNats(tmp_path_factory.mktemp("nats"))
-    await server.start()
+    asyncio.run(server.start())
     yield server
-    await server.stop()
+    asyncio.run(server.stop())
 
 
 @pytest.fixture

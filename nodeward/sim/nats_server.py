@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sysconfig
 from pathlib import Path
 
@@ -51,7 +52,9 @@ class EmbeddedNats:
         self.config_file = config_file
         self.name = name
         self.startup_timeout = startup_timeout
-        self.proc: asyncio.subprocess.Process | None = None
+        # A plain Popen, not an asyncio subprocess: the server outlives the event loop that
+        # started it, and any loop (or none) can stop it.
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log = structlog.get_logger().bind(component="nats-server")
 
     @property
@@ -86,11 +89,11 @@ class EmbeddedNats:
         ]
         if self.config_file:
             args += ["-c", str(self.config_file)]
-        self.proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+        self.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; its log goes to log_file
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         try:
@@ -117,7 +120,7 @@ class EmbeddedNats:
         assert self.proc is not None
         path = ports_dir / f"{Path(find_nats_server()).name}_{self.proc.pid}.ports"
         while True:
-            if self.proc.returncode is not None:
+            if self.proc.poll() is not None:
                 raise OSError(f"nats-server exited with {self.proc.returncode}")
             with contextlib.suppress(FileNotFoundError, ValueError):
                 client = json.loads(path.read_text())["nats"][0]
@@ -142,27 +145,36 @@ class EmbeddedNats:
     async def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM and wait (JetStream flushes its store); SIGKILL after `timeout`."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
+        if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
+        if not await _exited(proc, timeout):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
+            await _exited(proc, 5.0)
         self.log.info("nats_server.stopped", url=self.url)
 
     async def kill(self) -> None:
         """SIGKILL, for crash tests."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.returncode is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
-            await proc.wait()
+            await _exited(proc, 5.0)
 
     async def __aenter__(self) -> EmbeddedNats:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+async def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait (without blocking the loop) until `proc` has exited; False after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while proc.poll() is None:  # a plain child process has no awaitable exit
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
