@@ -14,6 +14,7 @@ keeps the two in sync.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -194,6 +195,26 @@ def permissions_document() -> dict[str, object]:
             for name in SERVICES
         },
     }
+
+
+def write_agent_seed(path: Path, *, force: bool = False) -> str:
+    """Write a new nkey user seed to `path` (mode 0600) and return its public key (U...).
+
+    The seed stays on the node; the public key goes into the chart's `agents.nodeKeys`.
+    An existing file is kept unless `force`: replacing it locks the agent out until the
+    new public key is deployed.
+    """
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(seed + b"\n")
+    path.chmod(0o600)
+    return public
 
 
 def main(argv: list[str]) -> int:

@@ -8,7 +8,11 @@ resolved from /etc/nats-config against the Secret's mount path).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import posixpath
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,22 +96,54 @@ def _health(node: str) -> Event[Any]:
     return make_event(data, source=f"agent/gpu/{node}")
 
 
+def _nodeward(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nodeward", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_agent_keygen_writes_a_private_seed_and_prints_its_key(tmp_path: Path) -> None:
+    seed = tmp_path / "etc" / "agent.nk"
+    done = _nodeward("agent", "keygen", "--out", str(seed))
+    assert done.returncode == 0, done.stderr
+    public = done.stdout.strip()
+    assert public.startswith("U") and len(public) == 56
+    assert seed.stat().st_mode & 0o777 == 0o600
+    assert seed.read_text().startswith("SU")
+    again = _nodeward("agent", "keygen", "--out", str(seed))
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        f"nodeward: error: {seed} exists; --force replaces it (then deploy the new key)"
+    ]
+
+
 async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Path) -> None:
-    seed_a, key_a = new_nkey()
+    seed_file = tmp_path / "agent-a.nk"
+    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
+    assert keygen.returncode == 0, keygen.stderr
+    key_a = keygen.stdout.strip()
     _, key_b = new_nkey()
     node_a, node_b = "gpu-node-a", "gpu-node-b.example"
     docs = render(tmp_path, representative_values({node_a: key_a, node_b: key_b}))
     conf = _auth_layout(tmp_path, docs)
     admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
     cordon = named(docs, "Secret", "nw-nats-cordon")
-    seed_file = tmp_path / "agent-a.nk"
-    seed_file.write_text(seed_a + "\n")
-    seed_file.chmod(0o600)
 
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        # The admin user (the chart's provision Job) creates the streams.
+        # The admin user creates the streams, as the chart's provision Job does.
+        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+        provision = await asyncio.to_thread(
+            _nodeward, "streams", "--provision", "--json", "--nats", server.url, env=admin_env
+        )
+        assert provision.returncode == 0, provision.stderr
+        rows = {row["stream"]: row for row in json.loads(provision.stdout)}
+        assert not rows["GPU"].get("missing") and not rows["AUDIT"].get("missing")
         admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
-        admin = await Bus.connect(BusSettings(url=admin_url), source="test/admin")
+        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
 
         # Node A's agent signs in with its own seed through nodeward's bus settings.
         agent = await Bus.connect(
