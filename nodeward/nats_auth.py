@@ -149,6 +149,7 @@ def _bucket_api(bucket: str) -> tuple[str, ...]:
         f"$JS.API.DIRECT.GET.{kv}.>",
         f"$JS.API.CONSUMER.CREATE.{kv}",
         f"$JS.API.CONSUMER.CREATE.{kv}.>",
+        f"$JS.API.CONSUMER.INFO.{kv}.>",
         f"$JS.API.CONSUMER.DELETE.{kv}.>",
         f"$JS.FC.{kv}.>",
     )

@@ -204,6 +204,7 @@ async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Pat
             kv = await service.kv("cordon")
             await kv.put("node.gpu-node-a", b"{}")
             assert (await kv.get("node.gpu-node-a")).value == b"{}"
+            assert await kv.keys() == ["node.gpu-node-a"]  # the reconcile loop lists keys
             got: list[str] = []
 
             async def handle(event: Event[Any], delivery: Delivery) -> None:
