@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from nodeward.nats_auth import node_agent_nkey, permissions_document, service_user
+from nodeward.nats_auth import node_agent_nkey, service_user
 from tests.integration.helm_chart import (
     CHART,
     ROOT,
@@ -237,13 +237,6 @@ def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None
     assert secret == {"user": "nodeward-cordon", "password": "cordon-test-pw"}
     generated = named(docs, "Secret", "nw-nats-notifier")["stringData"]["password"]
     assert len(generated) == 32
-
-
-def test_chart_permissions_file_is_generated_from_nats_auth() -> None:
-    on_disk = json.loads((CHART / "files" / "nats-permissions.json").read_text())
-    assert on_disk == permissions_document(), (
-        "regenerate: python -m nodeward.nats_auth deploy/helm/nodeward/files/nats-permissions.json"
-    )
 
 
 def test_a_bad_node_key_is_refused_with_one_clear_line(tmp_path: Path) -> None:
