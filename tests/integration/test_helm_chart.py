@@ -31,10 +31,18 @@ from tests.integration.helm_chart import (
     representative_values,
 )
 
-KUBERNETES_VERSION = "1.34.0"
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
+# kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
 # Prometheus operator kinds: no schema in kubernetes-validate; checked below another way.
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 NODES = ("gpu-node-01", "dgx-a100.rack7")
+# The notifier's counters (label channel) arrive with the notifier service, built alongside
+# this chart (issue 5); until that merges they are not in the code yet.
+PENDING_METRICS = {
+    "nodeward_notifications_failed_total",
+    "nodeward_notifications_dead_lettered_total",
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +74,10 @@ def test_the_real_chart_declares_the_official_nats_chart() -> None:
     assert nats["cluster"] == {"enabled": True, "replicas": 3}
 
 
-def test_every_manifest_validates_against_kubernetes(docs: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_validates_against_kubernetes(
+    docs: list[dict[str, Any]], version: str
+) -> None:
     kinds = {d["kind"] for d in docs}
     assert {"DaemonSet", "Deployment", "NetworkPolicy", "Secret", "Job"} <= kinds
     errors = []
@@ -74,7 +85,7 @@ def test_every_manifest_validates_against_kubernetes(docs: list[dict[str, Any]])
         if doc["kind"] in OPERATOR_KINDS:
             continue
         try:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             errors.append(
                 f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
@@ -97,6 +108,9 @@ def test_prometheus_rules_pass_promtool(docs: list[dict[str, Any]], tmp_path: Pa
     assert "nodeward_breaker_tripped" in alerts["NodewardBreakerOpen"]
     assert 'up{job="agent"}' in alerts["NodewardAgentMissing"]
     assert "nodeward_notifications_failed_total" in alerts["NodewardNotificationsFailing"]
+    used = set().union(*(_metric_names(e) for e in alerts.values()))
+    missing = used - _defined_metrics() - PENDING_METRICS
+    assert not missing, f"alerts use metrics no code defines: {sorted(missing)}"
 
 
 def test_monitors_select_the_pods_that_serve_metrics(docs: list[dict[str, Any]]) -> None:
@@ -276,8 +290,5 @@ def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[st
     used = set().union(*(_metric_names(e) for e in exprs))
     assert {"nodeward_gpu_health_state", "nodeward_remediations_total"} <= used
     assert "nodeward_events_dead_lettered_total" in used
-    defined = _defined_metrics()
-    # The notifier's counters arrive with the notifier service (issue 5); until then skip them.
-    pending = {"nodeward_notifications_failed_total", "nodeward_notifications_dead_lettered_total"}
-    missing = used - defined - pending
+    missing = used - _defined_metrics() - PENDING_METRICS
     assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"
