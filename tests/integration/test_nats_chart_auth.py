@@ -22,7 +22,7 @@ import yaml
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, PublishError
+from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
 from nodeward.config import BusSettings
 from nodeward.nats_auth import agent_inbox, service_inbox
 from nodeward.sim.nats_server import EmbeddedNats
@@ -228,3 +228,14 @@ async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Pat
             await service.close(grace=1)
             await agent.close(grace=1)
             await admin.close(grace=1)
+
+
+async def test_a_missing_seed_file_is_one_clear_error(tmp_path: Path) -> None:
+    """A node whose seed was never provisioned says so, instead of retrying forever."""
+    missing = tmp_path / "agent.nk"
+    settings = BusSettings(url="nats://127.0.0.1:1", nkey_seed_file=missing, provision=False)
+    with pytest.raises(BusError) as caught:
+        await Bus.connect(settings, source="agent/gpu/x")
+    assert (
+        str(caught.value) == f"cannot read the nkey seed file {missing}: No such file or directory"
+    )
