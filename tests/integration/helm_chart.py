@@ -47,6 +47,23 @@ def offline_copy(dest: Path) -> Path:
     return chart
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """Refuses a mapping with a key twice (the API server's strict decoding does too)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        twice = {k for k in keys if keys.count(k) > 1}
+        if twice:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate keys {sorted(twice)}", node.start_mark
+            )
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_manifests(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d]
+
+
 def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([find_helm(), *args], capture_output=True, text=True, timeout=60)
 
@@ -58,7 +75,7 @@ def render(tmp: Path, values: dict[str, Any], release: str = "nw") -> list[dict[
     values_file.write_text(yaml.safe_dump(values))
     done = helm("template", release, str(chart), "-n", "nodeward", "-f", str(values_file))
     assert done.returncode == 0, done.stderr
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+    return parse_manifests(done.stdout)
 
 
 def new_nkey() -> tuple[str, str]:

@@ -14,6 +14,12 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* the selector's labels but instance, for objects that also carry nodeward.labels */}}
+{{- define "nodeward.componentLabels" -}}
+app.kubernetes.io/name: nodeward
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
 {{- define "nodeward.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
