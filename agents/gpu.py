@@ -60,6 +60,7 @@ from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.logs import get_logger
+from nodeward.nats_auth import agent_inbox
 from nodeward.platform import Standalone
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from nodeward.xid import XidCatalog, load_catalog
@@ -558,6 +559,10 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     node = config.node_name()
+    if settings.bus.inbox_prefix is None:
+        # The node's NATS user may receive only on its own inbox (nodeward.nats_auth).
+        bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
+        settings = settings.model_copy(update={"bus": bus_settings})
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
     )

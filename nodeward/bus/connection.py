@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -20,6 +21,15 @@ def _redact_url(url: str) -> str:
         return url
     scheme, _, rest = url.partition("://")
     return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
+def _check_readable(path: Path, what: str) -> None:
+    """Fail at once, in one line, on a credentials file that is not there: retrying won't help."""
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise BusError(f"cannot read the {what} {path}: {exc.strerror}") from None
 
 
 async def connect_nats(
@@ -91,6 +101,7 @@ async def connect_nats(
     if settings.creds_file:
         options["user_credentials"] = str(settings.creds_file)
     if settings.nkey_seed_file:
+        _check_readable(settings.nkey_seed_file, "nkey seed file")
         options["nkeys_seed"] = str(settings.nkey_seed_file)
     if settings.inbox_prefix:
         options["inbox_prefix"] = settings.inbox_prefix

@@ -254,11 +254,25 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
 
 
 @app.command()
-def streams(nats: NatsOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+def streams(
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    provision: Annotated[
+        bool,
+        typer.Option(
+            "--provision", help="first create or update every stream (needs $JS.API rights)"
+        ),
+    ] = False,
+) -> None:
     """Messages, bytes, consumers and their lag for every nodeward stream."""
+    from nodeward.cli.inspect import provision_streams
     from nodeward.cli.inspect import streams as do_streams
 
-    _run(do_streams(settings_for(config, nats), as_json))
+    settings = settings_for(config, nats)
+    if provision:
+        _run(provision_streams(settings))
+    _run(do_streams(settings, as_json))
 
 
 def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any) -> None:
@@ -273,11 +287,33 @@ def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any)
 
 @app.command()
 def agent(
-    name: Annotated[str, typer.Argument(metavar="NAME", help="the agent, e.g. gpu")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME", help="the agent, e.g. gpu; or keygen: make this node's NATS nkey"
+        ),
+    ],
     nats: NatsOpt = None,
     config: ConfigOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="keygen: where the seed goes (mode 0600)")
+    ] = Path("/etc/nodeward/agent.nk"),
+    force: Annotated[
+        bool, typer.Option("--force", help="keygen: replace an existing seed")
+    ] = False,
 ) -> None:
-    """Run one node agent on its own (what the DaemonSet runs)."""
+    """Run one node agent on its own (what the DaemonSet runs), or make the node's nkey."""
+    if name == "keygen":
+        from nodeward.nats_auth import write_agent_seed
+
+        try:
+            public = write_agent_seed(out, force=force)
+        except FileExistsError:
+            raise CliError(f"{out} exists; --force replaces it (then deploy the new key)") from None
+        except OSError as exc:
+            raise CliError(f"cannot write {out}: {exc.strerror}") from None
+        typer.echo(public)
+        return
     _run_standalone("agent", name, settings_for(config, nats))
 
 

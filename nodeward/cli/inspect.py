@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import nats
 from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
@@ -15,18 +14,27 @@ from nodeward.config import Settings
 from schemas.streams import STREAMS
 
 
-async def streams(settings: Settings, as_json: bool) -> None:
+async def provision_streams(settings: Settings) -> None:
+    """Create or update every stream (`streams --provision`: the chart's provision Job)."""
+    from nodeward.bus import Bus
+    from nodeward.bus.errors import BusError
+
+    bus_settings = settings.bus.model_copy(update={"provision": True})
     try:
-        nc = await nats.connect(
-            settings.bus.url,
-            name="cli/streams",
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            connect_timeout=settings.bus.connect_timeout.total_seconds(),
-        )
-    except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
-        fail(f"cannot connect to NATS at {settings.bus.url}: {exc or type(exc).__name__}")
-    js = nc.jetstream()
+        bus = await Bus.connect(bus_settings, source="cli/provision", wait=False)
+    except BusError as exc:
+        fail(str(exc))
+    await bus.close(grace=1)
+
+
+async def streams(settings: Settings, as_json: bool) -> None:
+    from nodeward.bus.connection import connect_nats
+    from nodeward.bus.errors import BusError
+
+    try:  # the bus settings' credentials too (user/password, nkey seed, creds, TLS)
+        nc, js = await connect_nats(settings.bus, name="cli/streams", wait=False)
+    except BusError as exc:
+        fail(str(exc))
     rows: list[dict[str, Any]] = []
     try:
         for spec in STREAMS:

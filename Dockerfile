@@ -1,0 +1,29 @@
+# One image for every nodeward daemon: `nodeward agent gpu`, `nodeward service cordon`,
+# `nodeward up`, ... (the Helm chart and docker-compose.yml pick the command).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY schemas ./schemas
+COPY nodeward ./nodeward
+COPY agents ./agents
+COPY services ./services
+RUN python -m venv /opt/nodeward \
+ && /opt/nodeward/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/nodeward/bin/pip install --no-cache-dir .
+
+FROM python:3.11-slim
+COPY --from=build /opt/nodeward /opt/nodeward
+# The RBAC manifests the sim cluster enforces (`nodeward up`, `nodeward sim cluster`): it looks
+# for deploy/rbac next to the installed packages (nodeward.sim.cluster.rbac.default_rbac_dir).
+COPY deploy/rbac /opt/nodeward/lib/python3.11/site-packages/deploy/rbac
+RUN groupadd --gid 10001 nodeward \
+ && useradd --uid 10001 --gid 10001 --home-dir /work --create-home --shell /usr/sbin/nologin nodeward \
+ && mkdir /work/.nodeward && chown 10001:10001 /work/.nodeward
+ENV PATH=/opt/nodeward/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    NODEWARD_LOG__FORMAT=json
+USER 10001:10001
+WORKDIR /work
+EXPOSE 9400
+ENTRYPOINT ["nodeward"]
+CMD ["--help"]

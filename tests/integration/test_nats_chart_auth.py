@@ -1,0 +1,241 @@
+"""The chart's NATS users, on a real nats-server: each node agent only its own subjects.
+
+The `authorization {}` file is taken from the rendered `nodeward-nats-auth` Secret and
+included the way the NATS subchart's nats.conf includes it (`config.merge.$include`,
+resolved from /etc/nats-config against the Secret's mount path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import posixpath
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from nats.aio.client import Client
+from nats.js.errors import BucketNotFoundError
+
+from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
+from nodeward.config import BusSettings
+from nodeward.nats_auth import agent_inbox, service_inbox
+from nodeward.sim.nats_server import EmbeddedNats
+from schemas import Event, make_event
+from schemas.gpu import GpuHealth
+from schemas.remediation import Remediation
+from tests.conftest import wait_for
+from tests.integration.helm_chart import (
+    CHART,
+    named,
+    new_nkey,
+    render,
+    representative_values,
+)
+
+NATS_CONFIG_DIR = "/etc/nats-config"  # where the NATS chart mounts nats.conf
+
+
+def _decode_secret(doc: dict[str, Any], key: str) -> str:
+    return str(doc["stringData"][key])
+
+
+def _auth_layout(tmp: Path, docs: list[dict[str, Any]]) -> Path:
+    """nats.conf and the auth file laid out as the NATS pod sees them; returns nats.conf."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    include = values["nats"]["config"]["merge"]["$include"]
+    mount = values["nats"]["container"]["patch"][0]["value"]
+    volume = values["nats"]["podTemplate"]["patch"][0]["value"]
+    assert mount["name"] == volume["name"]
+    secret = named(docs, "Secret", volume["secret"]["secretName"])
+    resolved = posixpath.normpath(posixpath.join(NATS_CONFIG_DIR, include))
+    assert posixpath.dirname(resolved) == mount["mountPath"], "the include misses the mount"
+    key = posixpath.basename(resolved)
+    root = tmp / "pod"
+    auth = root / mount["mountPath"].lstrip("/") / key
+    auth.parent.mkdir(parents=True)
+    auth.write_text(_decode_secret(secret, key))
+    conf = root / NATS_CONFIG_DIR.lstrip("/") / "nats.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"include {include};\n")  # what the subchart renders for `$include`
+    return conf
+
+
+class Errors:
+    """A raw client's async errors (permissions violations arrive here)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def record(self, exc: Exception) -> None:
+        self.seen.append(str(exc))
+
+    def has(self, *words: str) -> bool:
+        """Some error mentions every word (the server lower-cases subjects in these)."""
+        return any(all(w.lower() in e.lower() for w in words) for e in self.seen)
+
+
+async def _raw(url: str, seed_file: Path, inbox: str, errors: Errors) -> Client:
+    return await nats.connect(
+        url,
+        nkeys_seed=str(seed_file),
+        inbox_prefix=inbox,
+        error_cb=errors.record,
+        allow_reconnect=False,
+        connect_timeout=2,
+    )
+
+
+def _health(node: str) -> Event[Any]:
+    data = GpuHealth.example().model_copy(update={"node": node})
+    return make_event(data, source=f"agent/gpu/{node}")
+
+
+def _nodeward(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nodeward", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_agent_keygen_writes_a_private_seed_and_prints_its_key(tmp_path: Path) -> None:
+    seed = tmp_path / "etc" / "agent.nk"
+    done = _nodeward("agent", "keygen", "--out", str(seed))
+    assert done.returncode == 0, done.stderr
+    public = done.stdout.strip()
+    assert public.startswith("U") and len(public) == 56
+    assert seed.stat().st_mode & 0o777 == 0o600
+    assert seed.read_text().startswith("SU")
+    again = _nodeward("agent", "keygen", "--out", str(seed))
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        f"nodeward: error: {seed} exists; --force replaces it (then deploy the new key)"
+    ]
+
+
+async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Path) -> None:
+    seed_file = tmp_path / "agent-a.nk"
+    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
+    assert keygen.returncode == 0, keygen.stderr
+    key_a = keygen.stdout.strip()
+    _, key_b = new_nkey()
+    node_a, node_b = "gpu-node-a", "gpu-node-b.example"
+    docs = render(tmp_path, representative_values({node_a: key_a, node_b: key_b}))
+    conf = _auth_layout(tmp_path, docs)
+    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    cordon = named(docs, "Secret", "nw-nats-cordon")
+
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        # The admin user creates the streams, as the chart's provision Job does.
+        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+        provision = await asyncio.to_thread(
+            _nodeward, "streams", "--provision", "--json", "--nats", server.url, env=admin_env
+        )
+        assert provision.returncode == 0, provision.stderr
+        rows = {row["stream"]: row for row in json.loads(provision.stdout)}
+        assert not rows["GPU"].get("missing") and not rows["AUDIT"].get("missing")
+        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
+        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+
+        # Node A's agent signs in with its own seed through nodeward's bus settings.
+        agent = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                nkey_seed_file=seed_file,
+                inbox_prefix=agent_inbox(node_a),
+                provision=False,
+                publish_timeout="500ms",  # type: ignore[arg-type]
+                publish_retries=0,
+            ),
+            source=f"agent/gpu/{node_a}",
+        )
+        errors = Errors()
+        raw = await _raw(server.url, seed_file, agent_inbox(node_a), errors)
+        service = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                user=_decode_secret(cordon, "user"),
+                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
+                inbox_prefix=service_inbox("cordon"),
+                provision=False,
+                publish_timeout="500ms",  # type: ignore[arg-type]
+                publish_retries=0,
+            ),
+            source="service/cordon",
+        )
+        try:
+            own = _health(node_a)
+            ack = await agent.publish(own)
+            assert ack.stream == "GPU"
+
+            # A forges B's health: refused by the server, nothing stored.
+            with pytest.raises(PublishError):
+                await agent.publish(_health(node_b))
+            await raw.publish("gpu.health.gpu-node-b_example.0", b"{}")
+            await wait_for(
+                lambda: errors.has("permissions violation", "publish", "gpu-node-b_example"),
+                what="the server's refusal of A's publish to B's subject",
+            )
+            info = await admin.js.stream_info("GPU", subjects_filter="gpu.health.>")
+            assert set(info.state.subjects or {}) == {own.nats_subject}
+
+            # A reads B's inbox: refused.
+            await raw.subscribe(f"{agent_inbox(node_b)}.>")
+            await raw.flush()
+            await wait_for(
+                lambda: errors.has("permissions violation", "subscription", agent_inbox(node_b)),
+                what="the server's refusal of A's subscription to B's inbox",
+            )
+            # Its own inbox is fine.
+            before = len(errors.seen)
+            await raw.subscribe(f"{agent_inbox(node_a)}.mine")
+            await raw.flush()
+            assert len(errors.seen) == before
+
+            # The cordon user binds its durable consumer and KV bucket, and gets A's event.
+            kv = await service.kv("cordon")
+            await kv.put("node.gpu-node-a", b"{}")
+            assert (await kv.get("node.gpu-node-a")).value == b"{}"
+            assert await kv.keys() == ["node.gpu-node-a"]  # the reconcile loop lists keys
+            got: list[str] = []
+
+            async def handle(event: Event[Any], delivery: Delivery) -> None:
+                got.append(event.id)
+
+            spec = ConsumerSpec(name="cordon", stream="GPU", subjects=("gpu.health.>",))
+            await service.consume(spec, handle)
+            await wait_for(lambda: own.id in got, what="cordon receiving A's event")
+            audit = make_event(Remediation.example(), source="service/cordon")
+            assert (await service.publish(audit)).stream == "AUDIT"
+
+            # ... and nothing outside its role: no GPU health, no other service's bucket.
+            with pytest.raises(PublishError):
+                await service.publish(_health(node_a))
+            with pytest.raises(nats.errors.TimeoutError):  # $JS.API.STREAM.INFO.KV_culler refused
+                await asyncio.wait_for(service.kv("culler"), 5)
+            with pytest.raises(BucketNotFoundError):
+                await admin.js.key_value("culler")
+        finally:
+            await raw.close()
+            await service.close(grace=1)
+            await agent.close(grace=1)
+            await admin.close(grace=1)
+
+
+async def test_a_missing_seed_file_is_one_clear_error(tmp_path: Path) -> None:
+    """A node whose seed was never provisioned says so, instead of retrying forever."""
+    missing = tmp_path / "agent.nk"
+    settings = BusSettings(url="nats://127.0.0.1:1", nkey_seed_file=missing, provision=False)
+    with pytest.raises(BusError) as caught:
+        await Bus.connect(settings, source="agent/gpu/x")
+    assert (
+        str(caught.value) == f"cannot read the nkey seed file {missing}: No such file or directory"
+    )
