@@ -24,11 +24,13 @@ def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
-def settings_for(config: Path | None, nats: str | None) -> Settings:
+def settings_for(
+    config: Path | None, nats: str | None, state_dir: Path = DEFAULT_STATE_DIR
+) -> Settings:
     """Settings from `--config` and the environment, with the NATS URL resolved.
 
     URL precedence: `--nats`, `NODEWARD_NATS_URL`, `NODEWARD_BUS__URL` or the config file,
-    a `nodeward up` running from ./.nodeward, then nats://127.0.0.1:4222.
+    a `nodeward up` running from `state_dir` (./.nodeward), then nats://127.0.0.1:4222.
     """
     try:
         settings = load_settings(config)
@@ -36,12 +38,44 @@ def settings_for(config: Path | None, nats: str | None) -> Settings:
         fail(str(exc))
     url = nats or os.environ.get("NODEWARD_NATS_URL")
     if url is None and settings.bus.url == DEFAULT_NATS and "NODEWARD_BUS__URL" not in os.environ:
-        running = Endpoints.read(DEFAULT_STATE_DIR)
+        running = Endpoints.read(state_dir)
         if running is not None:
             url = running.nats_url
     if url:
         settings.bus.url = url
     return settings
+
+
+async def connect_nats(settings: Settings, name: str, state_dir: Path = DEFAULT_STATE_DIR) -> Any:
+    """A plain NATS connection for a one-shot command; failing, one line that says what to do."""
+    import nats
+
+    bus = settings.bus
+
+    async def quiet(_: Exception) -> None:
+        """nats-py prints tracebacks by default; the failure is reported once, below."""
+
+    try:
+        return await nats.connect(
+            bus.url,
+            name=name,
+            error_cb=quiet,
+            max_reconnect_attempts=1,
+            allow_reconnect=False,
+            connect_timeout=bus.connect_timeout.total_seconds(),
+            user=bus.user,
+            password=bus.password.get_secret_value() if bus.password else None,
+            token=bus.token.get_secret_value() if bus.token else None,
+            user_credentials=str(bus.creds_file) if bus.creds_file else None,
+        )
+    except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
+        why = str(exc) or type(exc).__name__
+        if bus.url == DEFAULT_NATS and Endpoints.read(state_dir) is None:
+            fail(
+                f"nothing running: no `nodeward up` in {state_dir} and no NATS at {bus.url} "
+                f"({why}); start `nodeward up` or pass --nats URL"
+            )
+        fail(f"cannot connect to NATS at {bus.url}: {why}")
 
 
 def read_data(spec: str) -> Any:

@@ -5,27 +5,17 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import nats
 from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
 
-from nodeward.cli.common import echo_json, fail
+from nodeward.cli.common import connect_nats, echo_json
 from nodeward.config import Settings
 from schemas.streams import STREAMS
 
 
 async def streams(settings: Settings, as_json: bool) -> None:
-    try:
-        nc = await nats.connect(
-            settings.bus.url,
-            name="cli/streams",
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            connect_timeout=settings.bus.connect_timeout.total_seconds(),
-        )
-    except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
-        fail(f"cannot connect to NATS at {settings.bus.url}: {exc or type(exc).__name__}")
+    nc = await connect_nats(settings, "cli/streams")
     js = nc.jetstream()
     rows: list[dict[str, Any]] = []
     try:
