@@ -36,7 +36,7 @@ def settings_for(
         settings = load_settings(config)
     except ConfigError as exc:
         fail(str(exc))
-    url = nats or os.environ.get("NODEWARD_NATS_URL")
+    url = nats or os.environ.get("NODEWARD_NATS_URL") or None  # empty: unset
     if url is None and settings.bus.url == DEFAULT_NATS and "NODEWARD_BUS__URL" not in os.environ:
         running = Endpoints.read(state_dir)
         if running is not None:

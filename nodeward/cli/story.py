@@ -37,7 +37,7 @@ EVENT_SOURCES = (("GPU", "gpu.health.>"), ("AUDIT", "remediation.>"), ("NOTIFY",
 
 
 def _label(label: str) -> str:
-    return f"{label:<{LABEL_WIDTH}}"
+    return f"{label:<{LABEL_WIDTH}} "
 
 
 def health_line(event: Any, subject: str) -> str | None:
