@@ -6,6 +6,7 @@ set -euo pipefail
 # package:command-that-proves-it
 NEEDED=(
   "kubernetes-client:kubectl"
+  "prometheus:prometheus"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

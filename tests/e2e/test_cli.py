@@ -164,7 +164,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / ".nodeward"  # the default state dir, relative to where it runs
     proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state)],
+        [*NODEWARD, "up", "--state-dir", str(state), "--scenario", "none"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -217,7 +217,7 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
 def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) -> None:
     """The whole path through `nodeward up`: sim GPU agent → bus → cordon → sim cluster."""
     proc = subprocess.Popen(
-        [*NODEWARD, "up"],
+        [*NODEWARD, "up", "--scenario", "none"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

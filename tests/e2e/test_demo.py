@@ -136,7 +136,9 @@ def test_up_tells_the_story_and_status_and_replay_show_it(tmp_path: Path) -> Non
             for e in events
             if e["data"]["node"] == "gpu-h100-02" and e["data"]["gpu_index"] == 1
         ]
-        assert one_gpu == sorted(one_gpu) and len(one_gpu) >= 3  # stream order: start, fail, recover
+        assert (
+            one_gpu == sorted(one_gpu) and len(one_gpu) >= 3
+        )  # stream order: start, fail, recover
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)

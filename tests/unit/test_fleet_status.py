@@ -37,11 +37,7 @@ def _health(node: str, index: int, state: str, at: datetime) -> GpuHealth:
 def _quarantined_record() -> NodeRecord:
     """What the cordon service writes for a quarantined node (its own model)."""
     return NodeRecord(
-        gpus={
-            "0": GpuRecord(
-                state=HealthState.FAILED, observed_at=NOW, event_id="e1", sequence=3
-            )
-        },
+        gpus={"0": GpuRecord(state=HealthState.FAILED, observed_at=NOW, event_id="e1", sequence=3)},
         quarantine=Quarantine(
             incident="e1",
             rule="xid-node-action",
