@@ -118,6 +118,7 @@ class FleetStatus(BaseModel):
     dlq: dict[str, int] = Field(description="DLQ subject -> messages held")
     recent_actions: list[ActionSummary] = Field(description="newest first")
     missing: list[str] = Field(default_factory=list, description="streams or buckets not found")
+    notes: list[str] = Field(default_factory=list, description="where the picture is partial")
 
     @property
     def quarantined(self) -> list[NodeStatus]:
@@ -149,6 +150,7 @@ def assemble(
     actions: Iterable[tuple[datetime, Remediation]],
     agent_timeout: timedelta,
     missing: Iterable[str] = (),
+    notes: Iterable[str] = (),
 ) -> FleetStatus:
     """One fleet picture from what was read: pure, so it is tested without a server."""
     gpus: dict[str, dict[str, str]] = {}
@@ -214,6 +216,7 @@ def assemble(
             for t, r in actions
         ],
         missing=sorted(missing),
+        notes=list(notes),
     )
 
 
@@ -264,7 +267,9 @@ async def _subjects(js: Any, stream: str, pattern: str, missing: list[str]) -> d
     return dict(info.state.subjects or {})
 
 
-async def _last_events(js: Any, stream: str, subjects: Iterable[str]) -> list[Any]:
+async def _last_events(
+    js: Any, stream: str, subjects: Iterable[str], notes: list[str]
+) -> list[Any]:
     """The newest decodable event on each subject (concurrently, a bounded batch at a time)."""
 
     async def last(subject: str) -> Any:
@@ -274,7 +279,13 @@ async def _last_events(js: Any, stream: str, subjects: Iterable[str]) -> list[An
         except (NotFoundError, DecodeError):
             return None
 
-    wanted = sorted(subjects)[:MAX_SUBJECTS]
+    wanted = sorted(subjects)
+    if len(wanted) > MAX_SUBJECTS:
+        notes.append(
+            f"{stream}: read the last event of {MAX_SUBJECTS} of {len(wanted)} subjects; "
+            "the rest show what KV holds"
+        )
+        wanted = wanted[:MAX_SUBJECTS]
     out: list[Any] = []
     for i in range(0, len(wanted), 64):
         out.extend(await asyncio.gather(*(last(s) for s in wanted[i : i + 64])))
@@ -309,17 +320,18 @@ async def gather_status(
     """Read KV `cordon` and the GPU, TELEMETRY, DLQ and AUDIT streams into one picture."""
     js = nc.jetstream()
     missing: list[str] = []
+    notes: list[str] = []
     records, breaker = await _kv_records(js, missing)
     health_subjects = await _subjects(js, "GPU", "gpu.health.>", missing)
     health = [
         e.data
-        for e in await _last_events(js, "GPU", health_subjects)
+        for e in await _last_events(js, "GPU", health_subjects, notes)
         if isinstance(e.data, GpuHealth)
     ]
     telemetry_subjects = await _subjects(js, "TELEMETRY", "gpu.telemetry.>", missing)
     telemetry = {
         e.data.node: e.time
-        for e in await _last_events(js, "TELEMETRY", telemetry_subjects)
+        for e in await _last_events(js, "TELEMETRY", telemetry_subjects, notes)
         if isinstance(e.data, GpuTelemetry)
     }
     dlq = await _subjects(js, "DLQ", "dlq.>", missing)
@@ -335,6 +347,7 @@ async def gather_status(
         actions=recent,
         agent_timeout=agent_timeout,
         missing=missing,
+        notes=notes,
     )
 
 

@@ -140,6 +140,10 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         raise CliError(f"kubeconfig {kubeconfig} does not exist")
     if seed is not None and not seed.is_file():
         raise CliError(f"seed {seed} does not exist")
+    if kubeconfig is not None and (nodes is not None or scenario not in ("default", "none")):
+        raise CliError(
+            "--nodes and --scenario FILE size and drive the sim cluster; not with --kubeconfig"
+        )
     settings, profile = demo_settings(config, nats, sim=kubeconfig is None)
     if kubeconfig is not None:
         settings.cluster.kubeconfig = kubeconfig

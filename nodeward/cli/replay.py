@@ -107,6 +107,7 @@ async def replay(
 ) -> int:
     """Export the matching events of each stream, each in stream order; returns the count."""
     targets = streams_for(subjects or [">"])
+    nc = await connect_nats(settings, "cli/replay", state_dir)
     out: IO[str]
     if to is None:
         out = sys.stdout
@@ -114,8 +115,8 @@ async def replay(
         try:
             out = to.open("w")
         except OSError as exc:
+            await nc.close()
             fail(f"cannot write {to}: {exc.strerror}")
-    nc = await connect_nats(settings, "cli/replay", state_dir)
     total = 0
     try:
         js = nc.jetstream()

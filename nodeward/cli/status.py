@@ -119,6 +119,8 @@ def render(fleet: FleetStatus) -> RenderableType:
         parts.append(table)
     else:
         parts.append(Text("no actions recorded", style="dim"))
+    for note in fleet.notes:
+        parts.append(Text(note, style="yellow"))
     if fleet.missing:
         parts.append(Text(f"not found on this server: {', '.join(fleet.missing)}", style="dim"))
     return Group(*parts)
