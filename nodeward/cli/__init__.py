@@ -128,7 +128,7 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     config: ConfigOpt = None,
 ) -> None:
     """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
-    from nodeward.cli.demo import demo_settings, load_demo_scenario, sim_seed
+    from nodeward.cli.demo import demo_settings, load_demo_scenario, metrics_summary, sim_seed
     from nodeward.platform import run_up
 
     running = Endpoints.read(state_dir)
@@ -159,10 +159,11 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             console.print(f"  profile     {profile}")
         if endpoints.outbox:
             console.print(f"  outbox      {endpoints.outbox}  (one file per delivered notice)")
-        console.print(f"  daemons     {len(endpoints.metrics)}: {', '.join(endpoints.metrics)}")
         console.print(
-            "              (each serves /healthz /readyz /metrics; URLs in endpoints.json)"
+            f"  daemons     {len(endpoints.metrics)}, each with /healthz /readyz /metrics:"
         )
+        for line in metrics_summary(endpoints.metrics):
+            console.print(f"              {line}")
         if endpoints.kubeconfig:
             where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
             console.print(
@@ -174,7 +175,7 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         ]
         if sim_nodes:
             console.print(
-                f"  try it      nodeward sim inject --node {sim_nodes[0]} --gpu 0 --xid 79"
+                f"  try it      nodeward sim inject --node {sim_nodes[-1]} --gpu 0 --xid 79"
             )
         if steps:
             first = steps[0]

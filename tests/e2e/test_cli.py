@@ -357,7 +357,7 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
     )
     assert bad.returncode == 1 and "cannot read scenario" in bad.stderr
     proc = subprocess.Popen(
-        [*NODEWARD, "up", "--scenario", "scenario.yaml"],
+        [*NODEWARD, "up", "--scenario", "scenario.yaml", "--quiet"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -389,7 +389,9 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
         wait_until(cordoned, timeout=20, what="the scenario's XID to quarantine gpu-a100-02")
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert "DECISION " not in out  # --quiet: no story
 
 
 def test_tail_filters_by_node_and_severity(embedded_bus: str) -> None:

@@ -53,3 +53,21 @@ def test_a_scenario_naming_a_node_the_fleet_lacks_is_refused(tmp_path: Path) -> 
         CliError, match=r"names node 'gpu-h100-04'.*GPU nodes: gpu-h100-01, gpu-h100-02"
     ):
         load_demo_scenario(str(scenario), sim_seed(None, 2))
+
+
+def test_metrics_summary_names_each_service_and_the_agents_port_range() -> None:
+    from nodeward.cli.demo import metrics_summary
+
+    lines = metrics_summary(
+        {
+            "platform": "http://127.0.0.1:4000",
+            "agent-gpu-a": "http://127.0.0.1:4002",
+            "agent-gpu-b": "http://127.0.0.1:4001",
+            "cordon": "http://127.0.0.1:4003",
+        }
+    )
+    assert lines == [
+        "platform   http://127.0.0.1:4000/metrics",
+        "cordon     http://127.0.0.1:4003/metrics",
+        "GPU agents http://127.0.0.1:4001-4002/metrics (2; each port in endpoints.json)",
+    ]
