@@ -2,13 +2,15 @@
 
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
-→ DELIVERED (a file in the outbox) → RELEASE. Lines use `nodeward tail`'s format.
+→ DELIVERED (a file in the outbox) → RELEASE; and DLQ when a consumer gives up on a
+message. Lines use `nodeward tail`'s format.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 from nodeward.cli.events import echo_line, event_line, severity_of
 from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
 from schemas import DecodeError, decode
+from schemas.dlq import DeadLetter
 from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -33,7 +36,12 @@ LABEL_WIDTH = 9
 OUTBOX_POLL_S = 0.5
 
 # stream, filter subject
-EVENT_SOURCES = (("GPU", "gpu.health.>"), ("AUDIT", "remediation.>"), ("NOTIFY", "notify.>"))
+EVENT_SOURCES = (
+    ("GPU", "gpu.health.>"),
+    ("AUDIT", "remediation.>"),
+    ("NOTIFY", "notify.>"),
+    ("DLQ", "dlq.>"),
+)
 
 
 def _label(label: str) -> str:
@@ -69,6 +77,12 @@ def notify_line(event: Any, subject: str) -> str:
     return _label("NOTIFY") + event_line(event, subject, detail=detail)
 
 
+def dlq_line(event: Any, subject: str) -> str:
+    d: DeadLetter = event.data
+    detail = f"{d.consumer} could not process {d.original_subject} ({d.reason.value}): {d.error}"
+    return _label("DLQ") + event_line(event, subject, detail=detail)
+
+
 def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
     """The marks the cordon service recorded as applied to `node`."""
     q = record.quarantine
@@ -81,7 +95,15 @@ def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
 
 
 # Within one instant the steps sort in the story's order.
-_RANK = {"GPU": 0, "DECISION": 1, "RELEASE": 1, "CORDON": 2, "NOTIFY": 3, "DELIVERED": 4}
+_RANK = {
+    "GPU": 0,
+    "DECISION": 1,
+    "RELEASE": 1,
+    "CORDON": 2,
+    "NOTIFY": 3,
+    "DELIVERED": 4,
+    "DLQ": 5,
+}
 
 
 @dataclass(order=True)
@@ -150,6 +172,8 @@ class Story:
             self._add(event.time, label, decision_line(event, msg.subject), severity)
         elif isinstance(data, Notification):
             self._add(event.time, "NOTIFY", notify_line(event, msg.subject), severity)
+        elif isinstance(data, DeadLetter):
+            self._add(event.time, "DLQ", dlq_line(event, msg.subject), severity)
 
     def on_record(self, key: str, value: bytes, at: datetime) -> None:
         if not key.startswith(NODE_PREFIX) or not value:
@@ -166,10 +190,27 @@ class Story:
             self.applied[node] = q.incident
             self._add(at, "CORDON", cordon_line(node, record, at), "critical", q.incident)
 
-    def on_file(self, path: Path) -> None:
+    def on_file(self, path: Path, title: str | None = None) -> None:
         at = datetime.now(UTC)
         when = at.strftime("%H:%M:%S.%f")[:-3]
-        self._add(at, "DELIVERED", _label("DELIVERED") + f"{when} INFO outbox/{path.name}", "info")
+        about = f": {title}" if title else ""
+        line = _label("DELIVERED") + f"{when} INFO outbox/{path.name}{about}"
+        self._add(at, "DELIVERED", line, "info")
+
+
+def outbox_title(path: Path) -> str | None:
+    """The notice's title, when the file is JSON that has one (best effort)."""
+    try:
+        with path.open("rb") as f:
+            doc = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    for where in (doc, doc.get("data"), doc.get("notice")):
+        if isinstance(where, dict) and isinstance(where.get("title"), str):
+            return str(where["title"])
+    return None
 
 
 def _listing(outbox: Path) -> set[Path]:
@@ -187,7 +228,7 @@ async def watch_outbox(outbox: Path, story: Story, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), OUTBOX_POLL_S)  # poll period, not a sync
         now = await asyncio.to_thread(_listing, outbox)
         for path in sorted(now - seen):
-            story.on_file(path)
+            story.on_file(path, await asyncio.to_thread(outbox_title, path))
         seen |= now
 
 

@@ -123,3 +123,23 @@ def test_a_release_is_its_own_step() -> None:
     story.on_event(wire(release, T0))  # type: ignore[arg-type]
     story.flush(everything=True)
     assert lines[0].startswith("RELEASE ") and "every GPU healthy for 15s" in lines[0]
+
+
+def test_a_dead_letter_and_a_delivered_file_are_told_too(tmp_path: Path) -> None:
+    from nodeward.cli.story import outbox_title
+    from schemas import example_event
+
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    dead = example_event("dlq.v1")
+    w = encode(dead)
+    story.on_event(Wire(w.subject, dict(w.headers), w.body))  # type: ignore[arg-type]
+    notice = tmp_path / "0001-quarantine.json"
+    notice.write_text('{"data": {"title": "gpu-a: quarantine applied"}}')
+    story.on_file(notice, outbox_title(notice))
+    story.flush(everything=True)
+    assert lines[0].startswith("DLQ ") and "cordon could not process gpu.health." in lines[0]
+    assert lines[1].startswith("DELIVERED ")
+    assert lines[1].endswith("outbox/0001-quarantine.json: gpu-a: quarantine applied")
+    (tmp_path / "plain.txt").write_text("not json")
+    assert outbox_title(tmp_path / "plain.txt") is None
