@@ -349,30 +349,3 @@ async def gather_status(
         missing=missing,
         notes=notes,
     )
-
-
-def format_age(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
-
-
-def gpu_summary(gpus: dict[str, str]) -> str:
-    """`8/8 healthy`, or the counts per state with the unhealthy GPUs named."""
-    if not gpus:
-        return "-"
-    healthy = sum(1 for s in gpus.values() if s == "healthy")
-    if healthy == len(gpus):
-        return f"{healthy}/{len(gpus)} healthy"
-    parts = [f"{healthy}/{len(gpus)} healthy"]
-    for state in HEALTH_ORDER[:-1]:
-        keys = [k for k, s in gpus.items() if s == state]
-        if keys:
-            parts.append(f"{state}: {', '.join(keys)}")
-    return "; ".join(parts)

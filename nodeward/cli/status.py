@@ -13,7 +13,7 @@ from rich.text import Text
 from nodeward.cli.common import connect_nats, echo_json
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from nodeward.fleet_status import TAINT_KEY, FleetStatus, format_age, gather_status, gpu_summary
+from nodeward.fleet_status import HEALTH_ORDER, TAINT_KEY, FleetStatus, gather_status
 
 _HEALTH_STYLE = {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
 
@@ -124,3 +124,30 @@ def render(fleet: FleetStatus) -> RenderableType:
     if fleet.missing:
         parts.append(Text(f"not found on this server: {', '.join(fleet.missing)}", style="dim"))
     return Group(*parts)
+
+
+def format_age(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def gpu_summary(gpus: dict[str, str]) -> str:
+    """`8/8 healthy`, or the counts per state with the unhealthy GPUs named."""
+    if not gpus:
+        return "-"
+    healthy = sum(1 for s in gpus.values() if s == "healthy")
+    if healthy == len(gpus):
+        return f"{healthy}/{len(gpus)} healthy"
+    parts = [f"{healthy}/{len(gpus)} healthy"]
+    for state in HEALTH_ORDER[:-1]:
+        keys = [k for k, s in gpus.items() if s == state]
+        if keys:
+            parts.append(f"{state}: {', '.join(keys)}")
+    return "; ".join(parts)

@@ -6,13 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 
-from nodeward.cli.status import render
+from nodeward.cli.status import format_age, gpu_summary, render
 from nodeward.fleet_status import (
     BreakerView,
     NodeRecordView,
     assemble,
-    format_age,
-    gpu_summary,
     worst,
 )
 from schemas.common import ObjectRef
