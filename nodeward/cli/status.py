@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from types import MappingProxyType
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -15,7 +17,9 @@ from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.fleet_status import HEALTH_ORDER, TAINT_KEY, FleetStatus, gather_status
 
-_HEALTH_STYLE = {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
+_HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
+    {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
+)
 
 
 async def status(

@@ -13,10 +13,11 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -95,15 +96,17 @@ def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
 
 
 # Within one instant the steps sort in the story's order.
-_RANK = {
-    "GPU": 0,
-    "DECISION": 1,
-    "RELEASE": 1,
-    "CORDON": 2,
-    "NOTIFY": 3,
-    "DELIVERED": 4,
-    "DLQ": 5,
-}
+_RANK: Mapping[str, int] = MappingProxyType(
+    {
+        "GPU": 0,
+        "DECISION": 1,
+        "RELEASE": 1,
+        "CORDON": 2,
+        "NOTIFY": 3,
+        "DELIVERED": 4,
+        "DLQ": 5,
+    }
+)
 
 
 @dataclass(order=True)
