@@ -80,16 +80,17 @@ def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
     return steps
 
 
-def metrics_summary(metrics: dict[str, str]) -> list[str]:
-    """Where each daemon's metrics are; the simulated GPU agents on one line, by port range."""
+def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:
+    """Where each daemon's metrics are; the simulated GPU agents on one line, by port."""
     agents = {n: u for n, u in metrics.items() if n.startswith("agent-gpu-")}
     lines = [f"{name:<10} {url}/metrics" for name, url in metrics.items() if name not in agents]
     if agents:
-        ports = sorted(int(u.rsplit(":", 1)[1]) for u in agents.values())
         host = next(iter(agents.values())).rsplit(":", 1)[0]
-        span = f"{ports[0]}" if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+        ports = [u.rsplit(":", 1)[1] for u in agents.values()]
+        more = " ..." if len(ports) > shown else ""
         lines.append(
-            f"{'GPU agents':<10} {host}:{span}/metrics ({len(agents)}; each port in endpoints.json)"
+            f"{'GPU agents':<10} {host}:PORT/metrics, PORT {' '.join(ports[:shown])}{more} "
+            f"({len(ports)}, by node in endpoints.json)"
         )
     return lines
 

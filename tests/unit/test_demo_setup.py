@@ -55,7 +55,7 @@ def test_a_scenario_naming_a_node_the_fleet_lacks_is_refused(tmp_path: Path) -> 
         load_demo_scenario(str(scenario), sim_seed(None, 2))
 
 
-def test_metrics_summary_names_each_service_and_the_agents_port_range() -> None:
+def test_metrics_summary_names_each_service_and_the_agents_ports() -> None:
     from nodeward.cli.demo import metrics_summary
 
     lines = metrics_summary(
@@ -69,5 +69,5 @@ def test_metrics_summary_names_each_service_and_the_agents_port_range() -> None:
     assert lines == [
         "platform   http://127.0.0.1:4000/metrics",
         "cordon     http://127.0.0.1:4003/metrics",
-        "GPU agents http://127.0.0.1:4001-4002/metrics (2; each port in endpoints.json)",
+        "GPU agents http://127.0.0.1:PORT/metrics, PORT 4002 4001 (2, by node in endpoints.json)",
     ]
