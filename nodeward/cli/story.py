@@ -193,11 +193,12 @@ class Story:
             self.applied[node] = q.incident
             self._add(at, "CORDON", cordon_line(node, record, at), "critical", q.incident)
 
-    def on_file(self, path: Path, title: str | None = None) -> None:
+    def on_file(self, name: str, title: str | None = None) -> None:
+        """A file `name` (relative to the outbox) appeared: a notice was delivered."""
         at = datetime.now(UTC)
         when = at.strftime("%H:%M:%S.%f")[:-3]
         about = f": {title}" if title else ""
-        line = _label("DELIVERED") + f"{when} INFO outbox/{path.name}{about}"
+        line = _label("DELIVERED") + f"{when} INFO outbox/{name}{about}"
         self._add(at, "DELIVERED", line, "info")
 
 
@@ -218,20 +219,28 @@ def outbox_title(path: Path) -> str | None:
 
 def _listing(outbox: Path) -> set[Path]:
     try:
-        return {p for p in outbox.iterdir() if p.is_file() and not p.name.startswith(".")}
+        return {p for p in outbox.rglob("*") if p.is_file() and not p.name.startswith(".")}
     except OSError:
         return set()
 
 
-async def watch_outbox(outbox: Path, story: Story, stop: asyncio.Event) -> None:
-    """Report each file that appears in the outbox (files there before are not news)."""
+async def watch_outbox(
+    outbox: Path, story: Story, stop: asyncio.Event, listed: asyncio.Event | None = None
+) -> None:
+    """Report each file that appears in the outbox (files there before are not news).
+
+    `listed` is set once the files already there have been noted.
+    """
     seen = await asyncio.to_thread(_listing, outbox)
+    if listed is not None:
+        listed.set()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), OUTBOX_POLL_S)  # poll period, not a sync
         now = await asyncio.to_thread(_listing, outbox)
         for path in sorted(now - seen):
-            story.on_file(path, await asyncio.to_thread(outbox_title, path))
+            name = path.relative_to(outbox).as_posix()
+            story.on_file(name, await asyncio.to_thread(outbox_title, path))
         seen |= now
 
 

@@ -92,7 +92,7 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
     story.on_record("node.gpu-a", record.model_dump_json().encode(), T0 + ms)
     story.on_event(wire(decision, T0 + 2 * ms))  # type: ignore[arg-type]
     story.on_event(wire(health(HealthState.FAILED, HealthState.HEALTHY), T0))  # type: ignore[arg-type]
-    story.on_file(Path("/x/outbox/notice-1.json"))
+    story.on_file("notice-1.json")
     story.flush()
     assert lines == []  # held until they have waited `hold`
     clock.now = 1.0
@@ -136,10 +136,40 @@ def test_a_dead_letter_and_a_delivered_file_are_told_too(tmp_path: Path) -> None
     story.on_event(Wire(w.subject, dict(w.headers), w.body))  # type: ignore[arg-type]
     notice = tmp_path / "0001-quarantine.json"
     notice.write_text('{"data": {"title": "gpu-a: quarantine applied"}}')
-    story.on_file(notice, outbox_title(notice))
+    story.on_file(notice.name, outbox_title(notice))
     story.flush(everything=True)
     assert lines[0].startswith("DLQ ") and "cordon could not process gpu.health." in lines[0]
     assert lines[1].startswith("DELIVERED ")
     assert lines[1].endswith("outbox/0001-quarantine.json: gpu-a: quarantine applied")
     (tmp_path / "plain.txt").write_text("not json")
     assert outbox_title(tmp_path / "plain.txt") is None
+
+
+async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
+    import asyncio
+
+    from nodeward.cli.story import watch_outbox
+    from tests.conftest import wait_for
+
+    outbox = tmp_path / "outbox"
+    outbox.mkdir()
+    (outbox / "old.json").write_text("{}")
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    stop, listed = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(watch_outbox(outbox, story, stop, listed))
+    try:
+        await asyncio.wait_for(listed.wait(), 5)
+        (outbox / "2026-11-29").mkdir()
+        (outbox / "2026-11-29" / "n1.json").write_text('{"title": "gpu-a quarantined"}')
+
+        def told() -> bool:
+            story.flush()
+            return bool(lines)
+
+        await wait_for(told, timeout=5, what="the new file")
+    finally:
+        stop.set()
+        await task
+    assert len(lines) == 1
+    assert lines[0].endswith("outbox/2026-11-29/n1.json: gpu-a quarantined")
