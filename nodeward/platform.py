@@ -174,14 +174,16 @@ async def run_up(
     *,
     nats_port: int = 0,
     external_nats: bool = False,
-    seed: Path | None = None,
+    seed: Path | Seed | None = None,
     scenario: list[Step] | None = None,
     announce: Callable[[Endpoints], None],
+    story: Callable[[Endpoints], Awaitable[None]] | None = None,
 ) -> None:
     """The whole platform in this process until SIGINT/SIGTERM.
 
     Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
-    is written to `<state-dir>/kubeconfig`.
+    is written to `<state-dir>/kubeconfig`. `story(endpoints)` runs as a task of the
+    platform daemon once everything has started (it must not raise).
     """
     log = structlog.get_logger().bind(component="up")
     state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
@@ -197,8 +199,8 @@ async def run_up(
         cluster: EmbeddedCluster | None = None
         seed_data: Seed | None = None
         if settings.cluster.kubeconfig is None:
-            seed_data = load_seed(seed)
-            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed))
+            seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
+            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed_data))
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
         # The platform daemon goes first: its bus provisions the streams the others use.
@@ -209,7 +211,6 @@ async def run_up(
             daemons.extend(await component.build(context))
         for d in daemons:
             await d.start()
-        _play_scenario(platform, platform_bus, scenario or [], daemons)
         endpoints = Endpoints(
             nats_url=settings.bus.url,
             state_dir=state_dir,
@@ -218,6 +219,14 @@ async def run_up(
             kube_api=kube_api,
             metrics={d.name: d.url for d in daemons},
         )
+        if story is not None:
+            told = endpoints
+
+            async def tell() -> None:
+                await story(told)
+
+            platform.add_task(tell, name="story")
+        _play_scenario(platform, platform_bus, scenario or [], daemons)
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(

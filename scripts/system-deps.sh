@@ -7,6 +7,7 @@ set -euo pipefail
 NEEDED=(
   "kubernetes-client:kubectl"
   "prometheus:promtool"
+  "prometheus:prometheus"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

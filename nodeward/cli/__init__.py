@@ -113,12 +113,22 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     scenario: Annotated[
         str,
         typer.Option(
-            "--scenario", help="FILE of timed injections into the simulated GPUs, or none"
+            "--scenario",
+            help="FILE of timed injections into the simulated GPUs, none, or default "
+            "(a GPU fails 10 s in and recovers later)",
         ),
-    ] = "none",
+    ] = "default",
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="simulated GPU nodes (default: the seed's)"),
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="do not tell the story of each remediation")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
+    from nodeward.cli.demo import demo_settings, load_demo_scenario, metrics_summary, sim_seed
     from nodeward.platform import run_up
 
     running = Endpoints.read(state_dir)
@@ -126,31 +136,34 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         raise CliError(
             f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})"
         )
-    settings = settings_for(config, nats)
-    if kubeconfig is not None:
-        if not kubeconfig.is_file():
-            raise CliError(f"kubeconfig {kubeconfig} does not exist")
-        settings.cluster.kubeconfig = kubeconfig
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise CliError(f"kubeconfig {kubeconfig} does not exist")
     if seed is not None and not seed.is_file():
         raise CliError(f"seed {seed} does not exist")
-    steps = []
-    if scenario != "none":
-        from nodeward.sim.scenario import ScenarioError, load_scenario
-
-        try:
-            steps = load_scenario(Path(scenario))
-        except ScenarioError as exc:
-            raise CliError(str(exc)) from None
+    if kubeconfig is not None and (nodes is not None or scenario not in ("default", "none")):
+        raise CliError(
+            "--nodes and --scenario FILE size and drive the sim cluster; not with --kubeconfig"
+        )
+    settings, profile = demo_settings(config, nats, sim=kubeconfig is None)
+    if kubeconfig is not None:
+        settings.cluster.kubeconfig = kubeconfig
+    seed_data = sim_seed(seed, nodes) if kubeconfig is None else None
+    steps = load_demo_scenario(scenario, seed_data) if seed_data is not None else []
 
     def announce(endpoints: Endpoints) -> None:
         from rich.console import Console
 
         console = Console(stderr=True, soft_wrap=True)
         console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
-        console.print(f"  daemons     {len(endpoints.metrics)}: {', '.join(endpoints.metrics)}")
+        if profile is not None:
+            console.print(f"  profile     {profile}")
+        if endpoints.outbox:
+            console.print(f"  outbox      {endpoints.outbox}  (one file per delivered notice)")
         console.print(
-            "              (each serves /healthz /readyz /metrics; URLs in endpoints.json)"
+            f"  daemons     {len(endpoints.metrics)}, each with /healthz /readyz /metrics:"
         )
+        for line in metrics_summary(endpoints.metrics):
+            console.print(f"              {line}")
         if endpoints.kubeconfig:
             where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
             console.print(
@@ -162,21 +175,33 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         ]
         if sim_nodes:
             console.print(
-                f"  try it      nodeward sim inject --node {sim_nodes[0]} --gpu 0 --xid 79"
+                f"  try it      nodeward sim inject --node {sim_nodes[-1]} --gpu 0 --xid 79"
+            )
+        if steps:
+            first = steps[0]
+            console.print(
+                f"  scenario    {len(steps)} step(s), the first in {first.after.total_seconds():g}s "
+                f"on {first.node}; the story follows below (--quiet hides it)"
             )
         console.print(
-            "  watch it    nodeward tail   (another terminal)   ·   Ctrl-C stops everything"
+            "  watch it    nodeward status · nodeward tail   (another terminal)   ·   Ctrl-C stops everything"
         )
 
+    story = None
+    if not quiet:
+        from nodeward.cli.demo import story_for
+
+        story = story_for(settings)
     _run(
         run_up(
             settings,
             state_dir,
             nats_port=nats_port,
             external_nats=nats is not None,
-            seed=seed,
+            seed=seed_data,
             scenario=steps,
             announce=announce,
+            story=story,
         )
     )
 
@@ -251,6 +276,88 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
             where=TailFilter(node, namespace, severity, heartbeats),
         )
     )
+
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir", help="where a running `nodeward up` wrote endpoints.json (to find NATS)"
+    ),
+]
+
+
+@app.command()
+def status(  # noqa: PLR0917 - typer maps parameters to options
+    actions: Annotated[
+        int, typer.Option("--actions", min=0, help="how many recent actions to list")
+    ] = 10,
+    agent_timeout: Annotated[
+        str, typer.Option("--agent-timeout", help="an agent silent this long is shown silent")
+    ] = "90s",
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """The fleet: nodes, GPU health, live agents, quarantines, breaker, DLQ, recent actions."""
+    from nodeward.cli.status import status as do_status
+
+    timeout = _duration(agent_timeout)
+    assert timeout is not None
+    _run(
+        do_status(
+            settings_for(config, nats, state_dir),
+            as_json=as_json,
+            actions=actions,
+            agent_timeout=timeout,
+            state_dir=state_dir,
+        )
+    )
+
+
+@app.command()
+def replay(  # noqa: PLR0917 - typer maps parameters to options
+    since: Annotated[
+        str,
+        typer.Option("--since", help="a duration back from now (15m, 2h) or an RFC 3339 time"),
+    ],
+    subjects: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--subject", help="subject pattern, e.g. 'gpu.health.>' (repeatable; default: all)"
+        ),
+    ] = None,
+    to: Annotated[
+        Path | None, typer.Option("--to", help="write the JSON lines to FILE (default: stdout)")
+    ] = None,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Export stored events as JSON lines (CloudEvents), up to the streams' current end."""
+    from nodeward.cli.replay import parse_since
+    from nodeward.cli.replay import replay as do_replay
+
+    try:
+        start = parse_since(since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    done: list[int] = []
+
+    async def run() -> None:
+        done.append(
+            await do_replay(
+                settings_for(config, nats, state_dir),
+                subjects or [],
+                since=start,
+                to=to,
+                state_dir=state_dir,
+            )
+        )
+
+    _run(run())
+    if to is not None:
+        print(f"{done[0]} event(s) written to {to}", file=sys.stderr)
 
 
 @app.command()

@@ -24,24 +24,45 @@ def fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
-def settings_for(config: Path | None, nats: str | None) -> Settings:
+def settings_for(
+    config: Path | None, nats: str | None, state_dir: Path = DEFAULT_STATE_DIR
+) -> Settings:
     """Settings from `--config` and the environment, with the NATS URL resolved.
 
     URL precedence: `--nats`, `NODEWARD_NATS_URL`, `NODEWARD_BUS__URL` or the config file,
-    a `nodeward up` running from ./.nodeward, then nats://127.0.0.1:4222.
+    a `nodeward up` running from `state_dir` (./.nodeward), then nats://127.0.0.1:4222.
     """
     try:
         settings = load_settings(config)
     except ConfigError as exc:
         fail(str(exc))
-    url = nats or os.environ.get("NODEWARD_NATS_URL")
+    url = nats or os.environ.get("NODEWARD_NATS_URL") or None  # empty: unset
     if url is None and settings.bus.url == DEFAULT_NATS and "NODEWARD_BUS__URL" not in os.environ:
-        running = Endpoints.read(DEFAULT_STATE_DIR)
+        running = Endpoints.read(state_dir)
         if running is not None:
             url = running.nats_url
     if url:
         settings.bus.url = url
     return settings
+
+
+async def connect_nats(settings: Settings, name: str, state_dir: Path = DEFAULT_STATE_DIR) -> Any:
+    """A NATS connection for a one-shot command, with every credential the bus settings hold
+    (user/password, token, creds, nkey seed, TLS); failing, one line that says what to do."""
+    from nodeward.bus.connection import connect_nats as connect
+    from nodeward.bus.errors import BusError
+
+    try:
+        nc, _ = await connect(settings.bus, name=name, wait=False)
+    except BusError as exc:
+        url = settings.bus.url
+        if url == DEFAULT_NATS and Endpoints.read(state_dir) is None:
+            fail(
+                f"nothing running: no `nodeward up` in {state_dir} and no NATS at {url} "
+                f"({exc}); start `nodeward up` or pass --nats URL"
+            )
+        fail(str(exc))
+    return nc
 
 
 def read_data(spec: str) -> Any:

@@ -16,7 +16,7 @@ from nats.js import api
 from pydantic import ValidationError
 
 from nodeward.bus import Bus, BusError, PublishError
-from nodeward.cli.common import echo_json, fail, read_data
+from nodeward.cli.common import connect_nats, echo_json, fail, read_data
 from nodeward.config import Settings
 from schemas import DecodeError, decode, from_structured, lookup, make_event, to_structured
 from schemas.cloudevents import one_line
@@ -170,20 +170,7 @@ async def tail(
 ) -> None:
     where = where or TailFilter()
     targets = streams_for(subjects or [">"])
-    try:
-        nc = await nats.connect(
-            settings.bus.url,
-            name="cli/tail",
-            max_reconnect_attempts=1,
-            allow_reconnect=False,
-            connect_timeout=settings.bus.connect_timeout.total_seconds(),
-            user=settings.bus.user,
-            password=settings.bus.password.get_secret_value() if settings.bus.password else None,
-            token=settings.bus.token.get_secret_value() if settings.bus.token else None,
-            user_credentials=str(settings.bus.creds_file) if settings.bus.creds_file else None,
-        )
-    except Exception as exc:  # noqa: BLE001 - any connection failure is one line for the user
-        fail(f"cannot connect to NATS at {settings.bus.url}: {exc or type(exc).__name__}")
+    nc = await connect_nats(settings, "cli/tail")
     js = nc.jetstream()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
@@ -250,10 +237,19 @@ def _show(msg: Msg, as_json: bool, where: TailFilter) -> bool:
     if as_json:
         echo_json(to_structured(event))
     else:
-        when = event.time.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
-        severity = severity_of(event)
-        line = f"{when} {severity[:4].upper():<4} {msg.subject} {event.type} {summarize(event)}"
-        # Colours only on a terminal (click strips them from pipes and files).
-        typer.secho(line, fg=_COLOURS[severity], bold=severity == "critical")
+        echo_line(event_line(event, msg.subject), severity_of(event))
     sys.stdout.flush()
     return True
+
+
+def event_line(event: Any, subject: str, *, detail: str | None = None) -> str:
+    """One readable line: time, severity, subject, type, and the data (or `detail`)."""
+    when = event.time.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+    severity = severity_of(event)
+    text = summarize(event) if detail is None else detail
+    return f"{when} {severity[:4].upper():<4} {subject} {event.type} {text}"
+
+
+def echo_line(line: str, severity: str) -> None:
+    """Print a line coloured by severity; colours only on a terminal (click strips them)."""
+    typer.secho(line, fg=_COLOURS.get(severity), bold=severity == "critical")

@@ -9,7 +9,7 @@ from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
 
-from nodeward.cli.common import echo_json, fail
+from nodeward.cli.common import connect_nats, echo_json, fail
 from nodeward.config import Settings
 from schemas.streams import STREAMS
 
@@ -28,13 +28,8 @@ async def provision_streams(settings: Settings) -> None:
 
 
 async def streams(settings: Settings, as_json: bool) -> None:
-    from nodeward.bus.connection import connect_nats
-    from nodeward.bus.errors import BusError
-
-    try:  # the bus settings' credentials too (user/password, nkey seed, creds, TLS)
-        nc, js = await connect_nats(settings.bus, name="cli/streams", wait=False)
-    except BusError as exc:
-        fail(str(exc))
+    nc = await connect_nats(settings, "cli/streams")
+    js = nc.jetstream()
     rows: list[dict[str, Any]] = []
     try:
         for spec in STREAMS:

@@ -164,7 +164,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / ".nodeward"  # the default state dir, relative to where it runs
     proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state)],
+        [*NODEWARD, "up", "--state-dir", str(state), "--scenario", "none"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -217,7 +217,7 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
 def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) -> None:
     """The whole path through `nodeward up`: sim GPU agent → bus → cordon → sim cluster."""
     proc = subprocess.Popen(
-        [*NODEWARD, "up"],
+        [*NODEWARD, "up", "--scenario", "none"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -357,7 +357,7 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
     )
     assert bad.returncode == 1 and "cannot read scenario" in bad.stderr
     proc = subprocess.Popen(
-        [*NODEWARD, "up", "--scenario", "scenario.yaml"],
+        [*NODEWARD, "up", "--scenario", "scenario.yaml", "--quiet"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -389,7 +389,9 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
         wait_until(cordoned, timeout=20, what="the scenario's XID to quarantine gpu-a100-02")
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert "DECISION " not in out  # --quiet: no story
 
 
 def test_tail_filters_by_node_and_severity(embedded_bus: str) -> None:

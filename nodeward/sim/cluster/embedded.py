@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nodeward.config import ClusterSettings
-from nodeward.sim.cluster.seed import load_seed
+from nodeward.sim.cluster.seed import Seed, load_seed
 from nodeward.sim.cluster.server import SimCluster
 
 KUBECONFIG_NAME = "kubeconfig"
@@ -42,15 +42,16 @@ class EmbeddedCluster:
 async def embedded_cluster(
     state_dir: Path,
     *,
-    seed: Path | None = None,
+    seed: Path | Seed | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     rbac_dirs: list[Path] | None = None,
 ) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
-    context per service); stop it on exit. Raises `SeedError` for a bad seed and `OSError`
+    context per service); stop it on exit. `seed`: a file, a loaded seed, or the default. Raises `SeedError` for a bad seed and `OSError`
     if the port cannot be bound."""
-    sim = SimCluster(load_seed(seed), host=host, port=port, rbac_dirs=rbac_dirs)
+    seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
+    sim = SimCluster(seed_data, host=host, port=port, rbac_dirs=rbac_dirs)
     await sim.start()
     try:
         path = sim.write_kubeconfig(Path(state_dir) / KUBECONFIG_NAME)

@@ -1,0 +1,296 @@
+"""The story `nodeward up` tells on its terminal: one line per step of every remediation.
+
+GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
+CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
+→ DELIVERED (a file in the outbox) → RELEASE; and DLQ when a consumer gives up on a
+message. Lines use `nodeward tail`'s format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+from nats.js import api
+from pydantic import ValidationError
+
+from nodeward.cli.events import echo_line, event_line, severity_of
+from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
+from schemas import DecodeError, decode
+from schemas.dlq import DeadLetter
+from schemas.gpu import GpuHealth, HealthState
+from schemas.notify import Notification
+from schemas.remediation import Remediation
+
+LABEL_WIDTH = 9
+OUTBOX_POLL_S = 0.5
+
+# stream, filter subject
+EVENT_SOURCES = (
+    ("GPU", "gpu.health.>"),
+    ("AUDIT", "remediation.>"),
+    ("NOTIFY", "notify.>"),
+    ("DLQ", "dlq.>"),
+)
+
+
+def _label(label: str) -> str:
+    return f"{label:<{LABEL_WIDTH}} "
+
+
+def health_line(event: Any, subject: str) -> str | None:
+    """A GPU state change; None for heartbeats and the first `healthy` an agent reports."""
+    h: GpuHealth = event.data
+    if h.heartbeat or (h.previous_state is None and h.state == HealthState.HEALTHY):
+        return None
+    why = "; ".join(
+        f"XID {r.xid}: {r.message}" if r.xid is not None else f"{r.code}: {r.message}"
+        for r in h.reasons
+    )
+    was = f"{h.previous_state.value} -> " if h.previous_state else ""
+    detail = f"{h.node} GPU {h.gpu_key()} {was}{h.state.value}{f' ({why})' if why else ''}"
+    return _label("GPU") + event_line(event, subject, detail=detail)
+
+
+def decision_line(event: Any, subject: str) -> str:
+    r: Remediation = event.data
+    label = "RELEASE" if r.action == "release" else "DECISION"
+    rule = f" [{r.policy}]" if r.policy else ""
+    guard = f" by {r.guard}" if r.guard else ""
+    detail = f"{r.action} {r.target.key()}: {r.outcome.value}{guard}{rule} - {r.reason}"
+    return _label(label) + event_line(event, subject, detail=detail)
+
+
+def notify_line(event: Any, subject: str) -> str:
+    n: Notification = event.data
+    detail = f"to {n.audience}: {n.title}"
+    return _label("NOTIFY") + event_line(event, subject, detail=detail)
+
+
+def dlq_line(event: Any, subject: str) -> str:
+    d: DeadLetter = event.data
+    detail = f"{d.consumer} could not process {d.original_subject} ({d.reason.value}): {d.error}"
+    return _label("DLQ") + event_line(event, subject, detail=detail)
+
+
+def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
+    """The marks the cordon service recorded as applied to `node`."""
+    q = record.quarantine
+    assert q is not None
+    marks = [f"tainted {TAINT_KEY}:{t}" for t in q.taints] + (["cordoned"] if q.cordoned else [])
+    did = ", ".join(marks) or "marked"
+    dry = " (dry run: nothing changed)" if q.dry_run else ""
+    when = at.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+    return _label("CORDON") + f"{when} CRIT {node} {did}{dry}; GPUs {', '.join(q.gpus)}"
+
+
+# Within one instant the steps sort in the story's order.
+_RANK: Mapping[str, int] = MappingProxyType(
+    {
+        "GPU": 0,
+        "DECISION": 1,
+        "RELEASE": 1,
+        "CORDON": 2,
+        "NOTIFY": 3,
+        "DELIVERED": 4,
+        "DLQ": 5,
+    }
+)
+
+
+@dataclass(order=True)
+class _Pending:
+    at: datetime
+    rank: int
+    arrived: float = field(compare=False)
+    line: str = field(compare=False)
+    severity: str = field(compare=False)
+    incident: str | None = field(default=None, compare=False)
+
+
+@dataclass
+class Story:
+    """Turns bus messages, KV updates and outbox files into story lines.
+
+    Each source has its own subscription, so lines wait `hold` seconds and go out sorted by
+    the time of what they tell; a node's CORDON line goes right after the DECISION that
+    names its incident (the service writes its record just before it publishes the audit).
+    """
+
+    emit: Callable[[str, str], None] = echo_line
+    hold: float = 0.4
+    clock: Callable[[], float] = time.monotonic
+    applied: dict[str, str] = field(default_factory=dict)  # node -> incident already shown
+    decided: dict[str, datetime] = field(default_factory=dict)  # incident -> decision time
+    pending: list[_Pending] = field(default_factory=list)
+
+    def _add(
+        self, at: datetime, label: str, line: str, severity: str, incident: str | None = None
+    ) -> None:
+        self.pending.append(
+            _Pending(at.astimezone(UTC), _RANK[label], self.clock(), line, severity, incident)
+        )
+
+    def flush(self, *, everything: bool = False) -> None:
+        """Emit the lines that have waited `hold` seconds, oldest first."""
+        for p in self.pending:
+            if p.incident is not None and p.incident in self.decided:
+                p.at = max(p.at, self.decided[p.incident])
+        cutoff = self.clock() - self.hold
+        due = sorted(p for p in self.pending if everything or p.arrived <= cutoff)
+        if not due:
+            return
+        self.pending = [p for p in self.pending if not (everything or p.arrived <= cutoff)]
+        for p in due:
+            self.emit(p.line, p.severity)
+        if len(self.decided) > 1024:
+            self.decided.clear()
+
+    def on_event(self, msg: Msg) -> None:
+        try:
+            event = decode(msg.subject, msg.headers, msg.data)
+        except DecodeError:
+            return  # the consumers dead-letter it; the story has nothing to say
+        data = event.data
+        severity = severity_of(event)
+        if isinstance(data, GpuHealth):
+            line = health_line(event, msg.subject)
+            if line is not None:
+                self._add(event.time, "GPU", line, severity)
+        elif isinstance(data, Remediation):
+            label = "RELEASE" if data.action == "release" else "DECISION"
+            if data.trigger_event_id and data.action == "quarantine":
+                self.decided[data.trigger_event_id] = event.time.astimezone(UTC)
+            self._add(event.time, label, decision_line(event, msg.subject), severity)
+        elif isinstance(data, Notification):
+            self._add(event.time, "NOTIFY", notify_line(event, msg.subject), severity)
+        elif isinstance(data, DeadLetter):
+            self._add(event.time, "DLQ", dlq_line(event, msg.subject), severity)
+
+    def on_record(self, key: str, value: bytes, at: datetime) -> None:
+        if not key.startswith(NODE_PREFIX) or not value:
+            return
+        node = key.removeprefix(NODE_PREFIX)
+        try:
+            record = NodeRecordView.model_validate_json(value)
+        except ValidationError:
+            return
+        q = record.quarantine
+        if q is None:
+            self.applied.pop(node, None)
+        elif q.phase == "applied" and self.applied.get(node) != q.incident:
+            self.applied[node] = q.incident
+            self._add(at, "CORDON", cordon_line(node, record, at), "critical", q.incident)
+
+    def on_file(self, name: str, title: str | None = None) -> None:
+        """A file `name` (relative to the outbox) appeared: a notice was delivered."""
+        at = datetime.now(UTC)
+        when = at.strftime("%H:%M:%S.%f")[:-3]
+        about = f": {title}" if title else ""
+        line = _label("DELIVERED") + f"{when} INFO outbox/{name}{about}"
+        self._add(at, "DELIVERED", line, "info")
+
+
+def outbox_title(path: Path) -> str | None:
+    """The notice's title, when the file is JSON that has one (best effort)."""
+    try:
+        with path.open("rb") as f:
+            doc = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    for where in (doc, doc.get("data"), doc.get("notice")):
+        if isinstance(where, dict) and isinstance(where.get("title"), str):
+            return str(where["title"])
+    return None
+
+
+def _listing(outbox: Path) -> set[Path]:
+    try:
+        return {p for p in outbox.rglob("*") if p.is_file() and not p.name.startswith(".")}
+    except OSError:
+        return set()
+
+
+async def watch_outbox(
+    outbox: Path, story: Story, stop: asyncio.Event, listed: asyncio.Event | None = None
+) -> None:
+    """Report each file that appears in the outbox (files there before are not news).
+
+    `listed` is set once the files already there have been noted.
+    """
+    seen = await asyncio.to_thread(_listing, outbox)
+    if listed is not None:
+        listed.set()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), OUTBOX_POLL_S)  # poll period, not a sync
+        now = await asyncio.to_thread(_listing, outbox)
+        for path in sorted(now - seen):
+            name = path.relative_to(outbox).as_posix()
+            story.on_file(name, await asyncio.to_thread(outbox_title, path))
+        seen |= now
+
+
+async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None:
+    """Follow the bus, KV `cordon` and the outbox until cancelled, telling `story`."""
+    story = story or Story()
+    js = nc.jetstream()
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_msg(msg: Msg) -> None:
+        await queue.put(msg)
+
+    subs = []
+    sources = [*EVENT_SOURCES, (f"KV_{CORDON_BUCKET}", f"$KV.{CORDON_BUCKET}.{NODE_PREFIX}>")]
+    for stream, subject in sources:
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+        try:
+            subs.append(
+                await js.subscribe(
+                    subject, stream=stream, ordered_consumer=True, cb=on_msg, config=config
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - a missing stream leaves a gap, not a crash
+            structlog.get_logger().warning("story.source_missing", stream=stream, error=str(exc))
+    stop = asyncio.Event()
+    outbox_task = asyncio.create_task(watch_outbox(outbox, story, stop)) if outbox else None
+    try:
+        while True:
+            try:
+                msg: Msg | None = await asyncio.wait_for(queue.get(), story.hold / 4)
+            except TimeoutError:
+                msg = None  # time to flush what has waited long enough
+            try:
+                if msg is not None and msg.subject.startswith("$KV."):
+                    key = msg.subject.split(".", 2)[2]
+                    at = msg.metadata.timestamp if msg.metadata else datetime.now(UTC)
+                    story.on_record(key, msg.data, at)
+                elif msg is not None:
+                    story.on_event(msg)
+                story.flush()
+                sys.stdout.flush()
+            except Exception as exc:  # noqa: BLE001 - the story never takes `up` down
+                structlog.get_logger().warning("story.line_failed", error=str(exc))
+    finally:
+        with contextlib.suppress(Exception):
+            story.flush(everything=True)
+        stop.set()
+        if outbox_task is not None:
+            with contextlib.suppress(Exception):
+                await outbox_task
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

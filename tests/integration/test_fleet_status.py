@@ -1,0 +1,96 @@
+"""`gather_status` against a real JetStream: KV records, last events, DLQ counts, audit trail."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest_asyncio
+
+from nodeward.bus import Bus
+from nodeward.bus.kv import TypedKV
+from nodeward.config import BusSettings
+from nodeward.fleet_status import gather_status
+from nodeward.sim.nats_server import EmbeddedNats
+from schemas import example_event, make_event
+from schemas.common import ObjectRef
+from schemas.gpu import GpuHealth, HealthState
+from schemas.remediation import Outcome, Remediation
+from services.actions.breaker import BreakerState
+from services.cordon_state import NodeRecord, Quarantine
+
+
+@pytest_asyncio.fixture
+async def own_bus(own_nats: EmbeddedNats) -> AsyncIterator[Bus]:
+    """A bus on a server of its own: the `cordon` bucket and streams hold only this test's data."""
+    b = await Bus.connect(BusSettings(url=own_nats.url), source="test/status")
+    yield b
+    await b.close(grace=2)
+
+
+def _health(node: str, index: int, state: HealthState, heartbeat: bool = False) -> GpuHealth:
+    return GpuHealth(
+        node=node,
+        gpu_index=index,
+        gpu_uuid=f"GPU-{node}-{index}",
+        state=state,
+        heartbeat=heartbeat,
+        observed_at=datetime.now(UTC),
+    )
+
+
+async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: EmbeddedNats) -> None:
+    kv = await own_bus.kv("cordon")
+    now = datetime.now(UTC)
+    await TypedKV(kv, NodeRecord).put(
+        "node.gpu-a",
+        NodeRecord(
+            quarantine=Quarantine(
+                incident="inc-1",
+                rule="xid-node-action",
+                reason="GPU 1 failed: XID 79",
+                gpus=["1"],
+                started_at=now - timedelta(seconds=30),
+                phase="applied",
+                cordoned=True,
+                taints=["NoSchedule"],
+            )
+        ),
+    )
+    await TypedKV(kv, BreakerState).put("breaker", BreakerState(admitted={"Node/gpu-a": 1.0}))
+    for event_data in (
+        _health("gpu-a", 0, HealthState.HEALTHY),
+        _health("gpu-a", 1, HealthState.HEALTHY),
+        _health("gpu-a", 1, HealthState.FAILED),  # the newest on its subject wins
+        _health("gpu-b", 0, HealthState.HEALTHY, heartbeat=True),
+    ):
+        await own_bus.publish(make_event(event_data, source="test/status"))
+    for i in range(3):
+        await own_bus.publish(
+            make_event(
+                Remediation(
+                    action="quarantine",
+                    target=ObjectRef(kind="Node", name=f"gpu-{i}"),
+                    outcome=Outcome.APPLIED,
+                    reason=f"action {i}",
+                    actor="service/cordon",
+                ),
+                source="service/cordon",
+            )
+        )
+    for _ in range(2):
+        await own_bus.publish(example_event("dlq.v1"))  # dlq.GPU.cordon
+
+    fleet = await gather_status(own_bus.nc, nats_url=own_nats.url, actions=2)
+
+    nodes = {n.name: n for n in fleet.nodes}
+    assert set(nodes) == {"gpu-a", "gpu-b"}
+    assert nodes["gpu-a"].gpus == {"0": "healthy", "1": "failed"}
+    assert nodes["gpu-a"].health == "failed" and nodes["gpu-a"].agent_live
+    q = nodes["gpu-a"].quarantine
+    assert q is not None and q.reason == "GPU 1 failed: XID 79" and 29 <= q.age_s < 60
+    assert nodes["gpu-b"].quarantine is None and nodes["gpu-b"].health == "healthy"
+    assert fleet.breaker.admitted == 1 and not fleet.breaker.open
+    assert fleet.dlq == {"dlq.GPU.cordon": 2}
+    assert [a.reason for a in fleet.recent_actions] == ["action 2", "action 1"]  # newest first
+    assert fleet.missing == []

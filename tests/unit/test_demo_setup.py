@@ -1,0 +1,73 @@
+"""What `nodeward up` sets up for the demo: timings, the default scenario, checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodeward.cli.common import CliError
+from nodeward.cli.demo import demo_settings, load_demo_scenario, sim_seed
+
+
+def test_the_demo_profile_applies_with_the_sim_cluster_and_no_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", raising=False)
+    settings, said = demo_settings(None, None, sim=True)
+    assert settings.services["cordon"]["healthy_period"] == "15s"
+    assert said is not None and "healthy_period 15s" in said
+    # The environment still wins over the profile.
+    monkeypatch.setenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", "40s")
+    settings, said = demo_settings(None, None, sim=True)
+    assert settings.services["cordon"]["healthy_period"] == "40s"
+    assert settings.services["cordon"]["cooldown"] == "10s"
+    assert said is not None and "healthy_period 40s" in said
+
+
+def test_a_config_file_or_a_real_cluster_replaces_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", raising=False)
+    config = tmp_path / "c.yaml"
+    config.write_text("log: {level: info}\n")
+    settings, said = demo_settings(config, None, sim=True)
+    assert "cordon" not in settings.services and said is None
+    settings, said = demo_settings(None, None, sim=False)
+    assert "cordon" not in settings.services and said is None
+
+
+def test_the_default_scenario_fails_a_gpu_then_recovers_it() -> None:
+    steps = load_demo_scenario("default", sim_seed(None, None))
+    assert [(s.after.total_seconds(), s.xid, s.recover) for s in steps] == [
+        (10.0, 79, False),
+        (25.0, None, True),
+    ]
+    assert load_demo_scenario("none", sim_seed(None, None)) == []
+
+
+def test_a_scenario_naming_a_node_the_fleet_lacks_is_refused(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("- {after: 1s, node: gpu-h100-04, gpu: 0, xid: 79}\n")
+    with pytest.raises(
+        CliError, match=r"names node 'gpu-h100-04'.*GPU nodes: gpu-h100-01, gpu-h100-02"
+    ):
+        load_demo_scenario(str(scenario), sim_seed(None, 2))
+
+
+def test_metrics_summary_names_each_service_and_the_agents_ports() -> None:
+    from nodeward.cli.demo import metrics_summary
+
+    lines = metrics_summary(
+        {
+            "platform": "http://127.0.0.1:4000",
+            "agent-gpu-a": "http://127.0.0.1:4002",
+            "agent-gpu-b": "http://127.0.0.1:4001",
+            "cordon": "http://127.0.0.1:4003",
+        }
+    )
+    assert lines == [
+        "platform   http://127.0.0.1:4000/metrics",
+        "cordon     http://127.0.0.1:4003/metrics",
+        "GPU agents http://127.0.0.1:PORT/metrics, PORT 4002 4001 (2, by node in endpoints.json)",
+    ]

@@ -1,0 +1,146 @@
+"""`nodeward status`'s picture of the fleet: the KV view models and the table, no server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from rich.console import Console
+
+from nodeward.cli.status import format_age, gpu_summary, render
+from nodeward.fleet_status import (
+    BreakerView,
+    NodeRecordView,
+    assemble,
+    worst,
+)
+from schemas.common import ObjectRef
+from schemas.gpu import GpuHealth, HealthState
+from schemas.remediation import Outcome, Remediation
+from services.actions.breaker import BreakerState
+from services.cordon_state import GpuRecord, NodeRecord, Quarantine
+
+NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+
+
+def _health(node: str, index: int, state: str, at: datetime) -> GpuHealth:
+    return GpuHealth(
+        node=node,
+        gpu_index=index,
+        gpu_uuid=f"GPU-{node}-{index}",
+        state=HealthState(state),
+        observed_at=at,
+    )
+
+
+def _quarantined_record() -> NodeRecord:
+    """What the cordon service writes for a quarantined node (its own model)."""
+    return NodeRecord(
+        gpus={"0": GpuRecord(state=HealthState.FAILED, observed_at=NOW, event_id="e1", sequence=3)},
+        quarantine=Quarantine(
+            incident="e1",
+            rule="xid-node-action",
+            reason="GPU 0 failed: XID 79",
+            gpus=["0"],
+            started_at=NOW - timedelta(minutes=3, seconds=5),
+            phase="applied",
+            cordoned=True,
+            taints=["NoSchedule"],
+        ),
+    )
+
+
+def test_the_views_read_what_the_cordon_service_writes() -> None:
+    record = NodeRecordView.model_validate_json(_quarantined_record().model_dump_json())
+    assert record.quarantine is not None
+    assert record.quarantine.reason == "GPU 0 failed: XID 79"
+    assert record.quarantine.taints == ["NoSchedule"] and record.quarantine.cordoned
+    assert record.gpus["0"].state == "failed"
+    state = BreakerState(admitted={"Node/a": 1.0}, tripped_at=2.0, trip_reason="too many", trips=1)
+    breaker = BreakerView.model_validate_json(state.model_dump_json())
+    assert (breaker.tripped_at, breaker.trip_reason, breaker.trips) == (2.0, "too many", 1)
+
+
+def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
+    action = Remediation(
+        action="quarantine",
+        target=ObjectRef(kind="Node", name="gpu-a"),
+        outcome=Outcome.APPLIED,
+        reason="GPU 0 failed: XID 79",
+        actor="service/cordon",
+    )
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records={
+            "gpu-a": NodeRecordView.model_validate_json(_quarantined_record().model_dump_json())
+        },
+        breaker=BreakerView(admitted={"Node/gpu-a": 1.0}),
+        health=[
+            _health("gpu-a", 0, "failed", NOW - timedelta(seconds=10)),
+            _health("gpu-a", 1, "healthy", NOW - timedelta(seconds=10)),
+            _health("gpu-b", 0, "healthy", NOW - timedelta(minutes=10)),
+        ],
+        telemetry={"gpu-c": NOW - timedelta(seconds=5)},
+        dlq={"dlq.GPU.cordon": 2},
+        actions=[(NOW - timedelta(minutes=3), action)],
+        agent_timeout=timedelta(seconds=90),
+    )
+    by_name = {n.name: n for n in fleet.nodes}
+    assert list(by_name) == ["gpu-a", "gpu-b", "gpu-c"]
+    a = by_name["gpu-a"]
+    assert a.health == "failed" and a.gpus == {"0": "failed", "1": "healthy"}
+    assert a.quarantine is not None and a.quarantine.reason == "GPU 0 failed: XID 79"
+    assert a.quarantine.age_s == 185
+    assert a.agent_live and not by_name["gpu-b"].agent_live and by_name["gpu-c"].agent_live
+    assert by_name["gpu-c"].health == "unknown"
+    assert fleet.breaker.open is False and fleet.breaker.admitted == 1
+    assert [n.name for n in fleet.quarantined] == ["gpu-a"]
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "gpu-a" in text and "applied 3m05s" in text
+    assert "GPU 0 failed: XID 79" in text
+    assert "taint nodeward.io/gpu-unhealthy:NoSchedule, cordoned" in text
+    assert "silent 10m00s" in text  # gpu-b's agent stopped reporting
+    assert "circuit breaker: closed (1 admitted" in text
+    assert "dlq.GPU.cordon  2" in text
+    assert "quarantine" in text and "node/gpu-a" in text
+
+
+def test_a_tripped_breaker_is_shown_open_with_its_reason() -> None:
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records={},
+        breaker=BreakerView(tripped_at=NOW.timestamp(), trip_reason="2 of 8 nodes", trips=1),
+        health=[],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        missing=["stream AUDIT"],
+    )
+    assert fleet.breaker.open and fleet.breaker.tripped_at == NOW
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "circuit breaker: OPEN (tripped 1x) — 2 of 8 nodes" in text
+    assert "DLQ: empty" in text and "no actions recorded" in text
+    assert "not found on this server: stream AUDIT" in text
+    assert fleet.model_dump(mode="json")["breaker"]["open"] is True
+
+
+def test_helpers() -> None:
+    assert [format_age(s) for s in (5, 65, 3600 * 2 + 600, 86400 * 3 + 3600 * 4)] == [
+        "5s",
+        "1m05s",
+        "2h10m",
+        "3d4h",
+    ]
+    assert worst(["healthy", "degraded", "healthy"]) == "degraded"
+    assert worst([]) == "unknown"
+    assert gpu_summary({"0": "healthy", "1": "healthy"}) == "2/2 healthy"
+    assert gpu_summary({"0": "failed", "1": "healthy", "2": "degraded"}) == (
+        "1/3 healthy; failed: 0; degraded: 2"
+    )
