@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -35,6 +36,7 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
+from schemas.notify import Severity
 from schemas.remediation import Outcome
 from services.actions import (
     ActionRunner,
@@ -63,6 +65,10 @@ from services.quarantine_marks import (
 
 NAME = "cordon"
 TOPIC = "gpu-health"
+# A release is good news: on-call hears of it, nobody is paged for it.
+SEVERITIES = MappingProxyType(
+    {"release": MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})}
+)
 
 
 class CordonSettings(Section):
@@ -124,7 +130,7 @@ class CordonService:
         self.policy = policy
         self.breaker = breaker
         self.marks = QuarantineMarks(cluster)
-        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC)
+        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]

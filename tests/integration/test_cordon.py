@@ -243,6 +243,13 @@ async def test_release_after_healthy_period_undoes_only_our_marks(
     cond = condition_of(node, "GPUHealthy")
     assert cond is not None and cond["status"] == "True"
 
+    async def release_notice() -> list[Any]:
+        return [n for n in await notifications(env.bus, name) if "release" in n.title]
+
+    # A release is news for on-call, not a page.
+    notes = await wait_for(release_notice, timeout=2, what="release notification")
+    assert [n.severity for n in notes] == [Severity.INFO]
+
 
 async def test_operator_cordoned_node_stays_cordoned_on_release(cordon_env: EnvFactory) -> None:
     env = await cordon_env(nodes={4: {"unschedulable": True}})
