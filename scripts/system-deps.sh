@@ -6,6 +6,7 @@ set -euo pipefail
 # package:command-that-proves-it
 NEEDED=(
   "kubernetes-client:kubectl"
+  "prometheus-alertmanager:prometheus-alertmanager"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

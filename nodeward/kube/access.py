@@ -129,7 +129,7 @@ SERVICES: dict[str, frozenset[str]] = {
             "leases.hold",
         }
     ),
-    "notifier": frozenset(),
+    "notifier": frozenset({"namespaces.get", "pods.get"}),
     "agent": frozenset({"nodes.get", "pods.list"}),
 }
 
