@@ -54,7 +54,7 @@ class Mail:
     def body(self) -> str:
         part = self.message.get_payload(decode=True)
         assert isinstance(part, bytes)
-        return part.decode()
+        return part.decode().replace("\r\n", "\n")
 
 
 class _Keeper:
