@@ -36,7 +36,7 @@ SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 class GroupingSettings(Section):
     group_wait: Duration = Field(
-        default=timedelta(seconds=30), description="a new group waits this long for company"
+        default=timedelta(seconds=10), description="a new group waits this long for company"
     )
     group_interval: Duration = Field(
         default=timedelta(minutes=2),
@@ -263,7 +263,10 @@ class Grouper:
         bucket.take()
         if self._open.get(group.key) is group:
             del self._open[group.key]
-        self._last_sent[group.key] = self.clock()
+        now = self._last_sent[group.key] = self.clock()
+        if len(self._last_sent) > 10_000:  # bounded: forget groups past their interval
+            horizon = now - self.grouping.group_interval.total_seconds()
+            self._last_sent = {k: t for k, t in self._last_sent.items() if t >= horizon}
         try:
             await self.flush(group)
         except Exception as exc:  # noqa: BLE001 - the entries are retried through redelivery

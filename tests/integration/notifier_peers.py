@@ -148,9 +148,7 @@ async def alertmanager(tmp_path: Path) -> AsyncIterator[str]:
     if binary is None:
         pytest.skip("prometheus-alertmanager is not installed (scripts/system-deps.sh installs it)")
     config = tmp_path / "am.yml"
-    config.write_text(
-        "route:\n  receiver: keep\n  group_wait: 1h\nreceivers:\n  - name: keep\n"
-    )
+    config.write_text("route:\n  receiver: keep\n  group_wait: 1h\nreceivers:\n  - name: keep\n")
     port = free_port()
     log = (tmp_path / "am.log").open("w")
     proc = subprocess.Popen(
@@ -242,9 +240,7 @@ EnvFactory = Callable[..., Awaitable[NotifierEnv]]
 
 
 @pytest.fixture
-async def notifier_env(
-    bus: Bus, nats_url: str, tmp_path: Path
-) -> AsyncIterator[EnvFactory]:
+async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[EnvFactory]:
     """`await notifier_env(channels={...}, routes=[...], **notifier_settings)`."""
     made: list[NotifierEnv] = []
 

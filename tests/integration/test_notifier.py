@@ -186,3 +186,63 @@ async def test_nodeward_up_writes_the_outbox_under_the_state_dir(
         what="a second outbox file",
     )
     assert "released" in files[1].read_text()  # names sort by time
+
+
+async def test_dry_run_writes_the_outbox_and_sends_nothing_external(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={
+            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
+            "outbox": {"type": "outbox"},
+        },
+        routes=[{"name": "oncall", "channels": ["chat", "outbox"]}],
+        dry_run=True,
+    )
+    await env.start()
+    await env.publish(env.notice("gpu-node-14 quarantined"))
+    [path] = await wait_for(env.outbox_files, timeout=10, what="the outbox file")
+    assert "Dry-Run: true" in path.read_text()
+    await wait_for(env.settled, timeout=5, what="acked")
+    assert receiver.at("/chat") == []
+    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="oncall") == 0
+
+
+async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
+        routes=[{"name": "oncall", "channels": ["chat"]}],
+    )
+    await env.start()
+    await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
+    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+    await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
+    await wait_for(
+        lambda: env.metric("nodeward_notifications_suppressed_total", route="oncall") == 1,
+        timeout=10,
+        what="the repeat recorded",
+    )
+    await wait_for(env.settled, timeout=5, what="acked")
+    # Something new about the same node is sent.
+    await env.publish(env.notice("gpu-node-15 released", dedup_key="q/gpu-node-15"))
+    await wait_for(lambda: len(receiver.at("/chat")) == 2, timeout=10, what="the release")
+    assert "released" in receiver.at("/chat")[1]["text"]
+
+
+async def test_stopping_sends_open_groups_before_acking(notifier_env: EnvFactory) -> None:
+    env = await notifier_env(grouping={"group_wait": "1h"})
+    daemon = await env.start()
+    await env.publish(env.notice("gpu-node-16 quarantined"))
+
+    async def held() -> bool:
+        info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+        return (info.num_ack_pending or 0) == 1
+
+    await wait_for(held, timeout=10, what="the notice held in its group")
+    assert env.outbox_files() == []
+    await daemon.stop()
+    [path] = env.outbox_files()
+    assert "gpu-node-16 quarantined" in path.read_text()
+    await wait_for(env.settled, timeout=5, what="acked before the connection closed")
