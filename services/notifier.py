@@ -33,7 +33,7 @@ from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.config import ConfigError, Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
-from nodeward.kube import Cluster
+from nodeward.kube import Cluster, KubeError
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
@@ -437,8 +437,16 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
         await templates.check()
     except TemplateConfigError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
+    cluster: Cluster | None = None
+    if config.owner_lookup:
+        try:
+            cluster = Cluster.connect(settings.cluster, service=NAME)
+        except KubeError as exc:
+            raise ConfigError(
+                f"services.{NAME}.owner_lookup needs the cluster ({exc}); "
+                "set owner_lookup: false to use the owner directory only"
+            ) from None
     daemon, bus = await bus_daemon(NAME, settings, source=SOURCE)
-    cluster = Cluster.connect(settings.cluster, service=NAME) if config.owner_lookup else None
     http = httpx.AsyncClient(timeout=config.retry.timeout.total_seconds())
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     kv = await bus.kv(config.bucket, history=1, ttl_s=config.settled_ttl.total_seconds())

@@ -61,7 +61,7 @@ class _Keeper:
     def __init__(self) -> None:
         self.mails: list[Mail] = []
 
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         self.mails.append(
             Mail(envelope.mail_from, list(envelope.rcpt_tos), message_from_bytes(envelope.content))
         )

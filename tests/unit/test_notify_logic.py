@@ -39,7 +39,7 @@ from services.notify_routing import (
     RoutingError,
     load_routes,
 )
-from services.notify_templates import Rendered, Templates, TemplateConfigError
+from services.notify_templates import Rendered, TemplateConfigError, Templates
 
 
 def note(
