@@ -373,18 +373,21 @@ class NotifierService:
             return
         reason = f"channel {name}: not delivered after {result.attempts} attempt(s): {result.error}"
         log.error("notify.channel_failed", error=result.error, attempts=result.attempts)
+        why = DeadLetterReason.PERMANENT if result.permanent else DeadLetterReason.EXHAUSTED
         for item in items:
             for entry in item.entries:
-                outcomes[entry.event.id][name] = await self._dead_letter(entry, name, reason)
+                outcomes[entry.event.id][name] = await self._dead_letter(entry, name, reason, why)
 
-    async def _dead_letter(self, entry: Entry, channel: str, reason: str) -> str:
+    async def _dead_letter(
+        self, entry: Entry, channel: str, reason: str, why: DeadLetterReason
+    ) -> str:
         if entry.delivery is None:
             return "unsettled"
         dl = dead_letter_event(
             entry.delivery.msg,
             stream="NOTIFY",
             consumer=self.settings.consumer,
-            reason=DeadLetterReason.EXHAUSTED,
+            reason=why,
             error=reason,
             source=f"{SOURCE}/{self.settings.consumer}",
             extra_key=(channel,),

@@ -409,6 +409,7 @@ class Attempted:
     ok: bool
     attempts: int
     error: str | None = None
+    permanent: bool = False
 
 
 async def deliver(
@@ -431,7 +432,7 @@ async def deliver(
             error = str(exc)
             if on_failure is not None:
                 on_failure(attempt, error, True)
-            return Attempted(False, attempt, error)
+            return Attempted(False, attempt, error, permanent=True)
         except (ChannelError, TimeoutError) as exc:
             error = str(exc) or f"timed out after {retry.timeout.total_seconds():g}s"
             if on_failure is not None:

@@ -111,6 +111,7 @@ async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
         assert letter.consumer == env.consumer
         assert letter.stream == "NOTIFY"
         assert letter.error.startswith("channel pager: not delivered after 3 attempt(s): ")
+        assert letter.reason.value == "exhausted"
         assert "ConnectError" in letter.error
         assert letter.original_subject == f"notify.critical.{env.topic}"
     await wait_for(env.settled, timeout=5, what="the notices acked")
@@ -302,8 +303,62 @@ async def test_owner_from_the_directory_and_nobody_on_record_dead_letters_the_ma
     letters = await wait_for(lambda: dead_letters(env), timeout=10, what="a dead letter")
     assert [d.original_headers["ce-id"] for d in letters] == [nobody.id]
     assert letters[0].error.startswith("channel mail: not delivered after 1 attempt(s): no owner")
+    assert letters[0].reason.value == "permanent"
     await wait_for(lambda: smtp_server.mails, timeout=10, what="carol's mail")
     assert smtp_server.mails[0].recipients == ["carol@example.org"]
     await wait_for(lambda: len(env.outbox_files()) == 2, timeout=5, what="both in the outbox")
     await wait_for(env.settled, timeout=5, what="acked")
     assert env.metric("nodeward_notifications_failed_total", channel="mail") == 1
+
+
+async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
+    notifier_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> None:
+    """At-least-once across a crash: the notice waits unacked in its group, the process is
+    killed (no shutdown hooks), and the next notifier gets it again after ack_wait."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = await notifier_env(ack_wait="1s")
+    service = dict(env.settings.services["notifier"])
+    service["grouping"] = {"group_wait": "1h"}
+    config = tmp_path / "crash.yaml"
+    config.write_text(json.dumps({"services": {"notifier": service}}))  # JSON is YAML
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeward", "service", "notifier", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"NODEWARD_NATS_URL": nats_url},
+        cwd=tmp_path,
+    )
+    try:
+
+        async def held() -> bool:
+            try:
+                info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+            except Exception:
+                return False
+            return (info.num_ack_pending or 0) == 1
+
+        async def bound() -> bool:
+            try:
+                await env.bus.js.consumer_info("NOTIFY", env.consumer)
+            except Exception:
+                return False
+            return True
+
+        await wait_for(bound, timeout=30, interval=0.1, what="the notifier's consumer")
+        event = env.notice("gpu-crash quarantined")
+        await env.publish(event)
+        await wait_for(held, timeout=10, what="the notice held in its group")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 10)
+    assert env.outbox_files() == []
+    await env.start()  # group_wait 0.2s
+    [path] = await wait_for(env.outbox_files, timeout=15, what="the notice after the crash")
+    assert event.id in path.read_text()
+    await wait_for(env.settled, timeout=5, what="acked")

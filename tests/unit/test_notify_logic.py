@@ -339,7 +339,7 @@ async def test_deliver_retries_with_exponential_back_off() -> None:
     assert slept == [1.0, 2.0, 4.0, 5.0]
     assert len(failures) == 5
     permanent = await deliver(Flaky(10, permanent=True), OUT, retry, sleep=sleep)
-    assert permanent == Attempted(False, 1, "down")
+    assert permanent == Attempted(False, 1, "down", permanent=True)
 
 
 def test_alertname() -> None:
