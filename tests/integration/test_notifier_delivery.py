@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from nodeward.config import ClusterSettings
 from nodeward.kube import Cluster
 from nodeward.kube.client import MERGE_PATCH, KubeClient
@@ -337,16 +339,13 @@ async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
     try:
 
         async def held() -> bool:
-            try:
-                info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
-            except Exception:
-                return False
+            info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
             return (info.num_ack_pending or 0) == 1
 
         async def bound() -> bool:
             try:
                 await env.bus.js.consumer_info("NOTIFY", env.consumer)
-            except Exception:
+            except NotFoundError:
                 return False
             return True
 
