@@ -288,7 +288,10 @@ async def test_auth_can_i_reflects_each_services_role(edge_kubectl: Kubectl) -> 
         await can("nodeward-credentials", "update", "leases.coordination.k8s.io", "-n", "ml-nlp")
         == "no"
     )
-    assert await can("nodeward-notifier", "get", "pods") == "no"
+    assert await can("nodeward-notifier", "get", "pods", "-n", "ml-nlp") == "yes"
+    assert await can("nodeward-notifier", "get", "namespaces") == "yes"
+    assert await can("nodeward-notifier", "list", "pods", "-n", "ml-nlp") == "no"
+    assert await can("nodeward-notifier", "get", "secrets", "-n", "ml-nlp") == "no"
     assert await can("nodeward-admin", "delete", "nodes") == "yes"
 
 
