@@ -25,7 +25,7 @@ import httpx
 import structlog
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, RetryableError
@@ -101,6 +101,7 @@ class NotifierSettings(Section):
     )
     owner_cache_ttl: Duration = timedelta(seconds=60)
     support_contact: str = "your platform team"
+    max_lines: int = Field(default=25, ge=1, description="notices listed in one message")
     channels: dict[str, ChannelSettings] = Field(default_factory=_default_channels)
     grouping: GroupingSettings = GroupingSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
@@ -138,6 +139,11 @@ class NotifierMetrics:
             "nodeward_notifications_grouped",
             "Notices folded into a group another notice opened",
             ["route"],
+            registry=registry,
+        )
+        self.waiting = Gauge(
+            "nodeward_notifications_waiting",
+            "Notices held (unacked) in groups that are not sent yet",
             registry=registry,
         )
         self.suppressed = Counter(
@@ -200,6 +206,7 @@ class NotifierService:
         self.grouper = Grouper(
             settings.grouping, settings.rate_limit, self.flush, on_error=self._flush_failed
         )
+        metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)
 
     def consumer_spec(self) -> ConsumerSpec:
@@ -420,7 +427,11 @@ def load_parts(
     try:
         routes = load_routes(config.routes_file)
         routes.check(set(config.channels))
-        templates = Templates(config.templates_dir, support_contact=config.support_contact)
+        templates = Templates(
+            config.templates_dir,
+            support_contact=config.support_contact,
+            max_lines=config.max_lines,
+        )
         directory = load_directory(config.owner_directory)
     except (RoutingError, TemplateConfigError, DirectoryError) as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None

@@ -209,6 +209,11 @@ class Grouper:
     def open_groups(self) -> int:
         return len(self._open)
 
+    @property
+    def waiting(self) -> int:
+        """Notices in groups not sent yet."""
+        return sum(len(g.entries) for g in self._open.values())
+
     def bucket(self, recipient: str) -> TokenBucket:
         found = self._buckets.get(recipient)
         if found is None:

@@ -93,7 +93,7 @@ class Templates:
         directory: Path | None = None,
         *,
         support_contact: str = "your platform team",
-        max_lines: int = 20,
+        max_lines: int = 25,
     ) -> None:
         if directory is not None and not directory.is_dir():
             raise TemplateConfigError(f"templates_dir {directory} is not a directory")

@@ -242,6 +242,7 @@ async def test_stopping_sends_open_groups_before_acking(notifier_env: EnvFactory
 
     await wait_for(held, timeout=10, what="the notice held in its group")
     assert env.outbox_files() == []
+    assert env.metric("nodeward_notifications_waiting") == 1
     await daemon.stop()
     [path] = env.outbox_files()
     assert "gpu-node-16 quarantined" in path.read_text()
