@@ -16,7 +16,9 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,7 @@ from services.notify_templates import TemplateConfigError, Templates
 NAME = "notifier"
 SOURCE = "service/notifier"
 DEFAULT_OUTBOX = Path(".nodeward") / "outbox"
+SAFE_KEY = re.compile(r"^[A-Za-z0-9_=-]{1,128}$")
 SENT, DEAD, SUPPRESSED, DRY_RUN = "sent", "dead-lettered", "suppressed", "dry-run"
 
 
@@ -155,6 +158,9 @@ class NotifierMetrics:
 
 
 def _mark_key(event_id: str, route: str) -> str:
+    """`ev.<id>.<route>`; an id with characters KV keys cannot hold is hashed."""
+    if not SAFE_KEY.match(event_id):
+        event_id = "h-" + hashlib.sha256(event_id.encode()).hexdigest()
     return f"ev.{event_id}.{route}"
 
 
