@@ -276,7 +276,7 @@ class NotifierService:
         return Outgoing(
             route=group.route.name,
             recipient=group.recipient,
-            to_owner=group.route.to_owner and context["audience"] == "user",
+            to_owner=group.personal,
             severity=group.severity,
             items=items,
             rendered=self.templates.message(context),

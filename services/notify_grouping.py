@@ -165,16 +165,22 @@ class Group:
     recipient: str | None  # the owner's address for a user's notice, else None (on-call)
     opened: float
     due: float
+    personal: bool = False  # users' notices on a `to_owner` route: mailed to `recipient`
     entries: list[Entry] = field(default_factory=list)
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def key(self) -> tuple[str, str]:
-        return self.route.name, self.recipient or "oncall"
+        return group_key(self.route, self.recipient, personal=self.personal)
 
     @property
     def severity(self) -> Severity:
         return max((e.note.severity for e in self.entries), key=SEVERITY_RANK.__getitem__)
+
+
+def group_key(route: Route, recipient: str | None, *, personal: bool) -> tuple[str, str]:
+    """Users' notices without an owner on record group apart from on-call's."""
+    return route.name, recipient or ("owner-unknown" if personal else "oncall")
 
 
 Flush = Callable[[Group], Awaitable[None]]
@@ -238,7 +244,8 @@ class Grouper:
                 done.exception()  # retrieved here: its handler may be gone (shutdown)
 
         entry.done.add_done_callback(forget)
-        key = (route.name, recipient or "oncall")
+        personal = route.to_owner and entry.audience.kind == "user"
+        key = group_key(route, recipient, personal=personal)
         group = self._open.get(key)
         if group is None:
             now = self.clock()
@@ -246,7 +253,7 @@ class Grouper:
             last = self._last_sent.get(key)
             if last is not None:
                 due = max(due, last + self.grouping.group_interval.total_seconds())
-            group = self._open[key] = Group(route, recipient, now, due)
+            group = self._open[key] = Group(route, recipient, now, due, personal)
             if self._closing:
                 group.hurry.set()
             task = asyncio.create_task(self._run(group), name=f"notify-group:{route.name}")

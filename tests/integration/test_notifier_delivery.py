@@ -303,16 +303,22 @@ async def test_owner_from_the_directory_and_nobody_on_record_dead_letters_the_ma
     await env.start()
     carol = env.notice("idle", audience="user:ml-carol/pod-0")
     nobody = env.notice("idle too", audience="user:ml-nobody/pod-0")
-    await env.publish(carol, nobody)
+    oncall = env.notice("for on-call, on the same route")  # no owner: the channel's `to`
+    await env.publish(carol, nobody, oncall)
     letters = await wait_for(lambda: dead_letters(env), timeout=10, what="a dead letter")
-    assert [d.original_headers["ce-id"] for d in letters] == [nobody.id]
+    await wait_for(lambda: _at_least(dead_letters(env), 2), timeout=10, what="two dead letters")
+    letters = await dead_letters(env)
+    errors = {d.original_headers["ce-id"]: d.error for d in letters}
+    assert set(errors) == {nobody.id, oncall.id}
+    assert "has no `to` addresses" in errors[oncall.id]  # not mixed up with nobody's group
+    letters = [d for d in letters if d.original_headers["ce-id"] == nobody.id]
     assert letters[0].error.startswith("channel mail: not delivered after 1 attempt(s): no owner")
     assert letters[0].reason.value == "permanent"
     await wait_for(lambda: smtp_server.mails, timeout=10, what="carol's mail")
     assert smtp_server.mails[0].recipients == ["carol@example.org"]
-    await wait_for(lambda: len(env.outbox_files()) == 2, timeout=5, what="both in the outbox")
+    await wait_for(lambda: len(env.outbox_files()) == 3, timeout=5, what="all in the outbox")
     await wait_for(env.settled, timeout=5, what="acked")
-    assert env.metric("nodeward_notifications_failed_total", channel="mail") == 1
+    assert env.metric("nodeward_notifications_failed_total", channel="mail") == 2
 
 
 async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
