@@ -115,7 +115,7 @@ class Templates:
 
     def context(self, group: Group, items: list[Item], *, dry_run: bool) -> dict[str, Any]:
         entries = [e for i in items for e in i.entries]
-        user = any(e.audience.kind == "user" for e in entries)
+        user = group.personal  # a user's own notices; on-call's view of them stays on-call's
         return {
             "route": group.route.name,
             "recipient": group.recipient,
@@ -153,7 +153,8 @@ class Templates:
         """Render every template with an example notice, so a broken one fails at start."""
         event = make_event(Notification.example(), source="service/notifier")
         for audience in (Audience("oncall"), Audience("user", "ml-team", "jupyter-0")):
-            group = Group(Route(name="check", channels=["outbox"]), None, 0.0, 0.0)
+            personal = audience.kind == "user"
+            group = Group(Route(name="check", channels=["outbox"]), None, 0.0, 0.0, personal)
             group.entries.append(Entry(event, audience, ("outbox",)))
             context = self.context(group, fold(group.entries), dry_run=False)
             self.message(context)
