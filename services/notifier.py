@@ -334,7 +334,10 @@ class NotifierService:
             await self.settled.put(entry.event.id, route.name, settled)
         except Exception as exc:  # noqa: BLE001 - a redelivery may send once more; never lose it
             self.log.warning(
-                "notify.settled_mark_failed", event_id=entry.event.id, error=one_line(exc)
+                "notify.settled_mark_failed",
+                event_id=entry.event.id,
+                route=route.name,
+                error=one_line(exc),
             )
 
     async def _send_on(
@@ -387,13 +390,18 @@ class NotifierService:
         reason = f"channel {name}: not delivered after {result.attempts} attempt(s): {result.error}"
         log.error("notify.channel_failed", error=result.error, attempts=result.attempts)
         why = DeadLetterReason.PERMANENT if result.permanent else DeadLetterReason.EXHAUSTED
-        for item in items:
-            for entry in item.entries:
-                outcomes[entry.event.id][name] = await self._dead_letter(entry, name, reason, why)
+        entries = [e for item in items for e in item.entries]
+        settled = await asyncio.gather(
+            *(self._dead_letter(e, name, reason, why, log) for e in entries)
+        )
+        for entry, outcome in zip(entries, settled, strict=True):
+            outcomes[entry.event.id][name] = outcome
 
     async def _dead_letter(
-        self, entry: Entry, channel: str, reason: str, why: DeadLetterReason
+        self, entry: Entry, channel: str, reason: str, why: DeadLetterReason, log: Any
     ) -> str:
+        """Publish the notice's `dlq.v1` for this channel; "unsettled" if that fails."""
+        log = log.bind(event_id=entry.event.id, channel=channel)
         if entry.delivery is None:
             return "unsettled"
         dl = dead_letter_event(
@@ -408,21 +416,10 @@ class NotifierService:
         try:
             await self.bus.publish(dl)
         except Exception as exc:  # noqa: BLE001 - not settled: the notice comes back later
-            self.log.error(
-                "notify.dlq_publish_failed",
-                event_id=entry.event.id,
-                channel=channel,
-                error=one_line(exc),
-            )
+            log.error("notify.dlq_publish_failed", error=one_line(exc))
             return "unsettled"
         self.metrics.dead_lettered.labels(channel).inc()
-        self.log.warning(
-            "notify.dead_lettered",
-            event_id=entry.event.id,
-            channel=channel,
-            error=reason,
-            dlq_subject=dl.data.nats_subject(),
-        )
+        log.warning("notify.dead_lettered", error=reason, dlq_subject=dl.data.nats_subject())
         return DEAD
 
 

@@ -79,6 +79,7 @@ class EmailSettings(_Channel):
     password: SecretStr | None = None
     password_file: Path | None = None
     sender: str = "nodeward <nodeward@localhost>"
+    reply_to: str | None = Field(default=None, description="e.g. the platform team's address")
     to: list[str] = Field(default_factory=list, description="on-call addresses")
 
 
@@ -243,6 +244,8 @@ class EmailChannel:
         msg["Date"] = format_datetime(datetime.now(UTC))
         msg["Message-ID"] = make_msgid(domain="nodeward")
         msg["X-Nodeward-Route"] = out.route
+        if s.reply_to:
+            msg["Reply-To"] = s.reply_to
         msg.set_content(out.rendered.text)
         tls = self._tls_context()
         try:

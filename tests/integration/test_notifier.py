@@ -40,6 +40,7 @@ async def test_email_over_starttls_with_auth_reaches_oncall(
                 "username": SMTP_USER,
                 "password_file": str(password_file),
                 "sender": "nodeward <nodeward@example.org>",
+                "reply_to": "ml-platform@example.org",
                 "to": ["oncall@example.org"],
             }
         },
@@ -56,6 +57,7 @@ async def test_email_over_starttls_with_auth_reaches_oncall(
     mail = smtp_server.mails[0]
     assert mail.recipients == ["oncall@example.org"]
     assert mail.sender == "nodeward@example.org"
+    assert mail.message["Reply-To"] == "ml-platform@example.org"
     assert "gpu-node-07 quarantined: GPU 3 fell off the bus (XID 79)" in mail.subject
     assert "[nodeward critical]" in mail.subject
     assert "Tainted nodeward.io/gpu-unhealthy:NoSchedule and cordoned." in mail.body
