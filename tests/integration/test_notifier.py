@@ -242,9 +242,13 @@ async def test_stopping_sends_open_groups_before_acking(notifier_env: EnvFactory
         info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
         return (info.num_ack_pending or 0) == 1
 
-    await wait_for(held, timeout=10, what="the notice held in its group")
+    await wait_for(held, timeout=10, what="the notice delivered, not acked")
+    await wait_for(
+        lambda: env.metric("nodeward_notifications_waiting") == 1,
+        timeout=10,
+        what="the notice waiting in its group",
+    )
     assert env.outbox_files() == []
-    assert env.metric("nodeward_notifications_waiting") == 1
     await daemon.stop()
     [path] = env.outbox_files()
     assert "gpu-node-16 quarantined" in path.read_text()
