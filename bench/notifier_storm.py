@@ -33,7 +33,7 @@ async def main(notices: int, group_wait: float) -> None:
             "notifier": {
                 "owner_lookup": False,
                 "grouping": {"group_wait": f"{group_wait}s"},
-                "max_in_flight": max(1000, notices),
+                "max_in_flight": max(5000, 2 * notices),
             }
         },
     )

@@ -110,7 +110,9 @@ class NotifierSettings(Section):
     rate_limit: RateLimitSettings = RateLimitSettings()
     retry: RetrySettings = RetrySettings()
     max_in_flight: int = Field(
-        default=1000, ge=1, description="notices held unacked while their groups collect"
+        default=5000,
+        ge=1,
+        description="notices held unacked while their groups collect; at 90% every group is sent",
     )
     ack_wait: Duration = timedelta(seconds=30)
     settled_ttl: Duration = Field(
@@ -210,7 +212,11 @@ class NotifierService:
         self.metrics = metrics
         self.recent = RecentSends(settings.grouping.dedup_window.total_seconds())
         self.grouper = Grouper(
-            settings.grouping, settings.rate_limit, self.flush, on_error=self._flush_failed
+            settings.grouping,
+            settings.rate_limit,
+            self.flush,
+            on_error=self._flush_failed,
+            capacity=max(1, settings.max_in_flight * 9 // 10),
         )
         metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import structlog
 from pydantic import Field
 
 from nodeward.bus import Delivery, RetryableError
@@ -198,12 +199,16 @@ class Grouper:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_error: Callable[[BaseException, Group], None] | None = None,
+        capacity: int | None = None,
     ) -> None:
+        """`capacity`: when this many notices wait, every open group is sent at once (the
+        consumer holds at most so many unacked; a full house would block other routes)."""
         self.grouping = grouping
         self.rate_limit = rate_limit
         self.flush = flush
         self.clock = clock
         self.on_error = on_error
+        self.capacity = capacity
         self._open: dict[tuple[str, str], Group] = {}
         self._last_sent: dict[tuple[str, str], float] = {}
         self._buckets: dict[str, TokenBucket] = {}
@@ -260,6 +265,12 @@ class Grouper:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         group.entries.append(entry)
+        if self.capacity is not None and self.waiting >= self.capacity:
+            structlog.get_logger().warning(
+                "notify.groups_full", waiting=self.waiting, capacity=self.capacity
+            )
+            for full in self._open.values():
+                full.hurry.set()
         return await asyncio.shield(entry.done)
 
     async def _sleep(self, group: Group, seconds: float) -> None:

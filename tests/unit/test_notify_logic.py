@@ -362,3 +362,20 @@ def test_settled_marks_keep_to_kv_key_characters() -> None:
     assert _mark_key("01a228f2-9ea8-7a77", "oncall") == "ev.01a228f2-9ea8-7a77.oncall"
     odd = _mark_key("id with spaces/and.dots*", "oncall")
     assert odd.startswith("ev.h-") and odd.endswith(".oncall") and " " not in odd
+
+
+async def test_a_full_house_sends_every_open_group_at_once() -> None:
+    flushed: list[int] = []
+
+    async def flush(group: Group) -> None:
+        flushed.append(len(group.entries))
+        for e in group.entries:
+            e.done.set_result({"outbox": "sent"})
+
+    grouper = Grouper(fast(group_wait="1h"), RateLimitSettings(), flush, capacity=5)
+    a, b = Route(name="a", channels=["outbox"]), Route(name="b", channels=["outbox"])
+    waits = [grouper.add(a, None, await entry(note(f"n{i}"))) for i in range(4)]
+    waits.append(grouper.add(b, None, await entry(note("fifth"))))
+    async with asyncio.timeout(5):
+        await asyncio.gather(*waits)
+    assert sorted(flushed) == [1, 4]
