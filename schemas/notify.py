@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
@@ -37,6 +38,13 @@ class Notification(EventData):
     dedup_key: str | None = Field(default=None, description="repeats with the same key are grouped")
     audit_event_id: str | None = None
     links: dict[str, str] = Field(default_factory=dict)
+    why: str = Field(default="", description="why it happened (a user's notice says this)")
+    what_you_can_do: list[str] = Field(
+        default_factory=list, description="what the recipient can do about it"
+    )
+    deadline: datetime | None = Field(
+        default=None, description="when the announced action happens if nothing changes"
+    )
 
     model_config = ConfigDict(
         json_schema_extra={

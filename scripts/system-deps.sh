@@ -8,6 +8,7 @@ NEEDED=(
   "kubernetes-client:kubectl"
   "prometheus:promtool"
   "prometheus:prometheus"
+  "prometheus-alertmanager:prometheus-alertmanager"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

@@ -70,6 +70,11 @@ class Delivery:
     headers: dict[str, str]
     _msg: Msg = field(repr=False)
 
+    @property
+    def msg(self) -> Msg:
+        """The JetStream message itself (for `dlq.dead_letter_event`)."""
+        return self._msg
+
     async def in_progress(self) -> None:
         """Extend the ack deadline now (the runtime also does this on its own)."""
         await self._msg.in_progress()

@@ -29,9 +29,11 @@ def dead_letter_event(
     reason: DeadLetterReason,
     error: BaseException | str,
     source: str,
+    extra_key: tuple[str, ...] = (),
 ) -> Event[DeadLetter]:
     """The DLQ event for `msg`. Its id is derived from (stream, consumer, sequence), so a
-    retried dead-lettering of the same message is stored once."""
+    retried dead-lettering of the same message is stored once. `extra_key` tells apart
+    several dead letters of one message (the notifier's, one per failed channel)."""
     seq: int | None = None
     deliveries = 1
     stored_at = datetime.now(UTC)
@@ -58,4 +60,4 @@ def dead_letter_event(
         failed_at=datetime.now(UTC),
     )
     key = (stream, consumer, str(seq)) if seq is not None else (stream, consumer, data.payload_b64)
-    return make_event(data, source=source, id=stable_id(stored_at, *key))
+    return make_event(data, source=source, id=stable_id(stored_at, *key, *extra_key))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -203,17 +202,16 @@ class Story:
 
 
 def outbox_title(path: Path) -> str | None:
-    """The notice's title, when the file is JSON that has one (best effort)."""
+    """The `Subject:` header of an outbox notice (the notifier writes mail-like text files)."""
     try:
-        with path.open("rb") as f:
-            doc = json.loads(f.read(65536))
-    except (OSError, ValueError):
+        with path.open(encoding="utf-8", errors="replace") as f:
+            head = f.read(16384)
+    except OSError:
         return None
-    if not isinstance(doc, dict):
-        return None
-    for where in (doc, doc.get("data"), doc.get("notice")):
-        if isinstance(where, dict) and isinstance(where.get("title"), str):
-            return str(where["title"])
+    for line in head.split("\n\n", 1)[0].splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "subject" and value.strip():
+            return value.strip()
     return None
 
 

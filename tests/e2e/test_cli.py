@@ -279,6 +279,13 @@ def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) ->
             timeout=10,
         )
         assert not json.loads(other.stdout)["spec"].get("unschedulable")  # only the sick node
+        # The notifier leaves on-call's notice in the outbox (its group waits 10 s).
+        outbox = Path(endpoints["outbox"])
+        wait_until(
+            lambda: any("gpu-h100-03" in p.read_text() for p in outbox.glob("*.txt")),
+            timeout=30,
+            what="the quarantine notice in the outbox",
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -291,7 +298,10 @@ def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
     assert reset.stdout.startswith("cordon: circuit breaker reset")
     unknown = run("service", "nope", env=env)
     assert unknown.returncode == 1
-    assert unknown.stderr.strip() == "nodeward: error: no service named 'nope' (known: cordon)"
+    assert (
+        unknown.stderr.strip()
+        == "nodeward: error: no service named 'nope' (known: cordon, notifier)"
+    )
     assert (
         run("agent", "nope", env=env).stderr.strip()
         == "nodeward: error: no agent named 'nope' (known: gpu)"

@@ -1,4 +1,10 @@
 """Fixtures of the integration tests. The sim cluster's live in `simkube.py`."""
 
 from tests.integration.cordon_fixtures import cordon_env  # noqa: F401
+from tests.integration.notifier_peers import (  # noqa: F401
+    alertmanager,
+    notifier_env,
+    receiver,
+    smtp_server,
+)
 from tests.integration.simkube import admin, port_for, sim  # noqa: F401

@@ -134,14 +134,14 @@ def test_a_dead_letter_and_a_delivered_file_are_told_too(tmp_path: Path) -> None
     dead = example_event("dlq.v1")
     w = encode(dead)
     story.on_event(Wire(w.subject, dict(w.headers), w.body))  # type: ignore[arg-type]
-    notice = tmp_path / "0001-quarantine.json"
-    notice.write_text('{"data": {"title": "gpu-a: quarantine applied"}}')
+    notice = tmp_path / "0001-quarantine.txt"
+    notice.write_text("Date: 2026-11-29 20:00:00 UTC\nSubject: gpu-a: quarantine applied\n\nbody")
     story.on_file(notice.name, outbox_title(notice))
     story.flush(everything=True)
     assert lines[0].startswith("DLQ ") and "cordon could not process gpu.health." in lines[0]
     assert lines[1].startswith("DELIVERED ")
-    assert lines[1].endswith("outbox/0001-quarantine.json: gpu-a: quarantine applied")
-    (tmp_path / "plain.txt").write_text("not json")
+    assert lines[1].endswith("outbox/0001-quarantine.txt: gpu-a: quarantine applied")
+    (tmp_path / "plain.txt").write_text("no headers here\n\nSubject: in the body")
     assert outbox_title(tmp_path / "plain.txt") is None
 
 
@@ -153,7 +153,7 @@ async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
 
     outbox = tmp_path / "outbox"
     outbox.mkdir()
-    (outbox / "old.json").write_text("{}")
+    (outbox / "old.txt").write_text("Subject: old\n\n")
     lines: list[str] = []
     story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
     stop, listed = asyncio.Event(), asyncio.Event()
@@ -161,7 +161,7 @@ async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
     try:
         await asyncio.wait_for(listed.wait(), 5)
         (outbox / "2026-11-29").mkdir()
-        (outbox / "2026-11-29" / "n1.json").write_text('{"title": "gpu-a quarantined"}')
+        (outbox / "2026-11-29" / "n1.txt").write_text("Subject: gpu-a quarantined\n\nbody")
 
         def told() -> bool:
             story.flush()
@@ -172,4 +172,4 @@ async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
         stop.set()
         await task
     assert len(lines) == 1
-    assert lines[0].endswith("outbox/2026-11-29/n1.json: gpu-a quarantined")
+    assert lines[0].endswith("outbox/2026-11-29/n1.txt: gpu-a quarantined")

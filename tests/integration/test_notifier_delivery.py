@@ -1,0 +1,371 @@
+"""services.notifier delivery semantics: a storm becomes one message per route, a dead channel
+dead-letters with the reason while the others deliver, bad input goes to the DLQ, a
+redelivered notice is not sent twice, and a user's notice reaches its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from nats.js.errors import NotFoundError
+
+from nodeward.config import ClusterSettings
+from nodeward.kube import Cluster
+from nodeward.kube.client import MERGE_PATCH, KubeClient
+from nodeward.sim.cluster import SimCluster
+from nodeward.sim.cluster.seed import NodeSeed, PodSeed, Seed
+from schemas import encode
+from schemas.dlq import DeadLetter
+from schemas.notify import Severity
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import read_stream
+from tests.integration.notifier_peers import (
+    SMTP_PASSWORD,
+    SMTP_USER,
+    EnvFactory,
+    Receiver,
+    SmtpServer,
+)
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def dead_letters(env: Any) -> list[DeadLetter]:
+    events = await read_stream(env.bus, "DLQ", f"dlq.NOTIFY.{env.consumer}")
+    return [e.data for e in events]
+
+
+async def test_storm_of_300_sends_one_grouped_message_per_route(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={
+            "outbox": {"type": "outbox"},
+            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
+            "hook": {"type": "webhook", "url": f"{receiver.url}/hook"},
+        },
+        routes=[
+            {"name": "critical", "match": {"severity": ["critical"]}, "channels": ["chat"]},
+            {"name": "rest", "channels": ["hook", "outbox"]},
+        ],
+        grouping={"group_wait": "3s", "group_interval": "1m", "dedup_window": "10m"},
+    )
+    await env.start()
+    storm = [
+        env.notice(
+            f"gpu-storm-{i:03d} quarantined",
+            node=f"gpu-storm-{i:03d}",
+            severity=Severity.CRITICAL if i < 200 else Severity.WARNING,
+            dedup_key=f"quarantine/node/gpu-storm-{i:03d}",
+        )
+        for i in range(300)
+    ]
+    await env.publish(*storm)
+    await wait_for(
+        lambda: receiver.at("/chat") and receiver.at("/hook") and env.outbox_files(),
+        timeout=20,
+        what="the grouped messages",
+    )
+    await wait_for(env.settled, timeout=10, what="all 300 notices acked")
+    assert len(receiver.at("/chat")) == 1
+    assert len(receiver.at("/hook")) == 1
+    assert len(env.outbox_files()) == 1
+    [chat] = receiver.at("/chat")
+    assert "200 notices" in chat["text"]
+    assert "... and 175 more" in chat["text"]
+    [hook] = receiver.at("/hook")
+    assert hook["count"] == 100
+    assert {n["id"] for n in hook["notifications"]} == {e.id for e in storm[200:]}
+    text = env.outbox_files()[0].read_text()
+    assert "Notices: 100" in text
+    assert "... and 75 more" in text
+    assert env.metric("nodeward_notifications_grouped_total", route="critical") == 199
+    assert env.metric("nodeward_notifications_grouped_total", route="rest") == 99
+    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="critical") == 1
+
+
+async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={
+            "outbox": {"type": "outbox"},
+            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
+            "pager": {"type": "webhook", "url": f"http://127.0.0.1:{closed_port()}/hook"},
+        },
+        routes=[{"name": "oncall", "channels": ["pager", "chat", "outbox"]}],
+    )
+    await env.start()
+    events = [env.notice(f"gpu-dead-{i} quarantined", node=f"gpu-dead-{i}") for i in range(2)]
+    await env.publish(*events)
+    await wait_for(lambda: receiver.at("/chat") and env.outbox_files(), timeout=10, what="sent")
+    letters = await wait_for(
+        lambda: _at_least(dead_letters(env), 2), timeout=10, what="two dead letters"
+    )
+    assert sorted(d.original_headers["ce-id"] for d in letters) == sorted(e.id for e in events)
+    for letter in letters:
+        assert letter.consumer == env.consumer
+        assert letter.stream == "NOTIFY"
+        assert letter.error.startswith("channel pager: not delivered after 3 attempt(s): ")
+        assert letter.reason.value == "exhausted"
+        assert "ConnectError" in letter.error
+        assert letter.original_subject == f"notify.critical.{env.topic}"
+    await wait_for(env.settled, timeout=5, what="the notices acked")
+    assert "gpu-dead-0 quarantined" in receiver.at("/chat")[0]["text"]
+    assert env.metric("nodeward_notifications_failed_total", channel="pager") == 3
+    assert env.metric("nodeward_notifications_dead_lettered_total", channel="pager") == 2
+    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="oncall") == 1
+    # Later notices still go out on the live channels.
+    await env.publish(env.notice("gpu-dead-9 quarantined", node="gpu-dead-9"))
+    await wait_for(lambda: len(receiver.at("/chat")) == 2, timeout=10, what="a later notice")
+
+
+async def _at_least(found: Any, n: int) -> Any:
+    items = await found
+    return items if len(items) >= n else None
+
+
+async def test_bad_input_goes_to_the_dlq_and_the_notifier_keeps_going(
+    notifier_env: EnvFactory,
+) -> None:
+    env = await notifier_env()
+    await env.start()
+    good = env.notice("gpu-ok quarantined")
+    wire = encode(good)
+    # No title: fails validation at the edge.
+    await env.bus.js.publish(
+        wire.subject,
+        b'{"severity": "critical", "topic": "' + env.topic.encode() + b'"}',
+        headers={**wire.headers, "ce-id": "bad-1", "Nats-Msg-Id": "bad-1"},
+    )
+    bad_audience = env.notice("for nobody", audience="user:no-slash")
+    await env.publish(bad_audience, good)
+    letters = await wait_for(
+        lambda: _at_least(dead_letters(env), 2), timeout=10, what="two dead letters"
+    )
+    by_id = {d.original_headers["ce-id"]: d for d in letters}
+    assert by_id["bad-1"].reason.value == "invalid"
+    assert "title" in by_id["bad-1"].error
+    assert by_id[bad_audience.id].reason.value == "permanent"
+    assert "user:no-slash" in by_id[bad_audience.id].error
+    [path] = await wait_for(env.outbox_files, timeout=10, what="the good notice delivered")
+    assert "gpu-ok quarantined" in path.read_text()
+
+
+async def test_redelivered_notice_is_not_sent_twice(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
+        routes=[{"name": "oncall", "channels": ["chat"]}],
+    )
+    await env.start()
+    event = env.notice("gpu-once quarantined")
+    await env.publish(event)
+    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+    await wait_for(env.settled, timeout=5, what="acked")
+    # The same event again as JetStream would redeliver it (a new message id gets past the
+    # stream's duplicate window, as a redelivery after a lost ack would).
+    info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+    delivered = info.delivered.stream_seq
+    wire = encode(event)
+    await env.bus.js.publish(
+        wire.subject, wire.body, headers={**wire.headers, "Nats-Msg-Id": "again-" + event.id}
+    )
+
+    async def handled_again() -> bool:
+        now = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+        return now.delivered.stream_seq > delivered and await env.settled()
+
+    await wait_for(handled_again, timeout=10, what="the repeat handled and acked")
+    await asyncio.sleep(0.5)  # a second send would have arrived by now (group_wait 0.2s)
+    assert len(receiver.at("/chat")) == 1
+
+
+async def test_users_notice_is_mailed_to_the_owner_kindly(
+    notifier_env: EnvFactory, smtp_server: SmtpServer, tmp_path: Path
+) -> None:
+    seed = Seed(
+        namespaces=["nodeward"],
+        nodes=[NodeSeed(name="gpu-u-01")],
+        pods=[
+            PodSeed(
+                name="jupyter-alice-0",
+                namespace="ml-alice",
+                node="gpu-u-01",
+                role="notebook",
+                annotations={"nodeward.io/owner-email": "alice@example.org"},
+            ),
+            PodSeed(name="jupyter-bob-0", namespace="ml-bob", node="gpu-u-01", role="notebook"),
+        ],
+    )
+    async with SimCluster(seed, port=0) as sim:
+        admin_config = ClusterSettings(kubeconfig=sim.write_kubeconfig(tmp_path / "admin"))
+        admin = Cluster(KubeClient.from_settings(admin_config))
+        await admin.client.request(
+            "PATCH",
+            "/api/v1/namespaces/ml-bob",
+            body={"metadata": {"annotations": {"nodeward.io/owner-email": "bob@example.org"}}},
+            content_type=MERGE_PATCH,
+        )
+        await admin.close()
+        password = tmp_path / "pw"
+        password.write_text(SMTP_PASSWORD)
+        env = await notifier_env(
+            channels={
+                "mail": {
+                    "type": "email",
+                    "port": smtp_server.port,
+                    "tls_ca_file": str(smtp_server.ca_file),
+                    "username": SMTP_USER,
+                    "password_file": str(password),
+                },
+                "outbox": {"type": "outbox"},
+            },
+            routes=[
+                {
+                    "name": "users",
+                    "match": {"audience": ["user"]},
+                    "to_owner": True,
+                    "channels": ["mail", "outbox"],
+                }
+            ],
+            cluster={
+                "kubeconfig": str(sim.write_kubeconfig(tmp_path / "nk", identity="notifier")),
+                "retries": 1,
+            },
+        )
+        await env.start()
+        deadline = datetime.now(UTC) + timedelta(minutes=30)
+        alice = env.notice(
+            "Your notebook jupyter-alice-0 has been idle for 2 hours",
+            severity=Severity.WARNING,
+            audience="user:ml-alice/jupyter-alice-0",
+            why="It holds an H100 GPU that other people are waiting for.",
+            what_you_can_do=["Run a cell or open the notebook to keep it.", "Save your work."],
+            deadline=deadline,
+        )
+        bob = env.notice(
+            "Your notebook jupyter-bob-0 is idle",
+            severity=Severity.WARNING,
+            audience="user:ml-bob/jupyter-bob-0",
+        )
+        await env.publish(alice, bob)
+        await wait_for(lambda: len(smtp_server.mails) >= 2, timeout=10, what="two mails")
+        await wait_for(env.settled, timeout=5, what="acked")
+    mails = {m.recipients[0]: m for m in smtp_server.mails}
+    assert set(mails) == {"alice@example.org", "bob@example.org"}  # pod, then namespace
+    body = mails["alice@example.org"].body
+    assert mails["alice@example.org"].subject == (
+        "Your notebook jupyter-alice-0 has been idle for 2 hours"
+    )
+    assert "What happened\n  Your notebook jupyter-alice-0 has been idle for 2 hours" in body
+    assert "Why\n  It holds an H100 GPU that other people are waiting for." in body
+    assert "What you can do\n  - Run a cell or open the notebook to keep it.\n" in body
+    assert "  - Save your work.\n" in body
+    assert f"this will happen at {deadline:%Y-%m-%d %H:%M:%S} UTC (in 30 minutes)" in body
+    assert "Opting out or asking for an exemption" in body
+    assert "nodeward.io/exempt=true" in body
+    assert "jupyter-alice-0 in namespace ml-alice" in body
+    bob_body = mails["bob@example.org"].body
+    assert "Nothing further will happen automatically." in bob_body
+    outbox = "\n".join(p.read_text() for p in env.outbox_files())
+    assert "To: alice@example.org" in outbox and "To: bob@example.org" in outbox
+
+
+async def test_owner_from_the_directory_and_nobody_on_record_dead_letters_the_mail_only(
+    notifier_env: EnvFactory, smtp_server: SmtpServer, tmp_path: Path
+) -> None:
+    directory = tmp_path / "owners.yaml"
+    directory.write_text("ml-carol: carol@example.org\n")
+    env = await notifier_env(
+        channels={
+            "mail": {
+                "type": "email",
+                "port": smtp_server.port,
+                "tls_ca_file": str(smtp_server.ca_file),
+                "username": SMTP_USER,
+                "password": SMTP_PASSWORD,
+            },
+            "outbox": {"type": "outbox"},
+        },
+        routes=[{"name": "users", "to_owner": True, "channels": ["mail", "outbox"]}],
+        owner_directory=str(directory),
+    )
+    await env.start()
+    carol = env.notice("idle", audience="user:ml-carol/pod-0")
+    nobody = env.notice("idle too", audience="user:ml-nobody/pod-0")
+    oncall = env.notice("for on-call, on the same route")  # no owner: the channel's `to`
+    await env.publish(carol, nobody, oncall)
+    letters = await wait_for(lambda: dead_letters(env), timeout=10, what="a dead letter")
+    await wait_for(lambda: _at_least(dead_letters(env), 2), timeout=10, what="two dead letters")
+    letters = await dead_letters(env)
+    errors = {d.original_headers["ce-id"]: d.error for d in letters}
+    assert set(errors) == {nobody.id, oncall.id}
+    assert "has no `to` addresses" in errors[oncall.id]  # not mixed up with nobody's group
+    letters = [d for d in letters if d.original_headers["ce-id"] == nobody.id]
+    assert letters[0].error.startswith("channel mail: not delivered after 1 attempt(s): no owner")
+    assert letters[0].reason.value == "permanent"
+    await wait_for(lambda: smtp_server.mails, timeout=10, what="carol's mail")
+    assert smtp_server.mails[0].recipients == ["carol@example.org"]
+    await wait_for(lambda: len(env.outbox_files()) == 3, timeout=5, what="all in the outbox")
+    await wait_for(env.settled, timeout=5, what="acked")
+    assert env.metric("nodeward_notifications_failed_total", channel="mail") == 2
+
+
+async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
+    notifier_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> None:
+    """At-least-once across a crash: the notice waits unacked in its group, the process is
+    killed (no shutdown hooks), and the next notifier gets it again after ack_wait."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = await notifier_env(ack_wait="1s")
+    service = dict(env.settings.services["notifier"])
+    service["grouping"] = {"group_wait": "1h"}
+    config = tmp_path / "crash.yaml"
+    config.write_text(json.dumps({"services": {"notifier": service}}))  # JSON is YAML
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nodeward", "service", "notifier", "--config", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"NODEWARD_NATS_URL": nats_url},
+        cwd=tmp_path,
+    )
+    try:
+
+        async def held() -> bool:
+            info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+            return (info.num_ack_pending or 0) == 1
+
+        async def bound() -> bool:
+            try:
+                await env.bus.js.consumer_info("NOTIFY", env.consumer)
+            except NotFoundError:
+                return False
+            return True
+
+        await wait_for(bound, timeout=30, interval=0.1, what="the notifier's consumer")
+        event = env.notice("gpu-crash quarantined")
+        await env.publish(event)
+        await wait_for(held, timeout=10, what="the notice held in its group")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(proc.wait, 10)
+    assert env.outbox_files() == []
+    await env.start()  # group_wait 0.2s
+    [path] = await wait_for(env.outbox_files, timeout=15, what="the notice after the crash")
+    assert event.id in path.read_text()
+    await wait_for(env.settled, timeout=5, what="acked")
