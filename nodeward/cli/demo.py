@@ -38,6 +38,9 @@ def demo_settings(
         for key in ("healthy_period", "cooldown", "reconcile_interval")
         if key in cordon
     )
+    wait = settings.services.get("notifier", {}).get("grouping", {}).get("group_wait")
+    if wait:
+        shown += f"; services.notifier group_wait {wait}"
     return settings, f"demo timings: services.cordon {shown} (--config FILE replaces them)"
 
 

@@ -16,7 +16,7 @@ def test_the_demo_profile_applies_with_the_sim_cluster_and_no_config(
     monkeypatch.delenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", raising=False)
     settings, said = demo_settings(None, None, sim=True)
     assert settings.services["cordon"]["healthy_period"] == "15s"
-    assert said is not None and "healthy_period 15s" in said
+    assert said is not None and "healthy_period 15s" in said and "group_wait 3s" in said
     # The environment still wins over the profile.
     monkeypatch.setenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", "40s")
     settings, said = demo_settings(None, None, sim=True)
