@@ -148,7 +148,9 @@ class Consumer:
         self.log = structlog.get_logger().bind(consumer=spec.name, stream=spec.stream)
         self.bound = False
         self._ready: deque[_Item] = deque()  # fetched, decoded, waiting for a worker
-        self._has_items = asyncio.Event()
+        # One release per ready item wakes exactly one idle worker (an Event would wake them
+        # all: with thousands of workers, O(workers) wake-ups per fetched batch).
+        self._items = asyncio.Semaphore(0)
         self._has_space = asyncio.Event()
         self._has_space.set()
         self._held: dict[int, tuple[Msg, float]] = {}  # id(msg) -> (msg, since)
@@ -241,7 +243,7 @@ class Consumer:
             for msg in msgs:
                 self._held[id(msg)] = (msg, now)
                 self._ready.append(self._dispatch(msg))
-            self._has_items.set()
+                self._items.release()
 
     async def _recover(self, conflict: str) -> None:
         """After a 409 from a pull: recreate the consumer if it was deleted, else carry on."""
@@ -304,9 +306,9 @@ class Consumer:
     async def _worker(self) -> None:
         ready = self._ready
         while True:
-            while not ready:
-                self._has_items.clear()
-                await self._has_items.wait()
+            await self._items.acquire()
+            if not ready:  # stop() took it back
+                continue
             item = ready.popleft()
             if len(ready) < self.spec.batch:
                 self._has_space.set()
