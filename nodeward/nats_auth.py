@@ -89,7 +89,13 @@ def service_inbox(service: str) -> str:
 
 def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
     return {
-        "publish": (f"gpu.health.{n}.>", f"gpu.telemetry.{n}", f"energy.node.{n}"),
+        "publish": (
+            f"gpu.health.{n}.>",
+            f"gpu.telemetry.{n}",
+            f"energy.node.{n}",
+            f"energy.pod.{n}.>",
+            "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
+        ),
         "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
         "deny_publish": ("$JS.API.>",),
     }

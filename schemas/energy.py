@@ -35,6 +35,12 @@ class CarbonIntensity(Model):
     basis: CarbonBasis
     estimated: bool = False
     observed_at: datetime
+    stale: bool = Field(
+        default=False, description="the provider failed; this is the last good value, kept"
+    )
+    age_s: NonNegFloat | None = Field(
+        default=None, description="how old the value was when used (set when stale)"
+    )
 
 
 class EnergyReading(Model):
@@ -72,8 +78,18 @@ class EnergyNode(EventData):
         description="whole-node energy (not the sum of overlapping readings)"
     )
     avg_power_w: NonNegFloat
+    min_power_w: NonNegFloat | None = None
+    max_power_w: NonNegFloat | None = None
     carbon: CarbonIntensity | None = None
     co2e_g: NonNegFloat | None = None
+    energy_total_j: NonNegFloat | None = Field(
+        default=None, description="cumulative node energy since first seen (kept across restarts)"
+    )
+    co2e_total_g: NonNegFloat | None = None
+    degraded: list[str] = Field(
+        default_factory=list,
+        description="sources that could not be read this interval, one line each (source: why)",
+    )
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -128,7 +144,8 @@ class EnergyPod(EventData):
 
     TYPE: ClassVar[str] = "energy.pod.v1"
     STREAM: ClassVar[str] = "ENERGY"
-    SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<ns>.<pod>"
+    # The node token lets an agent's NATS user publish only its own node's pods.
+    SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<node>.<ns>.<pod>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
     namespace: Namespace
@@ -170,7 +187,7 @@ class EnergyPod(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("energy.pod", self.namespace, self.pod)
+        return subject("energy.pod", self.node, self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"
