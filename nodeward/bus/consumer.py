@@ -148,9 +148,9 @@ class Consumer:
         self.log = structlog.get_logger().bind(consumer=spec.name, stream=spec.stream)
         self.bound = False
         self._ready: deque[_Item] = deque()  # fetched, decoded, waiting for a worker
-        # One release per ready item wakes exactly one idle worker (an Event would wake them
-        # all: with thousands of workers, O(workers) wake-ups per fetched batch).
-        self._items = asyncio.Semaphore(0)
+        # Idle workers wait here; a fetched batch of k wakes at most k of them (an Event
+        # would wake them all: with thousands of workers, O(workers) wake-ups per batch).
+        self._idle: deque[asyncio.Future[None]] = deque()
         self._has_space = asyncio.Event()
         self._has_space.set()
         self._held: dict[int, tuple[Msg, float]] = {}  # id(msg) -> (msg, since)
@@ -243,7 +243,7 @@ class Consumer:
             for msg in msgs:
                 self._held[id(msg)] = (msg, now)
                 self._ready.append(self._dispatch(msg))
-                self._items.release()
+            self._wake(len(msgs))
 
     async def _recover(self, conflict: str) -> None:
         """After a 409 from a pull: recreate the consumer if it was deleted, else carry on."""
@@ -302,13 +302,22 @@ class Consumer:
             if item.key is not None and self._tails.get(item.key) is item.done:
                 del self._tails[item.key]
 
+    def _wake(self, count: int) -> None:
+        while count > 0 and self._idle:
+            idle = self._idle.popleft()
+            if not idle.done():
+                idle.set_result(None)
+                count -= 1
+
     # processing ------------------------------------------------------------------------
     async def _worker(self) -> None:
         ready = self._ready
+        loop = asyncio.get_running_loop()
         while True:
-            await self._items.acquire()
-            if not ready:  # stop() took it back
-                continue
+            while not ready:
+                idle = loop.create_future()
+                self._idle.append(idle)
+                await idle
             item = ready.popleft()
             if len(ready) < self.spec.batch:
                 self._has_space.set()
