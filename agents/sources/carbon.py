@@ -292,6 +292,7 @@ class CarbonSource:
         self._good: CarbonIntensity | None = None
         self._good_at = 0.0
         self._retry_at: float | None = None
+        self._asking = asyncio.Lock()  # one provider request at a time
         self.last_error: str | None = None
 
     def static(self) -> CarbonIntensity:
@@ -308,6 +309,10 @@ class CarbonSource:
         """A fresh or cached reading; on failure the last good one (stale), then static."""
         if self.provider is None:
             return self.static()
+        async with self._asking:
+            return await self._current(self.provider)
+
+    async def _current(self, provider: CarbonProvider) -> CarbonIntensity:
         now = self._clock()
         if self._good is not None and now - self._good_at < self.settings.refresh.total_seconds():
             return self._good
@@ -315,16 +320,16 @@ class CarbonSource:
             return self._fallback(now)
         try:
             reading = await asyncio.wait_for(
-                self.provider.fetch(), self.settings.timeout.total_seconds() + 1
+                provider.fetch(), self.settings.timeout.total_seconds() + 1
             )
         except ProviderError as exc:
             return self._failed(now, str(exc))
         except TimeoutError:
-            return self._failed(now, f"{self.provider.name}: no answer in time")
+            return self._failed(now, f"{provider.name}: no answer in time")
         except Exception as exc:  # noqa: BLE001 - carbon data must never stop energy events
-            return self._failed(now, f"{self.provider.name}: {type(exc).__name__}: {exc}")
+            return self._failed(now, f"{provider.name}: {type(exc).__name__}: {exc}")
         if self.last_error is not None:
-            log.info("carbon: provider answers again", provider=self.provider.name)
+            log.info("carbon: provider answers again", provider=provider.name)
         self._good, self._good_at = reading, now
         self._retry_at, self.last_error = None, None
         return reading

@@ -319,3 +319,13 @@ async def test_stale_after_counts_from_the_fetch(
     assert (await src.current()).stale
     clock.now += 61
     assert (await src.current()).provider == "static"
+
+
+async def test_concurrent_callers_share_one_request(
+    provider: tuple[str, Peer], http: httpx.AsyncClient
+) -> None:
+    url, peer = provider
+    src = source(settings(provider="rte-eco2mix", url=url), http, Clock())
+    readings = await asyncio.gather(*(src.current() for _ in range(5)))
+    assert {r.g_per_kwh for r in readings} == {27}
+    assert len(peer.requests) == 1
