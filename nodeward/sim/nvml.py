@@ -4,7 +4,9 @@
 ctypes structures where pynvml returns one), constants and error classes (it raises the
 real `pynvml.NVMLError_*`), so the agent runs unchanged on `pynvml` or on a `SimNvml`.
 Each instance is one node's driver: several run side by side in one process.
-Faults are injected at runtime with `inject_xid`, `inject_fault` and `recover`.
+Faults are injected at runtime with `inject_xid`, `inject_fault` and `recover`; load
+with `set_load` (power follows utilisation) or `set_power`. The energy counter integrates
+power over the (monotonic, injectable) clock, as the driver's counter does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import contextlib
 import hashlib
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,11 +52,17 @@ class GpuModel:
     slowdown_c: int
     shutdown_c: int
     row_remap: bool = True
+    idle_power_w: float = 70.0
+
+    def power_at(self, utilization_pct: float) -> float:
+        """Board power (W) at a utilisation: linear from idle to the power limit."""
+        share = min(max(utilization_pct, 0.0), 100.0) / 100
+        return self.idle_power_w + share * (self.power_limit_w - self.idle_power_w)
 
 
 MODELS: dict[str, GpuModel] = {
-    "H100": GpuModel("NVIDIA H100 80GB HBM3", 81559, 18, 700.0, 87, 92),
-    "A100": GpuModel("NVIDIA A100-SXM4-80GB", 81920, 12, 400.0, 85, 92),
+    "H100": GpuModel("NVIDIA H100 80GB HBM3", 81559, 18, 700.0, 87, 92, idle_power_w=70.0),
+    "A100": GpuModel("NVIDIA A100-SXM4-80GB", 81920, 12, 400.0, 85, 92, idle_power_w=55.0),
 }
 
 
@@ -93,8 +103,10 @@ class SimGpu:
     utilization_gpu: int = 30
     utilization_memory: int = 20
     memory_used_mib: int = 20480
-    power_mw: int = 250_000
-    energy_mj: int = 0
+    power_mw: int = 250_000  # change it with SimNvml.set_power/set_load, so energy integrates
+    energy_mj: float = 0.0  # since the driver loaded; integrated up to `energy_at`
+    energy_at: float | None = None  # clock time the counter is integrated to
+    energy_supported: bool = True  # False: NVML answers NotSupported (pre-Volta GPUs)
     clock_reasons: int = pynvml.nvmlClocksEventReasonNone
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)
     retired_pages: dict[int, list[int]] = field(default_factory=dict)
@@ -137,16 +149,28 @@ class SimNvml:
 
     MAX_MIG_DEVICES = 7
 
-    def __init__(self, node: str, gpus: list[SimGpu]) -> None:
+    def __init__(
+        self, node: str, gpus: list[SimGpu], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.node = node
         self.gpus = gpus
+        self.clock = clock
         self._lock = threading.RLock()
         self._sets: list[SimEventSet] = []
         self._initialised = 0
+        now = clock()
+        for gpu in gpus:
+            gpu.energy_at = now  # the counter starts when the driver loads
 
     @classmethod
     def build(
-        cls, node: str, *, product: str = "H100", count: int = 8, mig: dict[str, int] | None = None
+        cls,
+        node: str,
+        *,
+        product: str = "H100",
+        count: int = 8,
+        mig: dict[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> SimNvml:
         """A node of `count` GPUs of `product`; `mig` (profile -> count on the node) spreads
         MIG instances over the GPUs, as `nvidia.com/mig-<profile>` capacity does."""
@@ -178,7 +202,7 @@ class SimNvml:
                             f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
                         )
                     )
-        return cls(node, gpus)
+        return cls(node, gpus, clock=clock)
 
     # -- fault injection ---------------------------------------------------------------
 
@@ -240,6 +264,32 @@ class SimNvml:
                 gpu.pcie_replay += 5000
             elif fault == "hang" and gpu.hang is None:
                 gpu.hang = threading.Event()
+
+    def _integrate(self, gpu: SimGpu) -> None:
+        """Bring the energy counter up to now at the power held since the last update."""
+        now = self.clock()
+        if gpu.energy_at is not None and now > gpu.energy_at:
+            gpu.energy_mj += gpu.power_mw * (now - gpu.energy_at)  # mW x s = mJ
+        gpu.energy_at = now if gpu.energy_at is None else max(now, gpu.energy_at)
+
+    def set_power(self, index: int, watts: float) -> None:
+        """Set GPU `index`'s board power from now on (energy so far at the old power)."""
+        if watts < 0:
+            raise ValueError(f"power must not be negative, got {watts} W")
+        gpu = self._gpu(index)
+        with self._lock:
+            self._integrate(gpu)
+            gpu.power_mw = round(watts * 1000)
+
+    def set_load(self, index: int, utilization_pct: float) -> None:
+        """Set GPU `index`'s utilisation; its power follows (idle to the power limit)."""
+        if not 0 <= utilization_pct <= 100:
+            raise ValueError(f"utilisation must be 0..100 %, got {utilization_pct}")
+        gpu = self._gpu(index)
+        with self._lock:
+            self._integrate(gpu)
+            gpu.utilization_gpu = round(utilization_pct)
+            gpu.power_mw = round(gpu.model.power_at(utilization_pct) * 1000)
 
     def set_recovery_action(self, index: int, action: int) -> None:
         """Set the driver's recovery action (XID 154 and the GpuRecoveryAction event)."""
@@ -424,9 +474,11 @@ class SimNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimHandle) -> int:
         gpu = self._enter(handle)
+        if not gpu.energy_supported:
+            raise _error(_ENOTSUP)
         with self._lock:
-            gpu.energy_mj += gpu.power_mw // 1000  # about one second's worth per read
-            return gpu.energy_mj
+            self._integrate(gpu)
+            return int(gpu.energy_mj)
 
     def nvmlDeviceGetUtilizationRates(self, handle: SimHandle) -> Any:
         gpu = self._enter(handle)
