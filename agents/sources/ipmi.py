@@ -32,6 +32,7 @@ from pyipmi.interfaces.ipmitool import Ipmitool
 
 from agents.energy_settings import IpmiSettings
 from agents.sources.power import PowerSample, SourceError
+from nodeward.logs import get_logger
 from schemas.energy import PowerSource
 
 WATTS_UNIT = 6  # IPMI base unit type code for Watts (units_2 of a full sensor record)
@@ -42,10 +43,14 @@ DEVICE_PATHS = (Path("/dev/ipmi0"), Path("/dev/ipmi/0"), Path("/dev/ipmidev/0"))
 # (HMAC-SHA1). Naming one skips ipmitool's cipher-suite discovery, which some BMCs
 # (ipmi_sim among them) never answer, costing seconds per request.
 LANPLUS_CIPHERS = (17, 3)
+MAX_SDRS = 1024  # a repository walk stops here, and at a record ID seen before
+SDR_WALK_RUNS = 30  # the SDR walk's budget, in `settings.timeout`s (each run has one at most)
 _PSU = re.compile(r"\bPSU?\s*_?(\d+)", re.IGNORECASE)
 _SYSTEM = re.compile(
     r"^sys|system|total|\bnode\b|platform|chassis|consumption|power\s*meter", re.IGNORECASE
 )
+# what ipmitool says when the BMC turns the user or password down
+_AUTH_REFUSED = re.compile(r"RAKP|unauthorized name|Activate Session|password", re.IGNORECASE)
 _T = TypeVar("_T")
 
 
@@ -53,6 +58,10 @@ def _errors(output: str) -> list[str]:
     """The lines of ipmitool's output that say what went wrong."""
     lines = (ln.strip() for ln in output.splitlines())
     return [ln for ln in lines if re.search(r"error|unable|invalid|fail", ln, re.IGNORECASE)]
+
+
+class _NoTool(Exception):
+    """The ipmitool binary is not there."""
 
 
 class _Deadline(Exception):
@@ -85,7 +94,8 @@ class BoundedIpmitool(Ipmitool):  # type: ignore[misc]  # pyipmi is untyped
         )
         self.binary = binary
         self._password = password
-        self.deadline = float("inf")  # time.monotonic() by which each call must be done
+        self.run_s = float("inf")  # the most one ipmitool run may take
+        self.deadline = float("inf")  # time.monotonic() by which the current call must end
         self.last_output = ""
 
     def _build_ipmitool_credentials(self) -> str:
@@ -96,9 +106,10 @@ class BoundedIpmitool(Ipmitool):  # type: ignore[misc]  # pyipmi is untyped
         argv = [a for a in shlex.split(cmd) if a != "2>&1"]
         argv[0] = self.binary
         env = {k: v for k, v in os.environ.items() if k != "IPMI_PASSWORD"}
-        if self._password is not None:
-            env["IPMI_PASSWORD"] = self._password
-        remaining = self.deadline - time.monotonic()
+        if self._interface_type in ("lan", "lanplus"):
+            env["IPMI_PASSWORD"] = self._password or ""  # -E with no variable would prompt
+        now = time.monotonic()
+        remaining = min(self.deadline, now + self.run_s) - now
         if remaining <= 0:
             raise _Deadline
         try:
@@ -116,7 +127,7 @@ class BoundedIpmitool(Ipmitool):  # type: ignore[misc]  # pyipmi is untyped
             self.last_output = partial.decode(errors="replace")
             raise _Deadline(self.last_output) from e
         except FileNotFoundError as e:
-            raise RuntimeError(f"{self.binary} not found (install ipmitool)") from e
+            raise _NoTool from e
         self.last_output = done.stdout.decode(errors="replace")
         return done.stdout, done.returncode
 
@@ -174,8 +185,18 @@ class IpmiReader:
         self._dcmi = False
         self._sensors: list[PowerSensor] = []
         self._probed = False
+        self._log: Any = get_logger(source="ipmi", bmc=self.bmc)
 
     # -- connection -------------------------------------------------------------------
+
+    def _password(self) -> str | None:
+        try:
+            return self.settings.secret()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SourceError(
+                f"ipmi: {self.bmc}: cannot read the password file"
+                f" {self.settings.password_file}: {getattr(e, 'strerror', None) or e}"
+            ) from None
 
     def _connect(self, cipher: int | None) -> None:
         s = self.settings
@@ -183,7 +204,7 @@ class IpmiReader:
         intf = BoundedIpmitool(
             interface_type,
             binary=self._ipmitool,
-            password=s.secret() if s.host is not None else None,
+            password=self._password() if s.host is not None else None,
             cipher=cipher,
             # ipmitool's timeout per try (-N, whole seconds); it takes about twice that to
             # give up with -R 1, so it usually says why before the deadline kills it
@@ -196,8 +217,9 @@ class IpmiReader:
                 # the password goes to ipmitool through its environment, not the session
                 ipmi.session.set_auth_type_user(s.user or "", "")
             ipmi.session.set_priv_level("user")
-        ipmi.target = pyipmi.Target(ipmb_address=0x20)
+        ipmi.target = pyipmi.Target()  # the BMC itself: no `-t`, no bridging
         ipmi.session.establish()
+        intf.run_s = self._timeout_s
         self._ipmi, self._intf = ipmi, intf
 
     def _check_device(self) -> None:
@@ -213,27 +235,31 @@ class IpmiReader:
                 " this user rw on the device, e.g. a udev rule with GROUP and MODE=0660)"
             )
 
-    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
-        """Run one python-ipmi call under a fresh deadline; every failure -> `SourceError`."""
+    def _call(self, what: str, fn: Callable[[], _T], budget_s: float | None = None) -> _T:
+        """Run python-ipmi calls within `budget_s` (default: `settings.timeout`), each
+        ipmitool run within `settings.timeout`; every failure -> `SourceError`."""
         assert self._intf is not None
-        self._intf.deadline = time.monotonic() + self._timeout_s
+        self._intf.deadline = time.monotonic() + (budget_s or self._timeout_s)
         try:
             return fn()
         except SourceError:
             raise
+        except _NoTool:
+            raise SourceError(
+                f"ipmi: {self.bmc}: {self._ipmitool} not found (install the ipmitool package)"
+            ) from None
         except _Deadline as e:
             said = f" (ipmitool said: {self._tool_said()})" if _errors(e.output) else ""
             raise SourceError(
                 f"ipmi: {self.bmc}: no answer to {what} within {self._timeout_s:g}s{said}"
             ) from None
-        except (AuthenticationError, IpmiLongPasswordError) as e:
-            raise SourceError(
-                f"ipmi: {self.bmc}: authentication failed for user"
-                f" {self.settings.user!r} ({type(e).__name__})"
-            ) from None
+        except (AuthenticationError, IpmiLongPasswordError):
+            raise self._auth_failed() from None
         except CompletionCodeError:
             raise  # the BMC answered "no": the caller decides
         except (IpmiConnectionError, IpmiTimeoutError):
+            if self._intf is not None and _AUTH_REFUSED.search(self._intf.last_output):
+                raise self._auth_failed() from None
             raise SourceError(
                 f"ipmi: {self.bmc}: cannot reach or open a session for {what}: {self._tool_said()}"
             ) from None
@@ -242,6 +268,15 @@ class IpmiReader:
                 f"ipmi: {self.bmc}: bad answer to {what}: {type(e).__name__}: {e}"
                 f"; ipmitool said: {self._tool_said()}"
             ) from None
+
+    def _auth_failed(self) -> SourceError:
+        out = self._intf.last_output if self._intf is not None else ""
+        lines = (ln.strip().lstrip("> ") for ln in out.splitlines())
+        said = next((ln for ln in lines if _AUTH_REFUSED.search(ln)), "")
+        user = repr(self.settings.user) if self.settings.user else "(anonymous)"
+        return SourceError(
+            f"ipmi: {self.bmc}: authentication failed for user {user}: {said or 'refused'}"
+        )
 
     def _tool_said(self) -> str:
         out = self._intf.last_output if self._intf is not None else ""
@@ -272,6 +307,7 @@ class IpmiReader:
         if not self._dcmi:
             self._sensors = self._probe_sdr()
         self._probed = True
+        self._log.info("ipmi power source", found=self.describe())
 
     def _cipher_refused(self) -> bool:
         out = self._intf.last_output if self._intf is not None else ""
@@ -286,12 +322,24 @@ class IpmiReader:
             return False  # "invalid command" & co: no DCMI on this BMC
         return bool(int(rsp.reading_state) & DCMI_MEASUREMENT_ACTIVE)
 
-    def _probe_sdr(self) -> list[PowerSensor]:
-        def records() -> list[Any]:
-            return list(self._ipmi.sdr_repository_entries())
+    def _walk_sdr(self) -> list[Any]:
+        """The SDR repository's records, guarded against a BMC whose record IDs loop."""
+        reservation = self._ipmi.reserve_sdr_repository()
+        records: list[Any] = []
+        seen: set[int] = set()
+        record_id = 0
+        while record_id != 0xFFFF and record_id not in seen and len(records) < MAX_SDRS:
+            seen.add(record_id)
+            record = self._ipmi.get_repository_sdr(record_id, reservation)
+            records.append(record)
+            record_id = record.next_id
+        return records
 
+    def _probe_sdr(self) -> list[PowerSensor]:
         try:
-            sdrs = self._call("reading the SDR repository", records)
+            sdrs = self._call(
+                "reading the SDR repository", self._walk_sdr, SDR_WALK_RUNS * self._timeout_s
+            )
         except CompletionCodeError as e:
             raise SourceError(
                 f"ipmi: {self.bmc}: no DCMI power reading and the SDR repository is"

@@ -86,17 +86,49 @@ def test_rmcp_only_interface_and_password_file(ipmi_sim: IpmiSim, tmp_path: Path
     assert by_component(r)["system"] == pytest.approx(420, abs=10)
 
 
-def test_wrong_password_is_one_clear_line_without_a_hang(ipmi_sim: IpmiSim) -> None:  # noqa: F811
-    r = IpmiReader(settings_for(ipmi_sim, password=SecretStr("not-the-password")))
+@pytest.mark.parametrize(
+    ("over", "says"),
+    [
+        ({"password": SecretStr("not-the-password")}, "user 'ipmiusr': RAKP 2 HMAC is invalid"),
+        (
+            {"interface": "lan", "password": SecretStr("not-the-password")},
+            "user 'ipmiusr': Activate Session command failed",
+        ),
+        (
+            {"user": "nobody"},
+            "user 'nobody': RAKP 2 message indicates an error : unauthorized name",
+        ),
+    ],
+    ids=["rmcp+-password", "rmcp-password", "unknown-user"],
+)
+def test_refused_credentials_are_one_clear_line_without_a_hang(
+    ipmi_sim: IpmiSim,  # noqa: F811
+    over: dict[str, object],
+    says: str,
+) -> None:
+    r = IpmiReader(settings_for(ipmi_sim, **over))
     started = time.monotonic()
     with pytest.raises(SourceError) as e:
         r.read()
     assert time.monotonic() - started < 2 * 2 + 1  # two cipher suites at most, 2s each
     msg = str(e.value)
-    assert "\n" not in msg
-    assert f"BMC 127.0.0.1:{ipmi_sim.port}" in msg
-    assert "authentication failed for user 'ipmiusr'" in msg
+    assert msg == f"ipmi: BMC 127.0.0.1:{ipmi_sim.port}: authentication failed for {says}"
     assert "not-the-password" not in msg
+
+
+def test_unreadable_password_file_and_missing_ipmitool(tmp_path: Path) -> None:
+    s = _settings(623).model_copy(update={"password": None, "password_file": tmp_path / "nope"})
+    with pytest.raises(SourceError) as e:
+        IpmiReader(s).read()
+    assert str(e.value) == (
+        f"ipmi: BMC 127.0.0.1:623: cannot read the password file {tmp_path / 'nope'}:"
+        " No such file or directory"
+    )
+    with pytest.raises(SourceError) as e:
+        IpmiReader(_settings(623), ipmitool=str(tmp_path / "ipmitool")).read()
+    assert str(e.value) == (
+        f"ipmi: BMC 127.0.0.1:623: {tmp_path / 'ipmitool'} not found (install the ipmitool package)"
+    )
 
 
 def test_the_password_is_not_on_the_command_line(ipmi_sim: IpmiSim) -> None:  # noqa: F811
