@@ -22,7 +22,12 @@ import pytest
 
 WATTS_PER_COUNT = 10  # the sensors' M: a reading is a multiple of 10 W, at most 2550 W
 POLL_MS = 100  # how often ipmi_sim rereads a sensor file
-DEFAULT_SENSORS = {"SysPower": 420.0, "PSU1 Input": 220.0, "PSU2 Input": 210.0}
+DEFAULT_SENSORS = {
+    "SysPower": 420.0,
+    "PSU1 Input": 220.0,
+    "PSU2 Input": 210.0,
+    "PSU1 Output": 200.0,  # not read by default (a PSU's output is not what the node draws)
+}
 
 
 def need_ipmi_sim() -> None:
@@ -218,7 +223,8 @@ set_working_mc 0x20
 
 @pytest.fixture(scope="module")
 def ipmi_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IpmiSim]:
-    """One `ipmi_sim` per test module with `DEFAULT_SENSORS` (SysPower 420 W, PSU1/PSU2)."""
+    """One `ipmi_sim` per test module with `DEFAULT_SENSORS` (SysPower 420 W, PSU1/PSU2
+    inputs, PSU1 output)."""
     need_ipmi_sim()
     sim = IpmiSim(tmp_path_factory.mktemp("ipmi_sim"))
     sim.start()

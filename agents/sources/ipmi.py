@@ -49,6 +49,8 @@ _PSU = re.compile(r"\bPSU?\s*_?(\d+)", re.IGNORECASE)
 _SYSTEM = re.compile(
     r"^sys|system|total|\bnode\b|platform|chassis|consumption|power\s*meter", re.IGNORECASE
 )
+# a PSU's output power (its input is what the node draws): not read unless named
+_OUTPUT = re.compile(r"out(put)?\b|\bpout\b", re.IGNORECASE)
 # what ipmitool says when the BMC turns the user or password down
 _AUTH_REFUSED = re.compile(r"RAKP|unauthorized name|Activate Session|password", re.IGNORECASE)
 _T = TypeVar("_T")
@@ -94,7 +96,7 @@ class BoundedIpmitool(Ipmitool):  # type: ignore[misc]  # pyipmi is untyped
         )
         self.binary = binary
         self._password = password
-        self.run_s = float("inf")  # the most one ipmitool run may take
+        self.run_s = 30.0  # the most one ipmitool run may take (the reader sets its timeout)
         self.deadline = float("inf")  # time.monotonic() by which the current call must end
         self.last_output = ""
 
@@ -165,7 +167,7 @@ class IpmiReader:
 
     `probe()` (run by the first `read()` if not called) asks for the DCMI power reading
     and falls back to the SDR repository's Watts sensors (`settings.sensors` narrows them
-    by name). The probe walks the SDR repository, one ipmitool run per request, so it is
+    by name; without it every Watts sensor is read but PSU output ones). The probe walks the SDR repository, one ipmitool run per request, so it is
     slower than a read; each request is bounded by `settings.timeout`.
     """
 
@@ -359,6 +361,8 @@ class IpmiReader:
                     f" (it has: {', '.join(repr(s.device_id_string) for s in watts) or 'none'})"
                 )
             watts = [s for s in watts if s.device_id_string.lower() in wanted]
+        else:
+            watts = [s for s in watts if not _OUTPUT.search(s.device_id_string)]
         if not watts:
             raise SourceError(f"ipmi: {self.bmc}: no DCMI power reading and no SDR sensor in Watts")
         seen: dict[str, int] = {}

@@ -53,6 +53,7 @@ def test_reads_the_power_sensors_over_rmcp_plus(ipmi_sim: IpmiSim, reader: IpmiR
     assert watts["system"] == pytest.approx(420, abs=10)
     assert watts["psu-1"] == pytest.approx(220, abs=10)
     assert watts["psu-2"] == pytest.approx(210, abs=10)
+    assert set(watts) == {"system", "psu-1", "psu-2"}  # not the PSU's output
     # ipmi_sim has no DCMI: the probe fell back to the SDR sensors and says which
     assert reader.describe() == (
         f"BMC 127.0.0.1:{ipmi_sim.port}: SDR sensors: 'SysPower' (W) as system,"
@@ -72,6 +73,8 @@ def test_sensors_setting_narrows_by_name_and_names_a_missing_one(ipmi_sim: IpmiS
     one = IpmiReader(settings_for(ipmi_sim, sensors=["psu2 input"]))
     assert set(by_component(one)) == {"psu-2"}
     assert one.describe().endswith("SDR sensors: 'PSU2 Input' (W) as psu-2")
+    named = IpmiReader(settings_for(ipmi_sim, sensors=["PSU1 Output", "SysPower"]))
+    assert by_component(named) == {"system": 420, "psu-1": 200}
     missing = IpmiReader(settings_for(ipmi_sim, sensors=["PSU9 Input"]))
     with pytest.raises(SourceError) as e:
         missing.read()
