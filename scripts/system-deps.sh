@@ -9,6 +9,8 @@ NEEDED=(
   "prometheus:promtool"
   "prometheus:prometheus"
   "prometheus-alertmanager:prometheus-alertmanager"
+  "openipmi:ipmi_sim"
+  "ipmitool:ipmitool"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do
