@@ -160,7 +160,6 @@ class EnergyAgent:
             except Exception as exc:  # noqa: BLE001 - a source that cannot describe itself still runs
                 found[s.name] = f"unknown ({exc})"
         await self._load_totals()
-        await self.gpu_pods.pods_by_device()
         self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
         self.ready = True
         self.log.info(
@@ -247,7 +246,7 @@ class EnergyAgent:
         self._enqueue(make_event(data, source=self.source))
         self._count(measured, co2e)
         await self._pods(measured, interval, carbon)
-        if not degraded or measured.energy_j > 0:
+        if measured.covered_s > 0:  # an interval with no readings says nothing about caps
             self._check_caps(measured.avg_power_w)
 
     def _count(self, measured: IntervalEnergy, co2e: float | None) -> None:

@@ -73,7 +73,7 @@ def _real_sources(settings: EnergySettings) -> tuple[list[PowerReader], list[str
     return sources, skipped
 
 
-async def _rack_of(settings: Settings, config: EnergySettings, node: str) -> str | None:
+async def rack_of(settings: Settings, config: EnergySettings, node: str) -> str | None:
     """The node's rack: from config, else its `rack_label` read once through the kube port."""
     caps = config.caps
     if caps.rack is not None or not caps.racks:
@@ -126,13 +126,15 @@ async def build_energy_agent(settings: Settings) -> Daemon:
             devices = gpu_device_ids(pynvml)
         except Exception as exc:  # noqa: BLE001 - GPU energy then goes to pods by index only
             log.warning("GPU UUIDs unknown", error=str(exc))
-    node_pods: NodePods | None = None
-    cluster: Any = None
-    with suppress(Exception):  # outside a cluster: CPU energy is not attributed to pods
-        from nodeward.kube import Cluster
+    from nodeward.kube import Cluster, KubeError
 
+    node_pods: NodePods | None = None
+    cluster: Cluster | None = None
+    try:
         cluster = Cluster.connect(settings.cluster, service="agent")
         node_pods = KubeNodePods(cluster, node)
+    except KubeError as exc:
+        log.warning("no cluster: CPU energy is not attributed to pods", error=str(exc))
     agent = EnergyAgent(
         bus,
         config,
@@ -143,7 +145,7 @@ async def build_energy_agent(settings: Settings) -> Daemon:
         gpu_pods=pods,
         node_pods=node_pods,
         gpu_devices=devices,
-        rack=await _rack_of(settings, config, node),
+        rack=await rack_of(settings, config, node),
     )
     agent.attach(daemon)
     daemon.add_shutdown_hook(pods.close)

@@ -20,15 +20,17 @@ from agents.energy import EnergyAgent
 from agents.energy_account import StaticCarbon
 from agents.energy_pods import StaticPodList
 from agents.energy_settings import EnergySettings, PowerCap, PowerCapSettings
-from agents.energy_sim import SimNodePower
+from agents.energy_sim import SimNodePower, follow_gpu_telemetry
 from agents.energy_wiring import gpu_device_ids
 from agents.sources.pods import StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.bus import Bus
 from nodeward.config import BusSettings
 from nodeward.sim.nvml import SimNvml
+from schemas.base import make_event
 from schemas.common import PodRef
 from schemas.energy import PowerSource
+from schemas.gpu import GpuSample, GpuTelemetry
 from tests.conftest import wait_for
 
 FAST = {"interval": "0.4s", "sample_every": "0.1s", "read_timeout": "0.2s"}
@@ -114,9 +116,7 @@ async def test_node_energy_lands_on_energy_with_hand_computed_co2e(
     bus_settings: BusSettings, bus: Bus, node: str, tmp_path: Path
 ) -> None:
     registry = CollectorRegistry()
-    async with running(
-        bus_settings, node, settings(tmp_path), [Watts("ipmi")], registry=registry
-    ):
+    async with running(bus_settings, node, settings(tmp_path), [Watts("ipmi")], registry=registry):
         first = await next_stored(bus, f"energy.node.{node}")
         event = await next_stored(bus, f"energy.node.{node}", after=first["_seq"])
     assert event["_subject"] == f"energy.node.{node}"
@@ -244,9 +244,7 @@ async def test_power_cap_notices_cross_once_and_clear_below_the_band(
     bus_settings: BusSettings, bus: Bus, node: str, tmp_path: Path
 ) -> None:
     source = Watts("ipmi", 900.0)
-    config = settings(
-        tmp_path, caps=PowerCapSettings(node=PowerCap(watts=1000, hysteresis=0.1))
-    )
+    config = settings(tmp_path, caps=PowerCapSettings(node=PowerCap(watts=1000, hysteresis=0.1)))
     notices: list[tuple[str, dict[str, Any]]] = []
 
     async def collect(msg: Any) -> None:
@@ -284,3 +282,41 @@ async def test_power_cap_notices_cross_once_and_clear_below_the_band(
     assert "1000 W" in crossed["title"]
 
 
+async def test_sim_node_power_follows_the_gpu_agents_telemetry(
+    bus_settings: BusSettings, bus: Bus, node: str, tmp_path: Path
+) -> None:
+    sim = SimNvml.build(node, count=2)  # 250 W per GPU until telemetry says otherwise
+    follower = await follow_gpu_telemetry(bus.nc, node, sim)
+    subj = f"energy.node.{node}"
+    try:
+        async with running(
+            bus_settings, node, settings(tmp_path), [SimNodePower(sim, base_w=500.0)]
+        ):
+            before = await next_stored(bus, subj)
+            assert before["avg_power_w"] == pytest.approx(500.0 + 2 * 250.0)
+            telemetry = GpuTelemetry(
+                node=node,
+                interval_s=1.0,
+                samples=[
+                    GpuSample(
+                        gpu_index=0,
+                        gpu_uuid=sim.gpus[0].uuid,
+                        utilization_gpu_pct=100.0,
+                        utilization_memory_pct=80.0,
+                        memory_used_bytes=1,
+                        memory_total_bytes=2,
+                        power_w=650.0,
+                    )
+                ],
+            )
+            await bus.publish(make_event(telemetry, source=f"agent/gpu/{node}"))
+
+            async def at_full_load() -> dict[str, Any] | None:
+                got = await stored(bus, subj)
+                return got if got and got["max_power_w"] == pytest.approx(1400.0) else None
+
+            loaded = await wait_for(at_full_load, timeout=5, what="power following the load")
+    finally:
+        await follower.unsubscribe()
+    gpu0 = next(r for r in loaded["readings"] if r["component"] == "gpu-0")
+    assert gpu0["avg_power_w"] > 250.0

@@ -28,7 +28,9 @@ def cgroup_tree(root: Path, node: int, a: int, b: int) -> None:
     write_stat(root, node)
     kp = root / "kubepods.slice"
     write_stat(kp, node // 2)
-    pod_a = kp / "kubepods-burstable.slice" / f"kubepods-burstable-pod{UID_A.replace('-', '_')}.slice"
+    pod_a = (
+        kp / "kubepods-burstable.slice" / f"kubepods-burstable-pod{UID_A.replace('-', '_')}.slice"
+    )
     write_stat(pod_a, a)
     write_stat(pod_a / "cri-containerd-abc.scope", a)  # a container: not a pod of its own
     write_stat(kp / "besteffort" / f"pod{UID_B}", b)
@@ -74,7 +76,9 @@ def test_gpu_and_cpu_energy_are_shared_among_pods(tmp_path: Path) -> None:
 
 def test_without_rapl_cpu_energy_is_the_nodes_non_gpu_share() -> None:
     readings = [
-        EnergyReading(source=PowerSource.IPMI_SDR, component="system", energy_j=1000, avg_power_w=1),
+        EnergyReading(
+            source=PowerSource.IPMI_SDR, component="system", energy_j=1000, avg_power_w=1
+        ),
         EnergyReading(source=PowerSource.NVML, component="gpu-0", energy_j=600, avg_power_w=1),
     ]
     [share] = attribute(
