@@ -189,7 +189,10 @@ class EnergyAgent:
             await self.sample()
             if loop.time() - began >= interval - every / 2:
                 end_wall = datetime.now(UTC)
-                await self.close_interval(began_wall, end_wall, loop.time() - began)
+                try:
+                    await self.close_interval(began_wall, end_wall, loop.time() - began)
+                except Exception:  # one bad interval never stops the agent
+                    self.log.exception("interval not published")
                 began, began_wall = loop.time(), end_wall
 
     async def sample(self) -> None:
@@ -198,7 +201,7 @@ class EnergyAgent:
         samples = [x for batch in results for x in batch]
         try:
             self._acc.tick(samples)
-        except Exception as exc:
+        except Exception as exc:  # a bad sample never stops the agent
             self.log.exception("samples not integrated", error=str(exc))
 
     async def _read(self, source: PowerReader) -> list[PowerSample]:
