@@ -7,11 +7,12 @@ only when none can. Carbon intensity comes from `carbon.provider`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
 from agents.energy import EnergyAgent, node_name
+from agents.energy_account import CarbonProvider, StaticCarbon
 from agents.energy_pods import KubeNodePods, NodePods
 from agents.energy_settings import EnergySettings
 from agents.sources.podresources import KubeletPods
@@ -21,6 +22,7 @@ from nodeward.daemon import Daemon, DaemonError
 from nodeward.logs import get_logger
 from nodeward.nats_auth import agent_inbox
 from nodeward.platform import Standalone
+from schemas.energy import CarbonBasis
 
 
 def gpu_device_ids(nvml: Any) -> dict[str, list[str]]:
@@ -93,8 +95,14 @@ async def rack_of(settings: Settings, config: EnergySettings, node: str) -> str 
     return str(rack) if rack is not None else None
 
 
-async def build_energy_agent(settings: Settings) -> Daemon:
-    """The energy agent daemon of this node (not started) on its real sources."""
+async def build_energy_agent(
+    settings: Settings,
+    *,
+    sources: Sequence[PowerReader] | None = None,
+    carbon: CarbonProvider | None = None,
+) -> Daemon:
+    """The energy agent daemon of this node (not started), on its real sources unless
+    `sources` is given; carbon from `carbon.provider` unless `carbon` is given."""
     import httpx
 
     from nodeward.platform import bus_daemon
@@ -102,7 +110,9 @@ async def build_energy_agent(settings: Settings) -> Daemon:
     config: EnergySettings = section(settings, "agents", "energy", EnergySettings)
     node = node_name(config)
     log: Any = get_logger(agent="energy", node=node)
-    sources, skipped = _real_sources(config)
+    skipped: list[str] = []
+    if sources is None:
+        sources, skipped = _real_sources(config)
     for line in skipped:
         log.warning("energy source unavailable", reason=line)
     if not sources:
@@ -113,10 +123,18 @@ async def build_energy_agent(settings: Settings) -> Daemon:
     daemon, bus = await bus_daemon(
         f"agent-energy-{node}", settings, source=f"agent/energy/{node}", provision=False
     )
-    from agents.sources.carbon import CarbonSource  # type: ignore[import-not-found,unused-ignore]
-
     http = httpx.AsyncClient()
-    carbon = CarbonSource(config.carbon, http)
+    daemon.add_shutdown_hook(http.aclose)
+    if carbon is None and config.carbon.provider == "static":
+        c = config.carbon
+        carbon = StaticCarbon(c.static_g_per_kwh, zone=c.zone, basis=CarbonBasis(c.static_basis))
+    elif carbon is None:
+        from agents.sources.carbon import (  # type: ignore[import-not-found,unused-ignore]
+            CarbonSource,
+        )
+
+        carbon = CarbonSource(config.carbon, http)
+    assert carbon is not None
     pods = KubeletPods(config.pod_resources_socket)
     devices: Mapping[str, list[str]] = {}
     if config.nvml.enabled:
@@ -149,7 +167,6 @@ async def build_energy_agent(settings: Settings) -> Daemon:
     )
     agent.attach(daemon)
     daemon.add_shutdown_hook(pods.close)
-    daemon.add_shutdown_hook(http.aclose)
     if cluster is not None:
         daemon.add_shutdown_hook(cluster.close)
     return daemon

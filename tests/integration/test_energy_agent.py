@@ -21,11 +21,11 @@ from agents.energy_account import StaticCarbon
 from agents.energy_pods import StaticPodList
 from agents.energy_settings import EnergySettings, PowerCap, PowerCapSettings
 from agents.energy_sim import SimNodePower, follow_gpu_telemetry
-from agents.energy_wiring import gpu_device_ids
+from agents.energy_wiring import build_energy_agent, gpu_device_ids
 from agents.sources.pods import StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.bus import Bus
-from nodeward.config import BusSettings
+from nodeward.config import BusSettings, Settings
 from nodeward.sim.nvml import SimNvml
 from schemas.base import make_event
 from schemas.common import PodRef
@@ -320,3 +320,30 @@ async def test_sim_node_power_follows_the_gpu_agents_telemetry(
         await follower.unsubscribe()
     gpu0 = next(r for r in loaded["readings"] if r["component"] == "gpu-0")
     assert gpu0["avg_power_w"] > 250.0
+
+
+async def test_standalone_daemon_publishes_with_static_carbon_and_never_logs_the_password(
+    bus_settings: BusSettings,
+    bus: Bus,
+    node: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    energy = {
+        **FAST,
+        "node": node,
+        "cgroup_root": str(tmp_path / "cg"),
+        "ipmi": {"host": "127.0.0.1", "user": "admin", "password": "hunter2-secret"},
+        "carbon": {"provider": "static", "static_g_per_kwh": 50},
+    }
+    config = Settings(bus=bus_settings, agents={"energy": energy})
+    daemon = await build_energy_agent(config, sources=[Watts("ipmi")])
+    async with daemon:
+        event = await next_stored(bus, f"energy.node.{node}")
+        assert (await daemon.readiness()).ready
+    assert daemon.name == f"agent-energy-{node}"
+    assert event["avg_power_w"] == pytest.approx(420.0)
+    assert event["co2e_g"] == pytest.approx(event["energy_j"] / 3.6e6 * 50.0, rel=1e-9)
+    out, err = capfd.readouterr()
+    assert "energy agent started" in out + err  # it did log
+    assert "hunter2-secret" not in out + err
