@@ -26,6 +26,7 @@ from agents.sources.pods import StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
+from nodeward.logs import configure_logging
 from nodeward.sim.nvml import SimNvml
 from schemas.base import make_event
 from schemas.common import PodRef
@@ -329,6 +330,7 @@ async def test_standalone_daemon_publishes_with_static_carbon_and_never_logs_the
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
+    configure_logging("info", "json")  # other tests (the CLI's) may have set warning
     energy = {
         **FAST,
         "node": node,
