@@ -125,6 +125,7 @@ class EnergyAgent:
         self._acc = Accumulator()
         self._failures: dict[str, str] = {}
         self._cpu = CpuTimes()
+        self._pod_labels: set[tuple[str, str]] = set()
         self._kv: TypedKV[EnergyTotals] | None = None
         self._outbox: asyncio.Queue[Event[Any]] = asyncio.Queue()
         self._node_subject = subject("energy.node", self.node)
@@ -325,6 +326,14 @@ class EnergyAgent:
         except Exception as exc:  # noqa: BLE001 - no pod events this interval; the node's went out
             self.log.warning("pod energy not attributed", error=str(exc))
             return
+        present = {(r.namespace, r.name) for refs in by_device.values() for r in refs}
+        present |= {(p.namespace, p.name) for p in pods}
+        present |= {(s.pod.namespace, s.pod.name) for s in shares}
+        for labels in self._pod_labels - present:  # the pod is gone: drop its series
+            for metric in (self.metrics.pod_energy, self.metrics.pod_co2e):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+        self._pod_labels &= present
         for share in shares:
             co2e = co2e_grams(share.energy_j, carbon.g_per_kwh) if carbon else None
             data = EnergyPod(
@@ -341,6 +350,7 @@ class EnergyAgent:
             )
             self._enqueue(make_event(data, source=self.source))
             labels = (share.pod.namespace, share.pod.name)
+            self._pod_labels.add(labels)
             self.metrics.pod_energy.labels(*labels).inc(share.energy_j)
             if co2e:
                 self.metrics.pod_co2e.labels(*labels).inc(co2e)

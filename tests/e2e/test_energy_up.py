@@ -1,4 +1,4 @@
-"""`nodeward up` runs a simulated energy agent per sim node: energy.node events appear."""
+"""`nodeward up` runs a simulated energy agent per sim node: energy.node and energy.pod appear."""
 
 from __future__ import annotations
 
@@ -47,6 +47,14 @@ def test_up_publishes_node_energy_that_follows_the_sim_gpus(tmp_path: Path) -> N
             # The node's power is its base power plus its GPUs' (250 W each in the sim).
             assert system["avg_power_w"] >= sum(g["avg_power_w"] for g in gpus) > 0
             assert data["co2e_g"] is not None and data["degraded"] == []
+        pods = run(
+            "tail", "energy.pod.>", "--count", "1", "--json", "--timeout", "20s",
+            "--nats", endpoints["nats_url"],
+            timeout=40,
+        )  # fmt: skip
+        assert pods.returncode == 0, pods.stderr
+        pod = json.loads(pods.stdout)["data"]
+        assert pod["gpu_energy_j"] > 0 and "gpu-" in pod["attribution"]
         daemon = endpoints["metrics"][energy_daemons[0]]
         metrics = httpx.get(daemon + "/metrics", timeout=5).text
         assert "nodeward_node_power_watts" in metrics

@@ -219,13 +219,21 @@ async def test_pods_get_their_gpus_energy_and_a_cpu_time_share(
         node_pods=StaticPodList([alice]),
         gpu_devices=devices,
         registry=registry,
-    ):
+    ) as agent:
         cpu(2_000_000, 350_000)  # a quarter of the node's CPU time from now on
         subj = f"energy.pod.{node}.user-alice.train-a"
         first = await next_stored(bus, subj)
         cpu(3_000_000, 600_000)
         event = await next_stored(bus, subj, after=first["_seq"])
         node_event = await stored(bus, f"energy.node.{node}")
+        series = {"namespace": "user-alice", "pod": "train-a"}
+        assert (registry.get_sample_value("nodeward_pod_energy_joules_total", series) or 0) > 0
+        agent.gpu_pods, agent.node_pods = StaticPods(), StaticPodList()  # the pod has gone
+        await wait_for(
+            lambda: registry.get_sample_value("nodeward_pod_energy_joules_total", series) is None,
+            timeout=3,
+            what="the gone pod's series dropped",
+        )
     assert event["_subject"] == subj
     assert event["node"] == node and event["namespace"] == "user-alice"
     gpu0 = next(r for r in node_event["readings"] if r["component"] == "gpu-0")  # type: ignore[index]
@@ -233,12 +241,6 @@ async def test_pods_get_their_gpus_energy_and_a_cpu_time_share(
     assert event["gpu_energy_j"] > 0 and event["cpu_energy_j"] > 0
     assert "gpu-exclusive" in event["attribution"] and "estimate" in event["attribution"]
     assert event["co2e_g"] == pytest.approx(event["energy_j"] / 3.6e6 * 50.0, rel=1e-9)
-    assert (
-        registry.get_sample_value(
-            "nodeward_pod_energy_joules_total", {"namespace": "user-alice", "pod": "train-a"}
-        )
-        or 0
-    ) > 0
 
 
 async def test_power_cap_notices_cross_once_and_clear_below_the_band(
