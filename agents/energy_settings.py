@@ -82,14 +82,22 @@ class PowerCapSettings(Section):
     node: PowerCap | None = None
     racks: dict[str, PowerCap] = Field(default_factory=dict, description="rack name -> cap")
     rack_label: str = "topology.kubernetes.io/rack"
+    rack: str | None = Field(
+        default=None, description="this node's rack; None: read the node's `rack_label` once"
+    )
 
 
 class EnergySettings(Section):
     """`agents.energy`."""
 
+    node: str | None = Field(default=None, description="None: NODE_NAME, else the host name")
     interval: Duration = timedelta(seconds=60)
     sample_every: Duration = Field(
         default=timedelta(seconds=1), description="how often power sources are read"
+    )
+    read_timeout: Duration = Field(
+        default=timedelta(seconds=3),
+        description="a source read that takes longer is reported degraded (the loop goes on)",
     )
     bucket: str = Field(default="energy", description="KV bucket of the cumulative totals")
     ipmi: IpmiSettings = IpmiSettings()

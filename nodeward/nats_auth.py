@@ -95,14 +95,20 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"energy.node.{n}",
             f"energy.pod.{n}.>",
             "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
+            # Its own key of the energy totals bucket (provisioned, direct get), no other:
+            f"$KV.energy.node.{n}",
+            "$JS.API.STREAM.INFO.KV_energy",
+            f"$JS.API.DIRECT.GET.KV_energy.$KV.energy.node.{n}",
         ),
         "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
-        "deny_publish": ("$JS.API.>",),
+        # The allow list is the whole grant; a deny of `$JS.API.>` would override the two
+        # reads above (NATS denies win), so none is set.
+        "deny_publish": (),
     }
 
 
 def node_agent(node: str, password: str) -> NatsUser:
-    """A node's agents: their own node's subjects, their own inbox, nothing of JetStream's API."""
+    """A node's agents: their own node's subjects and inbox, their own energy-totals key."""
     n = token(node)
     g = _agent_grants(n)
     return NatsUser(

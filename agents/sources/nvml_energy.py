@@ -36,6 +36,10 @@ def _not_supported(exc: pynvml.NVMLError) -> bool:
     return bool(exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED)
 
 
+class NoNvml(SourceError):
+    """No NVML library at all (a node without the NVIDIA driver), unlike a GPU in trouble."""
+
+
 class NvmlEnergyReader:
     """Energy (or, as a fallback, power) of every GPU on the node (a `PowerReader`)."""
 
@@ -48,6 +52,8 @@ class NvmlEnergyReader:
         self._problem: str | None = None
         try:
             self._discover()
+        except NoNvml:
+            raise  # not a GPU node: the agent leaves this source out and says so, once
         except SourceError as exc:
             self._problem = str(exc)
             log.warning("nvml energy: no GPUs yet", error=self._problem)
@@ -65,6 +71,8 @@ class NvmlEnergyReader:
                 for i in range(int(self.nvml.nvmlDeviceGetCount()))
             ]
         except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND and not self._initialised:
+                raise NoNvml(f"nvml: no NVIDIA driver library on this node ({exc})") from None
             raise SourceError(f"nvml: cannot list GPUs: {exc}") from None
         for gpu in gpus:
             try:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from types import MappingProxyType
 
 import structlog
 from nats.js import JetStreamContext, api
@@ -20,6 +21,14 @@ _RETENTION = {
     Retention.WORKQUEUE: api.RetentionPolicy.WORK_QUEUE,
 }
 _STORAGE = {Storage.FILE: api.StorageType.FILE, Storage.MEMORY: api.StorageType.MEMORY}
+
+
+# KV buckets node agents write (key `node.<node>`) but, with publish-only NATS users, may
+# not create: provisioned with the streams. bucket -> (history, description).
+# Direct get, so that a node's NATS user can be allowed to read its own key and no other.
+AGENT_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
+    {"energy": (1, "energy agents' cumulative totals, key node.<node>")}
+)
 
 
 def stream_config(spec: StreamSpec) -> api.StreamConfig:
@@ -73,6 +82,7 @@ async def ensure_kv(
     ttl_s: float | None = None,
     replicas: int = 1,
     description: str | None = None,
+    direct: bool = False,
 ) -> KeyValue:
     """A KV bucket, created if missing (an existing bucket is used as it is)."""
     try:
@@ -86,6 +96,7 @@ async def ensure_kv(
         ttl=ttl_s,
         replicas=replicas,
         storage=api.StorageType.FILE,
+        direct=direct,
     )
     try:
         return await js.create_key_value(config=config)

@@ -393,11 +393,12 @@ def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any)
 
 
 @app.command()
-def agent(
+def agent(  # noqa: PLR0917 - typer maps parameters to options
     name: Annotated[
         str,
         typer.Argument(
-            metavar="NAME", help="the agent, e.g. gpu; or keygen: make this node's NATS nkey"
+            metavar="NAME",
+            help="the agent, e.g. gpu or energy; or keygen: make this node's NATS nkey",
         ),
     ],
     nats: NatsOpt = None,
@@ -408,8 +409,63 @@ def agent(
     force: Annotated[
         bool, typer.Option("--force", help="keygen: replace an existing seed")
     ] = False,
+    node: Annotated[
+        str | None, typer.Option("--node", help="energy: this node's name (default: NODE_NAME)")
+    ] = None,
+    ipmi_host: Annotated[
+        str | None,
+        typer.Option("--ipmi-host", help="energy: the BMC over the LAN (default: /dev/ipmi0)"),
+    ] = None,
+    ipmi_port: Annotated[
+        int | None, typer.Option("--ipmi-port", min=1, max=65535, help="energy: BMC port")
+    ] = None,
+    ipmi_user: Annotated[str | None, typer.Option("--ipmi-user", help="energy: BMC user")] = None,
+    ipmi_password: Annotated[
+        str | None,
+        typer.Option(
+            "--ipmi-password", help="energy: BMC password (prefer --ipmi-password-file or env)"
+        ),
+    ] = None,
+    ipmi_password_file: Annotated[
+        Path | None,
+        typer.Option("--ipmi-password-file", help="energy: file holding the BMC password"),
+    ] = None,
+    interval: Annotated[
+        float | None,
+        typer.Option("--interval", min=0.1, metavar="SECONDS", help="energy: publish interval"),
+    ] = None,
+    carbon_intensity: Annotated[
+        float | None,
+        typer.Option(
+            "--carbon-intensity",
+            min=0,
+            metavar="G_PER_KWH",
+            help="energy: a static carbon intensity (gCO2e/kWh)",
+        ),
+    ] = None,
 ) -> None:
-    """Run one node agent on its own (what the DaemonSet runs), or make the node's nkey."""
+    """Run one node agent on its own (what the DaemonSet runs), or make the node's nkey.
+
+    Every energy flag has an env equivalent: NODEWARD_AGENTS__ENERGY__NODE,
+    ..._IPMI__HOST, ..._IPMI__PORT, ..._IPMI__USER, ..._IPMI__PASSWORD,
+    ..._IPMI__PASSWORD_FILE, ..._INTERVAL, ..._CARBON__STATIC_G_PER_KWH.
+    """
+    from nodeward.cli.agent_options import EnergyFlags, apply_energy_flags
+
+    flags = EnergyFlags(
+        node,
+        ipmi_host,
+        ipmi_port,
+        ipmi_user,
+        ipmi_password,
+        ipmi_password_file,
+        interval,
+        carbon_intensity,
+    )
+    if flags.given() and name != "energy":
+        raise CliError(f"{', '.join(flags.given())}: only for `nodeward agent energy`")
+    if ipmi_password_file is not None and not ipmi_password_file.is_file():
+        raise CliError(f"--ipmi-password-file {ipmi_password_file} is not a readable file")
     if name == "keygen":
         from nodeward.nats_auth import write_agent_seed
 
@@ -421,7 +477,9 @@ def agent(
             raise CliError(f"cannot write {out}: {exc.strerror}") from None
         typer.echo(public)
         return
-    _run_standalone("agent", name, settings_for(config, nats))
+    settings = settings_for(config, nats)
+    apply_energy_flags(settings, flags)
+    _run_standalone("agent", name, settings)
 
 
 @app.command()

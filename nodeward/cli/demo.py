@@ -84,15 +84,19 @@ def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
 
 
 def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:
-    """Where each daemon's metrics are; the simulated GPU agents on one line, by port."""
-    agents = {n: u for n, u in metrics.items() if n.startswith("agent-gpu-")}
-    lines = [f"{name:<10} {url}/metrics" for name, url in metrics.items() if name not in agents]
-    if agents:
+    """Where each daemon's metrics are; each kind of simulated agent on one line, by port."""
+    groups = {"agent-gpu-": "GPU agents", "agent-energy-": "energy agents"}
+    grouped = {p: {n: u for n, u in metrics.items() if n.startswith(p)} for p in groups}
+    members = {n for g in grouped.values() for n in g}
+    lines = [f"{name:<10} {url}/metrics" for name, url in metrics.items() if name not in members]
+    for prefix, agents in grouped.items():
+        if not agents:
+            continue
         host = next(iter(agents.values())).rsplit(":", 1)[0]
         ports = [u.rsplit(":", 1)[1] for u in agents.values()]
         more = " ..." if len(ports) > shown else ""
         lines.append(
-            f"{'GPU agents':<10} {host}:PORT/metrics, PORT {' '.join(ports[:shown])}{more} "
+            f"{groups[prefix]:<10} {host}:PORT/metrics, PORT {' '.join(ports[:shown])}{more} "
             f"({len(ports)}, by node in endpoints.json)"
         )
     return lines

@@ -58,3 +58,42 @@ async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
         finally:
             await agent.close(grace=1)
             await operator.close(grace=1)
+
+
+async def test_agent_reads_and_writes_only_its_own_energy_totals(tmp_path: Path) -> None:
+    """The energy agent keeps its totals in KV `energy`, key `node.<node>`: its NATS user may
+    put and get that key (direct get) and no other node's, and may not create the bucket."""
+    conf = tmp_path / "auth.conf"
+    conf.write_text(render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw")]))
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
+        operator = await Bus.connect(BusSettings(url=url), source="test/admin")  # + the bucket
+        agent = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                user="agent-gpu-node-a",
+                password="a-pw",  # type: ignore[arg-type]
+                inbox_prefix=agent_inbox("gpu-node-a"),
+                provision=False,
+                publish_timeout="500ms",  # type: ignore[arg-type]
+            ),
+            source="agent/energy/gpu-node-a",
+        )
+        try:
+            kv = await agent.kv("energy")  # bound, not created: the operator provisioned it
+            await kv.put("node.gpu-node-a", b'{"energy_j": 1.0}')
+            entry = await kv.get("node.gpu-node-a")
+            assert entry.value == b'{"energy_j": 1.0}'
+
+            theirs = await operator.kv("energy")
+            await theirs.put("node.gpu-node-b", b'{"energy_j": 2.0}')
+            with pytest.raises(TimeoutError):  # the server drops the refused request
+                await kv.get("node.gpu-node-b")
+            with pytest.raises(TimeoutError):
+                await kv.put("node.gpu-node-b", b'{"energy_j": 0.0}')
+            assert (await theirs.get("node.gpu-node-b")).value == b'{"energy_j": 2.0}'
+            with pytest.raises(TimeoutError):  # no bucket of its own making either
+                await agent.kv("evil")
+        finally:
+            await agent.close(grace=1)
+            await operator.close(grace=1)

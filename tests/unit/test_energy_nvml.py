@@ -118,3 +118,22 @@ def test_read_cost_with_eight_gpus() -> None:
     median_us = sorted(times)[len(times) // 2] * 1e6
     print(f"NvmlEnergyReader.read median {median_us:.1f} us for 8 sim GPUs")
     assert median_us < 5000
+
+
+def test_a_node_without_the_nvidia_driver_has_no_nvml_source() -> None:
+    """Real pynvml here: without the driver library the reader refuses at once, so the
+    agent leaves NVML out (one line at start) instead of a degraded source every interval."""
+    import pynvml
+
+    from agents.sources.nvml_energy import NoNvml, NvmlEnergyReader
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        if exc.value != pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            pytest.skip(f"NVML is present but failing here ({exc})")
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has the NVIDIA driver")
+    with pytest.raises(NoNvml, match="no NVIDIA driver library"):
+        NvmlEnergyReader(pynvml)

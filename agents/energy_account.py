@@ -1,0 +1,199 @@
+"""Turning power samples into energy per interval: integration, counters, the node total.
+
+Watts samples are integrated with the trapezoid rule between consecutive samples of the
+same component; cumulative counters (RAPL, NVML total energy) are differenced. A segment
+between two samples lands in the interval of its later sample, so across intervals every
+joule is counted once. The node's energy is the BMC's whole-system reading when there is
+one, else the sum of PSU inputs, else the sum of the top-level components (CPU packages,
+DRAM, GPUs; core/uncore sub-zones are inside their package and left out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from agents.sources.power import PowerSample
+from schemas.energy import CarbonBasis, CarbonIntensity, EnergyReading, PowerSource
+
+JOULES_PER_KWH = 3.6e6
+_SUB_ZONES = ("core", "uncore")
+
+
+def co2e_grams(energy_j: float, g_per_kwh: float) -> float:
+    """CO2e of `energy_j` joules at `g_per_kwh` grams per kWh."""
+    return energy_j / JOULES_PER_KWH * g_per_kwh
+
+
+class CarbonProvider(Protocol):
+    """Where the agent gets carbon intensity; `current()` never raises."""
+
+    async def current(self) -> CarbonIntensity: ...
+
+
+class StaticCarbon:
+    """A fixed carbon intensity (`--carbon-intensity`)."""
+
+    def __init__(
+        self,
+        g_per_kwh: float,
+        *,
+        zone: str = "static",
+        basis: CarbonBasis = CarbonBasis.OPERATIONAL,
+    ) -> None:
+        self.g_per_kwh = g_per_kwh
+        self.zone = zone
+        self.basis = basis
+
+    async def current(self) -> CarbonIntensity:
+        return CarbonIntensity(
+            g_per_kwh=self.g_per_kwh,
+            zone=self.zone,
+            provider="static",
+            basis=self.basis,
+            observed_at=datetime.now(UTC),
+        )
+
+
+@dataclass
+class _Track:
+    """One (source, component): its last point and what it added this interval."""
+
+    source: PowerSource
+    component: str
+    last_at: float | None = None
+    last_watts: float | None = None
+    last_counter: float | None = None
+    energy_j: float = 0.0
+    covered_s: float = 0.0
+    watts_now: float | None = None  # power over the last segment
+
+
+@dataclass(frozen=True)
+class IntervalEnergy:
+    """What one interval measured."""
+
+    readings: list[EnergyReading]
+    energy_j: float  # whole node
+    basis: str  # "system", "psu", "components" or "none"
+    min_power_w: float | None
+    max_power_w: float | None
+    duration_s: float  # the interval's wall time
+    covered_s: float  # the time the node's readings actually span
+
+    @property
+    def avg_power_w(self) -> float:
+        return self.energy_j / self.covered_s if self.covered_s > 0 else 0.0
+
+
+def node_basis(components: Iterable[str]) -> str:
+    """Which readings make up the node's energy: `system`, `psu`, `components` or `none`."""
+    names = set(components)
+    if "system" in names:
+        return "system"
+    if any(n.startswith("psu") for n in names):
+        return "psu"
+    return "components" if names else "none"
+
+
+def _in_basis(component: str, basis: str) -> bool:
+    if basis == "system":
+        return component == "system"
+    if basis == "psu":
+        return component.startswith("psu")
+    return not component.startswith(_SUB_ZONES)
+
+
+@dataclass
+class Accumulator:
+    """Integrates samples tick by tick; `close()` ends an interval and starts the next."""
+
+    tracks: dict[tuple[PowerSource, str], _Track] = field(default_factory=dict)
+    _tick_powers: list[float] = field(default_factory=list)
+    dropped: int = 0  # samples refused (time going backwards, negative or non-finite)
+
+    def tick(self, samples: Sequence[PowerSample]) -> float | None:
+        """Add one tick's samples; returns the node's power at this tick (None if unknown)."""
+        for sample in samples:
+            self._add(sample)
+        now = [t for t in self.tracks.values() if t.watts_now is not None and t.last_at is not None]
+        if not now:
+            return None
+        fresh = {t.component: t for t in now}
+        basis = node_basis(fresh)
+        power = sum(t.watts_now or 0.0 for c, t in fresh.items() if _in_basis(c, basis))
+        self._tick_powers.append(power)
+        return power
+
+    def _add(self, s: PowerSample) -> None:
+        value = s.watts if s.watts is not None else s.energy_j
+        if value is None or not (value >= 0.0) or value == float("inf"):
+            self.dropped += 1
+            return
+        key = (s.source, s.component)
+        track = self.tracks.get(key)
+        if track is None:
+            track = self.tracks[key] = _Track(s.source, s.component)
+        if track.last_at is not None and s.at <= track.last_at:
+            self.dropped += 1
+            return
+        dt = 0.0 if track.last_at is None else s.at - track.last_at
+        if s.watts is not None:
+            if track.last_watts is not None and dt > 0:
+                track.energy_j += (track.last_watts + s.watts) / 2 * dt
+                track.covered_s += dt
+            track.last_watts = s.watts
+            track.last_counter = None
+            track.watts_now = s.watts
+        else:
+            assert s.energy_j is not None
+            if track.last_counter is not None and dt > 0:
+                delta = s.energy_j - track.last_counter
+                if delta >= 0:  # a counter that went back was reset: start again from here
+                    track.energy_j += delta
+                    track.covered_s += dt
+                    track.watts_now = delta / dt
+            track.last_counter = s.energy_j
+            track.last_watts = None
+        track.last_at = s.at
+
+    def close(self, duration_s: float) -> IntervalEnergy:
+        """The interval's readings and node energy; per-interval sums restart at zero."""
+        readings = []
+        for track in self.tracks.values():
+            if track.covered_s <= 0:
+                continue
+            readings.append(
+                EnergyReading(
+                    source=track.source,
+                    component=track.component,
+                    energy_j=track.energy_j,
+                    avg_power_w=track.energy_j / track.covered_s,
+                )
+            )
+        basis = node_basis(r.component for r in readings)
+        energy = sum(r.energy_j for r in readings if _in_basis(r.component, basis))
+        covered = max(
+            (
+                t.covered_s
+                for t in self.tracks.values()
+                if t.covered_s > 0 and _in_basis(t.component, basis)
+            ),
+            default=0.0,
+        )
+        powers = self._tick_powers
+        result = IntervalEnergy(
+            readings=sorted(readings, key=lambda r: (r.source.value, r.component)),
+            energy_j=energy,
+            basis=basis,
+            min_power_w=min(powers) if powers else None,
+            max_power_w=max(powers) if powers else None,
+            duration_s=duration_s,
+            covered_s=covered,
+        )
+        for track in self.tracks.values():
+            track.energy_j = track.covered_s = 0.0
+        self._tick_powers = []
+        return result

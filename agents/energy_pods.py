@@ -1,0 +1,209 @@
+"""Sharing a node's energy among its pods: GPUs by who holds them, CPU by cgroup CPU time.
+
+GPU energy goes to the pods holding the GPU (pod-resources); a GPU held by several pods
+(MIG instances, shared replicas) is split equally among them. CPU energy (RAPL package
+energy, else the node's energy less its GPUs') is split by each pod's share of the node's
+CPU time over the interval, as Kepler does: an estimate, and labelled so. A pod's CPU time
+is `usage_usec` of `cpu.stat` in its cgroup v2 directory, found by the pod's UID under
+`kubepods.slice` (systemd driver: `kubepods-<qos>-pod<uid_with_underscores>.slice`;
+cgroupfs driver: `pod<uid>`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from schemas.common import PodRef
+from schemas.energy import EnergyReading, PowerSource
+
+GPU_ATTRIBUTION = "gpu-exclusive"
+GPU_SHARED = "gpu-equal-share"
+CPU_ATTRIBUTION = "cpu-time-ratio-estimate"
+_KUBEPODS = ("kubepods.slice", "kubepods")
+
+
+class NodePods(Protocol):
+    async def pods(self) -> list[PodRef]:
+        """The pods on this node now, each with its UID."""
+        ...
+
+
+class StaticPodList:
+    """A fixed list of pods (tests, the simulated nodes)."""
+
+    def __init__(self, pods: Iterable[PodRef] = ()) -> None:
+        self._pods = list(pods)
+
+    async def pods(self) -> list[PodRef]:
+        return self._pods
+
+
+class KubeNodePods:
+    """The node's pods from the API server (the agent's ServiceAccount may list pods)."""
+
+    def __init__(self, cluster: Any, node: str) -> None:
+        self.cluster = cluster
+        self.node = node
+
+    async def pods(self) -> list[PodRef]:
+        items = await self.cluster.pods.on_node(self.node)
+        out = []
+        for item in items:
+            meta = item.get("metadata") or {}
+            if meta.get("name") and meta.get("namespace") and meta.get("uid"):
+                out.append(PodRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]))
+        return out
+
+
+def _uid_of(dirname: str) -> str | None:
+    """The pod UID in a pod cgroup's directory name, or None if it is not a pod's."""
+    name = dirname.removesuffix(".slice")
+    at = name.rfind("pod")
+    if at < 0 or (at > 0 and name[at - 1] != "-"):
+        return None
+    uid = name[at + 3 :].replace("_", "-")
+    return uid if len(uid) == 36 and uid.count("-") == 4 else None
+
+
+def _usage_usec(directory: Path) -> int | None:
+    try:
+        text = (directory / "cpu.stat").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def read_cpu_usage(cgroup_root: Path) -> tuple[int | None, dict[str, int]]:
+    """(the node's CPU µs, each pod UID's CPU µs) from a cgroup v2 tree."""
+    node = _usage_usec(cgroup_root)
+    pods: dict[str, int] = {}
+    for top in _KUBEPODS:
+        base = cgroup_root / top
+        if not base.is_dir():
+            continue
+        if node is None:
+            node = _usage_usec(base)
+        for dirpath, dirnames, _ in os.walk(base):
+            for d in list(dirnames):
+                uid = _uid_of(d)
+                if uid is None:
+                    continue
+                dirnames.remove(d)  # a pod's own children are its containers: not walked
+                usage = _usage_usec(Path(dirpath) / d)
+                if usage is not None:
+                    pods[uid] = usage
+    return node, pods
+
+
+@dataclass
+class PodEnergy:
+    pod: PodRef
+    cpu_energy_j: float = 0.0
+    gpu_energy_j: float = 0.0
+    methods: set[str] = field(default_factory=set)
+
+    @property
+    def energy_j(self) -> float:
+        return self.cpu_energy_j + self.gpu_energy_j
+
+    @property
+    def attribution(self) -> str:
+        return "+".join(sorted(self.methods))
+
+
+@dataclass
+class CpuTimes:
+    """CPU time counters between intervals: the deltas of the last one."""
+
+    last_node: int | None = None
+    last_pods: dict[str, int] = field(default_factory=dict)
+
+    def delta(self, node: int | None, pods: Mapping[str, int]) -> tuple[int, dict[str, int]]:
+        """(node CPU µs, per pod CPU µs) since the last call; a pod first seen adds nothing."""
+        deltas = {
+            uid: max(v - self.last_pods[uid], 0) for uid, v in pods.items() if uid in self.last_pods
+        }
+        pod_sum = sum(deltas.values())
+        if node is not None and self.last_node is not None and node >= self.last_node:
+            node_delta = max(node - self.last_node, pod_sum)
+        else:
+            node_delta = pod_sum
+        self.last_node, self.last_pods = node, dict(pods)
+        return node_delta, deltas
+
+
+def gpu_index(component: str) -> str | None:
+    """`gpu-3` -> `3`."""
+    return component.removeprefix("gpu-") if component.startswith("gpu-") else None
+
+
+def cpu_energy(readings: Sequence[EnergyReading], node_energy_j: float) -> float:
+    """RAPL package energy if measured, else the node's energy less the GPUs'."""
+    packages = [
+        r.energy_j
+        for r in readings
+        if r.source == PowerSource.RAPL and r.component.startswith("package")
+    ]
+    if packages:
+        return sum(packages)
+    gpus = sum(r.energy_j for r in readings if gpu_index(r.component) is not None)
+    return max(node_energy_j - gpus, 0.0)
+
+
+def attribute(
+    readings: Sequence[EnergyReading],
+    node_energy_j: float,
+    *,
+    gpu_devices: Mapping[str, Sequence[str]],
+    by_device: Mapping[str, Sequence[PodRef]],
+    node_pods: Sequence[PodRef],
+    cpu_node_us: int,
+    cpu_pod_us: Mapping[str, int],
+) -> list[PodEnergy]:
+    """Each pod's share of the interval's energy.
+
+    `gpu_devices`: GPU index -> the device IDs pod-resources may name it by (its UUID,
+    its MIG UUIDs, the index itself).
+    """
+    out: dict[tuple[str, str], PodEnergy] = {}
+
+    def entry(ref: PodRef) -> PodEnergy:
+        key = (ref.namespace, ref.name)
+        if key not in out:
+            out[key] = PodEnergy(PodRef(namespace=ref.namespace, name=ref.name, uid=ref.uid))
+        return out[key]
+
+    for r in readings:
+        index = gpu_index(r.component)
+        if index is None or r.source != PowerSource.NVML:
+            continue
+        ids = list(gpu_devices.get(index, ())) or [index]
+        holders: dict[tuple[str, str], PodRef] = {}
+        for device in ids:
+            for ref in by_device.get(device, ()):
+                holders.setdefault((ref.namespace, ref.name), ref)
+        for ref in holders.values():
+            pe = entry(ref)
+            pe.gpu_energy_j += r.energy_j / len(holders)
+            pe.methods.add(GPU_ATTRIBUTION if len(holders) == 1 else GPU_SHARED)
+    cpu_j = cpu_energy(readings, node_energy_j)
+    if cpu_node_us > 0 and cpu_j > 0:
+        for ref in node_pods:
+            used = cpu_pod_us.get(ref.uid or "", 0)
+            if used <= 0:
+                continue
+            pe = entry(ref)
+            pe.cpu_energy_j += cpu_j * used / cpu_node_us
+            pe.methods.add(CPU_ATTRIBUTION)
+    return [pe for pe in out.values() if pe.energy_j > 0]
