@@ -23,10 +23,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel
 
-from agents.energy_account import Accumulator, CarbonProvider, IntervalEnergy, co2e_grams
+from agents.energy_account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy_caps import TOPIC, CapWatch, cap_notice, cap_watches
 from agents.energy_pods import CpuTimes, NodePods, StaticPodList, attribute, read_cpu_usage
 from agents.energy_settings import EnergySettings
+from agents.sources.carbon import co2e_grams
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.bus import Bus, PublishError

@@ -18,13 +18,7 @@ from typing import Protocol
 from agents.sources.power import PowerSample
 from schemas.energy import CarbonBasis, CarbonIntensity, EnergyReading, PowerSource
 
-JOULES_PER_KWH = 3.6e6
 _SUB_ZONES = ("core", "uncore")
-
-
-def co2e_grams(energy_j: float, g_per_kwh: float) -> float:
-    """CO2e of `energy_j` joules at `g_per_kwh` grams per kWh."""
-    return energy_j / JOULES_PER_KWH * g_per_kwh
 
 
 class CarbonProvider(Protocol):

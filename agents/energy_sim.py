@@ -82,7 +82,7 @@ async def follow_gpu_telemetry(nc: Any, node: str, nvml: SimNvml) -> Any:
             return
         for s in event.data.samples:
             if s.power_w is not None and 0 <= s.gpu_index < len(nvml.gpus):
-                nvml.gpus[s.gpu_index].power_mw = int(s.power_w * 1000)
+                nvml.set_power(s.gpu_index, s.power_w)  # energy so far at the old power
 
     return await nc.subscribe(subject("gpu", "telemetry", node), cb=on_message)
 
