@@ -55,6 +55,7 @@ from agents.sources.nvml import (
 )
 from agents.sources.podresources import DEFAULT_SOCKET, KubeletPods
 from agents.sources.pods import PodSource, StaticPods
+from nodeward.aio import within
 from nodeward.bus import Bus, PublishError
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
@@ -289,7 +290,7 @@ class GpuAgent:
         interval = self.settings.poll_interval.total_seconds()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(watch.poll_now.wait(), interval)
+                await within(watch.poll_now.wait(), interval)
             watch.poll_now.clear()
             await self._poll(watch)
 

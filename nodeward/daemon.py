@@ -23,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from prometheus_client.exposition import choose_encoder
 
+from nodeward.aio import within
 from nodeward.config import DaemonSettings
 from nodeward.health import LoopMonitor, Readiness, ReadinessCheck, ReadinessReport
 from nodeward.logs import get_logger
@@ -331,7 +332,7 @@ class Daemon:
             self.log.warning("shutdown hook skipped: shutdown timeout spent", hook=name)
             return
         try:
-            await asyncio.wait_for(hook(), remaining)
+            await within(hook(), remaining)
         except TimeoutError:
             self.log.warning("shutdown hook timed out", hook=name, timeout_s=round(remaining, 3))
         except Exception:

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nodeward.aio import within
+
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
 """A check such as "bus connected": returns (or resolves to) True when it passes."""
 
@@ -70,7 +72,7 @@ class Readiness:
         try:
             value: Any = check()
             if inspect.isawaitable(value):
-                value = await asyncio.wait_for(value, self.timeout)
+                value = await within(value, self.timeout)
         except TimeoutError:
             return CheckResult(name, False, f"timed out after {self.timeout:g}s")
         except Exception as exc:  # noqa: BLE001 - a failing check is "not ready", not a crash

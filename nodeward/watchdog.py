@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from nodeward.aio import within
+
 T = TypeVar("T")
 
 
@@ -101,7 +103,7 @@ class Lane:
         self._since = time.monotonic()
         self._queue.put((fn, deliver))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await within(asyncio.shield(future), timeout)
         except TimeoutError:
             raise CallTimeout(self.name, self.current, timeout) from None
 

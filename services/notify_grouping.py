@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 from pydantic import Field
 
+from nodeward.aio import within
 from nodeward.bus import Delivery, RetryableError
 from nodeward.config import Section
 from nodeward.durations import Duration
@@ -276,7 +277,7 @@ class Grouper:
     async def _sleep(self, group: Group, seconds: float) -> None:
         if seconds > 0 and not group.hurry.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(group.hurry.wait(), seconds)
+                await within(group.hurry.wait(), seconds)
 
     async def _run(self, group: Group) -> None:
         await self._sleep(group, group.due - self.clock())

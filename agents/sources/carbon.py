@@ -20,6 +20,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.energy_settings import CarbonSettings
+from nodeward.aio import within
 from schemas.energy import CarbonBasis, CarbonIntensity
 
 log = structlog.get_logger(__name__)
@@ -319,9 +320,7 @@ class CarbonSource:
         if self._retry_at is not None and now < self._retry_at:
             return self._fallback(now)
         try:
-            reading = await asyncio.wait_for(
-                provider.fetch(), self.settings.timeout.total_seconds() + 1
-            )
+            reading = await within(provider.fetch(), self.settings.timeout.total_seconds() + 1)
         except ProviderError as exc:
             return self._failed(now, str(exc))
         except TimeoutError:

@@ -14,6 +14,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.kv import KeyValue
 
+from nodeward.aio import within
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
 from nodeward.bus.dlq import one_line
@@ -179,9 +180,9 @@ class Bus:
         self.consumers.clear()
         with contextlib.suppress(Exception):
             if self.js.publish_async_pending():
-                await asyncio.wait_for(self.js.publish_async_completed(), grace)
+                await within(self.js.publish_async_completed(), grace)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.nc.drain(), max(grace, 0.5))
+            await within(self.nc.drain(), max(grace, 0.5))
         with contextlib.suppress(Exception):
             await self.nc.close()
 

@@ -28,6 +28,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import api
 
+from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.errors import PermanentError, RetryableError
 from nodeward.bus.pull import Puller
@@ -205,7 +206,7 @@ class Consumer:
         if self._held:
             self._drained.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), grace)
+                await within(self._drained.wait(), grace)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -233,7 +234,7 @@ class Consumer:
                 failures += 1
                 self.log.warning("consumer.fetch_failed", error=one_line(exc), failures=failures)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), min(0.2 * 2**failures, 5.0))
+                    await within(self._stopping.wait(), min(0.2 * 2**failures, 5.0))
                 continue
             if self._puller.conflict is not None:
                 await self._recover(self._puller.conflict)
@@ -257,7 +258,7 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - try again on the next conflict
             self.log.warning("consumer.recreate_failed", error=one_line(exc))
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), 1.0)
+                await within(self._stopping.wait(), 1.0)
             return
         self.bound = True
         self.log.warning("consumer.recreated", reason=conflict)

@@ -20,6 +20,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from nodeward.aio import within
+
 STATUS = "Status"
 PENDING_MESSAGES = "Nats-Pending-Messages"
 HEARTBEAT, NO_MESSAGES, REQUEST_TIMEOUT, CONFLICT = "100", "404", "408", "409"
@@ -100,7 +102,7 @@ class Puller:
         if not self._buffer:
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout)
+                await within(self._arrived.wait(), timeout)
             except TimeoutError:
                 return []
         buffer = self._buffer

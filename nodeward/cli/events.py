@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from pydantic import ValidationError
 
+from nodeward.aio import within
 from nodeward.bus import Bus, BusError, PublishError
 from nodeward.cli.common import connect_nats, echo_json, fail, read_data
 from nodeward.config import Settings
@@ -209,7 +210,7 @@ async def tail(
                 None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0)
             )
             try:
-                msg = await asyncio.wait_for(queue.get(), remaining)
+                msg = await within(queue.get(), remaining)
             except TimeoutError:
                 fail(f"no event within {timeout}")
             if _show(msg, as_json, where):

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from pydantic import ValidationError
 
+from nodeward.aio import within
 from nodeward.cli.events import echo_line, event_line, severity_of
 from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
 from schemas import DecodeError, decode
@@ -234,7 +235,7 @@ async def watch_outbox(
         listed.set()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), OUTBOX_POLL_S)  # poll period, not a sync
+            await within(stop.wait(), OUTBOX_POLL_S)  # poll period, not a sync
         now = await asyncio.to_thread(_listing, outbox)
         for path in sorted(now - seen):
             name = path.relative_to(outbox).as_posix()
@@ -268,7 +269,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
     try:
         while True:
             try:
-                msg: Msg | None = await asyncio.wait_for(queue.get(), story.hold / 4)
+                msg: Msg | None = await within(queue.get(), story.hold / 4)
             except TimeoutError:
                 msg = None  # time to flush what has waited long enough
             try:

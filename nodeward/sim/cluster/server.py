@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from nodeward.aio import within
 from nodeward.logs import get_logger
 from nodeward.sim.cluster import convert, disruption, protobuf, rbac, resources, tables
 from nodeward.sim.cluster.errors import ApiError, bad_request
@@ -895,7 +896,7 @@ class SimCluster:
                 if deadline is not None:
                     wait = min(wait, max(deadline - now_m, 0.01))
                 try:
-                    change = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                    change = await within(watcher.queue.get(), timeout=wait)
                 except TimeoutError:
                     continue
                 last_rv = change.rv
