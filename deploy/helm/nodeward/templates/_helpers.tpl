@@ -55,31 +55,37 @@ capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
 
-{{/* Probes on the daemon's own port: liveness /healthz, readiness /readyz. */}}
+{{/* Probes on the daemon's own port (the port's name): liveness /healthz, readiness /readyz. */}}
 {{- define "nodeward.probes" -}}
 livenessProbe:
-  httpGet: {path: /healthz, port: metrics}
+  httpGet: {path: /healthz, port: {{ . }}}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: metrics}
+  httpGet: {path: /readyz, port: {{ . }}}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
 {{- end -}}
 
-{{/* Environment every daemon gets (NODEWARD_<SECTION>__<KEY>). */}}
+{{/* Environment every daemon gets (NODEWARD_<SECTION>__<KEY>), its own port included:
+(dict "ctx" $ "port" <the daemon's /healthz, /readyz and /metrics port>). */}}
 {{- define "nodeward.commonEnv" -}}
 - name: NODEWARD_BUS__URL
-  value: {{ include "nodeward.natsUrl" . | quote }}
+  value: {{ include "nodeward.natsUrl" .ctx | quote }}
 - name: NODEWARD_DAEMON__HOST
   value: "0.0.0.0"
 - name: NODEWARD_DAEMON__PORT
-  value: {{ .Values.metricsPort | quote }}
+  value: {{ .port | quote }}
 - name: NODE_NAME
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
+{{- end -}}
+
+{{/* The energy agent's port: agents.energy.metricsPort, else metricsPort + 1. */}}
+{{- define "nodeward.energyPort" -}}
+{{- .Values.agents.energy.metricsPort | default (add1 (int .Values.metricsPort)) -}}
 {{- end -}}
 
 {{- define "nodeward.extraEnv" -}}
