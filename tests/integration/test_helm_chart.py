@@ -288,7 +288,12 @@ def test_energy_network_policy_opens_only_what_the_config_uses(
         "agents": {"energy": {"carbon": {"provider": "rte-eco2mix"}, "ipmi": {"host": "10.9.0.7"}}}
     }
     values["networkPolicies"] = {"bmcCidrs": ["10.9.0.0/24"]}
-    policy = _energy_policy(render(tmp_path, values))
+    rendered = render(tmp_path, values)
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(
+            named(rendered, "NetworkPolicy", "nw-agent-energy"), version, strict=True
+        )
+    policy = _energy_policy(rendered)
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     carbon, bmc = policy["egress"]
     assert carbon == {
