@@ -174,6 +174,33 @@ def test_no_container_sets_an_env_name_twice(docs: list[dict[str, Any]]) -> None
     assert not twice, "\n".join(twice)
 
 
+@pytest.mark.parametrize(
+    ("values", "where", "name"),
+    [
+        ({"agents": {"energy": {"env": {"NODE_NAME": "x"}}}}, "agents.energy.env", "NODE_NAME"),
+        (
+            {"agents": {"env": {"NODEWARD_DAEMON__PORT": "1"}}},
+            "agents.env",
+            "NODEWARD_DAEMON__PORT",
+        ),
+        (
+            {"serviceDefaults": {"env": {"NODEWARD_BUS__USER": "x"}}},
+            "serviceDefaults.env",
+            "NODEWARD_BUS__USER",
+        ),
+    ],
+)
+def test_an_env_value_the_chart_sets_itself_is_refused(
+    tmp_path: Path, values: dict[str, Any], where: str, name: str
+) -> None:
+    """Two env entries of one name: the API server would silently keep one."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(path))
+    assert done.returncode != 0
+    assert where in done.stderr and f"{name} is set by the chart itself" in done.stderr
+
+
 def test_agents_run_on_gpu_nodes_with_least_privilege(docs: list[dict[str, Any]]) -> None:
     ds = named(docs, "DaemonSet", "nw-agent")
     pod = ds["spec"]["template"]["spec"]

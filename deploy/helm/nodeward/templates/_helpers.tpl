@@ -88,8 +88,18 @@ readinessProbe:
 {{- .Values.agents.energy.metricsPort | default (add1 (int .Values.metricsPort)) -}}
 {{- end -}}
 
+{{/* The user's env of a container: (dict "env" <map> "fixed" <the env the chart sets, as
+rendered> "where" <the values key>). A name the chart sets already is refused: two entries
+of one name, and the API server silently keeps one. */}}
 {{- define "nodeward.extraEnv" -}}
-{{- range $k, $v := . }}
+{{- $taken := list -}}
+{{- range regexFindAll "(?m)^- name: [^\\s]+" .fixed -1 -}}
+{{- $taken = append $taken (trimPrefix "- name: " .) -}}
+{{- end -}}
+{{- range $k, $v := .env }}
+{{- if has $k $taken }}
+{{- fail (printf "%s: %s is set by the chart itself; change it through its own value or `config`" $.where $k) }}
+{{- end }}
 - name: {{ $k }}
   value: {{ $v | quote }}
 {{- end }}
