@@ -128,6 +128,77 @@ def test_monitors_select_the_pods_that_serve_metrics(docs: list[dict[str, Any]])
     daemonset = named(docs, "DaemonSet", "nw-agent")
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    scraped = {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]}
+    served = {
+        p["name"] for c in daemonset["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+    }
+    assert scraped == served == {"metrics", "energy-metrics"}
+
+
+def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container["volumeMounts"]}
+
+
+def _pod_specs(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(kind/name, pod spec) of every workload rendered."""
+    specs = []
+    for doc in docs:
+        if doc["kind"] in {"DaemonSet", "Deployment", "StatefulSet", "Job"}:
+            specs.append(
+                (f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"])
+            )
+    return specs
+
+
+def test_no_container_sets_an_env_name_twice(docs: list[dict[str, Any]]) -> None:
+    """The API server keeps the last of two equal names: one silently loses."""
+    specs = _pod_specs(docs)
+    assert {"DaemonSet/nw-agent", "Deployment/nw-cordon", "Job/nw-provision"} <= {
+        name for name, _ in specs
+    }
+    twice = []
+    for name, pod in specs:
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            names = [e["name"] for e in container.get("env", [])]
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                twice.append(f"{name} container {container['name']}: {dupes}")
+    assert not twice, "\n".join(twice)
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "name"),
+    [
+        ({"agents": {"energy": {"env": {"NODE_NAME": "x"}}}}, "agents.energy.env", "NODE_NAME"),
+        (
+            {"agents": {"env": {"NODEWARD_DAEMON__PORT": "1"}}},
+            "agents.env",
+            "NODEWARD_DAEMON__PORT",
+        ),
+        (
+            {"serviceDefaults": {"env": {"NODEWARD_BUS__USER": "x"}}},
+            "serviceDefaults.env",
+            "NODEWARD_BUS__USER",
+        ),
+    ],
+)
+def test_an_env_value_the_chart_sets_itself_is_refused(
+    tmp_path: Path, values: dict[str, Any], where: str, name: str
+) -> None:
+    """Two env entries of one name: the API server would silently keep one."""
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(path))
+    assert done.returncode != 0
+    assert where in done.stderr and f"{name} is set by the chart itself" in done.stderr
 
 
 def test_agents_run_on_gpu_nodes_with_least_privilege(docs: list[dict[str, Any]]) -> None:
@@ -138,31 +209,150 @@ def test_agents_run_on_gpu_nodes_with_least_privilege(docs: list[dict[str, Any]]
     tolerated = {t["key"] for t in pod["tolerations"]}
     assert {"nvidia.com/gpu", "nodeward.io/gpu-unhealthy"} <= tolerated
     assert pod["runtimeClassName"] == "nvidia"
-    (container,) = pod["containers"]
-    sc = container["securityContext"]
-    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
-    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
-    env = {e["name"]: e for e in container["env"]}
-    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert "/var/lib/kubelet/pod-resources" in mounts
+    containers = _containers(pod)
+    assert set(containers) == {"gpu", "energy"}
     seed = next(v for v in pod["volumes"] if v["name"] == "seed")
     assert seed["hostPath"] == {"path": "/etc/nodeward/agent.nk", "type": "File"}
-    assert env["NODEWARD_BUS__NKEY_SEED_FILE"]["value"] == "/var/run/nodeward/agent.nk"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for container in containers.values():
+        sc = container["securityContext"]
+        assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+        env = _env(container)
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+        mounts = _mounts(container)
+        assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
+        assert mounts["/var/run/nodeward/agent.nk"] == {
+            "name": "seed",
+            "mountPath": "/var/run/nodeward/agent.nk",
+            "readOnly": True,
+        }
+        assert env["NODEWARD_BUS__NKEY_SEED_FILE"]["value"] == "/var/run/nodeward/agent.nk"
+        (port,) = container["ports"]
+        assert env["NODEWARD_DAEMON__PORT"]["value"] == str(port["containerPort"])
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+    gpu = containers["gpu"]
+    assert gpu["args"] == ["agent", "gpu", "--config", "/etc/nodeward/config.yaml"]
+    assert gpu["ports"][0] == {"name": "metrics", "containerPort": 9400, "protocol": "TCP"}
+
+
+def test_the_energy_agent_runs_beside_the_gpu_agent(docs: list[dict[str, Any]]) -> None:
+    pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
+    energy = _containers(pod)["energy"]
+    assert energy["args"] == ["agent", "energy", "--config", "/etc/nodeward/config.yaml"]
+    assert energy["ports"] == [{"name": "energy-metrics", "containerPort": 9401, "protocol": "TCP"}]
+    env = _env(energy)
+    mounts = _mounts(energy)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # Each pod's CPU time from the host's cgroup tree, read-only.
+    cgroup_root = env["NODEWARD_AGENTS__ENERGY__CGROUP_ROOT"]["value"]
+    assert mounts[cgroup_root]["readOnly"] is True
+    assert volumes[mounts[cgroup_root]["name"]]["hostPath"] == {
+        "path": "/sys/fs/cgroup",
+        "type": "Directory",
+    }
+    # RAPL from the host's powercap directory (the runtime masks the container's), read-only.
+    rapl_root = env["NODEWARD_AGENTS__ENERGY__RAPL__ROOT"]["value"]
+    (powercap,) = [m for p, m in mounts.items() if rapl_root.startswith(p + "/")]
+    assert powercap["readOnly"] is True
+    assert volumes[powercap["name"]]["hostPath"]["path"] == "/sys/devices/virtual/powercap"
+    socket = env["NODEWARD_AGENTS__ENERGY__POD_RESOURCES_SOCKET"]["value"]
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert {m["name"] for m in mounts.values()} >= {"config", "seed", "pod-resources", "tmp"}
+    assert "ipmi" not in volumes
+
+
+def test_energy_agent_off(tmp_path: Path, keys: dict[str, str]) -> None:
+    values = representative_values(keys)
+    values["agents"]["energy"] = {"enabled": False}
+    docs = render(tmp_path, values)
+    pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
+    assert set(_containers(pod)) == {"gpu"}
+    assert not {"cgroup", "powercap"} & {v["name"] for v in pod["volumes"]}
+    (pod_monitor,) = by_kind(docs, "PodMonitor")
+    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert "nw-agent-energy" not in {p["metadata"]["name"] for p in by_kind(docs, "NetworkPolicy")}
 
 
 def test_ipmi_device_is_mounted_only_when_asked(tmp_path: Path, keys: dict[str, str]) -> None:
+    """Only in the energy container: the GPU agent does not read the BMC."""
     values = representative_values(keys)
-    values["agents"]["ipmi"] = {"enabled": True, "hostPath": True}
+    values["agents"]["ipmi"] = {
+        "enabled": True,
+        "hostPath": True,
+        "resource": "smarter-devices/ipmi0",
+    }
     docs = render(tmp_path, values)
     pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
     ipmi = next(v for v in pod["volumes"] if v["name"] == "ipmi")
     assert ipmi["hostPath"] == {"path": "/dev/ipmi0", "type": "CharDevice"}
-    assert pod["containers"][0]["securityContext"]["privileged"] is False
+    containers = _containers(pod)
+    assert _mounts(containers["energy"])["/dev/ipmi0"]["name"] == "ipmi"
+    assert containers["energy"]["resources"]["limits"]["smarter-devices/ipmi0"] == 1
+    assert containers["energy"]["securityContext"]["privileged"] is False
+    gpu = containers["gpu"]
+    assert "ipmi" not in {m["name"] for m in gpu["volumeMounts"]}
+    assert "smarter-devices/ipmi0" not in gpu["resources"].get("limits", {})
+
+
+def _energy_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return named(docs, "NetworkPolicy", "nw-agent-energy")["spec"]
+
+
+def test_energy_network_policy_opens_only_what_the_config_uses(
+    docs: list[dict[str, Any]], tmp_path: Path, keys: dict[str, str]
+) -> None:
+    # Static carbon, in-band BMC: Prometheus on the energy port, no egress of its own.
+    policy = _energy_policy(docs)
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"][0]["ports"] == [{"port": 9401, "protocol": "TCP"}]
+    assert "egress" not in policy
+    # A network provider and an out-of-band BMC: HTTPS to the provider, UDP 623 to the BMCs.
+    values = representative_values(keys)
+    values["config"] = {
+        "agents": {"energy": {"carbon": {"provider": "rte-eco2mix"}, "ipmi": {"host": "10.9.0.7"}}}
+    }
+    values["networkPolicies"] = {"bmcCidrs": ["10.9.0.0/24"]}
+    rendered = render(tmp_path, values)
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(
+            named(rendered, "NetworkPolicy", "nw-agent-energy"), version, strict=True
+        )
+    policy = _energy_policy(rendered)
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    carbon, bmc = policy["egress"]
+    assert carbon == {
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+        "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+    assert bmc == {
+        "to": [{"ipBlock": {"cidr": "10.9.0.0/24"}}],
+        "ports": [{"port": 623, "protocol": "UDP"}],
+    }
+
+
+def test_an_out_of_band_bmc_without_cidrs_is_refused(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": {"agents": {"energy": {"ipmi": {"host": "bmc"}}}}}))
+    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(values))
+    assert done.returncode != 0
+    assert "networkPolicies.bmcCidrs" in done.stderr
+
+
+def test_a_carbon_token_comes_from_a_secret(tmp_path: Path, keys: dict[str, str]) -> None:
+    values = representative_values(keys)
+    values["agents"]["energy"] = {
+        "secretEnv": {"NODEWARD_AGENTS__ENERGY__CARBON__TOKEN": {"name": "em", "key": "token"}}
+    }
+    pod = named(render(tmp_path, values), "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
+    token = _env(_containers(pod)["energy"])["NODEWARD_AGENTS__ENERGY__CARBON__TOKEN"]
+    assert token == {
+        "name": "NODEWARD_AGENTS__ENERGY__CARBON__TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "em", "key": "token"}},
+    }
+    assert "NODEWARD_AGENTS__ENERGY__CARBON__TOKEN" not in _env(_containers(pod)["gpu"])
 
 
 def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> None:
@@ -269,13 +459,13 @@ def _exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def _metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\bnodeward_[a-z_]+", expr))
+    return set(re.findall(r"\bnodeward_[a-z0-9_]+", expr))
 
 
 def _defined_metrics() -> set[str]:
     """Every metric name the code defines (prometheus-client adds _total to counters)."""
     names: set[str] = set()
-    pattern = re.compile(r"(Counter|Gauge|Histogram)\(\s*\"(nodeward_[a-z_]+)\"", re.S)
+    pattern = re.compile(r"(Counter|Gauge|Histogram)\(\s*\"(nodeward_[a-z0-9_]+)\"", re.S)
     for folder in ("nodeward", "agents", "services"):
         for path in (ROOT / folder).rglob("*.py"):
             for kind, name in pattern.findall(path.read_text()):
@@ -293,5 +483,10 @@ def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[st
     used = set().union(*(_metric_names(e) for e in exprs))
     assert {"nodeward_gpu_health_state", "nodeward_remediations_total"} <= used
     assert "nodeward_events_dead_lettered_total" in used
+    assert {
+        "nodeward_node_power_watts",
+        "nodeward_energy_joules_total",
+        "nodeward_co2e_grams_total",
+    } <= used
     missing = used - _defined_metrics()
     assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"

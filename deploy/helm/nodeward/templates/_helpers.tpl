@@ -55,35 +55,51 @@ capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
 
-{{/* Probes on the daemon's own port: liveness /healthz, readiness /readyz. */}}
+{{/* Probes on the daemon's own port (the port's name): liveness /healthz, readiness /readyz. */}}
 {{- define "nodeward.probes" -}}
 livenessProbe:
-  httpGet: {path: /healthz, port: metrics}
+  httpGet: {path: /healthz, port: {{ . }}}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: metrics}
+  httpGet: {path: /readyz, port: {{ . }}}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
 {{- end -}}
 
-{{/* Environment every daemon gets (NODEWARD_<SECTION>__<KEY>). */}}
+{{/* Environment every daemon gets (NODEWARD_<SECTION>__<KEY>), its own port included:
+(dict "ctx" $ "port" <the daemon's /healthz, /readyz and /metrics port>). */}}
 {{- define "nodeward.commonEnv" -}}
 - name: NODEWARD_BUS__URL
-  value: {{ include "nodeward.natsUrl" . | quote }}
+  value: {{ include "nodeward.natsUrl" .ctx | quote }}
 - name: NODEWARD_DAEMON__HOST
   value: "0.0.0.0"
 - name: NODEWARD_DAEMON__PORT
-  value: {{ .Values.metricsPort | quote }}
+  value: {{ .port | quote }}
 - name: NODE_NAME
   valueFrom:
     fieldRef: {fieldPath: spec.nodeName}
 {{- end -}}
 
+{{/* The energy agent's port: agents.energy.metricsPort, else metricsPort + 1. */}}
+{{- define "nodeward.energyPort" -}}
+{{- .Values.agents.energy.metricsPort | default (add1 (int .Values.metricsPort)) -}}
+{{- end -}}
+
+{{/* The user's env of a container: (dict "env" <map> "fixed" <the env the chart sets, as
+rendered> "where" <the values key>). A name the chart sets already is refused: two entries
+of one name, and the API server silently keeps one. */}}
 {{- define "nodeward.extraEnv" -}}
-{{- range $k, $v := . }}
+{{- $taken := list -}}
+{{- range regexFindAll "(?m)^- name: [^\\s]+" .fixed -1 -}}
+{{- $taken = append $taken (trimPrefix "- name: " .) -}}
+{{- end -}}
+{{- range $k, $v := .env }}
+{{- if has $k $taken }}
+{{- fail (printf "%s: %s is set by the chart itself; change it through its own value or `config`" $.where $k) }}
+{{- end }}
 - name: {{ $k }}
   value: {{ $v | quote }}
 {{- end }}
