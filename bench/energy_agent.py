@@ -198,7 +198,8 @@ def main() -> None:
 
     results = asyncio.run(with_server(runs))
     print(
-        f"{args.gpus} sim GPUs + sim BMC, {args.seconds:g} s windows x {args.runs} runs (medians); "(
+        f"{args.gpus} sim GPUs + sim BMC, {args.seconds:g} s windows x {args.runs} runs (medians); "
+        + (
             f"60 s interval measured {args.compress:g}x time-compressed (an upper bound)"
             if args.compress > 1
             else "60 s interval measured as it runs"
