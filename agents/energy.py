@@ -30,8 +30,9 @@ from agents.energy_settings import EnergySettings
 from agents.sources.carbon import co2e_grams
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
-from nodeward.bus import Bus, PublishError
+from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
+from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
@@ -122,14 +123,18 @@ class EnergyAgent:
         self.log: Any = get_logger(agent="energy", node=self.node)
         self.ready = False
         self.totals: EnergyTotals | None = None  # None until read from KV
-        self.published = 0
         self._lanes = {s.name: Lane(f"{self.node}/energy/{s.name}") for s in self.sources}
         self._acc = Accumulator()
         self._failures: dict[str, str] = {}
         self._cpu = CpuTimes()
         self._pod_labels: set[tuple[str, str]] = set()
         self._kv: TypedKV[EnergyTotals] | None = None
-        self._outbox: asyncio.Queue[Event[Any]] = asyncio.Queue()
+        self._outbox = Outbox(
+            bus,
+            owner=f"energy agent for {self.node}",
+            allowed=self._may_publish,
+            max_unsent=MAX_UNSENT,
+        )
         self._node_subject = subject("energy.node", self.node)
         self._pod_prefix = subject("energy.pod", self.node) + "."
         self._key = f"node.{token(self.node)}"
@@ -146,7 +151,7 @@ class EnergyAgent:
         try:
             await self._start()
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._publisher())
+                tg.create_task(self._outbox.run())
                 tg.create_task(self._sample_loop())
         finally:
             self.ready = False
@@ -381,35 +386,14 @@ class EnergyAgent:
 
     # -- publishing ---------------------------------------------------------------------
 
-    def _enqueue(self, event: Event[Any]) -> None:
-        subj = event.nats_subject
+    def _may_publish(self, subj: str) -> bool:
+        """Its node's energy, its pods' energy, and its power-limit notices."""
         notice = subj.startswith("notify.") and subj.endswith("." + TOPIC)
-        if not (subj == self._node_subject or subj.startswith(self._pod_prefix) or notice):
-            raise ValueError(f"energy agent for {self.node} refuses to publish on {subj}")
-        self._outbox.put_nowait(event)
+        return subj == self._node_subject or subj.startswith(self._pod_prefix) or notice
 
-    async def _publisher(self) -> None:
-        """Publish in order, in batches; on failure keep up to `MAX_UNSENT` and send again."""
-        unsent: list[Event[Any]] = []
-        failures = 0
-        while True:
-            if not unsent:
-                unsent.append(await self._outbox.get())
-            while not self._outbox.empty():
-                unsent.append(self._outbox.get_nowait())
-            try:
-                await self.bus.publish_many(unsent)
-            except PublishError as exc:
-                failures += 1
-                dropped = max(len(unsent) - MAX_UNSENT, 0)
-                unsent = unsent[dropped:]
-                self.log.error(
-                    "publish failed; sending again",
-                    kept=len(unsent),
-                    dropped=dropped,
-                    error=str(exc),
-                )
-                await asyncio.sleep(min(0.5 * 2 ** min(failures, 5), 10.0))
-            else:
-                self.published += len(unsent)
-                unsent, failures = [], 0
+    def _enqueue(self, event: Event[Any]) -> None:
+        self._outbox.put(event)
+
+    @property
+    def published(self) -> int:
+        return self._outbox.published

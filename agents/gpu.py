@@ -56,7 +56,8 @@ from agents.sources.nvml import (
 from agents.sources.podresources import DEFAULT_SOCKET, KubeletPods
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
-from nodeward.bus import Bus, PublishError
+from nodeward.bus import Bus
+from nodeward.bus.outbox import Outbox
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
@@ -205,7 +206,15 @@ class GpuAgent:
         self.watches: list[_Watch] = []
         self._by_handle: dict[int, _Watch] = {}
         self._control = Lane(f"{self.node}/nvml")
-        self._outbox: asyncio.Queue[Event[Any]] = asyncio.Queue()
+        # While NATS is unreachable, state changes are kept and sent again; heartbeats and
+        # telemetry are let go, as the next ones restate them.
+        self._outbox = Outbox(
+            bus,
+            owner=f"agent for {self.node}",
+            allowed=lambda s: s.startswith(self._health_prefix) or s == self._telemetry_subject,
+            max_unsent=MAX_UNSENT,
+            keep=_is_state_change,
+        )
         self._pods_now: Mapping[str, list[PodRef]] = {}
         self._stop_events = threading.Event()
         self._event_set: Any = None
@@ -229,7 +238,7 @@ class GpuAgent:
         try:
             await self._start()
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._publisher())
+                tg.create_task(self._outbox.run())
                 for watch in self.watches:
                     tg.create_task(self._poll_loop(watch))
                 tg.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat))
@@ -505,42 +514,7 @@ class GpuAgent:
     # -- publishing ---------------------------------------------------------------------
 
     def _enqueue(self, event: Event[Any]) -> None:
-        subj = event.nats_subject
-        if not (subj.startswith(self._health_prefix) or subj == self._telemetry_subject):
-            raise ValueError(f"agent for {self.node} refuses to publish on {subj}")
-        self._outbox.put_nowait(event)
-
-    async def _publisher(self) -> None:
-        """Publish in order, in batches of whatever queued up meanwhile.
-
-        While NATS is unreachable, state changes are kept and sent again (same ids, so
-        JetStream stores each once); heartbeats and telemetry are dropped, as the next ones
-        restate them. At most `MAX_UNSENT` changes are kept; the oldest go first.
-        """
-        unsent: list[Event[Any]] = []
-        failures = 0
-        while True:
-            if not unsent:
-                unsent.append(await self._outbox.get())
-            while not self._outbox.empty():
-                unsent.append(self._outbox.get_nowait())
-            try:
-                await self.bus.publish_many(unsent)
-            except PublishError as exc:
-                failures += 1
-                changes = [e for e in unsent if _is_state_change(e)]
-                dropped = max(len(changes) - MAX_UNSENT, 0)
-                unsent = changes[dropped:]
-                self.log.error(
-                    "publish failed; keeping state changes to send again",
-                    kept=len(unsent),
-                    dropped_changes=dropped,
-                    error=str(exc),
-                )
-                # Back off before trying again (a schedule, not a synchronisation).
-                await asyncio.sleep(min(0.5 * 2 ** min(failures, 5), 10.0))
-            else:
-                unsent, failures = [], 0
+        self._outbox.put(event)
 
 
 MAX_UNSENT = 10_000
