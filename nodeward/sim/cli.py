@@ -104,6 +104,10 @@ def inject(  # noqa: PLR0917 - typer options
     recover: Annotated[
         bool, typer.Option("--recover", help="reset the GPU: clear every fault")
     ] = False,
+    load: Annotated[
+        float | None,
+        typer.Option("--load", help="set the GPU's utilisation % (its power follows)"),
+    ] = None,
     scenario: Annotated[
         Path | None,
         typer.Option("--scenario", help="a YAML file of timed injections, instead of one"),
@@ -116,7 +120,7 @@ def inject(  # noqa: PLR0917 - typer options
         float, typer.Option("--timeout", help="seconds to wait for each reply")
     ] = 3.0,
 ) -> None:
-    """Inject a fault into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
+    """Inject a fault (or a load) into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
 
     With --scenario, play a file of timed injections and print one line per step.
     Errors are one line on stderr and exit code 1.
@@ -138,7 +142,7 @@ def inject(  # noqa: PLR0917 - typer options
         if node is None:
             fail("give --node (or --scenario)")
         try:
-            request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover)
+            request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover, load=load)
         except ValidationError as exc:
             fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
     bus = settings_for(None, nats).bus

@@ -2,7 +2,7 @@
 
 The sim backend of a node's GPU agent answers requests on `sim.inject.<node>` (not a
 JetStream subject): `{"gpu": 0, "xid": 79}`, `{"gpu": 0, "fault": "thermal"}`,
-`{"gpu": 0, "recover": true}`. The reply says what was applied, or the error.
+`{"gpu": 0, "recover": true}`, `{"gpu": 0, "load": 90}` (utilisation %, which power follows). The reply says what was applied, or the error.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def inject_subject(node: str) -> str:
 
 
 class InjectRequest(BaseModel):
-    """Exactly one of `xid`, `fault`, `recover` for one GPU."""
+    """Exactly one of `xid`, `fault`, `recover`, `recovery_action`, `load` for one GPU."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,6 +33,9 @@ class InjectRequest(BaseModel):
     recovery_action: int | None = Field(
         default=None, ge=0, description="NVML_GPU_RECOVERY_ACTION_*"
     )
+    load: float | None = Field(
+        default=None, ge=0, le=100, description="utilisation %; board power follows it"
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Self:
@@ -41,9 +44,10 @@ class InjectRequest(BaseModel):
             self.fault is not None,
             self.recover,
             self.recovery_action is not None,
+            self.load is not None,
         ]
         if sum(given) != 1:
-            raise ValueError("give exactly one of xid, fault, recover, recovery_action")
+            raise ValueError("give exactly one of xid, fault, recover, recovery_action, load")
         if self.fault is not None and self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(sorted(FAULTS))}")
         return self
@@ -55,6 +59,8 @@ class InjectRequest(BaseModel):
             return f"fault {self.fault}"
         if self.recovery_action is not None:
             return f"recovery action {self.recovery_action}"
+        if self.load is not None:
+            return f"load {self.load:g}%"
         return "recovery"
 
 
@@ -80,6 +86,8 @@ def apply(sim: SimNvml, raw: bytes) -> InjectReply:
             sim.inject_fault(req.gpu, req.fault)
         elif req.recovery_action is not None:
             sim.set_recovery_action(req.gpu, req.recovery_action)
+        elif req.load is not None:
+            sim.set_load(req.gpu, req.load)
         else:
             sim.recover(req.gpu)
     except ValueError as exc:

@@ -6,6 +6,7 @@ injection as `nodeward sim inject` takes it:
     - {after: 5s, node: gpu-h100-01, gpu: 3, xid: 79}
     - {after: 20s, node: gpu-a100-02, gpu: 0, fault: thermal}
     - {after: 60s, node: gpu-h100-01, gpu: 3, recover: true}
+    - {after: 5s, node: gpu-a100-01, gpu: 0, load: 95}   # utilisation %; power follows
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Step(BaseModel):
     fault: str | None = None
     recover: bool = False
     recovery_action: int | None = None
+    load: float | None = None
 
     def request(self) -> InjectRequest:
         return InjectRequest(
@@ -45,6 +47,7 @@ class Step(BaseModel):
             fault=self.fault,
             recover=self.recover,
             recovery_action=self.recovery_action,
+            load=self.load,
         )
 
 

@@ -253,6 +253,30 @@ async def test_inject_request_round_trip(rig: Rig) -> None:
     assert not bad.ok and "no GPU 7" in (bad.error or "")
 
 
+async def test_a_load_injection_drives_power_into_telemetry(rig: Rig) -> None:
+    """`{"gpu": 1, "load": 100}`: the GPU's power goes to its limit, and the agent's
+    telemetry (which the demo's energy agents follow) reports it."""
+    reply = await request_injection(rig.bus.nc, rig.node, InjectRequest(gpu=1, load=100))
+    assert reply.ok and reply.applied == "load 100%"
+    limit_w = rig.sim.gpus[1].model.power_limit_w
+
+    def at_limit() -> bool:
+        for subj, _, data in rig.seen.messages:
+            if subj == f"gpu.telemetry.{rig.node}":
+                power = {s["gpu_index"]: s.get("power_w") for s in data["samples"]}
+                if power.get(1) == limit_w:
+                    return True
+        return False
+
+    await wait_for(at_limit, timeout=5, what="telemetry at the power limit")
+    # The agent's side validates too: a load over 100% is refused in one line.
+    from nodeward.sim.inject import InjectReply, inject_subject
+
+    raw = await rig.bus.nc.request(inject_subject(rig.node), b'{"gpu": 1, "load": 150}', timeout=2)
+    bad = InjectReply.model_validate_json(raw.data)
+    assert not bad.ok and "bad request" in (bad.error or "")
+
+
 async def test_cli_inject_round_trip(rig: Rig, nats_url: str) -> None:
     async def cli(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(

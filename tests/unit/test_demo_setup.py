@@ -39,9 +39,15 @@ def test_a_config_file_or_a_real_cluster_replaces_the_profile(
 
 def test_the_default_scenario_fails_a_gpu_then_recovers_it() -> None:
     steps = load_demo_scenario("default", sim_seed(None, None))
-    assert [(s.after.total_seconds(), s.xid, s.recover) for s in steps] == [
+    health = [s for s in steps if s.load is None]
+    assert [(s.after.total_seconds(), s.xid, s.recover) for s in health] == [
         (10.0, 79, False),
         (25.0, None, True),
+    ]
+    # A job on another GPU of the node meanwhile: the energy agent's power follows it.
+    assert [(s.after.total_seconds(), s.gpu, s.load) for s in steps if s.load is not None] == [
+        (5.0, 1, 95.0),
+        (35.0, 1, 10.0),
     ]
     assert load_demo_scenario("none", sim_seed(None, None)) == []
 
