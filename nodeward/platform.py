@@ -24,11 +24,18 @@ from nodeward.sim.scenario import Step, play
 
 
 async def bus_daemon(
-    name: str, settings: Settings, *, source: str, provision: bool | None = None
+    name: str,
+    settings: Settings,
+    *,
+    source: str,
+    provision: bool | None = None,
+    consumers: int = 0,
 ) -> tuple[Daemon, Bus]:
     """A daemon with its bus connection: readiness follows the connection, shutdown drains it.
 
     `provision=False` for node agents: they publish, and have no rights to create streams.
+    `consumers`: how many consumers the daemon runs; it is not ready until all are bound
+    (its consume tasks start after `start()`, so an empty list is not "all bound").
     """
     daemon = Daemon(name, settings.daemon)
     bus_settings = settings.bus
@@ -36,7 +43,10 @@ async def bus_daemon(
         bus_settings = bus_settings.model_copy(update={"provision": provision})
     bus = await Bus.connect(bus_settings, source=source, metrics=daemon.metrics)
     daemon.add_readiness_check("bus", lambda: bus.connected)
-    daemon.add_readiness_check("consumers", lambda: all(c.bound for c in bus.consumers))
+    daemon.add_readiness_check(
+        "consumers",
+        lambda: len(bus.consumers) >= consumers and all(c.bound for c in bus.consumers),
+    )
     daemon.add_shutdown_hook(
         lambda: bus.close(grace=settings.daemon.shutdown_timeout.total_seconds() / 2)
     )

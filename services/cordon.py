@@ -596,7 +596,7 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR)
+    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
     cluster = Cluster.connect(settings.cluster, service=NAME)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
 

@@ -469,7 +469,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
                 f"services.{NAME}.owner_lookup needs the cluster ({exc}); "
                 "set owner_lookup: false to use the owner directory only"
             ) from None
-    daemon, bus = await bus_daemon(NAME, settings, source=SOURCE)
+    daemon, bus = await bus_daemon(NAME, settings, source=SOURCE, consumers=1)
     http = httpx.AsyncClient(timeout=config.retry.timeout.total_seconds())
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     kv = await bus.kv(config.bucket, history=1, ttl_s=config.settled_ttl.total_seconds())

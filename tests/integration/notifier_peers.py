@@ -200,6 +200,11 @@ class NotifierEnv:
         daemon = await build(self.settings, outbox_dir=self.outbox)
         await daemon.start()
         self.daemons.append(daemon)
+
+        async def ready() -> bool:  # its consumer bound: what a readiness probe waits for
+            return (await daemon.readiness()).ready
+
+        await wait_for(ready, timeout=10, what="the notifier ready")
         return daemon
 
     async def stop(self) -> None:

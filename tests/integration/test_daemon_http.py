@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -126,3 +127,28 @@ async def test_healthz_503_after_the_loop_was_blocked() -> None:
         r = await http.get("/healthz")
         assert r.status_code == 503
         assert r.json()["status"] == "unhealthy" and "blocked" in r.json()["reason"]
+
+
+async def test_a_service_is_not_ready_until_its_consumer_is_bound(
+    bus_settings: Any, node: str
+) -> None:
+    """Before the consume task has run, `bus.consumers` is empty: that is not "all bound"."""
+    from nodeward.bus import ConsumerSpec
+    from nodeward.config import Settings
+    from nodeward.platform import bus_daemon
+
+    config = Settings(bus=bus_settings, daemon=settings())
+    daemon, bus = await bus_daemon("svc", config, source="test/svc", consumers=1)
+    await daemon.start()
+    try:
+        report = await daemon.readiness()
+        assert not report.ready
+        spec = ConsumerSpec(name=f"svc-{node}", stream="GPU", subjects=(f"gpu.health.{node}.>",))
+
+        async def handler(_event: Any, _delivery: Any) -> None:
+            return None
+
+        await bus.consume(spec, handler)
+        assert (await daemon.readiness()).ready
+    finally:
+        await daemon.stop()
