@@ -11,10 +11,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nodeward import yamlfile
 from nodeward.durations import Duration
 
 
@@ -103,15 +103,10 @@ class ConfigError(ValueError):
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = yamlfile.read_yaml(path, what="config", error=ConfigError, empty={})
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must be a mapping of sections")
-    return data
+    return dict(data)
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

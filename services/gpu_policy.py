@@ -6,9 +6,9 @@ from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from nodeward.yamlfile import load_model
 from schemas.gpu import GpuHealth, HealthState, RecommendedAction
 
 DEFAULT_POLICY = "cordon.yaml"
@@ -83,18 +83,5 @@ class Policy(BaseModel):
 
 def load_policy(path: Path | None = None) -> Policy:
     """The policy at `path`, or the default one shipped with nodeward."""
-    try:
-        if path is None:
-            text = resources.files("services.policies").joinpath(DEFAULT_POLICY).read_text()
-        else:
-            text = path.read_text()
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy {path}: {exc.strerror}") from None
-    try:
-        return Policy.model_validate(yaml.safe_load(text) or {})
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"policy {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise PolicyError(f"invalid policy {path or DEFAULT_POLICY}: {loc}: {err['msg']}") from None
+    shipped = resources.files("services.policies").joinpath(DEFAULT_POLICY)
+    return load_model(Policy, path, shipped=shipped, what="policy", error=PolicyError)

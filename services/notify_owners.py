@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
 
 from nodeward.bus import RetryableError
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.errors import Forbidden, KubeError
+from nodeward.yamlfile import read_yaml
 
 OWNER_ANNOTATION = "nodeward.io/owner-email"
 
@@ -33,14 +33,7 @@ def load_directory(path: Path | None) -> dict[str, str]:
     """namespace -> address from the YAML file at `path` (empty without one)."""
     if path is None:
         return {}
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise DirectoryError(f"cannot read owner directory {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise DirectoryError(
-            f"owner directory {path} is not valid YAML: {str(exc).splitlines()[0]}"
-        ) from None
+    data = read_yaml(path, what="owner directory", error=DirectoryError, empty={})
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in data.items()
     ):

@@ -15,9 +15,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nodeward.yamlfile import load_model
 from schemas.notify import Notification, Severity
 
 DEFAULT_ROUTES = "notify-routes.yaml"
@@ -156,21 +156,5 @@ class Routes(BaseModel):
 
 def load_routes(path: Path | None = None) -> Routes:
     """The routes at `path`, or the default file shipped with nodeward."""
-    where = str(path) if path else DEFAULT_ROUTES
-    try:
-        if path is None:
-            text = resources.files("services.policies").joinpath(DEFAULT_ROUTES).read_text()
-        else:
-            text = path.read_text()
-    except OSError as exc:
-        raise RoutingError(f"cannot read routes {where}: {exc.strerror}") from None
-    try:
-        return Routes.model_validate(yaml.safe_load(text) or {})
-    except yaml.YAMLError as exc:
-        raise RoutingError(
-            f"routes {where} is not valid YAML: {str(exc).splitlines()[0]}"
-        ) from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise RoutingError(f"invalid routes {where}: {loc}: {err['msg']}") from None
+    shipped = resources.files("services.policies").joinpath(DEFAULT_ROUTES)
+    return load_model(Routes, path, shipped=shipped, what="routes", error=RoutingError)

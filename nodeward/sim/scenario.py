@@ -17,11 +17,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from nodeward.durations import Duration
 from nodeward.sim.inject import InjectReply, InjectRequest, request_injection
+from nodeward.yamlfile import first_error, read_yaml
 
 
 class ScenarioError(ValueError):
@@ -53,22 +53,16 @@ class Step(BaseModel):
 
 def load_scenario(path: Path) -> list[Step]:
     """The steps of a scenario file, in time order; each injection is validated here."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or []
-    except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(
-            f"scenario {path} is not valid YAML: {str(exc).splitlines()[0]}"
-        ) from None
+    raw = read_yaml(path, what="scenario", error=ScenarioError, empty=[])
     try:
         steps = TypeAdapter(list[Step]).validate_python(raw)
-        for step in steps:
-            step.request()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ScenarioError(f"scenario {path}: {where}: {first['msg']}") from None
+        raise ScenarioError(f"scenario {path}: {first_error(exc)}") from None
+    for i, step in enumerate(steps):
+        try:
+            step.request()
+        except ValidationError as exc:
+            raise ScenarioError(f"scenario {path}: {i}: {first_error(exc)}") from None
     return sorted(steps, key=lambda s: s.after)
 
 
