@@ -26,12 +26,12 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import benchlib  # bench/benchlib.py: python puts this folder on sys.path
 
 WARMUP_S = 2.0
 CASES = ("1s", "60s")
@@ -131,34 +131,10 @@ async def child_bare(gpus: int, seconds: float, case: str, compress: float) -> d
 
 
 def run_child(kind: str, case: str, args: argparse.Namespace, nats_url: str) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            *(sys.executable, __file__, "--child", kind, "--case", case),
-            *("--nats", nats_url, "--gpus", str(args.gpus), "--seconds", str(args.seconds)),
-            *("--compress", str(args.compress)),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+    argv = ["--child", kind, "--case", case, "--nats", nats_url, "--gpus", str(args.gpus)]
+    return benchlib.run_child(
+        __file__, [*argv, "--seconds", str(args.seconds), "--compress", str(args.compress)]
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-async def with_server(fn: Any) -> Any:
-    from nodeward.bus import Bus
-    from nodeward.config import BusSettings
-    from nodeward.sim.nats_server import EmbeddedNats
-
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedNats(Path(tmp))
-        await server.start()
-        try:
-            bus = await Bus.connect(BusSettings(url=server.url), source="bench/provision")
-            await bus.kv("energy")
-            await bus.close(grace=1)
-            return await asyncio.to_thread(fn, server.url)
-        finally:
-            await server.stop()
 
 
 def main() -> None:
@@ -196,7 +172,7 @@ def main() -> None:
                     out.setdefault((case, kind), []).append(run_child(kind, case, args, url))
         return out
 
-    results = asyncio.run(with_server(runs))
+    results = asyncio.run(benchlib.with_server(runs))
     print(
         f"{args.gpus} sim GPUs + sim BMC, {args.seconds:g} s windows x {args.runs} runs (medians); "
         + (

@@ -16,13 +16,11 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+
+import benchlib  # bench/benchlib.py: python puts this folder on sys.path
 
 WARMUP_S = 2.0
 POLL_S = 10.0
@@ -100,40 +98,8 @@ async def child_bare(gpus: int, seconds: float) -> dict[str, float]:
 
 
 def run_child(kind: str, args: argparse.Namespace, nats_url: str) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            kind,
-            "--nats",
-            nats_url,
-            "--gpus",
-            str(args.gpus),
-            "--seconds",
-            str(args.seconds),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
-
-
-async def with_server(fn: Any) -> Any:
-    from nodeward.bus import Bus
-    from nodeward.config import BusSettings
-    from nodeward.sim.nats_server import EmbeddedNats
-
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EmbeddedNats(Path(tmp))
-        await server.start()
-        try:
-            bus = await Bus.connect(BusSettings(url=server.url), source="bench/provision")
-            await bus.close(grace=1)
-            return await asyncio.to_thread(fn, server.url)
-        finally:
-            await server.stop()
+    argv = ["--child", kind, "--nats", nats_url, "--gpus", str(args.gpus)]
+    return benchlib.run_child(__file__, [*argv, "--seconds", str(args.seconds)])
 
 
 def main() -> None:
@@ -157,7 +123,7 @@ def main() -> None:
             for kind in ("bare", "agent")
         }
 
-    results = asyncio.run(with_server(runs))
+    results = asyncio.run(benchlib.with_server(runs))
     print(
         f"{args.gpus} sim GPUs, telemetry 1 s, health poll {POLL_S:g} s, {args.seconds:g} s x {args.runs} runs (medians)"
     )
