@@ -40,6 +40,7 @@ from services.notify_routing import (
     load_routes,
 )
 from services.notify_templates import Rendered, TemplateConfigError, Templates
+from tests.conftest import wait_for
 
 
 def note(
@@ -297,7 +298,7 @@ async def test_close_sends_open_groups_at_once() -> None:
     grouper = Grouper(fast(group_wait="1h"), RateLimitSettings(), flush)
     route = Route(name="a", channels=["outbox"])
     waiting = asyncio.ensure_future(grouper.add(route, None, await entry(note("n"))))
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: grouper.waiting == 1, timeout=2, what="the notice held in its group")
     assert not waiting.done()
     await grouper.close(2.0)
     assert await waiting == {"outbox": "sent"}
