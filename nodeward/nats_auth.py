@@ -94,6 +94,8 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"gpu.telemetry.{n}",
             f"energy.node.{n}",
             f"energy.pod.{n}.>",
+            f"session.activity.{n}.>",
+            f"session.idle.{n}.>",
             "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
             # Its own key of the energy totals bucket (provisioned, direct get), no other:
             f"$KV.energy.node.{n}",

@@ -33,7 +33,7 @@ class SessionActivity(EventData):
 
     TYPE: ClassVar[str] = "session.activity.v1"
     STREAM: ClassVar[str] = "SESSIONS"
-    SUBJECT_PATTERN: ClassVar[str] = "session.activity.<ns>.<pod>"
+    SUBJECT_PATTERN: ClassVar[str] = "session.activity.<node>.<ns>.<pod>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
     namespace: Namespace
@@ -77,7 +77,7 @@ class SessionActivity(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("session.activity", self.namespace, self.pod)
+        return subject("session.activity", self.node, self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"
@@ -94,7 +94,7 @@ class SessionIdle(EventData):
 
     TYPE: ClassVar[str] = "session.idle.v1"
     STREAM: ClassVar[str] = "SESSIONS"
-    SUBJECT_PATTERN: ClassVar[str] = "session.idle.<ns>.<pod>"
+    SUBJECT_PATTERN: ClassVar[str] = "session.idle.<node>.<ns>.<pod>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
     namespace: Namespace
@@ -140,7 +140,7 @@ class SessionIdle(EventData):
     )
 
     def nats_subject(self) -> str:
-        return subject("session.idle", self.namespace, self.pod)
+        return subject("session.idle", self.node, self.namespace, self.pod)
 
     def about(self) -> str:
         return f"pod/{self.namespace}/{self.pod}"
