@@ -20,6 +20,13 @@ class SessionKind(StrEnum):
     OTHER = "other"
 
 
+class ActivityState(StrEnum):
+    ACTIVE = "active"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+    """A signal that could not be read: never taken for idleness."""
+
+
 class KernelActivity(Model):
     id: str
     name: str | None = None
@@ -40,6 +47,15 @@ class SessionActivity(EventData):
     pod: K8sName
     node: K8sName
     kind: SessionKind
+    uid: str | None = Field(default=None, description="the pod's UID")
+    state: ActivityState = Field(
+        default=ActivityState.UNKNOWN,
+        description="active if any signal is active; idle only if every signal is measured idle",
+    )
+    idle_since: datetime | None = Field(default=None, description="set when state is idle")
+    unknown: list[str] = Field(
+        default_factory=list, description="signals that could not be read, each with why"
+    )
     gpu_utilization_pct: float | None = Field(default=None, ge=0, le=100)
     gpu_uuids: list[str] = Field(default_factory=list)
     cpu_cores: float | None = Field(
@@ -57,6 +73,9 @@ class SessionActivity(EventData):
                     "pod": "jupyter-alice-0",
                     "node": "gpu-node-07",
                     "kind": "notebook",
+                    "uid": "3f2a1b4c-5d6e-4f70-8a9b-0c1d2e3f4a5b",
+                    "state": "idle",
+                    "idle_since": "2026-08-20T11:59:00Z",
                     "gpu_utilization_pct": 0.0,
                     "gpu_uuids": ["GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d"],
                     "cpu_cores": 0.02,
@@ -101,6 +120,7 @@ class SessionIdle(EventData):
     pod: K8sName
     node: K8sName
     kind: SessionKind
+    uid: str | None = Field(default=None, description="the pod's UID")
     idle_since: datetime
     idle_for_s: float = Field(ge=0)
     evidence: list[IdleEvidence]

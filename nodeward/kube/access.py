@@ -89,6 +89,7 @@ SERVICES: dict[str, frozenset[str]] = {
     ),
     "culler": frozenset(
         {
+            "namespaces.get",
             "pods.get",
             "pods.list",
             "pods.delete",
