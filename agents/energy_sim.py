@@ -18,19 +18,16 @@ from agents.energy_account import StaticCarbon
 from agents.energy_pods import StaticPodList
 from agents.energy_settings import EnergySettings
 from agents.energy_wiring import gpu_device_ids
-from agents.gpu_sim import sim_nvml_for, sim_pod_devices
+from agents.gpu_sim import follow_telemetry, sim_nvml_for, sim_pod_devices
 from agents.sources.pods import StaticPods
 from agents.sources.power import PowerSample, SourceError
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
-from nodeward.logs import get_logger
 from nodeward.platform import Component, UpContext
 from nodeward.sim.cluster.seed import NodeSeed, PodSeed
 from nodeward.sim.nvml import SimNvml
-from schemas.cloudevents import DecodeError, decode
 from schemas.energy import PowerSource
-from schemas.gpu import GpuTelemetry
-from schemas.tokens import subject
+from schemas.gpu import GpuSample
 
 BASE_POWER_W = 650.0  # CPUs, memory, fans, NICs of an 8-GPU server at rest
 
@@ -70,21 +67,12 @@ class SimNodePower:
 
 async def follow_gpu_telemetry(nc: Any, node: str, nvml: SimNvml) -> Any:
     """Copy each GPU's power from the node's `gpu.telemetry` events into `nvml`."""
-    log: Any = get_logger(agent="energy-sim", node=node)
 
-    async def on_message(msg: Any) -> None:
-        try:
-            event = decode(msg.subject, msg.headers, msg.data)
-        except DecodeError as exc:
-            log.warning("telemetry not understood", error=str(exc))
-            return
-        if not isinstance(event.data, GpuTelemetry):
-            return
-        for s in event.data.samples:
-            if s.power_w is not None and 0 <= s.gpu_index < len(nvml.gpus):
-                nvml.set_power(s.gpu_index, s.power_w)  # energy so far at the old power
+    def apply(sample: GpuSample) -> None:
+        if sample.power_w is not None:
+            nvml.set_power(sample.gpu_index, sample.power_w)  # energy so far at the old power
 
-    return await nc.subscribe(subject("gpu", "telemetry", node), cb=on_message)
+    return await follow_telemetry(nc, node, nvml, apply, who="energy-sim")
 
 
 async def build_sim_energy_agent(

@@ -6,17 +6,22 @@ injections for its node on `sim.inject.<node>`. Several run in one process.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from agents.gpu import GpuAgent, GpuAgentSettings
 from agents.sources.pods import StaticPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
+from nodeward.logs import get_logger
 from nodeward.platform import Component, UpContext
 from nodeward.sim.cluster.seed import NodeSeed, PodSeed
 from nodeward.sim.inject import serve_injections
 from nodeward.sim.nvml import SimNvml
+from schemas.cloudevents import DecodeError, decode
 from schemas.common import PodRef
+from schemas.gpu import GpuSample, GpuTelemetry
+from schemas.tokens import subject
 
 MIG_RESOURCE = "nvidia.com/mig-"
 
@@ -51,6 +56,28 @@ def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[
             elif free_gpus:
                 out.setdefault(free_gpus.pop(0), []).append(ref)
     return out
+
+
+async def follow_telemetry(
+    nc: Any, node: str, nvml: SimNvml, apply: Callable[[GpuSample], None], *, who: str
+) -> Any:
+    """Apply each GPU sample of the node's `gpu.telemetry` events (the sim GPU agent's) to a
+    copy of its simulated GPUs (`nvml`), so other simulated agents of the node follow it."""
+    log: Any = get_logger(agent=who, node=node)
+
+    async def on_message(msg: Any) -> None:
+        try:
+            event = decode(msg.subject, msg.headers, msg.data)
+        except DecodeError as exc:
+            log.warning("telemetry not understood", error=str(exc))
+            return
+        if not isinstance(event.data, GpuTelemetry):
+            return
+        for sample in event.data.samples:
+            if 0 <= sample.gpu_index < len(nvml.gpus):
+                apply(sample)
+
+    return await nc.subscribe(subject("gpu", "telemetry", node), cb=on_message)
 
 
 async def build_sim_gpu_agent(

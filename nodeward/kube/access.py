@@ -91,12 +91,9 @@ SERVICES: dict[str, frozenset[str]] = {
         {
             "namespaces.get",
             "pods.get",
-            "pods.list",
             "pods.delete",
             "notebooks.get",
             "notebooks.patch",
-            "events.create",
-            "leases.hold",
         }
     ),
     "credentials": frozenset(

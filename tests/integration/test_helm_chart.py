@@ -132,7 +132,7 @@ def test_monitors_select_the_pods_that_serve_metrics(docs: list[dict[str, Any]])
     served = {
         p["name"] for c in daemonset["spec"]["template"]["spec"]["containers"] for p in c["ports"]
     }
-    assert scraped == served == {"metrics", "energy-metrics"}
+    assert scraped == served == {"metrics", "energy-metrics", "idle-metrics"}
 
 
 def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -210,7 +210,7 @@ def test_agents_run_on_gpu_nodes_with_least_privilege(docs: list[dict[str, Any]]
     assert {"nvidia.com/gpu", "nodeward.io/gpu-unhealthy"} <= tolerated
     assert pod["runtimeClassName"] == "nvidia"
     containers = _containers(pod)
-    assert set(containers) == {"gpu", "energy"}
+    assert set(containers) == {"gpu", "energy", "idle"}
     seed = next(v for v in pod["volumes"] if v["name"] == "seed")
     assert seed["hostPath"] == {"path": "/etc/nodeward/agent.nk", "type": "File"}
     for container in containers.values():
@@ -269,10 +269,13 @@ def test_energy_agent_off(tmp_path: Path, keys: dict[str, str]) -> None:
     values["agents"]["energy"] = {"enabled": False}
     docs = render(tmp_path, values)
     pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
-    assert set(_containers(pod)) == {"gpu"}
-    assert not {"cgroup", "powercap"} & {v["name"] for v in pod["volumes"]}
+    assert set(_containers(pod)) == {"gpu", "idle"}
+    assert "powercap" not in {v["name"] for v in pod["volumes"]}
     (pod_monitor,) = by_kind(docs, "PodMonitor")
-    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == [
+        "metrics",
+        "idle-metrics",
+    ]
     assert "nw-agent-energy" not in {p["metadata"]["name"] for p in by_kind(docs, "NetworkPolicy")}
 
 
@@ -375,10 +378,25 @@ def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> N
         assert secret == f"nw-nats-{service}"
 
 
-def test_unbuilt_services_are_off_by_default(tmp_path: Path) -> None:
+def test_default_services_and_the_culler_starts_in_dry_run(tmp_path: Path) -> None:
     docs = render(tmp_path, {})
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    assert names == {"nw-cordon", "nw-notifier"}
+    assert names == {"nw-cordon", "nw-notifier", "nw-culler"}
+    config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
+    assert config["services"]["culler"]["dry_run"] is True  # audit only until turned off
+
+
+def test_idle_agent_reads_sessions_and_nothing_else(docs: list[dict[str, Any]]) -> None:
+    pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
+    idle = _containers(pod)["idle"]
+    assert idle["args"] == ["agent", "idle", "--config", "/etc/nodeward/config.yaml"]
+    assert idle["ports"] == [{"name": "idle-metrics", "containerPort": 9402, "protocol": "TCP"}]
+    mounts = _mounts(idle)
+    assert mounts["/host/sys/fs/cgroup"]["readOnly"] is True
+    assert _env(idle)["NODEWARD_AGENTS__IDLE__CGROUP_ROOT"]["value"] == "/host/sys/fs/cgroup"
+    assert idle["securityContext"]["readOnlyRootFilesystem"] is True
+    policy = named(docs, "NetworkPolicy", "nw-agent-idle")["spec"]
+    assert [p["port"] for p in policy["egress"][0]["ports"]] == [8888]
 
 
 def _rules(doc: dict[str, Any]) -> set[tuple[str, str, str]]:

@@ -88,6 +88,11 @@ readinessProbe:
 {{- .Values.agents.energy.metricsPort | default (add1 (int .Values.metricsPort)) -}}
 {{- end -}}
 
+{{/* The idleness agent's port: agents.idle.metricsPort, else metricsPort + 2. */}}
+{{- define "nodeward.idlePort" -}}
+{{- .Values.agents.idle.metricsPort | default (add (int .Values.metricsPort) 2) -}}
+{{- end -}}
+
 {{/* The user's env of a container: (dict "env" <map> "fixed" <the env the chart sets, as
 rendered> "where" <the values key>). A name the chart sets already is refused: two entries
 of one name, and the API server silently keeps one. */}}
