@@ -120,10 +120,22 @@ class _Metrics:
         )
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What one judgement reads once for every session."""
+
+    now: datetime
+    held: Mapping[tuple[str, str], Sequence[str]]
+    peaks: Mapping[str, DeviceUtilization]
+    usage: Mapping[str, int]
+    cpu_error: str
+
+
 @dataclass
 class _CpuMark:
     usec: int
     at: float
+    wall: datetime
 
 
 class IdleAgent:
@@ -231,12 +243,13 @@ class IdleAgent:
         held = await self._held_devices()
         usage, cpu_error = await self._cpu_usage()
         peaks, self._gpu_peak = self._gpu_peak, {}
+        inputs = _Inputs(now, held, peaks, usage, cpu_error)
         verdicts: list[Verdict] = []
         counts = dict.fromkeys(ActivityState, 0)
         live = set()
         for session in sessions:
             live.add(session.uid)
-            readings = await self._readings(session, held, peaks, usage, cpu_error)
+            readings = await self._readings(session, inputs)
             tracker = self._trackers.setdefault(session.uid, SessionTracker(session.uid))
             verdict = tracker.judge(readings, now)
             verdicts.append(verdict)
@@ -270,24 +283,18 @@ class IdleAgent:
             self.metrics.source_failures.labels("cgroup").inc()
             return {}, f"cgroup not readable: {exc}"
 
-    async def _readings(
-        self,
-        session: SessionPod,
-        held: Mapping[tuple[str, str], Sequence[str]],
-        peaks: Mapping[str, DeviceUtilization],
-        usage: Mapping[str, int],
-        cpu_error: str,
-    ) -> list[Reading]:
+    async def _readings(self, session: SessionPod, inputs: _Inputs) -> list[Reading]:
         s = self.settings
         readings: list[Reading] = []
-        devices = held.get((session.namespace, session.name), ())
+        devices = inputs.held.get((session.namespace, session.name), ())
         utils = [
-            peaks.get(d) or DeviceUtilization(d, None, f"{d}: no utilisation read") for d in devices
+            inputs.peaks.get(d) or DeviceUtilization(d, None, f"{d}: no utilisation read")
+            for d in devices
         ]
         gpu = gpu_reading(utils, s.gpu_floor_pct, s.unmeasurable_gpu)
         if gpu is not None:
             readings.append(gpu)
-        readings.append(self._cpu(session.uid, usage, cpu_error))
+        readings.append(self._cpu(session.uid, inputs.usage, inputs.cpu_error, inputs.now))
         if session.kind == SessionKind.NOTEBOOK:
             try:
                 kernels = await self.kernels.kernels(session.pod)
@@ -300,18 +307,18 @@ class IdleAgent:
                 readings.append(kernel_reading(kernels))
         return readings
 
-    def _cpu(self, uid: str, usage: Mapping[str, int], error: str) -> Reading:
+    def _cpu(self, uid: str, usage: Mapping[str, int], error: str, wall: datetime) -> Reading:
         floor = self.settings.cpu_floor_cores
         value = usage.get(uid)
         if value is None:
             return cpu_reading(None, floor, error or "no cgroup found for the pod")
         now = time.monotonic()
         mark = self._cpu_marks.get(uid)
-        self._cpu_marks[uid] = _CpuMark(value, now)
+        self._cpu_marks[uid] = _CpuMark(value, now, wall)
         if mark is None or now <= mark.at:
             return cpu_reading(None, floor, "first CPU sample (a rate needs two)")
         cores = max(value - mark.usec, 0) / 1e6 / (now - mark.at)
-        return cpu_reading(cores, floor)
+        return cpu_reading(cores, floor, since=mark.wall)
 
     def _publish(
         self,

@@ -31,6 +31,8 @@ class Reading:
     """What the source itself knows (a kernel's `last_activity`); None: the agent's own record."""
     value: float | None = None
     """The measurement (GPU peak %, CPU cores), when there is one."""
+    covers_from: datetime | None = None
+    """The start of what the reading measured (a CPU rate's interval); None: now."""
 
 
 @dataclass
@@ -68,7 +70,7 @@ class SessionTracker:
         latest: datetime | None = None
         idle_since: datetime | None = None
         for r in readings:
-            track = self.tracks.setdefault(r.signal, Track(observed_from=now))
+            track = self.tracks.setdefault(r.signal, Track(observed_from=r.covers_from or now))
             if r.state == ActivityState.ACTIVE:
                 track.active_until = now
                 active = True
@@ -116,14 +118,22 @@ def gpu_reading(
     return Reading("gpu", ActivityState.IDLE, detail, value=peak)
 
 
-def cpu_reading(cores: float | None, floor_cores: float, why_unknown: str = "") -> Reading:
+def cpu_reading(
+    cores: float | None,
+    floor_cores: float,
+    why_unknown: str = "",
+    *,
+    since: datetime | None = None,
+) -> Reading:
+    """`cores` used over the interval that began at `since`."""
     if cores is None:
         return Reading("cpu", ActivityState.UNKNOWN, why_unknown or "CPU time not readable")
     if cores > floor_cores:
-        return Reading("cpu", ActivityState.ACTIVE, f"{cores:.2f} cores", value=cores)
-    return Reading(
-        "cpu", ActivityState.IDLE, f"{cores:.2f} cores, floor {floor_cores:g}", value=cores
-    )
+        return Reading(
+            "cpu", ActivityState.ACTIVE, f"{cores:.2f} cores", value=cores, covers_from=since
+        )
+    detail = f"{cores:.2f} cores, floor {floor_cores:g}"
+    return Reading("cpu", ActivityState.IDLE, detail, value=cores, covers_from=since)
 
 
 def kernel_reading(reading: KernelsReading) -> Reading:

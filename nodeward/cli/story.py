@@ -2,8 +2,9 @@
 
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
-→ DELIVERED (a file in the outbox) → RELEASE; and DLQ when a consumer gives up on a
-message. Lines use `nodeward tail`'s format.
+→ DELIVERED (a file in the outbox) → RELEASE; IDLE (a session found idle, once per idle
+period) before the culler's DECISIONs; and DLQ when a consumer gives up on a message.
+Lines use `nodeward tail`'s format.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from schemas.dlq import DeadLetter
 from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Notification
 from schemas.remediation import Remediation
+from schemas.session import SessionIdle
 
 LABEL_WIDTH = 9
 OUTBOX_POLL_S = 0.5
@@ -39,6 +41,7 @@ OUTBOX_POLL_S = 0.5
 # stream, filter subject
 EVENT_SOURCES = (
     ("GPU", "gpu.health.>"),
+    ("SESSIONS", "session.idle.>"),
     ("AUDIT", "remediation.>"),
     ("NOTIFY", "notify.>"),
     ("DLQ", "dlq.>"),
@@ -61,6 +64,17 @@ def health_line(event: Any, subject: str) -> str | None:
     was = f"{h.previous_state.value} -> " if h.previous_state else ""
     detail = f"{h.node} GPU {h.gpu_key()} {was}{h.state.value}{f' ({why})' if why else ''}"
     return _label("GPU") + event_line(event, subject, detail=detail)
+
+
+def idle_line(event: Any, subject: str) -> str:
+    s: SessionIdle = event.data
+    since = s.idle_since.astimezone(UTC).strftime("%H:%M:%S")
+    evidence = "; ".join(f"{e.signal} {e.detail}" for e in s.evidence)
+    detail = (
+        f"{s.kind.value} {s.namespace}/{s.pod} on {s.node} idle {s.idle_for_s:.0f}s "
+        f"(since {since}): {evidence}"
+    )
+    return _label("IDLE") + event_line(event, subject, detail=detail)
 
 
 def decision_line(event: Any, subject: str) -> str:
@@ -99,6 +113,7 @@ def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
 _RANK: Mapping[str, int] = MappingProxyType(
     {
         "GPU": 0,
+        "IDLE": 0,
         "DECISION": 1,
         "RELEASE": 1,
         "CORDON": 2,
@@ -133,6 +148,7 @@ class Story:
     clock: Callable[[], float] = time.monotonic
     applied: dict[str, str] = field(default_factory=dict)  # node -> incident already shown
     decided: dict[str, datetime] = field(default_factory=dict)  # incident -> decision time
+    idle_told: set[tuple[str, str, datetime]] = field(default_factory=set)  # periods shown
     pending: list[_Pending] = field(default_factory=list)
 
     def _add(
@@ -168,6 +184,13 @@ class Story:
             line = health_line(event, msg.subject)
             if line is not None:
                 self._add(event.time, "GPU", line, severity)
+        elif isinstance(data, SessionIdle):
+            period = (data.namespace, data.pod, data.idle_since)
+            if period not in self.idle_told:  # the agent restates it every interval
+                if len(self.idle_told) > 4096:
+                    self.idle_told.clear()
+                self.idle_told.add(period)
+                self._add(event.time, "IDLE", idle_line(event, msg.subject), severity)
         elif isinstance(data, Remediation):
             label = "RELEASE" if data.action == "release" else "DECISION"
             if data.trigger_event_id and data.action == "quarantine":

@@ -173,3 +173,34 @@ async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
         await task
     assert len(lines) == 1
     assert lines[0].endswith("outbox/2026-11-29/n1.txt: gpu-a quarantined")
+
+
+def test_an_idle_session_is_told_once_per_idle_period() -> None:
+    from schemas.session import IdleEvidence, SessionIdle, SessionKind
+
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
+
+    def idle(since: datetime, idle_for: float) -> SessionIdle:
+        return SessionIdle(
+            namespace="ml-a",
+            pod="nb-0",
+            node="gpu-a",
+            kind=SessionKind.NOTEBOOK,
+            idle_since=since,
+            idle_for_s=idle_for,
+            evidence=[IdleEvidence(signal="cpu", idle_since=since, detail="0.01 cores")],
+        )
+
+    for i in range(3):  # the agent restates the same idle period every interval
+        story.on_event(wire(idle(T0, 30.0 * (i + 1)), T0 + timedelta(seconds=30 * i)))  # type: ignore[arg-type]
+    story.on_event(wire(idle(T0 + timedelta(minutes=5), 30.0), T0 + timedelta(minutes=6)))  # type: ignore[arg-type]
+    clock.now = 1.0
+    story.flush()
+    assert len(lines) == 2
+    assert (
+        "IDLE" in lines[0]
+        and "ml-a/nb-0 on gpu-a idle 30s" in lines[0]
+        and "cpu 0.01 cores" in lines[0]
+    )
