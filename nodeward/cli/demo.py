@@ -41,6 +41,12 @@ def demo_settings(
     wait = settings.services.get("notifier", {}).get("grouping", {}).get("group_wait")
     if wait:
         shown += f"; services.notifier group_wait {wait}"
+    culler = settings.services.get("culler", {})
+    if culler.get("warn_after") and culler.get("cull_after"):
+        shown += (
+            f"; services.culler warn_after {culler['warn_after']}, "
+            f"cull_after {culler['cull_after']}"
+        )
     return settings, f"demo timings: services.cordon {shown} (--config FILE replaces them)"
 
 

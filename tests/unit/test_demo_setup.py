@@ -17,6 +17,7 @@ def test_the_demo_profile_applies_with_the_sim_cluster_and_no_config(
     settings, said = demo_settings(None, None, sim=True)
     assert settings.services["cordon"]["healthy_period"] == "15s"
     assert said is not None and "healthy_period 15s" in said and "group_wait 3s" in said
+    assert "warn_after 1m, cull_after 2m" in said
     # The environment still wins over the profile.
     monkeypatch.setenv("NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD", "40s")
     settings, said = demo_settings(None, None, sim=True)
