@@ -25,9 +25,10 @@ from pydantic import BaseModel
 
 from agents.energy_account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy_caps import TOPIC, CapWatch, cap_notice, cap_watches
-from agents.energy_pods import CpuTimes, NodePods, StaticPodList, attribute, read_cpu_usage
+from agents.energy_pods import CpuTimes, NodePods, StaticPodList, attribute
 from agents.energy_settings import EnergySettings
 from agents.sources.carbon import co2e_grams
+from agents.sources.cgroups import read_cpu_usage
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.bus import Bus

@@ -4,17 +4,13 @@ GPU energy goes to the pods holding the GPU (pod-resources); a GPU held by sever
 (MIG instances, shared replicas) is split equally among them. CPU energy (RAPL package
 energy, else the node's energy less its GPUs') is split by each pod's share of the node's
 CPU time over the interval, as Kepler does: an estimate, and labelled so. A pod's CPU time
-is `usage_usec` of `cpu.stat` in its cgroup v2 directory, found by the pod's UID under
-`kubepods.slice` (systemd driver: `kubepods-<qos>-pod<uid_with_underscores>.slice`;
-cgroupfs driver: `pod<uid>`).
+is `usage_usec` of `cpu.stat` in its cgroup v2 directory (`agents.sources.cgroups`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from schemas.common import PodRef
@@ -23,7 +19,6 @@ from schemas.energy import EnergyReading, PowerSource
 GPU_ATTRIBUTION = "gpu-exclusive"
 GPU_SHARED = "gpu-equal-share"
 CPU_ATTRIBUTION = "cpu-time-ratio-estimate"
-_KUBEPODS = ("kubepods.slice", "kubepods")
 
 
 class NodePods(Protocol):
@@ -57,53 +52,6 @@ class KubeNodePods:
             if meta.get("name") and meta.get("namespace") and meta.get("uid"):
                 out.append(PodRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]))
         return out
-
-
-def _uid_of(dirname: str) -> str | None:
-    """The pod UID in a pod cgroup's directory name, or None if it is not a pod's."""
-    name = dirname.removesuffix(".slice")
-    at = name.rfind("pod")
-    if at < 0 or (at > 0 and name[at - 1] != "-"):
-        return None
-    uid = name[at + 3 :].replace("_", "-")
-    return uid if len(uid) == 36 and uid.count("-") == 4 else None
-
-
-def _usage_usec(directory: Path) -> int | None:
-    try:
-        text = (directory / "cpu.stat").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "usage_usec":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-def read_cpu_usage(cgroup_root: Path) -> tuple[int | None, dict[str, int]]:
-    """(the node's CPU µs, each pod UID's CPU µs) from a cgroup v2 tree."""
-    node = _usage_usec(cgroup_root)
-    pods: dict[str, int] = {}
-    for top in _KUBEPODS:
-        base = cgroup_root / top
-        if not base.is_dir():
-            continue
-        if node is None:
-            node = _usage_usec(base)
-        for dirpath, dirnames, _ in os.walk(base):
-            for d in list(dirnames):
-                uid = _uid_of(d)
-                if uid is None:
-                    continue
-                dirnames.remove(d)  # a pod's own children are its containers: not walked
-                usage = _usage_usec(Path(dirpath) / d)
-                if usage is not None:
-                    pods[uid] = usage
-    return node, pods
 
 
 @dataclass

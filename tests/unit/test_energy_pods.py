@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.energy_pods import CpuTimes, attribute, read_cpu_usage
+from agents.energy_pods import CpuTimes, attribute
+from agents.sources.cgroups import read_cpu_usage
 from schemas.common import PodRef
 from schemas.energy import EnergyReading, PowerSource
 
