@@ -43,6 +43,7 @@ class CullerEnv:
     ns: str
     settings: Settings
     pods: dict[str, dict[str, Any]]
+    seed: Seed
     daemons: list[Daemon] = field(default_factory=list)
 
     async def start(self) -> Daemon:
@@ -134,8 +135,10 @@ class CullerEnv:
 EnvFactory = Callable[..., Awaitable[CullerEnv]]
 
 
-def session_seed(node: str, ns: str) -> Seed:
-    """One node; notebooks nb-a, nb-b, nb-exempt; SSH pods under a StatefulSet and bare."""
+def session_seed(node: str, ns: str, annotations: dict[str, dict[str, str]] | None = None) -> Seed:
+    """One node; notebooks nb-a, nb-b, nb-c, nb-exempt (one GPU each); SSH pods under a
+    StatefulSet and bare. `annotations`: extra annotations per pod name."""
+    extra = annotations or {}
     notebooks = ["nb-a", "nb-b", "nb-c", "nb-exempt"]
     pods = [
         PodSeed(
@@ -147,6 +150,7 @@ def session_seed(node: str, ns: str) -> Seed:
             owner=Owner(kind="StatefulSet", name=nb),
             labels={"notebook-name": nb, "statefulset": nb}
             | ({"nodeward.io/exempt": "true"} if nb == "nb-exempt" else {}),
+            annotations=extra.get(f"{nb}-0", {}),
         )
         for nb in notebooks
     ]
@@ -158,6 +162,7 @@ def session_seed(node: str, ns: str) -> Seed:
             role="ssh",
             owner=Owner(kind="StatefulSet", name="ssh-kept"),
             labels={"nodeward.io/session": "ssh", "statefulset": "ssh-kept"},
+            annotations=extra.get("ssh-kept-0", {}),
         ),
         PodSeed(
             name="ssh-bare",
@@ -180,10 +185,13 @@ async def culler_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
     """`await culler_env(dry_run=True, ...)`: a fresh sim and the culler's settings."""
     made: list[CullerEnv] = []
 
-    async def make(**culler: Any) -> CullerEnv:
+    async def make(
+        annotations: dict[str, dict[str, str]] | None = None, **culler: Any
+    ) -> CullerEnv:
         uid = uuid.uuid4().hex[:8]
         node, ns = f"gpu-{uid}", f"user-{uid}"
-        sim = SimCluster(session_seed(node, ns), port=0, bookmark_interval=0.2)
+        seed = session_seed(node, ns, annotations)
+        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
         await sim.start()
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-culler-{uid}", identity="culler")
         admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
@@ -205,7 +213,7 @@ async def culler_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             daemon={"shutdown_timeout": "4s"},
             services={"culler": service},
         )
-        env = CullerEnv(sim, admin, bus, node, ns, settings, pods)
+        env = CullerEnv(sim, admin, bus, node, ns, settings, pods, seed)
         made.append(env)
         return env
 
