@@ -573,7 +573,8 @@ class SimNvml:
         return util
 
     def nvmlDeviceGetArchitecture(self, handle: SimHandle) -> int:
-        return ARCHITECTURES.get(self._enter(handle).model.family, pynvml.NVML_DEVICE_ARCH_UNKNOWN)
+        family = self._enter(handle).model.family
+        return int(ARCHITECTURES.get(family, pynvml.NVML_DEVICE_ARCH_UNKNOWN))
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: SimHandle) -> list[Any]:
         """No simulated processes: an empty list, as NVML answers for an idle device."""
