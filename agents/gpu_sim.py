@@ -27,12 +27,16 @@ MIG_RESOURCE = "nvidia.com/mig-"
 
 
 def sim_nvml_for(node: NodeSeed) -> SimNvml:
-    """The simulated driver of a seed node: its GPU model, count and MIG layout."""
+    """The simulated driver of a seed node: its GPU model, family, count and MIG layout."""
     gpu = node.gpu
     if gpu is None:
         return SimNvml(node.name, [])
     return SimNvml.build(
-        node.name, product=gpu.product, count=gpu.count, mig=node.mig.devices if node.mig else None
+        node.name,
+        product=gpu.product,
+        count=gpu.count,
+        mig=node.mig.devices if node.mig else None,
+        family=gpu.family,
     )
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from schemas.session import KernelActivity
+if TYPE_CHECKING:  # kept out at run time: the GPU sources run where pydantic is not installed
+    from schemas.session import KernelActivity
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,18 @@ ctypes structures where pynvml returns one), constants and error classes (it rai
 real `pynvml.NVMLError_*`), so the agent runs unchanged on `pynvml` or on a `SimNvml`.
 Each instance is one node's driver: several run side by side in one process.
 Faults are injected at runtime with `inject_xid`, `inject_fault` and `recover`; load
-with `set_load` (power follows utilisation) or `set_power`. The energy counter integrates
-power over the (monotonic, injectable) clock, as the driver's counter does.
+with `set_load` (power follows utilisation), `set_mig_load` (one MIG instance) or
+`set_power`. The energy counter integrates power over the (monotonic, injectable) clock, as
+the driver's counter does. As on real GPUs, utilisation rates are not reported with MIG
+enabled (NotSupported); GPM (`nvmlGpm*`, Hopper and later) measures each MIG instance's
+graphics activity between two samples.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -53,6 +58,8 @@ class GpuModel:
     shutdown_c: int
     row_remap: bool = True
     idle_power_w: float = 70.0
+    family: str = "hopper"
+    """Architecture (the seed's `family`): GPM is only there for hopper and later."""
 
     def power_at(self, utilization_pct: float) -> float:
         """Board power (W) at a utilisation: linear from idle to the power limit."""
@@ -62,8 +69,21 @@ class GpuModel:
 
 MODELS: dict[str, GpuModel] = {
     "H100": GpuModel("NVIDIA H100 80GB HBM3", 81559, 18, 700.0, 87, 92, idle_power_w=70.0),
-    "A100": GpuModel("NVIDIA A100-SXM4-80GB", 81920, 12, 400.0, 85, 92, idle_power_w=55.0),
+    "A100": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 81920, 12, 400.0, 85, 92, idle_power_w=55.0, family="ampere"
+    ),
 }
+
+# NVML's architecture of each family (`nvmlDeviceGetArchitecture`).
+ARCHITECTURES: dict[str, int] = {
+    "volta": pynvml.NVML_DEVICE_ARCH_VOLTA,
+    "turing": pynvml.NVML_DEVICE_ARCH_TURING,
+    "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+    "ada": pynvml.NVML_DEVICE_ARCH_ADA,
+    "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+    "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
+}
+_GPM_FAMILIES = frozenset({"hopper", "blackwell"})
 
 
 def model_for(product: str) -> GpuModel:
@@ -88,6 +108,24 @@ class SimMig:
     compute_instance_id: int
     profile: str
     uuid: str
+    load_pct: float = 30.0  # graphics activity (set with SimNvml.set_mig_load)
+    active_s: float = 0.0  # seconds of graphics activity, integrated up to the GPU's activity_at
+
+    @property
+    def slices(self) -> int:
+        """The compute slices (of 7) the instance holds: `3g.40gb` -> 3."""
+        head = self.profile.split("g.", 1)[0]
+        return int(head) if head.isdigit() else 1
+
+
+@dataclass(frozen=True)
+class SimGpmSample:
+    """What one GPM sample holds: when, of which GPU or GPU instance, the activity so far."""
+
+    gpu_index: int
+    gpu_instance_id: int | None
+    at: float
+    active_s: float
 
 
 @dataclass
@@ -117,6 +155,8 @@ class SimGpu:
     recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     lost: bool = False
     hang: threading.Event | None = None
+    active_s: float = 0.0  # seconds of graphics activity (whole GPU), up to `activity_at`
+    activity_at: float | None = None
     handle: SimHandle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -158,9 +198,11 @@ class SimNvml:
         self._lock = threading.RLock()
         self._sets: list[SimEventSet] = []
         self._initialised = 0
+        self._gpm: dict[int, tuple[Any, SimGpmSample | None]] = {}  # address -> buffer, sample
         now = clock()
         for gpu in gpus:
             gpu.energy_at = now  # the counter starts when the driver loads
+            gpu.activity_at = now
 
     @classmethod
     def build(
@@ -170,11 +212,16 @@ class SimNvml:
         product: str = "H100",
         count: int = 8,
         mig: dict[str, int] | None = None,
+        family: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> SimNvml:
         """A node of `count` GPUs of `product`; `mig` (profile -> count on the node) spreads
-        MIG instances over the GPUs, as `nvidia.com/mig-<profile>` capacity does."""
+        MIG instances over the GPUs, as `nvidia.com/mig-<profile>` capacity does. `family`
+        (the seed's, e.g. `hopper`) overrides the product's architecture; one NVML does not
+        know reads as NVML_DEVICE_ARCH_UNKNOWN."""
         model = model_for(product)
+        if family is not None:
+            model = dataclasses.replace(model, family=family)
         gpus: list[SimGpu] = []
         for i in range(count):
             digest = hashlib.sha256(f"{node}/{i}".encode()).hexdigest()
@@ -288,8 +335,44 @@ class SimNvml:
         gpu = self._gpu(index)
         with self._lock:
             self._integrate(gpu)
+            self._integrate_activity(gpu)
             gpu.utilization_gpu = round(utilization_pct)
             gpu.power_mw = round(gpu.model.power_at(utilization_pct) * 1000)
+
+    def set_mig_load(self, index: int, gpu_instance_id: int, utilization_pct: float) -> None:
+        """Set one MIG instance's graphics activity (GPM reads it); the GPU's power follows
+        its instances' load, weighted by their slices."""
+        if not 0 <= utilization_pct <= 100:
+            raise ValueError(f"utilisation must be 0..100 %, got {utilization_pct}")
+        gpu = self._gpu(index)
+        mig = next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
+        if mig is None:
+            have = ", ".join(str(m.gpu_instance_id) for m in gpu.migs) or "none"
+            raise ValueError(
+                f"GPU {index} of node {self.node} has no GPU instance {gpu_instance_id} "
+                f"(it has: {have})"
+            )
+        with self._lock:
+            self._integrate(gpu)
+            self._integrate_activity(gpu)
+            mig.load_pct = utilization_pct
+            gpu.power_mw = round(gpu.model.power_at(self._mig_mean(gpu)) * 1000)
+
+    @staticmethod
+    def _mig_mean(gpu: SimGpu) -> float:
+        """The GPU's activity from its MIG instances: each weighted by its share of 7 slices."""
+        return sum(m.load_pct * m.slices for m in gpu.migs) / 7
+
+    def _integrate_activity(self, gpu: SimGpu) -> None:
+        """Bring the GPU's and its instances' activity counters up to now."""
+        now = self.clock()
+        if gpu.activity_at is not None and now > gpu.activity_at:
+            dt = now - gpu.activity_at
+            whole = self._mig_mean(gpu) if gpu.migs else float(gpu.utilization_gpu)
+            gpu.active_s += dt * whole / 100
+            for mig in gpu.migs:
+                mig.active_s += dt * mig.load_pct / 100
+        gpu.activity_at = now if gpu.activity_at is None else max(now, gpu.activity_at)
 
     def set_recovery_action(self, index: int, action: int) -> None:
         """Set the driver's recovery action (XID 154 and the GpuRecoveryAction event)."""
@@ -482,10 +565,103 @@ class SimNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: SimHandle) -> Any:
         gpu = self._enter(handle)
+        if handle.mig is not None or gpu.migs:
+            raise _error(_ENOTSUP)  # NVML: not supported on MIG devices nor with MIG enabled
         util = pynvml.c_nvmlUtilization_t()
         util.gpu = gpu.utilization_gpu
         util.memory = gpu.utilization_memory
         return util
+
+    def nvmlDeviceGetArchitecture(self, handle: SimHandle) -> int:
+        family = self._enter(handle).model.family
+        return int(ARCHITECTURES.get(family, pynvml.NVML_DEVICE_ARCH_UNKNOWN))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: SimHandle) -> list[Any]:
+        """No simulated processes: an empty list, as NVML answers for an idle device."""
+        self._enter(handle)
+        return []
+
+    # GPM (GPU performance monitoring): samples are pynvml's own `c_nvmlGpmSample_t`
+    # pointers, to buffers this driver keeps, so `c_nvmlGpmMetricsGet_t` works unchanged.
+
+    def nvmlGpmQueryDeviceSupport(self, handle: SimHandle) -> Any:
+        gpu = self._enter(handle)
+        support = pynvml.c_nvmlGpmSupport_t()
+        support.version = pynvml.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(gpu.model.family in _GPM_FAMILIES)
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        if self._initialised <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        buffer = ctypes.create_string_buffer(8)
+        with self._lock:
+            self._gpm[ctypes.addressof(buffer)] = (buffer, None)
+        return ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        with self._lock:
+            if self._gpm.pop(self._gpm_address(sample), None) is None:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    @staticmethod
+    def _gpm_address(sample: Any) -> int:
+        return int(ctypes.cast(sample, ctypes.c_void_p).value or 0)
+
+    def _gpm_take(self, handle: SimHandle, gpu_instance_id: int | None, sample: Any) -> Any:
+        gpu = self._enter(handle)
+        if handle.mig is not None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # GPM takes the parent GPU
+        if gpu.model.family not in _GPM_FAMILIES:
+            raise _error(_ENOTSUP)
+        address = self._gpm_address(sample)
+        with self._lock:
+            if address not in self._gpm:
+                raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._integrate_activity(gpu)
+            if gpu_instance_id is None:
+                active = gpu.active_s
+            else:
+                mig = next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
+                if mig is None:
+                    raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+                active = mig.active_s
+            taken = SimGpmSample(gpu.index, gpu_instance_id, self.clock(), active)
+            self._gpm[address] = (self._gpm[address][0], taken)
+        return sample
+
+    def nvmlGpmSampleGet(self, handle: SimHandle, sample: Any) -> Any:
+        return self._gpm_take(handle, None, sample)
+
+    def nvmlGpmMigSampleGet(self, handle: SimHandle, gpu_instance_id: int, sample: Any) -> Any:
+        return self._gpm_take(handle, int(gpu_instance_id), sample)
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
+        """Graphics utilisation between `sample1` and `sample2`; other metrics NotSupported."""
+        if self._initialised <= 0:
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        if metrics_get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        with self._lock:
+            first = self._gpm.get(self._gpm_address(metrics_get.sample1), (None, None))[1]
+            second = self._gpm.get(self._gpm_address(metrics_get.sample2), (None, None))[1]
+        if (
+            first is None
+            or second is None
+            or (first.gpu_index, first.gpu_instance_id)
+            != (second.gpu_index, second.gpu_instance_id)
+            or second.at <= first.at
+        ):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        share = (second.active_s - first.active_s) / (second.at - first.at)
+        for i in range(metrics_get.numMetrics):
+            metric = metrics_get.metrics[i]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+                metric.value = min(max(share * 100, 0.0), 100.0)
+            else:
+                metric.nvmlReturn = _ENOTSUP
+        return metrics_get
 
     def nvmlDeviceGetMemoryInfo(self, handle: SimHandle) -> Any:
         gpu = self._enter(handle)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pynvml
 import pytest
@@ -126,3 +127,120 @@ def test_scenario_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ScenarioError, match="unknown fault") as info:
         load_scenario(bad)
     assert "\n" not in str(info.value)
+
+
+# -- utilisation with MIG, and GPM -----------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpm_utilization(s: SimNvml, handle: object, take: Callable[[object], None]) -> float:
+    """Graphics utilisation between two samples, read exactly as with pynvml."""
+    first, second = s.nvmlGpmSampleAlloc(), s.nvmlGpmSampleAlloc()
+    take(first)
+    assert isinstance(s.clock, Clock)
+    s.clock.now += 10
+    take(second)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 2
+    request.sample1, request.sample2 = first, second
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC
+    assert s.nvmlGpmMetricsGet(request) is request
+    assert request.metrics[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert request.metrics[0].nvmlReturn == pynvml.NVML_SUCCESS
+    s.nvmlGpmSampleFree(first)
+    s.nvmlGpmSampleFree(second)
+    return float(request.metrics[0].value)
+
+
+def test_utilisation_rates_are_not_supported_with_mig_as_on_real_gpus(sim: SimNvml) -> None:
+    h0 = sim.nvmlDeviceGetHandleByIndex(0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlDeviceGetUtilizationRates(sim.nvmlDeviceGetMigDeviceHandleByIndex(h0, 0))
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlDeviceGetUtilizationRates(h0)
+    sim.set_load(3, 80)
+    assert sim.nvmlDeviceGetUtilizationRates(sim.nvmlDeviceGetHandleByIndex(3)).gpu == 80
+
+
+def test_gpm_is_only_on_hopper_and_later(sim: SimNvml) -> None:
+    h0 = sim.nvmlDeviceGetHandleByIndex(0)
+    assert sim.nvmlDeviceGetArchitecture(h0) == pynvml.NVML_DEVICE_ARCH_AMPERE
+    support = sim.nvmlGpmQueryDeviceSupport(h0)
+    assert isinstance(support, pynvml.c_nvmlGpmSupport_t)
+    assert support.isSupportedDevice == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        sim.nvmlGpmMigSampleGet(h0, 1, sim.nvmlGpmSampleAlloc())
+    hopper = SimNvml.build("n2", product="NVIDIA-A100-SXM4-80GB", count=1, family="hopper")
+    hopper.nvmlInit()
+    h = hopper.nvmlDeviceGetHandleByIndex(0)
+    assert hopper.nvmlDeviceGetArchitecture(h) == pynvml.NVML_DEVICE_ARCH_HOPPER
+    assert hopper.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == 1
+
+
+def test_gpm_follows_each_mig_instances_load() -> None:
+    clock = Clock()
+    s = SimNvml.build("n3", count=1, mig={"3g.40gb": 2}, clock=clock)
+    s.nvmlInit()
+    h = s.nvmlDeviceGetHandleByIndex(0)
+    s.set_mig_load(0, 1, 60)
+    s.set_mig_load(0, 2, 0)
+
+    def mig(gi: int) -> Callable[[object], None]:
+        return lambda sample: s.nvmlGpmMigSampleGet(h, gi, sample)
+
+    assert gpm_utilization(s, h, mig(1)) == pytest.approx(60)
+    assert gpm_utilization(s, h, mig(2)) == pytest.approx(0)
+    # The whole GPU: each instance weighted by its 3 of 7 slices.
+    whole = gpm_utilization(s, h, lambda sample: s.nvmlGpmSampleGet(h, sample))
+    assert whole == pytest.approx(60 * 3 / 7)
+    # Load changing within the interval: the mean over it (5 s at 60 %, 5 s idle).
+    first, second = s.nvmlGpmSampleAlloc(), s.nvmlGpmSampleAlloc()
+    s.nvmlGpmMigSampleGet(h, 1, first)
+    clock.now += 5
+    s.set_mig_load(0, 1, 0)
+    clock.now += 5
+    s.nvmlGpmMigSampleGet(h, 1, second)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.sample1, request.sample2 = first, second
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    assert s.nvmlGpmMetricsGet(request).metrics[0].value == pytest.approx(30)
+
+
+def test_gpm_refuses_what_nvml_refuses() -> None:
+    clock = Clock()
+    s = SimNvml.build("n4", count=1, mig={"3g.40gb": 1}, clock=clock)
+    s.nvmlInit()
+    h = s.nvmlDeviceGetHandleByIndex(0)
+    sample = s.nvmlGpmSampleAlloc()
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        s.nvmlGpmMigSampleGet(h, 9, sample)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # GPM takes the parent GPU's handle
+        s.nvmlGpmMigSampleGet(s.nvmlDeviceGetMigDeviceHandleByIndex(h, 0), 1, sample)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.sample1 = request.sample2 = sample  # never taken
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        s.nvmlGpmMetricsGet(request)
+    request.version = 99
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        s.nvmlGpmMetricsGet(request)
+    s.nvmlGpmSampleFree(sample)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        s.nvmlGpmSampleFree(sample)
+    with pytest.raises(ValueError, match="no GPU instance 5"):
+        s.set_mig_load(0, 5, 10)
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        s.set_mig_load(0, 1, 101)
+    assert s.nvmlDeviceGetComputeRunningProcesses(h) == []
