@@ -18,7 +18,7 @@ from agents.energy_account import StaticCarbon
 from agents.energy_pods import StaticPodList
 from agents.energy_settings import EnergySettings
 from agents.energy_wiring import gpu_device_ids
-from agents.gpu_sim import follow_telemetry, sim_nvml_for, sim_pod_devices
+from agents.gpu_sim import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
 from agents.sources.pods import StaticPods
 from agents.sources.power import PowerSample, SourceError
 from nodeward.config import Settings, section
@@ -82,7 +82,7 @@ async def build_sim_energy_agent(
     from nodeward.platform import bus_daemon
 
     config: EnergySettings = section(settings, "agents", "energy", EnergySettings)
-    sim = sim_nvml_for(node)
+    sim = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
         f"agent-energy-{node.name}", settings, source=f"agent/energy/{node.name}", provision=False
     )

@@ -24,6 +24,8 @@ from schemas.gpu import GpuSample, GpuTelemetry
 from schemas.tokens import subject
 
 MIG_RESOURCE = "nvidia.com/mig-"
+GPU_LOAD_ANNOTATION = "sim.nodeward.io/gpu"  # a pod's GPU utilisation %, e.g. '85'
+ROLE_LOAD = {"training": 30.0}  # else 0: sessions at rest, free GPUs
 
 
 def sim_nvml_for(node: NodeSeed) -> SimNvml:
@@ -62,6 +64,37 @@ def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[
     return out
 
 
+def sim_workload(sim: SimNvml, pods: Sequence[PodSeed]) -> SimNvml:
+    """Load the GPUs the way their pods use them: a pod's `sim.nodeward.io/gpu` annotation,
+    else 30 % for training pods and 0 for sessions; free GPUs idle. Returns `sim`."""
+    by_name = {(p.namespace, p.name): p for p in pods}
+    held = sim_pod_devices(sim, pods)
+    for gpu in sim.gpus:
+        devices = [m.uuid for m in gpu.migs] if gpu.migs else [gpu.uuid]
+        loads = []
+        for device in devices:
+            refs = held.get(device, [])
+            pod = by_name.get((refs[0].namespace, refs[0].name)) if refs else None
+            load = _load_of(pod)
+            loads.append(load)
+            mig = next((m for m in gpu.migs if m.uuid == device), None)
+            if mig is not None:
+                sim.set_mig_load(gpu.index, mig.gpu_instance_id, load)
+        if not gpu.migs:
+            sim.set_load(gpu.index, loads[0])
+    return sim
+
+
+def _load_of(pod: PodSeed | None) -> float:
+    if pod is None:
+        return 0.0
+    raw = pod.annotations.get(GPU_LOAD_ANNOTATION)
+    try:
+        return min(max(float(raw), 0.0), 100.0) if raw is not None else ROLE_LOAD.get(pod.role, 0.0)
+    except ValueError:
+        return ROLE_LOAD.get(pod.role, 0.0)
+
+
 async def follow_telemetry(
     nc: Any, node: str, nvml: SimNvml, apply: Callable[[GpuSample], None], *, who: str
 ) -> Any:
@@ -94,7 +127,7 @@ async def build_sim_gpu_agent(
     from nodeward.platform import bus_daemon
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
-    sim = sim_nvml_for(node)
+    sim = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
     )

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from agents.sources.jupyter import JupyterSettings
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.session import SessionKind
@@ -51,6 +52,6 @@ class IdleSettings(Section):
     )
     cgroup_root: Path = Path("/sys/fs/cgroup")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    read_timeout: Duration = Field(
-        default=timedelta(seconds=5), description="per source read, Jupyter included"
+    jupyter: JupyterSettings = Field(
+        default_factory=JupyterSettings, description="how notebooks' Jupyter servers are read"
     )

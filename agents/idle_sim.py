@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.gpu_sim import follow_telemetry, sim_nvml_for, sim_pod_devices
+from agents.gpu_sim import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
 from agents.idle import IdleAgent, KubeSessionPods
 from agents.idle_settings import IdleSettings
 from agents.sources.activity import KernelsReading
@@ -104,7 +104,7 @@ async def build_sim_idle_agent(
 ) -> tuple[Daemon, IdleAgent]:
     """One simulated node's idleness agent daemon (not started) and its agent."""
     config: IdleSettings = section(settings, "agents", "idle", IdleSettings)
-    sim_gpus = sim_nvml_for(node)
+    sim_gpus = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
         f"agent-idle-{node.name}", settings, source=f"agent/idle/{node.name}", provision=False
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agents.gpu_sim import sim_nvml_for, sim_pod_devices
+from agents.gpu_sim import sim_nvml_for, sim_pod_devices, sim_workload
 from agents.idle import IdleAgent, KubeSessionPods
 from agents.idle_settings import IdleSettings
 from agents.sources.cgroups import CgroupCpu
@@ -83,7 +83,7 @@ async def platform(
         settings = IdleSettings(
             interval="400ms", gpu_sample_every="200ms", idle_after="400ms", cgroup_root=tmp_path
         )
-        gpus = sim_nvml_for(env.seed.nodes[0])
+        gpus = sim_workload(sim_nvml_for(env.seed.nodes[0]), env.seed.pods)
         cgroups = CgroupTree(tmp_path / f"cg-{env.node}")
         for pod in env.pods.values():
             cgroups.add(pod["metadata"]["uid"])
