@@ -187,3 +187,47 @@ async def test_malformed_session_idle_is_dead_lettered(culler_env: EnvFactory, b
     # The daemon carries on: a good event after it is handled.
     await env.publish(env.idle("nb-b-0", ago(600)))
     await wait_for(lambda: env.user_notices("nb-b-0"), what="a warning after the bad event")
+
+
+async def test_stops_are_rate_limited_and_the_refusal_is_audited(culler_env: EnvFactory) -> None:
+    env = await culler_env(
+        warn_after="1s",
+        cull_after="2s",
+        rate_limit={"per_minute": 1, "burst": 1, "max_wait": "0s"},
+    )
+    await env.start()
+    since = ago(1.1)
+
+    async def one_stopped_one_refused() -> bool:
+        await env.publish(env.idle("nb-b-0", since))
+        stops = await env.audits("stop")
+        return {a.outcome for a in stops} >= {Outcome.APPLIED, Outcome.REFUSED}
+
+    await env.idle_until("nb-a-0", since, one_stopped_one_refused)
+    stopped = [nb for nb in ("nb-a", "nb-b") if await env.stopped(nb)]
+    assert len(stopped) == 1
+    refused = [a for a in await env.audits("stop") if a.outcome == Outcome.REFUSED]
+    assert refused[0].guard == "rate_limit" and "a minute" in refused[0].reason
+
+
+async def test_a_session_past_its_maximum_age_is_warned_then_stopped_even_if_active(
+    culler_env: EnvFactory,
+) -> None:
+    env = await culler_env(warn_after="1s", cull_after="2s", max_age="3s")
+    await env.start()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 20
+
+    async def stopped() -> str | None:
+        return await env.stopped("nb-a")
+
+    while not await stopped():
+        assert loop.time() < end, "nb-a was not stopped at its maximum age"
+        await env.publish(env.activity("nb-a-0", ActivityState.ACTIVE))
+        await asyncio.sleep(0.3)  # the agent's interval
+    [warning, *_] = await env.user_notices("nb-a-0")
+    assert "maximum age" in warning.title
+    assert [a.action for a in await env.audits() if a.action in ("warn", "cancel", "stop")] == [
+        "warn",
+        "stop",
+    ]

@@ -373,14 +373,14 @@ async def test_network_policy_create_delete(admin: Cluster) -> None:
 
 
 async def test_lease_leader_election(port_for: PortFactory) -> None:
-    culler = port_for("culler")
-    assert await culler.leases.try_acquire("culler-scheduler", "replica-a", duration_s=30) is True
-    assert await culler.leases.try_acquire("culler-scheduler", "replica-b", duration_s=30) is False
-    assert await culler.leases.try_acquire("culler-scheduler", "replica-a", duration_s=30) is True
-    assert await culler.leases.release("culler-scheduler", "replica-a") is True
-    assert await culler.leases.try_acquire("culler-scheduler", "replica-b", duration_s=30) is True
+    creds = port_for("credentials")  # its scheduler holds a lease
+    assert await creds.leases.try_acquire("renew-scheduler", "replica-a", duration_s=30) is True
+    assert await creds.leases.try_acquire("renew-scheduler", "replica-b", duration_s=30) is False
+    assert await creds.leases.try_acquire("renew-scheduler", "replica-a", duration_s=30) is True
+    assert await creds.leases.release("renew-scheduler", "replica-a") is True
+    assert await creds.leases.try_acquire("renew-scheduler", "replica-b", duration_s=30) is True
     with pytest.raises(Forbidden, match='in the namespace "default"'):
-        await culler.leases.try_acquire("elsewhere", "replica-a", namespace="default")
+        await creds.leases.try_acquire("elsewhere", "replica-a", namespace="default")
 
 
 # --- checkpoints ------------------------------------------------------------------------------

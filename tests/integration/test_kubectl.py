@@ -263,8 +263,14 @@ async def test_kubectl_as_a_service_identity_is_bound_by_its_role(edge_kubectl: 
         'User "system:serviceaccount:nodeward:nodeward-culler" cannot get resource "nodes"'
         in as_culler.err
     )
-    listed = await edge_kubectl("--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp")
-    assert "bob-jupyter-0" in listed.out
+    got = await edge_kubectl(
+        "--context", "nodeward-culler", "get", "pod", "bob-jupyter-0", "-n", "ml-nlp"
+    )
+    assert "bob-jupyter-0" in got.out
+    listed = await edge_kubectl(
+        "--context", "nodeward-culler", "get", "pods", "-n", "ml-nlp", check=False
+    )
+    assert listed.rc != 0 and 'cannot list resource "pods"' in listed.err
 
 
 async def test_auth_can_i_reflects_each_services_role(edge_kubectl: Kubectl) -> None:

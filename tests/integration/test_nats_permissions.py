@@ -13,6 +13,7 @@ from nodeward.nats_auth import admin, agent_inbox, node_agent, render_authorizat
 from nodeward.sim.nats_server import EmbeddedNats
 from schemas import make_event
 from schemas.gpu import GpuHealth
+from schemas.session import SessionIdle
 
 
 async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
@@ -49,6 +50,16 @@ async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
                 await agent.publish(forged)
             info = await operator.js.stream_info("GPU", subjects_filter="gpu.health.>")
             assert set(info.state.subjects or {}) == {own.nats_subject}
+
+            # Its idleness agent: its own node's sessions, no other node's.
+            session = SessionIdle.example().model_copy(update={"node": "gpu-node-a"})
+            mine = make_event(session, source="agent/idle/gpu-node-a")
+            assert (await agent.publish(mine)).stream == "SESSIONS"
+            other = make_event(
+                session.model_copy(update={"node": "gpu-node-b"}), source="agent/idle/gpu-node-a"
+            )
+            with pytest.raises(PublishError):
+                await agent.publish(other)
 
             # No JetStream API either: creating a stream is refused (the request times out).
             with pytest.raises(TimeoutError):

@@ -52,7 +52,7 @@ async def test_without_deploy_files_the_roles_come_from_the_access_table(
     monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)
     async with embedded_cluster(tmp_path) as embedded:
         assert set(embedded.sim.identities) == {"admin", *SERVICES}
-        async with Cluster.connect(embedded.settings_for("culler")) as culler:
+        async with Cluster.connect(embedded.settings_for("credentials")) as credentials:
             with pytest.raises(Forbidden):
-                await culler.nodes.get("gpu-h100-01")
-            assert await culler.leases.try_acquire("culler", "me")
+                await credentials.nodes.get("gpu-h100-01")
+            assert await credentials.leases.try_acquire("credentials", "me")
