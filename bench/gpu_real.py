@@ -265,12 +265,16 @@ async def series(
         uuid0 = text(nvml.nvmlDeviceGetUUID(h0))
         start = time.monotonic()
         load.start(load_seconds)
-        print(f"  {'t_s':>5} {'phase':<6} {'util_gpu0':>9} {'gpm_gfx0':>9} {'power_w':>8}  detail")
+        print(
+            f"  {'t_s':>5} {'phase':<6} {'util_gpu0':>9} {'gpm_gfx0':>9} {'power_w':>8} "
+            f"{'procs':>5}  detail"
+        )
         for tick in range(1, int(seconds) + 1):
             await asyncio.sleep(max(0.0, start + tick - time.monotonic()))
             got = await util.utilization()
             r = got.get(uuid0)
             power = call(nvml, "nvmlDeviceGetPowerUsage", h0)
+            procs = call(nvml, "nvmlDeviceGetComputeRunningProcesses", h0)
             row = {
                 "t_s": round(time.monotonic() - start, 2),
                 "phase": "load" if tick <= load_seconds else "idle",
@@ -279,6 +283,7 @@ async def series(
                 "detail": r.detail if r else "GPU 0 missing from the reading",
                 "gpm_graphics_gpu0_pct": gpm.read(),
                 "power_w": power / 1000 if isinstance(power, int) else power,
+                "processes_gpu0": [p.pid for p in procs] if isinstance(procs, list) else procs,
                 "all": {k: v.percent for k, v in got.items()},
             }
             rows.append(row)
@@ -288,7 +293,11 @@ async def series(
             pw_s = f"{pw:8.1f}" if isinstance(pw, float) else f"{pw!s:>8}"
             pct = row["util_gpu0_pct"]
             pct_s = f"{pct:9.1f}" if isinstance(pct, float) else f"{pct!s:>9}"
-            print(f"  {row['t_s']:5.1f} {row['phase']:<6} {pct_s} {gfx_s} {pw_s}  {row['detail']}")
+            pids = row["processes_gpu0"]
+            np_s = f"{len(pids):5d}" if isinstance(pids, list) else f"{pids!s:>5}"
+            print(
+                f"  {row['t_s']:5.1f} {row['phase']:<6} {pct_s} {gfx_s} {pw_s} {np_s}  {row['detail']}"
+            )
     finally:
         load.stop()
         gpm.close()
