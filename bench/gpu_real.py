@@ -41,13 +41,6 @@ sys.path.insert(0, str(REPO))  # run from a checkout, nodeward not installed
 import pynvml  # noqa: E402 - after the path is set, like everything from the repo
 
 from agents.sources.gpu_activity import NvmlUtilization  # noqa: E402
-from agents.sources.nvml import (  # noqa: E402
-    EVENT_MASK,
-    identify,
-    register_events,
-    sample_health,
-    sample_telemetry,
-)
 from nodeward.watchdog import Lane  # noqa: E402
 
 ACTIVE_MIN_PCT = 50.0  # mean utilisation under the matmul loop must be at least this
@@ -358,6 +351,16 @@ def gpm_support(nvml: Any) -> list[dict[str, Any]]:
 
 
 def agent_reads(nvml: Any) -> list[dict[str, Any]]:
+    # Imported here: it needs a recent nvidia-ml-py (recovery-action constants); an older
+    # one fails this step only.
+    from agents.sources.nvml import (
+        EVENT_MASK,
+        identify,
+        register_events,
+        sample_health,
+        sample_telemetry,
+    )
+
     out = []
     lane = Lane("device-check")
     try:
