@@ -103,7 +103,8 @@ class NvmlUtilization:
         self._found_at = 0.0
         self._ids: tuple[str, ...] = ()
         """Every device ID of the last discovery (read from the loop when NVML hangs)."""
-        self._last: dict[int, DeviceUtilization] = {}
+        self._last: dict[str, DeviceUtilization] = {}
+        """Device -> its last GPM reading (repeated when asked again too soon)."""
 
     async def utilization(self) -> Mapping[str, DeviceUtilization]:
         try:
@@ -176,7 +177,7 @@ class NvmlUtilization:
     def _read_gpm(self, gpu: _Gpu, unit: _Unit, gpm: _Gpm) -> DeviceUtilization:
         """Graphics activity between the last GPM sample and one taken now."""
         now = self.clock()
-        key = id(unit)
+        key = unit.device
         if gpm.taken_at is not None and now - gpm.taken_at < self.min_gpm_interval:
             last = self._last.get(key)
             if last is not None:
@@ -220,12 +221,14 @@ class NvmlUtilization:
         if not self._initialised:
             self.nvml.nvmlInit()
             self._initialised = True
-        self._free_gpm()
-        before = {g.index: g for g in self._gpus or ()}
+        old = self._gpus or []
+        before = {g.index: g for g in old}
         gpus = [self._find(i, before.get(i)) for i in range(int(self.nvml.nvmlDeviceGetCount()))]
+        self._free_gpm(old)  # the samples of devices that are gone (the others moved over)
         self._gpus, self._found_at = gpus, now
         self._ids = tuple(i for g in gpus for i in g.ids)
-        self._last.clear()
+        devices = {u.device for g in gpus for u in g.units}
+        self._last = {k: v for k, v in self._last.items() if k in devices}
         return gpus
 
     def _find(self, index: int, before: _Gpu | None) -> _Gpu:
@@ -257,7 +260,12 @@ class NvmlUtilization:
             if gpu.mig:
                 gpu.units.extend(self._find_migs(gpu))
             if gpu.gpm_supported and gpu.mig:  # whole GPUs are read with utilisation rates
+                kept = {u.device: u for u in before.units} if before and before.uuid == uuid else {}
                 for unit in gpu.units:
+                    prev = kept.get(unit.device)
+                    if prev is not None and prev.gpm is not None:
+                        unit.gpm, prev.gpm = prev.gpm, None  # same device: its samples go on
+                        continue
                     unit.gpm = _Gpm([nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()])
                     try:
                         self._take(gpu, unit, unit.gpm.samples[0])
@@ -298,8 +306,8 @@ class NvmlUtilization:
                 return None
             raise
 
-    def _free_gpm(self) -> None:
-        for gpu in self._gpus or ():
+    def _free_gpm(self, gpus: list[_Gpu]) -> None:
+        for gpu in gpus:
             for unit in gpu.units:
                 if unit.gpm is None:
                     continue
@@ -327,7 +335,7 @@ class NvmlUtilization:
 
     def close(self) -> None:
         """Free GPM samples, release NVML and end the lane's thread (blocking)."""
-        self._free_gpm()
+        self._free_gpm(self._gpus or [])
         self._gpus = None
         if self._initialised:
             self._initialised = False

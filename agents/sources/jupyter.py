@@ -197,7 +197,7 @@ class JupyterKernels:
             response = await self._client.get(url, headers=headers, timeout=timeout)
         except httpx.TimeoutException:
             return KernelsReading(kernels=None, error=f"{where}: no answer within {timeout:g}s")
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             return KernelsReading(kernels=None, error=f"{where}: cannot connect ({_one_line(exc)})")
         if response.status_code != 200:
             hint = " (token refused or access denied)" if response.status_code in (401, 403) else ""

@@ -9,7 +9,8 @@ with `set_load` (power follows utilisation), `set_mig_load` (one MIG instance) o
 `set_power`. The energy counter integrates power over the (monotonic, injectable) clock, as
 the driver's counter does. As on real GPUs, utilisation rates are not reported with MIG
 enabled (NotSupported); GPM (`nvmlGpm*`, Hopper and later) measures each MIG instance's
-graphics activity between two samples.
+graphics activity between two samples. `set_processes` sets what
+`nvmlDeviceGetComputeRunningProcesses` lists.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ class SimGpu:
     recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     lost: bool = False
     hang: threading.Event | None = None
+    processes: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """Compute processes: (pid, used MiB, GPU instance ID or None)."""
     active_s: float = 0.0  # seconds of graphics activity (whole GPU), up to `activity_at`
     activity_at: float | None = None
     handle: SimHandle = field(init=False)
@@ -357,6 +360,22 @@ class SimNvml:
             self._integrate_activity(gpu)
             mig.load_pct = utilization_pct
             gpu.power_mw = round(gpu.model.power_at(self._mig_mean(gpu)) * 1000)
+
+    def set_processes(
+        self, index: int, processes: list[tuple[int, int]], *, gpu_instance_id: int | None = None
+    ) -> None:
+        """Set the compute processes, (pid, used MiB) each, on GPU `index` or one of its MIG
+        instances (replacing those there before)."""
+        gpu = self._gpu(index)
+        if gpu_instance_id is not None and all(
+            m.gpu_instance_id != gpu_instance_id for m in gpu.migs
+        ):
+            raise ValueError(
+                f"GPU {index} of node {self.node} has no GPU instance {gpu_instance_id}"
+            )
+        with self._lock:
+            kept = [p for p in gpu.processes if p[2] != gpu_instance_id]
+            gpu.processes = kept + [(pid, mib, gpu_instance_id) for pid, mib in processes]
 
     @staticmethod
     def _mig_mean(gpu: SimGpu) -> float:
@@ -577,9 +596,21 @@ class SimNvml:
         return int(ARCHITECTURES.get(family, pynvml.NVML_DEVICE_ARCH_UNKNOWN))
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: SimHandle) -> list[Any]:
-        """No simulated processes: an empty list, as NVML answers for an idle device."""
-        self._enter(handle)
-        return []
+        """The compute processes on the GPU (on a MIG handle: on that instance), as pynvml
+        returns them (friendly objects with pid, usedGpuMemory, gpuInstanceId, ...)."""
+        gpu = self._enter(handle)
+        out = []
+        with self._lock:
+            for pid, used_mib, gi in gpu.processes:
+                if handle.mig is not None and gi != handle.mig.gpu_instance_id:
+                    continue
+                info = pynvml.c_nvmlProcessInfo_t()
+                info.pid = pid
+                info.usedGpuMemory = used_mib * 1024 * 1024
+                info.gpuInstanceId = 0xFFFFFFFF if gi is None else gi
+                info.computeInstanceId = 0xFFFFFFFF if gi is None else 0
+                out.append(pynvml.nvmlStructToFriendlyObject(info))
+        return out
 
     # GPM (GPU performance monitoring): samples are pynvml's own `c_nvmlGpmSample_t`
     # pointers, to buffers this driver keeps, so `c_nvmlGpmMetricsGet_t` works unchanged.

@@ -14,8 +14,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from agents.sources.activity import KernelsReading
 from agents.sources.jupyter import JupyterKernels, JupyterSettings
-from tests.integration.jupyter_peer import JupyterPeer, free_port
+from tests.integration.jupyter_peer import JupyterPeer, free_port, start_jupyter, stop_jupyter
 
 pytestmark = pytest.mark.peer("jupyter")
 
@@ -66,15 +67,27 @@ async def test_a_busy_kernel_reads_busy_then_idle_after_an_interrupt(
         await kernels.aclose()
 
 
-async def test_no_kernels_is_a_known_empty_answer(jupyter_peer: JupyterPeer) -> None:
-    await jupyter_peer.shutdown_all()
-    kernels = source(jupyter_peer.token_file)
+def test_no_kernels_is_known_and_a_stopped_server_is_unknown(tmp_path: Path) -> None:
+    """A server of its own (the shared one may hold other tests' kernels), stopped after."""
+    peer = start_jupyter(tmp_path)
+
+    async def read() -> KernelsReading:
+        kernels = source(peer.token_file)
+        try:
+            return await kernels.kernels(peer.pod())
+        finally:
+            await kernels.aclose()
+
     try:
-        reading = await kernels.kernels(jupyter_peer.pod())
+        empty = asyncio.run(read())
     finally:
-        await kernels.aclose()
-    assert reading.known
-    assert reading.kernels == []
+        stop_jupyter(peer)
+    assert empty.known
+    assert empty.kernels == []
+    stopped = asyncio.run(read())
+    assert not stopped.known
+    assert stopped.error is not None
+    assert "cannot connect" in stopped.error
 
 
 @pytest.mark.parametrize("token", ["not-the-token", None])

@@ -164,3 +164,15 @@ async def test_no_driver_is_no_devices_not_an_exception() -> None:
         assert await util.utilization() == {}
     finally:
         util.close()
+
+
+async def test_rediscovery_keeps_each_instances_gpm_samples(clock: Clock) -> None:
+    sim = SimNvml.build("h100-mig3", count=1, mig={"3g.40gb": 2}, clock=clock)
+    mig = sim.gpus[0].migs[0]
+    sim.set_mig_load(0, mig.gpu_instance_id, 25)
+    for util in reader(sim, clock, rediscover_after=60):
+        await util.utilization()
+        clock.now += 61  # past rediscover_after: the layout is read again
+        got = await util.utilization()
+        assert got[mig.uuid].percent == pytest.approx(25)  # not restarted from no sample
+        assert got[mig.uuid].detail == "GPM graphics activity over 61.0s"

@@ -145,3 +145,15 @@ def test_settings_are_checked_at_the_edge() -> None:
         JupyterSettings(port=0)
     with pytest.raises(ValueError, match="extra"):
         JupyterSettings(portt=1)  # type: ignore[call-arg]
+
+
+async def test_an_unusable_annotated_url_is_unknown_not_an_exception() -> None:
+    from agents.sources.jupyter import JupyterKernels
+
+    kernels = JupyterKernels()
+    try:
+        reading = await kernels.kernels(pod(annotations={"nodeward.io/jupyter-url": "http://[x"}))
+    finally:
+        await kernels.aclose()
+    assert not reading.known
+    assert reading.error is not None and "cannot connect" in reading.error

@@ -243,4 +243,20 @@ def test_gpm_refuses_what_nvml_refuses() -> None:
         s.set_mig_load(0, 5, 10)
     with pytest.raises(ValueError, match=r"0\.\.100"):
         s.set_mig_load(0, 1, 101)
-    assert s.nvmlDeviceGetComputeRunningProcesses(h) == []
+
+
+def test_compute_processes_per_gpu_and_mig_instance() -> None:
+    s = SimNvml.build("n5", count=2, mig={"3g.40gb": 2})
+    s.nvmlInit()
+    h0, h1 = s.nvmlDeviceGetHandleByIndex(0), s.nvmlDeviceGetHandleByIndex(1)
+    assert s.nvmlDeviceGetComputeRunningProcesses(h1) == []
+    s.set_processes(1, [(4242, 1024)])
+    (proc,) = s.nvmlDeviceGetComputeRunningProcesses(h1)
+    assert (proc.pid, proc.usedGpuMemory) == (4242, 1024 * 1024 * 1024)
+    s.set_processes(0, [(7, 10)], gpu_instance_id=2)
+    first, second = (s.nvmlDeviceGetMigDeviceHandleByIndex(h0, i) for i in (0, 1))
+    assert s.nvmlDeviceGetComputeRunningProcesses(first) == []
+    assert [p.pid for p in s.nvmlDeviceGetComputeRunningProcesses(second)] == [7]
+    assert [p.gpuInstanceId for p in s.nvmlDeviceGetComputeRunningProcesses(h0)] == [2]
+    with pytest.raises(ValueError, match="no GPU instance 9"):
+        s.set_processes(0, [], gpu_instance_id=9)
