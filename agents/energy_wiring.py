@@ -50,13 +50,12 @@ def gpu_device_ids(nvml: Any) -> dict[str, list[str]]:
 def _real_sources(settings: EnergySettings) -> tuple[list[PowerReader], list[str]]:
     """The node's sources that could be opened, and one line per source that could not."""
     # Parts A and B of issue 6: imported here so the agent imports without them.
-    import pynvml
-
     from agents.sources.ipmi import IpmiReader
     from agents.sources.nvml_energy import (
         NvmlEnergyReader,
     )
     from agents.sources.rapl import RaplReader
+    from nodeward.nvml_compat import pynvml
 
     sources: list[PowerReader] = []
     skipped: list[str] = []
@@ -138,7 +137,7 @@ async def build_energy_agent(
     pods = KubeletPods(config.pod_resources_socket)
     devices: Mapping[str, list[str]] = {}
     if config.nvml.enabled:
-        import pynvml
+        from nodeward.nvml_compat import pynvml
 
         try:
             devices = gpu_device_ids(pynvml)

@@ -27,7 +27,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pynvml
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agents.gpu_health import (
@@ -63,6 +62,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.logs import get_logger
 from nodeward.nats_auth import agent_inbox
+from nodeward.nvml_compat import pynvml
 from nodeward.platform import Standalone
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from nodeward.xid import XidCatalog, load_catalog

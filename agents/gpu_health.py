@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
-
 from agents.sources.nvml import HealthSample
+from nodeward.nvml_compat import pynvml
 from nodeward.xid import XidCatalog
 from schemas.gpu import HealthReason, HealthState, RecommendedAction
 

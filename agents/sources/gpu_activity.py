@@ -22,9 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
-
 from agents.sources.activity import DeviceUtilization
+from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 
 RATES = "NVML utilisation rate"

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
-
+from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import Lane
 
 # Events the agent waits for (masked by what each device supports).

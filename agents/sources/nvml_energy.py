@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import pynvml
 import structlog
 
 from agents.sources.power import PowerSample, SourceError
+from nodeward.nvml_compat import pynvml
 from schemas.energy import PowerSource
 
 log = structlog.get_logger(__name__)

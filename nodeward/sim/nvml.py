@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
+from nodeward.nvml_compat import pynvml
 
 # Fault names `inject_fault` accepts, with what each does.
 FAULTS: dict[str, str] = {
