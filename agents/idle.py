@@ -304,7 +304,7 @@ class IdleAgent:
                     Reading("kernel", ActivityState.UNKNOWN, f"Jupyter API: {exc}".strip())
                 )
             else:
-                readings.append(kernel_reading(kernels))
+                readings.append(kernel_reading(kernels, inputs.now))
         return readings
 
     def _cpu(self, uid: str, usage: Mapping[str, int], error: str, wall: datetime) -> Reading:

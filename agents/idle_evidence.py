@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from agents.sources.activity import DeviceUtilization, KernelsReading
 from schemas.session import ActivityState, IdleEvidence
 
-BUSY_KERNEL_STATES = frozenset({"busy", "starting"})
+BUSY_KERNEL_STATES = frozenset({"busy"})
+STARTING_GRACE = timedelta(minutes=2)
+"""A kernel `starting` this long after its last activity is not starting: Jupyter reports a
+kernel nobody ever connected to as `starting` forever."""
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,21 @@ def cpu_reading(
     return Reading("cpu", ActivityState.IDLE, detail, value=cores, covers_from=since)
 
 
-def kernel_reading(reading: KernelsReading) -> Reading:
+def kernel_reading(reading: KernelsReading, now: datetime | None = None) -> Reading:
+    """Busy kernels are activity, and so is one starting since less than `STARTING_GRACE`."""
     if reading.kernels is None:
         return Reading(
             "kernel", ActivityState.UNKNOWN, f"Jupyter API: {reading.error or 'no answer'}"
         )
-    busy = [k for k in reading.kernels if k.execution_state in BUSY_KERNEL_STATES]
+    busy = [
+        k
+        for k in reading.kernels
+        if k.execution_state in BUSY_KERNEL_STATES
+        or (
+            k.execution_state == "starting"
+            and (now is None or k.last_activity is None or now - k.last_activity < STARTING_GRACE)
+        )
+    ]
     if busy:
         return Reading("kernel", ActivityState.ACTIVE, f"{len(busy)} kernel(s) busy")
     stamps = [k.last_activity for k in reading.kernels if k.last_activity is not None]

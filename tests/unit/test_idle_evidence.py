@@ -89,3 +89,10 @@ def test_first_cpu_interval_is_unknown() -> None:
     reading = cpu_reading(None, 0.1, "first CPU sample (a rate needs two)")
     verdict = SessionTracker("uid").judge([reading], at(0))
     assert verdict.state == ActivityState.UNKNOWN
+
+
+def test_a_kernel_starting_for_long_is_not_activity() -> None:
+    fresh = kernel_reading(KernelsReading([kernel("starting", at(-30))]), at(0))
+    stuck = kernel_reading(KernelsReading([kernel("starting", at(-3600))]), at(0))
+    assert fresh.state == ActivityState.ACTIVE
+    assert stuck.state == ActivityState.IDLE and stuck.idle_since == at(-3600)
