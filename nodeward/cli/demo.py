@@ -91,7 +91,11 @@ def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
 
 def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:
     """Where each daemon's metrics are; each kind of simulated agent on one line, by port."""
-    groups = {"agent-gpu-": "GPU agents", "agent-energy-": "energy agents"}
+    groups = {
+        "agent-gpu-": "GPU agents",
+        "agent-energy-": "energy agents",
+        "agent-idle-": "idle agents",
+    }
     grouped = {p: {n: u for n, u in metrics.items() if n.startswith(p)} for p in groups}
     members = {n for g in grouped.values() for n in g}
     lines = [f"{name:<10} {url}/metrics" for name, url in metrics.items() if name not in members]
