@@ -235,7 +235,8 @@ class CullerService:
     async def _record(self, session: Session) -> SessionRecord:
         current = await self.records.get(session_key(session.namespace, session.name))
         record = current.value if current else SessionRecord()
-        if record.uid != session.uid:  # another pod of the same name: start afresh
+        # Another pod of the same name, or what a dry run recorded now that it is off: afresh.
+        if record.uid != session.uid or (record.dry_run and not self.settings.dry_run):
             record = SessionRecord(uid=session.uid, node=session.pod["spec"].get("nodeName"))
         return record
 
@@ -248,7 +249,8 @@ class CullerService:
     ) -> None:
         record = await self._record(session)
         if data.state == ActivityState.ACTIVE and record.pending and record.reason == "idle":
-            await self._cancel(event, session, record, "the session was used again")
+            used = data.last_activity or data.sampled_at
+            await self._cancel(event, session, record, "the session was used again", used)
             return
         await self._check_age(event, session, record)
 
@@ -256,6 +258,9 @@ class CullerService:
         record = await self._record(session)
         if await self._settled(event, session, record):
             return
+        if record.active_at is not None and data.idle_since < record.active_at - NEW_PERIOD_SLACK:
+            self.log.info("culler.idle_period_over", since=data.idle_since.isoformat())
+            return  # a late or redelivered event: the session was used since
         now = datetime.now(UTC)
         keep, problem = keep_until(session.pod, session.notebook)
         if problem:
@@ -263,7 +268,7 @@ class CullerService:
         if keep is not None and keep > now:
             if record.pending:
                 why = f"{KEEP_UNTIL} asks to keep it until {_when(keep)}"
-                await self._cancel(event, session, record, why)
+                await self._cancel(event, session, record, why, None)
             else:
                 self.log.debug("culler.kept", until=keep.isoformat())
             return
@@ -275,7 +280,9 @@ class CullerService:
             and since > record.idle_since + NEW_PERIOD_SLACK
         ):
             # Idle again, but since later than the warning said: it was used in between.
-            record = await self._cancel(event, session, record, "the session was used again")
+            record = await self._cancel(
+                event, session, record, "the session was used again", data.idle_since
+            )
         idle_for = now - since
         limits = session.limits
         if not record.pending and idle_for >= limits.warn_after:
@@ -512,11 +519,17 @@ class CullerService:
         await self.bus.publish(make_event(note, source=ACTOR, id=notice_id))
 
     async def _cancel(
-        self, event: Event[Any], session: Session, record: SessionRecord, why: str
+        self,
+        event: Event[Any],
+        session: Session,
+        record: SessionRecord,
+        why: str,
+        used_at: datetime | None,
     ) -> SessionRecord:
+        """Withdraw the warning; `used_at`: when the session was used (None: kept)."""
         now = datetime.now(UTC)
         was_dry = record.dry_run
-        cancelled = record.cancelled_now(now)
+        cancelled = record.cancelled_now(now, active_at=used_at)
         await self._save(session, cancelled)
         proposal = self._proposal(
             "cancel",

@@ -32,6 +32,8 @@ class SessionRecord(BaseModel):
     stop_outcome: str | None = None
     cancelled: int = 0
     last_cancel_at: datetime | None = None
+    active_at: datetime | None = None
+    """When activity last withdrew a warning: an idle period that began before it is over."""
     last_decision: str | None = None
     """The last refusal or skip audited, so a repeat each interval is not audited again."""
 
@@ -39,10 +41,11 @@ class SessionRecord(BaseModel):
     def pending(self) -> bool:
         return self.warned_at is not None and self.stopped_at is None
 
-    def cancelled_now(self, at: datetime) -> SessionRecord:
-        """The warning withdrawn (the session was used, or kept)."""
+    def cancelled_now(self, at: datetime, *, active_at: datetime | None) -> SessionRecord:
+        """The warning withdrawn: the session was used at `active_at`, or kept (None)."""
         return self.model_copy(
             update={
+                "active_at": active_at or self.active_at,
                 "reason": None,
                 "idle_since": None,
                 "warned_at": None,

@@ -304,7 +304,7 @@ def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
     )
     assert (
         run("agent", "nope", env=env).stderr.strip()
-        == "nodeward: error: no agent named 'nope' (known: energy, gpu)"
+        == "nodeward: error: no agent named 'nope' (known: energy, gpu, idle)"
     )
 
 

@@ -94,6 +94,12 @@ class CullerEnv:
     async def publish(self, *events: Event[Any]) -> None:
         await self.bus.publish_many(list(events))
 
+    async def settled(self) -> bool:
+        """True once the culler has handled (acked) every event published so far."""
+        consumer = self.settings.services["culler"]["consumer"]
+        info = await self.bus.js.consumer_info("SESSIONS", consumer)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
     async def notebook(self, name: str) -> dict[str, Any]:
         return await self.admin.notebooks.get(self.ns, name)
 

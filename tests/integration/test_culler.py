@@ -68,6 +68,10 @@ async def test_activity_after_the_warning_cancels_and_is_recorded(culler_env: En
     assert "used again" in cancels[0].reason
     notices = await wait_for(lambda: _at_least(env.user_notices("nb-b-0"), 2), what="all clear")
     assert "will not be stopped" in notices[1].title
+    # A late event about the idle period before the activity warns nobody again.
+    await env.publish(env.idle("nb-b-0", ago(600)))
+    await wait_for(env.settled, what="the culler to handle the late event")
+    assert len(await env.user_notices("nb-b-0")) == 2
     # Idle again from now: the clock restarts, so nothing is stopped at the old deadline.
     fresh = datetime.now(UTC)
     for _ in range(4):
