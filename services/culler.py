@@ -21,6 +21,7 @@ an earlier pod of the same name, changes nothing.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -91,6 +92,10 @@ class CullerSettings(CullPolicy):
     max_event_age: Duration = Field(
         default=timedelta(minutes=10),
         description="older events (a replay) are recorded, never acted on",
+    )
+    namespace_ttl: Duration = Field(
+        default=timedelta(seconds=60),
+        description="how long a namespace's policy annotations and labels are cached",
     )
 
 
@@ -172,9 +177,10 @@ class CullerService:
         self.settings = settings
         self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions(cluster.namespaces.labels)
+        self.exemptions = Exemptions(self._namespace_labels)
         self.limiter = RateLimiter(settings.rate_limit)
         self.log = structlog.get_logger().bind(service=NAME)
+        self._namespaces: dict[str, tuple[float, Obj | None]] = {}
 
     def consumer_spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -197,7 +203,11 @@ class CullerService:
             if age > self.settings.max_event_age.total_seconds():
                 self.log.info("culler.old_event", age_s=round(age))
                 return
-            session = await self._session(data)
+            namespace_obj = await self._namespace(data.namespace)
+            limits = self.settings.limits(data.kind.value, namespace_obj)
+            if not await self._worth_a_look(data, limits):
+                return
+            session = await self._session(data, namespace_obj, limits)
             if session is None:
                 return
             if isinstance(data, SessionIdle):
@@ -206,7 +216,45 @@ class CullerService:
                 await self._on_activity(event, data, session)
 
     # reading the session ----------------------------------------------------------------
-    async def _session(self, data: SessionIdle | SessionActivity) -> Session | None:
+    async def _namespace(self, name: str) -> Obj | None:
+        """The namespace object (its policy annotations, its labels), cached briefly."""
+        now = time.monotonic()
+        cached = self._namespaces.get(name)
+        if cached is not None and now - cached[0] < self.settings.namespace_ttl.total_seconds():
+            return cached[1]
+        try:
+            obj: Obj | None = await self.cluster.namespaces.get(name)
+        except NotFound:
+            obj = None
+        if len(self._namespaces) > 10_000:
+            self._namespaces.clear()
+        self._namespaces[name] = (now, obj)
+        return obj
+
+    async def _namespace_labels(self, name: str) -> dict[str, str]:
+        obj = await self._namespace(name)
+        return dict(((obj or {}).get("metadata") or {}).get("labels") or {})
+
+    async def _worth_a_look(self, data: SessionIdle | SessionActivity, limits: Limits) -> bool:
+        """False when the event cannot change anything: most events, read from KV alone.
+
+        Every session's activity arrives each interval; only a pending warning, a maximum
+        age, or idleness past the warning time needs the session read from the API.
+        """
+        current = await self.records.get(session_key(data.namespace, data.pod))
+        record = current.value if current else None
+        ours = record is not None and record.uid == data.uid
+        if ours and record is not None and record.stopped_at is not None:
+            return record.dry_run and not self.settings.dry_run
+        if (ours and record is not None and record.pending) or limits.max_age is not None:
+            return True
+        if isinstance(data, SessionIdle):
+            return data.idle_for_s >= limits.warn_after.total_seconds()
+        return False
+
+    async def _session(
+        self, data: SessionIdle | SessionActivity, namespace_obj: Obj | None, limits: Limits
+    ) -> Session | None:
         key = session_key(data.namespace, data.pod)
         try:
             pod = await self.cluster.pods.get(data.namespace, data.pod)
@@ -223,11 +271,6 @@ class CullerService:
                 notebook = await self.cluster.notebooks.get(data.namespace, name)
             except NotFound:
                 notebook = None
-        try:
-            namespace_obj: Obj | None = await self.cluster.namespaces.get(data.namespace)
-        except NotFound:
-            namespace_obj = None
-        limits = self.settings.limits(data.kind.value, namespace_obj)
         for problem in limits.problems:
             self.log.warning("culler.policy_annotation", problem=problem)
         return Session(pod, notebook, namespace_obj, limits)
