@@ -42,6 +42,7 @@ from agents.sources.pods import PodSource, StaticPods
 from nodeward.bus import Bus
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
+from nodeward.kube.objects import PodView
 from nodeward.logs import get_logger
 from schemas.base import make_event
 from schemas.session import ActivityState, SessionActivity, SessionIdle, SessionKind
@@ -55,22 +56,14 @@ def node_name(settings: IdleSettings) -> str:
     return settings.node or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-@dataclass(frozen=True)
-class SessionPod:
+@dataclass(frozen=True, kw_only=True)
+class SessionPod(PodView):
     kind: SessionKind
-    pod: Obj
 
     @property
-    def namespace(self) -> str:
-        return str(self.pod["metadata"]["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.pod["metadata"]["name"])
-
-    @property
-    def uid(self) -> str:
-        return str(self.pod["metadata"].get("uid") or f"{self.namespace}/{self.name}")
+    def key(self) -> str:
+        """What the agent tracks the session by: its UID (its name when it has none)."""
+        return self.uid or f"{self.namespace}/{self.name}"
 
 
 class SessionPods(Protocol):
@@ -97,7 +90,7 @@ class KubeSessionPods:
                 if key in seen or (pod.get("status") or {}).get("phase") != "Running":
                     continue
                 seen.add(key)
-                out.append(SessionPod(kind, pod))
+                out.append(SessionPod(pod, kind=kind))
         return out
 
 
@@ -248,9 +241,9 @@ class IdleAgent:
         counts = dict.fromkeys(ActivityState, 0)
         live = set()
         for session in sessions:
-            live.add(session.uid)
+            live.add(session.key)
             readings = await self._readings(session, inputs)
-            tracker = self._trackers.setdefault(session.uid, SessionTracker(session.uid))
+            tracker = self._trackers.setdefault(session.key, SessionTracker(session.key))
             verdict = tracker.judge(readings, now)
             verdicts.append(verdict)
             counts[verdict.state] += 1
@@ -294,7 +287,7 @@ class IdleAgent:
         gpu = gpu_reading(utils, s.gpu_floor_pct, s.unmeasurable_gpu)
         if gpu is not None:
             readings.append(gpu)
-        readings.append(self._cpu(session.uid, inputs.usage, inputs.cpu_error, inputs.now))
+        readings.append(self._cpu(session.key, inputs.usage, inputs.cpu_error, inputs.now))
         if session.kind == SessionKind.NOTEBOOK:
             try:
                 kernels = await self.kernels.kernels(session.pod)
@@ -335,7 +328,7 @@ class IdleAgent:
             pod=session.name,
             node=self.node,
             kind=session.kind,
-            uid=session.pod["metadata"].get("uid"),
+            uid=session.uid,
             state=verdict.state,
             idle_since=verdict.idle_since,
             unknown=verdict.unknown,

@@ -83,7 +83,7 @@ class OneSession:
             "metadata": {"namespace": "device", "name": "session-0", "uid": SESSION_UID},
             "status": {"phase": "Running"},
         }
-        self.pod = SessionPod(SessionKind.SSH, pod)
+        self.pod = SessionPod(pod, kind=SessionKind.SSH)
 
     async def sessions(self) -> list[SessionPod]:
         return [self.pod]

@@ -16,6 +16,7 @@ from nodeward.bus import Bus
 from nodeward.config import Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.endpoints import Endpoints
+from nodeward.kube import Cluster
 from nodeward.sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from nodeward.sim.cluster.seed import Seed, load_seed
 from nodeward.sim.inject import InjectReply
@@ -51,6 +52,27 @@ async def bus_daemon(
         lambda: bus.close(grace=settings.daemon.shutdown_timeout.total_seconds() / 2)
     )
     return daemon, bus
+
+
+async def acting_daemon(
+    name: str, settings: Settings, *, source: str, consumers: int = 1
+) -> tuple[Daemon, Bus, Cluster]:
+    """A service's daemon with its bus and its cluster port (as the `name` ServiceAccount).
+
+    On shutdown the consumers drain first (their handlers use the cluster), then the
+    cluster client closes.
+    """
+    daemon, bus = await bus_daemon(name, settings, source=source, consumers=consumers)
+    cluster = Cluster.connect(settings.cluster, service=name)
+    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
+
+    async def close() -> None:
+        # Hooks run last-added first; closing the bus again later is harmless.
+        await bus.close(grace=grace)
+        await cluster.close()
+
+    daemon.add_shutdown_hook(close)
+    return daemon, bus, cluster
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import Component, Standalone, UpContext, bus_daemon
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
@@ -596,17 +596,7 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
-    cluster = Cluster.connect(settings.cluster, service=NAME)
-    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
-
-    async def close() -> None:
-        # Hooks run last-added first: drain the consumers (whose handlers use the cluster)
-        # before closing the cluster client. Closing the bus again later is harmless.
-        await bus.close(grace=grace)
-        await cluster.close()
-
-    daemon.add_shutdown_hook(close)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
     service: CordonService

@@ -38,7 +38,8 @@ from nodeward.durations import Duration, format_duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
-from nodeward.platform import Component, Standalone, UpContext, bus_daemon
+from nodeward.kube.objects import PodView
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
@@ -99,27 +100,13 @@ class CullerSettings(CullPolicy):
     )
 
 
-@dataclass(frozen=True)
-class Session:
+@dataclass(frozen=True, kw_only=True)
+class Session(PodView):
     """A session as the API shows it now."""
 
-    pod: Obj
     notebook: Obj | None
     namespace_obj: Obj | None
     limits: Limits
-
-    @property
-    def namespace(self) -> str:
-        return str(self.pod["metadata"]["namespace"])
-
-    @property
-    def name(self) -> str:
-        return str(self.pod["metadata"]["name"])
-
-    @property
-    def uid(self) -> str | None:
-        uid = self.pod["metadata"].get("uid")
-        return str(uid) if uid else None
 
     @property
     def stopped(self) -> bool:
@@ -273,7 +260,7 @@ class CullerService:
                 notebook = None
         for problem in limits.problems:
             self.log.warning("culler.policy_annotation", problem=problem)
-        return Session(pod, notebook, namespace_obj, limits)
+        return Session(pod, notebook=notebook, namespace_obj=namespace_obj, limits=limits)
 
     async def _record(self, session: Session) -> SessionRecord:
         current = await self.records.get(session_key(session.namespace, session.name))
@@ -671,15 +658,7 @@ async def build(settings: Settings) -> Daemon:
     `settings.cluster` must authenticate as the culler's ServiceAccount.
     """
     config: CullerSettings = section(settings, "services", NAME, CullerSettings)
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
-    cluster = Cluster.connect(settings.cluster, service=NAME)
-    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
-
-    async def close() -> None:
-        await bus.close(grace=grace)
-        await cluster.close()
-
-    daemon.add_shutdown_hook(close)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
     kv = await bus.kv(config.bucket, history=5)
     service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
 
