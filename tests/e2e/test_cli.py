@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,25 @@ def run(
         env=os.environ | (env or {}),
         cwd=REPO,
     )
+
+
+class Output:
+    """A child process's stdout and stderr lines, read as they come (threads)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=lambda s=stream, ls=lines: ls.extend(s or []), daemon=True)
+            for stream, lines in ((proc.stdout, self.out), (proc.stderr, self.err))
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait for the rest of the output once the process has ended."""
+        for reader in self.readers:
+            reader.join(timeout=timeout)
 
 
 def wait_until(condition, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]

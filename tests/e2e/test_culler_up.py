@@ -8,14 +8,13 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, wait_until
+from tests.e2e.test_cli import NODEWARD, Output, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,14 +60,8 @@ def test_up_warns_then_stops_the_idle_notebook_and_kubectl_shows_it(tmp_path: Pa
         cwd=tmp_path,
         env=env,
     )  # fmt: skip
-    out: list[str] = []
-    err: list[str] = []
-    readers = [
-        threading.Thread(target=lambda: out.extend(proc.stdout or []), daemon=True),
-        threading.Thread(target=lambda: err.extend(proc.stderr or []), daemon=True),
-    ]
-    for r in readers:
-        r.start()
+    output = Output(proc)
+    out = output.out
     try:
         wait_until((state / "endpoints.json").exists, timeout=60, what="nodeward up")
         kubeconfig = state / "kubeconfig"

@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, run, wait_until
+from tests.e2e.test_cli import NODEWARD, Output, run, wait_until
 
 STEPS = ("GPU", "DECISION", "CORDON", "NOTIFY", "RELEASE")
 
@@ -58,14 +57,8 @@ def test_up_tells_the_story_and_status_and_replay_show_it(tmp_path: Path) -> Non
         cwd=tmp_path,
         env=env,
     )
-    out: list[str] = []
-    err: list[str] = []
-    readers = [
-        threading.Thread(target=lambda: out.extend(proc.stdout or []), daemon=True),
-        threading.Thread(target=lambda: err.extend(proc.stderr or []), daemon=True),
-    ]
-    for r in readers:
-        r.start()
+    output = Output(proc)
+    out, err = output.out, output.err
     try:
         wait_until((state / "endpoints.json").exists, timeout=60, what="nodeward up")
         found: dict[str, Any] = {}
@@ -142,8 +135,7 @@ def test_up_tells_the_story_and_status_and_replay_show_it(tmp_path: Path) -> Non
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
-        for r in readers:
-            r.join(timeout=5)
+        output.join(timeout=5)
     assert code == 0, "".join(err)[-2000:]
 
 
