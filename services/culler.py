@@ -94,6 +94,11 @@ class CullerSettings(CullPolicy):
         default=timedelta(minutes=10),
         description="older events (a replay) are recorded, never acted on",
     )
+    record_ttl: Duration = Field(
+        default=timedelta(days=14),
+        description="a session's record (warning, stop) is forgotten this long after its "
+        "last change, so records of pods long gone do not pile up",
+    )
     namespace_ttl: Duration = Field(
         default=timedelta(seconds=60),
         description="how long a namespace's policy annotations and labels are cached",
@@ -659,7 +664,7 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CullerSettings = section(settings, "services", NAME, CullerSettings)
     daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
-    kv = await bus.kv(config.bucket, history=5)
+    kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
     service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
 
     async def consume() -> None:
