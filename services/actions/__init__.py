@@ -10,7 +10,7 @@ from services.actions.audit import Auditor
 from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from services.actions.drain import DrainResult, DrainSettings, drain
 from services.actions.exemptions import EXEMPT_LABEL, Exemptions, is_exempt
-from services.actions.limits import Cooldown, RateLimiter, RateLimitSettings
+from services.actions.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "DrainSettings",
     "Exemptions",
     "Guard",
+    "KeyedRateLimiter",
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",

@@ -1,6 +1,7 @@
 """Fixtures of the integration tests. The sim cluster's live in `simkube.py`."""
 
 from tests.integration.cordon_fixtures import cordon_env  # noqa: F401
+from tests.integration.falco_fixtures import falco_env  # noqa: F401
 from tests.integration.notifier_peers import (  # noqa: F401
     alertmanager,
     notifier_env,
