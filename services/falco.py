@@ -3,7 +3,7 @@
 Alerts reach the SECURITY stream on `falco.<priority>.<rule>`: from Falcosidekick's NATS
 output directly, or through this service's HTTP ingest (`services/falco_ingest.py`:
 Falco's `http_output` or Falcosidekick's webhook, authenticated). A durable consumer on
-`falco.>` (in order per pod) runs each alert through the rules (`services/falco_rules.py`;
+`falco.>` (identical alerts in order) runs each alert through the rules (`services/falco_rules.py`;
 the shipped `services/policies/falco.yaml` notifies on Notice, annotates on Warning, and
 checkpoints, isolates and notifies on Critical; it never terminates), then each action of
 the chosen rules through the shared path: guards (exemption label on the pod, its namespace
@@ -254,7 +254,9 @@ class FalcoService:
             subjects=tuple(self.settings.subjects),
             types=frozenset({FalcoAlert.TYPE}),
             concurrency=self.settings.concurrency,
-            order_key=lambda e: str(e.subject),
+            # Identical alerts in order (the first acts, the rest are duplicates); others,
+            # for the same pod too, in parallel: every action is idempotent.
+            order_key=lambda e: dedup_key(e.data),
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=6,
             ack_wait=timedelta(seconds=90),

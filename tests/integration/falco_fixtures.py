@@ -12,7 +12,6 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +24,19 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import (
-    CheckpointFailure,
-    CheckpointSeed,
-    ContainerSeed,
-    NodeSeed,
-    Owner,
-    PodSeed,
-    Seed,
+from nodeward.sim.falco_samples import (
+    DROP_AND_EXECUTE,
+    NODE,
+    sample_seed,
+    samples,
+    sidekick_subject,
 )
 from schemas.remediation import Remediation
-from schemas.tokens import falco_rule_token, token
+from schemas.tokens import token
 from services.falco import Assembled, assemble
 from tests.integration.cordon_fixtures import read_stream
 
-NODE = "gpu-node-07"
 TOKEN = "test-token-0123456789abcdef"
-DROP_AND_EXECUTE = "Drop and execute new binary in container"
-SAMPLE_NAMESPACES = ("user-alice", "user-bob", "user-carol", "user-dave")
-
-
-def samples() -> list[dict[str, Any]]:
-    """The eight sample alerts (Falcosidekick's NATS payload form)."""
-    text = (files("nodeward") / "data" / "falco-alerts.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def sidekick_subject(alert: dict[str, Any]) -> str:
-    return f"falco.{alert['priority'].lower()}.{falco_rule_token(alert['rule'])}"
 
 
 @dataclass
@@ -149,77 +133,6 @@ class FalcoEnv:
         return float(registry.get_sample_value(name, labels) or 0.0)
 
 
-def sample_seed(uid: str) -> Seed:
-    """The sample alerts' pods, in namespaces of this test; carol's vllm container cannot be
-    checkpointed (a runtime without CRIU); `exempt-<uid>` is a pod labelled exempt."""
-
-    def ns(base: str) -> str:
-        return f"{base}-{uid}"
-
-    bob_rs = Owner(kind="ReplicaSet", name="bob-llm-finetune-6d5f9c7b8d", apiVersion="apps/v1")
-    bob_labels = {"app": "bob-llm-finetune", "pod-template-hash": "6d5f9c7b8d"}
-    pods = [
-        PodSeed(
-            name="jupyter-alice-0",
-            namespace=ns("user-alice"),
-            node=NODE,
-            role="notebook",
-            labels={"app": "jupyter-alice"},
-            containers=[ContainerSeed(name="notebook")],
-        ),
-        PodSeed(
-            name="bob-llm-finetune-6d5f9c7b8d-q8wzr",
-            namespace=ns("user-bob"),
-            node=NODE,
-            owner=bob_rs,
-            labels=bob_labels,
-            containers=[ContainerSeed(name="trainer")],
-        ),
-        PodSeed(
-            name="bob-llm-finetune-6d5f9c7b8d-x2kfp",  # a sibling replica: never isolated
-            namespace=ns("user-bob"),
-            node=NODE,
-            owner=bob_rs,
-            labels=bob_labels,
-            containers=[ContainerSeed(name="trainer")],
-        ),
-        PodSeed(
-            name="carol-vllm-serve-84c6d7f9b-7tq5z",
-            namespace=ns("user-carol"),
-            node=NODE,
-            labels={"app": "carol-vllm-serve"},
-            containers=[ContainerSeed(name="vllm")],
-        ),
-        PodSeed(
-            name="dave-debug-priv",
-            namespace=ns("user-dave"),
-            node=NODE,
-            containers=[ContainerSeed(name="debug")],
-        ),
-        PodSeed(
-            name="exempt-trainer",
-            namespace=ns("user-dave"),
-            node=NODE,
-            labels={"nodeward.io/exempt": "true"},
-            containers=[ContainerSeed(name="trainer")],
-        ),
-    ]
-    return Seed(
-        namespaces=["nodeward", *(ns(n) for n in SAMPLE_NAMESPACES)],
-        nodes=[NodeSeed(name=NODE)],
-        pods=pods,
-        checkpoint=CheckpointSeed(
-            fail=[
-                CheckpointFailure(
-                    namespace=ns("user-carol"),
-                    pod="carol-vllm-serve-84c6d7f9b-7tq5z",
-                    container="vllm",
-                )
-            ]
-        ),
-    )
-
-
 EnvFactory = Callable[..., Awaitable[FalcoEnv]]
 
 
@@ -273,3 +186,15 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
             await assembled.daemon.stop()
         await env.admin.close()
         await env.sim.stop()
+
+
+__all__ = [
+    "DROP_AND_EXECUTE",
+    "NODE",
+    "TOKEN",
+    "EnvFactory",
+    "FalcoEnv",
+    "falco_env",
+    "samples",
+    "sidekick_subject",
+]
