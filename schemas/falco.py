@@ -110,7 +110,10 @@ class FalcoAlert(EventData):
                 if abs(seconds) >= scale * 1e8:  # after 1973 at that scale
                     seconds = value / scale
                     break
-            return datetime.fromtimestamp(seconds, UTC)
+            try:
+                return datetime.fromtimestamp(seconds, UTC)
+            except (OverflowError, OSError, ValueError):
+                raise ValueError(f"time {value!r} is out of range") from None
         return value
 
     @field_validator("output", "source", mode="before")
