@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from nodeward.config import ClusterSettings
 from nodeward.kube.client import KubeClient
 from tests.conftest import REPO, wait_for
 from tests.e2e.test_cli import NODEWARD
-from tests.integration.falco_fixtures import DROP_AND_EXECUTE, samples
+from tests.integration.falco_fixtures import DROP_AND_EXECUTE, samples, sidekick_subject
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,3 +129,69 @@ async def test_posting_the_sample_isolates_the_one_pod_within_2s(tmp_path: Path)
         code = proc.wait(timeout=30)
         log.close()
         assert code == 0, (tmp_path / "up.log").read_text()[-2000:]
+
+
+async def test_service_falco_alone_needs_credentials_then_serves(
+    tmp_path: Path, nats_url: str
+) -> None:
+    from nodeward.sim.cluster import SimCluster
+    from nodeward.sim.falco_samples import sample_seed
+
+    async with SimCluster(sample_seed(), port=0) as sim:
+        kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig", identity="falco")
+        base = [*NODEWARD, "service", "falco", "--nats", nats_url, "--kubeconfig", str(kubeconfig)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+        env |= {"NODEWARD_SERVICES__FALCO__INGEST__PORT": "0", "NODEWARD_DAEMON__PORT": "0"}
+        refused = subprocess.run(
+            base, capture_output=True, text=True, env=env, timeout=60, cwd=REPO
+        )
+        assert refused.returncode == 1
+        assert refused.stderr.count("\n") == 1 and "token_file" in refused.stderr, refused.stderr
+
+        token = tmp_path / "token"
+        token.write_text("a-long-enough-token-for-falco\n")
+        bad = subprocess.run(
+            base,
+            capture_output=True,
+            text=True,
+            env=env | {"NODEWARD_SERVICES__FALCO__RULES_FILE": str(tmp_path / "none.yaml")},
+            timeout=60,
+            cwd=REPO,
+        )
+        assert bad.returncode == 1 and "none.yaml" in bad.stderr and bad.stderr.count("\n") == 1
+
+        log = (tmp_path / "service.log").open("w")
+        config = tmp_path / "config.yaml"
+        falco = {
+            "consumer": "falco-alone",
+            # Only the alert posted here, not what other tests left on the session's NATS.
+            "subjects": [sidekick_subject(samples()[0])],
+            "ingest": {"port": 0, "token_file": str(token)},
+        }
+        config.write_text(json.dumps({"services": {"falco": falco}}))
+        base = [*base, "--config", str(config)]
+        loud = [*NODEWARD, "--log-level", "info", *base[len(NODEWARD) :]]
+        proc = subprocess.Popen(loud, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+
+            def listening() -> str | None:
+                for line in (tmp_path / "service.log").read_text().splitlines():
+                    found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+                    if "falco.ingest_listening" in line and found:
+                        return found.group(0)
+                return None
+
+            url = await wait_for(listening, timeout=30, interval=0.1, what="the ingest listening")
+            async with httpx.AsyncClient() as client:
+                answer = await client.post(
+                    url,
+                    json=samples()[0],
+                    headers={"Authorization": "Bearer a-long-enough-token-for-falco"},
+                    timeout=5,
+                )
+            assert answer.status_code == 200, answer.text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+            log.close()
+        assert code == 0, (tmp_path / "service.log").read_text()[-2000:]

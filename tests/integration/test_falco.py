@@ -323,3 +323,70 @@ async def _node_audits(env: FalcoEnv) -> list[Remediation]:
 
     events = await read_stream(env.bus, "AUDIT", f"remediation.*.{NODE}")
     return [e.data for e in events if str(e.data.details.get("falco_rule", "")).endswith(env.uid)]
+
+
+async def test_label_checkpoint_then_terminate_with_the_grace_asked(falco_env: EnvFactory) -> None:
+    rules = [
+        {
+            # Rule names match exactly: this test's alert is "<rule> <uid>", so not this one.
+            "name": "miner",
+            "match": {"rules": [DROP_AND_EXECUTE], "output_fields": ["proc.name=xmrig"]},
+            "actions": [{"action": "notify"}],
+        },
+        {
+            "name": "kill-miner",
+            "match": {"output_fields": ["proc.name=xmrig"]},
+            "actions": [
+                {"action": "label", "with": {"labels": {"security.example.org/falco": "{rule}"}}},
+                {"action": "checkpoint", "continue": False},
+                {"action": "terminate", "with": {"grace_period_seconds": 5}},
+            ],
+        },
+    ]
+    env = await falco_env(rules=rules)
+    await env.start()
+    bob = env.ns("user-bob")
+    await env.publish_raw(env.alert(DROP_AND_EXECUTE))
+    records = await wait_for(lambda: _when(env.audits(bob, BOB), 3), timeout=10, what="3 decisions")
+    assert outcomes(records) == {
+        "label": ("applied", None),
+        "checkpoint": ("applied", None),
+        "terminate": ("applied", None),
+    }
+    terminate = next(r for r in records if r.action == "terminate")
+    assert terminate.details == {**terminate.details, "deleted": True, "grace_period_seconds": 5}
+    assert [c.pod for c in env.sim.checkpoints] == [BOB]  # the evidence came first
+
+    async def gone() -> bool:
+        names = {p["metadata"]["name"] for p in await env.admin.pods.list(bob)}
+        return BOB not in names and BOB_SIBLING in names
+
+    await wait_for(gone, timeout=10, what="bob's pod deleted, its sibling kept")
+
+
+async def test_dry_run_and_the_per_pod_rate_limit_are_audited(falco_env: EnvFactory) -> None:
+    env = await falco_env(dry_run=True)
+    await env.start()
+    bob = env.ns("user-bob")
+    await env.post(env.alert(DROP_AND_EXECUTE))
+    records = await wait_for(lambda: _when(env.audits(bob, BOB), 3), timeout=10, what="dry run")
+    assert {r.outcome for r in records} == {Outcome.DRY_RUN}
+    assert all(r.dry_run and r.reason.startswith("dry run: would") for r in records)
+    assert await env.network_policy(bob, ISOLATE_POLICY) is None and env.sim.checkpoints == []
+
+    limited = await falco_env(rate_limit_per_pod={"per_minute": 0.001, "burst": 2})
+    await limited.start()
+    bob = limited.ns("user-bob")
+    first = limited.alert(DROP_AND_EXECUTE)
+    second = dict(first, output=first["output"] + " again")  # not a duplicate: another alert
+    await limited.publish_raw(first)
+    await wait_for(lambda: _when(limited.audits(bob, BOB), 3), timeout=10, what="first alert")
+    await limited.publish_raw(second)
+    records = await wait_for(lambda: _when(limited.audits(bob, BOB), 6), timeout=10, what="second")
+    later = [r for r in records if r.trigger_event_id != records[0].trigger_event_id]
+    assert outcomes(later) == {
+        "checkpoint": ("refused", "rate_limit_pod"),
+        "isolate": ("refused", "rate_limit_pod"),
+        "notify": ("applied", None),  # people are still told
+    }
+    assert "2" in next(r for r in later if r.action == "isolate").reason  # names the burst
