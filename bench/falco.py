@@ -4,7 +4,8 @@ Each run starts a fresh NATS and sim cluster holding the sample alerts' pods, th
 - baseline: the same alerts published raw on `falco.<priority>.<rule>` (as Falcosidekick's
   NATS output does) to a bare `Bus.consume` handler that only acks: the floor any
   nodeward consumer starts from; latency is publish -> handled;
-- falco: the alerts POSTed to the ingest (`--concurrency` at a time, bearer token), through
+- falco: `nodeward service falco` in a process of its own (as its Deployment runs it),
+  the alerts POSTed to its ingest (`--concurrency` at a time, bearer token), through
   the rules, guards and actions, until each alert's `remediation.v1` is on the AUDIT
   stream; latency is POST sent -> audit record received.
 Alerts are distinct (no duplicate window hits). `--priority notice` answers each with a
@@ -21,7 +22,9 @@ import asyncio
 import copy
 import json
 import shutil
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,13 +33,12 @@ from typing import Any
 import httpx
 
 from nodeward.bus import Bus, ConsumerSpec
-from nodeward.config import BusSettings, Settings
+from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
 from nodeward.sim.cluster import SimCluster
 from nodeward.sim.falco_samples import DROP_AND_EXECUTE, sample_seed, samples, sidekick_subject
 from nodeward.sim.nats_server import EmbeddedNats
 from schemas.cloudevents import decode
-from services.falco import assemble
 
 TOKEN = "bench-token-0123456789abcdef"
 RULES = {"notice": "Terminal shell in container", "critical": DROP_AND_EXECUTE}
@@ -131,6 +133,30 @@ async def through_falco(
     return elapsed, answered, [audited[i] - sent[i] for i in sent]
 
 
+async def started(proc: asyncio.subprocess.Process) -> str:
+    """The ingest URL, once the service's consumer is bound (from its JSON log lines)."""
+    url = None
+    assert proc.stdout is not None
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if not line:
+            raise RuntimeError("nodeward service falco exited before it was ready")
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "falco.ingest_listening":
+            url = record["url"]
+        if record.get("event") == "consumer.started" and url:
+            asyncio.get_running_loop().create_task(_drain(proc.stdout))
+            return str(url)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
 async def one_run(count: int, priority: str, concurrency: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="falco-bench-"))
     uid = "bench"
@@ -146,26 +172,26 @@ async def one_run(count: int, priority: str, concurrency: int) -> dict[str, Any]
         token = tmp / "token"
         token.write_text(TOKEN)
         limit = {"per_minute": 1e9, "burst": 1_000_000}
-        settings = Settings(
-            bus={"url": server.url},
-            cluster={"kubeconfig": sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")},
-            services={
-                "falco": {
-                    "rate_limit_per_pod": limit,
-                    "rate_limit_per_rule": limit,
-                    "ingest": {"host": "127.0.0.1", "port": 0, "token_file": str(token)},
-                }
-            },
-        )
-        assembled = await assemble(settings)
-        await assembled.daemon.start()
-        assert assembled.ingest is not None
+        config = tmp / "config.yaml"
+        falco = {
+            "rate_limit_per_pod": limit,
+            "rate_limit_per_rule": limit,
+            "ingest": {"host": "127.0.0.1", "port": 0, "token_file": str(token)},
+        }
+        config.write_text(json.dumps({"daemon": {"port": 0}, "services": {"falco": falco}}))
+        kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
+        # The service in a process of its own, as its Deployment runs it.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "nodeward", "--log-level", "info", "service", "falco",
+            "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
         try:
-            falco_s, answered_s, falco_lat = await through_falco(
-                bus, assembled.ingest.url, batch, concurrency
-            )
+            url = await started(proc)
+            falco_s, answered_s, falco_lat = await through_falco(bus, url, batch, concurrency)
         finally:
-            await assembled.daemon.stop()
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
     finally:
         await bus.close()
         await sim.stop()

@@ -112,6 +112,7 @@ class DedupRecord(BaseModel):
     """The first alert of a window, and how many identical ones followed it."""
 
     event_id: str
+    stream_sequence: int | None = None
     first_seen: float
     last_seen: float
     repeats: int = 0
@@ -268,10 +269,15 @@ class FalcoService:
         with structlog.contextvars.bound_contextvars(
             falco_rule=alert.rule, priority=alert.priority.value, about=event.subject
         ):
-            await self.respond(event, alert)
+            await self.respond(event, alert, sequence=delivery.stream_sequence)
 
-    async def respond(self, event: Event[Any], alert: FalcoAlert) -> list[Remediation]:
-        """Every decision taken for this alert (empty when nothing was to be done)."""
+    async def respond(
+        self, event: Event[Any], alert: FalcoAlert, *, sequence: int | None = None
+    ) -> list[Remediation]:
+        """Every decision taken for this alert (empty when nothing was to be done).
+
+        `sequence`: the message's stream sequence, which tells a redelivery of this very
+        message (handled again) from the same alert arriving twice (a duplicate)."""
         if alert.is_test:
             self.metrics.alerts.labels("test_dropped").inc()
             return []
@@ -280,7 +286,7 @@ class FalcoService:
             self.metrics.alerts.labels("unmatched").inc()
             self.log.debug("falco.unmatched")
             return []
-        if not await self.first_in_window(event, alert):
+        if not await self.first_in_window(event, alert, sequence):
             self.metrics.alerts.labels("duplicate").inc()
             return []
         self.metrics.alerts.labels("responded").inc()
@@ -290,7 +296,9 @@ class FalcoService:
             out.extend(await self.run_rule(event, alert, rule, target))
         return out
 
-    async def first_in_window(self, event: Event[Any], alert: FalcoAlert) -> bool:
+    async def first_in_window(
+        self, event: Event[Any], alert: FalcoAlert, sequence: int | None = None
+    ) -> bool:
         """True for the first of identical alerts within `dedup_window` (or its redelivery)."""
         now = self.clock()
         window = self.settings.dedup_window.total_seconds()
@@ -300,8 +308,13 @@ class FalcoService:
             nonlocal first
             if current is None or now - current.first_seen > window:
                 first = True
-                return DedupRecord(event_id=event.id, first_seen=now, last_seen=now)
-            if current.event_id == event.id:  # a redelivery: handled again (idempotently)
+                return DedupRecord(
+                    event_id=event.id, stream_sequence=sequence, first_seen=now, last_seen=now
+                )
+            if current.event_id == event.id and current.stream_sequence == sequence:
+                # A redelivery of the message that opened the window: handled again
+                # (idempotently). The same alert arriving again (from Falcosidekick and
+                # through the ingest, say) is another message: a duplicate.
                 first = True
                 return None
             first = False

@@ -390,3 +390,22 @@ async def test_dry_run_and_the_per_pod_rate_limit_are_audited(falco_env: EnvFact
         "notify": ("applied", None),  # people are still told
     }
     assert "2" in next(r for r in later if r.action == "isolate").reason  # names the burst
+
+
+async def test_one_alert_from_falcosidekick_and_the_ingest_is_acted_on_once(
+    falco_env: EnvFactory,
+) -> None:
+    env = await falco_env()
+    await env.start()
+    alert = env.alert(DROP_AND_EXECUTE)
+    assert (await env.post(alert)).status_code == 200
+    await env.publish_raw(alert)
+    await wait_for(
+        lambda: env.metric("nodeward_falco_alerts_total", outcome="duplicate") == 1,
+        timeout=10,
+        what="the second copy counted as a duplicate",
+    )
+    await wait_for(env.settled, timeout=10, what="both handled")
+    assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 1
+    assert len(env.sim.checkpoints) == 1
+    assert len(await env.audits(env.ns("user-bob"), BOB, "checkpoint")) == 1
