@@ -3,13 +3,14 @@
 Alerts reach the SECURITY stream on `falco.<priority>.<rule>`: from Falcosidekick's NATS
 output directly, or through this service's HTTP ingest (`services/falco_ingest.py`:
 Falco's `http_output` or Falcosidekick's webhook, authenticated). A durable consumer on
-`falco.>` (identical alerts in order) runs each alert through the rules (`services/falco_rules.py`;
-the shipped `services/policies/falco.yaml` notifies on Notice, annotates on Warning, and
-checkpoints, isolates and notifies on Critical; it never terminates), then each action of
-the chosen rules through the shared path: guards (exemption label on the pod, its namespace
-or node; a rate limit per pod and one per Falco rule), act or dry-run, a `remediation.v1`
-audit and a `notify.v1` for on-call. The `notify` action also tells the pod's owner, in
-plain words, what happened and what they can do.
+`falco.>` (identical alerts in order) runs each alert through the rules
+(`services/falco_rules.py`; the shipped `services/policies/falco.yaml` notifies on Notice,
+annotates on Warning, and checkpoints, isolates and notifies on Critical; it never
+terminates), then each action of the chosen rules through the shared path: guards (the
+exemption label on the pod or its namespace, or on the node for `cordon`; a rate limit per
+pod and one per Falco rule), act or dry-run, a `remediation.v1` audit and a `notify.v1`
+for on-call. The `notify` action also tells the pod's owner, in plain words, what
+happened and what they can do.
 
 Identical alerts (same rule, pod or node, and output without its timestamp) within
 `dedup_window` are acted on once; the repeats are counted in KV (bucket `falco`), not
