@@ -2,8 +2,8 @@
 
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
-→ DELIVERED (a file in the outbox) → RELEASE; and DLQ when a consumer gives up on a
-message. Lines use `nodeward tail`'s format.
+→ DELIVERED (a file in the outbox) → RELEASE; a Falco alert (FALCO) → its DECISIONs →
+NOTIFY; and DLQ when a consumer gives up on a message. Lines use `nodeward tail`'s format.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from nodeward.cli.events import echo_line, event_line, severity_of
 from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
+from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -39,6 +40,7 @@ OUTBOX_POLL_S = 0.5
 # stream, filter subject
 EVENT_SOURCES = (
     ("GPU", "gpu.health.>"),
+    ("SECURITY", "falco.>"),
     ("AUDIT", "remediation.>"),
     ("NOTIFY", "notify.>"),
     ("DLQ", "dlq.>"),
@@ -61,6 +63,14 @@ def health_line(event: Any, subject: str) -> str | None:
     was = f"{h.previous_state.value} -> " if h.previous_state else ""
     detail = f"{h.node} GPU {h.gpu_key()} {was}{h.state.value}{f' ({why})' if why else ''}"
     return _label("GPU") + event_line(event, subject, detail=detail)
+
+
+def falco_line(event: Any, subject: str) -> str:
+    """A Falco alert, as the falco service will judge it."""
+    a: FalcoAlert = event.data
+    where = f"pod {a.namespace}/{a.pod}" if a.namespace and a.pod else f"node {a.hostname}"
+    detail = f"{a.priority.value} '{a.rule}' on {where}: {a.message()[:160]}"
+    return _label("FALCO") + event_line(event, subject, detail=detail)
 
 
 def decision_line(event: Any, subject: str) -> str:
@@ -99,6 +109,7 @@ def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
 _RANK: Mapping[str, int] = MappingProxyType(
     {
         "GPU": 0,
+        "FALCO": 0,
         "DECISION": 1,
         "RELEASE": 1,
         "CORDON": 2,
@@ -168,6 +179,9 @@ class Story:
             line = health_line(event, msg.subject)
             if line is not None:
                 self._add(event.time, "GPU", line, severity)
+        elif isinstance(data, FalcoAlert):
+            if not data.is_test:
+                self._add(event.time, "FALCO", falco_line(event, msg.subject), severity)
         elif isinstance(data, Remediation):
             label = "RELEASE" if data.action == "release" else "DECISION"
             if data.trigger_event_id and data.action == "quarantine":
