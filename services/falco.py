@@ -63,6 +63,7 @@ from services.actions import (
     KeyedRateLimiter,
     Proposal,
     RateLimitSettings,
+    SkippedNamespaces,
 )
 from services.falco_ingest import Ingest, IngestError, IngestSettings
 from services.falco_rules import (
@@ -103,6 +104,10 @@ class FalcoSettings(Section):
     )
     rate_limit_per_pod: RateLimitSettings = RateLimitSettings(per_minute=10, burst=10)
     rate_limit_per_rule: RateLimitSettings = RateLimitSettings(per_minute=60, burst=30)
+    skip_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "nodeward"],
+        description="pods here are never acted on (alerts about them only notify)",
+    )
     checkpoint_timeout: Duration = timedelta(seconds=60)
     support_contact: str = "the platform's security team"
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
@@ -245,7 +250,10 @@ class FalcoService:
             lambda p: str(p.details.get("falco_rule")),
             what="Falco rule",
         )
-        self.guards: list[Guard] = [self.exemptions, self.per_pod, self.per_rule]
+        self.skipped = SkippedNamespaces(
+            settings.skip_namespaces, setting="services.falco.skip_namespaces"
+        )
+        self.guards: list[Guard] = [self.skipped, self.exemptions, self.per_pod, self.per_rule]
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
 

@@ -9,7 +9,7 @@ the service's KV bucket and in an annotation on the object.
 from services.actions.audit import Auditor
 from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from services.actions.drain import DrainResult, DrainSettings, drain
-from services.actions.exemptions import EXEMPT_LABEL, Exemptions, is_exempt
+from services.actions.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.actions.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
 
@@ -29,6 +29,7 @@ __all__ = [
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
+    "SkippedNamespaces",
     "Verdict",
     "drain",
     "is_exempt",

@@ -503,3 +503,17 @@ async def test_mtls_alone_lets_a_client_certificate_in_and_nobody_else(
             await client.post(env.url, json=alert, timeout=5)
     await wait_for(env.settled, timeout=10, what="the accepted alert handled")
     assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 1
+
+
+async def test_pods_in_skipped_namespaces_are_never_acted_on(falco_env: EnvFactory) -> None:
+    env = await falco_env()
+    bob = env.ns("user-bob")
+    await env.start(skip_namespaces=["kube-system", bob])
+    await env.publish_raw(env.alert(DROP_AND_EXECUTE))
+    records = await wait_for(lambda: _when(env.audits(bob, BOB), 3), timeout=10, what="3 decisions")
+    assert outcomes(records) == {
+        "checkpoint": ("skipped", "skipped_namespace"),
+        "isolate": ("skipped", "skipped_namespace"),
+        "notify": ("applied", None),
+    }
+    assert env.sim.checkpoints == [] and await env.network_policy(bob, ISOLATE_POLICY) is None
