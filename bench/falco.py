@@ -13,6 +13,7 @@ notify (one audit); `critical` with checkpoint, isolate and notify (three audits
 first counts). Prints medians over the runs and the ratio falco / baseline.
 
     python bench/falco.py [--alerts 500] [--runs 3] [--concurrency 16] [--priority notice]
+                          [--log-level info]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import copy
 import json
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -133,31 +135,28 @@ async def through_falco(
     return elapsed, answered, [audited[i] - sent[i] for i in sent]
 
 
-async def started(proc: asyncio.subprocess.Process) -> str:
-    """The ingest URL, once the service's consumer is bound (from its JSON log lines)."""
-    url = None
-    assert proc.stdout is not None
-    while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        if not line:
-            raise RuntimeError("nodeward service falco exited before it was ready")
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "falco.ingest_listening":
-            url = record["url"]
-        if record.get("event") == "consumer.started" and url:
-            asyncio.get_running_loop().create_task(_drain(proc.stdout))
-            return str(url)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+async def ready(daemon_url: str, proc: asyncio.subprocess.Process) -> None:
+    """Until the service's /readyz says its consumer is bound."""
+    async with httpx.AsyncClient() as client:
+        for _ in range(600):
+            if proc.returncode is not None:
+                raise RuntimeError("nodeward service falco exited before it was ready")
+            try:
+                if (await client.get(f"{daemon_url}/readyz", timeout=1)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("nodeward service falco not ready within 60 s")
 
 
-async def one_run(count: int, priority: str, concurrency: int) -> dict[str, Any]:
+async def one_run(count: int, priority: str, concurrency: int, log_level: str) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="falco-bench-"))
     uid = "bench"
     server = EmbeddedNats(tmp / "nats")
@@ -173,21 +172,24 @@ async def one_run(count: int, priority: str, concurrency: int) -> dict[str, Any]
         token.write_text(TOKEN)
         limit = {"per_minute": 1e9, "burst": 1_000_000}
         config = tmp / "config.yaml"
+        ingest_port, daemon_port = free_port(), free_port()
         falco = {
             "rate_limit_per_pod": limit,
             "rate_limit_per_rule": limit,
-            "ingest": {"host": "127.0.0.1", "port": 0, "token_file": str(token)},
+            "ingest": {"host": "127.0.0.1", "port": ingest_port, "token_file": str(token)},
         }
-        config.write_text(json.dumps({"daemon": {"port": 0}, "services": {"falco": falco}}))
+        daemon = {"host": "127.0.0.1", "port": daemon_port}
+        config.write_text(json.dumps({"daemon": daemon, "services": {"falco": falco}}))
         kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
         # The service in a process of its own, as its Deployment runs it.
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "nodeward", "--log-level", "info", "service", "falco",
+            sys.executable, "-m", "nodeward", "--log-level", log_level, "service", "falco",
             "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            url = await started(proc)
+            await ready(f"http://127.0.0.1:{daemon_port}", proc)
+            url = f"http://127.0.0.1:{ingest_port}/"
             falco_s, answered_s, falco_lat = await through_falco(bus, url, batch, concurrency)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -208,9 +210,9 @@ async def one_run(count: int, priority: str, concurrency: int) -> dict[str, Any]
     }
 
 
-async def main(count: int, runs: int, concurrency: int, priority: str) -> None:
+async def main(count: int, runs: int, concurrency: int, priority: str, log_level: str) -> None:
     configure_logging("warning", "console")
-    results = [await one_run(count, priority, concurrency) for _ in range(runs)]
+    results = [await one_run(count, priority, concurrency, log_level) for _ in range(runs)]
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in results)
@@ -235,5 +237,8 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--priority", choices=sorted(RULES), default="notice")
+    parser.add_argument(
+        "--log-level", default="info", help="the service's (info: a line per action, as deployed)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.alerts, args.runs, args.concurrency, args.priority))
+    asyncio.run(main(args.alerts, args.runs, args.concurrency, args.priority, args.log_level))
