@@ -8,8 +8,8 @@ arriving twice, or both over HTTP and from Falcosidekick, is stored once.
 
 Answers: 200 with the ids published (Falcosidekick's `Test rule` is recognised, counted and
 dropped); 400 for a body that is not a Falco alert (one line saying why); 401 without
-credentials, 403 with wrong ones; 413 over `max_body_bytes`; 503 when NATS does not
-acknowledge. Credentials are checked before the body is read:
+credentials, 403 with wrong ones; 413 over `max_body_bytes` (gzip bodies, which Falco's
+`compress_uploads` sends, are counted inflated); 503 when NATS does not acknowledge. Credentials are checked before the body is read:
 
 - a bearer token (`Authorization: Bearer <token>`, which Falcosidekick's
   `webhook.customheaders` sends), or the same token as the password of HTTP Basic
