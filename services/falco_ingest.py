@@ -1,9 +1,9 @@
 """The Falco HTTP ingest: Falco's `http_output` and Falcosidekick's webhook, onto the bus.
 
-`POST /` (or `/falco`) takes one alert as a JSON object (or several as a JSON array) and
-publishes each on `falco.<priority>.<rule>`, the subject Falcosidekick's NATS output uses,
-so the SECURITY stream and the response consumer see one kind of message whichever way an
-alert came. The event id is derived from the alert (`FalcoAlert.stable_id`): the same alert
+`POST /` (or `/falco`) takes one alert as a JSON object (or several: a JSON array, or JSON
+lines) and publishes each on `falco.<priority>.<rule>`, the subject Falcosidekick's NATS
+output uses, so the SECURITY stream and the response consumer see one kind of message
+whichever way an alert came. The event id is derived from the alert (`FalcoAlert.stable_id`): the same alert
 arriving twice, or both over HTTP and from Falcosidekick, is stored once.
 
 Answers: 200 with the ids published (Falcosidekick's `Test rule` is recognised, counted and
@@ -85,10 +85,18 @@ class BadAlert(ValueError):
 
 
 def parse_body(body: bytes, max_alerts: int) -> list[FalcoAlert]:
-    """The alerts in a request body: one JSON object, or an array of them."""
+    """The alerts in a request body: one JSON object, an array of them, or JSON lines."""
     if not body.strip():
         raise BadAlert("empty body: expected a Falco alert as JSON")
     stripped = body.lstrip()
+    lines = [line for line in body.splitlines() if line.strip()]
+    if stripped[:1] == b"{" and len(lines) > 1 and lines[0].rstrip().endswith(b"}"):
+        if len(lines) > max_alerts:
+            raise BadAlert(f"{len(lines)} alerts in one body; at most {max_alerts}")
+        try:  # JSON lines (a file of alerts as Falco's file_output writes them)
+            return [FalcoAlert.parse(line) for line in lines]
+        except (ValidationError, ValueError):
+            pass  # one pretty-printed object, or garbage: judged whole below
     try:
         if stripped[:1] == b"[":
             items = json.loads(body)

@@ -1,5 +1,6 @@
-"""The sample Falco alerts (`nodeward/data/falco-alerts.jsonl`) and a sim seed holding the
-pods they are about, for tests, benches and trying the Falco response by hand."""
+"""The sample Falco alerts (`nodeward/data/falco-alerts.jsonl`) and the sim seed holding the
+pods they are about (`nodeward/data/falco-seed.yaml`), for tests, benches and trying the
+Falco response by hand."""
 
 from __future__ import annotations
 
@@ -7,20 +8,14 @@ import json
 from importlib.resources import files
 from typing import Any
 
-from nodeward.sim.cluster.seed import (
-    CheckpointFailure,
-    CheckpointSeed,
-    ContainerSeed,
-    NodeSeed,
-    Owner,
-    PodSeed,
-    Seed,
-)
+import yaml
+
+from nodeward.sim.cluster.seed import CheckpointSeed, Seed
 from schemas.tokens import falco_rule_token
 
 NODE = "gpu-node-07"
 DROP_AND_EXECUTE = "Drop and execute new binary in container"
-SAMPLE_NAMESPACES = ("user-alice", "user-bob", "user-carol", "user-dave")
+SEED_FILE = "falco-seed.yaml"
 
 
 def samples() -> list[dict[str, Any]]:
@@ -35,73 +30,27 @@ def sidekick_subject(alert: dict[str, Any]) -> str:
 
 
 def sample_seed(suffix: str | None = None) -> Seed:
-    """Node `gpu-node-07` with the sample alerts' pods (namespaces `user-bob-<suffix>` with a
-    suffix, so that tests sharing a NATS keep apart), bob's pod with a sibling replica,
-    `user-dave/exempt-trainer` labelled exempt, and carol's vllm container failing to
-    checkpoint as a runtime without CRIU does."""
+    """`nodeward/data/falco-seed.yaml`: node `gpu-node-07` with the sample alerts' pods, bob's
+    with a sibling replica, `user-dave/exempt-trainer` labelled exempt, and carol's vllm
+    container failing to checkpoint as a runtime without CRIU does. With a `suffix`, every
+    namespace but `nodeward` is renamed `<name>-<suffix>` (tests sharing a NATS keep apart)."""
+    text = (files("nodeward") / "data" / SEED_FILE).read_text()
+    seed = Seed.model_validate(yaml.safe_load(text))
+    if not suffix:
+        return seed
 
-    def ns(base: str) -> str:
-        return f"{base}-{suffix}" if suffix else base
+    def ns(name: str) -> str:
+        return name if name == "nodeward" else f"{name}-{suffix}"
 
-    bob_rs = Owner(kind="ReplicaSet", name="bob-llm-finetune-6d5f9c7b8d", api_version="apps/v1")
-    bob_labels = {"app": "bob-llm-finetune", "pod-template-hash": "6d5f9c7b8d"}
-    pods = [
-        PodSeed(
-            name="jupyter-alice-0",
-            namespace=ns("user-alice"),
-            node=NODE,
-            role="notebook",
-            labels={"app": "jupyter-alice"},
-            containers=[ContainerSeed(name="notebook")],
-        ),
-        PodSeed(
-            name="bob-llm-finetune-6d5f9c7b8d-q8wzr",
-            namespace=ns("user-bob"),
-            node=NODE,
-            owner=bob_rs,
-            labels=bob_labels,
-            containers=[ContainerSeed(name="trainer")],
-        ),
-        PodSeed(
-            name="bob-llm-finetune-6d5f9c7b8d-x2kfp",  # a sibling replica: never isolated
-            namespace=ns("user-bob"),
-            node=NODE,
-            owner=bob_rs,
-            labels=bob_labels,
-            containers=[ContainerSeed(name="trainer")],
-        ),
-        PodSeed(
-            name="carol-vllm-serve-84c6d7f9b-7tq5z",
-            namespace=ns("user-carol"),
-            node=NODE,
-            labels={"app": "carol-vllm-serve"},
-            containers=[ContainerSeed(name="vllm")],
-        ),
-        PodSeed(
-            name="dave-debug-priv",
-            namespace=ns("user-dave"),
-            node=NODE,
-            containers=[ContainerSeed(name="debug")],
-        ),
-        PodSeed(
-            name="exempt-trainer",
-            namespace=ns("user-dave"),
-            node=NODE,
-            labels={"nodeward.io/exempt": "true"},
-            containers=[ContainerSeed(name="trainer")],
-        ),
-    ]
-    return Seed(
-        namespaces=["nodeward", *(ns(n) for n in SAMPLE_NAMESPACES)],
-        nodes=[NodeSeed(name=NODE)],
-        pods=pods,
-        checkpoint=CheckpointSeed(
-            fail=[
-                CheckpointFailure(
-                    namespace=ns("user-carol"),
-                    pod="carol-vllm-serve-84c6d7f9b-7tq5z",
-                    container="vllm",
-                )
-            ]
-        ),
+    return seed.model_copy(
+        update={
+            "namespaces": [ns(n) for n in seed.namespaces],
+            "pods": [p.model_copy(update={"namespace": ns(p.namespace)}) for p in seed.pods],
+            "checkpoint": CheckpointSeed(
+                fail=[
+                    f.model_copy(update={"namespace": ns(f.namespace)})
+                    for f in seed.checkpoint.fail
+                ]
+            ),
+        }
     )

@@ -198,6 +198,14 @@ def test_the_ingest_refuses_what_is_not_an_alert_in_one_line() -> None:
             parse_body(body, max_alerts=2)
         assert words in str(info.value) and "\n" not in str(info.value)
     assert len(parse_body(json.dumps(samples()[:2]).encode(), max_alerts=2)) == 2
+    lines = "\n".join(json.dumps(a) for a in samples()).encode() + b"\n"
+    assert [a.rule for a in parse_body(lines, max_alerts=8)] == [a["rule"] for a in samples()]
+    pretty = json.dumps(samples()[0], indent=2).encode()
+    assert len(parse_body(pretty, max_alerts=1)) == 1
+    with pytest.raises(BadAlert, match="at most 2"):
+        parse_body(lines, max_alerts=2)
+    with pytest.raises(BadAlert, match="not JSON"):
+        parse_body(lines.replace(b"}\n", b"}}\n", 1), max_alerts=8)
     with pytest.raises(ValidationError):
         FalcoAlert.parse(b'{"rule": "x", "priority": "Notice"}')
 
