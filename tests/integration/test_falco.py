@@ -192,7 +192,7 @@ async def test_a_burst_of_500_identical_alerts_is_one_action_and_one_notice(
     falco_env: EnvFactory, notifier_env: NotifierFactory
 ) -> None:
     notifier = await notifier_env(
-        grouping={"group_wait": "1s", "group_interval": "0s", "dedup_window": "10m"}
+        grouping={"group_wait": "3s", "group_interval": "0s", "dedup_window": "10m"}
     )
     env = await falco_env(topic=notifier.topic)
     await notifier.start()
