@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -83,6 +83,8 @@ class UpContext:
     state_dir: Path
     seed: Seed | None  # the sim cluster's seed, when `up` runs the sim cluster
     cluster: EmbeddedCluster | None  # the sim cluster itself, when `up` runs it
+    endpoints: dict[str, Any] = field(default_factory=dict)
+    """Fields of `endpoints.json` a component adds while it builds (the Falco ingest URL)."""
 
     def settings_for(self, service: str) -> Settings:
         """Settings whose cluster credentials are `service`'s own ServiceAccount."""
@@ -250,6 +252,7 @@ async def run_up(
             kubeconfig=settings.cluster.kubeconfig,
             kube_api=kube_api,
             metrics={d.name: d.url for d in daemons},
+            **context.endpoints,
         )
         if story is not None:
             told = endpoints

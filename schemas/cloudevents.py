@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from schemas.base import Event
 from schemas.falco import FalcoAlert
-from schemas.ids import stable_id
 from schemas.registry import REGISTRY, EventType, lookup, native_type_for_subject
 
 SPECVERSION = "1.0"
@@ -233,16 +232,18 @@ def _decode_native(et: EventType, body: bytes) -> Event[Any]:
     if et.model is not FalcoAlert:  # pragma: no cover - only Falco is native today
         raise DecodeError("missing_headers", f"no native decoder for {et.name}")
     try:
-        alert = FalcoAlert.model_validate_json(body)
+        alert = FalcoAlert.parse(body)
     except ValidationError as exc:
         raise _invalid_body(exc, et.name) from None
+    except ValueError as exc:
+        raise DecodeError("invalid_json", f"body is not JSON: {exc}", event_type=et.name) from None
     if alert.time.tzinfo is None:
         raise DecodeError(
             "invalid_data", "time: Falco alert time has no timezone", event_type=et.name
         )
     try:
         event: Event[Any] = Event[FalcoAlert](
-            id=stable_id(alert.time, alert.hostname or "", alert.rule, alert.output),
+            id=alert.stable_id(),
             time=alert.time,
             source=f"falco/{alert.hostname or 'unknown'}",
             type=et.name,

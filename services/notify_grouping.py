@@ -255,7 +255,8 @@ class Grouper:
         group = self._open.get(key)
         if group is None:
             now = self.clock()
-            due = now + self.grouping.group_wait.total_seconds()
+            wait = route.group_wait if route.group_wait is not None else self.grouping.group_wait
+            due = now + wait.total_seconds()
             last = self._last_sent.get(key)
             if last is not None:
                 due = max(due, last + self.grouping.group_interval.total_seconds())

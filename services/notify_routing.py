@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nodeward.durations import Duration
 from nodeward.yamlfile import load_model
 from schemas.notify import Notification, Severity
 
@@ -112,6 +113,11 @@ class Route(BaseModel):
         default=False, description="mail a user's notice to its owner, not the channel's `to`"
     )
     continue_: bool = Field(default=False, alias="continue")
+    group_wait: Duration | None = Field(
+        default=None,
+        description="this route's wait for company, instead of grouping.group_wait "
+        "(security notices should not wait as long as routine ones)",
+    )
 
     @field_validator("name")
     @classmethod

@@ -170,6 +170,13 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
                 f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
             )
         console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
+        if endpoints.falco_ingest_url:
+            token = (
+                f"bearer token in {endpoints.falco_token_file}"
+                if endpoints.falco_token_file
+                else "mTLS"
+            )
+            console.print(f"  falco       POST alerts to {endpoints.falco_ingest_url}  ({token})")
         sim_nodes = [
             n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
         ]

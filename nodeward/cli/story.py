@@ -3,8 +3,8 @@
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
 → DELIVERED (a file in the outbox) → RELEASE; IDLE (a session found idle, once per idle
-period) before the culler's DECISIONs; and DLQ when a consumer gives up on a message.
-Lines use `nodeward tail`'s format.
+period) before the culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs → NOTIFY;
+and DLQ when a consumer gives up on a message. Lines use `nodeward tail`'s format.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from nodeward.cli.events import echo_line, event_line, severity_of
 from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
+from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -42,6 +43,7 @@ OUTBOX_POLL_S = 0.5
 EVENT_SOURCES = (
     ("GPU", "gpu.health.>"),
     ("SESSIONS", "session.idle.>"),
+    ("SECURITY", "falco.>"),
     ("AUDIT", "remediation.>"),
     ("NOTIFY", "notify.>"),
     ("DLQ", "dlq.>"),
@@ -75,6 +77,14 @@ def idle_line(event: Any, subject: str) -> str:
         f"(since {since}): {evidence}"
     )
     return _label("IDLE") + event_line(event, subject, detail=detail)
+
+
+def falco_line(event: Any, subject: str) -> str:
+    """A Falco alert, as the falco service will judge it."""
+    a: FalcoAlert = event.data
+    where = f"pod {a.namespace}/{a.pod}" if a.namespace and a.pod else f"node {a.hostname}"
+    detail = f"{a.priority.value} '{a.rule}' on {where}: {a.message()[:160]}"
+    return _label("FALCO") + event_line(event, subject, detail=detail)
 
 
 def decision_line(event: Any, subject: str) -> str:
@@ -114,6 +124,7 @@ _RANK: Mapping[str, int] = MappingProxyType(
     {
         "GPU": 0,
         "IDLE": 0,
+        "FALCO": 0,
         "DECISION": 1,
         "RELEASE": 1,
         "CORDON": 2,
@@ -191,6 +202,9 @@ class Story:
                     self.idle_told.clear()
                 self.idle_told.add(period)
                 self._add(event.time, "IDLE", idle_line(event, msg.subject), severity)
+        elif isinstance(data, FalcoAlert):
+            if not data.is_test:
+                self._add(event.time, "FALCO", falco_line(event, msg.subject), severity)
         elif isinstance(data, Remediation):
             label = "RELEASE" if data.action == "release" else "DECISION"
             if data.trigger_event_id and data.action == "quarantine":

@@ -110,8 +110,11 @@ SERVICES: dict[str, frozenset[str]] = {
             "pods.get",
             "pods.patch",
             "pods.delete",
+            "namespaces.get",
+            "nodes.get",
+            "nodes.patch",
+            "nodes.checkpoint",
             "networkpolicies.create",
-            "networkpolicies.delete",
             "events.create",
         }
     ),

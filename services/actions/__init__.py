@@ -9,8 +9,8 @@ the service's KV bucket and in an annotation on the object.
 from services.actions.audit import Auditor
 from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from services.actions.drain import DrainResult, DrainSettings, drain
-from services.actions.exemptions import EXEMPT_LABEL, Exemptions, is_exempt
-from services.actions.limits import Cooldown, RateLimiter, RateLimitSettings
+from services.actions.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
+from services.actions.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
 
 __all__ = [
@@ -25,9 +25,11 @@ __all__ = [
     "DrainSettings",
     "Exemptions",
     "Guard",
+    "KeyedRateLimiter",
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
+    "SkippedNamespaces",
     "Verdict",
     "drain",
     "is_exempt",

@@ -98,8 +98,8 @@ class Auditor:
             audit_id, notify_id = new_id(), new_id()
         now = utcnow()
         audit = make_event(remediation, source=self.actor, id=audit_id, time=now)
-        severity = self.severity(proposal.action, outcome)
-        title = f"{proposal.target.name}: {proposal.action} {outcome.value}"
+        severity = proposal.severity or self.severity(proposal.action, outcome)
+        title = f"{proposal.title or proposal.target.name}: {proposal.action} {outcome.value}"
         if guard:
             title += f" ({guard})"
         note = Notification(

@@ -1,8 +1,9 @@
-"""Opt-out: `nodeward.io/exempt=true` on a node, a pod or a pod's namespace exempts it."""
+"""Opt-out: `nodeward.io/exempt=true` on a node, a pod or a pod's namespace exempts it;
+and namespaces a service never acts in."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from schemas.remediation import Outcome
@@ -52,3 +53,22 @@ class Exemptions:
         if reason is None:
             return None
         return Verdict(self.name, f"skipped: {reason}", Outcome.SKIPPED)
+
+
+class SkippedNamespaces:
+    """A guard: skips every protective action on an object in one of `namespaces`
+    (the platform's own: kube-system, nodeward, ...), whatever its labels say."""
+
+    name = "skipped_namespace"
+
+    def __init__(self, namespaces: Iterable[str], *, setting: str) -> None:
+        self.namespaces = frozenset(namespaces)
+        self.setting = setting
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        namespace = proposal.target.namespace
+        if not proposal.protective or namespace not in self.namespaces:
+            return None
+        return Verdict(
+            self.name, f"skipped: namespace {namespace} is in {self.setting}", Outcome.SKIPPED
+        )

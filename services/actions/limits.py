@@ -89,3 +89,55 @@ class Cooldown:
         if last_action_at is None:
             return 0.0
         return max(0.0, last_action_at + self.period.total_seconds() - now)
+
+
+class KeyedRateLimiter:
+    """A guard: one token bucket per key (a pod, a rule, ...), so one noisy key cannot use
+    up everyone's actions. Over the limit an action is refused (audited) at once, without
+    waiting and without a retry: the next alert for that key is judged afresh.
+
+    Buckets that have refilled are forgotten once there are more than `max_keys`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: RateLimitSettings,
+        key: Callable[[Proposal], str | None],
+        *,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.key = key
+        self.what = what
+        self.clock = clock
+        self.max_keys = max_keys
+        self._buckets: dict[str, RateLimiter] = {}
+
+    def _bucket(self, key: str) -> RateLimiter:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self.max_keys:
+                for k, b in list(self._buckets.items()):
+                    if b.wait_time() == 0 and b.tokens >= b.settings.burst:
+                        del self._buckets[k]
+            bucket = self._buckets[key] = RateLimiter(self.settings, clock=self.clock)
+        return bucket
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.protective:
+            return None
+        key = self.key(proposal)
+        if key is None:
+            return None
+        if await self._bucket(key).acquire(0.0):
+            return None
+        return Verdict(
+            self.name,
+            f"refused: more than {self.settings.per_minute:g} actions a minute for {self.what} "
+            f"{key} (burst {self.settings.burst})",
+            Outcome.REFUSED,
+        )

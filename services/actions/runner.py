@@ -12,6 +12,7 @@ import structlog
 from nodeward.bus import RetryableError
 from nodeward.kube import KubeError
 from schemas.common import ObjectRef
+from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
 from services.actions.audit import Auditor
 
@@ -31,6 +32,10 @@ class Proposal:
     obj: dict[str, Any] | None = None
     """The target as last read, for guards that look at labels."""
     details: dict[str, Any] = field(default_factory=dict)
+    severity: Severity | None = None
+    """The notice's severity, instead of the auditor's per action and outcome."""
+    title: str | None = None
+    """What the notice's title starts with, instead of the target's name."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ the NATS subchart itself is not rendered here.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -508,3 +509,50 @@ def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[st
     } <= used
     missing = used - _defined_metrics()
     assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"
+
+
+def test_falco_ingest_has_a_service_a_token_and_a_policy_letting_falco_in(
+    docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    pod = named(docs, "Deployment", "nw-falco")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["ingest"] == 2803
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NODEWARD_SERVICES__FALCO__INGEST__PORT"] == "2803"
+    token_file = Path(env["NODEWARD_SERVICES__FALCO__INGEST__TOKEN_FILE"] or "")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "falco-token")
+    assert token_file.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "falco-token")
+    secret = named(docs, "Secret", volume["secret"]["secretName"])
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+    service = named(docs, "Service", "nw-falco-ingest")
+    assert service["spec"]["ports"] == [
+        {"name": "ingest", "port": 2803, "targetPort": "ingest", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == pod_labels_subset(named(docs, "Deployment", "nw-falco"))
+    policy = named(docs, "NetworkPolicy", "nw-falco-ingest")["spec"]
+    assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": 2803, "protocol": "TCP"}]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "falco"}}}
+    ]
+    # An operator's own Secret: the chart makes none.
+    own = render(
+        tmp_path,
+        {"services": {"falco": {"enabled": True, "ingest": {"tokenSecret": "mine"}}}},
+    )
+    assert not [s for s in by_kind(own, "Secret") if s["metadata"]["name"] == "nw-falco-ingest"]
+    own_pod = named(own, "Deployment", "nw-falco")["spec"]["template"]["spec"]
+    assert (
+        next(v for v in own_pod["volumes"] if v["name"] == "falco-token")["secret"]["secretName"]
+        == "mine"
+    )
+
+
+def pod_labels_subset(deployment: dict[str, Any]) -> dict[str, str]:
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector: dict[str, str] = deployment["spec"]["selector"]["matchLabels"]
+    assert all(labels[k] == v for k, v in selector.items())
+    return selector

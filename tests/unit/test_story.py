@@ -204,3 +204,30 @@ def test_an_idle_session_is_told_once_per_idle_period() -> None:
         and "ml-a/nb-0 on gpu-a idle 30s" in lines[0]
         and "cpu 0.01 cores" in lines[0]
     )
+
+
+def test_a_falco_alert_is_told_before_its_decisions() -> None:
+    from nodeward.sim.falco_samples import DROP_AND_EXECUTE, samples
+    from schemas.falco import FalcoAlert
+
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _severity: lines.append(line), clock=clock)
+    raw = next(a for a in samples() if a["rule"] == DROP_AND_EXECUTE)
+    alert = FalcoAlert.model_validate(raw)
+    pod = ObjectRef(kind="Pod", namespace="user-bob", name=alert.pod or "")
+    isolate = Remediation(
+        action="isolate",
+        target=pod,
+        outcome=Outcome.APPLIED,
+        reason="Falco Critical",
+        actor="service/falco",
+    )
+    story.on_event(wire(isolate, T0 + timedelta(milliseconds=5)))  # type: ignore[arg-type]
+    story.on_event(wire(alert, T0))  # type: ignore[arg-type]
+    test_rule = alert.model_copy(update={"rule": "Test rule", "source": "internal"})
+    story.on_event(wire(test_rule, T0))  # type: ignore[arg-type]
+    clock.now = 1.0
+    story.flush()
+    assert [line.split()[0] for line in lines] == ["FALCO", "DECISION"]
+    assert "Critical 'Drop and execute new binary in container' on pod user-bob/" in lines[0]

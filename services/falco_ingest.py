@@ -1,0 +1,283 @@
+"""The Falco HTTP ingest: Falco's `http_output` and Falcosidekick's webhook, onto the bus.
+
+`POST /` (or `/falco`) takes one alert as a JSON object (or several: a JSON array, or JSON
+lines) and publishes each on `falco.<priority>.<rule>`, the subject Falcosidekick's NATS
+output uses, so the SECURITY stream and the response consumer see one kind of message
+whichever way an alert came. The event id is derived from the alert (`FalcoAlert.stable_id`): the same alert
+arriving twice, or both over HTTP and from Falcosidekick, is stored once.
+
+Answers: 200 with the ids published (Falcosidekick's `Test rule` is recognised, counted and
+dropped); 400 for a body that is not a Falco alert (one line saying why); 401 without
+credentials, 403 with wrong ones; 413 over `max_body_bytes` (gzip bodies, which Falco's
+`compress_uploads` sends, are counted inflated); 503 when NATS does not acknowledge. Credentials are checked before the body is read:
+
+- a bearer token (`Authorization: Bearer <token>`, which Falcosidekick's
+  `webhook.customheaders` sends), or the same token as the password of HTTP Basic
+  authentication, which is what Falco's `http_output` sends for a URL such as
+  `https://falco:<token>@nodeward-falco:2803/` (it has no header option);
+- and/or mTLS: with `client_ca_file` the TLS handshake requires a client certificate that
+  CA signed (Falco's `http_output.mtls`, Sidekick's `webhook.mutualtls`).
+
+An ingest with neither a token nor mTLS does not start.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import Field, ValidationError
+
+from nodeward.config import Section
+from schemas.base import Event, make_event
+from schemas.cloudevents import one_line
+from schemas.falco import FalcoAlert
+
+Publish = Callable[[list[Event[FalcoAlert]]], Awaitable[None]]
+
+
+class IngestError(ValueError):
+    """The ingest cannot start as configured (one line)."""
+
+
+class IngestSettings(Section):
+    """`services.falco.ingest` in the config file."""
+
+    enabled: bool = True
+    host: str = "0.0.0.0"  # Falco runs on every node; the NetworkPolicy narrows who reaches it
+    port: int = Field(default=2803, ge=0, le=65535, description="0 picks a free port")
+    token_file: Path | None = Field(
+        default=None, description="the bearer token (one line); `nodeward up` generates one"
+    )
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    client_ca_file: Path | None = Field(
+        default=None, description="mTLS: clients must present a certificate this CA signed"
+    )
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_alerts: int = Field(default=100, ge=1, description="alerts in one JSON array body")
+
+
+def read_token(path: Path) -> str:
+    """The token in `path` (surrounding whitespace removed); IngestError when unusable."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise IngestError(
+            f"cannot read the Falco ingest token file {path}: {exc.strerror}"
+        ) from None
+    if len(token) < 16:
+        raise IngestError(f"the Falco ingest token in {path} is shorter than 16 characters")
+    return token
+
+
+class BadAlert(ValueError):
+    """A body that is not one Falco alert, or a list of them (the 400's one line)."""
+
+
+def parse_body(body: bytes, max_alerts: int) -> list[FalcoAlert]:
+    """The alerts in a request body: one JSON object, an array of them, or JSON lines."""
+    if not body.strip():
+        raise BadAlert("empty body: expected a Falco alert as JSON")
+    stripped = body.lstrip()
+    lines = [line for line in body.splitlines() if line.strip()]
+    if stripped[:1] == b"{" and len(lines) > 1 and lines[0].rstrip().endswith(b"}"):
+        if len(lines) > max_alerts:
+            raise BadAlert(f"{len(lines)} alerts in one body; at most {max_alerts}")
+        try:  # JSON lines (a file of alerts as Falco's file_output writes them)
+            return [FalcoAlert.parse(line) for line in lines]
+        except (ValidationError, ValueError):
+            pass  # one pretty-printed object, or garbage: judged whole below
+    try:
+        if stripped[:1] == b"[":
+            items = json.loads(body)
+            if not isinstance(items, list):  # pragma: no cover - '[' starts a list
+                raise BadAlert("expected a JSON object or array")
+            if len(items) > max_alerts:
+                raise BadAlert(f"{len(items)} alerts in one body; at most {max_alerts}")
+            return [FalcoAlert.parse(json.dumps(i, ensure_ascii=False)) for i in items]
+        return [FalcoAlert.parse(body)]
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors(include_url=False)):
+            raise BadAlert(f"body is not JSON: {one_line(exc)}") from None
+        raise BadAlert(f"not a Falco alert: {one_line(exc)}") from None
+    except ValueError as exc:
+        if isinstance(exc, BadAlert):
+            raise
+        raise BadAlert(f"body is not JSON: {' '.join(str(exc).split())}") from None
+
+
+def alert_event(alert: FalcoAlert) -> Event[FalcoAlert]:
+    """The event the ingest publishes: what the native decoder makes of the same alert."""
+    return make_event(
+        alert,
+        source=f"falco/{alert.hostname or 'unknown'}",
+        id=alert.stable_id(),
+        time=alert.time,
+    )
+
+
+class Ingest:
+    """The ingest's HTTP server. `start()` binds it; `url` says where."""
+
+    def __init__(
+        self,
+        settings: IngestSettings,
+        publish: Publish,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.publish = publish
+        self.log = structlog.get_logger().bind(component="falco-ingest")
+        self.token = read_token(settings.token_file) if settings.token_file else None
+        self.ssl = self._ssl_context()
+        if self.token is None and settings.client_ca_file is None:
+            raise IngestError(
+                "the Falco ingest needs services.falco.ingest.token_file or client_ca_file "
+                "(mTLS): it never accepts alerts from anyone"
+            )
+        self.requests = Counter(
+            "nodeward_falco_ingest_requests",
+            "HTTP requests to the Falco ingest, by status code",
+            ["code"],
+            registry=registry,
+        )
+        self.alerts = Counter(
+            "nodeward_falco_ingest_alerts",
+            "Alerts received over HTTP, by outcome (published, test_dropped)",
+            ["outcome"],
+            registry=registry,
+        )
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        s = self.settings
+        if s.tls_cert_file is None and s.client_ca_file is None:
+            return None
+        if s.tls_cert_file is None or s.tls_key_file is None:
+            raise IngestError(
+                "the Falco ingest's mTLS (client_ca_file) needs tls_cert_file and tls_key_file"
+            )
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+            if s.client_ca_file is not None:
+                ctx.load_verify_locations(cafile=s.client_ca_file)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as exc:
+            raise IngestError(f"the Falco ingest's TLS files cannot be used: {exc}") from None
+        return ctx
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise IngestError("the Falco ingest is not started")
+        host = self.settings.host
+        if host in ("", "0.0.0.0"):  # a wildcard bind is reached on loopback
+            host = "127.0.0.1"
+        scheme = "https" if self.ssl else "http"
+        return f"{scheme}://{host}:{self._port}/"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_post("/", self._post)
+        app.router.add_post("/falco", self._post)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.settings.host, self.settings.port, ssl_context=self.ssl)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise IngestError(
+                f"the Falco ingest cannot listen on {self.settings.host}:{self.settings.port}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        self.log.info(
+            "falco.ingest_listening", url=self.url, mtls=self.settings.client_ca_file is not None
+        )
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # request handling -------------------------------------------------------------------
+    def _answer(self, status: int, body: dict[str, Any]) -> web.Response:
+        self.requests.labels(str(status)).inc()
+        headers = {"WWW-Authenticate": 'Bearer realm="nodeward-falco"'} if status == 401 else None
+        return web.json_response(body, status=status, headers=headers)
+
+    def _authorised(self, request: web.Request) -> int | None:
+        """None when the caller may post, else 401 (no credentials) or 403 (wrong ones)."""
+        if self.token is None:
+            return None  # mTLS alone: the handshake already required a trusted certificate
+        header = request.headers.get("Authorization", "")
+        scheme, _, value = header.partition(" ")
+        offered: str | None = None
+        if scheme.lower() == "bearer":
+            offered = value.strip()
+        elif scheme.lower() == "basic":
+            try:
+                offered = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+            except (binascii.Error, UnicodeDecodeError):
+                return 403
+        if not offered:
+            return 401
+        return None if hmac.compare_digest(offered.encode(), self.token.encode()) else 403
+
+    async def _post(self, request: web.Request) -> web.Response:
+        refused = self._authorised(request)
+        if refused is not None:
+            self.log.warning("falco.ingest_refused", status=refused, peer=request.remote)
+            why = "credentials required" if refused == 401 else "credentials not accepted"
+            return self._answer(refused, {"error": why})
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._answer(413, {"error": f"body over {limit} bytes"})
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._answer(413, {"error": f"body over {limit} bytes"})
+        try:
+            alerts = parse_body(body, self.settings.max_alerts)
+        except BadAlert as exc:
+            self.log.info("falco.ingest_bad_alert", error=str(exc)[:300])
+            return self._answer(400, {"error": str(exc)[:500]})
+        events = []
+        dropped = 0
+        for alert in alerts:
+            if alert.is_test:
+                dropped += 1
+                continue
+            events.append(alert_event(alert))
+        if dropped:
+            self.alerts.labels("test_dropped").inc(dropped)
+        if events:
+            try:
+                await self.publish(events)
+            except Exception as exc:  # noqa: BLE001 - NATS away: Falco is told to send again
+                self.log.warning("falco.ingest_publish_failed", error=" ".join(str(exc).split()))
+                return self._answer(503, {"error": "the bus did not acknowledge; try again"})
+            self.alerts.labels("published").inc(len(events))
+        return self._answer(
+            200,
+            {
+                "published": [e.id for e in events],
+                "subjects": [e.nats_subject for e in events],
+                "dropped_test_events": dropped,
+            },
+        )
