@@ -176,13 +176,16 @@ async def main(args: argparse.Namespace) -> None:
             results: dict[str, list[float]] = {"bare": [], "quiet": [], "warned": [],
                                                "quiet_rpe": [], "warned_rpe": []}  # fmt: skip
             for _ in range(args.runs):
+                # Each case its own subjects (the node token), so a consumer sees its batch only.
+                token = f"{node}-{uuid.uuid4().hex[:6]}"
                 results["bare"].append(
-                    await bare(bus, node, events(node, uids, args.events, "quiet"))
+                    await bare(bus, token, events(token, uids, args.events, "quiet"))
                 )
                 for case in ("quiet", "warned"):
+                    token = f"{node}-{uuid.uuid4().hex[:6]}"
                     n = args.events if case == "quiet" else max(args.events // 5, len(uids))
-                    rate, rpe = await culler(bus, server.url, sim, kubeconfig, node,
-                                             events(node, uids, n, case), uids, case)  # fmt: skip
+                    rate, rpe = await culler(bus, server.url, sim, kubeconfig, token,
+                                             events(token, uids, n, case), uids, case)  # fmt: skip
                     results[case].append(rate)
                     results[f"{case}_rpe"].append(rpe)
             await bus.close(grace=1)
