@@ -51,14 +51,17 @@ def demo_settings(
 
 
 def sim_seed(seed: Path | None, nodes: int | None) -> Seed:
-    """The sim cluster's seed (`--seed` or the shipped one), resized to `--nodes`."""
+    """The sim cluster's seed (`--seed` or the shipped one), resized to `--nodes`. The
+    shipped one also gets the Falco sample alerts' pods, so any sample can be posted."""
     from nodeward.sim.cluster.resize import resize_seed
+    from nodeward.sim.falco_samples import with_sample_pods
 
     try:
         data = load_seed(seed)
-        return resize_seed(data, nodes) if nodes is not None else data
+        data = resize_seed(data, nodes) if nodes is not None else data
     except SeedError as exc:
         raise CliError(str(exc)) from None
+    return with_sample_pods(data) if seed is None else data
 
 
 def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:

@@ -54,3 +54,30 @@ def sample_seed(suffix: str | None = None) -> Seed:
             ),
         }
     )
+
+
+def with_sample_pods(seed: Seed) -> Seed:
+    """`seed` plus the sample alerts' pods (and their namespaces and checkpoint failure) on
+    its first GPU node, so `nodeward up` answers every sample alert as it is."""
+    samples_seed = sample_seed()
+    gpu_nodes = [n.name for n in seed.nodes if n.gpu is not None and n.gpu.count > 0]
+    if not gpu_nodes:
+        return seed
+    taken = {(p.namespace, p.name) for p in seed.pods}
+    pods = [
+        p.model_copy(update={"node": gpu_nodes[0]})
+        for p in samples_seed.pods
+        if (p.namespace, p.name) not in taken
+    ]
+    namespaces = [
+        *seed.namespaces,
+        *(n for n in samples_seed.namespaces if n not in seed.namespaces),
+    ]
+    fail = [*seed.checkpoint.fail, *samples_seed.checkpoint.fail]
+    return seed.model_copy(
+        update={
+            "namespaces": namespaces,
+            "pods": [*seed.pods, *pods],
+            "checkpoint": CheckpointSeed(fail=fail),
+        }
+    )

@@ -12,7 +12,6 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,22 +26,6 @@ pytestmark = pytest.mark.timeout(120)
 
 BOB = "bob-llm-finetune-6d5f9c7b8d-q8wzr"
 SIBLING = "bob-llm-finetune-6d5f9c7b8d-x2kfp"
-
-
-def pod(name: str, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "user-bob",
-            "labels": {"app": "bob-llm-finetune", "pod-template-hash": "6d5f9c7b8d"},
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "trainer", "image": "docker.io/pytorch/pytorch:2.3.1"}],
-        },
-    }
 
 
 async def test_posting_the_sample_isolates_the_one_pod_within_2s(tmp_path: Path) -> None:
@@ -69,16 +52,10 @@ async def test_posting_the_sample_isolates_the_one_pod_within_2s(tmp_path: Path)
         assert f"POST alerts to {url}" in printed and str(token_file) in printed
         assert token not in printed  # the token itself is never printed or logged
 
+        # The shipped seed holds the sample alerts' pods: bob's and its sibling replica.
         kube = KubeClient.from_settings(ClusterSettings(kubeconfig=state / "kubeconfig"))
-        nodes = await kube.request("GET", "/api/v1/nodes")
-        node = nodes["items"][0]["metadata"]["name"]
-        await kube.request(
-            "POST",
-            "/api/v1/namespaces",
-            body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "user-bob"}},
-        )
-        for name in (BOB, SIBLING):
-            await kube.request("POST", "/api/v1/namespaces/user-bob/pods", body=pod(name, node))
+        listed = await kube.request("GET", "/api/v1/namespaces/user-bob/pods")
+        assert {p["metadata"]["name"] for p in listed["items"]} == {BOB, SIBLING}
 
         async def ready() -> bool:
             async with httpx.AsyncClient() as client:
