@@ -19,7 +19,8 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Remediation
 from services.checkpoint import ARCHIVE_ANNOTATION, CORDON_ANNOTATION, MAINTENANCE_ANNOTATION
 from tests.conftest import wait_for
-from tests.integration.cordon_fixtures import read_stream
+from tests.integration.cordon_fixtures import EnvFactory as CordonEnvFactory
+from tests.integration.cordon_fixtures import failed, read_stream
 from tests.integration.maintenance_fixtures import NS, EnvFactory
 
 ORDER = list(MaintenancePhase)
@@ -375,3 +376,41 @@ async def test_cli_start_status_restore_and_clear_errors(
 def test_archive_annotation_name_is_documented() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert ARCHIVE_ANNOTATION in readme and "nodeward.io/cuda-checkpoint" in readme
+
+
+async def test_quarantine_rule_with_maintenance_requests_it_once(
+    cordon_env: CordonEnvFactory, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "rules:\n"
+        "  - name: xid-node-action\n"
+        "    when: {states: [failed], recommended_actions: [reboot_node]}\n"
+        "    action: quarantine\n"
+        "    maintenance: true\n"
+        "  - {name: default, action: none}\n"
+    )
+    env = await cordon_env(policy_file=str(policy))
+    await env.start()
+    name = env.nodes[0]
+    event = failed(name)
+    await env.publish(event, event)  # a redelivery asks once
+    await env.publish(failed(name, gpu=1, seq=2))  # a second GPU of the same incident too
+
+    async def requested() -> list[Maintenance] | None:
+        got = [e.data for e in await read_stream(env.bus, "MAINTENANCE", f"maintenance.*.{name}")]
+        return got or None
+
+    asked = await wait_for(requested, timeout=5, what="maintenance.requested from the cordon")
+    await wait_for(lambda: _audited_quarantine(env.bus, name), timeout=5, what="quarantine applied")
+    asked = await requested()
+    assert asked is not None and len(asked) == 1
+    assert asked[0].phase == MaintenancePhase.REQUESTED
+    assert asked[0].requested_by == "service/cordon"
+    assert asked[0].maintenance_id == f"mnt-quarantine-{event.id}"
+    assert "xid-node-action" in asked[0].reason
+
+
+async def _audited_quarantine(bus: Bus, node: str) -> bool:
+    events = await read_stream(bus, "AUDIT", f"remediation.quarantine.{node}")
+    return any(e.data.outcome.value == "applied" for e in events)
