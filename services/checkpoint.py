@@ -51,7 +51,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
-from nodeward.kube.errors import CheckpointFailed
+from nodeward.kube.errors import CheckpointFailed, Forbidden
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, PodRef
@@ -90,6 +90,10 @@ REASON_ANNOTATION = "nodeward.io/maintenance-reason"
 CORDON_ANNOTATION = "nodeward.io/maintenance-cordon"
 ARCHIVE_ANNOTATION = "nodeward.io/checkpoint-archive"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
+# A checkpoint that failed with these is not tried again (the runtime cannot, the kubelet's
+# API is off or the container is gone, or the role is not allowed); others are retried
+# until the deadline.
+FINAL_CHECKPOINT_ERRORS = (CheckpointFailed, NotFound, Forbidden)
 _QUIET = MappingProxyType(
     {
         Outcome.APPLIED: Severity.INFO,
@@ -300,7 +304,7 @@ class CheckpointService:
         while not stopping.is_set():
             try:
                 await self._requests_from_annotations()
-            except (KubeError, RetryableError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed scan is retried, never fatal
                 self.log.warning("maintenance.annotation_scan_failed", error=str(exc))
             with contextlib.suppress(TimeoutError):
                 await within(stopping.wait(), interval.total_seconds())
@@ -332,22 +336,37 @@ class CheckpointService:
     async def run(self, stopping: asyncio.Event) -> None:
         """Drive every maintenance in KV (one holder of the lease at a time) until stopping."""
         lease = Lease(self.kv, "workflow", self.holder, ttl=self.settings.lease_ttl.total_seconds())
+        tick = self.settings.tick.total_seconds()
         try:
-            async with lease.held() as lost:
-                while not stopping.is_set() and not lost.is_set():
-                    await self._spawn_workflows()
-                    self.wake.clear()
-                    waits = [asyncio.ensure_future(e.wait()) for e in (stopping, lost, self.wake)]
+            while not stopping.is_set():
+                try:
+                    async with lease.held() as lost:
+                        await self._drive(stopping, lost)
+                except Exception as exc:  # noqa: BLE001 - the loop outlives a bus hiccup
+                    self.log.warning("maintenance.loop_failed", error=str(exc))
                     with contextlib.suppress(TimeoutError):
-                        await within(
-                            asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED),
-                            self.settings.tick.total_seconds(),
-                        )
-                    for w in waits:
-                        w.cancel()
-                await self._stop_workflows()
+                        await within(stopping.wait(), tick)
         finally:
-            self.halt.set()
+            await self._stop_workflows()
+
+    async def _drive(self, stopping: asyncio.Event, lost: asyncio.Event) -> None:
+        while not stopping.is_set() and not lost.is_set():
+            await self._spawn_workflows()
+            self.wake.clear()
+            waits = [asyncio.ensure_future(e.wait()) for e in (stopping, lost, self.wake)]
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await within(
+                        asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED),
+                        self.settings.tick.total_seconds(),
+                    )
+            finally:
+                for w in waits:
+                    w.cancel()
+        if lost.is_set():
+            # Another holder drives them now: finish the calls in flight, then wait.
+            await self._stop_workflows()
+            self.halt.clear()
 
     async def _stop_workflows(self) -> None:
         """Let the checkpoint calls in flight finish and be recorded; start nothing new."""
@@ -758,7 +777,12 @@ class CheckpointService:
                     return
                 await self._checkpoint_pod(state, plan)
 
-        await asyncio.gather(*(one(p) for p in pending))
+        # Every pod's call ends before the step does (a failed step must not leave calls
+        # running that a retry would repeat); then the first error, if any, is raised.
+        results = await asyncio.gather(*(one(p) for p in pending), return_exceptions=True)
+        for error in results:
+            if isinstance(error, BaseException):
+                raise error
         current = await self.states.get(state_key(state.node))
         if current is None:
             return False
@@ -873,6 +897,10 @@ class CheckpointService:
             result = await self.runner.run(proposal, act, [self.exemptions])
         except RetryableError as exc:
             reason = str(exc.__cause__ or exc)
+            deadline = state.deadline_at()
+            final = isinstance(exc.__cause__, FINAL_CHECKPOINT_ERRORS)
+            if not final and (deadline is None or _now() < deadline):
+                raise  # transient (API unavailable, the annotation): tried again next step
             log.warning("checkpoint.failed", error=reason)
             failed = await self._update_pod(
                 state,
@@ -897,15 +925,17 @@ class CheckpointService:
                 ),
             )
             return
-        done = await self._update_pod(
+        current = await self.states.get(state_key(state.node))
+        recorded = current.value.pods[plan.key].checkpoints if current else []
+        # The event first: a restart before the status is saved publishes it again under
+        # the same id (dropped), without checkpointing again.
+        await self.bus.publish(
+            self._phase_event(state, MaintenancePhase.CHECKPOINTED, plan.key, checkpoints=recorded)
+        )
+        await self._update_pod(
             state,
             plan.key,
             lambda p: p.model_copy(update={"status": "checkpointed", "annotated": True}),
-        )
-        await self.bus.publish(
-            self._phase_event(
-                state, MaintenancePhase.CHECKPOINTED, plan.key, checkpoints=done.checkpoints
-            )
         )
 
     async def _checkpoint_failed(self, state: MaintenanceState, plan: PodPlan) -> None:
