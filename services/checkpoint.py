@@ -1018,7 +1018,8 @@ class CheckpointService:
         outcome = await self.runner.run(proposal, act, [])
         result = dict(outcome.details) if outcome.outcome == Outcome.APPLIED else {}
         merged = self._merge_drain(state.drain, result, outcome.outcome)
-        if first and (merged.get("held") or merged.get("blocked")):
+        # Pods a budget blocked until the deadline had their time; held pods have not.
+        if first and merged.get("held"):
             await self._save(
                 state.maintenance_id, state.node, lambda s: s.model_copy(update={"drain": merged})
             )

@@ -150,7 +150,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         *,
         cuda: bool = True,
         fail: tuple[str, ...] = (),
-        pdb: bool = True,
+        pdb: dict[str, Any] | None = None,
         **service: Any,
     ) -> MaintenanceEnv:
         uid = uuid.uuid4().hex[:8]
@@ -160,9 +160,12 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
             namespaces=[NS, "nodeward"],
             nodes=[NodeSeed(name=node, labels=labels), NodeSeed(name=f"{node}-spare")],
             pods=pods(node),
-            pdbs=[PdbSeed(name="web", namespace=NS, selector={"app": "web"}, maxUnavailable=1)]
-            if pdb
-            else [],
+            pdbs=[
+                PdbSeed.model_validate(
+                    {"name": "web", "namespace": NS, "selector": {"app": "web"}}
+                    | (pdb or {"maxUnavailable": 1})
+                )
+            ],
             checkpoint=CheckpointSeed(
                 fail=[CheckpointFailure(namespace=NS, pod=name) for name in fail]
             ),
