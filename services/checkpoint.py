@@ -139,7 +139,13 @@ class CheckpointSettings(Section):
     )
     grace_period: int | None = Field(default=None, ge=0, description="None: each pod's own")
     skip_namespaces: list[str] = Field(default_factory=lambda: ["kube-system", "nodeward"])
-    tick: Duration = timedelta(seconds=1)
+    tick: Duration = Field(
+        default=timedelta(seconds=1), description="how often a waiting workflow looks again"
+    )
+    rescan: Duration = Field(
+        default=timedelta(seconds=15),
+        description="how often KV is read for workflows to resume (a new request wakes it)",
+    )
     annotation_interval: Duration | None = Field(
         default=timedelta(seconds=10),
         description="how often nodes are read for nodeward.io/maintenance=requested (None: off)",
@@ -358,7 +364,7 @@ class CheckpointService:
                 with contextlib.suppress(TimeoutError):
                     await within(
                         asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED),
-                        self.settings.tick.total_seconds(),
+                        self.settings.rescan.total_seconds(),
                     )
             finally:
                 for w in waits:
