@@ -172,5 +172,10 @@ class MaintenanceState(Model):
 
 
 def state_key(node: str) -> str:
-    """The KV key of a node's maintenance."""
+    """The KV key of a node's maintenance (the latest one)."""
     return f"node.{token(node)}"
+
+
+def history_key(node: str, maintenance_id: str) -> str:
+    """The KV key a finished maintenance is kept under, after the next one replaces it."""
+    return f"history.{token(node)}.{token(maintenance_id)}"

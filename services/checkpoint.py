@@ -63,6 +63,7 @@ from schemas.maintenance import (
     MaintenanceState,
     PodPlan,
     PodStatus,
+    history_key,
     state_key,
 )
 from schemas.notify import Notification, Severity
@@ -488,6 +489,9 @@ class CheckpointService:
             return s.model_copy(update={"phase": phase})
 
         saved = await self._save(state.maintenance_id, state.node, moved)
+        if saved.terminal:
+            # Kept for `nodeward maintenance restore` once a later maintenance replaces it.
+            await self.states.put(history_key(saved.node, saved.maintenance_id), saved)
         if not saved.dry_run:
             with contextlib.suppress(KubeError):
                 await self.cluster.nodes.set_annotations(

@@ -269,7 +269,7 @@ async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
         return []
     out = []
     for key in keys:
-        if not key.startswith("node."):
+        if not key.startswith(("node.", "history.")):
             continue
         try:
             entry = await kv.get(key)
@@ -377,7 +377,9 @@ async def restore(settings: Settings, pod: str, registry: str, as_json: bool) ->
         raise typer.BadParameter(f"{pod!r} is not NAMESPACE/POD", param_hint="POD")
     bus = await _connect(settings)
     try:
-        states = await _states(bus, _bucket(settings))
+        states = sorted(
+            await _states(bus, _bucket(settings)), key=lambda s: s.requested_at, reverse=True
+        )
     finally:
         await bus.close(grace=1)
     found = [

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 from nodeward.bus import Bus
@@ -320,6 +321,34 @@ async def test_dry_run_changes_nothing_and_tells_no_user(maintenance_env: EnvFac
     assert {"announce", "cordon", "checkpoint", "drain"} <= dry
 
 
+async def _is_done(env: object, mid: str) -> bool:
+    state = await env.state()  # type: ignore[attr-defined]
+    return bool(state and state.maintenance_id == mid and state.phase == MaintenancePhase.DONE)
+
+
+async def test_a_later_start_time_warns_first_and_waits(maintenance_env: EnvFactory) -> None:
+    env = await maintenance_env()
+    await env.start()
+    request = env.request(deadline_s=2)
+    start_at = request.time + timedelta(seconds=2)
+    request = request.model_copy(
+        update={"data": request.data.model_copy(update={"start_at": start_at})}
+    )
+    await env.bus.publish(request)
+    notified = await wait_for(
+        lambda: env.phase_is(MaintenancePhase.NOTIFIED), timeout=5, what="owners told"
+    )
+    assert notified.start_at == start_at
+    users = [n for n in await env.notices() if n.audience.startswith("user:")]
+    assert len(users) == 5 and all(start_at.strftime("%H:%M:%S") in n.title for n in users)
+    node = await env.admin.nodes.get(env.node)
+    assert not node["spec"].get("unschedulable") and env.checkpoint_calls() == []
+    done = await wait_for(
+        lambda: env.phase_is(MaintenancePhase.DONE), timeout=15, what="maintenance done"
+    )
+    assert done.started_at is not None and done.started_at >= start_at
+
+
 async def _cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -382,6 +411,17 @@ async def test_cli_start_status_restore_and_clear_errors(
     assert "io.kubernetes.cri-o.annotations.checkpoint.name=trainer" in out
     assert "image: reg.example/ckpt/checkpoint-ml-team-train-0-logger:" in out
     assert "kubectl apply -f -" in out and "name: train-0-restored" in out
+    # A later maintenance of the node replaces its record; the plan is still there.
+    later = env.request(deadline_s=1)
+    await env.bus.publish(later)
+    await wait_for(
+        lambda: _is_done(env, later.data.maintenance_id), timeout=10, what="the later one done"
+    )
+    code, again, err = await _cli(
+        "maintenance", "restore", f"{NS}/train-0", "--registry", "reg.example/ckpt",
+        "--config", str(config), *common,
+    )  # fmt: skip
+    assert code == 0 and again == out, err
     code, out, err = await _cli(
         "maintenance", "restore", f"{NS}/web-0", "--config", str(config), *common
     )
