@@ -151,6 +151,10 @@ class CheckpointSettings(Section):
         default=timedelta(seconds=10),
         description="how often nodes are read for nodeward.io/maintenance=requested (None: off)",
     )
+    max_request_age: Duration = Field(
+        default=timedelta(minutes=10),
+        description="older requests (a replay of the stream) are logged, never acted on",
+    )
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=6, burst=3)
     lease_ttl: Duration = timedelta(seconds=15)
 
@@ -249,6 +253,11 @@ class CheckpointService:
             event_id=event.id, node=data.node, maintenance=data.maintenance_id
         ):
             if data.phase != MaintenancePhase.REQUESTED:
+                return
+            age = (_now() - event.time).total_seconds()
+            if age > self.settings.max_request_age.total_seconds():
+                # A replay (a new consumer reading the stream's history) starts nothing.
+                self.log.warning("maintenance.old_request", age_s=round(age))
                 return
             try:
                 await self.cluster.nodes.get(data.node)
