@@ -472,3 +472,18 @@ async def test_quarantine_rule_with_maintenance_requests_it_once(
 async def _audited_quarantine(bus: Bus, node: str) -> bool:
     events = await read_stream(bus, "AUDIT", f"remediation.quarantine.{node}")
     return any(e.data.outcome.value == "applied" for e in events)
+
+
+async def test_a_replayed_old_request_starts_nothing(maintenance_env: EnvFactory) -> None:
+    env = await maintenance_env()
+    await env.start()
+    old = env.request()
+    old = old.model_copy(update={"time": old.time - timedelta(hours=1)})
+    fresh = env.request(node=f"{env.node}-x")  # after the old one: handled means passed
+    await env.bus.publish_many([old, fresh])
+    consumer = env.settings.services["checkpoint"]["consumer"]
+    await wait_for(
+        lambda: _at_least(dead_letters(env.bus, consumer), 1), timeout=10, what="the later one"
+    )
+    assert await env.state() is None
+    assert [e.phase for e in await env.phases()] == [MaintenancePhase.REQUESTED]
