@@ -13,8 +13,8 @@ archives go to KV, to the pod annotation `nodeward.io/checkpoint-archive` and to
 draining (the shared drain action evicts every pod but DaemonSets, PDBs honoured; an
 opted-in pod whose checkpoint failed, or a GPU pod on a node without
 `nodeward.io/cuda-checkpoint=true`, is held until the deadline, its owner and on-call told
-why, then evicted) -> done (failures listed) or failed (the workflow could not proceed;
-a cordon nodeward put on is taken off again).
+why, then evicted) -> done (failures listed) or failed (the node is gone or exempt
+before the work starts).
 
 The workflow lives in KV (`node.<node>`, `schemas.maintenance.MaintenanceState`), saved
 after each phase and after each container's checkpoint, so a restart resumes from the last
@@ -113,7 +113,6 @@ SEVERITIES = MappingProxyType(
         "checkpoint": _QUIET,
         "drain": _LOUD,
         "evict-held": _LOUD,
-        "uncordon": _QUIET,
         "complete": _QUIET,
         "fail": _QUIET,
     }
@@ -533,23 +532,7 @@ class CheckpointService:
         )
 
     async def _fail(self, state: MaintenanceState, error: str) -> bool:
-        """End the workflow `failed`; a cordon this maintenance put on is taken off again."""
-        if state.cordoned and not state.prior_unschedulable:
-            proposal = self._proposal(
-                "uncordon",
-                state,
-                _node_ref(state.node),
-                f"maintenance {state.maintenance_id} failed ({error}): uncordoning what it cordoned",
-            )
-
-            async def uncordon() -> dict[str, Any]:
-                await self.cluster.nodes.mark(
-                    state.node, unschedulable=False, annotations={CORDON_ANNOTATION: None}
-                )
-                return {"uncordoned": True}
-
-            with contextlib.suppress(RetryableError):
-                await self.runner.run(proposal, uncordon)
+        """End the workflow `failed` (only ever before its cordon: nothing to take back)."""
         await self.auditor.record(
             self._proposal("fail", state, _node_ref(state.node), error), Outcome.FAILED, error
         )

@@ -151,11 +151,12 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         cuda: bool = True,
         fail: tuple[str, ...] = (),
         pdb: dict[str, Any] | None = None,
+        node_labels: dict[str, str] | None = None,
         **service: Any,
     ) -> MaintenanceEnv:
         uid = uuid.uuid4().hex[:8]
         node = f"mnt-{uid}"
-        labels = {CUDA_CHECKPOINT_LABEL: "true"} if cuda else {}
+        labels = ({CUDA_CHECKPOINT_LABEL: "true"} if cuda else {}) | (node_labels or {})
         seed = Seed(
             namespaces=[NS, "nodeward"],
             nodes=[NodeSeed(name=node, labels=labels), NodeSeed(name=f"{node}-spare")],

@@ -213,6 +213,20 @@ async def test_a_budget_that_never_allows_ends_done_with_the_pods_listed(
     assert {"web-0", "web-1"} <= set(await env.pods())
 
 
+async def test_an_exempt_node_is_not_maintained(maintenance_env: EnvFactory) -> None:
+    env = await maintenance_env(node_labels={"nodeward.io/exempt": "true"})
+    await env.start()
+    await env.bus.publish(env.request())
+    failed = await wait_for(
+        lambda: env.phase_is(MaintenancePhase.FAILED), timeout=10, what="maintenance failed"
+    )
+    assert failed.error == f"not maintained: Node {env.node} is labelled nodeward.io/exempt=true"
+    node = await env.admin.nodes.get(env.node)
+    assert not node["spec"].get("unschedulable") and env.checkpoint_calls() == []
+    assert [e.phase.value for e in await env.phases()] == ["requested", "failed"]
+    assert [n for n in await env.notices() if n.audience.startswith("user:")] == []
+
+
 async def test_restart_mid_checkpointing_resumes_without_duplicates(
     maintenance_env: EnvFactory,
 ) -> None:
