@@ -198,15 +198,15 @@ async def test_gpu_pod_on_a_node_without_cuda_checkpoint_is_reported_not_checkpo
 async def test_a_budget_that_never_allows_ends_done_with_the_pods_listed(
     maintenance_env: EnvFactory,
 ) -> None:
-    env = await maintenance_env(pdb={"minAvailable": 2})
+    env = await maintenance_env(pdb={"minAvailable": 2}, evict_timeout="60s")
     await env.start()
     began = time.monotonic()
     await env.bus.publish(env.request(deadline_s=1))
     done = await wait_for(
-        lambda: env.phase_is(MaintenancePhase.DONE), timeout=15, what="maintenance done"
+        lambda: env.phase_is(MaintenancePhase.DONE), timeout=30, what="maintenance done"
     )
-    # Blocked until the deadline, then reported: no second wait of evict_timeout (5s).
-    assert time.monotonic() - began < 4
+    # Blocked until the deadline, then reported: no second wait of evict_timeout (60s).
+    assert time.monotonic() - began < 30
     blocked = sorted(f.split(":")[0] for f in done.failures)
     assert blocked == [f"{NS}/web-0", f"{NS}/web-1"]
     assert all("not evicted" in f and "disruption budget" in f.lower() for f in done.failures)
