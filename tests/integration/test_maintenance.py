@@ -133,7 +133,7 @@ async def test_failed_checkpoint_holds_the_pod_until_the_deadline_and_tells_why(
 ) -> None:
     env = await maintenance_env(fail=("ssh-0",))
     await env.start()
-    await env.bus.publish(env.request(deadline_s=3))
+    await env.bus.publish(env.request(deadline_s=5))
     held = await wait_for(lambda: _held(env), timeout=15, what="the other pods evicted, ssh-0 held")
     deadline = held.deadline_at()
     assert deadline is not None
@@ -344,7 +344,7 @@ async def test_a_later_start_time_warns_first_and_waits(maintenance_env: EnvFact
     env = await maintenance_env()
     await env.start()
     request = env.request(deadline_s=2)
-    start_at = request.time + timedelta(seconds=2)
+    start_at = request.time + timedelta(seconds=4)
     request = request.model_copy(
         update={"data": request.data.model_copy(update={"start_at": start_at})}
     )
