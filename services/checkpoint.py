@@ -62,7 +62,6 @@ from schemas.maintenance import (
     MaintenancePhase,
     MaintenanceState,
     PodPlan,
-    PodStatus,
     history_key,
     state_key,
 )
@@ -78,19 +77,25 @@ from services.actions import (
     RateLimitSettings,
     drain,
 )
-from services.actions.drain import keep_reason
+from services.maintenance_plan import (
+    Notice,
+    announcement,
+    checkpoint_failed,
+    cuda_checkpoint,
+    hold,
+    merge_drain,
+    plan_pods,
+    when,
+)
 
 NAME = "checkpoint"
 ACTOR = "service/checkpoint"
 TOPIC = "maintenance"
-CHECKPOINT_LABEL = "nodeward.io/checkpoint"
-CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
 MAINTENANCE_ANNOTATION = "nodeward.io/maintenance"
 """`requested` on a node starts a maintenance; the service then writes the phase there."""
 REASON_ANNOTATION = "nodeward.io/maintenance-reason"
 CORDON_ANNOTATION = "nodeward.io/maintenance-cordon"
 ARCHIVE_ANNOTATION = "nodeward.io/checkpoint-archive"
-GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
 # A checkpoint that failed with these is not tried again (the runtime cannot, the kubelet's
 # API is off or the container is gone, or the role is not allowed); others are retried
 # until the deadline.
@@ -156,33 +161,6 @@ class CheckpointSettings(Section):
     )
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=6, burst=3)
     lease_ttl: Duration = timedelta(seconds=15)
-
-
-def gpus_of(pod: Obj) -> int:
-    """GPUs (any NVIDIA or AMD device resource, MIG slices included) the pod's containers hold."""
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        resources = c.get("resources") or {}
-        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        for name, value in wanted.items():
-            if name.startswith(GPU_RESOURCE_PREFIXES):
-                with contextlib.suppress(TypeError, ValueError):
-                    total += int(value)
-    return total
-
-
-def opted_in(pod: Obj) -> bool:
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(CHECKPOINT_LABEL, "")).lower() == "true"
-
-
-def cuda_checkpoint(node: Obj) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(CUDA_CHECKPOINT_LABEL, "")).lower() == "true"
-
-
-def _when(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _pod_ref(plan: PodPlan) -> ObjectRef:
@@ -366,8 +344,8 @@ class CheckpointService:
 
     async def _drive(self, stopping: asyncio.Event, lost: asyncio.Event) -> None:
         while not stopping.is_set() and not lost.is_set():
+            self.wake.clear()  # before the scan: a request stored during it wakes the next
             await self._spawn_workflows()
-            self.wake.clear()
             waits = [asyncio.ensure_future(e.wait()) for e in (stopping, lost, self.wake)]
             try:
                 with contextlib.suppress(TimeoutError):
@@ -547,39 +525,6 @@ class CheckpointService:
         return True
 
     # requested -> notified --------------------------------------------------------------
-    def _plan(self, node: Obj, pods: list[Obj]) -> dict[str, PodPlan]:
-        cuda = cuda_checkpoint(node)
-        plans: dict[str, PodPlan] = {}
-        for pod in pods:
-            if keep_reason(pod, self.settings.skip_namespaces):
-                continue
-            meta = pod["metadata"]
-            gpus = gpus_of(pod)
-            wants = opted_in(pod)
-            status: PodStatus = "not_opted_in"
-            reason = None
-            if wants:
-                status = "pending"
-                if gpus and not cuda:
-                    status = "not_checkpointable"
-                    reason = (
-                        f"it holds {gpus} GPU(s) and node {node['metadata']['name']} "
-                        f"does not advertise CUDA checkpoint support ({CUDA_CHECKPOINT_LABEL}=true)"
-                    )
-            plan = PodPlan(
-                namespace=meta["namespace"],
-                name=meta["name"],
-                uid=meta.get("uid"),
-                gpus=gpus,
-                opted_in=wants,
-                status=status,
-                reason=reason,
-                spec=dict(pod.get("spec") or {}) if wants else {},
-                labels=dict(meta.get("labels") or {}) if wants else {},
-            )
-            plans[plan.key] = plan
-        return plans
-
     async def _announce(self, state: MaintenanceState) -> bool:
         try:
             node = await self.cluster.nodes.get(state.node)
@@ -594,7 +539,9 @@ class CheckpointService:
                 guard="exempt",
             )
             return await self._fail(state, f"not maintained: {exempt}")
-        plans = state.pods or self._plan(node, await self.cluster.pods.on_node(state.node))
+        plans = state.pods or plan_pods(
+            node, await self.cluster.pods.on_node(state.node), self.settings.skip_namespaces
+        )
         for plan in plans.values():
             plan_exempt = None
             if plan.opted_in:
@@ -632,7 +579,7 @@ class CheckpointService:
             "announce",
             state,
             _node_ref(state.node),
-            f"maintenance of {state.node} from {_when(state.start_at)} "
+            f"maintenance of {state.node} from {when(state.start_at)} "
             f"({state.reason or 'no reason given'}): {len(state.pods)} pod(s) to move, "
             f"{opted} opted into checkpoints",
             obj=node,
@@ -641,69 +588,28 @@ class CheckpointService:
 
         async def tell_owners() -> dict[str, Any]:
             for plan in state.pods.values():
-                await self._notify_owner(state, plan, self._announcement(state, plan))
+                await self._notify_owner(state, plan, announcement(state, plan))
             return {"owners_told": len(state.pods)}
 
         await self.runner.run(proposal, tell_owners, [])
         await self._advance(state, MaintenancePhase.NOTIFIED)
         return True
 
-    def _announcement(self, state: MaintenanceState, plan: PodPlan) -> dict[str, Any]:
-        deadline = state.start_at + timedelta(seconds=state.deadline_s)
-        start = _when(state.start_at)
-        title = f"Node {state.node} goes into maintenance at {start}: your pod {plan.key} moves"
-        steps = [
-            "Save your work before then; files on persistent volumes are kept.",
-            "Its controller (if any) starts a fresh pod on another node after it is evicted.",
-        ]
-        if plan.status == "pending":
-            what = (
-                f"At {start} nodeward checkpoints every container of {plan.key} (memory and "
-                "files, through the kubelet), records the archive, then evicts the pod. "
-                f"`nodeward maintenance restore {plan.key}` gives the plan to restore it."
-            )
-        elif plan.status == "not_checkpointable":
-            what = (
-                f"{plan.key} opted into checkpoints, but cannot be checkpointed: {plan.reason}. "
-                f"It stays until the deadline ({_when(deadline)}) and is then evicted; "
-                "its running state is lost."
-            )
-        else:
-            what = (
-                f"At {start} {plan.key} is evicted (it did not opt into checkpoints: label "
-                f"{CHECKPOINT_LABEL}=true opts a pod in); its running state is lost."
-            )
-            steps.append(
-                f"To be checkpointed before maintenance next time: kubectl label pod "
-                f"{plan.name} -n {plan.namespace} {CHECKPOINT_LABEL}=true"
-            )
-        return {
-            "kind": "announce",
-            "severity": Severity.WARNING,
-            "title": title,
-            "body": what,
-            "why": f"Node {state.node} needs maintenance: {state.reason or 'no reason given'}.",
-            "steps": steps,
-            "deadline": deadline,
-        }
-
-    async def _notify_owner(
-        self, state: MaintenanceState, plan: PodPlan, notice: dict[str, Any]
-    ) -> None:
+    async def _notify_owner(self, state: MaintenanceState, plan: PodPlan, notice: Notice) -> None:
         note = Notification(
-            severity=notice["severity"],
+            severity=notice.severity,
             topic=TOPIC,
-            title=notice["title"][:300],
-            body=notice["body"],
+            title=notice.title[:300],
+            body=notice.body,
             audience=f"user:{plan.namespace}/{plan.name}",
             targets=[_pod_ref(plan), _node_ref(state.node)],
-            dedup_key=f"{TOPIC}/{state.maintenance_id}/{plan.key}/{notice['kind']}",
-            why=notice["why"],
-            what_you_can_do=notice["steps"],
-            deadline=notice["deadline"],
+            dedup_key=f"{TOPIC}/{state.maintenance_id}/{plan.key}/{notice.kind}",
+            why=notice.why,
+            what_you_can_do=notice.steps,
+            deadline=notice.deadline,
         )
         notice_id = stable_id(
-            state.requested_at, state.maintenance_id, notice["kind"], plan.namespace, plan.name
+            state.requested_at, state.maintenance_id, notice.kind, plan.namespace, plan.name
         )
         await self.bus.publish(make_event(note, source=ACTOR, id=notice_id))
 
@@ -941,49 +847,13 @@ class CheckpointService:
         )
 
     async def _checkpoint_failed(self, state: MaintenanceState, plan: PodPlan) -> None:
-        deadline = (state.deadline_at() or _now()) if state.started_at else _now()
-        await self._notify_owner(
-            state,
-            plan,
-            {
-                "kind": "checkpoint-failed",
-                "severity": Severity.CRITICAL,
-                "title": f"Your pod {plan.key} could not be checkpointed before maintenance",
-                "body": (
-                    f"The checkpoint of {plan.key} on node {state.node} failed: {plan.reason}. "
-                    f"The pod stays until {_when(deadline)} and is then evicted; its running "
-                    "state is lost unless you save it before then."
-                ),
-                "why": f"Node {state.node} needs maintenance: {state.reason or 'no reason given'}.",
-                "steps": [
-                    "Save your work now (write checkpoints or results to a persistent volume).",
-                    "Ask the platform team whether the node's runtime supports checkpoints "
-                    "(CRIU; for GPU pods, CUDA checkpoint).",
-                ],
-                "deadline": deadline,
-            },
-        )
+        deadline = state.deadline_at() or _now()
+        await self._notify_owner(state, plan, checkpoint_failed(state, plan, deadline))
 
     # checkpointed -> draining -> done -----------------------------------------------------
     async def _to_draining(self, state: MaintenanceState) -> bool:
         await self._advance(state, MaintenancePhase.DRAINING)
         return True
-
-    def _hold(self, state: MaintenanceState) -> Callable[[Obj], str | None]:
-        """A pod is not evicted before its checkpoint is recorded, nor a held one before the deadline."""
-
-        def hold(pod: Obj) -> str | None:
-            meta = pod.get("metadata") or {}
-            plan = state.pods.get(f"{meta.get('namespace')}/{meta.get('name')}")
-            if plan is None or not plan.opted_in:
-                return None
-            if plan.status == "pending":
-                return "its checkpoint is not recorded yet"
-            if plan.held:
-                return f"held until the deadline: not checkpointed ({plan.reason})"
-            return None
-
-        return hold
 
     async def _drain(self, state: MaintenanceState) -> bool:
         deadline = state.deadline_at() or _now()
@@ -998,7 +868,7 @@ class CheckpointService:
             grace_period=self.settings.grace_period,
             skip_namespaces=self.settings.skip_namespaces,
         )
-        hold = self._hold(state) if first else None
+        hold_for = hold(state) if first else None
         action = "drain" if first else "evict-held"
         proposal = self._proposal(
             action,
@@ -1006,20 +876,20 @@ class CheckpointService:
             _node_ref(state.node),
             (
                 f"drain {state.node} for maintenance {state.maintenance_id}: every pod but "
-                f"DaemonSets, PDBs honoured, until {_when(deadline)}"
+                f"DaemonSets, PDBs honoured, until {when(deadline)}"
                 if first
-                else f"deadline {_when(deadline)} of maintenance {state.maintenance_id} reached: "
+                else f"deadline {when(deadline)} of maintenance {state.maintenance_id} reached: "
                 f"evicting the pods held on {state.node}"
             ),
         )
 
         async def act() -> dict[str, Any]:
-            result = await drain(self.cluster, state.node, settings, self.exemptions, hold=hold)
+            result = await drain(self.cluster, state.node, settings, self.exemptions, hold=hold_for)
             return result.to_json()
 
         outcome = await self.runner.run(proposal, act, [])
         result = dict(outcome.details) if outcome.outcome == Outcome.APPLIED else {}
-        merged = self._merge_drain(state.drain, result, outcome.outcome)
+        merged = merge_drain(state.drain, result, outcome.outcome.value)
         # Pods a budget blocked until the deadline had their time; held pods have not.
         if first and merged.get("held"):
             await self._save(
@@ -1027,20 +897,6 @@ class CheckpointService:
             )
             return True
         return await self._finish(state, merged)
-
-    @staticmethod
-    def _merge_drain(
-        before: dict[str, Any] | None, result: dict[str, Any], outcome: Outcome
-    ) -> dict[str, Any]:
-        merged: dict[str, Any] = {
-            "evicted": list((before or {}).get("evicted", [])) + list(result.get("evicted", [])),
-            "gone": list((before or {}).get("gone", [])) + list(result.get("gone", [])),
-            "kept": {**(before or {}).get("kept", {}), **result.get("kept", {})},
-            "held": dict(result.get("held", {})),
-            "blocked": dict(result.get("blocked", {})),
-            "outcome": outcome.value,
-        }
-        return merged
 
     async def _finish(self, state: MaintenanceState, drained: dict[str, Any]) -> bool:
         current = await self.states.get(state_key(state.node))

@@ -30,7 +30,8 @@ from nodeward.sim.cluster.seed import (
 from schemas import Event, make_event
 from schemas.maintenance import Maintenance, MaintenancePhase, MaintenanceState, state_key
 from schemas.notify import Notification
-from services.checkpoint import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL, build
+from services.checkpoint import build
+from services.maintenance_plan import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL
 from tests.integration.cordon_fixtures import read_stream
 
 NS = "ml-team"
