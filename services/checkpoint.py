@@ -539,20 +539,15 @@ class CheckpointService:
                 guard="exempt",
             )
             return await self._fail(state, f"not maintained: {exempt}")
-        plans = state.pods or plan_pods(
-            node, await self.cluster.pods.on_node(state.node), self.settings.skip_namespaces
-        )
-        for plan in plans.values():
-            plan_exempt = None
-            if plan.opted_in:
-                with contextlib.suppress(NotFound):
-                    plan_exempt = await self.exemptions.exempt_reason(
-                        await self.cluster.pods.get(plan.namespace, plan.name)
-                    )
-            if plan_exempt:
-                plans[plan.key] = plan.model_copy(
-                    update={"status": "not_opted_in", "reason": plan_exempt, "opted_in": False}
-                )
+        plans = state.pods
+        if not plans:
+            # Exempt pods stay (the drain keeps them too): not planned, not told.
+            moving = [
+                pod
+                for pod in await self.cluster.pods.on_node(state.node)
+                if await self.exemptions.exempt_reason(pod) is None
+            ]
+            plans = plan_pods(node, moving, self.settings.skip_namespaces)
         state = await self._save(
             state.maintenance_id,
             state.node,

@@ -22,7 +22,7 @@ from services.checkpoint import ARCHIVE_ANNOTATION, CORDON_ANNOTATION, MAINTENAN
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import EnvFactory as CordonEnvFactory
 from tests.integration.cordon_fixtures import failed, read_stream
-from tests.integration.maintenance_fixtures import NS, EnvFactory
+from tests.integration.maintenance_fixtures import NS, EnvFactory, pod, standard_pods
 
 ORDER = list(MaintenancePhase)
 OPTED = {"train-0": ("trainer", "logger"), "notebook-0": ("main",), "ssh-0": ("main",)}
@@ -177,7 +177,10 @@ async def _held(env: object) -> object | None:
 async def test_gpu_pod_on_a_node_without_cuda_checkpoint_is_reported_not_checkpointed(
     maintenance_env: EnvFactory,
 ) -> None:
-    env = await maintenance_env(cuda=False)
+    exempt = pod("keep-0", "", opted_in=True, labels={"nodeward.io/exempt": "true"})
+    env = await maintenance_env(
+        lambda node: [*standard_pods(node), exempt.model_copy(update={"node": node})], cuda=False
+    )
     await env.start()
     await env.bus.publish(env.request(deadline_s=1))
     done = await wait_for(
@@ -189,6 +192,7 @@ async def test_gpu_pod_on_a_node_without_cuda_checkpoint_is_reported_not_checkpo
     assert "does not advertise CUDA checkpoint support" in (plan.reason or "")
     assert any(f.startswith(f"{NS}/notebook-0: evicted at the deadline") for f in done.failures)
     assert done.pods[f"{NS}/train-0"].status == "checkpointed"  # CPU pods still are
+    assert f"{NS}/keep-0" not in done.pods and "keep-0" in await env.pods()  # exempt: stays
     skipped = [a for a in await audits(env.bus, "checkpoint") if a.guard == "no_cuda_checkpoint"]
     assert [a.target.name for a in skipped] == ["notebook-0"]
     owner = [n for n in await env.notices() if n.audience == f"user:{NS}/notebook-0"]
