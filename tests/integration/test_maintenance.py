@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from nodeward.bus import Bus
+from nodeward.sim.cluster.seed import PodSeed
 from schemas.dlq import DeadLetter
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Remediation
@@ -202,7 +203,14 @@ async def test_gpu_pod_on_a_node_without_cuda_checkpoint_is_reported_not_checkpo
 async def test_a_budget_that_never_allows_ends_done_with_the_pods_listed(
     maintenance_env: EnvFactory,
 ) -> None:
-    env = await maintenance_env(pdb={"minAvailable": 2}, evict_timeout="60s")
+    def pods(node: str) -> list[PodSeed]:
+        # web-0 opted in: checkpointed, then kept by the budget, so its annotation stays.
+        return [
+            pod("web-0", node, opted_in=True, labels={"app": "web"}),
+            pod("web-1", node, labels={"app": "web"}),
+        ]
+
+    env = await maintenance_env(pods, pdb={"minAvailable": 2}, evict_timeout="60s")
     await env.start()
     began = time.monotonic()
     await env.bus.publish(env.request(deadline_s=1))
@@ -214,7 +222,14 @@ async def test_a_budget_that_never_allows_ends_done_with_the_pods_listed(
     blocked = sorted(f.split(":")[0] for f in done.failures)
     assert blocked == [f"{NS}/web-0", f"{NS}/web-1"]
     assert all("not evicted" in f and "disruption budget" in f.lower() for f in done.failures)
-    assert {"web-0", "web-1"} <= set(await env.pods())
+    left = await env.pods()
+    assert {"web-0", "web-1"} <= set(left)
+    note = json.loads(left["web-0"]["metadata"]["annotations"][ARCHIVE_ANNOTATION])
+    (record,) = done.pods[f"{NS}/web-0"].checkpoints
+    assert note["maintenance"] == done.maintenance_id and note["node"] == env.node
+    assert note["containers"]["main"]["path"] == record.path
+    assert note["containers"]["main"]["image"] == "registry.example.com/main:1"
+    assert note["containers"]["main"]["time"]
 
 
 async def test_an_exempt_node_is_not_maintained(maintenance_env: EnvFactory) -> None:
