@@ -64,7 +64,8 @@ class ServiceGrants:
 # Every service acts through services.actions: an audit event and a notification per action.
 _ACTS = ("remediation.>", "notify.>")
 SERVICES: dict[str, ServiceGrants] = {
-    "cordon": ServiceGrants((("GPU", "cordon"),), ("cordon",), _ACTS),
+    # A quarantine rule with `maintenance: true` asks services.checkpoint for the node's maintenance.
+    "cordon": ServiceGrants((("GPU", "cordon"),), ("cordon",), ("maintenance.requested.*", *_ACTS)),
     "notifier": ServiceGrants((("NOTIFY", "notifier"),), ("notifier",), ()),
     "culler": ServiceGrants((("SESSIONS", "culler"),), ("culler",), _ACTS),
     "credentials": ServiceGrants(

@@ -33,9 +33,11 @@ from nodeward.durations import Duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
-from schemas.base import Event
+from schemas.base import Event, make_event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
+from schemas.ids import stable_id
+from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from services.actions import (
@@ -437,7 +439,25 @@ class CordonService:
             )
 
         await self.records.update(key, done)
+        if decision.maintenance:
+            details["maintenance"] = await self._request_maintenance(name, q)
         return details
+
+    async def _request_maintenance(self, name: str, q: Quarantine) -> str:
+        """Ask services.checkpoint to checkpoint and drain the quarantined node (its id is
+        the incident's, so a redelivered event asks once)."""
+        mid = f"mnt-quarantine-{q.incident}"
+        request = Maintenance(
+            node=name,
+            phase=MaintenancePhase.REQUESTED,
+            maintenance_id=mid,
+            reason=f"GPU quarantine ({q.rule}): {q.reason}"[:1024],
+            requested_by=ACTOR,
+        )
+        await self.bus.publish(
+            make_event(request, source=ACTOR, id=stable_id(q.started_at, mid, "requested"))
+        )
+        return mid
 
     async def _add_gpu(self, name: str, gpu: str, proposal: Proposal) -> None:
         """Another GPU of a quarantined node failed: record it in the same incident."""

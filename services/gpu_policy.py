@@ -53,6 +53,10 @@ class Rule(BaseModel):
     action: PolicyAction
     no_execute: bool = False
     drain: bool = False
+    maintenance: bool = Field(
+        default=False,
+        description="after quarantining, request the node's maintenance (services.checkpoint)",
+    )
 
 
 class Decision(BaseModel):
@@ -62,6 +66,7 @@ class Decision(BaseModel):
     action: PolicyAction
     no_execute: bool = False
     drain: bool = False
+    maintenance: bool = False
 
 
 class Policy(BaseModel):
@@ -77,6 +82,7 @@ class Policy(BaseModel):
                     action=rule.action,
                     no_execute=rule.no_execute,
                     drain=rule.drain,
+                    maintenance=rule.maintenance,
                 )
         return Decision(rule="(no rule matched)", action=PolicyAction.NONE)
 

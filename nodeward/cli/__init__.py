@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from nodeward.cli.common import CliError, settings_for
+from nodeward.cli.maintenance import maintenance_app
 from nodeward.config import ConfigError
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
@@ -31,6 +32,7 @@ schemas_app = typer.Typer(
 )
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(sim_app, name="sim")
+app.add_typer(maintenance_app, name="maintenance")
 
 NatsOpt = Annotated[
     str | None,

@@ -121,10 +121,13 @@ SERVICES: dict[str, frozenset[str]] = {
     "checkpoint": frozenset(
         {
             "nodes.get",
+            "nodes.list",
             "nodes.patch",
             "nodes.checkpoint",
+            "namespaces.get",
             "pods.get",
             "pods.list",
+            "pods.patch",
             "pods.evict",
             "events.create",
             "leases.hold",

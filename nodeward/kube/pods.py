@@ -122,6 +122,19 @@ class Pods(Area):
         )
         return result
 
+    @operation("pods.patch")
+    async def set_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> Obj:
+        """Set annotations; a None value removes the annotation."""
+        result: Obj = await self._client.request(
+            "PATCH",
+            core("pods", name, namespace),
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type=MERGE_PATCH,
+        )
+        return result
+
     @operation("pods.delete")
     async def delete(
         self, namespace: str, name: str, *, grace_period: int | None = None, uid: str | None = None

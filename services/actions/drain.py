@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -38,6 +39,8 @@ class DrainResult:
     gone: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
     blocked: dict[str, str] = field(default_factory=dict)
+    held: dict[str, str] = field(default_factory=dict)
+    """Pods the caller's `hold` kept for now (e.g. until their checkpoint is recorded)."""
 
     @property
     def complete(self) -> bool:
@@ -49,6 +52,7 @@ class DrainResult:
             "gone": self.gone,
             "kept": self.kept,
             "blocked": self.blocked,
+            "held": self.held,
             "complete": self.complete,
         }
 
@@ -72,9 +76,22 @@ def keep_reason(pod: Obj, skip_namespaces: list[str]) -> str | None:
     return None
 
 
+Hold = Callable[[Obj], str | None]
+
+
 async def drain(
-    cluster: Cluster, node: str, settings: DrainSettings, exemptions: Exemptions
+    cluster: Cluster,
+    node: str,
+    settings: DrainSettings,
+    exemptions: Exemptions,
+    *,
+    hold: Hold | None = None,
 ) -> DrainResult:
+    """Evict the node's pods but those `keep_reason` or the exemptions keep.
+
+    `hold(pod)` returns why a pod is not to be evicted yet (None: evict it); held pods are
+    reported in `DrainResult.held`, to be evicted by a later drain.
+    """
     log = structlog.get_logger().bind(action="drain", node=node)
     result = DrainResult()
     end = time.monotonic() + settings.deadline.total_seconds()
@@ -83,6 +100,8 @@ async def drain(
         reason = keep_reason(pod, settings.skip_namespaces) or await exemptions.exempt_reason(pod)
         if reason:
             result.kept[_ref(pod)] = reason
+        elif hold is not None and (why := hold(pod)) is not None:
+            result.held[_ref(pod)] = why
         else:
             todo.append(pod)
 
@@ -111,5 +130,6 @@ async def drain(
         evicted=len(result.evicted),
         kept=len(result.kept),
         blocked=len(result.blocked),
+        held=len(result.held),
     )
     return result

@@ -134,6 +134,7 @@ class SimCluster:
         self.bookmark_interval = bookmark_interval
         self.store = Store(history=history)
         self.checkpoints: list[Checkpoint] = []
+        self.checkpoint_delay = 0.0  # seconds each checkpoint takes, as CRIU dumping memory does
         # (identity, method, path, status) of the latest requests, for tests and debugging
         self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
         self.faults: list[Fault] = []
@@ -947,6 +948,8 @@ class SimCluster:
                     f"(rpc error: code = Unknown desc = {failure.message})\n"
                 ),
             )
+        if self.checkpoint_delay:
+            await asyncio.sleep(self.checkpoint_delay)
         stamp = now()
         path = f"/var/lib/kubelet/checkpoints/checkpoint-{pod_name}_{ns}-{container}-{stamp}.tar"
         timeout = request.query.get("timeout")

@@ -1,0 +1,471 @@
+"""`nodeward maintenance start|status|restore`: ask for a node's maintenance, follow it, restore.
+
+`start` validates the request at the edge (node name, times, the node's existence when a
+kubeconfig is at hand), publishes `maintenance.requested`, and waits a little for the
+checkpoint service to take it or refuse it. `status` and `restore` read the service's
+record in KV (`schemas.maintenance.MaintenanceState`); `restore` prints the plan to turn a
+pod's checkpoint archives into images and run the pod elsewhere (it executes nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from pydantic import ValidationError
+
+from nodeward.bus import Bus, BusError, PublishError
+from nodeward.cli.common import echo_json, fail, settings_for
+from nodeward.config import ClusterSettings, Settings
+from nodeward.durations import parse_duration
+from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
+from schemas import decode, make_event
+from schemas.cloudevents import one_line
+from schemas.maintenance import (
+    Maintenance,
+    MaintenancePhase,
+    MaintenanceState,
+    PodPlan,
+    state_key,
+)
+from schemas.tokens import token
+
+maintenance_app = typer.Typer(
+    help="Node maintenance: warn owners, cordon, checkpoint opted-in pods, drain; restore plans.",
+    no_args_is_help=True,
+)
+
+CHECKPOINT_NAME_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
+CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+NatsOpt = Annotated[
+    str | None,
+    typer.Option("--nats", envvar="NODEWARD_NATS_URL", help="NATS URL (default: a running `up`)"),
+]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file")]
+StateDirOpt = Annotated[
+    Path, typer.Option("--state-dir", help="where a running `nodeward up` wrote endpoints.json")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object")]
+
+
+def _node_name(node: str) -> str:
+    if len(node) > 253 or not _DNS_SUBDOMAIN.match(node):
+        raise typer.BadParameter(f"{node!r} is not a Kubernetes node name", param_hint="NODE")
+    return node
+
+
+def parse_at(value: str | None, now: datetime) -> datetime | None:
+    """`--at`: an ISO 8601 time (UTC if no zone), or a duration from now (`10m`)."""
+    if value is None or value == "now":
+        return None
+    try:
+        return now + parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is neither a time (2026-12-01T18:00:00Z) nor a duration (10m)",
+            param_hint="--at",
+        ) from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _bucket(settings: Settings) -> str:
+    return str((settings.services.get("checkpoint") or {}).get("bucket") or "checkpoint")
+
+
+async def _connect(settings: Settings) -> Bus:
+    settings.bus.provision = False
+    try:
+        return await Bus.connect(settings.bus, source="cli/nodeward", wait=False)
+    except BusError as exc:
+        fail(str(exc))
+
+
+async def _check_node(kubeconfig: Path, node: str) -> None:
+    from nodeward.kube import Cluster, KubeError, NotFound
+
+    cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1), service=None)
+    try:
+        await cluster.nodes.get(node)
+    except NotFound:
+        fail(f"no node named {node} in the cluster of {kubeconfig}")
+    except KubeError as exc:
+        fail(f"cannot read node {node} from {kubeconfig}: {exc}")
+    finally:
+        await cluster.close()
+
+
+async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
+    try:
+        kv = await bus.js.key_value(bucket)
+        entry = await kv.get(state_key(node))
+    except (BucketNotFoundError, NotFoundError, KeyNotFoundError):
+        return None
+    if entry.value is None:
+        return None
+    return MaintenanceState.model_validate_json(entry.value)
+
+
+async def _refusal(bus: Bus, node: str, maintenance_id: str) -> str | None:
+    """The error of a `maintenance.failed` the service published for this request, if any."""
+    try:
+        msg = await bus.js.get_last_msg("MAINTENANCE", f"maintenance.failed.{token(node)}")
+    except NotFoundError:
+        return None
+    try:
+        event = decode(msg.subject or "", msg.headers or {}, msg.data or b"")
+    except Exception:  # noqa: BLE001 - an undecodable event is not this request's answer
+        return None
+    data = event.data
+    if isinstance(data, Maintenance) and data.maintenance_id == maintenance_id:
+        return data.error or "failed"
+    return None
+
+
+async def start(  # noqa: PLR0917 - the command's options
+    settings: Settings,
+    node: str,
+    reason: str,
+    at: str | None,
+    deadline: str | None,
+    wait: float,
+    kubeconfig: Path | None,
+    state_dir: Path,
+    as_json: bool,
+) -> None:
+    now = datetime.now(UTC)
+    start_at = parse_at(at, now)
+    deadline_s = None
+    if deadline is not None:
+        try:
+            deadline_s = parse_duration(deadline).total_seconds()
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--deadline") from None
+        if deadline_s <= 0:
+            raise typer.BadParameter("must be longer than 0s", param_hint="--deadline")
+    if kubeconfig is None:
+        running = Endpoints.read(state_dir)
+        kubeconfig = running.kubeconfig if running else None
+    if kubeconfig is not None:
+        await _check_node(kubeconfig, node)
+    maintenance_id = f"mnt-{now:%Y%m%dT%H%M%S}-{node}"
+    try:
+        data = Maintenance(
+            node=node,
+            phase=MaintenancePhase.REQUESTED,
+            maintenance_id=maintenance_id,
+            reason=reason,
+            requested_by="cli/nodeward",
+            start_at=start_at,
+            deadline_s=deadline_s,
+        )
+    except ValidationError as exc:
+        fail(f"invalid request: {one_line(exc)}")
+    bus = await _connect(settings)
+    try:
+        try:
+            await bus.publish(make_event(data, source="cli/nodeward"))
+        except PublishError as exc:
+            fail(f"not published: {exc}")
+        accepted = await _await_answer(bus, _bucket(settings), node, maintenance_id, wait)
+    finally:
+        await bus.close(grace=1)
+    if as_json:
+        echo_json({"maintenance_id": maintenance_id, "node": node, "accepted": accepted})
+        return
+    when = f"at {start_at:%Y-%m-%d %H:%M:%S} UTC" if start_at else "now"
+    if accepted:
+        typer.echo(f"maintenance {maintenance_id} of {node} accepted; starts {when}")
+        typer.echo(f"follow it: nodeward maintenance status {node}")
+    else:
+        typer.echo(
+            f"maintenance {maintenance_id} of {node} requested; the checkpoint service has not "
+            f"taken it within {wait:g}s (is `nodeward service checkpoint` running?)"
+        )
+
+
+async def _await_answer(bus: Bus, bucket: str, node: str, maintenance_id: str, wait: float) -> bool:
+    end = time.monotonic() + wait
+    while True:
+        state = await _state(bus, bucket, node)
+        if state is not None and state.maintenance_id == maintenance_id:
+            return True
+        refused = await _refusal(bus, node, maintenance_id)
+        if refused is not None:
+            fail(f"maintenance of {node} refused: {refused}")
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(0.2)
+
+
+def _pod_line(plan: PodPlan) -> str:
+    archives = ", ".join(c.path or "?" for c in plan.checkpoints)
+    detail = archives or plan.reason or ""
+    return f"  {plan.key:<48} {plan.status:<19} {detail}"
+
+
+def render_status(state: MaintenanceState) -> list[str]:
+    deadline = state.deadline_at()
+    lines = [
+        f"maintenance {state.maintenance_id} of {state.node}: {state.phase.value}"
+        + (" (dry run)" if state.dry_run else ""),
+        f"  reason: {state.reason or '-'}; requested by {state.requested_by or '-'} at "
+        f"{state.requested_at:%Y-%m-%d %H:%M:%S} UTC",
+        f"  starts: {state.start_at:%Y-%m-%d %H:%M:%S} UTC; deadline: "
+        + (
+            f"{deadline:%Y-%m-%d %H:%M:%S} UTC"
+            if deadline
+            else f"{state.deadline_s:g}s after start"
+        ),
+        f"  cordon: {'by nodeward' if state.cordoned else 'not by nodeward'}"
+        + (" (it was cordoned before)" if state.prior_unschedulable else ""),
+    ]
+    if state.pods:
+        lines.append("  pods:")
+        lines += [_pod_line(p) for p in sorted(state.pods.values(), key=lambda p: p.key)]
+    if state.failures:
+        lines.append("  failures:")
+        lines += [f"    {f}" for f in state.failures]
+    if state.error:
+        lines.append(f"  error: {state.error}")
+    return lines
+
+
+async def status(settings: Settings, node: str, as_json: bool) -> None:
+    bus = await _connect(settings)
+    try:
+        state = await _state(bus, _bucket(settings), node)
+    finally:
+        await bus.close(grace=1)
+    if state is None:
+        fail(f"no maintenance recorded for node {node}")
+    if as_json:
+        typer.echo(state.model_dump_json())
+        return
+    for line in render_status(state):
+        typer.echo(line)
+
+
+async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
+    try:
+        kv = await bus.js.key_value(bucket)
+        keys = await kv.keys()
+    except (BucketNotFoundError, NotFoundError, NoKeysError):
+        return []
+    out = []
+    for key in keys:
+        if not key.startswith(("node.", "history.")):
+            continue
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        if entry.value:
+            out.append(MaintenanceState.model_validate_json(entry.value))
+    return out
+
+
+def restore_plan(state: MaintenanceState, plan: PodPlan, registry: str) -> dict[str, Any]:
+    """The image builds (one per container) and the pod manifest that runs it elsewhere."""
+    stamp = min((c.at for c in plan.checkpoints if c.at), default=state.requested_at)
+    tag = stamp.strftime("%Y%m%d%H%M%S")
+    images: dict[str, str] = {}
+    builds: list[dict[str, Any]] = []
+    for record in plan.checkpoints:
+        container = record.pod.container or ""
+        image = f"{registry.rstrip('/')}/checkpoint-{plan.namespace}-{plan.name}-{container}:{tag}"
+        images[container] = image
+        archive = record.path or ""
+        builds.append(
+            {
+                "container": container,
+                "archive": archive,
+                "node": record.node or state.node,
+                "original_image": record.image,
+                "image": image,
+                "commands": [
+                    "newcontainer=$(buildah from scratch)",
+                    f"buildah add $newcontainer {shlex.quote(archive)} /",
+                    f"buildah config --annotation={CHECKPOINT_NAME_ANNOTATION}="
+                    f"{shlex.quote(container)} $newcontainer",
+                    f"buildah commit $newcontainer {shlex.quote(image)}",
+                    "buildah rm $newcontainer",
+                    f"buildah push {shlex.quote(image)}",
+                ],
+                "alternative": f"checkpointctl build {shlex.quote(archive)} {shlex.quote(image)}",
+            }
+        )
+    spec = json.loads(json.dumps(plan.spec))
+    for key in ("nodeName",):
+        spec.pop(key, None)
+    for c in spec.get("containers") or []:
+        if c.get("name") in images:
+            c["image"] = images[c["name"]]
+    if plan.gpus:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), CUDA_CHECKPOINT_LABEL: "true"}
+    labels = {k: v for k, v in plan.labels.items() if k != "pod-template-hash"}
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{plan.name}-restored"[:253],
+            "namespace": plan.namespace,
+            "labels": {**labels, "nodeward.io/restored-from": plan.name[:63]},
+            "annotations": {"nodeward.io/restored-from-maintenance": state.maintenance_id},
+        },
+        "spec": spec,
+    }
+    return {
+        "pod": plan.key,
+        "maintenance_id": state.maintenance_id,
+        "node": state.node,
+        "builds": builds,
+        "manifest": manifest,
+        "notes": [
+            "The archives are on the node, readable by root only: build there (or copy them "
+            "over an encrypted channel: they hold the containers' memory, secrets included).",
+            "Restoring needs CRI-O with CRIU support (enable_criu_support = true) or "
+            "containerd >= 2.1 with CRIU; a GPU pod also a node with CUDA checkpoint support "
+            f"({CUDA_CHECKPOINT_LABEL}=true).",
+            "The original pod's controller may also start a fresh pod; scale it down first if "
+            "the restored one replaces it.",
+        ],
+    }
+
+
+def render_restore(plan: dict[str, Any]) -> str:
+    lines = [
+        f"# Restore plan for {plan['pod']} (maintenance {plan['maintenance_id']}, "
+        f"checkpointed on {plan['node']})",
+        "",
+    ]
+    for i, build in enumerate(plan["builds"], 1):
+        lines.append(
+            f"# {i}. Container {build['container']}: on node {build['node']}, build an image "
+            f"from {build['archive']}"
+        )
+        lines += build["commands"]
+        lines.append(f"#    or: {build['alternative']}")
+        lines.append("")
+    lines.append("# Then run the pod from the checkpoint images on another node:")
+    lines.append("kubectl apply -f - <<'EOF'")
+    lines.append(yaml.safe_dump(plan["manifest"], sort_keys=False).rstrip())
+    lines.append("EOF")
+    lines.append("")
+    lines += [f"# Note: {n}" for n in plan["notes"]]
+    return "\n".join(lines)
+
+
+async def restore(settings: Settings, pod: str, registry: str, as_json: bool) -> None:
+    namespace, _, name = pod.partition("/")
+    if not name or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
+        raise typer.BadParameter(f"{pod!r} is not NAMESPACE/POD", param_hint="POD")
+    bus = await _connect(settings)
+    try:
+        states = sorted(
+            await _states(bus, _bucket(settings)), key=lambda s: s.requested_at, reverse=True
+        )
+    finally:
+        await bus.close(grace=1)
+    found = [
+        (s, s.pods[pod])
+        for s in states
+        if pod in s.pods and s.pods[pod].status == "checkpointed" and s.pods[pod].checkpoints
+    ]
+    if not found:
+        known = [s.pods[pod] for s in states if pod in s.pods]
+        if known:
+            why = known[0].reason or {
+                "not_opted_in": "it did not opt in (label nodeward.io/checkpoint=true)",
+                "pending": "its checkpoint is still to be taken",
+            }.get(known[0].status, known[0].status)
+            fail(f"pod {pod} has no recorded checkpoint: {why}")
+        fail(f"no checkpoint recorded for pod {pod}")
+    state, plan = max(found, key=lambda f: f[0].requested_at)
+    result = restore_plan(state, plan, registry)
+    if as_json:
+        echo_json(result)
+    else:
+        typer.echo(render_restore(result))
+
+
+@maintenance_app.command("start")
+def start_command(  # noqa: PLR0917 - typer maps parameters to options
+    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    reason: Annotated[str, typer.Option("--reason", help="why (owners are told)")] = "",
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="when the work starts: a time (2026-12-01T18:00:00Z) or 10m"),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option("--deadline", help="every pod gone this long after the start (e.g. 30m)"),
+    ] = None,
+    wait: Annotated[
+        float, typer.Option("--wait", min=0, help="seconds to wait for the service's answer")
+    ] = 10.0,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option("--kubeconfig", help="check the node exists (default: a running `up`'s)"),
+    ] = None,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Request a node's maintenance: owners warned, cordon, checkpoints, drain."""
+    asyncio.run(
+        start(
+            settings_for(config, nats, state_dir),
+            node,
+            reason,
+            at,
+            deadline,
+            wait,
+            kubeconfig,
+            state_dir,
+            as_json,
+        )
+    )
+
+
+@maintenance_app.command("status")
+def status_command(
+    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where a node's (latest) maintenance stands: phase, pods, checkpoints, failures."""
+    asyncio.run(status(settings_for(config, nats, state_dir), node, as_json))
+
+
+@maintenance_app.command("restore")
+def restore_command(  # noqa: PLR0917 - typer maps parameters to options
+    pod: Annotated[str, typer.Argument(metavar="POD", help="NAMESPACE/NAME")],
+    registry: Annotated[
+        str, typer.Option("--registry", help="where the checkpoint images are pushed")
+    ] = "localhost/checkpoints",
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the restore plan of a checkpointed pod (image builds and the pod manifest)."""
+    asyncio.run(restore(settings_for(config, nats, state_dir), pod, registry, as_json))
