@@ -52,7 +52,7 @@ from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.errors import CheckpointFailed, Forbidden
-from nodeward.platform import Component, Standalone, UpContext, bus_daemon
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, PodRef
 from schemas.ids import stable_id
@@ -934,15 +934,7 @@ async def build(settings: Settings) -> Daemon:
     """The checkpoint service's daemon: a consumer on `maintenance.requested.>` and the
     workflow loop. `settings.cluster` must authenticate as its ServiceAccount."""
     config: CheckpointSettings = section(settings, "services", NAME, CheckpointSettings)
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
-    cluster = Cluster.connect(settings.cluster, service=NAME)
-    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
-
-    async def close() -> None:
-        await bus.close(grace=grace)
-        await cluster.close()
-
-    daemon.add_shutdown_hook(close)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
     service = CheckpointService(

@@ -48,6 +48,12 @@ async def test_posting_the_sample_isolates_the_one_pod_within_2s(tmp_path: Path)
         assert token_file.parent == state.resolve()
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         token = token_file.read_text().strip()
+        # The banner follows endpoints.json: wait for it before reading it.
+        await wait_for(
+            lambda: "Ctrl-C stops everything" in (tmp_path / "up.log").read_text(),
+            timeout=30,
+            what="the banner",
+        )
         printed = (tmp_path / "up.log").read_text()
         assert f"POST alerts to {url}" in printed and str(token_file) in printed
         assert token not in printed  # the token itself is never printed or logged

@@ -30,10 +30,11 @@ from schemas.session import (
 )
 from services.culler import build
 from tests.integration.cordon_fixtures import read_stream
+from tests.integration.simkube import RunsService
 
 
 @dataclass
-class CullerEnv:
+class CullerEnv(RunsService):
     """A sim cluster with one node and its session pods in namespace `ns`; the culler's settings."""
 
     sim: SimCluster
@@ -46,15 +47,7 @@ class CullerEnv:
     seed: Seed
     daemons: list[Daemon] = field(default_factory=list)
 
-    async def start(self) -> Daemon:
-        daemon = await build(self.settings)
-        await daemon.start()
-        self.daemons.append(daemon)
-        return daemon
-
-    async def stop(self, daemon: Daemon) -> None:
-        await daemon.stop()
-        self.daemons.remove(daemon)
+    build = staticmethod(build)
 
     def kind(self, pod: str) -> SessionKind:
         return SessionKind.NOTEBOOK if pod.startswith("nb-") else SessionKind.SSH

@@ -33,12 +33,13 @@ from schemas.notify import Notification
 from services.checkpoint import build
 from services.maintenance_plan import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL
 from tests.integration.cordon_fixtures import read_stream
+from tests.integration.simkube import RunsService
 
 NS = "ml-team"
 
 
 @dataclass
-class MaintenanceEnv:
+class MaintenanceEnv(RunsService):
     """One sim node `node` with pods in namespace `ns`, and the checkpoint service's settings."""
 
     sim: SimCluster
@@ -49,15 +50,7 @@ class MaintenanceEnv:
     bucket: str
     daemons: list[Daemon] = field(default_factory=list)
 
-    async def start(self) -> Daemon:
-        daemon = await build(self.settings)
-        await daemon.start()
-        self.daemons.append(daemon)
-        return daemon
-
-    async def stop(self, daemon: Daemon) -> None:
-        await daemon.stop()
-        self.daemons.remove(daemon)
+    build = staticmethod(build)
 
     def request(
         self, *, node: str | None = None, deadline_s: float = 5.0, mid: str | None = None

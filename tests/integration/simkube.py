@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from nodeward.config import ClusterSettings
+from nodeward.config import ClusterSettings, Settings
+from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from nodeward.sim.cluster import SimCluster
@@ -86,3 +88,21 @@ def kubectl_version(binary: str) -> str:
         return str(json.loads(out.stdout)["clientVersion"]["gitVersion"])
     except (ValueError, KeyError):
         return "unknown"
+
+
+class RunsService:
+    """For a test env with `settings` and a `daemons` list: run the service (`build`) in it."""
+
+    settings: Settings
+    daemons: list[Daemon]
+    build: ClassVar[Callable[[Settings], Awaitable[Daemon]]]
+
+    async def start(self) -> Daemon:
+        daemon = await type(self).build(self.settings)
+        await daemon.start()
+        self.daemons.append(daemon)
+        return daemon
+
+    async def stop(self, daemon: Daemon) -> None:
+        await daemon.stop()
+        self.daemons.remove(daemon)

@@ -114,7 +114,9 @@ async def test_opted_in_pods_checkpointed_before_any_eviction_then_drained(
     assert "checkpoints every container" in users[f"user:{NS}/train-0"].body
     assert "did not opt into checkpoints" in users[f"user:{NS}/web-0"].body
     assert all(n.deadline is not None for n in users.values())
-    actions = {a.action for a in await audits(env.bus, "*")} & {
+    actions = {
+        a.action for a in await audits(env.bus, "*") if a.details.get("node") == env.node
+    } & {
         "announce",
         "cordon",
         "checkpoint",
@@ -154,7 +156,11 @@ async def test_failed_checkpoint_holds_the_pod_until_the_deadline_and_tells_why(
     owner = [n for n in notices if n.audience == f"user:{NS}/ssh-0" and "could not" in n.title]
     assert len(owner) == 1 and owner[0].deadline == deadline
     assert "checkpoint/restore support not available" in owner[0].body
-    failed = [a for a in await audits(env.bus, "checkpoint") if a.outcome.value == "failed"]
+    failed = [
+        a
+        for a in await audits(env.bus, "checkpoint")  # the stream is shared by other tests
+        if a.outcome.value == "failed" and a.details.get("node") == env.node
+    ]
     assert [a.target.name for a in failed] == ["ssh-0"]
     everything = [e.data for e in await read_stream(env.bus, "NOTIFY", "notify.*.maintenance")]
     oncall = [
@@ -194,7 +200,11 @@ async def test_gpu_pod_on_a_node_without_cuda_checkpoint_is_reported_not_checkpo
     assert any(f.startswith(f"{NS}/notebook-0: evicted at the deadline") for f in done.failures)
     assert done.pods[f"{NS}/train-0"].status == "checkpointed"  # CPU pods still are
     assert f"{NS}/keep-0" not in done.pods and "keep-0" in await env.pods()  # exempt: stays
-    skipped = [a for a in await audits(env.bus, "checkpoint") if a.guard == "no_cuda_checkpoint"]
+    skipped = [
+        a
+        for a in await audits(env.bus, "checkpoint")
+        if a.guard == "no_cuda_checkpoint" and a.details.get("node") == env.node
+    ]
     assert [a.target.name for a in skipped] == ["notebook-0"]
     owner = [n for n in await env.notices() if n.audience == f"user:{NS}/notebook-0"]
     assert owner and "cannot be checkpointed" in owner[0].body
