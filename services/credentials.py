@@ -262,10 +262,11 @@ class CredentialsService:
         with structlog.contextvars.bound_contextvars(
             namespace=due.namespace, credential=due.secret, kind=due.kind.value, event_id=event.id
         ):
+            # One holder per attempt: two handlers of this replica exclude each other too.
             lock = Lease(
                 self.locks,
                 f"{due.namespace}.{due.secret}",
-                self.holder,
+                f"{self.holder}/{uuid.uuid4().hex[:8]}",
                 ttl=self.settings.lock_ttl.total_seconds(),
             )
             if not await lock.try_acquire():

@@ -121,6 +121,12 @@ class CredsEnv:
         self.daemons.append(daemon)
         return daemon
 
+    async def consumer_idle(self) -> bool:
+        """True once the renewers have acked every due event published so far."""
+        consumer = self.settings.services["credentials"]["consumer"]
+        info = await self.bus.js.consumer_info("CREDENTIALS", consumer)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
     async def stop_all(self) -> None:
         for daemon in list(self.daemons):
             await daemon.stop()
@@ -129,7 +135,7 @@ class CredsEnv:
     async def put_secret(
         self,
         name: str,
-        kind: str,
+        kind: str | None,
         data: dict[str, bytes],
         annotations: dict[str, str] | None = None,
     ) -> dict[str, Any]:
@@ -139,7 +145,7 @@ class CredsEnv:
             "metadata": {
                 "name": name,
                 "namespace": self.ns,
-                "labels": {LABEL: kind},
+                "labels": {LABEL: kind} if kind else {},
                 "annotations": annotations or {},
             },
             "type": "Opaque",

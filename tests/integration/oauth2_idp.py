@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,8 @@ class IdP:
         self.refreshes = 0
         self.down = False
         self.url = ""
+        self.on_refresh: Callable[[], None] | None = None
+        """Called (in the server's thread) before a refresh is answered."""
 
     def client(self, client_id: str) -> Client:
         with self.lock:
@@ -192,6 +194,9 @@ def make_app(idp: IdP) -> Flask:
     def issue_token() -> Any:
         if idp.down:
             return jsonify(error="temporarily_unavailable"), 503
+        hook = idp.on_refresh
+        if hook is not None:
+            hook()
         return server.create_token_response()
 
     @app.get("/whoami")
