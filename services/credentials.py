@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+import httpx
 import structlog
 from pydantic import Field
 
@@ -209,6 +210,7 @@ class CredentialsService:
         self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
         self.log = structlog.get_logger().bind(service=NAME, replica=self.holder)
+        self.http = httpx.AsyncHTTPTransport(retries=1)
         self.scheduler = Scheduler(
             bus,
             cluster,
@@ -366,7 +368,10 @@ class CredentialsService:
             tokens = oauth2.token_set(cred, CLIENT_SECRET)
             client_secret = await self._client_secret(cred, tokens)
             refreshed = await oauth2.refresh(
-                tokens, client_secret, timeout=self.settings.http_timeout.total_seconds()
+                tokens,
+                client_secret,
+                timeout=self.settings.http_timeout.total_seconds(),
+                transport=self.http,
             )
             data, expires_at, rotated = refreshed.data, refreshed.expires_at, refreshed.rotated
             renewable_until, principal = None, tokens.client_id
@@ -631,6 +636,7 @@ async def build(settings: Settings) -> Daemon:
 
     daemon.add_task(consume, name="consume")
     daemon.add_task(schedule, name="schedule")
+    daemon.add_shutdown_hook(service.http.aclose)
     return daemon
 
 

@@ -65,19 +65,30 @@ class Refreshed:
     rotated: bool
 
 
-async def refresh(tokens: TokenSet, client_secret: str | None, *, timeout: float) -> Refreshed:
+async def refresh(
+    tokens: TokenSet,
+    client_secret: str | None,
+    *,
+    timeout: float,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Refreshed:
     """One refresh-token grant through authlib. Raises `NeedsUser` or `Transient`; never
-    returns a partial set. Error texts carry the server's error code, never a token."""
+    returns a partial set. Error texts carry the server's error code, never a token.
+
+    `transport`: one connection pool shared by every refresh (the caller closes it); a
+    client of its own per refresh otherwise.
+    """
+    client = AsyncOAuth2Client(
+        client_id=tokens.client_id,
+        client_secret=client_secret,
+        token_endpoint_auth_method="client_secret_basic" if client_secret else "none",
+        timeout=timeout,
+        transport=transport,
+    )
     try:
-        async with AsyncOAuth2Client(
-            client_id=tokens.client_id,
-            client_secret=client_secret,
-            token_endpoint_auth_method="client_secret_basic" if client_secret else "none",
-            timeout=timeout,
-        ) as client:
-            token = await client.refresh_token(
-                tokens.token_endpoint, refresh_token=tokens.refresh_token
-            )
+        token = await client.refresh_token(
+            tokens.token_endpoint, refresh_token=tokens.refresh_token
+        )
     except OAuthError as exc:
         code = str(exc.error or "error")
         if code in _USER_ERRORS:
@@ -89,6 +100,9 @@ async def refresh(tokens: TokenSet, client_secret: str | None, *, timeout: float
         raise Transient(f"the token endpoint is unreachable ({type(exc).__name__})") from None
     except ValueError:
         raise Transient("the token endpoint answered something that is not a token") from None
+    finally:
+        if transport is None:
+            await client.aclose()
     access = token.get("access_token")
     if not access:
         raise Transient("the token endpoint answered without an access_token")

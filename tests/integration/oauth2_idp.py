@@ -22,7 +22,12 @@ import pytest
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from flask import Flask, g, jsonify, request
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:
+        """No access log: the tests read the server's counters instead."""
 
 
 @dataclass
@@ -220,7 +225,7 @@ class RunningIdP:
 
 def start_idp(expires_in: int = 3600) -> tuple[IdP, Any, threading.Thread]:
     idp = IdP(expires_in)
-    server = make_server("127.0.0.1", 0, make_app(idp), threaded=True)
+    server = make_server("127.0.0.1", 0, make_app(idp), threaded=True, request_handler=_Quiet)
     idp.url = f"http://127.0.0.1:{server.server_port}"
     thread = threading.Thread(target=server.serve_forever, name="test-idp", daemon=True)
     thread.start()
