@@ -25,9 +25,11 @@ Credential values never leave: not in logs, events, notices or metrics.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -41,7 +43,14 @@ from nodeward.bus.kv import Lease
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
-from nodeward.kube import Cluster, Conflict, NotFound
+from nodeward.kube import (
+    Cluster,
+    Conflict,
+    NotFound,
+    ServerError,
+    TooManyRequests,
+    Unavailable,
+)
 from nodeward.kube.base import Obj, copied
 from nodeward.kube.secrets import decode
 from nodeward.platform import Standalone, acting_daemon
@@ -431,11 +440,13 @@ class CredentialsService:
             merged = {**(meta.get("annotations") or {}), **annotations}
             meta["annotations"] = {k: v for k, v in merged.items() if v is not None}
             try:
-                return await self.cluster.secrets.write(body)
+                return await self._persist(functools.partial(self.cluster.secrets.write, body))
             except Conflict:
                 self.log.info("credentials.write_conflict")
             try:
-                latest = read(await self.cluster.secrets.get(cred.namespace, cred.name))
+                latest = read(
+                    await self._persist(lambda: self.cluster.secrets.get(cred.namespace, cred.name))
+                )
             except (InvalidSecret, NotFound):
                 self.log.info("credentials.replaced_meanwhile")
                 return None
@@ -444,6 +455,18 @@ class CredentialsService:
                 return None
             base = latest
         raise Transient("the Secret kept changing under every write")
+
+    async def _persist(self, call: Callable[[], Awaitable[Obj]]) -> Obj:
+        """`call()`, outlasting an API server outage of about 15 s more than the client's
+        own retries: a renewed credential (a rotated refresh token) exists only in memory
+        until it is written, and the old one may already be revoked."""
+        for delay in (0.5, 1.0, 2.0, 4.0, 8.0):
+            try:
+                return await call()
+            except (Unavailable, ServerError, TooManyRequests) as exc:
+                self.log.warning("credentials.write_retry", error=str(exc), delay_s=delay)
+                await asyncio.sleep(delay)
+        return await call()
 
     # telling people ---------------------------------------------------------------------
     async def _needs_user(

@@ -7,12 +7,20 @@ gone or the client is refused) and what may pass (`Transient`: the IdP is down o
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from authlib.integrations.base_client.errors import OAuthError
-from authlib.integrations.httpx_client import AsyncOAuth2Client
+
+with warnings.catch_warnings():
+    # authlib 1.7 announces a move to `httpx2` on import (its own filter says "always",
+    # set when authlib.deprecate loads); its httpx client works as it is.
+    import authlib.deprecate  # noqa: F401 - loaded first, so the filter below wins
+
+    warnings.simplefilter("ignore")
+    from authlib.integrations.base_client.errors import OAuthError
+    from authlib.integrations.httpx_client import AsyncOAuth2Client
 
 from services.credentials_secret import Credential, Invalid, NeedsUser, Transient, parse_time
 
