@@ -204,6 +204,29 @@ def make_app(idp: IdP) -> Flask:
             hook()
         return server.create_token_response()
 
+    @app.get("/stats")
+    def stats() -> Any:
+        with idp.lock:
+            return jsonify(
+                refreshes=idp.refreshes,
+                reuse_detected=idp.reuse_detected,
+                max_presented=max(idp.presented.values(), default=0),
+            )
+
+    @app.post("/issue")
+    def issue() -> Any:
+        """Grants for the benchmark's seed (a test server: no authentication)."""
+        body = request.get_json(force=True)
+        client = idp.client(str(body["client_id"]))
+        tokens = [
+            idp.issue(client.client_id, int(body.get("expires_in", 3600)))
+            for _ in range(int(body["count"]))
+        ]
+        return jsonify(
+            client_secret=client.client_secret,
+            tokens=[[t.access_token, t.refresh_token] for t in tokens],
+        )
+
     @app.get("/whoami")
     def whoami() -> Any:
         bearer = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
@@ -230,6 +253,14 @@ def start_idp(expires_in: int = 3600) -> tuple[IdP, Any, threading.Thread]:
     thread = threading.Thread(target=server.serve_forever, name="test-idp", daemon=True)
     thread.start()
     return idp, server, thread
+
+
+def serve_forever(urls: Any) -> None:
+    """Run the server in this (child) process; its URL goes into the `urls` queue."""
+    idp = IdP()
+    server = make_server("127.0.0.1", 0, make_app(idp), threaded=True, request_handler=_Quiet)
+    urls.put(f"http://127.0.0.1:{server.server_port}")
+    server.serve_forever()
 
 
 @pytest.fixture
