@@ -182,3 +182,26 @@ def _b64(text: str) -> str:
     import base64
 
     return base64.b64encode(text.encode()).decode()
+
+
+async def test_idp_down_retries_then_renews_without_losing_the_grant(
+    creds_env: EnvFactory, oauth2_idp: IdP
+) -> None:
+    env = await creds_env(renew_when_left=0.9, page_when_left="1s")
+    data = await put_tokens(env, oauth2_idp, "later", expires_in=60)
+    oauth2_idp.down = True
+    await env.start()
+
+    async def retried() -> bool:
+        return len(await env.failed("later")) >= 2
+
+    await wait_for(retried, timeout=15, what="retries while the IdP is down")
+    failed = await env.failed("later")
+    assert all(f.retryable and "HTTP 503" in f.error for f in failed)
+    assert await env.user_notices("later") == []
+    assert all(n.severity.value != "critical" for n in await env.oncall_notices("later"))
+    assert (await env.data("later"))["refresh_token"] == data["refresh_token"]
+    oauth2_idp.down = False
+    await wait_for(lambda: env.renewed("later"), timeout=15, what="renewed once the IdP is back")
+    assert oauth2_idp.authenticates((await env.data("later"))["access_token"].decode())
+    assert oauth2_idp.reuse_detected == 0
