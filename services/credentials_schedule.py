@@ -109,6 +109,8 @@ class Scheduler:
                     await self.scan()
             except KubeError as exc:
                 self.log.warning("credentials.scan_failed", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - one bad pass must not end the scheduler
+                self.log.error("credentials.scan_crashed", error_type=type(exc).__name__)
             await asyncio.sleep(self.interval)
 
     async def release(self) -> None:
@@ -160,6 +162,14 @@ class Scheduler:
             when = self.due_of(cred, timing)
         except Invalid:
             return self._event(cred, None, now, now)  # the renewer says what is wrong
+        except Exception as exc:  # noqa: BLE001 - one odd Secret must not stop the scan
+            self.log.warning(
+                "credentials.unreadable",
+                namespace=cred.namespace,
+                name=cred.name,
+                error_type=type(exc).__name__,
+            )
+            return self._event(cred, None, now, now)
         if when > now:
             return None
         return self._event(cred, timing, when, now)

@@ -29,12 +29,12 @@ async def test_ticket_renewed_before_expiry_workload_authenticates_three_lifetim
 ) -> None:
     """The issue's done-when: a workload reading the Secret keeps authenticating across
     three ticket lifetimes, because nodeward renews the TGT in the Secret before it expires."""
-    env = await creds_env(**_settings(kdc))
-    original = kinit(kdc, tmp_path / "cc", life="4s", renew="1h")
+    env = await creds_env(**_settings(kdc, renew_when_left=0.6))
+    original = kinit(kdc, tmp_path / "cc", life="5s", renew="1h")
     await env.put_secret("krb", "kerberos", {"krb5cc": original})
     await env.start()
     loop = asyncio.get_running_loop()
-    end = loop.time() + 3 * 4 + 1
+    end = loop.time() + 3 * 5 + 1
     checks = 0
     seen: set[bytes] = set()
     while loop.time() < end:  # the workload: reads the mounted Secret, authenticates
@@ -43,7 +43,7 @@ async def test_ticket_renewed_before_expiry_workload_authenticates_three_lifetim
         assert authenticates(kdc, ccache, tmp_path) == kdc.user_princ
         checks += 1
         await asyncio.sleep(0.5)  # the workload's own pace
-    assert checks >= 20
+    assert checks >= 15
     renewed = await env.renewed("krb")
     assert len(renewed) >= 3, renewed
     assert len(seen) >= 4  # the original and at least three renewals
