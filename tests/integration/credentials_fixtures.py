@@ -121,6 +121,10 @@ class CredsEnv:
         self.daemons.append(daemon)
         return daemon
 
+    @property
+    def lease(self) -> str:
+        return str(self.settings.services["credentials"]["lease"])
+
     async def consumer_idle(self) -> bool:
         """True once the renewers have acked every due event published so far."""
         consumer = self.settings.services["credentials"]["consumer"]

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
+from authlib.oauth2.rfc6750 import BearerTokenGenerator
 from flask import Flask, g, jsonify, request
 from werkzeug.serving import WSGIRequestHandler, make_server
 
@@ -159,8 +160,6 @@ class IdP:
 
 def make_app(idp: IdP) -> Flask:
     app = Flask("nodeward-test-idp")
-    app.config["OAUTH2_TOKEN_EXPIRES_IN"] = {"refresh_token": idp.expires_in}
-    app.config["OAUTH2_REFRESH_TOKEN_GENERATOR"] = True
 
     def query_client(client_id: str) -> Client | None:
         with idp.lock:
@@ -194,6 +193,16 @@ def make_app(idp: IdP) -> Flask:
 
     server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
     server.register_grant(Refresh)
+
+    def random_token(**_: Any) -> str:
+        return secrets.token_urlsafe(32)
+
+    def lifetime(client: Any, grant_type: str) -> int:
+        return idp.expires_in  # read per refresh: a test may change it
+
+    server.register_token_generator(
+        "default", BearerTokenGenerator(random_token, random_token, lifetime)
+    )
 
     @app.post("/token")
     def issue_token() -> Any:

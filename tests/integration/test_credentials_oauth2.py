@@ -15,6 +15,7 @@ from schemas.base import make_event
 from schemas.credentials import CredentialDue, CredentialKind
 from services.credentials_secret import CLIENT_SECRET, STATUS
 from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import read_stream
 from tests.integration.credentials_fixtures import CredsEnv, EnvFactory
 from tests.integration.oauth2_idp import IdP
 
@@ -205,3 +206,29 @@ async def test_idp_down_retries_then_renews_without_losing_the_grant(
     await wait_for(lambda: env.renewed("later"), timeout=15, what="renewed once the IdP is back")
     assert oauth2_idp.authenticates((await env.data("later"))["access_token"].decode())
     assert oauth2_idp.reuse_detected == 0
+
+
+async def test_one_scheduler_among_replicas_announces_each_due_credential_once(
+    creds_env: EnvFactory, oauth2_idp: IdP
+) -> None:
+    """Two replicas, one Lease: every due credential is announced once and refreshed once."""
+    env = await creds_env(renew_when_left=0.9, republish_after="60s")
+    names = [f"tok-{i}" for i in range(5)]
+    for name in names:
+        await put_tokens(env, oauth2_idp, name, expires_in=30)
+    oauth2_idp.expires_in = 3600  # renewed tokens are not due again during the test
+    await env.start()
+    await env.start()
+
+    async def all_renewed() -> bool:
+        return all([await env.renewed(n) for n in names])
+
+    await wait_for(all_renewed, timeout=20, what="every credential renewed")
+    await asyncio.sleep(1.0)  # three more scans by whichever replica leads
+    dues = await read_stream(env.bus, "CREDENTIALS", f"credentials.due.{env.ns}.>")
+    assert sorted(e.data.secret for e in dues) == sorted(names)
+    assert oauth2_idp.refreshes == len(names)
+    lease = await env.client.request(
+        "GET", f"/apis/coordination.k8s.io/v1/namespaces/nodeward/leases/{env.lease}"
+    )
+    assert lease["spec"]["holderIdentity"]
