@@ -48,6 +48,12 @@ async def test_ticket_renewed_before_expiry_workload_authenticates_three_lifetim
     assert len(renewed) >= 3, renewed
     assert len(seen) >= 4  # the original and at least three renewals
     assert all(r.principal == kdc.user_princ and r.renewable_until for r in renewed)
+    # Its renewable life (1 h) ends within user_notice_before (1 day): the owner is told,
+    # once, well before, while the renewals go on.
+    notices = await env.user_notices("krb")
+    assert len(notices) == 1, notices
+    assert "stops being renewable" in notices[0].title
+    assert notices[0].deadline == renewed[-1].renewable_until
     annotations = await env.annotations("krb")
     assert annotations[STATUS] == "ok"
     assert EXPIRES in annotations and RENEWED_AT in annotations
