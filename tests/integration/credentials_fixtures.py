@@ -60,14 +60,17 @@ def kdc() -> Iterator[Any]:
     if missing:
         pytest.skip(f"MIT Kerberos not installed (no {', '.join(missing)}): scripts/system-deps.sh")
     k5test = pytest.importorskip("k5test")
-    os.environ["PATH"] += ":/usr/sbin"
-    realm = k5test.K5Realm(
-        portbase=_free_base(),
-        kdc_conf={"realms": {"$realm": {"max_renewable_life": "1h", "max_life": "1h"}}},
-        krb5_conf={"libdefaults": {"renew_lifetime": "1h"}},
-    )
-    yield realm
-    realm.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", os.environ["PATH"] + ":/usr/sbin")  # krb5kdc, kdb5_util
+        realm = k5test.K5Realm(
+            portbase=_free_base(),
+            kdc_conf={"realms": {"$realm": {"max_renewable_life": "1h", "max_life": "1h"}}},
+            krb5_conf={"libdefaults": {"renew_lifetime": "1h"}},
+        )
+        try:
+            yield realm
+        finally:
+            realm.stop()
 
 
 def kinit(realm: Any, path: Path, *, life: str, renew: str | None) -> bytes:
