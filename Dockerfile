@@ -7,12 +7,20 @@ COPY schemas ./schemas
 COPY nodeward ./nodeward
 COPY agents ./agents
 COPY services ./services
+# krb5 and gssapi (services.credentials) build against MIT Kerberos.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends gcc libc6-dev libkrb5-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/nodeward \
  && /opt/nodeward/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/nodeward/bin/pip install --no-cache-dir .
 
 FROM python:3.11-slim
 COPY --from=build /opt/nodeward /opt/nodeward
+# The Kerberos libraries krb5 and gssapi load at run time.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends libgssapi-krb5-2 libkrb5-3 \
+ && rm -rf /var/lib/apt/lists/*
 # The RBAC manifests the sim cluster enforces (`nodeward up`, `nodeward sim cluster`): it looks
 # for deploy/rbac next to the installed packages (nodeward.sim.cluster.rbac.default_rbac_dir).
 COPY deploy/rbac /opt/nodeward/lib/python3.11/site-packages/deploy/rbac

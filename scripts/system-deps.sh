@@ -11,6 +11,10 @@ NEEDED=(
   "prometheus-alertmanager:prometheus-alertmanager"
   "openipmi:ipmi_sim"
   "ipmitool:ipmitool"
+  "krb5-kdc:krb5kdc"
+  "krb5-admin-server:kadmind"
+  "krb5-user:kinit"
+  "libkrb5-dev:krb5-config"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

@@ -55,6 +55,7 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "pods.evict": _p("pods/eviction", "create"),
     "events.create": _p("events", "create", group="events.k8s.io"),
     "secrets.get": _p("secrets", "get"),
+    "secrets.list": _p("secrets", "list"),
     "secrets.replace": _p("secrets", "get", "update"),
     "secrets.patch": _p("secrets", "get", "patch"),
     "notebooks.get": _p("notebooks", "get", group="kubeflow.org"),
@@ -99,6 +100,7 @@ SERVICES: dict[str, frozenset[str]] = {
     "credentials": frozenset(
         {
             "secrets.get",
+            "secrets.list",
             "secrets.replace",
             "secrets.patch",
             "events.create",

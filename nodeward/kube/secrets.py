@@ -69,3 +69,27 @@ class Secrets(Area):
             return result
 
         return await self._on_conflict_retry(attempt)
+
+    @operation("secrets.list")
+    async def list(
+        self, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> list[Obj]:
+        """Secrets in `namespace` (all namespaces if None) matching `label_selector`."""
+        listing = await self._client.request(
+            "GET",
+            core("secrets", namespace=namespace or ""),
+            query={"labelSelector": label_selector},
+        )
+        return list(listing.get("items") or [])
+
+    @operation("secrets.replace")
+    async def write(self, secret: Obj) -> Obj:
+        """PUT `secret` guarded by the resourceVersion it carries: `Conflict` (409) if the
+        Secret changed since it was read. The caller re-reads and decides again."""
+        meta = secret["metadata"]
+        if not meta.get("resourceVersion"):
+            raise ValueError("secrets.write needs the resourceVersion the Secret was read at")
+        result: Obj = await self._client.request(
+            "PUT", core("secrets", meta["name"], meta["namespace"]), body=secret
+        )
+        return result
