@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(BIN)/python -m pip install -q -e '.[kerberos]' || echo "nodeward: Kerberos support not built (it needs libkrb5-dev and a C compiler: scripts/system-deps.sh as root); Kerberos renewal and its tests are left out" >&2
 	@touch $(STAMP)
 
 venv: $(STAMP)

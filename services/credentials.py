@@ -64,7 +64,6 @@ from schemas.credentials import (
 from schemas.ids import stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome
-from services import credentials_kerberos as kerberos
 from services import credentials_oauth2 as oauth2
 from services.actions import ActionRunner, Auditor, Proposal
 from services.credentials_schedule import Scheduler, Timing, due_at
@@ -72,6 +71,7 @@ from services.credentials_secret import (
     CHECKED,
     CLIENT_SECRET,
     EXPIRES,
+    KEYTAB,
     RENEWABLE_UNTIL,
     RENEWED_AT,
     STATUS,
@@ -138,6 +138,19 @@ _STEPS: dict[str, list[str]] = {
         "nodeward reads it again as soon as it changes.",
     ],
 }
+
+
+def _kerberos() -> Any:
+    """`services.credentials_kerberos`, which needs the `kerberos` extra (pykrb5, gssapi:
+    built against MIT Kerberos). Without it a Kerberos credential fails as transient, and
+    on-call is paged as its expiry nears: an operator must install it."""
+    try:
+        from services import credentials_kerberos
+    except ImportError as exc:
+        raise Transient(
+            f"Kerberos support is not installed here ({exc.name}): pip install 'nodeward[kerberos]'"
+        ) from None
+    return credentials_kerberos
 
 
 class CredentialsSettings(Section):
@@ -248,7 +261,7 @@ class CredentialsService:
     # timing -----------------------------------------------------------------------------
     async def timing(self, cred: Credential) -> Timing:
         if cred.kind == CredentialKind.KERBEROS:
-            return await asyncio.to_thread(kerberos.timing, cred)
+            return await asyncio.to_thread(_kerberos().timing, cred)
         tokens = oauth2.token_set(cred, CLIENT_SECRET)
         issued = tokens.issued_at
         if issued is None and cred.annotations.get(RENEWED_AT):
@@ -369,7 +382,7 @@ class CredentialsService:
         rotated = False
         if cred.kind == CredentialKind.KERBEROS:
             renewal = await asyncio.to_thread(
-                kerberos.renew, cred, verify_service=self.settings.verify_service
+                _kerberos().renew, cred, verify_service=self.settings.verify_service
             )
             data, expires_at = renewal.data, renewal.expires_at
             renewable_until, principal = renewal.renewable_until, renewal.principal
@@ -386,7 +399,7 @@ class CredentialsService:
             renewable_until, principal = None, tokens.client_id
         warn = (
             renewable_until is not None
-            and kerberos.KEYTAB not in cred.data
+            and KEYTAB not in cred.data
             and renewable_until - now < self.settings.user_notice_before
             and cred.annotations.get(WARNED) != stamp(renewable_until)
         )

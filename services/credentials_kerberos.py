@@ -20,11 +20,15 @@ import gssapi
 import krb5
 
 from services.credentials_schedule import Timing
-from services.credentials_secret import Credential, Invalid, NeedsUser, Transient
-
-CCACHE = "krb5cc"
-KEYTAB = "keytab"
-PRINCIPAL = "principal"
+from services.credentials_secret import (
+    CCACHE,
+    KEYTAB,
+    PRINCIPAL,
+    Credential,
+    Invalid,
+    NeedsUser,
+    Transient,
+)
 
 # Failures a retry may mend (the KDC down, slow or unreachable); matched on MIT's messages.
 _TRANSIENT = (

@@ -38,6 +38,9 @@ WARNED = PREFIX + "warned"
 """The end (renewable life) the owner was last warned about, so it is said once."""
 RENEW_BEFORE = "nodeward.io/renew-before"
 CLIENT_SECRET = "nodeward.io/client-secret"  # noqa: S105 - an annotation name, not a secret
+CCACHE = "krb5cc"  # the Secret's key holding a Kerberos ticket cache
+KEYTAB = "keytab"  # ... or a keytab (with PRINCIPAL)
+PRINCIPAL = "principal"
 
 OAUTH2_KEYS = ("access_token", "refresh_token", "expires_at", "token_endpoint", "client_id")
 

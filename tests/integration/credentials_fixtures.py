@@ -59,6 +59,8 @@ def kdc() -> Iterator[Any]:
     ]
     if missing:
         pytest.skip(f"MIT Kerberos not installed (no {', '.join(missing)}): scripts/system-deps.sh")
+    for module in ("krb5", "gssapi"):  # the `kerberos` extra, built against libkrb5-dev
+        pytest.importorskip(module, reason=f"{module} not built: pip install 'nodeward[kerberos]'")
     k5test = pytest.importorskip("k5test")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", os.environ["PATH"] + ":/usr/sbin")  # krb5kdc, kdb5_util
