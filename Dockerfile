@@ -13,7 +13,7 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/nodeward \
  && /opt/nodeward/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/nodeward/bin/pip install --no-cache-dir .
+ && /opt/nodeward/bin/pip install --no-cache-dir ".[kerberos]"
 
 FROM python:3.11-slim
 COPY --from=build /opt/nodeward /opt/nodeward
