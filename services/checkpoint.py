@@ -65,17 +65,19 @@ from schemas.maintenance import (
     history_key,
     state_key,
 )
-from schemas.notify import Notification, Severity
+from schemas.notify import Severity
 from schemas.remediation import Outcome
 from services.actions import (
     ActionRunner,
     Auditor,
     DrainSettings,
     Exemptions,
+    OwnerNotice,
     Proposal,
     RateLimiter,
     RateLimitSettings,
     drain,
+    tell_owner,
 )
 from services.maintenance_plan import (
     Notice,
@@ -591,22 +593,27 @@ class CheckpointService:
         return True
 
     async def _notify_owner(self, state: MaintenanceState, plan: PodPlan, notice: Notice) -> None:
-        note = Notification(
-            severity=notice.severity,
-            topic=TOPIC,
-            title=notice.title[:300],
-            body=notice.body,
-            audience=f"user:{plan.namespace}/{plan.name}",
-            targets=[_pod_ref(plan), _node_ref(state.node)],
-            dedup_key=f"{TOPIC}/{state.maintenance_id}/{plan.key}/{notice.kind}",
-            why=notice.why,
-            what_you_can_do=notice.steps,
-            deadline=notice.deadline,
-        )
         notice_id = stable_id(
             state.requested_at, state.maintenance_id, notice.kind, plan.namespace, plan.name
         )
-        await self.bus.publish(make_event(note, source=ACTOR, id=notice_id))
+        await tell_owner(
+            self.bus,
+            OwnerNotice(
+                notice.severity,
+                notice.title,
+                notice.body,
+                notice.why,
+                notice.steps,
+                notice.deadline,
+            ),
+            actor=ACTOR,
+            topic=TOPIC,
+            namespace=plan.namespace,
+            name=plan.name,
+            targets=[_pod_ref(plan), _node_ref(state.node)],
+            notice_id=notice_id,
+            dedup_key=f"{TOPIC}/{state.maintenance_id}/{plan.key}/{notice.kind}",
+        )
 
     # notified -> checkpointing ----------------------------------------------------------
     async def _start(self, state: MaintenanceState) -> bool:

@@ -62,10 +62,10 @@ from schemas.credentials import (
     CredentialRenewed,
 )
 from schemas.ids import stable_id
-from schemas.notify import Notification, Severity
+from schemas.notify import Severity
 from schemas.remediation import Outcome
 from services import credentials_oauth2 as oauth2
-from services.actions import ActionRunner, Auditor, Proposal
+from services.actions import ActionRunner, Auditor, OwnerNotice, Proposal, tell_owner
 from services.credentials_schedule import Scheduler, Timing, due_at
 from services.credentials_secret import (
     CHECKED,
@@ -634,19 +634,17 @@ class CredentialsService:
         steps: list[str],
         deadline: datetime | None,
     ) -> None:
-        note = Notification(
-            severity=severity,
+        await tell_owner(
+            self.bus,
+            OwnerNotice(severity, title, scrub(body, cred), why, steps, deadline),
+            actor=ACTOR,
             topic=TOPIC,
-            title=title[:300],
-            body=scrub(body, cred),
-            audience=f"user:{cred.namespace}/{cred.name}",
+            namespace=cred.namespace,
+            name=cred.name,
             targets=[cred.ref()],
+            notice_id=notice_id,
             dedup_key=f"{TOPIC}/{cred.namespace}/{cred.name}/{notice_id}",
-            why=why,
-            what_you_can_do=steps,
-            deadline=deadline,
         )
-        await self.bus.publish(make_event(note, source=ACTOR, id=notice_id))
 
 
 async def build(settings: Settings) -> Daemon:

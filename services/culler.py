@@ -40,19 +40,21 @@ from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
 from nodeward.kube.objects import PodView
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
-from schemas.base import Event, make_event
+from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
-from schemas.notify import Notification, Severity
+from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.session import ActivityState, SessionActivity, SessionIdle
 from services.actions import (
     ActionRunner,
     Auditor,
     Exemptions,
+    OwnerNotice,
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    tell_owner,
 )
 from services.culler_policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.culler_state import Reason, SessionRecord, session_key
@@ -539,19 +541,17 @@ class CullerService:
         steps: list[str],
         deadline: datetime | None,
     ) -> None:
-        note = Notification(
-            severity=severity,
+        await tell_owner(
+            self.bus,
+            OwnerNotice(severity, title, body, why, steps, deadline),
+            actor=ACTOR,
             topic=TOPIC,
-            title=title[:300],
-            body=body,
-            audience=f"user:{session.namespace}/{session.name}",
+            namespace=session.namespace,
+            name=session.name,
             targets=[session.target()],
+            notice_id=notice_id,
             dedup_key=f"{TOPIC}/{session.namespace}/{session.name}/{notice_id}",
-            why=why,
-            what_you_can_do=steps,
-            deadline=deadline,
         )
-        await self.bus.publish(make_event(note, source=ACTOR, id=notice_id))
 
     async def _cancel(
         self,

@@ -48,11 +48,11 @@ from nodeward.kube.base import Obj
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.netpol import isolate_pod_policy
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
-from schemas.base import Event, make_event
+from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.ids import stable_id
-from schemas.notify import Notification, Severity
+from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.tokens import falco_rule_token
 from services.actions import (
@@ -61,9 +61,11 @@ from services.actions import (
     Exemptions,
     Guard,
     KeyedRateLimiter,
+    OwnerNotice,
     Proposal,
     RateLimitSettings,
     SkippedNamespaces,
+    tell_owner,
 )
 from services.falco_ingest import Ingest, IngestError, IngestSettings
 from services.falco_rules import (
@@ -504,19 +506,24 @@ class FalcoService:
             f"({alert.priority.value}) in your pod {namespace}/{name} at "
             f"{alert.time.isoformat()}. " + " ".join(done)
         ).strip()
-        note = Notification(
+        notice = OwnerNotice(
             severity=severity_of(alert.priority),
-            topic=self.settings.topic,
-            title=f"Security alert on your pod {name}"[:300],
+            title=f"Security alert on your pod {name}",
             body=body,
-            audience=f"user:{namespace}/{name}",
-            targets=[target.ref],
-            dedup_key=f"falco/{namespace}/{name}/{falco_rule_token(alert.rule)}",
             why=f"Falco's rule '{alert.rule}' matched: {alert.message()}"[:1000],
-            what_you_can_do=can_do,
+            steps=can_do,
         )
-        ident = stable_id(event.time, event.id, ACTOR, "notify-owner", target.ref.key())
-        await self.bus.publish(make_event(note, source=ACTOR, id=ident))
+        note = await tell_owner(
+            self.bus,
+            notice,
+            actor=ACTOR,
+            topic=self.settings.topic,
+            namespace=namespace,
+            name=name,
+            targets=[target.ref],
+            notice_id=stable_id(event.time, event.id, ACTOR, "notify-owner", target.ref.key()),
+            dedup_key=f"falco/{namespace}/{name}/{falco_rule_token(alert.rule)}",
+        )
         return {"owner_notified": True, "audience": note.audience}
 
     async def label(

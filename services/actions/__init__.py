@@ -11,6 +11,7 @@ from services.actions.breaker import BreakerSettings, BreakerState, CircuitBreak
 from services.actions.drain import DrainResult, DrainSettings, drain
 from services.actions.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.actions.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
+from services.actions.owner_notice import OwnerNotice, tell_owner
 from services.actions.runner import ActionRunner, Guard, Proposal, Verdict
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Exemptions",
     "Guard",
     "KeyedRateLimiter",
+    "OwnerNotice",
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
@@ -33,4 +35,5 @@ __all__ = [
     "Verdict",
     "drain",
     "is_exempt",
+    "tell_owner",
 ]
