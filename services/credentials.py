@@ -25,6 +25,7 @@ Credential values never leave: not in logs, events, notices or metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import socket
@@ -36,6 +37,7 @@ from typing import Any
 
 import httpx
 import structlog
+from prometheus_client import CollectorRegistry
 from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
@@ -223,6 +225,7 @@ class CredentialsService:
         locks: Any,
         settings: CredentialsSettings,
         holder: str | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -244,6 +247,7 @@ class CredentialsService:
             source=ACTOR,
             timing_of=self.timing,
             due_of=self.due_at,
+            registry=registry,
         )
 
     def consumer_spec(self) -> ConsumerSpec:
@@ -550,12 +554,14 @@ class CredentialsService:
                 digest,
                 code,
             ),
-            severity=Severity.WARNING,
-            title=title,
-            body=body,
-            why=f"Jobs that mount this Secret lose their {what} when it expires.",
-            steps=_STEPS.get(code, _STEPS["invalid"]),
-            deadline=expires,
+            OwnerNotice(
+                severity=Severity.WARNING,
+                title=title,
+                body=body,
+                why=f"Jobs that mount this Secret lose their {what} when it expires.",
+                steps=_STEPS.get(code, _STEPS["invalid"]),
+                deadline=expires,
+            ),
         )
         self.log.info("credentials.needs_user", cause=code)
 
@@ -563,14 +569,16 @@ class CredentialsService:
         await self._notify_user(
             cred,
             stable_id(until, "renewable-end", cred.namespace, cred.name),
-            severity=Severity.WARNING,
-            title=f"Your Kerberos ticket in Secret {cred.namespace}/{cred.name} stops being "
-            f"renewable at {_when(until)}",
-            body="nodeward renewed it, but Kerberos allows renewals only until "
-            f"{_when(until)}. After that, jobs using the Secret lose access.",
-            why="A ticket can be renewed only within the renewable life it was issued with.",
-            steps=_STEPS["renewable_life_ended"],
-            deadline=until,
+            OwnerNotice(
+                severity=Severity.WARNING,
+                title=f"Your Kerberos ticket in Secret {cred.namespace}/{cred.name} stops being "
+                f"renewable at {_when(until)}",
+                body="nodeward renewed it, but Kerberos allows renewals only until "
+                f"{_when(until)}. After that, jobs using the Secret lose access.",
+                why="A ticket can be renewed only within the renewable life it was issued with.",
+                steps=_STEPS["renewable_life_ended"],
+                deadline=until,
+            ),
         )
 
     async def _transient(
@@ -622,28 +630,17 @@ class CredentialsService:
         self.log.warning("credentials.retrying", error=message, attempt=attempt, delay_s=delay)
         raise RetryableError(message, delay=delay)
 
-    async def _notify_user(
-        self,
-        cred: Credential,
-        notice_id: str,
-        *,
-        severity: Severity,
-        title: str,
-        body: str,
-        why: str,
-        steps: list[str],
-        deadline: datetime | None,
-    ) -> None:
+    async def _notify_user(self, cred: Credential, notice_id: str, notice: OwnerNotice) -> None:
+        """Tell the Secret's owner; the body is scrubbed of the credential's values."""
         await tell_owner(
             self.bus,
-            OwnerNotice(severity, title, scrub(body, cred), why, steps, deadline),
+            dataclasses.replace(notice, body=scrub(notice.body, cred)),
             actor=ACTOR,
             topic=TOPIC,
             namespace=cred.namespace,
             name=cred.name,
             targets=[cred.ref()],
             notice_id=notice_id,
-            dedup_key=f"{TOPIC}/{cred.namespace}/{cred.name}/{notice_id}",
         )
 
 
@@ -657,7 +654,9 @@ async def build(settings: Settings) -> Daemon:
         os.environ["KRB5_CONFIG"] = config.krb5_config
     daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
     locks = await bus.kv(config.bucket, history=1)
-    service = CredentialsService(bus, cluster, locks=locks, settings=config)
+    service = CredentialsService(
+        bus, cluster, locks=locks, settings=config, registry=daemon.metrics.registry
+    )
 
     async def consume() -> None:
         await bus.consume(service.consumer_spec(), service.handle)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry, Counter
 
 from nodeward.bus import Bus
 from nodeward.kube import Cluster, KubeError
@@ -81,6 +82,7 @@ class Scheduler:
         source: str,
         timing_of: Callable[[Credential], Awaitable[Timing]],
         due_of: Callable[[Credential, Timing], datetime],
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -93,6 +95,11 @@ class Scheduler:
         self.timing_of = timing_of
         self.due_of = due_of
         self.sent: dict[tuple[str, str], tuple[str, float]] = {}
+        self.scans = Counter(
+            "nodeward_credential_scans",
+            "Passes of the scheduler over the opted-in Secrets (only the lease holder scans)",
+            registry=registry or CollectorRegistry(),
+        )
         self.log = structlog.get_logger().bind(service="credentials", role="scheduler")
 
     async def run(self) -> None:
@@ -144,6 +151,7 @@ class Scheduler:
             await self.bus.publish_many(events[start : start + 500])
         if events:
             self.log.info("credentials.due_published", count=len(events), opted_in=len(secrets))
+        self.scans.inc()
         return len(events)
 
     async def _due_event(

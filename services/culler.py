@@ -499,12 +499,14 @@ class CullerService:
         await self._notify_user(
             session,
             record.warn_id,
-            severity=Severity.WARNING,
-            title=title,
-            body=body,
-            why=why,
-            steps=self._keep_steps(session) + self._restart_steps(session),
-            deadline=record.deadline,
+            OwnerNotice(
+                severity=Severity.WARNING,
+                title=title,
+                body=body,
+                why=why,
+                steps=self._keep_steps(session) + self._restart_steps(session),
+                deadline=record.deadline,
+            ),
         )
 
     def _keep_steps(self, session: Session) -> list[str]:
@@ -529,28 +531,16 @@ class CullerService:
             "volumes are kept, running processes are not."
         ]
 
-    async def _notify_user(
-        self,
-        session: Session,
-        notice_id: str,
-        *,
-        severity: Severity,
-        title: str,
-        body: str,
-        why: str,
-        steps: list[str],
-        deadline: datetime | None,
-    ) -> None:
+    async def _notify_user(self, session: Session, notice_id: str, notice: OwnerNotice) -> None:
         await tell_owner(
             self.bus,
-            OwnerNotice(severity, title, body, why, steps, deadline),
+            notice,
             actor=ACTOR,
             topic=TOPIC,
             namespace=session.namespace,
             name=session.name,
             targets=[session.target()],
             notice_id=notice_id,
-            dedup_key=f"{TOPIC}/{session.namespace}/{session.name}/{notice_id}",
         )
 
     async def _cancel(
@@ -581,12 +571,14 @@ class CullerService:
             await self._notify_user(
                 session,
                 notice_id,
-                severity=Severity.INFO,
-                title=f"Your session {session.namespace}/{session.name} will not be stopped",
-                body=f"The stop announced for {_when(record.deadline or now)} is withdrawn: {why}.",
-                why="nodeward stops only sessions that stay idle after a warning.",
-                steps=[],
-                deadline=None,
+                OwnerNotice(
+                    severity=Severity.INFO,
+                    title=f"Your session {session.namespace}/{session.name} will not be stopped",
+                    body=f"The stop announced for {_when(record.deadline or now)} is withdrawn: {why}.",
+                    why="nodeward stops only sessions that stay idle after a warning.",
+                    steps=[],
+                    deadline=None,
+                ),
             )
         self.log.info("culler.cancelled", why=why)
         return cancelled
@@ -647,13 +639,15 @@ class CullerService:
             await self._notify_user(
                 session,
                 notice_id,
-                severity=Severity.INFO,
-                title=f"Your session {session.namespace}/{session.name} was stopped",
-                body=f"{target.kind} {target.name} in namespace {session.namespace} was stopped "
-                f"at {_when(now)}: {why}.",
-                why="It stayed idle after the warning nodeward sent.",
-                steps=self._restart_steps(session),
-                deadline=None,
+                OwnerNotice(
+                    severity=Severity.INFO,
+                    title=f"Your session {session.namespace}/{session.name} was stopped",
+                    body=f"{target.kind} {target.name} in namespace {session.namespace} was stopped "
+                    f"at {_when(now)}: {why}.",
+                    why="It stayed idle after the warning nodeward sent.",
+                    steps=self._restart_steps(session),
+                    deadline=None,
+                ),
             )
 
 

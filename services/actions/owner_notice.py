@@ -38,10 +38,10 @@ async def tell_owner(
     name: str,
     targets: Sequence[ObjectRef],
     notice_id: str,
-    dedup_key: str,
+    dedup_key: str | None = None,
 ) -> Notification:
     """Publish `notice` for the owner of `namespace/name` under `notice_id` (a stable id, so
-    a retried step publishes it once)."""
+    a retried step publishes it once); repeats group by `dedup_key`, by default the id."""
     note = Notification(
         severity=notice.severity,
         topic=topic,
@@ -49,7 +49,7 @@ async def tell_owner(
         body=notice.body,
         audience=f"user:{namespace}/{name}",
         targets=list(targets),
-        dedup_key=dedup_key,
+        dedup_key=dedup_key or f"{topic}/{namespace}/{name}/{notice_id}",
         why=notice.why,
         what_you_can_do=list(notice.steps),
         deadline=notice.deadline,

@@ -31,6 +31,7 @@ from schemas.notify import Notification
 from schemas.remediation import Remediation
 from services.credentials import build
 from services.credentials_secret import LABEL
+from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 
 KDC_BINARIES = ("krb5kdc", "kdb5_util", "kadmin.local", "kinit")
@@ -114,6 +115,18 @@ class CredsEnv:
     settings: Settings
     tmp: Path
     daemons: list[Daemon] = field(default_factory=list)
+
+    def scans(self) -> float:
+        """Scheduler passes completed so far, over every replica of this env."""
+        return sum(
+            d.metrics.registry.get_sample_value("nodeward_credential_scans_total") or 0.0
+            for d in self.daemons
+        )
+
+    async def more_scans(self, n: int, timeout: float = 15.0) -> None:
+        """Wait until the scheduler (whichever replica leads) has scanned `n` more times."""
+        target = self.scans() + n
+        await wait_for(lambda: self.scans() >= target, timeout=timeout, what=f"{n} more scans")
 
     async def start(self, **overrides: Any) -> Daemon:
         settings = self.settings

@@ -125,7 +125,7 @@ async def test_past_renewable_life_notifies_owner_and_keeps_secret(
     assert (await env.data("old"))["krb5cc"] == ticket  # not overwritten
     failed = await env.failed("old")
     assert failed and not failed[0].retryable
-    await asyncio.sleep(1.5)  # several scans: told once, not again for the same ticket
+    await env.more_scans(3)  # told once, not again for the same ticket
     assert len(await env.user_notices("old")) == 1
     assert await env.renewed("old") == []
 

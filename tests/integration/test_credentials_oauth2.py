@@ -224,7 +224,7 @@ async def test_one_scheduler_among_replicas_announces_each_due_credential_once(
         return all([await env.renewed(n) for n in names])
 
     await wait_for(all_renewed, timeout=20, what="every credential renewed")
-    await asyncio.sleep(1.0)  # three more scans by whichever replica leads
+    await env.more_scans(3)  # by whichever replica leads
     dues = await read_stream(env.bus, "CREDENTIALS", f"credentials.due.{env.ns}.>")
     assert sorted(e.data.secret for e in dues) == sorted(names)
     assert oauth2_idp.refreshes == len(names)

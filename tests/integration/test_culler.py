@@ -77,6 +77,7 @@ async def test_activity_after_the_warning_cancels_and_is_recorded(culler_env: En
     for _ in range(4):
         await env.publish(env.idle("nb-b-0", fresh))
         await asyncio.sleep(0.3)  # the agent's interval
+    await wait_for(env.settled, what="the culler to handle them")
     assert await env.stopped("nb-b") is None
 
 
