@@ -7,7 +7,9 @@ COPY schemas ./schemas
 COPY nodeward ./nodeward
 COPY agents ./agents
 COPY services ./services
-# krb5 and gssapi (services.credentials) build against MIT Kerberos.
+COPY sim ./sim
+COPY launch ./launch
+# krb5 and gssapi (services.credentials.service) build against MIT Kerberos.
 RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends gcc libc6-dev libkrb5-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -22,7 +24,7 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends libgssapi-krb5-2 libkrb5-3 \
  && rm -rf /var/lib/apt/lists/*
 # The RBAC manifests the sim cluster enforces (`nodeward up`, `nodeward sim cluster`): it looks
-# for deploy/rbac next to the installed packages (nodeward.sim.cluster.rbac.default_rbac_dir).
+# for deploy/rbac next to the installed packages (sim.cluster.rbac.default_rbac_dir).
 COPY deploy/rbac /opt/nodeward/lib/python3.11/site-packages/deploy/rbac
 RUN groupadd --gid 10001 nodeward \
  && useradd --uid 10001 --gid 10001 --home-dir /work --create-home --shell /usr/sbin/nologin nodeward \

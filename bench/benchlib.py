@@ -24,8 +24,8 @@ def run_child(script: str, argv: list[str]) -> dict[str, float]:
 async def with_server(fn: Callable[[str], Any]) -> Any:
     """`fn(nats_url)` in a thread while an embedded, provisioned nats-server runs."""
     from nodeward.bus import Bus
+    from nodeward.bus.server import EmbeddedNats
     from nodeward.config import BusSettings
-    from nodeward.sim.nats_server import EmbeddedNats
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedNats(Path(tmp))

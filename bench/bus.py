@@ -21,9 +21,9 @@ from pathlib import Path
 import nats
 
 from nodeward.bus import Bus, ConsumerSpec
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import encode, make_event
 from schemas.gpu import GpuHealth, HealthState
 

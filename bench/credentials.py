@@ -35,13 +35,13 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402 - after the path is set
 
 from nodeward.bus import Bus  # noqa: E402
+from nodeward.bus.server import EmbeddedNats  # noqa: E402
 from nodeward.config import BusSettings, Settings  # noqa: E402
 from nodeward.daemon import install_signal_handlers  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
-from nodeward.sim.cluster import SimCluster  # noqa: E402
-from nodeward.sim.cluster.seed import SecretSeed, Seed  # noqa: E402
-from nodeward.sim.nats_server import EmbeddedNats  # noqa: E402
-from services.credentials import build  # noqa: E402
+from services.credentials.service import build  # noqa: E402
+from sim.cluster import SimCluster  # noqa: E402
+from sim.cluster.seed import SecretSeed, Seed  # noqa: E402
 from tests.integration.oauth2_idp import serve_forever  # noqa: E402
 
 CLIENT = "bench-client"

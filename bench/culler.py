@@ -35,11 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nodeward.bus import Bus  # noqa: E402 - after the path is set
+from nodeward.bus.server import EmbeddedNats  # noqa: E402
 from nodeward.config import BusSettings, Settings  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
-from nodeward.sim.cluster import SimCluster  # noqa: E402
-from nodeward.sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed  # noqa: E402
-from nodeward.sim.nats_server import EmbeddedNats  # noqa: E402
 from schemas import decode, make_event  # noqa: E402
 from schemas.session import (  # noqa: E402
     ActivityState,
@@ -48,8 +46,10 @@ from schemas.session import (  # noqa: E402
     SessionIdle,
     SessionKind,
 )
-from services.culler import build  # noqa: E402
-from services.culler_state import SessionRecord, session_key  # noqa: E402
+from schemas.state.culler import SessionRecord, session_key  # noqa: E402
+from services.culler.service import build  # noqa: E402
+from sim.cluster import SimCluster  # noqa: E402
+from sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed  # noqa: E402
 
 NS = "bench"
 

@@ -28,18 +28,18 @@ import structlog
 import yaml
 
 from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, ClusterSettings, Settings
 from nodeward.kube import Cluster
 from nodeward.kube.client import KubeClient
 from nodeward.kube.nodes import taints_of
 from nodeward.logs import configure_logging
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import NodeSeed, Seed
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
-from services.cordon import build
-from services.quarantine_marks import TAINT_KEY
+from services.cordon.marks import TAINT_KEY
+from services.cordon.service import build
+from sim.cluster import SimCluster
+from sim.cluster.seed import NodeSeed, Seed
 
 
 def failed(node: str) -> Event[GpuHealth]:
@@ -88,7 +88,7 @@ async def sim_cluster(names: list[str], workdir: Path, *, in_process: bool) -> A
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "nodeward",
+        "launch",
         "sim",
         "cluster",
         "--seed",

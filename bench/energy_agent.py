@@ -60,7 +60,7 @@ async def measure(seconds: float, compression: float) -> dict[str, float]:
 
 
 def sim_node(gpus: int) -> Any:
-    from nodeward.sim.nvml import SimNvml
+    from sim.nvml import SimNvml
 
     return SimNvml.build("bench-node", count=gpus)
 
@@ -68,12 +68,12 @@ def sim_node(gpus: int) -> Any:
 async def child_agent(
     nats_url: str, gpus: int, seconds: float, case: str, compress: float
 ) -> dict[str, float]:
-    from agents.energy import EnergyAgent
-    from agents.energy_account import StaticCarbon
-    from agents.energy_settings import EnergySettings
-    from agents.energy_sim import SimNodePower
-    from agents.energy_wiring import gpu_device_ids
+    from agents.energy.account import StaticCarbon
+    from agents.energy.agent import EnergyAgent
+    from agents.energy.settings import EnergySettings
+    from agents.energy.wiring import gpu_device_ids
     from agents.sources.pods import StaticPods
+    from launch.sim_agents.energy import SimNodePower
     from nodeward.bus import Bus
     from nodeward.config import BusSettings
     from nodeward.logs import configure_logging
@@ -113,7 +113,7 @@ async def child_agent(
 
 
 async def child_bare(gpus: int, seconds: float, case: str, compress: float) -> dict[str, float]:
-    from agents.energy_sim import SimNodePower
+    from launch.sim_agents.energy import SimNodePower
 
     _, every, compression = case_timing(case, compress)
     source = SimNodePower(sim_node(gpus))

@@ -35,12 +35,12 @@ from typing import Any
 import httpx
 
 from nodeward.bus import Bus, ConsumerSpec
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.falco_samples import DROP_AND_EXECUTE, sample_seed, samples, sidekick_subject
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas.cloudevents import decode
+from sim.cluster import SimCluster
+from sim.falco_samples import DROP_AND_EXECUTE, sample_seed, samples, sidekick_subject
 
 TOKEN = "bench-token-0123456789abcdef"
 RULES = {"notice": "Terminal shell in container", "critical": DROP_AND_EXECUTE}
@@ -183,7 +183,7 @@ async def one_run(count: int, priority: str, concurrency: int, log_level: str) -
         kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
         # The service in a process of its own, as its Deployment runs it.
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "nodeward", "--log-level", log_level, "service", "falco",
+            sys.executable, "-m", "launch", "--log-level", log_level, "service", "falco",
             "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip

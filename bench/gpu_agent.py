@@ -42,11 +42,11 @@ async def measure(seconds: float) -> dict[str, float]:
 
 
 async def child_agent(nats_url: str, gpus: int, seconds: float) -> dict[str, float]:
-    from agents.gpu import GpuAgent, GpuAgentSettings
+    from agents.gpu.agent import GpuAgent, GpuAgentSettings
     from nodeward.bus import Bus
     from nodeward.config import BusSettings
     from nodeward.logs import configure_logging
-    from nodeward.sim.nvml import SimNvml
+    from sim.nvml import SimNvml
 
     configure_logging("warning", "json")
     sim = SimNvml.build("bench-node", count=gpus)
@@ -66,8 +66,8 @@ async def child_agent(nats_url: str, gpus: int, seconds: float) -> dict[str, flo
 
 async def child_bare(gpus: int, seconds: float) -> dict[str, float]:
     from agents.sources.nvml import identify, sample_health, sample_telemetry, wait_events
-    from nodeward.sim.nvml import SimNvml
     from nodeward.watchdog import Lane
+    from sim.nvml import SimNvml
 
     sim = SimNvml.build("bench-node", count=gpus)
     sim.nvmlInit()

@@ -34,16 +34,16 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402 - after the path is set
 
-from agents.gpu import build_gpu_agent  # noqa: E402
-from agents.idle import IdleAgent, SessionPod  # noqa: E402
-from agents.idle_settings import IdleSettings  # noqa: E402
+from agents.gpu.agent import build_gpu_agent  # noqa: E402
+from agents.idle.agent import IdleAgent, SessionPod  # noqa: E402
+from agents.idle.settings import IdleSettings  # noqa: E402
 from agents.sources.activity import KernelsReading  # noqa: E402
 from agents.sources.gpu_activity import NvmlUtilization  # noqa: E402
 from agents.sources.pods import StaticPods  # noqa: E402
 from nodeward.bus import Bus  # noqa: E402
+from nodeward.bus.server import EmbeddedNats  # noqa: E402
 from nodeward.config import BusSettings, Settings  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
-from nodeward.sim.nats_server import EmbeddedNats  # noqa: E402
 from schemas import decode  # noqa: E402
 from schemas.common import PodRef  # noqa: E402
 from schemas.session import SessionKind  # noqa: E402
@@ -121,7 +121,7 @@ def load_gpu(start: float, stop: float, t0: float, report: dict[str, Any]) -> No
 
 async def main(args: argparse.Namespace) -> int:
     if args.sim:  # the same run on the simulated driver, to try the script without a GPU
-        from nodeward.sim.nvml import SimNvml
+        from sim.nvml import SimNvml
 
         pynvml: Any = SimNvml.build(NODE, product="NVIDIA-H100-80GB-HBM3", count=1)
         pynvml.set_load(0, 0)

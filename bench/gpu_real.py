@@ -419,7 +419,7 @@ def main() -> int:
 
     sim: Any | None = None
     if args.sim:
-        from nodeward.sim.nvml import SimNvml
+        from sim.nvml import SimNvml
 
         # GPU 0 whole (loaded like the real one), GPU 1 in MIG mode (read through GPM).
         mig_gpu, whole = SimNvml.build("device-check", count=2, mig={"3g.40gb": 2}).gpus

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from nodeward.bus import Bus, ConsumerSpec
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, Settings
 from nodeward.logs import configure_logging
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import make_event
 from schemas.notify import Notification, Severity
-from services.notifier import build
+from services.notifier.service import build
 
 
 def storm(notices: int) -> list[Any]:

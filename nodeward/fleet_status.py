@@ -31,14 +31,14 @@ class _View(BaseModel):
 
 
 class GpuRecordView(_View):
-    """The fields of `services.cordon_state.GpuRecord` that status shows."""
+    """The fields of `schemas.state.cordon.GpuRecord` that status shows."""
 
     state: str
     observed_at: datetime | None = None
 
 
 class QuarantineView(_View):
-    """The fields of `services.cordon_state.Quarantine` that status shows."""
+    """The fields of `schemas.state.cordon.Quarantine` that status shows."""
 
     incident: str
     rule: str

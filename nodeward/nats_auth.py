@@ -61,7 +61,7 @@ class ServiceGrants:
     publish: tuple[str, ...]
 
 
-# Every service acts through services.actions: an audit event and a notification per action.
+# Every service acts through services.kernel: an audit event and a notification per action.
 _ACTS = ("remediation.>", "notify.>")
 SERVICES: dict[str, ServiceGrants] = {
     # A quarantine rule with `maintenance: true` asks services.checkpoint for the node's maintenance.

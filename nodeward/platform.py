@@ -1,27 +1,20 @@
-"""Running nodeward: the embedded bus (`nodeward bus`) and the whole platform (`nodeward up`)."""
+"""How daemons are assembled: bus and acting daemons, components for `nodeward up`, standalones,
+and the embedded bus (`nodeward bus`). `launch.up` composes these into the whole platform."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
-
 from nodeward.bus import Bus
-from nodeward.config import Settings
+from nodeward.bus.server import EmbeddedNats
+from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
-from nodeward.endpoints import Endpoints
 from nodeward.kube import Cluster
-from nodeward.sim.cluster.embedded import EmbeddedCluster, embedded_cluster
-from nodeward.sim.cluster.seed import Seed, load_seed
-from nodeward.sim.inject import InjectReply
-from nodeward.sim.nats_server import EmbeddedNats
-from nodeward.sim.scenario import Step, play
 
 
 async def bus_daemon(
@@ -81,16 +74,16 @@ class UpContext:
 
     settings: Settings
     state_dir: Path
-    seed: Seed | None  # the sim cluster's seed, when `up` runs the sim cluster
-    cluster: EmbeddedCluster | None  # the sim cluster itself, when `up` runs it
+    identities: Callable[[str | None], ClusterSettings] | None = None
+    """Cluster credentials per ServiceAccount, when `up` runs the sim cluster."""
     endpoints: dict[str, Any] = field(default_factory=dict)
     """Fields of `endpoints.json` a component adds while it builds (the Falco ingest URL)."""
 
     def settings_for(self, service: str) -> Settings:
         """Settings whose cluster credentials are `service`'s own ServiceAccount."""
-        if self.cluster is None:
+        if self.identities is None:
             return self.settings
-        return self.settings.model_copy(update={"cluster": self.cluster.settings_for(service)})
+        return self.settings.model_copy(update={"cluster": self.identities(service)})
 
 
 @dataclass(frozen=True)
@@ -149,35 +142,6 @@ async def run_standalone(kind: Literal["agent", "service"], name: str, settings:
     await serve([daemon], handle_signals=True)
 
 
-async def _platform_daemon(settings: Settings) -> tuple[Daemon, Bus]:
-    """The `up` process's own daemon: health of the bus it provisioned, and its metrics."""
-    return await bus_daemon("platform", settings, source="nodeward/up")
-
-
-def _play_scenario(daemon: Daemon, bus: Bus, scenario: list[Step], daemons: list[Daemon]) -> None:
-    """Run the scenario's injections as a task of the platform daemon. Its clock starts when
-    every daemon is ready (a GPU agent takes no injection before it watches its GPUs)."""
-    if scenario:
-        log = structlog.get_logger().bind(component="scenario")
-
-        def report(step: Step, reply: InjectReply | None, error: str | None) -> None:
-            if error is None and reply is not None and reply.ok:
-                log.info("scenario.injected", node=step.node, gpu=reply.gpu, applied=reply.applied)
-            else:
-                log.warning(
-                    "scenario.failed",
-                    node=step.node,
-                    error=error or (reply.error if reply else None),
-                )
-
-        async def run() -> None:
-            while not all([(await d.readiness()).ready for d in daemons]):  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
-            await play(bus.nc, scenario, on_reply=report)
-
-        daemon.add_task(run, name="scenario")
-
-
 async def wait_for_signal() -> None:
     stop = asyncio.Event()
     remove = install_signal_handlers(lambda _: stop.set())
@@ -200,72 +164,3 @@ async def run_bus(state_dir: Path, port: int, announce: Callable[[str], None]) -
         await wait_for_signal()
     finally:
         await server.stop()
-
-
-async def run_up(
-    settings: Settings,
-    state_dir: Path,
-    *,
-    nats_port: int = 0,
-    external_nats: bool = False,
-    seed: Path | Seed | None = None,
-    scenario: list[Step] | None = None,
-    announce: Callable[[Endpoints], None],
-    story: Callable[[Endpoints], Awaitable[None]] | None = None,
-) -> None:
-    """The whole platform in this process until SIGINT/SIGTERM.
-
-    Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
-    is written to `<state-dir>/kubeconfig`. `story(endpoints)` runs as a task of the
-    platform daemon once everything has started (it must not raise).
-    """
-    log = structlog.get_logger().bind(component="up")
-    state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
-    outbox = state_dir / "outbox"
-    outbox.mkdir(parents=True, exist_ok=True)
-    endpoints: Endpoints | None = None
-    async with contextlib.AsyncExitStack() as stack:
-        if not external_nats:
-            server = EmbeddedNats(state_dir / "nats", port=nats_port)
-            await stack.enter_async_context(server)
-            settings.bus.url = server.url
-        kube_api: str | None = None
-        cluster: EmbeddedCluster | None = None
-        seed_data: Seed | None = None
-        if settings.cluster.kubeconfig is None:
-            seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
-            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed_data))
-            settings.cluster = cluster.settings_for(None)
-            kube_api = cluster.url
-        # The platform daemon goes first: its bus provisions the streams the others use.
-        platform, platform_bus = await _platform_daemon(settings)
-        daemons = [platform]
-        context = UpContext(settings, state_dir, seed_data, cluster)
-        for component in components():
-            daemons.extend(await component.build(context))
-        for d in daemons:
-            await d.start()
-        endpoints = Endpoints(
-            nats_url=settings.bus.url,
-            state_dir=state_dir,
-            outbox=outbox,
-            kubeconfig=settings.cluster.kubeconfig,
-            kube_api=kube_api,
-            metrics={d.name: d.url for d in daemons},
-            **context.endpoints,
-        )
-        if story is not None:
-            told = endpoints
-
-            async def tell() -> None:
-                await story(told)
-
-            platform.add_task(tell, name="story")
-        _play_scenario(platform, platform_bus, scenario or [], daemons)
-        stack.callback(endpoints.remove)
-        endpoints.write()
-        log.info(
-            "up.ready", nats=settings.bus.url, kube=kube_api, daemons=[d.name for d in daemons]
-        )
-        announce(endpoints)
-        await serve(daemons, handle_signals=True)

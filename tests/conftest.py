@@ -12,9 +12,9 @@ import pytest
 import pytest_asyncio
 
 from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
-from nodeward.sim.nats_server import EmbeddedNats
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

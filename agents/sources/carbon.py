@@ -13,14 +13,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 import httpx
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from agents.energy_settings import CarbonSettings
 from nodeward.aio import within
+from nodeward.config import Section
+from nodeward.durations import Duration
 from schemas.energy import CarbonBasis, CarbonIntensity
 
 log = structlog.get_logger(__name__)
@@ -78,6 +80,26 @@ async def _get_json(
         return response.json()
     except ValueError:
         raise ProviderError(f"{name}: {url} answered something that is not JSON") from None
+
+
+class CarbonSettings(Section):
+    """Where carbon intensity comes from. Whatever fails, `static_g_per_kwh` is the floor."""
+
+    provider: Literal["static", "electricitymaps", "rte-eco2mix", "uk-neso"] = "static"
+    static_g_per_kwh: float = Field(default=0.0, ge=0)
+    static_basis: Literal["lifecycle", "operational"] = "operational"
+    zone: str = Field(default="FR", description="Electricity Maps zone / label for others")
+    url: str | None = Field(default=None, description="override the provider's base URL")
+    token: SecretStr | None = Field(default=None, description="Electricity Maps auth-token")
+    token_file: Path | None = None
+    refresh: Duration = Field(
+        default=timedelta(minutes=15), description="how long a reading is reused"
+    )
+    stale_after: Duration = Field(
+        default=timedelta(hours=2),
+        description="a failed provider's last value is used (marked stale) this long, then static",
+    )
+    timeout: Duration = timedelta(seconds=10)
 
 
 M = TypeVar("M", bound=BaseModel)

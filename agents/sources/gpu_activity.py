@@ -1,6 +1,6 @@
 """Utilisation of each GPU and MIG instance on the node, for the idleness agent.
 
-`nvml` is the `pynvml` module or a `nodeward.sim.nvml.SimNvml`. A whole GPU is read with
+`nvml` is the `pynvml` module or a `sim.nvml.SimNvml`. A whole GPU is read with
 `nvmlDeviceGetUtilizationRates` (the share of the driver's last sample period in which a
 kernel ran). NVML does not report utilisation rates for MIG instances (nor for a GPU with
 MIG enabled): there GPM, on Hopper and later, measures each GPU instance's graphics activity

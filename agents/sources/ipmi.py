@@ -15,12 +15,14 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pyipmi
 import pyipmi.sdr
+from pydantic import Field, SecretStr
 from pyipmi.errors import (
     AuthenticationError,
     CompletionCodeError,
@@ -30,8 +32,9 @@ from pyipmi.errors import (
 )
 from pyipmi.interfaces.ipmitool import Ipmitool
 
-from agents.energy_settings import IpmiSettings
 from agents.sources.power import PowerSample, SourceError
+from nodeward.config import Section
+from nodeward.durations import Duration
 from nodeward.logs import get_logger
 from schemas.energy import PowerSource
 
@@ -54,6 +57,33 @@ _OUTPUT = re.compile(r"out(put)?\b|\bpout\b", re.IGNORECASE)
 # what ipmitool says when the BMC turns the user or password down
 _AUTH_REFUSED = re.compile(r"RAKP|unauthorized name|Activate Session|password", re.IGNORECASE)
 _T = TypeVar("_T")
+
+
+class IpmiSettings(Section):
+    """The node's BMC: in-band (`/dev/ipmi0`) without a host, else over the LAN."""
+
+    enabled: bool = True
+    host: str | None = Field(default=None, description="None: in-band through /dev/ipmi0")
+    port: int = Field(default=623, ge=1, le=65535)
+    user: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = Field(
+        default=None, description="read at start; wins over password"
+    )
+    interface: Literal["lanplus", "lan"] = Field(
+        default="lanplus", description="RMCP+ (IPMI 2.0); `lan` for BMCs with RMCP only"
+    )
+    timeout: Duration = timedelta(seconds=5)
+    sensors: list[str] = Field(
+        default_factory=list,
+        description="SDR sensor names to read when there is no DCMI; empty: every Watts sensor",
+    )
+
+    def secret(self) -> str | None:
+        """The password, from `password_file` if set (one line, trailing newline dropped)."""
+        if self.password_file is not None:
+            return self.password_file.read_text().rstrip("\n")
+        return self.password.get_secret_value() if self.password else None
 
 
 def _errors(output: str) -> list[str]:

@@ -1,6 +1,6 @@
 """GPU energy from NVML: each GPU's total-energy counter, its power where there is none.
 
-`nvml` is the `pynvml` module or a `nodeward.sim.nvml.SimNvml` (the same calls as
+`nvml` is the `pynvml` module or a `sim.nvml.SimNvml` (the same calls as
 `agents.sources.nvml`). `nvmlDeviceGetTotalEnergyConsumption` (mJ since the driver
 loaded, Volta and later) gives exact energy; GPUs that answer NotSupported are read with
 `nvmlDeviceGetPowerUsage` (mW) instead, which the agent integrates.

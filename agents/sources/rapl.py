@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+from pydantic import Field
 
-from agents.energy_settings import RaplSettings
 from agents.sources.power import PowerSample, SourceError
+from nodeward.config import Section
 from schemas.energy import PowerSource
 
 log = structlog.get_logger(__name__)
@@ -23,6 +24,11 @@ _PERMISSION_HINT = (
     "needs root, or read access for the agent's group (a udev rule or chmod g+r on "
     "energy_uj; root-only since Linux 5.10, CVE-2020-8694)"
 )
+
+
+class RaplSettings(Section):
+    enabled: bool = True
+    root: Path = Field(default=Path("/sys/class/powercap"), description="the powercap sysfs root")
 
 
 @dataclass

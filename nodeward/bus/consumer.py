@@ -22,22 +22,32 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.errors import PermanentError, RetryableError
 from nodeward.bus.pull import Puller
+from nodeward.metrics import Metrics
 from schemas.base import Event
 from schemas.cloudevents import DecodeError, decode
 from schemas.dlq import DeadLetterReason
 
-if TYPE_CHECKING:
-    from nodeward.bus.bus import Bus
+
+class Bus(Protocol):
+    """What a consumer needs of `nodeward.bus.Bus` (which owns its consumers)."""
+
+    nc: NATS
+    js: JetStreamContext
+    metrics: Metrics
+    source: str
+
+    async def publish(self, event: Event[Any], *, timeout: float | None = None) -> api.PubAck: ...
 
 
 def ack_info(msg: Msg) -> tuple[int, int | None]:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO
 
-NODEWARD = [sys.executable, "-m", "nodeward"]
+NODEWARD = [sys.executable, "-m", "launch"]
 
 
 def run(

@@ -117,8 +117,8 @@ async def test_posting_the_sample_isolates_the_one_pod_within_2s(tmp_path: Path)
 async def test_service_falco_alone_needs_credentials_then_serves(
     tmp_path: Path, nats_url: str
 ) -> None:
-    from nodeward.sim.cluster import SimCluster
-    from nodeward.sim.falco_samples import sample_seed
+    from sim.cluster import SimCluster
+    from sim.falco_samples import sample_seed
 
     async with SimCluster(sample_seed(), port=0) as sim:
         kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig", identity="falco")

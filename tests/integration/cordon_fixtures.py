@@ -16,13 +16,13 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import NodeSeed, Seed
 from schemas import Event, decode, make_event
 from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
 from schemas.notify import Notification
 from schemas.remediation import Remediation
-from services.cordon import build
+from services.cordon.service import build
+from sim.cluster import SimCluster
+from sim.cluster.seed import NodeSeed, Seed
 
 
 def failed(

@@ -24,13 +24,13 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.base import core
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import Seed
 from schemas.credentials import CredentialFailed, CredentialRenewed
 from schemas.notify import Notification
 from schemas.remediation import Remediation
-from services.credentials import build
-from services.credentials_secret import LABEL
+from services.credentials.secret import LABEL
+from services.credentials.service import build
+from sim.cluster import SimCluster
+from sim.cluster.seed import Seed
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 

@@ -16,8 +16,6 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed
 from schemas import Event, make_event
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -28,7 +26,9 @@ from schemas.session import (
     SessionIdle,
     SessionKind,
 )
-from services.culler import build
+from services.culler.service import build
+from sim.cluster import SimCluster
+from sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.simkube import RunsService
 

@@ -23,17 +23,17 @@ from nodeward.bus import Bus
 from nodeward.config import ClusterSettings, Settings
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.falco_samples import (
+from schemas.remediation import Remediation
+from schemas.tokens import token
+from services.falco.service import Assembled, assemble
+from sim.cluster import SimCluster
+from sim.falco_samples import (
     DROP_AND_EXECUTE,
     NODE,
     sample_seed,
     samples,
     sidekick_subject,
 )
-from schemas.remediation import Remediation
-from schemas.tokens import token
-from services.falco import Assembled, assemble
 from tests.integration.cordon_fixtures import read_stream
 
 TOKEN = "test-token-0123456789abcdef"

@@ -16,8 +16,13 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import (
+from schemas import Event, make_event
+from schemas.maintenance import Maintenance, MaintenancePhase, MaintenanceState, state_key
+from schemas.notify import Notification
+from services.maintenance.plan import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL
+from services.maintenance.service import build
+from sim.cluster import SimCluster
+from sim.cluster.seed import (
     CheckpointFailure,
     CheckpointSeed,
     ContainerSeed,
@@ -27,11 +32,6 @@ from nodeward.sim.cluster.seed import (
     PodSeed,
     Seed,
 )
-from schemas import Event, make_event
-from schemas.maintenance import Maintenance, MaintenancePhase, MaintenanceState, state_key
-from schemas.notify import Notification
-from services.checkpoint import build
-from services.maintenance_plan import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.simkube import RunsService
 

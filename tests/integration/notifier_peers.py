@@ -24,11 +24,11 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from nodeward.bus import Bus
 from nodeward.config import Settings
 from nodeward.daemon import Daemon
-from nodeward.sim.cluster.tls import make_serving_cert
 from schemas import Event, make_event
 from schemas.common import ObjectRef
 from schemas.notify import Notification, Severity
-from services.notifier import build
+from services.notifier.service import build
+from sim.cluster.tls import make_serving_cert
 from tests.conftest import wait_for
 
 SMTP_USER, SMTP_PASSWORD = "nodeward", "s3cret-smtp-pw"

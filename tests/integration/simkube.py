@@ -15,7 +15,7 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
-from nodeward.sim.cluster import SimCluster
+from sim.cluster import SimCluster
 
 
 @pytest.fixture

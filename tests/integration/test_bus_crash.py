@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, PublishError
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth
 from tests.conftest import REPO, wait_for

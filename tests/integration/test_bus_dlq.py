@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import Event, decode, make_event
 from schemas.dlq import DeadLetter
 from schemas.gpu import GpuHealth

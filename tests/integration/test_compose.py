@@ -13,7 +13,7 @@ from typing import Any
 import typer
 import yaml
 
-from nodeward.cli import app
+from launch.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 

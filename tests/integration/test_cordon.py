@@ -17,13 +17,13 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import section
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.nodes import condition_of, taints_of
-from nodeward.sim.cluster.seed import Owner, PdbSeed, PodSeed
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from services.actions import BreakerState
-from services.cordon import CordonSettings, reset_breaker
-from services.quarantine_marks import HEALTH_LABEL, QUARANTINE_ANNOTATION, TAINT_KEY
+from services.cordon.marks import HEALTH_LABEL, QUARANTINE_ANNOTATION, TAINT_KEY
+from services.cordon.service import CordonSettings, reset_breaker
+from services.kernel import BreakerState
+from sim.cluster.seed import Owner, PdbSeed, PodSeed
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (
     EnvFactory,
@@ -443,8 +443,8 @@ async def test_build_with_the_cordon_context_of_the_up_kubeconfig(
     """How `nodeward up` wires it: the embedded sim's kubeconfig, context `nodeward-cordon`."""
     from nodeward.config import Settings
     from nodeward.kube import Cluster
-    from nodeward.sim.cluster import embedded_cluster
-    from services.cordon import build
+    from services.cordon.service import build
+    from sim.cluster import embedded_cluster
 
     async with embedded_cluster(tmp_path) as cluster:
         node = "gpu-h100-02"
@@ -502,7 +502,7 @@ async def test_redelivery_after_act_but_before_audit_publishes_the_audit(
 ) -> None:
     """A restart between the quarantine being recorded applied and its audit: the
     redelivered event re-publishes the audit instead of reporting 'already quarantined'."""
-    from services.cordon_state import NodeRecord, Quarantine, node_key
+    from schemas.state.cordon import NodeRecord, Quarantine, node_key
 
     env = await cordon_env()
     name = env.nodes[3]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from schemas.notify import Severity
-from services.credentials_secret import CHECKED, EXPIRES, RENEWED_AT, STATUS
+from services.credentials.secret import CHECKED, EXPIRES, RENEWED_AT, STATUS
 from tests.conftest import wait_for
 from tests.integration.credentials_fixtures import EnvFactory, authenticates, kinit
 

@@ -13,7 +13,7 @@ import pytest
 
 from schemas.base import make_event
 from schemas.credentials import CredentialDue, CredentialKind
-from services.credentials_secret import CLIENT_SECRET, STATUS
+from services.credentials.secret import CLIENT_SECRET, STATUS
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.credentials_fixtures import CredsEnv, EnvFactory

@@ -16,22 +16,22 @@ import pytest
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
 
-from agents.energy import EnergyAgent
-from agents.energy_account import StaticCarbon
-from agents.energy_pods import StaticPodList
-from agents.energy_settings import EnergySettings, PowerCap, PowerCapSettings
-from agents.energy_sim import SimNodePower, follow_gpu_telemetry
-from agents.energy_wiring import build_energy_agent, gpu_device_ids
+from agents.energy.account import StaticCarbon
+from agents.energy.agent import EnergyAgent
+from agents.energy.pods import StaticPodList
+from agents.energy.settings import EnergySettings, PowerCap, PowerCapSettings
+from agents.energy.wiring import build_energy_agent, gpu_device_ids
 from agents.sources.pods import StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
+from launch.sim_agents.energy import SimNodePower, follow_gpu_telemetry
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
 from nodeward.logs import configure_logging
-from nodeward.sim.nvml import SimNvml
 from schemas.base import make_event
 from schemas.common import PodRef
 from schemas.energy import PowerSource
 from schemas.gpu import GpuSample, GpuTelemetry
+from sim.nvml import SimNvml
 from tests.conftest import wait_for
 
 FAST = {"interval": "0.4s", "sample_every": "0.1s", "read_timeout": "0.2s"}

@@ -20,8 +20,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from agents.energy_settings import CarbonSettings
-from agents.sources.carbon import CarbonSource, co2e_grams
+from agents.sources.carbon import CarbonSettings, CarbonSource, co2e_grams
 from schemas.energy import CarbonBasis
 
 TOKEN = "em-secret-token-123"

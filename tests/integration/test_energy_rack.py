@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.energy_settings import EnergySettings
-from agents.energy_wiring import rack_of
+from agents.energy.settings import EnergySettings
+from agents.energy.wiring import rack_of
 from nodeward.config import ClusterSettings, Settings
 from nodeward.kube import Cluster
-from nodeward.sim.cluster import SimCluster
+from sim.cluster import SimCluster
 
 
 async def test_rack_comes_from_the_node_label_read_once(

@@ -9,15 +9,15 @@ import pytest_asyncio
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.fleet_status import gather_status
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import example_event, make_event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
-from services.actions.breaker import BreakerState
-from services.cordon_state import NodeRecord, Quarantine
+from schemas.state.cordon import NodeRecord, Quarantine
+from services.kernel.breaker import BreakerState
 
 
 @pytest_asyncio.fixture

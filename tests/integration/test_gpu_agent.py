@@ -14,13 +14,13 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from agents.gpu import GpuAgent, GpuAgentSettings
-from agents.gpu_sim import build_sim_gpu_agents
+from agents.gpu.agent import GpuAgent, GpuAgentSettings
+from launch.sim_agents.gpu import build_sim_gpu_agents
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
-from nodeward.sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed
-from nodeward.sim.inject import InjectRequest, request_injection, serve_injections
-from nodeward.sim.nvml import SimNvml
+from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed
+from sim.inject import InjectRequest, request_injection, serve_injections
+from sim.nvml import SimNvml
 from tests.conftest import wait_for
 
 FAST = GpuAgentSettings(
@@ -270,7 +270,7 @@ async def test_a_load_injection_drives_power_into_telemetry(rig: Rig) -> None:
 
     await wait_for(at_limit, timeout=5, what="telemetry at the power limit")
     # The agent's side validates too: a load over 100% is refused in one line.
-    from nodeward.sim.inject import InjectReply, inject_subject
+    from sim.inject import InjectReply, inject_subject
 
     raw = await rig.bus.nc.request(inject_subject(rig.node), b'{"gpu": 1, "load": 150}', timeout=2)
     bad = InjectReply.model_validate_json(raw.data)
@@ -282,7 +282,7 @@ async def test_cli_inject_round_trip(rig: Rig, nats_url: str) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "nodeward",
+            "launch",
             "sim",
             "inject",
             "--nats",
@@ -359,7 +359,7 @@ async def test_agent_daemon_serves_gpu_metrics_and_readiness(
 ) -> None:
     import httpx
 
-    from agents.gpu import build_gpu_agent
+    from agents.gpu.agent import build_gpu_agent
 
     settings = Settings(
         bus=bus_settings, agents={"gpu": {"node": node, "telemetry_interval": "0.1s"}}
@@ -429,7 +429,7 @@ async def test_cli_plays_a_scenario(rig: Rig, nats_url: str, tmp_path: Any) -> N
         f"- {{after: 0.2s, node: nobody-{rig.node}, gpu: 0, xid: 79}}\n"
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "nodeward", "sim", "inject", "--nats", nats_url,
+        sys.executable, "-m", "launch", "sim", "inject", "--nats", nats_url,
         "--scenario", str(path), "--timeout", "1",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from agents.gpu_sim import sim_nvml_for, sim_pod_devices, sim_workload
-from agents.idle import IdleAgent, KubeSessionPods
-from agents.idle_settings import IdleSettings
+from agents.idle.agent import IdleAgent, KubeSessionPods
+from agents.idle.settings import IdleSettings
 from agents.sources.cgroups import CgroupCpu
 from agents.sources.gpu_activity import NvmlUtilization
 from agents.sources.jupyter import JupyterKernels, JupyterSettings
 from agents.sources.pods import StaticPods
+from launch.sim_agents.gpu import sim_nvml_for, sim_pod_devices, sim_workload
 from nodeward.bus import Bus
 from nodeward.config import ClusterSettings
 from nodeward.kube import Cluster
-from nodeward.sim.nvml import SimNvml
 from schemas.remediation import Outcome
+from sim.nvml import SimNvml
 from tests.conftest import wait_for
 from tests.integration.culler_fixtures import CullerEnv, EnvFactory
 from tests.integration.jupyter_peer import JupyterPeer

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from agents.energy_settings import IpmiSettings
-from agents.sources.ipmi import DEVICE_PATHS, IpmiReader
+from agents.sources.ipmi import DEVICE_PATHS, IpmiReader, IpmiSettings
 from agents.sources.power import SourceError
 from schemas.energy import PowerSource
 from tests.ipmi_sim import IpmiSim, free_udp_port, ipmi_sim, need_ipmi_sim  # noqa: F401

@@ -25,8 +25,8 @@ from nodeward.kube.errors import ServerError, UnsupportedMediaType
 from nodeward.kube.netpol import isolate_pod_policy
 from nodeward.kube.secrets import decode, encode
 from nodeward.kube.watch import watch
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.resources import require
+from sim.cluster import SimCluster
+from sim.cluster.resources import require
 from tests.integration.simkube import PortFactory
 
 TAINT = "nodeward.io/gpu-unhealthy"

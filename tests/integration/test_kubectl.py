@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeward.sim.cluster import SimCluster
+from sim.cluster import SimCluster
 from tests.integration.simkube import PortFactory, kubectl_binaries, kubectl_version
 
 KUBECTLS = kubectl_binaries()

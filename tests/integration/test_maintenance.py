@@ -15,11 +15,15 @@ from datetime import timedelta
 from pathlib import Path
 
 from nodeward.bus import Bus
-from nodeward.sim.cluster.seed import PodSeed
 from schemas.dlq import DeadLetter
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Remediation
-from services.checkpoint import ARCHIVE_ANNOTATION, CORDON_ANNOTATION, MAINTENANCE_ANNOTATION
+from services.maintenance.service import (
+    ARCHIVE_ANNOTATION,
+    CORDON_ANNOTATION,
+    MAINTENANCE_ANNOTATION,
+)
+from sim.cluster.seed import PodSeed
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import EnvFactory as CordonEnvFactory
 from tests.integration.cordon_fixtures import failed, read_stream
@@ -396,7 +400,7 @@ async def _cli(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "nodeward",
+        "launch",
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -23,9 +23,9 @@ from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 
 from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.nats_auth import agent_inbox, service_inbox
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth
 from schemas.remediation import Remediation
@@ -98,7 +98,7 @@ def _health(node: str) -> Event[Any]:
 
 def _nodeward(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nodeward", *args],
+        [sys.executable, "-m", "launch", *args],
         capture_output=True,
         text=True,
         timeout=30,

@@ -8,9 +8,9 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from nodeward.bus import Bus, PublishError
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.nats_auth import admin, agent_inbox, node_agent, render_authorization
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import make_event
 from schemas.gpu import GpuHealth
 from schemas.session import SessionIdle

@@ -11,7 +11,7 @@ import pytest
 
 from nodeward.platform import UpContext
 from schemas.notify import Severity
-from services.notifier import _build_for_up
+from services.notifier.service import _build_for_up
 from tests.conftest import wait_for
 from tests.integration.notifier_peers import (
     SMTP_PASSWORD,

@@ -15,11 +15,11 @@ from nats.js.errors import NotFoundError
 from nodeward.config import ClusterSettings
 from nodeward.kube import Cluster
 from nodeward.kube.client import MERGE_PATCH, KubeClient
-from nodeward.sim.cluster import SimCluster
-from nodeward.sim.cluster.seed import NodeSeed, PodSeed, Seed
 from schemas import encode
 from schemas.dlq import DeadLetter
 from schemas.notify import Severity
+from sim.cluster import SimCluster
+from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.notifier_peers import (
@@ -339,7 +339,7 @@ async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
     config = tmp_path / "crash.yaml"
     config.write_text(json.dumps({"services": {"notifier": service}}))  # JSON is YAML
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nodeward", "service", "notifier", "--config", str(config)],
+        [sys.executable, "-m", "launch", "service", "notifier", "--config", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=os.environ | {"NODEWARD_NATS_URL": nats_url},

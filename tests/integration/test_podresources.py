@@ -97,10 +97,10 @@ async def test_agent_names_the_pods_holding_a_gpu(
 ) -> None:
     import json
 
-    from agents.gpu import build_gpu_agent
+    from agents.gpu.agent import build_gpu_agent
     from nodeward.bus import Bus
     from nodeward.config import Settings
-    from nodeward.sim.nvml import SimNvml
+    from sim.nvml import SimNvml
     from tests.conftest import wait_for
 
     sim = SimNvml.build(node, count=2)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
 from nodeward.cli.common import CliError
 from nodeward.cli.replay import replay
 from nodeward.config import BusSettings, Settings
-from nodeward.sim.nats_server import EmbeddedNats
 from schemas import example_event
 
 

@@ -17,7 +17,7 @@ KUBECTLS = kubectl_binaries()
 
 
 def _sim_cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "nodeward.sim.cli", *args]
+    return [sys.executable, "-m", "sim.cli", *args]
 
 
 def _read_until(proc: subprocess.Popen[str], prefix: str, timeout: float) -> list[str]:

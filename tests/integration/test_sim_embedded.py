@@ -9,7 +9,7 @@ import yaml
 
 from nodeward.kube import Cluster, Forbidden
 from nodeward.kube.access import SERVICES
-from nodeward.sim.cluster import SeedError, embedded_cluster
+from sim.cluster import SeedError, embedded_cluster
 
 
 async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ async def test_embedded_cluster_with_a_bad_seed(tmp_path: Path) -> None:
 async def test_without_deploy_files_the_roles_come_from_the_access_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodeward.sim.cluster import rbac
+    from sim.cluster import rbac
 
     monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)
     async with embedded_cluster(tmp_path) as embedded:

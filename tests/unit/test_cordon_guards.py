@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
-from services.actions import BreakerSettings, Cooldown, RateLimiter, RateLimitSettings, is_exempt
-from services.actions.breaker import decide, limit_for
-from services.cordon_state import GpuRecord, NodeRecord, is_stale
-from services.gpu_policy import PolicyAction, PolicyError, load_policy
+from schemas.state.cordon import GpuRecord, NodeRecord, is_stale
+from services.cordon.policy import PolicyAction, PolicyError, load_policy
+from services.kernel import BreakerSettings, Cooldown, RateLimiter, RateLimitSettings, is_exempt
+from services.kernel.breaker import decide, limit_for
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

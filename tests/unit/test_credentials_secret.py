@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from services.credentials import scrub
-from services.credentials_oauth2 import token_set
-from services.credentials_schedule import Timing, due_at
-from services.credentials_secret import (
+from services.credentials.oauth2 import token_set
+from services.credentials.schedule import Timing, due_at
+from services.credentials.secret import (
     CHECKED,
     CLIENT_SECRET,
     STATUS,
@@ -19,6 +18,7 @@ from services.credentials_secret import (
     InvalidSecret,
     read,
 )
+from services.credentials.service import scrub
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from services.culler_policy import CullPolicy, keep_until
+from services.culler.policy import CullPolicy, keep_until
 
 
 def ns(**annotations: str) -> dict[str, object]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from launch.demo import demo_settings, load_demo_scenario, sim_seed
 from nodeward.cli.common import CliError
-from nodeward.cli.demo import demo_settings, load_demo_scenario, sim_seed
 
 
 def test_the_demo_profile_applies_with_the_sim_cluster_and_no_config(
@@ -63,7 +63,7 @@ def test_a_scenario_naming_a_node_the_fleet_lacks_is_refused(tmp_path: Path) -> 
 
 
 def test_metrics_summary_names_each_service_and_the_agents_ports() -> None:
-    from nodeward.cli.demo import metrics_summary
+    from launch.demo import metrics_summary
 
     lines = metrics_summary(
         {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.energy_account import Accumulator
+from agents.energy.account import Accumulator
 from agents.sources.carbon import co2e_grams
 from agents.sources.power import PowerSample
 from schemas.energy import PowerSource

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agents.energy_caps import cap_notice, cap_watches
-from agents.energy_settings import PowerCap, PowerCapSettings
+from agents.energy.caps import cap_notice, cap_watches
+from agents.energy.settings import PowerCap, PowerCapSettings
 from schemas.notify import Severity
 
 

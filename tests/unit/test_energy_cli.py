@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.energy_settings import EnergySettings
-from nodeward.cli import main
+from agents.energy.settings import EnergySettings
+from launch.cli import main
 from nodeward.cli.agent_options import EnergyFlags, apply_energy_flags
 from nodeward.config import load_settings, section
 

@@ -9,8 +9,8 @@ import pytest
 
 from agents.sources.nvml_energy import NvmlEnergyReader
 from agents.sources.power import PowerSample, SourceError
-from nodeward.sim.nvml import SimNvml
 from schemas.energy import PowerSource
+from sim.nvml import SimNvml
 
 
 class Clock:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.energy_pods import CpuTimes, attribute
+from agents.energy.pods import CpuTimes, attribute
 from agents.sources.cgroups import read_cpu_usage
 from schemas.common import PodRef
 from schemas.energy import EnergyReading, PowerSource

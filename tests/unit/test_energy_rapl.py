@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.energy_settings import RaplSettings
 from agents.sources.power import SourceError
-from agents.sources.rapl import RaplReader
+from agents.sources.rapl import RaplReader, RaplSettings
 from schemas.energy import PowerSource
 
 MAX_UJ = 262143328850  # a real package zone's max_energy_range_uj

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from nodeward.sim.falco_samples import DROP_AND_EXECUTE, samples
 from schemas.falco import FalcoAlert, FalcoPriority
-from services.falco import dedup_key, label_value, severity_of
-from services.falco_ingest import BadAlert, parse_body
-from services.falco_rules import ActionKind, Policy, PriorityTest, RulesError, RuleSet, load_policy
+from services.falco.ingest import BadAlert, parse_body
+from services.falco.rules import ActionKind, Policy, PriorityTest, RulesError, RuleSet, load_policy
+from services.falco.service import dedup_key, label_value, severity_of
+from sim.falco_samples import DROP_AND_EXECUTE, samples
 
 
 def alert(rule: str = DROP_AND_EXECUTE, **changes: Any) -> FalcoAlert:

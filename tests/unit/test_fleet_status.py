@@ -16,8 +16,8 @@ from nodeward.fleet_status import (
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
-from services.actions.breaker import BreakerState
-from services.cordon_state import GpuRecord, NodeRecord, Quarantine
+from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine
+from services.kernel.breaker import BreakerState
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 

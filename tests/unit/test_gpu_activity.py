@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agents.energy_wiring import gpu_device_ids
+from agents.energy.wiring import gpu_device_ids
 from agents.sources.gpu_activity import NvmlUtilization
-from nodeward.sim.nvml import SimNvml
+from sim.nvml import SimNvml
 
 
 class Clock:

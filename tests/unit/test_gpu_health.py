@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pynvml
 
-from agents.gpu_health import (
+from agents.gpu.health import (
     Limits,
     XidSeen,
     classify,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from agents.idle_evidence import (
+from agents.idle.evidence import (
     SessionTracker,
     cpu_reading,
     gpu_reading,

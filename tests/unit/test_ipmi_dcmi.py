@@ -13,8 +13,7 @@ from pydantic import SecretStr
 from pyipmi.msgs import decode_message, encode_message
 from pyipmi.msgs.dcmi import GetPowerReadingReq, GetPowerReadingRsp
 
-from agents.energy_settings import IpmiSettings
-from agents.sources.ipmi import IpmiReader, component_for, watts_from_dcmi
+from agents.sources.ipmi import IpmiReader, IpmiSettings, component_for, watts_from_dcmi
 from agents.sources.power import SourceError
 from schemas.energy import PowerSource
 

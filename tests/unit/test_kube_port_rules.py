@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nodeward.kube import errors
 from nodeward.kube.client import Backoff
-from nodeward.sim.cluster.patch import merge_patch, strategic_merge_patch
+from sim.cluster.patch import merge_patch, strategic_merge_patch
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import typer
 from nodeward.cli.maintenance import parse_at, render_restore, restore_plan
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord, MaintenanceState, PodPlan
-from services.maintenance_plan import gpus_of
+from services.maintenance.plan import gpus_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

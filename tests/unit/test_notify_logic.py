@@ -11,7 +11,7 @@ import pytest
 from schemas import make_event
 from schemas.common import ObjectRef
 from schemas.notify import Notification, Severity
-from services.notify_channels import (
+from services.notifier.channels import (
     Attempted,
     ChannelError,
     Outgoing,
@@ -20,7 +20,7 @@ from services.notify_channels import (
     alertname,
     deliver,
 )
-from services.notify_grouping import (
+from services.notifier.grouping import (
     Entry,
     Group,
     Grouper,
@@ -30,8 +30,9 @@ from services.notify_grouping import (
     TokenBucket,
     fold,
 )
-from services.notify_owners import DirectoryError, load_directory
-from services.notify_routing import (
+from services.notifier.owners import DirectoryError, load_directory
+from services.notifier.render import Rendered, TemplateConfigError, Templates
+from services.notifier.routing import (
     Audience,
     AudienceError,
     Facts,
@@ -39,7 +40,6 @@ from services.notify_routing import (
     RoutingError,
     load_routes,
 )
-from services.notify_templates import Rendered, TemplateConfigError, Templates
 from tests.conftest import wait_for
 
 
@@ -358,7 +358,7 @@ async def test_templates_check_and_a_broken_replacement(tmp_path: Path) -> None:
 
 
 def test_settled_marks_keep_to_kv_key_characters() -> None:
-    from services.notifier import _mark_key
+    from services.notifier.service import _mark_key
 
     assert _mark_key("01a228f2-9ea8-7a77", "oncall") == "ev.01a228f2-9ea8-7a77.oncall"
     odd = _mark_key("id with spaces/and.dots*", "oncall")

@@ -19,7 +19,7 @@ def test_agents_import_on_a_pynvml_without_recovery_actions() -> None:
         gone += ["nvmlEventTypeGpuRecoveryAction", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"]
         for name in gone:
             delattr(pynvml, name)
-        import agents.gpu, agents.gpu_health, nodeward.sim.nvml
+        import agents.gpu.agent, agents.gpu.health, sim.nvml
         from nodeward.nvml_compat import missing_constants, pynvml as patched
         assert patched.NVML_GPU_RECOVERY_ACTION_BUS_RESET == 6
         assert patched.nvmlEventTypeGpuRecoveryAction == 0x8000

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nodeward.kube import access
-from nodeward.sim.cluster import rbac
+from sim.cluster import rbac
 
 RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
 

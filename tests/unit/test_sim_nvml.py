@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pynvml
 import pytest
 
-from nodeward.sim.nvml import FAULTS, SimNvml
+from sim.nvml import FAULTS, SimNvml
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_faults_are_all_applicable(sim: SimNvml) -> None:
 def test_scenario_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from datetime import timedelta
 
-    from nodeward.sim.scenario import ScenarioError, load_scenario
+    from sim.scenario import ScenarioError, load_scenario
 
     good = tmp_path / "ok.yaml"
     good.write_text(

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from nodeward.sim.cluster.errors import ApiError
-from nodeward.sim.cluster.patch import apply_patch, json_patch, merge_patch, strategic_merge_patch
-from nodeward.sim.cluster.selectors import (
+from sim.cluster.errors import ApiError
+from sim.cluster.patch import apply_patch, json_patch, merge_patch, strategic_merge_patch
+from sim.cluster.selectors import (
     match_fields,
     match_labels,
     parse_field_selector,
     parse_label_selector,
 )
-from nodeward.sim.cluster.tables import human_duration, node_status
+from sim.cluster.tables import human_duration, node_status
 
 NODE = {
     "metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}, "finalizers": ["x"]},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeward.sim.cluster.protobuf import UndecodableError, decode
+from sim.cluster.protobuf import UndecodableError, decode
 
 # `kubectl auth can-i patch nodes` (kubectl v1.37.1, context namespace "nodeward")
 CAN_I_PATCH_NODES = bytes.fromhex(

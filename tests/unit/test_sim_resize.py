@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodeward.sim.cluster.resize import resize_seed
-from nodeward.sim.cluster.seed import SeedError, load_seed
+from sim.cluster.resize import resize_seed
+from sim.cluster.seed import SeedError, load_seed
 
 
 def test_fewer_nodes_keep_the_first_and_only_their_pods() -> None:

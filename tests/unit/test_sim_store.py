@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from nodeward.sim.cluster import load_seed
-from nodeward.sim.cluster.disruption import budget_status
-from nodeward.sim.cluster.errors import ApiError
-from nodeward.sim.cluster.resources import require
-from nodeward.sim.cluster.seed import apply_seed
-from nodeward.sim.cluster.store import Store
+from sim.cluster import load_seed
+from sim.cluster.disruption import budget_status
+from sim.cluster.errors import ApiError
+from sim.cluster.resources import require
+from sim.cluster.seed import apply_seed
+from sim.cluster.store import Store
 
 NODES = require("", "v1", "nodes")
 PODS = require("", "v1", "pods")

@@ -14,7 +14,7 @@ from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthReason, HealthState
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
-from services.cordon_state import NodeRecord, Quarantine
+from schemas.state.cordon import NodeRecord, Quarantine
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -207,8 +207,8 @@ def test_an_idle_session_is_told_once_per_idle_period() -> None:
 
 
 def test_a_falco_alert_is_told_before_its_decisions() -> None:
-    from nodeward.sim.falco_samples import DROP_AND_EXECUTE, samples
     from schemas.falco import FalcoAlert
+    from sim.falco_samples import DROP_AND_EXECUTE, samples
 
     lines: list[str] = []
     clock = Clock()

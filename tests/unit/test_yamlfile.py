@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from nodeward.config import ConfigError, read_yaml
-from nodeward.sim.scenario import ScenarioError, load_scenario
-from services.gpu_policy import PolicyError, load_policy
-from services.notify_owners import DirectoryError, load_directory
-from services.notify_routing import RoutingError, load_routes
+from services.cordon.policy import PolicyError, load_policy
+from services.notifier.owners import DirectoryError, load_directory
+from services.notifier.routing import RoutingError, load_routes
+from sim.scenario import ScenarioError, load_scenario
 
 
 def test_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""agents.energy: the energy agent. `agent` samples and publishes; `account` integrates power (pure); `caps` watches power caps; `pods` attributes energy to pods; `settings`; `wiring` builds it from the config."""

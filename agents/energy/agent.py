@@ -1,0 +1,400 @@
+"""The energy agent: a node's power sources sampled, integrated and published with CO2e.
+
+Every `sample_every` each source (IPMI, RAPL, NVML, a simulation) is read on its own
+`Lane` with `read_timeout`: a source that raises `SourceError`, fails otherwise or hangs is
+listed in the interval's `degraded` and the loop goes on. Every `interval` the agent
+publishes `energy.node.v1` (readings per source and component, the node's energy and
+power, carbon intensity and CO2e, cumulative totals kept in KV `<bucket>/node.<node>` so
+they survive restarts) and one `energy.pod.v1` per pod that used energy, and sends a
+`notify.v1` on topic `power-limit` when a power cap is crossed or clears. It publishes
+only `energy.node.<node>`, `energy.pod.<node>.>` and `notify.*.power-limit`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel
+
+from agents.energy.account import Accumulator, CarbonProvider, IntervalEnergy
+from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
+from agents.energy.pods import CpuTimes, NodePods, StaticPodList, attribute
+from agents.energy.settings import EnergySettings
+from agents.sources.carbon import co2e_grams
+from agents.sources.cgroups import read_cpu_usage
+from agents.sources.pods import PodSource, StaticPods
+from agents.sources.power import PowerReader, PowerSample, SourceError
+from nodeward.bus import Bus
+from nodeward.bus.kv import TypedKV
+from nodeward.bus.outbox import Outbox
+from nodeward.daemon import Daemon
+from nodeward.logs import get_logger
+from nodeward.watchdog import CallTimeout, Lane, LaneBusy
+from schemas.base import Event, make_event
+from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval
+from schemas.tokens import subject, token
+
+MAX_UNSENT = 1_000
+PROBE_TIMEOUT_S = 60.0  # finding what a source offers (an IPMI SDR walk) may take a while
+
+
+class EnergyTotals(BaseModel):
+    """What KV keeps for a node: its cumulative energy and CO2e."""
+
+    energy_j: float = 0.0
+    co2e_g: float = 0.0
+    updated_at: datetime | None = None
+
+
+def node_name(settings: EnergySettings) -> str:
+    return settings.node or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.power = Gauge(
+            "nodeward_node_power_watts", "Node mean power over the last interval", registry=r
+        )
+        self.energy = Counter(
+            "nodeward_energy_joules",
+            "Energy measured, per source (source=node: the whole node)",
+            ["source"],
+            registry=r,
+        )
+        self.co2e = Counter("nodeward_co2e_grams", "CO2e of the node's energy", registry=r)
+        self.pod_energy = Counter(
+            "nodeward_pod_energy_joules",
+            "Energy attributed to a pod (CPU share estimated)",
+            ["namespace", "pod"],
+            registry=r,
+        )
+        self.pod_co2e = Counter(
+            "nodeward_pod_co2e_grams", "CO2e attributed to a pod", ["namespace", "pod"], registry=r
+        )
+        self.degraded = Counter(
+            "nodeward_energy_source_failures", "Failed or hung source reads", ["source"], registry=r
+        )
+
+
+def _samples(name: str, got: object) -> list[PowerSample]:
+    """`got` if it is a list of samples; else the source is misbehaving."""
+    if not isinstance(got, list) or not all(isinstance(x, PowerSample) for x in got):
+        raise SourceError(f"{name}: read returned {type(got).__name__}, not power samples")
+    return got
+
+
+class EnergyAgent:
+    """Samples `sources` and publishes one node's energy; see the module docstring."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        settings: EnergySettings,
+        sources: Sequence[PowerReader],
+        carbon: CarbonProvider,
+        *,
+        node: str | None = None,
+        registry: CollectorRegistry | None = None,
+        gpu_pods: PodSource | None = None,
+        node_pods: NodePods | None = None,
+        gpu_devices: Mapping[str, Sequence[str]] | None = None,
+        rack: str | None = None,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.sources = list(sources)
+        self.carbon = carbon
+        self.node = node or node_name(settings)
+        self.source = f"agent/energy/{self.node}"
+        self.gpu_pods: PodSource = gpu_pods or StaticPods()
+        self.node_pods: NodePods = node_pods or StaticPodList()
+        self.gpu_devices = dict(gpu_devices or {})
+        self.caps: list[CapWatch] = cap_watches(
+            settings.caps, self.node, rack or settings.caps.rack
+        )
+        self.metrics = _Metrics(registry or CollectorRegistry())
+        self.log: Any = get_logger(agent="energy", node=self.node)
+        self.ready = False
+        self.totals: EnergyTotals | None = None  # None until read from KV
+        self._lanes = {s.name: Lane(f"{self.node}/energy/{s.name}") for s in self.sources}
+        self._acc = Accumulator()
+        self._failures: dict[str, str] = {}
+        self._cpu = CpuTimes()
+        self._pod_labels: set[tuple[str, str]] = set()
+        self._kv: TypedKV[EnergyTotals] | None = None
+        self._outbox = Outbox(
+            bus,
+            owner=f"energy agent for {self.node}",
+            allowed=self._may_publish,
+            max_unsent=MAX_UNSENT,
+        )
+        self._node_subject = subject("energy.node", self.node)
+        self._pod_prefix = subject("energy.pod", self.node) + "."
+        self._key = f"node.{token(self.node)}"
+
+    def attach(self, daemon: Daemon) -> None:
+        """Run in `daemon`: its task, readiness check `energy`, and closing the sources."""
+        daemon.add_task(self.run, name="energy-agent")
+        daemon.add_readiness_check("energy", lambda: self.ready)
+
+    # -- running ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sample and publish until cancelled."""
+        try:
+            await self._start()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._outbox.run())
+                tg.create_task(self._sample_loop())
+        finally:
+            self.ready = False
+            for s in self.sources:
+                with contextlib.suppress(Exception):
+                    await self._lanes[s.name].call(s.close, 1.0)
+                self._lanes[s.name].close()
+
+    async def _start(self) -> None:
+        found = {}
+        for s in self.sources:
+            lane = self._lanes[s.name]
+            probe = getattr(s, "probe", None)  # e.g. IPMI: DCMI or SDR, and the SDR walk
+            try:
+                if callable(probe):
+                    await lane.call(probe, PROBE_TIMEOUT_S)
+                found[s.name] = await lane.call(s.describe, self._read_timeout)
+            except Exception as exc:  # noqa: BLE001 - a source that cannot describe itself still runs
+                found[s.name] = f"unknown ({exc})"
+        await self._load_totals()
+        self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
+        self.ready = True
+        self.log.info(
+            "energy agent started",
+            sources=found,
+            caps=[f"{c.scope} {c.name}: {c.cap.watts:g} W" for c in self.caps],
+            interval_s=self.settings.interval.total_seconds(),
+        )
+
+    @property
+    def _read_timeout(self) -> float:
+        return self.settings.read_timeout.total_seconds()
+
+    async def _sample_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        every = self.settings.sample_every.total_seconds()
+        interval = self.settings.interval.total_seconds()
+        # The first interval starts at the first reading, so energy / duration is the power.
+        await self.sample()
+        began_wall = datetime.now(UTC)
+        began = next_tick = loop.time()
+        while True:
+            next_tick += every
+            now = loop.time()
+            if next_tick < now:  # a slow tick: skip the ones missed, keep the phase
+                next_tick += (now - next_tick) // every * every + every
+            await asyncio.sleep(next_tick - now)
+            await self.sample()
+            if loop.time() - began >= interval - every / 2:
+                end_wall = datetime.now(UTC)
+                try:
+                    await self.close_interval(began_wall, end_wall, loop.time() - began)
+                except Exception:  # one bad interval never stops the agent
+                    self.log.exception("interval not published")
+                began, began_wall = loop.time(), end_wall
+
+    async def sample(self) -> None:
+        """Read every source once (concurrently, each on its lane) and integrate."""
+        results = await asyncio.gather(*(self._read(s) for s in self.sources))
+        samples = [x for batch in results for x in batch]
+        try:
+            self._acc.tick(samples)
+        except Exception as exc:  # a bad sample never stops the agent
+            self.log.exception("samples not integrated", error=str(exc))
+
+    async def _read(self, source: PowerReader) -> list[PowerSample]:
+        lane = self._lanes[source.name]
+        try:
+            return _samples(source.name, await lane.call(source.read, self._read_timeout))
+        except SourceError as exc:
+            why = str(exc)
+        except (CallTimeout, LaneBusy) as exc:
+            why = f"{source.name}: read hung ({exc})"
+        except Exception as exc:  # noqa: BLE001 - any failure of a source is a degraded source
+            why = f"{source.name}: {type(exc).__name__}: {exc}"
+        why = " ".join(why.split())
+        if self._failures.get(source.name) != why:
+            self.log.warning("energy source failed", source=source.name, error=why)
+        self._failures[source.name] = why
+        self.metrics.degraded.labels(source.name).inc()
+        return []
+
+    async def close_interval(self, start: datetime, end: datetime, duration_s: float) -> None:
+        """Publish the interval that ends now: node, pods, caps; update the totals."""
+        measured = self._acc.close(duration_s)
+        degraded = sorted(self._failures.values())
+        self._failures = {}
+        carbon = await self._carbon()
+        co2e = co2e_grams(measured.energy_j, carbon.g_per_kwh) if carbon else None
+        totals = await self._add_totals(measured.energy_j, co2e or 0.0)
+        if end <= start:
+            end = start + timedelta(microseconds=1)
+        interval = Interval(start=start, end=end)
+        data = EnergyNode(
+            node=self.node,
+            interval=interval,
+            readings=measured.readings,
+            energy_j=measured.energy_j,
+            avg_power_w=measured.avg_power_w,
+            min_power_w=measured.min_power_w,
+            max_power_w=measured.max_power_w,
+            carbon=carbon,
+            co2e_g=co2e,
+            energy_total_j=totals.energy_j if totals else None,
+            co2e_total_g=totals.co2e_g if totals else None,
+            degraded=degraded,
+        )
+        self._enqueue(make_event(data, source=self.source))
+        self._count(measured, co2e)
+        await self._pods(measured, interval, carbon)
+        if measured.covered_s > 0:  # an interval with no readings says nothing about caps
+            self._check_caps(measured.avg_power_w)
+
+    def _count(self, measured: IntervalEnergy, co2e: float | None) -> None:
+        self.metrics.power.set(measured.avg_power_w)
+        self.metrics.energy.labels("node").inc(measured.energy_j)
+        for r in measured.readings:
+            self.metrics.energy.labels(r.source.value).inc(r.energy_j)
+        if co2e:
+            self.metrics.co2e.inc(co2e)
+
+    async def _carbon(self) -> CarbonIntensity | None:
+        try:
+            return await self.carbon.current()
+        except Exception as exc:  # noqa: BLE001 - energy is published without carbon rather than not
+            self.log.warning("carbon intensity unavailable", error=str(exc))
+            return None
+
+    # -- totals in KV -------------------------------------------------------------------
+
+    async def _load_totals(self) -> None:
+        try:
+            if self._kv is None:
+                self._kv = TypedKV(await self.bus.kv(self.settings.bucket), EnergyTotals)
+            found = await self._kv.get(self._key)
+        except Exception as exc:  # noqa: BLE001 - totals wait; energy is published meanwhile
+            self.log.warning("energy totals not readable from KV; will retry", error=str(exc))
+            return
+        self.totals = found.value if found else EnergyTotals()
+        self.log.info(
+            "energy totals loaded", energy_j=self.totals.energy_j, co2e_g=self.totals.co2e_g
+        )
+
+    async def _add_totals(self, energy_j: float, co2e_g: float) -> EnergyTotals | None:
+        """Add to the totals and store them; None while they could not be read (never reset)."""
+        if self.totals is None:
+            await self._load_totals()
+            if self.totals is None:
+                return None
+        totals = self.totals = EnergyTotals(
+            energy_j=self.totals.energy_j + energy_j,
+            co2e_g=self.totals.co2e_g + co2e_g,
+            updated_at=datetime.now(UTC),
+        )
+        try:
+            assert self._kv is not None
+            await self._kv.put(self._key, totals)
+        except Exception as exc:  # noqa: BLE001 - kept in memory, stored with the next interval
+            self.log.warning("energy totals not stored in KV", error=str(exc))
+        return totals
+
+    # -- pods ---------------------------------------------------------------------------
+
+    async def _pods(
+        self, measured: IntervalEnergy, interval: Interval, carbon: CarbonIntensity | None
+    ) -> None:
+        try:
+            pods = await self.node_pods.pods()
+        except Exception as exc:  # noqa: BLE001 - GPU energy is still attributed
+            self.log.warning("node's pods unknown; CPU energy not attributed", error=str(exc))
+            pods = []
+        try:
+            by_device = await self.gpu_pods.pods_by_device()
+            node_us, pod_us = self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
+            shares = attribute(
+                measured.readings,
+                measured.energy_j,
+                gpu_devices=self.gpu_devices,
+                by_device=by_device,
+                node_pods=pods,
+                cpu_node_us=node_us,
+                cpu_pod_us=pod_us,
+            )
+        except Exception as exc:  # noqa: BLE001 - no pod events this interval; the node's went out
+            self.log.warning("pod energy not attributed", error=str(exc))
+            return
+        present = {(r.namespace, r.name) for refs in by_device.values() for r in refs}
+        present |= {(p.namespace, p.name) for p in pods}
+        present |= {(s.pod.namespace, s.pod.name) for s in shares}
+        for labels in self._pod_labels - present:  # the pod is gone: drop its series
+            for metric in (self.metrics.pod_energy, self.metrics.pod_co2e):
+                with contextlib.suppress(KeyError):
+                    metric.remove(*labels)
+        self._pod_labels &= present
+        for share in shares:
+            co2e = co2e_grams(share.energy_j, carbon.g_per_kwh) if carbon else None
+            data = EnergyPod(
+                namespace=share.pod.namespace,
+                pod=share.pod.name,
+                node=self.node,
+                interval=interval,
+                cpu_energy_j=share.cpu_energy_j,
+                gpu_energy_j=share.gpu_energy_j,
+                energy_j=share.energy_j,
+                attribution=share.attribution,
+                carbon=carbon,
+                co2e_g=co2e,
+            )
+            self._enqueue(make_event(data, source=self.source))
+            labels = (share.pod.namespace, share.pod.name)
+            self._pod_labels.add(labels)
+            self.metrics.pod_energy.labels(*labels).inc(share.energy_j)
+            if co2e:
+                self.metrics.pod_co2e.labels(*labels).inc(co2e)
+
+    # -- caps ---------------------------------------------------------------------------
+
+    def _check_caps(self, power_w: float) -> None:
+        for watch in self.caps:
+            change = watch.check(power_w)
+            if change is None:
+                continue
+            self.log.warning(
+                "power cap " + change,
+                scope=watch.scope,
+                cap=watch.name,
+                cap_w=watch.cap.watts,
+                power_w=round(power_w, 1),
+            )
+            notice = cap_notice(watch, change, self.node, power_w)
+            self._enqueue(make_event(notice, source=self.source))
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _may_publish(self, subj: str) -> bool:
+        """Its node's energy, its pods' energy, and its power-limit notices."""
+        notice = subj.startswith("notify.") and subj.endswith("." + TOPIC)
+        return subj == self._node_subject or subj.startswith(self._pod_prefix) or notice
+
+    def _enqueue(self, event: Event[Any]) -> None:
+        self._outbox.put(event)
+
+    @property
+    def published(self) -> int:
+        return self._outbox.published

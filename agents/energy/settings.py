@@ -1,0 +1,65 @@
+"""`agents.energy` in the config file: the energy agent and each of its sources.
+
+Env overrides follow the config rule, e.g. `NODEWARD_AGENTS__ENERGY__IPMI__HOST`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from agents.sources.carbon import CarbonSettings
+from agents.sources.ipmi import IpmiSettings
+from agents.sources.rapl import RaplSettings
+from nodeward.config import Section
+from nodeward.durations import Duration
+
+
+class NvmlEnergySettings(Section):
+    enabled: bool = True
+
+
+class PowerCap(Section):
+    watts: float = Field(gt=0)
+    hysteresis: float = Field(
+        default=0.05, ge=0, lt=1, description="clear below watts x (1 - hysteresis)"
+    )
+
+
+class PowerCapSettings(Section):
+    node: PowerCap | None = None
+    racks: dict[str, PowerCap] = Field(default_factory=dict, description="rack name -> cap")
+    rack_label: str = "topology.kubernetes.io/rack"
+    rack: str | None = Field(
+        default=None, description="this node's rack; None: read the node's `rack_label` once"
+    )
+
+
+class EnergySettings(Section):
+    """`agents.energy`."""
+
+    node: str | None = Field(default=None, description="None: NODE_NAME, else the host name")
+    interval: Duration = timedelta(seconds=60)
+    sample_every: Duration = Field(
+        default=timedelta(seconds=1), description="how often power sources are read"
+    )
+    read_timeout: Duration = Field(
+        default=timedelta(seconds=3),
+        description="a source read that takes longer is reported degraded (the loop goes on)",
+    )
+    bucket: str = Field(default="energy", description="KV bucket of the cumulative totals")
+    ipmi: IpmiSettings = IpmiSettings()
+    rapl: RaplSettings = RaplSettings()
+    nvml: NvmlEnergySettings = NvmlEnergySettings()
+    carbon: CarbonSettings = CarbonSettings()
+    caps: PowerCapSettings = PowerCapSettings()
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+    @model_validator(mode="after")
+    def _sampling_fits(self) -> EnergySettings:
+        if self.sample_every > self.interval:
+            raise ValueError("sample_every must not be longer than interval")
+        return self

@@ -1,0 +1,560 @@
+"""The GPU agent: NVML health and telemetry of one node's GPUs onto the bus.
+
+XIDs arrive event-driven (one thread blocks in `nvmlEventSetWait`); counters are polled.
+Every NVML call runs on its GPU's `Lane` with a deadline, so a hung driver call becomes
+an `nvml_hang` finding for that GPU while the other GPUs carry on. The agent publishes
+`gpu.health.v1` on every change of state or reasons (with `previous_state`, its boot id
+and a per-GPU `sequence`), restates every GPU as a heartbeat, and publishes
+`gpu.telemetry.v1` at its own interval. It builds subjects from its own node name only:
+the NATS user it runs as needs publish rights on `gpu.health.<node>.>` and
+`gpu.telemetry.<node>` and subscribe rights on its reply inbox (`_INBOX_<node>.>` with
+`bus.inbox_prefix`), and nothing else (`bus.provision: false`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from agents.gpu.health import (
+    Classification,
+    Finding,
+    Limits,
+    XidSeen,
+    classify,
+    hang_finding,
+    lost_finding,
+    sample_findings,
+    xid_findings,
+)
+from agents.sources.nvml import (
+    GpuIdentity,
+    NvmlEvent,
+    device_count,
+    handle_key,
+    identify,
+    is_lost,
+    register_events,
+    sample_health,
+    sample_telemetry,
+    wait_events,
+)
+from agents.sources.podresources import DEFAULT_SOCKET, KubeletPods
+from agents.sources.pods import PodSource, StaticPods
+from nodeward.aio import within
+from nodeward.bus import Bus
+from nodeward.bus.outbox import Outbox
+from nodeward.config import Section, Settings, section
+from nodeward.daemon import Daemon
+from nodeward.durations import Duration
+from nodeward.logs import get_logger
+from nodeward.nats_auth import agent_inbox
+from nodeward.nvml_compat import pynvml
+from nodeward.platform import Standalone
+from nodeward.watchdog import CallTimeout, Lane, LaneBusy
+from nodeward.xid import XidCatalog, load_catalog
+from schemas.base import Event, make_event, utcnow
+from schemas.common import PodRef
+from schemas.gpu import (
+    GpuHealth,
+    GpuSample,
+    GpuTelemetry,
+    HealthState,
+    MigInstance,
+    RecommendedAction,
+)
+from schemas.tokens import subject
+
+_STATE_VALUE = {
+    HealthState.HEALTHY: 0,
+    HealthState.DEGRADED: 1,
+    HealthState.FAILED: 2,
+    HealthState.UNKNOWN: 3,
+}
+_REFRESH_EVENTS = (
+    pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeDramRetirementEvent
+    | pynvml.nvmlEventTypeDramRetirementFailure
+    | pynvml.nvmlEventTypeGpuRecoveryAction
+)
+
+
+class GpuAgentSettings(Section):
+    """`agents.gpu`: intervals, the NVML watchdog, XID correlation and counter limits."""
+
+    node: str | None = None
+    heartbeat_interval: Duration = timedelta(seconds=30)
+    telemetry_interval: Duration = timedelta(seconds=15)
+    poll_interval: Duration = timedelta(seconds=10)
+    call_timeout: Duration = timedelta(seconds=5)
+    xid_window: Duration = timedelta(seconds=10)
+    xid_hold: Duration = timedelta(minutes=30)
+    ecc_corrected_limit: int = 10_000
+    retired_pages_limit: int = 60
+    nvlink_error_limit: int = 100
+    pcie_replay_limit: int = 1_000
+    pod_resources_socket: Path = DEFAULT_SOCKET
+    pod_resources_timeout: Duration = timedelta(seconds=5)
+
+    def node_name(self) -> str:
+        return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
+
+    def limits(self) -> Limits:
+        return Limits(
+            ecc_corrected_volatile=self.ecc_corrected_limit,
+            retired_pages=self.retired_pages_limit,
+            nvlink_errors=self.nvlink_error_limit,
+            pcie_replays=self.pcie_replay_limit,
+        )
+
+
+@dataclass
+class _Unit:
+    """One published health record: a GPU, or one MIG instance of it."""
+
+    uuid: str
+    mig: MigInstance | None = None
+    state: HealthState | None = None
+    codes: tuple[str, ...] = ()
+    sequence: int = 0
+    last: Classification | None = None
+
+
+@dataclass
+class _Watch:
+    """Everything the agent knows about one physical GPU."""
+
+    index: int
+    lane: Lane
+    ident: GpuIdentity | None = None
+    polled: list[Finding] = field(default_factory=list)
+    lost: Finding | None = None
+    hang: Finding | None = None
+    xids: list[XidSeen] = field(default_factory=list)
+    units: list[_Unit] = field(default_factory=list)
+    poll_now: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.state = Gauge(
+            "nodeward_gpu_health_state",
+            "0 healthy, 1 degraded, 2 failed, 3 unknown",
+            ["gpu", "uuid"],
+            registry=r,
+        )
+        self.xids = Counter(
+            "nodeward_gpu_xid_events", "XID events seen", ["gpu", "xid"], registry=r
+        )
+        self.hangs = Counter(
+            "nodeward_gpu_nvml_hangs", "NVML calls that missed their deadline", ["gpu"], registry=r
+        )
+        self.temperature = Gauge(
+            "nodeward_gpu_temperature_celsius", "GPU temperature", ["gpu"], registry=r
+        )
+        self.power = Gauge("nodeward_gpu_power_watts", "GPU power draw", ["gpu"], registry=r)
+        self.energy = Gauge(
+            "nodeward_gpu_energy_millijoules", "NVML energy counter", ["gpu"], registry=r
+        )
+        self.util = Gauge("nodeward_gpu_utilization_ratio", "GPU utilisation", ["gpu"], registry=r)
+        self.memory = Gauge(
+            "nodeward_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r
+        )
+        self.ecc = Gauge("nodeward_gpu_ecc_errors", "ECC error counts", ["gpu", "kind"], registry=r)
+
+
+class GpuAgent:
+    """Watches one node's GPUs through `nvml` (the pynvml module, or a SimNvml)."""
+
+    def __init__(
+        self,
+        nvml: Any,
+        bus: Bus,
+        settings: GpuAgentSettings,
+        *,
+        node: str | None = None,
+        registry: CollectorRegistry | None = None,
+        pods: PodSource | None = None,
+        catalog: XidCatalog | None = None,
+    ) -> None:
+        self.nvml = nvml
+        self.bus = bus
+        self.settings = settings
+        self.node = node or settings.node_name()
+        self.source = f"agent/gpu/{self.node}"
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.catalog = catalog or load_catalog()
+        self.limits = settings.limits()
+        self.pods: PodSource = pods or StaticPods()
+        self.metrics = _Metrics(registry or CollectorRegistry())
+        self.log: Any = get_logger(agent="gpu", node=self.node, boot=self.boot_id)
+        self.ready = False
+        self.watches: list[_Watch] = []
+        self._by_handle: dict[int, _Watch] = {}
+        self._control = Lane(f"{self.node}/nvml")
+        # While NATS is unreachable, state changes are kept and sent again; heartbeats and
+        # telemetry are let go, as the next ones restate them.
+        self._outbox = Outbox(
+            bus,
+            owner=f"agent for {self.node}",
+            allowed=lambda s: s.startswith(self._health_prefix) or s == self._telemetry_subject,
+            max_unsent=MAX_UNSENT,
+            keep=_is_state_change,
+        )
+        self._pods_now: Mapping[str, list[PodRef]] = {}
+        self._stop_events = threading.Event()
+        self._event_set: Any = None
+        self._event_thread: threading.Thread | None = None
+        self._health_prefix = subject("gpu", "health", self.node) + "."
+        self._telemetry_subject = subject("gpu", "telemetry", self.node)
+
+    def attach(self, daemon: Daemon) -> None:
+        """Run in `daemon`: its task, readiness check `gpus`, and shutdown."""
+        daemon.add_task(self.run, name="gpu-agent")
+        daemon.add_readiness_check("gpus", lambda: self.ready)
+
+    # -- running ----------------------------------------------------------------------
+
+    @property
+    def _timeout(self) -> float:
+        return self.settings.call_timeout.total_seconds()
+
+    async def run(self) -> None:
+        """Discover the GPUs, then watch them until cancelled."""
+        try:
+            await self._start()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._outbox.run())
+                for watch in self.watches:
+                    tg.create_task(self._poll_loop(watch))
+                tg.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat))
+                tg.create_task(self._every(self.settings.heartbeat_interval, self._refresh_pods))
+                tg.create_task(self._every(self.settings.telemetry_interval, self._telemetry))
+        finally:
+            await self._close()
+
+    async def _start(self) -> None:
+        nvml = self.nvml
+        await self._control.call(nvml.nvmlInit, self._timeout)
+        count = await self._control.call(partial(device_count, nvml), self._timeout)
+        self._event_set = await self._control.call(nvml.nvmlEventSetCreate, self._timeout)
+        self.watches = [_Watch(i, Lane(f"{self.node}/gpu{i}")) for i in range(count)]
+        self._pods_now = await self.pods.pods_by_device()
+        await asyncio.gather(*(self._poll(w) for w in self.watches))
+        loop = asyncio.get_running_loop()
+        self._event_thread = threading.Thread(
+            target=wait_events,
+            args=(
+                nvml,
+                self._event_set,
+                lambda ev: loop.call_soon_threadsafe(self._on_event, ev),
+                lambda err: loop.call_soon_threadsafe(self._on_event_error, err),
+                self._stop_events,
+            ),
+            kwargs={"timeout_ms": 250},
+            name=f"nvml-events:{self.node}",
+            daemon=True,
+        )
+        self._event_thread.start()
+        self.ready = True
+        self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id)
+
+    async def _close(self) -> None:
+        self.ready = False
+        self._stop_events.set()
+        thread = self._event_thread
+        if thread is not None:
+            # The waiter wakes within its 250 ms timeout; never free a set it still waits on.
+            await asyncio.to_thread(thread.join, 2.0)
+        with contextlib.suppress(Exception):
+            if self._event_set is not None and not (thread and thread.is_alive()):
+                await self._control.call(partial(self.nvml.nvmlEventSetFree, self._event_set), 1.0)
+            await self._control.call(self.nvml.nvmlShutdown, 1.0)
+        for lane in [self._control, *(w.lane for w in self.watches)]:
+            lane.close()
+
+    async def _every(self, interval: timedelta, job: Callable[[], Any]) -> None:
+        seconds = interval.total_seconds()
+        while True:
+            await asyncio.sleep(seconds)
+            await job()
+
+    # -- health -------------------------------------------------------------------------
+
+    async def _poll_loop(self, watch: _Watch) -> None:
+        interval = self.settings.poll_interval.total_seconds()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await within(watch.poll_now.wait(), interval)
+            watch.poll_now.clear()
+            await self._poll(watch)
+
+    async def _poll(self, watch: _Watch) -> None:
+        """One health poll of one GPU through its lane; hangs and loss become findings."""
+        lane = watch.lane
+        try:
+            if watch.ident is None:
+                ident = await lane.call(
+                    partial(identify, self.nvml, lane, watch.index), self._timeout
+                )
+                await lane.call(
+                    partial(register_events, self.nvml, lane, ident, self._event_set), self._timeout
+                )
+                self._adopt(watch, ident)
+            assert watch.ident is not None
+            sample = await lane.call(
+                partial(sample_health, self.nvml, lane, watch.ident), self._timeout
+            )
+        except LaneBusy:
+            watch.hang = hang_finding(lane.current, lane.busy_for)
+        except CallTimeout as exc:
+            self.metrics.hangs.labels(str(watch.index)).inc()
+            self.log.warning(
+                "nvml call hung", gpu=watch.index, call=exc.what, timeout_s=exc.timeout
+            )
+            watch.hang = hang_finding(exc.what, exc.timeout)
+        except pynvml.NVMLError as exc:
+            watch.hang = None
+            if not is_lost(exc):
+                self.log.warning(
+                    "nvml call failed", gpu=watch.index, call=lane.last, error=str(exc)
+                )
+                if watch.ident is not None:
+                    return
+                # Not even identified: say so rather than stay silent about this GPU.
+                watch.lost = Finding(
+                    "nvml_error",
+                    HealthState.UNKNOWN,
+                    RecommendedAction.NONE,
+                    f"cannot identify the GPU: {exc}",
+                    evidence={"call": lane.last},
+                )
+            else:
+                watch.lost = lost_finding(lane.last)
+        else:
+            watch.hang = watch.lost = None
+            watch.polled = sample_findings(sample, self.limits)
+            for kind, value in sample.ecc.items():
+                self.metrics.ecc.labels(str(watch.index), kind).set(value)
+        self._evaluate(watch)
+
+    def _adopt(self, watch: _Watch, ident: GpuIdentity) -> None:
+        watch.ident = ident
+        first = _Unit(ident.uuid)
+        if watch.units:  # published before it could be identified: keep its state and sequence
+            old = watch.units[0]
+            first.state, first.codes, first.sequence = old.state, old.codes, old.sequence
+        watch.units = [first] + [
+            _Unit(
+                m.uuid,
+                MigInstance(
+                    gpu_instance_id=m.gpu_instance_id,
+                    compute_instance_id=m.compute_instance_id,
+                    profile=m.profile,
+                    uuid=m.uuid,
+                ),
+            )
+            for m in ident.migs
+        ]
+        self._by_handle[handle_key(ident.handle)] = watch
+
+    def _on_event(self, ev: NvmlEvent) -> None:
+        watch = self._by_handle.get(ev.device_key)
+        if watch is None:
+            self.log.warning(
+                "nvml event for an unknown device", event_type=ev.event_type, data=ev.data
+            )
+            return
+        log = self.log.bind(gpu=watch.index, event_type=hex(ev.event_type), data=ev.data)
+        if ev.event_type & pynvml.nvmlEventTypeXidCriticalError:
+            log.info("xid", xid=ev.data, gpu_instance=ev.gpu_instance_id)
+            self.metrics.xids.labels(str(watch.index), str(ev.data)).inc()
+            evidence: dict[str, Any] = {"event_data": ev.data}
+            if ev.gpu_instance_id is not None:
+                evidence |= {
+                    "gpu_instance_id": ev.gpu_instance_id,
+                    "compute_instance_id": ev.compute_instance_id,
+                }
+            watch.xids.append(XidSeen(ev.data, time.monotonic(), evidence))
+            if ev.data == 154:
+                watch.poll_now.set()
+            self._evaluate(watch)
+        if (
+            ev.event_type & pynvml.nvmlEventTypeGpuRecoveryAction
+            and ev.data == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+        ):
+            log.info("driver reports no recovery action needed: XID history cleared")
+            watch.xids.clear()
+        if ev.event_type & _REFRESH_EVENTS:
+            watch.poll_now.set()
+
+    def _on_event_error(self, error: str) -> None:
+        self.log.warning("nvml event wait failed", error=error)
+
+    def _findings(self, watch: _Watch) -> list[Finding]:
+        hold = self.settings.xid_hold.total_seconds()
+        now = time.monotonic()
+        watch.xids = [x for x in watch.xids if now - x.at <= hold]
+        found = list(watch.polled)
+        found += [f for f in (watch.lost, watch.hang) if f is not None]
+        found += xid_findings(watch.xids, self.catalog, self.settings.xid_window.total_seconds())
+        return found
+
+    def _evaluate(self, watch: _Watch) -> None:
+        """Classify the GPU; publish a change for every unit whose state or reasons changed."""
+        if not watch.units:
+            watch.units = [_Unit(f"unknown-{self.node}-gpu{watch.index}")]
+        verdict = classify(self._findings(watch))
+        for unit in watch.units:
+            unit.last = verdict
+            if unit.state == verdict.state and unit.codes == verdict.codes:
+                continue
+            previous, unit.state, unit.codes = unit.state, verdict.state, verdict.codes
+            self.metrics.state.labels(str(watch.index), unit.uuid).set(_STATE_VALUE[verdict.state])
+            self.log.info(
+                "gpu health changed",
+                gpu=watch.index,
+                mig=unit.mig.gpu_instance_id if unit.mig else None,
+                state=verdict.state.value,
+                previous=previous.value if previous else None,
+                action=verdict.action.value,
+                reasons=list(verdict.codes),
+            )
+            self._enqueue(self._health_event(watch, unit, previous=previous, heartbeat=False))
+
+    def _health_event(
+        self, watch: _Watch, unit: _Unit, *, previous: HealthState | None, heartbeat: bool
+    ) -> Event[GpuHealth]:
+        verdict = unit.last
+        assert verdict is not None and unit.state is not None
+        unit.sequence += 1
+        ident = watch.ident
+        data = GpuHealth(
+            node=self.node,
+            gpu_index=watch.index,
+            gpu_uuid=ident.uuid if ident else unit.uuid,
+            mig=unit.mig,
+            model=ident.name if ident else None,
+            pci_bus_id=ident.pci_bus_id if ident else None,
+            state=unit.state,
+            previous_state=previous,
+            reasons=list(verdict.reasons),
+            recommended_action=verdict.action,
+            pods=self._pods_now.get(unit.uuid)
+            or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
+            heartbeat=heartbeat,
+            observed_at=utcnow(),
+            agent_boot_id=self.boot_id,
+            sequence=unit.sequence,
+        )
+        return make_event(data, source=self.source)
+
+    async def _refresh_pods(self) -> None:
+        """Apart from the heartbeat, so a slow kubelet never delays one."""
+        self._pods_now = await self.pods.pods_by_device()
+
+    async def _heartbeat(self) -> None:
+        for watch in self.watches:
+            if watch.lane.busy and watch.hang is not None:
+                watch.hang = hang_finding(watch.lane.current, watch.lane.busy_for)
+            for unit in watch.units:
+                if unit.state is not None:
+                    self._enqueue(self._health_event(watch, unit, previous=None, heartbeat=True))
+
+    # -- telemetry ----------------------------------------------------------------------
+
+    async def _telemetry(self) -> None:
+        async def one(watch: _Watch) -> GpuSample | None:
+            ident = watch.ident
+            if ident is None or watch.lane.busy:
+                return None
+            try:
+                t = await watch.lane.call(
+                    partial(sample_telemetry, self.nvml, watch.lane, ident), self._timeout
+                )
+            except (CallTimeout, LaneBusy, pynvml.NVMLError):
+                watch.poll_now.set()  # the health poll reports what is wrong
+                return None
+            g = str(watch.index)
+            self.metrics.util.labels(g).set(t.utilization_gpu_pct / 100)
+            self.metrics.memory.labels(g).set(t.memory_used_bytes)
+            if t.temperature_c is not None:
+                self.metrics.temperature.labels(g).set(t.temperature_c)
+            if t.power_w is not None:
+                self.metrics.power.labels(g).set(t.power_w)
+            if t.energy_mj is not None:
+                self.metrics.energy.labels(g).set(t.energy_mj)
+            return GpuSample(gpu_index=watch.index, gpu_uuid=ident.uuid, **vars(t))
+
+        samples = [
+            s for s in await asyncio.gather(*(one(w) for w in self.watches)) if s is not None
+        ]
+        if samples:
+            data = GpuTelemetry(
+                node=self.node,
+                interval_s=self.settings.telemetry_interval.total_seconds(),
+                samples=samples,
+            )
+            self._enqueue(make_event(data, source=self.source))
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def _enqueue(self, event: Event[Any]) -> None:
+        self._outbox.put(event)
+
+
+MAX_UNSENT = 10_000
+
+
+def _is_state_change(event: Event[Any]) -> bool:
+    return isinstance(event.data, GpuHealth) and not event.data.heartbeat
+
+
+async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
+    """The GPU agent daemon of this node (not started), on the real NVML unless `nvml` is given.
+
+    The node name comes from `agents.gpu.node`, else `NODE_NAME` (downward API), else the
+    host name.
+    """
+    from nodeward.platform import bus_daemon
+
+    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
+    node = config.node_name()
+    if settings.bus.inbox_prefix is None:
+        # The node's NATS user may receive only on its own inbox (nodeward.nats_auth).
+        bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
+        settings = settings.model_copy(update={"bus": bus_settings})
+    daemon, bus = await bus_daemon(
+        f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
+    )
+    pods = KubeletPods(
+        config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
+    )
+    agent = GpuAgent(
+        pynvml if nvml is None else nvml,
+        bus,
+        config,
+        node=node,
+        registry=daemon.metrics.registry,
+        pods=pods,
+    )
+    agent.attach(daemon)
+    daemon.add_shutdown_hook(pods.close)
+    return daemon
+
+
+standalone = Standalone(build_gpu_agent)

@@ -1,0 +1,151 @@
+"""`nodeward`: the runtime's commands plus `up` and `sim`, which need the simulators.
+
+This is the composition root's command line and the `nodeward` executable. The simulators
+are imported only when `up` or a `sim` command runs, so `nodeward service cordon` loads none of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nodeward.cli import ConfigOpt, NatsOpt, _run, app
+from nodeward.cli import main as _main
+from nodeward.cli.common import CliError
+from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
+from sim.cli import sim_app  # typer only: the simulators load when a sim command runs
+
+
+@app.command()
+def up(  # noqa: PLR0917 - typer maps parameters to options
+    state_dir: Annotated[
+        Path, typer.Option("--state-dir", help="NATS store, kubeconfig, outbox, endpoints.json")
+    ] = DEFAULT_STATE_DIR,
+    nats_port: Annotated[
+        int, typer.Option("--nats-port", min=0, max=65535, help="embedded NATS port; 0 picks one")
+    ] = 0,
+    nats: NatsOpt = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option("--kubeconfig", help="a real cluster (default: run the sim cluster)"),
+    ] = None,
+    seed: Annotated[
+        Path | None,
+        typer.Option("--seed", help="the sim cluster's seed YAML (default: the shipped one)"),
+    ] = None,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            "--scenario",
+            help="FILE of timed injections into the simulated GPUs, none, or default "
+            "(a GPU fails 10 s in and recovers later)",
+        ),
+    ] = "default",
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="simulated GPU nodes (default: the seed's)"),
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="do not tell the story of each remediation")
+    ] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
+    from launch.demo import demo_settings, load_demo_scenario, metrics_summary, sim_seed
+    from launch.up import run_up
+
+    running = Endpoints.read(state_dir)
+    if running is not None:
+        raise CliError(
+            f"nodeward up is already running from {state_dir} (pid {running.pid}, NATS {running.nats_url})"
+        )
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise CliError(f"kubeconfig {kubeconfig} does not exist")
+    if seed is not None and not seed.is_file():
+        raise CliError(f"seed {seed} does not exist")
+    if kubeconfig is not None and (nodes is not None or scenario not in ("default", "none")):
+        raise CliError(
+            "--nodes and --scenario FILE size and drive the sim cluster; not with --kubeconfig"
+        )
+    settings, profile = demo_settings(config, nats, sim=kubeconfig is None)
+    if kubeconfig is not None:
+        settings.cluster.kubeconfig = kubeconfig
+    seed_data = sim_seed(seed, nodes) if kubeconfig is None else None
+    steps = load_demo_scenario(scenario, seed_data) if seed_data is not None else []
+
+    def announce(endpoints: Endpoints) -> None:
+        from rich.console import Console
+
+        console = Console(stderr=True, soft_wrap=True)
+        console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
+        if profile is not None:
+            console.print(f"  profile     {profile}")
+        if endpoints.outbox:
+            console.print(f"  outbox      {endpoints.outbox}  (one file per delivered notice)")
+        console.print(
+            f"  daemons     {len(endpoints.metrics)}, each with /healthz /readyz /metrics:"
+        )
+        for line in metrics_summary(endpoints.metrics):
+            console.print(f"              {line}")
+        if endpoints.kubeconfig:
+            where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
+            console.print(
+                f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
+            )
+        console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
+        if endpoints.falco_ingest_url:
+            token = (
+                f"bearer token in {endpoints.falco_token_file}"
+                if endpoints.falco_token_file
+                else "mTLS"
+            )
+            console.print(f"  falco       POST alerts to {endpoints.falco_ingest_url}  ({token})")
+        sim_nodes = [
+            n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
+        ]
+        if sim_nodes:
+            console.print(
+                f"  try it      nodeward sim inject --node {sim_nodes[-1]} --gpu 0 --xid 79"
+            )
+        if steps:
+            first = steps[0]
+            console.print(
+                f"  scenario    {len(steps)} step(s), the first in {first.after.total_seconds():g}s "
+                f"on {first.node}; the story follows below (--quiet hides it)"
+            )
+        console.print(
+            "  watch it    nodeward status · nodeward tail   (another terminal)   ·   Ctrl-C stops everything"
+        )
+
+    story = None
+    if not quiet:
+        from launch.demo import story_for
+
+        story = story_for(settings)
+    _run(
+        run_up(
+            settings,
+            state_dir,
+            nats_port=nats_port,
+            external_nats=nats is not None,
+            seed=seed_data,
+            scenario=steps,
+            announce=announce,
+            story=story,
+        )
+    )
+
+
+app.add_typer(sim_app, name="sim")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `nodeward` executable: the runtime's commands, `up` and `sim`."""
+    return _main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

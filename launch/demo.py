@@ -1,0 +1,136 @@
+"""What `nodeward up` adds for a newcomer: the demo profile, the default scenario, the fleet
+size, and the story on the terminal."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+
+import structlog
+
+from nodeward.cli.common import CliError, connect_nats, settings_for
+from nodeward.config import Settings
+from nodeward.endpoints import Endpoints
+from sim.cluster.seed import Seed, SeedError, load_seed
+from sim.scenario import ScenarioError, Step, load_scenario
+
+DEMO_PROFILE = "demo-profile.yaml"
+DEFAULT_SCENARIO = "default.yaml"
+
+
+def demo_settings(
+    config: Path | None, nats: str | None, *, sim: bool
+) -> tuple[Settings, str | None]:
+    """Settings for `up`, and a line describing the demo profile when it applies.
+
+    The profile applies only with the sim cluster and no `--config`; the environment
+    (`NODEWARD_SERVICES__CORDON__HEALTHY_PERIOD`, ...) still overrides it.
+    """
+    if config is not None or not sim:
+        return settings_for(config, nats), None
+    with resources.as_file(resources.files("nodeward") / "data" / DEMO_PROFILE) as path:
+        settings = settings_for(path, nats)
+    cordon = settings.services.get("cordon", {})
+    shown = ", ".join(
+        f"{key} {cordon[key]}"
+        for key in ("healthy_period", "cooldown", "reconcile_interval")
+        if key in cordon
+    )
+    wait = settings.services.get("notifier", {}).get("grouping", {}).get("group_wait")
+    if wait:
+        shown += f"; services.notifier group_wait {wait}"
+    culler = settings.services.get("culler", {})
+    if culler.get("warn_after") and culler.get("cull_after"):
+        shown += (
+            f"; services.culler warn_after {culler['warn_after']}, "
+            f"cull_after {culler['cull_after']}"
+        )
+    return settings, f"demo timings: services.cordon {shown} (--config FILE replaces them)"
+
+
+def sim_seed(seed: Path | None, nodes: int | None) -> Seed:
+    """The sim cluster's seed (`--seed` or the shipped one), resized to `--nodes`. The
+    shipped one also gets the Falco sample alerts' pods, so any sample can be posted."""
+    from sim.cluster.resize import resize_seed
+    from sim.falco_samples import with_sample_pods
+
+    try:
+        data = load_seed(seed)
+        data = resize_seed(data, nodes) if nodes is not None else data
+    except SeedError as exc:
+        raise CliError(str(exc)) from None
+    return with_sample_pods(data) if seed is None else data
+
+
+def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
+    """`--scenario`: none, default (the shipped one), or a file; checked against the fleet.
+
+    The default scenario moves to the fleet's first GPU node when a seed lacks its node.
+    """
+    if scenario == "none":
+        return []
+    gpu_nodes = [n.name for n in seed.nodes if n.gpu is not None and n.gpu.count > 0]
+    try:
+        if scenario == "default":
+            ref = resources.files("sim.scenarios") / DEFAULT_SCENARIO
+            with resources.as_file(ref) as path:
+                steps = load_scenario(path)
+            if gpu_nodes and any(s.node not in gpu_nodes for s in steps):
+                steps = [s.model_copy(update={"node": gpu_nodes[0]}) for s in steps]
+        else:
+            steps = load_scenario(Path(scenario))
+    except ScenarioError as exc:
+        raise CliError(str(exc)) from None
+    for step in steps:
+        if step.node not in gpu_nodes:
+            raise CliError(
+                f"scenario {scenario} names node {step.node!r}, which has no simulated GPU agent "
+                f"(GPU nodes: {', '.join(gpu_nodes) or 'none'})"
+            )
+    return steps
+
+
+def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:
+    """Where each daemon's metrics are; each kind of simulated agent on one line, by port."""
+    groups = {
+        "agent-gpu-": "GPU agents",
+        "agent-energy-": "energy agents",
+        "agent-idle-": "idle agents",
+    }
+    grouped = {p: {n: u for n, u in metrics.items() if n.startswith(p)} for p in groups}
+    members = {n for g in grouped.values() for n in g}
+    lines = [f"{name:<10} {url}/metrics" for name, url in metrics.items() if name not in members]
+    for prefix, agents in grouped.items():
+        if not agents:
+            continue
+        host = next(iter(agents.values())).rsplit(":", 1)[0]
+        ports = [u.rsplit(":", 1)[1] for u in agents.values()]
+        more = " ..." if len(ports) > shown else ""
+        lines.append(
+            f"{groups[prefix]:<10} {host}:PORT/metrics, PORT {' '.join(ports[:shown])}{more} "
+            f"({len(ports)}, by node in endpoints.json)"
+        )
+    return lines
+
+
+def story_for(settings: Settings) -> Callable[[Endpoints], Awaitable[None]]:
+    """The task `up` runs to tell the story; it logs and ends instead of raising."""
+
+    async def run(endpoints: Endpoints) -> None:
+        from nodeward.cli.story import tell
+
+        log = structlog.get_logger().bind(component="story")
+        try:
+            nc = await connect_nats(settings, "nodeward/up-story", endpoints.state_dir)
+        except (CliError, OSError) as exc:
+            log.warning("story.unavailable", error=str(exc))
+            return
+        try:
+            await tell(nc, endpoints.outbox)
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    return run

@@ -1,0 +1,166 @@
+"""Simulated GPU agents for `nodeward up`: one agent per sim-cluster node, on a SimNvml.
+
+Each agent runs in its own `Daemon` with its own bus connection and answers fault
+injections for its node on `sim.inject.<node>`. Several run in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agents.gpu.agent import GpuAgent, GpuAgentSettings
+from agents.sources.pods import StaticPods
+from nodeward.config import Settings, section
+from nodeward.daemon import Daemon
+from nodeward.logs import get_logger
+from nodeward.platform import UpContext
+from schemas.cloudevents import DecodeError, decode
+from schemas.common import PodRef
+from schemas.gpu import GpuSample, GpuTelemetry
+from schemas.tokens import subject
+from sim.cluster.seed import NodeSeed, PodSeed, Seed
+from sim.inject import serve_injections
+from sim.nvml import SimNvml
+
+MIG_RESOURCE = "nvidia.com/mig-"
+GPU_LOAD_ANNOTATION = "sim.nodeward.io/gpu"  # a pod's GPU utilisation %, e.g. '85'
+ROLE_LOAD = {"training": 30.0}  # else 0: sessions at rest, free GPUs
+
+
+def sim_nvml_for(node: NodeSeed) -> SimNvml:
+    """The simulated driver of a seed node: its GPU model, family, count and MIG layout."""
+    gpu = node.gpu
+    if gpu is None:
+        return SimNvml(node.name, [])
+    return SimNvml.build(
+        node.name,
+        product=gpu.product,
+        count=gpu.count,
+        mig=node.mig.devices if node.mig else None,
+        family=gpu.family,
+    )
+
+
+def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[PodRef]]:
+    """Hand the node's GPUs (or MIG instances) to its pods in order, as a device plugin would."""
+    free_gpus = [g.uuid for g in sim.gpus if not g.migs]
+    free_migs = [(m.profile, m.uuid) for g in sim.gpus for m in g.migs]
+    out: dict[str, list[PodRef]] = {}
+    for pod in pods:
+        if pod.node != sim.node or pod.gpus <= 0:
+            continue
+        ref = PodRef(namespace=pod.namespace, name=pod.name)
+        for _ in range(pod.gpus):
+            if pod.gpu_resource.startswith(MIG_RESOURCE):
+                profile = pod.gpu_resource.removeprefix(MIG_RESOURCE)
+                match = next((m for m in free_migs if m[0] == profile), None)
+                if match is None:
+                    break
+                free_migs.remove(match)
+                out.setdefault(match[1], []).append(ref)
+            elif free_gpus:
+                out.setdefault(free_gpus.pop(0), []).append(ref)
+    return out
+
+
+def sim_workload(sim: SimNvml, pods: Sequence[PodSeed]) -> SimNvml:
+    """Load the GPUs the way their pods use them: a pod's `sim.nodeward.io/gpu` annotation,
+    else 30 % for training pods and 0 for sessions; free GPUs idle. Returns `sim`."""
+    by_name = {(p.namespace, p.name): p for p in pods}
+    held = sim_pod_devices(sim, pods)
+    for gpu in sim.gpus:
+        devices = [m.uuid for m in gpu.migs] if gpu.migs else [gpu.uuid]
+        loads = []
+        for device in devices:
+            refs = held.get(device, [])
+            pod = by_name.get((refs[0].namespace, refs[0].name)) if refs else None
+            load = _load_of(pod)
+            loads.append(load)
+            mig = next((m for m in gpu.migs if m.uuid == device), None)
+            if mig is not None:
+                sim.set_mig_load(gpu.index, mig.gpu_instance_id, load)
+        if not gpu.migs:
+            sim.set_load(gpu.index, loads[0])
+    return sim
+
+
+def _load_of(pod: PodSeed | None) -> float:
+    if pod is None:
+        return 0.0
+    raw = pod.annotations.get(GPU_LOAD_ANNOTATION)
+    try:
+        return min(max(float(raw), 0.0), 100.0) if raw is not None else ROLE_LOAD.get(pod.role, 0.0)
+    except ValueError:
+        return ROLE_LOAD.get(pod.role, 0.0)
+
+
+async def follow_telemetry(
+    nc: Any, node: str, nvml: SimNvml, apply: Callable[[GpuSample], None], *, who: str
+) -> Any:
+    """Apply each GPU sample of the node's `gpu.telemetry` events (the sim GPU agent's) to a
+    copy of its simulated GPUs (`nvml`), so other simulated agents of the node follow it."""
+    log: Any = get_logger(agent=who, node=node)
+
+    async def on_message(msg: Any) -> None:
+        try:
+            event = decode(msg.subject, msg.headers, msg.data)
+        except DecodeError as exc:
+            log.warning("telemetry not understood", error=str(exc))
+            return
+        if not isinstance(event.data, GpuTelemetry):
+            return
+        for sample in event.data.samples:
+            if 0 <= sample.gpu_index < len(nvml.gpus):
+                apply(sample)
+
+    return await nc.subscribe(subject("gpu", "telemetry", node), cb=on_message)
+
+
+async def build_sim_gpu_agent(
+    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
+) -> tuple[Daemon, GpuAgent, SimNvml]:
+    """One simulated node's GPU agent daemon (not started), its agent and its driver.
+
+    The streams must exist already (`nodeward up`'s own bus provisions them first).
+    """
+    from nodeward.platform import bus_daemon
+
+    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
+    sim = sim_workload(sim_nvml_for(node), pods)
+    daemon, bus = await bus_daemon(
+        f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
+    )
+    agent = GpuAgent(
+        sim,
+        bus,
+        config,
+        node=node.name,
+        registry=daemon.metrics.registry,
+        pods=StaticPods(sim_pod_devices(sim, pods)),
+    )
+    agent.attach(daemon)
+    await serve_injections(bus.nc, sim)
+
+    async def release_hung_calls() -> None:
+        sim.close()
+
+    daemon.add_shutdown_hook(release_hung_calls)
+    return daemon, agent, sim
+
+
+async def build_sim_gpu_agents(
+    settings: Settings, nodes: Sequence[NodeSeed], pods: Sequence[PodSeed] = ()
+) -> list[Daemon]:
+    """A GPU agent daemon (not started) for every node that has GPUs."""
+    daemons = []
+    for node in nodes:
+        if node.gpu is not None and node.gpu.count > 0:
+            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods)
+            daemons.append(daemon)
+    return daemons
+
+
+async def build_for_up(context: UpContext, seed: Seed) -> list[Daemon]:
+    """One simulated GPU agent per GPU node of the seeded sim cluster."""
+    return await build_sim_gpu_agents(context.settings, seed.nodes, seed.pods)

@@ -1,0 +1,136 @@
+"""`nodeward up`: NATS, the sim cluster (or a real one), the simulated agents and every service,
+in one process until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from launch.sim_agents import energy as sim_energy
+from launch.sim_agents import gpu as sim_gpu
+from launch.sim_agents import idle as sim_idle
+from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
+from nodeward.config import Settings
+from nodeward.daemon import Daemon, serve
+from nodeward.endpoints import Endpoints
+from nodeward.platform import UpContext, bus_daemon, components
+from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
+from sim.cluster.seed import Seed, load_seed
+from sim.inject import InjectReply
+from sim.scenario import Step, play
+
+SimAgents = Callable[[UpContext, Seed], Awaitable[list[Daemon]]]
+SIM_AGENTS: tuple[SimAgents, ...] = (
+    sim_energy.build_for_up,
+    sim_gpu.build_for_up,
+    sim_idle.build_for_up,
+)
+"""The simulated node agents `up` runs on each seeded node, beside the services."""
+
+
+async def _platform_daemon(settings: Settings) -> tuple[Daemon, Bus]:
+    """The `up` process's own daemon: health of the bus it provisioned, and its metrics."""
+    return await bus_daemon("platform", settings, source="nodeward/up")
+
+
+def _play_scenario(daemon: Daemon, bus: Bus, scenario: list[Step], daemons: list[Daemon]) -> None:
+    """Run the scenario's injections as a task of the platform daemon. Its clock starts when
+    every daemon is ready (a GPU agent takes no injection before it watches its GPUs)."""
+    if scenario:
+        log = structlog.get_logger().bind(component="scenario")
+
+        def report(step: Step, reply: InjectReply | None, error: str | None) -> None:
+            if error is None and reply is not None and reply.ok:
+                log.info("scenario.injected", node=step.node, gpu=reply.gpu, applied=reply.applied)
+            else:
+                log.warning(
+                    "scenario.failed",
+                    node=step.node,
+                    error=error or (reply.error if reply else None),
+                )
+
+        async def run() -> None:
+            while not all([(await d.readiness()).ready for d in daemons]):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            await play(bus.nc, scenario, on_reply=report)
+
+        daemon.add_task(run, name="scenario")
+
+
+async def run_up(
+    settings: Settings,
+    state_dir: Path,
+    *,
+    nats_port: int = 0,
+    external_nats: bool = False,
+    seed: Path | Seed | None = None,
+    scenario: list[Step] | None = None,
+    announce: Callable[[Endpoints], None],
+    story: Callable[[Endpoints], Awaitable[None]] | None = None,
+) -> None:
+    """The whole platform in this process until SIGINT/SIGTERM.
+
+    Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
+    is written to `<state-dir>/kubeconfig`. `story(endpoints)` runs as a task of the
+    platform daemon once everything has started (it must not raise).
+    """
+    log = structlog.get_logger().bind(component="up")
+    state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
+    outbox = state_dir / "outbox"
+    outbox.mkdir(parents=True, exist_ok=True)
+    endpoints: Endpoints | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        if not external_nats:
+            server = EmbeddedNats(state_dir / "nats", port=nats_port)
+            await stack.enter_async_context(server)
+            settings.bus.url = server.url
+        kube_api: str | None = None
+        cluster: EmbeddedCluster | None = None
+        seed_data: Seed | None = None
+        if settings.cluster.kubeconfig is None:
+            seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
+            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed_data))
+            settings.cluster = cluster.settings_for(None)
+            kube_api = cluster.url
+        # The platform daemon goes first: its bus provisions the streams the others use.
+        platform, platform_bus = await _platform_daemon(settings)
+        daemons = [platform]
+        context = UpContext(
+            settings, state_dir, cluster.settings_for if cluster is not None else None
+        )
+        if seed_data is not None:
+            for build_agents in SIM_AGENTS:
+                daemons.extend(await build_agents(context, seed_data))
+        for component in components():
+            daemons.extend(await component.build(context))
+        for d in daemons:
+            await d.start()
+        endpoints = Endpoints(
+            nats_url=settings.bus.url,
+            state_dir=state_dir,
+            outbox=outbox,
+            kubeconfig=settings.cluster.kubeconfig,
+            kube_api=kube_api,
+            metrics={d.name: d.url for d in daemons},
+            **context.endpoints,
+        )
+        if story is not None:
+            told = endpoints
+
+            async def tell() -> None:
+                await story(told)
+
+            platform.add_task(tell, name="story")
+        _play_scenario(platform, platform_bus, scenario or [], daemons)
+        stack.callback(endpoints.remove)
+        endpoints.write()
+        log.info(
+            "up.ready", nats=settings.bus.url, kube=kube_api, daemons=[d.name for d in daemons]
+        )
+        announce(endpoints)
+        await serve(daemons, handle_signals=True)

@@ -1,5 +1,0 @@
-import sys
-
-from nodeward.cli import main
-
-sys.exit(main())

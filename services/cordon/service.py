@@ -1,0 +1,659 @@
+"""services.cordon: quarantine nodes whose GPUs fail, release them when healthy again.
+
+A durable consumer on `gpu.health.>` (in order per node) runs each event through the
+policy (`services/cordon/policy.yaml` by default), then the shared guards (exemption,
+rate limit, circuit breaker) and acts through the kube port: NoSchedule taint
+`nodeward.io/gpu-unhealthy`, cordon, condition `GPUHealthy=False`, label
+`nodeward.io/gpu-health=failed`, annotation `nodeward.io/quarantine` and an Event. What it
+did is recorded in KV and in the annotation, and only that is undone on release, once
+every GPU of the node has been healthy for `healthy_period`. A reconcile loop releases
+due nodes and notices an operator's manual uncordon, which is then respected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+from nats.js.errors import NoKeysError
+from pydantic import Field
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus.kv import TypedKV
+from nodeward.config import Section, Settings, section
+from nodeward.daemon import Daemon
+from nodeward.durations import Duration
+from nodeward.kube import Cluster, NotFound
+from nodeward.kube.base import Obj
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from schemas.base import Event, make_event
+from schemas.common import ObjectRef
+from schemas.gpu import GpuHealth, HealthState
+from schemas.ids import stable_id
+from schemas.maintenance import Maintenance, MaintenancePhase
+from schemas.notify import Severity
+from schemas.remediation import Outcome
+from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from services.cordon.marks import (
+    ACTOR,
+    TAINT_KEY,
+    QuarantineMarks,
+    applied_details,
+    has_taint,
+    unschedulable,
+)
+from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
+from services.kernel import (
+    ActionRunner,
+    Auditor,
+    BreakerSettings,
+    CircuitBreaker,
+    Cooldown,
+    DrainSettings,
+    Exemptions,
+    Guard,
+    Proposal,
+    RateLimiter,
+    RateLimitSettings,
+    drain,
+)
+
+NAME = "cordon"
+TOPIC = "gpu-health"
+# A release is good news: on-call hears of it, nobody is paged for it.
+SEVERITIES = MappingProxyType(
+    {"release": MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})}
+)
+
+
+class CordonSettings(Section):
+    """`services.cordon` in the config file."""
+
+    dry_run: bool = False
+    consumer: str = "cordon"
+    subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
+    bucket: str = "cordon"
+    concurrency: int = Field(default=16, ge=1)
+    policy_file: Path | None = Field(default=None, description="None: the shipped default")
+    cordon: bool = Field(default=True, description="also mark the node unschedulable")
+    no_execute: bool = Field(default=False, description="also taint NoExecute (evicts pods)")
+    healthy_period: Duration = Field(
+        default=timedelta(minutes=10), description="every GPU healthy this long before release"
+    )
+    cooldown: Duration = Field(
+        default=timedelta(minutes=5), description="a quarantine is held at least this long"
+    )
+    max_event_age: Duration = Field(
+        default=timedelta(minutes=15),
+        description="older failures (a replay on cold start) are recorded, never acted on",
+    )
+    reconcile_interval: Duration = timedelta(seconds=15)
+    node_count_ttl: Duration = timedelta(seconds=30)
+    breaker: BreakerSettings = BreakerSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
+    drain: DrainSettings = DrainSettings()
+
+
+def _target(node: str) -> ObjectRef:
+    return ObjectRef(kind="Node", name=node, api_version="v1")
+
+
+def describe(health: GpuHealth) -> str:
+    parts = [f"GPU {health.gpu_key()} ({health.gpu_uuid}) {health.state.value}"]
+    for r in health.reasons:
+        parts.append(f"XID {r.xid}: {r.message}" if r.xid is not None else f"{r.code}: {r.message}")
+    if health.recommended_action.value != "none":
+        parts.append(f"recommended: {health.recommended_action.value}")
+    return "; ".join(parts)
+
+
+class CordonService:
+    def __init__(
+        self,
+        bus: Bus,
+        cluster: Cluster,
+        *,
+        records: TypedKV[NodeRecord],
+        breaker: CircuitBreaker,
+        settings: CordonSettings,
+        policy: Policy,
+    ) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.records = records
+        self.settings = settings
+        self.policy = policy
+        self.breaker = breaker
+        self.marks = QuarantineMarks(cluster)
+        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
+        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
+        self.exemptions = Exemptions(cluster.namespaces.labels)
+        self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]
+        self.cooldown = Cooldown(settings.cooldown)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._node_count: tuple[float, int] | None = None
+        self.log = structlog.get_logger().bind(service=NAME)
+
+    # consumer ---------------------------------------------------------------------------
+    def consumer_spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            name=self.settings.consumer,
+            stream="GPU",
+            subjects=tuple(self.settings.subjects),
+            types=frozenset({GpuHealth.TYPE}),
+            concurrency=self.settings.concurrency,
+            order_key=lambda e: str(e.data.node),
+            retry_delays=(0.5, 2.0, 10.0, 30.0),
+            max_deliver=8,
+        )
+
+    @contextlib.asynccontextmanager
+    async def node_lock(self, node: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            yield
+
+    async def population(self) -> int:
+        """How many nodes the breaker's percentage is of (cached briefly)."""
+        now = time.monotonic()
+        if (
+            self._node_count
+            and now - self._node_count[0] < self.settings.node_count_ttl.total_seconds()
+        ):
+            return self._node_count[1]
+        selector = self.settings.breaker.node_selector
+        count = len(await self.cluster.nodes.list(label_selector=selector))
+        if count == 0 and selector:
+            # No node carries the GPU label (no GPU feature discovery): a limit of 0 would
+            # refuse every quarantine, so the percentage is of all nodes instead.
+            self.log.warning("cordon.breaker_selector_matches_nothing", selector=selector)
+            count = len(await self.cluster.nodes.list())
+        self._node_count = (now, count)
+        return count
+
+    async def handle(self, event: Event[Any], delivery: Delivery) -> None:
+        health: GpuHealth = event.data
+        with structlog.contextvars.bound_contextvars(node=health.node, gpu=health.gpu_key()):
+            async with self.node_lock(health.node):
+                await self._handle(event, health)
+
+    # one event --------------------------------------------------------------------------
+    async def _handle(self, event: Event[Any], health: GpuHealth) -> None:
+        key = node_key(health.node)
+        gpu = health.gpu_key()
+        prior_gpu: GpuRecord | None = None
+        stale = False
+
+        def accept(current: NodeRecord | None) -> NodeRecord | None:
+            nonlocal stale, prior_gpu
+            record = current or NodeRecord()
+            previous = prior_gpu = record.gpus.get(gpu)
+            stale = is_stale(previous, health, event.id)
+            if stale or (previous is not None and previous.event_id == event.id):
+                return None
+            gpus = {**record.gpus, gpu: GpuRecord.after(previous, health, event.id)}
+            return record.model_copy(update={"gpus": gpus})
+
+        written = await self.records.update(key, accept)
+        if stale:
+            await self._stale(event, health, prior_gpu)
+            return
+        record = written.value if written else NodeRecord()
+        try:
+            node = await self.cluster.nodes.get(health.node)
+        except NotFound:
+            self.log.warning("cordon.node_unknown")
+            return
+        record = await self._check_operator(health.node, record, node)
+        decision = self.policy.decide(health)
+        self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
+        age = (datetime.now(UTC) - health.observed_at).total_seconds()
+        if (
+            decision.action == PolicyAction.QUARANTINE
+            and age > self.settings.max_event_age.total_seconds()
+        ):
+            await self._too_old(event, health, age)
+        elif decision.action == PolicyAction.QUARANTINE:
+            await self._quarantine(
+                event, health, decision=decision, record=record, prior_gpu=prior_gpu, node=node
+            )
+        elif health.state == HealthState.HEALTHY and record.quarantine is not None:
+            await self._maybe_release(health.node, record)
+
+    async def _too_old(self, event: Event[Any], health: GpuHealth, age: float) -> None:
+        """A failure observed longer ago than `max_event_age` (a replay after a cold start,
+        #1347-style): its state is recorded, but it never quarantines by itself."""
+        self.log.info("cordon.old_event", age_s=round(age, 1))
+        reason = (
+            f"ignored as stale: {describe(health)} was observed {age:.0f}s ago, "
+            f"more than max_event_age {self.settings.max_event_age}"
+        )
+        await self._ignore(event, health, reason, "too_old", age_s=round(age, 1))
+
+    async def _stale(self, event: Event[Any], health: GpuHealth, prior: GpuRecord | None) -> None:
+        self.log.info("cordon.stale_event", sequence=health.sequence)
+        newer = (
+            f"sequence {prior.sequence} at {prior.observed_at.isoformat()}"
+            if prior
+            else "a newer event"
+        )
+        reason = (
+            f"ignored as stale: {describe(health)} (sequence {health.sequence}, observed "
+            f"{health.observed_at.isoformat()}) is older than {newer}"
+        )
+        await self._ignore(event, health, reason, "stale", sequence=health.sequence)
+
+    async def _ignore(
+        self, event: Event[Any], health: GpuHealth, reason: str, guard: str, **details: Any
+    ) -> None:
+        """Audit an event that is not acted on (heartbeats restate state: not audited)."""
+        if health.heartbeat:
+            return
+        proposal = Proposal(
+            action="ignore",
+            target=_target(health.node),
+            reason=reason,
+            trigger_id=event.id,
+            trigger_time=event.time,
+            protective=False,
+            details={"gpu": health.gpu_key(), **details},
+        )
+        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard=guard)
+
+    # quarantine -------------------------------------------------------------------------
+    async def _quarantine(
+        self,
+        event: Event[Any],
+        health: GpuHealth,
+        *,
+        decision: Decision,
+        record: NodeRecord,
+        prior_gpu: GpuRecord | None,
+        node: Obj,
+    ) -> None:
+        name, gpu = health.node, health.gpu_key()
+        q = record.quarantine
+        proposal = Proposal(
+            action="quarantine",
+            target=_target(name),
+            reason=f"{name}: {describe(health)}",
+            policy=decision.rule,
+            trigger_id=event.id,
+            trigger_time=event.time,
+            obj=node,
+            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
+        )
+        if q is not None and q.phase == "applied" and not q.operator_released:
+            if q.incident == event.id:
+                # This very event opened the quarantine: a redelivery after a restart between
+                # the act and its audit. Re-publish the audit (same id: stored at most once).
+                outcome = Outcome.DRY_RUN if q.dry_run else Outcome.APPLIED
+                reason = (
+                    f"dry run: would quarantine: {proposal.reason}"
+                    if q.dry_run
+                    else proposal.reason
+                )
+                await self.auditor.record(proposal, outcome, reason, details=applied_details(q))
+                return
+            if gpu in q.gpus:
+                if not health.heartbeat:
+                    await self.auditor.record(
+                        proposal,
+                        Outcome.SKIPPED,
+                        f"already quarantined: {proposal.reason}",
+                        guard="already_quarantined",
+                    )
+                return
+            await self._add_gpu(name, gpu, proposal)
+            return
+        if (
+            q is not None
+            and q.operator_released
+            and gpu in q.gpus
+            and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
+        ):
+            if not health.heartbeat:
+                await self.auditor.record(
+                    proposal,
+                    Outcome.SKIPPED,
+                    f"not re-quarantined: an operator released {name} from incident {q.incident}",
+                    guard="manual_uncordon",
+                )
+            return
+
+        async def act() -> dict[str, Any]:
+            return await self._apply(
+                name, gpu, event, decision=decision, reason=proposal.reason, node=node
+            )
+
+        def repeat(outcome: Outcome, guard: str | None) -> bool:
+            # A heartbeat restating a failure that was already refused or skipped the same
+            # way is not audited again (it still runs the guards: a reset breaker lets it through).
+            return health.heartbeat and record.last_decision == f"{outcome.value}/{guard or ''}"
+
+        result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
+        if result.outcome == Outcome.DRY_RUN:
+            await self._remember(name, event, decision, gpu, proposal.reason, dry_run=True)
+        elif result.outcome != Outcome.APPLIED:
+            last = f"{result.outcome.value}/{result.guard or ''}"
+            await self.records.update(
+                node_key(name),
+                lambda r: (
+                    None
+                    if r is not None and r.last_decision == last
+                    else (r or NodeRecord()).model_copy(update={"last_decision": last})
+                ),
+            )
+
+    def _new_quarantine(
+        self, event: Event[Any], decision: Decision, gpu: str, reason: str, *, dry_run: bool
+    ) -> Quarantine:
+        return Quarantine(
+            incident=event.id,
+            rule=decision.rule,
+            reason=reason,
+            gpus=[gpu],
+            started_at=event.time,
+            dry_run=dry_run,
+        )
+
+    async def _remember(
+        self,
+        name: str,
+        event: Event[Any],
+        decision: Decision,
+        gpu: str,
+        reason: str,
+        *,
+        dry_run: bool,
+    ) -> None:
+        q = self._new_quarantine(event, decision, gpu, reason, dry_run=dry_run).model_copy(
+            update={"phase": "applied", "applied_at": time.time()}
+        )
+        await self.records.update(
+            node_key(name), lambda r: (r or NodeRecord()).model_copy(update={"quarantine": q})
+        )
+
+    async def _apply(
+        self, name: str, gpu: str, event: Event[Any], *, decision: Decision, reason: str, node: Obj
+    ) -> dict[str, Any]:
+        key = node_key(name)
+        fresh = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
+            update={"prior_unschedulable": unschedulable(node)}
+        )
+        planned = self.marks.plan(
+            node,
+            fresh,
+            cordon=self.settings.cordon,
+            no_execute=decision.no_execute or self.settings.no_execute,
+        )
+
+        def intend(current: NodeRecord | None) -> NodeRecord | None:
+            record = current or NodeRecord()
+            q = record.quarantine
+            if q is not None and q.phase == "pending":
+                # A previous attempt was cut short: keep what it planned (the prior
+                # unschedulable it saw before it changed anything).
+                if gpu in q.gpus:
+                    return None
+                return record.model_copy(
+                    update={"quarantine": q.model_copy(update={"gpus": [*q.gpus, gpu]})}
+                )
+            return record.model_copy(update={"quarantine": planned})
+
+        written = await self.records.update(key, intend)
+        assert written is not None and written.value.quarantine is not None
+        q = written.value.quarantine
+        details = await self.marks.apply(name, q)
+        if decision.drain or self.settings.drain.enabled:
+            # Before the quarantine is marked applied: a restart mid-drain drains again.
+            result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
+            details["drain"] = result.to_json()
+            if not result.complete:
+                blocked = Proposal(
+                    action="drain",
+                    target=_target(name),
+                    reason=f"drain of {name} incomplete at its deadline: "
+                    + "; ".join(f"{p}: {why}" for p, why in result.blocked.items()),
+                    policy=decision.rule,
+                    trigger_id=event.id,
+                    trigger_time=event.time,
+                    details=result.to_json(),
+                )
+                await self.auditor.record(blocked, Outcome.FAILED, blocked.reason)
+
+        def done(current: NodeRecord | None) -> NodeRecord | None:
+            record = current or NodeRecord()
+            if record.quarantine is None or record.quarantine.incident != q.incident:
+                return None
+            update = {"phase": "applied", "event_recorded": True, "applied_at": time.time()}
+            return record.model_copy(
+                update={"quarantine": record.quarantine.model_copy(update=update)}
+            )
+
+        await self.records.update(key, done)
+        if decision.maintenance:
+            details["maintenance"] = await self._request_maintenance(name, q)
+        return details
+
+    async def _request_maintenance(self, name: str, q: Quarantine) -> str:
+        """Ask services.checkpoint to checkpoint and drain the quarantined node (its id is
+        the incident's, so a redelivered event asks once)."""
+        mid = f"mnt-quarantine-{q.incident}"
+        request = Maintenance(
+            node=name,
+            phase=MaintenancePhase.REQUESTED,
+            maintenance_id=mid,
+            reason=f"GPU quarantine ({q.rule}): {q.reason}"[:1024],
+            requested_by=ACTOR,
+        )
+        await self.bus.publish(
+            make_event(request, source=ACTOR, id=stable_id(q.started_at, mid, "requested"))
+        )
+        return mid
+
+    async def _add_gpu(self, name: str, gpu: str, proposal: Proposal) -> None:
+        """Another GPU of a quarantined node failed: record it in the same incident."""
+
+        def add(current: NodeRecord | None) -> NodeRecord | None:
+            record = current or NodeRecord()
+            q = record.quarantine
+            if q is None or gpu in q.gpus:
+                return None
+            return record.model_copy(
+                update={"quarantine": q.model_copy(update={"gpus": [*q.gpus, gpu]})}
+            )
+
+        written = await self.records.update(node_key(name), add)
+        q = written.value.quarantine if written else None
+        if q is None:
+            return
+
+        async def act() -> dict[str, Any]:
+            if not q.dry_run:
+                await self.marks.update_annotation(name, q)
+            return {"gpus": q.gpus, "incident": q.incident}
+
+        # Already quarantined: no new target for the breaker or the rate limit.
+        await self.runner.run(proposal, act, [self.exemptions])
+
+    # operator ---------------------------------------------------------------------------
+    async def _check_operator(self, name: str, record: NodeRecord, node: Obj) -> NodeRecord:
+        """Notice an operator's manual uncordon (or removal of our taint) and respect it."""
+        q = record.quarantine
+        if q is None or q.phase != "applied" or q.dry_run or q.operator_released:
+            return record
+        uncordoned = q.cordoned and not unschedulable(node)
+        untainted = bool(q.taints) and not all(has_taint(node, e) for e in q.taints)
+        if not (uncordoned or untainted):
+            return record
+        what = "uncordoned" if uncordoned else f"removed taint {TAINT_KEY} from"
+        self.log.warning("cordon.manual_release", what=what)
+        details = await self.marks.respect_operator(name, q)
+
+        def released(current: NodeRecord | None) -> NodeRecord | None:
+            rec = current or NodeRecord()
+            if rec.quarantine is None or rec.quarantine.incident != q.incident:
+                return None
+            return rec.model_copy(
+                update={"quarantine": rec.quarantine.model_copy(update={"operator_released": True})}
+            )
+
+        proposal = Proposal(
+            action="quarantine",
+            target=_target(name),
+            reason=f"an operator {what} {name}; nodeward respects it and will not re-quarantine "
+            f"it for incident {q.incident}",
+            policy=q.rule,
+            trigger_id=q.incident,
+            trigger_time=q.started_at,
+            protective=False,
+            details={**details, "by": "operator", "incident": q.incident},
+        )
+        # Audit first: a restart before the record is written detects it again and
+        # re-publishes the same audit id, which JetStream stores once.
+        await self.auditor.record(
+            proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
+        )
+        written = await self.records.update(node_key(name), released)
+        return written.value if written else record
+
+    # release ----------------------------------------------------------------------------
+    async def _maybe_release(self, name: str, record: NodeRecord) -> None:
+        q = record.quarantine
+        if q is None:  # pending too: a quarantine cut short whose GPU recovered meanwhile
+            return
+        healthy = record.healthy_for(datetime.now(UTC))
+        if healthy is None or healthy < self.settings.healthy_period.total_seconds():
+            return
+        if self.cooldown.remaining(q.applied_at, time.time()) > 0:
+            return
+        proposal = Proposal(
+            action="release",
+            target=_target(name),
+            reason=f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+            policy=q.rule,
+            trigger_id=q.incident,
+            trigger_time=q.started_at,
+            protective=False,
+            details={"incident": q.incident, "operator_released": q.operator_released},
+        )
+
+        async def act() -> dict[str, Any]:
+            return await self.marks.undo(name, q)
+
+        runner = self.runner if not q.dry_run else ActionRunner(self.auditor, dry_run=True)
+        await runner.run(proposal, act, [])  # releasing is never blocked by a guard
+
+        def cleared(current: NodeRecord | None) -> NodeRecord | None:
+            rec = current or NodeRecord()
+            if rec.quarantine is None or rec.quarantine.incident != q.incident:
+                return None
+            return rec.model_copy(
+                update={"quarantine": None, "last_release_at": time.time(), "last_decision": None}
+            )
+
+        await self.records.update(node_key(name), cleared)
+
+    async def reconcile_once(self) -> None:
+        """Release due nodes and notice manual uncordons, for every node with a quarantine."""
+        try:
+            keys = await self.records.kv.keys()
+        except NoKeysError:
+            return
+        for key in keys:
+            if not key.startswith("node."):
+                continue
+            name = key.removeprefix("node.")
+            with structlog.contextvars.bound_contextvars(node=name, action="reconcile"):
+                async with self.node_lock(name):
+                    current = await self.records.get(key)
+                    if current is None or current.value.quarantine is None:
+                        continue
+                    record = current.value
+                    try:
+                        node = await self.cluster.nodes.get(name)
+                    except NotFound:
+                        continue
+                    record = await self._check_operator(name, record, node)
+                    await self._maybe_release(name, record)
+
+    async def reconcile_loop(self) -> None:
+        interval = self.settings.reconcile_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reconcile_once()
+            except Exception:  # one bad pass must not stop the loop
+                self.log.exception("cordon.reconcile_failed")
+
+
+async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
+    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
+
+    Operators without the CLI can delete the key: `nats kv del <bucket> breaker`.
+    """
+
+    async def no_population() -> int:
+        return 0
+
+    kv = await bus.kv(config.bucket, history=5)
+    await CircuitBreaker(kv, config.breaker, no_population).reset()
+
+
+async def build(settings: Settings) -> Daemon:
+    """The cordon service's daemon: consumer on `gpu.health.>` plus the reconcile loop.
+
+    `settings.cluster` must authenticate as the cordon ServiceAccount (context
+    `nodeward-cordon` of the `nodeward up` kubeconfig).
+    """
+    config: CordonSettings = section(settings, "services", NAME, CordonSettings)
+    policy = load_policy(config.policy_file)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    kv = await bus.kv(config.bucket, history=5)
+    records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
+    service: CordonService
+
+    async def population() -> int:
+        return await service.population()
+
+    breaker = CircuitBreaker(kv, config.breaker, population, registry=daemon.metrics.registry)
+    service = CordonService(
+        bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
+    )
+
+    async def consume() -> None:
+        await bus.consume(service.consumer_spec(), service.handle)
+
+    daemon.add_task(consume, name="consume")
+    daemon.add_task(service.reconcile_loop, name="reconcile")
+    return daemon
+
+
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    """The cordon service under its own ServiceAccount (`nodeward-cordon`)."""
+    return [await build(context.settings_for(NAME))]
+
+
+component = Component(NAME, _build_for_up)
+
+
+async def _reset_breaker_command(settings: Settings) -> str:
+    config: CordonSettings = section(settings, "services", NAME, CordonSettings)
+    settings.bus.provision = False
+    bus = await Bus.connect(settings.bus, source=ACTOR, wait=False)
+    try:
+        await reset_breaker(bus, config)
+    finally:
+        await bus.close(grace=1)
+    return f"cordon: circuit breaker reset (KV {config.bucket}/breaker)"
+
+
+standalone = Standalone(build, admin={"reset-breaker": _reset_breaker_command})

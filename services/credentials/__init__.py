@@ -1,0 +1,1 @@
+"""services.credentials: Kerberos and OAuth2 renewal in opted-in Secrets. `schedule` (what is due), `secret` (reading a credential), `kerberos` and `oauth2` (renewers), `service` (the handlers)."""

@@ -1,0 +1,1 @@
+"""services.culler: idle sessions warned, then stopped. `policy` (pure), `service` (the handlers), its KV records in `schemas.state.culler`."""

@@ -1,0 +1,155 @@
+"""A circuit breaker on the number of targets quarantined in a sliding window.
+
+Unlike NVSentinel's, it only ever blocks protective actions (quarantine): releasing a
+node that has recovered is never refused. The limit is the lower of a percentage of the
+eligible nodes and an absolute count. Once tripped it refuses every new target until it
+is reset through KV (`CircuitBreaker.reset`, or deleting the key) or, if configured, a
+calm period after the trip has passed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+import structlog
+from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import BaseModel, Field
+
+from nodeward.bus.kv import TypedKV
+from nodeward.config import Section
+from nodeward.durations import Duration
+from schemas.remediation import Outcome
+from services.kernel.proposal import Proposal, Verdict
+
+BREAKER_KEY = "breaker"
+
+
+class BreakerSettings(Section):
+    max_percent: float = Field(default=20.0, gt=0, le=100)
+    max_nodes: int = Field(default=5, ge=1)
+    window: Duration = timedelta(minutes=10)
+    calm_period: Duration | None = Field(
+        default=timedelta(minutes=30),
+        description="a tripped breaker closes by itself this long after tripping; None: only by reset",
+    )
+    node_selector: str | None = Field(
+        default="nvidia.com/gpu.present=true", description="the nodes the percentage is of"
+    )
+
+
+class BreakerState(BaseModel):
+    admitted: dict[str, float] = Field(
+        default_factory=dict, description="target -> unix time admitted, within the window"
+    )
+    tripped_at: float | None = None
+    trip_reason: str | None = None
+    trips: int = 0
+
+
+def limit_for(settings: BreakerSettings, population: int) -> int:
+    """How many targets may be admitted within the window."""
+    by_percent = math.ceil(population * settings.max_percent / 100.0 - 1e-9)
+    return max(0, min(by_percent, settings.max_nodes))
+
+
+def decide(
+    state: BreakerState | None, settings: BreakerSettings, target: str, population: int, now: float
+) -> tuple[BreakerState, bool]:
+    """The new state and whether `target` is admitted. Pure: used inside a KV update."""
+    state = (state or BreakerState()).model_copy(deep=True)
+    horizon = now - settings.window.total_seconds()
+    state.admitted = {t: at for t, at in state.admitted.items() if at >= horizon}
+    if (
+        state.tripped_at is not None
+        and settings.calm_period is not None
+        and now - state.tripped_at >= settings.calm_period.total_seconds()
+    ):
+        state.tripped_at, state.trip_reason = None, None
+    if target in state.admitted:
+        return state, True
+    if state.tripped_at is not None:
+        return state, False
+    limit = limit_for(settings, population)
+    if len(state.admitted) + 1 > limit:
+        state.tripped_at = now
+        state.trips += 1
+        state.trip_reason = (
+            f"{len(state.admitted)} of {population} nodes quarantined within "
+            f"{settings.window}; limit {limit} ({settings.max_percent:g}% / {settings.max_nodes})"
+        )
+        return state, False
+    state.admitted[target] = now
+    return state, True
+
+
+class CircuitBreaker:
+    """A guard backed by one KV key, shared by every replica (revision-checked updates)."""
+
+    name = "circuit_breaker"
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        settings: BreakerSettings,
+        population: Callable[[], Awaitable[int]],
+        *,
+        key: str = BREAKER_KEY,
+        clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.store: TypedKV[BreakerState] = TypedKV(kv, BreakerState)
+        self.settings = settings
+        self.population = population
+        self.key = key
+        self.clock = clock
+        self.tripped = Gauge(
+            "nodeward_breaker_tripped",
+            "1 while the circuit breaker refuses new targets",
+            registry=registry,
+        )
+        self.admitted = Gauge(
+            "nodeward_breaker_admitted",
+            "Targets admitted within the sliding window",
+            registry=registry,
+        )
+
+    async def state(self) -> BreakerState:
+        current = await self.store.get(self.key)
+        return current.value if current else BreakerState()
+
+    async def admit(self, target: str) -> tuple[bool, BreakerState]:
+        population = await self.population()
+        now = self.clock()
+        admitted = False
+
+        def change(current: BreakerState | None) -> BreakerState:
+            nonlocal admitted
+            new, admitted = decide(current, self.settings, target, population, now)
+            return new
+
+        result = await self.store.update(self.key, change)
+        assert result is not None
+        self.tripped.set(1 if result.value.tripped_at is not None else 0)
+        self.admitted.set(len(result.value.admitted))
+        return admitted, result.value
+
+    async def reset(self) -> None:
+        """Close the breaker and forget the window (an operator's command)."""
+        await self.store.put(self.key, BreakerState())
+        structlog.get_logger().warning("breaker.reset", key=self.key)
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.protective:
+            return None  # releasing is never blocked
+        admitted, state = await self.admit(proposal.target.key())
+        if admitted:
+            return None
+        return Verdict(
+            self.name,
+            f"refused by the circuit breaker: {state.trip_reason or 'tripped'}; reset it to resume",
+            Outcome.REFUSED,
+        )

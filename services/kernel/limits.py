@@ -1,0 +1,143 @@
+"""Rate limits (a token bucket) and cooldowns against flapping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from pydantic import Field
+
+from nodeward.config import Section
+from nodeward.durations import Duration
+from schemas.remediation import Outcome
+from services.kernel.proposal import Proposal, Verdict
+
+
+class RateLimitSettings(Section):
+    """At most `per_minute` protective actions a minute, in bursts of `burst`."""
+
+    per_minute: float = Field(default=30.0, gt=0)
+    burst: int = Field(default=10, ge=1)
+    max_wait: Duration = Field(
+        default=timedelta(seconds=5),
+        description="how long an action waits for a token before it is refused and retried",
+    )
+
+
+class RateLimiter:
+    """A guard: a token bucket per replica. An action that waits longer than `max_wait` is
+    refused (audited) and retried later through redelivery."""
+
+    name = "rate_limit"
+
+    def __init__(
+        self, settings: RateLimitSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.tokens = float(settings.burst)
+        self.updated = clock()
+        self._lock = asyncio.Lock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        rate = self.settings.per_minute / 60.0
+        self.tokens = min(float(self.settings.burst), self.tokens + (now - self.updated) * rate)
+        self.updated = now
+
+    def wait_time(self) -> float:
+        """Seconds until a token is available (0 if one is)."""
+        self._refill()
+        missing = 1.0 - self.tokens
+        return 0.0 if missing <= 0 else missing * 60.0 / self.settings.per_minute
+
+    async def acquire(self, max_wait: float) -> bool:
+        async with self._lock:
+            wait = self.wait_time()
+            if wait > max_wait:
+                return False
+            if wait > 0:
+                await asyncio.sleep(wait)
+                self._refill()
+            self.tokens -= 1.0
+            return True
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.protective:
+            return None
+        if await self.acquire(self.settings.max_wait.total_seconds()):
+            return None
+        wait = self.wait_time()
+        return Verdict(
+            self.name,
+            f"refused: more than {self.settings.per_minute:g} {proposal.action} actions a minute; retried in {wait:.0f}s",
+            Outcome.REFUSED,
+            retry_after=max(wait, 1.0),
+        )
+
+
+class Cooldown:
+    """No second action on the same target within `period` of the last one (flap damping)."""
+
+    def __init__(self, period: timedelta) -> None:
+        self.period = period
+
+    def remaining(self, last_action_at: float | None, now: float) -> float:
+        """Seconds left in the cooldown (0 when the target may be acted on)."""
+        if last_action_at is None:
+            return 0.0
+        return max(0.0, last_action_at + self.period.total_seconds() - now)
+
+
+class KeyedRateLimiter:
+    """A guard: one token bucket per key (a pod, a rule, ...), so one noisy key cannot use
+    up everyone's actions. Over the limit an action is refused (audited) at once, without
+    waiting and without a retry: the next alert for that key is judged afresh.
+
+    Buckets that have refilled are forgotten once there are more than `max_keys`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: RateLimitSettings,
+        key: Callable[[Proposal], str | None],
+        *,
+        what: str,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.key = key
+        self.what = what
+        self.clock = clock
+        self.max_keys = max_keys
+        self._buckets: dict[str, RateLimiter] = {}
+
+    def _bucket(self, key: str) -> RateLimiter:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self.max_keys:
+                for k, b in list(self._buckets.items()):
+                    if b.wait_time() == 0 and b.tokens >= b.settings.burst:
+                        del self._buckets[k]
+            bucket = self._buckets[key] = RateLimiter(self.settings, clock=self.clock)
+        return bucket
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.protective:
+            return None
+        key = self.key(proposal)
+        if key is None:
+            return None
+        if await self._bucket(key).acquire(0.0):
+            return None
+        return Verdict(
+            self.name,
+            f"refused: more than {self.settings.per_minute:g} actions a minute for {self.what} "
+            f"{key} (burst {self.settings.burst})",
+            Outcome.REFUSED,
+        )

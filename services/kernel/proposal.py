@@ -1,0 +1,51 @@
+"""What a policy proposes, and a guard's objection to it: the kernel's vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from schemas.common import ObjectRef
+from schemas.notify import Severity
+from schemas.remediation import Outcome
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a policy wants done, to what, and why."""
+
+    action: str
+    target: ObjectRef
+    reason: str
+    policy: str | None = None
+    trigger_id: str | None = None
+    trigger_time: datetime | None = None
+    protective: bool = True
+    """Quarantine-like (guarded by breaker and rate limits); False for undoing our own action."""
+    obj: dict[str, Any] | None = None
+    """The target as last read, for guards that look at labels."""
+    details: dict[str, Any] = field(default_factory=dict)
+    severity: Severity | None = None
+    """The notice's severity, instead of the auditor's per action and outcome."""
+    title: str | None = None
+    """What the notice's title starts with, instead of the target's name."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A guard's objection: the action is refused (blocked by a limit) or skipped (not ours to do)."""
+
+    guard: str
+    reason: str
+    outcome: Outcome = Outcome.REFUSED
+    retry_after: float | None = None
+    """Set when the action should be tried again later (the message is redelivered)."""
+
+
+class Guard(Protocol):
+    name: str
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        """None to allow, or why not."""
+        ...

@@ -1,0 +1,199 @@
+"""What a maintenance does with each pod, what its owner is told, and which pods wait.
+
+Pure functions of the node, its pods and the stored `MaintenanceState`: no I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nodeward.kube.base import Obj
+from schemas.maintenance import MaintenanceState, PodPlan, PodStatus
+from schemas.notify import Severity
+from services.kernel.drain import keep_reason
+
+CHECKPOINT_LABEL = "nodeward.io/checkpoint"
+CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
+
+
+def gpus_of(pod: Obj) -> int:
+    """GPUs (any NVIDIA or AMD device resource, MIG slices included) the pod's containers hold."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        resources = c.get("resources") or {}
+        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for name, value in wanted.items():
+            if name.startswith(GPU_RESOURCE_PREFIXES):
+                with contextlib.suppress(TypeError, ValueError):
+                    total += int(value)
+    return total
+
+
+def _label_true(obj: Obj, label: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(label, "")).lower() == "true"
+
+
+def opted_in(pod: Obj) -> bool:
+    return _label_true(pod, CHECKPOINT_LABEL)
+
+
+def cuda_checkpoint(node: Obj) -> bool:
+    """The node advertises that its runtime checkpoints GPU processes (CRIU + cuda-checkpoint)."""
+    return _label_true(node, CUDA_CHECKPOINT_LABEL)
+
+
+def when(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def plan_pods(node: Obj, pods: list[Obj], skip_namespaces: list[str]) -> dict[str, PodPlan]:
+    """A plan for every pod a drain would move: opted-in ones pending their checkpoint (or
+    not checkpointable: GPUs on a node without CUDA checkpoint support), the others not."""
+    cuda = cuda_checkpoint(node)
+    plans: dict[str, PodPlan] = {}
+    for pod in pods:
+        if keep_reason(pod, skip_namespaces):
+            continue
+        meta = pod["metadata"]
+        gpus = gpus_of(pod)
+        wants = opted_in(pod)
+        status: PodStatus = "not_opted_in"
+        reason = None
+        if wants:
+            status = "pending"
+            if gpus and not cuda:
+                status = "not_checkpointable"
+                reason = (
+                    f"it holds {gpus} GPU(s) and node {node['metadata']['name']} "
+                    f"does not advertise CUDA checkpoint support ({CUDA_CHECKPOINT_LABEL}=true)"
+                )
+        plan = PodPlan(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta.get("uid"),
+            gpus=gpus,
+            opted_in=wants,
+            status=status,
+            reason=reason,
+            spec=dict(pod.get("spec") or {}) if wants else {},
+            labels=dict(meta.get("labels") or {}) if wants else {},
+        )
+        plans[plan.key] = plan
+    return plans
+
+
+def hold(state: MaintenanceState) -> Callable[[Obj], str | None]:
+    """For the drain: no pod is evicted before its checkpoint is recorded, and a pod that
+    opted in but was not checkpointed waits for the deadline."""
+
+    def reason(pod: Obj) -> str | None:
+        meta = pod.get("metadata") or {}
+        plan = state.pods.get(f"{meta.get('namespace')}/{meta.get('name')}")
+        if plan is None or not plan.opted_in:
+            return None
+        if plan.status == "pending":
+            return "its checkpoint is not recorded yet"
+        if plan.held:
+            return f"held until the deadline: not checkpointed ({plan.reason})"
+        return None
+
+    return reason
+
+
+def merge_drain(
+    before: dict[str, Any] | None, result: dict[str, Any], outcome: str
+) -> dict[str, Any]:
+    """The drains of one maintenance as one record (held and blocked: the latest's)."""
+    prior = before or {}
+    return {
+        "evicted": [*prior.get("evicted", []), *result.get("evicted", [])],
+        "gone": [*prior.get("gone", []), *result.get("gone", [])],
+        "kept": {**prior.get("kept", {}), **result.get("kept", {})},
+        "held": dict(result.get("held", {})),
+        "blocked": dict(result.get("blocked", {})),
+        "outcome": outcome,
+    }
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What a pod's owner is told (a `notify.v1` with audience `user:<ns>/<pod>`)."""
+
+    kind: str
+    severity: Severity
+    title: str
+    body: str
+    why: str
+    deadline: datetime
+    steps: list[str] = field(default_factory=list)
+
+
+def _why(state: MaintenanceState) -> str:
+    return f"Node {state.node} needs maintenance: {state.reason or 'no reason given'}."
+
+
+def announcement(state: MaintenanceState, plan: PodPlan) -> Notice:
+    """When the maintenance starts and what happens to this pod."""
+    deadline = state.start_at + timedelta(seconds=state.deadline_s)
+    start = when(state.start_at)
+    steps = [
+        "Save your work before then; files on persistent volumes are kept.",
+        "Its controller (if any) starts a fresh pod on another node after it is evicted.",
+    ]
+    if plan.status == "pending":
+        what = (
+            f"At {start} nodeward checkpoints every container of {plan.key} (memory and "
+            "files, through the kubelet), records the archive, then evicts the pod. "
+            f"`nodeward maintenance restore {plan.key}` gives the plan to restore it."
+        )
+    elif plan.status == "not_checkpointable":
+        what = (
+            f"{plan.key} opted into checkpoints, but cannot be checkpointed: {plan.reason}. "
+            f"It stays until the deadline ({when(deadline)}) and is then evicted; "
+            "its running state is lost."
+        )
+    else:
+        what = (
+            f"At {start} {plan.key} is evicted (it did not opt into checkpoints: label "
+            f"{CHECKPOINT_LABEL}=true opts a pod in); its running state is lost."
+        )
+        steps.append(
+            f"To be checkpointed before maintenance next time: kubectl label pod "
+            f"{plan.name} -n {plan.namespace} {CHECKPOINT_LABEL}=true"
+        )
+    return Notice(
+        kind="announce",
+        severity=Severity.WARNING,
+        title=f"Node {state.node} goes into maintenance at {start}: your pod {plan.key} moves",
+        body=what,
+        why=_why(state),
+        deadline=deadline,
+        steps=steps,
+    )
+
+
+def checkpoint_failed(state: MaintenanceState, plan: PodPlan, deadline: datetime) -> Notice:
+    """The pod's checkpoint failed: it is held until `deadline`, then evicted."""
+    return Notice(
+        kind="checkpoint-failed",
+        severity=Severity.CRITICAL,
+        title=f"Your pod {plan.key} could not be checkpointed before maintenance",
+        body=(
+            f"The checkpoint of {plan.key} on node {state.node} failed: {plan.reason}. "
+            f"The pod stays until {when(deadline)} and is then evicted; its running "
+            "state is lost unless you save it before then."
+        ),
+        why=_why(state),
+        deadline=deadline,
+        steps=[
+            "Save your work now (write checkpoints or results to a persistent volume).",
+            "Ask the platform team whether the node's runtime supports checkpoints "
+            "(CRIU; for GPU pods, CUDA checkpoint).",
+        ],
+    )

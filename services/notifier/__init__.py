@@ -1,0 +1,1 @@
+"""services.notifier: notices to people. `routing`, `grouping` and `render` (pure), `channels` (delivery), `owners` (who owns a pod), `service` (the handlers)."""

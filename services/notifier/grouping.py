@@ -1,0 +1,330 @@
+"""Grouping, dedup and per-recipient rate limits: a storm becomes one message, not hundreds.
+
+Notices that take the same route to the same recipient collect in a group. A new group
+waits `group_wait` for company; the next group for the same route and recipient is sent
+no sooner than `group_interval` after the previous one; a recipient out of rate-limit
+tokens keeps collecting until one is free. Within a group, repeats (same dedup key and
+title) fold into one line with a count; a notice identical to one sent about the same
+thing within `dedup_window` is recorded as a repeat and not sent again.
+
+Each notice's handler waits on its entry until the group is settled (sent, or
+dead-lettered per channel), so its message is acked only then: nothing pending lives
+only in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from pydantic import Field
+
+from nodeward.aio import within
+from nodeward.bus import Delivery, RetryableError
+from nodeward.config import Section
+from nodeward.durations import Duration
+from schemas.base import Event
+from schemas.notify import Notification, Severity
+from services.notifier.routing import Audience, Route
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+class GroupingSettings(Section):
+    group_wait: Duration = Field(
+        default=timedelta(seconds=10), description="a new group waits this long for company"
+    )
+    group_interval: Duration = Field(
+        default=timedelta(minutes=2),
+        description="the least time between two messages of one route to one recipient",
+    )
+    dedup_window: Duration = Field(
+        default=timedelta(minutes=10),
+        description="a notice identical to one sent this recently is recorded, not re-sent",
+    )
+
+
+class RateLimitSettings(Section):
+    """Per recipient: at most `per_hour` messages an hour, in bursts of `burst`."""
+
+    per_hour: float = Field(default=30.0, gt=0)
+    burst: int = Field(default=5, ge=1)
+
+
+@dataclass
+class Entry:
+    """One notice waiting in a group for the channels it still needs on this route."""
+
+    event: Event[Notification]
+    audience: Audience
+    channels: tuple[str, ...]
+    delivery: Delivery | None = None
+    done: asyncio.Future[dict[str, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def note(self) -> Notification:
+        return self.event.data
+
+
+@dataclass
+class Item:
+    """One line of a message: the latest of a notice's repeats, and how many there were."""
+
+    entries: list[Entry]
+
+    @property
+    def latest(self) -> Entry:
+        return self.entries[-1]
+
+    @property
+    def note(self) -> Notification:
+        return self.latest.note
+
+    @property
+    def count(self) -> int:
+        return len(self.entries)
+
+    @property
+    def first_time(self) -> datetime:
+        return min(e.event.time for e in self.entries)
+
+    @property
+    def last_time(self) -> datetime:
+        return max(e.event.time for e in self.entries)
+
+
+def fold(entries: list[Entry]) -> list[Item]:
+    """Fold repeats (same dedup key, or none, and same title) into items, in arrival order."""
+    items: dict[tuple[str, str], Item] = {}
+    for entry in entries:
+        note = entry.note
+        key = (note.dedup_key or f"id:{entry.event.id}", note.title)
+        if key in items:
+            items[key].entries.append(entry)
+        else:
+            items[key] = Item([entry])
+    return list(items.values())
+
+
+def fingerprint(note: Notification) -> tuple[str, str]:
+    """(what it is about, what it says): repeats share both."""
+    about = note.dedup_key or note.title
+    return about, f"{note.severity.value}\x00{note.title}\x00{note.body}"
+
+
+class RecentSends:
+    """What was last said about each thing, to recognise a repeat within the dedup window."""
+
+    def __init__(self, window: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self.clock = clock
+        self._last: dict[tuple[str, str], tuple[str, float, str]] = {}
+
+    def repeat_of(self, route: str, note: Notification) -> str | None:
+        """The event id of the identical notice sent within the window, if there is one."""
+        about, said = fingerprint(note)
+        last = self._last.get((route, about))
+        if last is None or last[0] != said or self.clock() - last[1] > self.window:
+            return None
+        return last[2]
+
+    def sent(self, route: str, note: Notification, event_id: str) -> None:
+        about, said = fingerprint(note)
+        now = self.clock()
+        self._last[(route, about)] = (said, now, event_id)
+        if len(self._last) > 50_000:
+            cutoff = now - self.window
+            self._last = {k: v for k, v in self._last.items() if v[1] >= cutoff}
+
+
+class TokenBucket:
+    def __init__(self, settings: RateLimitSettings, now: float) -> None:
+        self.rate = settings.per_hour / 3600.0
+        self.burst = float(settings.burst)
+        self.tokens = self.burst
+        self.updated = now
+
+    def wait_time(self, now: float) -> float:
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        return 0.0 if self.tokens >= 1.0 else (1.0 - self.tokens) / self.rate
+
+    def take(self) -> None:
+        self.tokens -= 1.0
+
+
+@dataclass
+class Group:
+    route: Route
+    recipient: str | None  # the owner's address for a user's notice, else None (on-call)
+    opened: float
+    due: float
+    personal: bool = False  # users' notices on a `to_owner` route: mailed to `recipient`
+    entries: list[Entry] = field(default_factory=list)
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return group_key(self.route, self.recipient, personal=self.personal)
+
+    @property
+    def severity(self) -> Severity:
+        return max((e.note.severity for e in self.entries), key=SEVERITY_RANK.__getitem__)
+
+
+def group_key(route: Route, recipient: str | None, *, personal: bool) -> tuple[str, str]:
+    """Users' notices without an owner on record group apart from on-call's."""
+    return route.name, recipient or ("owner-unknown" if personal else "oncall")
+
+
+Flush = Callable[[Group], Awaitable[None]]
+
+
+class Grouper:
+    """Collects entries into groups and hands each due group to `flush`, which settles every
+    entry's `done` future. `add` returns that future's result to the notice's handler."""
+
+    def __init__(
+        self,
+        grouping: GroupingSettings,
+        rate_limit: RateLimitSettings,
+        flush: Flush,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_error: Callable[[BaseException, Group], None] | None = None,
+        capacity: int | None = None,
+    ) -> None:
+        """`capacity`: when this many notices wait, every open group is sent at once (the
+        consumer holds at most so many unacked; a full house would block other routes)."""
+        self.grouping = grouping
+        self.rate_limit = rate_limit
+        self.flush = flush
+        self.clock = clock
+        self.on_error = on_error
+        self.capacity = capacity
+        self._open: dict[tuple[str, str], Group] = {}
+        self._last_sent: dict[tuple[str, str], float] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._pending: dict[tuple[str, str], asyncio.Future[dict[str, str]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    @property
+    def open_groups(self) -> int:
+        return len(self._open)
+
+    @property
+    def waiting(self) -> int:
+        """Notices in groups not sent yet."""
+        return sum(len(g.entries) for g in self._open.values())
+
+    def bucket(self, recipient: str) -> TokenBucket:
+        found = self._buckets.get(recipient)
+        if found is None:
+            found = self._buckets[recipient] = TokenBucket(self.rate_limit, self.clock())
+        return found
+
+    async def add(self, route: Route, recipient: str | None, entry: Entry) -> dict[str, str]:
+        """Put `entry` in its group and wait until the group is settled: channel -> outcome.
+
+        A notice already waiting on this route (a redelivery while its group is open)
+        waits on the first one's result instead of joining twice.
+        """
+        pending_key = (entry.event.id, route.name)
+        waiting = self._pending.get(pending_key)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        self._pending[pending_key] = entry.done
+
+        def forget(done: asyncio.Future[dict[str, str]]) -> None:
+            self._pending.pop(pending_key, None)
+            if not done.cancelled():
+                done.exception()  # retrieved here: its handler may be gone (shutdown)
+
+        entry.done.add_done_callback(forget)
+        personal = route.to_owner and entry.audience.kind == "user"
+        key = group_key(route, recipient, personal=personal)
+        group = self._open.get(key)
+        if group is None:
+            now = self.clock()
+            wait = route.group_wait if route.group_wait is not None else self.grouping.group_wait
+            due = now + wait.total_seconds()
+            last = self._last_sent.get(key)
+            if last is not None:
+                due = max(due, last + self.grouping.group_interval.total_seconds())
+            group = self._open[key] = Group(route, recipient, now, due, personal)
+            if self._closing:
+                group.hurry.set()
+            task = asyncio.create_task(self._run(group), name=f"notify-group:{route.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        group.entries.append(entry)
+        if self.capacity is not None and self.waiting >= self.capacity:
+            structlog.get_logger().warning(
+                "notify.groups_full", waiting=self.waiting, capacity=self.capacity
+            )
+            for full in self._open.values():
+                full.hurry.set()
+        return await asyncio.shield(entry.done)
+
+    async def _sleep(self, group: Group, seconds: float) -> None:
+        if seconds > 0 and not group.hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                await within(group.hurry.wait(), seconds)
+
+    async def _run(self, group: Group) -> None:
+        await self._sleep(group, group.due - self.clock())
+        bucket = self.bucket(group.recipient or f"route:{group.route.name}")
+        while (wait := bucket.wait_time(self.clock())) > 0 and not group.hurry.is_set():
+            await self._sleep(group, wait)  # over the limit: keep collecting meanwhile
+        bucket.take()
+        if self._open.get(group.key) is group:
+            del self._open[group.key]
+        now = self._last_sent[group.key] = self.clock()
+        if len(self._last_sent) > 10_000:  # bounded: forget groups past their interval
+            horizon = now - self.grouping.group_interval.total_seconds()
+            self._last_sent = {k: t for k, t in self._last_sent.items() if t >= horizon}
+        try:
+            await self.flush(group)
+        except Exception as exc:  # noqa: BLE001 - the entries are retried through redelivery
+            if self.on_error is not None:
+                self.on_error(exc, group)
+        finally:
+            for entry in group.entries:
+                if not entry.done.done():
+                    entry.done.set_exception(
+                        RetryableError("the notice's group was not settled; retried later")
+                    )
+
+    def hurry_all(self) -> None:
+        """Send every open group now (on shutdown), rate limits and windows aside."""
+        self._closing = True
+        for group in self._open.values():
+            group.hurry.set()
+
+    async def close(self, grace: float) -> None:
+        """Send what is open within `grace`; cancel what is still running after it."""
+        self.hurry_all()
+        tasks = list(self._tasks)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+
+def summary(group: Group) -> dict[str, Any]:
+    """A short description of a group for logs."""
+    return {
+        "route": group.route.name,
+        "recipient": group.recipient or "oncall",
+        "notices": len(group.entries),
+    }

@@ -1,0 +1,206 @@
+"""`nodeward sim ...`: simulated peers on their own (mounted by `launch.cli`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+sim_app = typer.Typer(
+    name="sim", help="Run simulated peers (the sim cluster) on their own.", no_args_is_help=True
+)
+
+
+@sim_app.callback()
+def _group() -> None:
+    """Simulated peers for trying nodeward without a cluster."""
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+@sim_app.command("cluster")
+def cluster(
+    seed: Annotated[
+        Path | None, typer.Option("--seed", help="seed YAML (default: the shipped seed)")
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="port to listen on; 0 picks a free one")] = 0,
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    kubeconfig: Annotated[
+        Path, typer.Option("--kubeconfig", help="where to write the kubeconfig")
+    ] = Path(".nodeward/kubeconfig"),
+    rbac: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rbac", help="RBAC manifests (file or dir); default: the source tree's deploy/rbac"
+        ),
+    ] = None,
+) -> None:
+    """Run the sim cluster until SIGINT or SIGTERM; kubectl --kubeconfig OUT talks to it."""
+    from nodeward.logs import configure_logging
+    from sim.cluster import SeedError, SimCluster, load_seed
+
+    if not 0 <= port <= 65535:
+        raise _fail(f"--port must be between 0 and 65535, not {port}")
+    for path in rbac or []:
+        if not path.exists():
+            raise _fail(f"--rbac {path}: no such file or directory")
+    try:
+        loaded = load_seed(seed)
+    except SeedError as exc:
+        raise _fail(str(exc)) from None
+    configure_logging("warning")
+
+    async def run() -> None:
+        try:
+            sim = SimCluster(loaded, host=host, port=port, rbac_dirs=rbac)
+        except (ValueError, KeyError) as exc:
+            raise _fail(f"cannot build the sim cluster: {exc}") from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await sim.start()
+        except OSError as exc:
+            raise _fail(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        try:
+            try:
+                path = sim.write_kubeconfig(kubeconfig)
+            except OSError as exc:
+                raise _fail(f"cannot write kubeconfig {kubeconfig}: {exc.strerror}") from None
+            typer.echo(f"sim cluster: {sim.url}")
+            typer.echo(f"kubeconfig: {path.resolve()}")
+            typer.echo(f"identities: {', '.join(sorted(sim.identities))}")
+            sys.stdout.flush()
+            await stop.wait()
+        finally:
+            await sim.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+
+
+@sim_app.command("inject")
+def inject(  # noqa: PLR0917 - typer options
+    node: Annotated[str | None, typer.Option("--node", help="the simulated node")] = None,
+    gpu: Annotated[int, typer.Option("--gpu", help="GPU index on that node")] = 0,
+    xid: Annotated[int | None, typer.Option("--xid", help="raise this XID")] = None,
+    fault: Annotated[
+        str | None,
+        typer.Option(
+            "--fault",
+            help="ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
+            "thermal, nvlink-errors, pcie-replay or hang",
+        ),
+    ] = None,
+    recover: Annotated[
+        bool, typer.Option("--recover", help="reset the GPU: clear every fault")
+    ] = False,
+    load: Annotated[
+        float | None,
+        typer.Option("--load", help="set the GPU's utilisation % (its power follows)"),
+    ] = None,
+    scenario: Annotated[
+        Path | None,
+        typer.Option("--scenario", help="a YAML file of timed injections, instead of one"),
+    ] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option("--nats", help="NATS URL (default: NODEWARD_NATS_URL, nodeward up)"),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="seconds to wait for each reply")
+    ] = 3.0,
+) -> None:
+    """Inject a fault (or a load) into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
+
+    With --scenario, play a file of timed injections and print one line per step.
+    Errors are one line on stderr and exit code 1.
+    """
+    from pydantic import ValidationError
+
+    from nodeward.cli.common import fail, settings_for
+    from sim.inject import InjectReply, InjectRequest, request_injection
+    from sim.scenario import ScenarioError, Step, load_scenario, play
+
+    steps: list[Step] = []
+    request: InjectRequest | None = None
+    if scenario is not None:
+        try:
+            steps = load_scenario(scenario)
+        except ScenarioError as exc:
+            fail(str(exc))
+    else:
+        if node is None:
+            fail("give --node (or --scenario)")
+        try:
+            request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover, load=load)
+        except ValidationError as exc:
+            fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
+    bus = settings_for(None, nats).bus
+
+    async def quiet(exc: Exception) -> None:
+        """Connection errors are reported once, below."""
+
+    async def run() -> str:
+        import nats as nats_client
+        from nats.errors import NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+
+        try:
+            nc = await nats_client.connect(
+                bus.url,
+                name="cli/sim-inject",
+                max_reconnect_attempts=1,
+                allow_reconnect=False,
+                connect_timeout=bus.connect_timeout.total_seconds(),
+                error_cb=quiet,
+                user=bus.user,
+                password=bus.password.get_secret_value() if bus.password else None,
+                token=bus.token.get_secret_value() if bus.token else None,
+                user_credentials=str(bus.creds_file) if bus.creds_file else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - any connection failure is one line
+            fail(f"cannot connect to NATS at {bus.url}: {exc or type(exc).__name__}")
+        try:
+            if request is None:
+                failures: list[str] = []
+
+                def report(step: Step, reply: InjectReply | None, error: str | None) -> None:
+                    if reply is not None and reply.ok:
+                        typer.echo(f"{step.after} {reply.node} gpu {reply.gpu}: {reply.applied}")
+                    else:
+                        why = error or (reply.error if reply else "no reply")
+                        failures.append(f"{step.node} gpu {step.gpu}: {why}")
+                        typer.echo(f"{step.after} {step.node} gpu {step.gpu}: FAILED {why}")
+
+                await play(nc, steps, on_reply=report, timeout=timeout)
+                if failures:
+                    fail(f"{len(failures)} of {len(steps)} steps failed; first: {failures[0]}")
+                return f"scenario done: {len(steps)} steps"
+            assert node is not None
+            try:
+                reply = await request_injection(nc, node, request, timeout=timeout)
+            except NoRespondersError:
+                fail(f"no simulated GPU agent for node {node!r} is listening")
+            except NatsTimeout:
+                fail(f"node {node!r} did not answer within {timeout:g}s")
+            if not reply.ok:
+                fail(f"{node}: {reply.error}")
+            return f"{reply.node} gpu {reply.gpu}: {reply.applied} injected"
+        finally:
+            await nc.close()
+
+    typer.echo(asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    sim_app()

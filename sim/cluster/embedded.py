@@ -1,0 +1,60 @@
+"""The sim cluster inside `nodeward up`: started unless a kubeconfig is given.
+
+async with embedded_cluster(state_dir) as embedded:
+    settings = embedded.settings_for("cordon")   # ClusterSettings for that service's identity
+    ...                                          # <state-dir>/kubeconfig works with kubectl
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodeward.config import ClusterSettings
+from sim.cluster.seed import Seed, load_seed
+from sim.cluster.server import SimCluster
+
+KUBECONFIG_NAME = "kubeconfig"
+
+
+@dataclass(frozen=True)
+class EmbeddedCluster:
+    """A running sim cluster and the kubeconfig written for it."""
+
+    sim: SimCluster
+    kubeconfig: Path
+
+    @property
+    def url(self) -> str:
+        return self.sim.url
+
+    def settings_for(self, service: str | None = None) -> ClusterSettings:
+        """Cluster settings that authenticate as `service`'s ServiceAccount (admin if None)."""
+        context = f"nodeward-{service}" if service else "nodeward-admin"
+        if service is not None and service not in self.sim.identities:
+            raise KeyError(f"the sim cluster has no identity for {service!r}")
+        return ClusterSettings(kubeconfig=self.kubeconfig, context=context)
+
+
+@asynccontextmanager
+async def embedded_cluster(
+    state_dir: Path,
+    *,
+    seed: Path | Seed | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    rbac_dirs: list[Path] | None = None,
+) -> AsyncIterator[EmbeddedCluster]:
+    """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
+    context per service); stop it on exit. `seed`: a file, a loaded seed, or the default. Raises `SeedError` for a bad seed and `OSError`
+    if the port cannot be bound."""
+    seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
+    sim = SimCluster(seed_data, host=host, port=port, rbac_dirs=rbac_dirs)
+    await sim.start()
+    try:
+        path = sim.write_kubeconfig(Path(state_dir) / KUBECONFIG_NAME)
+        yield EmbeddedCluster(sim, path)
+    finally:
+        await sim.stop()

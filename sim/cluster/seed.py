@@ -1,0 +1,616 @@
+"""The seed file: what the sim cluster holds when it starts.
+
+A YAML file with short forms for nodes (GPU labels and capacity), pods (notebooks, SSH
+sessions, training jobs, daemons, each with its owner), Notebooks, PodDisruptionBudgets and
+Secrets, plus `objects:` for any other manifest as-is, and `checkpoint.fail` to make chosen
+containers fail checkpointing the way a CRI runtime without CRIU does.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import UTC, datetime
+from importlib import resources as importlib_resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.cluster.resources import by_kind, lookup
+from sim.cluster.store import Store, now
+
+DEFAULT_SEED = "default-seed.yaml"
+CRIU_MISSING = "checkpoint/restore support not available"
+
+
+class SeedError(ValueError):
+    """A seed file that cannot be read or does not validate. `str()` is one line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Gpu(_Model):
+    product: str = "NVIDIA-H100-80GB-HBM3"
+    count: int = Field(default=8, ge=0)
+    memory_mib: int = Field(default=81559, alias="memoryMiB")
+    family: str = "hopper"
+    driver: str = "550.90.07"
+
+
+class Mig(_Model):
+    strategy: Literal["single", "mixed"] = "mixed"
+    config: str = "all-balanced"
+    devices: dict[str, int] = Field(
+        default_factory=dict, description="profile -> count, e.g. 1g.10gb: 14"
+    )
+
+
+class NodeSeed(_Model):
+    name: str
+    gpu: Gpu | None = Field(default_factory=Gpu)
+    mig: Mig | None = None
+    cpu: str = "224"
+    memory: str = "2063500Mi"
+    instance_type: str = Field(default="p5.48xlarge", alias="instanceType")
+    zone: str = "zone-a"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    taints: list[dict[str, Any]] = Field(default_factory=list)
+    unschedulable: bool = False
+    ready: bool = True
+
+
+class Owner(_Model):
+    kind: str
+    name: str
+    api_version: str = Field(default="", alias="apiVersion")
+
+
+class ContainerSeed(_Model):
+    name: str
+    image: str = "registry.example.com/ml/base:2024.06"
+
+
+class PodSeed(_Model):
+    name: str
+    namespace: str
+    node: str
+    role: Literal["notebook", "ssh", "training", "daemon", "system"] = "training"
+    owner: Owner | None = None
+    gpus: int = 0
+    gpu_resource: str = Field(default="nvidia.com/gpu", alias="gpuResource")
+    containers: list[ContainerSeed] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    phase: Literal["Pending", "Running", "Succeeded", "Failed"] = "Running"
+    ready: bool = True
+    empty_dir: bool = Field(default=False, alias="emptyDir")
+
+
+class NotebookSeed(_Model):
+    name: str
+    namespace: str
+    image: str = "kubeflownotebookswg/jupyter-pytorch-cuda-full:v1.8.0"
+    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: int = 1
+
+
+class PdbSeed(_Model):
+    name: str
+    namespace: str
+    selector: dict[str, str]
+    min_available: int | str | None = Field(default=None, alias="minAvailable")
+    max_unavailable: int | str | None = Field(default=None, alias="maxUnavailable")
+
+
+class SecretSeed(_Model):
+    name: str
+    namespace: str
+    type: str = "Opaque"
+    string_data: dict[str, str] = Field(default_factory=dict, alias="stringData")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class CheckpointFailure(_Model):
+    namespace: str
+    pod: str
+    container: str = "*"
+    message: str = CRIU_MISSING
+
+
+class CheckpointSeed(_Model):
+    fail: list[CheckpointFailure] = Field(default_factory=list)
+
+
+class Seed(_Model):
+    """The whole seed file."""
+
+    namespaces: list[str] = Field(default_factory=list)
+    nodes: list[NodeSeed] = Field(default_factory=list)
+    pods: list[PodSeed] = Field(default_factory=list)
+    notebooks: list[NotebookSeed] = Field(default_factory=list)
+    pdbs: list[PdbSeed] = Field(default_factory=list)
+    secrets: list[SecretSeed] = Field(default_factory=list)
+    objects: list[dict[str, Any]] = Field(default_factory=list)
+    checkpoint: CheckpointSeed = Field(default_factory=CheckpointSeed)
+
+    def fails_checkpoint(
+        self, namespace: str, pod: str, container: str
+    ) -> CheckpointFailure | None:
+        for f in self.checkpoint.fail:
+            if f.namespace == namespace and f.pod == pod and f.container in ("*", container):
+                return f
+        return None
+
+
+def load_seed(path: Path | None = None) -> Seed:
+    """The seed at `path`, or the default one shipped with nodeward."""
+    try:
+        if path is None:
+            text = importlib_resources.files("sim.cluster").joinpath(DEFAULT_SEED).read_text()
+            where = "the default seed"
+        else:
+            text = path.read_text()
+            where = str(path)
+    except OSError as exc:
+        raise SeedError(f"cannot read seed {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise SeedError(f"seed {where} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        return Seed.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise SeedError(f"invalid seed {where}: {loc}: {err['msg']}") from None
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()
+
+
+def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": n.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": n.instance_type,
+        "topology.kubernetes.io/zone": n.zone,
+    }
+    capacity: dict[str, str] = {
+        "cpu": n.cpu,
+        "memory": n.memory,
+        "pods": "110",
+        "ephemeral-storage": "3750Gi",
+        "hugepages-1Gi": "0",
+        "hugepages-2Mi": "0",
+    }
+    if n.gpu is not None:
+        labels |= {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": n.gpu.product,
+            "nvidia.com/gpu.count": str(n.gpu.count),
+            "nvidia.com/gpu.memory": str(n.gpu.memory_mib),
+            "nvidia.com/gpu.family": n.gpu.family,
+            "nvidia.com/cuda.driver.major": n.gpu.driver.split(".")[0],
+            "nvidia.com/mig.capable": "true"
+            if "A100" in n.gpu.product or "H100" in n.gpu.product
+            else "false",
+            "nodeward.io/gpu-health": "healthy",
+        }
+        capacity["nvidia.com/gpu"] = str(n.gpu.count)
+    if n.mig is not None:
+        labels |= {
+            "nvidia.com/mig.strategy": n.mig.strategy,
+            "nvidia.com/mig.config": n.mig.config,
+            "nvidia.com/mig.config.state": "success",
+        }
+        capacity["nvidia.com/gpu"] = "0"
+        for profile, count in n.mig.devices.items():
+            capacity[f"nvidia.com/mig-{profile}"] = str(count)
+            labels[f"nvidia.com/mig-{profile}.count"] = str(count)
+    labels |= n.labels
+    stamp = now()
+    ready = {
+        "type": "Ready",
+        "status": "True" if n.ready else "False",
+        "reason": "KubeletReady" if n.ready else "KubeletNotReady",
+        "message": "kubelet is posting ready status" if n.ready else "container runtime is down",
+    }
+    conditions = [
+        {"type": t, "status": "False", "reason": f"KubeletHas{r}", "message": m}
+        for t, r, m in (
+            ("MemoryPressure", "SufficientMemory", "kubelet has sufficient memory available"),
+            ("DiskPressure", "NoDiskPressure", "kubelet has no disk pressure"),
+            ("PIDPressure", "SufficientPID", "kubelet has sufficient PID available"),
+        )
+    ] + [ready]
+    for c in conditions:
+        c["lastHeartbeatTime"] = stamp
+        c["lastTransitionTime"] = stamp
+    spec: dict[str, Any] = {
+        "podCIDR": f"10.244.{index}.0/24",
+        "podCIDRs": [f"10.244.{index}.0/24"],
+        "providerID": f"sim://{n.name}",
+    }
+    if n.taints:
+        spec["taints"] = n.taints
+    if n.unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": n.name,
+            "labels": labels,
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                **n.annotations,
+            },
+        },
+        "spec": spec,
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": conditions,
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.0.{10 + index}"},
+                {"type": "Hostname", "address": n.name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": _digest("machine", n.name)[:32],
+                "systemUUID": _digest("uuid", n.name)[:32],
+                "bootID": _digest("boot", n.name)[:32],
+                "kernelVersion": "5.15.0-119-generic",
+                "osImage": "Ubuntu 22.04.4 LTS",
+                "containerRuntimeVersion": "containerd://1.7.20",
+                "kubeletVersion": "v1.30.4",
+                "kubeProxyVersion": "v1.30.4",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
+_OWNER_API = {
+    "StatefulSet": "apps/v1",
+    "ReplicaSet": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Deployment": "apps/v1",
+    "Job": "batch/v1",
+    "PyTorchJob": "kubeflow.org/v1",
+    "MPIJob": "kubeflow.org/v2beta1",
+    "Notebook": "kubeflow.org/v1",
+}
+
+
+def pod_manifest(p: PodSeed, owner_uid: str | None, pod_ip: str, host_ip: str) -> dict[str, Any]:
+    containers = p.containers or [
+        ContainerSeed(name=p.owner.name if p.role == "notebook" and p.owner else "main")
+    ]
+    stamp = now()
+    limits = {p.gpu_resource: str(p.gpus)} if p.gpus else {}
+    specs = []
+    statuses = []
+    for n, c in enumerate(containers):
+        res: dict[str, Any] = {
+            "requests": {"cpu": "4", "memory": "32Gi"},
+            "limits": {"memory": "32Gi"},
+        }
+        if n == 0 and limits:
+            res["requests"] |= limits
+            res["limits"] |= limits
+        specs.append(
+            {
+                "name": c.name,
+                "image": c.image,
+                "resources": res,
+                "imagePullPolicy": "IfNotPresent",
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+            }
+        )
+        running = p.phase == "Running"
+        statuses.append(
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"{c.image.split(':')[0]}@sha256:{_digest(c.image)}",
+                "containerID": f"containerd://{_digest(p.namespace, p.name, c.name)}",
+                "ready": running and p.ready,
+                "started": running,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": stamp}}
+                if running
+                else {
+                    "terminated": {
+                        "exitCode": 0 if p.phase == "Succeeded" else 1,
+                        "reason": "Completed" if p.phase == "Succeeded" else "Error",
+                        "startedAt": stamp,
+                        "finishedAt": stamp,
+                    }
+                }
+                if p.phase in ("Succeeded", "Failed")
+                else {"waiting": {"reason": "ContainerCreating"}},
+            }
+        )
+    labels = {"nodeward.io/role": p.role} | p.labels
+    meta: dict[str, Any] = {"name": p.name, "namespace": p.namespace, "labels": labels}
+    if p.annotations:
+        meta["annotations"] = p.annotations
+    if p.owner is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": p.owner.api_version or _OWNER_API.get(p.owner.kind, "v1"),
+                "kind": p.owner.kind,
+                "name": p.owner.name,
+                "uid": owner_uid or _uid(p.namespace, p.owner.kind, p.owner.name),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "kube-api-access",
+            "projected": {
+                "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]
+            },
+        }
+    ]
+    if p.empty_dir:
+        volumes.append({"name": "scratch", "emptyDir": {}})
+    ready_state = "True" if p.phase == "Running" and p.ready else "False"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": p.node,
+            "containers": specs,
+            "restartPolicy": "Never" if p.role == "training" else "Always",
+            "serviceAccountName": "default",
+            "schedulerName": "default-scheduler",
+            "priority": 0,
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "volumes": volumes,
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ]
+            + (
+                [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+                if p.gpus
+                else []
+            ),
+        },
+        "status": {
+            "phase": p.phase,
+            "hostIP": host_ip,
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "startTime": stamp,
+            "qosClass": "Burstable",
+            "conditions": [
+                {"type": t, "status": s, "lastProbeTime": None, "lastTransitionTime": stamp}
+                for t, s in (
+                    ("PodReadyToStartContainers", "True"),
+                    ("Initialized", "True"),
+                    ("Ready", ready_state),
+                    ("ContainersReady", ready_state),
+                    ("PodScheduled", "True"),
+                )
+            ],
+            "containerStatuses": statuses,
+        },
+    }
+
+
+def _uid(*parts: str) -> str:
+    d = _digest(*parts)
+    return f"{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
+
+
+def apply_seed(store: Store, seed: Seed) -> None:
+    """Create every seeded object in `store`."""
+    namespaces = ["default", "kube-system", "kube-public", "kube-node-lease", *seed.namespaces]
+    namespaces += [p.namespace for p in seed.pods] + [b.namespace for b in seed.notebooks]
+    namespaces += [b.namespace for b in seed.pdbs] + [s.namespace for s in seed.secrets]
+    namespaces += [o.get("metadata", {}).get("namespace", "") for o in seed.objects]
+    ns_rt = lookup("", "v1", "namespaces")
+    assert ns_rt is not None
+    for ns in dict.fromkeys(n for n in namespaces if n):
+        if store.find(ns_rt, "", ns) is None:
+            store.create(
+                ns_rt,
+                "",
+                {
+                    "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+                    "spec": {"finalizers": ["kubernetes"]},
+                    "status": {"phase": "Active"},
+                },
+            )
+    for obj in seed.objects:
+        rt = by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
+        if rt is None:
+            raise SeedError(
+                f"seed object of unknown kind {obj.get('apiVersion')}/{obj.get('kind')}"
+            )
+        store.put_raw(rt, obj)
+    node_rt = lookup("", "v1", "nodes")
+    assert node_rt is not None
+    host_ips: dict[str, str] = {}
+    lease_rt = lookup("coordination.k8s.io", "v1", "leases")
+    assert lease_rt is not None
+    for i, n in enumerate(seed.nodes):
+        node = store.create(node_rt, "", node_manifest(n, i))
+        host_ips[n.name] = node["status"]["addresses"][0]["address"]
+        renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        store.create(
+            lease_rt,
+            "kube-node-lease",
+            {  # the kubelet's heartbeat
+                "metadata": {
+                    "name": n.name,
+                    "namespace": "kube-node-lease",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Node",
+                            "name": n.name,
+                            "uid": node["metadata"]["uid"],
+                        }
+                    ],
+                },
+                "spec": {
+                    "holderIdentity": n.name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": renewed,
+                },
+            },
+        )
+    nb_rt = lookup("kubeflow.org", "v1", "notebooks")
+    assert nb_rt is not None
+    for nb in seed.notebooks:
+        store.create(
+            nb_rt,
+            nb.namespace,
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "Notebook",
+                "metadata": {
+                    "name": nb.name,
+                    "namespace": nb.namespace,
+                    "labels": {"app": nb.name} | nb.labels,
+                    "annotations": nb.annotations,
+                },
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": nb.name,
+                                    "image": nb.image,
+                                    "resources": {"limits": {"nvidia.com/gpu": str(nb.gpus)}}
+                                    if nb.gpus
+                                    else {},
+                                }
+                            ]
+                        }
+                    }
+                },
+                "status": {
+                    "readyReplicas": 1,
+                    "containerState": {"running": {"startedAt": now()}},
+                    "conditions": [],
+                },
+            },
+        )
+    owner_uids: dict[tuple[str, str, str], str] = {}
+    node_index = {n.name: i for i, n in enumerate(seed.nodes)}
+    pod_counts: dict[str, int] = {}
+    for p in seed.pods:
+        uid = None
+        if p.owner is not None:
+            key = (p.namespace, p.owner.kind, p.owner.name)
+            if key not in owner_uids:
+                owner_uids[key] = _ensure_owner(store, p)
+            uid = owner_uids[key]
+        count = pod_counts[p.node] = pod_counts.get(p.node, 0) + 1
+        pod_ip = f"10.244.{node_index.get(p.node, 250)}.{10 + count}"
+        pod_rt = lookup("", "v1", "pods")
+        assert pod_rt is not None
+        store.create(
+            pod_rt, p.namespace, pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250"))
+        )
+    pdb_rt = lookup("policy", "v1", "poddisruptionbudgets")
+    assert pdb_rt is not None
+    for b in seed.pdbs:
+        spec: dict[str, Any] = {"selector": {"matchLabels": b.selector}}
+        if b.min_available is not None:
+            spec["minAvailable"] = b.min_available
+        if b.max_unavailable is not None:
+            spec["maxUnavailable"] = b.max_unavailable
+        store.create(
+            pdb_rt,
+            b.namespace,
+            {"metadata": {"name": b.name, "namespace": b.namespace}, "spec": spec},
+        )
+    secret_rt = lookup("", "v1", "secrets")
+    assert secret_rt is not None
+    for s in seed.secrets:
+        store.create(
+            secret_rt,
+            s.namespace,
+            {
+                "metadata": {
+                    "name": s.name,
+                    "namespace": s.namespace,
+                    "labels": s.labels,
+                    "annotations": s.annotations,
+                },
+                "type": s.type,
+                "data": {
+                    k: base64.b64encode(v.encode()).decode() for k, v in s.string_data.items()
+                },
+            },
+        )
+
+
+def _ensure_owner(store: Store, p: PodSeed) -> str:
+    """Create the pod's controller if the sim serves its kind; its uid either way."""
+    assert p.owner is not None
+    api_version = p.owner.api_version or _OWNER_API.get(p.owner.kind, "v1")
+    rt = by_kind(api_version, p.owner.kind)
+    if rt is None or rt.kind == "Notebook":
+        existing = store.find(rt, p.namespace, p.owner.name) if rt else None
+        return (
+            existing["metadata"]["uid"]
+            if existing
+            else _uid(p.namespace, p.owner.kind, p.owner.name)
+        )
+    existing = store.find(rt, p.namespace, p.owner.name)
+    if existing:
+        return str(existing["metadata"]["uid"])
+    selector = {
+        k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")
+    }
+    selector = selector or {"app": p.owner.name}
+    obj = store.create(
+        rt,
+        p.namespace,
+        {
+            "metadata": {"name": p.owner.name, "namespace": p.namespace},
+            "spec": {
+                "selector": {"matchLabels": selector},
+                "template": {
+                    "metadata": {"labels": selector},
+                    "spec": {
+                        "containers": [{"name": c.name, "image": c.image} for c in p.containers]
+                        or [{"name": "main", "image": "x"}]
+                    },
+                },
+            },
+        },
+    )
+    return str(obj["metadata"]["uid"])

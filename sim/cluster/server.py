@@ -1,0 +1,967 @@
+"""The sim cluster's HTTP API: the paths, verbs, status codes and bodies of a kube-apiserver.
+
+`SimCluster` runs it in-process on the caller's event loop:
+
+    async with SimCluster(seed, port=0) as sim:
+        sim.write_kubeconfig(path)             # admin context by default
+        sim.write_kubeconfig(path, identity="cordon")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from nodeward.aio import within
+from nodeward.logs import get_logger
+from sim.cluster import convert, disruption, protobuf, rbac, resources, tables
+from sim.cluster.errors import ApiError, bad_request
+from sim.cluster.patch import apply_patch
+from sim.cluster.resources import ResourceType, lookup
+from sim.cluster.seed import Seed, SeedError, apply_seed, load_seed
+from sim.cluster.selectors import (
+    match_fields,
+    match_labels,
+    parse_field_selector,
+    parse_label_selector,
+)
+from sim.cluster.store import Change, Obj, Store, now
+from sim.cluster.tls import make_serving_cert
+
+SERVER_VERSION = {
+    "major": "1",
+    "minor": "30",
+    "gitVersion": "v1.30.4-nodeward-sim",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2024-08-14T19:00:00Z",
+    "goVersion": "go1.22.5",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+CLUSTER_NAME = "nodeward-sim"
+SERVICE_NAMESPACE = "nodeward"
+_PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+_EVENTS_V1 = resources.require("events.k8s.io", "v1", "events")
+
+
+@dataclass
+class Checkpoint:
+    """A container checkpoint the node-proxy endpoint recorded."""
+
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    path: str
+    timeout: int | None
+    time: str
+
+
+@dataclass
+class Fault:
+    """Answer the next `count` matching requests with `status` (a Status body), as a failing server would."""
+
+    count: int
+    status: int
+    method: str | None = None
+    path_contains: str | None = None
+    message: str = "injected by the sim cluster"
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.count > 0
+            and (self.method is None or self.method == method)
+            and (self.path_contains is None or self.path_contains in path)
+        )
+
+
+@dataclass
+class _Route:
+    rt: ResourceType
+    version: str
+    namespace: str | None
+    name: str | None
+    subresource: str
+    rest: list[str] = field(default_factory=list)
+
+
+def _not_found_path() -> ApiError:
+    return ApiError(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+        details={
+            "causes": [{"reason": "UnexpectedServerResponse", "message": "404 page not found"}]
+        },
+    )
+
+
+def _wants_table(request: web.Request) -> bool:
+    accept = request.headers.get("Accept", "")
+    return "as=Table" in accept
+
+
+class SimCluster:
+    """A Kubernetes API server for the resources nodeward uses, with RBAC, on one port."""
+
+    def __init__(
+        self,
+        seed: Seed | Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        rbac_dirs: Iterable[Path] | None = None,
+        bookmark_interval: float = 5.0,
+        history: int = 10000,
+    ) -> None:
+        self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
+        self.host = host
+        self.port = port
+        self.bookmark_interval = bookmark_interval
+        self.store = Store(history=history)
+        self.checkpoints: list[Checkpoint] = []
+        self.checkpoint_delay = 0.0  # seconds each checkpoint takes, as CRIU dumping memory does
+        # (identity, method, path, status) of the latest requests, for tests and debugging
+        self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
+        self.faults: list[Fault] = []
+        self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
+        self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
+        self._by_token: dict[str, rbac.Identity] = {}
+        self._runner: web.AppRunner | None = None
+        self._closing = asyncio.Event()
+        self._log = get_logger(component="sim-cluster")
+        self.tls = make_serving_cert(host)
+        self._load(list(rbac_dirs) if rbac_dirs is not None else None)
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def _load(self, rbac_dirs: list[Path] | None) -> None:
+        """Seed the store, then load RBAC: from `rbac_dirs`, else the source tree's
+        deploy/rbac, else the same roles built from `nodeward.kube.access`."""
+        disruption.watch_pods(self.store)
+        default = rbac.default_rbac_dir()
+        try:
+            if rbac_dirs is not None:
+                manifests = rbac.load_manifests(rbac_dirs)
+            elif default is not None:
+                manifests = rbac.load_manifests([default])
+            else:
+                manifests = rbac.manifests_from_access()
+        except (OSError, yaml.YAMLError) as exc:
+            raise SeedError(f"cannot load RBAC manifests: {' '.join(str(exc).split())}") from None
+        ns_rt = lookup("", "v1", "namespaces")
+        assert ns_rt is not None
+        try:
+            apply_seed(self.store, self.seed)
+        except ApiError as exc:
+            raise SeedError(f"seed does not apply: {exc.message}") from None
+        for doc in manifests:
+            meta = doc.get("metadata") or {}
+            ns = meta.get("namespace")
+            if ns and self.store.find(ns_rt, "", ns) is None:
+                self.store.create(
+                    ns_rt, "", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
+                )
+            rt = resources.by_kind(doc.get("apiVersion", ""), doc.get("kind", ""))
+            if rt is None:
+                continue
+            try:
+                self.store.put_raw(rt, doc)
+            except ApiError as exc:
+                raise SeedError(f"RBAC manifest does not apply: {exc.message}") from None
+            if rt.kind == "ServiceAccount":
+                name = meta["name"]
+                short = name.removeprefix("nodeward-")
+                self.identities[short] = rbac.service_account_identity(ns or "default", name, short)
+        self._by_token = {i.token: i for i in self.identities.values()}
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.ssl_context())
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        self._log.info("sim cluster listening", url=self.url)
+
+    async def stop(self) -> None:
+        self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> SimCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def fail_next(
+        self,
+        count: int,
+        status: int = 503,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        message: str = "injected by the sim cluster",
+    ) -> Fault:
+        """Make the next `count` matching requests fail with `status`."""
+        fault = Fault(count, status, method, path_contains, message)
+        self.faults.append(fault)
+        return fault
+
+    # --- kubeconfig ----------------------------------------------------------------------
+
+    def kubeconfig(self, identity: str = rbac.ADMIN) -> dict[str, Any]:
+        """A kubeconfig with one user and context per identity; `identity` is the current one."""
+        if identity not in self.identities:
+            raise KeyError(
+                f"unknown identity {identity!r}; known: {', '.join(sorted(self.identities))}"
+            )
+
+        def ctx(short: str) -> str:
+            return "nodeward-admin" if short == rbac.ADMIN else f"nodeward-{short}"
+
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "preferences": {},
+            "clusters": [
+                {
+                    "name": CLUSTER_NAME,
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority-data": base64.b64encode(self.tls.ca_pem).decode(),
+                    },
+                }
+            ],
+            "users": [
+                {"name": ctx(s), "user": {"token": i.token}}
+                for s, i in sorted(self.identities.items())
+            ],
+            "contexts": [
+                {
+                    "name": ctx(s),
+                    "context": {
+                        "cluster": CLUSTER_NAME,
+                        "user": ctx(s),
+                        "namespace": "default" if s == rbac.ADMIN else SERVICE_NAMESPACE,
+                    },
+                }
+                for s in sorted(self.identities)
+            ],
+            "current-context": ctx(identity),
+        }
+
+    def write_kubeconfig(self, path: Path, identity: str = rbac.ADMIN) -> Path:
+        """Write the kubeconfig (mode 0600) and return its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(self.kubeconfig(identity), sort_keys=False)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+
+    # --- request handling ----------------------------------------------------------------
+
+    def _authenticate(self, request: web.Request) -> rbac.Identity | None:
+        header = request.headers.get("Authorization", "")
+        if header.lower().startswith("bearer "):
+            return self._by_token.get(header[7:].strip())
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        ident = self._authenticate(request)
+        status = 500
+        try:
+            response = await self._dispatch(request, ident)
+            status = response.status
+            return response
+        except ApiError as exc:
+            status = exc.code
+            return web.json_response(exc.status(), status=exc.code, headers=exc.headers)
+        except json.JSONDecodeError as exc:
+            status = 400
+            err = bad_request(f"the body of the request could not be decoded: {exc.msg}")
+            return web.json_response(err.status(), status=400)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug in the sim: answer as the API server does, and log it
+            self._log.exception(
+                "sim cluster request failed", method=request.method, path=request.path_qs
+            )
+            err = ApiError(
+                500, "InternalError", f"Internal error occurred: {type(exc).__name__}: {exc}"
+            )
+            return web.json_response(err.status(), status=500)
+        finally:
+            who = ident.name if ident else "-"
+            self.requests.append((who, request.method, request.path_qs, status))
+            self._log.debug(
+                "request", identity=who, method=request.method, path=request.path_qs, status=status
+            )
+
+    async def _dispatch(
+        self, request: web.Request, ident: rbac.Identity | None
+    ) -> web.StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        if path in _PUBLIC_PATHS:
+            return (
+                web.json_response(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
+            )
+        if ident is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        for fault in self.faults:
+            if fault.matches(request.method, request.path):
+                fault.count -= 1
+                reasons = {
+                    429: "TooManyRequests",
+                    500: "InternalError",
+                    503: "ServiceUnavailable",
+                    504: "Timeout",
+                }
+                raise ApiError(
+                    fault.status, reasons.get(fault.status, "InternalError"), fault.message
+                )
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["openapi", "v3"] and request.method == "GET":
+            doc = (
+                resources.openapi_v3_root()
+                if len(parts) == 2
+                else resources.openapi_v3_document("/".join(parts[2:]))
+            )
+            if doc is None:
+                raise _not_found_path()
+            return web.json_response(doc)
+        if not parts or parts[0] not in ("api", "apis"):
+            raise _not_found_path()
+        if request.method == "GET":
+            discovery = self._discovery(parts)
+            if discovery is not None:
+                return web.json_response(discovery)
+        route = self._route(parts)
+        verb = self._verb(request, route)
+        if verb not in route.rt.verbs:
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
+        if route.rt.resource == "selfsubjectaccessreviews":
+            return await self._access_review(request, ident)
+        attrs = rbac.Request(
+            verb,
+            route.rt.group,
+            route.rt.resource,
+            route.subresource,
+            route.namespace or "",
+            route.name or "",
+        )
+        if not rbac.authorize(ident, attrs, self._rbac_objects()):
+            raise ApiError(
+                403,
+                "Forbidden",
+                rbac.forbidden_message(ident, attrs),
+                details={
+                    "name": route.name or "",
+                    "group": route.rt.group,
+                    "kind": route.rt.resource,
+                },
+            )
+        return await self._serve(request, route, verb)
+
+    async def _access_review(self, request: web.Request, ident: rbac.Identity) -> web.Response:
+        """`kubectl auth can-i`: what RBAC would decide for the caller (every identity may ask)."""
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be an object")
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        if not attrs:
+            allowed, reason = False, "non-resource URLs are not reviewed by the sim cluster"
+        else:
+            resource, sub = attrs.get("resource", ""), attrs.get("subresource", "")
+            req = rbac.Request(
+                attrs.get("verb", ""),
+                attrs.get("group", ""),
+                resource,
+                sub,
+                attrs.get("namespace", ""),
+                attrs.get("name", ""),
+            )
+            allowed = rbac.authorize(ident, req, self._rbac_objects())
+            reason = "allowed by RBAC" if allowed else ""
+        status: dict[str, Any] = {"allowed": allowed}
+        if reason:
+            status["reason"] = reason
+        return web.json_response(
+            {
+                **body,
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "status": status,
+            },
+            status=201,
+        )
+
+    def _rbac_objects(self) -> dict[str, list[Obj]]:
+        out: dict[str, list[Obj]] = {}
+        for name in ("clusterroles", "clusterrolebindings", "roles", "rolebindings"):
+            rt = lookup("rbac.authorization.k8s.io", "v1", name)
+            assert rt is not None
+            out[name] = self.store.list(rt)
+        return out
+
+    def _discovery(self, parts: list[str]) -> dict[str, Any] | None:
+        if parts == ["api"]:
+            return resources.api_versions(f"{self.host}:{self.port}")
+        if parts == ["apis"]:
+            return resources.api_group_list()
+        if parts[0] == "api" and len(parts) == 2:
+            found = resources.resource_list("", parts[1])
+            if found is None:
+                raise _not_found_path()
+            return found
+        if parts[0] == "apis" and len(parts) == 2:
+            group = resources.api_group(parts[1])
+            if group is None:
+                raise _not_found_path()
+            return group
+        if parts[0] == "apis" and len(parts) == 3:
+            found = resources.resource_list(parts[1], parts[2])
+            if found is None:
+                raise _not_found_path()
+            return found
+        return None
+
+    def _route(self, parts: list[str]) -> _Route:
+        if parts[0] == "api":
+            if len(parts) < 2:
+                raise _not_found_path()
+            group, version, rest = "", parts[1], parts[2:]
+        else:
+            if len(parts) < 3:
+                raise _not_found_path()
+            group, version, rest = parts[1], parts[2], parts[3:]
+        if not rest:
+            raise _not_found_path()
+        namespace: str | None = None
+        if (
+            rest[0] == "namespaces"
+            and len(rest) >= 3
+            and not (group == "" and len(rest) == 3 and rest[2] in ("status", "finalize"))
+        ):
+            namespace, rest = rest[1], rest[2:]
+        resource = rest[0]
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else ""
+        rt = lookup(group, version, resource)
+        if rt is None or (namespace is not None and not rt.namespaced):
+            raise _not_found_path()
+        if sub and sub not in rt.subresources:
+            raise _not_found_path()
+        if len(rest) > 3 and sub != "proxy":
+            raise _not_found_path()
+        return _Route(rt, version, namespace, name, sub, rest[3:])
+
+    def _verb(self, request: web.Request, route: _Route) -> str:
+        method = request.method
+        if route.subresource == "proxy":
+            return {
+                "GET": "get",
+                "POST": "create",
+                "PUT": "update",
+                "PATCH": "patch",
+                "DELETE": "delete",
+            }.get(method, "get")
+        if method == "GET":
+            if route.name:
+                return "get"
+            return "watch" if request.query.get("watch") in ("1", "true", "True") else "list"
+        if method == "POST":
+            if route.name and not route.subresource:
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            return "create"
+        if method in ("PUT", "PATCH"):
+            if not route.name:
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            return "update" if method == "PUT" else "patch"
+        if method == "DELETE":
+            return "delete" if route.name else "deletecollection"
+        raise ApiError(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+
+    # --- serving -------------------------------------------------------------------------
+
+    def _storage(self, route: _Route) -> ResourceType:
+        """The resource type whose store holds `route`'s objects (core events live as events.k8s.io)."""
+        return _EVENTS_V1 if route.rt.key == _EVENTS_V1.key else route.rt
+
+    def _out(self, route: _Route, obj: Obj) -> Obj:
+        """An object as the requested group version shows it."""
+        if route.rt.group == "" and route.rt.resource == "events":
+            return convert.to_core_event(obj)
+        obj["apiVersion"] = route.rt.api_version(route.version)
+        return obj
+
+    def _in(self, route: _Route, obj: Obj) -> Obj:
+        if route.rt.group == "" and route.rt.resource == "events":
+            return convert.from_core_event(obj)
+        return obj
+
+    async def _body(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+        if media == "application/vnd.kubernetes.protobuf":
+            try:
+                return protobuf.decode(raw)
+            except protobuf.UndecodableError:
+                pass
+        if media and "json" not in media and "yaml" not in media:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/json, application/yaml (the sim cluster does not decode {media})",
+            )
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            try:
+                return yaml.safe_load(raw)
+            except yaml.YAMLError:
+                raise bad_request("the body of the request could not be decoded") from None
+
+    async def _serve(self, request: web.Request, route: _Route, verb: str) -> web.StreamResponse:
+        rt, store_rt = route.rt, self._storage(route)
+        ns = route.namespace or ""
+        dry_values = request.query.getall("dryRun", [])
+        if any(v != "All" for v in dry_values):
+            raise bad_request(
+                f"Invalid dry run value: {', '.join(dry_values)}: valid values are 'All'"
+            )
+        dry = bool(dry_values)
+        if route.subresource == "proxy":
+            return await self._proxy(request, route)
+        if route.subresource == "eviction":
+            body = await self._body(request)
+            if isinstance(body, dict) and "All" in (
+                (body.get("deleteOptions") or {}).get("dryRun") or []
+            ):
+                dry = True
+            disruption.evict(self.store, store_rt, ns, route.name or "", body, dry_run=dry)
+            if not dry:
+                self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "code": 201,
+                },
+                status=201,
+            )
+        if verb == "get":
+            obj = self._out(route, self.store.get(store_rt, ns, route.name or ""))
+            if _wants_table(request):
+                return web.json_response(
+                    tables.table(
+                        rt,
+                        [obj],
+                        obj["metadata"]["resourceVersion"],
+                        request.query.get("includeObject", "Metadata"),
+                    )
+                )
+            return web.json_response(obj)
+        if verb == "list":
+            return self._list(request, route)
+        if verb == "watch":
+            return await self._watch(request, route)
+        if verb == "create":
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise bad_request("the body of the request must be an object")
+            self._check_kind(route, body)
+            created = self.store.create(store_rt, ns, self._in(route, body), dry_run=dry)
+            return web.json_response(self._out(route, created), status=201)
+        if verb == "update":
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise bad_request("the body of the request must be an object")
+            self._check_kind(route, body)
+            updated = self.store.update(
+                store_rt,
+                ns,
+                route.name or "",
+                self._in(route, body),
+                subresource=route.subresource,
+                dry_run=dry,
+            )
+            return web.json_response(self._out(route, updated))
+        if verb == "patch":
+            body = await self._body(request)
+            current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
+            patched = apply_patch(
+                current,
+                body,
+                request.headers.get("Content-Type", ""),
+                rt.kind,
+                strategic=not rt.custom,
+            )
+            if not isinstance(patched, dict):
+                raise bad_request("the patch did not produce an object")
+            updated = self.store.update(
+                store_rt,
+                ns,
+                route.name or "",
+                self._in(route, patched),
+                subresource=route.subresource,
+                dry_run=dry,
+            )
+            return web.json_response(self._out(route, updated))
+        if verb == "delete":
+            body = await self._body(request) or {}
+            pre = body.get("preconditions") or {} if isinstance(body, dict) else {}
+            dry = dry or "All" in ((body.get("dryRun") or []) if isinstance(body, dict) else [])
+            gone = self.store.delete(
+                store_rt,
+                ns,
+                route.name or "",
+                precondition_rv=pre.get("resourceVersion"),
+                precondition_uid=pre.get("uid"),
+                dry_run=dry,
+            )
+            if rt.kind == "Pod":
+                gone["metadata"]["deletionTimestamp"] = now()
+                gone["metadata"]["deletionGracePeriodSeconds"] = 0
+                return web.json_response(self._out(route, gone))
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": {
+                        "name": route.name,
+                        "group": rt.group,
+                        "kind": rt.resource,
+                        "uid": gone["metadata"]["uid"],
+                    },
+                }
+            )
+        if verb == "deletecollection":
+            items = self._select(request, route, self.store.list(store_rt, route.namespace))
+            for item in items:
+                self.store.delete(
+                    store_rt,
+                    item["metadata"].get("namespace", ""),
+                    item["metadata"]["name"],
+                    dry_run=dry,
+                )
+            return web.json_response(self._list_body(route, items))
+        raise ApiError(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+
+    def _check_kind(self, route: _Route, body: Obj) -> None:
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if route.rt.group == "" and route.rt.resource == "events":
+            expected = {"v1"}
+        else:
+            expected = {route.rt.api_version(v) for v in route.rt.versions}
+        if kind and kind != route.rt.kind:
+            raise bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind ({route.rt.kind})"
+            )
+        if api_version and api_version not in expected:
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({route.rt.api_version(route.version)})"
+            )
+
+    def _selectors(self, request: web.Request, route: _Route) -> tuple[Any, Any]:
+        labels = parse_label_selector(request.query.get("labelSelector"))
+        fields = parse_field_selector(
+            request.query.get("fieldSelector"), route.rt.fields, route.rt.resource
+        )
+        return labels, fields
+
+    def _select(self, request: web.Request, route: _Route, items: list[Obj]) -> list[Obj]:
+        labels, fields = self._selectors(request, route)
+        out = []
+        for item in items:
+            shown = self._out(route, item)
+            if match_labels(labels, shown["metadata"].get("labels")) and match_fields(
+                fields, shown
+            ):
+                out.append(shown)
+        return out
+
+    def _list_body(self, route: _Route, items: list[Obj], cont: str = "") -> Obj:
+        meta: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
+        if cont:
+            meta["continue"] = cont
+            meta["remainingItemCount"] = 0
+        return {
+            "kind": f"{route.rt.kind}List",
+            "apiVersion": route.rt.api_version(route.version),
+            "metadata": meta,
+            "items": items,
+        }
+
+    def _list(self, request: web.Request, route: _Route) -> web.Response:
+        items = self._select(request, route, self.store.list(self._storage(route), route.namespace))
+        start = 0
+        if token := request.query.get("continue"):
+            try:
+                start = int(json.loads(base64.urlsafe_b64decode(token.encode()))["start"])
+            except (ValueError, KeyError, TypeError):
+                raise bad_request("continue key is not valid") from None
+        cont = ""
+        if limit := int(request.query.get("limit") or 0):
+            end = start + limit
+            if end < len(items):
+                cont = base64.urlsafe_b64encode(json.dumps({"start": end}).encode()).decode()
+            items = items[start:end]
+        else:
+            items = items[start:]
+        if _wants_table(request):
+            body = tables.table(
+                route.rt,
+                items,
+                str(self.store.resource_version),
+                request.query.get("includeObject", "Metadata"),
+            )
+            if cont:
+                body["metadata"]["continue"] = cont
+            return web.json_response(body)
+        return web.json_response(self._list_body(route, items, cont))
+
+    async def _watch(self, request: web.Request, route: _Route) -> web.StreamResponse:
+        labels, fields = self._selectors(request, route)
+        store_rt = self._storage(route)
+        bookmarks = request.query.get("allowWatchBookmarks") in ("1", "true", "True")
+        timeout = float(request.query.get("timeoutSeconds") or 0) or None
+        rv_text = request.query.get("resourceVersion") or ""
+
+        def matches(obj: Obj | None) -> Obj | None:
+            if obj is None:
+                return None
+            meta = obj["metadata"]
+            if route.namespace is not None and meta.get("namespace") != route.namespace:
+                return None
+            shown = self._out(route, copy.deepcopy(obj))
+            ok = match_labels(labels, shown["metadata"].get("labels")) and match_fields(
+                fields, shown
+            )
+            return shown if ok else None
+
+        def event_for(change: Change) -> dict[str, Any] | None:
+            new, old = (
+                matches(change.obj),
+                matches(change.old) if change.type != "DELETED" else None,
+            )
+            if change.type == "DELETED":
+                return {"type": "DELETED", "object": new} if new else None
+            if change.type == "ADDED":
+                return {"type": "ADDED", "object": new} if new else None
+            if new and old:
+                return {"type": "MODIFIED", "object": new}
+            if new:
+                return {"type": "ADDED", "object": new}
+            if old:
+                gone = matches(change.old)
+                assert gone is not None
+                gone["metadata"]["resourceVersion"] = str(change.rv)
+                return {"type": "DELETED", "object": gone}
+            return None
+
+        as_table = _wants_table(request)
+        include = request.query.get("includeObject", "Metadata")
+
+        def encode(ev: dict[str, Any]) -> bytes:
+            if as_table and ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                obj = ev["object"]
+                ev = {
+                    "type": ev["type"],
+                    "object": tables.table(
+                        route.rt, [obj], obj["metadata"]["resourceVersion"], include
+                    ),
+                }
+            return json.dumps(ev).encode() + b"\n"
+
+        watcher = self.store.subscribe(store_rt.key, route.namespace)
+        backlog: list[dict[str, Any]] = []
+        try:
+            if rv_text in ("", "0"):
+                for obj in self.store.list(store_rt, route.namespace):
+                    if shown := matches(obj):
+                        backlog.append({"type": "ADDED", "object": shown})
+            else:
+                try:
+                    since = int(rv_text)
+                except ValueError:
+                    raise bad_request(f"invalid resource version: {rv_text!r}") from None
+                if since < self.store.oldest_resumable:
+                    backlog.append(
+                        {
+                            "type": "ERROR",
+                            "object": {
+                                "kind": "Status",
+                                "apiVersion": "v1",
+                                "metadata": {},
+                                "status": "Failure",
+                                "message": f"too old resource version: {since} ({self.store.oldest_resumable + 1})",
+                                "reason": "Expired",
+                                "code": 410,
+                            },
+                        }
+                    )
+                else:
+                    for change in self.store.history_since(since, store_rt.key):
+                        if ev := event_for(change):
+                            backlog.append(ev)
+            expired = bool(backlog) and backlog[0]["type"] == "ERROR"
+            last_rv = self.store.resource_version
+            response = web.StreamResponse(
+                status=200,
+                headers={"Content-Type": "application/json", "Cache-Control": "no-cache, private"},
+            )
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            for ev in backlog:
+                await response.write(encode(ev))
+            if expired:
+                await response.write_eof()
+                return response
+            deadline = time.monotonic() + timeout if timeout else None
+            next_bookmark = time.monotonic() + self.bookmark_interval
+            while not self._closing.is_set():
+                now_m = time.monotonic()
+                if deadline is not None and now_m >= deadline:
+                    break
+                if request.transport is None or request.transport.is_closing():
+                    if request.transport is not None:
+                        request.transport.abort()
+                    break
+                if bookmarks and now_m >= next_bookmark:
+                    bm = {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": route.rt.kind,
+                            "apiVersion": route.rt.api_version(route.version),
+                            "metadata": {"resourceVersion": str(last_rv)},
+                        },
+                    }
+                    await response.write(json.dumps(bm).encode() + b"\n")
+                    next_bookmark = now_m + self.bookmark_interval
+                wait = 0.5
+                if bookmarks:
+                    wait = min(wait, max(next_bookmark - now_m, 0.01))
+                if deadline is not None:
+                    wait = min(wait, max(deadline - now_m, 0.01))
+                try:
+                    change = await within(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    continue
+                last_rv = change.rv
+                if ev := event_for(change):
+                    await response.write(encode(ev))
+            if self._closing.is_set() and request.transport is not None:
+                # Shutting down: drop the stream rather than wait on a TLS close handshake
+                # with a client that may be gone.
+                request.transport.abort()
+                return response
+            with contextlib.suppress(ConnectionError):
+                await response.write_eof()
+            return response
+        except ConnectionError:  # the client went away mid-write
+            if request.transport is not None:
+                request.transport.abort()
+            raise
+        finally:
+            self.store.unsubscribe(watcher)
+
+    async def _proxy(self, request: web.Request, route: _Route) -> web.Response:
+        """The node proxy; only the kubelet's checkpoint endpoint is served."""
+        node = route.name or ""
+        self.store.get(route.rt, "", node)
+        rest = route.rest
+        if request.method != "POST" or len(rest) != 4 or rest[0] != "checkpoint":
+            return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
+        _, ns, pod_name, container = rest
+        pods = lookup("", "v1", "pods")
+        assert pods is not None
+        pod = self.store.find(pods, ns, pod_name)
+        if pod is None or (pod.get("spec") or {}).get("nodeName") != node:
+            return web.Response(status=404, text="pod does not exist\n", content_type="text/plain")
+        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        if container not in names:
+            return web.Response(
+                status=404,
+                text=f"container {container} does not exist\n",
+                content_type="text/plain",
+            )
+        failure = self.seed.fails_checkpoint(ns, pod_name, container)
+        if failure is not None:
+            return web.Response(
+                status=500,
+                content_type="text/plain",
+                text=(
+                    f"checkpointing of {ns}/{pod_name}/{container} failed "
+                    f"(rpc error: code = Unknown desc = {failure.message})\n"
+                ),
+            )
+        if self.checkpoint_delay:
+            await asyncio.sleep(self.checkpoint_delay)
+        stamp = now()
+        path = f"/var/lib/kubelet/checkpoints/checkpoint-{pod_name}_{ns}-{container}-{stamp}.tar"
+        timeout = request.query.get("timeout")
+        self.checkpoints.append(
+            Checkpoint(
+                node,
+                ns,
+                pod_name,
+                container,
+                path,
+                int(timeout) if timeout and timeout.isdigit() else None,
+                stamp,
+            )
+        )
+        return web.json_response({"items": [path]})

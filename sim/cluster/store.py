@@ -1,0 +1,303 @@
+"""The sim cluster's storage: objects, resourceVersion and generation bookkeeping, watch history.
+
+Everything runs on one event loop, so each operation is atomic. `resourceVersion` is one
+global counter, as etcd's revision is; watches resume from any version still in the history
+and get `410 Expired` for older ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sim.cluster import validation
+from sim.cluster.errors import ApiError, already_exists, conflict, invalid, not_found
+from sim.cluster.resources import ResourceType
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (group, resource) of the storage
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Change:
+    rv: int
+    key: Key
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj
+    old: Obj | None
+
+
+@dataclass(eq=False)
+class Watcher:
+    key: Key
+    namespace: str | None
+    queue: asyncio.Queue[Change] = field(default_factory=asyncio.Queue)
+
+
+class Store:
+    """Objects by (group, resource), then (namespace, name)."""
+
+    def __init__(self, history: int = 10000) -> None:
+        self._objects: dict[Key, dict[tuple[str, str], Obj]] = {}
+        self._rv = 0
+        self._history: deque[Change] = deque(maxlen=history)
+        self._compacted = 0
+        self._watchers: set[Watcher] = set()
+        self.hooks: list[Callable[[Change], None]] = []
+
+    # --- versions and history ------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    @property
+    def oldest_resumable(self) -> int:
+        """The oldest resourceVersion a watch may resume from."""
+        return self._history[0].rv - 1 if self._history else self._compacted
+
+    def compact(self) -> None:
+        """Forget the history, as etcd compaction does: older watches get 410."""
+        self._history.clear()
+        self._compacted = self._rv
+
+    def history_since(self, rv: int, key: Key) -> list[Change]:
+        return [c for c in self._history if c.rv > rv and c.key == key]
+
+    def subscribe(self, key: Key, namespace: str | None) -> Watcher:
+        w = Watcher(key, namespace)
+        self._watchers.add(w)
+        return w
+
+    def unsubscribe(self, w: Watcher) -> None:
+        self._watchers.discard(w)
+
+    def _emit(self, change: Change) -> None:
+        self._history.append(change)
+        for w in list(self._watchers):
+            if w.key == change.key:
+                w.queue.put_nowait(change)
+        for hook in self.hooks:
+            hook(change)
+
+    def _bump(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> Obj:
+        obj = self._objects.get(rt.key, {}).get((namespace if rt.namespaced else "", name))
+        if obj is None:
+            raise not_found(rt.resource, name, rt.group)
+        return copy.deepcopy(obj)
+
+    def find(self, rt: ResourceType, namespace: str, name: str) -> Obj | None:
+        obj = self._objects.get(rt.key, {}).get((namespace if rt.namespaced else "", name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def list(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
+        items = self._objects.get(rt.key, {})
+        out = [
+            copy.deepcopy(o)
+            for (ns, _), o in sorted(items.items())
+            if namespace is None or ns == namespace
+        ]
+        return out
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def create(self, rt: ResourceType, namespace: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name") or ""
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match "
+                    "the namespace sent on the request",
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        if meta.get("resourceVersion"):
+            raise invalid(
+                rt.kind,
+                name,
+                rt.group,
+                [
+                    (
+                        "metadata.resourceVersion",
+                        "FieldValueInvalid",
+                        "Invalid value: must be empty on create",
+                    )
+                ],
+            )
+        _normalize(rt, obj)
+        validation.validate(rt, obj, None)
+        table = self._objects.setdefault(rt.key, {})
+        if (namespace if rt.namespaced else "", name) in table:
+            raise already_exists(rt.resource, name, rt.group)
+        if rt.namespaced and rt.resource != "namespaces" and namespace not in ("",):
+            ns_table = self._objects.get(("", "namespaces"), {})
+            if ("", namespace) not in ns_table:
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{namespace}" not found',
+                    details={"name": namespace, "kind": "namespaces"},
+                )
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now()
+        meta["generation"] = 1
+        obj["apiVersion"], obj["kind"] = rt.api_version(), rt.kind
+        if dry_run:
+            return obj
+        meta["resourceVersion"] = self._bump()
+        table[(namespace if rt.namespaced else "", name)] = obj
+        self._emit(Change(self._rv, rt.key, "ADDED", copy.deepcopy(obj), None))
+        return copy.deepcopy(obj)
+
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        new: Obj,
+        *,
+        subresource: str = "",
+        check_rv: bool = True,
+        dry_run: bool = False,
+    ) -> Obj:
+        """Replace an object. A stale `resourceVersion` in `new` is a 409.
+
+        On the main resource, status is kept when the type has a status subresource; on
+        `/status`, only status changes. Generation moves when anything but metadata and
+        status changes.
+        """
+        key = (namespace if rt.namespaced else "", name)
+        table = self._objects.get(rt.key, {})
+        old = table.get(key)
+        if old is None:
+            raise not_found(rt.resource, name, rt.group)
+        new = copy.deepcopy(new)
+        meta = new.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise ApiError(
+                400, "BadRequest", "the name of the object does not match the name on the URL"
+            )
+        want_rv = meta.get("resourceVersion")
+        if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
+            raise conflict(rt.resource, name, rt.group)
+        if subresource == "status":
+            merged = copy.deepcopy(old)
+            merged["status"] = new.get("status")
+            if merged["status"] is None:
+                merged.pop("status")
+            new = merged
+        else:
+            if "status" in rt.subresources:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
+                if k in old["metadata"]:
+                    meta[k] = old["metadata"][k]
+                else:
+                    meta.pop(k, None)
+            meta["name"] = name
+            if rt.namespaced:
+                meta["namespace"] = namespace
+        new["apiVersion"], new["kind"] = rt.api_version(), rt.kind
+        _normalize(rt, new)
+        validation.validate(rt, new, old)
+        if _spec_of(new) != _spec_of(old):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+        if new == old:
+            return copy.deepcopy(old)  # a no-op write does not move resourceVersion
+        if dry_run:
+            return new
+        new["metadata"]["resourceVersion"] = self._bump()
+        table[key] = new
+        self._emit(Change(self._rv, rt.key, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
+        return copy.deepcopy(new)
+
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        *,
+        precondition_rv: str | None = None,
+        precondition_uid: str | None = None,
+        dry_run: bool = False,
+    ) -> Obj:
+        key = (namespace if rt.namespaced else "", name)
+        table = self._objects.get(rt.key, {})
+        old = table.get(key)
+        if old is None:
+            raise not_found(rt.resource, name, rt.group)
+        if precondition_uid and precondition_uid != old["metadata"]["uid"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {precondition_uid}, "
+                f"UID in object meta: {old['metadata']['uid']}",
+            )
+        if precondition_rv and precondition_rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                "Precondition failed: ResourceVersion in precondition: "
+                f"{precondition_rv}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
+            )
+        if dry_run:
+            return copy.deepcopy(old)
+        del table[key]
+        gone = copy.deepcopy(old)
+        gone["metadata"]["resourceVersion"] = self._bump()
+        self._emit(Change(self._rv, rt.key, "DELETED", copy.deepcopy(gone), copy.deepcopy(old)))
+        return gone
+
+    def put_raw(self, rt: ResourceType, obj: Obj) -> Obj:
+        """Create or replace without validation (seeding)."""
+        meta = obj.get("metadata", {})
+        if self.find(rt, meta.get("namespace", ""), meta["name"]) is None:
+            return self.create(rt, meta.get("namespace", ""), obj)
+        return self.update(rt, meta.get("namespace", ""), meta["name"], obj, check_rv=False)
+
+
+def _normalize(rt: ResourceType, obj: Obj) -> None:
+    """What the API server does to an object before storing it: a Secret's write-only
+    `stringData` is merged into `data`, base64-encoded."""
+    if rt.kind == "Secret" and rt.group == "" and obj.get("stringData"):
+        data = dict(obj.get("data") or {})
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        obj["data"] = data
+    elif rt.kind == "Secret":
+        obj.pop("stringData", None)
+
+
+def _spec_of(obj: Obj) -> Obj:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+__all__ = ["Change", "Key", "Obj", "Store", "Watcher", "now"]

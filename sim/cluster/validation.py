@@ -1,0 +1,226 @@
+"""The validation the real API server applies to the fields nodeward writes (422 Invalid)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+from sim.cluster.errors import invalid
+from sim.cluster.resources import ResourceType
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# Pod spec fields an update may change (the rest are immutable, as on a real cluster).
+_POD_MUTABLE = (
+    "activeDeadlineSeconds",
+    "tolerations",
+    "terminationGracePeriodSeconds",
+    "schedulingGates",
+)
+
+Cause = tuple[str, str, str]
+
+
+def _qualified_name(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def _metadata(obj: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or ""
+    if not name:
+        causes.append(
+            (
+                "metadata.name",
+                "FieldValueRequired",
+                "Required value: name or generateName is required",
+            )
+        )
+    elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        causes.append(
+            (
+                "metadata.name",
+                "FieldValueInvalid",
+                f'Invalid value: "{name}": a lowercase RFC 1123 '
+                "subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+                "start and end with an alphanumeric character",
+            )
+        )
+    for key, value in (meta.get("labels") or {}).items():
+        if not _qualified_name(key):
+            causes.append(
+                (
+                    "metadata.labels",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{key}": name part must '
+                    "consist of alphanumeric characters, '-', '_' or '.'",
+                )
+            )
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            causes.append(
+                (
+                    "metadata.labels",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{value}": a valid label '
+                    "must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                    "and must start and end with an alphanumeric character",
+                )
+            )
+    for key, value in (meta.get("annotations") or {}).items():
+        if not _qualified_name(key):
+            causes.append(
+                (
+                    "metadata.annotations",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{key}": name part '
+                    "must consist of alphanumeric characters, '-', '_' or '.'",
+                )
+            )
+        if not isinstance(value, str):
+            causes.append(
+                (
+                    "metadata.annotations",
+                    "FieldValueInvalid",
+                    f"Invalid value: {key}: must be a string",
+                )
+            )
+    return causes
+
+
+def _node(obj: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    seen: set[tuple[str, str]] = set()
+    for n, taint in enumerate((obj.get("spec") or {}).get("taints") or []):
+        key, effect = taint.get("key") or "", taint.get("effect") or ""
+        if not key:
+            causes.append((f"spec.taints[{n}].key", "FieldValueRequired", "Required value"))
+        elif not _qualified_name(key):
+            causes.append((f"spec.taints[{n}].key", "FieldValueInvalid", f'Invalid value: "{key}"'))
+        if effect not in _TAINT_EFFECTS:
+            causes.append(
+                (
+                    f"spec.taints[{n}].effect",
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{effect}": supported values: "NoSchedule", '
+                    '"PreferNoSchedule", "NoExecute"',
+                )
+            )
+        if (key, effect) in seen:
+            causes.append(
+                (
+                    "spec.taints",
+                    "FieldValueDuplicate",
+                    f'Duplicate value: core.Taint{{Key:"{key}", Effect:"{effect}"}}: '
+                    "taints must be unique by key and effect pair",
+                )
+            )
+        seen.add((key, effect))
+    for n, cond in enumerate((obj.get("status") or {}).get("conditions") or []):
+        if not cond.get("type"):
+            causes.append((f"status.conditions[{n}].type", "FieldValueRequired", "Required value"))
+        if cond.get("status") not in ("True", "False", "Unknown"):
+            causes.append(
+                (
+                    f"status.conditions[{n}].status",
+                    "FieldValueNotSupported",
+                    f'Unsupported value: "{cond.get("status")}"',
+                )
+            )
+    return causes
+
+
+def _pod(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    if old is None:
+        return []
+    new_spec, old_spec = dict(obj.get("spec") or {}), dict(old.get("spec") or {})
+    for f in _POD_MUTABLE:
+        new_spec.pop(f, None)
+        old_spec.pop(f, None)
+    for spec in (new_spec, old_spec):
+        for key in ("containers", "initContainers"):
+            spec[key] = [{k: v for k, v in c.items() if k != "image"} for c in spec.get(key) or []]
+    if new_spec != old_spec:
+        return [
+            (
+                "spec",
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than "
+                "`spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, "
+                "`spec.tolerations` (only additions to existing tolerations), "
+                "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+            )
+        ]
+    return []
+
+
+def _event(obj: dict[str, Any]) -> list[Cause]:
+    causes: list[Cause] = []
+    for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+        if not obj.get(f):
+            causes.append((f, "FieldValueRequired", "Required value"))
+    if obj.get("type") not in ("Normal", "Warning"):
+        causes.append(
+            (
+                "type",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{obj.get("type")}": supported values: "Normal", "Warning"',
+            )
+        )
+    if len(obj.get("note") or "") > 1024:
+        causes.append(("note", "FieldValueTooLong", "Too long: may not be more than 1024 bytes"))
+    return causes
+
+
+def _secret(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    causes: list[Cause] = []
+    frozen = old is not None and bool(old.get("immutable"))
+    if frozen and (obj.get("data") != (old or {}).get("data") or obj.get("immutable") is not True):
+        causes.append(
+            ("data", "FieldValueForbidden", "Forbidden: field is immutable when `immutable` is set")
+        )
+    for key, value in (obj.get("data") or {}).items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            causes.append(
+                (f"data[{key}]", "FieldValueInvalid", "Invalid value: illegal base64 data")
+            )
+    return causes
+
+
+def _pdb(obj: dict[str, Any]) -> list[Cause]:
+    spec = obj.get("spec") or {}
+    if "minAvailable" in spec and "maxUnavailable" in spec:
+        return [
+            (
+                "spec",
+                "FieldValueInvalid",
+                "Invalid value: minAvailable and maxUnavailable cannot be both set",
+            )
+        ]
+    return []
+
+
+def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """Raise 422 Invalid with the causes the real API would list."""
+    causes = _metadata(obj)
+    if rt.kind == "Node":
+        causes += _node(obj)
+    elif rt.kind == "Pod":
+        causes += _pod(obj, old)
+    elif rt.kind == "Event" and rt.group == "events.k8s.io":
+        causes += _event(obj)
+    elif rt.kind == "Secret":
+        causes += _secret(obj, old)
+    elif rt.kind == "PodDisruptionBudget":
+        causes += _pdb(obj)
+    if causes:
+        raise invalid(rt.kind, (obj.get("metadata") or {}).get("name", ""), rt.group, causes)
