@@ -1,0 +1,18 @@
+"""What the remediation kernel's `Dedup` keeps per key: the first of a window and its repeats.
+
+One KV key per deduplicated key, updated with revision checks, so every replica agrees on
+which one came first.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class DedupRecord(BaseModel):
+    """The first occurrence of a key within the window, and how many followed it."""
+
+    first: str = Field(description="what came first: a trigger event id, or the caller's instance")
+    first_seen: float = Field(description="unix time")
+    last_seen: float = Field(description="unix time")
+    repeats: int = Field(default=0, ge=0)
