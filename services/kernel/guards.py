@@ -57,9 +57,6 @@ class GuardChain(Sequence[Guard]):
     def __getitem__(self, index: int | slice) -> Guard | Sequence[Guard]:
         return self._guards[index]
 
-    def __add__(self, other: Iterable[Guard]) -> GuardChain:
-        return GuardChain([*self._guards, *other])
-
     def __repr__(self) -> str:
         return "GuardChain(" + ", ".join(f"{g.stage.name}:{g.name}" for g in self._guards) + ")"
 
