@@ -16,3 +16,6 @@ class DedupRecord(BaseModel):
     first_seen: float = Field(description="unix time")
     last_seen: float = Field(description="unix time")
     repeats: int = Field(default=0, ge=0)
+    content: str | None = Field(
+        default=None, description="a digest of what was said: something new opens a new window"
+    )

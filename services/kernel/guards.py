@@ -140,17 +140,20 @@ class DedupWindow:
             return key
         return f"{self.prefix}." + hashlib.sha256(key.encode()).hexdigest()[:40]
 
-    async def first(self, key: str, instance: str) -> tuple[bool, DedupRecord]:
-        """Whether `instance` is the first of `key` in the window, and the window's record."""
+    async def first(
+        self, key: str, instance: str, *, content: str | None = None
+    ) -> tuple[bool, DedupRecord]:
+        """Whether `instance` is the first of `key` in the window (checked and recorded in
+        one revision-checked update), and the window's record. Another `content` for the
+        same key (something new about the same thing) opens a new window."""
         now = self.clock()
-        window = self.window.total_seconds()
         first = True
 
         def change(current: DedupRecord | None) -> DedupRecord | None:
             nonlocal first
-            if current is None or now - current.first_seen > window:
+            if current is None or not self._open(current, now, content):
                 first = True
-                return DedupRecord(first=instance, first_seen=now, last_seen=now)
+                return DedupRecord(first=instance, first_seen=now, last_seen=now, content=content)
             if current.first == instance:
                 first = True
                 return None
@@ -160,6 +163,23 @@ class DedupWindow:
         result = await self.store.update(self.kv_key(key), change)
         assert result is not None
         return first, result.value
+
+    async def repeat_of(self, key: str, *, content: str | None = None) -> DedupRecord | None:
+        """The open window's record for `key` and `content`, if there is one (read only:
+        for a caller that records with `mark` only once it has done the thing)."""
+        current = await self.store.get(self.kv_key(key))
+        if current is None or not self._open(current.value, self.clock(), content):
+            return None
+        return current.value
+
+    async def mark(self, key: str, instance: str, *, content: str | None = None) -> None:
+        """Open a new window for `key` with `instance` first."""
+        now = self.clock()
+        record = DedupRecord(first=instance, first_seen=now, last_seen=now, content=content)
+        await self.store.put(self.kv_key(key), record)
+
+    def _open(self, record: DedupRecord, now: float, content: str | None) -> bool:
+        return now - record.first_seen <= self.window.total_seconds() and record.content == content
 
 
 class Dedup:
