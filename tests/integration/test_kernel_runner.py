@@ -191,3 +191,27 @@ async def test_dedup_acts_once_per_window_across_replicas(bus: Bus, node: str) -
         (Outcome.APPLIED, "alert-1"),
         (Outcome.APPLIED, "alert-3"),
     ]
+
+
+async def test_dedup_window_opens_anew_for_new_content_and_marks_only_when_told(
+    bus: Bus,
+) -> None:
+    kv = await bus.kv(f"test-dedup-{uuid.uuid4().hex[:8]}", ttl_s=600)
+    now = [1000.0]
+    window = DedupWindow(kv, timedelta(minutes=10), prefix="said", clock=lambda: now[0])
+    other = DedupWindow(kv, timedelta(minutes=10), prefix="said", clock=lambda: now[0])
+    key = "oncall\x1fq/gpu-node-1"  # not a KV key: stored under its hash
+    assert window.kv_key(key).startswith("said.") and window.kv_key("said.x") == "said.x"
+    assert await window.repeat_of(key, content="quarantined") is None  # read only
+    assert await other.repeat_of(key, content="quarantined") is None
+    await window.mark(key, "ev-1", content="quarantined")
+    seen = await other.repeat_of(key, content="quarantined")
+    assert seen is not None and seen.first == "ev-1"
+    # Something new about the same thing is not a repeat; first() opens its window.
+    assert await other.repeat_of(key, content="released") is None
+    first, record = await other.first(key, "ev-2", content="released")
+    assert first and record.first == "ev-2"
+    first, record = await window.first(key, "ev-3", content="released")
+    assert not first and record.repeats == 1
+    now[0] += 601
+    assert await window.repeat_of(key, content="released") is None
