@@ -6,13 +6,20 @@ which one came first.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 
 class DedupRecord(BaseModel):
-    """The first occurrence of a key within the window, and how many followed it."""
+    """The first occurrence of a key within the window, and how many followed it.
 
-    first: str = Field(description="what came first: a trigger event id, or the caller's instance")
+    Reads the Falco service's own `dedup.<hash>` records too (`event_id` for `first`), so
+    that service can move onto the kernel's `Dedup` on the same bucket and keys.
+    """
+
+    first: str = Field(
+        validation_alias=AliasChoices("first", "event_id"),
+        description="what came first: a trigger event id, or the caller's instance",
+    )
     first_seen: float = Field(description="unix time")
     last_seen: float = Field(description="unix time")
     repeats: int = Field(default=0, ge=0)

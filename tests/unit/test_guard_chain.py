@@ -11,6 +11,7 @@ import pytest
 
 from schemas.common import ObjectRef
 from schemas.remediation import Outcome
+from schemas.state.dedup import DedupRecord
 from services.kernel import (
     CircuitBreaker,
     Cooldown,
@@ -185,3 +186,11 @@ async def test_ownership_skips_undoing_what_nodeward_did_not_do() -> None:
     # a protective action is not an undo: not this guard's to judge
     gpu2 = ObjectRef(kind="Node", name="gpu-2", api_version="v1")
     assert await guard.check(proposal(target=gpu2)) is None
+
+
+def test_dedup_record_reads_the_falco_services_records() -> None:
+    old = '{"event_id": "ev-1", "stream_sequence": 7, "first_seen": 1.0, "last_seen": 2.0, "repeats": 3}'
+    record = DedupRecord.model_validate_json(old)
+    assert (record.first, record.repeats, record.content) == ("ev-1", 3, None)
+    again = DedupRecord.model_validate_json(record.model_dump_json())
+    assert again == record
