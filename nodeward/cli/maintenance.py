@@ -99,7 +99,7 @@ async def _connect(settings: Settings) -> Bus:
 async def _check_node(kubeconfig: Path, node: str) -> None:
     from nodeward.kube import Cluster, KubeError, NotFound
 
-    cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1), service=None)
+    cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1))
     try:
         await cluster.nodes.get(node)
     except NotFound:

@@ -41,6 +41,7 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from services.cordon.access import ACCESS
 from services.cordon.marks import (
     ACTOR,
     TAINT_KEY,
@@ -616,7 +617,7 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
     service: CordonService

@@ -67,6 +67,7 @@ from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from services.credentials import oauth2
+from services.credentials.access import ACCESS
 from services.credentials.schedule import Scheduler, Timing, due_at
 from services.credentials.secret import (
     CHECKED,
@@ -652,7 +653,7 @@ async def build(settings: Settings) -> Daemon:
     config: CredentialsSettings = section(settings, "services", NAME, CredentialsSettings)
     if config.krb5_config:
         os.environ["KRB5_CONFIG"] = config.krb5_config
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     locks = await bus.kv(config.bucket, history=1)
     service = CredentialsService(
         bus, cluster, locks=locks, settings=config, registry=daemon.metrics.registry

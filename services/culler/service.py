@@ -47,6 +47,7 @@ from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.session import ActivityState, SessionActivity, SessionIdle
 from schemas.state.culler import Reason, SessionRecord, session_key
+from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
     ActionRunner,
@@ -657,7 +658,7 @@ async def build(settings: Settings) -> Daemon:
     `settings.cluster` must authenticate as the culler's ServiceAccount.
     """
     config: CullerSettings = section(settings, "services", NAME, CullerSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
     service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
 

@@ -55,6 +55,7 @@ from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.tokens import falco_rule_token
+from services.falco.access import ACCESS
 from services.falco.ingest import Ingest, IngestError, IngestSettings
 from services.falco.rules import (
     POD_ACTIONS,
@@ -673,7 +674,7 @@ async def assemble(settings: Settings) -> Assembled:
     except RulesError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
-    cluster = Cluster.connect(settings.cluster, service=NAME)
+    cluster = Cluster.connect(settings.cluster, access=ACCESS)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     ingest: Ingest | None = None
 

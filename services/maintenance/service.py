@@ -79,6 +79,7 @@ from services.kernel import (
     drain,
     tell_owner,
 )
+from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
     announcement,
@@ -941,7 +942,7 @@ async def build(settings: Settings) -> Daemon:
     """The checkpoint service's daemon: a consumer on `maintenance.requested.>` and the
     workflow loop. `settings.cluster` must authenticate as its ServiceAccount."""
     config: CheckpointSettings = section(settings, "services", NAME, CheckpointSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
     service = CheckpointService(

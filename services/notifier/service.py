@@ -40,6 +40,7 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification
+from services.notifier.access import ACCESS
 from services.notifier.channels import (
     Channel,
     ChannelSettings,
@@ -463,7 +464,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
     cluster: Cluster | None = None
     if config.owner_lookup:
         try:
-            cluster = Cluster.connect(settings.cluster, service=NAME)
+            cluster = Cluster.connect(settings.cluster, access=ACCESS)
         except KubeError as exc:
             raise ConfigError(
                 f"services.{NAME}.owner_lookup needs the cluster ({exc}); "
