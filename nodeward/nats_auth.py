@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.state.energy import TOTALS
 from schemas.tokens import token
 
 NODE = "__NODE__"  # the placeholder the chart replaces with a node's subject token
@@ -75,6 +76,7 @@ def service_inbox(service: str) -> str:
 
 
 def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
+    totals, key = TOTALS.name, TOTALS.key(n)  # `n` is a token already: the key keeps it
     return {
         "publish": (
             f"gpu.health.{n}.>",
@@ -85,9 +87,9 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"session.idle.{n}.>",
             "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
             # Its own key of the energy totals bucket (provisioned, direct get), no other:
-            f"$KV.energy.node.{n}",
-            "$JS.API.STREAM.INFO.KV_energy",
-            f"$JS.API.DIRECT.GET.KV_energy.$KV.energy.node.{n}",
+            f"$KV.{totals}.{key}",
+            f"$JS.API.STREAM.INFO.KV_{totals}",
+            f"$JS.API.DIRECT.GET.KV_{totals}.$KV.{totals}.{key}",
         ),
         "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
         # The allow list is the whole grant; a deny of `$JS.API.>` would override the two

@@ -15,6 +15,7 @@ from agents.sources.ipmi import IpmiSettings
 from agents.sources.rapl import RaplSettings
 from nodeward.config import Section
 from nodeward.durations import Duration
+from schemas.state.energy import TOTALS
 
 
 class NvmlEnergySettings(Section):
@@ -49,7 +50,7 @@ class EnergySettings(Section):
         default=timedelta(seconds=3),
         description="a source read that takes longer is reported degraded (the loop goes on)",
     )
-    bucket: str = Field(default="energy", description="KV bucket of the cumulative totals")
+    bucket: str = Field(default=TOTALS.name, description="KV bucket of the cumulative totals")
     ipmi: IpmiSettings = IpmiSettings()
     rapl: RaplSettings = RaplSettings()
     nvml: NvmlEnergySettings = NvmlEnergySettings()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.cordon import NODES
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
@@ -32,6 +33,6 @@ ACCESS = Access(
 # A quarantine rule with `maintenance: true` asks the checkpoint service for the node's maintenance.
 GRANTS = ServiceGrants(
     consumers=(("GPU", "cordon"),),
-    buckets=("cordon",),
+    buckets=(NODES.name,),
     publish=("maintenance.requested.*", *PUBLISHES),
 )

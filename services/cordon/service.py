@@ -40,7 +40,7 @@ from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from schemas.state.cordon import NODES, GpuRecord, NodeRecord, Quarantine, is_stale, node_key
 from services.cordon.access import ACCESS
 from services.cordon.marks import (
     ACTOR,
@@ -80,7 +80,7 @@ class CordonSettings(Section):
     dry_run: bool = False
     consumer: str = "cordon"
     subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
-    bucket: str = "cordon"
+    bucket: str = NODES.name
     concurrency: int = Field(default=16, ge=1)
     policy_file: Path | None = Field(default=None, description="None: the shipped default")
     cordon: bool = Field(default=True, description="also mark the node unschedulable")

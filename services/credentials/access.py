@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.credentials import LOCKS
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
@@ -27,6 +28,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("CREDENTIALS", "credentials"),),
-    buckets=("credentials",),
+    buckets=(LOCKS.name,),
     publish=("credentials.>", *PUBLISHES),
 )

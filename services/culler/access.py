@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.culler import SESSIONS
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
@@ -26,6 +27,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("SESSIONS", "culler"),),
-    buckets=("culler",),
+    buckets=(SESSIONS.name,),
     publish=PUBLISHES,
 )

@@ -46,7 +46,7 @@ from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.session import ActivityState, SessionActivity, SessionIdle
-from schemas.state.culler import Reason, SessionRecord, session_key
+from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
 from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
@@ -86,7 +86,7 @@ class CullerSettings(CullPolicy):
     dry_run: bool = False
     consumer: str = "culler"
     subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
-    bucket: str = "culler"
+    bucket: str = SESSIONS.name
     concurrency: int = Field(default=8, ge=1)
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=10, burst=5)
     deletable_controllers: list[str] = Field(

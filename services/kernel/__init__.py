@@ -6,8 +6,9 @@ audit event -> notify.v1 for on-call. `ActionRunner.run` is that path; the guard
 the service's KV bucket and in an annotation on the object.
 """
 
+from schemas.state.breaker import BreakerState
 from services.kernel.audit import Auditor
-from services.kernel.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings

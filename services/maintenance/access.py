@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.maintenance import MAINTENANCES
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
@@ -32,6 +33,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("MAINTENANCE", "checkpoint"),),
-    buckets=("checkpoint",),
+    buckets=(MAINTENANCES.name,),
     publish=("maintenance.>", *PUBLISHES),
 )

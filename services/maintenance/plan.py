@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodeward.kube.base import Obj
-from schemas.maintenance import MaintenanceState, PodPlan, PodStatus
 from schemas.notify import Severity
+from schemas.state.maintenance import MaintenanceState, PodPlan, PodStatus
 from services.kernel.drain import keep_reason
 
 CHECKPOINT_LABEL = "nodeward.io/checkpoint"

@@ -56,17 +56,16 @@ from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, PodRef
 from schemas.ids import stable_id
-from schemas.maintenance import (
-    CheckpointRecord,
-    Maintenance,
-    MaintenancePhase,
+from schemas.maintenance import CheckpointRecord, Maintenance, MaintenancePhase
+from schemas.notify import Severity
+from schemas.remediation import Outcome
+from schemas.state.maintenance import (
+    MAINTENANCES,
     MaintenanceState,
     PodPlan,
     history_key,
     state_key,
 )
-from schemas.notify import Severity
-from schemas.remediation import Outcome
 from services.kernel import (
     ActionRunner,
     Auditor,
@@ -133,7 +132,7 @@ class CheckpointSettings(Section):
     dry_run: bool = False
     consumer: str = "checkpoint"
     subjects: list[str] = Field(default_factory=lambda: ["maintenance.requested.>"], min_length=1)
-    bucket: str = "checkpoint"
+    bucket: str = MAINTENANCES.name
     parallelism: int = Field(default=4, ge=1, description="checkpoint calls at once")
     call_timeout: Duration = Field(
         default=timedelta(minutes=2), description="per checkpoint call (the kubelet's default)"

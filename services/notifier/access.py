@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.notifier import SETTLED
 
 ACCESS = Access(
     "notifier",
@@ -22,6 +23,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("NOTIFY", "notifier"),),
-    buckets=("notifier",),
+    buckets=(SETTLED.name,),
     publish=(),
 )

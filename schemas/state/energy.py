@@ -1,0 +1,34 @@
+"""What a node's energy agent keeps in KV: its cumulative energy and CO2e (`TOTALS`: bucket
+`energy`, key `node.<node token>`), so a restarted agent continues the totals."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from schemas.state import Bucket
+from schemas.tokens import token
+
+BUCKET = "energy"
+
+
+class EnergyTotals(BaseModel):
+    """What KV keeps for a node: its cumulative energy and CO2e."""
+
+    energy_j: float = 0.0
+    co2e_g: float = 0.0
+    updated_at: datetime | None = None
+
+
+def totals_key(node: str) -> str:
+    return f"node.{token(node)}"
+
+
+TOTALS: Bucket[EnergyTotals] = Bucket(
+    BUCKET,
+    EnergyTotals,
+    prefix="node.",
+    key=totals_key,
+    description="energy agents' cumulative totals, key node.<node>",
+)
