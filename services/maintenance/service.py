@@ -16,7 +16,7 @@ opted-in pod whose checkpoint failed, or a GPU pod on a node without
 why, then evicted) -> done (failures listed) or failed (the node is gone or exempt
 before the work starts).
 
-The workflow lives in KV (`node.<node>`, `schemas.maintenance.MaintenanceState`), saved
+The workflow lives in KV (`node.<node>`, `schemas.state.maintenance.MaintenanceState`), saved
 after each phase and after each container's checkpoint, so a restart resumes from the last
 phase: a container whose archive is recorded is never checkpointed again, and nothing is
 evicted before every opted-in pod's checkpoint is recorded. A stopping service finishes

@@ -8,12 +8,14 @@ collected by the composition root (`launch.access`); node agents share the `agen
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from launch.access import ACCOUNTS, DECLARED
+from launch.access import ACCOUNTS, DECLARED, GRANTS
 from nodeward.kube import access
 from sim.cluster import rbac
 
@@ -205,3 +207,14 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
                 service,
                 probe,
             )
+
+
+def test_every_service_declares_its_access_under_the_name_it_runs_as() -> None:
+    """A service added without an access.py (or not collected by launch.access) fails here."""
+    services = {e.name: e.value.split(":")[0] for e in entry_points(group="nodeward.services")}
+    assert set(GRANTS) == set(services)
+    for name, module in services.items():
+        package = module.rsplit(".", 1)[0]
+        declared = importlib.import_module(f"{package}.access").ACCESS
+        assert declared.account == importlib.import_module(module).NAME == name
+        assert ACCOUNTS[name].operations == declared.operations
