@@ -13,11 +13,15 @@ from typing import Any
 
 from nodeward.kube.base import Obj
 from schemas.notify import Severity
-from schemas.state.maintenance import MaintenanceState, PodPlan, PodStatus
+from schemas.state.maintenance import (
+    CUDA_CHECKPOINT_LABEL,
+    MaintenanceState,
+    PodPlan,
+    PodStatus,
+)
 from services.kernel.drain import keep_reason
 
 CHECKPOINT_LABEL = "nodeward.io/checkpoint"
-CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
 
 
