@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,7 +16,10 @@ from nodeward.cli import ConfigOpt, NatsOpt, _run, app
 from nodeward.cli import main as _main
 from nodeward.cli.common import CliError
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
-from sim.cli import sim_app  # typer only: the simulators load when a sim command runs
+from sim.cli import SimContext, sim_app  # typer only: the simulators load when a sim command runs
+
+if TYPE_CHECKING:
+    from nodeward.kube.access import Access
 
 
 @app.command()
@@ -139,7 +142,14 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     )
 
 
-app.add_typer(sim_app, name="sim")
+def _declared_access() -> tuple[Access, ...]:
+    """Every daemon's declared access (imported only when a sim command asks)."""
+    from launch.access import DECLARED
+
+    return DECLARED
+
+
+app.add_typer(sim_app, name="sim", context_settings={"obj": SimContext(access=_declared_access)})
 
 
 def main(argv: list[str] | None = None) -> int:

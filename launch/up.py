@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from launch.access import DECLARED
 from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
@@ -94,7 +95,9 @@ async def run_up(
         seed_data: Seed | None = None
         if settings.cluster.kubeconfig is None:
             seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
-            cluster = await stack.enter_async_context(embedded_cluster(state_dir, seed=seed_data))
+            cluster = await stack.enter_async_context(
+                embedded_cluster(state_dir, seed=seed_data, access=DECLARED)
+            )
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
         # The platform daemon goes first: its bus provisions the streams the others use.

@@ -1,7 +1,7 @@
 """What `nodeward status` shows: the fleet as JetStream KV and streams hold it.
 
-Read-only. The cordon service's KV records are read through small view models that take
-only the fields shown here (`services/` is not imported: the runtime sits below it).
+Read-only. The cordon service's KV records are read as the service writes them: with its
+record types and bucket declarations from `schemas.state.cordon` (`NODES`, `BREAKER`).
 """
 
 from __future__ import annotations
@@ -12,60 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from schemas import DecodeError, decode
 from schemas.gpu import GpuHealth, GpuTelemetry
 from schemas.remediation import Remediation
+from schemas.state.breaker import BreakerState
+from schemas.state.cordon import BREAKER, NODES, NodeRecord
 
-CORDON_BUCKET = "cordon"
-BREAKER_KEY = "breaker"
-NODE_PREFIX = "node."
-TAINT_KEY = "nodeward.io/gpu-unhealthy"  # the quarantine taint (ARCHITECTURE.md, names)
 HEALTH_ORDER = ("failed", "degraded", "unknown", "healthy")
 MAX_SUBJECTS = 4096  # last-message lookups per stream; a bigger fleet is summarised by KV only
-
-
-class _View(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class GpuRecordView(_View):
-    """The fields of `schemas.state.cordon.GpuRecord` that status shows."""
-
-    state: str
-    observed_at: datetime | None = None
-
-
-class QuarantineView(_View):
-    """The fields of `schemas.state.cordon.Quarantine` that status shows."""
-
-    incident: str
-    rule: str
-    reason: str
-    gpus: list[str] = Field(default_factory=list)
-    started_at: datetime
-    phase: str = "pending"
-    dry_run: bool = False
-    cordoned: bool = False
-    taints: list[str] = Field(default_factory=list)
-
-
-class NodeRecordView(_View):
-    """KV `cordon`, key `node.<name>`, as the cordon service writes it."""
-
-    gpus: dict[str, GpuRecordView] = Field(default_factory=dict)
-    quarantine: QuarantineView | None = None
-    last_decision: str | None = None
-
-
-class BreakerView(_View):
-    """KV `cordon`, key `breaker`: the circuit breaker's shared state."""
-
-    admitted: dict[str, float] = Field(default_factory=dict)
-    tripped_at: float | None = None
-    trip_reason: str | None = None
-    trips: int = 0
 
 
 class Quarantined(BaseModel):
@@ -142,8 +98,8 @@ def assemble(
     *,
     nats_url: str,
     now: datetime,
-    records: dict[str, NodeRecordView],
-    breaker: BreakerView | None,
+    records: dict[str, NodeRecord],
+    breaker: BreakerState | None,
     health: Iterable[GpuHealth],
     telemetry: dict[str, datetime],
     dlq: dict[str, int],
@@ -162,8 +118,8 @@ def assemble(
         seen[node] = max(seen.get(node, _aware(at)), _aware(at))
     nodes = []
     for name in sorted(set(records) | set(gpus) | set(telemetry)):
-        record = records.get(name, NodeRecordView())
-        states = gpus.get(name) or {k: g.state for k, g in record.gpus.items()}
+        record = records.get(name, NodeRecord())
+        states = gpus.get(name) or {k: g.state.value for k, g in record.gpus.items()}
         quarantine = None
         if (q := record.quarantine) is not None:
             since = _aware(q.started_at)
@@ -190,7 +146,7 @@ def assemble(
                 last_decision=record.last_decision,
             )
         )
-    b = breaker or BreakerView()
+    b = breaker or BreakerState()
     return FleetStatus(
         nats_url=nats_url,
         at=now,
@@ -226,19 +182,19 @@ def _gpu_order(key: str) -> tuple[int, str]:
 
 
 async def _kv_records(
-    js: Any, missing: list[str]
-) -> tuple[dict[str, NodeRecordView], BreakerView | None]:
+    js: Any, bucket: str, missing: list[str]
+) -> tuple[dict[str, NodeRecord], BreakerState | None]:
     try:
-        kv = await js.key_value(CORDON_BUCKET)
+        kv = await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
-        missing.append(f"KV {CORDON_BUCKET}")
+        missing.append(f"KV {bucket}")
         return {}, None
     try:
         keys = await kv.keys()
     except NoKeysError:
         return {}, None
-    records: dict[str, NodeRecordView] = {}
-    breaker: BreakerView | None = None
+    records: dict[str, NodeRecord] = {}
+    breaker: BreakerState | None = None
     for key in keys:
         try:
             entry = await kv.get(key)
@@ -247,12 +203,10 @@ async def _kv_records(
         if not entry.value:
             continue
         try:
-            if key == BREAKER_KEY:
-                breaker = BreakerView.model_validate_json(entry.value)
-            elif key.startswith(NODE_PREFIX):
-                records[key.removeprefix(NODE_PREFIX)] = NodeRecordView.model_validate_json(
-                    entry.value
-                )
+            if key == BREAKER.key():
+                breaker = BREAKER.load(entry.value)
+            elif NODES.holds(key):
+                records[NODES.suffix(key)] = NODES.load(entry.value)
         except ValidationError:
             continue  # a record status cannot read is not worth failing the whole table for
     return records, breaker
@@ -315,13 +269,19 @@ async def _recent_actions(
 
 
 async def gather_status(
-    nc: Any, *, nats_url: str, actions: int = 10, agent_timeout: timedelta = timedelta(seconds=90)
+    nc: Any,
+    *,
+    nats_url: str,
+    actions: int = 10,
+    agent_timeout: timedelta = timedelta(seconds=90),
+    bucket: str = NODES.name,
 ) -> FleetStatus:
-    """Read KV `cordon` and the GPU, TELEMETRY, DLQ and AUDIT streams into one picture."""
+    """Read the cordon service's KV `bucket` and the GPU, TELEMETRY, DLQ and AUDIT streams
+    into one picture."""
     js = nc.jetstream()
     missing: list[str] = []
     notes: list[str] = []
-    records, breaker = await _kv_records(js, missing)
+    records, breaker = await _kv_records(js, bucket, missing)
     health_subjects = await _subjects(js, "GPU", "gpu.health.>", missing)
     health = [
         e.data

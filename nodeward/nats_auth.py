@@ -6,20 +6,21 @@ only on its own inbox prefix (`bus.inbox_prefix = _INBOX_<node>`), so one compro
 node cannot forge another node's GPU health. A service may use only its own durable
 consumers and KV buckets, publish only its outputs and receive only on `_INBOX_<service>`.
 
-The Helm chart reads the same grants from `deploy/helm/nodeward/files/nats-permissions.json`,
-which `permissions_document()` generates (`python -m nodeward.nats_auth FILE`); a unit test
-keeps the two in sync.
+Each service declares its grants in its own package (`GRANTS` in `services/<name>/access.py`).
+The Helm chart reads them from `deploy/helm/nodeward/files/nats-permissions.json`, which
+`permissions_document()` generates with every service's grants (`python -m launch.access
+nats-permissions FILE`); a unit test keeps the two in sync.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.state.energy import TOTALS
 from schemas.tokens import token
 
 NODE = "__NODE__"  # the placeholder the chart replaces with a node's subject token
@@ -54,28 +55,14 @@ class NatsUser:
 
 @dataclass(frozen=True)
 class ServiceGrants:
-    """What one service uses on the bus: its durable consumers, KV buckets and outputs."""
+    """What one service uses on the bus: its durable consumers, KV buckets and outputs.
+
+    Each service declares its own in its package (`services/<name>/access.py`, `GRANTS`).
+    """
 
     consumers: tuple[tuple[str, str], ...]  # (stream, durable)
     buckets: tuple[str, ...]
     publish: tuple[str, ...]
-
-
-# Every service acts through services.kernel: an audit event and a notification per action.
-_ACTS = ("remediation.>", "notify.>")
-SERVICES: dict[str, ServiceGrants] = {
-    # A quarantine rule with `maintenance: true` asks services.checkpoint for the node's maintenance.
-    "cordon": ServiceGrants((("GPU", "cordon"),), ("cordon",), ("maintenance.requested.*", *_ACTS)),
-    "notifier": ServiceGrants((("NOTIFY", "notifier"),), ("notifier",), ()),
-    "culler": ServiceGrants((("SESSIONS", "culler"),), ("culler",), _ACTS),
-    "credentials": ServiceGrants(
-        (("CREDENTIALS", "credentials"),), ("credentials",), ("credentials.>", *_ACTS)
-    ),
-    "falco": ServiceGrants((("SECURITY", "falco"),), ("falco",), ("falco.>", *_ACTS)),
-    "checkpoint": ServiceGrants(
-        (("MAINTENANCE", "checkpoint"),), ("checkpoint",), ("maintenance.>", *_ACTS)
-    ),
-}
 
 
 def agent_inbox(node: str) -> str:
@@ -89,6 +76,7 @@ def service_inbox(service: str) -> str:
 
 
 def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
+    totals, key = TOTALS.name, TOTALS.key(n)  # `n` is a token already: the key keeps it
     return {
         "publish": (
             f"gpu.health.{n}.>",
@@ -99,9 +87,9 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"session.idle.{n}.>",
             "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
             # Its own key of the energy totals bucket (provisioned, direct get), no other:
-            f"$KV.energy.node.{n}",
-            "$JS.API.STREAM.INFO.KV_energy",
-            f"$JS.API.DIRECT.GET.KV_energy.$KV.energy.node.{n}",
+            f"$KV.{totals}.{key}",
+            f"$JS.API.STREAM.INFO.KV_{totals}",
+            f"$JS.API.DIRECT.GET.KV_{totals}.$KV.{totals}.{key}",
         ),
         "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
         # The allow list is the whole grant; a deny of `$JS.API.>` would override the two
@@ -170,9 +158,8 @@ def _bucket_api(bucket: str) -> tuple[str, ...]:
     )
 
 
-def service_user(service: str, password: str) -> NatsUser:
+def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser:
     """A service: its own consumers and KV buckets, its outputs, its own inbox."""
-    grants = SERVICES[service]
     publish: list[str] = []
     for stream, durable in grants.consumers:
         publish += _consumer_api(stream, durable)
@@ -197,8 +184,9 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
     return "authorization {\n  users = " + json.dumps(rendered, indent=2) + "\n}\n"
 
 
-def permissions_document() -> dict[str, object]:
-    """The grants the Helm chart renders: per service, admin, and per node with `__NODE__`."""
+def permissions_document(services: Mapping[str, ServiceGrants]) -> dict[str, object]:
+    """The grants the Helm chart renders: per service (as each declares them), admin, and
+    per node with `__NODE__`. `launch.access` writes it with every service's `GRANTS`."""
     agent = node_agent(NODE, "")
     return {
         "agent": {"user": f"agent-{NODE}", "permissions": agent.permissions()},
@@ -206,9 +194,9 @@ def permissions_document() -> dict[str, object]:
         "services": {
             name: {
                 "user": f"nodeward-{name}",
-                "permissions": service_user(name, "").permissions(),
+                "permissions": service_user(name, grants, "").permissions(),
             }
-            for name in SERVICES
+            for name, grants in services.items()
         },
     }
 
@@ -231,16 +219,3 @@ def write_agent_seed(path: Path, *, force: bool = False) -> str:
         out.write(seed + b"\n")
     path.chmod(0o600)
     return public
-
-
-def main(argv: list[str]) -> int:
-    """Write `permissions_document()` as JSON to the file given (the chart's copy)."""
-    if len(argv) != 1:
-        print("usage: python -m nodeward.nats_auth FILE", file=sys.stderr)
-        return 2
-    Path(argv[0]).write_text(json.dumps(permissions_document(), indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

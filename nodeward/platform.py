@@ -14,7 +14,7 @@ from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
-from nodeward.kube import Cluster
+from nodeward.kube import Access, Cluster
 
 
 async def bus_daemon(
@@ -48,15 +48,16 @@ async def bus_daemon(
 
 
 async def acting_daemon(
-    name: str, settings: Settings, *, source: str, consumers: int = 1
+    name: str, settings: Settings, *, source: str, access: Access, consumers: int = 1
 ) -> tuple[Daemon, Bus, Cluster]:
-    """A service's daemon with its bus and its cluster port (as the `name` ServiceAccount).
+    """A service's daemon with its bus and its cluster port, which allows only what the
+    service declares in `access` (its package's `access.py`).
 
     On shutdown the consumers drain first (their handlers use the cluster), then the
     cluster client closes.
     """
     daemon, bus = await bus_daemon(name, settings, source=source, consumers=consumers)
-    cluster = Cluster.connect(settings.cluster, service=name)
+    cluster = Cluster.connect(settings.cluster, access=access)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
 
     async def close() -> None:

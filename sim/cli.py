@@ -6,16 +6,33 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from nodeward.endpoints import DEFAULT_STATE_DIR
 
+if TYPE_CHECKING:
+    from nodeward.kube.access import Access
+
 sim_app = typer.Typer(
     name="sim", help="Run simulated peers (the sim cluster) on their own.", no_args_is_help=True
 )
+
+
+def _none() -> Iterable[Access]:
+    return ()
+
+
+@dataclass(frozen=True)
+class SimContext:
+    """What the composition root hands the `sim` commands (typer's `ctx.obj`): the daemons'
+    declared access, loaded when asked (the sim cluster's roles without deploy/rbac)."""
+
+    access: Callable[[], Iterable[Access]] = _none
 
 
 @sim_app.callback()
@@ -29,7 +46,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 @sim_app.command("cluster")
-def cluster(
+def cluster(  # noqa: PLR0917 - typer maps parameters to options
+    ctx: typer.Context,
     seed: Annotated[
         Path | None, typer.Option("--seed", help="seed YAML (default: the shipped seed)")
     ] = None,
@@ -41,7 +59,9 @@ def cluster(
     rbac: Annotated[
         list[Path] | None,
         typer.Option(
-            "--rbac", help="RBAC manifests (file or dir); default: the source tree's deploy/rbac"
+            "--rbac",
+            help="RBAC manifests (file or dir); default: the source tree's deploy/rbac, "
+            "else roles built from the daemons' declared access",
         ),
     ] = None,
 ) -> None:
@@ -59,10 +79,11 @@ def cluster(
     except SeedError as exc:
         raise _fail(str(exc)) from None
     configure_logging("warning")
+    declared = tuple(ctx.obj.access()) if isinstance(ctx.obj, SimContext) else ()
 
     async def run() -> None:
         try:
-            sim = SimCluster(loaded, host=host, port=port, rbac_dirs=rbac)
+            sim = SimCluster(loaded, host=host, port=port, rbac_dirs=rbac, access=declared)
         except (ValueError, KeyError) as exc:
             raise _fail(f"cannot build the sim cluster: {exc}") from None
         stop = asyncio.Event()

@@ -26,7 +26,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel
 
 from agents.energy.account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
@@ -44,20 +43,11 @@ from nodeward.logs import get_logger
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event
 from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval
-from schemas.tokens import subject, token
+from schemas.state.energy import EnergyTotals, totals_key
+from schemas.tokens import subject
 
 MAX_UNSENT = 1_000
 PROBE_TIMEOUT_S = 60.0  # finding what a source offers (an IPMI SDR walk) may take a while
-
-
-class EnergyTotals(BaseModel):
-    """What KV keeps for a node: its cumulative energy and CO2e, and the time they miss."""
-
-    energy_j: float = 0.0
-    co2e_g: float = 0.0
-    uncovered_s: float = 0.0
-    """Seconds of intervals with no reading (unknown energy, left out of `energy_j`)."""
-    updated_at: datetime | None = None
 
 
 def node_name(settings: EnergySettings) -> str:
@@ -148,7 +138,7 @@ class EnergyAgent:
         )
         self._node_subject = subject("energy.node", self.node)
         self._pod_prefix = subject("energy.pod", self.node) + "."
-        self._key = f"node.{token(self.node)}"
+        self._key = totals_key(self.node)
 
     def attach(self, daemon: Daemon) -> None:
         """Run in `daemon`: its task, readiness check `energy`, and closing the sources."""

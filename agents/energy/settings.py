@@ -15,6 +15,7 @@ from agents.sources.ipmi import IpmiSettings
 from agents.sources.rapl import RaplSettings
 from nodeward.config import Section
 from nodeward.durations import Duration
+from schemas.state.energy import TOTALS
 
 
 class NvmlEnergySettings(Section):
@@ -54,7 +55,7 @@ class EnergySettings(Section):
         description="readings further apart are not integrated (the time is reported as "
         "uncovered); None: two sampling periods",
     )
-    bucket: str = Field(default="energy", description="KV bucket of the cumulative totals")
+    bucket: str = Field(default=TOTALS.name, description="KV bucket of the cumulative totals")
     ipmi: IpmiSettings = IpmiSettings()
     rapl: RaplSettings = RaplSettings()
     nvml: NvmlEnergySettings = NvmlEnergySettings()

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
+from agents.energy.access import ACCESS
 from agents.energy.account import CarbonProvider, StaticCarbon
 from agents.energy.agent import EnergyAgent, node_name
 from agents.energy.pods import KubeNodePods, NodePods
@@ -83,7 +84,7 @@ async def rack_of(settings: Settings, config: EnergySettings, node: str) -> str 
 
     log: Any = get_logger(agent="energy", node=node)
     try:
-        async with Cluster.connect(settings.cluster, service="agent") as cluster:
+        async with Cluster.connect(settings.cluster, access=ACCESS) as cluster:
             labels = (await cluster.nodes.get(node)).get("metadata", {}).get("labels") or {}
     except Exception as exc:  # noqa: BLE001 - the rack cap is skipped, the node cap still holds
         log.warning("rack unknown: node labels not readable", error=str(exc))
@@ -148,7 +149,7 @@ async def build_energy_agent(
     node_pods: NodePods | None = None
     cluster: Cluster | None = None
     try:
-        cluster = Cluster.connect(settings.cluster, service="agent")
+        cluster = Cluster.connect(settings.cluster, access=ACCESS)
         node_pods = KubeNodePods(cluster, node)
     except KubeError as exc:
         log.warning("no cluster: CPU energy is not attributed to pods", error=str(exc))

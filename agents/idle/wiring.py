@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.idle.access import ACCESS
 from agents.idle.agent import IdleAgent, KubeSessionPods, node_name
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import GpuUtilization
@@ -49,7 +50,7 @@ async def build_idle_agent(settings: Settings) -> Daemon:
     daemon, bus = await bus_daemon(
         f"agent-idle-{node}", settings, source=f"agent/idle/{node}", provision=False
     )
-    cluster = Cluster.connect(settings.cluster, service="agent")
+    cluster = Cluster.connect(settings.cluster, access=ACCESS)
     pods = KubeletPods(config.pod_resources_socket)
     kernels = JupyterKernels(config.jupyter)
     agent = IdleAgent(

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from agents.idle.access import ACCESS
 from agents.idle.agent import IdleAgent, KubeSessionPods
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import KernelsReading
@@ -108,7 +109,7 @@ async def build_sim_idle_agent(
     daemon, bus = await bus_daemon(
         f"agent-idle-{node.name}", settings, source=f"agent/idle/{node.name}", provision=False
     )
-    cluster = Cluster.connect(settings.cluster, service="agent")
+    cluster = Cluster.connect(settings.cluster, access=ACCESS)
     activity = SimSessionActivity()
     agent = IdleAgent(
         bus,

@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from nodeward.bus.errors import BusError
+from schemas.state.lease import LeaseRecord, lease_key
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -86,12 +87,6 @@ class TypedKV(Generic[M]):
             await self.kv.delete(key, last=revision)
 
 
-class LeaseRecord(BaseModel):
-    holder: str
-    expires_at: float  # unix seconds
-    acquired_at: float
-
-
 class Lease:
     """A lease in a KV bucket: at most one holder at a time runs a singleton loop.
 
@@ -117,7 +112,7 @@ class Lease:
             return LeaseRecord(holder=self.holder, expires_at=now + self.ttl, acquired_at=acquired)
 
         try:
-            result = await self.store.update(f"lease.{self.name}", take, attempts=3)
+            result = await self.store.update(lease_key(self.name), take, attempts=3)
         except ConflictError:
             return False
         return (
@@ -127,10 +122,10 @@ class Lease:
         )
 
     async def release(self) -> None:
-        current = await self.store.get(f"lease.{self.name}")
+        current = await self.store.get(lease_key(self.name))
         if current is not None and current.value.holder == self.holder:
             with contextlib.suppress(Exception):
-                await self.store.delete(f"lease.{self.name}", revision=current.revision)
+                await self.store.delete(lease_key(self.name), revision=current.revision)
 
     @contextlib.asynccontextmanager
     async def held(self, poll: float | None = None) -> AsyncIterator[asyncio.Event]:

@@ -11,6 +11,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from schemas.state.energy import TOTALS
 from schemas.streams import STREAMS, Retention, Storage, StreamSpec
 
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with a different configuration
@@ -27,7 +28,7 @@ _STORAGE = {Storage.FILE: api.StorageType.FILE, Storage.MEMORY: api.StorageType.
 # not create: provisioned with the streams. bucket -> (history, description).
 # Direct get, so that a node's NATS user can be allowed to read its own key and no other.
 AGENT_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
-    {"energy": (1, "energy agents' cumulative totals, key node.<node>")}
+    {TOTALS.name: (1, TOTALS.description)}
 )
 
 

@@ -12,6 +12,7 @@ import typer
 
 from nodeward.config import ConfigError, Settings, load_settings
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
+from schemas.state import Bucket
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 
@@ -44,6 +45,13 @@ def settings_for(
     if url:
         settings.bus.url = url
     return settings
+
+
+def bucket_name(settings: Settings, service: str, bucket: Bucket[Any]) -> str:
+    """The KV bucket `service` keeps `bucket`'s records in: its `services.<service>.bucket`
+    setting if the config file sets one, else the declared name."""
+    configured = (settings.services.get(service) or {}).get("bucket")
+    return str(configured or bucket.name)
 
 
 async def connect_nats(settings: Settings, name: str, state_dir: Path = DEFAULT_STATE_DIR) -> Any:

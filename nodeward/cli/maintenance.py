@@ -3,16 +3,15 @@
 `start` validates the request at the edge (node name, times, the node's existence when a
 kubeconfig is at hand), publishes `maintenance.requested`, and waits a little for the
 checkpoint service to take it or refuse it. `status` and `restore` read the service's
-record in KV (`schemas.maintenance.MaintenanceState`); `restore` prints the plan to turn a
-pod's checkpoint archives into images and run the pod elsewhere (it executes nothing).
+records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
+(`schemas.state.maintenance.restore_plan`) to turn a pod's checkpoint archives into images
+and run the pod elsewhere (it executes nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import shlex
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,18 +23,20 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, N
 from pydantic import ValidationError
 
 from nodeward.bus import Bus, BusError, PublishError
-from nodeward.cli.common import echo_json, fail, settings_for
+from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
 from nodeward.config import ClusterSettings, Settings
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 from schemas import decode, make_event
 from schemas.cloudevents import one_line
-from schemas.maintenance import (
-    Maintenance,
-    MaintenancePhase,
+from schemas.maintenance import Maintenance, MaintenancePhase
+from schemas.state.maintenance import (
+    HISTORY,
+    MAINTENANCES,
     MaintenanceState,
     PodPlan,
-    state_key,
+    restorable,
+    restore_plan,
 )
 from schemas.tokens import token
 
@@ -44,8 +45,6 @@ maintenance_app = typer.Typer(
     no_args_is_help=True,
 )
 
-CHECKPOINT_NAME_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
-CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -85,7 +84,7 @@ def parse_at(value: str | None, now: datetime) -> datetime | None:
 
 
 def _bucket(settings: Settings) -> str:
-    return str((settings.services.get("checkpoint") or {}).get("bucket") or "checkpoint")
+    return bucket_name(settings, "checkpoint", MAINTENANCES)
 
 
 async def _connect(settings: Settings) -> Bus:
@@ -99,7 +98,7 @@ async def _connect(settings: Settings) -> Bus:
 async def _check_node(kubeconfig: Path, node: str) -> None:
     from nodeward.kube import Cluster, KubeError, NotFound
 
-    cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1), service=None)
+    cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1))
     try:
         await cluster.nodes.get(node)
     except NotFound:
@@ -113,12 +112,12 @@ async def _check_node(kubeconfig: Path, node: str) -> None:
 async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
     try:
         kv = await bus.js.key_value(bucket)
-        entry = await kv.get(state_key(node))
+        entry = await kv.get(MAINTENANCES.key(node))
     except (BucketNotFoundError, NotFoundError, KeyNotFoundError):
         return None
     if entry.value is None:
         return None
-    return MaintenanceState.model_validate_json(entry.value)
+    return MAINTENANCES.load(entry.value)
 
 
 async def _refusal(bus: Bus, node: str, maintenance_id: str) -> str | None:
@@ -269,83 +268,16 @@ async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
         return []
     out = []
     for key in keys:
-        if not key.startswith(("node.", "history.")):
+        kind = next((b for b in (MAINTENANCES, HISTORY) if b.holds(key)), None)
+        if kind is None:
             continue
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
             continue
         if entry.value:
-            out.append(MaintenanceState.model_validate_json(entry.value))
+            out.append(kind.load(entry.value))
     return out
-
-
-def restore_plan(state: MaintenanceState, plan: PodPlan, registry: str) -> dict[str, Any]:
-    """The image builds (one per container) and the pod manifest that runs it elsewhere."""
-    stamp = min((c.at for c in plan.checkpoints if c.at), default=state.requested_at)
-    tag = stamp.strftime("%Y%m%d%H%M%S")
-    images: dict[str, str] = {}
-    builds: list[dict[str, Any]] = []
-    for record in plan.checkpoints:
-        container = record.pod.container or ""
-        image = f"{registry.rstrip('/')}/checkpoint-{plan.namespace}-{plan.name}-{container}:{tag}"
-        images[container] = image
-        archive = record.path or ""
-        builds.append(
-            {
-                "container": container,
-                "archive": archive,
-                "node": record.node or state.node,
-                "original_image": record.image,
-                "image": image,
-                "commands": [
-                    "newcontainer=$(buildah from scratch)",
-                    f"buildah add $newcontainer {shlex.quote(archive)} /",
-                    f"buildah config --annotation={CHECKPOINT_NAME_ANNOTATION}="
-                    f"{shlex.quote(container)} $newcontainer",
-                    f"buildah commit $newcontainer {shlex.quote(image)}",
-                    "buildah rm $newcontainer",
-                    f"buildah push {shlex.quote(image)}",
-                ],
-                "alternative": f"checkpointctl build {shlex.quote(archive)} {shlex.quote(image)}",
-            }
-        )
-    spec = json.loads(json.dumps(plan.spec))
-    for key in ("nodeName",):
-        spec.pop(key, None)
-    for c in spec.get("containers") or []:
-        if c.get("name") in images:
-            c["image"] = images[c["name"]]
-    if plan.gpus:
-        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), CUDA_CHECKPOINT_LABEL: "true"}
-    labels = {k: v for k, v in plan.labels.items() if k != "pod-template-hash"}
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{plan.name}-restored"[:253],
-            "namespace": plan.namespace,
-            "labels": {**labels, "nodeward.io/restored-from": plan.name[:63]},
-            "annotations": {"nodeward.io/restored-from-maintenance": state.maintenance_id},
-        },
-        "spec": spec,
-    }
-    return {
-        "pod": plan.key,
-        "maintenance_id": state.maintenance_id,
-        "node": state.node,
-        "builds": builds,
-        "manifest": manifest,
-        "notes": [
-            "The archives are on the node, readable by root only: build there (or copy them "
-            "over an encrypted channel: they hold the containers' memory, secrets included).",
-            "Restoring needs CRI-O with CRIU support (enable_criu_support = true) or "
-            "containerd >= 2.1 with CRIU; a GPU pod also a node with CUDA checkpoint support "
-            f"({CUDA_CHECKPOINT_LABEL}=true).",
-            "The original pod's controller may also start a fresh pod; scale it down first if "
-            "the restored one replaces it.",
-        ],
-    }
 
 
 def render_restore(plan: dict[str, Any]) -> str:
@@ -377,26 +309,13 @@ async def restore(settings: Settings, pod: str, registry: str, as_json: bool) ->
         raise typer.BadParameter(f"{pod!r} is not NAMESPACE/POD", param_hint="POD")
     bus = await _connect(settings)
     try:
-        states = sorted(
-            await _states(bus, _bucket(settings)), key=lambda s: s.requested_at, reverse=True
-        )
+        states = await _states(bus, _bucket(settings))
     finally:
         await bus.close(grace=1)
-    found = [
-        (s, s.pods[pod])
-        for s in states
-        if pod in s.pods and s.pods[pod].status == "checkpointed" and s.pods[pod].checkpoints
-    ]
-    if not found:
-        known = [s.pods[pod] for s in states if pod in s.pods]
-        if known:
-            why = known[0].reason or {
-                "not_opted_in": "it did not opt in (label nodeward.io/checkpoint=true)",
-                "pending": "its checkpoint is still to be taken",
-            }.get(known[0].status, known[0].status)
-            fail(f"pod {pod} has no recorded checkpoint: {why}")
-        fail(f"no checkpoint recorded for pod {pod}")
-    state, plan = max(found, key=lambda f: f[0].requested_at)
+    found = restorable(states, pod)
+    if isinstance(found, str):
+        fail(found)
+    state, plan = found
     result = restore_plan(state, plan, registry)
     if as_json:
         echo_json(result)

@@ -12,10 +12,11 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from nodeward.cli.common import connect_nats, echo_json
+from nodeward.cli.common import bucket_name, connect_nats, echo_json
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from nodeward.fleet_status import HEALTH_ORDER, TAINT_KEY, FleetStatus, gather_status
+from nodeward.fleet_status import HEALTH_ORDER, FleetStatus, gather_status
+from schemas.state.cordon import NODES, TAINT_KEY
 
 _HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
     {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
@@ -33,7 +34,11 @@ async def status(
     nc = await connect_nats(settings, "cli/status", state_dir)
     try:
         fleet = await gather_status(
-            nc, nats_url=settings.bus.url, actions=actions, agent_timeout=agent_timeout
+            nc,
+            nats_url=settings.bus.url,
+            actions=actions,
+            agent_timeout=agent_timeout,
+            bucket=bucket_name(settings, "cordon", NODES),
         )
     finally:
         with contextlib.suppress(Exception):

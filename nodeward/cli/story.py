@@ -27,7 +27,6 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.cli.events import echo_line, event_line, severity_of
-from nodeward.fleet_status import CORDON_BUCKET, NODE_PREFIX, TAINT_KEY, NodeRecordView
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.falco import FalcoAlert
@@ -35,6 +34,7 @@ from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionIdle
+from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord
 
 LABEL_WIDTH = 9
 OUTBOX_POLL_S = 0.5
@@ -108,7 +108,7 @@ def dlq_line(event: Any, subject: str) -> str:
     return _label("DLQ") + event_line(event, subject, detail=detail)
 
 
-def cordon_line(node: str, record: NodeRecordView, at: datetime) -> str:
+def cordon_line(node: str, record: NodeRecord, at: datetime) -> str:
     """The marks the cordon service recorded as applied to `node`."""
     q = record.quarantine
     assert q is not None
@@ -216,11 +216,11 @@ class Story:
             self._add(event.time, "DLQ", dlq_line(event, msg.subject), severity)
 
     def on_record(self, key: str, value: bytes, at: datetime) -> None:
-        if not key.startswith(NODE_PREFIX) or not value:
+        if not NODES.holds(key) or not value:
             return
-        node = key.removeprefix(NODE_PREFIX)
+        node = NODES.suffix(key)
         try:
-            record = NodeRecordView.model_validate_json(value)
+            record = NODES.load(value)
         except ValidationError:
             return
         q = record.quarantine
@@ -290,7 +290,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
         await queue.put(msg)
 
     subs = []
-    sources = [*EVENT_SOURCES, (f"KV_{CORDON_BUCKET}", f"$KV.{CORDON_BUCKET}.{NODE_PREFIX}>")]
+    sources = [*EVENT_SOURCES, (f"KV_{NODES.name}", f"$KV.{NODES.name}.{NODES.prefix}>")]
     for stream, subject in sources:
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
         try:

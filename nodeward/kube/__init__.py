@@ -1,9 +1,10 @@
 """The cluster port: the one way services act on Kubernetes.
 
-async with Cluster.connect(settings.cluster, service="cordon") as cluster:
+async with Cluster.connect(settings.cluster, access=ACCESS) as cluster:  # its access.py
     await cluster.nodes.add_taint(node, "nodeward.io/gpu-unhealthy", "NoSchedule")
 """
 
+from nodeward.kube.access import Access
 from nodeward.kube.cluster import Cluster
 from nodeward.kube.errors import (
     AlreadyExists,
@@ -26,6 +27,7 @@ from nodeward.kube.errors import (
 from nodeward.kube.watch import WatchEvent
 
 __all__ = [
+    "Access",
     "AlreadyExists",
     "BadRequest",
     "CheckpointFailed",

@@ -1,16 +1,18 @@
-"""What each port operation needs from RBAC, and which operations each service uses.
+"""The vocabulary of port operations (what each needs from RBAC) and its enforcement.
 
-The RBAC test (`tests/unit/test_rbac_roles.py`) checks `SERVICES` against the roles in
-`deploy/rbac/`, both ways: every permission a service's operations need is granted, and
-every rule granted is needed. At run time a `Cluster` made for a service refuses an
-operation the service does not declare here, so a new call cannot slip past the test.
+Each service and agent declares the operations it uses in its own package (`access.py`,
+an `Access`) and passes that declaration when it connects its `Cluster`; the runtime
+knows no daemon by name. The RBAC test (`tests/unit/test_rbac_roles.py`) checks the
+declarations, collected by the composition root (`launch.access`), against the roles in
+`deploy/rbac/`, both ways. At run time a `Cluster` refuses an operation its `Access` does
+not declare, so a new call cannot slip past the test.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -72,104 +74,60 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     ),
 }
 
-# The port operations each service (and the node agent) calls.
-SERVICES: dict[str, frozenset[str]] = {
-    "cordon": frozenset(
-        {
-            "nodes.get",
-            "nodes.list",
-            "nodes.watch",
-            "nodes.patch",
-            "nodes.set_condition",
-            "namespaces.get",
-            "pods.list",
-            "pods.get",
-            "pods.evict",
-            "events.create",
-        }
-    ),
-    "culler": frozenset(
-        {
-            "namespaces.get",
-            "pods.get",
-            "pods.delete",
-            "notebooks.get",
-            "notebooks.patch",
-        }
-    ),
-    "credentials": frozenset(
-        {
-            "secrets.get",
-            "secrets.list",
-            "secrets.replace",
-            "secrets.patch",
-            "events.create",
-            "leases.hold",
-        }
-    ),
-    "falco": frozenset(
-        {
-            "pods.get",
-            "pods.patch",
-            "pods.delete",
-            "namespaces.get",
-            "nodes.get",
-            "nodes.patch",
-            "nodes.checkpoint",
-            "networkpolicies.create",
-            "events.create",
-        }
-    ),
-    "checkpoint": frozenset(
-        {
-            "nodes.get",
-            "nodes.list",
-            "nodes.patch",
-            "nodes.checkpoint",
-            "namespaces.get",
-            "pods.get",
-            "pods.list",
-            "pods.patch",
-            "pods.evict",
-            "events.create",
-            "leases.hold",
-        }
-    ),
-    "notifier": frozenset({"namespaces.get", "pods.get"}),
-    "agent": frozenset({"nodes.get", "pods.list"}),
-}
+
+@dataclass(frozen=True)
+class Access:
+    """What one daemon may do on Kubernetes, declared in its own package (`<pkg>/access.py`).
+
+    `account` names its ServiceAccount (`nodeward-<account>`): a service's own name, or
+    `agent` for the node agents, which share one. `operations` are names from `OPERATIONS`.
+    """
+
+    account: str
+    operations: frozenset[str]
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.operations - OPERATIONS.keys())
+        if unknown:
+            raise ValueError(f"{self.account}: {', '.join(unknown)} not in OPERATIONS")
+
+    def permissions(self) -> frozenset[Permission]:
+        """Every permission the declared operations need."""
+        out: frozenset[Permission] = frozenset()
+        for op in self.operations:
+            out |= OPERATIONS[op]
+        return out
 
 
-def service_account(service: str) -> str:
-    """The ServiceAccount a service runs as: `nodeward-<service>`."""
-    return f"nodeward-{service}"
-
-
-def permissions(service: str) -> frozenset[Permission]:
-    """Every permission `service`'s declared operations need."""
-    out: frozenset[Permission] = frozenset()
-    for op in SERVICES[service]:
-        out |= OPERATIONS[op]
+def by_account(declared: Iterable[Access]) -> dict[str, Access]:
+    """The declarations of daemons sharing a ServiceAccount, merged: what its role must grant."""
+    out: dict[str, Access] = {}
+    for access in declared:
+        prior = out.get(access.account)
+        ops = access.operations | (prior.operations if prior else frozenset())
+        out[access.account] = Access(access.account, ops)
     return out
 
 
-class Guard:
-    """Refuses operations a service does not declare. `service=None` (tools, admin) allows all."""
+def service_account(account: str) -> str:
+    """The ServiceAccount a daemon runs as: `nodeward-<account>`."""
+    return f"nodeward-{account}"
 
-    def __init__(self, service: str | None) -> None:
-        if service is not None and service not in SERVICES:
-            raise ValueError(
-                f"unknown service {service!r}; declare it in nodeward.kube.access.SERVICES"
-            )
-        self.service = service
+
+class Guard:
+    """Refuses operations the daemon's `Access` does not declare. `None` (tools, admin) allows all."""
+
+    def __init__(self, access: Access | None) -> None:
+        self.access = access
 
     def check(self, op: str) -> None:
         if op not in OPERATIONS:
             raise UndeclaredOperation(f"{op} is not a port operation")
-        if self.service is not None and op not in SERVICES[self.service]:
+        if self.access is not None and op not in self.access.operations:
+            account = self.access.account
             raise UndeclaredOperation(
-                f"service {self.service} does not declare {op}; add it to nodeward.kube.access.SERVICES "
-                f"and widen deploy/rbac/{self.service}.yaml"
+                f"{account} does not declare {op}; add it to its access.py (OPERATIONS) "
+                f"and widen deploy/rbac/{account}.yaml"
             )
 
 

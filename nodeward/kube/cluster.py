@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nodeward.config import ClusterSettings
-from nodeward.kube.access import Guard
+from nodeward.kube.access import Access, Guard
 from nodeward.kube.checkpoints import Checkpoints
 from nodeward.kube.client import KubeClient
 from nodeward.kube.events import Events
@@ -19,10 +19,10 @@ from nodeward.kube.secrets import Secrets
 class Cluster:
     """One service's view of the cluster. Operations it does not declare raise `UndeclaredOperation`."""
 
-    def __init__(self, client: KubeClient, service: str | None = None) -> None:
+    def __init__(self, client: KubeClient, access: Access | None = None) -> None:
         self.client = client
-        self.service = service
-        guard = Guard(service)
+        self.access = access
+        guard = Guard(access)
         self.nodes = Nodes(client, guard)
         self.pods = Pods(client, guard)
         self.namespaces = Namespaces(client, guard)
@@ -34,10 +34,11 @@ class Cluster:
         self.checkpoints = Checkpoints(client, guard)
 
     @classmethod
-    def connect(cls, settings: ClusterSettings, service: str | None = None) -> Cluster:
-        """A port from `settings` (kubeconfig and context, or in-cluster) for `service`."""
-        agent = f"nodeward/{service}" if service else "nodeward"
-        return cls(KubeClient.from_settings(settings, user_agent=agent), service)
+    def connect(cls, settings: ClusterSettings, access: Access | None = None) -> Cluster:
+        """A port from `settings` (kubeconfig and context, or in-cluster) that allows only
+        what `access` declares (None: everything, for operator tools)."""
+        agent = f"nodeward/{access.account}" if access else "nodeward"
+        return cls(KubeClient.from_settings(settings, user_agent=agent), access)
 
     async def close(self) -> None:
         await self.client.close()

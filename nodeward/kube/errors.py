@@ -109,7 +109,7 @@ class Unavailable(KubeError):
 
 
 class UndeclaredOperation(KubeError):
-    """A service called a port operation it does not declare in `nodeward.kube.access.SERVICES`."""
+    """A daemon called a port operation its `Access` (its package's `access.py`) does not declare."""
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {

@@ -1,1 +1,47 @@
-"""KV record types: what each service keeps in its bucket. Readers (`nodeward status`, the CLI) use these types, never a copy of the layout."""
+"""KV record types: what each service keeps in its bucket, and where (`Bucket`).
+
+The service that writes a record and every reader (`nodeward status`, the CLI) use the
+same type and the same `Bucket` declaration, never a copy of the layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Bucket(Generic[M]):
+    """One kind of record in a KV bucket: the bucket, its key layout and the record type.
+
+    `name` is the bucket's default name (a service's settings may rename it: readers take
+    the same setting). A bucket may hold several kinds of record (cordon's: one per node,
+    and the circuit breaker's), each declared once. Every key of a kind starts with
+    `prefix` (a single key is its own prefix); `key` builds one from its parts.
+    """
+
+    name: str
+    record: type[M]
+    prefix: str
+    key: Callable[..., str]
+    description: str = ""
+
+    def holds(self, key: str) -> bool:
+        """Whether `key` is a key of this kind."""
+        return key.startswith(self.prefix)
+
+    def suffix(self, key: str) -> str:
+        """What follows the prefix (`node.gpu-a` -> `gpu-a`)."""
+        return key.removeprefix(self.prefix)
+
+    def load(self, data: bytes | str) -> M:
+        """A stored value as the record type (raises pydantic's `ValidationError`)."""
+        return self.record.model_validate_json(data)
+
+
+__all__ = ["Bucket"]

@@ -1,4 +1,5 @@
-"""What the cordon service remembers per node (KV bucket, key `node.<name>`)."""
+"""What the cordon service keeps in KV: per node (`NODES`: bucket `cordon`, key
+`node.<name>`) and its circuit breaker's state (`BREAKER`: key `breaker`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from schemas.gpu import GpuHealth, HealthState
+from schemas.state import Bucket
+from schemas.state.breaker import BREAKER_KEY, BreakerState, breaker_key
+
+BUCKET = "cordon"
+TAINT_KEY = "nodeward.io/gpu-unhealthy"
+"""The quarantine taint; `Quarantine.taints` lists the effects of it that nodeward added."""
 
 
 class GpuRecord(BaseModel):
@@ -95,3 +102,11 @@ class NodeRecord(BaseModel):
 
 def node_key(node: str) -> str:
     return f"node.{node}"
+
+
+NODES: Bucket[NodeRecord] = Bucket(
+    BUCKET, NodeRecord, prefix="node.", key=node_key, description="per node: GPUs, quarantine"
+)
+BREAKER: Bucket[BreakerState] = Bucket(
+    BUCKET, BreakerState, prefix=BREAKER_KEY, key=breaker_key, description="the circuit breaker"
+)

@@ -1,7 +1,8 @@
 """What the culler remembers of each session in KV: its warning, its deadline, its stop.
 
-One key per session (`session.<ns>.<pod>`), updated with revision checks, so a restarted
-or second replica neither repeats a warning nor forgets a deadline.
+One key per session (`SESSIONS`: bucket `culler`, key `session.<ns>.<pod>`), updated with
+revision checks, so a restarted or second replica neither repeats a warning nor forgets a
+deadline.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from schemas.state import Bucket
 from schemas.tokens import token
+
+BUCKET = "culler"
 
 Reason = Literal["idle", "max_age"]
 
@@ -62,3 +66,8 @@ class SessionRecord(BaseModel):
 
 def session_key(namespace: str, pod: str) -> str:
     return f"session.{token(namespace)}.{token(pod)}"
+
+
+SESSIONS: Bucket[SessionRecord] = Bucket(
+    BUCKET, SessionRecord, prefix="session.", key=session_key, description="per session"
+)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, Field
 
+from schemas.state import Bucket
+
 
 class DedupRecord(BaseModel):
     """The first occurrence of a key within the window, and how many followed it.
@@ -26,3 +28,17 @@ class DedupRecord(BaseModel):
     content: str | None = Field(
         default=None, description="a digest of what was said: something new opens a new window"
     )
+
+
+def falco_key(digest: str) -> str:
+    """An alert's key: `dedup.<sha256 of rule, pod or node and output, 40 hex>`."""
+    return f"dedup.{digest}"
+
+
+FALCO: Bucket[DedupRecord] = Bucket(
+    "falco",
+    DedupRecord,
+    prefix="dedup.",
+    key=falco_key,
+    description="the Falco service's duplicate window per identical alert, key dedup.<hash>",
+)

@@ -40,7 +40,8 @@ from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from schemas.state.cordon import NODES, GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from services.cordon.access import ACCESS
 from services.cordon.marks import (
     ACTOR,
     TAINT_KEY,
@@ -79,7 +80,7 @@ class CordonSettings(Section):
     dry_run: bool = False
     consumer: str = "cordon"
     subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
-    bucket: str = "cordon"
+    bucket: str = NODES.name
     concurrency: int = Field(default=16, ge=1)
     policy_file: Path | None = Field(default=None, description="None: the shipped default")
     cordon: bool = Field(default=True, description="also mark the node unschedulable")
@@ -616,7 +617,7 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
     service: CordonService

@@ -66,7 +66,9 @@ from schemas.credentials import (
 from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
+from schemas.state.credentials import LOCKS, lock_name
 from services.credentials import oauth2
+from services.credentials.access import ACCESS
 from services.credentials.schedule import Scheduler, Timing, due_at
 from services.credentials.secret import (
     CHECKED,
@@ -161,7 +163,7 @@ class CredentialsSettings(Section):
     dry_run: bool = False
     consumer: str = "credentials"
     subjects: list[str] = Field(default_factory=lambda: ["credentials.due.>"], min_length=1)
-    bucket: str = "credentials"
+    bucket: str = LOCKS.name
     concurrency: int = Field(default=16, ge=1)
     lease: str = "nodeward-credentials-scheduler"
     lease_duration: Duration = timedelta(seconds=15)
@@ -296,7 +298,7 @@ class CredentialsService:
             # One holder per attempt: two handlers of this replica exclude each other too.
             lock = Lease(
                 self.locks,
-                f"{due.namespace}.{due.secret}",
+                lock_name(due.namespace, due.secret),
                 f"{self.holder}/{uuid.uuid4().hex[:8]}",
                 ttl=self.settings.lock_ttl.total_seconds(),
             )
@@ -655,7 +657,7 @@ async def build(settings: Settings) -> Daemon:
     config: CredentialsSettings = section(settings, "services", NAME, CredentialsSettings)
     if config.krb5_config:
         os.environ["KRB5_CONFIG"] = config.krb5_config
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     locks = await bus.kv(config.bucket, history=1)
     service = CredentialsService(
         bus, cluster, locks=locks, settings=config, registry=daemon.metrics.registry

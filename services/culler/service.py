@@ -49,7 +49,8 @@ from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.session import ActivityState, SessionActivity, SessionIdle
-from schemas.state.culler import Reason, SessionRecord, session_key
+from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
+from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
     ActionRunner,
@@ -91,7 +92,7 @@ class CullerSettings(CullPolicy):
     dry_run: bool = False
     consumer: str = "culler"
     subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
-    bucket: str = "culler"
+    bucket: str = SESSIONS.name
     concurrency: int = Field(default=8, ge=1)
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=10, burst=5)
     deletable_controllers: list[str] = Field(
@@ -711,7 +712,7 @@ async def build(settings: Settings) -> Daemon:
     `settings.cluster` must authenticate as the culler's ServiceAccount.
     """
     config: CullerSettings = section(settings, "services", NAME, CullerSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
     service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
 

@@ -11,6 +11,7 @@ from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.notify import Severity
+from schemas.state.dedup import FALCO
 from schemas.tokens import falco_rule_token
 
 
@@ -60,7 +61,7 @@ def dedup_key(alert: FalcoAlert) -> str:
     raw = "\x1f".join(
         (alert.rule, alert.namespace or "", alert.pod or "", alert.hostname or "", alert.message())
     )
-    return "dedup." + hashlib.sha256(raw.encode()).hexdigest()[:40]
+    return FALCO.key(hashlib.sha256(raw.encode()).hexdigest()[:40])
 
 
 def label_value(text: str) -> str:

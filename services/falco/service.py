@@ -41,6 +41,7 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.falco import FalcoAlert
 from schemas.remediation import Outcome, Remediation
+from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
 from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
 from services.falco.ingest import Ingest, IngestError
@@ -326,7 +327,7 @@ async def assemble(settings: Settings) -> Assembled:
     except RulesError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
-    cluster = Cluster.connect(settings.cluster, service=NAME)
+    cluster = Cluster.connect(settings.cluster, access=ACCESS)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     ingest: Ingest | None = None
 

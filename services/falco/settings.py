@@ -9,6 +9,7 @@ from pydantic import Field
 
 from nodeward.config import Section
 from nodeward.durations import Duration
+from schemas.state.dedup import FALCO
 from services.falco.ingest import IngestSettings
 from services.kernel import RateLimitSettings
 
@@ -23,7 +24,7 @@ class FalcoSettings(Section):
     dry_run: bool = False
     consumer: str = "falco"
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
-    bucket: str = "falco"
+    bucket: str = Field(default=FALCO.name, description="KV bucket of the duplicate window")
     concurrency: int = Field(default=16, ge=1)
     rules_file: Path | None = Field(default=None, description="None: the shipped default")
     dedup_window: Duration = Field(

@@ -9,8 +9,9 @@ runner's last step. Decisions that are not acts are audited through the runner t
 (`ActionRunner.skip`, `.fail`, `.record`, `.screen`): services never call the `Auditor`.
 """
 
+from schemas.state.breaker import BreakerState
 from services.kernel.audit import Auditor
-from services.kernel.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness

@@ -17,15 +17,14 @@ from datetime import timedelta
 import structlog
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.remediation import Outcome
+from schemas.state.breaker import BREAKER_KEY, BreakerState
 from services.kernel.proposal import Proposal, Stage, Verdict
-
-BREAKER_KEY = "breaker"
 
 
 class BreakerSettings(Section):
@@ -39,15 +38,6 @@ class BreakerSettings(Section):
     node_selector: str | None = Field(
         default="nvidia.com/gpu.present=true", description="the nodes the percentage is of"
     )
-
-
-class BreakerState(BaseModel):
-    admitted: dict[str, float] = Field(
-        default_factory=dict, description="target -> unix time admitted, within the window"
-    )
-    tripped_at: float | None = None
-    trip_reason: str | None = None
-    trips: int = 0
 
 
 def limit_for(settings: BreakerSettings, population: int) -> int:

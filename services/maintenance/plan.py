@@ -12,12 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodeward.kube.base import Obj
-from schemas.maintenance import MaintenanceState, PodPlan, PodStatus
 from schemas.notify import Severity
+from schemas.state.maintenance import (
+    CUDA_CHECKPOINT_LABEL,
+    MaintenanceState,
+    PodPlan,
+    PodStatus,
+)
 from services.kernel.drain import keep_reason
 
 CHECKPOINT_LABEL = "nodeward.io/checkpoint"
-CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
 
 

@@ -16,7 +16,7 @@ opted-in pod whose checkpoint failed, or a GPU pod on a node without
 why, then evicted) -> done (failures listed) or failed (the node is gone or exempt
 before the work starts).
 
-The workflow lives in KV (`node.<node>`, `schemas.maintenance.MaintenanceState`), saved
+The workflow lives in KV (`node.<node>`, `schemas.state.maintenance.MaintenanceState`), saved
 after each phase and after each container's checkpoint, so a restart resumes from the last
 phase: a container whose archive is recorded is never checkpointed again, and nothing is
 evicted before every opted-in pod's checkpoint is recorded. A stopping service finishes
@@ -56,17 +56,16 @@ from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, PodRef
 from schemas.ids import stable_id
-from schemas.maintenance import (
-    CheckpointRecord,
-    Maintenance,
-    MaintenancePhase,
+from schemas.maintenance import CheckpointRecord, Maintenance, MaintenancePhase
+from schemas.notify import Severity
+from schemas.remediation import Outcome
+from schemas.state.maintenance import (
+    MAINTENANCES,
     MaintenanceState,
     PodPlan,
     history_key,
     state_key,
 )
-from schemas.notify import Severity
-from schemas.remediation import Outcome
 from services.kernel import (
     ActionRunner,
     Auditor,
@@ -79,6 +78,7 @@ from services.kernel import (
     drain,
     tell_owner,
 )
+from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
     announcement,
@@ -132,7 +132,7 @@ class CheckpointSettings(Section):
     dry_run: bool = False
     consumer: str = "checkpoint"
     subjects: list[str] = Field(default_factory=lambda: ["maintenance.requested.>"], min_length=1)
-    bucket: str = "checkpoint"
+    bucket: str = MAINTENANCES.name
     parallelism: int = Field(default=4, ge=1, description="checkpoint calls at once")
     call_timeout: Duration = Field(
         default=timedelta(minutes=2), description="per checkpoint call (the kubelet's default)"
@@ -941,7 +941,7 @@ async def build(settings: Settings) -> Daemon:
     """The checkpoint service's daemon: a consumer on `maintenance.requested.>` and the
     workflow loop. `settings.cluster` must authenticate as its ServiceAccount."""
     config: CheckpointSettings = section(settings, "services", NAME, CheckpointSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR)
+    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
     service = CheckpointService(

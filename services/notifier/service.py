@@ -16,9 +16,6 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ import structlog
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, RetryableError
 from nodeward.bus.dlq import dead_letter_event, one_line
@@ -40,7 +37,10 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification
+from schemas.state.notifier import SETTLED
+from schemas.state.notifier import Settled as SettledRecord
 from services.kernel import DedupWindow
+from services.notifier.access import ACCESS
 from services.notifier.channels import (
     Channel,
     ChannelSettings,
@@ -77,7 +77,6 @@ from services.notifier.routing import (
 NAME = "notifier"
 SOURCE = "service/notifier"
 DEFAULT_OUTBOX = Path(".nodeward") / "outbox"
-SAFE_KEY = re.compile(r"^[A-Za-z0-9_=-]{1,128}$")
 SENT, DEAD, SUPPRESSED, DRY_RUN = "sent", "dead-lettered", "suppressed", "dry-run"
 
 
@@ -93,7 +92,7 @@ class NotifierSettings(Section):
     )
     consumer: str = "notifier"
     subjects: list[str] = Field(default_factory=lambda: ["notify.>"], min_length=1)
-    bucket: str = "notifier"
+    bucket: str = SETTLED.name
     routes_file: Path | None = Field(default=None, description="None: the shipped default")
     templates_dir: Path | None = Field(
         default=None, description="templates here replace the shipped ones of the same name"
@@ -161,13 +160,6 @@ class NotifierMetrics:
         )
 
 
-def _mark_key(event_id: str, route: str) -> str:
-    """`ev.<id>.<route>`; an id with characters KV keys cannot hold is hashed."""
-    if not SAFE_KEY.match(event_id):
-        event_id = "h-" + hashlib.sha256(event_id.encode()).hexdigest()
-    return f"ev.{event_id}.{route}"
-
-
 class Settled:
     """Per event id and route: which channels have sent (or dead-lettered) the notice."""
 
@@ -176,19 +168,20 @@ class Settled:
 
     async def get(self, event_id: str, route: str) -> dict[str, str]:
         try:
-            entry = await self.kv.get(_mark_key(event_id, route))
+            entry = await self.kv.get(SETTLED.key(event_id, route))
         except KeyNotFoundError:
             return {}
         if entry.value is None:
             return {}
         try:
-            data = json.loads(entry.value)
-        except ValueError:
+            return SETTLED.load(entry.value).root
+        except ValidationError:
             return {}
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
     async def put(self, event_id: str, route: str, outcome: dict[str, str]) -> None:
-        await self.kv.put(_mark_key(event_id, route), json.dumps(outcome).encode())
+        await self.kv.put(
+            SETTLED.key(event_id, route), SettledRecord(outcome).model_dump_json().encode()
+        )
 
 
 class NotifierService:
@@ -474,7 +467,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
     cluster: Cluster | None = None
     if config.owner_lookup:
         try:
-            cluster = Cluster.connect(settings.cluster, service=NAME)
+            cluster = Cluster.connect(settings.cluster, access=ACCESS)
         except KubeError as exc:
             raise ConfigError(
                 f"services.{NAME}.owner_lookup needs the cluster ({exc}); "

@@ -7,14 +7,18 @@ async with embedded_cluster(state_dir) as embedded:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nodeward.config import ClusterSettings
 from sim.cluster.seed import Seed, load_seed
 from sim.cluster.server import SimCluster
+
+if TYPE_CHECKING:
+    from nodeward.kube.access import Access
 
 KUBECONFIG_NAME = "kubeconfig"
 
@@ -46,12 +50,13 @@ async def embedded_cluster(
     host: str = "127.0.0.1",
     port: int = 0,
     rbac_dirs: list[Path] | None = None,
+    access: Iterable[Access] = (),
 ) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
     context per service); stop it on exit. `seed`: a file, a loaded seed, or the default. Raises `SeedError` for a bad seed and `OSError`
     if the port cannot be bound."""
     seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
-    sim = SimCluster(seed_data, host=host, port=port, rbac_dirs=rbac_dirs)
+    sim = SimCluster(seed_data, host=host, port=port, rbac_dirs=rbac_dirs, access=access)
     await sim.start()
     try:
         path = sim.write_kubeconfig(Path(state_dir) / KUBECONFIG_NAME)

@@ -10,9 +10,12 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from nodeward.kube.access import Access
 
 ADMIN = "admin"
 ADMIN_USER = "nodeward-admin"
@@ -140,16 +143,18 @@ def load_manifests(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def manifests_from_access() -> list[dict[str, Any]]:
-    """ServiceAccounts, roles and bindings built from `nodeward.kube.access`, for when the
-    `deploy/rbac` files are not at hand (an installed wheel). The RBAC test keeps the two equal."""
-    from nodeward.kube.access import SERVICE_NAMESPACE, SERVICES, permissions, service_account
+def manifests_from_access(declared: Iterable[Access]) -> list[dict[str, Any]]:
+    """ServiceAccounts, roles and bindings built from the daemons' declared access (which
+    the composition root collects: `launch.access.DECLARED`), for when the `deploy/rbac`
+    files are not at hand (an installed wheel). The RBAC test keeps the two equal."""
+    from nodeward.kube.access import SERVICE_NAMESPACE, by_account, service_account
 
     docs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SERVICE_NAMESPACE}}
     ]
-    for service in SERVICES:
-        account = service_account(service)
+    for name, access in by_account(declared).items():
+        account = service_account(name)
+        permissions = access.permissions()
         docs.append(
             {
                 "apiVersion": "v1",
@@ -158,10 +163,10 @@ def manifests_from_access() -> list[dict[str, Any]]:
             }
         )
         subjects = [{"kind": "ServiceAccount", "name": account, "namespace": SERVICE_NAMESPACE}]
-        for namespace in sorted({p.namespace or "" for p in permissions(service)}):
+        for namespace in sorted({p.namespace or "" for p in permissions}):
             rules = [
                 {"apiGroups": [p.group], "resources": [p.resource], "verbs": [p.verb]}
-                for p in sorted(permissions(service))
+                for p in sorted(permissions)
                 if (p.namespace or "") == namespace
             ]
             meta: dict[str, Any] = {"name": account}
@@ -194,5 +199,5 @@ def manifests_from_access() -> list[dict[str, Any]]:
 
 def default_rbac_dir() -> Path | None:
     """`deploy/rbac` of the source tree this package runs from, if there is one."""
-    candidate = Path(__file__).resolve().parents[3] / "deploy" / "rbac"
+    candidate = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
     return candidate if candidate.is_dir() else None

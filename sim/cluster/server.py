@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from aiohttp import web
@@ -40,6 +40,9 @@ from sim.cluster.selectors import (
 )
 from sim.cluster.store import Change, Obj, Store, now
 from sim.cluster.tls import make_serving_cert
+
+if TYPE_CHECKING:
+    from nodeward.kube.access import Access
 
 SERVER_VERSION = {
     "major": "1",
@@ -125,6 +128,7 @@ class SimCluster:
         host: str = "127.0.0.1",
         port: int = 0,
         rbac_dirs: Iterable[Path] | None = None,
+        access: Iterable[Access] = (),
         bookmark_interval: float = 5.0,
         history: int = 10000,
     ) -> None:
@@ -145,13 +149,13 @@ class SimCluster:
         self._closing = asyncio.Event()
         self._log = get_logger(component="sim-cluster")
         self.tls = make_serving_cert(host)
-        self._load(list(rbac_dirs) if rbac_dirs is not None else None)
+        self._load(list(rbac_dirs) if rbac_dirs is not None else None, tuple(access))
 
     # --- setup ---------------------------------------------------------------------------
 
-    def _load(self, rbac_dirs: list[Path] | None) -> None:
+    def _load(self, rbac_dirs: list[Path] | None, access: tuple[Access, ...]) -> None:
         """Seed the store, then load RBAC: from `rbac_dirs`, else the source tree's
-        deploy/rbac, else the same roles built from `nodeward.kube.access`."""
+        deploy/rbac, else the same roles built from the daemons' declared `access`."""
         disruption.watch_pods(self.store)
         default = rbac.default_rbac_dir()
         try:
@@ -160,7 +164,7 @@ class SimCluster:
             elif default is not None:
                 manifests = rbac.load_manifests([default])
             else:
-                manifests = rbac.manifests_from_access()
+                manifests = rbac.manifests_from_access(access)
         except (OSError, yaml.YAMLError) as exc:
             raise SeedError(f"cannot load RBAC manifests: {' '.join(str(exc).split())}") from None
         ns_rt = lookup("", "v1", "namespaces")

@@ -17,9 +17,10 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, make_event
-from schemas.maintenance import Maintenance, MaintenancePhase, MaintenanceState, state_key
+from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Notification
-from services.maintenance.plan import CHECKPOINT_LABEL, CUDA_CHECKPOINT_LABEL
+from schemas.state.maintenance import CUDA_CHECKPOINT_LABEL, MaintenanceState, state_key
+from services.maintenance.plan import CHECKPOINT_LABEL
 from services.maintenance.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import (

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 
+from launch.access import ACCOUNTS
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
@@ -29,7 +30,8 @@ PortFactory = Callable[..., Cluster]
 
 @pytest.fixture
 async def port_for(sim: SimCluster, tmp_path: Path) -> AsyncIterator[PortFactory]:
-    """`port_for("cordon")`: the port as that service (guarded, its own token); `port_for()`: admin."""
+    """`port_for("cordon")`: the port as that account (its own token, guarded by what its
+    daemons declare); `port_for()`: admin."""
     made: list[Cluster] = []
 
     def make(identity: str | None = None, *, guarded: bool = True, retries: int = 3) -> Cluster:
@@ -38,7 +40,7 @@ async def port_for(sim: SimCluster, tmp_path: Path) -> AsyncIterator[PortFactory
         settings = ClusterSettings(kubeconfig=path, retries=retries)
         client = KubeClient.from_settings(settings)
         client.backoff = Backoff(base=0.01, cap=0.05)
-        cluster = Cluster(client, identity if guarded else None)
+        cluster = Cluster(client, ACCOUNTS[identity] if guarded and identity else None)
         made.append(cluster)
         return cluster
 

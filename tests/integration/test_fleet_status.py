@@ -10,14 +10,18 @@ import pytest_asyncio
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.bus.server import EmbeddedNats
+from nodeward.cli.common import bucket_name
 from nodeward.config import BusSettings
 from nodeward.fleet_status import gather_status
+from nodeward.kube.nodes import taints_of
 from schemas import example_event, make_event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
-from schemas.state.cordon import NodeRecord, Quarantine
-from services.kernel.breaker import BreakerState
+from schemas.state.breaker import BreakerState
+from schemas.state.cordon import BREAKER, NODES, TAINT_KEY, NodeRecord, Quarantine
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import EnvFactory, failed
 
 
 @pytest_asyncio.fixture
@@ -40,10 +44,10 @@ def _health(node: str, index: int, state: HealthState, heartbeat: bool = False) 
 
 
 async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: EmbeddedNats) -> None:
-    kv = await own_bus.kv("cordon")
+    kv = await own_bus.kv(NODES.name)
     now = datetime.now(UTC)
-    await TypedKV(kv, NodeRecord).put(
-        "node.gpu-a",
+    await TypedKV(kv, NODES.record).put(
+        NODES.key("gpu-a"),
         NodeRecord(
             quarantine=Quarantine(
                 incident="inc-1",
@@ -57,7 +61,7 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
             )
         ),
     )
-    await TypedKV(kv, BreakerState).put("breaker", BreakerState(admitted={"Node/gpu-a": 1.0}))
+    await TypedKV(kv, BREAKER.record).put(BREAKER.key(), BreakerState(admitted={"Node/gpu-a": 1.0}))
     for event_data in (
         _health("gpu-a", 0, HealthState.HEALTHY),
         _health("gpu-a", 1, HealthState.HEALTHY),
@@ -94,3 +98,42 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
     assert fleet.dlq == {"dlq.GPU.cordon": 2}
     assert [a.reason for a in fleet.recent_actions] == ["action 2", "action 1"]  # newest first
     assert fleet.missing == []
+
+
+async def test_status_shows_the_quarantine_the_cordon_service_wrote(
+    cordon_env: EnvFactory, nats_url: str
+) -> None:
+    """The real service quarantines a node; status, reading the bucket the service is
+    configured with through the same declaration, shows what the service recorded and
+    what the node carries."""
+    env = await cordon_env()
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(failed(name))
+    bucket = bucket_name(env.settings, "cordon", NODES)
+    assert bucket == env.settings.services["cordon"]["bucket"] != NODES.name
+    kv = await env.bus.kv(bucket)
+
+    async def applied() -> NodeRecord | None:
+        found = await TypedKV(kv, NODES.record).get(NODES.key(name))
+        q = found.value.quarantine if found else None
+        return found.value if q is not None and q.phase == "applied" else None
+
+    written = await wait_for(applied, timeout=10, what="the service's quarantine record")
+    assert written.quarantine is not None
+    fleet = await gather_status(env.bus.nc, nats_url=nats_url, bucket=bucket)
+    shown = next(n for n in fleet.nodes if n.name == name)
+    q = shown.quarantine
+    assert q is not None
+    assert (q.reason, q.rule, q.gpus, q.phase, q.cordoned, q.taints) == (
+        written.quarantine.reason,
+        written.quarantine.rule,
+        written.quarantine.gpus,
+        "applied",
+        True,
+        ["NoSchedule"],
+    )
+    node = await env.node(name)
+    assert node["spec"].get("unschedulable") is True
+    assert [t["effect"] for t in taints_of(node) if t["key"] == TAINT_KEY] == q.taints
+    assert shown.health == "failed" and fleet.breaker.admitted == 1

@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from launch.access import GRANTS
 from nodeward.nats_auth import node_agent_nkey, service_user
 from tests.integration.helm_chart import (
     CHART,
@@ -458,7 +459,7 @@ def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None
     for service in SERVICES:
         user = users[f"nodeward-{service}"]
         assert user["password"].startswith("$2a$"), "service passwords are bcrypt hashes"
-        assert user["permissions"] == service_user(service, "").permissions()
+        assert user["permissions"] == service_user(service, GRANTS[service], "").permissions()
     secret = named(docs, "Secret", "nw-nats-cordon")["stringData"]
     assert secret == {"user": "nodeward-cordon", "password": "cordon-test-pw"}
     generated = named(docs, "Secret", "nw-nats-notifier")["stringData"]["password"]

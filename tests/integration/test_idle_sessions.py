@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agents.idle.access import ACCESS
 from agents.idle.agent import IdleAgent, KubeSessionPods
 from agents.idle.settings import IdleSettings
 from agents.sources.cgroups import CgroupCpu
@@ -78,7 +79,7 @@ async def platform(
         )
         await env.start()
         path = env.sim.write_kubeconfig(tmp_path / f"kubeconfig-agent-{env.node}", identity="agent")
-        cluster = Cluster.connect(ClusterSettings(kubeconfig=path), service="agent")
+        cluster = Cluster.connect(ClusterSettings(kubeconfig=path), access=ACCESS)
         closers.append(cluster.close)
         settings = IdleSettings(
             interval="400ms", gpu_sample_every="200ms", idle_after="400ms", cgroup_root=tmp_path

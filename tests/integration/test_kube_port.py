@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from pathlib import Path
 
 import pytest
 
+from nodeward.config import ClusterSettings
 from nodeward.kube import (
     CheckpointFailed,
     Cluster,
@@ -20,11 +22,13 @@ from nodeward.kube import (
     Unavailable,
     UndeclaredOperation,
 )
+from nodeward.kube.access import Access
 from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH, Backoff, KubeClient
 from nodeward.kube.errors import ServerError, UnsupportedMediaType
 from nodeward.kube.netpol import isolate_pod_policy
 from nodeward.kube.secrets import decode, encode
 from nodeward.kube.watch import watch
+from services.culler.access import ACCESS as CULLER
 from sim.cluster import SimCluster
 from sim.cluster.resources import require
 from tests.integration.simkube import PortFactory
@@ -496,13 +500,32 @@ async def test_forbidden_outside_the_services_role(port_for: PortFactory) -> Non
 async def test_guard_refuses_undeclared_operations(port_for: PortFactory, sim: SimCluster) -> None:
     culler = port_for("culler")
     before = len(sim.requests)
-    with pytest.raises(UndeclaredOperation, match=r"service culler does not declare nodes\.patch"):
+    with pytest.raises(UndeclaredOperation, match=r"culler does not declare nodes\.patch"):
         await culler.nodes.add_taint("gpu-h100-01", TAINT, "NoSchedule")
     with pytest.raises(UndeclaredOperation):
         await anext(culler.nodes.watch())
     assert len(sim.requests) == before, "nothing reached the API server"
-    with pytest.raises(ValueError, match="unknown service"):
-        Cluster(culler.client, "no-such-service")
+    with pytest.raises(ValueError, match=r"nodes\.fly not in OPERATIONS"):
+        Access("culler", frozenset({"nodes.fly"}))
+
+
+async def test_a_service_is_refused_what_its_access_py_does_not_declare(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """The declaration a service connects with is what the port enforces: the culler's
+    own `ACCESS` may read a session pod but not cordon a node, even with a token that
+    could (admin's), and nothing reaches the API server."""
+    path = sim.write_kubeconfig(tmp_path / "kubeconfig", identity="admin")
+    async with Cluster.connect(ClusterSettings(kubeconfig=path), access=CULLER) as culler:
+        assert "nodes.patch" not in CULLER.operations
+        pod = await culler.pods.get("ml-nlp", "bob-jupyter-0")
+        assert pod["metadata"]["name"] == "bob-jupyter-0"
+        before = len(sim.requests)
+        with pytest.raises(UndeclaredOperation, match=r"culler does not declare nodes\.patch"):
+            await culler.nodes.set_unschedulable("gpu-h100-01")
+        assert len(sim.requests) == before
+    async with Cluster.connect(ClusterSettings(kubeconfig=path)) as admin:
+        assert not (await admin.nodes.get("gpu-h100-01"))["spec"].get("unschedulable")
 
 
 async def test_server_errors_are_retried_with_backoff(admin: Cluster, sim: SimCluster) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launch.access import ACCOUNTS, DECLARED
 from nodeward.kube import Cluster, Forbidden
-from nodeward.kube.access import SERVICES
 from sim.cluster import SeedError, embedded_cluster
 
 
@@ -18,10 +18,12 @@ async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: 
         config = yaml.safe_load(embedded.kubeconfig.read_text())
         assert config["current-context"] == "nodeward-admin"
         assert {c["name"] for c in config["contexts"]} == {"nodeward-admin"} | {
-            f"nodeward-{s}" for s in SERVICES
+            f"nodeward-{s}" for s in ACCOUNTS
         }
         assert config["clusters"][0]["cluster"]["server"] == embedded.url
-        async with Cluster.connect(embedded.settings_for("cordon"), service="cordon") as cordon:
+        async with Cluster.connect(
+            embedded.settings_for("cordon"), access=ACCOUNTS["cordon"]
+        ) as cordon:
             assert await cordon.nodes.add_taint(
                 "gpu-h100-01", "nodeward.io/gpu-unhealthy", "NoSchedule"
             )
@@ -44,14 +46,14 @@ async def test_embedded_cluster_with_a_bad_seed(tmp_path: Path) -> None:
             pass
 
 
-async def test_without_deploy_files_the_roles_come_from_the_access_table(
+async def test_without_deploy_files_the_roles_come_from_the_declared_access(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sim.cluster import rbac
 
     monkeypatch.setattr(rbac, "default_rbac_dir", lambda: None)
-    async with embedded_cluster(tmp_path) as embedded:
-        assert set(embedded.sim.identities) == {"admin", *SERVICES}
+    async with embedded_cluster(tmp_path, access=DECLARED) as embedded:
+        assert set(embedded.sim.identities) == {"admin", *ACCOUNTS}
         async with Cluster.connect(embedded.settings_for("credentials")) as credentials:
             with pytest.raises(Forbidden):
                 await credentials.nodes.get("gpu-h100-01")

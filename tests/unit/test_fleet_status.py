@@ -1,4 +1,4 @@
-"""`nodeward status`'s picture of the fleet: the KV view models and the table, no server."""
+"""`nodeward status`'s picture of the fleet from the cordon service's own KV records, and the table; no server."""
 
 from __future__ import annotations
 
@@ -7,17 +7,12 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from nodeward.cli.status import format_age, gpu_summary, render
-from nodeward.fleet_status import (
-    BreakerView,
-    NodeRecordView,
-    assemble,
-    worst,
-)
+from nodeward.fleet_status import assemble, worst
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
-from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine
-from services.kernel.breaker import BreakerState
+from schemas.state.breaker import BreakerState
+from schemas.state.cordon import BREAKER, NODES, GpuRecord, NodeRecord, Quarantine
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -49,15 +44,19 @@ def _quarantined_record() -> NodeRecord:
     )
 
 
-def test_the_views_read_what_the_cordon_service_writes() -> None:
-    record = NodeRecordView.model_validate_json(_quarantined_record().model_dump_json())
-    assert record.quarantine is not None
-    assert record.quarantine.reason == "GPU 0 failed: XID 79"
-    assert record.quarantine.taints == ["NoSchedule"] and record.quarantine.cordoned
-    assert record.gpus["0"].state == "failed"
+def test_status_reads_the_bucket_as_the_cordon_service_declares_it() -> None:
+    assert (NODES.name, NODES.key("gpu-a"), BREAKER.name, BREAKER.key()) == (
+        "cordon",
+        "node.gpu-a",
+        "cordon",
+        "breaker",
+    )
+    assert NODES.holds("node.gpu-a") and NODES.suffix("node.gpu-a") == "gpu-a"
+    assert not NODES.holds(BREAKER.key())
+    record = NODES.load(_quarantined_record().model_dump_json())
+    assert record == _quarantined_record()
     state = BreakerState(admitted={"Node/a": 1.0}, tripped_at=2.0, trip_reason="too many", trips=1)
-    breaker = BreakerView.model_validate_json(state.model_dump_json())
-    assert (breaker.tripped_at, breaker.trip_reason, breaker.trips) == (2.0, "too many", 1)
+    assert BREAKER.load(state.model_dump_json().encode()) == state
 
 
 def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
@@ -71,10 +70,8 @@ def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={
-            "gpu-a": NodeRecordView.model_validate_json(_quarantined_record().model_dump_json())
-        },
-        breaker=BreakerView(admitted={"Node/gpu-a": 1.0}),
+        records={"gpu-a": _quarantined_record()},
+        breaker=BreakerState(admitted={"Node/gpu-a": 1.0}),
         health=[
             _health("gpu-a", 0, "failed", NOW - timedelta(seconds=10)),
             _health("gpu-a", 1, "healthy", NOW - timedelta(seconds=10)),
@@ -113,7 +110,7 @@ def test_a_tripped_breaker_is_shown_open_with_its_reason() -> None:
         nats_url="nats://x:4222",
         now=NOW,
         records={},
-        breaker=BreakerView(tripped_at=NOW.timestamp(), trip_reason="2 of 8 nodes", trips=1),
+        breaker=BreakerState(tripped_at=NOW.timestamp(), trip_reason="2 of 8 nodes", trips=1),
         health=[],
         telemetry={},
         dlq={},

@@ -7,9 +7,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
-from nodeward.cli.maintenance import parse_at, render_restore, restore_plan
+from nodeward.cli.maintenance import parse_at, render_restore
 from schemas.common import PodRef
-from schemas.maintenance import CheckpointRecord, MaintenanceState, PodPlan
+from schemas.maintenance import CheckpointRecord
+from schemas.state.maintenance import (
+    MaintenanceState,
+    PodPlan,
+    PodStatus,
+    restorable,
+    restore_plan,
+)
 from services.maintenance.plan import gpus_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -82,3 +89,32 @@ def test_restore_plan_builds_one_image_per_container_and_a_pod_on_a_cuda_node() 
     assert "pod-template-hash" not in result["manifest"]["metadata"]["labels"]
     text = render_restore(result)
     assert text.startswith("# Restore plan for ns/p-0") and "kubectl apply -f - <<'EOF'" in text
+
+
+def test_the_newest_maintenance_that_checkpointed_the_pod_is_restored_else_why_not() -> None:
+    def state(mid: str, at: datetime, status: PodStatus, checkpoints: int) -> MaintenanceState:
+        record = CheckpointRecord(pod=PodRef(namespace="ns", name="p-0", container="main"))
+        plan = PodPlan(
+            namespace="ns",
+            name="p-0",
+            opted_in=True,
+            status=status,
+            checkpoints=[record] * checkpoints,
+        )
+        return MaintenanceState(
+            maintenance_id=mid,
+            node="n1",
+            requested_at=at,
+            trigger_id=mid,
+            start_at=at,
+            deadline_s=60,
+            pods={plan.key: plan},
+        )
+
+    old = state("old", NOW - timedelta(days=1), "checkpointed", 1)
+    new = state("new", NOW, "checkpointed", 1)
+    failed = state("failed", NOW + timedelta(hours=1), "failed", 0)
+    found = restorable([old, failed, new], "ns/p-0")
+    assert not isinstance(found, str) and found[0].maintenance_id == "new"
+    assert restorable([failed], "ns/p-0") == "pod ns/p-0 has no recorded checkpoint: failed"
+    assert restorable([old], "ns/q-1") == "no checkpoint recorded for pod ns/q-1"

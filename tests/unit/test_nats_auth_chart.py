@@ -1,4 +1,5 @@
-"""The chart's NATS grants come from nodeward.nats_auth, and its per-node ones equal it.
+"""The chart's NATS grants come from each service's declared GRANTS (through nodeward.nats_auth),
+and its per-node ones equal nodeward.nats_auth's.
 
 Without helm: the chart substitutes a node's subject token for `__NODE__` in the agent
 grants of files/nats-permissions.json (templates/nats-auth.yaml), with the token regex of
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.access import GRANTS
 from nodeward.nats_auth import (
     NODE,
     node_agent,
@@ -42,9 +44,10 @@ def _chart_token(node: str) -> str:
     return re.sub(pattern, "_", node)
 
 
-def test_chart_grants_file_is_generated_from_nats_auth() -> None:
-    assert _chart_grants() == permissions_document(), (
-        "regenerate: python -m nodeward.nats_auth deploy/helm/nodeward/files/nats-permissions.json"
+def test_chart_grants_file_is_generated_from_the_declared_grants() -> None:
+    assert _chart_grants() == permissions_document(GRANTS), (
+        "regenerate: python -m launch.access nats-permissions "
+        "deploy/helm/nodeward/files/nats-permissions.json"
     )
 
 
@@ -76,7 +79,7 @@ def test_a_bad_public_key_is_refused() -> None:
 
 
 def test_services_use_only_their_own_consumer_bucket_and_inbox() -> None:
-    cordon = service_user("cordon", "pw").permissions()
+    cordon = service_user("cordon", GRANTS["cordon"], "pw").permissions()
     allowed = cordon["publish"]["allow"]  # type: ignore[index]
     assert not [s for s in allowed if "culler" in s or "notifier" in s]
     assert not [s for s in allowed if s.startswith("gpu.")], "cordon never publishes GPU health"

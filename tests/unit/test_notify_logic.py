@@ -358,10 +358,10 @@ async def test_templates_check_and_a_broken_replacement(tmp_path: Path) -> None:
 
 
 def test_settled_marks_keep_to_kv_key_characters() -> None:
-    from services.notifier.service import _mark_key
+    from schemas.state.notifier import SETTLED
 
-    assert _mark_key("01a228f2-9ea8-7a77", "oncall") == "ev.01a228f2-9ea8-7a77.oncall"
-    odd = _mark_key("id with spaces/and.dots*", "oncall")
+    assert SETTLED.key("01a228f2-9ea8-7a77", "oncall") == "ev.01a228f2-9ea8-7a77.oncall"
+    odd = SETTLED.key("id with spaces/and.dots*", "oncall")
     assert odd.startswith("ev.h-") and odd.endswith(".oncall") and " " not in odd
 
 

@@ -1,17 +1,21 @@
 """Each service's declared port operations against its role in deploy/rbac, both ways.
 
-Adding a call to a service means declaring the operation in `nodeward.kube.access.SERVICES`
+Adding a call to a service means declaring the operation in its package's `access.py`
 (the port refuses undeclared ones); declaring it without widening the role fails here, and
-widening a role beyond what the service declares fails here too.
+widening a role beyond what the service declares fails here too. The declarations are
+collected by the composition root (`launch.access`); node agents share the `agent` account.
 """
 
 from __future__ import annotations
 
+import importlib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from launch.access import ACCOUNTS, DECLARED, GRANTS
 from nodeward.kube import access
 from sim.cluster import rbac
 
@@ -52,30 +56,28 @@ def test_every_service_has_a_service_account_and_nothing_else_does(
     accounts = {
         (a["metadata"]["namespace"], a["metadata"]["name"]) for a in objects["serviceaccounts"]
     }
-    assert accounts == {
-        (access.SERVICE_NAMESPACE, access.service_account(s)) for s in access.SERVICES
-    }
+    assert accounts == {(access.SERVICE_NAMESPACE, access.service_account(s)) for s in ACCOUNTS}
 
 
-@pytest.mark.parametrize("service", sorted(access.SERVICES))
+@pytest.mark.parametrize("service", sorted(ACCOUNTS))
 def test_role_grants_every_call_the_service_makes(
     service: str, objects: dict[str, list[dict[str, Any]]]
 ) -> None:
     ident = _identity(service)
     missing = [
         p
-        for p in sorted(access.permissions(service))
+        for p in sorted(ACCOUNTS[service].permissions())
         if not rbac.authorize(ident, _request(p, p.namespace or ""), objects)
     ]
     assert not missing, f"deploy/rbac/{service}.yaml does not grant: {missing}"
 
 
-@pytest.mark.parametrize("service", sorted(access.SERVICES))
+@pytest.mark.parametrize("service", sorted(ACCOUNTS))
 def test_role_grants_nothing_the_service_does_not_call(
     service: str, objects: dict[str, list[dict[str, Any]]]
 ) -> None:
     account = access.service_account(service)
-    needed = {(p.group, p.resource, p.verb, p.namespace) for p in access.permissions(service)}
+    needed = {(p.group, p.resource, p.verb, p.namespace) for p in ACCOUNTS[service].permissions()}
     granted: set[tuple[str, str, str, str | None]] = set()
     for kind, role_kind in (("clusterrolebindings", "ClusterRole"), ("rolebindings", "Role")):
         for binding in objects.get(kind, []):
@@ -114,8 +116,8 @@ def test_role_grants_nothing_the_service_does_not_call(
 
 
 def test_services_declare_only_known_operations_and_every_operation_is_a_method() -> None:
-    for service, ops in access.SERVICES.items():
-        assert ops <= set(access.OPERATIONS), service
+    for declared in DECLARED:
+        assert declared.operations <= set(access.OPERATIONS), declared.account
     marked: set[str] = set()
     from nodeward.kube import (
         checkpoints,
@@ -179,7 +181,7 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
         "ServiceAccount": "serviceaccounts",
         "Namespace": "namespaces",
     }
-    for doc in rbac.manifests_from_access():
+    for doc in rbac.manifests_from_access(DECLARED):
         built.setdefault(kinds[doc["kind"]], []).append(doc)
     probes = [
         rbac.Request(verb, group, resource, sub, ns, "")
@@ -198,10 +200,21 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
         for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
         for ns in ("", "nodeward", "ml-nlp")
     ]
-    for service in access.SERVICES:
+    for service in ACCOUNTS:
         ident = _identity(service)
         for probe in probes:
             assert rbac.authorize(ident, probe, objects) == rbac.authorize(ident, probe, built), (
                 service,
                 probe,
             )
+
+
+def test_every_service_declares_its_access_under_the_name_it_runs_as() -> None:
+    """A service added without an access.py (or not collected by launch.access) fails here."""
+    services = {e.name: e.value.split(":")[0] for e in entry_points(group="nodeward.services")}
+    assert set(GRANTS) == set(services)
+    for name, module in services.items():
+        package = module.rsplit(".", 1)[0]
+        declared = importlib.import_module(f"{package}.access").ACCESS
+        assert declared.account == importlib.import_module(module).NAME == name
+        assert ACCOUNTS[name].operations == declared.operations

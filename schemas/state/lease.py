@@ -1,0 +1,19 @@
+"""A lease in a KV bucket (`nodeward.bus.kv.Lease`): key `lease.<name>`, one holder at a time.
+
+Services keep theirs in their own bucket: the credentials service one per credential it
+renews (`schemas.state.credentials.LOCKS`), the checkpoint service its workflow's.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class LeaseRecord(BaseModel):
+    holder: str
+    expires_at: float  # unix seconds
+    acquired_at: float
+
+
+def lease_key(name: str) -> str:
+    return f"lease.{name}"

@@ -1,0 +1,225 @@
+"""What the checkpoint (maintenance) service keeps in KV: a node's maintenance, with its
+pod plans and checkpoints, and the restore plan built from them.
+
+Bucket `checkpoint`: `node.<node>` holds a node's latest maintenance (`MAINTENANCES`);
+`history.<node>.<id>` a finished one, kept after the next replaced it (`HISTORY`);
+`lease.workflow` the replica that runs the workflow (`LEASES`). Written
+only by the service, with revision checks; read by `nodeward maintenance status|restore`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import Field
+
+from schemas.base import Model
+from schemas.maintenance import CheckpointRecord, MaintenancePhase
+from schemas.state import Bucket
+from schemas.state.lease import LeaseRecord, lease_key
+from schemas.tokens import token
+
+BUCKET = "checkpoint"
+CHECKPOINT_NAME_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
+CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
+
+TERMINAL = frozenset({MaintenancePhase.DONE, MaintenancePhase.FAILED})
+
+PodStatus = Literal[
+    "pending", "checkpointed", "failed", "not_checkpointable", "not_opted_in", "dry_run"
+]
+
+
+class PodPlan(Model):
+    """What a maintenance does with one pod on the node, and what came of it."""
+
+    namespace: str
+    name: str
+    uid: str | None = None
+    gpus: int = 0
+    opted_in: bool = False
+    status: PodStatus = "not_opted_in"
+    reason: str | None = Field(default=None, description="why not checkpointed")
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list)
+    spec: dict[str, Any] = Field(
+        default_factory=dict, description="the pod's spec when planned (opted-in pods only)"
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotated: bool = False
+    notified: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def held(self) -> bool:
+        """Opted in but not checkpointed: kept on the node until the deadline."""
+        return self.opted_in and self.status in ("failed", "not_checkpointable")
+
+
+class MaintenanceState(Model):
+    """A node's maintenance as the checkpoint service keeps it in KV (`node.<node>`).
+
+    Read by `nodeward maintenance status|restore`; written only by the service, with
+    revision checks.
+    """
+
+    maintenance_id: str
+    node: str
+    phase: MaintenancePhase = MaintenancePhase.REQUESTED
+    reason: str = ""
+    requested_by: str | None = None
+    requested_at: datetime
+    trigger_id: str
+    start_at: datetime
+    deadline_s: float
+    started_at: datetime | None = None
+    dry_run: bool = False
+    prior_unschedulable: bool | None = None
+    cordoned: bool = False
+    cuda_checkpoint: bool = False
+    pods: dict[str, PodPlan] = Field(default_factory=dict)
+    drain: dict[str, Any] | None = None
+    failures: list[str] = Field(default_factory=list)
+    error: str | None = None
+    updated_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL
+
+    def deadline_at(self) -> datetime | None:
+        """When held pods are evicted: the work's start plus the deadline."""
+        if self.started_at is None:
+            return None
+        return self.started_at + timedelta(seconds=self.deadline_s)
+
+    def checkpoints(self) -> list[CheckpointRecord]:
+        return [c for p in self.pods.values() for c in p.checkpoints]
+
+
+def state_key(node: str) -> str:
+    """The KV key of a node's maintenance (the latest one)."""
+    return f"node.{token(node)}"
+
+
+def history_key(node: str, maintenance_id: str) -> str:
+    """The KV key a finished maintenance is kept under, after the next one replaces it."""
+    return f"history.{token(node)}.{token(maintenance_id)}"
+
+
+MAINTENANCES: Bucket[MaintenanceState] = Bucket(
+    BUCKET,
+    MaintenanceState,
+    prefix="node.",
+    key=state_key,
+    description="a node's latest maintenance",
+)
+HISTORY: Bucket[MaintenanceState] = Bucket(
+    BUCKET,
+    MaintenanceState,
+    prefix="history.",
+    key=history_key,
+    description="a finished maintenance, after the next one replaced it",
+)
+
+LEASES: Bucket[LeaseRecord] = Bucket(
+    BUCKET, LeaseRecord, prefix="lease.", key=lease_key, description="the workflow's lease"
+)
+
+
+def restorable(
+    states: Iterable[MaintenanceState], pod: str
+) -> tuple[MaintenanceState, PodPlan] | str:
+    """The newest maintenance that checkpointed `pod` (`namespace/name`) and its plan, or why
+    there is none."""
+    ordered = sorted(states, key=lambda s: s.requested_at, reverse=True)
+    for state in ordered:
+        plan = state.pods.get(pod)
+        if plan is not None and plan.status == "checkpointed" and plan.checkpoints:
+            return state, plan
+    known = [s.pods[pod] for s in ordered if pod in s.pods]
+    if not known:
+        return f"no checkpoint recorded for pod {pod}"
+    why = known[0].reason or {
+        "not_opted_in": "it did not opt in (label nodeward.io/checkpoint=true)",
+        "pending": "its checkpoint is still to be taken",
+    }.get(known[0].status, known[0].status)
+    return f"pod {pod} has no recorded checkpoint: {why}"
+
+
+def restore_plan(state: MaintenanceState, plan: PodPlan, registry: str) -> dict[str, Any]:
+    """The image builds (one per container) and the pod manifest that runs it elsewhere.
+
+    Pure: it executes nothing; `nodeward maintenance restore` prints it.
+    """
+    stamp = min((c.at for c in plan.checkpoints if c.at), default=state.requested_at)
+    tag = stamp.strftime("%Y%m%d%H%M%S")
+    images: dict[str, str] = {}
+    builds: list[dict[str, Any]] = []
+    for record in plan.checkpoints:
+        container = record.pod.container or ""
+        image = f"{registry.rstrip('/')}/checkpoint-{plan.namespace}-{plan.name}-{container}:{tag}"
+        images[container] = image
+        archive = record.path or ""
+        builds.append(
+            {
+                "container": container,
+                "archive": archive,
+                "node": record.node or state.node,
+                "original_image": record.image,
+                "image": image,
+                "commands": [
+                    "newcontainer=$(buildah from scratch)",
+                    f"buildah add $newcontainer {shlex.quote(archive)} /",
+                    f"buildah config --annotation={CHECKPOINT_NAME_ANNOTATION}="
+                    f"{shlex.quote(container)} $newcontainer",
+                    f"buildah commit $newcontainer {shlex.quote(image)}",
+                    "buildah rm $newcontainer",
+                    f"buildah push {shlex.quote(image)}",
+                ],
+                "alternative": f"checkpointctl build {shlex.quote(archive)} {shlex.quote(image)}",
+            }
+        )
+    spec = json.loads(json.dumps(plan.spec))
+    for key in ("nodeName",):
+        spec.pop(key, None)
+    for c in spec.get("containers") or []:
+        if c.get("name") in images:
+            c["image"] = images[c["name"]]
+    if plan.gpus:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), CUDA_CHECKPOINT_LABEL: "true"}
+    labels = {k: v for k, v in plan.labels.items() if k != "pod-template-hash"}
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{plan.name}-restored"[:253],
+            "namespace": plan.namespace,
+            "labels": {**labels, "nodeward.io/restored-from": plan.name[:63]},
+            "annotations": {"nodeward.io/restored-from-maintenance": state.maintenance_id},
+        },
+        "spec": spec,
+    }
+    return {
+        "pod": plan.key,
+        "maintenance_id": state.maintenance_id,
+        "node": state.node,
+        "builds": builds,
+        "manifest": manifest,
+        "notes": [
+            "The archives are on the node, readable by root only: build there (or copy them "
+            "over an encrypted channel: they hold the containers' memory, secrets included).",
+            "Restoring needs CRI-O with CRIU support (enable_criu_support = true) or "
+            "containerd >= 2.1 with CRIU; a GPU pod also a node with CUDA checkpoint support "
+            f"({CUDA_CHECKPOINT_LABEL}=true).",
+            "The original pod's controller may also start a fresh pod; scale it down first if "
+            "the restored one replaces it.",
+        ],
+    }

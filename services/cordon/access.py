@@ -1,0 +1,38 @@
+"""What the cordon service (GPU quarantine) may do: its Kubernetes operations and its NATS grants.
+
+The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
+`deploy/rbac/cordon.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
+chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+"""
+
+from __future__ import annotations
+
+from nodeward.kube.access import Access
+from nodeward.nats_auth import ServiceGrants
+from schemas.state.cordon import NODES
+from services.kernel.access import PUBLISHES
+
+ACCESS = Access(
+    "cordon",
+    frozenset(
+        {
+            "nodes.get",
+            "nodes.list",
+            "nodes.watch",
+            "nodes.patch",
+            "nodes.set_condition",
+            "namespaces.get",
+            "pods.list",
+            "pods.get",
+            "pods.evict",
+            "events.create",
+        }
+    ),
+)
+
+# A quarantine rule with `maintenance: true` asks the checkpoint service for the node's maintenance.
+GRANTS = ServiceGrants(
+    consumers=(("GPU", "cordon"),),
+    buckets=(NODES.name,),
+    publish=("maintenance.requested.*", *PUBLISHES),
+)

@@ -1,0 +1,28 @@
+"""What the notifier may do: its Kubernetes operations and its NATS grants.
+
+The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
+`deploy/rbac/notifier.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
+chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+"""
+
+from __future__ import annotations
+
+from nodeward.kube.access import Access
+from nodeward.nats_auth import ServiceGrants
+from schemas.state.notifier import SETTLED
+
+ACCESS = Access(
+    "notifier",
+    frozenset(
+        {
+            "namespaces.get",
+            "pods.get",
+        }
+    ),
+)
+
+GRANTS = ServiceGrants(
+    consumers=(("NOTIFY", "notifier"),),
+    buckets=(SETTLED.name,),
+    publish=(),
+)
