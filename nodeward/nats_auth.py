@@ -80,6 +80,7 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
     return {
         "publish": (
             f"gpu.health.{n}.>",
+            f"gpu.xid.{n}.>",
             f"gpu.telemetry.{n}",
             f"energy.node.{n}",
             f"energy.pod.{n}.>",

@@ -115,6 +115,72 @@ class GpuHealth(EventData):
         return f"node/{self.node}/gpu/{self.gpu_key()}"
 
 
+class GpuProcess(Model):
+    """A compute process on the GPU when an XID was reported (NVML names the pid only)."""
+
+    pid: int = Field(ge=0)
+    used_memory_bytes: int | None = Field(default=None, ge=0)
+    gpu_instance_id: int | None = Field(default=None, ge=0)
+
+
+class GpuXid(EventData):
+    """One XID the driver reported on a GPU, whatever its class: the record of it happening.
+
+    Health changes (`gpu.health.v1`) say what an XID means for the GPU; this says that it
+    happened, with the catalog's classification and what ran on the GPU, so repeated
+    application XIDs (which never fail a GPU) are seen and acted on.
+    """
+
+    TYPE: ClassVar[str] = "gpu.xid.v1"
+    STREAM: ClassVar[str] = "GPU"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.xid.<node>.<gpu>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
+
+    node: K8sName
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str = Field(min_length=1)
+    xid: int = Field(ge=0)
+    name: str = Field(description="the catalog's name of the XID")
+    category: str = Field(description="the catalog's class: application, hardware, driver, ...")
+    catalog_action: RecommendedAction = Field(description="NVIDIA's immediate action for it")
+    application: bool = Field(description="an application's fault, not the GPU's")
+    gpu_instance_id: int | None = Field(default=None, ge=0, description="the MIG instance")
+    pods: list[PodRef] = Field(
+        default_factory=list, description="the pods holding the GPU (pod-resources)"
+    )
+    processes: list[GpuProcess] = Field(
+        default_factory=list, description="compute processes on the GPU, where NVML lists them"
+    )
+    observed_at: datetime
+    agent_boot_id: str | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "gpu_index": 3,
+                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
+                    "xid": 13,
+                    "name": "ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
+                    "category": "application",
+                    "catalog_action": "restart_app",
+                    "application": True,
+                    "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
+                    "processes": [{"pid": 41233, "used_memory_bytes": 8589934592}],
+                    "observed_at": "2026-08-20T14:02:11Z",
+                }
+            ]
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("gpu.xid", self.node, str(self.gpu_index))
+
+    def about(self) -> str:
+        return f"node/{self.node}/gpu/{self.gpu_index}"
+
+
 class GpuSample(Model):
     gpu_index: int = Field(ge=0)
     gpu_uuid: str

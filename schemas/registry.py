@@ -12,7 +12,7 @@ from schemas.credentials import CredentialDue, CredentialFailed, CredentialRenew
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyNode, EnergyPod
 from schemas.falco import FalcoAlert
-from schemas.gpu import GpuHealth, GpuTelemetry
+from schemas.gpu import GpuHealth, GpuTelemetry, GpuXid
 from schemas.maintenance import Maintenance
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -37,6 +37,7 @@ class EventType:
 
 _MODELS: tuple[type[EventData], ...] = (
     GpuHealth,
+    GpuXid,
     GpuTelemetry,
     EnergyNode,
     EnergyPod,

@@ -34,7 +34,9 @@ class StreamSpec:
 DAY = timedelta(days=1)
 
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec("GPU", ("gpu.health.>",), "GPU health changes and heartbeats", 30 * DAY),
+    StreamSpec(
+        "GPU", ("gpu.health.>", "gpu.xid.>"), "GPU health changes, heartbeats and XIDs", 30 * DAY
+    ),
     StreamSpec(
         "TELEMETRY",
         ("gpu.telemetry.>",),

@@ -3,8 +3,9 @@
 Watts samples are integrated with the trapezoid rule between consecutive samples of the
 same component; cumulative counters (RAPL, NVML total energy) are differenced. A segment
 between two samples lands in the interval of its later sample, so across intervals every
-joule is counted once. A segment longer than `max_gap_s` (a source that was away) is not
-integrated: that time is unknown, and an interval says how much of it its energy covers.
+joule is counted once. A segment across a failed read (`interrupt`: the source was away),
+or longer than `max_gap_s`, is not integrated: that time is unknown, and an interval says
+how much of it its energy covers.
 Power at a tick, and so an interval's min and max, comes only from components read within
 `max_gap_s` and since the interval began: a source that stopped answering is not restated. The node's energy is the BMC's whole-system reading when there is
 one, else the sum of PSU inputs, else the sum of the top-level components (CPU packages,
@@ -65,7 +66,8 @@ class _Track:
     last_counter: float | None = None
     energy_j: float = 0.0
     covered_s: float = 0.0
-    gap_s: float = 0.0  # time this interval that fell in gaps longer than max_gap_s
+    gap_s: float = 0.0  # time this interval that fell in gaps (a failed read, or max_gap_s)
+    interrupted: bool = False  # a read failed since the last sample
     watts_now: float | None = None  # power over the last segment
 
 
@@ -149,6 +151,14 @@ class Accumulator:
         self._tick_powers.append(power)
         return power
 
+    def interrupt(self, keys: Iterable[tuple[PowerSource, str]]) -> None:
+        """A read of these components failed: their next sample starts a new segment (the
+        time since their last one is a gap, not integrated)."""
+        for key in keys:
+            track = self.tracks.get(key)
+            if track is not None:
+                track.interrupted = True
+
     def _add(self, s: PowerSample) -> None:
         value = s.watts if s.watts is not None else s.energy_j
         if value is None or not (value >= 0.0) or value == float("inf"):
@@ -163,10 +173,11 @@ class Accumulator:
             self.dropped += 1
             return
         dt = 0.0 if track.last_at is None else s.at - track.last_at
-        if dt > self.max_gap_s:
+        if dt > self.max_gap_s or track.interrupted:
             # The source was away: nothing is known of the time in between.
             track.gap_s += dt
             track.last_watts = track.last_counter = track.watts_now = None
+            track.interrupted = False
         if s.watts is not None:
             if track.last_watts is not None and dt > 0:
                 track.energy_j += (track.last_watts + s.watts) / 2 * dt

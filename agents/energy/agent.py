@@ -42,7 +42,7 @@ from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event
-from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval
+from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval, PowerSource
 from schemas.state.energy import EnergyTotals, totals_key
 from schemas.tokens import subject
 
@@ -127,6 +127,7 @@ class EnergyAgent:
         self._down: dict[str, tuple[str, float]] = {}  # source -> (why, since), until it reads
         self._reads: dict[str, asyncio.Task[list[PowerSample]]] = {}
         self._read_since: dict[str, float] = {}
+        self._components: dict[str, set[tuple[PowerSource, str]]] = {}  # per source
         self._cpu = CpuTimes()
         self._pod_labels: set[tuple[str, str]] = set()
         self._kv: TypedKV[EnergyTotals] | None = None
@@ -255,8 +256,12 @@ class EnergyAgent:
             why = f"{source.name}: {type(exc).__name__}: {exc}"
         else:
             self._recovered(source.name)
+            self._components.setdefault(source.name, set()).update(
+                (s.source, s.component) for s in got
+            )
             return got
         self._failed(source.name, " ".join(why.split()))
+        self._acc.interrupt(self._components.get(source.name, ()))
         return []
 
     def _failed(self, name: str, why: str) -> None:

@@ -53,7 +53,8 @@ class EnergySettings(Section):
     max_gap: Duration | None = Field(
         default=None,
         description="readings further apart are not integrated (the time is reported as "
-        "uncovered); None: two sampling periods",
+        "uncovered), nor are readings with a failed read between them; None: two sampling "
+        "periods plus read_timeout (a slow read is not a gap)",
     )
     bucket: str = Field(default=TOTALS.name, description="KV bucket of the cumulative totals")
     ipmi: IpmiSettings = IpmiSettings()
@@ -66,7 +67,7 @@ class EnergySettings(Section):
 
     def max_gap_s(self) -> float:
         """Segments longer than this are a gap in the readings, not integrated."""
-        gap = self.max_gap or 2 * self.sample_every
+        gap = self.max_gap or 2 * self.sample_every + self.read_timeout
         return gap.total_seconds()
 
     @model_validator(mode="after")

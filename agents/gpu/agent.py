@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -62,8 +62,10 @@ from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
 from schemas.gpu import (
     GpuHealth,
+    GpuProcess,
     GpuSample,
     GpuTelemetry,
+    GpuXid,
     HealthState,
     MigInstance,
     RecommendedAction,
@@ -174,7 +176,10 @@ class GpuAgent:
         self._outbox = Outbox(
             bus,
             owner=f"agent for {self.node}",
-            allowed=lambda s: s.startswith(self._health_prefix) or s == self._telemetry_subject,
+            allowed=lambda s: (
+                s.startswith((self._health_prefix, self._xid_prefix))
+                or s == self._telemetry_subject
+            ),
             max_unsent=MAX_UNSENT,
             keep=_is_state_change,
         )
@@ -183,6 +188,8 @@ class GpuAgent:
         self._event_set: Any = None
         self._event_thread: threading.Thread | None = None
         self._health_prefix = subject("gpu", "health", self.node) + "."
+        self._xid_prefix = subject("gpu", "xid", self.node) + "."
+        self._xids: asyncio.Queue[tuple[_Watch, NvmlEvent, datetime]] = asyncio.Queue()
         self._telemetry_subject = subject("gpu", "telemetry", self.node)
 
     def attach(self, daemon: Daemon) -> None:
@@ -202,6 +209,7 @@ class GpuAgent:
             await self._start()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._outbox.run())
+                tg.create_task(self._xid_loop())
                 for watch in self.watches:
                     tg.create_task(self._poll_loop(watch))
                 tg.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat))
@@ -353,6 +361,7 @@ class GpuAgent:
                     "compute_instance_id": ev.compute_instance_id,
                 }
             watch.xids.append(XidSeen(ev.data, time.monotonic(), evidence))
+            self._xids.put_nowait((watch, ev, utcnow()))
             if ev.data == 154:
                 watch.poll_now.set()
             self._evaluate(watch)
@@ -474,6 +483,73 @@ class GpuAgent:
             )
             self._enqueue(make_event(data, source=self.source))
 
+    # -- XIDs ---------------------------------------------------------------------------
+
+    async def _xid_loop(self) -> None:
+        """Every XID as a `gpu.xid.v1`, in the order the driver reported them."""
+        while True:
+            watch, ev, at = await self._xids.get()
+            try:
+                self._enqueue(await self._xid_event(watch, ev, at))
+            except Exception:  # one XID not published never stops the agent
+                self.log.exception("xid not published", gpu=watch.index, xid=ev.data)
+
+    async def _xid_event(self, watch: _Watch, ev: NvmlEvent, at: datetime) -> Event[GpuXid]:
+        info = self.catalog.get(ev.data)
+        ident = watch.ident
+        uuid_ = ident.uuid if ident else f"unknown-{self.node}-gpu{watch.index}"
+        instance = ev.gpu_instance_id
+        unit = next((u for u in watch.units if u.mig and u.mig.gpu_instance_id == instance), None)
+        pods = (
+            (unit and self._pods_now.get(unit.uuid))
+            or self._pods_now.get(uuid_)
+            or (self._pods_now.get(str(watch.index), []))
+        )
+        data = GpuXid(
+            node=self.node,
+            gpu_index=watch.index,
+            gpu_uuid=uuid_,
+            xid=ev.data,
+            name=info.name,
+            category=info.category,
+            catalog_action=info.action,
+            application=info.is_application,
+            gpu_instance_id=instance,
+            pods=list(pods),
+            processes=await self._processes(watch, instance),
+            observed_at=at,
+            agent_boot_id=self.boot_id,
+        )
+        return make_event(data, source=self.source)
+
+    async def _processes(self, watch: _Watch, instance: int | None) -> list[GpuProcess]:
+        """What ran on the GPU (that MIG instance), if NVML answers at once; else nothing."""
+        ident = watch.ident
+        if ident is None or watch.lane.busy:
+            return []
+        try:
+            found = await watch.lane.call(
+                partial(self.nvml.nvmlDeviceGetComputeRunningProcesses, ident.handle),
+                self._timeout,
+            )
+        except (CallTimeout, LaneBusy, pynvml.NVMLError):
+            return []
+        out = []
+        for p in found or []:
+            gi = getattr(p, "gpuInstanceId", None)
+            gi = None if gi is None or gi >= 0xFFFFFFFF else int(gi)
+            if instance is not None and gi is not None and gi != instance:
+                continue
+            used = getattr(p, "usedGpuMemory", None)
+            out.append(
+                GpuProcess(
+                    pid=int(p.pid),
+                    used_memory_bytes=int(used) if isinstance(used, int) and used >= 0 else None,
+                    gpu_instance_id=gi,
+                )
+            )
+        return out
+
     # -- publishing ---------------------------------------------------------------------
 
     def _enqueue(self, event: Event[Any]) -> None:
@@ -484,4 +560,7 @@ MAX_UNSENT = 10_000
 
 
 def _is_state_change(event: Event[Any]) -> bool:
-    return isinstance(event.data, GpuHealth) and not event.data.heartbeat
+    """Kept while NATS is away: state changes and XIDs (heartbeats and telemetry restate)."""
+    return isinstance(event.data, GpuXid) or (
+        isinstance(event.data, GpuHealth) and not event.data.heartbeat
+    )

@@ -110,3 +110,25 @@ NODES: Bucket[NodeRecord] = Bucket(
 BREAKER: Bucket[BreakerState] = Bucket(
     BUCKET, BreakerState, prefix=BREAKER_KEY, key=breaker_key, description="the circuit breaker"
 )
+
+
+class XidRepeats(BaseModel):
+    """When one XID was seen on one GPU within the repeat window, and when that was reported
+    (key `xid.<node>.<gpu>.<xid>`): the report goes out once per window, whichever replica."""
+
+    seen: list[float] = Field(default_factory=list, description="unix times, oldest first")
+    event_ids: list[str] = Field(default_factory=list, description="the XID events counted")
+    reported_at: float | None = None
+
+
+def xid_key(node: str, gpu: int, xid: int) -> str:
+    return f"xid.{node}.{gpu}.{xid}"
+
+
+XIDS: Bucket[XidRepeats] = Bucket(
+    BUCKET,
+    XidRepeats,
+    prefix="xid.",
+    key=xid_key,
+    description="repeated XIDs per GPU, key xid.<node>.<gpu>.<xid>",
+)

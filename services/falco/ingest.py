@@ -139,13 +139,7 @@ class Ingest:
         self.settings = settings
         self.publish = publish
         self.log = structlog.get_logger().bind(component="falco-ingest")
-        self.token = read_token(settings.token_file) if settings.token_file else None
-        self.ssl = self._ssl_context()
-        if self.token is None and settings.client_ca_file is None:
-            raise IngestError(
-                "the Falco ingest needs services.falco.ingest.token_file or client_ca_file "
-                "(mTLS): it never accepts alerts from anyone"
-            )
+        self.token, self.ssl = self.check(settings)
         self.requests = Counter(
             "nodeward_falco_ingest_requests",
             "HTTP requests to the Falco ingest, by status code",
@@ -161,8 +155,20 @@ class Ingest:
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        s = self.settings
+    @classmethod
+    def check(cls, settings: IngestSettings) -> tuple[str | None, ssl.SSLContext | None]:
+        """The token and TLS context `settings` name; IngestError (one line) if unusable."""
+        token = read_token(settings.token_file) if settings.token_file else None
+        context = cls._ssl_context(settings)
+        if token is None and settings.client_ca_file is None:
+            raise IngestError(
+                "the Falco ingest needs services.falco.ingest.token_file or client_ca_file "
+                "(mTLS): it never accepts alerts from anyone"
+            )
+        return token, context
+
+    @staticmethod
+    def _ssl_context(s: IngestSettings) -> ssl.SSLContext | None:
         if s.tls_cert_file is None and s.client_ca_file is None:
             return None
         if s.tls_cert_file is None or s.tls_key_file is None:

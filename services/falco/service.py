@@ -326,6 +326,11 @@ async def assemble(settings: Settings) -> Assembled:
         policy = load_policy(config.rules_file)
     except RulesError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
+    if config.ingest.enabled:
+        try:  # before connecting anything: a bad ingest setting is one line, and nothing else
+            Ingest.check(config.ingest)
+        except IngestError as exc:
+            raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
     cluster = Cluster.connect(settings.cluster, access=ACCESS)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2

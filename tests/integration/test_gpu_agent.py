@@ -132,6 +132,26 @@ async def test_application_xids_change_nothing(rig: Rig) -> None:
     )
 
 
+async def test_every_xid_is_published_with_its_class_and_what_ran_on_the_gpu(rig: Rig) -> None:
+    """An application XID changes no health, but it is recorded: `gpu.xid.v1` on the node's
+    own subject, with the catalog's class and the processes NVML lists on the GPU."""
+    rig.sim.set_processes(0, [(41233, 8192)])
+    rig.sim.inject_xid(0, 13)
+    rig.sim.inject_xid(1, 79)
+
+    def xids() -> list[tuple[str, dict[str, Any]]]:
+        return [(s, b) for s, _, b in rig.seen.messages if s.startswith("gpu.xid.")]
+
+    got = await wait_for(lambda: len(xids()) >= 2 and xids(), timeout=5, what="two xid events")
+    (subj13, x13), (subj79, x79) = got[:2]
+    assert subj13 == f"gpu.xid.{rig.node}.0" and subj79 == f"gpu.xid.{rig.node}.1"
+    assert (x13["xid"], x13["category"], x13["application"]) == (13, "application", True)
+    assert x13["catalog_action"] == "restart_app"
+    assert x13["processes"] == [{"pid": 41233, "used_memory_bytes": 8192 * 1024 * 1024}]
+    assert (x79["xid"], x79["application"]) == (79, False)
+    assert [e["state"] for e in rig.seen.health(0)] == ["healthy"]
+
+
 async def test_xid_48_with_63_is_drain_and_reset(rig: Rig) -> None:
     rig.sim.inject_xid(0, 48)
     rig.sim.inject_xid(0, 63)
@@ -236,7 +256,10 @@ async def test_publishes_only_its_own_node_subjects(rig: Rig, nats_url: str) -> 
         await sub.unsubscribe()
         await nc.close()
     for subj in mine:
-        assert subj.startswith(f"gpu.health.{rig.node}.") or subj == f"gpu.telemetry.{rig.node}"
+        assert (
+            subj.startswith((f"gpu.health.{rig.node}.", f"gpu.xid.{rig.node}."))
+            or subj == f"gpu.telemetry.{rig.node}"
+        )
     with pytest.raises(ValueError, match="refuses"):
         from schemas.base import make_event
         from schemas.gpu import GpuTelemetry

@@ -143,3 +143,15 @@ def test_a_counter_across_a_gap_is_not_counted_either() -> None:
     got = acc.close(31.0)
     assert got.energy_j == pytest.approx(200.0)
     assert got.covered_s == pytest.approx(2.0)
+
+
+def test_a_failed_read_between_two_samples_is_a_gap_however_short() -> None:
+    acc = Accumulator(max_gap_s=10.0)
+    acc.tick([watts(IPMI, "system", 0.0, 500.0)])
+    acc.tick([watts(IPMI, "system", 1.0, 500.0)])
+    acc.interrupt([(IPMI, "system")])  # the read at t=2 failed
+    acc.tick([watts(IPMI, "system", 3.0, 500.0)])
+    acc.tick([watts(IPMI, "system", 4.0, 500.0)])
+    got = acc.close(4.0)
+    assert got.energy_j == pytest.approx(1000.0)  # 0-1 and 3-4, not 1-3
+    assert got.covered_s == pytest.approx(2.0)

@@ -207,7 +207,7 @@ def test_an_idle_session_is_told_once_per_idle_period() -> None:
 
 
 def test_a_falco_alert_is_told_before_its_decisions() -> None:
-    from schemas.falco import FalcoAlert
+    from schemas.falco import FalcoAlert, FalcoPriority
     from sim.falco_samples import DROP_AND_EXECUTE, samples
 
     lines: list[str] = []
@@ -225,7 +225,14 @@ def test_a_falco_alert_is_told_before_its_decisions() -> None:
     )
     story.on_event(wire(isolate, T0 + timedelta(milliseconds=5)))  # type: ignore[arg-type]
     story.on_event(wire(alert, T0))  # type: ignore[arg-type]
-    test_rule = alert.model_copy(update={"rule": "Test rule", "source": "internal"})
+    test_rule = alert.model_copy(  # Falcosidekick's /test event: not told
+        update={
+            "rule": "Test rule",
+            "source": "internal",
+            "priority": FalcoPriority.DEBUG,
+            "output": "This is a test from falcosidekick",
+        }
+    )
     story.on_event(wire(test_rule, T0))  # type: ignore[arg-type]
     clock.now = 1.0
     story.flush()
