@@ -128,6 +128,29 @@ def _required(cls: type) -> list[str]:
     ]
 
 
+_CONVENTIONS = "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md"
+
+
+def _describe_standard_fields(schema: Schema, kind: str) -> None:
+    """The descriptions of a kind's metadata, spec and status, which every built-in kind words
+    the same way (and the client's models drop)."""
+    props = schema.get("properties") or {}
+    if kind.endswith("List"):
+        texts = {"metadata": f"Standard list metadata. More info: {_CONVENTIONS}#types-kinds"}
+    else:
+        texts = {
+            "metadata": f"Standard object's metadata. More info: {_CONVENTIONS}#metadata",
+            "spec": f"Specification of the desired behavior of the {kind}. More info: "
+            f"{_CONVENTIONS}#spec-and-status",
+            "status": f"Most recently observed status of the {kind}. This data may not be up to "
+            f"date. Populated by the system. Read-only. More info: {_CONVENTIONS}#spec-and-status",
+        }
+    for field_name, text in texts.items():
+        prop = props.get(field_name)
+        if prop is not None and "$ref" in prop:
+            prop["description"] = text
+
+
 @dataclass(frozen=True)
 class _Kind:
     group: str
@@ -211,6 +234,8 @@ class _Builder:
             if description := _field_description(cls, attr):
                 prop["description"] = description
             elif "$ref" in prop:
+                # The client's models keep no description for a field that is another type:
+                # the type's own stands in (kubectl lists it with the field).
                 target = self.defs.get(prop["$ref"].removeprefix("#/definitions/"), {})
                 if target.get("description"):
                     prop["description"] = target["description"]
@@ -271,6 +296,7 @@ class _Builder:
                 self.defs[wanted] = copy.deepcopy(self.defs[name])
                 self.defs[wanted].pop(GVK, None)
                 name = wanted
+        _describe_standard_fields(self.defs[name], k.kind)
         entry = {"group": k.group, "kind": k.kind, "version": k.version}
         gvks = self.defs[name].setdefault(GVK, [])
         if entry not in gvks:
@@ -725,6 +751,12 @@ def build() -> Documents:
             if key.startswith(f"{group}/{version}/"):
                 roots.add(name)
         schemas = {n: _v3_schema(defs[n]) for n in sorted(_closure(roots, defs))}
+        if INT_OR_STRING in schemas:  # v3 says what v2 cannot: an integer or a string
+            schemas[INT_OR_STRING] = {
+                "description": _INT_OR_STRING_SCHEMA["description"],
+                "format": "int-or-string",
+                "oneOf": [{"type": "integer"}, {"type": "string"}],
+            }
         doc = {
             "openapi": "3.0.0",
             "info": {"title": TITLE, "version": VERSION},
