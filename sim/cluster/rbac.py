@@ -430,5 +430,5 @@ def bootstrap_manifests() -> list[dict[str, Any]]:
 
 def default_rbac_dir() -> Path | None:
     """`deploy/rbac` of the source tree this package runs from, if there is one."""
-    candidate = Path(__file__).resolve().parents[3] / "deploy" / "rbac"
+    candidate = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
     return candidate if candidate.is_dir() else None
