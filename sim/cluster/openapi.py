@@ -10,8 +10,8 @@
 Object schemas come from the models of the `kubernetes` client package (field names, types,
 descriptions); the few facts those lack are written here: which `object` fields are
 IntOrString, which types belong to apimachinery or to another group, the patch strategies the
-sim's own strategic merge uses (`patch.MERGE_KEYS`), and the Notebook CRD's schema. Building
-imports the client's models (seconds), so `OpenApi.build` runs once, off the event loop.
+sim's own strategic merge uses (`patch.merge_keys`), and the Notebook CRD's schema. Building
+imports the client's models (seconds): the server calls `build` once, in a thread.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.cluster import openapi_pb
-from sim.cluster.patch import _COMMON, MERGE_KEYS, SET
+from sim.cluster.patch import SET, merge_keys
 from sim.cluster.resources import RESOURCES, ResourceType
 
 Schema = dict[str, Any]
@@ -383,10 +383,10 @@ class _Builder:
         return name
 
     def patch_strategies(self, kinds: dict[str, str]) -> None:
-        """Mark the lists the sim merges by key (`patch.MERGE_KEYS`) the way the real schemas
+        """Mark the lists the sim merges by key (`patch.merge_keys`) the way the real schemas
         do, so that a client computing a strategic merge patch from them agrees with the sim."""
         for kind, name in kinds.items():
-            for path, key in {**_COMMON, **MERGE_KEYS.get(kind, {})}.items():
+            for path, key in merge_keys(kind).items():
                 self._mark(name, path, key)
 
     def _resolve(self, schema: Schema) -> Schema | None:
@@ -439,7 +439,7 @@ _FIELD_VALIDATION = _query(
     "fieldValidation instructs the server on how to handle objects in the request containing "
     "unknown or duplicate fields. Valid values are: Ignore, Warn, Strict.",
 )
-_LIST_PARAMS = [
+_LIST_PARAMS = (
     _query("labelSelector", "A selector to restrict the list of returned objects by their labels."),
     _query("fieldSelector", "A selector to restrict the list of returned objects by their fields."),
     _query("limit", "limit is a maximum number of responses to return for a list call.", "integer"),
@@ -449,14 +449,16 @@ _LIST_PARAMS = [
         "resourceVersion sets a constraint on what resource versions a request may be served from.",
     ),
     _query("watch", "Watch for changes to the described resources.", "boolean"),
-]
+)
 
 
-def _path_param(name: str) -> Schema:
+def _path_param(name: str, kind: str = "") -> Schema:
     return {
         "uniqueItems": True,
         "type": "string",
-        "description": f"name of the {name}" if name == "name" else "object name and auth scope",
+        "description": f"name of the {kind}"
+        if name == "name"
+        else "object name and auth scope, such as for teams and projects",
         "name": name,
         "in": "path",
         "required": True,
@@ -474,7 +476,13 @@ def _operations(defs: dict[str, str]) -> dict[str, dict[str, Any]]:
             list_name = defs.get(f"{rt.group}/{version}/{rt.kind}List")
             gvk = {"group": rt.group, "kind": rt.kind, "version": version}
             ref = {"$ref": f"#/definitions/{kind_name}"}
-            tag = rt.group.split(".")[0] + "_" + version if rt.group else "core_" + version
+            group_id = (
+                "".join(w.capitalize() for w in rt.group.removesuffix(".k8s.io").split(".") if w)
+                or "Core"
+            )
+            op_id = f"{group_id}{version.capitalize()}"
+            scoped_kind = f"Namespaced{rt.kind}" if rt.namespaced else rt.kind
+            tag = f"{group_id[0].lower()}{group_id[1:]}_{version}"
             prefix = "/" + _gv_path(rt.group, version)
             scope = [_path_param("namespace")] if rt.namespaced else []
             base = (
@@ -485,11 +493,12 @@ def _operations(defs: dict[str, str]) -> dict[str, dict[str, Any]]:
 
             def op(
                 action: str,
-                verb: str,
+                operation_id: str,
+                description: str,
                 params: list[Schema],
                 response: Schema | None,
-                code: str = "200",
                 *,
+                code: str = "200",
                 _gvk: dict[str, str] = gvk,
                 _tag: str = tag,
             ) -> Schema:
@@ -498,12 +507,12 @@ def _operations(defs: dict[str, str]) -> dict[str, dict[str, Any]]:
                     responses[code]["schema"] = response
                 responses["401"] = {"description": "Unauthorized"}
                 return {
-                    "description": f"{verb} the specified {_gvk['kind']}",
+                    "description": description,
                     "consumes": ["*/*"],
                     "produces": ["application/json", "application/yaml"],
                     "schemes": ["https"],
                     "tags": [_tag],
-                    "operationId": f"{verb}{_gvk['kind']}",
+                    "operationId": operation_id,
                     "parameters": params,
                     "responses": responses,
                     "x-kubernetes-action": action,
@@ -518,42 +527,97 @@ def _operations(defs: dict[str, str]) -> dict[str, dict[str, Any]]:
                 "schema": {"$ref": f"#/definitions/{META}.Patch"},
             }
             writes = [_DRY_RUN, _FIELD_MANAGER, _FIELD_VALIDATION]
+            kind = rt.kind
             collection: dict[str, Schema] = {}
             if "list" in rt.verbs and list_name:
                 collection["get"] = op(
-                    "list", "list", _LIST_PARAMS, {"$ref": f"#/definitions/{list_name}"}
+                    "list",
+                    f"list{op_id}{scoped_kind}",
+                    f"list or watch objects of kind {kind}",
+                    list(_LIST_PARAMS),
+                    {"$ref": f"#/definitions/{list_name}"},
                 )
             if "create" in rt.verbs:
-                collection["post"] = op("post", "create", [body, *writes], ref, "201")
+                collection["post"] = op(
+                    "post",
+                    f"create{op_id}{scoped_kind}",
+                    f"create a {kind}",
+                    [body, *writes],
+                    ref,
+                    code="201",
+                )
             if "deletecollection" in rt.verbs:
                 collection["delete"] = op(
-                    "deletecollection", "deletecollection", [_DRY_RUN, *_LIST_PARAMS[:2]], None
+                    "deletecollection",
+                    f"delete{op_id}Collection{scoped_kind}",
+                    f"delete collection of {kind}",
+                    [_DRY_RUN, *_LIST_PARAMS[:2]],
+                    None,
                 )
             if collection:
                 paths[base] = {**collection, "parameters": scope}
             item: dict[str, Schema] = {}
             if "get" in rt.verbs:
-                item["get"] = op("get", "read", [], ref)
-            if "update" in rt.verbs:
-                item["put"] = op("put", "replace", [body, *writes], ref)
-            if "delete" in rt.verbs:
-                item["delete"] = op("delete", "delete", [_DRY_RUN], None)
-            if "patch" in rt.verbs:
-                patch_op = op("patch", "patch", [patch_body, *writes], ref)
-                patch_op["consumes"] = list(
-                    _PATCH_CONTENT if not rt.custom else _PATCH_CONTENT[:2] + _PATCH_CONTENT[3:]
+                item["get"] = op(
+                    "get", f"read{op_id}{scoped_kind}", f"read the specified {kind}", [], ref
                 )
-                item["patch"] = patch_op
+            if "update" in rt.verbs:
+                item["put"] = op(
+                    "put",
+                    f"replace{op_id}{scoped_kind}",
+                    f"replace the specified {kind}",
+                    [body, *writes],
+                    ref,
+                )
+            if "delete" in rt.verbs:
+                item["delete"] = op(
+                    "delete", f"delete{op_id}{scoped_kind}", f"delete a {kind}", [_DRY_RUN], None
+                )
+            patch_types = list(_PATCH_CONTENT)
+            if rt.custom:  # no strategic merge patch for custom resources
+                patch_types.remove("application/strategic-merge-patch+json")
+            if "patch" in rt.verbs:
+                item["patch"] = op(
+                    "patch",
+                    f"patch{op_id}{scoped_kind}",
+                    f"partially update the specified {kind}",
+                    [patch_body, *writes],
+                    ref,
+                )
+                item["patch"]["consumes"] = patch_types
             if item:
-                paths[f"{base}/{{name}}"] = {**item, "parameters": [_path_param("name"), *scope]}
+                paths[f"{base}/{{name}}"] = {
+                    **item,
+                    "parameters": [_path_param("name", kind), *scope],
+                }
             if "status" in rt.subresources:
-                status_patch = op("patch", "patch", [patch_body, *writes], ref)
-                status_patch["consumes"] = list(_PATCH_CONTENT)
+                status: dict[str, Schema] = {
+                    "get": op(
+                        "get",
+                        f"read{op_id}{scoped_kind}Status",
+                        f"read status of the specified {kind}",
+                        [],
+                        ref,
+                    ),
+                    "put": op(
+                        "put",
+                        f"replace{op_id}{scoped_kind}Status",
+                        f"replace status of the specified {kind}",
+                        [body, *writes],
+                        ref,
+                    ),
+                    "patch": op(
+                        "patch",
+                        f"patch{op_id}{scoped_kind}Status",
+                        f"partially update status of the specified {kind}",
+                        [patch_body, *writes],
+                        ref,
+                    ),
+                }
+                status["patch"]["consumes"] = patch_types
                 paths[f"{base}/{{name}}/status"] = {
-                    "get": op("get", "read", [], ref),
-                    "put": op("put", "replace", [body, *writes], ref),
-                    "patch": status_patch,
-                    "parameters": [_path_param("name"), *scope],
+                    **status,
+                    "parameters": [_path_param("name", kind), *scope],
                 }
     return paths
 

@@ -118,6 +118,17 @@ def test_v2_paths_declare_dry_run_for_each_kinds_patch(v2: dict[str, Any]) -> No
     for op in patches:
         names = {p["name"] for p in op["parameters"] if p["in"] == "query"}
         assert {"dryRun", "fieldManager", "fieldValidation"} <= names
+    ids = [
+        op["operationId"]
+        for item in v2["paths"].values()
+        for method, op in item.items()
+        if method != "parameters"
+    ]
+    assert len(ids) == len(set(ids))  # Swagger 2.0 wants them unique
+    assert (
+        "patchCoreV1NamespacedPod" in ids
+        and "listPolicyV1beta1NamespacedPodDisruptionBudget" in ids
+    )
 
 
 def test_v3_index_and_documents(docs: openapi.Documents) -> None:
