@@ -711,25 +711,35 @@ def _v3_operation(operation: Schema) -> Schema:
 
 @dataclass(frozen=True)
 class Documents:
-    """The built documents, encoded once: v2 as JSON and protobuf, v3 per group version."""
+    """The built documents, encoded once: v2 as JSON and protobuf, v3 per group version, and
+    their hashes (what ETags and v3's `?hash=` carry)."""
 
     v2_json: bytes
     v2_proto: bytes
     v3: dict[str, bytes]  # "api/v1", "apis/apps/v1", ... -> JSON
+    v2_hashes: tuple[str, str]  # of v2_json, v2_proto
+    v3_hashes: dict[str, str]
+
+    @classmethod
+    def of(cls, v2_json: bytes, v2_proto: bytes, v3: dict[str, bytes]) -> Documents:
+        hashes = {gv: etag(body) for gv, body in v3.items()}
+        return cls(v2_json, v2_proto, v3, (etag(v2_json), etag(v2_proto)), hashes)
 
     def v3_index(self) -> Schema:
         return {
             "paths": {
-                gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={etag(body)}"}
-                for gv, body in sorted(self.v3.items())
+                gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash={self.v3_hashes[gv]}"}
+                for gv in sorted(self.v3)
             }
         }
 
 
-def negotiate(accept: str, offers: list[tuple[str, str, bytes]]) -> tuple[str, bytes] | None:
-    """The (content type, body) of the first offer (media type matched, content type
-    answered, body) the Accept header takes, its clauses tried by quality then specificity
-    as the API server's OpenAPI handler does; None when it takes none."""
+def negotiate(
+    accept: str, offers: list[tuple[str, str, bytes, str]]
+) -> tuple[str, bytes, str] | None:
+    """What to answer (content type, body, hash) from the first offer (media type matched,
+    content type, body, hash) the Accept header takes, its clauses tried by quality then
+    specificity as the API server's OpenAPI handler does; None when it takes none."""
     clauses: list[tuple[float, int, int, str, str]] = []
     for i, clause in enumerate((accept or "*/*").split(",")):
         media, *params = [p.strip() for p in clause.split(";")]
@@ -747,10 +757,10 @@ def negotiate(accept: str, offers: list[tuple[str, str, bytes]]) -> tuple[str, b
         if q > 0:
             clauses.append((-q, (type_ == "*") + (subtype in ("*", "")), i, type_, subtype or "*"))
     for _, _, _, type_, subtype in sorted(clauses):
-        for media, content_type, body in offers:
+        for media, content_type, body, digest in offers:
             offer_type, _, offer_subtype = media.partition("/")
             if type_ in ("*", offer_type) and subtype in ("*", offer_subtype):
-                return content_type, body
+                return content_type, body, digest
     return None
 
 
@@ -844,4 +854,4 @@ def build() -> Documents:
             },
         }
         v3[gv] = json.dumps(doc).encode()
-    return Documents(json.dumps(v2).encode(), openapi_pb.document(v2), v3)
+    return Documents.of(json.dumps(v2).encode(), openapi_pb.document(v2), v3)

@@ -466,25 +466,27 @@ class SimCluster:
         """`/openapi/v2` (JSON, or protobuf for kubectl) and `/openapi/v3[/<group version>]`,
         negotiated on Accept as the API server does (406 when nothing offered is acceptable),
         with ETags, and on v3 the `?hash=` of each document's URL."""
-        if parts not in (["openapi", "v2"], ["openapi", "v3"]) and parts[:2] != ["openapi", "v3"]:
+        if parts != ["openapi", "v2"] and parts[:2] != ["openapi", "v3"]:
             raise _not_found_path()
         docs = await self._openapi_documents()
         headers = {"Vary": "Accept"}
+        # (media type accepted, content type answered, body, its hash)
+        offers: list[tuple[str, str, bytes, str]]
         if parts == ["openapi", "v2"]:
+            json_hash, proto_hash = docs.v2_hashes
             offers = [
-                ("application/json", "application/json", docs.v2_json),
-                (openapi.V2_PROTOBUF_ASKED, openapi.V2_PROTOBUF, docs.v2_proto),
-                (openapi.V2_PROTOBUF, openapi.V2_PROTOBUF, docs.v2_proto),
+                ("application/json", "application/json", docs.v2_json, json_hash),
+                (openapi.V2_PROTOBUF_ASKED, openapi.V2_PROTOBUF, docs.v2_proto, proto_hash),
+                (openapi.V2_PROTOBUF, openapi.V2_PROTOBUF, docs.v2_proto, proto_hash),
             ]
         elif parts == ["openapi", "v3"]:
             index = json.dumps(docs.v3_index()).encode()
-            offers = [("application/json", "application/json", index)]
+            offers = [("application/json", "application/json", index, openapi.etag(index))]
         else:
             gv = "/".join(parts[2:])
-            body = docs.v3.get(gv)
-            if body is None:
+            if gv not in docs.v3:
                 raise _not_found_path()
-            current = openapi.etag(body)
+            current = docs.v3_hashes[gv]
             wanted = request.query.get("hash")
             if wanted is not None and wanted != current:
                 return web.Response(
@@ -493,16 +495,16 @@ class SimCluster:
             if wanted is not None:
                 headers["Cache-Control"] = "public, immutable"
                 headers["Expires"] = "Thu, 31 Dec 2099 00:00:00 GMT"
-            offers = [("application/json", "application/json", body)]
+            offers = [("application/json", "application/json", docs.v3[gv], current)]
         chosen = openapi.negotiate(request.headers.get("Accept", ""), offers)
         if chosen is None:
             return web.Response(status=406)
-        media, body = chosen
-        headers["ETag"] = f'"{openapi.etag(body)}"'
+        content_type, body, digest = chosen
+        headers["ETag"] = f'"{digest}"'
         headers.setdefault("Cache-Control", "no-cache, private")
         if request.headers.get("If-None-Match") == headers["ETag"]:
             return web.Response(status=304, headers=headers)
-        headers["Content-Type"] = media
+        headers["Content-Type"] = content_type
         return web.Response(body=body, headers=headers)
 
     def _rbac_objects(self) -> dict[str, list[Obj]]:

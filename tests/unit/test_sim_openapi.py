@@ -140,6 +140,7 @@ def test_v3_index_and_documents(docs: openapi.Documents) -> None:
     for gv, entry in index.items():
         body = docs.v3[gv]
         assert entry["serverRelativeURL"] == f"/openapi/v3/{gv}?hash={openapi.etag(body)}"
+        assert docs.v3_hashes[gv] == openapi.etag(body)
         doc = json.loads(body)
         schemas = doc["components"]["schemas"]
         assert {f"#/components/schemas/{n}" for n in schemas} >= _refs(doc), gv
@@ -184,9 +185,9 @@ def test_v3_index_and_documents(docs: openapi.Documents) -> None:
 )
 def test_v2_content_negotiation(accept: str, expected: str | None) -> None:
     offers = [
-        ("application/json", "application/json", b"j"),
-        (openapi.V2_PROTOBUF_ASKED, openapi.V2_PROTOBUF, b"p"),
-        (openapi.V2_PROTOBUF, openapi.V2_PROTOBUF, b"p"),
+        ("application/json", "application/json", b"j", "J"),
+        (openapi.V2_PROTOBUF_ASKED, openapi.V2_PROTOBUF, b"p", "P"),
+        (openapi.V2_PROTOBUF, openapi.V2_PROTOBUF, b"p", "P"),
     ]
     chosen = openapi.negotiate(accept, offers)
     assert (chosen[0] if chosen else None) == expected
