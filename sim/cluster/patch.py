@@ -79,11 +79,16 @@ def merge_patch(target: JSON, patch: JSON) -> JSON:
 # --- strategic merge patch -------------------------------------------------------------------
 
 
+def merge_keys(kind: str) -> dict[tuple[str, ...], str]:
+    """The lists of `kind` merged by key (path -> merge key, or `SET` for a list of scalars)."""
+    return {**_COMMON, **MERGE_KEYS.get(kind, {})}
+
+
 def strategic_merge_patch(target: JSON, patch: JSON, kind: str) -> JSON:
     """Apply a strategic merge patch with the merge keys of `kind`; returns a new document."""
     if not isinstance(patch, dict):
         raise PatchError("strategic merge patch must be a JSON object")
-    keys = {**_COMMON, **MERGE_KEYS.get(kind, {})}
+    keys = merge_keys(kind)
     return _smp_map(copy.deepcopy(target) if isinstance(target, dict) else {}, patch, (), keys)
 
 

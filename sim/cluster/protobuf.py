@@ -1,7 +1,7 @@
 """The few Kubernetes protobuf bodies the sim cluster decodes.
 
-Recent kubectl sends some typed requests as `application/vnd.kubernetes.protobuf` (for
-example the SelfSubjectAccessReview of `kubectl auth can-i`). The envelope is the magic
+Recent kubectl sends some typed requests as `application/vnd.kubernetes.protobuf` (the
+reviews of `kubectl auth can-i`, `auth can-i --list` and `auth whoami`). The envelope is the magic
 `k8s\\0` and a `runtime.Unknown` (typeMeta, raw); this module reads the wire format and
 turns the kinds below into the JSON form. Anything else is a 415, which clients see as
 "this server wants JSON".
@@ -9,6 +9,7 @@ turns the kinds below into the JSON form. Anything else is a 415, which clients 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nodeward.protowire import WireError, fields
@@ -57,7 +58,38 @@ def _self_subject_access_review(raw: bytes) -> dict[str, Any]:
     }
 
 
-_DECODERS = {("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _self_subject_access_review}
+def _self_subject_rules_review(raw: bytes) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    for number, value in fields(raw):
+        if number == 2:  # spec
+            spec.update(_strings(value, {1: "namespace"}))
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "metadata": {},
+        "spec": spec,
+    }
+
+
+def _self_subject_review(version: str) -> Callable[[bytes], dict[str, Any]]:
+    def decode(raw: bytes) -> dict[str, Any]:
+        for _ in fields(raw):  # metadata and status only: nothing to read, but it must parse
+            pass
+        return {
+            "apiVersion": f"authentication.k8s.io/{version}",
+            "kind": "SelfSubjectReview",
+            "metadata": {},
+        }
+
+    return decode
+
+
+_DECODERS = {
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _self_subject_access_review,
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): _self_subject_rules_review,
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): _self_subject_review("v1"),
+    ("authentication.k8s.io/v1beta1", "SelfSubjectReview"): _self_subject_review("v1beta1"),
+}
 
 
 def decode(body: bytes) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from sim.cluster.errors import invalid
+
 if TYPE_CHECKING:
     from nodeward.kube.access import Access
 
@@ -74,6 +76,16 @@ def _rule_allows(rule: dict[str, Any], req: Request) -> bool:
     return not names or req.name in names
 
 
+def _rule_allows_path(rule: dict[str, Any], verb: str, path: str) -> bool:
+    verbs = rule.get("verbs") or []
+    if "*" not in verbs and verb not in verbs:
+        return False
+    return any(
+        url == path or (url.endswith("*") and path.startswith(url[:-1]))
+        for url in rule.get("nonResourceURLs") or []
+    )
+
+
 def _subject_matches(subject: dict[str, Any], ident: Identity) -> bool:
     kind = subject.get("kind")
     if kind == "ServiceAccount":
@@ -87,36 +99,184 @@ def _subject_matches(subject: dict[str, Any], ident: Identity) -> bool:
     return False
 
 
-def authorize(ident: Identity, req: Request, objects: dict[str, list[dict[str, Any]]]) -> bool:
-    """Whether `ident` may do `req`, given ClusterRoles, Roles and their bindings."""
-    if ident.superuser:
-        return True
+def _describe_subject(subject: dict[str, Any], binding_namespace: str) -> str:
+    name = subject.get("name", "")
+    if subject.get("kind") == "ServiceAccount":
+        return f'ServiceAccount "{name}/{subject.get("namespace") or binding_namespace}"'
+    return f'{subject.get("kind")} "{name}"'
+
+
+@dataclass
+class Rules:
+    """The rules that apply to one identity in one namespace, each with the binding that grants
+    it (as the RBAC authorizer names it in a reason), and the role references that did not
+    resolve (a binding to a missing role)."""
+
+    rules: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def rules_for(ident: Identity, namespace: str, objects: dict[str, list[dict[str, Any]]]) -> Rules:
+    """Every rule of the roles bound to `ident`: cluster-wide bindings, then the RoleBindings of
+    `namespace` (none when it is empty)."""
     cluster_roles = {r["metadata"]["name"]: r for r in objects.get("clusterroles", [])}
     roles = {
         (r["metadata"].get("namespace"), r["metadata"]["name"]): r for r in objects.get("roles", [])
     }
+    out = Rules()
 
-    def rules_of(ref: dict[str, Any], namespace: str | None) -> list[dict[str, Any]]:
+    def add(binding: dict[str, Any], ns: str | None) -> None:
+        subject = next(
+            (s for s in binding.get("subjects") or [] if _subject_matches(s, ident)), None
+        )
+        if subject is None:
+            return
+        ref = binding.get("roleRef") or {}
+        name = ref.get("name", "")
         if ref.get("kind") == "ClusterRole":
-            return (cluster_roles.get(ref.get("name", "")) or {}).get("rules") or []
-        return (roles.get((namespace, ref.get("name", ""))) or {}).get("rules") or []
+            role = cluster_roles.get(name)
+            missing = f'clusterrole.rbac.authorization.k8s.io "{name}" not found'
+        else:
+            role = roles.get((ns, name))
+            missing = f'role.rbac.authorization.k8s.io "{name}" not found'
+        if role is None:
+            out.errors.append(missing)
+            return
+        bname = binding["metadata"]["name"]
+        source = (
+            f'RoleBinding "{bname}/{ns}"' if ns is not None else f'ClusterRoleBinding "{bname}"'
+        )
+        source += f' of {ref.get("kind")} "{name}" to {_describe_subject(subject, ns or "")}'
+        out.rules.extend((rule, source) for rule in role.get("rules") or [])
 
     for binding in objects.get("clusterrolebindings", []):
-        if any(_subject_matches(s, ident) for s in binding.get("subjects") or []) and any(
-            _rule_allows(rule, req) for rule in rules_of(binding.get("roleRef") or {}, None)
-        ):
-            return True
-    if not req.namespace:
-        return False
-    for binding in objects.get("rolebindings", []):
-        ns = binding["metadata"].get("namespace")
-        if ns != req.namespace:
+        add(binding, None)
+    if namespace:
+        for binding in objects.get("rolebindings", []):
+            if binding["metadata"].get("namespace") == namespace:
+                add(binding, namespace)
+    return out
+
+
+def authorize(ident: Identity, req: Request, objects: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether `ident` may do `req`, given ClusterRoles, Roles and their bindings."""
+    return _decide(ident, req, objects)[0]
+
+
+def authorize_path(
+    ident: Identity, verb: str, path: str, objects: dict[str, list[dict[str, Any]]]
+) -> bool:
+    """Whether `ident` may `verb` (get, post, ...) the non-resource URL `path` (/api, /openapi/v2)."""
+    return _decide_path(ident, verb, path, objects)[0]
+
+
+def _decide(
+    ident: Identity, req: Request, objects: dict[str, list[dict[str, Any]]]
+) -> tuple[bool, str]:
+    if ident.superuser:  # the API server allows system:masters before RBAC is asked
+        return True, ""
+    for rule, source in rules_for(ident, req.namespace, objects).rules:
+        if _rule_allows(rule, req):
+            return True, f"RBAC: allowed by {source}"
+    return False, ""
+
+
+def _decide_path(
+    ident: Identity, verb: str, path: str, objects: dict[str, list[dict[str, Any]]]
+) -> tuple[bool, str]:
+    if ident.superuser:
+        return True, ""
+    for rule, source in rules_for(ident, "", objects).rules:
+        if _rule_allows_path(rule, verb, path):
+            return True, f"RBAC: allowed by {source}"
+    return False, ""
+
+
+def access_review_status(
+    ident: Identity, spec: dict[str, Any], objects: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """The `status` of a SelfSubjectAccessReview (`kubectl auth can-i`): the decision RBAC
+    makes for the caller on the resource or the non-resource URL in `spec`."""
+    attrs, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if attrs and non:
+        raise invalid(
+            "SelfSubjectAccessReview",
+            "",
+            "authorization.k8s.io",
+            [
+                (
+                    "spec.nonResourceAttributes",
+                    "FieldValueInvalid",
+                    "cannot be specified in combination with resourceAttributes",
+                )
+            ],
+        )
+    if isinstance(attrs, dict) and attrs:
+        allowed, reason = _decide(
+            ident,
+            Request(
+                str(attrs.get("verb") or ""),
+                str(attrs.get("group") or ""),
+                str(attrs.get("resource") or ""),
+                str(attrs.get("subresource") or ""),
+                str(attrs.get("namespace") or ""),
+                str(attrs.get("name") or ""),
+            ),
+            objects,
+        )
+    elif isinstance(non, dict) and non:
+        allowed, reason = _decide_path(
+            ident, str(non.get("verb") or ""), str(non.get("path") or ""), objects
+        )
+    else:
+        raise invalid(
+            "SelfSubjectAccessReview",
+            "",
+            "authorization.k8s.io",
+            [
+                (
+                    "spec.resourceAttributes",
+                    "FieldValueInvalid",
+                    "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+                )
+            ],
+        )
+    status: dict[str, Any] = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
+    return status
+
+
+def review_status(
+    ident: Identity, namespace: str, objects: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """The `status` of a SelfSubjectRulesReview: the caller's resource and non-resource rules in
+    `namespace`, as the RBAC authorizer lists them (`kubectl auth can-i --list`)."""
+    found = rules_for(ident, namespace, objects)
+    resource_rules: list[dict[str, Any]] = []
+    non_resource_rules: list[dict[str, Any]] = []
+    for rule, _ in found.rules:
+        if rule.get("nonResourceURLs"):
+            non_resource_rules.append(
+                {"verbs": list(rule.get("verbs") or []), "nonResourceURLs": rule["nonResourceURLs"]}
+            )
             continue
-        if any(_subject_matches(s, ident) for s in binding.get("subjects") or []) and any(
-            _rule_allows(rule, req) for rule in rules_of(binding.get("roleRef") or {}, ns)
-        ):
-            return True
-    return False
+        entry: dict[str, Any] = {
+            "verbs": list(rule.get("verbs") or []),
+            "apiGroups": list(rule.get("apiGroups") or []),
+            "resources": list(rule.get("resources") or []),
+        }
+        if rule.get("resourceNames"):
+            entry["resourceNames"] = list(rule["resourceNames"])
+        resource_rules.append(entry)
+    status: dict[str, Any] = {
+        "resourceRules": resource_rules,
+        "nonResourceRules": non_resource_rules,
+        "incomplete": bool(found.errors),
+    }
+    if found.errors:
+        status["evaluationError"] = "[" + ", ".join(found.errors) + "]"
+    return status
 
 
 def forbidden_message(ident: Identity, req: Request) -> str:
@@ -194,6 +354,82 @@ def manifests_from_access(declared: Iterable[Access]) -> list[dict[str, Any]]:
                     "subjects": subjects,
                 }
             )
+    return docs
+
+
+def bootstrap_manifests() -> list[dict[str, Any]]:
+    """The default roles every API server creates at start (the `rbac-defaults` of a 1.30
+    server) that the sim's identities rely on: `cluster-admin` for `system:masters`, and for every
+    authenticated user `system:basic-user` (the self reviews: `kubectl auth can-i`, `auth
+    whoami`), `system:discovery` and `system:public-info-viewer` (discovery, OpenAPI, health)."""
+    health = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
+    roles: dict[str, list[dict[str, Any]]] = {
+        "cluster-admin": [
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+            {"nonResourceURLs": ["*"], "verbs": ["*"]},
+        ],
+        "system:basic-user": [
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                "verbs": ["create"],
+            },
+            {
+                "apiGroups": ["authentication.k8s.io"],
+                "resources": ["selfsubjectreviews"],
+                "verbs": ["create"],
+            },
+        ],
+        "system:discovery": [
+            {
+                "nonResourceURLs": sorted(
+                    ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", *health]
+                ),
+                "verbs": ["get"],
+            }
+        ],
+        "system:public-info-viewer": [{"nonResourceURLs": health, "verbs": ["get"]}],
+    }
+    bound = {
+        "cluster-admin": ["system:masters"],
+        "system:basic-user": ["system:authenticated"],
+        "system:discovery": ["system:authenticated"],
+        "system:public-info-viewer": ["system:authenticated", "system:unauthenticated"],
+    }
+    docs: list[dict[str, Any]] = []
+
+    def meta(name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+        }
+
+    for name, rules in roles.items():
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": meta(name),
+                "rules": rules,
+            }
+        )
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": meta(name),
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
+                    for group in bound[name]
+                ],
+            }
+        )
     return docs
 
 

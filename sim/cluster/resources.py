@@ -180,7 +180,25 @@ RESOURCES: tuple[ResourceType, ...] = (
         False,
         verbs=("create",),
     ),
+    ResourceType(
+        "authorization.k8s.io",
+        ("v1",),
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
+        False,
+        verbs=("create",),
+    ),
+    # v1beta1 too: kubectl 1.27 (`auth whoami` in beta) asks for it.
+    ResourceType(
+        "authentication.k8s.io",
+        ("v1", "v1beta1"),
+        "selfsubjectreviews",
+        "SelfSubjectReview",
+        False,
+        verbs=("create",),
+    ),
 )
+REVIEWS = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews", "selfsubjectreviews"})
 
 # Preferred version first; policy/v1beta1 stays served for older kubectl.
 GROUP_VERSIONS: dict[str, tuple[str, ...]] = {}
@@ -309,91 +327,4 @@ def api_versions(address: str) -> dict[str, Any]:
         "kind": "APIVersions",
         "versions": ["v1"],
         "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
-    }
-
-
-def _gv_path(group: str, version: str) -> str:
-    return f"apis/{group}/{version}" if group else f"api/{version}"
-
-
-def openapi_v3_root() -> dict[str, Any]:
-    """`/openapi/v3`: one document per group version, as the real server lists them."""
-    gvs = {(rt.group, v) for rt in RESOURCES for v in rt.versions}
-    return {
-        "paths": {
-            _gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=sim"}
-            for g, v in sorted(gvs)
-        }
-    }
-
-
-def openapi_v3_document(path: str) -> dict[str, Any] | None:
-    """A minimal OpenAPI v3 document for one group version: its item paths and their
-    operations, with the `fieldValidation` query parameter, so that kubectl validates on the
-    server (`fieldValidation=Strict`) instead of downloading schemas. No object schemas."""
-    parts = path.strip("/").split("/")
-    if parts[:1] == ["api"] and len(parts) == 2:
-        group, version = "", parts[1]
-    elif parts[:1] == ["apis"] and len(parts) == 3:
-        group, version = parts[1], parts[2]
-    else:
-        return None
-    served = [rt for rt in RESOURCES if rt.group == group and version in rt.versions]
-    if not served:
-        return None
-    params = [
-        {"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
-        for n in ("dryRun", "fieldManager", "fieldValidation")
-    ]
-    paths: dict[str, Any] = {}
-    prefix = "/" + _gv_path(group, version)
-    for rt in served:
-        gvk = {"group": group, "version": version, "kind": rt.kind}
-        base = (
-            f"{prefix}/namespaces/{{namespace}}/{rt.resource}"
-            if rt.namespaced
-            else f"{prefix}/{rt.resource}"
-        )
-        content = [
-            "application/json-patch+json",
-            "application/merge-patch+json",
-            "application/apply-patch+yaml",
-        ]
-        if not rt.custom:
-            content.append("application/strategic-merge-patch+json")
-        item_ops: dict[str, Any] = {}
-        for method, verb in (
-            ("get", "get"),
-            ("put", "update"),
-            ("delete", "delete"),
-            ("patch", "patch"),
-        ):
-            if verb in rt.verbs:
-                op: dict[str, Any] = {
-                    "operationId": f"{verb}{rt.kind}",
-                    "parameters": params,
-                    "x-kubernetes-action": verb,
-                    "x-kubernetes-group-version-kind": gvk,
-                }
-                if method == "patch":
-                    op["requestBody"] = {
-                        "content": {c: {"schema": {"type": "object"}} for c in content}
-                    }
-                item_ops[method] = op
-        if item_ops:
-            paths[f"{base}/{{name}}"] = item_ops
-        if "create" in rt.verbs:
-            paths[base] = {
-                "post": {
-                    "operationId": f"create{rt.kind}",
-                    "parameters": params,
-                    "x-kubernetes-action": "post",
-                    "x-kubernetes-group-version-kind": gvk,
-                }
-            }
-    return {
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes (nodeward sim cluster)", "version": "v1.30.4"},
-        "paths": paths,
-        "components": {"schemas": {}},
     }

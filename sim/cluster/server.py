@@ -27,7 +27,7 @@ from aiohttp import web
 
 from nodeward.aio import within
 from nodeward.logs import get_logger
-from sim.cluster import convert, disruption, protobuf, rbac, resources, tables
+from sim.cluster import convert, disruption, openapi, protobuf, rbac, resources, tables
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.patch import apply_patch
 from sim.cluster.resources import ResourceType, lookup
@@ -113,6 +113,16 @@ def _not_found_path() -> ApiError:
     )
 
 
+def _is_resource_path(parts: list[str]) -> bool:
+    """Whether a path names resources (`/api/v1/pods`), not discovery (`/api/v1`, `/apis/g/v`)
+    or another non-resource URL."""
+    if parts[:1] == ["api"]:
+        return len(parts) > 2
+    if parts[:1] == ["apis"]:
+        return len(parts) > 3
+    return False
+
+
 def _wants_table(request: web.Request) -> bool:
     accept = request.headers.get("Accept", "")
     return "as=Table" in accept
@@ -147,6 +157,7 @@ class SimCluster:
         self._by_token: dict[str, rbac.Identity] = {}
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
+        self._openapi_build: asyncio.Future[openapi.Documents] | None = None
         self._log = get_logger(component="sim-cluster")
         self.tls = make_serving_cert(host)
         self._load(list(rbac_dirs) if rbac_dirs is not None else None, tuple(access))
@@ -154,8 +165,9 @@ class SimCluster:
     # --- setup ---------------------------------------------------------------------------
 
     def _load(self, rbac_dirs: list[Path] | None, access: tuple[Access, ...]) -> None:
-        """Seed the store, then load RBAC: from `rbac_dirs`, else the source tree's
-        deploy/rbac, else the same roles built from the daemons' declared `access`."""
+        """Seed the store, then load RBAC: the API server's default roles, then from
+        `rbac_dirs`, else the source tree's deploy/rbac, else the same roles built from
+        the daemons' declared `access`."""
         disruption.watch_pods(self.store)
         default = rbac.default_rbac_dir()
         try:
@@ -173,7 +185,7 @@ class SimCluster:
             apply_seed(self.store, self.seed)
         except ApiError as exc:
             raise SeedError(f"seed does not apply: {exc.message}") from None
-        for doc in manifests:
+        for doc in [*rbac.bootstrap_manifests(), *manifests]:
             meta = doc.get("metadata") or {}
             ns = meta.get("namespace")
             if ns and self.store.find(ns_rt, "", ns) is None:
@@ -349,15 +361,19 @@ class SimCluster:
                     fault.status, reasons.get(fault.status, "InternalError"), fault.message
                 )
         parts = [p for p in path.split("/") if p]
-        if parts[:2] == ["openapi", "v3"] and request.method == "GET":
-            doc = (
-                resources.openapi_v3_root()
-                if len(parts) == 2
-                else resources.openapi_v3_document("/".join(parts[2:]))
+        # discovery, OpenAPI: RBAC's nonResourceURLs decide
+        if not _is_resource_path(parts) and not rbac.authorize_path(
+            ident, request.method.lower(), request.path, self._rbac_objects()
+        ):
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'forbidden: User "{ident.user}" cannot {request.method.lower()} '
+                f'path "{request.path}"',
+                details={},
             )
-            if doc is None:
-                raise _not_found_path()
-            return web.json_response(doc)
+        if parts[:1] == ["openapi"] and request.method == "GET":
+            return await self._openapi(request, parts)
         if not parts or parts[0] not in ("api", "apis"):
             raise _not_found_path()
         if request.method == "GET":
@@ -372,8 +388,6 @@ class SimCluster:
                 "MethodNotAllowed",
                 "the server does not allow this method on the requested resource",
             )
-        if route.rt.resource == "selfsubjectaccessreviews":
-            return await self._access_review(request, ident)
         attrs = rbac.Request(
             verb,
             route.rt.group,
@@ -393,40 +407,109 @@ class SimCluster:
                     "kind": route.rt.resource,
                 },
             )
+        if route.rt.resource in resources.REVIEWS:
+            return await self._review(request, route, ident)
         return await self._serve(request, route, verb)
 
-    async def _access_review(self, request: web.Request, ident: rbac.Identity) -> web.Response:
-        """`kubectl auth can-i`: what RBAC would decide for the caller (every identity may ask)."""
+    async def _review(
+        self, request: web.Request, route: _Route, ident: rbac.Identity
+    ) -> web.Response:
+        """The self reviews, answered from the RBAC the sim enforces: `kubectl auth can-i`
+        (SelfSubjectAccessReview), `auth can-i --list` (SelfSubjectRulesReview) and `auth
+        whoami` (SelfSubjectReview)."""
         body = await self._body(request)
         if not isinstance(body, dict):
             raise bad_request("the body of the request must be an object")
-        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
-        if not attrs:
-            allowed, reason = False, "non-resource URLs are not reviewed by the sim cluster"
+        self._check_kind(route, body)
+        spec = body.get("spec") or {}
+        if not isinstance(spec, dict):
+            raise bad_request("spec must be an object")
+        objects = self._rbac_objects()
+        status: dict[str, Any]
+        if route.rt.kind == "SelfSubjectAccessReview":
+            status = rbac.access_review_status(ident, spec, objects)
+        elif route.rt.kind == "SelfSubjectRulesReview":
+            status = rbac.review_status(ident, str(spec.get("namespace") or ""), objects)
         else:
-            resource, sub = attrs.get("resource", ""), attrs.get("subresource", "")
-            req = rbac.Request(
-                attrs.get("verb", ""),
-                attrs.get("group", ""),
-                resource,
-                sub,
-                attrs.get("namespace", ""),
-                attrs.get("name", ""),
-            )
-            allowed = rbac.authorize(ident, req, self._rbac_objects())
-            reason = "allowed by RBAC" if allowed else ""
-        status: dict[str, Any] = {"allowed": allowed}
-        if reason:
-            status["reason"] = reason
-        return web.json_response(
-            {
-                **body,
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectAccessReview",
-                "status": status,
-            },
-            status=201,
-        )
+            status = {"userInfo": self._user_info(ident)}
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        out: dict[str, Any] = {
+            "kind": route.rt.kind,
+            "apiVersion": route.rt.api_version(route.version),
+            "metadata": {**(meta or {}), "creationTimestamp": None},
+        }
+        if route.rt.kind != "SelfSubjectReview":
+            out["spec"] = spec
+        out["status"] = status
+        return web.json_response(out, status=201)
+
+    def _user_info(self, ident: rbac.Identity) -> dict[str, Any]:
+        """`UserInfo` as the authenticator reports it; a ServiceAccount's carries its uid."""
+        info: dict[str, Any] = {"username": ident.user}
+        prefix = "system:serviceaccount:"
+        if ident.user.startswith(prefix):
+            namespace, _, name = ident.user.removeprefix(prefix).partition(":")
+            sa = self.store.find(resources.require("", "v1", "serviceaccounts"), namespace, name)
+            if sa is not None:
+                info["uid"] = sa["metadata"]["uid"]
+        info["groups"] = list(ident.groups)
+        return info
+
+    async def _openapi_documents(self) -> openapi.Documents:
+        """The OpenAPI documents, built on first use in a thread (it takes seconds)."""
+        if self._openapi_build is None:
+            self._openapi_build = asyncio.ensure_future(asyncio.to_thread(openapi.build))
+        try:
+            return await asyncio.shield(self._openapi_build)
+        except Exception:
+            if self._openapi_build.done():
+                self._openapi_build = None  # a failed build is tried again on the next request
+            raise
+
+    async def _openapi(self, request: web.Request, parts: list[str]) -> web.Response:
+        """`/openapi/v2` (JSON, or protobuf for kubectl) and `/openapi/v3[/<group version>]`,
+        negotiated on Accept as the API server does (406 when nothing offered is acceptable),
+        with ETags, and on v3 the `?hash=` of each document's URL."""
+        if parts != ["openapi", "v2"] and parts[:2] != ["openapi", "v3"]:
+            raise _not_found_path()
+        docs = await self._openapi_documents()
+        headers = {"Vary": "Accept"}
+        # (media type accepted, content type answered, body, its hash)
+        offers: list[tuple[str, str, bytes, str]]
+        if parts == ["openapi", "v2"]:
+            json_hash, proto_hash = docs.v2_hashes
+            offers = [
+                ("application/json", "application/json", docs.v2_json, json_hash),
+                (openapi.V2_PROTOBUF_ASKED, openapi.V2_PROTOBUF, docs.v2_proto, proto_hash),
+                (openapi.V2_PROTOBUF, openapi.V2_PROTOBUF, docs.v2_proto, proto_hash),
+            ]
+        elif parts == ["openapi", "v3"]:
+            index = json.dumps(docs.v3_index()).encode()
+            offers = [("application/json", "application/json", index, openapi.etag(index))]
+        else:
+            gv = "/".join(parts[2:])
+            if gv not in docs.v3:
+                raise _not_found_path()
+            current = docs.v3_hashes[gv]
+            wanted = request.query.get("hash")
+            if wanted is not None and wanted != current:
+                return web.Response(
+                    status=301, headers={"Location": f"/openapi/v3/{gv}?hash={current}"}
+                )
+            if wanted is not None:
+                headers["Cache-Control"] = "public, immutable"
+                headers["Expires"] = "Thu, 31 Dec 2099 00:00:00 GMT"
+            offers = [("application/json", "application/json", docs.v3[gv], current)]
+        chosen = openapi.negotiate(request.headers.get("Accept", ""), offers)
+        if chosen is None:
+            return web.Response(status=406)
+        content_type, body, digest = chosen
+        headers["ETag"] = f'"{digest}"'
+        headers.setdefault("Cache-Control", "no-cache, private")
+        if request.headers.get("If-None-Match") == headers["ETag"]:
+            return web.Response(status=304, headers=headers)
+        headers["Content-Type"] = content_type
+        return web.Response(body=body, headers=headers)
 
     def _rbac_objects(self) -> dict[str, list[Obj]]:
         out: dict[str, list[Obj]] = {}

@@ -32,7 +32,18 @@ def _qualified_name(key: str) -> bool:
     return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
 
 
-def _metadata(obj: dict[str, Any]) -> list[Cause]:
+def _path_segment_name(name: str) -> str:
+    """Why `name` is not a valid path segment (the rule for RBAC names: `system:basic-user`
+    is one), or ""."""
+    if name in (".", ".."):
+        return f"may not be '{name}'"
+    for bad in ("/", "%"):
+        if bad in name:
+            return f"may not contain '{bad}'"
+    return ""
+
+
+def _metadata(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
     causes: list[Cause] = []
     meta = obj.get("metadata") or {}
     name = meta.get("name") or ""
@@ -44,6 +55,9 @@ def _metadata(obj: dict[str, Any]) -> list[Cause]:
                 "Required value: name or generateName is required",
             )
         )
+    elif rt.group == "rbac.authorization.k8s.io":
+        if why := _path_segment_name(name):
+            causes.append(("metadata.name", "FieldValueInvalid", f'Invalid value: "{name}": {why}'))
     elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         causes.append(
             (
@@ -211,7 +225,7 @@ def _pdb(obj: dict[str, Any]) -> list[Cause]:
 
 def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     """Raise 422 Invalid with the causes the real API would list."""
-    causes = _metadata(obj)
+    causes = _metadata(rt, obj)
     if rt.kind == "Node":
         causes += _node(obj)
     elif rt.kind == "Pod":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +23,6 @@ pytestmark = [
     ),
 ]
 TAINT = "nodeward.io/gpu-unhealthy"
-NO_OPENAPI_V2 = (
-    "kubectl before 1.27 checks dry-run and validation support in /openapi/v2 (protobuf), "
-    "which the sim cluster does not serve; it serves /openapi/v3"
-)
 
 
 @dataclass
@@ -300,11 +297,9 @@ async def test_auth_can_i_reflects_each_services_role(edge_kubectl: Kubectl) -> 
     assert await can("nodeward-admin", "delete", "nodes") == "yes"
 
 
-async def test_server_side_dry_run_changes_nothing(
-    newest_kubectl: Kubectl, sim: SimCluster
-) -> None:
-    if 0 < newest_kubectl.minor < 27:
-        pytest.skip(NO_OPENAPI_V2)
+async def test_server_side_dry_run_changes_nothing(edge_kubectl: Kubectl, sim: SimCluster) -> None:
+    # kubectl before 1.27 checks dry-run support in /openapi/v2 (protobuf), later ones in v3
+    newest_kubectl = edge_kubectl
     rv = sim.store.resource_version
     out = await newest_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
     assert "(server dry run)" in out.out
@@ -322,11 +317,10 @@ async def test_server_side_dry_run_changes_nothing(
     assert sim.evictions == []
 
 
-async def test_create_and_apply_validate_on_the_server(
-    newest_kubectl: Kubectl, tmp_path: Path
-) -> None:
-    if 0 < newest_kubectl.minor < 27:
-        pytest.skip(NO_OPENAPI_V2)
+async def test_create_and_apply_validate(edge_kubectl: Kubectl, tmp_path: Path) -> None:
+    # kubectl 1.27 and later validate on the server (fieldValidation, found in /openapi/v3);
+    # older ones validate against the schemas of /openapi/v2 and patch with them
+    newest_kubectl = edge_kubectl
     manifest = tmp_path / "pdb.yaml"
     manifest.write_text(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bob, namespace: ml-nlp}\n"
@@ -339,3 +333,99 @@ async def test_create_and_apply_validate_on_the_server(
     assert "configured" in (await newest_kubectl("apply", "-f", str(manifest))).out
     pdb = await newest_kubectl.json("get", "pdb", "-n", "ml-nlp", "bob")
     assert (pdb["spec"]["minAvailable"], pdb["status"]["disruptionsAllowed"]) == (0, 1)
+
+
+def _can_i_rows(out: str) -> list[tuple[str, str, str]]:
+    """(resource, non-resource URLs, verbs) of each row of `kubectl auth can-i --list`."""
+    lines = out.strip().splitlines()
+    header = lines[0]
+    cols = [header.index(name) for name in ("Non-Resource URLs", "Resource Names", "Verbs")]
+    return [
+        (line[: cols[0]].strip(), line[cols[0] : cols[1]].strip(), line[cols[2] :].strip())
+        for line in lines[1:]
+    ]
+
+
+async def test_auth_can_i_list_shows_the_service_accounts_rules(kubectl: Kubectl) -> None:
+    listed = await kubectl("--context", "nodeward-cordon", "auth", "can-i", "--list")
+    rows = _can_i_rows(listed.out)
+    verbs = {resource: verbs for resource, _, verbs in rows if resource}
+    assert verbs["nodes"] == "[get list patch watch]"
+    assert verbs["nodes/status"] == "[patch]"
+    assert verbs["pods/eviction"] == "[create]"
+    assert verbs["selfsubjectrulesreviews.authorization.k8s.io"] == "[create]"
+    assert not any(resource.startswith("secrets") for resource in verbs)
+    assert ("", "[/openapi/*]", "[get]") in rows  # what every authenticated user may read
+    # a Role in one namespace shows in that namespace only
+    in_ns = _can_i_rows(
+        (await kubectl("--context", "nodeward-credentials", "auth", "can-i", "--list")).out
+    )
+    assert any(r == "leases.coordination.k8s.io" for r, _, _ in in_ns)
+    elsewhere = _can_i_rows(
+        (
+            await kubectl(
+                "--context", "nodeward-credentials", "auth", "can-i", "--list", "-n", "ml-nlp"
+            )
+        ).out
+    )
+    assert not any(r == "leases.coordination.k8s.io" for r, _, _ in elsewhere)
+    admin = _can_i_rows((await kubectl("auth", "can-i", "--list")).out)
+    assert ("*.*", "[]", "[*]") in admin and ("", "[*]", "[*]") in admin
+
+
+async def test_auth_whoami_names_the_identity(kubectl: Kubectl, sim: SimCluster) -> None:
+    if 0 < kubectl.minor < 27:
+        pytest.skip(f"kubectl {kubectl.version} has no `auth whoami` (it came in 1.27)")
+    out = (await kubectl("--context", "nodeward-cordon", "auth", "whoami")).out
+    attrs = {line.split()[0]: line.split(None, 1)[1] for line in out.strip().splitlines()[1:]}
+    assert attrs["Username"] == "system:serviceaccount:nodeward:nodeward-cordon"
+    assert attrs["Groups"] == (
+        "[system:serviceaccounts system:serviceaccounts:nodeward system:authenticated]"
+    )
+    account = await kubectl.json("get", "serviceaccount", "-n", "nodeward", "nodeward-cordon")
+    assert attrs["UID"] == account["metadata"]["uid"]
+    admin = (await kubectl("auth", "whoami", "-o", "json")).out
+    assert json.loads(admin)["status"]["userInfo"]["username"] == "nodeward-admin"
+
+
+def _explained_fields(out: str) -> list[str]:
+    """The field names under FIELDS: in `kubectl explain` output ("  name\t<type>" lines,
+    indented by two spaces since 1.27, three before)."""
+    return re.findall(r"^ {2,3}([A-Za-z0-9_$-]+)\t<", out.split("FIELDS:", 1)[-1], re.MULTILINE)
+
+
+async def test_explain_shows_nested_fields(kubectl: Kubectl) -> None:
+    out = (await kubectl("explain", "pods.spec.containers")).out
+    assert "KIND:" in out and "Pod" in out
+    assert "List of containers belonging to the pod" in out
+    fields = _explained_fields(out)
+    assert {"name", "image", "resources", "env", "ports"} <= set(fields), fields
+    assert fields == sorted(fields)
+    leaf = (await kubectl("explain", "pods.spec.containers.resources.limits")).out
+    assert "Limits describes the maximum amount of compute resources allowed" in leaf
+
+
+async def test_explain_knows_every_kind_the_sim_holds(edge_kubectl: Kubectl) -> None:
+    for resource, kind, field in (
+        ("nodes", "Node", "spec"),
+        ("pods", "Pod", "spec"),
+        ("namespaces", "Namespace", "status"),
+        ("events", "Event", "involvedObject"),
+        ("secrets", "Secret", "data"),
+        ("serviceaccounts", "ServiceAccount", "secrets"),
+        ("configmaps", "ConfigMap", "data"),
+        ("daemonsets", "DaemonSet", "spec"),
+        ("statefulsets", "StatefulSet", "spec"),
+        ("leases", "Lease", "spec"),
+        ("networkpolicies", "NetworkPolicy", "spec"),
+        ("poddisruptionbudgets", "PodDisruptionBudget", "spec"),
+        ("clusterroles", "ClusterRole", "rules"),
+        ("notebooks", "Notebook", "spec"),
+    ):
+        out = (await edge_kubectl("explain", resource)).out
+        assert kind in out.split("VERSION:", 1)[0], out
+        assert field in _explained_fields(out), (resource, out)
+    new_events = (await edge_kubectl("explain", "events", "--api-version=events.k8s.io/v1")).out
+    assert "regarding" in _explained_fields(new_events)
+    notebook = (await edge_kubectl("explain", "notebooks.spec.template.spec.containers")).out
+    assert "image" in _explained_fields(notebook)
