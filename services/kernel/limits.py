@@ -73,10 +73,19 @@ class RateLimiter:
         wait = self.wait_time()
         return Verdict(
             self.name,
-            f"refused: more than {self.settings.per_minute:g} {proposal.action} actions a minute; retried in {wait:.0f}s",
+            f"refused: {refusal(self.settings, proposal.action)}; retried in {wait:.0f}s",
             Outcome.REFUSED,
             retry_after=max(wait, 1.0),
         )
+
+
+def refusal(settings: RateLimitSettings, action: str) -> str:
+    """Why the bucket is empty, in the limits a reader set: the burst was spent, and it
+    refills at `per_minute`."""
+    return (
+        f"the burst of {settings.burst} {action} actions is spent, refilling at "
+        f"{settings.per_minute:g} a minute"
+    )
 
 
 LastAction = Callable[[Proposal], Awaitable[float | None]]
@@ -180,7 +189,6 @@ class KeyedRateLimiter:
             return None
         return Verdict(
             self.name,
-            f"refused: more than {self.settings.per_minute:g} actions a minute for {self.what} "
-            f"{key} (burst {self.settings.burst})",
+            f"refused for {self.what} {key}: {refusal(self.settings, proposal.action)}",
             Outcome.REFUSED,
         )

@@ -212,7 +212,9 @@ async def test_stops_are_rate_limited_and_the_refusal_is_audited(culler_env: Env
     stopped = [nb for nb in ("nb-a", "nb-b") if await env.stopped(nb)]
     assert len(stopped) == 1
     refused = [a for a in await env.audits("stop") if a.outcome == Outcome.REFUSED]
-    assert refused[0].guard == "rate_limit" and "a minute" in refused[0].reason
+    assert refused[0].guard == "rate_limit"
+    # It names the limit that refused it: the burst of 1, refilling at 1 a minute.
+    assert "the burst of 1 stop actions is spent, refilling at 1 a minute" in refused[0].reason
 
 
 async def test_a_session_past_its_maximum_age_is_warned_then_stopped_even_if_active(

@@ -194,3 +194,18 @@ def test_dedup_record_reads_the_falco_services_records() -> None:
     assert (record.first, record.repeats, record.content) == ("ev-1", 3, None)
     again = DedupRecord.model_validate_json(record.model_dump_json())
     assert again == record
+
+
+async def test_a_rate_limit_refusal_names_the_burst_that_was_spent() -> None:
+    from services.kernel import RateLimiter, RateLimitSettings
+
+    limiter = RateLimiter(RateLimitSettings(per_minute=10, burst=5, max_wait="0s"))
+    proposal = Proposal(
+        action="stop", target=ObjectRef(kind="Pod", name="p", namespace="n"), reason="idle"
+    )
+    verdicts = [await limiter.check(proposal) for _ in range(6)]
+    assert verdicts[:5] == [None] * 5
+    refused = verdicts[5]
+    assert refused is not None
+    assert "the burst of 5 stop actions is spent, refilling at 10 a minute" in refused.reason
+    assert "more than 10" not in refused.reason
