@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field
 
 from schemas.base import EventData, Model
-from schemas.common import K8sName, PodRef
+from schemas.common import K8sName, NodeName, PodRef
 from schemas.tokens import subject, token
 
 
@@ -137,7 +137,7 @@ class MaintenanceState(Model):
     """
 
     maintenance_id: str
-    node: str
+    node: NodeName
     phase: MaintenancePhase = MaintenancePhase.REQUESTED
     reason: str = ""
     requested_by: str | None = None

@@ -147,6 +147,24 @@ def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
     assert "gpu_index: Field required" in lines[0]
 
 
+@pytest.mark.parametrize("bad", ["gpu-*", ">", "a b"])
+def test_names_that_are_not_kubernetes_names_are_refused(embedded_bus: str, bad: str) -> None:
+    data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"] | {"node": bad}
+    result = run(
+        "publish",
+        "gpu.health.v1",
+        "--data",
+        json.dumps(data),
+        "--json",
+        env={"NODEWARD_NATS_URL": embedded_bus},
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nodeward: error: invalid gpu.health.v1 data: node:")
+    assert "RFC 1123" in lines[0]
+
+
 def test_unknown_fields_are_refused(embedded_bus: str) -> None:
     data = json.loads(run("schemas", "example", "notify.v1").stdout)["data"] | {
         "sevrity": "critical"

@@ -17,6 +17,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import section
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.nodes import condition_of, taints_of
+from schemas.cloudevents import encode
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
@@ -31,6 +32,7 @@ from tests.integration.cordon_fixtures import (
     failed,
     health,
     notifications,
+    read_stream,
 )
 
 
@@ -543,3 +545,39 @@ async def test_no_execute_and_a_custom_policy(cordon_env: EnvFactory, tmp_path: 
     assert applied[0].policy == "degraded-too"
     effects = sorted(t["effect"] for t in taints_of(await env.node(name)) if t["key"] == TAINT_KEY)
     assert effects == ["NoExecute", "NoSchedule"]
+
+
+async def test_event_naming_no_kubernetes_node_is_dead_lettered_at_once(
+    cordon_env: EnvFactory,
+) -> None:
+    """A publisher that bypasses `nodeward publish`: names that are no Kubernetes name
+    (`gpu-*`, `>`, `a b`) are refused by the contract, dead-lettered as invalid on the first
+    delivery (no retries), and nothing is done to any node."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    target = env.nodes[0]
+    bad_names = ["gpu-*", ">", "a b"]
+    for i, bad in enumerate(bad_names):
+        wire = encode(failed(target, gpu=i))
+        body = json.loads(wire.body) | {"node": bad}
+        await env.bus.js.publish(wire.subject, json.dumps(body).encode(), headers=wire.headers)
+
+    async def dead() -> list[Any] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.GPU.{consumer}")
+        return events if len(events) == len(bad_names) else None
+
+    began = time.monotonic()
+    letters = [e.data for e in await wait_for(dead, timeout=5, what="three dead letters")]
+    assert time.monotonic() - began < 5
+    assert {d.reason for d in letters} == {"invalid"}
+    assert {d.deliveries for d in letters} == {1}
+    assert all("node" in d.error and "RFC 1123" in d.error for d in letters)
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, what="nothing left unacknowledged")
+    assert not tainted(await env.node(target))
+    assert await audits(env.bus, target) == []
