@@ -165,6 +165,26 @@ def test_names_that_are_not_kubernetes_names_are_refused(embedded_bus: str, bad:
     assert "RFC 1123" in lines[0]
 
 
+def test_oversized_event_is_refused_at_once_with_one_line(
+    embedded_bus: str, tmp_path: Path
+) -> None:
+    """A 2 MB event: "maximum payload exceeded" is not retried; one line, exit 1."""
+    data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"]
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(data | {"gpu_uuid": "x" * 2_000_000}))
+    began = time.monotonic()
+    result = run(
+        "publish", "gpu.health.v1", "--data", f"@{big}", env={"NODEWARD_NATS_URL": embedded_bus}
+    )
+    elapsed = time.monotonic() - began
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nodeward: error: not published:")
+    assert "maximum payload exceeded" in lines[0]
+    assert elapsed < 10  # the process's start-up; no retries with back-off
+
+
 def test_unknown_fields_are_refused(embedded_bus: str) -> None:
     data = json.loads(run("schemas", "example", "notify.v1").stdout)["data"] | {
         "sevrity": "critical"
