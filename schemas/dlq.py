@@ -17,6 +17,7 @@ class DeadLetterReason(StrEnum):
     INVALID = "invalid"  # failed decoding or validation
     PERMANENT = "permanent"  # the handler said retrying cannot help
     EXHAUSTED = "exhausted"  # max deliveries reached
+    IDENTITY_MISMATCH = "identity_mismatch"  # the data names another node/pod than its subject
 
 
 class DeadLetter(EventData):

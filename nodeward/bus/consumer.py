@@ -2,6 +2,9 @@
 
 A service gives a `ConsumerSpec` and a handler. For each message the runtime:
 - decodes it into the typed event; if it cannot, dead-letters it (reason `invalid`);
+- checks that the data names who the subject names (`identity`: node, namespace, pod);
+  if not, audits it as a security event, tells on-call once per publisher and window,
+  and dead-letters it (reason `identity_mismatch`), never running the handler;
 - runs the handler (bounded concurrency, in order per `order_key`), sending `in_progress`
   while it runs longer than a third of `ack_wait`;
 - acks after the handler returns; naks with a growing delay when it raises;
@@ -24,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import structlog
@@ -35,12 +38,15 @@ from nats.js import JetStreamContext, api
 from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.errors import RetryableError, is_permanent
+from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mismatches
 from nodeward.bus.pull import Puller
 from nodeward.metrics import Metrics
-from schemas.base import Event, make_event
+from schemas.base import Event, EventData, make_event
 from schemas.cloudevents import DecodeError, decode
 from schemas.common import ObjectRef
 from schemas.dlq import DeadLetter, DeadLetterReason
+from schemas.ids import stable_id
+from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 
 
@@ -116,6 +122,10 @@ class ConsumerSpec:
     order_key: Callable[[Event[Any]], str] | None = None
     lag_interval: float = 5.0
     dead_letter_tries: int = 3
+    # Which data fields must equal which subject tokens, per event type (`identity.bind`).
+    # Types not listed get `identity.default_binding` (their <node>, <ns>, <pod> tokens).
+    identity: tuple[Binding, ...] = ()
+    identity_notice_window: timedelta = timedelta(minutes=15)
 
     def __post_init__(self) -> None:
         if min(self.max_deliver, self.concurrency, self.batch, self.dead_letter_tries) < 1:
@@ -124,6 +134,13 @@ class ConsumerSpec:
             )
         if self.max_ack_pending < self.batch + self.concurrency:
             raise ValueError("max_ack_pending must cover batch + concurrency")
+
+    @staticmethod
+    def bind(model: type[EventData], *fields: str) -> Binding:
+        """An `identity` entry: `fields` of `model` must equal the subject tokens its
+        pattern names for them, e.g. `ConsumerSpec.bind(GpuHealth, "node")` binds
+        `data.node` to token 2 of `gpu.health.<node>.<gpu>`."""
+        return bind(model, *fields)
 
     def retry_delay(self, attempt: int) -> float:
         return (
@@ -184,6 +201,8 @@ class Consumer:
         m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
         self._m_handled: dict[tuple[str, str], Any] = {}
         self._dlq_failures: dict[int | str, int] = {}  # stream sequence -> failed DLQ writes
+        self._bindings: dict[str, Binding] = {b.type: b for b in spec.identity}
+        self._noticed: dict[str, float] = {}  # publisher -> when on-call was last told
 
     # lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -382,6 +401,10 @@ class Consumer:
             await self._dead_letter(msg, DeadLetterReason.INVALID, item.error)
             return
         event = item.event
+        wrong = mismatches(self._binding(event.type), msg.subject, event)
+        if wrong:
+            await self._identity_mismatch(msg, event, wrong, attempt)
+            return
         if attempt > self.spec.max_deliver:
             self._count(event.type, "exhausted")
             await self._dead_letter(
@@ -415,6 +438,114 @@ class Consumer:
             await self._ack(msg)
         finally:
             self._m_latency.observe(time.perf_counter() - started)
+
+    def _binding(self, type_name: str) -> Binding:
+        binding = self._bindings.get(type_name)
+        if binding is None:
+            binding = self._bindings[type_name] = default_binding(type_name)
+        return binding
+
+    async def _identity_mismatch(
+        self, msg: Msg, event: Event[Any], wrong: list[Mismatch], attempt: int
+    ) -> None:
+        """A publisher speaking about someone else: never handled. Audited as a security
+        event, on-call told once per publisher and window, then dead-lettered."""
+        self._count(event.type, "identity_mismatch")
+        error = f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong)
+        publisher = self._publisher(msg.subject, event)
+        self.log.warning("consumer.identity_mismatch", error=error, publisher=publisher)
+        try:
+            audit_id = await self._audit_mismatch(msg, event, wrong, error, publisher)
+            await self._notify_mismatch(event, wrong, error, publisher, audit_id)
+        except Exception as exc:  # noqa: BLE001 - the record matters: try again, bounded
+            self.log.error("consumer.identity_audit_failed", error=one_line(exc))
+            if attempt < self.spec.max_deliver:
+                await self._nak(msg, self.spec.retry_delay(attempt))
+                return
+        await self._dead_letter(msg, DeadLetterReason.IDENTITY_MISMATCH, error)
+
+    def _publisher(self, subject: str, event: Event[Any]) -> str:
+        """Whose credentials published it: the subject's node token, else its bound tokens."""
+        tokens = subject.split(".")
+        fields = dict(self._binding(event.type).fields)
+        index = fields.get("node")
+        picked = [index] if index is not None else sorted(fields.values())
+        return ".".join(tokens[i] for i in picked if i < len(tokens)) or subject
+
+    async def _audit_mismatch(
+        self, msg: Msg, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str
+    ) -> str:
+        data = event.data
+        claimed = {m.field: m.claimed for m in wrong}
+        if "node" in claimed:
+            target = ObjectRef(kind="Node", name=claimed["node"])
+        else:
+            target = ObjectRef(
+                kind="Pod",
+                name=str(getattr(data, "pod", None) or claimed.get("pod", "?")),
+                namespace=str(getattr(data, "namespace", None) or ""),
+            )
+        audit = Remediation(
+            action="identity_mismatch",
+            target=target,
+            outcome=Outcome.REFUSED,
+            reason=error,
+            policy="subject-identity",
+            guard="identity",
+            actor=self.bus.source,
+            trigger_event_id=event.id,
+            details={
+                "security": True,
+                "consumer": self.spec.name,
+                "subject": msg.subject,
+                "publisher": publisher,
+                "event_type": event.type,
+                "ce_source": event.source,
+                "claimed": claimed,
+                "subject_tokens": {m.field: m.token for m in wrong},
+            },
+        )
+        # Derived from the event, so a redelivery audits once (JetStream drops the repeat).
+        audit_event = make_event(
+            audit, source=self.bus.source, id=stable_id(event.time, "identity", event.id)
+        )
+        await self.bus.publish(audit_event)
+        return audit_event.id
+
+    async def _notify_mismatch(
+        self, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str, audit_id: str
+    ) -> None:
+        """On-call hears of a publisher once per `identity_notice_window`, not per message."""
+        window = self.spec.identity_notice_window.total_seconds()
+        now = time.monotonic()
+        last = self._noticed.get(publisher)
+        if last is not None and now - last < window:
+            return
+        claimed = ", ".join(f"{m.field} {m.claimed}" for m in wrong)
+        note = Notification(
+            severity=Severity.CRITICAL,
+            topic="security",
+            title=f"{publisher} published {event.type} about {claimed}: refused"[:300],
+            body=(
+                f"{error}. The events were not acted on and are in dlq.{self.spec.stream}."
+                f"{self.spec.name}; further ones from {publisher} in the next"
+                f" {int(window)} s are refused without another notice."
+            ),
+            audience="oncall",
+            targets=[ObjectRef(kind="Node", name=publisher)],
+            dedup_key=f"identity/{self.spec.name}/{publisher}",
+            audit_event_id=audit_id,
+            why="an event's data names another node or pod than the subject it was published on",
+            what_you_can_do=[
+                f"check the credentials and agent of {publisher}",
+                "nodeward tail 'remediation.identity_mismatch.>' --since 1h",
+            ],
+        )
+        # One id per publisher and window, so replicas' notices are stored once.
+        bucket = datetime.fromtimestamp(int(time.time() // window * window), UTC)
+        notice_id = stable_id(bucket, "identity-notice", self.spec.name, publisher)
+        await self.bus.publish(make_event(note, source=self.bus.source, id=notice_id))
+        self._noticed[publisher] = now
 
     async def _failed(self, msg: Msg, event: Event[Any], attempt: int, exc: Exception) -> None:
         if attempt >= self.spec.max_deliver:

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-from schemas import Event, decode, make_event
+from schemas import Event, decode, encode, make_event
 from schemas.dlq import DeadLetter
 from schemas.gpu import GpuHealth
 from schemas.streams import stream_spec
@@ -433,3 +433,41 @@ async def test_log_lines_name_the_message_being_handled(bus: Bus, node: str) -> 
     assert handled[0]["subject"] == good.nats_subject
     assert dead and dead[0]["event_id"] == "bad-7"
     assert dead[0]["subject"] == f"gpu.health.{node}.7"
+
+
+# -- identity binds to the subject ----------------------------------------------------
+
+
+async def test_identity_is_checked_by_default_and_on_call_told_once_per_publisher(
+    bus: Bus, node: str
+) -> None:
+    """A spec that declares nothing is still checked; two publishers forging a burst each
+    give one notice each, and every forged event is refused without the handler."""
+    other = f"{node}-b"
+    victim = f"{node}-victim"
+    for publisher in (node, other):
+        for gpu in range(4):
+            wire = encode(health(victim, gpu))
+            await bus.js.publish(f"gpu.health.{publisher}.{gpu}", wire.body, headers=wire.headers)
+    await bus.publish(health(node, 9))  # a true one
+    handled: list[str] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.data.node)
+
+    name = f"ident-{node}"
+    subjects = (f"gpu.health.{node}.>", f"gpu.health.{other}.>")
+    await bus.consume(spec(name, node, subjects=subjects), handler)
+    dls = await wait_for(lambda: _n(bus, name, 8), what="eight dead letters")
+    await wait_for(lambda: _acked(bus, name), what="all acked")
+    assert handled == [node]
+    assert {d.data.reason for d in dls} == {"identity_mismatch"}
+    info = await bus.js.stream_info("NOTIFY", subjects_filter="notify.critical.security")
+    psub = await bus.js.pull_subscribe("notify.critical.security", stream="NOTIFY")
+    try:
+        msgs = await psub.fetch(info.state.messages, timeout=2)
+        notes = [decode(m.subject, m.headers, m.data).data for m in msgs]
+    finally:
+        await psub.unsubscribe()
+    mine = sorted(n.targets[0].name for n in notes if n.targets[0].name in (node, other))
+    assert mine == sorted([node, other])

@@ -581,3 +581,53 @@ async def test_event_naming_no_kubernetes_node_is_dead_lettered_at_once(
     await wait_for(settled, what="nothing left unacknowledged")
     assert not tainted(await env.node(target))
     assert await audits(env.bus, target) == []
+
+
+async def test_node_cannot_quarantine_another_node(cordon_env: EnvFactory) -> None:
+    """The reproduction of issue 16: node 01, on its own subject `gpu.health.<01>.<gpu>`,
+    says node 02's GPUs failed. 02 is not touched; each event is dead-lettered as
+    `identity_mismatch` and audited as a security event; on-call hears once for the burst."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    publisher, victim = env.nodes[0], env.nodes[1]
+    burst = 5
+    for gpu in range(burst):
+        wire = encode(failed(victim, gpu=gpu, seq=gpu + 1))
+        own_subject = f"gpu.health.{publisher}.{gpu}"
+        await env.bus.js.publish(own_subject, wire.body, headers=wire.headers)
+
+    async def dead() -> list[Any] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.GPU.{consumer}")
+        return events if len(events) == burst else None
+
+    letters = [e.data for e in await wait_for(dead, timeout=5, what="dead letters")]
+    assert {d.reason for d in letters} == {"identity_mismatch"}
+    assert {d.deliveries for d in letters} == {1}
+    for d in letters:
+        assert f"data.node '{victim}'" in d.error and f"'{publisher}'" in d.error
+    refused = await audits(env.bus, victim, "identity_mismatch")
+    assert len(refused) == burst
+    assert {r.outcome for r in refused} == {Outcome.REFUSED}
+    assert {r.details["publisher"] for r in refused} == {publisher}
+    assert all(r.details["security"] for r in refused)
+
+    async def notices() -> list[Any]:
+        events = await read_stream(env.bus, "NOTIFY", "notify.critical.security")
+        return [e.data for e in events if any(t.name == publisher for t in e.data.targets)]
+
+    told = await wait_for(notices, what="on-call notice")
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, what="nothing left unacknowledged")
+    assert len(await notices()) == 1 == len(told)
+    assert told[0].audience == "oncall" and victim in told[0].title
+    node = await env.node(victim)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    assert await _applied(env.bus, victim) == []
+    # Node 02's own agent is still heard.
+    await env.publish(failed(victim, gpu=7, seq=100))
+    await wait_for(lambda: _applied(env.bus, victim), what="a real failure still quarantines")
