@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -456,6 +457,41 @@ def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path)
             if p is not None:
                 p.send_signal(signal.SIGTERM)
                 assert p.wait(timeout=30) == 0
+
+
+def test_service_with_its_port_in_use_says_so_in_one_line(
+    embedded_bus: str, tmp_path: Path
+) -> None:
+    sim = subprocess.Popen(
+        [*NODEWARD, "sim", "cluster", "--kubeconfig", str(tmp_path / "kc")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        wait_until((tmp_path / "kc").exists, what="sim kubeconfig")
+        env = {
+            "NODEWARD_NATS_URL": embedded_bus,
+            "NODEWARD_CLUSTER__CONTEXT": "nodeward-cordon",
+            "NODEWARD_DAEMON__HOST": "127.0.0.1",
+            "NODEWARD_DAEMON__PORT": str(port),
+        }
+        args = ["service", "cordon", "--kubeconfig", str(tmp_path / "kc")]
+        result = run(*args, env=env, timeout=60)
+        assert result.returncode == 1
+        errors = [ln for ln in result.stderr.splitlines() if "error" in ln.lower()]
+        assert "Traceback" not in result.stderr, result.stderr
+        assert errors[-1].startswith("nodeward: error: cordon: cannot listen on 127.0.0.1:")
+        assert "in use" in errors[-1]
+    finally:
+        taken.close()
+        sim.send_signal(signal.SIGTERM)
+        assert sim.wait(timeout=30) == 0
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
