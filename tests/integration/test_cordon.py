@@ -7,6 +7,7 @@ KV bucket, so tests run in parallel against the session's nats-server.
 from __future__ import annotations
 
 import json
+import random
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -631,3 +632,46 @@ async def test_node_cannot_quarantine_another_node(cordon_env: EnvFactory) -> No
     # Node 02's own agent is still heard.
     await env.publish(failed(victim, gpu=7, seq=100))
     await wait_for(lambda: _applied(env.bus, victim), what="a real failure still quarantines")
+
+
+async def test_garbage_then_a_real_fault_is_handled_within_a_second(
+    cordon_env: EnvFactory,
+) -> None:
+    """200 random garbage messages on the subjects cordon consumes (no headers, bad
+    headers, valid headers with random bodies, forged names), then a real XID 79: it is
+    quarantined within a second, and every piece of garbage is dead-lettered."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    rng = random.Random(16)
+    template = encode(failed(env.nodes[2]))
+    for i in range(200):
+        node = rng.choice(env.nodes[3:])  # never the template's node (2), nor the target
+        subject = f"gpu.health.{node}.{rng.randrange(8)}"
+        body = rng.randbytes(rng.randrange(0, 4096))
+        kind = i % 4
+        if kind == 0:
+            await env.bus.js.publish(subject, body)
+        elif kind == 1:
+            headers = {"ce-type": "gpu.health.v1", "ce-id": f"g{i}", "ce-specversion": "9"}
+            await env.bus.js.publish(subject, body, headers=headers)
+        elif kind == 2:
+            headers = dict(template.headers) | {"ce-id": f"g{i}", "Nats-Msg-Id": f"g{i}"}
+            await env.bus.js.publish(subject, body, headers=headers)
+        else:  # well-formed, but about another node than its subject
+            headers = dict(template.headers) | {"ce-id": f"g{i}", "Nats-Msg-Id": f"g{i}"}
+            await env.bus.js.publish(subject, template.body, headers=headers)
+    target = env.nodes[0]
+    began = time.monotonic()
+    await env.publish(failed(target))
+    await wait_for(lambda: _applied(env.bus, target), timeout=5, what="the real fault handled")
+    assert time.monotonic() - began < 1.0
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, timeout=20, what="all garbage dead-lettered")
+    info = await env.bus.js.stream_info("DLQ", subjects_filter=f"dlq.GPU.{consumer}")
+    assert info.state.messages == 200
+    assert [n for n in env.nodes if tainted(await env.node(n))] == [target]
