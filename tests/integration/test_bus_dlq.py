@@ -465,7 +465,7 @@ async def test_identity_is_checked_by_default_and_on_call_told_once_per_publishe
     info = await bus.js.stream_info("NOTIFY", subjects_filter="notify.critical.security")
     psub = await bus.js.pull_subscribe("notify.critical.security", stream="NOTIFY")
     try:
-        msgs = await psub.fetch(info.state.messages, timeout=2)
+        msgs = await psub.fetch(sum((info.state.subjects or {}).values()), timeout=2)
         notes = [decode(m.subject, m.headers, m.data).data for m in msgs]
     finally:
         await psub.unsubscribe()
