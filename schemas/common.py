@@ -1,17 +1,64 @@
-"""Value objects shared by several event types."""
+"""Value objects shared by several event types, and the Kubernetes name rules.
+
+Node, namespace and pod names become subject tokens and KV keys, so they are checked here,
+at the contract, with the Kubernetes rules (RFC 1123): a node or pod name is a DNS
+subdomain (at most 253 characters of `[a-z0-9.-]`, dot-separated labels that start and end
+with a letter or digit), a namespace a DNS label (at most 63 of `[a-z0-9-]`). An event
+naming anything else (`gpu-*`, `>`, `a b`) is refused by `nodeward publish` and
+dead-lettered as invalid on the bus, never half-processed.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 from schemas.base import Model
 
-# Kubernetes object names: DNS subdomains (253) or labels (63). Validated loosely here,
-# strictly by the API server; the subject builder makes any value a safe token.
-K8sName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
-Namespace = Annotated[str, StringConstraints(min_length=1, max_length=63)]
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL = re.compile(DNS_LABEL_PATTERN)
+_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
+
+
+def dns_label(value: str) -> str:
+    """`value` if it is an RFC 1123 DNS label (a Kubernetes namespace), else ValueError."""
+    if len(value) <= 63 and _LABEL.match(value):
+        return value
+    raise ValueError(
+        f"{value[:80]!r} is not a Kubernetes name (RFC 1123 label: at most 63 of a-z, 0-9 "
+        "and '-', starting and ending with a letter or digit)"
+    )
+
+
+def dns_subdomain(value: str) -> str:
+    """`value` if it is an RFC 1123 DNS subdomain (a node or pod name), else ValueError."""
+    if len(value) <= 253 and _SUBDOMAIN.match(value):
+        return value
+    raise ValueError(
+        f"{value[:80]!r} is not a Kubernetes name (RFC 1123 subdomain: at most 253 of a-z, "
+        "0-9, '-' and '.', each dot-separated part starting and ending with a letter or digit)"
+    )
+
+
+# Validated with a one-line message; the JSON Schema carries the same rule as a pattern.
+K8sName = Annotated[
+    str,
+    AfterValidator(dns_subdomain),
+    Field(json_schema_extra={"pattern": DNS_SUBDOMAIN_PATTERN, "maxLength": 253}),
+]
+Namespace = Annotated[
+    str,
+    AfterValidator(dns_label),
+    Field(json_schema_extra={"pattern": DNS_LABEL_PATTERN, "maxLength": 63}),
+]
+NodeName = K8sName
+PodName = K8sName
+# An action's target, built by a service from the API server's own objects (never from a
+# publisher's words); any kind, so only bounded. Its subject token is sanitised.
+ObjectName = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 
@@ -19,7 +66,7 @@ class PodRef(Model):
     """A pod (and optionally one container) an event concerns."""
 
     namespace: Namespace
-    name: K8sName
+    name: PodName
     container: str | None = None
     uid: str | None = None
 
@@ -28,7 +75,7 @@ class ObjectRef(Model):
     """Any Kubernetes object an action targets."""
 
     kind: str = Field(min_length=1)
-    name: K8sName
+    name: ObjectName
     namespace: str | None = None
     api_version: str | None = None
 

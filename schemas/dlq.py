@@ -17,6 +17,7 @@ class DeadLetterReason(StrEnum):
     INVALID = "invalid"  # failed decoding or validation
     PERMANENT = "permanent"  # the handler said retrying cannot help
     EXHAUSTED = "exhausted"  # max deliveries reached
+    IDENTITY_MISMATCH = "identity_mismatch"  # the data names another node/pod than its subject
 
 
 class DeadLetter(EventData):
@@ -36,8 +37,19 @@ class DeadLetter(EventData):
     error: str = Field(description="one line: what was wrong")
     error_type: str | None = None
     original_headers: dict[str, str] = Field(default_factory=dict)
-    payload_b64: str = Field(description="the original body, base64")
+    payload_b64: str = Field(description="the original body (its first bytes if truncated), base64")
     failed_at: datetime
+    payload_size: int | None = Field(
+        default=None, ge=0, description="bytes of the original body (absent before sizes were kept)"
+    )
+    payload_sha256: str | None = Field(
+        default=None, description="hex sha256 of the whole original body"
+    )
+    truncated: bool = Field(
+        default=False,
+        description="the payload (or long header values) were cut so that the dead letter fits "
+        "the server's max_payload; size and sha256 describe the whole body",
+    )
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -54,6 +66,9 @@ class DeadLetter(EventData):
                     "original_headers": {"ce-type": "gpu.health.v1", "ce-id": "x"},
                     "payload_b64": "eyJzdGF0ZSI6ICJvbi1maXJlIn0=",
                     "failed_at": "2026-08-20T14:02:12Z",
+                    "payload_size": 20,
+                    "payload_sha256": "9ee9f5d63be255bcf1e174129c1e9bdffb55f8cb35999ce55d8d24cfdb6f2f53",
+                    "truncated": False,
                 }
             ]
         }

@@ -2,9 +2,17 @@
 
 from nodeward.bus.bus import Bus
 from nodeward.bus.consumer import Consumer, ConsumerSpec, Delivery, Handler
-from nodeward.bus.errors import BusError, PermanentError, PublishError, RetryableError
+from nodeward.bus.errors import (
+    BusError,
+    PermanentError,
+    PublishError,
+    RetryableError,
+    is_permanent,
+)
+from nodeward.bus.identity import Binding, bind
 
 __all__ = [
+    "Binding",
     "Bus",
     "BusError",
     "Consumer",
@@ -14,4 +22,6 @@ __all__ = [
     "PermanentError",
     "PublishError",
     "RetryableError",
+    "bind",
+    "is_permanent",
 ]

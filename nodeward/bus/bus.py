@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 from nats.aio.client import Client as NATS
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.kv import KeyValue
@@ -25,6 +26,12 @@ from nodeward.metrics import Metrics
 from schemas.base import Event
 from schemas.cloudevents import WireMessage, encode
 from schemas.streams import STREAMS
+
+
+def wire_size(wire: WireMessage) -> int:
+    """Bytes the server counts against max_payload: the headers block plus the body."""
+    headers = sum(len(k) + len(v) + 4 for k, v in wire.headers.items()) + 12
+    return headers + len(wire.body)
 
 
 class Bus:
@@ -113,6 +120,17 @@ class Bus:
         self, wires: list[WireMessage], *, timeout: float | None
     ) -> list[api.PubAck]:
         wait = timeout if timeout is not None else self.settings.publish_timeout.total_seconds()
+        limit = self.nc.max_payload
+        for wire in wires:
+            size = wire_size(wire)
+            if limit and size > limit:
+                # The server would refuse it (and drop the connection): no retry can help.
+                self.metrics.publish_failures.labels(wire.headers.get("ce-type", "unknown")).inc()
+                raise PublishError(
+                    f"{wire.subject!r} is {size} bytes, over the server's max_payload of {limit}"
+                    " (maximum payload exceeded)",
+                    permanent=True,
+                )
         results: list[api.PubAck | None] = [None] * len(wires)
         todo = list(range(len(wires)))
         last_error = "no ack"
@@ -123,6 +141,8 @@ class Bus:
                 for i in todo:
                     wire = wires[i]
                     futures[i] = await submit(wire.subject, wire.body, headers=wire.headers)
+            except MaxPayloadError as exc:  # never retried: the same bytes fail the same way
+                raise PublishError(f"{wire.subject!r}: {exc}", permanent=True) from exc
             except Exception as exc:  # noqa: BLE001 - disconnected or stalled: retried below
                 last_error = one_line(exc)
             if futures:
@@ -142,7 +162,9 @@ class Bus:
                     last_error = f"no stream answered for subject {wires[i].subject!r}"
                     failed.append(i)
                 elif isinstance(err, APIError) and err.code is not None and err.code < 500:
-                    raise PublishError(f"JetStream refused {wires[i].subject!r}: {one_line(err)}")
+                    raise PublishError(
+                        f"JetStream refused {wires[i].subject!r}: {one_line(err)}", permanent=True
+                    )
                 else:
                     last_error = one_line(err)
                     failed.append(i)

@@ -2,12 +2,18 @@
 
 A service gives a `ConsumerSpec` and a handler. For each message the runtime:
 - decodes it into the typed event; if it cannot, dead-letters it (reason `invalid`);
+- checks that the data names who the subject names (`identity`: node, namespace, pod);
+  if not, audits it as a security event, tells on-call once per publisher and window,
+  and dead-letters it (reason `identity_mismatch`), never running the handler;
 - runs the handler (bounded concurrency, in order per `order_key`), sending `in_progress`
   while it runs longer than a third of `ack_wait`;
 - acks after the handler returns; naks with a growing delay when it raises;
-- dead-letters on `PermanentError`, or when deliveries reach `max_deliver` (reason
-  `permanent` / `exhausted`). The DLQ write is acknowledged by JetStream before the
-  original is acked; if it fails the original is nak'ed, never dropped.
+- dead-letters at once on an error retrying cannot fix (`PermanentError`, a pydantic
+  `ValidationError`, an invalid KV key, max payload exceeded: `errors.is_permanent`), or
+  when deliveries reach `max_deliver` (reason `permanent` / `exhausted`). The DLQ write is
+  acknowledged by JetStream before the original is acked; if it fails the original is
+  nak'ed, and after `dead_letter_tries` failed writes terminated (AckTerm) and audited.
+  A dead letter too big for max_payload keeps headers, size, sha256 and the first bytes.
 Deliveries are counted by the client, not the server (server `max_deliver` is unlimited),
 so a message whose handler kills the process is dead-lettered on its next delivery instead
 of vanishing silently when the server stops redelivering it.
@@ -21,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import structlog
@@ -31,12 +37,17 @@ from nats.js import JetStreamContext, api
 
 from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
-from nodeward.bus.errors import PermanentError, RetryableError
+from nodeward.bus.errors import RetryableError, is_permanent
+from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mismatches
 from nodeward.bus.pull import Puller
 from nodeward.metrics import Metrics
-from schemas.base import Event
+from schemas.base import Event, EventData, make_event
 from schemas.cloudevents import DecodeError, decode
-from schemas.dlq import DeadLetterReason
+from schemas.common import ObjectRef
+from schemas.dlq import DeadLetter, DeadLetterReason
+from schemas.ids import stable_id
+from schemas.notify import Notification, Severity
+from schemas.remediation import Outcome, Remediation
 
 
 class Bus(Protocol):
@@ -110,12 +121,26 @@ class ConsumerSpec:
     handler_timeout: timedelta | None = None
     order_key: Callable[[Event[Any]], str] | None = None
     lag_interval: float = 5.0
+    dead_letter_tries: int = 3
+    # Which data fields must equal which subject tokens, per event type (`identity.bind`).
+    # Types not listed get `identity.default_binding` (their <node>, <ns>, <pod> tokens).
+    identity: tuple[Binding, ...] = ()
+    identity_notice_window: timedelta = timedelta(minutes=15)
 
     def __post_init__(self) -> None:
-        if self.max_deliver < 1 or self.concurrency < 1 or self.batch < 1:
-            raise ValueError("max_deliver, concurrency and batch must be at least 1")
+        if min(self.max_deliver, self.concurrency, self.batch, self.dead_letter_tries) < 1:
+            raise ValueError(
+                "max_deliver, concurrency, batch and dead_letter_tries must be at least 1"
+            )
         if self.max_ack_pending < self.batch + self.concurrency:
             raise ValueError("max_ack_pending must cover batch + concurrency")
+
+    @staticmethod
+    def bind(model: type[EventData], *fields: str) -> Binding:
+        """An `identity` entry: `fields` of `model` must equal the subject tokens its
+        pattern names for them, e.g. `ConsumerSpec.bind(GpuHealth, "node")` binds
+        `data.node` to token 2 of `gpu.health.<node>.<gpu>`."""
+        return bind(model, *fields)
 
     def retry_delay(self, attempt: int) -> float:
         return (
@@ -175,6 +200,9 @@ class Consumer:
         self._m_latency = m.handler_seconds.labels(spec.name)
         m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
         self._m_handled: dict[tuple[str, str], Any] = {}
+        self._dlq_failures: dict[int | str, int] = {}  # stream sequence -> failed DLQ writes
+        self._bindings: dict[str, Binding] = {b.type: b for b in spec.identity}
+        self._noticed: dict[str, float] = {}  # publisher -> when on-call was last told
 
     # lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -346,54 +374,178 @@ class Consumer:
             self._m_handled[(type_name, outcome)] = child
         child.inc()
 
+    def _context(self, msg: Msg, event: Event[Any] | None, attempt: int) -> dict[str, Any]:
+        """What names this message in every log line while it is handled (undecodable ones
+        too: their id and type come from the headers, if any)."""
+        headers = msg.headers or {}
+        return {
+            "consumer": self.spec.name,
+            "subject": msg.subject,
+            "event_id": event.id if event is not None else headers.get("ce-id"),
+            "event_type": event.type if event is not None else headers.get("ce-type"),
+            "attempt": attempt,
+        }
+
     async def _process(self, item: _Item) -> None:
         msg = item.msg
         attempt, stream_seq = ack_info(msg)
+        # Bound for this message only and reset after it, so no line names another message.
+        with structlog.contextvars.bound_contextvars(**self._context(msg, item.event, attempt)):
+            await self._handle(item, attempt, stream_seq)
+
+    async def _handle(self, item: _Item, attempt: int, stream_seq: int | None) -> None:
+        msg = item.msg
         if item.event is None:
             assert item.error is not None
             self._count(item.error.event_type or "unknown", "invalid")
             await self._dead_letter(msg, DeadLetterReason.INVALID, item.error)
             return
         event = item.event
-        # Each worker is its own task, so these overwrite the previous message's context.
-        structlog.contextvars.bind_contextvars(
-            consumer=self.spec.name,
-            event_id=event.id,
-            event_type=event.type,
-            subject=msg.subject,
-            attempt=attempt,
-        )
-        if True:
-            if attempt > self.spec.max_deliver:
-                self._count(event.type, "exhausted")
-                await self._dead_letter(
-                    msg,
-                    DeadLetterReason.EXHAUSTED,
-                    f"delivered {attempt - 1} times without an ack (handler crashed or timed out)",
-                )
-                return
-            delivery = Delivery(msg.subject, attempt, stream_seq, msg.headers or {}, msg)
-            started = time.perf_counter()
-            try:
-                if self.spec.handler_timeout is None:
-                    await self.handler(event, delivery)
-                else:
-                    async with asyncio.timeout(self.spec.handler_timeout.total_seconds()):
-                        await self.handler(event, delivery)
-            except PermanentError as exc:
-                self._count(event.type, "permanent")
-                self.log.warning("handler.permanent_error", error=one_line(exc))
-                await self._dead_letter(msg, DeadLetterReason.PERMANENT, exc)
-            except asyncio.CancelledError:
-                await self._nak(msg, 0)
-                raise
-            except Exception as exc:  # noqa: BLE001 - any other handler failure is retried
-                await self._failed(msg, event, attempt, exc)
+        wrong = mismatches(self._binding(event.type), msg.subject, event)
+        if wrong:
+            await self._identity_mismatch(msg, event, wrong, attempt)
+            return
+        if attempt > self.spec.max_deliver:
+            self._count(event.type, "exhausted")
+            await self._dead_letter(
+                msg,
+                DeadLetterReason.EXHAUSTED,
+                f"delivered {attempt - 1} times without an ack (handler crashed or timed out)",
+            )
+            return
+        delivery = Delivery(msg.subject, attempt, stream_seq, msg.headers or {}, msg)
+        started = time.perf_counter()
+        try:
+            if self.spec.handler_timeout is None:
+                await self.handler(event, delivery)
             else:
-                self._count(event.type, "ok")
-                await self._ack(msg)
-            finally:
-                self._m_latency.observe(time.perf_counter() - started)
+                async with asyncio.timeout(self.spec.handler_timeout.total_seconds()):
+                    await self.handler(event, delivery)
+        except asyncio.CancelledError:
+            await self._nak(msg, 0)
+            raise
+        except Exception as exc:  # noqa: BLE001 - permanent ones dead-lettered, others retried
+            if is_permanent(exc):
+                self._count(event.type, "permanent")
+                self.log.warning(
+                    "handler.permanent_error", error=one_line(exc), error_type=type(exc).__name__
+                )
+                await self._dead_letter(msg, DeadLetterReason.PERMANENT, exc)
+            else:
+                await self._failed(msg, event, attempt, exc)
+        else:
+            self._count(event.type, "ok")
+            await self._ack(msg)
+        finally:
+            self._m_latency.observe(time.perf_counter() - started)
+
+    def _binding(self, type_name: str) -> Binding:
+        binding = self._bindings.get(type_name)
+        if binding is None:
+            binding = self._bindings[type_name] = default_binding(type_name)
+        return binding
+
+    async def _identity_mismatch(
+        self, msg: Msg, event: Event[Any], wrong: list[Mismatch], attempt: int
+    ) -> None:
+        """A publisher speaking about someone else: never handled. Audited as a security
+        event, on-call told once per publisher and window, then dead-lettered."""
+        self._count(event.type, "identity_mismatch")
+        error = f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong)
+        publisher = self._publisher(msg.subject, event)
+        self.log.warning("consumer.identity_mismatch", error=error, publisher=publisher)
+        try:
+            audit_id = await self._audit_mismatch(msg, event, wrong, error, publisher)
+            await self._notify_mismatch(event, wrong, error, publisher, audit_id)
+        except Exception as exc:  # noqa: BLE001 - the record matters: try again, bounded
+            self.log.error("consumer.identity_audit_failed", error=one_line(exc))
+            if attempt < self.spec.max_deliver:
+                await self._nak(msg, self.spec.retry_delay(attempt))
+                return
+        await self._dead_letter(msg, DeadLetterReason.IDENTITY_MISMATCH, error)
+
+    def _publisher(self, subject: str, event: Event[Any]) -> str:
+        """Whose credentials published it: the subject's node token, else its bound tokens."""
+        tokens = subject.split(".")
+        fields = dict(self._binding(event.type).fields)
+        index = fields.get("node")
+        picked = [index] if index is not None else sorted(fields.values())
+        return ".".join(tokens[i] for i in picked if i < len(tokens)) or subject
+
+    async def _audit_mismatch(
+        self, msg: Msg, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str
+    ) -> str:
+        data = event.data
+        claimed = {m.field: m.claimed for m in wrong}
+        if "node" in claimed:
+            target = ObjectRef(kind="Node", name=claimed["node"])
+        else:
+            target = ObjectRef(
+                kind="Pod",
+                name=str(getattr(data, "pod", None) or claimed.get("pod", "?")),
+                namespace=str(getattr(data, "namespace", None) or ""),
+            )
+        audit = Remediation(
+            action="identity_mismatch",
+            target=target,
+            outcome=Outcome.REFUSED,
+            reason=error,
+            policy="subject-identity",
+            guard="identity",
+            actor=self.bus.source,
+            trigger_event_id=event.id,
+            details={
+                "security": True,
+                "consumer": self.spec.name,
+                "subject": msg.subject,
+                "publisher": publisher,
+                "event_type": event.type,
+                "ce_source": event.source,
+                "claimed": claimed,
+                "subject_tokens": {m.field: m.token for m in wrong},
+            },
+        )
+        # Derived from the event, so a redelivery audits once (JetStream drops the repeat).
+        audit_event = make_event(
+            audit, source=self.bus.source, id=stable_id(event.time, "identity", event.id)
+        )
+        await self.bus.publish(audit_event)
+        return audit_event.id
+
+    async def _notify_mismatch(
+        self, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str, audit_id: str
+    ) -> None:
+        """On-call hears of a publisher once per `identity_notice_window`, not per message."""
+        window = self.spec.identity_notice_window.total_seconds()
+        now = time.monotonic()
+        last = self._noticed.get(publisher)
+        if last is not None and now - last < window:
+            return
+        claimed = ", ".join(f"{m.field} {m.claimed}" for m in wrong)
+        note = Notification(
+            severity=Severity.CRITICAL,
+            topic="security",
+            title=f"{publisher} published {event.type} about {claimed}: refused"[:300],
+            body=(
+                f"{error}. The events were not acted on and are in dlq.{self.spec.stream}."
+                f"{self.spec.name}; further ones from {publisher} in the next"
+                f" {int(window)} s are refused without another notice."
+            ),
+            audience="oncall",
+            targets=[ObjectRef(kind="Node", name=publisher)],
+            dedup_key=f"identity/{self.spec.name}/{publisher}",
+            audit_event_id=audit_id,
+            why="an event's data names another node or pod than the subject it was published on",
+            what_you_can_do=[
+                f"check the credentials and agent of {publisher}",
+                "nodeward tail 'remediation.identity_mismatch.>' --since 1h",
+            ],
+        )
+        # One id per publisher and window, so replicas' notices are stored once.
+        bucket = datetime.fromtimestamp(int(time.time() // window * window), UTC)
+        notice_id = stable_id(bucket, "identity-notice", self.spec.name, publisher)
+        await self.bus.publish(make_event(note, source=self.bus.source, id=notice_id))
+        self._noticed[publisher] = now
 
     async def _failed(self, msg: Msg, event: Event[Any], attempt: int, exc: Exception) -> None:
         if attempt >= self.spec.max_deliver:
@@ -417,6 +569,9 @@ class Consumer:
     async def _dead_letter(
         self, msg: Msg, reason: DeadLetterReason, error: BaseException | str
     ) -> None:
+        """Write the dead letter, then ack the original. If it cannot be written, the
+        original comes back later; after `dead_letter_tries` failures it is terminated
+        (AckTerm) and the termination audited, so poison never circulates forever."""
         dl = dead_letter_event(
             msg,
             stream=self.spec.stream,
@@ -424,13 +579,24 @@ class Consumer:
             reason=reason,
             error=error,
             source=f"{self.bus.source}/{self.spec.name}",
+            max_bytes=self.bus.nc.max_payload or None,
         )
+        key = dl.data.stream_sequence if dl.data.stream_sequence is not None else dl.id
         try:
             await self.bus.publish(dl)
         except Exception as exc:  # noqa: BLE001 - keep the original; it comes back later
-            self.log.error("dlq.publish_failed", error=one_line(exc), reason=reason.value)
-            await self._nak(msg, self.spec.retry_delay(1))
+            tries = self._dlq_failures.get(key, 0) + 1
+            self.log.error(
+                "dlq.publish_failed", error=one_line(exc), reason=reason.value, tries=tries
+            )
+            if tries < self.spec.dead_letter_tries:
+                self._dlq_failures[key] = tries
+                await self._nak(msg, self.spec.retry_delay(tries))
+                return
+            self._dlq_failures.pop(key, None)
+            await self._terminate(msg, dl.data, exc, tries)
             return
+        self._dlq_failures.pop(key, None)
         self.bus.metrics.dead_lettered.labels(self.spec.name, reason.value).inc()
         self.log.warning(
             "dlq.dead_lettered",
@@ -439,8 +605,46 @@ class Consumer:
             subject=msg.subject,
             stream_sequence=dl.data.stream_sequence,
             dlq_subject=dl.data.nats_subject(),
+            size=dl.data.payload_size,
+            truncated=dl.data.truncated,
         )
         await self._ack(msg)
+
+    async def _terminate(self, msg: Msg, dl: DeadLetter, error: Exception, tries: int) -> None:
+        """Give up on a message that cannot be dead-lettered: AckTerm, and an audit record
+        (`remediation.terminate.<stream>_<seq>`) with what is known of it."""
+        try:
+            await msg.term()
+        except Exception as exc:  # noqa: BLE001 - it comes back; the next try terminates again
+            self.log.error("consumer.term_failed", error=one_line(exc))
+            return
+        self.bus.metrics.dead_lettered.labels(self.spec.name, "terminated").inc()
+        reason = f"could not be dead-lettered after {tries} tries: {one_line(error, 500)}"
+        self.log.error("dlq.terminated", reason=reason, stream_sequence=dl.stream_sequence)
+        audit = Remediation(
+            action="terminate",
+            target=ObjectRef(kind="Message", name=f"{dl.stream}/{dl.stream_sequence or 0}"),
+            outcome=Outcome.APPLIED,
+            reason=reason,
+            policy="poison",
+            actor=self.bus.source,
+            trigger_event_id=dl.original_headers.get("ce-id"),
+            details={
+                "stream": dl.stream,
+                "consumer": dl.consumer,
+                "subject": dl.original_subject,
+                "stream_sequence": dl.stream_sequence,
+                "dead_letter_reason": dl.reason.value,
+                "dead_letter_error": dl.error,
+                "size": dl.payload_size,
+                "sha256": dl.payload_sha256,
+                "headers": {k: v for k, v in dl.original_headers.items() if k.startswith("ce-")},
+            },
+        )
+        try:
+            await self.bus.publish(make_event(audit, source=self.bus.source))
+        except Exception as exc:  # noqa: BLE001 - the log line above is the record left
+            self.log.error("dlq.terminate_audit_failed", error=one_line(exc))
 
     async def _ack(self, msg: Msg) -> None:
         try:

@@ -1,6 +1,11 @@
-"""Errors the bus runtime raises and the ones handlers raise to steer redelivery."""
+"""Errors the bus runtime raises, the ones handlers raise to steer redelivery, and which
+errors are permanent (retrying the same message cannot help)."""
 
 from __future__ import annotations
+
+from nats.errors import MaxPayloadError
+from nats.js.errors import InvalidBucketNameError, InvalidKeyError
+from pydantic import ValidationError
 
 
 class BusError(Exception):
@@ -8,7 +13,14 @@ class BusError(Exception):
 
 
 class PublishError(BusError):
-    """JetStream did not acknowledge a publish after every retry, or refused it."""
+    """JetStream did not acknowledge a publish after every retry, or refused it.
+
+    `permanent` when sending the same message again cannot succeed (too big for the
+    server's max_payload, refused by JetStream with a 4xx)."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class RetryableError(Exception):
@@ -21,3 +33,30 @@ class RetryableError(Exception):
 
 class PermanentError(Exception):
     """Raise from a handler: retrying cannot help; the message goes to the DLQ now."""
+
+
+# Raised by a handler (or by what it calls), these fail the same way on every delivery.
+_PERMANENT = (
+    PermanentError,
+    ValidationError,  # data that does not fit a model
+    InvalidKeyError,  # a KV key built from the message that NATS refuses
+    InvalidBucketNameError,
+    MaxPayloadError,  # an output bigger than the server accepts
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when retrying cannot help: `exc`, or what it was raised from (`raise ... from`),
+    is a permanent error. A `RetryableError` on top always means retry."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RetryableError):
+            return False
+        if isinstance(current, _PERMANENT):
+            return True
+        if isinstance(current, PublishError):
+            return current.permanent
+        seen.add(id(current))
+        current = current.__cause__
+    return False

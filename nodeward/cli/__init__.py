@@ -289,6 +289,9 @@ def streams(
 def _run_standalone(
     ctx: typer.Context, kind: Literal["agent", "service"], name: str, settings: Any
 ) -> None:
+    from nodeward.bus import BusError
+    from nodeward.daemon import DaemonError
+    from nodeward.kube.errors import KubeError
     from nodeward.platform import run_standalone, standalone
 
     _daemon_logging(ctx, settings)
@@ -296,7 +299,13 @@ def _run_standalone(
         standalone(kind, name)
     except LookupError as exc:
         raise CliError(str(exc)) from None
-    _run(run_standalone(kind, name, settings))
+    try:
+        _run(run_standalone(kind, name, settings))
+    except (DaemonError, KubeError, BusError) as exc:
+        # A port in use, no cluster, no NATS: one line; the traceback only when debugging.
+        if ctx.find_root().params.get("log_level") == "debug":
+            raise
+        raise CliError(" ".join(str(exc).split()) or type(exc).__name__) from None
 
 
 @app.command()

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from schemas.base import Model
+from schemas.common import NodeName
 from schemas.maintenance import CheckpointRecord, MaintenancePhase
 from schemas.state import Bucket
 from schemas.state.lease import LeaseRecord, lease_key
@@ -70,7 +71,7 @@ class MaintenanceState(Model):
     """
 
     maintenance_id: str
-    node: str
+    node: NodeName
     phase: MaintenancePhase = MaintenancePhase.REQUESTED
     reason: str = ""
     requested_by: str | None = None

@@ -153,6 +153,8 @@ class CordonService:
             order_key=lambda e: str(e.data.node),
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=8,
+            # gpu.health.<node>.<gpu>: a node speaks only of itself (checked by the runtime).
+            identity=(ConsumerSpec.bind(GpuHealth, "node"),),
         )
 
     @contextlib.asynccontextmanager

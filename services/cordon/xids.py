@@ -89,6 +89,7 @@ class XidReports:
             subjects=("gpu.xid.>",),
             types=frozenset({GpuXid.TYPE}),
             order_key=lambda e: f"{e.data.node}/{e.data.gpu_index}",
+            identity=(ConsumerSpec.bind(GpuXid, "node"),),
             retry_delays=(0.5, 2.0, 10.0),
             max_deliver=6,
         )

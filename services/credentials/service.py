@@ -265,6 +265,8 @@ class CredentialsService:
             retry_delays=tuple(self.settings.retry_delays),
             max_deliver=self.settings.max_deliver,
             ack_wait=timedelta(seconds=60),
+            # credentials.due.<ns>.<secret>: the secret named in its subject.
+            identity=(ConsumerSpec.bind(CredentialDue, "namespace", "secret"),),
         )
 
     # timing -----------------------------------------------------------------------------

@@ -201,6 +201,11 @@ class CullerService:
             order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
             retry_delays=(1.0, 5.0, 15.0, 30.0),
             max_deliver=8,
+            # session.*.<node>.<ns>.<pod>: a node speaks only of its own pods.
+            identity=(
+                ConsumerSpec.bind(SessionIdle, "node", "namespace", "pod"),
+                ConsumerSpec.bind(SessionActivity, "node", "namespace", "pod"),
+            ),
         )
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:

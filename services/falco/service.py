@@ -131,6 +131,8 @@ class FalcoService:
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=6,
             ack_wait=timedelta(seconds=90),
+            # falco.<priority>.<rule> names no node or pod: nothing to bind.
+            identity=(ConsumerSpec.bind(FalcoAlert),),
         )
 
     # one alert --------------------------------------------------------------------------

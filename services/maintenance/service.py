@@ -223,6 +223,8 @@ class CheckpointService:
             order_key=lambda e: str(e.data.node),
             retry_delays=(1.0, 5.0, 15.0, 30.0),
             max_deliver=6,
+            # maintenance.<phase>.<node>: the request is about the node in its subject.
+            identity=(ConsumerSpec.bind(Maintenance, "node"),),
         )
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:

@@ -235,6 +235,8 @@ class NotifierService:
             ack_wait=s.ack_wait,
             retry_delays=(5.0, 30.0, 120.0, 600.0),
             max_deliver=8,
+            # notify.<severity>.<topic> names no node or pod: nothing to bind.
+            identity=(ConsumerSpec.bind(Notification),),
         )
 
     # one notice -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -145,6 +146,44 @@ def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
     assert len(lines) == 1
     assert lines[0].startswith("nodeward: error: invalid gpu.health.v1 data:")
     assert "gpu_index: Field required" in lines[0]
+
+
+@pytest.mark.parametrize("bad", ["gpu-*", ">", "a b"])
+def test_names_that_are_not_kubernetes_names_are_refused(embedded_bus: str, bad: str) -> None:
+    data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"] | {"node": bad}
+    result = run(
+        "publish",
+        "gpu.health.v1",
+        "--data",
+        json.dumps(data),
+        "--json",
+        env={"NODEWARD_NATS_URL": embedded_bus},
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nodeward: error: invalid gpu.health.v1 data: node:")
+    assert "RFC 1123" in lines[0]
+
+
+def test_oversized_event_is_refused_at_once_with_one_line(
+    embedded_bus: str, tmp_path: Path
+) -> None:
+    """A 2 MB event: "maximum payload exceeded" is not retried; one line, exit 1."""
+    data = json.loads(run("schemas", "example", "gpu.health.v1").stdout)["data"]
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(data | {"gpu_uuid": "x" * 2_000_000}))
+    began = time.monotonic()
+    result = run(
+        "publish", "gpu.health.v1", "--data", f"@{big}", env={"NODEWARD_NATS_URL": embedded_bus}
+    )
+    elapsed = time.monotonic() - began
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nodeward: error: not published:")
+    assert "maximum payload exceeded" in lines[0]
+    assert elapsed < 10  # the process's start-up; no retries with back-off
 
 
 def test_unknown_fields_are_refused(embedded_bus: str) -> None:
@@ -418,6 +457,41 @@ def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path)
             if p is not None:
                 p.send_signal(signal.SIGTERM)
                 assert p.wait(timeout=30) == 0
+
+
+def test_service_with_its_port_in_use_says_so_in_one_line(
+    embedded_bus: str, tmp_path: Path
+) -> None:
+    sim = subprocess.Popen(
+        [*NODEWARD, "sim", "cluster", "--kubeconfig", str(tmp_path / "kc")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        wait_until((tmp_path / "kc").exists, what="sim kubeconfig")
+        env = {
+            "NODEWARD_NATS_URL": embedded_bus,
+            "NODEWARD_CLUSTER__CONTEXT": "nodeward-cordon",
+            "NODEWARD_DAEMON__HOST": "127.0.0.1",
+            "NODEWARD_DAEMON__PORT": str(port),
+        }
+        args = ["service", "cordon", "--kubeconfig", str(tmp_path / "kc")]
+        result = run(*args, env=env, timeout=60)
+        assert result.returncode == 1
+        errors = [ln for ln in result.stderr.splitlines() if "error" in ln.lower()]
+        assert "Traceback" not in result.stderr, result.stderr
+        assert errors[-1].startswith("nodeward: error: cordon: cannot listen on 127.0.0.1:")
+        assert "in use" in errors[-1]
+    finally:
+        taken.close()
+        sim.send_signal(signal.SIGTERM)
+        assert sim.wait(timeout=30) == 0
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

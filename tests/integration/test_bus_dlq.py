@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import os
+import time
 from datetime import timedelta
 from typing import Any
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-from schemas import Event, decode, make_event
+from schemas import Event, decode, encode, make_event
 from schemas.dlq import DeadLetter
 from schemas.gpu import GpuHealth
 from schemas.streams import stream_spec
@@ -164,7 +171,7 @@ async def test_dlq_write_is_acked_before_the_original(own_nats: EmbeddedNats, no
 
         await bus.publish(health(node))
         name = f"dlqdown-{node}"
-        await bus.consume(spec(name, node, retry_delays=(0.1,)), handler)
+        await bus.consume(spec(name, node, retry_delays=(0.1,), dead_letter_tries=20), handler)
         # The handler runs again and again: the original was nak'ed, not acked, each time.
         await wait_for(lambda: len(attempts) >= 3, what="redeliveries while the DLQ is down")
         info = await bus.js.consumer_info("GPU", name)
@@ -248,3 +255,219 @@ async def test_metrics_count_outcomes_and_lag(bus: Bus, node: str) -> None:
     )
     assert (sample("nodeward_handler_seconds_count", {"consumer": name}) or 0) >= 40
     assert (sample("nodeward_events_published_total", {"type": "gpu.health.v1"}) or 0) >= 40
+
+
+# -- poison always leaves -------------------------------------------------------------
+
+
+def ce_headers(event_id: str, type_name: str = "gpu.health.v1") -> dict[str, str]:
+    return {
+        "ce-specversion": "1.0",
+        "ce-id": event_id,
+        "ce-source": "agent/gpu/x",
+        "ce-type": type_name,
+        "ce-time": "2026-08-20T14:02:11Z",
+        "ce-datacontenttype": "application/json",
+    }
+
+
+async def test_megabyte_of_garbage_is_dead_lettered_truncated_within_seconds(
+    bus: Bus, node: str
+) -> None:
+    """Its base64 copy exceeds max_payload: the dead letter keeps the headers, the size, the
+    sha256 and the first bytes, and nothing is left unacknowledged."""
+    garbage = os.urandom(1_000_000)
+    headers = ce_headers("garbage-1")
+    await bus.js.publish(f"gpu.health.{node}.5", garbage, headers=headers)
+    handled: list[str] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.id)
+
+    name = f"big-{node}"
+    began = time.monotonic()
+    await bus.consume(spec(name, node), handler)
+    dls = await wait_for(lambda: _n(bus, name, 1), timeout=5, what="dead letter")
+    await wait_for(lambda: _acked(bus, name), timeout=5, what="nothing unacknowledged")
+    assert time.monotonic() - began < 5
+    dl = dls[0].data
+    assert dl.reason == "invalid" and dl.truncated
+    assert dl.payload_size == 1_000_000
+    assert dl.payload_sha256 == hashlib.sha256(garbage).hexdigest()
+    assert 0 < len(dl.payload) < 1_000_000 and garbage.startswith(dl.payload)
+    assert dl.original_headers["ce-id"] == "garbage-1"
+    assert dl.original_subject == f"gpu.health.{node}.5"
+    assert handled == []
+    info = await bus.js.consumer_info("GPU", name)
+    assert info.num_redelivered == 0
+
+
+async def test_small_dead_letters_keep_the_whole_body_with_size_and_hash(
+    bus: Bus, node: str
+) -> None:
+    await bus.js.publish(f"gpu.health.{node}.0", b"not json", headers=ce_headers("small-1"))
+    name = f"small-{node}"
+    await bus.consume(spec(name, node), _never)
+    dl = (await wait_for(lambda: _n(bus, name, 1), what="dead letter"))[0].data
+    assert dl.payload == b"not json" and not dl.truncated
+    assert dl.payload_size == 8 and dl.payload_sha256 == hashlib.sha256(b"not json").hexdigest()
+
+
+async def _never(event: Event[Any], delivery: Delivery) -> None:
+    raise AssertionError("the handler must not run")
+
+
+async def test_errors_that_cannot_succeed_on_retry_are_dead_lettered_at_once(
+    bus: Bus, node: str
+) -> None:
+    """Validation, an invalid KV key, max payload: the first delivery is the last."""
+    kv = await bus.kv(f"poison-{node}")
+    attempts: dict[int, list[int]] = {0: [], 1: [], 2: []}
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        gpu = event.data.gpu_index
+        attempts[gpu].append(delivery.attempt)
+        if gpu == 0:
+            GpuHealth.model_validate({"node": "a b"})
+        elif gpu == 1:
+            await kv.put(f"node.{event.data.node} x", b"1")
+        else:
+            big = "x" * 2_000_000
+            await bus.publish(
+                make_event(event.data.model_copy(update={"gpu_uuid": big}), source="t")
+            )
+
+    for gpu in attempts:
+        await bus.publish(
+            make_event(
+                GpuHealth.example().model_copy(update={"node": node, "gpu_index": gpu}), source="t"
+            )
+        )
+    name = f"perm2-{node}"
+    began = time.monotonic()
+    await bus.consume(spec(name, node, retry_delays=(5.0,)), handler)
+    dls = await wait_for(lambda: _n(bus, name, 3), timeout=5, what="three dead letters")
+    assert time.monotonic() - began < 5
+    assert attempts == {0: [1], 1: [1], 2: [1]}
+    by_type = {d.data.error_type: d.data for d in dls}
+    assert set(by_type) == {"ValidationError", "InvalidKeyError", "PublishError"}
+    assert {d.reason for d in by_type.values()} == {"permanent"}
+    assert "maximum payload exceeded" in by_type["PublishError"].error
+    await wait_for(lambda: _acked(bus, name), what="all acked")
+
+
+async def test_big_publish_fails_at_once_without_retries(bus: Bus, node: str) -> None:
+    event = make_event(
+        GpuHealth.example().model_copy(update={"node": node, "gpu_uuid": "x" * 2_000_000}),
+        source="t",
+    )
+    began = time.monotonic()
+    with (
+        capture_logs() as logs,
+        pytest.raises(PublishError, match="maximum payload exceeded") as info,
+    ):
+        await bus.publish(event)
+    assert info.value.permanent
+    assert time.monotonic() - began < 0.5
+    assert not [e for e in logs if e["event"] == "bus.publish_retry"]
+    assert bus.connected  # refused here, not by the server (which would drop the connection)
+
+
+async def test_message_that_cannot_be_dead_lettered_is_terminated_and_audited(
+    own_nats: EmbeddedNats, node: str
+) -> None:
+    """With the DLQ stream gone for good, the original is tried `dead_letter_tries` times,
+    then terminated (AckTerm) and the termination audited: it never circulates forever."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="300ms", publish_retries=0)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source="test/term")
+    try:
+        await bus.js.delete_stream("DLQ")
+        await bus.js.publish(f"gpu.health.{node}.0", b"garbage", headers=ce_headers("term-1"))
+        name = f"term-{node}"
+        await bus.consume(spec(name, node, retry_delays=(0.05,), dead_letter_tries=3), _never)
+
+        async def terminated() -> list[Event[Any]] | None:
+            info = await bus.js.stream_info("AUDIT", subjects_filter="remediation.terminate.>")
+            if not info.state.messages:
+                return None
+            psub = await bus.js.pull_subscribe("remediation.terminate.>", stream="AUDIT")
+            try:
+                msgs = await psub.fetch(info.state.messages, timeout=2)
+                return [decode(m.subject, m.headers, m.data) for m in msgs]
+            finally:
+                await psub.unsubscribe()
+
+        audits = await wait_for(terminated, timeout=10, what="termination audited")
+        await wait_for(lambda: _acked(bus, name), what="nothing left unacknowledged")
+        audit = audits[0].data
+        assert audit.action == "terminate" and audit.outcome == "applied"
+        assert audit.trigger_event_id == "term-1"
+        assert "after 3 tries" in audit.reason
+        assert audit.details["subject"] == f"gpu.health.{node}.0"
+        assert audit.details["dead_letter_reason"] == "invalid"
+        assert audit.details["sha256"] == hashlib.sha256(b"garbage").hexdigest()
+        info = await bus.js.consumer_info("GPU", name)
+        assert info.delivered.consumer_seq == 3  # three deliveries in all
+        assert info.ack_floor.stream_seq == info.delivered.stream_seq
+    finally:
+        await bus.close(grace=1)
+
+
+async def test_log_lines_name_the_message_being_handled(bus: Bus, node: str) -> None:
+    """An undecodable message after a good one: its lines carry its own id and subject."""
+    good = health(node, 1)
+    await bus.publish(good)
+    await bus.js.publish(f"gpu.health.{node}.7", b"garbage", headers=ce_headers("bad-7"))
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        structlog.get_logger().info("handled")
+
+    name = f"ctx-{node}"
+    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await bus.consume(spec(name, node, concurrency=1), handler)
+        await wait_for(lambda: _n(bus, name, 1), what="dead letter")
+        await wait_for(lambda: _acked(bus, name), what="all acked")
+    handled = [e for e in logs if e["event"] == "handled"]
+    dead = [e for e in logs if e["event"] == "dlq.dead_lettered"]
+    assert handled and handled[0]["event_id"] == good.id
+    assert handled[0]["subject"] == good.nats_subject
+    assert dead and dead[0]["event_id"] == "bad-7"
+    assert dead[0]["subject"] == f"gpu.health.{node}.7"
+
+
+# -- identity binds to the subject ----------------------------------------------------
+
+
+async def test_identity_is_checked_by_default_and_on_call_told_once_per_publisher(
+    bus: Bus, node: str
+) -> None:
+    """A spec that declares nothing is still checked; two publishers forging a burst each
+    give one notice each, and every forged event is refused without the handler."""
+    other = f"{node}-b"
+    victim = f"{node}-victim"
+    for publisher in (node, other):
+        for gpu in range(4):
+            wire = encode(health(victim, gpu))
+            await bus.js.publish(f"gpu.health.{publisher}.{gpu}", wire.body, headers=wire.headers)
+    await bus.publish(health(node, 9))  # a true one
+    handled: list[str] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.data.node)
+
+    name = f"ident-{node}"
+    subjects = (f"gpu.health.{node}.>", f"gpu.health.{other}.>")
+    await bus.consume(spec(name, node, subjects=subjects), handler)
+    dls = await wait_for(lambda: _n(bus, name, 8), what="eight dead letters")
+    await wait_for(lambda: _acked(bus, name), what="all acked")
+    assert handled == [node]
+    assert {d.data.reason for d in dls} == {"identity_mismatch"}
+    info = await bus.js.stream_info("NOTIFY", subjects_filter="notify.critical.security")
+    psub = await bus.js.pull_subscribe("notify.critical.security", stream="NOTIFY")
+    try:
+        msgs = await psub.fetch(sum((info.state.subjects or {}).values()), timeout=2)
+        notes = [decode(m.subject, m.headers, m.data).data for m in msgs]
+    finally:
+        await psub.unsubscribe()
+    mine = sorted(n.targets[0].name for n in notes if n.targets[0].name in (node, other))
+    assert mine == sorted([node, other])

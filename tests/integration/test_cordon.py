@@ -7,6 +7,7 @@ KV bucket, so tests run in parallel against the session's nats-server.
 from __future__ import annotations
 
 import json
+import random
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import section
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.nodes import condition_of, taints_of
+from schemas.cloudevents import encode
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
@@ -31,6 +33,7 @@ from tests.integration.cordon_fixtures import (
     failed,
     health,
     notifications,
+    read_stream,
 )
 
 
@@ -543,3 +546,132 @@ async def test_no_execute_and_a_custom_policy(cordon_env: EnvFactory, tmp_path: 
     assert applied[0].policy == "degraded-too"
     effects = sorted(t["effect"] for t in taints_of(await env.node(name)) if t["key"] == TAINT_KEY)
     assert effects == ["NoExecute", "NoSchedule"]
+
+
+async def test_event_naming_no_kubernetes_node_is_dead_lettered_at_once(
+    cordon_env: EnvFactory,
+) -> None:
+    """A publisher that bypasses `nodeward publish`: names that are no Kubernetes name
+    (`gpu-*`, `>`, `a b`) are refused by the contract, dead-lettered as invalid on the first
+    delivery (no retries), and nothing is done to any node."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    target = env.nodes[0]
+    bad_names = ["gpu-*", ">", "a b"]
+    for i, bad in enumerate(bad_names):
+        wire = encode(failed(target, gpu=i))
+        body = json.loads(wire.body) | {"node": bad}
+        await env.bus.js.publish(wire.subject, json.dumps(body).encode(), headers=wire.headers)
+
+    async def dead() -> list[Any] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.GPU.{consumer}")
+        return events if len(events) == len(bad_names) else None
+
+    began = time.monotonic()
+    letters = [e.data for e in await wait_for(dead, timeout=5, what="three dead letters")]
+    assert time.monotonic() - began < 5
+    assert {d.reason for d in letters} == {"invalid"}
+    assert {d.deliveries for d in letters} == {1}
+    assert all("node" in d.error and "RFC 1123" in d.error for d in letters)
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, what="nothing left unacknowledged")
+    assert not tainted(await env.node(target))
+    assert await audits(env.bus, target) == []
+
+
+async def test_node_cannot_quarantine_another_node(cordon_env: EnvFactory) -> None:
+    """The reproduction of issue 16: node 01, on its own subject `gpu.health.<01>.<gpu>`,
+    says node 02's GPUs failed. 02 is not touched; each event is dead-lettered as
+    `identity_mismatch` and audited as a security event; on-call hears once for the burst."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    publisher, victim = env.nodes[0], env.nodes[1]
+    burst = 5
+    for gpu in range(burst):
+        wire = encode(failed(victim, gpu=gpu, seq=gpu + 1))
+        own_subject = f"gpu.health.{publisher}.{gpu}"
+        await env.bus.js.publish(own_subject, wire.body, headers=wire.headers)
+
+    async def dead() -> list[Any] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.GPU.{consumer}")
+        return events if len(events) == burst else None
+
+    letters = [e.data for e in await wait_for(dead, timeout=5, what="dead letters")]
+    assert {d.reason for d in letters} == {"identity_mismatch"}
+    assert {d.deliveries for d in letters} == {1}
+    for d in letters:
+        assert f"data.node '{victim}'" in d.error and f"'{publisher}'" in d.error
+    refused = await audits(env.bus, victim, "identity_mismatch")
+    assert len(refused) == burst
+    assert {r.outcome for r in refused} == {Outcome.REFUSED}
+    assert {r.details["publisher"] for r in refused} == {publisher}
+    assert all(r.details["security"] for r in refused)
+
+    async def notices() -> list[Any]:
+        events = await read_stream(env.bus, "NOTIFY", "notify.critical.security")
+        return [e.data for e in events if any(t.name == publisher for t in e.data.targets)]
+
+    told = await wait_for(notices, what="on-call notice")
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, what="nothing left unacknowledged")
+    assert len(await notices()) == 1 == len(told)
+    assert told[0].audience == "oncall" and victim in told[0].title
+    node = await env.node(victim)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    assert await _applied(env.bus, victim) == []
+    # Node 02's own agent is still heard.
+    await env.publish(failed(victim, gpu=7, seq=100))
+    await wait_for(lambda: _applied(env.bus, victim), what="a real failure still quarantines")
+
+
+async def test_garbage_then_a_real_fault_is_handled_within_a_second(
+    cordon_env: EnvFactory,
+) -> None:
+    """200 random garbage messages on the subjects cordon consumes (no headers, bad
+    headers, valid headers with random bodies, forged names), then a real XID 79: it is
+    quarantined within a second, and every piece of garbage is dead-lettered."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    rng = random.Random(16)
+    template = encode(failed(env.nodes[2]))
+    for i in range(200):
+        node = rng.choice(env.nodes[3:])  # never the template's node (2), nor the target
+        subject = f"gpu.health.{node}.{rng.randrange(8)}"
+        body = rng.randbytes(rng.randrange(0, 4096))
+        kind = i % 4
+        if kind == 0:
+            await env.bus.js.publish(subject, body)
+        elif kind == 1:
+            headers = {"ce-type": "gpu.health.v1", "ce-id": f"g{i}", "ce-specversion": "9"}
+            await env.bus.js.publish(subject, body, headers=headers)
+        elif kind == 2:
+            headers = dict(template.headers) | {"ce-id": f"g{i}", "Nats-Msg-Id": f"g{i}"}
+            await env.bus.js.publish(subject, body, headers=headers)
+        else:  # well-formed, but about another node than its subject
+            headers = dict(template.headers) | {"ce-id": f"g{i}", "Nats-Msg-Id": f"g{i}"}
+            await env.bus.js.publish(subject, template.body, headers=headers)
+    target = env.nodes[0]
+    began = time.monotonic()
+    await env.publish(failed(target))
+    await wait_for(lambda: _applied(env.bus, target), timeout=5, what="the real fault handled")
+    assert time.monotonic() - began < 1.0
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, timeout=20, what="all garbage dead-lettered")
+    info = await env.bus.js.stream_info("DLQ", subjects_filter=f"dlq.GPU.{consumer}")
+    assert info.state.subjects == {f"dlq.GPU.{consumer}": 200}
+    assert [n for n in env.nodes if tainted(await env.node(n))] == [target]

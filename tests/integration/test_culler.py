@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from nodeward.bus import Bus
+from schemas.cloudevents import encode
 from schemas.dlq import DeadLetter
 from schemas.remediation import Outcome
 from schemas.session import ActivityState
@@ -266,3 +267,34 @@ async def test_a_stale_idle_event_is_audited_as_stale_like_cordon_and_not_acted_
     # A fresh sample of the same idle period is acted on: the owner is warned.
     await env.publish(env.idle("nb-a-0", since))
     await wait_for(lambda: env.user_notices("nb-a-0"), what="the warning")
+
+
+async def test_idle_event_about_another_pod_than_its_subject_is_refused(
+    culler_env: EnvFactory,
+) -> None:
+    """On `session.idle.<node>.<ns>.nb-a-0`, data naming nb-b-0 (long idle) stops nothing:
+    dead-lettered as `identity_mismatch`, audited, one on-call notice for the burst."""
+    env = await culler_env()
+    await env.start()
+    consumer = env.settings.services["culler"]["consumer"]
+    forged = [env.idle("nb-b-0", ago(60)) for _ in range(3)]
+    for event in forged:
+        wire = encode(event)
+        await env.bus.js.publish(
+            f"session.idle.{env.node}.{env.ns}.nb-a-0", wire.body, headers=wire.headers
+        )
+
+    async def dead() -> list[DeadLetter] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.SESSIONS.{consumer}")
+        return [e.data for e in events] if len(events) == len(forged) else None
+
+    letters = await wait_for(dead, what="dead letters")
+    await wait_for(env.settled, what="all acked")
+    assert {d.reason for d in letters} == {"identity_mismatch"}
+    assert all("data.pod 'nb-b-0'" in d.error and "'nb-a-0'" in d.error for d in letters)
+    refused = await env.audits("identity_mismatch")
+    assert len(refused) == len(forged) and {r.outcome for r in refused} == {Outcome.REFUSED}
+    notices = await read_stream(env.bus, "NOTIFY", "notify.critical.security")
+    assert len([n for n in notices if n.data.targets[0].name == env.node]) == 1
+    assert await env.stopped("nb-b") is None
+    assert await env.user_notices("nb-b-0") == []

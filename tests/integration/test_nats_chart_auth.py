@@ -26,7 +26,8 @@ from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.nats_auth import agent_inbox, service_inbox
-from schemas import Event, make_event
+from schemas import Event, decode, make_event
+from schemas.cloudevents import encode
 from schemas.gpu import GpuHealth
 from schemas.remediation import Remediation
 from tests.conftest import wait_for
@@ -239,3 +240,104 @@ async def test_a_missing_seed_file_is_one_clear_error(tmp_path: Path) -> None:
     assert (
         str(caught.value) == f"cannot read the nkey seed file {missing}: No such file or directory"
     )
+
+
+async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_path: Path) -> None:
+    """Issue 16's reproduction under the chart's authorization: node A's user may publish
+    on `gpu.health.<A>.0`, and does, a failure of node B. The cordon user's consumer never
+    hands it to the handler; with its own rights it dead-letters it (`identity_mismatch`),
+    audits it and tells on-call once for the burst."""
+    seed_file = tmp_path / "agent-a.nk"
+    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
+    assert keygen.returncode == 0, keygen.stderr
+    _, key_b = new_nkey()
+    node_a, node_b = "gpu-h100-01", "gpu-h100-02"
+    docs = render(tmp_path, representative_values({node_a: keygen.stdout.strip(), node_b: key_b}))
+    conf = _auth_layout(tmp_path, docs)
+    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    cordon = named(docs, "Secret", "nw-nats-cordon")
+
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+        provision = await asyncio.to_thread(
+            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
+        )
+        assert provision.returncode == 0, provision.stderr
+        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
+        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+        agent = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                nkey_seed_file=seed_file,
+                inbox_prefix=agent_inbox(node_a),
+                provision=False,
+            ),
+            source=f"agent/gpu/{node_a}",
+        )
+        service = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                user=_decode_secret(cordon, "user"),
+                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
+                inbox_prefix=service_inbox("cordon"),
+                provision=False,
+            ),
+            source="service/cordon",
+        )
+        try:
+            burst = 3
+            for gpu in range(burst):  # accepted by the server: A's own subject
+                wire = encode(_health(node_b))
+                ack = await agent.js.publish(
+                    f"gpu.health.{node_a}.{gpu}", wire.body, headers=wire.headers
+                )
+                assert ack.stream == "GPU"
+            got: list[str] = []
+
+            async def handle(event: Event[Any], delivery: Delivery) -> None:
+                got.append(event.data.node)
+
+            spec = ConsumerSpec(
+                name="cordon",
+                stream="GPU",
+                subjects=("gpu.health.>",),
+                identity=(ConsumerSpec.bind(GpuHealth, "node"),),
+            )
+            await service.consume(spec, handle)
+
+            async def stored(stream: str, subject: str, n: int) -> list[Event[Any]] | None:
+                info = await admin.js.stream_info(stream, subjects_filter=subject)
+                if sum((info.state.subjects or {}).values()) < n:
+                    return None
+                psub = await admin.js.pull_subscribe(subject, stream=stream)
+                try:
+                    msgs = await psub.fetch(n, timeout=2)
+                    return [decode(m.subject, m.headers, m.data) for m in msgs]
+                finally:
+                    await psub.unsubscribe()
+
+            dead = await wait_for(lambda: stored("DLQ", "dlq.GPU.cordon", burst), what="DLQ")
+            assert {e.data.reason for e in dead} == {"identity_mismatch"}
+            assert all(node_a in e.data.error and node_b in e.data.error for e in dead)
+            audits = await wait_for(
+                lambda: stored("AUDIT", f"remediation.identity_mismatch.{node_b}", burst),
+                what="security audits",
+            )
+            assert {e.data.details["publisher"] for e in audits} == {node_a}
+            notes = await wait_for(
+                lambda: stored("NOTIFY", "notify.critical.security", 1), what="on-call notice"
+            )
+
+            async def settled() -> bool:
+                info = await admin.js.consumer_info("GPU", "cordon")
+                return info.num_ack_pending == 0 and info.num_pending == 0
+
+            await wait_for(settled, what="nothing left unacknowledged")
+            notify = await admin.js.stream_info("NOTIFY", subjects_filter="notify.>")
+            assert notify.state.messages == 1  # one notice for the burst
+            assert notes[0].data.targets[0].name == node_a
+            assert got == []
+        finally:
+            await service.close(grace=1)
+            await agent.close(grace=1)
+            await admin.close(grace=1)

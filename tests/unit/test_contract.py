@@ -99,14 +99,22 @@ def test_subject_belongs_to_its_stream_and_pattern(name: str) -> None:
 
 
 HOSTILE = "a.b c*d>e\tf/é"
-SUBJECT_FIELDS = ("node", "namespace", "pod", "secret", "topic", "action", "stream", "consumer")
+# Kubernetes names: validated by the contract (RFC 1123), so hostile values never get in.
+NAME_FIELDS = ("node", "namespace", "pod", "secret")
+# Free text that still becomes a subject token: sanitised into one token.
+TOKEN_FIELDS = ("topic", "action", "stream", "consumer")
+BAD_NAMES = ("gpu-*", ">", "a b", "Gpu-01", "-gpu", "gpu-", "a..b", "é", "", "a" * 254)
+
+
+def _example(name: str) -> dict[str, Any]:
+    return dict(REGISTRY[name].model.model_config["json_schema_extra"]["examples"][0])  # type: ignore[index,call-overload]
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_hostile_names_stay_inside_one_token(name: str) -> None:
     et = REGISTRY[name]
-    raw = dict(et.model.model_config["json_schema_extra"]["examples"][0])  # type: ignore[index,call-overload]
-    for key in SUBJECT_FIELDS:
+    raw = _example(name)
+    for key in TOKEN_FIELDS:
         if key in raw:
             raw[key] = HOSTILE
     if name == "remediation.v1":
@@ -116,6 +124,36 @@ def test_hostile_names_stay_inside_one_token(name: str) -> None:
     subject = et.model.model_validate(raw).nats_subject()
     assert subject_matches(et.subject_wildcard, subject), subject
     assert not set(" \t*>") & set(subject)
+
+
+NAMED = [(n, f) for n in TYPES for f in NAME_FIELDS if f in _example(n)]
+
+
+@pytest.mark.parametrize(("name", "field"), NAMED, ids=[f"{n}:{f}" for n, f in NAMED])
+def test_names_that_are_not_kubernetes_names_are_refused(name: str, field: str) -> None:
+    wire = encode(example_event(name))
+    for bad in BAD_NAMES:
+        body = json.loads(wire.body)
+        body[field] = bad
+        err = decode_error(wire.subject, wire.headers, json.dumps(body).encode())
+        assert err.reason == "invalid_data" and field in str(err)
+        assert_one_line(err)
+        if bad:
+            assert "RFC 1123" in str(err)
+    limit = 63 if field == "namespace" else 253
+    goods = ["gpu-h100-01", "0", "a" * limit] + ([] if field == "namespace" else ["n1.dc-2.x"])
+    for good in goods:
+        body = json.loads(wire.body)
+        body[field] = good
+        event = decode(wire.subject, wire.headers, json.dumps(body).encode())
+        assert getattr(event.data, field) == good
+
+
+def test_pod_references_are_kubernetes_names() -> None:
+    raw = _example("gpu.health.v1")
+    raw["pods"] = [{"namespace": "user.alice", "name": "jupyter-alice-0"}]
+    with pytest.raises(ValueError, match="RFC 1123 label"):
+        GpuHealth.model_validate(raw)
 
 
 @pytest.mark.parametrize("name", TYPES)
