@@ -43,11 +43,13 @@ from schemas.remediation import Outcome
 from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
 from services.cordon.marks import (
     ACTOR,
-    TAINT_KEY,
-    QuarantineMarks,
+    OWNER,
+    QUARANTINE_ANNOTATION,
+    annotation,
     applied_details,
-    has_taint,
+    spec_for,
     unschedulable,
+    with_entry,
 )
 from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
 from services.kernel import (
@@ -64,6 +66,7 @@ from services.kernel import (
     RateLimitSettings,
     drain,
 )
+from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
 TOPIC = "gpu-health"
@@ -131,7 +134,7 @@ class CordonService:
         self.settings = settings
         self.policy = policy
         self.breaker = breaker
-        self.marks = QuarantineMarks(cluster)
+        self.marks = NodeMarks(cluster, records.kv, OWNER)
         self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
@@ -280,13 +283,16 @@ class CordonService:
     ) -> None:
         name, gpu = health.node, health.gpu_key()
         q = record.quarantine
+        # A quarantine cut short (pending) is finished under its own incident, so its
+        # audit id is the same whichever event finishes it: one `applied` per incident.
+        pending = q is not None and q.phase == "pending" and not q.dry_run
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
             reason=f"{name}: {describe(health)}",
             policy=decision.rule,
-            trigger_id=event.id,
-            trigger_time=event.time,
+            trigger_id=q.incident if pending and q else event.id,
+            trigger_time=q.started_at if pending and q else event.time,
             obj=node,
             details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
         )
@@ -385,14 +391,8 @@ class CordonService:
         self, name: str, gpu: str, event: Event[Any], *, decision: Decision, reason: str, node: Obj
     ) -> dict[str, Any]:
         key = node_key(name)
-        fresh = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
+        planned = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
             update={"prior_unschedulable": unschedulable(node)}
-        )
-        planned = self.marks.plan(
-            node,
-            fresh,
-            cordon=self.settings.cordon,
-            no_execute=decision.no_execute or self.settings.no_execute,
         )
 
         def intend(current: NodeRecord | None) -> NodeRecord | None:
@@ -411,7 +411,19 @@ class CordonService:
         written = await self.records.update(key, intend)
         assert written is not None and written.value.quarantine is not None
         q = written.value.quarantine
-        details = await self.marks.apply(name, q)
+        spec = spec_for(
+            q, cordon=self.settings.cordon, no_execute=decision.no_execute or self.settings.no_execute
+        )
+        pending = q
+
+        def summary(entry: Any) -> dict[str, str]:
+            return {QUARANTINE_ANNOTATION: annotation(with_entry(pending, entry))}
+
+        await self.marks.apply(name, q.incident, spec, annotate=summary)
+        intent = await self.marks.intent(name)
+        if intent is not None and intent.incident == q.incident:
+            q = with_entry(q, intent.entry)
+        details = applied_details(q)
         if decision.drain or self.settings.drain.enabled:
             # Before the quarantine is marked applied: a restart mid-drain drains again.
             result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
@@ -433,7 +445,14 @@ class CordonService:
             record = current or NodeRecord()
             if record.quarantine is None or record.quarantine.incident != q.incident:
                 return None
-            update = {"phase": "applied", "event_recorded": True, "applied_at": time.time()}
+            update = {
+                "phase": "applied",
+                "event_recorded": True,
+                "applied_at": time.time(),
+                "taints": q.taints,
+                "cordoned": q.cordoned,
+                "prior_unschedulable": q.prior_unschedulable,
+            }
             return record.model_copy(
                 update={"quarantine": record.quarantine.model_copy(update=update)}
             )
@@ -478,7 +497,7 @@ class CordonService:
 
         async def act() -> dict[str, Any]:
             if not q.dry_run:
-                await self.marks.update_annotation(name, q)
+                await self.marks.set_annotations(name, {QUARANTINE_ANNOTATION: annotation(q)})
             return {"gpus": q.gpus, "incident": q.incident}
 
         # Already quarantined: no new target for the breaker or the rate limit.
@@ -490,13 +509,20 @@ class CordonService:
         q = record.quarantine
         if q is None or q.phase != "applied" or q.dry_run or q.operator_released:
             return record
-        uncordoned = q.cordoned and not unschedulable(node)
-        untainted = bool(q.taints) and not all(has_taint(node, e) for e in q.taints)
-        if not (uncordoned or untainted):
+        # Only NodeMarks' `applied` intent can show an operator's act: a mark missing while
+        # nodeward itself is releasing is its own half-done step, finished by the release.
+        found = await self.marks.operator_act(name, node)
+        intent = await self.marks.intent(name)
+        respected = (
+            intent is not None
+            and intent.incident == q.incident
+            and intent.phase == "applied"
+            and intent.operator_released
+        )
+        if found is None and not respected:
             return record
-        what = "uncordoned" if uncordoned else f"removed taint {TAINT_KEY} from"
+        what = found[1] if found else "took back"
         self.log.warning("cordon.manual_release", what=what)
-        details = await self.marks.respect_operator(name, q)
 
         def released(current: NodeRecord | None) -> NodeRecord | None:
             rec = current or NodeRecord()
@@ -515,13 +541,15 @@ class CordonService:
             trigger_id=q.incident,
             trigger_time=q.started_at,
             protective=False,
-            details={**details, "by": "operator", "incident": q.incident},
+            details={"by": "operator", "incident": q.incident},
         )
-        # Audit first: a restart before the record is written detects it again and
+        # Audit first: a restart before NodeMarks records it detects it again and
         # re-publishes the same audit id, which JetStream stores once.
-        await self.auditor.record(
-            proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
-        )
+        if found is not None:
+            await self.auditor.record(
+                proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
+            )
+        await self.marks.respect(name)
         written = await self.records.update(node_key(name), released)
         return written.value if written else record
 
@@ -547,7 +575,9 @@ class CordonService:
         )
 
         async def act() -> dict[str, Any]:
-            return await self.marks.undo(name, q)
+            details = await self.marks.release(name)
+            # None: already released (a restart after the release, before the record cleared).
+            return details or {"incident": q.incident}
 
         runner = self.runner if not q.dry_run else ActionRunner(self.auditor, dry_run=True)
         await runner.run(proposal, act, [])  # releasing is never blocked by a guard
