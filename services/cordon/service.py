@@ -98,6 +98,10 @@ class CordonSettings(Section):
         description="older failures (a replay on cold start) are recorded, never acted on",
     )
     reconcile_interval: Duration = timedelta(seconds=15)
+    ack_wait: Duration = Field(
+        default=timedelta(seconds=30),
+        description="an event held by a crashed replica is redelivered after this long",
+    )
     node_count_ttl: Duration = timedelta(seconds=30)
     breaker: BreakerSettings = BreakerSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
@@ -155,6 +159,7 @@ class CordonService:
             order_key=lambda e: str(e.data.node),
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=8,
+            ack_wait=self.settings.ack_wait,
         )
 
     @contextlib.asynccontextmanager
@@ -409,6 +414,7 @@ class CordonService:
             return record.model_copy(update={"quarantine": planned})
 
         written = await self.records.update(key, intend)
+        self.marks.failpoints.hit("cordon.quarantine.pending")
         assert written is not None and written.value.quarantine is not None
         q = written.value.quarantine
         spec = spec_for(
@@ -458,6 +464,7 @@ class CordonService:
             )
 
         await self.records.update(key, done)
+        self.marks.failpoints.hit("cordon.quarantine.applied")
         if decision.maintenance:
             details["maintenance"] = await self._request_maintenance(name, q)
         return details
@@ -581,6 +588,7 @@ class CordonService:
 
         runner = self.runner if not q.dry_run else ActionRunner(self.auditor, dry_run=True)
         await runner.run(proposal, act, [])  # releasing is never blocked by a guard
+        self.marks.failpoints.hit("cordon.release.audited")
 
         def cleared(current: NodeRecord | None) -> NodeRecord | None:
             rec = current or NodeRecord()
@@ -591,6 +599,7 @@ class CordonService:
             )
 
         await self.records.update(node_key(name), cleared)
+        self.marks.failpoints.hit("cordon.release.cleared")
 
     async def reconcile_once(self) -> None:
         """Release due nodes and notice manual uncordons, for every node with a quarantine."""
