@@ -20,6 +20,7 @@ from schemas.remediation import Remediation
 
 CORDON_BUCKET = "cordon"
 BREAKER_KEY = "breaker"
+BREAKER_BUCKET = "breaker"  # shared by every service that removes nodes from service
 NODE_PREFIX = "node."
 TAINT_KEY = "nodeward.io/gpu-unhealthy"  # the quarantine taint (ARCHITECTURE.md, names)
 HEALTH_ORDER = ("failed", "degraded", "unknown", "healthy")
@@ -225,6 +226,19 @@ def _gpu_order(key: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 1 << 30, key)
 
 
+async def _shared_breaker(js: Any) -> BreakerView | None:
+    """The circuit breaker shared by every service that removes nodes (KV `breaker`)."""
+    try:
+        kv = await js.key_value(BREAKER_BUCKET)
+        entry = await kv.get(BREAKER_KEY)
+    except (BucketNotFoundError, NotFoundError, KeyError):
+        return None
+    try:
+        return BreakerView.model_validate_json(entry.value) if entry.value else None
+    except ValidationError:
+        return None
+
+
 async def _kv_records(
     js: Any, missing: list[str]
 ) -> tuple[dict[str, NodeRecordView], BreakerView | None]:
@@ -321,7 +335,8 @@ async def gather_status(
     js = nc.jetstream()
     missing: list[str] = []
     notes: list[str] = []
-    records, breaker = await _kv_records(js, missing)
+    records, legacy_breaker = await _kv_records(js, missing)
+    breaker = await _shared_breaker(js) or legacy_breaker
     health_subjects = await _subjects(js, "GPU", "gpu.health.>", missing)
     health = [
         e.data

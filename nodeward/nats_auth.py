@@ -65,15 +65,18 @@ class ServiceGrants:
 _ACTS = ("remediation.>", "notify.>")
 SERVICES: dict[str, ServiceGrants] = {
     # A quarantine rule with `maintenance: true` asks services.checkpoint for the node's maintenance.
-    "cordon": ServiceGrants((("GPU", "cordon"),), ("cordon",), ("maintenance.requested.*", *_ACTS)),
+    # `breaker`: the circuit breaker every service that removes nodes from service shares.
+    "cordon": ServiceGrants(
+        (("GPU", "cordon"),), ("cordon", "breaker"), ("maintenance.requested.*", *_ACTS)
+    ),
     "notifier": ServiceGrants((("NOTIFY", "notifier"),), ("notifier",), ()),
     "culler": ServiceGrants((("SESSIONS", "culler"),), ("culler",), _ACTS),
     "credentials": ServiceGrants(
         (("CREDENTIALS", "credentials"),), ("credentials",), ("credentials.>", *_ACTS)
     ),
-    "falco": ServiceGrants((("SECURITY", "falco"),), ("falco",), ("falco.>", *_ACTS)),
+    "falco": ServiceGrants((("SECURITY", "falco"),), ("falco", "breaker"), ("falco.>", *_ACTS)),
     "checkpoint": ServiceGrants(
-        (("MAINTENANCE", "checkpoint"),), ("checkpoint",), ("maintenance.>", *_ACTS)
+        (("MAINTENANCE", "checkpoint"),), ("checkpoint", "breaker"), ("maintenance.>", *_ACTS)
     ),
 }
 

@@ -31,6 +31,14 @@ AGENT_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
 )
 
 
+# KV buckets shared by several services, provisioned with the streams.
+# `breaker`: the one circuit breaker on removing nodes from service (key `breaker`), shared
+# by GPU quarantine (cordon), the Falco cordon and service-requested maintenance.
+SHARED_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
+    {"breaker": (5, "the circuit breaker on removing nodes from service, key breaker")}
+)
+
+
 def stream_config(spec: StreamSpec) -> api.StreamConfig:
     return api.StreamConfig(
         name=spec.name,

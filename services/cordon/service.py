@@ -637,13 +637,14 @@ class CordonService:
 async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
     """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
 
-    Operators without the CLI can delete the key: `nats kv del <bucket> breaker`.
+    Operators without the CLI can delete the key: `nats kv del breaker breaker`. The
+    breaker is shared by every service that removes nodes from service.
     """
 
     async def no_population() -> int:
         return 0
 
-    kv = await bus.kv(config.bucket, history=5)
+    kv = await bus.kv(config.breaker.bucket, history=5)
     await CircuitBreaker(kv, config.breaker, no_population).reset()
 
 
@@ -663,7 +664,12 @@ async def build(settings: Settings) -> Daemon:
     async def population() -> int:
         return await service.population()
 
-    breaker = CircuitBreaker(kv, config.breaker, population, registry=daemon.metrics.registry)
+    breaker = CircuitBreaker(
+        await bus.kv(config.breaker.bucket, history=5),
+        config.breaker,
+        population,
+        registry=daemon.metrics.registry,
+    )
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
     )
@@ -692,7 +698,7 @@ async def _reset_breaker_command(settings: Settings) -> str:
         await reset_breaker(bus, config)
     finally:
         await bus.close(grace=1)
-    return f"cordon: circuit breaker reset (KV {config.bucket}/breaker)"
+    return f"cordon: circuit breaker reset (KV {config.breaker.bucket}/breaker)"
 
 
 standalone = Standalone(build, admin={"reset-breaker": _reset_breaker_command})

@@ -29,6 +29,12 @@ BREAKER_KEY = "breaker"
 
 
 class BreakerSettings(Section):
+    """Each service that removes nodes from service configures it; they share one window
+    (KV `bucket`/`breaker`), so give them the same limits."""
+
+    bucket: str = Field(
+        default="breaker", description="KV bucket of the shared window (key `breaker`)"
+    )
     max_percent: float = Field(default=20.0, gt=0, le=100)
     max_nodes: int = Field(default=5, ge=1)
     window: Duration = timedelta(minutes=10)

@@ -183,7 +183,7 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
 
     # Reset through KV: the next failure of a refused node quarantines it.
     config = section(env.settings, "services", "cordon", CordonSettings)
-    state = await TypedKV(await env.bus.kv(config.bucket), BreakerState).get("breaker")
+    state = await TypedKV(await env.bus.kv(config.breaker.bucket), BreakerState).get("breaker")
     assert state is not None and state.value.tripped_at is not None
     await reset_breaker(env.bus, config)
     await env.publish(failed(refused[0], seq=2))

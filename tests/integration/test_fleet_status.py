@@ -57,7 +57,8 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
             )
         ),
     )
-    await TypedKV(kv, BreakerState).put("breaker", BreakerState(admitted={"Node/gpu-a": 1.0}))
+    breaker = await own_bus.kv("breaker")  # shared by every service that removes nodes
+    await TypedKV(breaker, BreakerState).put("breaker", BreakerState(admitted={"Node/gpu-a": 1.0}))
     for event_data in (
         _health("gpu-a", 0, HealthState.HEALTHY),
         _health("gpu-a", 1, HealthState.HEALTHY),
