@@ -126,6 +126,21 @@ def plan(node: Obj, owner: str, incident: str, spec: MarkSpec) -> MarkEntry:
     )
 
 
+def supersede(old: MarkEntry, new: MarkEntry, *, operator_released: bool) -> MarkEntry:
+    """A new incident on a node the owner still holds: what the node had before the older
+    incident stays the prior state; marks the owner still holds stay its own."""
+    kept = reduced(old) if operator_released else old
+    taints = [*kept.taints, *(t for t in new.taints if t not in kept.taints)]
+    return new.model_copy(
+        update={
+            "taints": taints,
+            "prior_unschedulable": kept.prior_unschedulable if kept.cordon else new.prior_unschedulable,
+            "labels": {**new.labels, **old.labels},
+            "annotations": sorted({*old.annotations, *new.annotations}),
+        }
+    )
+
+
 def _split(taint: str) -> dict[str, Any]:
     key, _, effect = taint.rpartition(":")
     new: dict[str, Any] = {"key": key, "effect": effect}
@@ -152,8 +167,15 @@ def apply_patch(node: Obj, owner: str, entry: MarkEntry, spec: MarkSpec) -> Obj 
         k: v for k, v in spec.annotations.items() if notes.get(k) != v
     }
     all_entries = entries(node)
-    if all_entries.get(owner) != entry:
-        all_entries[owner] = entry
+    before = dict(all_entries)
+    if not unschedulable(node):
+        # Another owner's cordon on a schedulable node was lifted by an operator (e.g. after
+        # a maintenance): its claim is void and must not keep our cordon on at release.
+        for o, e in all_entries.items():
+            if o != owner and e.cordon:
+                all_entries[o] = e.model_copy(update={"cordon": False})
+    all_entries[owner] = entry
+    if all_entries != before:
         new_notes[MARKS_ANNOTATION] = _encode(all_entries)
     metadata: dict[str, Any] = {}
     if new_labels:
@@ -312,23 +334,32 @@ class NodeMarks:
     ) -> dict[str, Any]:
         """Put `spec` on `node` for `incident`; idempotent, and finishes a cut-short attempt.
 
-        An intent already `applying` or `applied` (this incident or an earlier one still
-        held) is continued as recorded: its prior state was read before any change. An
-        `applied` one is not written again (an operator's change since is theirs).
+        An intent already `applying` is continued as recorded: its prior state was read
+        before any change. An `applied` one of this incident is not written again (an
+        operator's change since is theirs); a new incident supersedes it, keeping the
+        prior state the older one recorded.
         """
         intent = await self.intent(node)
         if intent is not None and intent.phase == "releasing":
             await self._finish_release(intent)
             intent = None
-        if intent is None or intent.phase == "released":
+        older = intent if intent is not None and intent.phase == "applied" else None
+        if older is not None and older.incident == incident:
+            return self.details(older)
+        if intent is None or intent.phase == "released" or older is not None:
             obj = await self.cluster.nodes.get(node)
             entry = plan(obj, self.owner, incident, spec)
+            if older is not None:
+                entry = supersede(
+                    older.entry, entry, operator_released=older.operator_released
+                )
             if annotate is not None:
                 # Annotations that say what was planned (a readable summary for kubectl).
                 spec = spec.model_copy(
                     update={"annotations": {**spec.annotations, **annotate(entry)}}
                 )
-                entry = entry.model_copy(update={"annotations": sorted(spec.annotations)})
+                notes = sorted({*entry.annotations, *spec.annotations})
+                entry = entry.model_copy(update={"annotations": notes})
             intent = MarkIntent(
                 owner=self.owner,
                 node=node,

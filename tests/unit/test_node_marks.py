@@ -185,3 +185,25 @@ def test_failpoint_terms() -> None:
     points = Failpoints({"never": 1})
     points.hit("other")  # not armed for it: nothing happens
     assert points.seen["other"] == 1
+
+
+def test_a_cordon_claim_an_operator_lifted_does_not_keep_a_later_cordon() -> None:
+    """Maintenance cordons and is done; the operator uncordons; a quarantine later cordons:
+    its release uncordons, the stale maintenance claim notwithstanding."""
+    one, _ = hold(node(), "maintenance", F)
+    one["spec"].pop("unschedulable")  # the operator, after the work
+    two, q = hold(one, "quarantine", Q)
+    assert q.prior_unschedulable is False
+    assert entries(two)["maintenance"].cordon is False
+    assert "unschedulable" not in let_go(two, "quarantine", q, Q)["spec"]
+
+
+def test_a_new_incident_keeps_the_prior_state_of_the_one_it_supersedes() -> None:
+    from services.kernel.marks import supersede
+
+    one, first = hold(node(), "quarantine", Q)
+    again = plan(one, "quarantine", "inc-2", Q)
+    assert again.prior_unschedulable is True  # alone it would read our cordon as a prior one
+    merged = supersede(first, again, operator_released=False)
+    assert merged.prior_unschedulable is False and merged.incident == "inc-2"
+    assert merged.taints == first.taints and merged.labels == {"nodeward.io/gpu-health": None}
