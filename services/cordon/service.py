@@ -301,6 +301,13 @@ class CordonService:
             obj=node,
             details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
         )
+        if q is not None and await self._releasing(name, q):
+            # A release cut short by a restart: finish it before this failure is judged,
+            # else "already quarantined" would leave the node released with the record held.
+            await self._release(
+                name, q, f"finishing the release of quarantine {q.incident} after a restart"
+            )
+            q = None
         if q is not None and q.phase == "applied" and not q.operator_released:
             if q.incident == event.id:
                 # This very event opened the quarantine: a redelivery after a restart between
@@ -570,10 +577,29 @@ class CordonService:
             return
         if self.cooldown.remaining(q.applied_at, time.time()) > 0:
             return
+        await self._release(
+            name,
+            q,
+            f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+        )
+
+    async def _releasing(self, name: str, q: Quarantine) -> bool:
+        """True if NodeMarks has started (or finished) the release of this quarantine."""
+        if q.phase != "applied" or q.dry_run:
+            return False
+        intent = await self.marks.intent(name)
+        return (
+            intent is not None
+            and intent.incident == q.incident
+            and intent.phase in ("releasing", "released")
+        )
+
+    async def _release(self, name: str, q: Quarantine, reason: str) -> None:
+        """Undo quarantine `q` (or finish undoing it), audit it, clear the record."""
         proposal = Proposal(
             action="release",
             target=_target(name),
-            reason=f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+            reason=reason,
             policy=q.rule,
             trigger_id=q.incident,
             trigger_time=q.started_at,

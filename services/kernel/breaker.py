@@ -92,6 +92,36 @@ def decide(
     return state, True
 
 
+class NodePopulation:
+    """How many nodes the breaker's percentage is of, read through the kube port (cached
+    for `ttl` seconds). With no node matching the selector (no GPU feature discovery) it
+    counts every node: a limit of 0 would refuse everything."""
+
+    def __init__(
+        self,
+        count: Callable[[str | None], Awaitable[int]],
+        selector: str | None,
+        *,
+        ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.count = count
+        self.selector = selector
+        self.ttl = ttl
+        self.clock = clock
+        self._cached: tuple[float, int] | None = None
+
+    async def __call__(self) -> int:
+        now = self.clock()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        count = await self.count(self.selector)
+        if count == 0 and self.selector:
+            count = await self.count(None)
+        self._cached = (now, count)
+        return count
+
+
 class CircuitBreaker:
     """A guard backed by one KV key, shared by every replica (revision-checked updates)."""
 

@@ -1,0 +1,80 @@
+"""The maintenance cordon survives a SIGKILL at every write (KV and API) of its NodeMarks.
+
+The checkpoint service runs as its own process, killed at one step boundary by
+`NODEWARD_FAILPOINT`, and restarted without it: the maintenance ends `done` with the node
+cordoned by nodeward (its prior state recorded), exactly one `cordon applied` audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.maintenance import MaintenancePhase
+from schemas.remediation import Outcome
+from services.kernel.marks import entries
+from services.maintenance.service import CORDON_ANNOTATION
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import audits
+from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.maintenance_fixtures import EnvFactory, MaintenanceEnv
+
+POINTS = [
+    "marks.apply.intent",
+    "marks.apply.patched",
+    "marks.apply.event",
+    "marks.apply.done",
+    "maintenance.cordon.advanced",
+]
+
+ProcFactory = Callable[..., Awaitable[tuple[MaintenanceEnv, ServiceProcess]]]
+
+
+@pytest.fixture
+async def checkpoint_process(
+    maintenance_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> AsyncIterator[ProcFactory]:
+    made: list[ServiceProcess] = []
+
+    async def make(**service: Any) -> tuple[MaintenanceEnv, ServiceProcess]:
+        env = await maintenance_env(pods=lambda node: [], lease_ttl="1s", **service)
+        config = {
+            "bus": {"url": nats_url, "publish_timeout": "2s"},
+            "cluster": {"kubeconfig": str(env.settings.cluster.kubeconfig), "retries": 1},
+            "daemon": {"shutdown_timeout": "4s"},
+            "services": {"checkpoint": dict(env.settings.services["checkpoint"])},
+        }
+        proc = ServiceProcess("checkpoint", config, tmp_path, nats_url)
+        made.append(proc)
+        return env, proc
+
+    yield make
+    for proc in made:
+        proc.kill()
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_maintenance_cordon_killed_at_each_step_ends_done_and_cordoned_once(
+    checkpoint_process: ProcFactory, point: str
+) -> None:
+    env, proc = await checkpoint_process()
+    proc.start(failpoint=point)
+    await env.bus.publish(env.request(deadline_s=1.0))
+    assert await proc.exited() == -9, proc.tail()
+    proc.start()
+    await wait_for(
+        lambda: env.phase_is(MaintenancePhase.DONE), timeout=30, what="the maintenance done"
+    )
+    node = await env.admin.nodes.get(env.node)
+    assert node["spec"].get("unschedulable") is True
+    held = entries(node)["maintenance"]
+    assert held.cordon and held.prior_unschedulable is False
+    assert CORDON_ANNOTATION in node["metadata"]["annotations"]
+    state = await env.state()
+    assert state is not None and state.cordoned
+    records = await audits(env.bus, env.node, "cordon")
+    assert [r.outcome for r in records] == [Outcome.APPLIED], [(r.outcome, r.guard) for r in records]
+    proc.stop()
