@@ -42,7 +42,8 @@ async def measure(seconds: float) -> dict[str, float]:
 
 
 async def child_agent(nats_url: str, gpus: int, seconds: float) -> dict[str, float]:
-    from agents.gpu.agent import GpuAgent, GpuAgentSettings
+    from agents.gpu.agent import GpuAgent
+    from agents.gpu.settings import GpuAgentSettings
     from nodeward.bus import Bus
     from nodeward.config import BusSettings
     from nodeward.logs import configure_logging

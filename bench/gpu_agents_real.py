@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402 - after the path is set
 
-from agents.gpu.agent import build_gpu_agent  # noqa: E402
+from agents.gpu.wiring import build_gpu_agent  # noqa: E402
 from agents.idle.agent import IdleAgent, SessionPod  # noqa: E402
 from agents.idle.settings import IdleSettings  # noqa: E402
 from agents.sources.activity import KernelsReading  # noqa: E402

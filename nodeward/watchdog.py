@@ -45,6 +45,8 @@ class Lane:
         """What the running call says it is doing now (set with `mark`); '' when idle."""
         self.last = ""
         """The step the last call marked, kept after it returns (e.g. the call that raised)."""
+        self.late_error: str | None = None
+        """How the last call that outlived its deadline ended, if it raised (one line)."""
         self._turn: asyncio.Lock | None = None
         self._since: float | None = None
         self._queue: queue.SimpleQueue[
@@ -105,7 +107,15 @@ class Lane:
         try:
             return await within(asyncio.shield(future), timeout)
         except TimeoutError:
+            # Nobody awaits the call now: keep how it ends (never an unretrieved exception).
+            future.add_done_callback(self._late)
             raise CallTimeout(self.name, self.current, timeout) from None
+
+    def _late(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        self.late_error = None if exc is None else " ".join(f"{type(exc).__name__}: {exc}".split())
 
     def close(self) -> None:
         """Let the thread end after its current call."""

@@ -74,18 +74,32 @@ class EnergyNode(EventData):
     node: K8sName
     interval: Interval
     readings: list[EnergyReading]
-    energy_j: NonNegFloat = Field(
-        description="whole-node energy (not the sum of overlapping readings)"
+    energy_j: NonNegFloat | None = Field(
+        description="whole-node energy over `covered_s` (not the sum of overlapping "
+        "readings); null when nothing was read: unknown, not zero"
     )
-    avg_power_w: NonNegFloat
-    min_power_w: NonNegFloat | None = None
+    avg_power_w: NonNegFloat | None = Field(
+        description="energy_j / covered_s; null when nothing was read"
+    )
+    min_power_w: NonNegFloat | None = Field(
+        default=None, description="from this interval's own readings only"
+    )
     max_power_w: NonNegFloat | None = None
+    covered_s: NonNegFloat | None = Field(
+        default=None,
+        description="seconds the node's readings span; the rest of the interval fell in a gap "
+        "(a source away longer than the agent's max_gap) and its energy is unknown",
+    )
     carbon: CarbonIntensity | None = None
     co2e_g: NonNegFloat | None = None
     energy_total_j: NonNegFloat | None = Field(
         default=None, description="cumulative node energy since first seen (kept across restarts)"
     )
     co2e_total_g: NonNegFloat | None = None
+    uncovered_total_s: NonNegFloat | None = Field(
+        default=None,
+        description="cumulative seconds energy_total_j does not cover (intervals' gaps)",
+    )
     degraded: list[str] = Field(
         default_factory=list,
         description="sources that could not be read this interval, one line each (source: why)",

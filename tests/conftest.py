@@ -24,6 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
     configure_logging("info", "console")
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_configured() -> Iterator[None]:
+    """A test that runs the CLI in-process (which sets the log level) leaves logging as the
+    suite configured it, so tests that capture info lines do not depend on test order."""
+    yield
+    configure_logging("info", "console")
+
+
 async def wait_for(
     condition: Callable[[], Awaitable[Any] | Any],
     timeout: float = 10.0,

@@ -142,13 +142,16 @@ set_working_mc 0x20
             capture_output=True,
         )
 
-    def start(self, timeout: float = 10.0) -> None:
-        """Start on a free port; ready when `ipmitool` reads the first sensor."""
+    def start(self, timeout: float = 10.0, *, same_port: bool = False) -> None:
+        """Start on a free port (or, `same_port`, the one it had: a BMC coming back);
+        ready when `ipmitool` reads the first sensor."""
         need_ipmi_sim()
-        for name, watts in self._initial.items():
-            self._write_raw(name, watts)
+        if not same_port:
+            for name, watts in self._initial.items():
+                self._write_raw(name, watts)
         for _attempt in range(3):
-            self.port = free_udp_port()
+            if not (same_port and self.port):
+                self.port = free_udp_port()
             self._write_config()
             log = (self.workdir / "ipmi_sim.log").open("wb")
             self._proc = subprocess.Popen(
@@ -168,6 +171,13 @@ set_working_mc 0x20
             self.stop()  # port taken meanwhile, or too slow: try another port
         log_text = (self.workdir / "ipmi_sim.log").read_text(errors="replace")[-500:]
         raise RuntimeError(f"ipmi_sim did not answer on 127.0.0.1:{self.port}: {log_text}")
+
+    def kill(self) -> None:
+        """SIGKILL the BMC (it goes away without a word); `start(same_port=True)` brings it back."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

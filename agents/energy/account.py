@@ -3,7 +3,10 @@
 Watts samples are integrated with the trapezoid rule between consecutive samples of the
 same component; cumulative counters (RAPL, NVML total energy) are differenced. A segment
 between two samples lands in the interval of its later sample, so across intervals every
-joule is counted once. The node's energy is the BMC's whole-system reading when there is
+joule is counted once. A segment longer than `max_gap_s` (a source that was away) is not
+integrated: that time is unknown, and an interval says how much of it its energy covers.
+Power at a tick, and so an interval's min and max, comes only from components read within
+`max_gap_s` and since the interval began: a source that stopped answering is not restated. The node's energy is the BMC's whole-system reading when there is
 one, else the sum of PSU inputs, else the sum of the top-level components (CPU packages,
 DRAM, GPUs; core/uncore sub-zones are inside their package and left out).
 """
@@ -62,6 +65,7 @@ class _Track:
     last_counter: float | None = None
     energy_j: float = 0.0
     covered_s: float = 0.0
+    gap_s: float = 0.0  # time this interval that fell in gaps longer than max_gap_s
     watts_now: float | None = None  # power over the last segment
 
 
@@ -70,7 +74,7 @@ class IntervalEnergy:
     """What one interval measured."""
 
     readings: list[EnergyReading]
-    energy_j: float  # whole node
+    energy_j: float | None  # whole node; None when no reading of it covered any time
     basis: str  # "system", "psu", "components" or "none"
     min_power_w: float | None
     max_power_w: float | None
@@ -78,8 +82,15 @@ class IntervalEnergy:
     covered_s: float  # the time the node's readings actually span
 
     @property
-    def avg_power_w(self) -> float:
-        return self.energy_j / self.covered_s if self.covered_s > 0 else 0.0
+    def avg_power_w(self) -> float | None:
+        if self.energy_j is None or self.covered_s <= 0:
+            return None
+        return self.energy_j / self.covered_s
+
+    @property
+    def uncovered_s(self) -> float:
+        """The part of the interval the node's energy does not cover (unknown energy)."""
+        return max(0.0, self.duration_s - self.covered_s)
 
 
 def node_basis(components: Iterable[str]) -> str:
@@ -104,18 +115,35 @@ def _in_basis(component: str, basis: str) -> bool:
 class Accumulator:
     """Integrates samples tick by tick; `close()` ends an interval and starts the next."""
 
+    max_gap_s: float = float("inf")
+    """Segments longer than this are not integrated: the time is reported as uncovered."""
     tracks: dict[tuple[PowerSource, str], _Track] = field(default_factory=dict)
     _tick_powers: list[float] = field(default_factory=list)
+    _began: float = float("-inf")  # when this interval began (sample time)
+    _latest: float = float("-inf")  # the latest sample time seen
     dropped: int = 0  # samples refused (time going backwards, negative or non-finite)
 
-    def tick(self, samples: Sequence[PowerSample]) -> float | None:
-        """Add one tick's samples; returns the node's power at this tick (None if unknown)."""
+    def tick(self, samples: Sequence[PowerSample], now: float | None = None) -> float | None:
+        """Add one tick's samples; returns the node's power at this tick (None if unknown).
+
+        `now` (the sample clock, `time.monotonic()`; by default the latest sample's time): a
+        component whose last reading is older than `max_gap_s`, or from before this interval
+        began, is not part of the power now.
+        """
         for sample in samples:
             self._add(sample)
-        now = [t for t in self.tracks.values() if t.watts_now is not None and t.last_at is not None]
-        if not now:
+        now = self._latest if now is None else now
+        recent = [
+            t
+            for t in self.tracks.values()
+            if t.watts_now is not None
+            and t.last_at is not None
+            and t.last_at > self._began
+            and now - t.last_at <= self.max_gap_s
+        ]
+        if not recent:
             return None
-        fresh = {t.component: t for t in now}
+        fresh = {t.component: t for t in recent}
         basis = node_basis(fresh)
         power = sum(t.watts_now or 0.0 for c, t in fresh.items() if _in_basis(c, basis))
         self._tick_powers.append(power)
@@ -127,6 +155,7 @@ class Accumulator:
             self.dropped += 1
             return
         key = (s.source, s.component)
+        self._latest = max(self._latest, s.at)
         track = self.tracks.get(key)
         if track is None:
             track = self.tracks[key] = _Track(s.source, s.component)
@@ -134,6 +163,10 @@ class Accumulator:
             self.dropped += 1
             return
         dt = 0.0 if track.last_at is None else s.at - track.last_at
+        if dt > self.max_gap_s:
+            # The source was away: nothing is known of the time in between.
+            track.gap_s += dt
+            track.last_watts = track.last_counter = track.watts_now = None
         if s.watts is not None:
             if track.last_watts is not None and dt > 0:
                 track.energy_j += (track.last_watts + s.watts) / 2 * dt
@@ -153,8 +186,12 @@ class Accumulator:
             track.last_watts = None
         track.last_at = s.at
 
-    def close(self, duration_s: float) -> IntervalEnergy:
-        """The interval's readings and node energy; per-interval sums restart at zero."""
+    def close(self, duration_s: float, now: float | None = None) -> IntervalEnergy:
+        """The interval's readings and node energy; per-interval sums restart at zero.
+
+        `now`: when the next interval begins (sample clock; default the latest sample's time).
+        The node's energy is None when no reading of its basis covered any of the interval.
+        """
         readings = []
         for track in self.tracks.values():
             if track.covered_s <= 0:
@@ -168,7 +205,8 @@ class Accumulator:
                 )
             )
         basis = node_basis(r.component for r in readings)
-        energy = sum(r.energy_j for r in readings if _in_basis(r.component, basis))
+        in_basis = [r.energy_j for r in readings if _in_basis(r.component, basis)]
+        energy = sum(in_basis) if in_basis else None
         covered = max(
             (
                 t.covered_s
@@ -188,6 +226,7 @@ class Accumulator:
             covered_s=covered,
         )
         for track in self.tracks.values():
-            track.energy_j = track.covered_s = 0.0
+            track.energy_j = track.covered_s = track.gap_s = 0.0
         self._tick_powers = []
+        self._began = self._latest if now is None else now
         return result

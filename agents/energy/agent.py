@@ -1,8 +1,12 @@
 """The energy agent: a node's power sources sampled, integrated and published with CO2e.
 
 Every `sample_every` each source (IPMI, RAPL, NVML, a simulation) is read on its own
-`Lane` with `read_timeout`: a source that raises `SourceError`, fails otherwise or hangs is
-listed in the interval's `degraded` and the loop goes on. Every `interval` the agent
+`Lane`; the tick waits at most `read_timeout` for it, and a read still running then goes
+on (its samples, stamped when read, are integrated at a later tick). A source that raises
+`SourceError`, fails otherwise or hangs past its own deadline is listed in the interval's
+`degraded` with the reason, logged once when it fails or its reason changes and once when
+it recovers. Readings further apart than `max_gap` are not integrated: an interval's
+`energy_j` covers `covered_s` of it, and is null (unknown, not zero) when nothing was read. Every `interval` the agent
 publishes `energy.node.v1` (readings per source and component, the node's energy and
 power, carbon intensity and CO2e, cumulative totals kept in KV `<bucket>/node.<node>` so
 they survive restarts) and one `energy.pod.v1` per pod that used energy, and sends a
@@ -16,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,10 +51,12 @@ PROBE_TIMEOUT_S = 60.0  # finding what a source offers (an IPMI SDR walk) may ta
 
 
 class EnergyTotals(BaseModel):
-    """What KV keeps for a node: its cumulative energy and CO2e."""
+    """What KV keeps for a node: its cumulative energy and CO2e, and the time they miss."""
 
     energy_j: float = 0.0
     co2e_g: float = 0.0
+    uncovered_s: float = 0.0
+    """Seconds of intervals with no reading (unknown energy, left out of `energy_j`)."""
     updated_at: datetime | None = None
 
 
@@ -125,8 +132,11 @@ class EnergyAgent:
         self.ready = False
         self.totals: EnergyTotals | None = None  # None until read from KV
         self._lanes = {s.name: Lane(f"{self.node}/energy/{s.name}") for s in self.sources}
-        self._acc = Accumulator()
-        self._failures: dict[str, str] = {}
+        self._acc = Accumulator(max_gap_s=settings.max_gap_s())
+        self._failures: dict[str, str] = {}  # this interval's, for `degraded`
+        self._down: dict[str, tuple[str, float]] = {}  # source -> (why, since), until it reads
+        self._reads: dict[str, asyncio.Task[list[PowerSample]]] = {}
+        self._read_since: dict[str, float] = {}
         self._cpu = CpuTimes()
         self._pod_labels: set[tuple[str, str]] = set()
         self._kv: TypedKV[EnergyTotals] | None = None
@@ -156,6 +166,8 @@ class EnergyAgent:
                 tg.create_task(self._sample_loop())
         finally:
             self.ready = False
+            for task in self._reads.values():
+                task.cancel()
             for s in self.sources:
                 with contextlib.suppress(Exception):
                     await self._lanes[s.name].call(s.close, 1.0)
@@ -210,39 +222,86 @@ class EnergyAgent:
                 began, began_wall = loop.time(), end_wall
 
     async def sample(self) -> None:
-        """Read every source once (concurrently, each on its lane) and integrate."""
-        results = await asyncio.gather(*(self._read(s) for s in self.sources))
-        samples = [x for batch in results for x in batch]
+        """Start a read of every source not already reading (each on its lane), wait for
+        them up to `read_timeout` (or most of a tick), and integrate what has arrived."""
+        for source in self.sources:
+            if source.name not in self._reads:
+                self._reads[source.name] = asyncio.create_task(
+                    self._read(source), name=f"energy-read-{source.name}"
+                )
+                self._read_since[source.name] = time.monotonic()
+        budget = min(self._read_timeout, 0.8 * self.settings.sample_every.total_seconds())
+        await asyncio.wait(list(self._reads.values()), timeout=budget)
+        samples: list[PowerSample] = []
+        for name, task in list(self._reads.items()):
+            if task.done():
+                del self._reads[name]
+                samples.extend(task.result())
         try:
-            self._acc.tick(samples)
+            self._acc.tick(samples, now=time.monotonic())
         except Exception as exc:  # a bad sample never stops the agent
             self.log.exception("samples not integrated", error=str(exc))
 
+    def _deadline(self, source: PowerReader) -> float:
+        """How long a read may run before it is called hung: the source's own bound if it
+        has one (so its own error is what is reported), at least `read_timeout`."""
+        own = getattr(source, "max_read_s", None)
+        return (
+            max(self._read_timeout, own + 1.0)
+            if isinstance(own, int | float)
+            else (self._read_timeout)
+        )
+
     async def _read(self, source: PowerReader) -> list[PowerSample]:
+        """One read; never raises: a failure is recorded and is an empty list."""
         lane = self._lanes[source.name]
         try:
-            return _samples(source.name, await lane.call(source.read, self._read_timeout))
+            got = _samples(source.name, await lane.call(source.read, self._deadline(source)))
         except SourceError as exc:
             why = str(exc)
         except (CallTimeout, LaneBusy) as exc:
             why = f"{source.name}: read hung ({exc})"
         except Exception as exc:  # noqa: BLE001 - any failure of a source is a degraded source
             why = f"{source.name}: {type(exc).__name__}: {exc}"
-        why = " ".join(why.split())
-        if self._failures.get(source.name) != why:
-            self.log.warning("energy source failed", source=source.name, error=why)
-        self._failures[source.name] = why
-        self.metrics.degraded.labels(source.name).inc()
+        else:
+            self._recovered(source.name)
+            return got
+        self._failed(source.name, " ".join(why.split()))
         return []
+
+    def _failed(self, name: str, why: str) -> None:
+        self._failures[name] = why
+        self.metrics.degraded.labels(name).inc()
+        previous = self._down.get(name)
+        if previous is None or previous[0] != why:
+            self.log.warning("energy source failed", source=name, error=why)
+            self._down[name] = (why, previous[1] if previous else time.monotonic())
+
+    def _recovered(self, name: str) -> None:
+        down = self._down.pop(name, None)
+        if down is not None:
+            self.log.info(
+                "energy source recovered",
+                source=name,
+                down_s=round(time.monotonic() - down[1], 1),
+                was=down[0],
+            )
 
     async def close_interval(self, start: datetime, end: datetime, duration_s: float) -> None:
         """Publish the interval that ends now: node, pods, caps; update the totals."""
-        measured = self._acc.close(duration_s)
+        now = time.monotonic()
+        measured = self._acc.close(duration_s, now=now)
+        slow = self.settings.sample_every.total_seconds() * 2
+        for name in self._reads:  # a read still out: the interval has nothing from it yet
+            running = now - self._read_since[name]
+            if name not in self._failures and running > slow:
+                self._failures[name] = f"{name}: no answer yet (reading for {running:.1f}s)"
         degraded = sorted(self._failures.values())
         self._failures = {}
         carbon = await self._carbon()
-        co2e = co2e_grams(measured.energy_j, carbon.g_per_kwh) if carbon else None
-        totals = await self._add_totals(measured.energy_j, co2e or 0.0)
+        known = measured.energy_j
+        co2e = co2e_grams(known, carbon.g_per_kwh) if carbon and known is not None else None
+        totals = await self._add_totals(known or 0.0, co2e or 0.0, measured.uncovered_s)
         if end <= start:
             end = start + timedelta(microseconds=1)
         interval = Interval(start=start, end=end)
@@ -254,19 +313,25 @@ class EnergyAgent:
             avg_power_w=measured.avg_power_w,
             min_power_w=measured.min_power_w,
             max_power_w=measured.max_power_w,
+            covered_s=measured.covered_s,
             carbon=carbon,
             co2e_g=co2e,
             energy_total_j=totals.energy_j if totals else None,
             co2e_total_g=totals.co2e_g if totals else None,
+            uncovered_total_s=totals.uncovered_s if totals else None,
             degraded=degraded,
         )
         self._enqueue(make_event(data, source=self.source))
         self._count(measured, co2e)
-        await self._pods(measured, interval, carbon)
-        if measured.covered_s > 0:  # an interval with no readings says nothing about caps
+        if known is None:
+            return  # nothing was read: no pod shares, and nothing to say about caps
+        await self._pods(measured, known, interval, carbon)
+        if measured.avg_power_w is not None:
             self._check_caps(measured.avg_power_w)
 
     def _count(self, measured: IntervalEnergy, co2e: float | None) -> None:
+        if measured.energy_j is None or measured.avg_power_w is None:
+            return
         self.metrics.power.set(measured.avg_power_w)
         self.metrics.energy.labels("node").inc(measured.energy_j)
         for r in measured.readings:
@@ -296,7 +361,9 @@ class EnergyAgent:
             "energy totals loaded", energy_j=self.totals.energy_j, co2e_g=self.totals.co2e_g
         )
 
-    async def _add_totals(self, energy_j: float, co2e_g: float) -> EnergyTotals | None:
+    async def _add_totals(
+        self, energy_j: float, co2e_g: float, uncovered_s: float
+    ) -> EnergyTotals | None:
         """Add to the totals and store them; None while they could not be read (never reset)."""
         if self.totals is None:
             await self._load_totals()
@@ -305,6 +372,7 @@ class EnergyAgent:
         totals = self.totals = EnergyTotals(
             energy_j=self.totals.energy_j + energy_j,
             co2e_g=self.totals.co2e_g + co2e_g,
+            uncovered_s=self.totals.uncovered_s + uncovered_s,
             updated_at=datetime.now(UTC),
         )
         try:
@@ -317,7 +385,11 @@ class EnergyAgent:
     # -- pods ---------------------------------------------------------------------------
 
     async def _pods(
-        self, measured: IntervalEnergy, interval: Interval, carbon: CarbonIntensity | None
+        self,
+        measured: IntervalEnergy,
+        node_energy_j: float,
+        interval: Interval,
+        carbon: CarbonIntensity | None,
     ) -> None:
         try:
             pods = await self.node_pods.pods()
@@ -329,7 +401,7 @@ class EnergyAgent:
             node_us, pod_us = self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
             shares = attribute(
                 measured.readings,
-                measured.energy_j,
+                node_energy_j,
                 gpu_devices=self.gpu_devices,
                 by_device=by_device,
                 node_pods=pods,

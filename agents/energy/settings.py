@@ -49,6 +49,11 @@ class EnergySettings(Section):
         default=timedelta(seconds=3),
         description="a source read that takes longer is reported degraded (the loop goes on)",
     )
+    max_gap: Duration | None = Field(
+        default=None,
+        description="readings further apart are not integrated (the time is reported as "
+        "uncovered); None: two sampling periods",
+    )
     bucket: str = Field(default="energy", description="KV bucket of the cumulative totals")
     ipmi: IpmiSettings = IpmiSettings()
     rapl: RaplSettings = RaplSettings()
@@ -57,6 +62,11 @@ class EnergySettings(Section):
     caps: PowerCapSettings = PowerCapSettings()
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     cgroup_root: Path = Path("/sys/fs/cgroup")
+
+    def max_gap_s(self) -> float:
+        """Segments longer than this are a gap in the readings, not integrated."""
+        gap = self.max_gap or 2 * self.sample_every
+        return gap.total_seconds()
 
     @model_validator(mode="after")
     def _sampling_fits(self) -> EnergySettings:

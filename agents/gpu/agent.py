@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 import threading
 import time
 import uuid
@@ -24,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -32,7 +29,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from agents.gpu.health import (
     Classification,
     Finding,
-    Limits,
     XidSeen,
     classify,
     hang_finding,
@@ -40,6 +36,7 @@ from agents.gpu.health import (
     sample_findings,
     xid_findings,
 )
+from agents.gpu.settings import GpuAgentSettings
 from agents.sources.nvml import (
     GpuIdentity,
     NvmlEvent,
@@ -52,18 +49,13 @@ from agents.sources.nvml import (
     sample_telemetry,
     wait_events,
 )
-from agents.sources.podresources import DEFAULT_SOCKET, KubeletPods
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
 from nodeward.bus import Bus
 from nodeward.bus.outbox import Outbox
-from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
-from nodeward.durations import Duration
 from nodeward.logs import get_logger
-from nodeward.nats_auth import agent_inbox
 from nodeward.nvml_compat import pynvml
-from nodeward.platform import Standalone
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event, utcnow
@@ -90,35 +82,6 @@ _REFRESH_EVENTS = (
     | pynvml.nvmlEventTypeDramRetirementFailure
     | pynvml.nvmlEventTypeGpuRecoveryAction
 )
-
-
-class GpuAgentSettings(Section):
-    """`agents.gpu`: intervals, the NVML watchdog, XID correlation and counter limits."""
-
-    node: str | None = None
-    heartbeat_interval: Duration = timedelta(seconds=30)
-    telemetry_interval: Duration = timedelta(seconds=15)
-    poll_interval: Duration = timedelta(seconds=10)
-    call_timeout: Duration = timedelta(seconds=5)
-    xid_window: Duration = timedelta(seconds=10)
-    xid_hold: Duration = timedelta(minutes=30)
-    ecc_corrected_limit: int = 10_000
-    retired_pages_limit: int = 60
-    nvlink_error_limit: int = 100
-    pcie_replay_limit: int = 1_000
-    pod_resources_socket: Path = DEFAULT_SOCKET
-    pod_resources_timeout: Duration = timedelta(seconds=5)
-
-    def node_name(self) -> str:
-        return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
-
-    def limits(self) -> Limits:
-        return Limits(
-            ecc_corrected_volatile=self.ecc_corrected_limit,
-            retired_pages=self.retired_pages_limit,
-            nvlink_errors=self.nvlink_error_limit,
-            pcie_replays=self.pcie_replay_limit,
-        )
 
 
 @dataclass
@@ -522,39 +485,3 @@ MAX_UNSENT = 10_000
 
 def _is_state_change(event: Event[Any]) -> bool:
     return isinstance(event.data, GpuHealth) and not event.data.heartbeat
-
-
-async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
-    """The GPU agent daemon of this node (not started), on the real NVML unless `nvml` is given.
-
-    The node name comes from `agents.gpu.node`, else `NODE_NAME` (downward API), else the
-    host name.
-    """
-    from nodeward.platform import bus_daemon
-
-    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
-    node = config.node_name()
-    if settings.bus.inbox_prefix is None:
-        # The node's NATS user may receive only on its own inbox (nodeward.nats_auth).
-        bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
-        settings = settings.model_copy(update={"bus": bus_settings})
-    daemon, bus = await bus_daemon(
-        f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
-    )
-    pods = KubeletPods(
-        config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
-    )
-    agent = GpuAgent(
-        pynvml if nvml is None else nvml,
-        bus,
-        config,
-        node=node,
-        registry=daemon.metrics.registry,
-        pods=pods,
-    )
-    agent.attach(daemon)
-    daemon.add_shutdown_hook(pods.close)
-    return daemon
-
-
-standalone = Standalone(build_gpu_agent)

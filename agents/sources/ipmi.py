@@ -424,6 +424,14 @@ class IpmiReader:
         listed = ", ".join(f"{s.name!r} (W) as {s.component}" for s in self._sensors)
         return f"{self.bmc}: SDR sensors: {listed}"
 
+    @property
+    def max_read_s(self) -> float:
+        """The longest one `read()` can take under its own deadlines (a probe first, if due)."""
+        runs = 1 if self._dcmi else max(1, len(self._sensors))
+        if not self._probed:
+            runs += SDR_WALK_RUNS + 2
+        return runs * self._timeout_s
+
     def read(self) -> list[PowerSample]:
         """One reading of the node (DCMI) or of each chosen sensor (SDR)."""
         self.probe()

@@ -36,7 +36,12 @@ class SourceError(Exception):
 
 
 class PowerReader(Protocol):
-    """A source of power or energy readings for one node."""
+    """A source of power or energy readings for one node.
+
+    A source whose reads are bounded by deadlines of its own (IPMI: each ipmitool run) also
+    has `max_read_s`, the longest one read can take; the agent then waits that long for it
+    before calling it hung, so the source's own error (not "hung") is what gets reported.
+    """
 
     name: str  # "ipmi", "rapl", "nvml", "sim": shown in logs and `degraded`
 

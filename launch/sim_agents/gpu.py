@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agents.gpu.agent import GpuAgent, GpuAgentSettings
+from agents.gpu.agent import GpuAgent
+from agents.gpu.settings import GpuAgentSettings
 from agents.sources.pods import StaticPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon

@@ -1,1 +1,3 @@
-"""services.falco: responses to Falco alerts. `rules` (pure: alert to actions), `ingest` (the HTTP endpoint), `service` (the handlers)."""
+"""services.falco: responses to Falco alerts. `rules` (pure: alert to actions), `alerts` (pure
+helpers over one alert), `actions/` (the table of actions, one module each), `ingest` (the
+HTTP endpoint), `settings`, `service` (the handlers); its KV records in `schemas.state.falco`."""

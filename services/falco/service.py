@@ -1,7 +1,7 @@
 """services.falco: turn Falco alerts into proportionate, guarded responses.
 
 Alerts reach the SECURITY stream on `falco.<priority>.<rule>`: from Falcosidekick's NATS
-output directly, or through this service's HTTP ingest (`services/falco_ingest.py`:
+output directly, or through this service's HTTP ingest (`services/falco/ingest.py`:
 Falco's `http_output` or Falcosidekick's webhook, authenticated). A durable consumer on
 `falco.>` (identical alerts in order) runs each alert through the rules
 (`services/falco/rules.py`; the shipped `services/falco/rules.yaml` notifies on Notice,
@@ -23,12 +23,10 @@ retried, and the action's `continue` decides whether the rule's next actions run
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -36,176 +34,34 @@ from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import BaseModel, Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
 from nodeward.bus.kv import TypedKV
-from nodeward.config import ConfigError, Section, Settings, section
+from nodeward.config import ConfigError, Settings, section
 from nodeward.daemon import Daemon
-from nodeward.durations import Duration
-from nodeward.kube import AlreadyExists, Cluster, KubeError, NotFound
-from nodeward.kube.base import Obj
-from nodeward.kube.client import MERGE_PATCH
-from nodeward.kube.netpol import isolate_pod_policy
+from nodeward.kube import Cluster, NotFound
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
-from schemas.common import ObjectRef
-from schemas.falco import FalcoAlert, FalcoPriority
-from schemas.ids import stable_id
-from schemas.notify import Severity
+from schemas.falco import FalcoAlert
 from schemas.remediation import Outcome, Remediation
-from schemas.tokens import falco_rule_token
-from services.falco.ingest import Ingest, IngestError, IngestSettings
-from services.falco.rules import (
-    POD_ACTIONS,
-    ActionKind,
-    ActionSpec,
-    Policy,
-    Rule,
-    RulesError,
-    load_policy,
-)
+from schemas.state.falco import DedupRecord
+from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
+from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
+from services.falco.ingest import Ingest, IngestError
+from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
+from services.falco.settings import ACTOR, NAME, FalcoSettings
 from services.kernel import (
     ActionRunner,
     Auditor,
     Exemptions,
     Guard,
     KeyedRateLimiter,
-    OwnerNotice,
     Proposal,
-    RateLimitSettings,
     SkippedNamespaces,
-    tell_owner,
 )
 
-NAME = "falco"
-ACTOR = "service/falco"
-TOPIC = "security"
-ISOLATE_LABEL = "nodeward.io/isolated"
-ISOLATION_ANNOTATION = "nodeward.io/isolation"
-ISOLATE_POLICY = "nodeward-isolate"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "nodeward", "nodeward.io/purpose": "isolate"}
-NODE_ANNOTATION = "nodeward.io/falco"
-DEFAULT_TAINT = "nodeward.io/falco-compromised"
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
-
-
-class FalcoSettings(Section):
-    """`services.falco` in the config file."""
-
-    dry_run: bool = False
-    consumer: str = "falco"
-    subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
-    bucket: str = "falco"
-    concurrency: int = Field(default=16, ge=1)
-    rules_file: Path | None = Field(default=None, description="None: the shipped default")
-    dedup_window: Duration = Field(
-        default=timedelta(minutes=10),
-        description="identical alerts within this window are acted on once",
-    )
-    rate_limit_per_pod: RateLimitSettings = RateLimitSettings(per_minute=10, burst=10)
-    rate_limit_per_rule: RateLimitSettings = RateLimitSettings(per_minute=60, burst=30)
-    skip_namespaces: list[str] = Field(
-        default_factory=lambda: ["kube-system", "nodeward"],
-        description="pods here are never acted on (alerts about them only notify)",
-    )
-    checkpoint_timeout: Duration = timedelta(seconds=60)
-    support_contact: str = "the platform's security team"
-    topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
-    ingest: IngestSettings = IngestSettings()
-
-
-class DedupRecord(BaseModel):
-    """The first alert of a window, and how many identical ones followed it."""
-
-    event_id: str
-    stream_sequence: int | None = None
-    first_seen: float
-    last_seen: float
-    repeats: int = 0
-
-
-@dataclass(frozen=True)
-class Target:
-    """What an alert is about, as read from the cluster."""
-
-    pod: Obj | None
-    no_pod: str | None  # why there is no pod to act on
-    node: str | None
-
-    @property
-    def ref(self) -> ObjectRef:
-        if self.pod is not None:
-            meta = self.pod["metadata"]
-            return ObjectRef(
-                kind="Pod", name=meta["name"], namespace=meta["namespace"], api_version="v1"
-            )
-        return node_ref(self.node or "unknown")
-
-
-def node_ref(name: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=name, api_version="v1")
-
-
-def where(alert: FalcoAlert) -> str:
-    if alert.namespace and alert.pod:
-        return f"pod {alert.namespace}/{alert.pod}"
-    return f"node {alert.hostname or 'unknown'}"
-
-
-def describe(alert: FalcoAlert, limit: int = 600) -> str:
-    text = f"Falco {alert.priority.value} '{alert.rule}' on {where(alert)}: {alert.message()}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def severity_of(priority: FalcoPriority) -> Severity:
-    if priority.rank <= FalcoPriority.ERROR.rank:
-        return Severity.CRITICAL
-    if priority == FalcoPriority.WARNING:
-        return Severity.WARNING
-    return Severity.INFO
-
-
-def dedup_key(alert: FalcoAlert) -> str:
-    """Identical alerts: same rule, pod (or node) and output without its time prefix."""
-    raw = "\x1f".join(
-        (alert.rule, alert.namespace or "", alert.pod or "", alert.hostname or "", alert.message())
-    )
-    return "dedup." + hashlib.sha256(raw.encode()).hexdigest()[:40]
-
-
-def label_value(text: str) -> str:
-    """A valid label value (63 characters of [A-Za-z0-9_.-], alphanumeric at both ends)."""
-    out = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in text)
-    return out[:63].strip("-_.")
-
-
-def render(template: str, alert: FalcoAlert, event: Event[Any]) -> str:
-    """`{rule}`, `{rule_token}`, `{priority}`, `{event_id}` and `{time}` filled in."""
-    values = {
-        "rule": alert.rule,
-        "rule_token": falco_rule_token(alert.rule),
-        "priority": alert.priority.value,
-        "event_id": event.id,
-        "time": alert.time.isoformat(),
-    }
-    out = str(template)
-    for key, value in values.items():
-        out = out.replace("{" + key + "}", value)
-    return out
-
-
-_DONE_WORDS = {
-    ActionKind.ISOLATE: "Your pod has been cut off from the network (in and out); its "
-    "processes and files are untouched.",
-    ActionKind.CHECKPOINT: "A snapshot (checkpoint) of the container was kept for the "
-    "investigation.",
-    ActionKind.TERMINATE: "Your pod has been stopped.",
-    ActionKind.LABEL: "Your pod has been labelled for the security team.",
-    ActionKind.ANNOTATE: "Your pod has been annotated for the security team.",
-    ActionKind.CORDON: "No new work is scheduled on the node your pod ran on.",
-}
 
 
 class Metrics:
@@ -392,7 +248,7 @@ class FalcoService:
     ) -> Proposal:
         ref = target.ref
         obj = target.pod
-        if spec.action == ActionKind.CORDON:
+        if ACTIONS[spec.action].scope == "node":
             ref = node_ref(target.node or "unknown")
             obj = None
         return Proposal(
@@ -402,7 +258,7 @@ class FalcoService:
             policy=rule.name,
             trigger_id=event.id,
             trigger_time=event.time,
-            protective=spec.action != ActionKind.NOTIFY,
+            protective=ACTIONS[spec.action].scope != "none",
             obj=obj,
             details={
                 "falco_rule": alert.rule,
@@ -426,11 +282,12 @@ class FalcoService:
         proposal: Proposal,
         earlier: list[tuple[ActionKind, Remediation]],
     ) -> Remediation:
-        if spec.action in POD_ACTIONS and target.pod is None:
+        actionner = ACTIONS[spec.action]
+        if actionner.scope == "pod" and target.pod is None:
             reason = f"not run: {target.no_pod}; {proposal.reason}"
             return await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_pod")
         guards: list[Guard] = []
-        if spec.action == ActionKind.CORDON:
+        if actionner.scope == "node":
             try:
                 node = await self.cluster.nodes.get(proposal.target.name)
             except NotFound:
@@ -438,9 +295,23 @@ class FalcoService:
                 return await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_node")
             proposal = replace(proposal, obj=node)
             guards = [self.exemptions, self.per_rule]
-        elif spec.action != ActionKind.NOTIFY:
+        elif actionner.scope == "pod":
             guards = self.guards
-        act = self.act_for(event, alert, spec, target, earlier)
+        context = ActionContext(
+            event=event,
+            alert=alert,
+            spec=spec,
+            target=target,
+            earlier=tuple(earlier),
+            cluster=self.cluster,
+            bus=self.bus,
+            settings=self.settings,
+            done_words=DONE_WORDS,
+        )
+
+        async def act() -> dict[str, Any]:
+            return await actionner.run(context)
+
         runner = self.dry_runner if rule.dry_run else self.runner
         try:
             return await runner.run(proposal, act, guards)
@@ -448,209 +319,6 @@ class FalcoService:
             # Audited as failed by the runner (on-call is told). Not retried: the alert
             # repeats while the behaviour goes on, and a checkpoint is not idempotent.
             return self.auditor.build(proposal, Outcome.FAILED, f"{proposal.reason}; {exc}")
-
-    def act_for(
-        self,
-        event: Event[Any],
-        alert: FalcoAlert,
-        spec: ActionSpec,
-        target: Target,
-        earlier: list[tuple[ActionKind, Remediation]],
-    ) -> Callable[[], Awaitable[dict[str, Any]]]:
-        acts: Mapping[ActionKind, Callable[[], Awaitable[dict[str, Any]]]] = {
-            ActionKind.NOTIFY: lambda: self.notify(event, alert, spec, target, earlier),
-            ActionKind.LABEL: lambda: self.label(event, alert, spec, target),
-            ActionKind.ANNOTATE: lambda: self.annotate(event, alert, spec, target),
-            ActionKind.ISOLATE: lambda: self.isolate(event, alert, target),
-            ActionKind.CHECKPOINT: lambda: self.checkpoint(alert, spec, target),
-            ActionKind.TERMINATE: lambda: self.terminate(spec, target),
-            ActionKind.CORDON: lambda: self.cordon(event, alert, spec, target),
-        }
-        return acts[spec.action]
-
-    # actions ----------------------------------------------------------------------------
-    def _pod(self, target: Target) -> tuple[str, str, Obj]:
-        assert target.pod is not None
-        meta = target.pod["metadata"]
-        return meta["namespace"], meta["name"], target.pod
-
-    async def notify(
-        self,
-        event: Event[Any],
-        alert: FalcoAlert,
-        spec: ActionSpec,
-        target: Target,
-        earlier: list[tuple[ActionKind, Remediation]],
-    ) -> dict[str, Any]:
-        """On-call hears through this decision's audit notice; the owner gets their own."""
-        if target.pod is None or not spec.params.get("owner", True):
-            return {"owner_notified": False}
-        namespace, name, _ = self._pod(target)
-        done = [
-            _DONE_WORDS[a] for a, r in earlier if r.outcome == Outcome.APPLIED and a in _DONE_WORDS
-        ]
-        contact = self.settings.support_contact
-        can_do = [
-            f"If this was you, tell {contact} what you were doing: most alerts are explained "
-            "in minutes.",
-            f"If it was not you, tell {contact} at once: your session or credentials may be "
-            "compromised.",
-        ]
-        if any(a == ActionKind.ISOLATE and r.outcome == Outcome.APPLIED for a, r in earlier):
-            can_do.append(
-                f"The network isolation stays until {contact} lifts it; save your work inside "
-                "the pod meanwhile."
-            )
-        body = (
-            f"Falco, the platform's runtime security monitor, reported '{alert.rule}' "
-            f"({alert.priority.value}) in your pod {namespace}/{name} at "
-            f"{alert.time.isoformat()}. " + " ".join(done)
-        ).strip()
-        notice = OwnerNotice(
-            severity=severity_of(alert.priority),
-            title=f"Security alert on your pod {name}",
-            body=body,
-            why=f"Falco's rule '{alert.rule}' matched: {alert.message()}"[:1000],
-            steps=can_do,
-        )
-        note = await tell_owner(
-            self.bus,
-            notice,
-            actor=ACTOR,
-            topic=self.settings.topic,
-            namespace=namespace,
-            name=name,
-            targets=[target.ref],
-            notice_id=stable_id(event.time, event.id, ACTOR, "notify-owner", target.ref.key()),
-            dedup_key=f"falco/{namespace}/{name}/{falco_rule_token(alert.rule)}",
-        )
-        return {"owner_notified": True, "audience": note.audience}
-
-    async def label(
-        self, event: Event[Any], alert: FalcoAlert, spec: ActionSpec, target: Target
-    ) -> dict[str, Any]:
-        namespace, name, _ = self._pod(target)
-        labels = {
-            str(k): label_value(render(str(v), alert, event))
-            for k, v in spec.params["labels"].items()
-        }
-        await self.cluster.pods.set_labels(namespace, name, labels)
-        return {"labels": labels}
-
-    async def annotate(
-        self, event: Event[Any], alert: FalcoAlert, spec: ActionSpec, target: Target
-    ) -> dict[str, Any]:
-        namespace, name, _ = self._pod(target)
-        notes = {
-            str(k): render(str(v), alert, event) for k, v in spec.params["annotations"].items()
-        }
-        await self.cluster.pods.patch(
-            namespace, name, {"metadata": {"annotations": notes}}, content_type=MERGE_PATCH
-        )
-        return {"annotations": notes}
-
-    async def isolate(self, event: Event[Any], alert: FalcoAlert, target: Target) -> dict[str, Any]:
-        """The namespace's deny-all policy (created once), then the one pod labelled into it."""
-        namespace, name, pod = self._pod(target)
-        policy = isolate_pod_policy(
-            namespace, ISOLATE_POLICY, {ISOLATE_LABEL: "true"}, labels=dict(MANAGED_BY)
-        )
-        created = True
-        try:
-            await self.cluster.network_policies.create(policy)
-        except AlreadyExists:
-            created = False
-        labels = pod["metadata"].get("labels") or {}
-        already = labels.get(ISOLATE_LABEL) == "true"
-        if not already:
-            note = json.dumps(
-                {
-                    "by": ACTOR,
-                    "falco_rule": alert.rule,
-                    "event_id": event.id,
-                    "at": alert.time.isoformat(),
-                    "policy": ISOLATE_POLICY,
-                },
-                separators=(",", ":"),
-            )
-            await self.cluster.pods.patch(
-                namespace,
-                name,
-                {
-                    "metadata": {
-                        "labels": {ISOLATE_LABEL: "true"},
-                        "annotations": {ISOLATION_ANNOTATION: note},
-                    }
-                },
-                content_type=MERGE_PATCH,
-            )
-            await self._record_event(
-                pod, "Isolated", f"isolated by nodeward: {describe(alert, 300)}"
-            )
-        return {
-            "network_policy": f"{namespace}/{ISOLATE_POLICY}",
-            "policy_created": created,
-            "selector": {ISOLATE_LABEL: "true"},
-            "already_isolated": already,
-            "pod_uid": pod["metadata"].get("uid"),
-        }
-
-    async def checkpoint(
-        self, alert: FalcoAlert, spec: ActionSpec, target: Target
-    ) -> dict[str, Any]:
-        namespace, name, pod = self._pod(target)
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
-            raise NotFound(f"pod {namespace}/{name} is not bound to a node: nothing to checkpoint")
-        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
-        containers = [alert.container] if alert.container in names else [n for n in names if n]
-        timeout = int(spec.params.get("timeout", self.settings.checkpoint_timeout.total_seconds()))
-        archives: dict[str, str] = {}
-        for container in containers:
-            assert container is not None
-            archives[container] = await self.cluster.checkpoints.create(
-                node, namespace, name, container, timeout_s=timeout
-            )
-        await self._record_event(
-            pod, "Checkpointed", f"checkpoint kept on {node}: {', '.join(archives.values())}"
-        )
-        return {"node": node, "archives": archives}
-
-    async def terminate(self, spec: ActionSpec, target: Target) -> dict[str, Any]:
-        namespace, name, pod = self._pod(target)
-        grace = int(spec.params.get("grace_period_seconds", 30))
-        deleted = await self.cluster.pods.delete(
-            namespace, name, grace_period=grace, uid=pod["metadata"].get("uid")
-        )
-        return {"deleted": deleted, "grace_period_seconds": grace}
-
-    async def cordon(
-        self, event: Event[Any], alert: FalcoAlert, spec: ActionSpec, target: Target
-    ) -> dict[str, Any]:
-        node = target.node or "unknown"
-        taint = str(spec.params.get("taint", DEFAULT_TAINT))
-        effect = spec.params.get("effect", "NoSchedule")
-        cordon = bool(spec.params.get("cordon", True))
-        note = json.dumps(
-            {"by": ACTOR, "falco_rule": alert.rule, "event_id": event.id, "taint": taint},
-            separators=(",", ":"),
-        )
-        await self.cluster.nodes.mark(
-            node,
-            add_taints=[(taint, effect)],
-            unschedulable=True if cordon else None,
-            annotations={NODE_ANNOTATION: note},
-        )
-        return {"node": node, "taint": f"{taint}:{effect}", "cordoned": cordon}
-
-    async def _record_event(self, obj: Obj, reason: str, note: str) -> None:
-        """A Kubernetes Event on the pod, so `kubectl describe pod` shows it (best effort)."""
-        try:
-            await self.cluster.events.create(
-                obj, reason=reason, action=reason, note=note[:1000], type_="Warning"
-            )
-        except KubeError as exc:
-            self.log.warning("falco.event_failed", reason=reason, error=str(exc))
 
 
 # daemon --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from schemas.remediation import Outcome, Remediation
-from services.falco.service import ISOLATE_LABEL, ISOLATE_POLICY
+from services.falco.actions.isolate import ISOLATE_LABEL, ISOLATE_POLICY
 from tests.conftest import wait_for
 from tests.integration.falco_fixtures import (
     DROP_AND_EXECUTE,

@@ -14,7 +14,8 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from agents.gpu.agent import GpuAgent, GpuAgentSettings
+from agents.gpu.agent import GpuAgent
+from agents.gpu.settings import GpuAgentSettings
 from launch.sim_agents.gpu import build_sim_gpu_agents
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
@@ -359,7 +360,7 @@ async def test_agent_daemon_serves_gpu_metrics_and_readiness(
 ) -> None:
     import httpx
 
-    from agents.gpu.agent import build_gpu_agent
+    from agents.gpu.wiring import build_gpu_agent
 
     settings = Settings(
         bus=bus_settings, agents={"gpu": {"node": node, "telemetry_interval": "0.1s"}}

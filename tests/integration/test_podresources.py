@@ -97,7 +97,7 @@ async def test_agent_names_the_pods_holding_a_gpu(
 ) -> None:
     import json
 
-    from agents.gpu.agent import build_gpu_agent
+    from agents.gpu.wiring import build_gpu_agent
     from nodeward.bus import Bus
     from nodeward.config import Settings
     from sim.nvml import SimNvml

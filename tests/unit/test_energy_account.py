@@ -103,6 +103,43 @@ def test_bad_samples_are_dropped_not_integrated() -> None:
     assert got.energy_j == pytest.approx(420.0)
 
 
-def test_an_interval_without_samples_is_empty() -> None:
+def test_an_interval_without_samples_is_unknown_not_zero() -> None:
     got = Accumulator().close(1.0)
-    assert (got.energy_j, got.avg_power_w, got.readings, got.basis) == (0.0, 0.0, [], "none")
+    assert (got.energy_j, got.avg_power_w, got.readings, got.basis) == (None, None, [], "none")
+    assert (got.min_power_w, got.max_power_w, got.uncovered_s) == (None, None, 1.0)
+
+
+def test_a_gap_longer_than_max_gap_is_not_integrated() -> None:
+    """A BMC away for 60 s: the first interval after it covers only what was read after."""
+    acc = Accumulator(max_gap_s=2.0)
+    for t in range(6):
+        acc.tick([watts(IPMI, "system", float(t), 610.0)])
+    before = acc.close(5.0)
+    assert before.energy_j == pytest.approx(610.0 * 5)
+    # Away from t=5 to t=65: ticks without samples; the last value is not restated.
+    for t in range(6, 65):
+        assert acc.tick([], now=float(t)) in (610.0, None)
+        if t - 5 > 2:
+            assert acc.tick([], now=float(t)) is None
+    during = acc.close(60.0, now=65.0)
+    assert (during.energy_j, during.avg_power_w) == (None, None)
+    assert (during.min_power_w, during.max_power_w) == (None, None)
+    assert during.uncovered_s == 60.0
+    for t in range(65, 71):
+        acc.tick([watts(IPMI, "system", float(t), 550.0)])
+    after = acc.close(5.0, now=70.0)
+    assert after.energy_j == pytest.approx(550.0 * 5)  # not 60 s of trapezoid across the gap
+    assert after.covered_s == pytest.approx(5.0)
+    assert (after.min_power_w, after.max_power_w) == (550.0, 550.0)
+    assert after.min_power_w <= after.energy_j / after.covered_s <= after.max_power_w
+
+
+def test_a_counter_across_a_gap_is_not_counted_either() -> None:
+    acc = Accumulator(max_gap_s=2.0)
+    acc.tick([counter(RAPL, "package-0", 0.0, 0.0)])
+    acc.tick([counter(RAPL, "package-0", 1.0, 100.0)])
+    acc.tick([counter(RAPL, "package-0", 30.0, 3000.0)])  # 29 s away
+    acc.tick([counter(RAPL, "package-0", 31.0, 3100.0)])
+    got = acc.close(31.0)
+    assert got.energy_j == pytest.approx(200.0)
+    assert got.covered_s == pytest.approx(2.0)

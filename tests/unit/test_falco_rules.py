@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.falco import FalcoAlert, FalcoPriority
+from services.falco.alerts import dedup_key, label_value, severity_of
 from services.falco.ingest import BadAlert, parse_body
 from services.falco.rules import ActionKind, Policy, PriorityTest, RulesError, RuleSet, load_policy
-from services.falco.service import dedup_key, label_value, severity_of
 from sim.falco_samples import DROP_AND_EXECUTE, samples
 
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 DAEMON_MODULES = [
-    "agents.gpu.agent",
+    "agents.gpu.wiring",
     "agents.energy.wiring",
     "agents.idle.wiring",
     "services.cordon.service",

@@ -1,0 +1,42 @@
+"""`agents.gpu` in the config file: intervals, the NVML watchdog, XID correlation, limits."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+from agents.gpu.health import Limits
+from agents.sources.podresources import DEFAULT_SOCKET
+from nodeward.config import Section
+from nodeward.durations import Duration
+
+
+class GpuAgentSettings(Section):
+    """`agents.gpu`: intervals, the NVML watchdog, XID correlation and counter limits."""
+
+    node: str | None = None
+    heartbeat_interval: Duration = timedelta(seconds=30)
+    telemetry_interval: Duration = timedelta(seconds=15)
+    poll_interval: Duration = timedelta(seconds=10)
+    call_timeout: Duration = timedelta(seconds=5)
+    xid_window: Duration = timedelta(seconds=10)
+    xid_hold: Duration = timedelta(minutes=30)
+    ecc_corrected_limit: int = 10_000
+    retired_pages_limit: int = 60
+    nvlink_error_limit: int = 100
+    pcie_replay_limit: int = 1_000
+    pod_resources_socket: Path = DEFAULT_SOCKET
+    pod_resources_timeout: Duration = timedelta(seconds=5)
+
+    def node_name(self) -> str:
+        return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
+
+    def limits(self) -> Limits:
+        return Limits(
+            ecc_corrected_volatile=self.ecc_corrected_limit,
+            retired_pages=self.retired_pages_limit,
+            nvlink_errors=self.nvlink_error_limit,
+            pcie_replays=self.pcie_replay_limit,
+        )

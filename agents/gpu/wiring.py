@@ -1,0 +1,48 @@
+"""`nodeward agent gpu`: the GPU agent daemon of this node, built from the config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.gpu.agent import GpuAgent
+from agents.gpu.settings import GpuAgentSettings
+from agents.sources.podresources import KubeletPods
+from nodeward.config import Settings, section
+from nodeward.daemon import Daemon
+from nodeward.nats_auth import agent_inbox
+from nodeward.nvml_compat import pynvml
+from nodeward.platform import Standalone, bus_daemon
+
+
+async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
+    """The GPU agent daemon of this node (not started), on the real NVML unless `nvml` is given.
+
+    The node name comes from `agents.gpu.node`, else `NODE_NAME` (downward API), else the
+    host name.
+    """
+    config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
+    node = config.node_name()
+    if settings.bus.inbox_prefix is None:
+        # The node's NATS user may receive only on its own inbox (nodeward.nats_auth).
+        bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
+        settings = settings.model_copy(update={"bus": bus_settings})
+    daemon, bus = await bus_daemon(
+        f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
+    )
+    pods = KubeletPods(
+        config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
+    )
+    agent = GpuAgent(
+        pynvml if nvml is None else nvml,
+        bus,
+        config,
+        node=node,
+        registry=daemon.metrics.registry,
+        pods=pods,
+    )
+    agent.attach(daemon)
+    daemon.add_shutdown_hook(pods.close)
+    return daemon
+
+
+standalone = Standalone(build_gpu_agent)

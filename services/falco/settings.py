@@ -1,0 +1,42 @@
+"""`services.falco` in the config file."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import Field
+
+from nodeward.config import Section
+from nodeward.durations import Duration
+from services.falco.ingest import IngestSettings
+from services.kernel import RateLimitSettings
+
+NAME = "falco"
+ACTOR = "service/falco"
+TOPIC = "security"
+
+
+class FalcoSettings(Section):
+    """`services.falco` in the config file."""
+
+    dry_run: bool = False
+    consumer: str = "falco"
+    subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
+    bucket: str = "falco"
+    concurrency: int = Field(default=16, ge=1)
+    rules_file: Path | None = Field(default=None, description="None: the shipped default")
+    dedup_window: Duration = Field(
+        default=timedelta(minutes=10),
+        description="identical alerts within this window are acted on once",
+    )
+    rate_limit_per_pod: RateLimitSettings = RateLimitSettings(per_minute=10, burst=10)
+    rate_limit_per_rule: RateLimitSettings = RateLimitSettings(per_minute=60, burst=30)
+    skip_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "nodeward"],
+        description="pods here are never acted on (alerts about them only notify)",
+    )
+    checkpoint_timeout: Duration = timedelta(seconds=60)
+    support_contact: str = "the platform's security team"
+    topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
+    ingest: IngestSettings = IngestSettings()
