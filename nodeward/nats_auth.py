@@ -74,7 +74,9 @@ SERVICES: dict[str, ServiceGrants] = {
     "credentials": ServiceGrants(
         (("CREDENTIALS", "credentials"),), ("credentials",), ("credentials.>", *_ACTS)
     ),
-    "falco": ServiceGrants((("SECURITY", "falco"),), ("falco", "breaker"), ("falco.>", *_ACTS)),
+    "falco": ServiceGrants(
+        (("SECURITY", "falco"),), ("falco", "falco-marks", "breaker"), ("falco.>", *_ACTS)
+    ),
     "checkpoint": ServiceGrants(
         (("MAINTENANCE", "checkpoint"),), ("checkpoint", "breaker"), ("maintenance.>", *_ACTS)
     ),

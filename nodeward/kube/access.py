@@ -114,6 +114,7 @@ SERVICES: dict[str, frozenset[str]] = {
             "pods.delete",
             "namespaces.get",
             "nodes.get",
+            "nodes.list",  # the circuit breaker's population (the cordon action)
             "nodes.patch",
             "nodes.checkpoint",
             "networkpolicies.create",

@@ -53,12 +53,14 @@ from services.falco.settings import ACTOR, NAME, FalcoSettings
 from services.kernel import (
     ActionRunner,
     Auditor,
+    CircuitBreaker,
     Exemptions,
     Guard,
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
 )
+from services.kernel.breaker import NodePopulation
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
@@ -85,6 +87,7 @@ class FalcoService:
         dedup: TypedKV[DedupRecord],
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -112,6 +115,7 @@ class FalcoService:
             settings.skip_namespaces, setting="services.falco.skip_namespaces"
         )
         self.guards: list[Guard] = [self.skipped, self.exemptions, self.per_pod, self.per_rule]
+        self.breaker = breaker
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
 
@@ -127,7 +131,7 @@ class FalcoService:
             order_key=lambda e: dedup_key(e.data),
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=6,
-            ack_wait=timedelta(seconds=90),
+            ack_wait=self.settings.ack_wait,
         )
 
     # one alert --------------------------------------------------------------------------
@@ -295,6 +299,8 @@ class FalcoService:
                 return await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_node")
             proposal = replace(proposal, obj=node)
             guards = [self.exemptions, self.per_rule]
+            if actionner.removes_node and self.breaker is not None:
+                guards.append(self.breaker)
         elif actionner.scope == "pod":
             guards = self.guards
         context = ActionContext(
@@ -355,6 +361,16 @@ async def assemble(settings: Settings) -> Assembled:
     kv = await bus.kv(
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
+
+    async def count(selector: str | None) -> int:
+        return len(await cluster.nodes.list(label_selector=selector))
+
+    breaker = CircuitBreaker(
+        await bus.kv(config.breaker.bucket, history=5),
+        config.breaker,
+        NodePopulation(count, config.breaker.node_selector),
+        registry=daemon.metrics.registry,
+    )
     service = FalcoService(
         bus,
         cluster,
@@ -362,6 +378,7 @@ async def assemble(settings: Settings) -> Assembled:
         policy=policy,
         dedup=TypedKV(kv, DedupRecord),
         registry=daemon.metrics.registry,
+        breaker=breaker,
     )
     if config.ingest.enabled:
 

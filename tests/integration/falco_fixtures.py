@@ -155,6 +155,8 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
         service: dict[str, Any] = {
             "consumer": f"falco-{uid}",
             "bucket": f"falco-{uid}",
+            "marks_bucket": f"falco-marks-{uid}",
+            "breaker": {"bucket": f"breaker-{uid}"},
             # Only this test's alerts (NATS wildcards match whole tokens only).
             "subjects": sorted(
                 {f"{sidekick_subject(a)}_{uid}" for a in samples()}
