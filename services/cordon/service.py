@@ -425,7 +425,9 @@ class CordonService:
         assert written is not None and written.value.quarantine is not None
         q = written.value.quarantine
         spec = spec_for(
-            q, cordon=self.settings.cordon, no_execute=decision.no_execute or self.settings.no_execute
+            q,
+            cordon=self.settings.cordon,
+            no_execute=decision.no_execute or self.settings.no_execute,
         )
         pending = q
 

@@ -28,7 +28,6 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 

@@ -134,7 +134,9 @@ def supersede(old: MarkEntry, new: MarkEntry, *, operator_released: bool) -> Mar
     return new.model_copy(
         update={
             "taints": taints,
-            "prior_unschedulable": kept.prior_unschedulable if kept.cordon else new.prior_unschedulable,
+            "prior_unschedulable": kept.prior_unschedulable
+            if kept.cordon
+            else new.prior_unschedulable,
             "labels": {**new.labels, **old.labels},
             "annotations": sorted({*old.annotations, *new.annotations}),
         }
@@ -221,9 +223,7 @@ def release_patch(
     held_labels = {k for e in others.values() for k in e.labels}
     targets = spec.release_labels if spec.release_labels is not None else entry.labels
     labels = _labels(node)
-    new_labels = {
-        k: v for k, v in targets.items() if k not in held_labels and labels.get(k) != v
-    }
+    new_labels = {k: v for k, v in targets.items() if k not in held_labels and labels.get(k) != v}
     notes = _annotations(node)
     new_notes: dict[str, str | None] = {k: None for k in entry.annotations if k in notes}
     del all_entries[owner]
@@ -350,9 +350,7 @@ class NodeMarks:
             obj = await self.cluster.nodes.get(node)
             entry = plan(obj, self.owner, incident, spec)
             if older is not None:
-                entry = supersede(
-                    older.entry, entry, operator_released=older.operator_released
-                )
+                entry = supersede(older.entry, entry, operator_released=older.operator_released)
             if annotate is not None:
                 # Annotations that say what was planned (a readable summary for kubectl).
                 spec = spec.model_copy(
@@ -410,9 +408,7 @@ class NodeMarks:
         await self.cluster.nodes.set_annotations(node, dict(annotations))
         self._fail("annotate.patched")
 
-    async def release(
-        self, node: str, *, note: str | None = None
-    ) -> dict[str, Any] | None:
+    async def release(self, node: str, *, note: str | None = None) -> dict[str, Any] | None:
         """Take this owner's marks off `node`. None if it holds none (already released)."""
         intent = await self.intent(node)
         if intent is None or intent.phase == "released":

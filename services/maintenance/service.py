@@ -676,10 +676,11 @@ class CheckpointService:
             return {CORDON_ANNOTATION: json.dumps(note, separators=(",", ":"))}
 
         async def cordon() -> dict[str, Any]:
-            done = await self.marks.apply(
-                state.node, state.maintenance_id, spec, annotate=mark
-            )
-            return {"cordoned": done["cordoned"], "prior_unschedulable": done["prior_unschedulable"]}
+            done = await self.marks.apply(state.node, state.maintenance_id, spec, annotate=mark)
+            return {
+                "cordoned": done["cordoned"],
+                "prior_unschedulable": done["prior_unschedulable"],
+            }
 
         result = await self.runner.run(proposal, cordon, self.cordon_guards(state))
         if result.outcome == Outcome.SKIPPED:

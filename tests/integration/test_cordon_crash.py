@@ -212,7 +212,7 @@ async def test_fifty_random_kills_around_releases_leave_every_node_schedulable(
 ) -> None:
     """The issue's reproduction, repeated: SIGKILL the running service at a random moment
     while it releases recovered nodes, restart it, and do it 50 times."""
-    env, proc = await cordon_process()
+    env, proc = await cordon_process(healthy_period="0.2s")
     rng = random.Random(15)
     proc.start()
     await wait_for(lambda: bound(env), timeout=30, what="the consumer")
@@ -227,8 +227,8 @@ async def test_fifty_random_kills_around_releases_leave_every_node_schedulable(
             lambda: _all(env, nodes, quarantined), timeout=30, what=f"round {kills}: quarantined"
         )
         await env.publish(*(health(n, HealthState.HEALTHY, seq=seq + 1) for n in nodes))
-        # healthy_period 0.5s, reconcile every 0.1s: the releases run around 0.5-0.8s.
-        await asyncio_sleep_random(rng, 0.4, 0.9)
+        # healthy_period 0.2s, reconcile every 0.1s: the releases run around 0.2-0.4s.
+        await asyncio_sleep_random(rng, 0.15, 0.5)
         proc.kill()
         kills += 1
         proc.start()

@@ -90,9 +90,7 @@ async def test_a_falco_cordon_records_prior_state_and_keeps_an_operator_cordon(
     await env.start()
     for node in names:
         await env.publish_raw(host_alert(env, node))
-    await wait_for(
-        lambda: _count(cordon_audits(env, names), 2), timeout=10, what="both cordons"
-    )
+    await wait_for(lambda: _count(cordon_audits(env, names), 2), timeout=10, what="both cordons")
     records = await cordon_audits(env, names)
     assert {(r.target.name, r.outcome) for r in records} == {(n, Outcome.APPLIED) for n in names}
     fresh, operators = [await env.admin.nodes.get(n) for n in names]
@@ -128,7 +126,9 @@ async def test_falco_cordon_killed_at_each_step_is_finished_after_restart(
 
         async def bound() -> bool:
             try:
-                await env.bus.js.consumer_info("SECURITY", env.settings.services["falco"]["consumer"])
+                await env.bus.js.consumer_info(
+                    "SECURITY", env.settings.services["falco"]["consumer"]
+                )
             except Exception:  # noqa: BLE001 - not created yet
                 return False
             return True

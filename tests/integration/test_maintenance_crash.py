@@ -76,5 +76,7 @@ async def test_maintenance_cordon_killed_at_each_step_ends_done_and_cordoned_onc
     state = await env.state()
     assert state is not None and state.cordoned
     records = await audits(env.bus, env.node, "cordon")
-    assert [r.outcome for r in records] == [Outcome.APPLIED], [(r.outcome, r.guard) for r in records]
+    assert [r.outcome for r in records] == [Outcome.APPLIED], [
+        (r.outcome, r.guard) for r in records
+    ]
     proc.stop()
