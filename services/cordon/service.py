@@ -41,10 +41,13 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.state.cordon import GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from schemas.state.marks import MarkEntry
 from services.cordon.marks import (
     ACTOR,
+    HEALTH_LABEL,
     OWNER,
     QUARANTINE_ANNOTATION,
+    TAINT_KEY,
     annotation,
     applied_details,
     spec_for,
@@ -525,6 +528,8 @@ class CordonService:
         q = record.quarantine
         if q is None or q.phase != "applied" or q.dry_run or q.operator_released:
             return record
+        if await self._adopt_legacy(name, q):
+            node = await self.cluster.nodes.get(name)
         # Only NodeMarks' `applied` intent can show an operator's act: a mark missing while
         # nodeward itself is releasing is its own half-done step, finished by the release.
         found = await self.marks.operator_act(name, node)
@@ -585,6 +590,24 @@ class CordonService:
             f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
         )
 
+    async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
+        """A quarantine applied before NodeMarks (no intent in KV): hand its marks over.
+        True if it did (the node changed: read it again)."""
+        if q.phase != "applied" or q.dry_run or await self.marks.intent(name) is not None:
+            return False
+        spec = spec_for(q, cordon=q.cordoned, no_execute="NoExecute" in q.taints)
+        entry = MarkEntry(
+            incident=q.incident,
+            taints=[f"{TAINT_KEY}:{e}" for e in q.taints],
+            cordon=q.cordoned,
+            prior_unschedulable=q.prior_unschedulable,
+            labels={HEALTH_LABEL: None},
+            annotations=[QUARANTINE_ANNOTATION],
+        )
+        self.log.info("cordon.adopt_legacy_quarantine", incident=q.incident)
+        await self.marks.adopt(name, q.incident, spec, entry, operator_released=q.operator_released)
+        return True
+
     async def _releasing(self, name: str, q: Quarantine) -> bool:
         """True if NodeMarks has started (or finished) the release of this quarantine."""
         if q.phase != "applied" or q.dry_run:
@@ -598,6 +621,7 @@ class CordonService:
 
     async def _release(self, name: str, q: Quarantine, reason: str) -> None:
         """Undo quarantine `q` (or finish undoing it), audit it, clear the record."""
+        await self._adopt_legacy(name, q)
         proposal = Proposal(
             action="release",
             target=_target(name),

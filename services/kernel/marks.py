@@ -384,6 +384,42 @@ class NodeMarks:
             )
         return self.details(intent)
 
+    async def adopt(
+        self,
+        node: str,
+        incident: str,
+        spec: MarkSpec,
+        entry: MarkEntry,
+        *,
+        operator_released: bool = False,
+    ) -> MarkIntent:
+        """Take over marks put on before NodeMarks kept an intent (an upgrade): record them
+        as `applied` and write this owner's entry on the node, adding no mark, so that
+        they are released (and an operator's act noticed) like any other."""
+        intent = MarkIntent(
+            owner=self.owner,
+            node=node,
+            incident=incident,
+            phase="applied",
+            spec=spec,
+            entry=entry,
+            operator_released=operator_released,
+            event_recorded=True,
+        )
+        intent = await self._save(intent, "adopt.intent")
+        recorded = held(intent)
+
+        def build(obj: Obj) -> Obj | None:
+            all_entries = entries(obj)
+            if all_entries.get(self.owner) == recorded:
+                return None
+            all_entries[self.owner] = recorded
+            return {"metadata": {"annotations": {MARKS_ANNOTATION: _encode(all_entries)}}}
+
+        await self.cluster.nodes.patch_from(node, build)
+        self._fail("adopt.patched")
+        return intent
+
     def details(self, intent: MarkIntent) -> dict[str, Any]:
         entry = held(intent)
         return {

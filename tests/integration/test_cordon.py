@@ -543,3 +543,41 @@ async def test_no_execute_and_a_custom_policy(cordon_env: EnvFactory, tmp_path: 
     assert applied[0].policy == "degraded-too"
     effects = sorted(t["effect"] for t in taints_of(await env.node(name)) if t["key"] == TAINT_KEY)
     assert effects == ["NoExecute", "NoSchedule"]
+
+
+async def test_a_quarantine_from_before_node_marks_is_released(cordon_env: EnvFactory) -> None:
+    """An upgrade: a quarantine applied by the previous version (KV record and marks, no
+    NodeMarks intent) is adopted and released like any other, its cordon lifted."""
+    from schemas.state.cordon import NodeRecord, Quarantine, node_key
+
+    env = await cordon_env()
+    name = env.nodes[4]
+    event = failed(name)
+    config = section(env.settings, "services", "cordon", CordonSettings)
+    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
+    q = Quarantine(
+        incident=event.id,
+        rule="xid-node-action",
+        reason="applied before NodeMarks",
+        gpus=["0"],
+        started_at=event.time,
+        phase="applied",
+        cordoned=True,
+        taints=["NoSchedule"],
+        event_recorded=True,
+    )
+    await records.put(node_key(name), NodeRecord(quarantine=q))
+    await env.admin.nodes.mark(
+        name,
+        add_taints=[(TAINT_KEY, "NoSchedule")],
+        unschedulable=True,
+        labels={HEALTH_LABEL: "failed"},
+        annotations={QUARANTINE_ANNOTATION: '{"by":"service/cordon"}'},
+    )
+    await env.start()
+    await env.publish(event, health(name, HealthState.HEALTHY, seq=2))
+    await wait_for(lambda: _released(env.bus, name), timeout=10, what="the release")
+    node = await env.node(name)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    assert label(node) == "healthy" and quarantine_note(node) is None
+    assert "manual_uncordon" not in [g for _, g in outcomes(await audits(env.bus, name))]
