@@ -207,3 +207,20 @@ def test_a_new_incident_keeps_the_prior_state_of_the_one_it_supersedes() -> None
     merged = supersede(first, again, operator_released=False)
     assert merged.prior_unschedulable is False and merged.incident == "inc-2"
     assert merged.taints == first.taints and merged.labels == {"nodeward.io/gpu-health": None}
+
+
+def test_every_service_that_removes_nodes_shares_one_breaker_window() -> None:
+    from nodeward.bus.provision import SHARED_BUCKETS
+    from nodeward.nats_auth import SERVICES
+    from services.cordon.service import CordonSettings
+    from services.falco.settings import FalcoSettings
+    from services.maintenance.service import CheckpointSettings
+
+    buckets = {
+        CordonSettings().breaker.bucket,
+        FalcoSettings().breaker.bucket,
+        CheckpointSettings().breaker.bucket,
+    }
+    assert buckets == {"breaker"} and "breaker" in SHARED_BUCKETS
+    for service in ("cordon", "falco", "checkpoint"):
+        assert "breaker" in SERVICES[service].buckets
