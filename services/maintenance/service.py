@@ -685,13 +685,18 @@ class CheckpointService:
         result = await self.runner.run(proposal, cordon, self.cordon_guards(state))
         if result.outcome == Outcome.SKIPPED:
             return await self._fail(state, result.reason)
-        cordoned = result.outcome == Outcome.APPLIED and not prior
         if result.outcome == Outcome.REFUSED and result.guard == "circuit_breaker":
             return await self._fail(state, result.reason)
+        # NodeMarks' view: a node another nodeward owner cordoned (a GPU quarantine) is
+        # nodeward's cordon, not an operator's.
+        prior = bool(result.details.get("prior_unschedulable", prior))
+        cordoned = result.outcome == Outcome.APPLIED and not prior
         await self._advance(
             state,
             MaintenancePhase.CHECKPOINTING,
-            lambda s: s.model_copy(update={"cordoned": cordoned, "started_at": _now()}),
+            lambda s: s.model_copy(
+                update={"cordoned": cordoned, "prior_unschedulable": prior, "started_at": _now()}
+            ),
         )
         self.marks.failpoints.hit("maintenance.cordon.advanced")
         return True
