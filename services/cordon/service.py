@@ -434,7 +434,7 @@ class CordonService:
         )
         pending = q
 
-        def summary(entry: Any) -> dict[str, str]:
+        def summary(entry: MarkEntry) -> dict[str, str]:
             return {QUARANTINE_ANNOTATION: annotation(with_entry(pending, entry))}
 
         await self.marks.apply(name, q.incident, spec, annotate=summary)
