@@ -20,6 +20,7 @@ from schemas.tokens import falco_rule_token
 TRUNCATED = "[...]"
 """What Falcosidekick appends to a string it cut short (payloads over 4096 characters)."""
 TEST_RULE = "Test rule"
+TEST_OUTPUT = "This is a test from falcosidekick"
 """The rule of the event Falcosidekick's `/test` endpoint sends to every output."""
 
 
@@ -186,8 +187,18 @@ class FalcoAlert(EventData):
 
     @property
     def is_test(self) -> bool:
-        """Falcosidekick's test event (`POST /test`), which carries nothing to act on."""
-        return self.rule == TEST_RULE and self.source in ("internal", "syscall", "")
+        """Falcosidekick's test event (`POST /test`, `falco.debug.test_rule`): nothing to act on.
+
+        Recognised by what its test handler has sent in every version: rule `Test rule`,
+        priority Debug and output `This is a test from falcosidekick`. Its `source` is not
+        reliable: absent before 2.25, then `syscalls` (Falcosidekick's default), `internal`
+        (set for the test rule from 2.29) while the handler's own body says `debug` (2.31).
+        """
+        return (
+            self.rule == TEST_RULE
+            and self.priority == FalcoPriority.DEBUG
+            and self.output.strip() == TEST_OUTPUT
+        )
 
     def message(self) -> str:
         """`output` without the `HH:MM:SS.nnnnnnnnn: <Priority> ` prefix Falco puts first."""

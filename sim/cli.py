@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from nodeward.endpoints import DEFAULT_STATE_DIR
+
 sim_app = typer.Typer(
     name="sim", help="Run simulated peers (the sim cluster) on their own.", no_args_is_help=True
 )
@@ -119,6 +121,12 @@ def inject(  # noqa: PLR0917 - typer options
     timeout: Annotated[
         float, typer.Option("--timeout", help="seconds to wait for each reply")
     ] = 3.0,
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            "--state-dir", help="where a running `nodeward up` wrote endpoints.json (to find NATS)"
+        ),
+    ] = DEFAULT_STATE_DIR,
 ) -> None:
     """Inject a fault (or a load) into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
 
@@ -145,7 +153,7 @@ def inject(  # noqa: PLR0917 - typer options
             request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover, load=load)
         except ValidationError as exc:
             fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
-    bus = settings_for(None, nats).bus
+    bus = settings_for(None, nats, state_dir).bus
 
     async def quiet(exc: Exception) -> None:
         """Connection errors are reported once, below."""

@@ -48,6 +48,12 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML config file, a section per daemon")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON output, one object per line")]
+StateDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir", help="where a running `nodeward up` wrote endpoints.json (to find NATS)"
+    ),
+]
 
 
 def _duration(value: str | None) -> timedelta | None:
@@ -66,12 +72,24 @@ def _run(coro: Any) -> None:
 @app.callback()
 def _root(
     log_level: Annotated[
-        str, typer.Option("--log-level", help="debug, info, warning or error")
-    ] = "warning",
+        str | None,
+        typer.Option(
+            "--log-level",
+            help="debug, info, warning or error (default: warning; for `agent` and `service`, "
+            "the config's log.level, info)",
+        ),
+    ] = None,
 ) -> None:
-    if log_level not in ("debug", "info", "warning", "error"):
+    if log_level not in (None, "debug", "info", "warning", "error"):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
-    configure_logging(log_level)
+    configure_logging(log_level or "warning")
+
+
+def _daemon_logging(ctx: typer.Context, settings: Any) -> None:
+    """A daemon logs at the config's `log.level` (info: its start facts show) and in its
+    `log.format`, unless `--log-level` says otherwise."""
+    explicit = ctx.find_root().params.get("log_level")
+    configure_logging(explicit or settings.log.level, settings.log.format)
 
 
 @app.command()
@@ -98,7 +116,7 @@ def bus(
 
 
 @app.command()
-def publish(
+def publish(  # noqa: PLR0917 - typer maps parameters to options
     type_name: Annotated[
         str, typer.Argument(metavar="TYPE", help="event type, e.g. gpu.health.v1")
     ],
@@ -111,11 +129,12 @@ def publish(
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Validate an event and publish it; invalid data is refused with the validation error."""
     from nodeward.cli.events import publish as do_publish
 
-    _run(do_publish(settings_for(config, nats), type_name, data, as_json))
+    _run(do_publish(settings_for(config, nats, state_dir), type_name, data, as_json))
 
 
 @app.command()
@@ -148,6 +167,7 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Follow events as they are stored (ordered consumer); readable lines or JSON lines."""
     from nodeward.cli.events import SEVERITIES, TailFilter
@@ -158,7 +178,7 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
 
     _run(
         do_tail(
-            settings_for(config, nats),
+            settings_for(config, nats, state_dir),
             subjects or [],
             since=_duration(since),
             count=count,
@@ -167,14 +187,6 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
             where=TailFilter(node, namespace, severity, heartbeats),
         )
     )
-
-
-StateDirOpt = Annotated[
-    Path,
-    typer.Option(
-        "--state-dir", help="where a running `nodeward up` wrote endpoints.json (to find NATS)"
-    ),
-]
 
 
 @app.command()
@@ -262,20 +274,24 @@ def streams(
             "--provision", help="first create or update every stream (needs $JS.API rights)"
         ),
     ] = False,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Messages, bytes, consumers and their lag for every nodeward stream."""
     from nodeward.cli.inspect import provision_streams
     from nodeward.cli.inspect import streams as do_streams
 
-    settings = settings_for(config, nats)
+    settings = settings_for(config, nats, state_dir)
     if provision:
         _run(provision_streams(settings))
     _run(do_streams(settings, as_json))
 
 
-def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any) -> None:
+def _run_standalone(
+    ctx: typer.Context, kind: Literal["agent", "service"], name: str, settings: Any
+) -> None:
     from nodeward.platform import run_standalone, standalone
 
+    _daemon_logging(ctx, settings)
     try:
         standalone(kind, name)
     except LookupError as exc:
@@ -285,6 +301,7 @@ def _run_standalone(kind: Literal["agent", "service"], name: str, settings: Any)
 
 @app.command()
 def agent(  # noqa: PLR0917 - typer maps parameters to options
+    ctx: typer.Context,
     name: Annotated[
         str,
         typer.Argument(
@@ -370,11 +387,12 @@ def agent(  # noqa: PLR0917 - typer maps parameters to options
         return
     settings = settings_for(config, nats)
     apply_energy_flags(settings, flags)
-    _run_standalone("agent", name, settings)
+    _run_standalone(ctx, "agent", name, settings)
 
 
 @app.command()
-def service(
+def service(  # noqa: PLR0917 - typer maps parameters to options
+    ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="NAME", help="the service, e.g. cordon")],
     nats: NatsOpt = None,
     kubeconfig: Annotated[
@@ -406,7 +424,7 @@ def service(
         _run(run_admin())
         typer.echo(done[0])
         return
-    _run_standalone("service", name, settings)
+    _run_standalone(ctx, "service", name, settings)
 
 
 @schemas_app.command("export")

@@ -73,8 +73,13 @@ async def streams(settings: Settings, as_json: bool) -> None:
         "unacked",
         "redelivered",
     ):
+        # A header is never cut: only the subjects column folds to fit a narrow terminal.
         table.add_column(
-            col, justify="right" if col not in ("stream", "subjects", "consumer") else "left"
+            col,
+            justify="right" if col not in ("stream", "subjects", "consumer") else "left",
+            min_width=len(col),
+            no_wrap=col != "subjects",
+            overflow="fold",
         )
     for row in rows:
         if row.get("missing"):
@@ -95,7 +100,10 @@ async def streams(settings: Settings, as_json: bool) -> None:
                 str(c["ack_pending"]),
                 str(c["redelivered"]),
             )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # piped or captured: the whole table, not 80 columns of it
+        console = Console(width=1000)
+    console.print(table)
 
 
 def _bytes(n: int) -> str:

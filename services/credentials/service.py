@@ -232,8 +232,11 @@ class CredentialsService:
         self.locks = locks
         self.settings = settings
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
+        # Every decision is audited through the runner: the service never calls the auditor.
+        self.runner = ActionRunner(
+            Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES),
+            dry_run=settings.dry_run,
+        )
         self.log = structlog.get_logger().bind(service=NAME, replica=self.holder)
         self.http = httpx.AsyncHTTPTransport(retries=1)
         self.scheduler = Scheduler(
@@ -535,7 +538,7 @@ class CredentialsService:
             protective=False,
             details={"kind": cred.kind.value, "cause": code},
         )
-        await self.auditor.record(proposal, Outcome.FAILED, proposal.reason, guard=code)
+        await self.runner.fail(proposal, guard=code)
         what = "Kerberos ticket" if cred.kind == CredentialKind.KERBEROS else "OAuth2 token"
         if code == "invalid":
             title = f"nodeward cannot read the credential in Secret {cred.namespace}/{cred.name}"
@@ -624,7 +627,7 @@ class CredentialsService:
                 severity=Severity.CRITICAL if near else Severity.INFO,
             )
             guard = "expiring" if near else "unavailable"
-            await self.auditor.record(paged, Outcome.FAILED, paged.reason, guard=guard)
+            await self.runner.fail(paged, guard=guard)
         delays = self.settings.retry_delays or [5.0]
         delay = delays[min(attempt, len(delays)) - 1]
         self.log.warning("credentials.retrying", error=message, attempt=attempt, delay_s=delay)

@@ -12,10 +12,13 @@ otherwise it is left and reported. Activity after a warning (a `session.activity
 that says active, or a later idle period) withdraws it and is recorded. Sessions older
 than `max_age` are warned and stopped the same way even when active.
 
-Every decision goes through the shared path (exemptions, rate limit on stops, dry-run,
-audit, on-call notice); warnings and deadlines live in KV, so a restart neither repeats
-a warning nor forgets a deadline. An event about a pod that no longer exists, or about
-an earlier pod of the same name, changes nothing.
+Every decision goes through the kernel's runner (the guard chain: exemptions, staleness,
+the rate limit on stops; dry-run; audit; on-call notice), and so is audited, acted on or
+not; warnings and deadlines live in KV, so a restart neither repeats a warning nor
+forgets a deadline. An event older than `max_event_age` (a replay) is never acted on: a
+stale `session.idle` that could have warned or stopped is audited as skipped `too_old`,
+as cordon audits a stale failure, once per session and idle period. An event about a
+pod that no longer exists, or about an earlier pod of the same name, changes nothing.
 """
 
 from __future__ import annotations
@@ -51,11 +54,14 @@ from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
     ActionRunner,
     Auditor,
+    DedupWindow,
     Exemptions,
+    GuardChain,
     OwnerNotice,
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    Staleness,
     tell_owner,
 )
 
@@ -75,7 +81,7 @@ _QUIET = MappingProxyType(
         Outcome.UNDONE: Severity.INFO,
     }
 )
-SEVERITIES = MappingProxyType({"warn": _QUIET, "stop": _QUIET, "cancel": _QUIET})
+SEVERITIES = MappingProxyType({"warn": _QUIET, "stop": _QUIET, "cancel": _QUIET, "ignore": _QUIET})
 NEW_PERIOD_SLACK = timedelta(seconds=5)
 
 
@@ -169,10 +175,18 @@ class CullerService:
         self.cluster = cluster
         self.records = records
         self.settings = settings
-        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
+        # Every decision is audited through the runner: the service never calls the auditor.
+        self.runner = ActionRunner(
+            Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES),
+            dry_run=settings.dry_run,
+        )
         self.exemptions = Exemptions(self._namespace_labels)
         self.limiter = RateLimiter(settings.rate_limit)
+        self.staleness = Staleness(settings.max_event_age)
+        self.stop_guards = GuardChain([self.exemptions, self.limiter])
+        # One audit per session and idle period for a replay's stale events, whichever
+        # replica sees them.
+        self.stale_seen = DedupWindow(records.kv, settings.max_event_age, prefix="stale")
         self.log = structlog.get_logger().bind(service=NAME)
         self._namespaces: dict[str, tuple[float, Obj | None]] = {}
 
@@ -193,12 +207,10 @@ class CullerService:
         with structlog.contextvars.bound_contextvars(
             event_id=event.id, namespace=data.namespace, pod=data.pod, node=data.node
         ):
-            age = (datetime.now(UTC) - event.time).total_seconds()
-            if age > self.settings.max_event_age.total_seconds():
-                self.log.info("culler.old_event", age_s=round(age))
-                return
             namespace_obj = await self._namespace(data.namespace)
             limits = self.settings.limits(data.kind.value, namespace_obj)
+            if await self._stale(event, data, limits):
+                return
             if not await self._worth_a_look(data, limits):
                 return
             session = await self._session(data, namespace_obj, limits)
@@ -208,6 +220,47 @@ class CullerService:
                 await self._on_idle(event, data, session)
             else:
                 await self._on_activity(event, data, session)
+
+    async def _stale(
+        self, event: Event[Any], data: SessionIdle | SessionActivity, limits: Limits
+    ) -> bool:
+        """True when the event is older than `max_event_age`: it is never acted on.
+
+        A stale `session.idle` past the warning time (one that could have warned or
+        stopped) is audited as skipped `too_old`, once per session and idle period; other
+        stale samples only restate state: logged, not audited.
+        """
+        target = ObjectRef(kind="Pod", name=data.pod, namespace=data.namespace, api_version="v1")
+        pod = f"{data.namespace}/{data.pod}"
+        if isinstance(data, SessionIdle):
+            what = f"session.idle of {pod} (idle since {_when(data.idle_since)})"
+        else:
+            what = f"session.activity of {pod} ({data.state.value})"
+        proposal = Proposal(
+            action="ignore",
+            target=target,
+            reason=what,
+            policy=limits.source,
+            trigger_id=event.id,
+            trigger_time=event.time,
+            protective=False,
+            details={"pod": pod, "event_type": event.type},
+        )
+
+        async def restates(outcome: Outcome, guard: str | None) -> bool:
+            if (
+                not isinstance(data, SessionIdle)
+                or data.idle_for_s < limits.warn_after.total_seconds()
+            ):
+                return True
+            period = f"{pod}/{data.uid or ''}/{data.idle_since.isoformat()}"
+            first, _ = await self.stale_seen.first(period, event.id)
+            return not first
+
+        skipped = await self.runner.screen(proposal, [self.staleness], repeat=restates)
+        if skipped is not None:
+            self.log.info("culler.old_event", age_s=skipped.details.get("age_s"))
+        return skipped is not None
 
     # reading the session ----------------------------------------------------------------
     async def _namespace(self, name: str) -> Obj | None:
@@ -371,7 +424,7 @@ class CullerService:
         decision = f"skipped/exempt/{exempt}"
         if record.last_decision != decision:
             proposal = self._proposal("warn", event, session, f"not culled: {exempt}")
-            await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard="exempt")
+            await self.runner.skip(proposal, guard="exempt")
             await self._save(session, record.model_copy(update={"last_decision": decision}))
         return True
 
@@ -563,7 +616,8 @@ class CullerService:
             f"stop of {session.target().key()} withdrawn: {why}",
             warned_at=record.warned_at.isoformat() if record.warned_at else None,
         )
-        await self.auditor.record(proposal, Outcome.APPLIED, proposal.reason)
+        # Its effect is the record just saved (and the notice): nothing for the runner to act.
+        await self.runner.record(proposal, Outcome.APPLIED)
         if not was_dry and record.warn_sent:
             notice_id = stable_id(
                 now, "cancel", session.namespace, session.name, record.warn_id or ""
@@ -600,7 +654,7 @@ class CullerService:
             decision = "skipped/no_controller"
             if record.last_decision != decision:
                 proposal = self._proposal("stop", event, session, reason, protective=True)
-                await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_controller")
+                await self.runner.skip(proposal, guard="no_controller", reason=reason)
                 await self._save(session, record.model_copy(update={"last_decision": decision}))
             return
         proposal = self._proposal(
@@ -625,7 +679,7 @@ class CullerService:
             )
             return {"stopped": "pod deleted" if deleted else "pod already gone"}
 
-        result = await self.runner.run(proposal, act, [self.exemptions, self.limiter])
+        result = await self.runner.run(proposal, act, self.stop_guards)
         if result.outcome not in (Outcome.APPLIED, Outcome.DRY_RUN):
             return
         await self._save(

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,8 +32,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
-from nodeward.bus.kv import TypedKV
+from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.config import ConfigError, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster, NotFound
@@ -43,7 +40,6 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.falco import FalcoAlert
 from schemas.remediation import Outcome, Remediation
-from schemas.state.falco import DedupRecord
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
 from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
 from services.falco.ingest import Ingest, IngestError
@@ -53,6 +49,8 @@ from services.kernel import (
     ActionRunner,
     Auditor,
     CircuitBreaker,
+    Dedup,
+    DedupWindow,
     Exemptions,
     Guard,
     KeyedRateLimiter,
@@ -83,20 +81,24 @@ class FalcoService:
         *,
         settings: FalcoSettings,
         policy: Policy,
-        dedup: TypedKV[DedupRecord],
+        dedup: DedupWindow,
         registry: CollectorRegistry | None = None,
-        clock: Callable[[], float] = time.time,
         breaker: CircuitBreaker | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
         self.settings = settings
         self.policy = policy
-        self.dedup = dedup
-        self.clock = clock
-        self.auditor = Auditor(bus, actor=ACTOR, topic=settings.topic)
-        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
-        self.dry_runner = ActionRunner(self.auditor, dry_run=True)
+        self.runner = ActionRunner(Auditor(bus, actor=ACTOR, topic=settings.topic))
+        self.runner = self.runner.with_dry_run(settings.dry_run)
+        # Identical alerts: the first of a window acts; a redelivery of that very message
+        # (same event id and stream sequence) is handled again; the same alert arriving as
+        # another message (from Falcosidekick and through the ingest, say) is a repeat.
+        self.duplicates = Dedup(
+            dedup,
+            key=lambda p: str(p.details["dedup_key"]),
+            instance=lambda p: str(p.details["message"]),
+        )
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.per_pod = KeyedRateLimiter(
             "rate_limit_pod",
@@ -158,6 +160,7 @@ class FalcoService:
             return []
         if not await self.first_in_window(event, alert, sequence):
             self.metrics.alerts.labels("duplicate").inc()
+            self.log.debug("falco.duplicate")
             return []
         self.metrics.alerts.labels("responded").inc()
         target = await self.resolve(alert)
@@ -169,31 +172,18 @@ class FalcoService:
     async def first_in_window(
         self, event: Event[Any], alert: FalcoAlert, sequence: int | None = None
     ) -> bool:
-        """True for the first of identical alerts within `dedup_window` (or its redelivery)."""
-        now = self.clock()
-        window = self.settings.dedup_window.total_seconds()
-        first = True
-
-        def change(current: DedupRecord | None) -> DedupRecord | None:
-            nonlocal first
-            if current is None or now - current.first_seen > window:
-                first = True
-                return DedupRecord(
-                    event_id=event.id, stream_sequence=sequence, first_seen=now, last_seen=now
-                )
-            if current.event_id == event.id and current.stream_sequence == sequence:
-                # A redelivery of the message that opened the window: handled again
-                # (idempotently). The same alert arriving again (from Falcosidekick and
-                # through the ingest, say) is another message: a duplicate.
-                first = True
-                return None
-            first = False
-            return current.model_copy(update={"repeats": current.repeats + 1, "last_seen": now})
-
-        await self.dedup.update(dedup_key(alert), change)
-        if not first:
-            self.log.debug("falco.duplicate")
-        return first
+        """True for the first of identical alerts within `dedup_window` (or its redelivery):
+        the kernel's duplicate guard, which counts repeats in KV and audits none of them."""
+        proposal = Proposal(
+            action="respond",
+            target=node_ref(alert.hostname or "unknown"),
+            reason=describe(alert),
+            trigger_id=event.id,
+            trigger_time=event.time,
+            protective=False,
+            details={"dedup_key": dedup_key(alert), "message": f"{event.id}/{sequence}"},
+        )
+        return await self.runner.screen(proposal, [self.duplicates]) is None
 
     async def resolve(self, alert: FalcoAlert) -> Target:
         raw_pod = alert.output_fields.get("k8s.pod.name")
@@ -228,9 +218,7 @@ class FalcoService:
                     f"not run: {stopped_by.action.value} did not succeed and says continue: false; "
                     + proposal.reason
                 )
-                decision = await self.auditor.record(
-                    proposal, Outcome.SKIPPED, reason, guard="stopped"
-                )
+                decision = await self.runner.skip(proposal, guard="stopped", reason=reason)
             else:
                 decision = await self.run_action(
                     event,
@@ -288,14 +276,14 @@ class FalcoService:
         actionner = ACTIONS[spec.action]
         if actionner.scope == "pod" and target.pod is None:
             reason = f"not run: {target.no_pod}; {proposal.reason}"
-            return await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_pod")
+            return await self.runner.skip(proposal, guard="no_pod", reason=reason)
         guards: list[Guard] = []
         if actionner.scope == "node":
             try:
                 node = await self.cluster.nodes.get(proposal.target.name)
             except NotFound:
                 reason = f"not run: node {proposal.target.name} not found; {proposal.reason}"
-                return await self.auditor.record(proposal, Outcome.SKIPPED, reason, guard="no_node")
+                return await self.runner.skip(proposal, guard="no_node", reason=reason)
             proposal = replace(proposal, obj=node)
             guards = [self.exemptions, self.per_rule]
             if actionner.removes_node and self.breaker is not None:
@@ -317,13 +305,10 @@ class FalcoService:
         async def act() -> dict[str, Any]:
             return await actionner.run(context)
 
-        runner = self.dry_runner if rule.dry_run else self.runner
-        try:
-            return await runner.run(proposal, act, guards)
-        except RetryableError as exc:
-            # Audited as failed by the runner (on-call is told). Not retried: the alert
-            # repeats while the behaviour goes on, and a checkpoint is not idempotent.
-            return self.auditor.build(proposal, Outcome.FAILED, f"{proposal.reason}; {exc}")
+        runner = self.runner.with_dry_run() if rule.dry_run else self.runner
+        # A failure is audited (on-call is told) and not retried: the alert repeats while
+        # the behaviour goes on, and a checkpoint is not idempotent.
+        return await runner.run(proposal, act, guards, retry=False)
 
 
 # daemon --------------------------------------------------------------------------------
@@ -375,7 +360,7 @@ async def assemble(settings: Settings) -> Assembled:
         cluster,
         settings=config,
         policy=policy,
-        dedup=TypedKV(kv, DedupRecord),
+        dedup=DedupWindow(kv, config.dedup_window, prefix="dedup"),
         registry=daemon.metrics.registry,
         breaker=breaker,
     )

@@ -1,21 +1,25 @@
 """What every acting service shares: one path for every action and the guards on it.
 
 event -> policy (should we?) -> guards (may we now?) -> act or dry-run -> remediation.v1
-audit event -> notify.v1 for on-call. `ActionRunner.run` is that path; the guards are
-`Exemptions`, `CircuitBreaker`, `RateLimiter` and `Cooldown`; ownership records live in
-the service's KV bucket and in an annotation on the object. `NodeMarks` puts marks on a
-node (taint, cordon, label, condition, annotation) and takes them off again, by owner and
-crash-safe.
+audit event -> notify.v1 for on-call. `ActionRunner.run` is that path. The guards form one
+`GuardChain` in the kernel's order, whatever order a service lists them in: exemptions
+(`Exemptions`, `SkippedNamespaces`), `Staleness`, `Dedup`, `Cooldown`, rate limits
+(`RateLimiter`, `KeyedRateLimiter`), the `CircuitBreaker`, `Ownership`; dry-run is the
+runner's last step. Decisions that are not acts are audited through the runner too
+(`ActionRunner.skip`, `.fail`, `.record`, `.screen`): services never call the `Auditor`.
+`NodeMarks` puts marks on a node (taint, cordon, label, condition, annotation) and takes
+them off again, by owner and crash-safe.
 """
 
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
+from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
-from services.kernel.proposal import Guard, Proposal, Verdict
+from services.kernel.proposal import Guard, Proposal, Stage, Verdict
 from services.kernel.runner import ActionRunner
 
 __all__ = [
@@ -27,17 +31,23 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "Cooldown",
+    "Dedup",
+    "DedupWindow",
     "DrainResult",
     "DrainSettings",
     "Exemptions",
     "Guard",
+    "GuardChain",
     "KeyedRateLimiter",
     "NodeMarks",
     "OwnerNotice",
+    "Ownership",
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
     "SkippedNamespaces",
+    "Stage",
+    "Staleness",
     "Verdict",
     "drain",
     "is_exempt",

@@ -23,7 +23,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.remediation import Outcome
-from services.kernel.proposal import Proposal, Verdict
+from services.kernel.proposal import Proposal, Stage, Verdict
 
 BREAKER_KEY = "breaker"
 
@@ -126,6 +126,7 @@ class CircuitBreaker:
     """A guard backed by one KV key, shared by every replica (revision-checked updates)."""
 
     name = "circuit_breaker"
+    stage = Stage.BREAKER
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from schemas.remediation import Outcome
-from services.kernel.proposal import Proposal, Verdict
+from services.kernel.proposal import Proposal, Stage, Verdict
 
 EXEMPT_LABEL = "nodeward.io/exempt"
 
@@ -30,6 +30,7 @@ class Exemptions:
     """
 
     name = "exempt"
+    stage = Stage.EXEMPTIONS
 
     def __init__(self, namespace_labels: NamespaceLabels | None = None) -> None:
         self.namespace_labels = namespace_labels
@@ -60,6 +61,7 @@ class SkippedNamespaces:
     (the platform's own: kube-system, nodeward, ...), whatever its labels say."""
 
     name = "skipped_namespace"
+    stage = Stage.EXEMPTIONS
 
     def __init__(self, namespaces: Iterable[str], *, setting: str) -> None:
         self.namespaces = frozenset(namespaces)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from pydantic import Field
 
 from nodeward.config import Section
-from nodeward.durations import Duration
+from nodeward.durations import Duration, format_duration
 from schemas.remediation import Outcome
-from services.kernel.proposal import Proposal, Verdict
+from services.kernel.proposal import Proposal, Stage, Verdict
 
 
 class RateLimitSettings(Section):
@@ -31,6 +31,7 @@ class RateLimiter:
     refused (audited) and retried later through redelivery."""
 
     name = "rate_limit"
+    stage = Stage.RATE_LIMIT
 
     def __init__(
         self, settings: RateLimitSettings, *, clock: Callable[[], float] = time.monotonic
@@ -78,17 +79,57 @@ class RateLimiter:
         )
 
 
-class Cooldown:
-    """No second action on the same target within `period` of the last one (flap damping)."""
+LastAction = Callable[[Proposal], Awaitable[float | None]]
 
-    def __init__(self, period: timedelta) -> None:
+
+class Cooldown:
+    """A guard against flapping: no second action on a target within `period` of the last.
+
+    `last(proposal)` reads when the target was last acted on (unix time, from the
+    service's own state); `applies` picks the proposals it judges (all by default). The
+    objection is a refusal retried once the period is over (`retry`), or not retried.
+    """
+
+    name = "cooldown"
+    stage = Stage.COOLDOWN
+
+    def __init__(
+        self,
+        period: timedelta,
+        *,
+        last: LastAction | None = None,
+        applies: Callable[[Proposal], bool] | None = None,
+        retry: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.period = period
+        self.last = last
+        self.applies = applies
+        self.retry = retry
+        self.clock = clock
 
     def remaining(self, last_action_at: float | None, now: float) -> float:
         """Seconds left in the cooldown (0 when the target may be acted on)."""
         if last_action_at is None:
             return 0.0
         return max(0.0, last_action_at + self.period.total_seconds() - now)
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if self.last is None or (self.applies is not None and not self.applies(proposal)):
+            return None
+        now = self.clock()
+        last = await self.last(proposal)
+        left = self.remaining(last, now)
+        if left <= 0 or last is None:
+            return None
+        return Verdict(
+            self.name,
+            f"refused: {proposal.target.key()} was acted on {now - last:.0f}s ago, within "
+            f"the cooldown of {format_duration(self.period)}; {left:.0f}s left",
+            Outcome.REFUSED,
+            retry_after=max(left, 1.0) if self.retry else None,
+            details={"cooldown_left_s": round(left, 1)},
+        )
 
 
 class KeyedRateLimiter:
@@ -98,6 +139,8 @@ class KeyedRateLimiter:
 
     Buckets that have refilled are forgotten once there are more than `max_keys`.
     """
+
+    stage = Stage.RATE_LIMIT
 
     def __init__(
         self,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import IntEnum
 from typing import Any, Protocol
 
 from schemas.common import ObjectRef
@@ -30,6 +32,9 @@ class Proposal:
     """The notice's severity, instead of the auditor's per action and outcome."""
     title: str | None = None
     """What the notice's title starts with, instead of the target's name."""
+    observed_at: datetime | None = None
+    """When what the trigger reports was observed; staleness counts from it (else from
+    `trigger_time`)."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +46,29 @@ class Verdict:
     outcome: Outcome = Outcome.REFUSED
     retry_after: float | None = None
     """Set when the action should be tried again later (the message is redelivered)."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """Added to the audit record's details."""
+    quiet: bool = False
+    """The objection restates a decision already audited (a duplicate): logged, not published."""
+
+
+class Stage(IntEnum):
+    """Where a guard stands in the chain. The kernel's order, not a service's: the runner
+    sorts guards by stage (keeping a service's order within one stage); dry-run is the
+    runner's last step, after every guard."""
+
+    EXEMPTIONS = 10
+    STALENESS = 20
+    DEDUP = 30
+    COOLDOWN = 40
+    RATE_LIMIT = 50
+    BREAKER = 60
+    OWNERSHIP = 70
 
 
 class Guard(Protocol):
     name: str
+    stage: Stage
 
     async def check(self, proposal: Proposal) -> Verdict | None:
         """None to allow, or why not."""

@@ -5,7 +5,9 @@ waits `group_wait` for company; the next group for the same route and recipient 
 no sooner than `group_interval` after the previous one; a recipient out of rate-limit
 tokens keeps collecting until one is free. Within a group, repeats (same dedup key and
 title) fold into one line with a count; a notice identical to one sent about the same
-thing within `dedup_window` is recorded as a repeat and not sent again.
+thing within `dedup_window` is recorded as a repeat and not sent again, by whichever
+replica sees it (what was last sent about each thing is kept in KV, through the kernel's
+`DedupWindow`).
 
 Each notice's handler waits on its entry until the group is settled (sent, or
 dead-lettered per channel), so its message is acked only then: nothing pending lives
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,10 +30,12 @@ from pydantic import Field
 
 from nodeward.aio import within
 from nodeward.bus import Delivery, RetryableError
+from nodeward.bus.dlq import one_line
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.base import Event
 from schemas.notify import Notification, Severity
+from services.kernel import DedupWindow
 from services.notifier.routing import Audience, Route
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
@@ -143,6 +148,48 @@ class RecentSends:
         if len(self._last) > 50_000:
             cutoff = now - self.window
             self._last = {k: v for k, v in self._last.items() if v[1] >= cutoff}
+
+
+class SharedRecentSends:
+    """`RecentSends` that every replica agrees on: what was last sent about each thing is
+    also kept in KV (`window`: the kernel's `DedupWindow`), this replica's memory in front.
+
+    Marked only once sent, as `RecentSends` is. KV trouble never holds a notice back: it
+    is then judged on this replica's memory alone.
+    """
+
+    def __init__(self, local: RecentSends, window: DedupWindow | None = None) -> None:
+        self.local = local
+        self.window = window
+        self.log = structlog.get_logger().bind(component="notify-dedup")
+
+    @staticmethod
+    def _key(route: str, note: Notification) -> tuple[str, str]:
+        about, said = fingerprint(note)
+        return f"{route}\x1f{about}", hashlib.sha256(said.encode()).hexdigest()[:32]
+
+    async def repeat_of(self, route: str, note: Notification) -> str | None:
+        """The event id of the identical notice sent within the window, if there is one."""
+        earlier = self.local.repeat_of(route, note)
+        if earlier is not None or self.window is None:
+            return earlier
+        key, content = self._key(route, note)
+        try:
+            record = await self.window.repeat_of(key, content=content)
+        except Exception as exc:  # noqa: BLE001 - better a repeat sent than a notice lost
+            self.log.warning("notify.dedup_read_failed", error=one_line(exc))
+            return None
+        return record.first if record is not None else None
+
+    async def sent(self, route: str, note: Notification, event_id: str) -> None:
+        self.local.sent(route, note, event_id)
+        if self.window is None:
+            return
+        key, content = self._key(route, note)
+        try:
+            await self.window.mark(key, event_id, content=content)
+        except Exception as exc:  # noqa: BLE001 - other replicas may send it once more
+            self.log.warning("notify.dedup_mark_failed", error=one_line(exc))
 
 
 class TokenBucket:

@@ -40,6 +40,7 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification
+from services.kernel import DedupWindow
 from services.notifier.channels import (
     Channel,
     ChannelSettings,
@@ -57,6 +58,7 @@ from services.notifier.grouping import (
     Item,
     RateLimitSettings,
     RecentSends,
+    SharedRecentSends,
     fold,
     summary,
 )
@@ -201,6 +203,7 @@ class NotifierService:
         owners: Owners,
         settled: Settled,
         metrics: NotifierMetrics,
+        dedup: DedupWindow | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -210,7 +213,10 @@ class NotifierService:
         self.owners = owners
         self.settled = settled
         self.metrics = metrics
-        self.recent = RecentSends(settings.grouping.dedup_window.total_seconds())
+        # Repeats are recognised across replicas when `dedup` (KV) is given.
+        self.recent = SharedRecentSends(
+            RecentSends(settings.grouping.dedup_window.total_seconds()), dedup
+        )
         self.grouper = Grouper(
             settings.grouping,
             settings.rate_limit,
@@ -300,7 +306,7 @@ class NotifierService:
         live: list[Item] = []
         for item in fold(group.entries):
             first = item.entries[0]
-            earlier = self.recent.repeat_of(route.name, item.note)
+            earlier = await self.recent.repeat_of(route.name, item.note)
             if earlier is not None and earlier not in {e.event.id for e in item.entries}:
                 for entry in item.entries:
                     outcomes[entry.event.id] |= dict.fromkeys(entry.channels, SUPPRESSED)
@@ -387,8 +393,13 @@ class NotifierService:
         result = await deliver(channel, out, retry, on_failure=failed)
         if result.ok:
             self.metrics.sent.labels(name, group.route.name).inc()
+            await asyncio.gather(
+                *(
+                    self.recent.sent(group.route.name, item.note, item.latest.event.id)
+                    for item in items
+                )
+            )
             for item in items:
-                self.recent.sent(group.route.name, item.note, item.latest.event.id)
                 for entry in item.entries:
                     outcomes[entry.event.id][name] = SENT
             log.info("notify.sent", subject=out.rendered.subject, attempts=result.attempts)
@@ -487,6 +498,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
         owners=Owners(cluster, directory, ttl=config.owner_cache_ttl.total_seconds()),
         settled=Settled(kv),
         metrics=NotifierMetrics(daemon.metrics.registry),
+        dedup=DedupWindow(kv, config.grouping.dedup_window, prefix="said"),
     )
 
     async def close() -> None:

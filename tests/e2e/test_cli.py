@@ -105,6 +105,33 @@ def test_example_published_shows_up_in_tail_with_the_same_id(embedded_bus: str) 
     assert gpu["messages"] == 1
 
 
+def test_every_command_that_talks_to_a_platform_finds_it_by_state_dir(
+    embedded_bus: str, tmp_path: Path
+) -> None:
+    """`--state-dir` of a running `nodeward up` (its endpoints.json) is all they need."""
+    from nodeward.endpoints import Endpoints
+
+    state = tmp_path / "elsewhere"
+    state.mkdir()
+    Endpoints(nats_url=embedded_bus, state_dir=state).write()  # this process stands for `up`
+    where = ["--state-dir", str(state)]
+    example = run("schemas", "example", "gpu.health.v1")
+    published = run("publish", "gpu.health.v1", "--data", "@-", *where, stdin=example.stdout)
+    assert published.returncode == 0, published.stderr
+    tail = run("tail", "gpu.health.>", "--since", "1m", "--count", "1", "--json", *where)
+    assert tail.returncode == 0, tail.stderr
+    assert json.loads(tail.stdout.splitlines()[0])["id"] == json.loads(example.stdout)["id"]
+    streams = run("streams", *where)
+    assert streams.returncode == 0, streams.stderr
+    header = next(line for line in streams.stdout.splitlines() if "redelivered" in line)
+    # Piped, the table is whole: no header cut at 80 columns.
+    assert all(h in header for h in ("stream", "messages", "consumer", "unacked", "redelivered"))
+    # No GPU agent answers on this bare bus; the flag itself is accepted.
+    inject = run("sim", "inject", "--node", "gpu-x", "--xid", "79", "--timeout", "0.5", *where)
+    assert "No such option" not in inject.stderr
+    assert inject.returncode == 1 and len(inject.stderr.strip().splitlines()) == 1, inject.stderr
+
+
 def test_invalid_data_is_refused_with_one_line(embedded_bus: str) -> None:
     result = run(
         "publish",

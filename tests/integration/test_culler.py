@@ -236,3 +236,31 @@ async def test_a_session_past_its_maximum_age_is_warned_then_stopped_even_if_act
         "warn",
         "stop",
     ]
+
+
+async def test_a_stale_idle_event_is_audited_as_stale_like_cordon_and_not_acted_on(
+    culler_env: EnvFactory,
+) -> None:
+    env = await culler_env(max_event_age="1m")
+    await env.start()
+    since = ago(3600)
+    # A replay after a cold start: two samples of one idle period, sampled 10 minutes ago.
+    replayed = [env.idle("nb-a-0", since, at=ago(600)), env.idle("nb-a-0", since, at=ago(590))]
+    await env.publish(*replayed)
+    await wait_for(lambda: env.audits("ignore"), what="the stale audit")
+    await wait_for(env.settled, what="the culler to handle the replay")
+    records = await env.audits()
+    # Audited the way cordon audits a stale failure, once for the idle period; not acted on.
+    assert [(r.action, r.outcome, r.guard) for r in records] == [
+        ("ignore", Outcome.SKIPPED, "too_old")
+    ]
+    stale = records[0]
+    assert stale.reason.startswith(f"ignored as stale: session.idle of {env.ns}/nb-a-0")
+    assert stale.reason.endswith("more than max_event_age 1m")
+    assert stale.trigger_event_id == replayed[0].id and stale.details["age_s"] >= 590
+    assert stale.actor == "service/culler"
+    assert not await env.user_notices("nb-a-0")
+    assert await env.stopped("nb-a") is None
+    # A fresh sample of the same idle period is acted on: the owner is warned.
+    await env.publish(env.idle("nb-a-0", since))
+    await wait_for(lambda: env.user_notices("nb-a-0"), what="the warning")

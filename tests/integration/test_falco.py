@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from tests.integration.falco_fixtures import (
     TOKEN,
     EnvFactory,
     FalcoEnv,
-    samples,
     sidekick_subject,
 )
 from tests.integration.notifier_peers import EnvFactory as NotifierFactory
@@ -53,6 +53,11 @@ async def deliver(env: FalcoEnv, alert: dict[str, Any], transport: str) -> None:
         assert response.json()["subjects"] == [sidekick_subject(alert)]
     else:
         await env.publish_raw(alert)
+
+
+def isolate_alert_time(env: FalcoEnv) -> datetime:
+    """The time of the sample alert that isolates bob's pod (the Critical one)."""
+    return datetime.fromisoformat(env.alert(DROP_AND_EXECUTE)["time"].replace("Z", "+00:00"))
 
 
 async def selected_pods(env: FalcoEnv, namespace: str) -> list[str]:
@@ -106,6 +111,14 @@ async def test_every_sample_alert_ends_in_its_rules_actions(
     isolate = (await env.audits(bob_ns, BOB, "isolate"))[0]
     assert isolate.details["network_policy"] == f"{bob_ns}/{ISOLATE_POLICY}"
     assert isolate.actor == "service/falco" and isolate.policy == "critical-contain"
+    # The isolation annotation says when nodeward acted and, apart, when Falco saw it (the
+    # sample alerts are hours old).
+    note = json.loads(
+        (await env.pod(bob_ns, BOB))["metadata"]["annotations"]["nodeward.io/isolation"]
+    )
+    acted = datetime.fromisoformat(note["at"])
+    assert abs((datetime.now(UTC) - acted).total_seconds()) < 60
+    assert datetime.fromisoformat(note["alert_time"]) == isolate_alert_time(env)
     # Warning: the pod carries the annotation the rule writes.
     alice = await env.pod(env.ns("user-alice"), "jupyter-alice-0")
     assert alice["metadata"]["annotations"]["nodeward.io/falco-warning"].startswith(
@@ -164,10 +177,9 @@ async def test_garbage_is_400_over_http_and_dead_lettered_over_nats(
     assert wrong.status_code == 400
     assert "priority" in wrong.json()["error"] and "\n" not in wrong.json()["error"]
     # Falcosidekick's `/test` event is recognised and dropped.
-    test = dict(
-        samples()[0], rule="Test rule", priority="Debug", source="internal", output_fields={}
-    )
-    dropped = await env.post(test)
+    from tests.unit.test_falco_rules import SIDEKICK_TESTS
+
+    dropped = await env.post(SIDEKICK_TESTS["2.29-internal"])
     assert dropped.status_code == 200 and dropped.json()["dropped_test_events"] == 1
     assert dropped.json()["published"] == []
 
@@ -525,3 +537,32 @@ async def test_pods_in_skipped_namespaces_are_never_acted_on(falco_env: EnvFacto
         "notify": ("applied", None),
     }
     assert env.sim.checkpoints == [] and await env.network_policy(bob, ISOLATE_POLICY) is None
+
+
+async def test_falcosidekick_test_events_of_every_version_are_dropped_over_http_and_nats(
+    falco_env: EnvFactory,
+) -> None:
+    """Falcosidekick's `/test` event, as each version sends it: counted as dropped, never
+    stored as an alert or acted on, whether it comes to the ingest or on its NATS subject."""
+    from tests.unit.test_falco_rules import SIDEKICK_TESTS
+
+    env = await falco_env(subjects=["falco.debug.>"])  # only this test publishes there
+    await env.start()
+    for version, body in SIDEKICK_TESTS.items():
+        got = await env.post(body)
+        assert got.status_code == 200, version
+        assert got.json()["dropped_test_events"] == 1 and got.json()["published"] == [], version
+    assert env.metric("nodeward_falco_ingest_alerts_total", outcome="test_dropped") == len(
+        SIDEKICK_TESTS
+    )
+    for body in SIDEKICK_TESTS.values():
+        await env.publish_raw(body)  # on falco.debug.test_rule, as Falcosidekick's NATS output
+
+    def dropped() -> bool:
+        return env.metric("nodeward_falco_alerts_total", outcome="test_dropped") >= len(
+            SIDEKICK_TESTS
+        )
+
+    await wait_for(dropped, timeout=10, what="the test events dropped by the service")
+    await wait_for(env.settled, timeout=10, what="the test events acked")
+    assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 0

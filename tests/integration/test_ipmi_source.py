@@ -253,3 +253,65 @@ def test_read_latency(ipmi_sim: IpmiSim, reader: IpmiReader) -> None:  # noqa: F
     median = statistics.median(took)
     print(f"ipmi read of 3 SDR sensors: median {median * 1000:.1f} ms over 20 reads")
     assert median < 2.0
+
+
+def test_the_energy_agent_says_at_start_which_power_source_it_chose(
+    ipmi_sim: IpmiSim,  # noqa: F811
+    nats_url: str,
+    tmp_path: Path,
+) -> None:
+    """At the default log level, `nodeward agent energy` says once which BMC reading it uses
+    (ipmi_sim has no DCMI: the SDR sensors), and never the password."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    secret = tmp_path / "bmc.pw"
+    secret.write_text(ipmi_sim.password + "\n")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "agent",
+            "energy",
+            "--nats",
+            nats_url,
+            "--node",
+            "bmc-start-facts",
+            "--ipmi-host",
+            ipmi_sim.host,
+            "--ipmi-port",
+            str(ipmi_sim.port),
+            "--ipmi-user",
+            ipmi_sim.user,
+            "--ipmi-password-file",
+            str(secret),
+            "--interval",
+            "1",
+            "--carbon-intensity",
+            "50",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "NODEWARD_AGENTS__ENERGY__CGROUP_ROOT": str(tmp_path / "cg")},
+    )
+    lines: list[str] = []
+    give_up = threading.Timer(30, proc.kill)  # the line never comes: fail, do not hang
+    give_up.start()
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "energy agent started" in line:
+                break
+    finally:
+        give_up.cancel()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    started = next((line for line in lines if "energy agent started" in line), "")
+    assert f"BMC 127.0.0.1:{ipmi_sim.port}: SDR sensors: 'SysPower' (W) as system" in started
+    assert ipmi_sim.password not in "".join(lines)

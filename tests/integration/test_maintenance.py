@@ -479,8 +479,10 @@ async def test_cli_start_status_restore_and_clear_errors(
 
 
 def test_archive_annotation_name_is_documented() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert ARCHIVE_ANNOTATION in readme and "nodeward.io/cuda-checkpoint" in readme
+    page = (
+        Path(__file__).resolve().parents[2] / "docs" / "services" / "maintenance.md"
+    ).read_text()
+    assert ARCHIVE_ANNOTATION in page and "nodeward.io/cuda-checkpoint" in page
 
 
 async def test_quarantine_rule_with_maintenance_requests_it_once(

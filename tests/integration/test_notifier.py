@@ -233,6 +233,31 @@ async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
     assert "released" in receiver.at("/chat")[1]["text"]
 
 
+async def test_another_replica_knows_what_was_sent_within_the_dedup_window(
+    notifier_env: EnvFactory, receiver: Receiver
+) -> None:
+    env = await notifier_env(
+        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
+        routes=[{"name": "oncall", "channels": ["chat"]}],
+    )
+    first = await env.start()
+    await env.publish(env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
+    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+    await wait_for(env.settled, timeout=5, what="acked")
+    # Another replica (or this one restarted): its memory is empty, KV is not.
+    await first.stop()
+    env.daemons.remove(first)
+    await env.start()
+    await env.publish(env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
+    await wait_for(
+        lambda: env.metric("nodeward_notifications_suppressed_total", route="oncall") == 1,
+        timeout=10,
+        what="the repeat recognised by the other replica",
+    )
+    await wait_for(env.settled, timeout=5, what="acked")
+    assert len(receiver.at("/chat")) == 1
+
+
 async def test_stopping_sends_open_groups_before_acking(notifier_env: EnvFactory) -> None:
     env = await notifier_env(grouping={"group_wait": "1h"})
     daemon = await env.start()

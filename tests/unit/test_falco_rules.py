@@ -221,3 +221,64 @@ def test_duplicates_ignore_the_time_prefix_only() -> None:
     value = label_value("Drop and execute new binary in container! " * 3)
     assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", value) and len(value) <= 63
     assert len(label_value("x" * 100)) == 63
+
+
+# Falcosidekick's `/test` event as each generation of its test handler wrote it (handlers.go),
+# after its own processing (default source `syscalls` from 2.25, `internal` for the test rule
+# from 2.29), and as its NATS output and webhook forward it.
+SIDEKICK_TESTS = {
+    "before-2.25": {
+        "output": "This is a test from falcosidekick",
+        "priority": "Debug",
+        "rule": "Test rule",
+        "time": "2021-03-01T10:00:00Z",
+        "outputfields": {"proc.name": "falcosidekick"},
+    },
+    "2.25-syscalls": {
+        "output": "This is a test from falcosidekick",
+        "priority": "Debug",
+        "hostname": "falcosidekick",
+        "rule": "Test rule",
+        "time": "2022-06-01T10:00:00Z",
+        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
+        "source": "syscalls",
+        "tags": ["example", "test"],
+        "uuid": "6f1d0c3e-8a2b-4c7d-9e10-2b3a4c5d6e71",
+    },
+    "2.29-internal": {
+        "output": "This is a test from falcosidekick",
+        "priority": "Debug",
+        "hostname": "falcosidekick",
+        "rule": "Test rule",
+        "time": "2024-06-01T10:00:00Z",
+        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
+        "source": "internal",
+        "tags": ["example", "test"],
+    },
+    "2.31-debug-body": {
+        "output": "This is a test from falcosidekick",
+        "source": "debug",
+        "priority": "Debug",
+        "hostname": "falcosidekick",
+        "rule": "Test rule",
+        "time": "2025-06-01T10:00:00Z",
+        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
+        "tags": ["test", "example"],
+    },
+}
+
+
+@pytest.mark.parametrize("version", sorted(SIDEKICK_TESTS))
+def test_every_generation_of_the_sidekick_test_event_is_recognised(version: str) -> None:
+    alert = FalcoAlert.parse(json.dumps(SIDEKICK_TESTS[version]))
+    assert alert.is_test
+    assert alert.nats_subject() == "falco.debug.test_rule"
+
+
+def test_a_real_alert_of_a_rule_named_test_rule_is_not_a_test_event() -> None:
+    real = dict(
+        SIDEKICK_TESTS["2.29-internal"], output="Shell spawned by user=root", source="syscall"
+    )
+    assert not FalcoAlert.parse(json.dumps(real)).is_test
+    louder = dict(SIDEKICK_TESTS["2.29-internal"], priority="Critical")
+    assert not FalcoAlert.parse(json.dumps(louder)).is_test

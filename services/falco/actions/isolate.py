@@ -1,12 +1,14 @@
 """`isolate`: the one pod labelled into the namespace's deny-all NetworkPolicy.
 
 Sibling replicas of the same workload are untouched (Falco Talon's policy selects them all).
-The pod keeps running; an annotation says who isolated it, for which alert and when.
+The pod keeps running; the annotation `nodeward.io/isolation` says who isolated it, for which
+alert, when nodeward acted (`at`) and when Falco saw it (`alert_time`).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from nodeward.kube import AlreadyExists
@@ -42,7 +44,8 @@ async def run(ctx: ActionContext) -> dict[str, Any]:
                 "by": ACTOR,
                 "falco_rule": ctx.alert.rule,
                 "event_id": ctx.event.id,
-                "at": ctx.alert.time.isoformat(),
+                "at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                "alert_time": ctx.alert.time.isoformat().replace("+00:00", "Z"),
                 "policy": ISOLATE_POLICY,
             },
             separators=(",", ":"),
