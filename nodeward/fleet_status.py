@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from schemas import DecodeError, decode
 from schemas.gpu import GpuHealth, GpuTelemetry
 from schemas.remediation import Remediation
-from schemas.state.breaker import BreakerState
+from schemas.state.breaker import SHARED, BreakerState
 from schemas.state.cordon import BREAKER, NODES, NodeRecord
 
 HEALTH_ORDER = ("failed", "degraded", "unknown", "healthy")
@@ -181,6 +181,19 @@ def _gpu_order(key: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 1 << 30, key)
 
 
+async def _shared_breaker(js: Any) -> BreakerState | None:
+    """The circuit breaker shared by every service that removes nodes (`SHARED`)."""
+    try:
+        kv = await js.key_value(SHARED.name)
+        entry = await kv.get(SHARED.key())
+    except (BucketNotFoundError, NotFoundError, KeyError):
+        return None
+    try:
+        return SHARED.load(entry.value) if entry.value else None
+    except ValidationError:
+        return None
+
+
 async def _kv_records(
     js: Any, bucket: str, missing: list[str]
 ) -> tuple[dict[str, NodeRecord], BreakerState | None]:
@@ -281,7 +294,8 @@ async def gather_status(
     js = nc.jetstream()
     missing: list[str] = []
     notes: list[str] = []
-    records, breaker = await _kv_records(js, bucket, missing)
+    records, legacy_breaker = await _kv_records(js, bucket, missing)
+    breaker = await _shared_breaker(js) or legacy_breaker
     health_subjects = await _subjects(js, "GPU", "gpu.health.>", missing)
     health = [
         e.data

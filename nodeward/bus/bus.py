@@ -20,7 +20,7 @@ from nodeward.bus.connection import connect_nats
 from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
 from nodeward.bus.dlq import one_line
 from nodeward.bus.errors import PublishError
-from nodeward.bus.provision import AGENT_BUCKETS, ensure_kv, ensure_streams
+from nodeward.bus.provision import AGENT_BUCKETS, SHARED_BUCKETS, ensure_kv, ensure_streams
 from nodeward.config import BusSettings
 from nodeward.metrics import Metrics
 from schemas.base import Event
@@ -77,7 +77,8 @@ class Bus:
         return bool(self.nc.is_connected)
 
     async def provision(self) -> dict[str, str]:
-        """Every stream, and the KV buckets of node agents (which may not create them)."""
+        """Every stream, the KV buckets of node agents (which may not create them) and the
+        buckets several services share."""
         done = await ensure_streams(self.js, STREAMS, replicas=self.settings.stream_replicas)
         for bucket, (history, description) in AGENT_BUCKETS.items():
             await ensure_kv(
@@ -87,6 +88,14 @@ class Bus:
                 replicas=self.settings.stream_replicas,
                 description=description,
                 direct=True,
+            )
+        for bucket, (history, description) in SHARED_BUCKETS.items():
+            await ensure_kv(
+                self.js,
+                bucket,
+                history=history,
+                replicas=self.settings.stream_replicas,
+                description=description,
             )
         return done
 

@@ -11,6 +11,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from schemas.state.breaker import SHARED
 from schemas.state.energy import TOTALS
 from schemas.streams import STREAMS, Retention, Storage, StreamSpec
 
@@ -29,6 +30,14 @@ _STORAGE = {Storage.FILE: api.StorageType.FILE, Storage.MEMORY: api.StorageType.
 # Direct get, so that a node's NATS user can be allowed to read its own key and no other.
 AGENT_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
     {TOTALS.name: (1, TOTALS.description)}
+)
+
+
+# KV buckets shared by several services, provisioned with the streams.
+# `breaker`: the one circuit breaker on removing nodes from service (key `breaker`), shared
+# by GPU quarantine (cordon), the Falco cordon and service-requested maintenance.
+SHARED_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
+    {SHARED.name: (5, SHARED.description)}
 )
 
 

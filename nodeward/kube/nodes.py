@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -156,6 +156,26 @@ class Nodes(Area):
             if spec:
                 patch["spec"] = spec
             return await self._patch(name, patch)
+
+        return await self._on_conflict_retry(attempt)
+
+    @operation("nodes.patch")
+    async def patch_from(self, name: str, build: Callable[[Obj], Obj | None]) -> tuple[Obj, bool]:
+        """One PATCH computed from the node as read: `build(node)` returns the patch (its
+        `metadata.resourceVersion` is set to the one read) or None for no change. A 409
+        re-reads and builds again. Returns the node as written (or read) and whether it changed.
+        """
+
+        async def attempt() -> tuple[Obj, bool]:
+            node = await self._get(name)
+            patch = build(node)
+            if not patch:
+                return node, False
+            patch = dict(patch)
+            metadata = dict(patch.get("metadata") or {})
+            metadata["resourceVersion"] = (node.get("metadata") or {})["resourceVersion"]
+            patch["metadata"] = metadata
+            return await self._patch(name, patch), True
 
         return await self._on_conflict_retry(attempt)
 

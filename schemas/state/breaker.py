@@ -1,11 +1,16 @@
-"""The circuit breaker's shared state (`services.kernel.breaker`), one key in the bucket of
-the service it guards (`breaker`; cordon's: `schemas.state.cordon.BREAKER`)."""
+"""The circuit breaker's state (`services.kernel.breaker`): one window for every action that
+removes a node from service, whichever service proposes it (`SHARED`: bucket `breaker`,
+key `breaker`). Before that it was a key in the cordon service's bucket
+(`schemas.state.cordon.BREAKER`), which `nodeward status` still reads as a fallback."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from schemas.state import Bucket
+
 BREAKER_KEY = "breaker"
+BUCKET = "breaker"
 
 
 class BreakerState(BaseModel):
@@ -20,3 +25,12 @@ class BreakerState(BaseModel):
 def breaker_key() -> str:
     """The breaker's one key."""
     return BREAKER_KEY
+
+
+SHARED: Bucket[BreakerState] = Bucket(
+    BUCKET,
+    BreakerState,
+    prefix=BREAKER_KEY,
+    key=breaker_key,
+    description="the circuit breaker every service that removes nodes from service shares",
+)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.breaker import SHARED
 from schemas.state.cordon import NODES
 from services.kernel.access import PUBLISHES
 
@@ -32,7 +33,8 @@ ACCESS = Access(
 
 # A quarantine rule with `maintenance: true` asks the checkpoint service for the node's maintenance.
 GRANTS = ServiceGrants(
-    consumers=(("GPU", "cordon"),),
-    buckets=(NODES.name,),
+    consumers=(("GPU", "cordon"), ("GPU", "cordon-xids")),
+    # `breaker`: the one circuit breaker every service that removes nodes shares.
+    buckets=(NODES.name, SHARED.name),
     publish=("maintenance.requested.*", *PUBLISHES),
 )

@@ -1,24 +1,26 @@
-"""The marks a quarantine puts on a node, and taking them off again: only nodeward's own.
+"""The marks a quarantine puts on a node (owner `quarantine` of the kernel's NodeMarks).
 
-Every step looks at the node first, so applying twice (a redelivered event, a restart
-mid-action) changes nothing the second time.
+Taint `nodeward.io/gpu-unhealthy`, cordon, label `nodeward.io/gpu-health`, condition
+`GPUHealthy`, an Event, and `nodeward.io/quarantine`: a readable summary of the incident.
+What is put on, recorded and taken off again (only nodeward's own) is NodeMarks' work.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
-from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
-from nodeward.kube.nodes import TaintEffect, taints_of
+from nodeward.kube.nodes import taints_of
 from schemas.state.cordon import Quarantine
+from schemas.state.marks import ConditionSpec, EventSpec, MarkEntry, MarkSpec
 
 TAINT_KEY = "nodeward.io/gpu-unhealthy"
 HEALTH_LABEL = "nodeward.io/gpu-health"
 QUARANTINE_ANNOTATION = "nodeward.io/quarantine"
 CONDITION = "GPUHealthy"
 ACTOR = "service/cordon"
+OWNER = "quarantine"
 
 
 def applied_details(q: Quarantine) -> dict[str, Any]:
@@ -37,6 +39,18 @@ def unschedulable(node: Obj) -> bool:
 
 def has_taint(node: Obj, effect: str) -> bool:
     return any(t.get("key") == TAINT_KEY and t.get("effect") == effect for t in taints_of(node))
+
+
+def with_entry(q: Quarantine, entry: MarkEntry) -> Quarantine:
+    """The quarantine as NodeMarks planned it: our taint effects, our cordon, the prior."""
+    prefix = f"{TAINT_KEY}:"
+    return q.model_copy(
+        update={
+            "taints": [t.removeprefix(prefix) for t in entry.taints if t.startswith(prefix)],
+            "cordoned": entry.cordon and not entry.prior_unschedulable,
+            "prior_unschedulable": entry.prior_unschedulable,
+        }
+    )
 
 
 def annotation(q: Quarantine) -> str:
@@ -67,70 +81,26 @@ def quarantine_annotation(node: Obj) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class QuarantineMarks:
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-
-    def plan(self, node: Obj, q: Quarantine, *, cordon: bool, no_execute: bool) -> Quarantine:
-        """Which marks this quarantine owns: decided once, from the node before any change."""
-        effects: list[TaintEffect] = ["NoSchedule", "NoExecute"] if no_execute else ["NoSchedule"]
-        return q.model_copy(
-            update={
-                "taints": [e for e in effects if not has_taint(node, e)],
-                "cordoned": cordon and not q.prior_unschedulable,
-            }
-        )
-
-    async def apply(self, name: str, q: Quarantine) -> dict[str, Any]:
-        nodes = self.cluster.nodes
-        effects = cast(list[TaintEffect], q.taints)
-        # Taint, cordon, label and annotation in one write, so they appear together.
-        node = await nodes.mark(
-            name,
-            add_taints=[(TAINT_KEY, e) for e in effects],
-            unschedulable=True if q.cordoned else None,
-            labels={HEALTH_LABEL: "failed"},
-            annotations={QUARANTINE_ANNOTATION: annotation(q)},
-        )
-        await nodes.set_condition(name, CONDITION, "False", "GPUFailed", q.reason[:1024])
-        if not q.event_recorded:
-            await self.cluster.events.create(
-                node,
-                reason="GPUQuarantined",
-                action="Quarantine",
-                note=q.reason,
-                type_="Warning",
-            )
-        return applied_details(q)
-
-    async def update_annotation(self, name: str, q: Quarantine) -> None:
-        await self.cluster.nodes.set_annotations(name, {QUARANTINE_ANNOTATION: annotation(q)})
-
-    async def respect_operator(self, name: str, q: Quarantine) -> dict[str, Any]:
-        """An operator took the node back: drop our taint and annotation, leave the cordon
-        as the operator left it."""
-        removed = await self.cluster.nodes.remove_taint(name, TAINT_KEY)
-        await self.cluster.nodes.set_annotations(name, {QUARANTINE_ANNOTATION: None})
-        return {"removed_taint": removed}
-
-    async def undo(self, name: str, q: Quarantine) -> dict[str, Any]:
-        """Take off what this quarantine put on; a node cordoned before us stays cordoned."""
-        nodes = self.cluster.nodes
-        removed = await nodes.remove_taint(name, TAINT_KEY)
-        uncordoned = False
-        if q.cordoned and not q.operator_released and not q.prior_unschedulable:
-            uncordoned = await nodes.set_unschedulable(name, False)
-        await nodes.set_condition(name, CONDITION, "True", "GPUHealthy", "all GPUs healthy")
-        await nodes.set_labels(name, {HEALTH_LABEL: "healthy"})
-        node = await nodes.set_annotations(name, {QUARANTINE_ANNOTATION: None})
-        await self.cluster.events.create(
-            node,
+def spec_for(q: Quarantine, *, cordon: bool, no_execute: bool) -> MarkSpec:
+    """What a quarantine puts on the node, and leaves when released."""
+    effects = ["NoSchedule", "NoExecute"] if no_execute else ["NoSchedule"]
+    return MarkSpec(
+        taints=[f"{TAINT_KEY}:{e}" for e in effects],
+        cordon=cordon,
+        labels={HEALTH_LABEL: "failed"},
+        release_labels={HEALTH_LABEL: "healthy"},
+        condition=ConditionSpec(
+            type=CONDITION, status="False", reason="GPUFailed", message=q.reason[:1024]
+        ),
+        release_condition=ConditionSpec(
+            type=CONDITION, status="True", reason="GPUHealthy", message="all GPUs healthy"
+        ),
+        event=EventSpec(
+            reason="GPUQuarantined", action="Quarantine", note=q.reason, type="Warning"
+        ),
+        release_event=EventSpec(
             reason="GPUQuarantineReleased",
             action="Release",
             note=f"GPUs healthy again; released quarantine {q.incident}",
-        )
-        return {
-            "removed_taint": removed,
-            "uncordoned": uncordoned,
-            "kept_cordon": q.prior_unschedulable,
-        }
+        ),
+    )

@@ -41,14 +41,19 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.state.cordon import NODES, GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from schemas.state.marks import MarkEntry
 from services.cordon.access import ACCESS
 from services.cordon.marks import (
     ACTOR,
+    HEALTH_LABEL,
+    OWNER,
+    QUARANTINE_ANNOTATION,
     TAINT_KEY,
-    QuarantineMarks,
+    annotation,
     applied_details,
-    has_taint,
+    spec_for,
     unschedulable,
+    with_entry,
 )
 from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
 from services.kernel import (
@@ -65,6 +70,7 @@ from services.kernel import (
     RateLimitSettings,
     drain,
 )
+from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
 TOPIC = "gpu-health"
@@ -96,6 +102,10 @@ class CordonSettings(Section):
         description="older failures (a replay on cold start) are recorded, never acted on",
     )
     reconcile_interval: Duration = timedelta(seconds=15)
+    ack_wait: Duration = Field(
+        default=timedelta(seconds=30),
+        description="an event held by a crashed replica is redelivered after this long",
+    )
     node_count_ttl: Duration = timedelta(seconds=30)
     breaker: BreakerSettings = BreakerSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
@@ -132,7 +142,7 @@ class CordonService:
         self.settings = settings
         self.policy = policy
         self.breaker = breaker
-        self.marks = QuarantineMarks(cluster)
+        self.marks = NodeMarks(cluster, records.kv, OWNER)
         self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
@@ -155,6 +165,7 @@ class CordonService:
             max_deliver=8,
             # gpu.health.<node>.<gpu>: a node speaks only of itself (checked by the runtime).
             identity=(ConsumerSpec.bind(GpuHealth, "node"),),
+            ack_wait=self.settings.ack_wait,
         )
 
     @contextlib.asynccontextmanager
@@ -283,16 +294,26 @@ class CordonService:
     ) -> None:
         name, gpu = health.node, health.gpu_key()
         q = record.quarantine
+        # A quarantine cut short (pending) is finished under its own incident, so its
+        # audit id is the same whichever event finishes it: one `applied` per incident.
+        pending = q is not None and q.phase == "pending" and not q.dry_run
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
             reason=f"{name}: {describe(health)}",
             policy=decision.rule,
-            trigger_id=event.id,
-            trigger_time=event.time,
+            trigger_id=q.incident if pending and q else event.id,
+            trigger_time=q.started_at if pending and q else event.time,
             obj=node,
             details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
         )
+        if q is not None and await self._releasing(name, q):
+            # A release cut short by a restart: finish it before this failure is judged,
+            # else "already quarantined" would leave the node released with the record held.
+            await self._release(
+                name, q, f"finishing the release of quarantine {q.incident} after a restart"
+            )
+            q = None
         if q is not None and q.phase == "applied" and not q.operator_released:
             if q.incident == event.id:
                 # This very event opened the quarantine: a redelivery after a restart between
@@ -388,14 +409,8 @@ class CordonService:
         self, name: str, gpu: str, event: Event[Any], *, decision: Decision, reason: str, node: Obj
     ) -> dict[str, Any]:
         key = node_key(name)
-        fresh = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
+        planned = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
             update={"prior_unschedulable": unschedulable(node)}
-        )
-        planned = self.marks.plan(
-            node,
-            fresh,
-            cordon=self.settings.cordon,
-            no_execute=decision.no_execute or self.settings.no_execute,
         )
 
         def intend(current: NodeRecord | None) -> NodeRecord | None:
@@ -412,9 +427,24 @@ class CordonService:
             return record.model_copy(update={"quarantine": planned})
 
         written = await self.records.update(key, intend)
+        self.marks.failpoints.hit("cordon.quarantine.pending")
         assert written is not None and written.value.quarantine is not None
         q = written.value.quarantine
-        details = await self.marks.apply(name, q)
+        spec = spec_for(
+            q,
+            cordon=self.settings.cordon,
+            no_execute=decision.no_execute or self.settings.no_execute,
+        )
+        pending = q
+
+        def summary(entry: MarkEntry) -> dict[str, str]:
+            return {QUARANTINE_ANNOTATION: annotation(with_entry(pending, entry))}
+
+        await self.marks.apply(name, q.incident, spec, annotate=summary)
+        intent = await self.marks.intent(name)
+        if intent is not None and intent.incident == q.incident:
+            q = with_entry(q, intent.entry)
+        details = applied_details(q)
         if decision.drain or self.settings.drain.enabled:
             # Before the quarantine is marked applied: a restart mid-drain drains again.
             result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
@@ -436,12 +466,20 @@ class CordonService:
             record = current or NodeRecord()
             if record.quarantine is None or record.quarantine.incident != q.incident:
                 return None
-            update = {"phase": "applied", "event_recorded": True, "applied_at": time.time()}
+            update = {
+                "phase": "applied",
+                "event_recorded": True,
+                "applied_at": time.time(),
+                "taints": q.taints,
+                "cordoned": q.cordoned,
+                "prior_unschedulable": q.prior_unschedulable,
+            }
             return record.model_copy(
                 update={"quarantine": record.quarantine.model_copy(update=update)}
             )
 
         await self.records.update(key, done)
+        self.marks.failpoints.hit("cordon.quarantine.applied")
         if decision.maintenance:
             details["maintenance"] = await self._request_maintenance(name, q)
         return details
@@ -481,7 +519,7 @@ class CordonService:
 
         async def act() -> dict[str, Any]:
             if not q.dry_run:
-                await self.marks.update_annotation(name, q)
+                await self.marks.set_annotations(name, {QUARANTINE_ANNOTATION: annotation(q)})
             return {"gpus": q.gpus, "incident": q.incident}
 
         # Already quarantined: no new target for the breaker or the rate limit.
@@ -493,13 +531,22 @@ class CordonService:
         q = record.quarantine
         if q is None or q.phase != "applied" or q.dry_run or q.operator_released:
             return record
-        uncordoned = q.cordoned and not unschedulable(node)
-        untainted = bool(q.taints) and not all(has_taint(node, e) for e in q.taints)
-        if not (uncordoned or untainted):
+        if await self._adopt_legacy(name, q):
+            node = await self.cluster.nodes.get(name)
+        # Only NodeMarks' `applied` intent can show an operator's act: a mark missing while
+        # nodeward itself is releasing is its own half-done step, finished by the release.
+        found = await self.marks.operator_act(name, node)
+        intent = await self.marks.intent(name)
+        respected = (
+            intent is not None
+            and intent.incident == q.incident
+            and intent.phase == "applied"
+            and intent.operator_released
+        )
+        if found is None and not respected:
             return record
-        what = "uncordoned" if uncordoned else f"removed taint {TAINT_KEY} from"
+        what = found[1] if found else "took back"
         self.log.warning("cordon.manual_release", what=what)
-        details = await self.marks.respect_operator(name, q)
 
         def released(current: NodeRecord | None) -> NodeRecord | None:
             rec = current or NodeRecord()
@@ -518,13 +565,15 @@ class CordonService:
             trigger_id=q.incident,
             trigger_time=q.started_at,
             protective=False,
-            details={**details, "by": "operator", "incident": q.incident},
+            details={"by": "operator", "incident": q.incident},
         )
-        # Audit first: a restart before the record is written detects it again and
+        # Audit first: a restart before NodeMarks records it detects it again and
         # re-publishes the same audit id, which JetStream stores once.
-        await self.auditor.record(
-            proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
-        )
+        if found is not None:
+            await self.auditor.record(
+                proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
+            )
+        await self.marks.respect(name)
         written = await self.records.update(node_key(name), released)
         return written.value if written else record
 
@@ -538,10 +587,48 @@ class CordonService:
             return
         if self.cooldown.remaining(q.applied_at, time.time()) > 0:
             return
+        await self._release(
+            name,
+            q,
+            f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+        )
+
+    async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
+        """A quarantine applied before NodeMarks (no intent in KV): hand its marks over.
+        True if it did (the node changed: read it again)."""
+        if q.phase != "applied" or q.dry_run or await self.marks.intent(name) is not None:
+            return False
+        spec = spec_for(q, cordon=q.cordoned, no_execute="NoExecute" in q.taints)
+        entry = MarkEntry(
+            incident=q.incident,
+            taints=[f"{TAINT_KEY}:{e}" for e in q.taints],
+            cordon=q.cordoned,
+            prior_unschedulable=q.prior_unschedulable,
+            labels={HEALTH_LABEL: None},
+            annotations=[QUARANTINE_ANNOTATION],
+        )
+        self.log.info("cordon.adopt_legacy_quarantine", incident=q.incident)
+        await self.marks.adopt(name, q.incident, spec, entry, operator_released=q.operator_released)
+        return True
+
+    async def _releasing(self, name: str, q: Quarantine) -> bool:
+        """True if NodeMarks has started (or finished) the release of this quarantine."""
+        if q.phase != "applied" or q.dry_run:
+            return False
+        intent = await self.marks.intent(name)
+        return (
+            intent is not None
+            and intent.incident == q.incident
+            and intent.phase in ("releasing", "released")
+        )
+
+    async def _release(self, name: str, q: Quarantine, reason: str) -> None:
+        """Undo quarantine `q` (or finish undoing it), audit it, clear the record."""
+        await self._adopt_legacy(name, q)
         proposal = Proposal(
             action="release",
             target=_target(name),
-            reason=f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+            reason=reason,
             policy=q.rule,
             trigger_id=q.incident,
             trigger_time=q.started_at,
@@ -550,10 +637,13 @@ class CordonService:
         )
 
         async def act() -> dict[str, Any]:
-            return await self.marks.undo(name, q)
+            details = await self.marks.release(name)
+            # None: already released (a restart after the release, before the record cleared).
+            return details or {"incident": q.incident}
 
         runner = self.runner if not q.dry_run else ActionRunner(self.auditor, dry_run=True)
         await runner.run(proposal, act, [])  # releasing is never blocked by a guard
+        self.marks.failpoints.hit("cordon.release.audited")
 
         def cleared(current: NodeRecord | None) -> NodeRecord | None:
             rec = current or NodeRecord()
@@ -564,6 +654,7 @@ class CordonService:
             )
 
         await self.records.update(node_key(name), cleared)
+        self.marks.failpoints.hit("cordon.release.cleared")
 
     async def reconcile_once(self) -> None:
         """Release due nodes and notice manual uncordons, for every node with a quarantine."""
@@ -601,13 +692,14 @@ class CordonService:
 async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
     """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
 
-    Operators without the CLI can delete the key: `nats kv del <bucket> breaker`.
+    Operators without the CLI can delete the key: `nats kv del breaker breaker`. The
+    breaker is shared by every service that removes nodes from service.
     """
 
     async def no_population() -> int:
         return 0
 
-    kv = await bus.kv(config.bucket, history=5)
+    kv = await bus.kv(config.breaker.bucket, history=5)
     await CircuitBreaker(kv, config.breaker, no_population).reset()
 
 
@@ -627,7 +719,12 @@ async def build(settings: Settings) -> Daemon:
     async def population() -> int:
         return await service.population()
 
-    breaker = CircuitBreaker(kv, config.breaker, population, registry=daemon.metrics.registry)
+    breaker = CircuitBreaker(
+        await bus.kv(config.breaker.bucket, history=5),
+        config.breaker,
+        population,
+        registry=daemon.metrics.registry,
+    )
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
     )
@@ -656,7 +753,7 @@ async def _reset_breaker_command(settings: Settings) -> str:
         await reset_breaker(bus, config)
     finally:
         await bus.close(grace=1)
-    return f"cordon: circuit breaker reset (KV {config.bucket}/breaker)"
+    return f"cordon: circuit breaker reset (KV {config.breaker.bucket}/breaker)"
 
 
 standalone = Standalone(build, admin={"reset-breaker": _reset_breaker_command})

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.breaker import SHARED
 from schemas.state.dedup import FALCO
+from schemas.state.marks import FALCO_MARKS
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
@@ -21,6 +23,7 @@ ACCESS = Access(
             "pods.delete",
             "namespaces.get",
             "nodes.get",
+            "nodes.list",  # the circuit breaker's population (the cordon action)
             "nodes.patch",
             "nodes.checkpoint",
             "networkpolicies.create",
@@ -31,6 +34,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("SECURITY", "falco"),),
-    buckets=(FALCO.name,),
+    buckets=(FALCO.name, FALCO_MARKS.name, SHARED.name),
     publish=("falco.>", *PUBLISHES),
 )

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import secrets
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from services.falco.settings import ACTOR, NAME, FalcoSettings
 from services.kernel import (
     ActionRunner,
     Auditor,
+    CircuitBreaker,
     Dedup,
     DedupWindow,
     Exemptions,
@@ -58,6 +58,7 @@ from services.kernel import (
     Proposal,
     SkippedNamespaces,
 )
+from services.kernel.breaker import NodePopulation
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
@@ -83,6 +84,7 @@ class FalcoService:
         policy: Policy,
         dedup: DedupWindow,
         registry: CollectorRegistry | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -115,6 +117,7 @@ class FalcoService:
             settings.skip_namespaces, setting="services.falco.skip_namespaces"
         )
         self.guards: list[Guard] = [self.skipped, self.exemptions, self.per_pod, self.per_rule]
+        self.breaker = breaker
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
 
@@ -130,7 +133,7 @@ class FalcoService:
             order_key=lambda e: dedup_key(e.data),
             retry_delays=(0.5, 2.0, 10.0, 30.0),
             max_deliver=6,
-            ack_wait=timedelta(seconds=90),
+            ack_wait=self.settings.ack_wait,
             # falco.<priority>.<rule> names no node or pod: nothing to bind.
             identity=(ConsumerSpec.bind(FalcoAlert),),
         )
@@ -286,6 +289,8 @@ class FalcoService:
                 return await self.runner.skip(proposal, guard="no_node", reason=reason)
             proposal = replace(proposal, obj=node)
             guards = [self.exemptions, self.per_rule]
+            if actionner.removes_node and self.breaker is not None:
+                guards.append(self.breaker)
         elif actionner.scope == "pod":
             guards = self.guards
         context = ActionContext(
@@ -348,6 +353,16 @@ async def assemble(settings: Settings) -> Assembled:
     kv = await bus.kv(
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
+
+    async def count(selector: str | None) -> int:
+        return len(await cluster.nodes.list(label_selector=selector))
+
+    breaker = CircuitBreaker(
+        await bus.kv(config.breaker.bucket, history=5),
+        config.breaker,
+        NodePopulation(count, config.breaker.node_selector),
+        registry=daemon.metrics.registry,
+    )
     service = FalcoService(
         bus,
         cluster,
@@ -355,6 +370,7 @@ async def assemble(settings: Settings) -> Assembled:
         policy=policy,
         dedup=DedupWindow(kv, config.dedup_window, prefix="dedup"),
         registry=daemon.metrics.registry,
+        breaker=breaker,
     )
     if config.ingest.enabled:
 

@@ -10,8 +10,9 @@ from pydantic import Field
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.state.dedup import FALCO
+from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
-from services.kernel import RateLimitSettings
+from services.kernel import BreakerSettings, RateLimitSettings
 
 NAME = "falco"
 ACTOR = "service/falco"
@@ -25,6 +26,18 @@ class FalcoSettings(Section):
     consumer: str = "falco"
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
     bucket: str = Field(default=FALCO.name, description="KV bucket of the duplicate window")
+    marks_bucket: str = Field(
+        default=FALCO_MARKS.name,
+        description="what the cordon action put on each node and the prior state (NodeMarks)",
+    )
+    breaker: BreakerSettings = Field(
+        default_factory=BreakerSettings,
+        description="the circuit breaker shared with GPU quarantine: guards the cordon action",
+    )
+    ack_wait: Duration = Field(
+        default=timedelta(seconds=90),
+        description="an alert held by a crashed replica is redelivered after this long",
+    )
     concurrency: int = Field(default=16, ge=1)
     rules_file: Path | None = Field(default=None, description="None: the shipped default")
     dedup_window: Duration = Field(

@@ -7,6 +7,8 @@ audit event -> notify.v1 for on-call. `ActionRunner.run` is that path. The guard
 (`RateLimiter`, `KeyedRateLimiter`), the `CircuitBreaker`, `Ownership`; dry-run is the
 runner's last step. Decisions that are not acts are audited through the runner too
 (`ActionRunner.skip`, `.fail`, `.record`, `.screen`): services never call the `Auditor`.
+`NodeMarks` puts marks on a node (taint, cordon, label, condition, annotation) and takes
+them off again, by owner and crash-safe.
 """
 
 from schemas.state.breaker import BreakerState
@@ -16,12 +18,14 @@ from services.kernel.drain import DrainResult, DrainSettings, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
+from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
 from services.kernel.proposal import Guard, Proposal, Stage, Verdict
 from services.kernel.runner import ActionRunner
 
 __all__ = [
     "EXEMPT_LABEL",
+    "MARKS_ANNOTATION",
     "ActionRunner",
     "Auditor",
     "BreakerSettings",
@@ -36,6 +40,7 @@ __all__ = [
     "Guard",
     "GuardChain",
     "KeyedRateLimiter",
+    "NodeMarks",
     "OwnerNotice",
     "Ownership",
     "Proposal",

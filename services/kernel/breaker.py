@@ -23,11 +23,17 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.remediation import Outcome
-from schemas.state.breaker import BREAKER_KEY, BreakerState
+from schemas.state.breaker import BREAKER_KEY, SHARED, BreakerState
 from services.kernel.proposal import Proposal, Stage, Verdict
 
 
 class BreakerSettings(Section):
+    """Each service that removes nodes from service configures it; they share one window
+    (KV `bucket`/`breaker`), so give them the same limits."""
+
+    bucket: str = Field(
+        default=SHARED.name, description="KV bucket of the shared window (key `breaker`)"
+    )
     max_percent: float = Field(default=20.0, gt=0, le=100)
     max_nodes: int = Field(default=5, ge=1)
     window: Duration = timedelta(minutes=10)
@@ -74,6 +80,36 @@ def decide(
         return state, False
     state.admitted[target] = now
     return state, True
+
+
+class NodePopulation:
+    """How many nodes the breaker's percentage is of, read through the kube port (cached
+    for `ttl` seconds). With no node matching the selector (no GPU feature discovery) it
+    counts every node: a limit of 0 would refuse everything."""
+
+    def __init__(
+        self,
+        count: Callable[[str | None], Awaitable[int]],
+        selector: str | None,
+        *,
+        ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.count = count
+        self.selector = selector
+        self.ttl = ttl
+        self.clock = clock
+        self._cached: tuple[float, int] | None = None
+
+    async def __call__(self) -> int:
+        now = self.clock()
+        if self._cached and now - self._cached[0] < self.ttl:
+            return self._cached[1]
+        count = await self.count(self.selector)
+        if count == 0 and self.selector:
+            count = await self.count(None)
+        self._cached = (now, count)
+        return count
 
 
 class CircuitBreaker:

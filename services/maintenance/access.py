@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
+from schemas.state.breaker import SHARED
 from schemas.state.maintenance import MAINTENANCES
 from services.kernel.access import PUBLISHES
 
@@ -33,6 +34,6 @@ ACCESS = Access(
 
 GRANTS = ServiceGrants(
     consumers=(("MAINTENANCE", "checkpoint"),),
-    buckets=(MAINTENANCES.name,),
+    buckets=(MAINTENANCES.name, SHARED.name),
     publish=("maintenance.>", *PUBLISHES),
 )

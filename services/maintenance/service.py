@@ -66,11 +66,15 @@ from schemas.state.maintenance import (
     history_key,
     state_key,
 )
+from schemas.state.marks import EventSpec, MarkEntry, MarkSpec
 from services.kernel import (
     ActionRunner,
     Auditor,
+    BreakerSettings,
+    CircuitBreaker,
     DrainSettings,
     Exemptions,
+    Guard,
     OwnerNotice,
     Proposal,
     RateLimiter,
@@ -78,6 +82,8 @@ from services.kernel import (
     drain,
     tell_owner,
 )
+from services.kernel.breaker import NodePopulation
+from services.kernel.marks import NodeMarks
 from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
@@ -92,6 +98,7 @@ from services.maintenance.plan import (
 
 NAME = "checkpoint"
 ACTOR = "service/checkpoint"
+OWNER = "maintenance"  # of its marks on the node (services.kernel.marks)
 TOPIC = "maintenance"
 MAINTENANCE_ANNOTATION = "nodeward.io/maintenance"
 """`requested` on a node starts a maintenance; the service then writes the phase there."""
@@ -162,6 +169,10 @@ class CheckpointSettings(Section):
         description="older requests (a replay of the stream) are logged, never acted on",
     )
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=6, burst=3)
+    breaker: BreakerSettings = Field(
+        default_factory=BreakerSettings,
+        description="the shared breaker; guards only service-requested maintenance cordons",
+    )
     lease_ttl: Duration = timedelta(seconds=15)
 
 
@@ -194,6 +205,7 @@ class CheckpointService:
         kv: KeyValue,
         settings: CheckpointSettings,
         holder: str,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -205,6 +217,8 @@ class CheckpointService:
         self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.limiter = RateLimiter(settings.rate_limit)
+        self.breaker = breaker
+        self.marks = NodeMarks(cluster, kv, OWNER)
         self.halt = asyncio.Event()
         """Set on shutdown: no new step or checkpoint call starts."""
         self.wake = asyncio.Event()
@@ -644,39 +658,64 @@ class CheckpointService:
             protective=True,
             prior_unschedulable=prior,
         )
-        mark = json.dumps(
-            {
-                "by": ACTOR,
-                "maintenance": state.maintenance_id,
-                "prior_unschedulable": prior,
-                "time": _now().isoformat().replace("+00:00", "Z"),
-            },
-            separators=(",", ":"),
-        )
-
-        async def cordon() -> dict[str, Any]:
-            marked = await self.cluster.nodes.mark(
-                state.node, unschedulable=True, annotations={CORDON_ANNOTATION: mark}
-            )
-            await self.cluster.events.create(
-                marked,
+        spec = MarkSpec(
+            cordon=True,
+            event=EventSpec(
                 reason="NodeMaintenance",
                 action="Cordon",
                 note=f"maintenance {state.maintenance_id}: {state.reason}"[:1024],
-                type_="Warning",
-            )
-            return {"cordoned": not prior, "prior_unschedulable": prior}
+                type="Warning",
+            ),
+        )
 
-        result = await self.runner.run(proposal, cordon, [self.exemptions, self.limiter])
+        def mark(entry: MarkEntry) -> dict[str, str]:
+            note = {
+                "by": ACTOR,
+                "maintenance": state.maintenance_id,
+                "prior_unschedulable": entry.prior_unschedulable,
+                "time": _now().isoformat().replace("+00:00", "Z"),
+            }
+            return {CORDON_ANNOTATION: json.dumps(note, separators=(",", ":"))}
+
+        async def cordon() -> dict[str, Any]:
+            done = await self.marks.apply(state.node, state.maintenance_id, spec, annotate=mark)
+            return {
+                "cordoned": done["cordoned"],
+                "prior_unschedulable": done["prior_unschedulable"],
+            }
+
+        result = await self.runner.run(proposal, cordon, self.cordon_guards(state))
         if result.outcome == Outcome.SKIPPED:
             return await self._fail(state, result.reason)
+        if result.outcome == Outcome.REFUSED and result.guard == "circuit_breaker":
+            return await self._fail(state, result.reason)
+        # NodeMarks' view: a node another nodeward owner cordoned (a GPU quarantine) is
+        # nodeward's cordon, not an operator's.
+        prior = bool(result.details.get("prior_unschedulable", prior))
         cordoned = result.outcome == Outcome.APPLIED and not prior
         await self._advance(
             state,
             MaintenancePhase.CHECKPOINTING,
-            lambda s: s.model_copy(update={"cordoned": cordoned, "started_at": _now()}),
+            lambda s: s.model_copy(
+                update={"cordoned": cordoned, "prior_unschedulable": prior, "started_at": _now()}
+            ),
         )
+        self.marks.failpoints.hit("maintenance.cordon.advanced")
         return True
+
+    def cordon_guards(self, state: MaintenanceState) -> list[Guard]:
+        """Exemptions and the rate limit always; the shared circuit breaker only when a
+        service asked (`requested_by` `service/...`, e.g. a GPU quarantine rule).
+
+        An operator's explicit request (the CLI, the node annotation) is a human decision
+        to take that node out of service: refusing it because automation removed other
+        nodes would get in the operator's way exactly when they are handling an incident.
+        A service's request is automation like any other and counts against the window.
+        """
+        guards: list[Guard] = [self.exemptions, self.limiter]
+        if self.breaker is not None and (state.requested_by or "").startswith("service/"):
+            guards.append(self.breaker)
+        return guards
 
     # checkpointing -> checkpointed ------------------------------------------------------
     async def _checkpoint_all(self, state: MaintenanceState) -> bool:
@@ -946,6 +985,16 @@ async def build(settings: Settings) -> Daemon:
     daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
+
+    async def count(selector: str | None) -> int:
+        return len(await cluster.nodes.list(label_selector=selector))
+
+    breaker = CircuitBreaker(
+        await bus.kv(config.breaker.bucket, history=5),
+        config.breaker,
+        NodePopulation(count, config.breaker.node_selector),
+        registry=daemon.metrics.registry,
+    )
     service = CheckpointService(
         bus,
         cluster,
@@ -953,6 +1002,7 @@ async def build(settings: Settings) -> Daemon:
         kv=kv,
         settings=config,
         holder=holder,
+        breaker=breaker,
     )
 
     async def consume() -> None:

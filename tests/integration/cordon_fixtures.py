@@ -160,7 +160,12 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             "healthy_period": "0.5s",
             "cooldown": "0s",
             "reconcile_interval": "0.1s",
-            "breaker": {"max_percent": 30, "max_nodes": 10, "calm_period": None},
+            "breaker": {
+                "max_percent": 30,
+                "max_nodes": 10,
+                "calm_period": None,
+                "bucket": f"breaker-{uid}",
+            },
             "rate_limit": {"per_minute": 60000, "burst": 1000},
         } | cordon
         settings = Settings(

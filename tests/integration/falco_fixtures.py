@@ -27,6 +27,7 @@ from schemas.remediation import Remediation
 from schemas.tokens import token
 from services.falco.service import Assembled, assemble
 from sim.cluster import SimCluster
+from sim.cluster.seed import NodeSeed
 from sim.falco_samples import (
     DROP_AND_EXECUTE,
     NODE,
@@ -142,9 +143,15 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
     sample alerts' pods and settings for the falco service; `env.start()` runs it."""
     made: list[FalcoEnv] = []
 
-    async def make(rules: list[dict[str, Any]] | None = None, **falco: Any) -> FalcoEnv:
+    async def make(
+        rules: list[dict[str, Any]] | None = None, extra_nodes: tuple[str, ...] = (), **falco: Any
+    ) -> FalcoEnv:
         uid = uuid.uuid4().hex[:8]
-        sim = SimCluster(sample_seed(uid), port=0, bookmark_interval=0.2)
+        seed = sample_seed(uid)
+        if extra_nodes:
+            more = [NodeSeed(name=n) for n in extra_nodes]
+            seed = seed.model_copy(update={"nodes": [*seed.nodes, *more]})
+        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
         await sim.start()
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-falco-{uid}", identity="falco")
         admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
@@ -155,6 +162,8 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
         service: dict[str, Any] = {
             "consumer": f"falco-{uid}",
             "bucket": f"falco-{uid}",
+            "marks_bucket": f"falco-marks-{uid}",
+            "breaker": {"bucket": f"breaker-{uid}"},
             # Only this test's alerts (NATS wildcards match whole tokens only).
             "subjects": sorted(
                 {f"{sidekick_subject(a)}_{uid}" for a in samples()}
@@ -169,6 +178,8 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
             rules_file = tmp_path / f"falco-rules-{uid}.yaml"
             rules_file.write_text(yaml.safe_dump({"rules": rules}))
             service["rules_file"] = str(rules_file)
+        if "breaker" in falco:  # this test's own window, whatever the limits
+            falco = {**falco, "breaker": {"bucket": f"breaker-{uid}", **falco["breaker"]}}
         service |= falco
         settings = Settings(
             bus={"url": nats_url, "publish_timeout": "2s"},

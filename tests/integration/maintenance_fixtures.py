@@ -192,6 +192,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
                     "call_timeout": "5s",
                     "evict_timeout": "5s",
                     "lease_ttl": "3s",
+                    "breaker": {"bucket": f"breaker-{uid}"},
                 }
                 | service
             },

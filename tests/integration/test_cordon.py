@@ -186,7 +186,7 @@ async def test_breaker_refuses_beyond_30_percent_and_never_blocks_release(
 
     # Reset through KV: the next failure of a refused node quarantines it.
     config = section(env.settings, "services", "cordon", CordonSettings)
-    state = await TypedKV(await env.bus.kv(config.bucket), BreakerState).get("breaker")
+    state = await TypedKV(await env.bus.kv(config.breaker.bucket), BreakerState).get("breaker")
     assert state is not None and state.value.tripped_at is not None
     await reset_breaker(env.bus, config)
     await env.publish(failed(refused[0], seq=2))
@@ -675,3 +675,41 @@ async def test_garbage_then_a_real_fault_is_handled_within_a_second(
     info = await env.bus.js.stream_info("DLQ", subjects_filter=f"dlq.GPU.{consumer}")
     assert info.state.subjects == {f"dlq.GPU.{consumer}": 200}
     assert [n for n in env.nodes if tainted(await env.node(n))] == [target]
+
+
+async def test_a_quarantine_from_before_node_marks_is_released(cordon_env: EnvFactory) -> None:
+    """An upgrade: a quarantine applied by the previous version (KV record and marks, no
+    NodeMarks intent) is adopted and released like any other, its cordon lifted."""
+    from schemas.state.cordon import NodeRecord, Quarantine, node_key
+
+    env = await cordon_env()
+    name = env.nodes[4]
+    event = failed(name)
+    config = section(env.settings, "services", "cordon", CordonSettings)
+    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
+    q = Quarantine(
+        incident=event.id,
+        rule="xid-node-action",
+        reason="applied before NodeMarks",
+        gpus=["0"],
+        started_at=event.time,
+        phase="applied",
+        cordoned=True,
+        taints=["NoSchedule"],
+        event_recorded=True,
+    )
+    await records.put(node_key(name), NodeRecord(quarantine=q))
+    await env.admin.nodes.mark(
+        name,
+        add_taints=[(TAINT_KEY, "NoSchedule")],
+        unschedulable=True,
+        labels={HEALTH_LABEL: "failed"},
+        annotations={QUARANTINE_ANNOTATION: '{"by":"service/cordon"}'},
+    )
+    await env.start()
+    await env.publish(event, health(name, HealthState.HEALTHY, seq=2))
+    await wait_for(lambda: _released(env.bus, name), timeout=10, what="the release")
+    node = await env.node(name)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    assert label(node) == "healthy" and quarantine_note(node) is None
+    assert "manual_uncordon" not in [g for _, g in outcomes(await audits(env.bus, name))]

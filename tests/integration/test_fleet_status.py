@@ -19,7 +19,7 @@ from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
-from schemas.state.cordon import BREAKER, NODES, TAINT_KEY, NodeRecord, Quarantine
+from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord, Quarantine
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import EnvFactory, failed
 
@@ -61,7 +61,8 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
             )
         ),
     )
-    await TypedKV(kv, BREAKER.record).put(BREAKER.key(), BreakerState(admitted={"Node/gpu-a": 1.0}))
+    breaker = await own_bus.kv("breaker")  # shared by every service that removes nodes
+    await TypedKV(breaker, BreakerState).put("breaker", BreakerState(admitted={"Node/gpu-a": 1.0}))
     for event_data in (
         _health("gpu-a", 0, HealthState.HEALTHY),
         _health("gpu-a", 1, HealthState.HEALTHY),

@@ -67,3 +67,5 @@ class Actionner:
     scope: Scope
     run: Callable[[ActionContext], Awaitable[dict[str, Any]]]
     done_words: str | None = None
+    removes_node: bool = False
+    """It takes a node out of service: the shared circuit breaker guards it too."""

@@ -1,0 +1,112 @@
+"""The maintenance cordon survives a SIGKILL at every write (KV and API) of its NodeMarks.
+
+The checkpoint service runs as its own process, killed at one step boundary by
+`NODEWARD_FAILPOINT`, and restarted without it: the maintenance ends `done` with the node
+cordoned by nodeward (its prior state recorded), exactly one `cordon applied` audit.
+A tripped shared circuit breaker refuses a service's maintenance, never an operator's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeward.bus.kv import TypedKV
+from schemas.maintenance import MaintenancePhase
+from schemas.remediation import Outcome
+from services.kernel.breaker import BreakerState
+from services.kernel.marks import entries
+from services.maintenance.service import CORDON_ANNOTATION
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import audits
+from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.maintenance_fixtures import EnvFactory, MaintenanceEnv
+
+POINTS = [
+    "marks.apply.intent",
+    "marks.apply.patched",
+    "marks.apply.event",
+    "marks.apply.done",
+    "maintenance.cordon.advanced",
+]
+
+ProcFactory = Callable[..., Awaitable[tuple[MaintenanceEnv, ServiceProcess]]]
+
+
+@pytest.fixture
+async def checkpoint_process(
+    maintenance_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> AsyncIterator[ProcFactory]:
+    made: list[ServiceProcess] = []
+
+    async def make(**service: Any) -> tuple[MaintenanceEnv, ServiceProcess]:
+        env = await maintenance_env(pods=lambda node: [], lease_ttl="1s", **service)
+        config = {
+            "bus": {"url": nats_url, "publish_timeout": "2s"},
+            "cluster": {"kubeconfig": str(env.settings.cluster.kubeconfig), "retries": 1},
+            "daemon": {"shutdown_timeout": "4s"},
+            "services": {"checkpoint": dict(env.settings.services["checkpoint"])},
+        }
+        proc = ServiceProcess("checkpoint", config, tmp_path, nats_url)
+        made.append(proc)
+        return env, proc
+
+    yield make
+    for proc in made:
+        proc.kill()
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_maintenance_cordon_killed_at_each_step_ends_done_and_cordoned_once(
+    checkpoint_process: ProcFactory, point: str
+) -> None:
+    env, proc = await checkpoint_process()
+    proc.start(failpoint=point)
+    await env.bus.publish(env.request(deadline_s=1.0))
+    assert await proc.exited() == -9, proc.tail()
+    proc.start()
+    await wait_for(
+        lambda: env.phase_is(MaintenancePhase.DONE), timeout=30, what="the maintenance done"
+    )
+    node = await env.admin.nodes.get(env.node)
+    assert node["spec"].get("unschedulable") is True
+    held = entries(node)["maintenance"]
+    assert held.cordon and held.prior_unschedulable is False
+    assert CORDON_ANNOTATION in node["metadata"]["annotations"]
+    state = await env.state()
+    assert state is not None and state.cordoned
+    records = await audits(env.bus, env.node, "cordon")
+    assert [r.outcome for r in records] == [Outcome.APPLIED], [
+        (r.outcome, r.guard) for r in records
+    ]
+    proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("requested_by", "refused"), [("service/cordon", True), ("operator/jdoe", False)]
+)
+async def test_a_tripped_breaker_refuses_a_service_maintenance_not_an_operators(
+    maintenance_env: EnvFactory, requested_by: str, refused: bool
+) -> None:
+    env = await maintenance_env(pods=lambda node: [])
+    bucket = env.settings.services["checkpoint"]["breaker"]["bucket"]
+    tripped = BreakerState(tripped_at=time.time(), trip_reason="3 of 8 nodes quarantined")
+    await TypedKV(await env.bus.kv(bucket), BreakerState).put("breaker", tripped)
+    await env.start()
+    request = env.request(deadline_s=1.0)
+    await env.bus.publish(
+        request.model_copy(
+            update={"data": request.data.model_copy(update={"requested_by": requested_by})}
+        )
+    )
+    phase = MaintenancePhase.FAILED if refused else MaintenancePhase.DONE
+    await wait_for(lambda: env.phase_is(phase), timeout=20, what=f"maintenance {phase.value}")
+    node = await env.admin.nodes.get(env.node)
+    assert bool(node["spec"].get("unschedulable")) is not refused
+    records = await audits(env.bus, env.node, "cordon")
+    expected = (Outcome.REFUSED, "circuit_breaker") if refused else (Outcome.APPLIED, None)
+    assert [(r.outcome, r.guard) for r in records] == [expected]
