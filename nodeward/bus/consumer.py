@@ -134,6 +134,8 @@ class ConsumerSpec:
             )
         if self.max_ack_pending < self.batch + self.concurrency:
             raise ValueError("max_ack_pending must cover batch + concurrency")
+        if self.identity_notice_window.total_seconds() <= 0:
+            raise ValueError("identity_notice_window must be positive")
 
     @staticmethod
     def bind(model: type[EventData], *fields: str) -> Binding:
