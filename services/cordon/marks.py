@@ -12,10 +12,9 @@ from typing import Any
 
 from nodeward.kube.base import Obj
 from nodeward.kube.nodes import taints_of
-from schemas.state.cordon import Quarantine
+from schemas.state.cordon import TAINT_KEY, Quarantine
 from schemas.state.marks import ConditionSpec, EventSpec, MarkEntry, MarkSpec
 
-TAINT_KEY = "nodeward.io/gpu-unhealthy"
 HEALTH_LABEL = "nodeward.io/gpu-health"
 QUARANTINE_ANNOTATION = "nodeward.io/quarantine"
 CONDITION = "GPUHealthy"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -40,7 +40,15 @@ from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from schemas.state.cordon import NODES, GpuRecord, NodeRecord, Quarantine, is_stale, node_key
+from schemas.state.cordon import (
+    NODES,
+    GpuRecord,
+    NodeRecord,
+    Quarantine,
+    XidRepeats,
+    is_stale,
+    node_key,
+)
 from schemas.state.marks import MarkEntry
 from services.cordon.access import ACCESS
 from services.cordon.marks import (
@@ -56,6 +64,7 @@ from services.cordon.marks import (
     with_entry,
 )
 from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
+from services.cordon.xids import XidRepeatSettings, XidReports
 from services.kernel import (
     ActionRunner,
     Auditor,
@@ -108,6 +117,7 @@ class CordonSettings(Section):
     )
     node_count_ttl: Duration = timedelta(seconds=30)
     breaker: BreakerSettings = BreakerSettings()
+    xid_repeats: XidRepeatSettings = XidRepeatSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
     drain: DrainSettings = DrainSettings()
 
@@ -143,11 +153,18 @@ class CordonService:
         self.policy = policy
         self.breaker = breaker
         self.marks = NodeMarks(cluster, records.kv, OWNER)
-        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
+        # Every decision, acted on or not, is audited through the runner (the kernel).
+        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
+        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]
-        self.cooldown = Cooldown(settings.cooldown)
+        # A quarantine is held at least `cooldown`: a release before then waits (quietly).
+        self.cooldown = Cooldown(
+            settings.cooldown,
+            last=_applied_at,
+            applies=lambda p: p.action == "release",
+            retry=False,
+        )
         self._locks: dict[str, asyncio.Lock] = {}
         self._node_count: tuple[float, int] | None = None
         self.log = structlog.get_logger().bind(service=NAME)
@@ -279,7 +296,7 @@ class CordonService:
             protective=False,
             details={"gpu": health.gpu_key(), **details},
         )
-        await self.auditor.record(proposal, Outcome.SKIPPED, proposal.reason, guard=guard)
+        await self.runner.skip(proposal, guard=guard)
 
     # quarantine -------------------------------------------------------------------------
     async def _quarantine(
@@ -324,15 +341,14 @@ class CordonService:
                     if q.dry_run
                     else proposal.reason
                 )
-                await self.auditor.record(proposal, outcome, reason, details=applied_details(q))
+                await self.runner.record(proposal, outcome, reason, details=applied_details(q))
                 return
             if gpu in q.gpus:
                 if not health.heartbeat:
-                    await self.auditor.record(
+                    await self.runner.skip(
                         proposal,
-                        Outcome.SKIPPED,
-                        f"already quarantined: {proposal.reason}",
                         guard="already_quarantined",
+                        reason=f"already quarantined: {proposal.reason}",
                     )
                 return
             await self._add_gpu(name, gpu, proposal)
@@ -344,11 +360,11 @@ class CordonService:
             and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
         ):
             if not health.heartbeat:
-                await self.auditor.record(
+                await self.runner.skip(
                     proposal,
-                    Outcome.SKIPPED,
-                    f"not re-quarantined: an operator released {name} from incident {q.incident}",
                     guard="manual_uncordon",
+                    reason=f"not re-quarantined: an operator released {name} from incident "
+                    f"{q.incident}",
                 )
             return
 
@@ -460,7 +476,7 @@ class CordonService:
                     trigger_time=event.time,
                     details=result.to_json(),
                 )
-                await self.auditor.record(blocked, Outcome.FAILED, blocked.reason)
+                await self.runner.fail(blocked)
 
         def done(current: NodeRecord | None) -> NodeRecord | None:
             record = current or NodeRecord()
@@ -570,9 +586,7 @@ class CordonService:
         # Audit first: a restart before NodeMarks records it detects it again and
         # re-publishes the same audit id, which JetStream stores once.
         if found is not None:
-            await self.auditor.record(
-                proposal, Outcome.UNDONE, proposal.reason, guard="manual_uncordon"
-            )
+            await self.runner.record(proposal, Outcome.UNDONE, guard="manual_uncordon")
         await self.marks.respect(name)
         written = await self.records.update(node_key(name), released)
         return written.value if written else record
@@ -585,12 +599,11 @@ class CordonService:
         healthy = record.healthy_for(datetime.now(UTC))
         if healthy is None or healthy < self.settings.healthy_period.total_seconds():
             return
-        if self.cooldown.remaining(q.applied_at, time.time()) > 0:
-            return
         await self._release(
             name,
             q,
             f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
+            guards=(self.cooldown,),
         )
 
     async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
@@ -622,8 +635,11 @@ class CordonService:
             and intent.phase in ("releasing", "released")
         )
 
-    async def _release(self, name: str, q: Quarantine, reason: str) -> None:
-        """Undo quarantine `q` (or finish undoing it), audit it, clear the record."""
+    async def _release(
+        self, name: str, q: Quarantine, reason: str, *, guards: Sequence[Guard] = ()
+    ) -> None:
+        """Undo quarantine `q` (or finish undoing it), audit it, clear the record. `guards`:
+        the cooldown for a release the reconcile loop proposes; finishing one never waits."""
         await self._adopt_legacy(name, q)
         proposal = Proposal(
             action="release",
@@ -633,7 +649,11 @@ class CordonService:
             trigger_id=q.incident,
             trigger_time=q.started_at,
             protective=False,
-            details={"incident": q.incident, "operator_released": q.operator_released},
+            details={
+                "incident": q.incident,
+                "operator_released": q.operator_released,
+                "applied_at": q.applied_at,
+            },
         )
 
         async def act() -> dict[str, Any]:
@@ -641,8 +661,12 @@ class CordonService:
             # None: already released (a restart after the release, before the record cleared).
             return details or {"incident": q.incident}
 
-        runner = self.runner if not q.dry_run else ActionRunner(self.auditor, dry_run=True)
-        await runner.run(proposal, act, [])  # releasing is never blocked by a guard
+        runner = self.runner.with_dry_run() if q.dry_run else self.runner
+        # Only the cooldown may hold a release back (quietly: it is tried every reconcile);
+        # releasing is never refused by a limit or the breaker.
+        decided = await runner.run(proposal, act, guards, repeat=lambda _, g: g == "cooldown")
+        if decided.outcome not in (Outcome.APPLIED, Outcome.DRY_RUN):
+            return
         self.marks.failpoints.hit("cordon.release.audited")
 
         def cleared(current: NodeRecord | None) -> NodeRecord | None:
@@ -689,6 +713,12 @@ class CordonService:
                 self.log.exception("cordon.reconcile_failed")
 
 
+async def _applied_at(proposal: Proposal) -> float | None:
+    """When the quarantine a release proposal undoes was applied (its details say)."""
+    at = proposal.details.get("applied_at")
+    return float(at) if isinstance(at, int | float) else None
+
+
 async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
     """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
 
@@ -711,7 +741,10 @@ async def build(settings: Settings) -> Daemon:
     """
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
+    xids_on = config.xid_repeats.enabled
+    daemon, bus, cluster = await acting_daemon(
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=2 if xids_on else 1
+    )
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
     service: CordonService
@@ -734,6 +767,20 @@ async def build(settings: Settings) -> Daemon:
 
     daemon.add_task(consume, name="consume")
     daemon.add_task(service.reconcile_loop, name="reconcile")
+    if xids_on:
+        xids = XidReports(
+            bus,
+            TypedKV(kv, XidRepeats),
+            service.runner,
+            config.xid_repeats,
+            actor=ACTOR,
+            topic=TOPIC,
+        )
+
+        async def consume_xids() -> None:
+            await bus.consume(xids.consumer_spec(), xids.handle)
+
+        daemon.add_task(consume_xids, name="consume-xids")
     return daemon
 
 

@@ -213,8 +213,9 @@ class CheckpointService:
         self.kv = kv
         self.settings = settings
         self.holder = holder
-        self.auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(self.auditor, dry_run=settings.dry_run)
+        # Every decision, acted on or not, is audited through the runner (the kernel).
+        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
+        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.limiter = RateLimiter(settings.rate_limit)
         self.breaker = breaker
@@ -529,9 +530,7 @@ class CheckpointService:
 
     async def _fail(self, state: MaintenanceState, error: str) -> bool:
         """End the workflow `failed` (only ever before its cordon: nothing to take back)."""
-        await self.auditor.record(
-            self._proposal("fail", state, _node_ref(state.node), error), Outcome.FAILED, error
-        )
+        await self.runner.fail(self._proposal("fail", state, _node_ref(state.node), error))
         await self._advance(
             state,
             MaintenancePhase.FAILED,
@@ -550,11 +549,10 @@ class CheckpointService:
             return await self._fail(state, f"node {state.node} no longer exists")
         exempt = await self.exemptions.exempt_reason(node)
         if exempt:
-            await self.auditor.record(
+            await self.runner.skip(
                 self._proposal("announce", state, _node_ref(state.node), exempt),
-                Outcome.SKIPPED,
-                f"skipped: {exempt}",
                 guard="exempt",
+                reason=f"skipped: {exempt}",
             )
             return await self._fail(state, f"not maintained: {exempt}")
         plans = state.pods
@@ -575,7 +573,7 @@ class CheckpointService:
         )
         for plan in state.pods.values():
             if plan.status == "not_checkpointable":
-                await self.auditor.record(
+                await self.runner.skip(
                     self._proposal(
                         "checkpoint",
                         state,
@@ -583,9 +581,9 @@ class CheckpointService:
                         f"{plan.key} not checkpointable: {plan.reason}",
                         obj=None,
                     ),
-                    Outcome.SKIPPED,
-                    f"{plan.key} will be evicted at the deadline without a checkpoint: {plan.reason}",
                     guard="no_cuda_checkpoint",
+                    reason=f"{plan.key} will be evicted at the deadline without a checkpoint: "
+                    f"{plan.reason}",
                 )
         opted = sum(1 for p in state.pods.values() if p.opted_in)
         proposal = self._proposal(
@@ -961,7 +959,7 @@ class CheckpointService:
             f"checkpointed, {len(evicted)} evicted"
             + (f"; {len(failures)} failure(s): " + "; ".join(failures) if failures else "")
         )
-        await self.auditor.record(
+        await self.runner.record(
             self._proposal("complete", state, _node_ref(state.node), summary, failures=failures),
             Outcome.APPLIED,
             summary,
