@@ -42,6 +42,7 @@ class XidRepeatSettings(Section):
         description="the catalog classes counted (others fail the GPU through its health)",
     )
     consumer: str = "cordon-xids"
+    subjects: list[str] = Field(default_factory=lambda: ["gpu.xid.>"], min_length=1)
 
 
 def counted(record: XidRepeats | None, at: float, event_id: str, window: float) -> XidRepeats:
@@ -86,7 +87,7 @@ class XidReports:
         return ConsumerSpec(
             name=self.settings.consumer,
             stream="GPU",
-            subjects=("gpu.xid.>",),
+            subjects=tuple(self.settings.subjects),
             types=frozenset({GpuXid.TYPE}),
             order_key=lambda e: f"{e.data.node}/{e.data.gpu_index}",
             identity=(ConsumerSpec.bind(GpuXid, "node"),),

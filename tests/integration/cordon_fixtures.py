@@ -167,6 +167,11 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
                 "bucket": f"breaker-{uid}",
             },
             "rate_limit": {"per_minute": 60000, "burst": 1000},
+            "xid_repeats": {
+                "consumer": f"cordon-xids-{uid}",
+                "subjects": [f"gpu.xid.{n}.>" for n in names],
+            }
+            | cordon.pop("xid_repeats", {}),
         } | cordon
         settings = Settings(
             bus={"url": nats_url, "publish_timeout": "2s"},

@@ -713,3 +713,66 @@ async def test_a_quarantine_from_before_node_marks_is_released(cordon_env: EnvFa
     assert not tainted(node) and not node["spec"].get("unschedulable")
     assert label(node) == "healthy" and quarantine_note(node) is None
     assert "manual_uncordon" not in [g for _, g in outcomes(await audits(env.bus, name))]
+
+
+async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_owner(
+    cordon_env: EnvFactory,
+) -> None:
+    """XID 13 three times within the window on one GPU: no quarantine (an application
+    error), one `report` decision on AUDIT (on-call hears of it) and one notice to the owner
+    of the pod holding the GPU; a fourth changes nothing, another GPU's XIDs count apart."""
+    from schemas.base import make_event
+    from schemas.common import PodRef
+    from schemas.gpu import GpuXid, RecommendedAction
+    from tests.integration.cordon_fixtures import read_stream
+
+    env = await cordon_env(xid_repeats={"count": 3, "window": "10m"})
+    consumer = env.settings.services["cordon"]["xid_repeats"]["consumer"]
+    await env.start()
+    node = env.nodes[0]
+    pod = PodRef(namespace="user-alice", name=f"train-{node}")
+
+    def xid(gpu: int, n: int) -> Any:
+        return make_event(
+            GpuXid(
+                node=node,
+                gpu_index=gpu,
+                gpu_uuid=f"GPU-{node}-{gpu}",
+                xid=13,
+                name="ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
+                category="application",
+                catalog_action=RecommendedAction.RESTART_APP,
+                application=True,
+                pods=[pod],
+                observed_at=datetime.now(UTC) - timedelta(seconds=10 - n),
+            ),
+            source=f"agent/gpu/{node}",
+        )
+
+    await env.publish(xid(0, 1), xid(0, 2), xid(1, 1))  # two on GPU 0, one on GPU 1
+    await env.publish(xid(0, 3))  # the third on GPU 0: reported
+
+    async def reports() -> list[Any]:
+        return await audits(env.bus, node, "report")
+
+    found = await wait_for(reports, what="the repeated XID reported")
+    await env.publish(xid(0, 4))  # a fourth within the window: nothing new
+
+    async def owner_notices() -> list[Any]:
+        events = await read_stream(env.bus, "NOTIFY", "notify.>")
+        return [e.data for e in events if e.data.audience == f"user:{pod.namespace}/{pod.name}"]
+
+    told = await wait_for(owner_notices, what="the owner's notice")
+
+    async def settled() -> bool:
+        info = await env.bus.js.consumer_info("GPU", consumer)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, what="every XID handled")
+    found = await reports()
+    assert len(found) == 1 and found[0].outcome == Outcome.APPLIED
+    assert found[0].details["gpu"] == 0 and found[0].details["count"] == 3
+    assert "XID 13" in found[0].reason and f"user-alice/train-{node}" in found[0].reason
+    assert len(await owner_notices()) == 1 == len(told)
+    assert "XID 13" in told[0].title
+    assert not tainted(await env.node(node))
