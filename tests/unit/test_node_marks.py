@@ -210,8 +210,8 @@ def test_a_new_incident_keeps_the_prior_state_of_the_one_it_supersedes() -> None
 
 
 def test_every_service_that_removes_nodes_shares_one_breaker_window() -> None:
+    from launch.access import GRANTS
     from nodeward.bus.provision import SHARED_BUCKETS
-    from nodeward.nats_auth import SERVICES
     from services.cordon.service import CordonSettings
     from services.falco.settings import FalcoSettings
     from services.maintenance.service import CheckpointSettings
@@ -223,4 +223,4 @@ def test_every_service_that_removes_nodes_shares_one_breaker_window() -> None:
     }
     assert buckets == {"breaker"} and "breaker" in SHARED_BUCKETS
     for service in ("cordon", "falco", "checkpoint"):
-        assert "breaker" in SERVICES[service].buckets
+        assert "breaker" in GRANTS[service].buckets
