@@ -42,6 +42,7 @@ from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.state.cordon import (
     NODES,
+    TAINT_KEY,
     GpuRecord,
     NodeRecord,
     Quarantine,
@@ -56,7 +57,6 @@ from services.cordon.marks import (
     HEALTH_LABEL,
     OWNER,
     QUARANTINE_ANNOTATION,
-    TAINT_KEY,
     annotation,
     applied_details,
     spec_for,

@@ -22,7 +22,8 @@ from schemas.cloudevents import encode
 from schemas.gpu import HealthState
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from services.cordon.marks import HEALTH_LABEL, QUARANTINE_ANNOTATION, TAINT_KEY
+from schemas.state.cordon import TAINT_KEY
+from services.cordon.marks import HEALTH_LABEL, QUARANTINE_ANNOTATION
 from services.cordon.service import CordonSettings, reset_breaker
 from services.kernel import BreakerState
 from sim.cluster.seed import Owner, PdbSeed, PodSeed

@@ -22,8 +22,8 @@ from nodeward.bus.kv import TypedKV
 from nodeward.kube.nodes import condition_of, taints_of
 from schemas.gpu import HealthState
 from schemas.remediation import Outcome
-from schemas.state.cordon import NodeRecord, node_key
-from services.cordon.marks import HEALTH_LABEL, TAINT_KEY
+from schemas.state.cordon import TAINT_KEY, NodeRecord, node_key
+from services.cordon.marks import HEALTH_LABEL
 from services.kernel.marks import MARKS_ANNOTATION
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, failed, health
