@@ -79,6 +79,7 @@ from services.kernel import (
     RateLimitSettings,
     drain,
 )
+from services.kernel.breaker import node_breaker
 from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
@@ -166,7 +167,6 @@ class CordonService:
             retry=False,
         )
         self._locks: dict[str, asyncio.Lock] = {}
-        self._node_count: tuple[float, int] | None = None
         self.log = structlog.get_logger().bind(service=NAME)
 
     # consumer ---------------------------------------------------------------------------
@@ -190,24 +190,6 @@ class CordonService:
         lock = self._locks.setdefault(node, asyncio.Lock())
         async with lock:
             yield
-
-    async def population(self) -> int:
-        """How many nodes the breaker's percentage is of (cached briefly)."""
-        now = time.monotonic()
-        if (
-            self._node_count
-            and now - self._node_count[0] < self.settings.node_count_ttl.total_seconds()
-        ):
-            return self._node_count[1]
-        selector = self.settings.breaker.node_selector
-        count = len(await self.cluster.nodes.list(label_selector=selector))
-        if count == 0 and selector:
-            # No node carries the GPU label (no GPU feature discovery): a limit of 0 would
-            # refuse every quarantine, so the percentage is of all nodes instead.
-            self.log.warning("cordon.breaker_selector_matches_nothing", selector=selector)
-            count = len(await self.cluster.nodes.list())
-        self._node_count = (now, count)
-        return count
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         health: GpuHealth = event.data
@@ -747,16 +729,12 @@ async def build(settings: Settings) -> Daemon:
     )
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
-    service: CordonService
-
-    async def population() -> int:
-        return await service.population()
-
-    breaker = CircuitBreaker(
-        await bus.kv(config.breaker.bucket, history=5),
+    breaker = await node_breaker(
+        bus,
+        cluster,
         config.breaker,
-        population,
         registry=daemon.metrics.registry,
+        ttl=config.node_count_ttl.total_seconds(),
     )
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy

@@ -58,7 +58,7 @@ from services.kernel import (
     Proposal,
     SkippedNamespaces,
 )
-from services.kernel.breaker import NodePopulation
+from services.kernel.breaker import node_breaker
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
@@ -354,15 +354,7 @@ async def assemble(settings: Settings) -> Assembled:
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
 
-    async def count(selector: str | None) -> int:
-        return len(await cluster.nodes.list(label_selector=selector))
-
-    breaker = CircuitBreaker(
-        await bus.kv(config.breaker.bucket, history=5),
-        config.breaker,
-        NodePopulation(count, config.breaker.node_selector),
-        registry=daemon.metrics.registry,
-    )
+    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
     service = FalcoService(
         bus,
         cluster,

@@ -19,9 +19,11 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field
 
+from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.kube import Cluster
 from schemas.remediation import Outcome
 from schemas.state.breaker import BREAKER_KEY, SHARED, BreakerState
 from services.kernel.proposal import Proposal, Stage, Verdict
@@ -107,6 +109,9 @@ class NodePopulation:
             return self._cached[1]
         count = await self.count(self.selector)
         if count == 0 and self.selector:
+            structlog.get_logger().warning(
+                "breaker.selector_matches_nothing", selector=self.selector
+            )
             count = await self.count(None)
         self._cached = (now, count)
         return count
@@ -180,3 +185,25 @@ class CircuitBreaker:
             f"refused by the circuit breaker: {state.trip_reason or 'tripped'}; reset it to resume",
             Outcome.REFUSED,
         )
+
+
+async def node_breaker(
+    bus: Bus,
+    cluster: Cluster,
+    settings: BreakerSettings,
+    *,
+    registry: CollectorRegistry | None = None,
+    ttl: float = 30.0,
+) -> CircuitBreaker:
+    """The shared breaker as a service that removes nodes uses it: its window in KV
+    (`settings.bucket`), its population the cluster's nodes that match `node_selector`."""
+
+    async def count(selector: str | None) -> int:
+        return len(await cluster.nodes.list(label_selector=selector))
+
+    return CircuitBreaker(
+        await bus.kv(settings.bucket, history=5),
+        settings,
+        NodePopulation(count, settings.node_selector, ttl=ttl),
+        registry=registry,
+    )

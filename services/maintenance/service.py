@@ -82,7 +82,7 @@ from services.kernel import (
     drain,
     tell_owner,
 )
-from services.kernel.breaker import NodePopulation
+from services.kernel.breaker import node_breaker
 from services.kernel.marks import NodeMarks
 from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
@@ -984,15 +984,7 @@ async def build(settings: Settings) -> Daemon:
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
 
-    async def count(selector: str | None) -> int:
-        return len(await cluster.nodes.list(label_selector=selector))
-
-    breaker = CircuitBreaker(
-        await bus.kv(config.breaker.bucket, history=5),
-        config.breaker,
-        NodePopulation(count, config.breaker.node_selector),
-        registry=daemon.metrics.registry,
-    )
+    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
     service = CheckpointService(
         bus,
         cluster,
