@@ -4,7 +4,7 @@ Every `gpu_sample_every` the agent reads the utilisation of the node's GPUs (and
 instances) and keeps each device's peak. Every `interval` it lists the node's session
 pods (a label selector per kind), gives each its readings (the peak utilisation of
 the GPUs it holds per pod-resources, the cores its cgroup used, and for notebooks its
-Jupyter kernels) and judges it (`agents/idle_evidence.py`). It publishes one
+Jupyter kernels) and judges it (`agents/idle/evidence.py`). It publishes one
 `session.activity.v1` per session and, for a session idle on every signal for at least
 `idle_after`, a `session.idle.v1` with the duration and the evidence, again every
 interval while it stays idle. It publishes only `session.*.<node>.>`.

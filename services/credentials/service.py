@@ -1,9 +1,9 @@
 """services.credentials: renew users' Kerberos tickets and OAuth2 tokens held in opted-in Secrets.
 
 A Secret opts in with the label `nodeward.io/credential=kerberos|oauth2` (what it holds:
-services/credentials_secret.py). Two roles run in every replica:
+services/credentials/secret.py). Two roles run in every replica:
 
-- the scheduler (services/credentials_schedule.py), active in the one replica holding the
+- the scheduler (services/credentials/schedule.py), active in the one replica holding the
   Lease, lists opted-in Secrets and publishes `credentials.due.v1` once a credential is
   due (a configurable share of its lifetime left, with jitter);
 - the renewer consumes them, shared by every replica: it takes a per-credential lock in
@@ -138,7 +138,7 @@ _STEPS: dict[str, list[str]] = {
         "Secret refers to.",
     ],
     "invalid": [
-        "Fix the Secret as the message says (see the nodeward README, 'Credential renewal'); "
+        "Fix the Secret as the message says (see docs/services/credentials.md in nodeward); "
         "nodeward reads it again as soon as it changes.",
     ],
 }
