@@ -181,10 +181,10 @@ def _gpu_order(key: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else 1 << 30, key)
 
 
-async def _shared_breaker(js: Any) -> BreakerState | None:
+async def _shared_breaker(js: Any, bucket: str) -> BreakerState | None:
     """The circuit breaker shared by every service that removes nodes (`SHARED`)."""
     try:
-        kv = await js.key_value(SHARED.name)
+        kv = await js.key_value(bucket)
         entry = await kv.get(SHARED.key())
     except (BucketNotFoundError, NotFoundError, KeyError):
         return None
@@ -288,14 +288,15 @@ async def gather_status(
     actions: int = 10,
     agent_timeout: timedelta = timedelta(seconds=90),
     bucket: str = NODES.name,
+    breaker_bucket: str = SHARED.name,
 ) -> FleetStatus:
-    """Read the cordon service's KV `bucket` and the GPU, TELEMETRY, DLQ and AUDIT streams
-    into one picture."""
+    """Read the cordon service's KV `bucket`, the circuit breaker's (`breaker_bucket`) and
+    the GPU, TELEMETRY, DLQ and AUDIT streams into one picture."""
     js = nc.jetstream()
     missing: list[str] = []
     notes: list[str] = []
     records, legacy_breaker = await _kv_records(js, bucket, missing)
-    breaker = await _shared_breaker(js) or legacy_breaker
+    breaker = await _shared_breaker(js, breaker_bucket) or legacy_breaker
     health_subjects = await _subjects(js, "GPU", "gpu.health.>", missing)
     health = [
         e.data

@@ -16,6 +16,7 @@ from nodeward.cli.common import bucket_name, connect_nats, echo_json
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.fleet_status import HEALTH_ORDER, FleetStatus, gather_status
+from schemas.state.breaker import SHARED
 from schemas.state.cordon import NODES, TAINT_KEY
 
 _HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
@@ -39,6 +40,10 @@ async def status(
             actions=actions,
             agent_timeout=agent_timeout,
             bucket=bucket_name(settings, "cordon", NODES),
+            breaker_bucket=str(
+                ((settings.services.get("cordon") or {}).get("breaker") or {}).get("bucket")
+                or SHARED.name
+            ),
         )
     finally:
         with contextlib.suppress(Exception):

@@ -122,7 +122,10 @@ async def test_status_shows_the_quarantine_the_cordon_service_wrote(
 
     written = await wait_for(applied, timeout=10, what="the service's quarantine record")
     assert written.quarantine is not None
-    fleet = await gather_status(env.bus.nc, nats_url=nats_url, bucket=bucket)
+    breaker = env.settings.services["cordon"]["breaker"]["bucket"]  # this test's own window
+    fleet = await gather_status(
+        env.bus.nc, nats_url=nats_url, bucket=bucket, breaker_bucket=breaker
+    )
     shown = next(n for n in fleet.nodes if n.name == name)
     q = shown.quarantine
     assert q is not None
