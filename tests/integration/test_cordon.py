@@ -777,3 +777,35 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
     assert len(await owner_notices()) == 1 == len(told)
     assert "XID 13" in told[0].title
     assert not tainted(await env.node(node))
+
+
+async def test_node_cannot_release_another_node(cordon_env: EnvFactory) -> None:
+    """The other half of issue 16's reproduction: node 02's own agent reports a failed GPU;
+    node 01, on its own subject, says 02's GPUs are healthy again. 02 stays quarantined,
+    while a witness (03) that really recovered is released in the same time."""
+    env = await cordon_env()
+    await env.start()
+    consumer = env.settings.services["cordon"]["consumer"]
+    forger, victim, witness = env.nodes[0], env.nodes[1], env.nodes[2]
+    await env.publish(failed(victim, gpu=0, seq=1), failed(witness, gpu=0, seq=1))
+    for name in (victim, witness):
+        await wait_for(lambda n=name: _applied(env.bus, n), what=f"{name} quarantined")
+    for seq in range(2, 6):
+        wire = encode(health(victim, HealthState.HEALTHY, gpu=0, seq=seq))
+        await env.bus.js.publish(f"gpu.health.{forger}.0", wire.body, headers=wire.headers)
+    await env.publish(health(witness, HealthState.HEALTHY, gpu=0, seq=2))
+
+    async def dead() -> list[Any] | None:
+        events = await read_stream(env.bus, "DLQ", f"dlq.GPU.{consumer}")
+        return events if len(events) == 4 else None
+
+    letters = [e.data for e in await wait_for(dead, what="the forged releases dead-lettered")]
+    assert {d.reason for d in letters} == {"identity_mismatch"}
+
+    async def witness_released() -> bool:
+        return any(r.outcome == Outcome.APPLIED for r in await audits(env.bus, witness, "release"))
+
+    await wait_for(witness_released, what="the witness released after healthy_period")
+    node = await env.node(victim)
+    assert tainted(node) and node["spec"].get("unschedulable") is True
+    assert await audits(env.bus, victim, "release") == []
