@@ -10,7 +10,10 @@ from pathlib import Path
 
 import structlog
 
-from nodeward.cli.common import CliError, connect_nats, settings_for
+from nodeward.aio import within
+from nodeward.bus.connection import connect_nats as connect_bus
+from nodeward.bus.errors import BusError
+from nodeward.cli.common import CliError, settings_for
 from nodeward.config import Settings
 from nodeward.endpoints import Endpoints
 from sim.cluster.seed import Seed, SeedError, load_seed
@@ -123,8 +126,12 @@ def story_for(settings: Settings) -> Callable[[Endpoints], Awaitable[None]]:
 
         log = structlog.get_logger().bind(component="story")
         try:
-            nc = await connect_nats(settings, "nodeward/up-story", endpoints.state_dir)
-        except (CliError, OSError) as exc:
+            # A connection that reconnects: `up` restarts its nats-server when it dies, and
+            # the story carries on (re-subscribing) once it is back.
+            nc, _ = await within(
+                connect_bus(settings.bus, name="nodeward/up-story", wait=True), 30.0
+            )
+        except (BusError, OSError, TimeoutError) as exc:
             log.warning("story.unavailable", error=str(exc))
             return
         try:

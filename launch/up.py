@@ -15,7 +15,7 @@ from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
 from nodeward.bus import Bus
-from nodeward.bus.server import EmbeddedNats
+from nodeward.bus.server import EmbeddedNats, free_port
 from nodeward.config import Settings
 from nodeward.daemon import Daemon, serve
 from nodeward.endpoints import Endpoints
@@ -85,9 +85,11 @@ async def run_up(
     outbox = state_dir / "outbox"
     outbox.mkdir(parents=True, exist_ok=True)
     endpoints: Endpoints | None = None
+    server: EmbeddedNats | None = None
     async with contextlib.AsyncExitStack() as stack:
         if not external_nats:
-            server = EmbeddedNats(state_dir / "nats", port=nats_port)
+            # The port is chosen once: a restarted server must come back where clients look.
+            server = EmbeddedNats(state_dir / "nats", port=nats_port or free_port())
             await stack.enter_async_context(server)
             settings.bus.url = server.url
         kube_api: str | None = None
@@ -122,6 +124,13 @@ async def run_up(
             metrics={d.name: d.url for d in daemons},
             **context.endpoints,
         )
+        if server is not None:
+            supervised = server
+
+            async def supervise() -> None:
+                await supervised.supervise()
+
+            platform.add_task(supervise, name="nats-server")
         if story is not None:
             told = endpoints
 

@@ -34,12 +34,14 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
 
 from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.errors import RetryableError, is_permanent
 from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mismatches
-from nodeward.bus.pull import Puller
+from nodeward.bus.provision import ensure_stream
+from nodeward.bus.pull import GONE, Puller
 from nodeward.metrics import Metrics
 from schemas.base import Event, EventData, make_event
 from schemas.cloudevents import DecodeError, decode
@@ -48,6 +50,7 @@ from schemas.dlq import DeadLetter, DeadLetterReason
 from schemas.ids import stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
+from schemas.streams import STREAMS
 
 
 class Bus(Protocol):
@@ -287,14 +290,24 @@ class Consumer:
             self._wake(len(msgs))
 
     async def _recover(self, conflict: str) -> None:
-        """After a 409 from a pull: recreate the consumer if it was deleted, else carry on."""
+        """After a 409 from a pull: recreate the consumer if it was deleted, else carry on.
+        After no responders (the consumer is gone, say a nats-server restarted on a store
+        that lost it): recreate it, and its stream first if that is gone too."""
         assert self._puller is not None
         self._puller.conflict = None
-        if "deleted" not in conflict.lower():
+        if "deleted" not in conflict.lower() and conflict != GONE:
             return
         self.bound = False
         try:
-            await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
+            try:
+                await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
+            except NotFoundError:
+                spec = next((s for s in STREAMS if s.name == self.spec.stream), None)
+                if spec is None:
+                    raise
+                self.log.warning("consumer.stream_recreated", stream=spec.name)
+                await ensure_stream(self.bus.js, spec)
+                await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
         except Exception as exc:  # noqa: BLE001 - try again on the next conflict
             self.log.warning("consumer.recreate_failed", error=one_line(exc))
             with contextlib.suppress(asyncio.TimeoutError):

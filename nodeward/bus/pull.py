@@ -25,6 +25,10 @@ from nodeward.aio import within
 STATUS = "Status"
 PENDING_MESSAGES = "Nats-Pending-Messages"
 HEARTBEAT, NO_MESSAGES, REQUEST_TIMEOUT, CONFLICT = "100", "404", "408", "409"
+NO_RESPONDERS = "503"
+GONE = "consumer gone: no responders to its pull requests"
+"""What `conflict` says when no server answers a pull request: the consumer (or its stream)
+does not exist, for example after a nats-server restarted on a store that lost it."""
 
 
 class Puller:
@@ -82,6 +86,8 @@ class Puller:
             self.conflict = headers.get("Description", "conflict")
             if self.log is not None:
                 self.log.warning("consumer.pull_conflict", description=self.conflict)
+        elif status == NO_RESPONDERS:
+            self.conflict = GONE
 
     async def _top_up(self) -> None:
         if self._outstanding > self.batch // 2 or len(self._buffer) > self.batch:

@@ -8,8 +8,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -33,8 +35,19 @@ def find_nats_server() -> str:
     )
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the kernel's pick), for a server that must keep it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class EmbeddedNats:
-    """Runs nats-server with JetStream on loopback; `port=0` lets the server pick one."""
+    """Runs nats-server with JetStream on loopback; `port=0` lets the server pick one.
+
+    `supervise()` watches the child and restarts a dead one on the port it first got and
+    on the same store, so clients reconnect to the URL they know.
+    """
 
     def __init__(
         self,
@@ -66,6 +79,16 @@ class EmbeddedNats:
         return self.store_dir / "nats-server.log"
 
     async def start(self) -> EmbeddedNats:
+        await self._start()
+        self.log.info(
+            "nats_server.started",
+            url=self.url,
+            store=str(self.store_dir),
+            pid=self.proc.pid if self.proc else None,
+        )
+        return self
+
+    async def _start(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = self.store_dir / "ports"
         ports_dir.mkdir(exist_ok=True)
@@ -104,10 +127,55 @@ class EmbeddedNats:
             err = await self._stderr_tail()
             await self.stop()
             raise BusError(f"nats-server did not become ready: {err or exc or 'timeout'}") from None
-        self.log.info(
-            "nats_server.started", url=self.url, store=str(self.store_dir), pid=self.proc.pid
-        )
-        return self
+
+    async def supervise(
+        self,
+        *,
+        poll: float = 0.1,
+        backoff: float = 0.2,
+        backoff_max: float = 5.0,
+        stable: float = 30.0,
+        on_restart: Callable[[int, str], None] | None = None,
+    ) -> None:
+        """Until cancelled: restart the nats-server child whenever it exits, on the same port
+        and store, waiting `backoff` (doubling to `backoff_max`) between tries; the wait
+        resets once a restarted server has run for `stable` seconds. One log line (and one
+        `on_restart(restarts, reason)` call) per restart."""
+        if not self.port:
+            raise BusError("supervise() needs the server started on a known port")
+        loop = asyncio.get_running_loop()
+        delay = backoff
+        restarts = 0
+        up_since = loop.time()
+        while True:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                if loop.time() - up_since >= stable:
+                    delay = backoff
+                await asyncio.sleep(poll)  # a plain child process has no awaitable exit
+                continue
+            reason = f"exited with {proc.returncode}" if proc is not None else "not running"
+            self.proc = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, backoff_max)
+            try:
+                await self._start()
+            except BusError as exc:
+                self.log.error(
+                    "nats_server.restart_failed", url=self.url, reason=reason, error=str(exc)
+                )
+                continue
+            restarts += 1
+            up_since = loop.time()
+            self.log.warning(
+                "nats_server.restarted",
+                url=self.url,
+                reason=reason,
+                restarts=restarts,
+                pid=self.proc.pid if self.proc else None,
+            )
+            if on_restart is not None:
+                on_restart(restarts, reason)
 
     async def _stderr_tail(self) -> str:
         text = ""

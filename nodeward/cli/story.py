@@ -26,6 +26,7 @@ from nats.js import api
 from pydantic import ValidationError
 
 from nodeward.aio import within
+from nodeward.bus.dlq import one_line
 from nodeward.cli.events import echo_line, event_line, severity_of
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
@@ -281,26 +282,67 @@ async def watch_outbox(
 
 
 async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None:
-    """Follow the bus, KV `cordon` and the outbox until cancelled, telling `story`."""
+    """Follow the bus, KV `cordon` and the outbox until cancelled, telling `story`.
+
+    After the connection comes back (`nc` reconnected: a restarted server may have lost the
+    ordered consumers) every source is subscribed again from the message after the last one
+    seen, so nothing is told twice and nothing published meanwhile is missed.
+    """
     story = story or Story()
+    log = structlog.get_logger().bind(component="story")
     js = nc.jetstream()
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_msg(msg: Msg) -> None:
         await queue.put(msg)
 
-    subs = []
     sources = [*EVENT_SOURCES, (f"KV_{NODES.name}", f"$KV.{NODES.name}.{NODES.prefix}>")]
-    for stream, subject in sources:
-        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
-        try:
-            subs.append(
-                await js.subscribe(
+    since = datetime.now(UTC)
+    last: dict[str, int] = {}  # stream -> the last stream sequence told
+    subs: dict[str, Any] = {}  # stream -> its ordered subscription
+
+    missing: set[str] = set()
+
+    def config_for(stream: str) -> api.ConsumerConfig:
+        """Where a replacing subscription starts: after the last message told, else at the
+        start of the story (nothing was told from this source, so nothing since is old)."""
+        if stream in last:
+            return api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last[stream] + 1
+            )
+        return api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_TIME, opt_start_time=since
+        )
+
+    async def subscribe(first: bool) -> bool:
+        """(Re)subscribe every source; False while one is still missing."""
+        for sub in subs.values():
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        subs.clear()
+        ok = True
+        for stream, subject in sources:
+            config = (
+                api.ConsumerConfig(deliver_policy=api.DeliverPolicy.NEW)
+                if first
+                else config_for(stream)
+            )
+            try:
+                subs[stream] = await js.subscribe(
                     subject, stream=stream, ordered_consumer=True, cb=on_msg, config=config
                 )
-            )
-        except Exception as exc:  # noqa: BLE001 - a missing stream leaves a gap, not a crash
-            structlog.get_logger().warning("story.source_missing", stream=stream, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a missing stream leaves a gap, not a crash
+                ok = False
+                if first or stream not in missing:
+                    log.warning("story.sourcemissing", stream=stream, error=one_line(exc))
+                missing.add(stream)
+            else:
+                missing.discard(stream)
+        return ok
+
+    await subscribe(first=True)
+    reconnects = nc.stats.get("reconnects", 0)
+    resubscribe_at: float | None = None  # when to try again (after a reconnect)
     stop = asyncio.Event()
     outbox_task = asyncio.create_task(watch_outbox(outbox, story, stop)) if outbox else None
     try:
@@ -309,7 +351,23 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                 msg: Msg | None = await within(queue.get(), story.hold / 4)
             except TimeoutError:
                 msg = None  # time to flush what has waited long enough
+            if nc.stats.get("reconnects", 0) != reconnects and nc.is_connected:
+                reconnects = nc.stats.get("reconnects", 0)
+                resubscribe_at = time.monotonic()
+            if resubscribe_at is not None and time.monotonic() >= resubscribe_at:
+                if await subscribe(first=False):
+                    resubscribe_at = None
+                    log.info("story.resubscribed", sources=len(subs))
+                else:
+                    resubscribe_at = time.monotonic() + 1.0
             try:
+                if msg is not None and msg.metadata is not None:
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    if seq <= last.get(meta.stream, 0):
+                        msg = None  # already told (a subscription that was replaced)
+                    else:
+                        last[meta.stream] = seq
                 if msg is not None and msg.subject.startswith("$KV."):
                     key = msg.subject.split(".", 2)[2]
                     at = msg.metadata.timestamp if msg.metadata else datetime.now(UTC)
@@ -319,7 +377,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                 story.flush()
                 sys.stdout.flush()
             except Exception as exc:  # noqa: BLE001 - the story never takes `up` down
-                structlog.get_logger().warning("story.line_failed", error=str(exc))
+                log.warning("story.line_failed", error=str(exc))
     finally:
         with contextlib.suppress(Exception):
             story.flush(everything=True)
@@ -327,6 +385,6 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
         if outbox_task is not None:
             with contextlib.suppress(Exception):
                 await outbox_task
-        for sub in subs:
+        for sub in subs.values():
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
 from datetime import timedelta
@@ -185,3 +186,42 @@ async def test_deleted_consumer_is_recreated(bus: Bus, node: str) -> None:
     await bus.publish(make_event(base.model_copy(update={"sequence": 2}), source="t"))
     await wait_for(lambda: 2 in seen, timeout=15, what="handled after the consumer was recreated")
     assert consumer.bound
+
+
+async def test_consumer_rebinds_after_a_restart_on_an_empty_store(
+    own_nats: EmbeddedNats, node: str
+) -> None:
+    """A server back on the same port without its JetStream state: no responders to the pull
+    requests, so the consumer re-creates its stream and itself, and handles what comes next."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
+    bus = await Bus.connect(settings, source="test/consumer")
+    seen: set[int] = set()
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        seen.add(event.data.sequence)
+
+    base = GpuHealth.example().model_copy(update={"node": node})
+    try:
+        spec = ConsumerSpec(
+            name=f"rebind-{node}",
+            stream="GPU",
+            subjects=(f"gpu.health.{node}.>",),
+            batch=16,
+            concurrency=2,
+            max_ack_pending=64,
+        )
+        consumer = await bus.consume(spec, handler)
+        await bus.publish(make_event(base.model_copy(update={"sequence": 1}), source="t"))
+        await wait_for(lambda: 1 in seen, what="first handled")
+        port = own_nats.port
+        await own_nats.kill()
+        shutil.rmtree(own_nats.store_dir / "jetstream")
+        own_nats.port = port
+        await own_nats.start()
+        # Published once the consumer has put the stream back (the publisher retries).
+        await bus.publish(make_event(base.model_copy(update={"sequence": 2}), source="t"))
+        await wait_for(lambda: 2 in seen, timeout=20, what="handled after the re-bind")
+        assert consumer.bound
+        assert "GPU" in [s.config.name for s in await bus.js.streams_info()]
+    finally:
+        await bus.close(grace=1)
