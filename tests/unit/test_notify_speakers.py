@@ -3,6 +3,8 @@ and the binding of a notice's severity and topic to its subject."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from nodeward.bus import ConsumerSpec
 from nodeward.bus.identity import mismatches
 from nodeward.nats_auth import node_agent
@@ -37,7 +39,7 @@ def test_other_subjects_may_address_users() -> None:
         assert refusal(subject, USER) is None
 
 
-def _event(**fields: object) -> Event[Notification]:
+def _event(**fields: object) -> Event[Any]:
     base: dict[str, object] = {
         "severity": Severity.WARNING,
         "topic": "power-limit",
