@@ -487,6 +487,16 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
                 what="the genuine power-limit notice in the outbox",
             )
 
+            # On-call hears of both refusals (security notices, the notifier's own).
+            await wait_for(
+                lambda: (
+                    any(f"a notice to a user on {subject} was refused" in f for f in files())
+                    and any("published notify.v1 about topic security" in f for f in files())
+                ),
+                timeout=15,
+                what="on-call's security notices",
+            )
+
             async def settled() -> bool:
                 info = await admin.js.consumer_info("NOTIFY", "notifier")
                 return info.num_ack_pending == 0 and info.num_pending == 0
