@@ -396,6 +396,8 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
                 nkey_seed_file=seed_file,
                 inbox_prefix=agent_inbox(node_a),
                 provision=False,
+                publish_timeout="500ms",  # type: ignore[arg-type]
+                publish_retries=0,  # its refused publish fails at once
             ),
             source=f"agent/energy/{node_a}",
         )
