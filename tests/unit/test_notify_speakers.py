@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.energy.caps import CapWatch, cap_notice
+from agents.energy.settings import PowerCap
 from nodeward.bus import ConsumerSpec
 from nodeward.bus.identity import mismatches
 from nodeward.nats_auth import node_agent
@@ -59,3 +61,21 @@ def test_severity_and_topic_are_bound_to_the_subject() -> None:
     louder = _event(severity=Severity.CRITICAL)
     [wrong] = mismatches(binding, "notify.info.power-limit", louder)
     assert (wrong.field, wrong.claimed, wrong.token) == ("severity", "critical", "info")
+
+
+def test_the_energy_agents_cap_notices_pass_the_rule() -> None:
+    """What a node legitimately says on these subjects is for on-call, so nothing is lost."""
+    watch = CapWatch("rack", "r1", PowerCap(watts=6500))
+    for change in ("crossed", "cleared"):
+        note = cap_notice(watch, change, "gpu-h100-01", 7000.0)
+        subject = note.nats_subject()
+        assert node_subject(subject) is not None
+        assert refusal(subject, Audience.parse(note.audience)) is None
+        assert (
+            mismatches(
+                ConsumerSpec.bind(Notification, "severity", "topic"),
+                subject,
+                make_event(note, source="agent/energy/gpu-h100-01"),
+            )
+            == []
+        )
