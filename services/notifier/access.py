@@ -24,5 +24,7 @@ ACCESS = Access(
 GRANTS = ServiceGrants(
     consumers=(("NOTIFY", "notifier"),),
     buckets=(SETTLED.name,),
-    publish=(),
+    # Refused notices are audited and told to on-call (`speakers`, and the runtime's
+    # identity check): the security audit and on-call's security notice, nothing else.
+    publish=("remediation.identity_mismatch.>", "notify.critical.security"),
 )

@@ -22,14 +22,19 @@ import yaml
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 
+from agents.energy.caps import TOPIC as POWER_LIMIT
+from agents.energy.caps import CapWatch, cap_notice
+from agents.energy.settings import PowerCap
 from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
 from nodeward.bus.server import EmbeddedNats
-from nodeward.config import BusSettings
+from nodeward.config import BusSettings, Settings
 from nodeward.nats_auth import agent_inbox, service_inbox
 from schemas import Event, decode, make_event
 from schemas.cloudevents import encode
 from schemas.gpu import GpuHealth
+from schemas.notify import Notification, Severity
 from schemas.remediation import Remediation
+from services.notifier import service as notifier
 from tests.conftest import wait_for
 from tests.integration.helm_chart import (
     CHART,
@@ -339,5 +344,172 @@ async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_pat
             assert got == []
         finally:
             await service.close(grace=1)
+            await agent.close(grace=1)
+            await admin.close(grace=1)
+
+
+def _notice(**fields: Any) -> Notification:
+    base: dict[str, Any] = {
+        "severity": Severity.WARNING,
+        "topic": POWER_LIMIT,
+        "title": "Your session will be stopped: confirm your account",
+        "body": f"Sign in at {PHISHING} to keep your GPU.",
+        "audience": "user:ml-nlp/bob-explore-0",
+        "links": {"confirm": PHISHING},
+    }
+    return Notification(**(base | fields))
+
+
+PHISHING = "https://nodeward-login.example.net/confirm"
+
+
+async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path) -> None:
+    """Issue 16, finding 2, under the chart's authorization: node A's user may publish
+    `notify.*.power-limit`. Its forged notice to a user (topic power-limit) and its forged
+    security-topic notice to a user are not delivered: both are dead-lettered
+    (`identity_mismatch`) and audited as security events. Its genuine power-cap notice to
+    on-call still is delivered. The notifier runs with the chart's notifier user."""
+    seed_file = tmp_path / "agent-a.nk"
+    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
+    assert keygen.returncode == 0, keygen.stderr
+    _, key_b = new_nkey()
+    node_a, node_b = "gpu-h100-01", "gpu-h100-02"
+    docs = render(tmp_path, representative_values({node_a: keygen.stdout.strip(), node_b: key_b}))
+    conf = _auth_layout(tmp_path, docs)
+    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    notifier_secret = named(docs, "Secret", "nw-nats-notifier")
+    directory = tmp_path / "owners.yaml"
+    directory.write_text("ml-nlp: bob@example.org\n")  # were it delivered, Bob would get it
+    outbox = tmp_path / "outbox"
+
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+        provision = await asyncio.to_thread(
+            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
+        )
+        assert provision.returncode == 0, provision.stderr
+        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
+        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+        agent = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                nkey_seed_file=seed_file,
+                inbox_prefix=agent_inbox(node_a),
+                provision=False,
+                publish_timeout="500ms",  # type: ignore[arg-type]
+                publish_retries=0,  # its refused publish fails at once
+            ),
+            source=f"agent/energy/{node_a}",
+        )
+        settings = Settings(
+            bus={
+                "url": server.url,
+                "user": _decode_secret(notifier_secret, "user"),
+                "password": _decode_secret(notifier_secret, "password"),
+                "inbox_prefix": service_inbox("notifier"),
+                "provision": False,
+                "publish_timeout": "2s",
+            },
+            daemon={"shutdown_timeout": "4s"},
+            services={
+                "notifier": {
+                    "owner_lookup": False,
+                    "owner_directory": str(directory),
+                    "grouping": {"group_wait": "0.2s", "group_interval": "0s"},
+                }
+            },
+        )
+        daemon = await notifier.build(settings, outbox_dir=outbox)
+        await daemon.start()
+        try:
+
+            async def ready() -> bool:
+                return (await daemon.readiness()).ready
+
+            await wait_for(ready, timeout=15, what="the notifier ready")
+            subject = f"notify.warning.{POWER_LIMIT}"
+            forged_user = make_event(_notice(), source=f"agent/energy/{node_a}")
+            forged_security = make_event(
+                _notice(topic="security", severity=Severity.WARNING),
+                source="service/falco",  # the publisher's word, worth nothing
+            )
+            for event in (forged_user, forged_security):  # accepted: a subject A may use
+                wire = encode(event)
+                ack = await agent.js.publish(subject, wire.body, headers=wire.headers)
+                assert ack.stream == "NOTIFY"
+            # ... while a security subject itself is refused by the server.
+            with pytest.raises(PublishError):
+                await agent.publish(make_event(_notice(topic="security"), source="x"))
+            watch = CapWatch("node", node_a, PowerCap(watts=6500))
+            assert watch.check(7100.0) == "crossed"
+            genuine = make_event(
+                cap_notice(watch, "crossed", node_a, 7100.0), source=f"agent/energy/{node_a}"
+            )
+            assert genuine.nats_subject == subject
+            await agent.publish(genuine)
+
+            async def stored(stream: str, subj: str, n: int) -> list[Event[Any]] | None:
+                info = await admin.js.stream_info(stream, subjects_filter=subj)
+                if sum((info.state.subjects or {}).values()) < n:
+                    return None
+                psub = await admin.js.pull_subscribe(subj, stream=stream)
+                try:
+                    msgs = await psub.fetch(n, timeout=2)
+                    return [decode(m.subject, m.headers, m.data) for m in msgs]
+                finally:
+                    await psub.unsubscribe()
+
+            dead = await wait_for(
+                lambda: stored("DLQ", "dlq.NOTIFY.notifier", 2), timeout=15, what="DLQ"
+            )
+            by_id = {e.data.original_headers.get("ce-id"): e.data for e in dead}
+            assert set(by_id) == {forged_user.id, forged_security.id}
+            assert {d.reason for d in by_id.values()} == {"identity_mismatch"}
+            assert "may address only on-call" in by_id[forged_user.id].error
+            assert "'security'" in by_id[forged_security.id].error
+            assert "'power-limit'" in by_id[forged_security.id].error
+            audits = await wait_for(
+                lambda: stored("AUDIT", "remediation.identity_mismatch.>", 2),
+                timeout=15,
+                what="security audits",
+            )
+            assert {a.data.trigger_event_id for a in audits} == {
+                forged_user.id,
+                forged_security.id,
+            }
+            assert all(a.data.details["security"] is True for a in audits)
+            assert all(a.data.outcome == "refused" for a in audits)
+
+            def files() -> list[str]:
+                return [p.read_text() for p in sorted(outbox.glob("*.txt"))]
+
+            await wait_for(
+                lambda: any(genuine.data.title in f for f in files()),
+                timeout=15,
+                what="the genuine power-limit notice in the outbox",
+            )
+
+            # On-call hears of both refusals (security notices, the notifier's own).
+            await wait_for(
+                lambda: (
+                    any(f"a notice to a user on {subject} was refused" in f for f in files())
+                    and any("published notify.v1 about topic security" in f for f in files())
+                ),
+                timeout=15,
+                what="on-call's security notices",
+            )
+
+            async def settled() -> bool:
+                info = await admin.js.consumer_info("NOTIFY", "notifier")
+                return info.num_ack_pending == 0 and info.num_pending == 0
+
+            await wait_for(settled, timeout=15, what="every notice settled")
+            sent = files()
+            [delivered] = [f for f in sent if genuine.data.title in f]
+            assert "To: on-call" in delivered
+            assert not [f for f in sent if "bob@example.org" in f or "Route: users" in f]
+            assert not [f for f in sent if PHISHING in f or forged_user.data.title in f]
+        finally:
+            await daemon.stop()
             await agent.close(grace=1)
             await admin.close(grace=1)
