@@ -480,26 +480,29 @@ class Consumer:
         await self._dead_letter(msg, DeadLetterReason.IDENTITY_MISMATCH, error)
 
     def _publisher(self, subject: str, event: Event[Any]) -> str:
-        """Whose credentials published it: the subject's node token, else its bound tokens."""
+        """Whose credentials published it: the subject's node token, else (a subject no node
+        or pod names) whoever may publish on `subject`."""
         tokens = subject.split(".")
         fields = dict(self._binding(event.type).fields)
         index = fields.get("node")
-        picked = [index] if index is not None else sorted(fields.values())
-        return ".".join(tokens[i] for i in picked if i < len(tokens)) or subject
+        if index is None:
+            return f"a publisher of {subject}"
+        return tokens[index] if index < len(tokens) else subject
 
     async def _audit_mismatch(
         self, msg: Msg, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str
     ) -> str:
         data = event.data
         claimed = {m.field: m.claimed for m in wrong}
+        pod = getattr(data, "pod", None) or claimed.get("pod")
         if "node" in claimed:
             target = ObjectRef(kind="Node", name=claimed["node"])
-        else:
+        elif pod:
             target = ObjectRef(
-                kind="Pod",
-                name=str(getattr(data, "pod", None) or claimed.get("pod", "?")),
-                namespace=str(getattr(data, "namespace", None) or ""),
+                kind="Pod", name=str(pod), namespace=str(getattr(data, "namespace", None) or "")
             )
+        else:  # bound to no node or pod (a notice's topic): the subject it came on
+            target = ObjectRef(kind="Subject", name=msg.subject)
         audit = Remediation(
             action="identity_mismatch",
             target=target,
