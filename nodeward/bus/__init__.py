@@ -4,6 +4,7 @@ from nodeward.bus.bus import Bus
 from nodeward.bus.consumer import Consumer, ConsumerSpec, Delivery, Handler
 from nodeward.bus.errors import (
     BusError,
+    IdentityRefused,
     PermanentError,
     PublishError,
     RetryableError,
@@ -19,6 +20,7 @@ __all__ = [
     "ConsumerSpec",
     "Delivery",
     "Handler",
+    "IdentityRefused",
     "PermanentError",
     "PublishError",
     "RetryableError",

@@ -38,7 +38,7 @@ from nats.js.errors import NotFoundError
 
 from nodeward.aio import within
 from nodeward.bus.dlq import dead_letter_event, one_line
-from nodeward.bus.errors import RetryableError, is_permanent
+from nodeward.bus.errors import IdentityRefused, RetryableError, is_permanent
 from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mismatches
 from nodeward.bus.provision import ensure_stream
 from nodeward.bus.pull import GONE, Puller
@@ -439,6 +439,17 @@ class Consumer:
         except asyncio.CancelledError:
             await self._nak(msg, 0)
             raise
+        except IdentityRefused as exc:
+            await self._refuse(
+                msg,
+                event,
+                attempt,
+                error=str(exc),
+                claimed=exc.claimed,
+                tokens={},
+                publisher=exc.publisher,
+                target=ObjectRef(kind=exc.target[0], name=exc.target[1], namespace=exc.target[2]),
+            )
         except Exception as exc:  # noqa: BLE001 - permanent ones dead-lettered, others retried
             if is_permanent(exc):
                 self._count(event.type, "permanent")
@@ -463,15 +474,69 @@ class Consumer:
     async def _identity_mismatch(
         self, msg: Msg, event: Event[Any], wrong: list[Mismatch], attempt: int
     ) -> None:
-        """A publisher speaking about someone else: never handled. Audited as a security
-        event, on-call told once per publisher and window, then dead-lettered."""
-        self._count(event.type, "identity_mismatch")
-        error = f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong)
+        """A publisher speaking about someone else: never handled (see `_refuse`)."""
+        claimed = {m.field: m.claimed for m in wrong}
+        data = event.data
+        pod = getattr(data, "pod", None) or claimed.get("pod")
+        if "node" in claimed:
+            target = ObjectRef(kind="Node", name=claimed["node"])
+        elif pod:
+            target = ObjectRef(
+                kind="Pod", name=str(pod), namespace=str(getattr(data, "namespace", None) or "")
+            )
+        else:  # bound to no node or pod (a notice's topic): the subject it came on
+            target = ObjectRef(kind="Subject", name=msg.subject)
         publisher = self._publisher(msg.subject, event)
+        by_node = "node" in dict(self._binding(event.type).fields)
+        await self._refuse(
+            msg,
+            event,
+            attempt,
+            error=f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong),
+            claimed=claimed,
+            tokens={m.field: m.token for m in wrong},
+            publisher=publisher,
+            target=target,
+            # The node whose credentials spoke of another is who on-call must look at.
+            about=ObjectRef(kind="Node", name=publisher) if by_node else target,
+        )
+
+    async def _refuse(
+        self,
+        msg: Msg,
+        event: Event[Any],
+        attempt: int,
+        *,
+        error: str,
+        claimed: dict[str, str],
+        tokens: dict[str, str],
+        publisher: str,
+        target: ObjectRef,
+        about: ObjectRef | None = None,
+    ) -> None:
+        """What its publisher may not say: never handled. Audited as a security event,
+        on-call told once per publisher and window, then dead-lettered (`identity_mismatch`);
+        if the record cannot be written, redelivered (bounded) rather than lost."""
+        self._count(event.type, "identity_mismatch")
         self.log.warning("consumer.identity_mismatch", error=error, publisher=publisher)
         try:
-            audit_id = await self._audit_mismatch(msg, event, wrong, error, publisher)
-            await self._notify_mismatch(event, wrong, error, publisher, audit_id)
+            audit_id = await self._audit_mismatch(
+                msg,
+                event,
+                error=error,
+                publisher=publisher,
+                target=target,
+                claimed=claimed,
+                tokens=tokens,
+            )
+            await self._notify_mismatch(
+                event,
+                claimed=claimed,
+                error=error,
+                publisher=publisher,
+                about=about or target,
+                audit_id=audit_id,
+            )
         except Exception as exc:  # noqa: BLE001 - the record matters: try again, bounded
             self.log.error("consumer.identity_audit_failed", error=one_line(exc))
             if attempt < self.spec.max_deliver:
@@ -490,19 +555,16 @@ class Consumer:
         return tokens[index] if index < len(tokens) else subject
 
     async def _audit_mismatch(
-        self, msg: Msg, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str
+        self,
+        msg: Msg,
+        event: Event[Any],
+        *,
+        error: str,
+        publisher: str,
+        target: ObjectRef,
+        claimed: dict[str, str],
+        tokens: dict[str, str],
     ) -> str:
-        data = event.data
-        claimed = {m.field: m.claimed for m in wrong}
-        pod = getattr(data, "pod", None) or claimed.get("pod")
-        if "node" in claimed:
-            target = ObjectRef(kind="Node", name=claimed["node"])
-        elif pod:
-            target = ObjectRef(
-                kind="Pod", name=str(pod), namespace=str(getattr(data, "namespace", None) or "")
-            )
-        else:  # bound to no node or pod (a notice's topic): the subject it came on
-            target = ObjectRef(kind="Subject", name=msg.subject)
         audit = Remediation(
             action="identity_mismatch",
             target=target,
@@ -520,7 +582,7 @@ class Consumer:
                 "event_type": event.type,
                 "ce_source": event.source,
                 "claimed": claimed,
-                "subject_tokens": {m.field: m.token for m in wrong},
+                "subject_tokens": tokens,
             },
         )
         # Derived from the event, so a redelivery audits once (JetStream drops the repeat).
@@ -531,7 +593,14 @@ class Consumer:
         return audit_event.id
 
     async def _notify_mismatch(
-        self, event: Event[Any], wrong: list[Mismatch], error: str, publisher: str, audit_id: str
+        self,
+        event: Event[Any],
+        *,
+        claimed: dict[str, str],
+        error: str,
+        publisher: str,
+        about: ObjectRef,
+        audit_id: str,
     ) -> None:
         """On-call hears of a publisher once per `identity_notice_window`, not per message."""
         window = self.spec.identity_notice_window.total_seconds()
@@ -539,21 +608,22 @@ class Consumer:
         last = self._noticed.get(publisher)
         if last is not None and now - last < window:
             return
-        claimed = ", ".join(f"{m.field} {m.claimed}" for m in wrong)
+        said = ", ".join(f"{k} {v}" for k, v in claimed.items())
         note = Notification(
             severity=Severity.CRITICAL,
             topic="security",
-            title=f"{publisher} published {event.type} about {claimed}: refused"[:300],
+            title=f"{publisher} published {event.type} about {said}: refused"[:300],
             body=(
                 f"{error}. The events were not acted on and are in dlq.{self.spec.stream}."
                 f"{self.spec.name}; further ones from {publisher} in the next"
                 f" {int(window)} s are refused without another notice."
             ),
             audience="oncall",
-            targets=[ObjectRef(kind="Node", name=publisher)],
+            targets=[about],
             dedup_key=f"identity/{self.spec.name}/{publisher}",
             audit_event_id=audit_id,
-            why="an event's data names another node or pod than the subject it was published on",
+            why="an event says what its publisher may not say (its data names another node or"
+            " pod than its subject, or it addresses whom its publisher may not)",
             what_you_can_do=[
                 f"check the credentials and agent of {publisher}",
                 "nodeward tail 'remediation.identity_mismatch.>' --since 1h",

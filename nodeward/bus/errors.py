@@ -35,6 +35,30 @@ class PermanentError(Exception):
     """Raise from a handler: retrying cannot help; the message goes to the DLQ now."""
 
 
+class IdentityRefused(PermanentError):
+    """Raise from a handler: its publisher may not say this (a rule beyond the subject
+    binding, e.g. a node's notice to a user). The runtime treats it as an identity
+    mismatch: audited as a security event, on-call told once per publisher and window,
+    dead-lettered as `identity_mismatch`, never handled.
+
+    `claimed`: what the message claimed (field -> value); `target`: what it was about, as
+    `(kind, name, namespace)`; `publisher`: who may have sent it, for the notice.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        claimed: dict[str, str],
+        target: tuple[str, str, str | None],
+        publisher: str,
+    ) -> None:
+        super().__init__(message)
+        self.claimed = claimed
+        self.target = target
+        self.publisher = publisher
+
+
 # Raised by a handler (or by what it calls), these fail the same way on every delivery.
 _PERMANENT = (
     PermanentError,

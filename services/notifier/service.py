@@ -16,8 +16,7 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
-import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +27,23 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field, ValidationError
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, RetryableError
+from nodeward.bus import (
+    Bus,
+    ConsumerSpec,
+    Delivery,
+    IdentityRefused,
+    PermanentError,
+    RetryableError,
+)
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.config import ConfigError, Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
-from schemas.base import Event, make_event
-from schemas.common import ObjectRef
+from schemas.base import Event
 from schemas.dlq import DeadLetterReason
-from schemas.ids import stable_id
-from schemas.notify import Notification, Severity
-from schemas.remediation import Outcome, Remediation
+from schemas.notify import Notification
 from schemas.state.notifier import SETTLED
 from schemas.state.notifier import Settled as SettledRecord
 from services.kernel import DedupWindow
@@ -126,7 +129,7 @@ class NotifierSettings(Section):
     )
     refused_notice_window: Duration = Field(
         default=timedelta(minutes=15),
-        description="on-call hears of refused notices on one subject once per window",
+        description="on-call hears of refused notices from one publisher once per window",
     )
 
 
@@ -228,7 +231,6 @@ class NotifierService:
         )
         metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)
-        self._refused_noticed: dict[str, float] = {}  # subject -> monotonic time told
 
     def consumer_spec(self) -> ConsumerSpec:
         s = self.settings
@@ -248,6 +250,7 @@ class NotifierService:
             # A notice's severity and topic are its subject's (`speakers`): a publisher
             # allowed only `notify.*.power-limit` cannot send a `security` notice.
             identity=(ConsumerSpec.bind(Notification, "severity", "topic"),),
+            identity_notice_window=s.refused_notice_window,
         )
 
     # one notice -------------------------------------------------------------------------
@@ -262,8 +265,14 @@ class NotifierService:
                 raise PermanentError(str(exc)) from None
             refused = refusal(delivery.subject, audience)
             if refused is not None:
-                await self._refuse(event, delivery, audience, refused)
-                return
+                # The runtime refuses it as it refuses an identity mismatch: audited as a
+                # security event, on-call told once per window, dead-lettered.
+                raise IdentityRefused(
+                    refused,
+                    claimed={"audience": note.audience, "topic": note.topic},
+                    target=("Pod", audience.name or str(audience), audience.namespace),
+                    publisher=f"a node agent (any node may publish on {delivery.subject})",
+                )
             routes = self.routes.select(Facts.of(note, audience))
             if not routes:
                 raise PermanentError("no route matches this notice (add a catch-all route)")
@@ -288,98 +297,6 @@ class NotifierService:
                 raise RetryableError(
                     f"not settled on {', '.join(sorted(set(unsettled)))}; retried later"
                 )
-
-    # a notice its publisher may not send ------------------------------------------------
-    async def _refuse(
-        self, event: Event[Any], delivery: Delivery, audience: Audience, error: str
-    ) -> None:
-        """A notice on a subject node credentials may publish, to someone else than on-call:
-        never delivered. Audited as a security event (as the runtime audits an identity
-        mismatch), on-call told once per subject and window, then dead-lettered
-        (`identity_mismatch`); the original is acked by returning."""
-        note: Notification = event.data
-        self.log.warning(
-            "notify.refused", error=error, subject=delivery.subject, audience=str(audience)
-        )
-        consumer = self.settings.consumer
-        target = ObjectRef(
-            kind="Pod", namespace=audience.namespace, name=audience.name or str(audience)
-        )
-        audit = Remediation(
-            action="identity_mismatch",
-            target=target,
-            outcome=Outcome.REFUSED,
-            reason=error,
-            policy="notify-speakers",
-            guard="identity",
-            actor=self.bus.source,
-            trigger_event_id=event.id,
-            details={
-                "security": True,
-                "consumer": consumer,
-                "subject": delivery.subject,
-                "publisher": "a node agent (any node's credentials may publish there)",
-                "event_type": event.type,
-                "ce_source": event.source,
-                "claimed": {"audience": note.audience, "topic": note.topic},
-                "title": note.title,
-            },
-        )
-        # Derived from the event, so a redelivery audits once (JetStream drops the repeat).
-        audit_event = make_event(
-            audit, source=self.bus.source, id=stable_id(event.time, "speaker", event.id)
-        )
-        dead = dead_letter_event(
-            delivery.msg,
-            stream="NOTIFY",
-            consumer=consumer,
-            reason=DeadLetterReason.IDENTITY_MISMATCH,
-            error=error,
-            source=f"{SOURCE}/{consumer}",
-            max_bytes=self.bus.nc.max_payload or None,
-        )
-        try:
-            await self.bus.publish(audit_event)
-            await self._tell_oncall(delivery.subject, error, audit_event.id)
-            await self.bus.publish(dead)
-        except Exception as exc:  # noqa: BLE001 - the record matters: retried, bounded
-            raise RetryableError(f"refused notice not recorded: {one_line(exc)}") from None
-        self.log.warning(
-            "notify.dead_lettered",
-            error=error,
-            reason=DeadLetterReason.IDENTITY_MISMATCH.value,
-            dlq_subject=dead.data.nats_subject(),
-        )
-
-    async def _tell_oncall(self, subject: str, error: str, audit_id: str) -> None:
-        window = self.settings.refused_notice_window.total_seconds()
-        now = time.monotonic()
-        last = self._refused_noticed.get(subject)
-        if last is not None and now - last < window:
-            return
-        note = Notification(
-            severity=Severity.CRITICAL,
-            topic="security",
-            title=f"a notice to a user on {subject} was refused"[:300],
-            body=(
-                f"{error}. It was not delivered and is in dlq.NOTIFY.{self.settings.consumer};"
-                f" further ones on {subject} in the next {int(window)} s are refused without"
-                " another notice."
-            ),
-            audience="oncall",
-            dedup_key=f"speakers/{subject}",
-            audit_event_id=audit_id,
-            why="node credentials may publish on this subject, and nodes may not address users",
-            what_you_can_do=[
-                "find the node whose agent published it (its credentials may be compromised)",
-                "nodeward tail 'remediation.identity_mismatch.>' --since 1h",
-            ],
-        )
-        # One id per subject and window, so replicas' notices are stored once.
-        bucket = datetime.fromtimestamp(int(time.time() // window * window), UTC)
-        notice_id = stable_id(bucket, "speaker-notice", self.settings.consumer, subject)
-        await self.bus.publish(make_event(note, source=self.bus.source, id=notice_id))
-        self._refused_noticed[subject] = now
 
     # one group --------------------------------------------------------------------------
     def _flush_failed(self, exc: BaseException, group: Group) -> None:

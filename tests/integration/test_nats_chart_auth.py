@@ -492,7 +492,7 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
             # On-call hears of both refusals (security notices, the notifier's own).
             await wait_for(
                 lambda: (
-                    any(f"a notice to a user on {subject} was refused" in f for f in files())
+                    any("published notify.v1 about audience user:ml-nlp/" in f for f in files())
                     and any("published notify.v1 about topic security" in f for f in files())
                 ),
                 timeout=15,
