@@ -119,6 +119,9 @@ class XidRepeats(BaseModel):
     seen: list[float] = Field(default_factory=list, description="unix times, oldest first")
     event_ids: list[str] = Field(default_factory=list, description="the XID events counted")
     reported_at: float | None = None
+    reported_by: str | None = Field(
+        default=None, description="the event that made the report (its redelivery reports again)"
+    )
 
 
 def xid_key(node: str, gpu: int, xid: int) -> str:

@@ -52,12 +52,35 @@ def counted(record: XidRepeats | None, at: float, event_id: str, window: float) 
     if event_id not in {e for _, e in keep}:
         keep.append((at, event_id))
     keep.sort()
-    reported = record.reported_at
+    reported, by = record.reported_at, record.reported_by
     if reported is not None and at - reported > window:
-        reported = None
+        reported = by = None
     return XidRepeats(
-        seen=[t for t, _ in keep], event_ids=[e for _, e in keep], reported_at=reported
+        seen=[t for t, _ in keep],
+        event_ids=[e for _, e in keep],
+        reported_at=reported,
+        reported_by=by,
     )
+
+
+def decide(
+    current: XidRepeats | None,
+    at: float,
+    event_id: str,
+    *,
+    window: float,
+    count: int,
+    now: float,
+) -> tuple[XidRepeats, bool]:
+    """The record with this XID counted, and whether this event reports the repeat: the
+    one that reaches `count` within the window does, and so does its redelivery (its report
+    may not have gone out; the same ids are stored once); nothing else in the window."""
+    record = counted(current, at, event_id, window)
+    if record.reported_at is not None:
+        return record, record.reported_by == event_id
+    if len(record.seen) < count:
+        return record, False
+    return record.model_copy(update={"reported_at": now, "reported_by": event_id}), True
 
 
 class XidReports:
@@ -112,10 +135,9 @@ class XidReports:
 
         def change(current: XidRepeats | None) -> XidRepeats:
             nonlocal report
-            record = counted(current, at, event.id, window)
-            report = record.reported_at is None and len(record.seen) >= self.settings.count
-            if report:
-                record = record.model_copy(update={"reported_at": self.clock()})
+            record, report = decide(
+                current, at, event.id, window=window, count=self.settings.count, now=self.clock()
+            )
             return record
 
         key = XIDS.key(xid.node, xid.gpu_index, xid.xid)

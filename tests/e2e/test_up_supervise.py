@@ -8,27 +8,17 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from schemas.state.cordon import TAINT_KEY
-from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, Output, run, wait_until
+from tests.e2e.platform import running_up
+from tests.e2e.test_cli import run, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
 NODE = "gpu-h100-02"
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _nats_pid(state: Path) -> int | None:
@@ -64,25 +54,9 @@ def _tainted(state: Path, node: str) -> bool:
 
 
 def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")} | {
-        "PYTHONPATH": str(REPO)
-    }
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state), "--nodes", "3", "--scenario", "none"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
-    output = Output(proc)
-    try:
-        wait_until((state / "endpoints.json").exists, timeout=60, what="nodeward up")
-        endpoints = json.loads((state / "endpoints.json").read_text())
-        urls: dict[str, str] = endpoints["metrics"]
-        nats_url = endpoints["nats_url"]
-        wait_until(lambda: all(_ready(u) for u in urls.values()), timeout=60, what="ready")
+    with running_up(tmp_path, "--nodes", "3", "--scenario", "none", timeout=60) as up:
+        state, output = up.state, up.output
+        nats_url = up.endpoints["nats_url"]
         pid = _nats_pid(state)
         assert pid is not None and _alive(pid)
 
@@ -98,9 +72,9 @@ def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path
         # Same port: the URL every client (and endpoints.json) knows.
         assert json.loads((state / "endpoints.json").read_text())["nats_url"] == nats_url
         wait_until(
-            lambda: all(_ready(u) for u in urls.values()),
+            lambda: not up.unready(),
             timeout=max(0.0, 15 - (time.monotonic() - killed)),
-            what=f"every /readyz within 15 s: {[n for n, u in urls.items() if not _ready(u)]}",
+            what=f"every /readyz within 15 s: {up.unready()}",
         )
         assert sum("nats_server.restarted" in line for line in output.err) == 1
 
@@ -128,8 +102,3 @@ def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path
             )
 
         wait_until(story_tells_it, timeout=30, what=f"the story to tell it: {output.out[told:]}")
-    finally:
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-        output.join(timeout=5)
-    assert code == 0, "".join(output.err)[-2000:]

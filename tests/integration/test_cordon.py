@@ -506,24 +506,10 @@ async def test_redelivery_after_act_but_before_audit_publishes_the_audit(
 ) -> None:
     """A restart between the quarantine being recorded applied and its audit: the
     redelivered event re-publishes the audit instead of reporting 'already quarantined'."""
-    from schemas.state.cordon import NodeRecord, Quarantine, node_key
-
     env = await cordon_env()
     name = env.nodes[3]
     event = failed(name)
-    config = section(env.settings, "services", "cordon", CordonSettings)
-    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
-    q = Quarantine(
-        incident=event.id,
-        rule="xid-node-action",
-        reason="cut short",
-        gpus=["0"],
-        started_at=event.time,
-        phase="applied",
-        cordoned=True,
-        taints=["NoSchedule"],
-    )
-    await records.put(node_key(name), NodeRecord(quarantine=q))
+    await _recorded_applied(env, name, event, reason="cut short")
     await env.admin.nodes.mark(name, add_taints=[(TAINT_KEY, "NoSchedule")], unschedulable=True)
     await env.start()
     await env.publish(event)
@@ -681,25 +667,12 @@ async def test_garbage_then_a_real_fault_is_handled_within_a_second(
 async def test_a_quarantine_from_before_node_marks_is_released(cordon_env: EnvFactory) -> None:
     """An upgrade: a quarantine applied by the previous version (KV record and marks, no
     NodeMarks intent) is adopted and released like any other, its cordon lifted."""
-    from schemas.state.cordon import NodeRecord, Quarantine, node_key
-
     env = await cordon_env()
     name = env.nodes[4]
     event = failed(name)
-    config = section(env.settings, "services", "cordon", CordonSettings)
-    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
-    q = Quarantine(
-        incident=event.id,
-        rule="xid-node-action",
-        reason="applied before NodeMarks",
-        gpus=["0"],
-        started_at=event.time,
-        phase="applied",
-        cordoned=True,
-        taints=["NoSchedule"],
-        event_recorded=True,
+    await _recorded_applied(
+        env, name, event, reason="applied before NodeMarks", event_recorded=True
     )
-    await records.put(node_key(name), NodeRecord(quarantine=q))
     await env.admin.nodes.mark(
         name,
         add_taints=[(TAINT_KEY, "NoSchedule")],
@@ -809,3 +782,23 @@ async def test_node_cannot_release_another_node(cordon_env: EnvFactory) -> None:
     node = await env.node(victim)
     assert tainted(node) and node["spec"].get("unschedulable") is True
     assert await audits(env.bus, victim, "release") == []
+
+
+async def _recorded_applied(env: Any, name: str, event: Any, **quarantine: Any) -> None:
+    """The cordon service's KV record of an applied quarantine of `name` for `event`, as a
+    service that stopped before its next step (or a previous version) left it."""
+    from schemas.state.cordon import NodeRecord, Quarantine, node_key
+
+    config = section(env.settings, "services", "cordon", CordonSettings)
+    records = TypedKV(await env.bus.kv(config.bucket), NodeRecord)
+    q = Quarantine(
+        incident=event.id,
+        rule="xid-node-action",
+        gpus=["0"],
+        started_at=event.time,
+        phase="applied",
+        cordoned=True,
+        taints=["NoSchedule"],
+        **quarantine,
+    )
+    await records.put(node_key(name), NodeRecord(quarantine=q))

@@ -263,13 +263,7 @@ async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_pat
     cordon = named(docs, "Secret", "nw-nats-cordon")
 
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
-        provision = await asyncio.to_thread(
-            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
-        )
-        assert provision.returncode == 0, provision.stderr
-        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
-        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+        admin = await _provisioned(server, admin_pw)
         agent = await Bus.connect(
             BusSettings(
                 url=server.url,
@@ -383,13 +377,7 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
     outbox = tmp_path / "outbox"
 
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
-        provision = await asyncio.to_thread(
-            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
-        )
-        assert provision.returncode == 0, provision.stderr
-        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
-        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+        admin = await _provisioned(server, admin_pw)
         agent = await Bus.connect(
             BusSettings(
                 url=server.url,
@@ -513,3 +501,15 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
             await daemon.stop()
             await agent.close(grace=1)
             await admin.close(grace=1)
+
+
+async def _provisioned(server: EmbeddedNats, admin_pw: str) -> Bus:
+    """Every stream created by the admin user (as the chart's provision Job does), and a bus
+    connected as that user."""
+    admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+    provision = await asyncio.to_thread(
+        _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
+    )
+    assert provision.returncode == 0, provision.stderr
+    admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
+    return await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")

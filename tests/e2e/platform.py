@@ -1,0 +1,71 @@
+"""`nodeward up` as the e2e tests run it: in a temp dir, waited on until every daemon is
+ready, stopped with SIGINT at the end (which must exit 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO
+from tests.e2e.test_cli import NODEWARD, Output, wait_until
+
+
+def ready(url: str) -> bool:
+    """A daemon's `/readyz` answers 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Up:
+    state: Path
+    endpoints: dict[str, Any]
+    output: Output
+
+    @property
+    def daemons(self) -> dict[str, str]:
+        """Each daemon's name and URL (its /healthz /readyz /metrics)."""
+        return dict(self.endpoints["metrics"])
+
+    def unready(self) -> list[str]:
+        return [name for name, url in self.daemons.items() if not ready(url)]
+
+
+@contextmanager
+def running_up(tmp_path: Path, *args: str, timeout: float = 90) -> Iterator[Up]:
+    """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready."""
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")} | {
+        "PYTHONPATH": str(REPO)
+    }
+    proc = subprocess.Popen(
+        [*NODEWARD, "up", "--state-dir", str(state), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    output = Output(proc)
+    try:
+        wait_until((state / "endpoints.json").exists, timeout=timeout, what="nodeward up")
+        up = Up(state, json.loads((state / "endpoints.json").read_text()), output)
+        wait_until(lambda: not up.unready(), timeout=timeout, what="every daemon ready")
+        yield up
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+        output.join(timeout=5)
+    assert code == 0, "".join(output.err)[-2000:]
