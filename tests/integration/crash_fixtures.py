@@ -27,6 +27,18 @@ class ServiceProcess:
     runs: int = 0
     logs: list[Path] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, name: str, settings: Any, workdir: Path, nats_url: str) -> ServiceProcess:
+        """The service `name` as a test env set it up (`settings`: its `Settings`), run as
+        its own process against the same NATS and sim cluster."""
+        config = {
+            "bus": {"url": nats_url, "publish_timeout": "2s"},
+            "cluster": {"kubeconfig": str(settings.cluster.kubeconfig), "retries": 1},
+            "daemon": {"shutdown_timeout": "4s"},
+            "services": {name: dict(settings.services[name])},
+        }
+        return cls(name, config, workdir, nats_url)
+
     def start(self, failpoint: str | None = None) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         path = self.workdir / f"{self.name}-crash.yaml"

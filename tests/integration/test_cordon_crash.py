@@ -88,13 +88,7 @@ async def cordon_process(
 
     async def make(**cordon: Any) -> tuple[CordonEnv, ServiceProcess]:
         env = await cordon_env(ack_wait="1s", **cordon)
-        config = {
-            "bus": {"url": nats_url, "publish_timeout": "2s"},
-            "cluster": {"kubeconfig": str(env.settings.cluster.kubeconfig), "retries": 1},
-            "daemon": {"shutdown_timeout": "4s"},
-            "services": {"cordon": dict(env.settings.services["cordon"])},
-        }
-        proc = ServiceProcess("cordon", config, tmp_path, nats_url)
+        proc = ServiceProcess.of("cordon", env.settings, tmp_path, nats_url)
         made.append(proc)
         return env, proc
 

@@ -114,13 +114,7 @@ async def test_falco_cordon_killed_at_each_step_is_finished_after_restart(
         ack_wait="1s",
         breaker={"node_selector": None, "max_percent": 100},
     )
-    config = {
-        "bus": {"url": nats_url, "publish_timeout": "2s"},
-        "cluster": {"kubeconfig": str(env.settings.cluster.kubeconfig), "retries": 1},
-        "daemon": {"shutdown_timeout": "4s"},
-        "services": {"falco": dict(env.settings.services["falco"])},
-    }
-    proc = ServiceProcess("falco", config, tmp_path, nats_url)
+    proc = ServiceProcess.of("falco", env.settings, tmp_path, nats_url)
     try:
         proc.start(failpoint=point)
 

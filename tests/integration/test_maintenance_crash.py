@@ -45,13 +45,7 @@ async def checkpoint_process(
 
     async def make(**service: Any) -> tuple[MaintenanceEnv, ServiceProcess]:
         env = await maintenance_env(pods=lambda node: [], lease_ttl="1s", **service)
-        config = {
-            "bus": {"url": nats_url, "publish_timeout": "2s"},
-            "cluster": {"kubeconfig": str(env.settings.cluster.kubeconfig), "retries": 1},
-            "daemon": {"shutdown_timeout": "4s"},
-            "services": {"checkpoint": dict(env.settings.services["checkpoint"])},
-        }
-        proc = ServiceProcess("checkpoint", config, tmp_path, nats_url)
+        proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
         made.append(proc)
         return env, proc
 
