@@ -26,7 +26,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -42,6 +42,7 @@ from nodeward.bus.errors import IdentityRefused, RetryableError, is_permanent
 from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mismatches
 from nodeward.bus.provision import ensure_stream
 from nodeward.bus.pull import GONE, Puller
+from nodeward.config import BusSettings
 from nodeward.metrics import Metrics
 from schemas.base import Event, EventData, make_event
 from schemas.cloudevents import DecodeError, decode
@@ -60,6 +61,7 @@ class Bus(Protocol):
     js: JetStreamContext
     metrics: Metrics
     source: str
+    settings: BusSettings
 
     async def publish(self, event: Event[Any], *, timeout: float | None = None) -> api.PubAck: ...
 
@@ -305,6 +307,8 @@ class Consumer:
                 spec = next((s for s in STREAMS if s.name == self.spec.stream), None)
                 if spec is None:
                     raise
+                # As provisioned: the bus's replica count, not the spec's default.
+                spec = replace(spec, replicas=self.bus.settings.stream_replicas)
                 self.log.warning("consumer.stream_recreated", stream=spec.name)
                 await ensure_stream(self.bus.js, spec)
                 await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
