@@ -241,7 +241,7 @@ class Supervisor:
                     self.given_up[unit.name] = cause
                     report = Restart(unit.name, cause, decision.count, self.policy.window, True)
                     log.error("up.gave_up", cause=cause, result=report.result)
-                    self.on_restart(report)
+                    self._tell(report)
                     return
                 log.warning("up.restarting", cause=cause, count=decision.count, in_s=decision.delay)
                 await asyncio.sleep(decision.delay)  # the back-off itself
@@ -265,7 +265,13 @@ class Supervisor:
             log.warning(
                 "up.restarted", cause=cause, result=report.result, down_s=round(report.down_s, 3)
             )
+            self._tell(report)
+
+    def _tell(self, report: Restart) -> None:
+        try:
             self.on_restart(report)
+        except Exception as exc:  # noqa: BLE001 - reporting must not end the supervision
+            self.log.warning("up.restart_unreported", unit=report.unit, error=str(exc))
 
 
 def _bound(daemon: Daemon) -> bool:
