@@ -15,11 +15,15 @@ from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
 from nodeward.bus import Bus
-from nodeward.bus.server import EmbeddedNats, free_port
+from nodeward.bus.errors import BusError
+from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
 from nodeward.config import Settings
-from nodeward.daemon import Daemon, serve
+from nodeward.daemon import Daemon
 from nodeward.endpoints import Endpoints
-from nodeward.platform import UpContext, bus_daemon, components
+from nodeward.platform import Component, UpContext, bus_daemon, components
+from nodeward.supervisor import ACTOR, Restart, RestartPolicy, Supervisor, Unit, restart_audit
+from schemas.base import make_event
+from schemas.remediation import Remediation
 from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from sim.cluster.seed import Seed, load_seed
 from sim.inject import InjectReply
@@ -39,7 +43,9 @@ async def _platform_daemon(settings: Settings) -> tuple[Daemon, Bus]:
     return await bus_daemon("platform", settings, source="nodeward/up")
 
 
-def _play_scenario(daemon: Daemon, bus: Bus, scenario: list[Step], daemons: list[Daemon]) -> None:
+def _play_scenario(
+    daemon: Daemon, bus: Bus, scenario: list[Step], daemons: Callable[[], list[Daemon]]
+) -> None:
     """Run the scenario's injections as a task of the platform daemon. Its clock starts when
     every daemon is ready (a GPU agent takes no injection before it watches its GPUs)."""
     if scenario:
@@ -56,11 +62,60 @@ def _play_scenario(daemon: Daemon, bus: Bus, scenario: list[Step], daemons: list
                 )
 
         async def run() -> None:
-            while not all([(await d.readiness()).ready for d in daemons]):  # noqa: ASYNC110
+            while not all([(await d.readiness()).ready for d in daemons()]):  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
             await play(bus.nc, scenario, on_reply=report)
 
         daemon.add_task(run, name="scenario")
+
+
+def _teller(daemon: Daemon, bus: Bus) -> Callable[[Remediation], None]:
+    """Publish `up`'s restart audits on the bus (the story and operators read them there), as
+    a task of the platform daemon; returns the (non-blocking) way to hand it one."""
+    queue: asyncio.Queue[Remediation] = asyncio.Queue()
+    log = structlog.get_logger().bind(component="up")
+
+    async def publish() -> None:
+        while True:
+            event = make_event(await queue.get(), source=ACTOR)
+            for attempt in range(1, 4):  # the same id each time: stored once
+                try:
+                    await bus.publish(event)
+                    break
+                except BusError as exc:
+                    log.warning(
+                        "up.restart_untold",
+                        subject=event.data.nats_subject(),
+                        attempt=attempt,
+                        error=str(exc),
+                    )
+
+    daemon.add_task(publish, name="restarts")
+    return queue.put_nowait
+
+
+async def _units(context: UpContext, seed: Seed | None) -> list[Unit]:
+    """What `up` restarts as one when a daemon of it dies: each component, and each
+    simulated agent of each node."""
+    units = []
+    if seed is not None:
+        for build_agents in SIM_AGENTS:
+            for node in seed.nodes:
+                one = seed.model_copy(update={"nodes": [node]})
+
+                async def build(b: SimAgents = build_agents, s: Seed = one) -> list[Daemon]:
+                    return await b(context, s)
+
+                built = await build()
+                if built:
+                    units.append(Unit(", ".join(d.name for d in built), build, built))
+    for component in components():
+
+        async def build_component(c: Component = component) -> list[Daemon]:
+            return await c.build(context)
+
+        units.append(Unit(component.name, build_component, await build_component()))
+    return units
 
 
 async def run_up(
@@ -78,7 +133,9 @@ async def run_up(
 
     Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
     is written to `<state-dir>/kubeconfig`. `story(endpoints)` runs as a task of the
-    platform daemon once everything has started (it must not raise).
+    platform daemon once everything has started (it must not raise). A daemon that dies is
+    restarted with its component (`nodeward.supervisor`); the platform daemon dying stops
+    everything.
     """
     log = structlog.get_logger().bind(component="up")
     state_dir = state_dir.resolve()  # noqa: ASYNC240 - once, before anything runs
@@ -104,16 +161,29 @@ async def run_up(
             kube_api = cluster.url
         # The platform daemon goes first: its bus provisions the streams the others use.
         platform, platform_bus = await _platform_daemon(settings)
-        daemons = [platform]
         context = UpContext(
             settings, state_dir, cluster.settings_for if cluster is not None else None
         )
-        if seed_data is not None:
-            for build_agents in SIM_AGENTS:
-                daemons.extend(await build_agents(context, seed_data))
-        for component in components():
-            daemons.extend(await component.build(context))
-        for d in daemons:
+        units = await _units(context, seed_data)
+        tell = _teller(platform, platform_bus)
+
+        def restarted(report: Restart) -> None:
+            tell(report.audit())
+            if report.gave_up:
+                platform.add_readiness_check(f"gave up on {report.unit}", lambda: False)
+            assert endpoints is not None
+            endpoints.metrics = {d.name: d.url for d in supervisor.daemons if d.started}
+            for key, value in context.endpoints.items():
+                setattr(endpoints, key, value)
+            endpoints.write()
+
+        supervisor = Supervisor(
+            [platform],
+            units,
+            RestartPolicy.of(settings.daemon.restart),
+            on_restart=restarted,
+        )
+        for d in supervisor.daemons:
             await d.start()
         endpoints = Endpoints(
             nats_url=settings.bus.url,
@@ -121,28 +191,36 @@ async def run_up(
             outbox=outbox,
             kubeconfig=settings.cluster.kubeconfig,
             kube_api=kube_api,
-            metrics={d.name: d.url for d in daemons},
+            metrics={d.name: d.url for d in supervisor.daemons},
             **context.endpoints,
         )
         if server is not None:
             supervised = server
 
+            def server_restarted(r: ServerRestart) -> None:
+                result = f"back on {r.address} after {r.down_s:.1f} s"
+                details = {"restarts": r.restarts, "down_s": round(r.down_s, 3)}
+                tell(restart_audit("nats-server", r.reason, result, details=details))
+
             async def supervise() -> None:
-                await supervised.supervise()
+                await supervised.supervise(on_restart=server_restarted)
 
             platform.add_task(supervise, name="nats-server")
         if story is not None:
             told = endpoints
 
-            async def tell() -> None:
+            async def tell_story() -> None:
                 await story(told)
 
-            platform.add_task(tell, name="story")
-        _play_scenario(platform, platform_bus, scenario or [], daemons)
+            platform.add_task(tell_story, name="story")
+        _play_scenario(platform, platform_bus, scenario or [], lambda: supervisor.daemons)
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(
-            "up.ready", nats=settings.bus.url, kube=kube_api, daemons=[d.name for d in daemons]
+            "up.ready",
+            nats=settings.bus.url,
+            kube=kube_api,
+            daemons=[d.name for d in supervisor.daemons],
         )
         announce(endpoints)
-        await serve(daemons, handle_signals=True)
+        await supervisor.run(handle_signals=True)

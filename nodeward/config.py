@@ -57,12 +57,23 @@ class ClusterSettings(Section):
     retries: int = Field(default=5, ge=0)
 
 
+class RestartSettings(Section):
+    """How `nodeward up` restarts a daemon that dies: after `backoff`, doubling to
+    `backoff_max`; after `limit` restarts within `window` it gives up on that component."""
+
+    backoff: Duration = timedelta(seconds=1)
+    backoff_max: Duration = timedelta(seconds=30)
+    limit: int = Field(default=5, ge=0, description="restarts per window; 0 never restarts")
+    window: Duration = timedelta(minutes=10)
+
+
 class DaemonSettings(Section):
     """The HTTP endpoint every daemon serves: /healthz, /readyz, /metrics."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
     shutdown_timeout: Duration = timedelta(seconds=20)
+    restart: RestartSettings = RestartSettings()
 
 
 class LogSettings(Section):

@@ -177,6 +177,15 @@ class Daemon:
         return self._failure[1] if self._failure else None
 
     @property
+    def stop_cause(self) -> str | None:
+        """Why the daemon is stopping, in one line: the task that failed, or the reason given."""
+        if self._failure is not None:
+            name, exc = self._failure
+            text = " ".join(str(exc).split())
+            return f"task {name} failed: {type(exc).__name__}" + (f": {text}" if text else "")
+        return self._stop_reason
+
+    @property
     def task_names(self) -> list[str]:
         return [name for name, _ in self._tasks.values()]
 
@@ -192,8 +201,12 @@ class Daemon:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Bind the HTTP server, start the heartbeat and every registered task."""
+    async def start(self, *, port: int | None = None) -> None:
+        """Bind the HTTP server, start the heartbeat and every registered task.
+
+        `port` binds that port instead of the settings' (a restarted daemon takes back its
+        predecessor's).
+        """
         if self._runner is not None:
             raise DaemonError(f"{self.name}: already started")
         if self._stop_task is not None:
@@ -206,7 +219,8 @@ class Daemon:
             app, access_log=None, handle_signals=False, shutdown_timeout=_HTTP_CLOSE_TIMEOUT
         )
         await runner.setup()
-        host, port = self.settings.host, self.settings.port
+        host = self.settings.host
+        port = self.settings.port if port is None else port
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()

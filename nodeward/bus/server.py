@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sysconfig
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -40,6 +41,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerRestart:
+    """One restart of the supervised nats-server."""
+
+    restarts: int
+    reason: str
+    """How it ended: `exited (signal 9)`, `exited with status 1`."""
+    address: str
+    """Where it is back: `127.0.0.1:4222`."""
+    down_s: float
+    """From noticing it dead to the new one answering with JetStream."""
+
+
+def exit_reason(returncode: int | None) -> str:
+    """How a child ended, in words: `exited (signal 9)`, `exited with status 1`."""
+    if returncode is None:
+        return "not running"
+    if returncode < 0:
+        return f"exited (signal {-returncode})"
+    return f"exited with status {returncode}"
 
 
 class EmbeddedNats:
@@ -135,18 +158,20 @@ class EmbeddedNats:
         backoff: float = 0.2,
         backoff_max: float = 5.0,
         stable: float = 30.0,
-        on_restart: Callable[[int, str], None] | None = None,
+        on_restart: Callable[[ServerRestart], None] | None = None,
     ) -> None:
         """Until cancelled: restart the nats-server child whenever it exits, on the same port
         and store, waiting `backoff` (doubling to `backoff_max`) between tries; the wait
         resets once a restarted server has run for `stable` seconds. One log line (and one
-        `on_restart(restarts, reason)` call) per restart."""
+        `on_restart(...)` call) per restart."""
         if not self.port:
             raise BusError("supervise() needs the server started on a known port")
         loop = asyncio.get_running_loop()
         delay = backoff
         restarts = 0
         up_since = loop.time()
+        reason: str | None = None  # how the server being replaced ended
+        died = up_since
         while True:
             proc = self.proc
             if proc is not None and proc.poll() is None:
@@ -154,7 +179,9 @@ class EmbeddedNats:
                     delay = backoff
                 await asyncio.sleep(poll)  # a plain child process has no awaitable exit
                 continue
-            reason = f"exited with {proc.returncode}" if proc is not None else "not running"
+            if reason is None:  # not after a failed try: that server never ran
+                reason = exit_reason(proc.returncode if proc is not None else None)
+                died = loop.time()
             self.proc = None
             await asyncio.sleep(delay)
             delay = min(delay * 2, backoff_max)
@@ -175,7 +202,9 @@ class EmbeddedNats:
                 pid=self.proc.pid if self.proc else None,
             )
             if on_restart is not None:
-                on_restart(restarts, reason)
+                address = f"{self.host}:{self.port}"
+                on_restart(ServerRestart(restarts, reason, address, up_since - died))
+            reason = None
 
     async def _stderr_tail(self) -> str:
         text = ""

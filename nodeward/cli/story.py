@@ -4,7 +4,8 @@ GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1
 CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
 → DELIVERED (a file in the outbox) → RELEASE; IDLE (a session found idle, once per idle
 period) before the culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs → NOTIFY;
-and DLQ when a consumer gives up on a message. Lines use `nodeward tail`'s format.
+DLQ when a consumer gives up on a message; RESTART when `up` restarts a daemon (or its
+nats-server) that died, or gives up on one. Lines use `nodeward tail`'s format.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 from nodeward.aio import within
 from nodeward.bus.dlq import one_line
 from nodeward.cli.events import echo_line, event_line, severity_of
+from nodeward.supervisor import ACTOR as RESTART_ACTOR
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.falco import FalcoAlert
@@ -97,6 +99,17 @@ def decision_line(event: Any, subject: str) -> str:
     return _label(label) + event_line(event, subject, detail=detail)
 
 
+def restart_line(event: Any, subject: str) -> str | None:
+    """`up` restarted one of its daemons or its nats-server, or gave up on a daemon; None for
+    any other decision."""
+    r: Remediation = event.data
+    if r.action != "restart" or r.actor != RESTART_ACTOR:
+        return None
+    result = r.details.get("result")
+    detail = f"{r.target.name}: {r.reason}" + (f"; {result}" if result else "")
+    return _label("RESTART") + event_line(event, subject, detail=detail)
+
+
 def notify_line(event: Any, subject: str) -> str:
     n: Notification = event.data
     detail = f"to {n.audience}: {n.title}"
@@ -132,6 +145,7 @@ _RANK: Mapping[str, int] = MappingProxyType(
         "NOTIFY": 3,
         "DELIVERED": 4,
         "DLQ": 5,
+        "RESTART": 5,
     }
 )
 
@@ -206,6 +220,8 @@ class Story:
         elif isinstance(data, FalcoAlert):
             if not data.is_test:
                 self._add(event.time, "FALCO", falco_line(event, msg.subject), severity)
+        elif isinstance(data, Remediation) and (restart := restart_line(event, msg.subject)):
+            self._add(event.time, "RESTART", restart, severity)
         elif isinstance(data, Remediation):
             label = "RELEASE" if data.action == "release" else "DECISION"
             if data.trigger_event_id and data.action == "quarantine":

@@ -689,6 +689,7 @@ class CordonService:
         interval = self.settings.reconcile_interval.total_seconds()
         while True:
             await asyncio.sleep(interval)
+            self.marks.failpoints.hit("cordon.reconcile")  # outside the try: the task fails
             try:
                 await self.reconcile_once()
             except Exception:  # one bad pass must not stop the loop

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +42,25 @@ class Up:
     def unready(self) -> list[str]:
         return [name for name, url in self.daemons.items() if not ready(url)]
 
+    def reread(self) -> dict[str, Any]:
+        """endpoints.json as `up` last wrote it (it rewrites it when it restarts a daemon)."""
+        self.endpoints = json.loads((self.state / "endpoints.json").read_text())
+        return self.endpoints
+
 
 @contextmanager
-def running_up(tmp_path: Path, *args: str, timeout: float = 90) -> Iterator[Up]:
-    """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready."""
+def running_up(
+    tmp_path: Path, *args: str, timeout: float = 90, env: Mapping[str, str] | None = None
+) -> Iterator[Up]:
+    """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready.
+
+    The environment's `NODEWARD_*` variables are left out; `env` adds variables."""
     state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")} | {
-        "PYTHONPATH": str(REPO)
-    }
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+        | {"PYTHONPATH": str(REPO)}
+        | dict(env or {})
+    )
     proc = subprocess.Popen(
         [*NODEWARD, "up", "--state-dir", str(state), *args],
         stdout=subprocess.PIPE,

@@ -1,5 +1,7 @@
 """`nodeward up` survives its nats-server dying: SIGKILL the child, and within 15 s every
-daemon is ready again, a new XID 79 is quarantined and the story tells it."""
+daemon is ready again, a new XID 79 is quarantined and the story tells it (the restart too).
+And a daemon of `up` that dies is restarted with its component, on its port, and told; past
+its limit `up` gives up on it, says so, and the rest keep running."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from nodeward.failpoints import FILE_ENV
 from schemas.state.cordon import TAINT_KEY
-from tests.e2e.platform import running_up
+from tests.e2e.platform import Up, ready, running_up
 from tests.e2e.test_cli import run, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -53,6 +59,47 @@ def _tainted(state: Path, node: str) -> bool:
     return any(t.get("key") == TAINT_KEY for t in taints)
 
 
+def _quarantined_and_told(up: Up, node: str) -> None:
+    """A new XID 79 on `node` GPU 0 taints the node, and the story tells it."""
+    told = len(up.output.out)
+    injected = run(
+        "sim",
+        "inject",
+        "--state-dir",
+        str(up.state),
+        "--node",
+        node,
+        "--gpu",
+        "0",
+        "--xid",
+        "79",
+        env={"NODEWARD_NATS_URL": ""},
+    )
+    assert injected.returncode == 0, injected.stderr
+    wait_until(lambda: _tainted(up.state, node), timeout=30, what=f"{node} tainted")
+
+    def story_tells_it() -> bool:
+        new = up.output.out[told:]
+        return any(line.startswith("GPU ") and f"{node} GPU 0" in line for line in new) and any(
+            line.startswith("CORDON ") and node in line for line in new
+        )
+
+    wait_until(story_tells_it, timeout=30, what=f"the story to tell it: {up.output.out[told:]}")
+
+
+def _told(up: Up, since: int, text: str) -> bool:
+    """The story printed a RESTART line containing `text` after its line `since`."""
+    return any("RESTART" in line and text in line for line in up.output.out[since:])
+
+
+def _readiness(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path) -> None:
     with running_up(tmp_path, "--nodes", "3", "--scenario", "none", timeout=60) as up:
         state, output = up.state, up.output
@@ -60,6 +107,7 @@ def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path
         pid = _nats_pid(state)
         assert pid is not None and _alive(pid)
 
+        told = len(output.out)
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         wait_until(lambda: not _alive(pid), timeout=5, what="the nats-server to die")
@@ -77,28 +125,57 @@ def test_up_restarts_a_killed_nats_server_and_everything_recovers(tmp_path: Path
             what=f"every /readyz within 15 s: {up.unready()}",
         )
         assert sum("nats_server.restarted" in line for line in output.err) == 1
-
-        told = len(output.out)
-        injected = run(
-            "sim",
-            "inject",
-            "--state-dir",
-            str(state),
-            "--node",
-            NODE,
-            "--gpu",
-            "0",
-            "--xid",
-            "79",
-            env={"NODEWARD_NATS_URL": ""},
+        address = nats_url.removeprefix("nats://")
+        wait_until(
+            lambda: _told(up, told, f"nats-server: exited (signal 9); back on {address} after "),
+            timeout=15,
+            what=f"the story to tell the restart: {output.out[told:]}",
         )
-        assert injected.returncode == 0, injected.stderr
-        wait_until(lambda: _tainted(state, NODE), timeout=30, what=f"{NODE} tainted")
+        _quarantined_and_told(up, NODE)
 
-        def story_tells_it() -> bool:
-            new = output.out[told:]
-            return any(line.startswith("GPU ") and f"{NODE} GPU 0" in line for line in new) and any(
-                line.startswith("CORDON ") and NODE in line for line in new
-            )
 
-        wait_until(story_tells_it, timeout=30, what=f"the story to tell it: {output.out[told:]}")
+def test_up_restarts_a_dead_service_daemon_then_gives_up_on_it(tmp_path: Path) -> None:
+    """The cordon service's reconcile task fails (a failpoint armed through a file): `up`
+    restarts cordon on its port, tells it, and the new cordon quarantines. With a limit of
+    one restart, its second death is the last: `up` gives up on cordon, says so on the
+    story and in the platform daemon's readiness, and every other daemon keeps running."""
+    armed = tmp_path / "failpoints"
+    env = {FILE_ENV: str(armed), "NODEWARD_DAEMON__RESTART__LIMIT": "1"}
+    args = ("--nodes", "3", "--scenario", "none")
+    with running_up(tmp_path, *args, timeout=60, env=env) as up:
+        cordon = up.daemons["cordon"]
+        told = len(up.output.out)
+        armed.write_text("cordon.reconcile=raise\n")
+        began = time.monotonic()
+        wait_until(lambda: not armed.exists(), timeout=10, what="the failpoint to fire")
+        cause = "cordon: task reconcile failed: FailpointError: failpoint cordon.reconcile"
+        wait_until(
+            lambda: _told(up, told, f"{cause}; restarted (1st time in 10 min)"),
+            timeout=15,
+            what=f"the story to tell the restart: {up.output.out[told:]}",
+        )
+        wait_until(
+            lambda: ready(cordon),
+            timeout=max(0.0, 15 - (time.monotonic() - began)),
+            what="cordon's /readyz within 15 s",
+        )
+        back = time.monotonic() - began
+        assert up.reread()["metrics"]["cordon"] == cordon  # rebound on its port
+        assert not up.unready()
+        assert sum("up.restarted" in line for line in up.output.err) == 1
+        _quarantined_and_told(up, NODE)
+        print(f"cordon ready again {back:.1f} s after its failpoint was armed")
+
+        told = len(up.output.out)
+        armed.write_text("cordon.reconcile=raise\n")
+        wait_until(
+            lambda: _told(up, told, f"{cause}; gave up after 1 restart in 10 min"),
+            timeout=15,
+            what=f"the story to tell it gave up: {up.output.out[told:]}",
+        )
+        wait_until(lambda: "cordon" not in up.reread()["metrics"], timeout=5, what="endpoints")
+        status, body = _readiness(up.daemons["platform"])
+        assert status == 503 and body["failing"] == ["gave up on cordon"]
+        assert not ready(cordon)
+        assert [n for n in up.unready() if n != "platform"] == []  # the rest keep running
+        assert any("up.gave_up" in line for line in up.output.err)

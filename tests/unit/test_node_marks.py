@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nodeward.failpoints import Failpoints, parse
+from nodeward.failpoints import Failpoints, Term, parse
 from schemas.state.marks import MarkSpec
 from services.kernel.marks import (
     MARKS_ANNOTATION,
@@ -178,11 +178,11 @@ def test_respecting_an_operator_keeps_their_cordon_and_drops_our_claim() -> None
 
 
 def test_failpoint_terms() -> None:
-    assert parse("marks.apply.patched") == {"marks.apply.patched": 1}
-    assert parse("a=nth:3, nth:2") == {"a": 3, "*": 2}
+    assert parse("marks.apply.patched") == {"marks.apply.patched": Term(1)}
+    assert parse("a=nth:3, nth:2") == {"a": Term(3), "*": Term(2)}
     with pytest.raises(ValueError):
         parse("a=panic")
-    points = Failpoints({"never": 1})
+    points = Failpoints({"never": Term(1)})
     points.hit("other")  # not armed for it: nothing happens
     assert points.seen["other"] == 1
 

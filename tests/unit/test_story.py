@@ -238,3 +238,23 @@ def test_a_falco_alert_is_told_before_its_decisions() -> None:
     story.flush()
     assert [line.split()[0] for line in lines] == ["FALCO", "DECISION"]
     assert "Critical 'Drop and execute new binary in container' on pod user-bob/" in lines[0]
+
+
+def test_restarts_are_one_line_each_and_other_decisions_stay_decisions() -> None:
+    from nodeward.supervisor import Restart, restart_audit
+
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
+    died = Restart("cordon", "task consume failed: RuntimeError: boom", 1, 600.0)
+    server = restart_audit("nats-server", "exited (signal 9)", "back on 127.0.0.1:4222 after 0.8 s")
+    for data in (died.audit(), server):
+        story.on_event(wire(data, T0))  # type: ignore[arg-type]
+    clock.now = 1.0
+    story.flush()
+    cordon, nats = lines
+    assert cordon.startswith("RESTART ") and nats.startswith("RESTART ")
+    assert cordon.endswith(
+        " cordon: task consume failed: RuntimeError: boom; restarted (1st time in 10 min)"
+    )
+    assert nats.endswith(" nats-server: exited (signal 9); back on 127.0.0.1:4222 after 0.8 s")
