@@ -235,6 +235,18 @@ def worst(states: Iterable[str]) -> str:
     return "unknown"
 
 
+def format_age(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
 def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
@@ -305,7 +317,8 @@ def assemble(
 
     for h in health:
         gpus.setdefault(h.node, {})[h.gpu_key()] = h.state.value
-        saw(h.node, "gpu", h.observed_at)
+        if "gpu" not in s.agents.get(h.node, {}):  # no store time: the agent's own clock
+            saw(h.node, "gpu", h.observed_at)
     for reporting, at in telemetry.items():
         saw(reporting, "gpu", at)
     sessions_by_node: dict[str, list[SessionView]] = {}
@@ -537,7 +550,7 @@ def _attention(n: NodeStatus, now: datetime) -> tuple[int, list[str]]:
         found.append((0, f"{len(n.isolated)} pod(s) isolated by Falco"))
     for kind, seen in n.agents.items():
         if seen.state == "stale":
-            found.append((2, f"{kind} agent silent {int(seen.age_s or 0)}s"))
+            found.append((2, f"{kind} agent silent {format_age(seen.age_s or 0)}"))
     if n.health == "unknown" and n.agents.get("gpu", AgentSeen(state="never")).state == "never":
         found.append((3, "no GPU health reported"))
     warned = [v for v in n.sessions if v.state == "warned"]

@@ -26,6 +26,7 @@ from nodeward.fleet_status import (
     NodeReport,
     NodeStatus,
     SessionView,
+    format_age,
     gather_node,
     gather_status,
 )
@@ -496,18 +497,6 @@ def format_power(watts: float) -> str:
     if watts >= 1e3:
         return f"{watts / 1e3:.3g} kW"
     return f"{watts:.0f} W"
-
-
-def format_age(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
 def gpu_summary(gpus: dict[str, str]) -> str:
