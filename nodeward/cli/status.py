@@ -209,7 +209,13 @@ def render_node(report: NodeReport) -> RenderableType:
                 + (" (dry run)" if m.dry_run else "")
                 + f", requested {_ago(m.requested_at, at)} by {m.requested_by or '?'}"
                 + (f": {m.reason}" if m.reason else "")
-                + (f"; pods out by {_clock(m.deadline_at, at)}" if m.deadline_at else "")
+                + (
+                    f"; pods out by {_clock(m.deadline_at, at)}"
+                    if m.active and m.deadline_at
+                    else f"; finished {_ago(m.finished_at, at)}"
+                    if m.finished_at
+                    else ""
+                )
                 + ("; nodeward cordoned the node" if m.cordoned else ""),
                 style="yellow" if m.active or m.cordoned else "",
             )
@@ -370,7 +376,11 @@ def _maintenances(fleet: FleetStatus) -> list[RenderableType]:
             n.name,
             m.phase + (" (dry run)" if m.dry_run else "") + (", cordoned" if m.cordoned else ""),
             f"{_ago(m.requested_at, fleet.at)} by {m.requested_by or '?'}",
-            _clock(m.deadline_at, fleet.at) if m.deadline_at else "-",
+            (
+                f"finished {_ago(m.finished_at, fleet.at)}"
+                if not m.active
+                else _clock(m.deadline_at, fleet.at)
+            ),
             str(len(m.pods)),
             m.reason,
         )
@@ -398,7 +408,7 @@ def _isolations(fleet: FleetStatus) -> list[RenderableType]:
 
 def _session_table(sessions: list[SessionView], now: datetime, title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("session", "node", "state", "idle since", "warned", "stopped at"):
+    for col in ("session", "node", "state", "idle since", "warned", "stop at"):
         table.add_column(col)
     for s in sessions:
         if s.state == "stopped":

@@ -23,6 +23,7 @@ from nodeward.fleet_status import format_age, gather_status
 from nodeward.kube.nodes import taints_of
 from schemas import example_event, make_event
 from schemas.common import ObjectRef
+from schemas.credentials import CredentialFailed, CredentialKind, CredentialRenewed
 from schemas.energy import (
     CarbonBasis,
     CarbonIntensity,
@@ -36,7 +37,9 @@ from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord, Quarantine
+from schemas.state.credentials import LOCKS
 from schemas.state.culler import SESSIONS, SessionRecord
+from schemas.state.lease import LeaseRecord
 from schemas.state.maintenance import MAINTENANCES, MaintenanceState, PodPlan
 from schemas.state.marks import MarkEntry, MarkIntent, MarkSpec, intents
 from tests.conftest import wait_for
@@ -403,3 +406,62 @@ async def test_the_cli_json_carries_everything_and_node_shows_one(
     assert unknown.stderr.strip().splitlines() == [
         "nodeward: error: no node gpu-zz in what nodeward holds (GPU health, KV, energy, sessions)"
     ]
+
+
+async def test_status_shows_credential_renewals_and_the_locks_held(
+    own_bus: Bus, own_nats: EmbeddedNats
+) -> None:
+    """The newest outcome per credential from the CREDENTIALS stream, and a renewal in
+    progress from the renewers' locks in KV (`schemas.state.credentials.LOCKS`)."""
+    now = datetime.now(UTC)
+    kind = CredentialKind.OAUTH2
+    await own_bus.publish_many(
+        [
+            make_event(
+                CredentialFailed(
+                    namespace="user-a", secret="tok", kind=kind, error="401", retryable=True
+                ),
+                source="service/credentials",
+                time=now - timedelta(minutes=5),
+            ),
+            make_event(
+                CredentialRenewed(
+                    namespace="user-a", secret="tok", kind=kind, expires_at=now + timedelta(hours=1)
+                ),
+                source="service/credentials",
+                time=now,
+            ),
+            make_event(
+                CredentialFailed(
+                    namespace="user-b",
+                    secret="krb",
+                    kind=CredentialKind.KERBEROS,
+                    error="ticket not renewable past its renew_till",
+                    retryable=False,
+                ),
+                source="service/credentials",
+            ),
+        ]
+    )
+    locks = TypedKV(await own_bus.kv(LOCKS.name), LeaseRecord)
+    await locks.put(
+        LOCKS.key("user-c", "oauth-c"),
+        LeaseRecord(holder="renewer-1", expires_at=now.timestamp() + 60, acquired_at=0),
+    )
+    await locks.put(
+        LOCKS.key("user-d", "expired"),
+        LeaseRecord(holder="renewer-2", expires_at=now.timestamp() - 60, acquired_at=0),
+    )
+
+    fleet = await gather_status(own_bus.nc, nats_url=own_nats.url)
+
+    creds = {c.credential: c for c in fleet.credentials}
+    assert set(creds) == {"user-a/tok", "user-b/krb", "user-c/oauth-c"}
+    assert creds["user-a/tok"].outcome == "renewed"  # the newest of its two outcomes
+    assert creds["user-b/krb"].outcome == "failed" and creds["user-b/krb"].error is not None
+    assert creds["user-c/oauth-c"].renewing and creds["user-c/oauth-c"].holder == "renewer-1"
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "credentials: 1 renewed, 1 failed, 1 renewing now" in text
+    assert "user-b/krb: failed" in text and "renew_till" in text
