@@ -21,6 +21,7 @@ from nodeward.config import ConfigError
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.logs import configure_logging
+from schemas.common import dns_subdomain
 
 app = typer.Typer(
     name="nodeward",
@@ -197,16 +198,28 @@ def status(  # noqa: PLR0917 - typer maps parameters to options
     agent_timeout: Annotated[
         str, typer.Option("--agent-timeout", help="an agent silent this long is shown silent")
     ] = "90s",
+    node: Annotated[
+        str | None, typer.Option("--node", help="one node in detail, with the actions on it")
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="list every node, not only those needing attention")
+    ] = False,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
 ) -> None:
-    """The fleet: nodes, GPU health, live agents, quarantines, breaker, DLQ, recent actions."""
+    """The fleet: per node GPU health, quarantine, maintenance, isolated pods, energy, idle
+    sessions, agents; the breaker, DLQ, credentials, recent actions."""
     from nodeward.cli.status import status as do_status
 
     timeout = _duration(agent_timeout)
     assert timeout is not None
+    if node is not None:
+        try:
+            dns_subdomain(node)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--node") from None
     _run(
         do_status(
             settings_for(config, nats, state_dir),
@@ -214,6 +227,8 @@ def status(  # noqa: PLR0917 - typer maps parameters to options
             actions=actions,
             agent_timeout=timeout,
             state_dir=state_dir,
+            node=node,
+            show_all=show_all,
         )
     )
 

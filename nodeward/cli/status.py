@@ -1,10 +1,11 @@
-"""`nodeward status`: the fleet table (rich on a terminal) or one JSON object."""
+"""`nodeward status`: the fleet table (rich on a terminal) or one JSON object; `--node N` one
+node in detail. Nodes needing attention come first; the quiet rest is one line past a dozen."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 
@@ -12,16 +13,39 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from nodeward.cli.common import bucket_name, connect_nats, echo_json
+from nodeward.bus.snapshot import SnapshotError
+from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from nodeward.fleet_status import HEALTH_ORDER, FleetStatus, gather_status
+from nodeward.fleet_status import (
+    HEALTH_ORDER,
+    ActionSummary,
+    Buckets,
+    FleetStatus,
+    IsolatedPod,
+    NodeReport,
+    NodeStatus,
+    SessionView,
+    format_age,
+    gather_node,
+    gather_status,
+)
 from schemas.state.breaker import SHARED
 from schemas.state.cordon import NODES, TAINT_KEY
+from schemas.state.credentials import LOCKS
+from schemas.state.culler import SESSIONS
+from schemas.state.energy import TOTALS
+from schemas.state.maintenance import MAINTENANCES
+from schemas.state.marks import FALCO_MARKS
 
 _HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
     {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
 )
+
+
+QUIET_LISTED = 12
+"""With more nodes than this with nothing to see, the table sums them up in one line."""
+SESSIONS_LISTED = 20
 
 
 async def status(
@@ -31,77 +55,108 @@ async def status(
     actions: int,
     agent_timeout: timedelta,
     state_dir: Path = DEFAULT_STATE_DIR,
+    node: str | None = None,
+    show_all: bool = False,
 ) -> None:
     nc = await connect_nats(settings, "cli/status", state_dir)
+    buckets = buckets_for(settings)
     try:
-        fleet = await gather_status(
-            nc,
-            nats_url=settings.bus.url,
-            actions=actions,
-            agent_timeout=agent_timeout,
-            bucket=bucket_name(settings, "cordon", NODES),
-            breaker_bucket=str(
-                ((settings.services.get("cordon") or {}).get("breaker") or {}).get("bucket")
-                or SHARED.name
-            ),
-        )
+        if node is not None:
+            report = await gather_node(
+                nc,
+                node,
+                nats_url=settings.bus.url,
+                actions=actions,
+                agent_timeout=agent_timeout,
+                buckets=buckets,
+            )
+        else:
+            fleet = await gather_status(
+                nc,
+                nats_url=settings.bus.url,
+                actions=actions,
+                agent_timeout=agent_timeout,
+                buckets=buckets,
+            )
+    except SnapshotError as exc:
+        fail(str(exc))
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
-    if as_json:
+    if node is not None:
+        if report is None:
+            fail(f"no node {node} in what nodeward holds (GPU health, KV, energy, sessions)")
+        if as_json:
+            echo_json(report.model_dump(mode="json"))
+        else:
+            Console(soft_wrap=False).print(render_node(report))
+    elif as_json:
         echo_json(fleet.model_dump(mode="json"))
     else:
-        Console(soft_wrap=False).print(render(fleet))
+        Console(soft_wrap=False).print(render(fleet, show_all=show_all))
 
 
-def render(fleet: FleetStatus) -> RenderableType:
-    """Nodes, quarantines, the breaker, the DLQ and recent actions, one block each."""
+def buckets_for(settings: Settings) -> Buckets:
+    """The buckets each writer is configured with (the declared names by default)."""
+
+    def setting(section: str, key: str, default: str) -> str:
+        found = (settings.services.get(section) or {}).get(key)
+        return str(found or default)
+
+    breaker = ((settings.services.get("cordon") or {}).get("breaker") or {}).get("bucket")
+    energy = (settings.agents.get("energy") or {}).get("bucket")
+    return Buckets(
+        cordon=bucket_name(settings, "cordon", NODES),
+        breaker=str(breaker or SHARED.name),
+        maintenance=bucket_name(settings, "checkpoint", MAINTENANCES),
+        falco_marks=setting("falco", "marks_bucket", FALCO_MARKS.name),
+        culler=bucket_name(settings, "culler", SESSIONS),
+        energy=str(energy or TOTALS.name),
+        credentials=bucket_name(settings, "credentials", LOCKS),
+    )
+
+
+def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
+    """Nodes needing attention first (then the rest, or one line for them), quarantines,
+    maintenances, isolated pods, idle sessions, energy, credentials, the breaker, the DLQ
+    and recent actions."""
     parts: list[RenderableType] = []
-    nodes = Table(title=f"nodeward fleet at {fleet.nats_url}", title_justify="left")
-    for col in ("node", "health", "GPUs", "agent", "quarantine"):
+    attention = fleet.needing_attention()
+    quiet = [n for n in fleet.nodes if not n.attention]
+    listed = attention + (quiet if show_all or len(quiet) <= QUIET_LISTED else [])
+    title = f"nodeward fleet at {fleet.nats_url}: {len(fleet.nodes)} node(s)"
+    if attention:
+        title += f", {len(attention)} needing attention"
+    nodes = Table(title=title, title_justify="left")
+    for col in ("node", "health", "GPUs", "marks", "pods", "power", "agents"):
         nodes.add_column(col)
-    for n in fleet.nodes:
-        if n.agent_seen_at is None:
-            agent = Text("-", style="dim")
-        else:
-            age = format_age((fleet.at - n.agent_seen_at).total_seconds())
-            agent = Text(
-                f"live ({age} ago)" if n.agent_live else f"silent {age}",
-                style="green" if n.agent_live else "red",
-            )
-        q = n.quarantine
-        quarantine = (
-            Text(f"{'DRY-RUN ' if q.dry_run else ''}{q.phase} {format_age(q.age_s)}", style="red")
-            if q
-            else Text("-", style="dim")
-        )
+    for n in listed:
         nodes.add_row(
             n.name,
             Text(n.health, style=_HEALTH_STYLE.get(n.health, "")),
             gpu_summary(n.gpus),
-            agent,
-            quarantine,
+            marks_cell(n),
+            pods_cell(n, fleet.at),
+            power_cell(n),
+            agents_cell(n),
         )
     if not fleet.nodes:
-        nodes.add_row("(no node has reported yet)", "", "", "", "")
+        nodes.add_row("(no node has reported yet)", "", "", "", "", "", "")
     parts.append(nodes)
-
-    if fleet.quarantined:
-        table = Table(title="quarantines", title_justify="left")
-        for col in ("node", "age", "rule", "reason", "marks"):
-            table.add_column(col)
-        for node in fleet.quarantined:
-            q = node.quarantine
-            assert q is not None
-            marks = ", ".join(
-                [
-                    *(f"taint {TAINT_KEY}:{t}" for t in q.taints),
-                    *(["cordoned"] if q.cordoned else []),
-                ]
+    if len(listed) < len(fleet.nodes):
+        parts.append(
+            Text(
+                f"... and {len(fleet.nodes) - len(listed)} more node(s) healthy, unmarked, "
+                "agents live, nothing pending (--all lists them)",
+                style="green",
             )
-            table.add_row(node.name, format_age(q.age_s), q.rule, q.reason, marks or q.phase)
-        parts.append(table)
-
+        )
+    parts.extend(_quarantines(fleet.quarantined))
+    parts.extend(_maintenances(fleet))
+    parts.extend(_isolations(fleet))
+    parts.extend(_sessions(fleet))
+    parts.append(energy_line(fleet.nodes))
+    parts.extend(_credentials(fleet))
     b = fleet.breaker
     breaker = (
         Text(f"circuit breaker: OPEN (tripped {b.trips}x) — {b.reason}", style="bold red")
@@ -117,39 +172,341 @@ def render(fleet: FleetStatus) -> RenderableType:
             parts.append(Text(f"  {subject}  {held}"))
     else:
         parts.append(Text("DLQ: empty", style="green"))
-
-    if fleet.recent_actions:
-        table = Table(title=f"last {len(fleet.recent_actions)} actions", title_justify="left")
-        for col in ("age", "action", "target", "outcome", "reason"):
-            table.add_column(col)
-        for a in fleet.recent_actions:
-            table.add_row(
-                format_age((fleet.at - a.time).total_seconds()),
-                a.action,
-                a.target,
-                f"{a.outcome}{' (dry run)' if a.dry_run and a.outcome != 'dry_run' else ''}",
-                a.reason,
-            )
-        parts.append(table)
-    else:
-        parts.append(Text("no actions recorded", style="dim"))
-    for note in fleet.notes:
-        parts.append(Text(note, style="yellow"))
-    if fleet.missing:
-        parts.append(Text(f"not found on this server: {', '.join(fleet.missing)}", style="dim"))
+    parts.append(_actions(fleet.recent_actions, fleet.at))
+    parts.extend(_footer(fleet.notes, fleet.missing))
     return Group(*parts)
 
 
-def format_age(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
+def render_node(report: NodeReport) -> RenderableType:
+    """One node: its GPUs, marks, quarantine, maintenance, isolated pods, sessions, energy,
+    agents and the recent actions on it."""
+    n, at = report.node, report.at
+    parts: list[RenderableType] = [
+        Text.assemble(
+            (f"node {n.name}: ", "bold"),
+            (n.health, _HEALTH_STYLE.get(n.health, "")),
+            f" at {report.nats_url}",
+        ),
+        Text(
+            "attention: " + "; ".join(n.attention) if n.attention else "nothing to see",
+            style="yellow" if n.attention else "green",
+        ),
+    ]
+    gpus = Table(title="GPUs", title_justify="left")
+    gpus.add_column("GPU")
+    gpus.add_column("state")
+    for key, state in n.gpus.items():
+        gpus.add_row(key, Text(state, style=_HEALTH_STYLE.get(state, "")))
+    if not n.gpus:
+        gpus.add_row("-", "no GPU health reported")
+    parts.append(gpus)
+    parts.append(Text(f"marks: {marks_text(n) or 'none'}"))
+    parts.extend(_quarantines([n] if n.quarantine else []))
+    if (m := n.maintenance) is not None:
+        parts.append(
+            Text(
+                f"maintenance {m.maintenance_id}: {m.phase}"
+                + (" (dry run)" if m.dry_run else "")
+                + f", requested {_ago(m.requested_at, at)} by {m.requested_by or '?'}"
+                + (f": {m.reason}" if m.reason else "")
+                + (
+                    f"; pods out by {_clock(m.deadline_at, at)}"
+                    if m.active and m.deadline_at
+                    else f"; finished {_ago(m.finished_at, at)}"
+                    if m.finished_at
+                    else ""
+                )
+                + ("; nodeward cordoned the node" if m.cordoned else ""),
+                style="yellow" if m.active or m.cordoned else "",
+            )
+        )
+        for pod, plan in m.pods.items():
+            parts.append(Text(f"  {pod}: {plan}"))
+        for failure in m.failures:
+            parts.append(Text(f"  failure: {failure}", style="red"))
+    else:
+        parts.append(Text("maintenance: none", style="dim"))
+    if n.isolated:
+        parts.extend(_isolated_table(n.isolated, at))
+    else:
+        parts.append(Text("isolated pods: none", style="dim"))
+    if n.sessions:
+        parts.append(_session_table(n.sessions, at, f"sessions on {n.name}"))
+    else:
+        parts.append(Text("sessions: none the culler holds", style="dim"))
+    parts.append(Text(f"energy: {energy_text(n) or 'none reported'}"))
+    parts.append(Text(f"agents: {agents_cell(n).plain}"))
+    parts.append(_actions(report.recent_actions, at, on=n.name))
+    parts.extend(_footer(report.notes, report.missing))
+    return Group(*parts)
+
+
+def marks_text(n: NodeStatus) -> str:
+    """Who holds the node: quarantine, maintenance phase, Falco, each in a word or two."""
+    out = []
+    if (q := n.quarantine) is not None:
+        out.append(f"quarantine {'DRY-RUN ' if q.dry_run else ''}{q.phase} {format_age(q.age_s)}")
+    if (m := n.maintenance) is not None and (m.active or m.phase == "failed"):
+        out.append(f"maintenance {m.phase}")
+    for mark in n.marks:
+        if mark.owner == "quarantine" and q is not None:
+            continue
+        if mark.owner == "maintenance" and m is not None and m.active:
+            out.extend(["cordoned"] if mark.cordon else [])
+            continue
+        word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
+        after = f" (maintenance {m.phase})" if mark.owner == "maintenance" and m else ""
+        out.append(f"{word} by {mark.owner}{after}")
+    return ", ".join(out)
+
+
+def marks_cell(n: NodeStatus) -> Text:
+    text = marks_text(n)
+    return Text(text, style="red" if n.rank == 0 else "yellow") if text else Text("-", style="dim")
+
+
+def pods_cell(n: NodeStatus, now: datetime) -> Text:
+    out = []
+    if n.isolated:
+        out.append((f"{len(n.isolated)} isolated", "bold red"))
+    warned = [s for s in n.sessions if s.state == "warned"]
+    if warned:
+        first = min((s.deadline for s in warned if s.deadline), default=None)
+        when = f", stop in {format_age((first - now).total_seconds())}" if first else ""
+        out.append((f"{len(warned)} idle{when}", "yellow"))
+    if not out:
+        return Text("-", style="dim")
+    text = Text()
+    for i, (words, style) in enumerate(out):
+        text.append(("; " if i else "") + words, style=style)
+    return text
+
+
+def energy_text(n: NodeStatus) -> str:
+    e = n.energy
+    if e is None:
+        return ""
+    parts = []
+    if e.avg_power_w is not None:
+        parts.append(f"{format_power(e.avg_power_w)}")
+    if e.co2e_g is not None:
+        parts.append(f"{e.co2e_g:.3g} gCO2e")
+    if e.interval_s:
+        parts.append(f"over {format_age(e.interval_s)}")
+    if e.g_per_kwh is not None:
+        parts.append(f"at {e.g_per_kwh:.0f} g/kWh")
+    if e.energy_total_j is not None:
+        total = f"total {e.energy_total_j / 3.6e6:.3g} kWh"
+        if e.co2e_total_g is not None:
+            total += f", {e.co2e_total_g:.3g} gCO2e"
+        parts.append(total)
+    if e.degraded:
+        parts.append("degraded: " + "; ".join(e.degraded))
+    return " ".join(parts[:1]) + (", " + ", ".join(parts[1:]) if parts[1:] else "")
+
+
+def power_cell(n: NodeStatus) -> Text:
+    e = n.energy
+    if e is None or e.avg_power_w is None:
+        return Text("-", style="dim")
+    co2 = f" {e.co2e_g:.3g} gCO2e" if e.co2e_g is not None else ""
+    return Text(f"{format_power(e.avg_power_w)}{co2}", style="yellow" if e.degraded else "")
+
+
+def agents_cell(n: NodeStatus) -> Text:
+    """`gpu 3s energy 8s idle -`; a silent agent in red: `gpu silent 10m00s`."""
+    text = Text()
+    for i, (kind, seen) in enumerate(n.agents.items()):
+        if i:
+            text.append(" ")
+        if seen.state == "never":
+            text.append(f"{kind} -", style="dim")
+        elif seen.state == "stale":
+            text.append(f"{kind} silent {format_age(seen.age_s or 0)}", style="red")
+        elif seen.state == "quiet":
+            text.append(f"{kind} quiet {format_age(seen.age_s or 0)}", style="dim")
+        else:
+            text.append(f"{kind} {format_age(seen.age_s or 0)}", style="green")
+    return text
+
+
+def energy_line(nodes: list[NodeStatus]) -> Text:
+    """The fleet's power and CO2e over the nodes' last intervals."""
+    reporting = [n.energy for n in nodes if n.energy is not None and n.energy.avg_power_w]
+    if not reporting:
+        return Text("energy: no node reports power", style="dim")
+    power = sum(e.avg_power_w or 0 for e in reporting)
+    co2 = sum(e.co2e_g or 0 for e in reporting)
+    return Text(
+        f"energy: {len(reporting)} node(s) draw {format_power(power)}; "
+        f"{co2:.3g} gCO2e over their last intervals"
+    )
+
+
+def _quarantines(quarantined: list[NodeStatus]) -> list[RenderableType]:
+    if not quarantined:
+        return []
+    table = Table(title="quarantines", title_justify="left")
+    for col in ("node", "age", "rule", "reason", "marks"):
+        table.add_column(col)
+    for node in quarantined:
+        q = node.quarantine
+        assert q is not None
+        marks = ", ".join(
+            [
+                *(f"taint {TAINT_KEY}:{t}" for t in q.taints),
+                *(["cordoned"] if q.cordoned else []),
+            ]
+        )
+        table.add_row(node.name, format_age(q.age_s), q.rule, q.reason, marks or q.phase)
+    return [table]
+
+
+def _maintenances(fleet: FleetStatus) -> list[RenderableType]:
+    shown = [n for n in fleet.nodes if n.maintenance and (n.maintenance.active or n.attention)]
+    if not shown:
+        return []
+    table = Table(title="maintenance", title_justify="left")
+    for col in ("node", "phase", "requested", "pods out by", "pods", "reason"):
+        table.add_column(col)
+    for n in shown:
+        m = n.maintenance
+        assert m is not None
+        table.add_row(
+            n.name,
+            m.phase + (" (dry run)" if m.dry_run else "") + (", cordoned" if m.cordoned else ""),
+            f"{_ago(m.requested_at, fleet.at)} by {m.requested_by or '?'}",
+            (
+                f"finished {_ago(m.finished_at, fleet.at)}"
+                if not m.active
+                else _clock(m.deadline_at, fleet.at)
+            ),
+            str(len(m.pods)),
+            m.reason,
+        )
+    return [table]
+
+
+def _isolated_table(isolated: list[IsolatedPod], now: datetime) -> list[RenderableType]:
+    table = Table(title="pods isolated by Falco", title_justify="left")
+    for col in ("pod", "node", "since", "rule"):
+        table.add_column(col)
+    for i in isolated:
+        table.add_row(
+            Text(i.pod, style="bold red"),
+            i.node or "?",
+            _ago(i.since, now) + (" (dry run)" if i.dry_run else ""),
+            i.rule or "-",
+        )
+    return [table]
+
+
+def _isolations(fleet: FleetStatus) -> list[RenderableType]:
+    isolated = [i for n in fleet.nodes for i in n.isolated]
+    return _isolated_table(isolated, fleet.at) if isolated else []
+
+
+def _session_table(sessions: list[SessionView], now: datetime, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("session", "node", "state", "idle since", "warned", "stop at"):
+        table.add_column(col)
+    for s in sessions:
+        if s.state == "stopped":
+            stop = Text(f"stopped {_ago(s.stopped_at, now)} ({s.stop_outcome or '?'})", style="dim")
+        elif s.deadline is not None:
+            stop = Text(_clock(s.deadline, now), style="yellow")
+        else:
+            stop = Text("-", style="dim")
+        table.add_row(
+            s.pod,
+            s.node or "?",
+            s.state + (" (dry run)" if s.dry_run else "") + (f": {s.reason}" if s.reason else ""),
+            _ago(s.idle_since, now) if s.idle_since else "-",
+            _ago(s.warned_at, now) if s.warned_at else "-",
+            stop,
+        )
+    return table
+
+
+def _sessions(fleet: FleetStatus) -> list[RenderableType]:
+    warned = sorted(
+        (s for n in fleet.nodes for s in n.sessions if s.state == "warned"),
+        key=lambda s: (s.deadline or fleet.at, s.pod),
+    )
+    if not warned:
+        return [Text("idle sessions: none warned", style="dim")]
+    out: list[RenderableType] = [
+        _session_table(warned[:SESSIONS_LISTED], fleet.at, "idle sessions warned, soonest first")
+    ]
+    if len(warned) > SESSIONS_LISTED:
+        out.append(Text(f"... and {len(warned) - SESSIONS_LISTED} more warned session(s)"))
+    return out
+
+
+def _credentials(fleet: FleetStatus) -> list[RenderableType]:
+    creds = fleet.credentials
+    if not creds:
+        return []
+    failed = [c for c in creds if c.outcome == "failed"]
+    renewing = [c for c in creds if c.renewing]
+    renewed = [c for c in creds if c.outcome == "renewed"]
+    out: list[RenderableType] = [
+        Text(
+            f"credentials: {len(renewed)} renewed, {len(failed)} failed, "
+            f"{len(renewing)} renewing now",
+            style="red" if failed else "green",
+        )
+    ]
+    for c in failed[:SESSIONS_LISTED]:
+        out.append(Text(f"  {c.credential}: failed {_ago(c.at, fleet.at)}: {c.error}", style="red"))
+    return out
+
+
+def _actions(actions: list[ActionSummary], now: datetime, on: str | None = None) -> RenderableType:
+    if not actions:
+        return Text(f"no actions recorded{f' on {on}' if on else ''}", style="dim")
+    title = f"last {len(actions)} actions" + (f" on {on} and its pods" if on else "")
+    table = Table(title=title, title_justify="left")
+    for col in ("age", "action", "target", "outcome", "reason"):
+        table.add_column(col)
+    for a in actions:
+        table.add_row(
+            format_age((now - a.time).total_seconds()),
+            a.action,
+            a.target,
+            f"{a.outcome}{' (dry run)' if a.dry_run and a.outcome != 'dry_run' else ''}",
+            a.reason,
+        )
+    return table
+
+
+def _footer(notes: list[str], missing: list[str]) -> list[RenderableType]:
+    parts: list[RenderableType] = [Text(note, style="yellow") for note in notes]
+    if missing:
+        parts.append(Text(f"not found on this server: {', '.join(missing)}", style="dim"))
+    return parts
+
+
+def _ago(t: datetime | None, now: datetime) -> str:
+    return "-" if t is None else f"{format_age((now - t).total_seconds())} ago"
+
+
+def _clock(t: datetime | None, now: datetime) -> str:
+    """`18:42:05 (in 4m12s)`, or `(4m12s ago)` once past."""
+    if t is None:
+        return "-"
+    delta = (t - now).total_seconds()
+    when = f"in {format_age(delta)}" if delta >= 0 else f"{format_age(-delta)} ago"
+    return f"{t.astimezone(UTC):%H:%M:%S} ({when})"
+
+
+def format_power(watts: float) -> str:
+    """`850 W`, `3.85 kW`, `1.2 MW`."""
+    if watts >= 1e6:
+        return f"{watts / 1e6:.3g} MW"
+    if watts >= 1e3:
+        return f"{watts / 1e3:.3g} kW"
+    return f"{watts:.0f} W"
 
 
 def gpu_summary(gpus: dict[str, str]) -> str:

@@ -7,12 +7,13 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from nodeward.cli.status import format_age, gpu_summary, render
-from nodeward.fleet_status import assemble, worst
+from nodeward.fleet_status import Seen, assemble, worst
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import BREAKER, NODES, GpuRecord, NodeRecord, Quarantine
+from schemas.state.culler import SessionRecord
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -141,3 +142,78 @@ def test_helpers() -> None:
     assert gpu_summary({"0": "failed", "1": "healthy", "2": "degraded"}) == (
         "1/3 healthy; failed: 0; degraded: 2"
     )
+
+
+def test_a_thousand_quiet_nodes_are_one_line_and_those_needing_attention_come_first() -> None:
+    """At fleet scale the table lists what needs a look, most serious first, and sums up the
+    rest in one line; `--all` (show_all) lists every node."""
+    health = [
+        _health(f"gpu-{i:04d}", g, "healthy", NOW - timedelta(seconds=5))
+        for i in range(1000)
+        for g in range(2)
+    ]
+    health[2 * 500] = _health("gpu-0500", 0, "failed", NOW - timedelta(seconds=5))
+    health[2 * 700] = _health("gpu-0700", 0, "degraded", NOW - timedelta(seconds=5))
+    silent = _health("gpu-0900", 0, "healthy", NOW - timedelta(minutes=5))
+    health[2 * 900 : 2 * 900 + 2] = [silent, silent.model_copy(update={"gpu_index": 1})]
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records={"gpu-0300": _quarantined_record()},
+        breaker=None,
+        health=health,
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+    )
+    assert [n.name for n in fleet.needing_attention()] == [
+        "gpu-0300",  # quarantined, GPU 0 failed (its record)
+        "gpu-0500",  # GPU 0 failed
+        "gpu-0700",  # degraded
+        "gpu-0900",  # its GPU agent is silent
+    ]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "1000 node(s), 4 needing attention" in text
+    assert "... and 996 more node(s) healthy, unmarked, agents live, nothing pending" in text
+    assert "gpu-0001" not in text
+    assert text.index("gpu-0300") < text.index("gpu-0500") < text.index("gpu-0900")
+    assert "gpu silent 5m00s" in text
+    assert len(text.splitlines()) < 60
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet, show_all=True))
+    every = console.export_text()
+    assert "gpu-0001" in every and "more node(s)" not in every
+
+
+def test_an_idle_agent_with_no_session_to_report_is_quiet_not_stale() -> None:
+    """The idle agent publishes only while its node has sessions: its silence is stale only
+    while the culler holds a warned session on that node."""
+    old = NOW - timedelta(minutes=10)
+    seen = Seen(
+        agents={"gpu-a": {"idle": old}, "gpu-b": {"idle": old}},
+        sessions={
+            "user-b/nb": SessionRecord(
+                node="gpu-b", warned_at=old, deadline=NOW + timedelta(minutes=5)
+            )
+        },
+    )
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records={},
+        breaker=None,
+        health=[_health(n, 0, "healthy", NOW) for n in ("gpu-a", "gpu-b")],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=seen,
+    )
+    a, b = fleet.nodes
+    assert a.agents["idle"].state == "quiet" and a.attention == []
+    assert b.agents["idle"].state == "stale"
+    assert b.attention == ["idle agent silent 10m00s", "1 idle session(s) warned"]

@@ -1,0 +1,186 @@
+"""The newest message on every subject of a stream, read in one pass.
+
+One ephemeral consumer with `DeliverPolicy.LAST_PER_SUBJECT` over the wanted subjects
+(several filters at once) pushes each subject's last message; the read ends when the
+consumer has nothing pending. A KV bucket is a stream (`KV_<bucket>`), so its live
+entries are read the same way, deleted and purged keys left out. One request and one
+stream of replies, instead of one `get_last_msg` round trip per subject. `newest` reads
+a stream's last messages the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from nodeward.aio import within
+
+_KV_OPERATION = "KV-Operation"
+_MARKER = "Nats-Marker-Reason"
+_PENDING_LIMIT = 1 << 22  # messages the client may hold unread: a snapshot is read whole
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored message: its subject, headers, body, stream sequence and store time."""
+
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes
+    seq: int
+    time: datetime
+
+
+class SnapshotError(Exception):
+    """The server stopped sending before every subject's last message arrived."""
+
+
+async def last_per_subject(
+    nc: Any,
+    stream: str,
+    filters: Sequence[str],
+    *,
+    headers_only: bool = False,
+    timeout: float = 5.0,
+) -> list[Stored] | None:
+    """The last message of each subject of `stream` that matches one of `filters`, in
+    stream order; None if there is no such stream. `headers_only` leaves bodies out.
+
+    `timeout` bounds the wait for each next message (a stalled server), not the whole read.
+    """
+    return await _read(
+        nc,
+        stream,
+        filters,
+        {"deliver_policy": api.DeliverPolicy.LAST_PER_SUBJECT},
+        headers_only=headers_only,
+        timeout=timeout,
+    )
+
+
+async def newest(
+    nc: Any, stream: str, count: int, *, filters: Sequence[str] = (), timeout: float = 5.0
+) -> list[Stored] | None:
+    """The stream's last `count` messages (of those matching `filters`, counted back from
+    the stream's last sequence), oldest first; None if there is no such stream."""
+    try:
+        info = await nc.jetstream().stream_info(stream)
+    except NotFoundError:
+        return None
+    last = info.state.last_seq or 0
+    if count <= 0 or last == 0:
+        return []
+    start = max(last - count + 1, info.state.first_seq or 1, 1)
+    return await _read(
+        nc,
+        stream,
+        filters or [">"],
+        {"deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": start},
+        timeout=timeout,
+    )
+
+
+async def _read(
+    nc: Any,
+    stream: str,
+    filters: Sequence[str],
+    policy: dict[str, Any],
+    *,
+    headers_only: bool = False,
+    timeout: float,
+) -> list[Stored] | None:
+    """What an ephemeral push consumer with `policy` delivers up to the end of the stream
+    as it stood when the consumer was created."""
+    js = nc.jetstream()
+    got: list[Stored] = []
+    done = asyncio.Event()
+
+    async def take(msg: Any) -> None:
+        if not msg.reply:  # a status message (heartbeat), not a stored one
+            return
+        meta = msg.metadata
+        got.append(
+            Stored(
+                subject=msg.subject,
+                headers=dict(msg.headers) if msg.headers else None,
+                data=msg.data or b"",
+                seq=meta.sequence.stream,
+                time=meta.timestamp,  # UTC
+            )
+        )
+        if meta.num_pending == 0:
+            done.set()
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(
+        inbox, cb=take, pending_msgs_limit=_PENDING_LIMIT, pending_bytes_limit=-1
+    )
+    wanted = [f for f in filters if f != ">"]
+    config = api.ConsumerConfig(
+        deliver_subject=inbox,
+        ack_policy=api.AckPolicy.NONE,
+        filter_subject=wanted[0] if len(wanted) == 1 else None,
+        filter_subjects=wanted if len(wanted) > 1 else None,
+        headers_only=headers_only or None,
+        mem_storage=True,
+        num_replicas=1,
+        inactive_threshold=30.0,
+        **policy,
+    )
+    name: str | None = None
+    try:
+        try:
+            info = await js.add_consumer(stream, config=config, timeout=timeout)
+        except NotFoundError:
+            return None
+        name = info.name
+        if not info.num_pending:
+            return []
+        seen = -1
+        while not done.is_set():
+            if len(got) == seen:
+                raise SnapshotError(
+                    f"stream {stream}: {seen} messages read, then nothing for {timeout}s"
+                )
+            seen = len(got)
+            with contextlib.suppress(TimeoutError):
+                await within(done.wait(), timeout)
+        return got
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        if name is not None:
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(stream, name)
+
+
+def kv_filter(bucket: str, prefix: str) -> str:
+    """The subject of a KV key prefix (`node.` -> `$KV.<bucket>.node.>`), or of one key."""
+    return f"$KV.{bucket}.{prefix}>" if prefix.endswith(".") else f"$KV.{bucket}.{prefix}"
+
+
+async def kv_entries(
+    nc: Any, bucket: str, prefixes: Sequence[str], *, timeout: float = 5.0
+) -> dict[str, bytes] | None:
+    """Every live key of `bucket` under `prefixes` with its value, read in one pass; None
+    if there is no such bucket."""
+    stored = await last_per_subject(
+        nc, f"KV_{bucket}", [kv_filter(bucket, p) for p in prefixes], timeout=timeout
+    )
+    if stored is None:
+        return None
+    head = f"$KV.{bucket}."
+    out: dict[str, bytes] = {}
+    for m in stored:
+        h = m.headers or {}
+        if h.get(_KV_OPERATION) in ("DEL", "PURGE") or _MARKER in h:
+            continue
+        out[m.subject.removeprefix(head)] = m.data
+    return out
