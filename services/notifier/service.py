@@ -274,6 +274,11 @@ class NotifierService:
                     publisher=f"a node agent (any node may publish on {delivery.subject})",
                 )
             routes = self.routes.select(Facts.of(note, audience))
+            if not routes and audience.kind == "user":
+                raise PermanentError(
+                    "no route with to_owner: true takes this user's notice "
+                    "(a user's notice never goes to on-call's routes)"
+                )
             if not routes:
                 raise PermanentError("no route matches this notice (add a catch-all route)")
             owner: str | None = None
@@ -313,12 +318,13 @@ class NotifierService:
             rendered=self.templates.message(context),
             chat=self.templates.chat(context),
             dry_run=dry_run,
+            addressee=group.addressee,
         )
 
     async def flush(self, group: Group) -> None:
         """Send one due group on every channel of its route; settle each entry's future."""
         route = group.route
-        log = self.log.bind(route=route.name, recipient=group.recipient or "oncall")
+        log = self.log.bind(route=route.name, recipient=group.recipient or group.who)
         if len(group.entries) > 1:
             self.metrics.grouped.labels(route.name).inc(len(group.entries) - 1)
         outcomes: dict[str, dict[str, str]] = {e.event.id: {} for e in group.entries}
@@ -466,6 +472,7 @@ def load_parts(
     try:
         routes = load_routes(config.routes_file)
         routes.check(set(config.channels))
+        routes.check_personal({name: ch.type for name, ch in config.channels.items()})
         templates = Templates(
             config.templates_dir,
             support_contact=config.support_contact,

@@ -242,6 +242,11 @@ class NotifierEnv:
 
 
 EnvFactory = Callable[..., Awaitable[NotifierEnv]]
+# As the shipped routes: users' notices to their owners, everything else to on-call.
+DEFAULT_ROUTES = [
+    {"name": "users", "match": {"audience": ["user"]}, "to_owner": True, "channels": ["outbox"]},
+    {"name": "all", "channels": ["outbox"]},
+]
 
 
 @pytest.fixture
@@ -261,9 +266,7 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
         routes_file = tmp_path / f"routes-{uid}.yaml"
         import yaml
 
-        routes_file.write_text(
-            yaml.safe_dump({"routes": routes or [{"name": "all", "channels": ["outbox"]}]})
-        )
+        routes_file.write_text(yaml.safe_dump({"routes": routes or DEFAULT_ROUTES}))
         service: dict[str, Any] = {
             "consumer": f"notifier-{uid}",
             "bucket": f"notifier-{uid}",
