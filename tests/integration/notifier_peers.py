@@ -231,10 +231,18 @@ class NotifierEnv:
     def outbox_files(self) -> list[Path]:
         return sorted(self.outbox.glob("*.txt")) if self.outbox.exists() else []
 
+    @property
+    def consumers(self) -> list[str]:
+        """Its durable consumers: critical notices have their own."""
+        return [self.consumer + "-critical", self.consumer]
+
     async def settled(self) -> bool:
         """Everything published to this topic has been delivered and acked."""
-        info = await self.bus.js.consumer_info("NOTIFY", self.consumer)
-        return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+        for consumer in self.consumers:
+            info = await self.bus.js.consumer_info("NOTIFY", consumer)
+            if (info.num_pending or 0) != 0 or (info.num_ack_pending or 0) != 0:
+                return False
+        return True
 
     def metric(self, name: str, **labels: str) -> float:
         registry = self.daemons[-1].metrics.registry

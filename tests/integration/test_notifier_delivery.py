@@ -39,8 +39,11 @@ def closed_port() -> int:
 
 
 async def dead_letters(env: Any) -> list[DeadLetter]:
-    events = await read_stream(env.bus, "DLQ", f"dlq.NOTIFY.{env.consumer}")
-    return [e.data for e in events]
+    """What the notifier dead-lettered: from either of its consumers."""
+    found = []
+    for consumer in env.consumers:
+        found += await read_stream(env.bus, "DLQ", f"dlq.NOTIFY.{consumer}")
+    return [e.data for e in found]
 
 
 async def test_storm_of_300_sends_one_digest_per_route_and_pages_over_the_limit_together(
@@ -182,7 +185,8 @@ async def test_redelivered_notice_is_not_sent_twice(
     await wait_for(env.settled, timeout=5, what="acked")
     # The same event again as JetStream would redeliver it (a new message id gets past the
     # stream's duplicate window, as a redelivery after a lost ack would).
-    info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+    critical = env.consumer + "-critical"  # a critical notice's consumer
+    info = await env.bus.js.consumer_info("NOTIFY", critical)
     delivered = info.delivered.stream_seq
     wire = encode(event)
     await env.bus.js.publish(
@@ -190,7 +194,7 @@ async def test_redelivered_notice_is_not_sent_twice(
     )
 
     async def handled_again() -> bool:
-        now = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+        now = await env.bus.js.consumer_info("NOTIFY", critical)
         return now.delivered.stream_seq > delivered and await env.settled()
 
     # A notice is acked only once every channel has settled it, so once the repeat is
@@ -367,7 +371,8 @@ async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
             return True
 
         await wait_for(bound, timeout=30, interval=0.1, what="the notifier's consumer")
-        event = env.notice("gpu-crash quarantined")
+        # A warning: it waits for its digest (a critical one would go out at once).
+        event = env.notice("gpu-crash quarantine pending", severity=Severity.WARNING)
         await env.publish(event)
         await wait_for(held, timeout=10, what="the notice held in its group")
     finally:

@@ -17,6 +17,7 @@ from schemas.notify import Notification, Severity
 from services.notifier.channels import matcher, resolved
 from services.notifier.grouping import Entry, Group, Grouper, GroupingSettings, RateLimitSettings
 from services.notifier.routing import Audience, Facts, Route, RoutingError, load_routes
+from services.notifier.service import NotifierSettings, lanes
 
 
 def notice(
@@ -226,3 +227,20 @@ def test_alertmanager_resolution_keeps_the_alerts_labels() -> None:
         "startsAt": "2026-11-30T10:00:00Z",
         "endsAt": "2026-11-30T10:05:00Z",
     }
+
+
+def test_pages_have_a_consumer_of_their_own() -> None:
+    def of(*subjects: str) -> list[tuple[str, list[str]]]:
+        return lanes(NotifierSettings(subjects=list(subjects)))
+
+    assert of("notify.>") == [
+        ("notifier-critical", ["notify.critical.>"]),
+        ("notifier", ["notify.info.>", "notify.warning.>"]),
+    ]
+    assert of("notify.*.t-1", "notify.critical.security") == [
+        ("notifier-critical", ["notify.critical.t-1", "notify.critical.security"]),
+        ("notifier", ["notify.info.t-1", "notify.warning.t-1"]),
+    ]
+    assert of("notify.warning.power-limit") == [("notifier", ["notify.warning.power-limit"])]
+    # Subjects whose severity cannot be told apart: one consumer, as before.
+    assert of("notify.>", "alerts.>") == [("notifier", ["notify.>", "alerts.>"])]
