@@ -33,7 +33,7 @@ from services.notifier.service import build
 def storm(notices: int) -> list[Any]:
     return [
         make_event(
-            Notification(severity=Severity.CRITICAL, topic="bench", title=f"node-{i} quarantined"),
+            Notification(severity=Severity.INFO, topic="bench", title=f"node-{i} idle session"),
             source="bench",
         )
         for i in range(notices)

@@ -36,6 +36,16 @@ class Notification(EventData):
     audience: str = Field(default="oncall", description="oncall, or user:<namespace>/<name>")
     targets: list[ObjectRef] = Field(default_factory=list)
     dedup_key: str | None = Field(default=None, description="repeats with the same key are grouped")
+    incident: str | None = Field(
+        default=None,
+        description="what the notices of one incident share (e.g. gpu-health/node/gpu-node-07): "
+        "critical notices group only with their own incident's",
+    )
+    resolves: bool = Field(
+        default=False,
+        description="this notice ends its incident (a release, a cancellation): "
+        "Alertmanager resolves the incident's alerts",
+    )
     audit_event_id: str | None = None
     links: dict[str, str] = Field(default_factory=dict)
     why: str = Field(default="", description="why it happened (a user's notice says this)")
@@ -57,6 +67,7 @@ class Notification(EventData):
                     "audience": "oncall",
                     "targets": [{"kind": "Node", "name": "gpu-node-07"}],
                     "dedup_key": "quarantine/gpu-node-07",
+                    "incident": "gpu-health/node/gpu-node-07",
                     "audit_event_id": "01920000-0000-7000-8000-000000000002",
                 }
             ]
@@ -68,3 +79,7 @@ class Notification(EventData):
 
     def about(self) -> str:
         return self.targets[0].key() if self.targets else f"topic/{self.topic}"
+
+    def incident_key(self) -> str:
+        """The incident this notice belongs to: `incident`, else its dedup key, else its target."""
+        return self.incident or self.dedup_key or f"{self.topic}/{self.about()}"

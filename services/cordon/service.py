@@ -564,6 +564,7 @@ class CordonService:
             trigger_time=q.started_at,
             protective=False,
             details={"by": "operator", "incident": q.incident},
+            resolves=True,
         )
         # Audit first: a restart before NodeMarks records it detects it again and
         # re-publishes the same audit id, which JetStream stores once.
@@ -631,6 +632,7 @@ class CordonService:
             trigger_id=q.incident,
             trigger_time=q.started_at,
             protective=False,
+            resolves=True,
             details={
                 "incident": q.incident,
                 "operator_released": q.operator_released,

@@ -107,6 +107,8 @@ class Auditor:
             body=reason,
             targets=[proposal.target],
             dedup_key=f"{proposal.action}/{proposal.target.key()}",
+            incident=f"{self.topic}/{proposal.target.key()}",
+            resolves=proposal.resolves and outcome in (Outcome.APPLIED, Outcome.UNDONE),
             audit_event_id=audit_id,
         )
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()

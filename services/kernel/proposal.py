@@ -35,6 +35,9 @@ class Proposal:
     observed_at: datetime | None = None
     """When what the trigger reports was observed; staleness counts from it (else from
     `trigger_time`)."""
+    resolves: bool = False
+    """Done (applied or undone), this ends the target's incident (a release, a
+    cancellation): its notice says so, and Alertmanager resolves the incident's alerts."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ ACCESS = Access(
 )
 
 GRANTS = ServiceGrants(
-    consumers=(("NOTIFY", "notifier"),),
+    # Critical notices have a consumer of their own, so a backlog never holds a page.
+    consumers=(("NOTIFY", "notifier-critical"), ("NOTIFY", "notifier")),
     buckets=(SETTLED.name,),
     # Refused notices are audited and told to on-call (`speakers`, and the runtime's
     # identity check): the security audit and on-call's security notice, nothing else.

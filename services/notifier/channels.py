@@ -125,6 +125,7 @@ class Outgoing:
     rendered: Rendered
     chat: str
     dry_run: bool
+    addressee: str = "on-call"  # whom it is for, in words (the outbox's `To:`)
 
     @property
     def event_ids(self) -> list[str]:
@@ -168,10 +169,12 @@ class OutboxChannel:
         self.directory.mkdir(parents=True, exist_ok=True)
         now = datetime.now(UTC)
         safe_route = re.sub(r"[^A-Za-z0-9_-]", "_", out.route)
-        name = f"{now:%Y%m%dT%H%M%S.%fZ}-{safe_route}-{uuid.uuid4().hex[:8]}.txt"
+        who = "oncall" if not out.to_owner else out.recipient or out.addressee
+        safe_who = re.sub(r"[^A-Za-z0-9_.@-]", "_", who)[:80]
+        name = f"{now:%Y%m%dT%H%M%S.%fZ}-{safe_route}-{safe_who}-{uuid.uuid4().hex[:8]}.txt"
         headers = [
             f"Date: {now:%Y-%m-%d %H:%M:%S} UTC",
-            f"To: {out.recipient if out.to_owner and out.recipient else 'on-call'}",
+            f"To: {out.addressee}",
             f"Subject: {out.rendered.subject}",
             f"Route: {out.route}",
             f"Severity: {out.severity.value}",
@@ -331,6 +334,10 @@ def alertname(topic: str) -> str:
     return ALERTNAME_PREFIX + "".join(p.capitalize() for p in re.split(r"[^A-Za-z0-9]+", topic))
 
 
+def _time(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
 def alert(item: Item, out: Outgoing, settings: AlertmanagerSettings) -> dict[str, Any]:
     """One Alertmanager alert for one item (Alertmanager groups and routes them further)."""
     entry = item.latest
@@ -344,6 +351,8 @@ def alert(item: Item, out: Outgoing, settings: AlertmanagerSettings) -> dict[str
     }
     if note.dedup_key:
         labels["dedup_key"] = note.dedup_key
+    if note.incident:
+        labels["incident"] = note.incident
     for target in note.targets:
         labels.setdefault(target.kind.lower(), target.name)
         if target.namespace:
@@ -368,13 +377,34 @@ def alert(item: Item, out: Outgoing, settings: AlertmanagerSettings) -> dict[str
     return {
         "labels": {k: _label_value(v) for k, v in labels.items() if v},
         "annotations": {k: _label_value(v) for k, v in annotations.items()},
-        "startsAt": starts.isoformat().replace("+00:00", "Z"),
-        "endsAt": ends.isoformat().replace("+00:00", "Z"),
+        "startsAt": _time(starts),
+        "endsAt": _time(ends),
         **({"generatorURL": note.links["url"]} if "url" in note.links else {}),
     }
 
 
+def matcher(name: str, value: str) -> str:
+    """An Alertmanager label matcher, `name="value"`, quoted."""
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{name}="{quoted}"'
+
+
+def resolved(active: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """An active alert as Alertmanager listed it, ended now (same labels, so the same alert)."""
+    return {
+        "labels": active["labels"],
+        "annotations": active.get("annotations", {}),
+        "startsAt": active["startsAt"],
+        "endsAt": _time(now),
+        **({"generatorURL": active["generatorURL"]} if active.get("generatorURL") else {}),
+    }
+
+
 class AlertmanagerChannel:
+    """Fires an alert per notice; a notice that ends its incident (`resolves`) fires none
+    and ends every active alert of that incident instead (labels as Alertmanager lists them,
+    `endsAt` now)."""
+
     external = True
 
     def __init__(self, name: str, settings: AlertmanagerSettings, http: httpx.AsyncClient) -> None:
@@ -382,12 +412,35 @@ class AlertmanagerChannel:
         self.settings = settings
         self.http = http
 
+    @property
+    def api(self) -> str:
+        return self.settings.url.rstrip("/") + "/api/v2/alerts"
+
+    async def _active(self, incident: str) -> list[dict[str, Any]]:
+        """The incident's active alerts this notifier fired (its `labels` among theirs)."""
+        matchers = [matcher("incident", incident)]
+        matchers += [matcher(k, v) for k, v in self.settings.labels.items()]
+        params = httpx.QueryParams({"active": "true", "filter": matchers})
+        answer = await self.http.get(self.api, params=params)
+        answer.raise_for_status()
+        found = answer.json()
+        return [a for a in found if a.get("labels", {}).get("incident") == incident]
+
     async def send(self, out: Outgoing) -> None:
-        alerts = [alert(item, out, self.settings) for item in out.items]
+        ending: set[str] = set()
+        alerts = []
+        for item in out.items:
+            if item.note.resolves and item.note.incident:
+                ending.add(item.note.incident)
+            else:
+                alerts.append(alert(item, out, self.settings))
         try:
-            answer = await self.http.post(
-                self.settings.url.rstrip("/") + "/api/v2/alerts", json=alerts
-            )
+            now = datetime.now(UTC)
+            for incident in sorted(ending):
+                alerts += [resolved(a, now) for a in await self._active(incident)]
+            if not alerts:
+                return
+            answer = await self.http.post(self.api, json=alerts)
             answer.raise_for_status()
         except httpx.HTTPError as exc:
             raise _http_error(exc, self.settings.url) from None

@@ -1,9 +1,16 @@
-"""Grouping, dedup and per-recipient rate limits: a storm becomes one message, not hundreds.
+"""Grouping, dedup and per-recipient rate limits: a storm becomes one message, not hundreds,
+and a page is never held behind it.
 
-Notices that take the same route to the same recipient collect in a group. A new group
-waits `group_wait` for company; the next group for the same route and recipient is sent
-no sooner than `group_interval` after the previous one; a recipient out of rate-limit
-tokens keeps collecting until one is free. Within a group, repeats (same dedup key and
+Notices collect in groups by route, recipient and urgency. Info and warning notices that
+take the same route to the same recipient share a digest: a new digest waits `group_wait`
+for company; the next one for the same route and recipient is sent no sooner than
+`group_interval` after the previous one; a recipient out of rate-limit tokens keeps
+collecting until one is free. A critical notice goes out at once: it waits at most
+`critical_wait` (1 s or less) for notices of its own incident, never for the digest's
+interval, and has its own rate-limit tokens, so digests never spend them. Over that limit,
+the recipient's critical notices of every incident collect in one message until a token
+is free. A user's notices are grouped per user: by the owner's address, else by the
+session they are about. Within a group, repeats (same dedup key and
 title) fold into one line with a count; a notice identical to one sent about the same
 thing within `dedup_window` is recorded as a repeat and not sent again, by whichever
 replica sees it (what was last sent about each thing is kept in KV, through the kernel's
@@ -26,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from nodeward.aio import within
 from nodeward.bus import Delivery, RetryableError
@@ -39,6 +46,9 @@ from services.kernel import DedupWindow
 from services.notifier.routing import Audience, Route
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+DIGEST = "digest"
+THROTTLED = "critical"  # the lane of critical notices over the recipient's rate limit
+MAX_CRITICAL_WAIT = timedelta(seconds=1)
 
 
 class GroupingSettings(Section):
@@ -53,6 +63,17 @@ class GroupingSettings(Section):
         default=timedelta(minutes=10),
         description="a notice identical to one sent this recently is recorded, not re-sent",
     )
+    critical_wait: Duration = Field(
+        default=timedelta(milliseconds=500),
+        description="a critical notice waits this long (at most 1s) for its own incident's",
+    )
+
+    @field_validator("critical_wait")
+    @classmethod
+    def _at_most_a_second(cls, value: timedelta) -> timedelta:
+        if value > MAX_CRITICAL_WAIT:
+            raise ValueError("a critical notice waits at most 1s")
+        return value
 
 
 class RateLimitSettings(Section):
@@ -217,19 +238,40 @@ class Group:
     personal: bool = False  # users' notices on a `to_owner` route: mailed to `recipient`
     entries: list[Entry] = field(default_factory=list)
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    who: str = "oncall"  # whom it is for: the address, `user:<ns>/<name>`, or on-call
+    lane: str = DIGEST  # `digest`, `critical:<incident>`, or `critical` (over the limit)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return group_key(self.route, self.recipient, personal=self.personal)
+    def key(self) -> tuple[str, str, str]:
+        return self.route.name, self.who, self.lane
 
     @property
     def severity(self) -> Severity:
         return max((e.note.severity for e in self.entries), key=SEVERITY_RANK.__getitem__)
 
+    @property
+    def addressee(self) -> str:
+        """Whom the message is for, in words (the outbox's `To:`)."""
+        if not self.personal:
+            return "on-call"
+        if self.recipient:
+            return self.recipient
+        return f"the owner of {self.who.removeprefix('user:')} (no address on record)"
 
-def group_key(route: Route, recipient: str | None, *, personal: bool) -> tuple[str, str]:
-    """Users' notices without an owner on record group apart from on-call's."""
-    return route.name, recipient or ("owner-unknown" if personal else "oncall")
+
+def recipient_key(recipient: str | None, audience: Audience, *, personal: bool) -> str:
+    """Whom a group is for: a user's notices group per owner address, else per session
+    (never with other users'); on-call's notices group together."""
+    if not personal:
+        return recipient or "oncall"
+    return recipient or str(audience)
+
+
+def lane(note: Notification) -> str:
+    """Critical notices group per incident; info and warning ones in the digest."""
+    if note.severity == Severity.CRITICAL:
+        return f"critical:{note.incident_key()}"
+    return DIGEST
 
 
 Flush = Callable[[Group], Awaitable[None]]
@@ -257,9 +299,12 @@ class Grouper:
         self.clock = clock
         self.on_error = on_error
         self.capacity = capacity
-        self._open: dict[tuple[str, str], Group] = {}
-        self._last_sent: dict[tuple[str, str], float] = {}
+        self._open: dict[tuple[str, str, str], Group] = {}
+        self._last_sent: dict[tuple[str, str, str], float] = {}
         self._buckets: dict[str, TokenBucket] = {}
+        # Per route and recipient: the critical group waiting for a rate-limit token, which
+        # every further critical notice joins, whatever its incident.
+        self._throttled: dict[tuple[str, str], Group] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[dict[str, str]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -297,22 +342,7 @@ class Grouper:
                 done.exception()  # retrieved here: its handler may be gone (shutdown)
 
         entry.done.add_done_callback(forget)
-        personal = route.to_owner and entry.audience.kind == "user"
-        key = group_key(route, recipient, personal=personal)
-        group = self._open.get(key)
-        if group is None:
-            now = self.clock()
-            wait = route.group_wait if route.group_wait is not None else self.grouping.group_wait
-            due = now + wait.total_seconds()
-            last = self._last_sent.get(key)
-            if last is not None:
-                due = max(due, last + self.grouping.group_interval.total_seconds())
-            group = self._open[key] = Group(route, recipient, now, due, personal)
-            if self._closing:
-                group.hurry.set()
-            task = asyncio.create_task(self._run(group), name=f"notify-group:{route.name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        group = self._group_for(route, recipient, entry)
         group.entries.append(entry)
         if self.capacity is not None and self.waiting >= self.capacity:
             structlog.get_logger().warning(
@@ -322,6 +352,43 @@ class Grouper:
                 full.hurry.set()
         return await asyncio.shield(entry.done)
 
+    def _group_for(self, route: Route, recipient: str | None, entry: Entry) -> Group:
+        """The open group `entry` joins, opened (and its task started) when there is none."""
+        personal = route.to_owner and entry.audience.kind == "user"
+        who = recipient_key(recipient, entry.audience, personal=personal)
+        kind = lane(entry.note)
+        if kind != DIGEST:
+            throttled = self._throttled.get((route.name, who))
+            if throttled is not None:
+                return throttled
+        group = self._open.get((route.name, who, kind))
+        if group is not None:
+            return group
+        now = self.clock()
+        wait = route.group_wait if route.group_wait is not None else self.grouping.group_wait
+        if kind == DIGEST:
+            due = now + wait.total_seconds()
+            last = self._last_sent.get((route.name, who, kind))
+            if last is not None:
+                due = max(due, last + self.grouping.group_interval.total_seconds())
+        else:  # critical: never held by an interval; its incident's company only briefly
+            due = now + min(wait, self.grouping.critical_wait).total_seconds()
+        group = Group(route, recipient, now, due, personal, who=who, lane=kind)
+        self._open[group.key] = group
+        if kind != DIGEST and self._bucket_for(group).wait_time(now) > 0:
+            self._throttled[(route.name, who)] = group  # over the limit: the others join it
+        if self._closing:
+            group.hurry.set()
+        task = asyncio.create_task(self._run(group), name=f"notify-group:{route.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return group
+
+    def _bucket_for(self, group: Group) -> TokenBucket:
+        """Critical groups spend their own tokens, so digests never delay a page."""
+        who = group.recipient or (group.who if group.personal else f"route:{group.route.name}")
+        return self.bucket(who if group.lane == DIGEST else f"{THROTTLED}:{who}")
+
     async def _sleep(self, group: Group, seconds: float) -> None:
         if seconds > 0 and not group.hurry.is_set():
             with contextlib.suppress(TimeoutError):
@@ -329,10 +396,20 @@ class Grouper:
 
     async def _run(self, group: Group) -> None:
         await self._sleep(group, group.due - self.clock())
-        bucket = self.bucket(group.recipient or f"route:{group.route.name}")
+        bucket = self._bucket_for(group)
+        throttled = (group.route.name, group.who)
         while (wait := bucket.wait_time(self.clock())) > 0 and not group.hurry.is_set():
+            if group.lane != DIGEST:
+                holder = self._throttled.setdefault(throttled, group)
+                if holder is not group:  # pages over the limit go out together
+                    holder.entries.extend(group.entries)
+                    if self._open.get(group.key) is group:
+                        del self._open[group.key]
+                    return
             await self._sleep(group, wait)  # over the limit: keep collecting meanwhile
         bucket.take()
+        if self._throttled.get(throttled) is group:
+            del self._throttled[throttled]
         if self._open.get(group.key) is group:
             del self._open[group.key]
         now = self._last_sent[group.key] = self.clock()
@@ -372,6 +449,7 @@ def summary(group: Group) -> dict[str, Any]:
     """A short description of a group for logs."""
     return {
         "route": group.route.name,
-        "recipient": group.recipient or "oncall",
+        "recipient": group.recipient or group.who,
+        "lane": group.lane,
         "notices": len(group.entries),
     }

@@ -4,6 +4,9 @@ namespace, node and audience.
 Routes are tried in order; the first that matches wins unless it says `continue: true`,
 in which case the following routes are tried as well. A notice no route matches is an
 error the notifier dead-letters (the shipped file ends with a catch-all).
+
+A user's notice takes only `to_owner` routes, whatever their order: it goes to its owner,
+never to on-call's channels.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from schemas.notify import Notification, Severity
 
 DEFAULT_ROUTES = "routes.yaml"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ONCALL_ONLY = frozenset({"chat", "alertmanager"})  # channel types no user reads
 
 
 class RoutingError(ValueError):
@@ -64,6 +68,7 @@ class Facts:
     audience: Audience
     namespaces: frozenset[str]
     nodes: frozenset[str]
+    resolves: bool = False
 
     @classmethod
     def of(cls, note: Notification, audience: Audience) -> Facts:
@@ -71,7 +76,14 @@ class Facts:
         if audience.namespace:
             namespaces.add(audience.namespace)
         nodes = {t.name for t in note.targets if t.kind == "Node"}
-        return cls(note.severity, note.topic, audience, frozenset(namespaces), frozenset(nodes))
+        return cls(
+            note.severity,
+            note.topic,
+            audience,
+            frozenset(namespaces),
+            frozenset(nodes),
+            note.resolves,
+        )
 
 
 def _globs(values: list[str], candidates: frozenset[str] | set[str]) -> bool:
@@ -88,8 +100,13 @@ class Match(BaseModel):
     namespace: list[str] = Field(default_factory=list)
     node: list[str] = Field(default_factory=list)
     audience: list[Literal["oncall", "user"]] = Field(default_factory=list)
+    resolves: bool | None = Field(
+        default=None, description="true: only notices that end an incident; false: only others"
+    )
 
     def matches(self, facts: Facts) -> bool:
+        if self.resolves is not None and facts.resolves != self.resolves:
+            return False
         if self.severity and facts.severity not in self.severity:
             return False
         if self.topic and not _globs(self.topic, {facts.topic}):
@@ -149,10 +166,26 @@ class Routes(BaseModel):
                     f"(configured: {known})"
                 )
 
+    def check_personal(self, kinds: dict[str, str]) -> None:
+        """A `to_owner` route sends only on channels that reach the owner (`kinds`: channel
+        name -> type): a chat room or Alertmanager is on-call's, not the user's."""
+        for route in self.routes:
+            if not route.to_owner:
+                continue
+            oncall = sorted(c for c in route.channels if kinds.get(c) in ONCALL_ONLY)
+            if oncall:
+                raise RoutingError(
+                    f"route {route.name!r} sends users' notices (to_owner) on "
+                    f"{', '.join(oncall)}, which on-call reads, not the user "
+                    "(use email, outbox or webhook channels there)"
+                )
+
     def select(self, facts: Facts) -> list[Route]:
-        """The routes a notice takes, in file order."""
+        """The routes a notice takes, in file order; a user's notice only `to_owner` ones."""
         chosen: list[Route] = []
         for route in self.routes:
+            if facts.audience.kind == "user" and not route.to_owner:
+                continue
             if route.match.matches(facts):
                 chosen.append(route)
                 if not route.continue_:

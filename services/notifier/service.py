@@ -16,6 +16,7 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from nodeward.kube import Cluster, KubeError
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
-from schemas.notify import Notification
+from schemas.notify import Notification, Severity
 from schemas.state.notifier import SETTLED
 from schemas.state.notifier import Settled as SettledRecord
 from services.kernel import DedupWindow
@@ -232,12 +233,16 @@ class NotifierService:
         metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)
 
-    def consumer_spec(self) -> ConsumerSpec:
+    def consumer_specs(self) -> list[ConsumerSpec]:
+        """A consumer per lane: pages are never fetched behind a backlog of info notices."""
+        return [self.consumer_spec(name, subjects) for name, subjects in lanes(self.settings)]
+
+    def consumer_spec(self, name: str | None = None, subjects: Sequence[str] = ()) -> ConsumerSpec:
         s = self.settings
         return ConsumerSpec(
-            name=s.consumer,
+            name=name or s.consumer,
             stream="NOTIFY",
-            subjects=tuple(s.subjects),
+            subjects=tuple(subjects or s.subjects),
             types=frozenset({Notification.TYPE}),
             concurrency=s.max_in_flight,
             batch=min(64, s.max_in_flight),
@@ -274,6 +279,11 @@ class NotifierService:
                     publisher=f"a node agent (any node may publish on {delivery.subject})",
                 )
             routes = self.routes.select(Facts.of(note, audience))
+            if not routes and audience.kind == "user":
+                raise PermanentError(
+                    "no route with to_owner: true takes this user's notice "
+                    "(a user's notice never goes to on-call's routes)"
+                )
             if not routes:
                 raise PermanentError("no route matches this notice (add a catch-all route)")
             owner: str | None = None
@@ -313,12 +323,13 @@ class NotifierService:
             rendered=self.templates.message(context),
             chat=self.templates.chat(context),
             dry_run=dry_run,
+            addressee=group.addressee,
         )
 
     async def flush(self, group: Group) -> None:
         """Send one due group on every channel of its route; settle each entry's future."""
         route = group.route
-        log = self.log.bind(route=route.name, recipient=group.recipient or "oncall")
+        log = self.log.bind(route=route.name, recipient=group.recipient or group.who)
         if len(group.entries) > 1:
             self.metrics.grouped.labels(route.name).inc(len(group.entries) - 1)
         outcomes: dict[str, dict[str, str]] = {e.event.id: {} for e in group.entries}
@@ -459,6 +470,47 @@ class NotifierService:
         return DEAD
 
 
+CRITICAL_SUFFIX = "-critical"
+
+
+def _lane_subjects(subject: str) -> tuple[list[str], list[str]] | None:
+    """(critical, other) subjects that together cover `subject`; None when its severity
+    token cannot be told (not `notify.<severity>...`)."""
+    tokens = subject.split(".")
+    if len(tokens) < 2 or tokens[0] != "notify":
+        return None
+    level, rest = tokens[1], tokens[2:]
+    if level == ">":
+        level, rest = "*", [">"]
+
+    def at(severity: Severity) -> str:
+        return ".".join(["notify", severity.value, *rest])
+
+    if level == "*":
+        return [at(Severity.CRITICAL)], [at(Severity.INFO), at(Severity.WARNING)]
+    if level == Severity.CRITICAL.value:
+        return [subject], []
+    if level in (Severity.INFO.value, Severity.WARNING.value):
+        return [], [subject]
+    return None
+
+
+def lanes(settings: NotifierSettings) -> list[tuple[str, list[str]]]:
+    """The notifier's consumers, (durable name, subjects): critical notices on
+    `<consumer>-critical`, the others on `<consumer>`; one consumer for subjects whose
+    severity cannot be told apart."""
+    critical: list[str] = []
+    other: list[str] = []
+    for subject in settings.subjects:
+        split = _lane_subjects(subject)
+        if split is None:
+            return [(settings.consumer, list(settings.subjects))]
+        critical += [c for c in split[0] if c not in critical]
+        other += [o for o in split[1] if o not in other]
+    found = [(settings.consumer + CRITICAL_SUFFIX, critical), (settings.consumer, other)]
+    return [(name, subjects) for name, subjects in found if subjects]
+
+
 def load_parts(
     config: NotifierSettings,
 ) -> tuple[Routes, Templates, dict[str, str]]:
@@ -466,6 +518,7 @@ def load_parts(
     try:
         routes = load_routes(config.routes_file)
         routes.check(set(config.channels))
+        routes.check_personal({name: ch.type for name, ch in config.channels.items()})
         templates = Templates(
             config.templates_dir,
             support_contact=config.support_contact,
@@ -499,7 +552,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
                 f"services.{NAME}.owner_lookup needs the cluster ({exc}); "
                 "set owner_lookup: false to use the owner directory only"
             ) from None
-    daemon, bus = await bus_daemon(NAME, settings, source=SOURCE, consumers=1)
+    daemon, bus = await bus_daemon(NAME, settings, source=SOURCE, consumers=len(lanes(config)))
     http = httpx.AsyncClient(timeout=config.retry.timeout.total_seconds())
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     kv = await bus.kv(config.bucket, history=1, ttl_s=config.settled_ttl.total_seconds())
@@ -534,7 +587,8 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
     daemon.add_shutdown_hook(close)
 
     async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
+        for spec in service.consumer_specs():
+            await bus.consume(spec, service.handle)
 
     daemon.add_task(consume, name="consume")
     service.log.info(

@@ -231,10 +231,18 @@ class NotifierEnv:
     def outbox_files(self) -> list[Path]:
         return sorted(self.outbox.glob("*.txt")) if self.outbox.exists() else []
 
+    @property
+    def consumers(self) -> list[str]:
+        """Its durable consumers: critical notices have their own."""
+        return [self.consumer + "-critical", self.consumer]
+
     async def settled(self) -> bool:
         """Everything published to this topic has been delivered and acked."""
-        info = await self.bus.js.consumer_info("NOTIFY", self.consumer)
-        return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+        for consumer in self.consumers:
+            info = await self.bus.js.consumer_info("NOTIFY", consumer)
+            if (info.num_pending or 0) != 0 or (info.num_ack_pending or 0) != 0:
+                return False
+        return True
 
     def metric(self, name: str, **labels: str) -> float:
         registry = self.daemons[-1].metrics.registry
@@ -242,6 +250,11 @@ class NotifierEnv:
 
 
 EnvFactory = Callable[..., Awaitable[NotifierEnv]]
+# As the shipped routes: users' notices to their owners, everything else to on-call.
+DEFAULT_ROUTES = [
+    {"name": "users", "match": {"audience": ["user"]}, "to_owner": True, "channels": ["outbox"]},
+    {"name": "all", "channels": ["outbox"]},
+]
 
 
 @pytest.fixture
@@ -261,9 +274,7 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
         routes_file = tmp_path / f"routes-{uid}.yaml"
         import yaml
 
-        routes_file.write_text(
-            yaml.safe_dump({"routes": routes or [{"name": "all", "channels": ["outbox"]}]})
-        )
+        routes_file.write_text(yaml.safe_dump({"routes": routes or DEFAULT_ROUTES}))
         service: dict[str, Any] = {
             "consumer": f"notifier-{uid}",
             "bucket": f"notifier-{uid}",

@@ -250,9 +250,13 @@ async def test_release_after_healthy_period_undoes_only_our_marks(
     async def release_notice() -> list[Any]:
         return [n for n in await notifications(env.bus, name) if "release" in n.title]
 
-    # A release is news for on-call, not a page.
+    # A release is news for on-call, not a page; it ends the quarantine's incident, which
+    # resolves the quarantine's alert in Alertmanager.
     notes = await wait_for(release_notice, timeout=2, what="release notification")
     assert [n.severity for n in notes] == [Severity.INFO]
+    [quarantined] = [n for n in await notifications(env.bus, name) if "quarantine" in n.title]
+    assert quarantined.incident == notes[0].incident == f"gpu-health/node/{name}"
+    assert (quarantined.resolves, notes[0].resolves) == (False, True)
 
 
 async def test_operator_cordoned_node_stays_cordoned_on_release(cordon_env: EnvFactory) -> None:

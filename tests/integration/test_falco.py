@@ -224,10 +224,13 @@ async def test_a_burst_of_500_identical_alerts_is_one_action_and_one_notice(
     assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 1
     assert env.metric("nodeward_falco_alerts_total", outcome="duplicate") == 499
     await wait_for(notifier.settled, timeout=15, what="the notices delivered")
+    # One page for on-call (the incident's decisions together), one message for bob's owner.
     files = notifier.outbox_files()
-    assert len(files) == 1, [f.name for f in files]
-    text = files[0].read_text()
-    assert BOB in text and "isolate" in text and "Security alert on your pod" in text
+    assert len(files) == 2, [f.name for f in files]
+    [oncall] = [f.read_text() for f in files if "To: on-call" in f.read_text()]
+    [owner] = [f.read_text() for f in files if f"To: the owner of {bob_ns}/" in f.read_text()]
+    assert BOB in oncall and "isolate" in oncall and "Security alert" not in oncall
+    assert "Security alert on your pod" in owner
 
 
 async def test_critical_on_an_exempt_pod_only_notifies(falco_env: EnvFactory) -> None:

@@ -488,8 +488,11 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
             )
 
             async def settled() -> bool:
-                info = await admin.js.consumer_info("NOTIFY", "notifier")
-                return info.num_ack_pending == 0 and info.num_pending == 0
+                for consumer in ("notifier", "notifier-critical"):
+                    info = await admin.js.consumer_info("NOTIFY", consumer)
+                    if info.num_ack_pending or info.num_pending:
+                        return False
+                return True
 
             await wait_for(settled, timeout=15, what="every notice settled")
             sent = files()

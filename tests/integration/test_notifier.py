@@ -261,7 +261,8 @@ async def test_another_replica_knows_what_was_sent_within_the_dedup_window(
 async def test_stopping_sends_open_groups_before_acking(notifier_env: EnvFactory) -> None:
     env = await notifier_env(grouping={"group_wait": "1h"})
     daemon = await env.start()
-    await env.publish(env.notice("gpu-node-16 quarantined"))
+    # A warning waits for its digest (a critical notice would go out at once).
+    await env.publish(env.notice("gpu-node-16 quarantined", severity=Severity.WARNING))
 
     async def held() -> bool:
         info = await env.bus.js.consumer_info("NOTIFY", env.consumer)

@@ -39,11 +39,14 @@ def closed_port() -> int:
 
 
 async def dead_letters(env: Any) -> list[DeadLetter]:
-    events = await read_stream(env.bus, "DLQ", f"dlq.NOTIFY.{env.consumer}")
-    return [e.data for e in events]
+    """What the notifier dead-lettered: from either of its consumers."""
+    found = []
+    for consumer in env.consumers:
+        found += await read_stream(env.bus, "DLQ", f"dlq.NOTIFY.{consumer}")
+    return [e.data for e in found]
 
 
-async def test_storm_of_300_sends_one_grouped_message_per_route(
+async def test_storm_of_300_sends_one_digest_per_route_and_pages_over_the_limit_together(
     notifier_env: EnvFactory, receiver: Receiver
 ) -> None:
     env = await notifier_env(
@@ -57,6 +60,8 @@ async def test_storm_of_300_sends_one_grouped_message_per_route(
             {"name": "rest", "channels": ["hook", "outbox"]},
         ],
         grouping={"group_wait": "3s", "group_interval": "1m", "dedup_window": "10m"},
+        # Three pages at once, then one a second: the 197 others wait together.
+        rate_limit={"per_hour": 3600, "burst": 3},
     )
     await env.start()
     storm = [
@@ -70,26 +75,28 @@ async def test_storm_of_300_sends_one_grouped_message_per_route(
     ]
     await env.publish(*storm)
     await wait_for(
-        lambda: receiver.at("/chat") and receiver.at("/hook") and env.outbox_files(),
+        lambda: len(receiver.at("/chat")) >= 4 and receiver.at("/hook") and env.outbox_files(),
         timeout=20,
-        what="the grouped messages",
+        what="the pages and the digest",
     )
     await wait_for(env.settled, timeout=10, what="all 300 notices acked")
-    assert len(receiver.at("/chat")) == 1
+    # Each page is its own incident: three went out alone, the rest in one message.
+    chats = receiver.at("/chat")
+    assert len(chats) == 4
+    assert sum("notices" not in c["text"] for c in chats) == 3
+    [many] = [c["text"] for c in chats if "notices" in c["text"]]
+    assert "197 notices" in many and "... and 172 more" in many
     assert len(receiver.at("/hook")) == 1
     assert len(env.outbox_files()) == 1
-    [chat] = receiver.at("/chat")
-    assert "200 notices" in chat["text"]
-    assert "... and 175 more" in chat["text"]
     [hook] = receiver.at("/hook")
     assert hook["count"] == 100
     assert {n["id"] for n in hook["notifications"]} == {e.id for e in storm[200:]}
     text = env.outbox_files()[0].read_text()
     assert "Notices: 100" in text
     assert "... and 75 more" in text
-    assert env.metric("nodeward_notifications_grouped_total", route="critical") == 199
+    assert env.metric("nodeward_notifications_grouped_total", route="critical") == 196
     assert env.metric("nodeward_notifications_grouped_total", route="rest") == 99
-    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="critical") == 1
+    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="critical") == 4
 
 
 async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
@@ -104,7 +111,11 @@ async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
         routes=[{"name": "oncall", "channels": ["pager", "chat", "outbox"]}],
     )
     await env.start()
-    events = [env.notice(f"gpu-dead-{i} quarantined", node=f"gpu-dead-{i}") for i in range(2)]
+    incident = "gpu-health/rack/r-dead"  # one incident: one message
+    events = [
+        env.notice(f"gpu-dead-{i} quarantined", node=f"gpu-dead-{i}", incident=incident)
+        for i in range(2)
+    ]
     await env.publish(*events)
     await wait_for(lambda: receiver.at("/chat") and env.outbox_files(), timeout=10, what="sent")
     letters = await wait_for(
@@ -174,7 +185,8 @@ async def test_redelivered_notice_is_not_sent_twice(
     await wait_for(env.settled, timeout=5, what="acked")
     # The same event again as JetStream would redeliver it (a new message id gets past the
     # stream's duplicate window, as a redelivery after a lost ack would).
-    info = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+    critical = env.consumer + "-critical"  # a critical notice's consumer
+    info = await env.bus.js.consumer_info("NOTIFY", critical)
     delivered = info.delivered.stream_seq
     wire = encode(event)
     await env.bus.js.publish(
@@ -182,7 +194,7 @@ async def test_redelivered_notice_is_not_sent_twice(
     )
 
     async def handled_again() -> bool:
-        now = await env.bus.js.consumer_info("NOTIFY", env.consumer)
+        now = await env.bus.js.consumer_info("NOTIFY", critical)
         return now.delivered.stream_seq > delivered and await env.settled()
 
     # A notice is acked only once every channel has settled it, so once the repeat is
@@ -359,7 +371,8 @@ async def test_a_notice_held_by_a_killed_notifier_is_delivered_after_restart(
             return True
 
         await wait_for(bound, timeout=30, interval=0.1, what="the notifier's consumer")
-        event = env.notice("gpu-crash quarantined")
+        # A warning: it waits for its digest (a critical one would go out at once).
+        event = env.notice("gpu-crash quarantine pending", severity=Severity.WARNING)
         await env.publish(event)
         await wait_for(held, timeout=10, what="the notice held in its group")
     finally:

@@ -1,0 +1,246 @@
+"""Routing by urgency: a critical notice goes out at once, grouped only with its own incident,
+never behind a digest; a user's notice goes to that user alone, one message each."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas import make_event
+from schemas.common import ObjectRef
+from schemas.notify import Notification, Severity
+from services.notifier.channels import matcher, resolved
+from services.notifier.grouping import Entry, Group, Grouper, GroupingSettings, RateLimitSettings
+from services.notifier.routing import Audience, Facts, Route, RoutingError, load_routes
+from services.notifier.service import NotifierSettings, lanes
+
+
+def notice(
+    title: str,
+    severity: Severity,
+    *,
+    node: str | None = None,
+    incident: str | None = None,
+    audience: str = "oncall",
+) -> Entry:
+    targets = [ObjectRef(kind="Node", name=node)] if node else []
+    data = Notification(
+        severity=severity,
+        topic="gpu-health",
+        title=title,
+        targets=targets,
+        incident=incident,
+        dedup_key=f"{title}/{node}",
+        audience=audience,
+    )
+    return Entry(make_event(data, source="test"), Audience.parse(audience), ("outbox",))
+
+
+class Sent:
+    """The flush: keeps each group's titles with the time it went out."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[float, list[str], Group]] = []
+
+    async def __call__(self, group: Group) -> None:
+        titles = [e.note.title for e in group.entries]
+        self.groups.append((asyncio.get_running_loop().time(), titles, group))
+        for e in group.entries:
+            e.done.set_result(dict.fromkeys(e.channels, "sent"))
+
+    def titles(self) -> list[list[str]]:
+        return [t for _, t, _ in self.groups]
+
+
+def grouping(**values: str) -> GroupingSettings:
+    return GroupingSettings.model_validate(
+        {"group_wait": "1h", "group_interval": "1h", "dedup_window": "0s"} | values
+    )
+
+
+async def test_a_critical_notice_is_not_held_by_an_open_digest_or_its_interval() -> None:
+    sent = Sent()
+    grouper = Grouper(grouping(group_wait="0.05s"), RateLimitSettings(), sent)
+    route = Route(name="oncall", channels=["outbox"])
+    # A digest goes out, so the route's next digest is an hour away; another one opens.
+    await grouper.add(route, None, notice("idle 1", Severity.INFO))
+    later = [
+        asyncio.ensure_future(grouper.add(route, None, notice(f"idle {i}", Severity.INFO)))
+        for i in range(2, 22)
+    ]
+    started = asyncio.get_running_loop().time()
+    page = notice("gpu-h100-03: quarantine applied", Severity.CRITICAL, node="gpu-h100-03")
+    async with asyncio.timeout(2):
+        assert await grouper.add(route, None, page) == {"outbox": "sent"}
+    took = sent.groups[-1][0] - started
+    assert sent.titles() == [["idle 1"], ["gpu-h100-03: quarantine applied"]]
+    assert took <= 0.5 + 0.2  # critical_wait (0.5 s by default) and scheduling
+    assert not any(f.done() for f in later)  # the 20 info notices still wait for the digest
+    assert grouper.waiting == 20
+    await grouper.close(1.0)
+    assert sent.titles()[-1] == [f"idle {i}" for i in range(2, 22)]
+
+
+async def test_critical_notices_group_only_with_their_own_incident() -> None:
+    sent = Sent()
+    grouper = Grouper(grouping(critical_wait="0.3s"), RateLimitSettings(), sent)
+    route = Route(name="oncall", channels=["outbox"])
+    a = "gpu-health/node/gpu-a"
+    entries = [
+        notice("gpu-a quarantined", Severity.CRITICAL, node="gpu-a", incident=a),
+        notice(
+            "gpu-b quarantined", Severity.CRITICAL, node="gpu-b", incident="gpu-health/node/gpu-b"
+        ),
+        notice("gpu-a drain incomplete", Severity.CRITICAL, node="gpu-a", incident=a),
+        notice("gpu-a release pending", Severity.WARNING, node="gpu-a", incident=a),
+    ]
+    waits = [asyncio.ensure_future(grouper.add(route, None, e)) for e in entries]
+    async with asyncio.timeout(2):
+        await asyncio.gather(*waits[:3])
+    assert sorted(sent.titles()) == [
+        ["gpu-a quarantined", "gpu-a drain incomplete"],
+        ["gpu-b quarantined"],
+    ]
+    assert not waits[3].done()  # a warning stays in the digest, incident or not
+    await grouper.close(1.0)
+
+
+async def test_digests_never_spend_the_pages_tokens_and_a_page_storm_becomes_one_message() -> None:
+    sent = Sent()
+    limit = RateLimitSettings(per_hour=1, burst=2)
+    grouper = Grouper(grouping(group_wait="0s", group_interval="0s"), limit, sent)
+    route = Route(name="oncall", channels=["outbox"])
+    digests = []
+    for i in range(3):  # the digest's tokens: two, then it waits an hour
+        add = grouper.add(route, None, notice(f"idle {i}", Severity.INFO))
+        digests.append(asyncio.ensure_future(add))
+        await asyncio.sleep(0.01)  # each its own digest
+    pages = [
+        notice(f"gpu-{i} quarantined", Severity.CRITICAL, node=f"gpu-{i}", incident=f"n/{i}")
+        for i in range(6)
+    ]
+    first = [asyncio.ensure_future(grouper.add(route, None, p)) for p in pages[:2]]
+    async with asyncio.timeout(2):
+        await asyncio.gather(*first)  # the pages' own two tokens
+    rest = [asyncio.ensure_future(grouper.add(route, None, p)) for p in pages[2:]]
+    await asyncio.sleep(0.6)  # past critical_wait: over the limit, they keep collecting
+    assert not any(f.done() for f in rest)
+    assert sum(f.done() for f in digests) == 2
+    await grouper.close(1.0)
+    critical = [t for t in sent.titles() if t[0].startswith("gpu-")]
+    assert critical[:2] == [["gpu-0 quarantined"], ["gpu-1 quarantined"]]
+    assert critical[2:] == [[f"gpu-{i} quarantined" for i in range(2, 6)]]  # one message
+
+
+async def test_each_users_notices_are_their_own_message_without_an_address() -> None:
+    sent = Sent()
+    grouper = Grouper(grouping(group_wait="0.05s"), RateLimitSettings(burst=1), sent)
+    users = Route(name="users", channels=["outbox"], to_owner=True)
+    sessions = [f"user:ml-{n}/{n}-explore-0" for n in ("alice", "bob", "carol", "dave")]
+    waits = [
+        grouper.add(users, None, notice(f"{s} idle", Severity.WARNING, audience=s))
+        for s in sessions
+    ]
+    async with asyncio.timeout(2):  # one token each: nobody waits for another's
+        await asyncio.gather(*waits)
+    groups = [g for _, _, g in sent.groups]
+    assert sorted(g.who for g in groups) == sorted(sessions)
+    assert all(len(g.entries) == 1 and g.personal for g in groups)
+    assert {g.addressee for g in groups} >= {
+        "the owner of ml-alice/alice-explore-0 (no address on record)"
+    }
+
+
+def test_a_users_notice_takes_only_to_owner_routes_whatever_their_order(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(
+        "routes:\n"
+        "  - {name: page, match: {severity: [critical]}, channels: [chat], continue: true}\n"
+        "  - {name: users, to_owner: true, match: {audience: [user]}, channels: [mail]}\n"
+        "  - {name: oncall, channels: [mail]}\n"
+    )
+    routes = load_routes(path)
+    user = Notification(
+        severity=Severity.CRITICAL, topic="security", title="t", audience="user:a/b"
+    )
+    assert [r.name for r in routes.select(Facts.of(user, Audience.parse(user.audience)))] == [
+        "users"
+    ]
+    oncall = Notification(severity=Severity.CRITICAL, topic="security", title="t")
+    assert [r.name for r in routes.select(Facts.of(oncall, Audience("oncall")))] == [
+        "page",
+        "oncall",
+    ]
+
+
+def test_a_to_owner_route_may_not_send_on_oncalls_channels(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text("routes:\n  - {name: users, to_owner: true, channels: [mail, team-chat]}\n")
+    routes = load_routes(path)
+    routes.check_personal({"mail": "email", "team-chat": "webhook"})  # a hook may address a user
+    with pytest.raises(RoutingError, match=r"route 'users' sends users' notices .* on team-chat"):
+        routes.check_personal({"mail": "email", "team-chat": "chat"})
+
+
+def test_resolving_notices_can_be_routed_apart(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(
+        "routes:\n"
+        "  - {name: page, match: {severity: [critical]}, channels: [am], continue: true}\n"
+        "  - {name: page-ends, match: {resolves: true}, channels: [am], continue: true}\n"
+        "  - {name: oncall, channels: [outbox]}\n"
+    )
+    routes = load_routes(path)
+    release = Notification(severity=Severity.INFO, topic="gpu-health", title="r", resolves=True)
+    idle = Notification(severity=Severity.INFO, topic="idle-session", title="i")
+    assert [r.name for r in routes.select(Facts.of(release, Audience("oncall")))] == [
+        "page-ends",
+        "oncall",
+    ]
+    assert [r.name for r in routes.select(Facts.of(idle, Audience("oncall")))] == ["oncall"]
+
+
+def test_a_critical_notice_waits_at_most_a_second() -> None:
+    assert GroupingSettings().critical_wait.total_seconds() == 0.5
+    with pytest.raises(ValidationError, match="at most 1s"):
+        GroupingSettings.model_validate({"critical_wait": "2s"})
+
+
+def test_alertmanager_resolution_keeps_the_alerts_labels() -> None:
+    assert matcher("incident", 'a/"b"\\c') == 'incident="a/\\"b\\"\\\\c"'
+    active: dict[str, Any] = {
+        "labels": {"alertname": "NodewardGpuHealth", "incident": "gpu-health/node/n"},
+        "annotations": {"summary": "n quarantined"},
+        "startsAt": "2026-11-30T10:00:00Z",
+        "endsAt": "2026-11-30T11:00:00Z",
+        "status": {"state": "active"},
+    }
+    now = datetime(2026, 11, 30, 10, 5, tzinfo=UTC)
+    assert resolved(active, now) == {
+        "labels": active["labels"],
+        "annotations": active["annotations"],
+        "startsAt": "2026-11-30T10:00:00Z",
+        "endsAt": "2026-11-30T10:05:00Z",
+    }
+
+
+def test_pages_have_a_consumer_of_their_own() -> None:
+    def of(*subjects: str) -> list[tuple[str, list[str]]]:
+        return lanes(NotifierSettings(subjects=list(subjects)))
+
+    assert of("notify.>") == [
+        ("notifier-critical", ["notify.critical.>"]),
+        ("notifier", ["notify.info.>", "notify.warning.>"]),
+    ]
+    assert of("notify.*.t-1", "notify.critical.security") == [
+        ("notifier-critical", ["notify.critical.t-1", "notify.critical.security"]),
+        ("notifier", ["notify.info.t-1", "notify.warning.t-1"]),
+    ]
+    assert of("notify.warning.power-limit") == [("notifier", ["notify.warning.power-limit"])]
+    # Subjects whose severity cannot be told apart: one consumer, as before.
+    assert of("notify.>", "alerts.>") == [("notifier", ["notify.>", "alerts.>"])]
