@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.control import control_subject
 from schemas.state.energy import TOTALS
 from schemas.tokens import token
 
@@ -63,6 +64,8 @@ class ServiceGrants:
     consumers: tuple[tuple[str, str], ...]  # (stream, durable)
     buckets: tuple[str, ...]
     publish: tuple[str, ...]
+    controls: tuple[str, ...] = ()
+    """The operator controls it answers: verbs of `control.<service>.<verb>`."""
 
 
 def agent_inbox(node: str) -> str:
@@ -167,11 +170,13 @@ def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser
     for bucket in grants.buckets:
         publish += _bucket_api(bucket)
     publish += grants.publish
+    controls = tuple(control_subject(service, verb) for verb in grants.controls)
     return NatsUser(
         user=f"nodeward-{service}",
         password=password,
         publish=tuple(publish),
-        subscribe=(f"{service_inbox(service)}.>",),
+        subscribe=(f"{service_inbox(service)}.>", *controls),
+        allow_responses=bool(controls),  # the reply to each control request, nothing more
     )
 
 

@@ -1,0 +1,284 @@
+"""Operator controls against the real services, nats-server and the sim cluster: the
+`nodeward` command sends a request on the bus, the owning service acts through the kernel
+and answers in one line. Each works on what nodeward did and refuses what it did not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from launch.cli import main
+from nodeward.kube.nodes import taints_of
+from schemas.gpu import HealthState
+from schemas.remediation import Outcome
+from schemas.state.cordon import TAINT_KEY
+from services.falco.actions.isolate import ISOLATE_LABEL, ISOLATION_ANNOTATION
+from sim.falco_samples import DROP_AND_EXECUTE
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import (
+    CordonEnv,
+    EnvFactory,
+    audits,
+    failed,
+    health,
+    notifications,
+)
+from tests.integration.falco_fixtures import EnvFactory as FalcoFactory
+
+
+async def nodeward(*args: str) -> tuple[int, str, str]:
+    """The `nodeward` command in this process (its own event loop, in a thread): exit code,
+    stdout, and its stderr lines (not the log lines of the services this process runs)."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+        return code, out.getvalue(), err.getvalue()
+
+    code, out, err = await asyncio.to_thread(run)
+    said = "".join(line for line in err.splitlines(keepends=True) if line.startswith("nodeward"))
+    return code, out, said
+
+
+BOB = "bob-llm-finetune-6d5f9c7b8d-q8wzr"
+BOB_SIBLING = "bob-llm-finetune-6d5f9c7b8d-x2kfp"
+
+
+def tainted(node: dict[str, Any]) -> bool:
+    return any(t.get("key") == TAINT_KEY for t in taints_of(node))
+
+
+def cordon_config(env: CordonEnv, tmp_path: Path) -> str:
+    """A config file naming the test's cordon buckets, as an operator's would."""
+    service = env.settings.services["cordon"]
+    path = tmp_path / "operator.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"services": {"cordon": {"bucket": service["bucket"], "breaker": service["breaker"]}}}
+        )
+    )
+    return str(path)
+
+
+async def _applied(env: CordonEnv, name: str) -> bool:
+    return any(
+        r.outcome == Outcome.APPLIED and r.guard is None
+        for r in await audits(env.bus, name, "quarantine")
+    )
+
+
+async def test_quarantine_release_undoes_ours_and_refuses_a_hand_cordon(
+    cordon_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> None:
+    env = await cordon_env(nodes={4: {"unschedulable": True}})
+    await env.start()
+    ours, by_hand = env.nodes[1], env.nodes[4]
+    await env.publish(failed(ours))
+    await wait_for(lambda: _applied(env, ours), timeout=5, what="the quarantine")
+    conf = cordon_config(env, tmp_path)
+    common = ("--nats", nats_url, "--config", conf)
+
+    code, out, _ = await nodeward("quarantine", "list", *common)
+    assert code == 0
+    assert ours in out and by_hand not in out
+
+    # A node cordoned by hand, with no quarantine of nodeward's: refused, stays cordoned.
+    code, out, err = await nodeward(
+        "quarantine",
+        "release",
+        by_hand,
+        "--reason",
+        "done",
+        "--operator",
+        "alice",
+        *common,
+    )
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"nodeward: cordon: refused: {by_hand} has no quarantine by nodeward and "
+        "stays cordoned; nodeward undoes only what it did"
+    ]
+    assert (await env.node(by_hand))["spec"].get("unschedulable") is True
+    [refusal] = [r for r in await audits(env.bus, by_hand, "release")]
+    assert (refusal.outcome, refusal.guard) == (Outcome.SKIPPED, "not_ours")
+    assert refusal.details["operator"] == "alice"
+
+    # nodeward's own quarantine: released, audited as the operator's, told to on-call.
+    code, out, err = await nodeward(
+        "quarantine",
+        "release",
+        ours,
+        "--reason",
+        "GPU reseated",
+        "--operator",
+        "alice",
+        *common,
+    )
+    assert code == 0, err
+    assert out.startswith(f"released {ours} from quarantine ") and "uncordoned" in out
+    node = await env.node(ours)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    [release] = [r for r in await audits(env.bus, ours, "release") if r.outcome == "applied"]
+    assert release.details["operator"] == "alice"
+    assert release.details["operator_reason"] == "GPU reseated"
+    assert "asked by operator alice: GPU reseated" in release.reason
+    notes = await notifications(env.bus, ours)
+    assert any(n.title == f"{ours}: release applied" for n in notes)
+
+    # The GPU has not recovered: its next report does not quarantine it again ...
+    await env.publish(failed(ours, seq=2))
+
+    async def respected() -> bool:
+        return any(
+            r.guard == "operator_released" for r in await audits(env.bus, ours, "quarantine")
+        )
+
+    await wait_for(respected, timeout=5, what="the operator's release respected")
+    assert not tainted(await env.node(ours))
+    # ... and once it has recovered, a new failure does.
+    await env.publish(health(ours, HealthState.HEALTHY, seq=3), failed(ours, seq=4))
+
+    async def requarantined() -> bool:
+        return tainted(await env.node(ours))
+
+    await wait_for(requarantined, timeout=5, what="a new failure quarantined")
+
+    # Nothing to release twice: the second answer says so.
+    code, _, err = await nodeward("quarantine", "release", by_hand, "--reason", "again", *common)
+    assert code == 1 and "no quarantine by nodeward" in err
+
+
+async def test_breaker_status_and_reset(
+    cordon_env: EnvFactory, nats_url: str, tmp_path: Path
+) -> None:
+    env = await cordon_env()
+    await env.start()
+    common = ("--nats", nats_url, "--config", cordon_config(env, tmp_path))
+
+    code, out, _ = await nodeward("breaker", "status", *common)
+    assert code == 0 and out.startswith("circuit breaker closed")
+    code, _, err = await nodeward(
+        "breaker", "reset", "--reason", "why not", "--operator", "bob", *common
+    )
+    assert code == 1 and "the circuit breaker is not tripped" in err
+
+    sick = env.nodes[:4]  # the breaker admits 3 of 10
+    await env.publish(*(failed(n) for n in sick))
+
+    async def tripped() -> str | None:
+        code, out, _ = await nodeward("breaker", "status", *common)
+        return out if code == 0 and "TRIPPED" in out else None
+
+    await wait_for(tripped, timeout=10, what="the breaker tripped")
+    code, out, err = await nodeward(
+        "breaker", "reset", "--reason", "fleet checked", "--operator", "bob", *common
+    )
+    assert code == 0, err
+    assert out.startswith("circuit breaker reset")
+    code, out, _ = await nodeward("breaker", "status", *common)
+    assert out.startswith("circuit breaker closed")
+    [reset] = [
+        e.data
+        for e in await _audit_events(env)
+        if e.data.action == "breaker_reset" and e.data.outcome == "applied"
+    ]
+    assert (
+        reset.details["operator"] == "bob" and reset.details["operator_reason"] == "fleet checked"
+    )
+
+
+async def _audit_events(env: CordonEnv) -> list[Any]:
+    from tests.integration.cordon_fixtures import read_stream
+
+    return await read_stream(env.bus, "AUDIT", "remediation.breaker_reset.>")
+
+
+async def test_a_control_nobody_serves_says_which_service(nats_url: str) -> None:
+    code, out, err = await nodeward(
+        "falco",
+        "release",
+        "ml-team/nobody-0",
+        "--reason",
+        "x",
+        "--nats",
+        nats_url,
+        "--timeout",
+        "1",
+    )
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        "nodeward: error: no answer from the falco service on control.falco.release "
+        "(no replica is serving it); is it running?"
+    ]
+
+
+async def test_a_reason_is_required(nats_url: str) -> None:
+    code, _, err = await nodeward("quarantine", "release", "gpu-a", "--nats", nats_url)
+    assert code == 2 and "--reason" in err
+
+
+async def test_falco_release_lifts_our_isolation_and_not_a_hand_one(
+    falco_env: FalcoFactory, nats_url: str
+) -> None:
+    env = await falco_env()
+    await env.start()
+    ns = env.ns("user-bob")
+    await env.publish_raw(env.alert(DROP_AND_EXECUTE))
+
+    async def isolated_by_us() -> bool:
+        return any(r.outcome == "applied" for r in await env.audits(ns, BOB, "isolate"))
+
+    await wait_for(isolated_by_us, timeout=10, what="bob's pod isolated")
+    await env.admin.pods.set_labels(ns, BOB_SIBLING, {ISOLATE_LABEL: "true"})  # by hand
+
+    code, out, err = await nodeward(
+        "falco",
+        "release",
+        f"{ns}/{BOB_SIBLING}",
+        "--reason",
+        "ok",
+        "--operator",
+        "carol",
+        "--nats",
+        nats_url,
+    )
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"nodeward: falco: refused: {ns}/{BOB_SIBLING} is labelled {ISOLATE_LABEL}=true but not "
+        "by nodeward (no isolation record of its own), and stays isolated; nodeward undoes "
+        "only what it did"
+    ]
+    sibling = await env.pod(ns, BOB_SIBLING)
+    assert sibling["metadata"]["labels"][ISOLATE_LABEL] == "true"
+
+    code, out, err = await nodeward(
+        "falco",
+        "release",
+        f"{ns}/{BOB}",
+        "--reason",
+        "miner was a benchmark",
+        "--operator",
+        "carol",
+        "--nats",
+        nats_url,
+    )
+    assert code == 0, err
+    assert out.startswith(f"lifted the isolation of {ns}/{BOB}")
+    pod = await env.pod(ns, BOB)
+    assert ISOLATE_LABEL not in pod["metadata"]["labels"]
+    assert ISOLATION_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+    [release] = [r for r in await env.audits(ns, BOB, "release") if r.outcome == "applied"]
+    assert release.details["operator"] == "carol"
+    assert release.details["operator_reason"] == "miner was a benchmark"
+    assert release.actor == "service/falco"
+
+    code, _, err = await nodeward(
+        "falco", "release", f"{ns}/{BOB}", "--reason", "again", "--nats", nats_url
+    )
+    assert code == 1 and "is not isolated by nodeward" in err
