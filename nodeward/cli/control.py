@@ -90,7 +90,8 @@ def operator_name(given: str | None) -> str:
         fail("cannot tell who you are: pass --operator NAME")
 
 
-def _reason(reason: str) -> str:
+def require_reason(reason: str) -> str:
+    """`--reason`, which must say something."""
     if not reason.strip():
         raise typer.BadParameter("say why: it goes into the audit record", param_hint="--reason")
     return reason
@@ -218,7 +219,7 @@ def quarantine_release(  # noqa: PLR0917 - typer maps parameters to options
             "release",
             node,
             operator,
-            _reason(reason),
+            require_reason(reason),
             timeout,
             as_json,
             state_dir,
@@ -296,7 +297,7 @@ def breaker_reset(  # noqa: PLR0917 - typer maps parameters to options
             "reset-breaker",
             None,
             operator,
-            _reason(reason),
+            require_reason(reason),
             timeout,
             as_json,
             state_dir,
@@ -324,7 +325,7 @@ def falco_release(  # noqa: PLR0917 - typer maps parameters to options
             "release",
             pod,
             operator,
-            _reason(reason),
+            require_reason(reason),
             timeout,
             as_json,
             state_dir,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ import yaml
 
 from launch.cli import main
 from nodeward.kube.nodes import taints_of
+from schemas import make_event
 from schemas.gpu import HealthState
+from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY
+from schemas.state.maintenance import MaintenanceState
 from services.falco.actions.isolate import ISOLATE_LABEL, ISOLATION_ANNOTATION
 from sim.falco_samples import DROP_AND_EXECUTE
 from tests.conftest import wait_for
@@ -27,8 +31,10 @@ from tests.integration.cordon_fixtures import (
     failed,
     health,
     notifications,
+    read_stream,
 )
 from tests.integration.falco_fixtures import EnvFactory as FalcoFactory
+from tests.integration.maintenance_fixtures import EnvFactory as MaintenanceFactory
 
 
 async def nodeward(*args: str) -> tuple[int, str, str]:
@@ -194,8 +200,6 @@ async def test_breaker_status_and_reset(
 
 
 async def _audit_events(env: CordonEnv) -> list[Any]:
-    from tests.integration.cordon_fixtures import read_stream
-
     return await read_stream(env.bus, "AUDIT", "remediation.breaker_reset.>")
 
 
@@ -282,3 +286,132 @@ async def test_falco_release_lifts_our_isolation_and_not_a_hand_one(
         "falco", "release", f"{ns}/{BOB}", "--reason", "again", "--nats", nats_url
     )
     assert code == 1 and "is not isolated by nodeward" in err
+
+
+async def test_maintenance_cancel_before_the_cordon_and_a_hand_cordon_is_left(
+    maintenance_env: MaintenanceFactory, nats_url: str
+) -> None:
+    env = await maintenance_env()
+    await env.start()
+    spare = f"{env.node}-spare"
+    await env.admin.nodes.set_unschedulable(spare, True)  # by hand
+    later = Maintenance(
+        node=env.node,
+        phase=MaintenancePhase.REQUESTED,
+        maintenance_id=f"mnt-later-{env.node}",
+        reason="firmware update",
+        requested_by="test",
+        start_at=datetime.now(UTC) + timedelta(hours=1),
+    )
+    await env.bus.publish(make_event(later, source="test/maintenance"))
+    await wait_for(lambda: env.phase_is(MaintenancePhase.NOTIFIED), timeout=10, what="notified")
+
+    code, _, err = await nodeward(
+        "maintenance",
+        "finish",
+        spare,
+        "--reason",
+        "done",
+        "--operator",
+        "dora",
+        "--nats",
+        nats_url,
+    )
+    assert code == 1
+    assert err.strip().splitlines() == [
+        f"nodeward: checkpoint: refused: nodeward holds no maintenance cordon on {spare} "
+        "(it stays cordoned); nodeward undoes only what it did"
+    ]
+    assert (await env.admin.nodes.get(spare))["spec"].get("unschedulable") is True
+
+    code, out, err = await nodeward(
+        "maintenance",
+        "cancel",
+        env.node,
+        "--reason",
+        "vendor postponed",
+        "--operator",
+        "dora",
+        "--nats",
+        nats_url,
+    )
+    assert code == 0, err
+    assert out.strip() == (
+        f"cancelled maintenance {later.maintenance_id} of {env.node} (notified); "
+        "it was not cordoned yet"
+    )
+    state = await env.state()
+    assert state is not None and state.phase == MaintenancePhase.CANCELLED
+    assert state.ended_by == "dora"
+    assert MaintenancePhase.CANCELLED in [p.phase for p in await env.phases()]
+    [cancel] = [
+        r.data
+        for r in await read_stream(env.bus, "AUDIT", f"remediation.cancel.{env.node}")
+        if r.data.outcome == "applied"
+    ]
+    assert cancel.details["operator"] == "dora"
+    assert cancel.details["operator_reason"] == "vendor postponed"
+    assert not (await env.admin.nodes.get(env.node))["spec"].get("unschedulable")
+
+
+async def test_maintenance_cancel_after_the_drain_says_what_was_done_then_finish(
+    maintenance_env: MaintenanceFactory, nats_url: str
+) -> None:
+    env = await maintenance_env(fail=("train-0",))  # held until the deadline
+    await env.start()
+    await env.bus.publish(env.request(deadline_s=8))
+
+    async def draining() -> MaintenanceState | None:
+        state = await env.phase_is(MaintenancePhase.DRAINING)
+        return state if state is not None and state.drain is not None else None
+
+    await wait_for(draining, timeout=15, what="the drain begun, train-0 held")
+    code, out, err = await nodeward(
+        "maintenance",
+        "cancel",
+        env.node,
+        "--reason",
+        "too late?",
+        "--operator",
+        "dora",
+        "--nats",
+        nats_url,
+    )
+    assert code == 1 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"nodeward: checkpoint: refused: the drain of {env.node} for ")
+    assert f"{env.node} cordoned by nodeward, 2 pod(s) checkpointed" in line
+    assert "1 held until the deadline" in line
+    assert (await env.admin.nodes.get(env.node))["spec"].get("unschedulable") is True
+
+    code, _, err = await nodeward(
+        "maintenance", "finish", env.node, "--reason", "early", "--nats", nats_url
+    )
+    assert code == 1 and "is still draining" in err
+
+    await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=20, what="done")
+    code, out, err = await nodeward(
+        "maintenance",
+        "finish",
+        env.node,
+        "--reason",
+        "firmware flashed",
+        "--operator",
+        "dora",
+        "--nats",
+        nats_url,
+    )
+    assert code == 0, err
+    assert out.strip().endswith(f"of {env.node}; uncordoned it")
+    assert not (await env.admin.nodes.get(env.node))["spec"].get("unschedulable")
+    [finish] = [
+        r.data
+        for r in await read_stream(env.bus, "AUDIT", f"remediation.finish.{env.node}")
+        if r.data.outcome == "applied"
+    ]
+    assert finish.details["operator"] == "dora"
+
+    code, _, err = await nodeward(
+        "maintenance", "finish", env.node, "--reason", "twice", "--nats", nats_url
+    )
+    assert code == 1 and "holds no maintenance cordon" in err
