@@ -415,3 +415,29 @@ async def test_maintenance_cancel_after_the_drain_says_what_was_done_then_finish
         "maintenance", "finish", env.node, "--reason", "twice", "--nats", nats_url
     )
     assert code == 1 and "holds no maintenance cordon" in err
+
+
+async def test_of_two_replicas_exactly_one_answers(cordon_env: EnvFactory, nats_url: str) -> None:
+    env = await cordon_env()
+    await env.start()
+    await env.start()  # a second replica: same consumer, same bucket, same control subjects
+    name = env.nodes[2]
+    await env.publish(failed(name))
+    await wait_for(lambda: _applied(env, name), timeout=5, what="the quarantine")
+    code, out, err = await nodeward(
+        "quarantine",
+        "release",
+        name,
+        "--reason",
+        "once",
+        "--operator",
+        "erin",
+        "--nats",
+        nats_url,
+    )
+    assert code == 0, err
+    assert out.count("released") == 1
+    # Had both replicas answered, the second would have found nothing to release and
+    # audited a refusal: one release, and nothing else, is on the audit stream.
+    records = [(r.outcome.value, r.guard) for r in await audits(env.bus, name, "release")]
+    assert records == [("applied", None)]
