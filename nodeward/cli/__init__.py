@@ -412,7 +412,11 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
         Path | None, typer.Option("--kubeconfig", help="default: in-cluster config")
     ] = None,
     reset_breaker: Annotated[
-        bool, typer.Option("--reset-breaker", help="close the service's circuit breaker, then exit")
+        bool,
+        typer.Option(
+            "--reset-breaker",
+            help="close the circuit breaker without the service, unaudited, then exit (`nodeward breaker reset` is the audited way)",
+        ),
     ] = False,
     config: ConfigOpt = None,
 ) -> None:

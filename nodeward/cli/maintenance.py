@@ -245,6 +245,9 @@ def render_status(state: MaintenanceState) -> list[str]:
         lines += [f"    {f}" for f in state.failures]
     if state.error:
         lines.append(f"  error: {state.error}")
+    if state.ended_by:
+        done = "cancelled" if state.phase == MaintenancePhase.CANCELLED else "finished"
+        lines.append(f"  {done} by operator {state.ended_by}")
     return lines
 
 

@@ -7,7 +7,9 @@ rate limit, circuit breaker) and acts through the kube port: NoSchedule taint
 `nodeward.io/gpu-health=failed`, annotation `nodeward.io/quarantine` and an Event. What it
 did is recorded in KV and in the annotation, and only that is undone on release, once
 every GPU of the node has been healthy for `healthy_period`. A reconcile loop releases
-due nodes and notices an operator's manual uncordon, which is then respected.
+due nodes and notices an operator's manual uncordon, which is then respected. Operators
+release a quarantine and reset the breaker through controls it answers
+(`control.cordon.release`, `control.cordon.reset-breaker`).
 """
 
 from __future__ import annotations
@@ -868,7 +870,8 @@ async def _applied_at(proposal: Proposal) -> float | None:
 
 
 async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
-    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
+    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` calls,
+    unaudited; `nodeward breaker reset` is the audited operator control).
 
     Operators without the CLI can delete the key: `nats kv del breaker breaker`. The
     breaker is shared by every service that removes nodes from service.

@@ -18,7 +18,8 @@ acted on again. Isolation labels the one pod `nodeward.io/isolated=true`, which 
 deny-all NetworkPolicy `nodeward-isolate` that nodeward creates in the pod's namespace
 selects: sibling replicas of the same workload are untouched. A failed action (a runtime
 without CRIU cannot checkpoint) is audited as failed and on-call hears of it; it is not
-retried, and the action's `continue` decides whether the rule's next actions run.
+retried, and the action's `continue` decides whether the rule's next actions run. An
+operator lifts an isolation nodeward applied through `control.falco.release`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ evicted before every opted-in pod's checkpoint is recorded. A stopping service f
 the checkpoint calls in flight and starts no new ones. Phase events have ids derived from
 the maintenance, so a phase re-published after a restart is dropped by JetStream.
 Every action (announce, cordon, checkpoint, drain) goes through the shared path
-(exemptions, rate limit on starts, dry-run, audit, on-call notice).
+(exemptions, rate limit on starts, dry-run, audit, on-call notice). Operators end a
+maintenance through controls it answers: `finish` (after done: nodeward's cordon comes
+off) and `cancel` (before the drain: it ends `cancelled`), on `control.checkpoint.<verb>`.
 """
 
 from __future__ import annotations
