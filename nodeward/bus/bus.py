@@ -53,7 +53,6 @@ class Bus:
         self.source = source
         self.metrics = metrics
         self.consumers: list[Consumer] = []
-        self.controls: list[str] = []
         self.log = structlog.get_logger().bind(component="bus", source=source)
         self._m_published: dict[str, Any] = {}
 
@@ -205,7 +204,6 @@ class Bus:
         """Answer operator requests on `control.<service>.<verb>` with `handler` (one
         replica of the service answers each); served until the connection drains."""
         await serve(self.nc, service, verb, handler)
-        self.controls.append(verb)
 
     # state -----------------------------------------------------------------------------
     async def kv(self, bucket: str, *, history: int = 5, ttl_s: float | None = None) -> KeyValue:

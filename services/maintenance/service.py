@@ -98,6 +98,7 @@ from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
     announcement,
+    cancellation,
     checkpoint_failed,
     cuda_checkpoint,
     hold,
@@ -1102,6 +1103,10 @@ class CheckpointService:
             await self.bus.publish(
                 self._phase_event(cancelled, MaintenancePhase.CANCELLED, error=proposal.reason)
             )
+            if before != MaintenancePhase.REQUESTED:  # owners were warned: tell them it is off
+                for plan in cancelled.pods.values():
+                    notice = cancellation(cancelled, plan, request.operator)
+                    await self._notify_owner(cancelled, plan, notice)
             with contextlib.suppress(KubeError):
                 await self.cluster.nodes.set_annotations(
                     node, {MAINTENANCE_ANNOTATION: MaintenancePhase.CANCELLED.value}

@@ -352,6 +352,16 @@ async def test_maintenance_cancel_before_the_cordon_and_a_hand_cordon_is_left(
     assert cancel.details["operator"] == "dora"
     assert cancel.details["operator_reason"] == "vendor postponed"
     assert not (await env.admin.nodes.get(env.node))["spec"].get("unschedulable")
+    # The owners warned of it hear that it is off.
+    told = [
+        e.data
+        for e in await read_stream(env.bus, "NOTIFY", "notify.*.maintenance")
+        if e.data.audience == "user:ml-team/train-0"
+    ]
+    assert [n.title for n in told][-1] == (
+        f"Maintenance of node {env.node} cancelled: your pod ml-team/train-0 stays"
+    )
+    assert "cancelled by dora" in told[-1].body
 
 
 async def test_maintenance_cancel_after_the_drain_says_what_was_done_then_finish(
