@@ -95,14 +95,15 @@ async def request(nc: NATS, req: ControlRequest, *, timeout: float) -> ControlRe
     """Send `req` and return the owning service's reply; `ControlTimeout` if none answers."""
     try:
         msg = await nc.request(req.subject, req.model_dump_json().encode(), timeout=timeout)
-    except (NatsTimeout, NoRespondersError, TimeoutError) as exc:
-        why = (
-            "no replica is serving it"
-            if isinstance(exc, NoRespondersError)
-            else f"within {timeout:g}s"
-        )
+    except NoRespondersError as exc:
         raise ControlTimeout(
-            f"no answer from the {req.service} service on {req.subject} ({why}); is it running?"
+            f"no answer from the {req.service} service on {req.subject} (no replica is "
+            "serving it); is it running?"
+        ) from exc
+    except (NatsTimeout, TimeoutError) as exc:
+        raise ControlTimeout(
+            f"no answer from the {req.service} service on {req.subject} within {timeout:g}s; "
+            "it may still act: its audit record tells (`nodeward tail 'remediation.>'`)"
         ) from exc
     try:
         return ControlReply.model_validate_json(msg.data)

@@ -380,7 +380,8 @@ class CordonService:
                     proposal,
                     guard="operator_released",
                     reason=f"not re-quarantined: operator {released.operator} released {name} "
-                    f"from incident {released.incident}; a failure after the GPU recovers will be",
+                    f"from incident {released.incident}; only a failure after the GPU has "
+                    "recovered quarantines it again",
                 )
             return
 

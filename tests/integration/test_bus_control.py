@@ -4,6 +4,7 @@ request nobody serves says which service did not answer."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -72,4 +73,25 @@ async def test_nobody_serving_is_named(bus: Bus) -> None:
     assert str(caught.value) == (
         f"no answer from the {service} service on control.{service}.cancel "
         "(no replica is serving it); is it running?"
+    )
+
+
+async def test_a_slow_answer_says_it_may_still_act(bus: Bus) -> None:
+    service = _service()
+    go_on = asyncio.Event()
+
+    async def slow(req: ControlRequest) -> ControlReply:
+        await go_on.wait()
+        return ControlReply.ok("late")
+
+    await bus.control(service, "release", slow)
+    req = ControlRequest(service=service, verb="release", operator="ann", target="gpu-1")
+    try:
+        with pytest.raises(ControlTimeout) as caught:
+            await request(bus.nc, req, timeout=0.5)
+    finally:
+        go_on.set()
+    assert str(caught.value) == (
+        f"no answer from the {service} service on control.{service}.release within 0.5s; "
+        "it may still act: its audit record tells (`nodeward tail 'remediation.>'`)"
     )
