@@ -4,7 +4,9 @@ Renders the `authorization` block of a nats-server config with one user per serv
 one per node agent. A node agent may publish only its own node's subjects and receive
 only on its own inbox prefix (`bus.inbox_prefix = _INBOX_<node>`), so one compromised
 node cannot forge another node's GPU health. A service may use only its own durable
-consumers and KV buckets, publish only its outputs and receive only on `_INBOX_<service>`.
+consumers and KV buckets, publish only its outputs and receive only on `_INBOX_<service>`
+(and its own operator controls, `control.<service>.<verb>`, which it answers). Operators
+get one read-only user (`operator`): every stream and bucket to read, the controls to send.
 
 Each service declares its grants in its own package (`GRANTS` in `services/<name>/access.py`).
 The Helm chart reads them from `deploy/helm/nodeward/files/nats-permissions.json`, which
@@ -20,7 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from schemas.control import control_subject
 from schemas.state.energy import TOTALS
+from schemas.streams import STREAMS
 from schemas.tokens import token
 
 NODE = "__NODE__"  # the placeholder the chart replaces with a node's subject token
@@ -63,6 +67,8 @@ class ServiceGrants:
     consumers: tuple[tuple[str, str], ...]  # (stream, durable)
     buckets: tuple[str, ...]
     publish: tuple[str, ...]
+    controls: tuple[str, ...] = ()
+    """The operator controls it answers: verbs of `control.<service>.<verb>`."""
 
 
 def agent_inbox(node: str) -> str:
@@ -167,11 +173,75 @@ def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser
     for bucket in grants.buckets:
         publish += _bucket_api(bucket)
     publish += grants.publish
+    controls = tuple(control_subject(service, verb) for verb in grants.controls)
     return NatsUser(
         user=f"nodeward-{service}",
         password=password,
         publish=tuple(publish),
-        subscribe=(f"{service_inbox(service)}.>",),
+        subscribe=(f"{service_inbox(service)}.>", *controls),
+        allow_responses=bool(controls),  # the reply to each control request, nothing more
+    )
+
+
+OPERATOR_USER = "nodeward-operator"
+OPERATOR_INBOX = "_INBOX_operator"
+"""The inbox prefix an operator's commands connect with (`bus.inbox_prefix`)."""
+
+_READ_API = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.STREAM.MSG.GET.*",
+    "$JS.API.DIRECT.GET.*",
+    "$JS.API.DIRECT.GET.*.>",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.INFO.*.*",
+    # Ephemeral consumers: `tail`, `replay`, the story, a KV watch or key listing
+    # (ordered, no acks), and their removal; never a service's durable one (denied below).
+    "$JS.API.CONSUMER.CREATE.*",
+    "$JS.API.CONSUMER.CREATE.*.>",
+    "$JS.API.CONSUMER.MSG.NEXT.*.*",
+    "$JS.API.CONSUMER.DELETE.*.*",
+    "$JS.FC.>",  # flow-control answers of an ordered consumer
+)
+_NO_WRITES = (
+    "$KV.>",
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.CONSUMER.DURABLE.CREATE.>",
+    "$JS.ACK.>",
+)
+
+
+def operator(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
+    """Operators: read every stream and KV bucket (`tail`, `status`, `replay`, `streams`,
+    the `nats` CLI's reads), send every service's operator controls and get the replies;
+    nothing else: no event, no KV write or delete, no stream change, no service's durable
+    consumer (creating, pulling, acknowledging or deleting one)."""
+    deny: list[str] = list(_NO_WRITES)
+    controls: list[str] = []
+    for service, grants in services.items():
+        controls += [control_subject(service, verb) for verb in grants.controls]
+        for stream, durable in grants.consumers:
+            api = "$JS.API.CONSUMER"
+            deny += [
+                f"{api}.CREATE.{stream}.{durable}",
+                f"{api}.CREATE.{stream}.{durable}.>",
+                f"{api}.MSG.NEXT.{stream}.{durable}",
+                f"{api}.DELETE.{stream}.{durable}",
+            ]
+    streams = tuple(subject for spec in STREAMS for subject in spec.subjects)
+    return NatsUser(
+        user=OPERATOR_USER,
+        password=password,
+        publish=(*_READ_API, *controls),
+        subscribe=(f"{OPERATOR_INBOX}.>", *streams),
+        deny_publish=tuple(deny),
     )
 
 
@@ -186,12 +256,16 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
 
 
 def permissions_document(services: Mapping[str, ServiceGrants]) -> dict[str, object]:
-    """The grants the Helm chart renders: per service (as each declares them), admin, and
-    per node with `__NODE__`. `launch.access` writes it with every service's `GRANTS`."""
+    """The grants the Helm chart renders: per service (as each declares them), admin, the
+    operators' read-only user, and per node with `__NODE__`. `launch.access` writes it with every service's `GRANTS`."""
     agent = node_agent(NODE, "")
     return {
         "agent": {"user": f"agent-{NODE}", "permissions": agent.permissions()},
         "admin": {"user": "nodeward-admin", "permissions": admin("").permissions()},
+        "operator": {
+            "user": OPERATOR_USER,
+            "permissions": operator("", services).permissions(),
+        },
         "services": {
             name: {
                 "user": f"nodeward-{name}",

@@ -22,6 +22,7 @@ class MaintenancePhase(StrEnum):
     DRAINING = "draining"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # by an operator before the drain (`nodeward maintenance cancel`)
 
 
 class CheckpointRecord(Model):

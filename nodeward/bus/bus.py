@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 from nodeward.aio import within
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
+from nodeward.bus.control import ControlHandler, serve
 from nodeward.bus.dlq import one_line
 from nodeward.bus.errors import PublishError
 from nodeward.bus.provision import AGENT_BUCKETS, SHARED_BUCKETS, ensure_kv, ensure_streams
@@ -197,6 +198,12 @@ class Bus:
         await consumer.start()
         self.consumers.append(consumer)
         return consumer
+
+    # operator controls -----------------------------------------------------------------
+    async def control(self, service: str, verb: str, handler: ControlHandler) -> None:
+        """Answer operator requests on `control.<service>.<verb>` with `handler` (one
+        replica of the service answers each); served until the connection drains."""
+        await serve(self.nc, service, verb, handler)
 
     # state -----------------------------------------------------------------------------
     async def kv(self, bucket: str, *, history: int = 5, ttl_s: float | None = None) -> KeyValue:

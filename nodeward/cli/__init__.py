@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from nodeward.cli.common import CliError, settings_for
+from nodeward.cli.control import breaker_app, falco_app, quarantine_app
 from nodeward.cli.maintenance import maintenance_app
 from nodeward.config import ConfigError
 from nodeward.durations import parse_duration
@@ -36,6 +37,9 @@ schemas_app = typer.Typer(
 )
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(maintenance_app, name="maintenance")
+app.add_typer(quarantine_app, name="quarantine")
+app.add_typer(falco_app, name="falco")
+app.add_typer(breaker_app, name="breaker")
 
 NatsOpt = Annotated[
     str | None,
@@ -423,7 +427,11 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
         Path | None, typer.Option("--kubeconfig", help="default: in-cluster config")
     ] = None,
     reset_breaker: Annotated[
-        bool, typer.Option("--reset-breaker", help="close the service's circuit breaker, then exit")
+        bool,
+        typer.Option(
+            "--reset-breaker",
+            help="close the circuit breaker without the service, unaudited, then exit (`nodeward breaker reset` is the audited way)",
+        ),
     ] = False,
     config: ConfigOpt = None,
 ) -> None:

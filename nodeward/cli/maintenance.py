@@ -1,11 +1,13 @@
-"""`nodeward maintenance start|status|restore`: ask for a node's maintenance, follow it, restore.
+"""`nodeward maintenance start|status|restore|finish|cancel`: ask for a node's maintenance,
+follow it, restore a pod, end it.
 
 `start` validates the request at the edge (node name, times, the node's existence when a
 kubeconfig is at hand), publishes `maintenance.requested`, and waits a little for the
 checkpoint service to take it or refuse it. `status` and `restore` read the service's
 records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
 (`schemas.state.maintenance.restore_plan`) to turn a pod's checkpoint archives into images
-and run the pod elsewhere (it executes nothing).
+and run the pod elsewhere (it executes nothing). `finish` and `cancel` are operator
+controls (`nodeward.cli.control`): requests the checkpoint service answers and audits.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import ValidationError
 
 from nodeward.bus import Bus, BusError, PublishError
 from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
+from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, require_reason, send
 from nodeward.config import ClusterSettings, Settings
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
@@ -242,6 +245,9 @@ def render_status(state: MaintenanceState) -> list[str]:
         lines += [f"    {f}" for f in state.failures]
     if state.error:
         lines.append(f"  error: {state.error}")
+    if state.ended_by:
+        done = "cancelled" if state.phase == MaintenancePhase.CANCELLED else "finished"
+        lines.append(f"  {done} by operator {state.ended_by}")
     return lines
 
 
@@ -388,3 +394,60 @@ def restore_command(  # noqa: PLR0917 - typer maps parameters to options
 ) -> None:
     """Print the restore plan of a checkpointed pod (image builds and the pod manifest)."""
     asyncio.run(restore(settings_for(config, nats, state_dir), pod, registry, as_json))
+
+
+@maintenance_app.command("finish")
+def finish_command(  # noqa: PLR0917 - typer maps parameters to options
+    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    timeout: TimeoutOpt = 10.0,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The work is over: uncordon NODE if nodeward cordoned it for the maintenance."""
+    settings = settings_for(config, nats, state_dir)
+    asyncio.run(
+        send(
+            settings,
+            "checkpoint",
+            "finish",
+            node,
+            operator,
+            require_reason(reason),
+            timeout,
+            as_json,
+            state_dir,
+        )
+    )
+
+
+@maintenance_app.command("cancel")
+def cancel_command(  # noqa: PLR0917 - typer maps parameters to options
+    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    timeout: TimeoutOpt = 10.0,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop NODE's maintenance before its drain (nodeward's cordon comes off); after the
+    drain began, it says what was already done."""
+    settings = settings_for(config, nats, state_dir)
+    asyncio.run(
+        send(
+            settings,
+            "checkpoint",
+            "cancel",
+            node,
+            operator,
+            require_reason(reason),
+            timeout,
+            as_json,
+            state_dir,
+        )
+    )

@@ -80,9 +80,21 @@ class Quarantine(BaseModel):
     operator_released: bool = False
 
 
+class OperatorRelease(BaseModel):
+    """An operator released the node from a quarantine (`nodeward quarantine release`): its
+    GPUs are not quarantined again until they have been healthy in between."""
+
+    incident: str
+    gpus: list[str]
+    operator: str
+    reason: str = ""
+    at: float
+
+
 class NodeRecord(BaseModel):
     gpus: dict[str, GpuRecord] = Field(default_factory=dict)
     quarantine: Quarantine | None = None
+    operator_release: OperatorRelease | None = None
     last_release_at: float | None = None
     last_decision: str | None = Field(
         default=None, description="`outcome/guard` of the last audited non-quarantine decision"

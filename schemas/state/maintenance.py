@@ -28,7 +28,7 @@ BUCKET = "checkpoint"
 CHECKPOINT_NAME_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
 CUDA_CHECKPOINT_LABEL = "nodeward.io/cuda-checkpoint"
 
-TERMINAL = frozenset({MaintenancePhase.DONE, MaintenancePhase.FAILED})
+TERMINAL = frozenset({MaintenancePhase.DONE, MaintenancePhase.FAILED, MaintenancePhase.CANCELLED})
 
 PodStatus = Literal[
     "pending", "checkpointed", "failed", "not_checkpointable", "not_opted_in", "dry_run"
@@ -90,6 +90,12 @@ class MaintenanceState(Model):
     error: str | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    ended_by: str | None = Field(
+        default=None, description="the operator who cancelled it, or finished it (uncordon)"
+    )
+    released_at: datetime | None = Field(
+        default=None, description="when nodeward took its cordon off (finish or cancel)"
+    )
 
     @property
     def terminal(self) -> bool:

@@ -37,4 +37,6 @@ GRANTS = ServiceGrants(
     # `breaker`: the one circuit breaker every service that removes nodes shares.
     buckets=(NODES.name, SHARED.name),
     publish=("maintenance.requested.*", *PUBLISHES),
+    # `nodeward quarantine release`, `nodeward breaker reset`.
+    controls=("release", "reset-breaker"),
 )

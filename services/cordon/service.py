@@ -7,7 +7,9 @@ rate limit, circuit breaker) and acts through the kube port: NoSchedule taint
 `nodeward.io/gpu-health=failed`, annotation `nodeward.io/quarantine` and an Event. What it
 did is recorded in KV and in the annotation, and only that is undone on release, once
 every GPU of the node has been healthy for `healthy_period`. A reconcile loop releases
-due nodes and notices an operator's manual uncordon, which is then respected.
+due nodes and notices an operator's manual uncordon, which is then respected. Operators
+release a quarantine and reset the breaker through controls it answers
+(`control.cordon.release`, `control.cordon.reset-breaker`).
 """
 
 from __future__ import annotations
@@ -34,17 +36,20 @@ from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
-from schemas.common import ObjectRef
+from schemas.common import ObjectRef, dns_subdomain
+from schemas.control import ControlReply, ControlRequest
 from schemas.gpu import GpuHealth, HealthState
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
-from schemas.remediation import Outcome
+from schemas.remediation import Outcome, Remediation
+from schemas.state.breaker import BREAKER_KEY
 from schemas.state.cordon import (
     NODES,
     TAINT_KEY,
     GpuRecord,
     NodeRecord,
+    OperatorRelease,
     Quarantine,
     XidRepeats,
     is_stale,
@@ -80,6 +85,13 @@ from services.kernel import (
     drain,
 )
 from services.kernel.breaker import node_breaker
+from services.kernel.control import (
+    ControlSettings,
+    operator_limit,
+    operator_proposal,
+    refuse,
+    reply_for,
+)
 from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
@@ -121,6 +133,7 @@ class CordonSettings(Section):
     xid_repeats: XidRepeatSettings = XidRepeatSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
     drain: DrainSettings = DrainSettings()
+    controls: ControlSettings = ControlSettings()
 
 
 def _target(node: str) -> ObjectRef:
@@ -159,6 +172,12 @@ class CordonService:
         self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]
+        # An operator's release or reset: exemptions and the operator's rate limit (a release
+        # never passes the breaker; the runner's dry-run applies as to every action).
+        self.control_guards: list[Guard] = [
+            self.exemptions,
+            operator_limit(settings.controls.rate_limit),
+        ]
         # A quarantine is held at least `cooldown`: a release before then waits (quietly).
         self.cooldown = Cooldown(
             settings.cooldown,
@@ -349,6 +368,22 @@ class CordonService:
                     f"{q.incident}",
                 )
             return
+        released = record.operator_release
+        if (
+            q is None
+            and released is not None
+            and gpu in released.gpus
+            and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
+        ):
+            if not health.heartbeat:
+                await self.runner.skip(
+                    proposal,
+                    guard="operator_released",
+                    reason=f"not re-quarantined: operator {released.operator} released {name} "
+                    f"from incident {released.incident}; only a failure after the GPU has "
+                    "recovered quarantines it again",
+                )
+            return
 
         async def act() -> dict[str, Any]:
             return await self._apply(
@@ -473,7 +508,10 @@ class CordonService:
                 "prior_unschedulable": q.prior_unschedulable,
             }
             return record.model_copy(
-                update={"quarantine": record.quarantine.model_copy(update=update)}
+                update={
+                    "quarantine": record.quarantine.model_copy(update=update),
+                    "operator_release": None,
+                }
             )
 
         await self.records.update(key, done)
@@ -619,50 +657,169 @@ class CordonService:
         )
 
     async def _release(
-        self, name: str, q: Quarantine, reason: str, *, guards: Sequence[Guard] = ()
-    ) -> None:
+        self,
+        name: str,
+        q: Quarantine,
+        reason: str,
+        *,
+        guards: Sequence[Guard] = (),
+        by: ControlRequest | None = None,
+        obj: Obj | None = None,
+    ) -> Remediation:
         """Undo quarantine `q` (or finish undoing it), audit it, clear the record. `guards`:
-        the cooldown for a release the reconcile loop proposes; finishing one never waits."""
+        the cooldown for a release the reconcile loop proposes; finishing one never waits.
+        `by`: an operator's request (`nodeward quarantine release`), audited as theirs."""
         await self._adopt_legacy(name, q)
-        proposal = Proposal(
-            action="release",
-            target=_target(name),
-            reason=reason,
-            policy=q.rule,
-            trigger_id=q.incident,
-            trigger_time=q.started_at,
-            protective=False,
-            resolves=True,
-            details={
-                "incident": q.incident,
-                "operator_released": q.operator_released,
-                "applied_at": q.applied_at,
-            },
-        )
+        details = {
+            "incident": q.incident,
+            "operator_released": q.operator_released,
+            "applied_at": q.applied_at,
+        }
+        if by is None:
+            proposal = Proposal(
+                action="release",
+                target=_target(name),
+                reason=reason,
+                policy=q.rule,
+                trigger_id=q.incident,
+                trigger_time=q.started_at,
+                protective=False,
+                resolves=True,
+                details=details,
+            )
+        else:
+            proposal = operator_proposal(
+                by,
+                action="release",
+                target=_target(name),
+                what=reason,
+                obj=obj,
+                policy=q.rule,
+                details=details,
+                resolves=True,
+            )
 
         async def act() -> dict[str, Any]:
-            details = await self.marks.release(name)
+            details = await self.marks.release(name, note=proposal.reason if by else None)
             # None: already released (a restart after the release, before the record cleared).
             return details or {"incident": q.incident}
 
         runner = self.runner.with_dry_run() if q.dry_run else self.runner
         # Only the cooldown may hold a release back (quietly: it is tried every reconcile);
-        # releasing is never refused by a limit or the breaker.
-        decided = await runner.run(proposal, act, guards, repeat=lambda _, g: g == "cooldown")
+        # releasing is never refused by a limit or the breaker. An operator's release passes
+        # the exemptions and the operator's rate limit.
+        decided = await runner.run(
+            proposal, act, guards, repeat=lambda _, g: g == "cooldown", retry=by is None
+        )
         if decided.outcome not in (Outcome.APPLIED, Outcome.DRY_RUN):
-            return
+            return decided
+        if by is not None and decided.outcome == Outcome.DRY_RUN and not q.dry_run:
+            return decided  # a dry-running service leaves a real quarantine as it is
         self.marks.failpoints.hit("cordon.release.audited")
+        operator = (
+            None
+            if by is None
+            else OperatorRelease(
+                incident=q.incident,
+                gpus=q.gpus,
+                operator=by.operator,
+                reason=by.reason,
+                at=time.time(),
+            )
+        )
 
         def cleared(current: NodeRecord | None) -> NodeRecord | None:
             rec = current or NodeRecord()
             if rec.quarantine is None or rec.quarantine.incident != q.incident:
                 return None
             return rec.model_copy(
-                update={"quarantine": None, "last_release_at": time.time(), "last_decision": None}
+                update={
+                    "quarantine": None,
+                    "last_release_at": time.time(),
+                    "last_decision": None,
+                    "operator_release": operator,
+                }
             )
 
         await self.records.update(node_key(name), cleared)
         self.marks.failpoints.hit("cordon.release.cleared")
+        return decided
+
+    # operator controls ------------------------------------------------------------------
+    async def release_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward quarantine release NODE`: undo nodeward's quarantine of the node, and
+        nothing else (a node cordoned by hand, with no quarantine of ours, stays cordoned)."""
+        name = request.target or ""
+        try:
+            dns_subdomain(name)
+        except ValueError as exc:
+            return ControlReply.error(f"release: {exc}")
+        with structlog.contextvars.bound_contextvars(node=name):
+            async with self.node_lock(name):
+                try:
+                    node = await self.cluster.nodes.get(name)
+                except NotFound:
+                    return ControlReply.refused(f"no node named {name} in the cluster")
+                current = await self.records.get(node_key(name))
+                q = current.value.quarantine if current else None
+                if q is not None and q.phase == "applied":
+                    what = f"release of {name} from quarantine {q.incident} ({q.rule})"
+                    decided = await self._release(
+                        name, q, what, guards=self.control_guards, by=request, obj=node
+                    )
+                    return reply_for(decided, done=_released_line(name, q, decided.details))
+                proposal = operator_proposal(
+                    request,
+                    action="release",
+                    target=_target(name),
+                    what=f"release of {name}",
+                    obj=node,
+                )
+                if q is not None:
+                    why = (
+                        f"refused: the quarantine of {name} ({q.incident}) is still being "
+                        "applied; try again in a moment"
+                    )
+                    return await refuse(self.runner, proposal, guard="pending", reason=why)
+                held = " and stays cordoned" if unschedulable(node) else ""
+                why = (
+                    f"refused: {name} has no quarantine by nodeward{held}; nodeward undoes "
+                    "only what it did"
+                )
+                return await refuse(self.runner, proposal, guard="not_ours", reason=why)
+
+    async def reset_breaker_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward breaker reset`: close a tripped circuit breaker (shared by every service
+        that removes nodes from service) and forget its window."""
+        state = await self.breaker.state()
+        target = ObjectRef(kind="CircuitBreaker", name=BREAKER_KEY)
+        detail = {
+            "tripped_at": state.tripped_at,
+            "trip_reason": state.trip_reason,
+            "admitted": sorted(state.admitted),
+        }
+        proposal = operator_proposal(
+            request,
+            action="breaker_reset",
+            target=target,
+            what="reset of the circuit breaker",
+            details=detail,
+        )
+        if state.tripped_at is None:
+            why = (
+                f"refused: the circuit breaker is not tripped ({len(state.admitted)} node(s) "
+                "admitted in its window); nothing to reset"
+            )
+            return await refuse(self.runner, proposal, guard="not_tripped", reason=why)
+
+        async def act() -> dict[str, Any]:
+            await self.breaker.reset()
+            return detail
+
+        decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        return reply_for(
+            decided, done=f"circuit breaker reset (it tripped: {state.trip_reason or 'tripped'})"
+        )
 
     async def reconcile_once(self) -> None:
         """Release due nodes and notice manual uncordons, for every node with a quarantine."""
@@ -698,6 +855,19 @@ class CordonService:
                 self.log.exception("cordon.reconcile_failed")
 
 
+def _released_line(name: str, q: Quarantine, details: dict[str, Any]) -> str:
+    """One line on what an operator's release undid."""
+    done = [f"released {name} from quarantine {q.incident}"]
+    removed = details.get("removed_taints") or []
+    if removed:
+        done.append(f"removed taint {', '.join(removed)}")
+    if details.get("uncordoned"):
+        done.append("uncordoned")
+    elif details.get("kept_cordon"):
+        done.append("kept cordoned (not by nodeward, or held by another of its owners)")
+    return "; ".join(done)
+
+
 async def _applied_at(proposal: Proposal) -> float | None:
     """When the quarantine a release proposal undoes was applied (its details say)."""
     at = proposal.details.get("applied_at")
@@ -705,7 +875,8 @@ async def _applied_at(proposal: Proposal) -> float | None:
 
 
 async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
-    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` will call).
+    """Close the circuit breaker (what `nodeward service cordon --reset-breaker` calls,
+    unaudited; `nodeward breaker reset` is the audited operator control).
 
     Operators without the CLI can delete the key: `nats kv del breaker breaker`. The
     breaker is shared by every service that removes nodes from service.
@@ -748,6 +919,8 @@ async def build(settings: Settings) -> Daemon:
 
     daemon.add_task(consume, name="consume")
     daemon.add_task(service.reconcile_loop, name="reconcile")
+    await bus.control(NAME, "release", service.release_control)
+    await bus.control(NAME, "reset-breaker", service.reset_breaker_control)
     if xids_on:
         xids = XidReports(
             bus,

@@ -36,4 +36,5 @@ GRANTS = ServiceGrants(
     consumers=(("SECURITY", "falco"),),
     buckets=(FALCO.name, FALCO_MARKS.name, SHARED.name),
     publish=("falco.>", *PUBLISHES),
+    controls=("release",),  # `nodeward falco release NAMESPACE/POD`
 )

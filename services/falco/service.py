@@ -18,7 +18,8 @@ acted on again. Isolation labels the one pod `nodeward.io/isolated=true`, which 
 deny-all NetworkPolicy `nodeward-isolate` that nodeward creates in the pod's namespace
 selects: sibling replicas of the same workload are untouched. A failed action (a runtime
 without CRIU cannot checkpoint) is audited as failed and on-call hears of it; it is not
-retried, and the action's `continue` decides whether the rule's next actions run.
+retried, and the action's `continue` decides whether the rule's next actions run. An
+operator lifts an isolation nodeward applied through `control.falco.release`.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster, NotFound
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
+from schemas.common import ObjectRef, dns_label, dns_subdomain
+from schemas.control import ControlReply, ControlRequest
 from schemas.falco import FalcoAlert
 from schemas.remediation import Outcome, Remediation
 from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
+from services.falco.actions.isolate import ISOLATE_LABEL, isolated, isolation_of, lift
 from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
 from services.falco.ingest import Ingest, IngestError
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
@@ -59,6 +63,7 @@ from services.kernel import (
     SkippedNamespaces,
 )
 from services.kernel.breaker import node_breaker
+from services.kernel.control import operator_limit, operator_proposal, refuse, reply_for
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
@@ -117,6 +122,11 @@ class FalcoService:
             settings.skip_namespaces, setting="services.falco.skip_namespaces"
         )
         self.guards: list[Guard] = [self.skipped, self.exemptions, self.per_pod, self.per_rule]
+        # An operator's release: exemptions and the operator's rate limit (never the breaker).
+        self.control_guards: list[Guard] = [
+            self.exemptions,
+            operator_limit(settings.controls.rate_limit),
+        ]
         self.breaker = breaker
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
@@ -313,6 +323,55 @@ class FalcoService:
         # the behaviour goes on, and a checkpoint is not idempotent.
         return await runner.run(proposal, act, guards, retry=False)
 
+    # operator controls -----------------------------------------------------------------
+    async def release_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward falco release NAMESPACE/POD`: lift an isolation nodeward applied, and
+        none that someone else applied (the label without nodeward's record stays)."""
+        namespace, _, name = (request.target or "").partition("/")
+        try:
+            dns_label(namespace)
+            dns_subdomain(name)
+        except ValueError as exc:
+            return ControlReply.error(f"release: {request.target!r} is not NAMESPACE/POD: {exc}")
+        ref = f"{namespace}/{name}"
+        try:
+            pod = await self.cluster.pods.get(namespace, name)
+        except NotFound:
+            return ControlReply.refused(f"refused: no pod {ref}")
+        note = isolation_of(pod)
+        proposal = operator_proposal(
+            request,
+            action="release",
+            target=ObjectRef(kind="Pod", name=name, namespace=namespace, api_version="v1"),
+            what=f"lifting the network isolation of {ref}",
+            obj=pod,
+            policy=str(note["falco_rule"]) if note and note.get("falco_rule") else None,
+            details={"isolation": note} if note else None,
+            resolves=True,
+        )
+        if note is None or not isolated(pod):
+            if note is not None:
+                why = f"the isolation of {ref} was already lifted, not by nodeward"
+            elif isolated(pod):
+                why = (
+                    f"{ref} is labelled {ISOLATE_LABEL}=true but not by nodeward (no isolation "
+                    "record of its own), and stays isolated"
+                )
+            else:
+                why = f"{ref} is not isolated by nodeward"
+            reason = f"refused: {why}; nodeward undoes only what it did"
+            return await refuse(self.runner, proposal, guard="not_ours", reason=reason)
+
+        async def act() -> dict[str, Any]:
+            return await lift(self.cluster, pod, proposal.reason)
+
+        decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        return reply_for(
+            decided,
+            done=f"lifted the isolation of {ref} (isolated for {note.get('falco_rule')!r} at "
+            f"{note.get('at')}); the pod is on the network again",
+        )
+
 
 # daemon --------------------------------------------------------------------------------
 @dataclass
@@ -380,6 +439,7 @@ async def assemble(settings: Settings) -> Assembled:
         await bus.consume(service.consumer_spec(), service.handle)
 
     daemon.add_task(consume, name="consume")
+    await bus.control(NAME, "release", service.release_control)
     return Assembled(daemon, service, ingest)
 
 

@@ -13,6 +13,7 @@ from schemas.state.dedup import FALCO
 from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
 from services.kernel import BreakerSettings, RateLimitSettings
+from services.kernel.control import ControlSettings
 
 NAME = "falco"
 ACTOR = "service/falco"
@@ -54,3 +55,4 @@ class FalcoSettings(Section):
     support_contact: str = "the platform's security team"
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
     ingest: IngestSettings = IngestSettings()
+    controls: ControlSettings = ControlSettings()

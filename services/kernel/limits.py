@@ -147,6 +147,7 @@ class KeyedRateLimiter:
     waiting and without a retry: the next alert for that key is judged afresh.
 
     Buckets that have refilled are forgotten once there are more than `max_keys`.
+    It judges protective proposals unless `applies` says otherwise.
     """
 
     stage = Stage.RATE_LIMIT
@@ -160,8 +161,10 @@ class KeyedRateLimiter:
         what: str,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 10_000,
+        applies: Callable[[Proposal], bool] = lambda p: p.protective,
     ) -> None:
         self.name = name
+        self.applies = applies
         self.settings = settings
         self.key = key
         self.what = what
@@ -180,7 +183,7 @@ class KeyedRateLimiter:
         return bucket
 
     async def check(self, proposal: Proposal) -> Verdict | None:
-        if not proposal.protective:
+        if not self.applies(proposal):
             return None
         key = self.key(proposal)
         if key is None:

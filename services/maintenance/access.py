@@ -36,4 +36,5 @@ GRANTS = ServiceGrants(
     consumers=(("MAINTENANCE", "checkpoint"),),
     buckets=(MAINTENANCES.name, SHARED.name),
     publish=("maintenance.>", *PUBLISHES),
+    controls=("cancel", "finish"),  # `nodeward maintenance cancel|finish NODE`
 )

@@ -182,6 +182,25 @@ def announcement(state: MaintenanceState, plan: PodPlan) -> Notice:
     )
 
 
+def cancellation(state: MaintenanceState, plan: PodPlan, operator: str) -> Notice:
+    """The maintenance this owner was warned of is off: the pod stays."""
+    kept = (
+        f" Its checkpoint taken meanwhile is kept: `nodeward maintenance restore {plan.key}`."
+        if plan.status == "checkpointed"
+        else ""
+    )
+    return Notice(
+        kind="cancel",
+        severity=Severity.INFO,
+        title=f"Maintenance of node {state.node} cancelled: your pod {plan.key} stays",
+        body=f"The maintenance of {state.node} you were told of ({when(state.start_at)}) was "
+        f"cancelled by {operator}; {plan.key} is not evicted and keeps running.{kept}",
+        why=_why(state),
+        deadline=state.start_at,
+        steps=["Nothing to do."],
+    )
+
+
 def checkpoint_failed(state: MaintenanceState, plan: PodPlan, deadline: datetime) -> Notice:
     """The pod's checkpoint failed: it is held until `deadline`, then evicted."""
     return Notice(

@@ -23,7 +23,9 @@ evicted before every opted-in pod's checkpoint is recorded. A stopping service f
 the checkpoint calls in flight and starts no new ones. Phase events have ids derived from
 the maintenance, so a phase re-published after a restart is dropped by JetStream.
 Every action (announce, cordon, checkpoint, drain) goes through the shared path
-(exemptions, rate limit on starts, dry-run, audit, on-call notice).
+(exemptions, rate limit on starts, dry-run, audit, on-call notice). Operators end a
+maintenance through controls it answers: `finish` (after done: nodeward's cordon comes
+off) and `cancel` (before the drain: it ends `cancelled`), on `control.checkpoint.<verb>`.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ from nodeward.kube.base import Obj
 from nodeward.kube.errors import CheckpointFailed, Forbidden
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
-from schemas.common import ObjectRef, PodRef
+from schemas.common import ObjectRef, PodRef, dns_subdomain
+from schemas.control import ControlReply, ControlRequest
 from schemas.ids import stable_id
 from schemas.maintenance import CheckpointRecord, Maintenance, MaintenancePhase
 from schemas.notify import Severity
@@ -83,11 +86,19 @@ from services.kernel import (
     tell_owner,
 )
 from services.kernel.breaker import node_breaker
+from services.kernel.control import (
+    ControlSettings,
+    operator_limit,
+    operator_proposal,
+    refuse,
+    reply_for,
+)
 from services.kernel.marks import NodeMarks
 from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
     announcement,
+    cancellation,
     checkpoint_failed,
     cuda_checkpoint,
     hold,
@@ -174,6 +185,7 @@ class CheckpointSettings(Section):
         description="the shared breaker; guards only service-requested maintenance cordons",
     )
     lease_ttl: Duration = timedelta(seconds=15)
+    controls: ControlSettings = ControlSettings()
 
 
 def _pod_ref(plan: PodPlan) -> ObjectRef:
@@ -220,6 +232,11 @@ class CheckpointService:
         self.limiter = RateLimiter(settings.rate_limit)
         self.breaker = breaker
         self.marks = NodeMarks(cluster, kv, OWNER)
+        # An operator's finish or cancel: exemptions and the operator's rate limit.
+        self.control_guards: list[Guard] = [
+            self.exemptions,
+            operator_limit(settings.controls.rate_limit),
+        ]
         self.halt = asyncio.Event()
         """Set on shutdown: no new step or checkpoint call starts."""
         self.wake = asyncio.Event()
@@ -408,6 +425,11 @@ class CheckpointService:
         with structlog.contextvars.bound_contextvars(node=node):
             while not self.halt.is_set():
                 current = await self.states.get(key)
+                if current is not None and current.value.phase == MaintenancePhase.CANCELLED:
+                    # Cancelled while this step cordoned the node: the cordon comes off.
+                    if await self.marks.holds(node):
+                        await self.marks.release(node)
+                    return
                 if current is None or current.value.terminal:
                     return
                 state = current.value
@@ -452,12 +474,16 @@ class CheckpointService:
         def apply(current: MaintenanceState | None) -> MaintenanceState | None:
             if current is None or current.maintenance_id != maintenance_id:
                 return None
+            if current.phase == MaintenancePhase.CANCELLED:
+                return None  # an operator cancelled it: the workflow changes it no more
             return change(current).model_copy(update={"updated_at": _now()})
 
         async with self._save_lock:
             stored = await self.states.update(state_key(node), apply)
         if stored is None or stored.value.maintenance_id != maintenance_id:
             raise RetryableError(f"maintenance {maintenance_id} of {node} is no longer stored")
+        if stored.value.phase == MaintenancePhase.CANCELLED:
+            raise RetryableError(f"maintenance {maintenance_id} of {node} was cancelled")
         return stored.value
 
     def _phase_event(
@@ -975,6 +1001,213 @@ class CheckpointService:
         )
         return True
 
+    # operator controls ------------------------------------------------------------------
+    async def _control_target(
+        self, request: ControlRequest
+    ) -> tuple[str, Obj | None, MaintenanceState | None] | ControlReply:
+        node = request.target or ""
+        try:
+            dns_subdomain(node)
+        except ValueError as exc:
+            return ControlReply.error(f"{request.verb}: {exc}")
+        try:
+            obj: Obj | None = await self.cluster.nodes.get(node)
+        except NotFound:
+            obj = None
+        current = await self.states.get(state_key(node))
+        return node, obj, current.value if current else None
+
+    def _control_proposal(
+        self,
+        request: ControlRequest,
+        action: str,
+        *,
+        node: str,
+        obj: Obj | None,
+        state: MaintenanceState | None,
+        what: str,
+    ) -> Proposal:
+        details: dict[str, Any] = {"node": node}
+        if state is not None:
+            details |= {"maintenance": state.maintenance_id, "phase": state.phase.value}
+        return operator_proposal(
+            request,
+            action=action,
+            target=_node_ref(node),
+            what=what,
+            obj=obj,
+            policy=f"maintenance/{state.maintenance_id}" if state else None,
+            details=details,
+            resolves=True,
+        )
+
+    async def cancel_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward maintenance cancel NODE`: stop a maintenance before its drain (the
+        cordon nodeward put on comes off); once the drain began, say what was done."""
+        found = await self._control_target(request)
+        if isinstance(found, ControlReply):
+            return found
+        node, obj, state = found
+        what = (
+            f"cancellation of maintenance {state.maintenance_id} of {node}"
+            if state
+            else f"cancellation of a maintenance of {node}"
+        )
+        proposal = self._control_proposal(
+            request, "cancel", node=node, obj=obj, state=state, what=what
+        )
+        if state is None:
+            why = f"refused: no maintenance of {node} by nodeward; nothing to cancel"
+            return await refuse(self.runner, proposal, guard="not_ours", reason=why)
+        if state.terminal:
+            why = (
+                f"refused: maintenance {state.maintenance_id} of {node} already ended "
+                f"({state.phase.value}); done: {done_so_far(state)}"
+            )
+            return await refuse(self.runner, proposal, guard="ended", reason=why)
+        if state.phase == MaintenancePhase.DRAINING or state.drain is not None:
+            why = (
+                f"refused: the drain of {node} for maintenance {state.maintenance_id} has "
+                f"begun; already done: {done_so_far(state)}; `nodeward maintenance finish "
+                f"{node}` uncordons it once the maintenance is done"
+            )
+            return await refuse(self.runner, proposal, guard="draining", reason=why)
+        before = state.phase
+
+        def cancel(current: MaintenanceState | None) -> MaintenanceState | None:
+            if (
+                current is None
+                or current.maintenance_id != state.maintenance_id
+                or current.terminal
+                or current.phase == MaintenancePhase.DRAINING
+            ):
+                return None
+            update = {
+                "phase": MaintenancePhase.CANCELLED,
+                "ended_by": request.operator,
+                "finished_at": _now(),
+                "updated_at": _now(),
+            }
+            return current.model_copy(update=update)
+
+        async def act() -> dict[str, Any]:
+            stored = await self.states.update(state_key(node), cancel)
+            if stored is None or stored.value.phase != MaintenancePhase.CANCELLED:
+                phase = stored.value.phase.value if stored else "gone"
+                raise RuntimeError(f"maintenance {state.maintenance_id} moved on ({phase})")
+            released = await self.marks.release(node, note=proposal.reason) or {}
+            cancelled = stored.value
+            if released:
+                cancelled = cancelled.model_copy(update={"released_at": _now()})
+                await self.states.put(state_key(node), cancelled)
+            await self.states.put(history_key(node, cancelled.maintenance_id), cancelled)
+            await self.bus.publish(
+                self._phase_event(cancelled, MaintenancePhase.CANCELLED, error=proposal.reason)
+            )
+            if before != MaintenancePhase.REQUESTED:  # owners were warned: tell them it is off
+                for plan in cancelled.pods.values():
+                    notice = cancellation(cancelled, plan, request.operator)
+                    await self._notify_owner(cancelled, plan, notice)
+            with contextlib.suppress(KubeError):
+                await self.cluster.nodes.set_annotations(
+                    node, {MAINTENANCE_ANNOTATION: MaintenancePhase.CANCELLED.value}
+                )
+            self.wake.set()
+            return {"was": before.value, **released}
+
+        decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        details = decided.details
+        if details.get("uncordoned"):
+            cordon = "uncordoned it"
+        elif details.get("kept_cordon"):
+            cordon = "it stays cordoned: it was cordoned before nodeward's maintenance"
+        else:
+            cordon = "it was not cordoned yet"
+        checkpointed = sum(1 for p in state.pods.values() if p.status == "checkpointed")
+        kept = f"; {checkpointed} checkpoint(s) taken are kept" if checkpointed else ""
+        return reply_for(
+            decided,
+            done=f"cancelled maintenance {state.maintenance_id} of {node} ({before.value}); "
+            f"{cordon}{kept}",
+        )
+
+    async def finish_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward maintenance finish NODE`: the work is over; take nodeward's cordon off
+        (a node cordoned before the maintenance stays cordoned)."""
+        found = await self._control_target(request)
+        if isinstance(found, ControlReply):
+            return found
+        node, obj, state = found
+        what = (
+            f"finish of maintenance {state.maintenance_id} of {node}"
+            if state
+            else f"finish of a maintenance of {node}"
+        )
+        proposal = self._control_proposal(
+            request, "finish", node=node, obj=obj, state=state, what=what
+        )
+        cordoned = bool(obj and (obj.get("spec") or {}).get("unschedulable"))
+        stays = " (it stays cordoned)" if cordoned else ""
+        if state is None or not await self.marks.holds(node):
+            ended = f" (maintenance {state.maintenance_id}: {state.phase.value})" if state else ""
+            why = (
+                f"refused: nodeward holds no maintenance cordon on {node}{ended}{stays}; "
+                "nodeward undoes only what it did"
+            )
+            return await refuse(self.runner, proposal, guard="not_ours", reason=why)
+        if state.phase != MaintenancePhase.DONE:
+            why = (
+                f"refused: maintenance {state.maintenance_id} of {node} is still "
+                f"{state.phase.value}; wait for it to be done, or `nodeward maintenance cancel "
+                f"{node}` before its drain"
+            )
+            return await refuse(self.runner, proposal, guard="not_done", reason=why)
+
+        async def act() -> dict[str, Any]:
+            released = await self.marks.release(node, note=proposal.reason) or {}
+
+            def finished(current: MaintenanceState | None) -> MaintenanceState | None:
+                if current is None or current.maintenance_id != state.maintenance_id:
+                    return None
+                return current.model_copy(
+                    update={"ended_by": request.operator, "released_at": _now()}
+                )
+
+            stored = await self.states.update(state_key(node), finished)
+            if stored is not None:
+                await self.states.put(history_key(node, state.maintenance_id), stored.value)
+            return released
+
+        decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        if decided.details.get("uncordoned"):
+            cordon = "uncordoned it"
+        else:
+            cordon = (
+                "it stays cordoned: it was cordoned before the maintenance, or another "
+                "owner of nodeward still holds it"
+            )
+        return reply_for(
+            decided, done=f"finished maintenance {state.maintenance_id} of {node}; {cordon}"
+        )
+
+
+def done_so_far(state: MaintenanceState) -> str:
+    """What a maintenance did to its node and pods, in one phrase."""
+    parts = []
+    if state.cordoned:
+        parts.append(f"{state.node} cordoned by nodeward")
+    elif state.prior_unschedulable:
+        parts.append(f"{state.node} was cordoned before")
+    checkpointed = sum(1 for p in state.pods.values() if p.status == "checkpointed")
+    parts.append(f"{checkpointed} pod(s) checkpointed")
+    drained = state.drain or {}
+    evicted = len(drained.get("evicted", [])) + len(drained.get("gone", []))
+    parts.append(f"{evicted} evicted")
+    held = drained.get("held") or []
+    if held:
+        parts.append(f"{len(held)} held until the deadline")
+    return ", ".join(parts)
+
 
 async def build(settings: Settings) -> Daemon:
     """The checkpoint service's daemon: a consumer on `maintenance.requested.>` and the
@@ -1007,6 +1240,8 @@ async def build(settings: Settings) -> Daemon:
     daemon.add_task(consume, name="consume")
     daemon.add_task(workflows, name="workflows", graceful=True)
     daemon.add_task(annotations, name="annotations", graceful=True)
+    await bus.control(NAME, "cancel", service.cancel_control)
+    await bus.control(NAME, "finish", service.finish_control)
     return daemon
 
 

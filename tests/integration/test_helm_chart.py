@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from launch.access import GRANTS
-from nodeward.nats_auth import node_agent_nkey, service_user
+from nodeward.nats_auth import node_agent_nkey, operator, service_user
 from tests.integration.helm_chart import (
     CHART,
     ROOT,
@@ -455,7 +455,12 @@ def test_per_node_permissions_equal_nats_auth(
 
 def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None:
     users = {u["user"]: u for u in _auth_users(docs) if "user" in u}
-    assert set(users) == {f"nodeward-{s}" for s in SERVICES} | {"nodeward-admin"}
+    assert set(users) == {f"nodeward-{s}" for s in SERVICES} | {
+        "nodeward-admin",
+        "nodeward-operator",
+    }
+    assert users["nodeward-operator"]["permissions"] == operator("", GRANTS).permissions()
+    assert len(named(docs, "Secret", "nw-nats-operator")["stringData"]["password"]) == 32
     for service in SERVICES:
         user = users[f"nodeward-{service}"]
         assert user["password"].startswith("$2a$"), "service passwords are bcrypt hashes"

@@ -28,9 +28,10 @@ from agents.energy.settings import PowerCap
 from nodeward.bus import Bus, BusError, ConsumerSpec, Delivery, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, Settings
-from nodeward.nats_auth import agent_inbox, service_inbox
+from nodeward.nats_auth import OPERATOR_INBOX, OPERATOR_USER, agent_inbox, service_inbox
 from schemas import Event, decode, make_event
 from schemas.cloudevents import encode
+from schemas.control import ControlReply, ControlRequest
 from schemas.gpu import GpuHealth
 from schemas.notify import Notification, Severity
 from schemas.remediation import Remediation
@@ -516,3 +517,132 @@ async def _provisioned(server: EmbeddedNats, admin_pw: str) -> Bus:
     assert provision.returncode == 0, provision.stderr
     admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
     return await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+
+
+async def test_the_operator_user_reads_everything_sends_controls_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The chart's `nodeward-operator`: `streams`, `replay`, `tail`, `status`, `quarantine
+    list` and `breaker status` work with it, and so does a control request the cordon user
+    answers; publishing an event, writing or deleting a KV key, deleting a stream, taking a
+    service's durable consumer and reading the control requests are refused by the server."""
+    _, key_a = new_nkey()
+    values = representative_values({"gpu-node-a": key_a})
+    values["natsAuth"]["passwords"]["operator"] = "operator-test-pw"
+    docs = render(tmp_path, values)
+    conf = _auth_layout(tmp_path, docs)
+    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    secret = named(docs, "Secret", "nw-nats-operator")
+    assert _decode_secret(secret, "user") == OPERATOR_USER
+    cordon = named(docs, "Secret", "nw-nats-cordon")
+
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        admin = await _provisioned(server, admin_pw)
+        health = _health("gpu-node-a")
+        await admin.publish(health)
+        state = await admin.kv("cordon")
+        await state.put("node.gpu-node-a", b'{"gpus": {}}')
+        await admin.kv("breaker")
+        durable = ConsumerSpec(name="cordon", stream="GPU", subjects=("gpu.health.>",))
+
+        async def ignore(event: Event[Any], delivery: Delivery) -> None:
+            return None
+
+        await admin.consume(durable, ignore)  # the cordon service's durable consumer exists
+        env = {
+            "NODEWARD_BUS__USER": OPERATOR_USER,
+            "NODEWARD_BUS__PASSWORD": "operator-test-pw",
+            "NODEWARD_BUS__INBOX_PREFIX": OPERATOR_INBOX,
+        }
+
+        async def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return await asyncio.to_thread(_nodeward, *args, "--nats", server.url, env=env)
+
+        # What operators read.
+        streams = await run("streams", "--json")
+        assert streams.returncode == 0, streams.stderr
+        assert {row["stream"] for row in json.loads(streams.stdout)} >= {"GPU", "AUDIT"}
+        replayed = await run("replay", "--since", "1h", "--subject", "gpu.health.>")
+        assert replayed.returncode == 0, replayed.stderr
+        assert health.id in replayed.stdout
+        tailed = await run("tail", "gpu.health.>", "--since", "1h", "--count", "1", "--json")
+        assert tailed.returncode == 0, tailed.stderr
+        assert health.id in tailed.stdout
+        status = await run("status", "--json")
+        assert status.returncode == 0, status.stderr
+        listed = await run("quarantine", "list")
+        assert listed.returncode == 0, listed.stderr
+        breaker = await run("breaker", "status")
+        assert breaker.returncode == 0 and "closed" in breaker.stdout, breaker.stderr
+
+        # A control request, answered by a service connected as the chart's cordon user.
+        service = await Bus.connect(
+            BusSettings(
+                url=server.url,
+                user=_decode_secret(cordon, "user"),
+                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
+                inbox_prefix=service_inbox("cordon"),
+                provision=False,
+            ),
+            source="service/cordon",
+        )
+        asked: list[ControlRequest] = []
+
+        async def release(request: ControlRequest) -> ControlReply:
+            asked.append(request)
+            return ControlReply.ok(f"released {request.target}")
+
+        await service.control("cordon", "release", release)
+        released = await run(
+            "quarantine", "release", "gpu-node-a", "--reason", "checked", "--operator", "op"
+        )
+        assert released.returncode == 0, released.stderr
+        assert released.stdout.strip() == "released gpu-node-a"
+        assert [(r.operator, r.reason) for r in asked] == [("op", "checked")]
+
+        # ... and nothing it may not do.
+        errors = Errors()
+        raw = await nats.connect(
+            server.url,
+            user=OPERATOR_USER,
+            password="operator-test-pw",
+            inbox_prefix=OPERATOR_INBOX,
+            error_cb=errors.record,
+            allow_reconnect=False,
+        )
+        js = raw.jetstream(timeout=1)
+        try:
+            wire = encode(_health("gpu-node-a"))
+            await raw.publish(wire.subject, wire.body, headers=wire.headers)
+            kv = await js.key_value("cordon")
+            assert (await kv.get("node.gpu-node-a")).value == b'{"gpus": {}}'  # it reads
+            with pytest.raises(nats.errors.TimeoutError):
+                await kv.put("node.gpu-node-a", b"{}")
+            with pytest.raises(nats.errors.TimeoutError):
+                await kv.delete("node.gpu-node-a")
+            with pytest.raises(nats.errors.TimeoutError):
+                await js.delete_stream("AUDIT")
+            with pytest.raises(nats.errors.TimeoutError):  # a service's durable: not its to pull
+                psub = await js.pull_subscribe_bind("cordon", stream="GPU")
+                await psub.fetch(1, timeout=1)
+            await raw.subscribe("control.>")
+            await raw.flush()
+            await wait_for(
+                lambda: (
+                    errors.has("permissions violation", "publish", "gpu.health.gpu-node-a")
+                    and errors.has("permissions violation", "$kv.cordon")
+                    and errors.has("permissions violation", "stream.delete.audit")
+                    and errors.has("permissions violation", "msg.next.gpu.cordon")
+                    and errors.has("permissions violation", "subscription", "control.>")
+                ),
+                what="the server's refusals of the operator's writes",
+            )
+            info = await admin.js.stream_info("GPU", subjects_filter="gpu.health.>")
+            assert info.state.messages == 1  # only the admin's event
+            entry = await state.get("node.gpu-node-a")
+            assert entry.value == b'{"gpus": {}}'
+            assert (await admin.js.stream_info("AUDIT")).config.name == "AUDIT"
+        finally:
+            await raw.close()
+            await service.close(grace=1)
+            await admin.close(grace=1)

@@ -84,4 +84,10 @@ def test_services_use_only_their_own_consumer_bucket_and_inbox() -> None:
     assert not [s for s in allowed if "culler" in s or "notifier" in s]
     assert not [s for s in allowed if s.startswith("gpu.")], "cordon never publishes GPU health"
     assert "$JS.API.STREAM.CREATE.GPU" not in allowed
-    assert cordon["subscribe"]["allow"] == ["_INBOX_cordon.>"]  # type: ignore[index]
+    # Its inbox and its own operator controls (whose replies it may send), nothing else.
+    assert cordon["subscribe"]["allow"] == [  # type: ignore[index]
+        "_INBOX_cordon.>",
+        "control.cordon.release",
+        "control.cordon.reset-breaker",
+    ]
+    assert cordon["allow_responses"] is True

@@ -21,3 +21,14 @@ def test_every_registered_subject_is_documented_with_its_stream() -> None:
 
 def test_the_readme_links_it() -> None:
     assert "docs/subjects.md" in (REPO / "README.md").read_text()
+
+
+def test_every_operator_control_subject_is_documented() -> None:
+    from launch.access import GRANTS
+    from schemas.control import control_subject
+
+    text = (REPO / "docs" / "subjects.md").read_text()
+    declared = {control_subject(s, verb) for s, g in GRANTS.items() for verb in g.controls}
+    assert declared
+    documented = set(re.findall(r"`(control\.[a-z-]+\.[a-z-]+)`", text))
+    assert documented == declared

@@ -2,7 +2,8 @@
 
 Sibling replicas of the same workload are untouched (Falco Talon's policy selects them all).
 The pod keeps running; the annotation `nodeward.io/isolation` says who isolated it, for which
-alert, when nodeward acted (`at`) and when Falco saw it (`alert_time`).
+alert, when nodeward acted (`at`) and when Falco saw it (`alert_time`). `lift` undoes it
+(`nodeward falco release`), for a pod whose annotation says nodeward isolated it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from nodeward.kube import AlreadyExists
+import structlog
+
+from nodeward.kube import AlreadyExists, Cluster, KubeError
+from nodeward.kube.base import Obj
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.netpol import isolate_pod_policy
 from services.falco.actions.base import ActionContext, Actionner
@@ -79,3 +83,44 @@ ACTION = Actionner(
     done_words="Your pod has been cut off from the network (in and out); its processes and "
     "files are untouched.",
 )
+
+
+def isolation_of(pod: Obj) -> dict[str, Any] | None:
+    """nodeward's record of isolating `pod` (its annotation, written by `run`), or None
+    when nodeward did not isolate it (no record, or a record someone else wrote)."""
+    raw = (pod["metadata"].get("annotations") or {}).get(ISOLATION_ANNOTATION)
+    try:
+        note = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return note if isinstance(note, dict) and note.get("by") == ACTOR else None
+
+
+def isolated(pod: Obj) -> bool:
+    """The pod carries the label the deny-all policy selects (whoever put it there)."""
+    return (pod["metadata"].get("labels") or {}).get(ISOLATE_LABEL) == "true"
+
+
+async def lift(cluster: Cluster, pod: Obj, note: str) -> dict[str, Any]:
+    """Take `pod` out of the deny-all policy: nodeward's label and annotation off (checked
+    against the pod's resourceVersion), and an Event. The namespace's policy stays: it
+    selects no pod without the label."""
+    meta = pod["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    patch = {
+        "metadata": {
+            "resourceVersion": meta.get("resourceVersion"),
+            "labels": {ISOLATE_LABEL: None},
+            "annotations": {ISOLATION_ANNOTATION: None},
+        }
+    }
+    await cluster.pods.patch(namespace, name, patch, content_type=MERGE_PATCH)
+    try:
+        await cluster.events.create(
+            pod, reason="IsolationLifted", action="IsolationLifted", note=note[:1000]
+        )
+    except KubeError as exc:
+        structlog.get_logger().warning(
+            "falco.event_failed", reason="IsolationLifted", error=str(exc)
+        )
+    return {"removed_label": ISOLATE_LABEL, "pod_uid": meta.get("uid")}
