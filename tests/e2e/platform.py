@@ -47,8 +47,10 @@ class Up:
 def running_up(tmp_path: Path, *args: str, timeout: float = 90) -> Iterator[Up]:
     """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready."""
     state = tmp_path / "state"
+    # The repository first; then the caller's path (where entry-point metadata may live).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")} | {
-        "PYTHONPATH": str(REPO)
+        "PYTHONPATH": path
     }
     proc = subprocess.Popen(
         [*NODEWARD, "up", "--state-dir", str(state), *args],

@@ -1,0 +1,120 @@
+"""`nodeward up` renews a seeded OAuth2 Secret at its local provider: the token in the Secret
+changes and still authenticates, the story tells the renewal without the token, and the
+credentials KV records it for `nodeward status`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from schemas.state.credentials import CREDENTIALS, CredentialRecord
+from tests.e2e.platform import running_up
+from tests.e2e.test_cli import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+NAMESPACE, SECRET = "ml-vision", "alice-oauth"  # the seed signs it in, due 20 s after start
+
+
+def _secret(kubeconfig: Path) -> dict[str, Any]:
+    """The Secret as `kubectl get secret -o json` shows it, its data decoded."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is installed by `make test` (scripts/system-deps.sh)"
+    got = subprocess.run(
+        [
+            kubectl,
+            "--kubeconfig",
+            str(kubeconfig),
+            "-n",
+            NAMESPACE,
+            "get",
+            "secret",
+            SECRET,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert got.returncode == 0, got.stderr
+    secret: dict[str, Any] = json.loads(got.stdout)
+    secret["decoded"] = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    return secret
+
+
+def _authenticates(provider: str, access_token: str) -> bool:
+    """What a workload does with the mounted token: call an API that checks it."""
+    whoami = provider.removesuffix("/token") + "/whoami"
+    request = urllib.request.Request(whoami, headers={"Authorization": f"Bearer {access_token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return bool(reply.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
+async def _record(nats_url: str) -> CredentialRecord | None:
+    nc = await nats.connect(nats_url)
+    try:
+        kv = await nc.jetstream().key_value(CREDENTIALS.name)
+        entry = await kv.get(CREDENTIALS.key(NAMESPACE, SECRET))
+        return CREDENTIALS.load(entry.value) if entry.value else None
+    finally:
+        await nc.close()
+
+
+def test_up_renews_a_seeded_oauth2_secret_and_tells_it(tmp_path: Path) -> None:
+    with running_up(tmp_path, "--nodes", "2", "--scenario", "none") as up:
+        kubeconfig = Path(up.endpoints["kubeconfig"])
+        provider = up.endpoints["oauth2_token_url"]
+        assert provider and provider.startswith("http://127.0.0.1:")
+        signed_in = _secret(kubeconfig)["decoded"]
+        assert signed_in["token_endpoint"] == provider
+        assert _authenticates(provider, signed_in["access_token"])
+
+        renewed: dict[str, Any] = {}
+
+        def rotated() -> bool:
+            secret = _secret(kubeconfig)
+            renewed.update(secret)
+            return secret["decoded"]["access_token"] != signed_in["access_token"]
+
+        wait_until(rotated, timeout=90, what="the Secret's access token to be renewed")
+        new = renewed["decoded"]
+        assert new["refresh_token"] != signed_in["refresh_token"]  # rotated with it
+        assert renewed["metadata"]["annotations"]["nodeward.io/credential-status"] == "ok"
+        assert datetime.fromisoformat(new["expires_at"].replace("Z", "+00:00")) > datetime.now(UTC)
+        assert _authenticates(provider, new["access_token"])
+
+        out = up.output.out
+
+        def told() -> bool:
+            return any(
+                line.startswith("DECISION ")
+                and f"renew secret/{NAMESPACE}/{SECRET}: applied" in line
+                for line in out
+            )
+
+        wait_until(told, timeout=15, what=f"the renewal in the story: {out[-10:]}")
+        record = asyncio.run(_record(up.endpoints["nats_url"]))
+        assert record is not None, "no record of the renewal in KV credentials"
+        assert record.status == "ok" and record.renewals >= 1
+        assert record.principal == "kubeflow-notebooks"
+        assert record.renewed_at is not None and record.expires_at is not None
+        assert record.expires_at > record.renewed_at
+        printed = "".join(out) + "".join(up.output.err)
+        tokens = [signed_in[k] for k in ("access_token", "refresh_token")]
+        tokens += [new[k] for k in ("access_token", "refresh_token")]
+        assert not [t for t in tokens if t in printed], "a token on the terminal"
