@@ -1,6 +1,7 @@
-"""`nodeward up` renews a seeded OAuth2 Secret at its local provider: the token in the Secret
-changes and still authenticates, the story tells the renewal without the token, and the
-credentials KV records it for `nodeward status`."""
+"""`nodeward up` renews seeded credentials at its local peers: an OAuth2 Secret at the local
+provider (the token in the Secret changes and still authenticates) and, where the KDC
+packages are installed, a Kerberos ticket cache; the story tells each renewal without the
+credential, and the credentials KV records it for `nodeward status`."""
 
 from __future__ import annotations
 
@@ -26,8 +27,17 @@ pytestmark = pytest.mark.timeout(180)
 
 NAMESPACE, SECRET = "ml-vision", "alice-oauth"  # the seed signs it in, due 20 s after start
 
+KERBEROS_SEED = """
+namespaces: [ml-nlp, nodeward]
+nodes:
+- {name: gpu-a}
+secrets:
+- {name: bob-krb5, namespace: ml-nlp, annotations: {sim.nodeward.io/kerberos-principal: bob,
+   sim.nodeward.io/kerberos-ticket-life: 20s}}
+"""
 
-def _secret(kubeconfig: Path) -> dict[str, Any]:
+
+def _secret(kubeconfig: Path, namespace: str = NAMESPACE, name: str = SECRET) -> dict[str, Any]:
     """The Secret as `kubectl get secret -o json` shows it, its data decoded."""
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl is installed by `make test` (scripts/system-deps.sh)"
@@ -37,10 +47,10 @@ def _secret(kubeconfig: Path) -> dict[str, Any]:
             "--kubeconfig",
             str(kubeconfig),
             "-n",
-            NAMESPACE,
+            namespace,
             "get",
             "secret",
-            SECRET,
+            name,
             "-o",
             "json",
         ],
@@ -50,7 +60,8 @@ def _secret(kubeconfig: Path) -> dict[str, Any]:
     )
     assert got.returncode == 0, got.stderr
     secret: dict[str, Any] = json.loads(got.stdout)
-    secret["decoded"] = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    secret["raw"] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    secret["decoded"] = {k: v.decode(errors="replace") for k, v in secret["raw"].items()}
     return secret
 
 
@@ -65,11 +76,13 @@ def _authenticates(provider: str, access_token: str) -> bool:
         return False
 
 
-async def _record(nats_url: str) -> CredentialRecord | None:
+async def _record(
+    nats_url: str, namespace: str = NAMESPACE, name: str = SECRET
+) -> CredentialRecord | None:
     nc = await nats.connect(nats_url)
     try:
         kv = await nc.jetstream().key_value(CREDENTIALS.name)
-        entry = await kv.get(CREDENTIALS.key(NAMESPACE, SECRET))
+        entry = await kv.get(CREDENTIALS.key(namespace, name))
         return CREDENTIALS.load(entry.value) if entry.value else None
     finally:
         await nc.close()
@@ -118,3 +131,52 @@ def test_up_renews_a_seeded_oauth2_secret_and_tells_it(tmp_path: Path) -> None:
         tokens = [signed_in[k] for k in ("access_token", "refresh_token")]
         tokens += [new[k] for k in ("access_token", "refresh_token")]
         assert not [t for t in tokens if t in printed], "a token on the terminal"
+
+
+def test_up_renews_a_seeded_kerberos_ticket_where_a_kdc_is_installed(tmp_path: Path) -> None:
+    from launch.sim_credentials import kerberos_missing
+
+    lacking = kerberos_missing()
+    if lacking:
+        pytest.skip(f"no local KDC here: {', '.join(lacking)} (scripts/system-deps.sh)")
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(KERBEROS_SEED)
+    with running_up(tmp_path, "--seed", str(seed), "--scenario", "none") as up:
+        kubeconfig = Path(up.endpoints["kubeconfig"])
+        first: dict[str, Any] = {}
+
+        def ticket() -> bool:  # the KDC starts in the background, then writes the ticket
+            secret = _secret(kubeconfig, "ml-nlp", "bob-krb5")
+            first.update(secret)
+            return "krb5cc" in secret["raw"]
+
+        wait_until(ticket, timeout=60, what="bob-krb5's first ticket")
+        assert first["metadata"]["labels"]["nodeward.io/credential"] == "kerberos"
+        renewed: dict[str, Any] = {}
+
+        def changed() -> bool:
+            secret = _secret(kubeconfig, "ml-nlp", "bob-krb5")
+            renewed.update(secret)
+            return secret["raw"]["krb5cc"] != first["raw"]["krb5cc"]
+
+        wait_until(changed, timeout=60, what="bob-krb5's ticket to be renewed")
+        annotations = renewed["metadata"]["annotations"]
+        assert annotations["nodeward.io/credential-status"] == "ok"
+        assert annotations["nodeward.io/credential-renewable-until"]
+        out = up.output.out
+
+        def told() -> bool:
+            return any(
+                line.startswith("DECISION ") and "renew secret/ml-nlp/bob-krb5: applied" in line
+                for line in out
+            )
+
+        wait_until(told, timeout=15, what=f"the renewal in the story: {out[-10:]}")
+        record = asyncio.run(_record(up.endpoints["nats_url"], "ml-nlp", "bob-krb5"))
+        assert record is not None and record.status == "ok" and record.renewals >= 1
+        assert record.principal == "bob@NODEWARD.SIM"
+        assert record.renewable_until is not None
+        printed = "".join(out) + "".join(up.output.err)
+        caches = [first["data"]["krb5cc"], renewed["data"]["krb5cc"]]  # base64, as kubectl shows
+        tickets = [c[-80:] for c in caches]  # the end holds the encrypted ticket, unique to each
+        assert not [t for t in tickets if t in printed], "a ticket cache on the terminal"

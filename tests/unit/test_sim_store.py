@@ -120,7 +120,9 @@ def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     assert len(seeded.list(require("kubeflow.org", "v1", "notebooks"))) == 10
     secrets = seeded.list(require("", "v1", "secrets"))
     opted_in = [s for s in secrets if (s["metadata"].get("labels") or {}).get(LABEL)]
-    assert len(secrets) == 10  # each user's OAuth2 token set and the client secret it names
+    # each user's OAuth2 token set and the client secret it names; a Kerberos Secret that
+    # `nodeward up` fills (and opts in) where a KDC is installed
+    assert len(secrets) == 11
     assert len(opted_in) == 5
     assert {n["metadata"]["name"] for n in seeded.list(NAMESPACES)} >= {
         "nodeward",
