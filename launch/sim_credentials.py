@@ -175,7 +175,7 @@ def kerberos_missing() -> list[str]:
         try:
             __import__(module)
         except ImportError:
-            lacking.append(f"the {module} package (pip install 'nodeward[kerberos]')")
+            lacking.append(f"{module} (pip install 'nodeward[kerberos]', needs libkrb5-dev)")
     return lacking
 
 
@@ -224,8 +224,7 @@ async def _build_kdc_for_up(context: UpContext) -> list[Daemon]:
     if lacking:
         log.warning(
             "kerberos.skipped",
-            reason=f"not installed: {', '.join(lacking)} (scripts/system-deps.sh)",
-            secrets=len(marked),
+            reason=f"no local KDC for the seeded Kerberos Secrets: missing {'; '.join(lacking)}",
         )
         return []
     if os.environ.get("KRB5_CONFIG"):

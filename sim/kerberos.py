@@ -35,11 +35,15 @@ def _path() -> str:
 
 def missing() -> list[str]:
     """What this machine lacks for a local KDC; empty when it can run one."""
-    lacking = [b for b in KDC_BINARIES if not shutil.which(b, path=_path())]
+    lacking = [
+        f"{b} (Debian krb5-kdc, krb5-user: scripts/system-deps.sh)"
+        for b in KDC_BINARIES
+        if not shutil.which(b, path=_path())
+    ]
     try:
         import k5test  # noqa: F401
     except ImportError:
-        lacking.append("the k5test package")
+        lacking.append("k5test (pip install 'nodeward[test]')")
     return lacking
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import shutil
 import subprocess
 import urllib.error
@@ -138,7 +139,7 @@ def test_up_renews_a_seeded_kerberos_ticket_where_a_kdc_is_installed(tmp_path: P
 
     lacking = kerberos_missing()
     if lacking:
-        pytest.skip(f"no local KDC here: {', '.join(lacking)} (scripts/system-deps.sh)")
+        pytest.skip(f"no local KDC here: missing {'; '.join(lacking)}")
     seed = tmp_path / "seed.yaml"
     seed.write_text(KERBEROS_SEED)
     with running_up(tmp_path, "--seed", str(seed), "--scenario", "none") as up:
@@ -180,3 +181,20 @@ def test_up_renews_a_seeded_kerberos_ticket_where_a_kdc_is_installed(tmp_path: P
         caches = [first["data"]["krb5cc"], renewed["data"]["krb5cc"]]  # base64, as kubectl shows
         tickets = [c[-80:] for c in caches]  # the end holds the encrypted ticket, unique to each
         assert not [t for t in tickets if t in printed], "a ticket cache on the terminal"
+
+
+def test_up_without_a_kdc_says_so_in_one_line_and_leaves_the_kerberos_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "no-k5test"  # a machine without k5test: importing it fails
+    fake.mkdir()
+    (fake / "k5test.py").write_text("raise ImportError('k5test is not installed here')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]))
+    with running_up(tmp_path, "--nodes", "1", "--scenario", "none", "--quiet") as up:
+        skipped = [line for line in up.output.err if "kerberos.skipped" in line]
+        assert len(skipped) == 1, up.output.err
+        assert "missing k5test" in skipped[0]
+        untouched = _secret(Path(up.endpoints["kubeconfig"]), "ml-nlp", "bob-krb5")
+        assert "krb5cc" not in untouched["raw"]
+        assert "nodeward.io/credential" not in (untouched["metadata"].get("labels") or {})
+        assert up.endpoints["oauth2_token_url"]  # OAuth2 runs all the same
