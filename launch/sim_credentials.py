@@ -130,10 +130,10 @@ async def _build_for_up(context: UpContext) -> list[Daemon]:
             try:
                 due = await sign_in(admin, served, secret, lead=config.default_lead, now=now)
             except SignInError as exc:
-                log.warning("oauth2.not_signed_in", secret=where, error=str(exc))
+                log.warning("oauth2.not_signed_in", credential=where, error=str(exc))
                 continue
             signed += 1
-            log.info("oauth2.signed_in", secret=where, due_at=due.isoformat())
+            log.info("oauth2.signed_in", credential=where, due_at=due.isoformat())
     except BaseException:
         if served is not None:
             await asyncio.to_thread(served.stop)
@@ -149,7 +149,7 @@ async def _build_for_up(context: UpContext) -> list[Daemon]:
     daemon.add_readiness_check("server", running.thread.is_alive)
     daemon.add_shutdown_hook(stop)
     context.endpoints["oauth2_token_url"] = running.token_endpoint
-    log.info("oauth2.ready", token_endpoint=running.token_endpoint, signed_in=signed)
+    log.info("oauth2.ready", endpoint=running.token_endpoint, signed_in=signed)
     return [daemon]
 
 
@@ -248,9 +248,9 @@ async def _build_kdc_for_up(context: UpContext) -> list[Daemon]:
                 try:
                     principal = await give_ticket(admin, realm, secret)
                 except (SignInError, sim_kerberos.KdcError, KubeError) as exc:
-                    log.warning("kerberos.no_ticket", secret=where, error=str(exc))
+                    log.warning("kerberos.no_ticket", credential=where, error=str(exc))
                     continue
-                log.info("kerberos.ticket", secret=where, principal=principal)
+                log.info("kerberos.ticket", credential=where, principal=principal)
         finally:
             await admin.close()
 
