@@ -2,7 +2,7 @@
 
 Each run seeds a fresh sim cluster with `--secrets` Secrets labelled
 `nodeward.io/credential=oauth2`, each holding its own grant from the test authorization
-server (tests/integration/oauth2_idp.py: authlib, refresh-token rotation and reuse
+server (sim/oauth2.py: authlib, refresh-token rotation and reuse
 detection, served by werkzeug's threaded server on loopback), all within their last
 third of life, so the scheduler finds every one due on its first scan. It then starts
 `replicas` credentials daemons (scheduler + renewer each; one holds the Lease) and times
@@ -42,7 +42,7 @@ from nodeward.logs import configure_logging  # noqa: E402
 from services.credentials.service import build  # noqa: E402
 from sim.cluster import SimCluster  # noqa: E402
 from sim.cluster.seed import SecretSeed, Seed  # noqa: E402
-from tests.integration.oauth2_idp import serve_forever  # noqa: E402
+from sim.oauth2 import serve_forever  # noqa: E402
 
 CLIENT = "bench-client"
 

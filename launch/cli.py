@@ -106,6 +106,11 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
                 else "mTLS"
             )
             console.print(f"  falco       POST alerts to {endpoints.falco_ingest_url}  ({token})")
+        if endpoints.oauth2_token_url:
+            console.print(
+                f"  oauth2      {endpoints.oauth2_token_url}  (the local provider the seeded "
+                "Secrets renew at: kubectl get secrets -A -l nodeward.io/credential)"
+            )
         sim_nodes = [
             n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
         ]

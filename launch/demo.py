@@ -50,6 +50,9 @@ def demo_settings(
             f"; services.culler warn_after {culler['warn_after']}, "
             f"cull_after {culler['cull_after']}"
         )
+    scan = settings.services.get("credentials", {}).get("scan_interval")
+    if scan:
+        shown += f"; services.credentials scan_interval {scan}"
     return settings, f"demo timings: services.cordon {shown} (--config FILE replaces them)"
 
 

@@ -23,6 +23,9 @@ class Endpoints(BaseModel):
     metrics: dict[str, str] = Field(default_factory=dict, description="daemon name -> base URL")
     falco_ingest_url: str | None = None
     falco_token_file: Path | None = None
+    oauth2_token_url: str | None = Field(
+        default=None, description="the local OAuth2 provider's token endpoint, with the sim cluster"
+    )
     pid: int = Field(default_factory=os.getpid)
     started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

@@ -243,9 +243,12 @@ def _show(msg: Msg, as_json: bool, where: TailFilter) -> bool:
     return True
 
 
-def event_line(event: Any, subject: str, *, detail: str | None = None) -> str:
-    """One readable line: time, severity, subject, type, and the data (or `detail`)."""
-    when = event.time.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+def event_line(
+    event: Any, subject: str, *, detail: str | None = None, at: datetime | None = None
+) -> str:
+    """One readable line: time (the event's, or `at`), severity, subject, type, and the data
+    (or `detail`)."""
+    when = (at or event.time).astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
     severity = severity_of(event)
     text = summarize(event) if detail is None else detail
     return f"{when} {severity[:4].upper():<4} {subject} {event.type} {text}"

@@ -1,11 +1,14 @@
 """The story `nodeward up` tells on its terminal: one line per step of every remediation.
 
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
-CORDON (the node's record in KV `cordon` says the marks are applied) → NOTIFY (`notify.v1`)
-→ DELIVERED (a file in the outbox) → RELEASE; IDLE (a session found idle, once per idle
-period) before the culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs → NOTIFY;
-DLQ when a consumer gives up on a message; RESTART when `up` restarts a daemon (or its
-nats-server) that died, or gives up on one. Lines use `nodeward tail`'s format.
+CORDON (the node's record in KV `cordon` says the marks are applied) → DELIVERED (a file in
+the outbox) → RELEASE; IDLE (a session found idle, once per idle period) before the
+culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs; DLQ when a consumer gives up
+on a message; RESTART when `up` restarts a daemon (or its nats-server) that died, or gives
+up on one. The notice a decision's audit sends is told on the decision's line; a NOTIFY
+line is a notice of its own (an owner's warning, a power limit). Lines use `nodeward tail`'s
+format, with the clock's time: when the bus stored the message (the event's own time is
+added when it differs by more than `SKEW_S`, as a replayed Falco alert's does).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord
 
 LABEL_WIDTH = 9
 OUTBOX_POLL_S = 0.5
+SKEW_S = 5.0
+"""An event's own time further than this from the clock's is shown beside it."""
+_SEVERITY_RANK = MappingProxyType({"info": 0, "warning": 1, "critical": 2})
 
 # stream, filter subject
 EVENT_SOURCES = (
@@ -57,7 +63,22 @@ def _label(label: str) -> str:
     return f"{label:<{LABEL_WIDTH}} "
 
 
-def health_line(event: Any, subject: str) -> str | None:
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stamped(event: Any, subject: str, detail: str, at: datetime | None) -> str:
+    """`nodeward tail`'s line at the clock's time `at`, with the event's own time appended
+    when the two differ by more than `SKEW_S` (None: the event's own time)."""
+    line = event_line(event, subject, detail=detail, at=at)
+    if at is None or abs((event.time - at).total_seconds()) <= SKEW_S:
+        return line
+    own = event.time.astimezone(UTC)
+    fmt = "%H:%M:%S" if own.date() == at.astimezone(UTC).date() else "%Y-%m-%d %H:%M:%S"
+    return f"{line} (event time {own.strftime(fmt)})"
+
+
+def health_line(event: Any, subject: str, at: datetime | None = None) -> str | None:
     """A GPU state change; None for heartbeats and the first `healthy` an agent reports."""
     h: GpuHealth = event.data
     if h.heartbeat or (h.previous_state is None and h.state == HealthState.HEALTHY):
@@ -68,10 +89,10 @@ def health_line(event: Any, subject: str) -> str | None:
     )
     was = f"{h.previous_state.value} -> " if h.previous_state else ""
     detail = f"{h.node} GPU {h.gpu_key()} {was}{h.state.value}{f' ({why})' if why else ''}"
-    return _label("GPU") + event_line(event, subject, detail=detail)
+    return _label("GPU") + _stamped(event, subject, detail, at)
 
 
-def idle_line(event: Any, subject: str) -> str:
+def idle_line(event: Any, subject: str, at: datetime | None = None) -> str:
     s: SessionIdle = event.data
     since = s.idle_since.astimezone(UTC).strftime("%H:%M:%S")
     evidence = "; ".join(f"{e.signal} {e.detail}" for e in s.evidence)
@@ -79,27 +100,27 @@ def idle_line(event: Any, subject: str) -> str:
         f"{s.kind.value} {s.namespace}/{s.pod} on {s.node} idle {s.idle_for_s:.0f}s "
         f"(since {since}): {evidence}"
     )
-    return _label("IDLE") + event_line(event, subject, detail=detail)
+    return _label("IDLE") + _stamped(event, subject, detail, at)
 
 
-def falco_line(event: Any, subject: str) -> str:
+def falco_line(event: Any, subject: str, at: datetime | None = None) -> str:
     """A Falco alert, as the falco service will judge it."""
     a: FalcoAlert = event.data
     where = f"pod {a.namespace}/{a.pod}" if a.namespace and a.pod else f"node {a.hostname}"
     detail = f"{a.priority.value} '{a.rule}' on {where}: {a.message()[:160]}"
-    return _label("FALCO") + event_line(event, subject, detail=detail)
+    return _label("FALCO") + _stamped(event, subject, detail, at)
 
 
-def decision_line(event: Any, subject: str) -> str:
+def decision_line(event: Any, subject: str, at: datetime | None = None) -> str:
     r: Remediation = event.data
     label = "RELEASE" if r.action == "release" else "DECISION"
     rule = f" [{r.policy}]" if r.policy else ""
     guard = f" by {r.guard}" if r.guard else ""
     detail = f"{r.action} {r.target.key()}: {r.outcome.value}{guard}{rule} - {r.reason}"
-    return _label(label) + event_line(event, subject, detail=detail)
+    return _label(label) + _stamped(event, subject, detail, at)
 
 
-def restart_line(event: Any, subject: str) -> str | None:
+def restart_line(event: Any, subject: str, at: datetime | None = None) -> str | None:
     """`up` restarted one of its daemons or its nats-server, or gave up on a daemon; None for
     any other decision."""
     r: Remediation = event.data
@@ -107,19 +128,24 @@ def restart_line(event: Any, subject: str) -> str | None:
         return None
     result = r.details.get("result")
     detail = f"{r.target.name}: {r.reason}" + (f"; {result}" if result else "")
-    return _label("RESTART") + event_line(event, subject, detail=detail)
+    return _label("RESTART") + _stamped(event, subject, detail, at)
 
 
-def notify_line(event: Any, subject: str) -> str:
+def notify_line(event: Any, subject: str, at: datetime | None = None) -> str:
     n: Notification = event.data
     detail = f"to {n.audience}: {n.title}"
-    return _label("NOTIFY") + event_line(event, subject, detail=detail)
+    return _label("NOTIFY") + _stamped(event, subject, detail, at)
 
 
-def dlq_line(event: Any, subject: str) -> str:
+def notice_told(n: Notification) -> str:
+    """What a decision's line says of the notice its audit sent."""
+    return f"; notice to {n.audience} ({n.severity.value})"
+
+
+def dlq_line(event: Any, subject: str, at: datetime | None = None) -> str:
     d: DeadLetter = event.data
     detail = f"{d.consumer} could not process {d.original_subject} ({d.reason.value}): {d.error}"
-    return _label("DLQ") + event_line(event, subject, detail=detail)
+    return _label("DLQ") + _stamped(event, subject, detail, at)
 
 
 def cordon_line(node: str, record: NodeRecord, at: datetime) -> str:
@@ -158,6 +184,19 @@ class _Pending:
     line: str = field(compare=False)
     severity: str = field(compare=False)
     incident: str | None = field(default=None, compare=False)
+    decision: str | None = field(default=None, compare=False)  # a decision's event id
+    notice: Notification | None = field(default=None, compare=False)  # a NOTIFY line's
+
+    @property
+    def audit(self) -> str | None:
+        """The event id of the decision whose audit sent this line's notice."""
+        return self.notice.audit_event_id if self.notice is not None else None
+
+    def fold(self, notice: Notification) -> None:
+        """Tell `notice` (sent for this decision) on this line."""
+        self.line += notice_told(notice)
+        if _SEVERITY_RANK[notice.severity.value] > _SEVERITY_RANK.get(self.severity, 0):
+            self.severity = notice.severity.value
 
 
 @dataclass
@@ -165,24 +204,45 @@ class Story:
     """Turns bus messages, KV updates and outbox files into story lines.
 
     Each source has its own subscription, so lines wait `hold` seconds and go out sorted by
-    the time of what they tell; a node's CORDON line goes right after the DECISION that
-    names its incident (the service writes its record just before it publishes the audit).
+    when the bus stored what they tell (`at`; the wall clock `now()` when not given); a
+    node's CORDON line goes right after the DECISION that names its incident (the service
+    writes its record just before it publishes the audit). The notice a decision's audit
+    sends (`audit_event_id`) is folded into the decision's line, not told again.
     """
 
     emit: Callable[[str, str], None] = echo_line
     hold: float = 0.4
     clock: Callable[[], float] = time.monotonic
+    now: Callable[[], datetime] = _now
     applied: dict[str, str] = field(default_factory=dict)  # node -> incident already shown
     decided: dict[str, datetime] = field(default_factory=dict)  # incident -> decision time
     idle_told: set[tuple[str, str, datetime]] = field(default_factory=set)  # periods shown
     pending: list[_Pending] = field(default_factory=list)
+    decisions_told: set[str] = field(default_factory=set)  # decisions' event ids emitted
 
     def _add(
-        self, at: datetime, label: str, line: str, severity: str, incident: str | None = None
-    ) -> None:
-        self.pending.append(
-            _Pending(at.astimezone(UTC), _RANK[label], self.clock(), line, severity, incident)
+        self,
+        at: datetime,
+        label: str,
+        line: str,
+        severity: str,
+        incident: str | None = None,
+        *,
+        decision: str | None = None,
+        notice: Notification | None = None,
+    ) -> _Pending:
+        pending = _Pending(
+            at.astimezone(UTC),
+            _RANK[label],
+            self.clock(),
+            line,
+            severity,
+            incident,
+            decision,
+            notice,
         )
+        self.pending.append(pending)
+        return pending
 
     def flush(self, *, everything: bool = False) -> None:
         """Emit the lines that have waited `hold` seconds, oldest first."""
@@ -194,43 +254,70 @@ class Story:
         if not due:
             return
         self.pending = [p for p in self.pending if not (everything or p.arrived <= cutoff)]
+        if len(self.decisions_told) > 4096:
+            self.decisions_told.clear()
         for p in due:
+            if p.decision is not None:
+                self.decisions_told.add(p.decision)
             self.emit(p.line, p.severity)
         if len(self.decided) > 1024:
             self.decided.clear()
 
-    def on_event(self, msg: Msg) -> None:
+    def on_event(self, msg: Msg, at: datetime | None = None) -> None:
+        """A message from the bus; `at`: when the bus stored it (now if not given)."""
         try:
             event = decode(msg.subject, msg.headers, msg.data)
         except DecodeError:
             return  # the consumers dead-letter it; the story has nothing to say
+        at = (at or self.now()).astimezone(UTC)
         data = event.data
         severity = severity_of(event)
         if isinstance(data, GpuHealth):
-            line = health_line(event, msg.subject)
+            line = health_line(event, msg.subject, at)
             if line is not None:
-                self._add(event.time, "GPU", line, severity)
+                self._add(at, "GPU", line, severity)
         elif isinstance(data, SessionIdle):
             period = (data.namespace, data.pod, data.idle_since)
             if period not in self.idle_told:  # the agent restates it every interval
                 if len(self.idle_told) > 4096:
                     self.idle_told.clear()
                 self.idle_told.add(period)
-                self._add(event.time, "IDLE", idle_line(event, msg.subject), severity)
+                self._add(at, "IDLE", idle_line(event, msg.subject, at), severity)
         elif isinstance(data, FalcoAlert):
             if not data.is_test:
-                self._add(event.time, "FALCO", falco_line(event, msg.subject), severity)
-        elif isinstance(data, Remediation) and (restart := restart_line(event, msg.subject)):
-            self._add(event.time, "RESTART", restart, severity)
+                self._add(at, "FALCO", falco_line(event, msg.subject, at), severity)
+        elif isinstance(data, Remediation) and (restart := restart_line(event, msg.subject, at)):
+            self._add(at, "RESTART", restart, severity)
         elif isinstance(data, Remediation):
-            label = "RELEASE" if data.action == "release" else "DECISION"
-            if data.trigger_event_id and data.action == "quarantine":
-                self.decided[data.trigger_event_id] = event.time.astimezone(UTC)
-            self._add(event.time, label, decision_line(event, msg.subject), severity)
+            self._on_decision(event, msg.subject, at, severity)
         elif isinstance(data, Notification):
-            self._add(event.time, "NOTIFY", notify_line(event, msg.subject), severity)
+            self._on_notice(event, msg.subject, at, severity)
         elif isinstance(data, DeadLetter):
-            self._add(event.time, "DLQ", dlq_line(event, msg.subject), severity)
+            self._add(at, "DLQ", dlq_line(event, msg.subject, at), severity)
+
+    def _on_decision(self, event: Any, subject: str, at: datetime, severity: str) -> None:
+        data: Remediation = event.data
+        label = "RELEASE" if data.action == "release" else "DECISION"
+        if data.trigger_event_id and data.action == "quarantine":
+            self.decided[data.trigger_event_id] = at
+        line = self._add(at, label, decision_line(event, subject, at), severity, decision=event.id)
+        # Its notice may have come first (another subscription): told here, not on its own.
+        for told in [p for p in self.pending if p.audit == event.id]:
+            self.pending.remove(told)
+            if told.notice is not None:
+                line.fold(told.notice)
+
+    def _on_notice(self, event: Any, subject: str, at: datetime, severity: str) -> None:
+        data: Notification = event.data
+        audit = data.audit_event_id
+        if audit is not None:
+            if audit in self.decisions_told:
+                return  # its decision's line is out already; it said what this would
+            decision = next((p for p in self.pending if p.decision == audit), None)
+            if decision is not None:
+                decision.fold(data)
+                return
+        self._add(at, "NOTIFY", notify_line(event, subject, at), severity, notice=data)
 
     def on_record(self, key: str, value: bytes, at: datetime) -> None:
         if not NODES.holds(key) or not value:
@@ -249,7 +336,7 @@ class Story:
 
     def on_file(self, name: str, title: str | None = None) -> None:
         """A file `name` (relative to the outbox) appeared: a notice was delivered."""
-        at = datetime.now(UTC)
+        at = self.now()
         when = at.strftime("%H:%M:%S.%f")[:-3]
         about = f": {title}" if title else ""
         line = _label("DELIVERED") + f"{when} INFO outbox/{name}{about}"
@@ -384,12 +471,12 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                         msg = None  # already told (a subscription that was replaced)
                     else:
                         last[meta.stream] = seq
+                stored = msg.metadata.timestamp if msg is not None and msg.metadata else None
                 if msg is not None and msg.subject.startswith("$KV."):
                     key = msg.subject.split(".", 2)[2]
-                    at = msg.metadata.timestamp if msg.metadata else datetime.now(UTC)
-                    story.on_record(key, msg.data, at)
+                    story.on_record(key, msg.data, stored or datetime.now(UTC))
                 elif msg is not None:
-                    story.on_event(msg)
+                    story.on_event(msg, stored)
                 story.flush()
                 sys.stdout.flush()
             except Exception as exc:  # noqa: BLE001 - the story never takes `up` down

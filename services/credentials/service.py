@@ -14,8 +14,10 @@ services/credentials/secret.py). Two roles run in every replica:
   if the credential itself changed meanwhile (the owner uploaded a new one) that one
   stands; otherwise the renewal is written onto the newer version.
 
-Annotations `nodeward.io/credential-*` record status, expiry and last renewal. Outcomes are
-`credentials.renewed.v1` / `credentials.failed.v1` events and audit records. What only
+Annotations `nodeward.io/credential-*` record status, expiry and last renewal, and so does
+each credential's record in KV (`schemas.state.credentials.CREDENTIALS`, for `nodeward
+status`). Outcomes are `credentials.renewed.v1` / `credentials.failed.v1` events and audit
+records. What only
 the owner can mend (renewable life ending, `invalid_grant`, a refused keytab, clock skew,
 garbage in the Secret) is told to them once, in plain words, and the Secret is left as it
 is; a KDC or IdP down is retried with back-off and pages on-call only near expiry.
@@ -41,7 +43,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
-from nodeward.bus.kv import Lease
+from nodeward.bus.kv import Lease, TypedKV
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
@@ -55,7 +57,7 @@ from nodeward.kube import (
 )
 from nodeward.kube.base import Obj, copied
 from nodeward.kube.secrets import decode
-from nodeward.platform import Standalone, acting_daemon
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.credentials import (
     CredentialDue,
@@ -66,7 +68,7 @@ from schemas.credentials import (
 from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from schemas.state.credentials import LOCKS, lock_name
+from schemas.state.credentials import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
 from services.credentials import oauth2
 from services.credentials.access import ACCESS
 from services.credentials.schedule import Scheduler, Timing, due_at
@@ -232,6 +234,7 @@ class CredentialsService:
         self.bus = bus
         self.cluster = cluster
         self.locks = locks
+        self.records: TypedKV[CredentialRecord] = TypedKV(locks, CredentialRecord)
         self.settings = settings
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # Every decision is audited through the runner: the service never calls the auditor.
@@ -337,8 +340,8 @@ class CredentialsService:
         proposal = Proposal(
             action="renew",
             target=cred.ref(),
-            reason=f"{cred.kind.value} credential of {timing.principal or 'unknown'} expires at "
-            f"{_when(timing.expires_at)}",
+            reason=f"{cred.kind.value} credential of {timing.principal or 'unknown'} due: it "
+            f"would expire at {_when(timing.expires_at)}",
             trigger_id=event.id,
             trigger_time=event.time,
             protective=False,
@@ -368,6 +371,18 @@ class CredentialsService:
             )
             return
         if result.outcome == Outcome.APPLIED and result.details.get("written"):
+            await self._record(
+                cred,
+                "ok",
+                principal=result.details.get("principal"),
+                expires_at=datetime.fromisoformat(result.details["expires_at"]),
+                renewable_until=(
+                    datetime.fromisoformat(result.details["renewable_until"])
+                    if result.details.get("renewable_until")
+                    else None
+                ),
+                renewed=True,
+            )
             await self.bus.publish(
                 make_event(
                     CredentialRenewed(
@@ -492,6 +507,41 @@ class CredentialsService:
                 await asyncio.sleep(delay)
         return await call()
 
+    async def _record(
+        self,
+        cred: Credential,
+        status: Status,
+        *,
+        principal: str | None,
+        expires_at: datetime | None,
+        renewable_until: datetime | None = None,
+        renewed: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """The credential's last outcome in KV, for `nodeward status` (no value in it). A
+        failure to write it is logged: the renewal stands either way."""
+        now = datetime.now(UTC)
+
+        def change(old: CredentialRecord | None) -> CredentialRecord:
+            return CredentialRecord(
+                namespace=cred.namespace,
+                secret=cred.name,
+                kind=cred.kind,
+                principal=principal or (old.principal if old else None),
+                status=status,
+                expires_at=expires_at,
+                renewable_until=renewable_until or (old.renewable_until if old else None),
+                renewed_at=now if renewed else (old.renewed_at if old else None),
+                renewals=(old.renewals if old else 0) + int(renewed),
+                error=None if error is None else scrub(error, cred)[:500],
+                updated_at=now,
+            )
+
+        try:
+            await self.records.update(CREDENTIALS.key(cred.namespace, cred.name), change)
+        except Exception as exc:  # noqa: BLE001 - a status record never undoes a renewal
+            self.log.warning("credentials.record_failed", error=str(exc))
+
     # telling people ---------------------------------------------------------------------
     async def _needs_user(
         self,
@@ -519,6 +569,13 @@ class CredentialsService:
         except NotFound:
             return
         expires = timing.expires_at if timing else None
+        await self._record(
+            cred,
+            "invalid" if code == "invalid" else "needs-user",
+            principal=timing.principal if timing else None,
+            expires_at=expires,
+            error=f"{code}: {message}",
+        )
         await self.bus.publish(
             make_event(
                 CredentialFailed(
@@ -601,6 +658,13 @@ class CredentialsService:
         """Record the failure, page on-call only if expiry is close, retry with back-off."""
         left = timing.expires_at - datetime.now(UTC)
         near = left <= self.settings.page_when_left
+        await self._record(
+            cred,
+            "retrying",
+            principal=timing.principal,
+            expires_at=timing.expires_at,
+            error=message,
+        )
         await self.bus.publish(
             make_event(
                 CredentialFailed(
@@ -680,4 +744,10 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    """The credentials service under its own ServiceAccount (`nodeward-credentials`)."""
+    return [await build(context.settings_for(NAME))]
+
+
+component = Component(NAME, _build_for_up)
 standalone = Standalone(build)

@@ -56,9 +56,11 @@ def running_up(
 
     The environment's `NODEWARD_*` variables are left out; `env` adds variables."""
     state = tmp_path / "state"
+    # The repository first; then the caller's path (where entry-point metadata may live).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-        | {"PYTHONPATH": str(REPO)}
+        | {"PYTHONPATH": path}
         | dict(env or {})
     )
     proc = subprocess.Popen(

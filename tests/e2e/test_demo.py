@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import REPO
 from tests.e2e.test_cli import NODEWARD, Output, run, wait_until
 
-STEPS = ("GPU", "DECISION", "CORDON", "NOTIFY", "RELEASE")
+STEPS = ("GPU", "DECISION", "CORDON", "RELEASE")
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -94,10 +94,12 @@ def test_up_tells_the_story_and_status_and_replay_show_it(tmp_path: Path) -> Non
             step: next(i for i, line in enumerate(story) if line.startswith(step + " "))
             for step in STEPS
         }
-        assert (
-            first["GPU"] < first["DECISION"] < first["CORDON"] < first["NOTIFY"] < first["RELEASE"]
-        )
+        assert first["GPU"] < first["DECISION"] < first["CORDON"] < first["RELEASE"]
         assert "gpu-h100-02 GPU 1 healthy -> failed" in story[first["GPU"]]
+        # The decision's line tells its notice; no NOTIFY line says it again.
+        assert "quarantine node/gpu-h100-02: applied" in story[first["DECISION"]]
+        assert "; notice to oncall (critical)" in story[first["DECISION"]]
+        assert not [line for line in out if line.startswith("NOTIFY ") and "quarantine" in line]
         assert "nodeward.io/gpu-unhealthy:NoSchedule, cordoned" in story[first["CORDON"]]
         banner = "".join(err)
         assert "outbox" in banner and "endpoints.json" in banner and "NATS nats://" in banner

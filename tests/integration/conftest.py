@@ -1,7 +1,7 @@
 """Fixtures of the integration tests. The sim cluster's live in `simkube.py`."""
 
 from tests.integration.cordon_fixtures import cordon_env  # noqa: F401
-from tests.integration.credentials_fixtures import creds_env, kdc  # noqa: F401
+from tests.integration.credentials_fixtures import creds_env, kdc, oauth2_idp  # noqa: F401
 from tests.integration.culler_fixtures import culler_env  # noqa: F401
 from tests.integration.falco_fixtures import falco_env  # noqa: F401
 from tests.integration.jupyter_peer import jupyter_kernel, jupyter_peer  # noqa: F401
@@ -12,5 +12,4 @@ from tests.integration.notifier_peers import (  # noqa: F401
     receiver,
     smtp_server,
 )
-from tests.integration.oauth2_idp import oauth2_idp  # noqa: F401
 from tests.integration.simkube import admin, port_for, sim  # noqa: F401

@@ -1,5 +1,6 @@
-"""Helpers for the credentials tests: a real MIT KDC (k5test), the sim cluster, the service,
-Secrets written and read as a workload would, and a check that no credential leaked."""
+"""Helpers for the credentials tests: a real MIT KDC (k5test), the authlib OAuth2 server
+(`sim.oauth2`), the sim cluster, the service, Secrets written and read as a workload would,
+and a check that no credential leaked."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from services.credentials.secret import LABEL
 from services.credentials.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Seed
+from sim.oauth2 import IdP, serve
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 
@@ -74,6 +76,14 @@ def kdc() -> Iterator[Any]:
             yield realm
         finally:
             realm.stop()
+
+
+@pytest.fixture
+def oauth2_idp() -> Iterator[IdP]:
+    """A running authlib authorization server; access tokens live 3 s unless changed."""
+    served = serve(expires_in=3)
+    yield served.idp
+    served.stop()
 
 
 def kinit(realm: Any, path: Path, *, life: str, renew: str | None) -> bytes:

@@ -14,10 +14,10 @@ import pytest
 from schemas.base import make_event
 from schemas.credentials import CredentialDue, CredentialKind
 from services.credentials.secret import CLIENT_SECRET, STATUS
+from sim.oauth2 import IdP
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.credentials_fixtures import CredsEnv, EnvFactory
-from tests.integration.oauth2_idp import IdP
 
 pytestmark = [pytest.mark.timeout(90)]
 

@@ -339,7 +339,7 @@ async def test_secret_patch_with_resource_version(admin: Cluster, sim: SimCluste
     result = await admin.secrets.patch("ml-vision", "alice-oauth", make_patch)
     assert len(seen) == 2
     assert decode(result)["refresh_token"] == "rotated"
-    assert decode(result)["access_token"] == "sim-access-alice"
+    assert decode(result)["client_id"] == "kubeflow-notebooks"  # the rest of the data stays
     assert result["metadata"]["labels"]["touched"] == "yes"
     stale = copy.deepcopy(result)
     stale["metadata"]["resourceVersion"] = "1"

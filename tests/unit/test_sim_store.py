@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.credentials.secret import LABEL
 from sim.cluster import load_seed
 from sim.cluster.disruption import budget_status
 from sim.cluster.errors import ApiError
@@ -117,7 +118,12 @@ def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     assert budgets["llm-pretrain"]["disruptionsAllowed"] == 0
     assert budgets["sim-rl"]["disruptionsAllowed"] == 1
     assert len(seeded.list(require("kubeflow.org", "v1", "notebooks"))) == 10
-    assert len(seeded.list(require("", "v1", "secrets"))) == 5
+    secrets = seeded.list(require("", "v1", "secrets"))
+    opted_in = [s for s in secrets if (s["metadata"].get("labels") or {}).get(LABEL)]
+    # each user's OAuth2 token set and the client secret it names; a Kerberos Secret that
+    # `nodeward up` fills (and opts in) where a KDC is installed
+    assert len(secrets) == 11
+    assert len(opted_in) == 5
     assert {n["metadata"]["name"] for n in seeded.list(NAMESPACES)} >= {
         "nodeward",
         "kube-system",

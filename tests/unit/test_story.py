@@ -27,8 +27,11 @@ class Wire:
 
 
 def wire(data: Any, at: datetime) -> Any:
-    event = make_event(data, source="test/story")
-    event = event.model_copy(update={"time": at})
+    """`data` as the bus carries it, the event's own time `at`."""
+    return wire_of(make_event(data, source="test/story").model_copy(update={"time": at}))
+
+
+def wire_of(event: Any) -> Any:
     w = encode(event)
     return Wire(w.subject, dict(w.headers), w.body)
 
@@ -60,16 +63,24 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
     lines: list[str] = []
     clock = Clock()
     story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
-    decision = Remediation(
-        action="quarantine",
-        target=ObjectRef(kind="Node", name="gpu-a"),
-        outcome=Outcome.APPLIED,
-        reason="GPU 0 failed",
-        actor="service/cordon",
-        trigger_event_id="inc-1",
+    decision = make_event(
+        Remediation(
+            action="quarantine",
+            target=ObjectRef(kind="Node", name="gpu-a"),
+            outcome=Outcome.APPLIED,
+            reason="GPU 0 failed",
+            actor="service/cordon",
+            trigger_event_id="inc-1",
+        ),
+        source="service/cordon",
     )
-    notice = Notification(
-        severity=Severity.CRITICAL, topic="gpu-health", title="gpu-a: quarantine applied"
+    ms = timedelta(milliseconds=1)
+    decision = decision.model_copy(update={"time": T0 + 2 * ms})
+    notice = Notification(  # what the decision's audit sends on-call
+        severity=Severity.CRITICAL,
+        topic="gpu-health",
+        title="gpu-a: quarantine applied",
+        audit_event_id=decision.id,
     )
     record = NodeRecord(
         quarantine=Quarantine(
@@ -83,31 +94,87 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
             taints=["NoSchedule"],
         )
     )
-    ms = timedelta(milliseconds=1)
     # The startup report and heartbeats are not news.
-    story.on_event(wire(health(HealthState.HEALTHY, None), T0))  # type: ignore[arg-type]
-    story.on_event(wire(health(HealthState.HEALTHY, None, heartbeat=True), T0))  # type: ignore[arg-type]
-    # Arrival order differs from the story order (separate subscriptions).
-    story.on_event(wire(notice, T0 + 3 * ms))  # type: ignore[arg-type]
+    story.on_event(wire(health(HealthState.HEALTHY, None), T0), T0)  # type: ignore[arg-type]
+    story.on_event(wire(health(HealthState.HEALTHY, None, heartbeat=True), T0), T0)  # type: ignore[arg-type]
+    # Arrival order differs from the story order (separate subscriptions): the notice the
+    # decision's audit sent comes before the decision itself.
+    story.on_event(wire(notice, T0 + 3 * ms), T0 + 3 * ms)  # type: ignore[arg-type]
     story.on_record("node.gpu-a", record.model_dump_json().encode(), T0 + ms)
-    story.on_event(wire(decision, T0 + 2 * ms))  # type: ignore[arg-type]
-    story.on_event(wire(health(HealthState.FAILED, HealthState.HEALTHY), T0))  # type: ignore[arg-type]
+    story.on_event(wire_of(decision), T0 + 2 * ms)  # type: ignore[arg-type]
+    story.on_event(wire(health(HealthState.FAILED, HealthState.HEALTHY), T0), T0)  # type: ignore[arg-type]
+    story.now = lambda: T0 + 4 * ms
     story.on_file("notice-1.json")
     story.flush()
     assert lines == []  # held until they have waited `hold`
     clock.now = 1.0
     story.flush()
     labels = [line.split()[0] for line in lines]
-    assert labels == ["GPU", "DECISION", "CORDON", "NOTIFY", "DELIVERED"]
+    assert labels == ["GPU", "DECISION", "CORDON", "DELIVERED"]
     assert "healthy -> failed (XID 79: fallen off the bus)" in lines[0]
+    assert "20:00:00.000" in lines[0] and "event time" not in lines[0]
+    # One line for the decision and the notice its audit sent, never the title again.
     assert "quarantine node/gpu-a: applied" in lines[1]
+    assert lines[1].endswith("- GPU 0 failed; notice to oncall (critical)")
+    assert not any("gpu-a: quarantine applied" in line for line in lines)
     assert "gpu-a tainted nodeward.io/gpu-unhealthy:NoSchedule, cordoned" in lines[2]
-    assert "gpu-a: quarantine applied" in lines[3]
-    assert lines[4].endswith("outbox/notice-1.json")
+    assert lines[3].endswith("outbox/notice-1.json")
     # The same incident's record again (a later KV write) is not a new step.
     story.on_record("node.gpu-a", record.model_dump_json().encode(), T0 + 5 * ms)
+    # Nor is the decision's notice redelivered after its line went out.
+    story.on_event(wire(notice, T0 + 3 * ms), T0 + 6 * ms)  # type: ignore[arg-type]
     story.flush(everything=True)
-    assert len(lines) == 5
+    assert len(lines) == 4
+
+
+def test_a_notice_of_its_own_is_a_notify_line_and_a_decisions_follows_it() -> None:
+    lines: list[tuple[str, str]] = []
+    story = Story(emit=lambda line, sev: lines.append((line, sev)), hold=0)
+    warn = make_event(
+        Remediation(
+            action="warn",
+            target=ObjectRef(kind="Pod", namespace="ml-a", name="nb-0"),
+            outcome=Outcome.APPLIED,
+            reason="idle for 1m",
+            actor="service/culler",
+        ),
+        source="service/culler",
+    ).model_copy(update={"time": T0})
+    story.on_event(wire_of(warn), T0)  # type: ignore[arg-type]
+    audit_notice = Notification(
+        severity=Severity.INFO,
+        topic="idle-session",
+        title="nb-0: warn applied",
+        audit_event_id=warn.id,
+    )
+    owner = Notification(  # the owner's own notice: no audit record says it
+        severity=Severity.WARNING,
+        topic="idle-session",
+        title="Your notebook ml-a/nb-0 will be stopped",
+        audience="user:ml-a/nb-0",
+    )
+    story.on_event(wire(audit_notice, T0), T0)  # type: ignore[arg-type]
+    story.on_event(wire(owner, T0), T0)  # type: ignore[arg-type]
+    story.flush(everything=True)
+    assert [line.split()[0] for line, _ in lines] == ["DECISION", "NOTIFY"]
+    assert lines[0][0].endswith("- idle for 1m; notice to oncall (info)")
+    assert "to user:ml-a/nb-0: Your notebook ml-a/nb-0 will be stopped" in lines[1][0]
+    assert lines[1][1] == "warning"
+
+
+def test_a_notice_whose_decision_never_came_is_still_told() -> None:
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    orphan = Notification(
+        severity=Severity.CRITICAL,
+        topic="gpu-health",
+        title="gpu-b: quarantine applied",
+        audit_event_id="not-seen",
+    )
+    story.on_event(wire(orphan, T0), T0)  # type: ignore[arg-type]
+    story.flush(everything=True)
+    assert len(lines) == 1 and lines[0].startswith("NOTIFY ")
+    assert lines[0].endswith("to oncall: gpu-b: quarantine applied")
 
 
 def test_a_release_is_its_own_step() -> None:
@@ -120,7 +187,7 @@ def test_a_release_is_its_own_step() -> None:
         reason="every GPU healthy for 15s",
         actor="service/cordon",
     )
-    story.on_event(wire(release, T0))  # type: ignore[arg-type]
+    story.on_event(wire(release, T0), T0)  # type: ignore[arg-type]
     story.flush(everything=True)
     assert lines[0].startswith("RELEASE ") and "every GPU healthy for 15s" in lines[0]
 
@@ -194,8 +261,10 @@ def test_an_idle_session_is_told_once_per_idle_period() -> None:
         )
 
     for i in range(3):  # the agent restates the same idle period every interval
-        story.on_event(wire(idle(T0, 30.0 * (i + 1)), T0 + timedelta(seconds=30 * i)))  # type: ignore[arg-type]
-    story.on_event(wire(idle(T0 + timedelta(minutes=5), 30.0), T0 + timedelta(minutes=6)))  # type: ignore[arg-type]
+        at = T0 + timedelta(seconds=30 * i)
+        story.on_event(wire(idle(T0, 30.0 * (i + 1)), at), at)  # type: ignore[arg-type]
+    at = T0 + timedelta(minutes=6)
+    story.on_event(wire(idle(T0 + timedelta(minutes=5), 30.0), at), at)  # type: ignore[arg-type]
     clock.now = 1.0
     story.flush()
     assert len(lines) == 2
@@ -206,7 +275,9 @@ def test_an_idle_session_is_told_once_per_idle_period() -> None:
     )
 
 
-def test_a_falco_alert_is_told_before_its_decisions() -> None:
+def test_a_falco_alert_is_told_at_the_clocks_time_before_its_decisions() -> None:
+    """A sample alert carries its own time, hours before the clock: the line shows when the
+    bus stored it, with the alert's own time beside it."""
     from schemas.falco import FalcoAlert, FalcoPriority
     from sim.falco_samples import DROP_AND_EXECUTE, samples
 
@@ -223,8 +294,9 @@ def test_a_falco_alert_is_told_before_its_decisions() -> None:
         reason="Falco Critical",
         actor="service/falco",
     )
-    story.on_event(wire(isolate, T0 + timedelta(milliseconds=5)))  # type: ignore[arg-type]
-    story.on_event(wire(alert, T0))  # type: ignore[arg-type]
+    decided = T0 + timedelta(milliseconds=5)
+    story.on_event(wire(isolate, decided), decided)  # type: ignore[arg-type]
+    story.on_event(wire(alert, T0 - timedelta(hours=5)), T0)  # type: ignore[arg-type]
     test_rule = alert.model_copy(  # Falcosidekick's /test event: not told
         update={
             "rule": "Test rule",
@@ -233,10 +305,13 @@ def test_a_falco_alert_is_told_before_its_decisions() -> None:
             "output": "This is a test from falcosidekick",
         }
     )
-    story.on_event(wire(test_rule, T0))  # type: ignore[arg-type]
+    story.on_event(wire(test_rule, T0), T0)  # type: ignore[arg-type]
     clock.now = 1.0
     story.flush()
     assert [line.split()[0] for line in lines] == ["FALCO", "DECISION"]
+    assert [line.split()[1] for line in lines] == ["20:00:00.000", "20:00:00.005"]
+    assert lines[0].endswith("(event time 15:00:00)")
+    assert "event time" not in lines[1]
     assert "Critical 'Drop and execute new binary in container' on pod user-bob/" in lines[0]
 
 
@@ -258,3 +333,15 @@ def test_restarts_are_one_line_each_and_other_decisions_stay_decisions() -> None
         " cordon: task consume failed: RuntimeError: boom; restarted (1st time in 10 min)"
     )
     assert nats.endswith(" nats-server: exited (signal 9); back on 127.0.0.1:4222 after 0.8 s")
+
+
+def test_an_event_a_few_seconds_off_the_clock_shows_the_clocks_time_only() -> None:
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    failed = health(HealthState.FAILED, HealthState.HEALTHY)
+    story.on_event(wire(failed, T0 - timedelta(seconds=3)), T0)  # type: ignore[arg-type]
+    story.on_event(wire(failed, T0 - timedelta(days=1, seconds=20)), T0)  # type: ignore[arg-type]
+    story.flush(everything=True)
+    assert [line.split()[1] for line in lines] == ["20:00:00.000", "20:00:00.000"]
+    assert "event time" not in lines[0]
+    assert lines[1].endswith("(event time 2026-11-28 19:59:40)")

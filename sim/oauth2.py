@@ -1,10 +1,12 @@
-"""A real OAuth2 authorization server for the tests, built with authlib (Flask integration).
+"""A local OAuth2 authorization server, built with authlib (Flask integration): the identity
+provider `nodeward up` runs for the seeded opted-in Secrets, and the tests' real peer.
 
 Refresh-token grant with rotation (every refresh issues a new refresh token and revokes
 the old one) and reuse detection (presenting a revoked refresh token revokes the whole
 grant, RFC 9700), a bearer-protected `/whoami` a workload calls, a switch that makes the
 token endpoint answer 503 (the IdP down), and counts of how often each refresh token was
-presented. Served by werkzeug on a free loopback port in a thread.
+presented. Served by werkzeug on a free loopback port in a thread (`serve`). A simulator:
+`/issue` mints grants without authentication, for the benchmark's seed.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import ClientMixin, TokenMixin, grants
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
@@ -108,9 +109,16 @@ class IdP:
         self.on_refresh: Callable[[], None] | None = None
         """Called (in the server's thread) before a refresh is answered."""
 
-    def client(self, client_id: str) -> Client:
+    def client(self, client_id: str, client_secret: str | None = None) -> Client:
+        """The client `client_id`, registered on first use (with `client_secret`, or a new
+        one); `ValueError` if it is registered with another secret."""
         with self.lock:
-            return self.clients.setdefault(client_id, Client(client_id, secrets.token_urlsafe(24)))
+            client = self.clients.setdefault(
+                client_id, Client(client_id, client_secret or secrets.token_urlsafe(24))
+            )
+        if client_secret is not None and not client.check_client_secret(client_secret):
+            raise ValueError(f"client {client_id!r} is registered with another secret")
+        return client
 
     def issue(self, client_id: str, expires_in: int | None = None) -> Token:
         """A fresh grant for `client_id`, as an authorization-code flow would end."""
@@ -247,21 +255,32 @@ def make_app(idp: IdP) -> Flask:
 
 
 @dataclass
-class RunningIdP:
+class Served:
+    """A running server: its state, and `stop()`."""
+
     idp: IdP
+    server: Any
+    thread: threading.Thread
 
     @property
     def token_endpoint(self) -> str:
         return f"{self.idp.url}/token"
 
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
 
-def start_idp(expires_in: int = 3600) -> tuple[IdP, Any, threading.Thread]:
+
+def serve(expires_in: int = 3600, host: str = "127.0.0.1", port: int = 0) -> Served:
+    """Start the server in a thread on `host:port` (0: a free port); access tokens live
+    `expires_in` seconds."""
     idp = IdP(expires_in)
-    server = make_server("127.0.0.1", 0, make_app(idp), threaded=True, request_handler=_Quiet)
-    idp.url = f"http://127.0.0.1:{server.server_port}"
-    thread = threading.Thread(target=server.serve_forever, name="test-idp", daemon=True)
+    server = make_server(host, port, make_app(idp), threaded=True, request_handler=_Quiet)
+    idp.url = f"http://{host}:{server.server_port}"
+    thread = threading.Thread(target=server.serve_forever, name="sim-oauth2", daemon=True)
     thread.start()
-    return idp, server, thread
+    return Served(idp, server, thread)
 
 
 def serve_forever(urls: Any) -> None:
@@ -270,12 +289,3 @@ def serve_forever(urls: Any) -> None:
     server = make_server("127.0.0.1", 0, make_app(idp), threaded=True, request_handler=_Quiet)
     urls.put(f"http://127.0.0.1:{server.server_port}")
     server.serve_forever()
-
-
-@pytest.fixture
-def oauth2_idp() -> Iterator[IdP]:
-    """A running authlib authorization server; access tokens live 3 s unless changed."""
-    idp, server, thread = start_idp(expires_in=3)
-    yield idp
-    server.shutdown()
-    thread.join(timeout=5)
