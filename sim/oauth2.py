@@ -1,8 +1,9 @@
 """A local OAuth2 authorization server, built with authlib (Flask integration): the identity
 provider `nodeward up` runs for the seeded opted-in Secrets, and the tests' real peer.
 
-Refresh-token grant with rotation (every refresh issues a new refresh token and revokes
-the old one) and reuse detection (presenting a revoked refresh token revokes the whole
+Refresh-token grant with rotation (every refresh issues a new refresh token and retires
+the old one; the old access token stays valid until it expires, as Keycloak's does) and
+reuse detection (presenting a revoked refresh token revokes the whole
 grant, RFC 9700), a bearer-protected `/whoami` a workload calls, a switch that makes the
 token endpoint answer 503 (the IdP down), and counts of how often each refresh token was
 presented. Served by werkzeug on a free loopback port in a thread (`serve`). A simulator:
@@ -71,6 +72,9 @@ class Token(TokenMixin):  # type: ignore[misc]
     expires_in: int
     issued_at: float = field(default_factory=time.time)
     revoked: bool = False
+    """The grant was revoked: neither token works any more."""
+    rotated: bool = False
+    """Its refresh token was used: presenting it again is reuse."""
     scope: str = ""
 
     def check_client(self, client: Client) -> bool:
@@ -86,7 +90,7 @@ class Token(TokenMixin):  # type: ignore[misc]
         return False  # refresh tokens live until rotated or revoked
 
     def is_revoked(self) -> bool:
-        return self.revoked
+        return self.revoked or self.rotated
 
     def access_valid(self) -> bool:
         return not self.revoked and time.time() < self.issued_at + self.expires_in
@@ -144,7 +148,7 @@ class IdP:
             token = self.by_refresh.get(refresh_token)
             if token is None:
                 return None
-            if token.revoked:  # a rotated-away token used again: revoke the whole grant
+            if token.is_revoked():  # a rotated-away token used again: revoke the whole grant
                 self.reuse_detected += 1
                 for other in self.by_refresh.values():
                     if other.family == token.family:
@@ -197,7 +201,7 @@ def make_app(idp: IdP) -> Flask:
 
         def revoke_old_credential(self, credential: Token) -> None:
             with idp.lock:
-                credential.revoked = True
+                credential.rotated = True
 
     server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
     server.register_grant(Refresh)

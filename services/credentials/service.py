@@ -371,18 +371,9 @@ class CredentialsService:
             )
             return
         if result.outcome == Outcome.APPLIED and result.details.get("written"):
-            await self._record(
-                cred,
-                "ok",
-                principal=result.details.get("principal"),
-                expires_at=datetime.fromisoformat(result.details["expires_at"]),
-                renewable_until=(
-                    datetime.fromisoformat(result.details["renewable_until"])
-                    if result.details.get("renewable_until")
-                    else None
-                ),
-                renewed=True,
-            )
+            expires_at = datetime.fromisoformat(result.details["expires_at"])
+            until = result.details.get("renewable_until")
+            renewable_until = datetime.fromisoformat(until) if until else None
             await self.bus.publish(
                 make_event(
                     CredentialRenewed(
@@ -390,17 +381,22 @@ class CredentialsService:
                         secret=cred.name,
                         kind=cred.kind,
                         principal=result.details.get("principal"),
-                        expires_at=datetime.fromisoformat(result.details["expires_at"]),
-                        renewable_until=(
-                            datetime.fromisoformat(result.details["renewable_until"])
-                            if result.details.get("renewable_until")
-                            else None
-                        ),
+                        expires_at=expires_at,
+                        renewable_until=renewable_until,
                         resource_version=result.details.get("resource_version"),
                         rotated=bool(result.details.get("rotated")),
                     ),
                     source=ACTOR,
                 )
+            )
+            # The status record last: the outcome event is the fact, the record its summary.
+            await self._record(
+                cred,
+                "ok",
+                principal=result.details.get("principal"),
+                expires_at=expires_at,
+                renewable_until=renewable_until,
+                renewed=True,
             )
 
     async def _renew_and_write(self, cred: Credential, timing: Timing) -> dict[str, Any]:

@@ -83,7 +83,9 @@ async def test_keytab_credential_acquired(kdc: Any, creds_env: EnvFactory, tmp_p
     ccache = await wait_for(cache, timeout=20, what="a ticket cache from the keytab")
     assert authenticates(kdc, ccache, tmp_path) == principal
     assert (await env.data("svc"))["keytab"] == keytab.read_bytes()
-    assert (await env.renewed("svc"))[0].principal == principal
+    # The outcome event follows the Secret's write.
+    renewed = await wait_for(lambda: env.renewed("svc"), what="credentials.renewed for svc")
+    assert renewed[0].principal == principal
 
 
 async def test_rejected_keytab_notifies_owner(

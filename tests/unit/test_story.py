@@ -324,7 +324,7 @@ def test_restarts_are_one_line_each_and_other_decisions_stay_decisions() -> None
     died = Restart("cordon", "task consume failed: RuntimeError: boom", 1, 600.0)
     server = restart_audit("nats-server", "exited (signal 9)", "back on 127.0.0.1:4222 after 0.8 s")
     for data in (died.audit(), server):
-        story.on_event(wire(data, T0))  # type: ignore[arg-type]
+        story.on_event(wire(data, T0), T0)  # type: ignore[arg-type]
     clock.now = 1.0
     story.flush()
     cordon, nats = lines
