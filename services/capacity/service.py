@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Gauge
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
@@ -96,7 +96,11 @@ class CapacityService:
 
     async def restore(self) -> None:
         """Take what the bus said from the last snapshot (the consumers resume after it)."""
-        current = await self.snapshots.get(SNAPSHOT.key())
+        try:
+            current = await self.snapshots.get(SNAPSHOT.key())
+        except ValidationError as exc:  # a record it cannot read: count afresh
+            self.log.warning("capacity.snapshot_unreadable", error=str(exc).splitlines()[0])
+            return
         if current is None:
             return
         for n in current.value.nodes:
