@@ -161,7 +161,8 @@ class CapacityService:
         replace: Callable[[list[dict[str, Any]]], None],
         apply: Callable[[WatchEvent], None],
     ) -> None:
-        """List, then watch from the list's version; list again whenever the watch fails."""
+        """List, then watch from the list's version; list again whenever the watch fails or
+        its version expires (a relist replaces everything, so nothing deleted meanwhile stays)."""
         log = self.log.bind(watch=what)
         while True:
             try:
@@ -170,9 +171,18 @@ class CapacityService:
                 self.synced[what] = True
                 self.changed.set()
                 log.info("capacity.listed", count=len(listed.items))
-                async for change in watch(listed.resource_version):
-                    apply(change)
-                    self.changed.set()
+                changes = watch(listed.resource_version)
+                try:
+                    async for change in changes:
+                        if change.relisted:  # the version expired (410): what went is unknown
+                            log.info("capacity.watch_expired")
+                            break
+                        apply(change)
+                        self.changed.set()
+                finally:
+                    close = getattr(changes, "aclose", None)  # ends the watch request
+                    if close is not None:
+                        await close()
             except KubeError as exc:  # a watch that breaks is listed again, not fatal
                 log.warning("capacity.watch_failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(self.settings.relist_delay.total_seconds())
