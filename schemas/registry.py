@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 from schemas.base import Event, EventData, make_event
+from schemas.capacity import CapacityChanged
 from schemas.credentials import CredentialDue, CredentialFailed, CredentialRenewed
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyNode, EnergyPod
@@ -51,6 +52,7 @@ _MODELS: tuple[type[EventData], ...] = (
     Remediation,
     Notification,
     DeadLetter,
+    CapacityChanged,
 )
 
 REGISTRY: Mapping[str, EventType] = MappingProxyType(

@@ -51,6 +51,7 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("MAINTENANCE", ("maintenance.>",), "node maintenance phases", 90 * DAY),
     StreamSpec("AUDIT", ("remediation.>",), "every action taken or refused", 365 * DAY),
     StreamSpec("NOTIFY", ("notify.>",), "notification requests for people", 7 * DAY),
+    StreamSpec("CAPACITY", ("capacity.>",), "free GPUs per model and profile, on change", 7 * DAY),
     StreamSpec(
         "DLQ", ("dlq.>",), "messages a consumer could not process, with the error", 30 * DAY
     ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -13,6 +14,20 @@ from nodeward.kube.errors import Conflict
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A list's items and the resourceVersion it was read at: a watch from that version
+    misses no change made after the list."""
+
+    items: list[Obj]
+    resource_version: str
+
+    @classmethod
+    def of(cls, reply: Obj) -> Listing:
+        version = str((reply.get("metadata") or {}).get("resourceVersion", ""))
+        return cls(list(reply.get("items") or []), version)
 
 
 class Area:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from nodeward.kube.access import operation
-from nodeward.kube.base import Area, Obj, core
+from nodeward.kube.base import Area, Listing, Obj, core
 from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH
 from nodeward.kube.watch import WatchEvent, watch
 
@@ -46,6 +46,14 @@ class Nodes(Area):
             query={"labelSelector": label_selector, "fieldSelector": field_selector},
         )
         return list(listing.get("items") or [])
+
+    @operation("nodes.watch")
+    async def listing(self, *, label_selector: str | None = None) -> Listing:
+        """Every node and the version to watch from (`watch(resource_version=...)`)."""
+        reply = await self._client.request(
+            "GET", core("nodes"), query={"labelSelector": label_selector}
+        )
+        return Listing.of(reply)
 
     @operation("nodes.watch")
     async def watch(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from nodeward.kube.access import operation
-from nodeward.kube.base import Area, Obj, core
+from nodeward.kube.base import Area, Listing, Obj, core
 from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH
 from nodeward.kube.errors import (
     EvictionBlocked,
@@ -56,6 +56,14 @@ class Pods(Area):
             query={"labelSelector": label_selector, "fieldSelector": ",".join(fields) or None},
         )
         return list(listing.get("items") or [])
+
+    @operation("pods.watch")
+    async def listing(self, *, field_selector: str | None = None) -> Listing:
+        """Every pod in every namespace and the version to watch from."""
+        reply = await self._client.request(
+            "GET", core("pods"), query={"fieldSelector": field_selector}
+        )
+        return Listing.of(reply)
 
     @operation("pods.watch")
     async def watch(

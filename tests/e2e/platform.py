@@ -54,7 +54,8 @@ def running_up(
 ) -> Iterator[Up]:
     """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready.
 
-    The environment's `NODEWARD_*` variables are left out; `env` adds variables."""
+    The environment's `NODEWARD_*` variables are left out, the repository goes first on
+    `PYTHONPATH`; `env` adds variables."""
     state = tmp_path / "state"
     # The repository first; then the caller's path (where entry-point metadata may live).
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)

@@ -469,6 +469,21 @@ async def test_watch_pods_on_a_node_sees_deletion(admin: Cluster, sim: SimCluste
     await events.aclose()
 
 
+async def test_a_watch_from_a_listings_version_misses_no_change_after_it(
+    admin: Cluster,
+) -> None:
+    """`listing()` then `watch(resource_version=...)`: a change made between the two is seen."""
+    listed = await admin.nodes.listing()
+    assert "gpu-h100-01" in {n["metadata"]["name"] for n in listed.items}
+    await admin.nodes.set_labels("gpu-h100-01", {"between": "1"})  # before the watch starts
+    events = admin.nodes.watch(resource_version=listed.resource_version)
+    ev = await asyncio.wait_for(anext(events), 5)
+    assert ev.object["metadata"]["labels"]["between"] == "1"
+    await events.aclose()
+    pods = await admin.pods.listing()
+    assert len(pods.items) > 1 and int(pods.resource_version) >= int(listed.resource_version)
+
+
 # --- identities, RBAC, errors, retries ---------------------------------------------------------
 
 

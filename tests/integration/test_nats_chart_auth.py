@@ -646,3 +646,62 @@ async def test_the_operator_user_reads_everything_sends_controls_and_changes_not
             await raw.close()
             await service.close(grace=1)
             await admin.close(grace=1)
+
+
+async def test_the_capacity_service_runs_as_its_chart_user_and_publishes_only_capacity(
+    tmp_path: Path,
+) -> None:
+    """`nodeward-capacity` with the chart's grants: the service binds its two consumers and
+    its bucket, writes its snapshot and publishes `capacity.v1`; an audit event is refused."""
+    from services.capacity.service import build
+    from sim.cluster import SimCluster
+    from tests.integration.capacity_fixtures import capacity_seed
+
+    _, key = new_nkey()
+    docs = render(tmp_path, representative_values({"gpu-node-a": key}))
+    conf = _auth_layout(tmp_path, docs)
+    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    secret = named(docs, "Secret", "nw-nats-capacity")
+    async with (
+        EmbeddedNats(tmp_path / "nats", config_file=conf) as server,
+        SimCluster(capacity_seed("auth"), port=0, bookmark_interval=0.2) as sim,
+    ):
+        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
+        provision = await asyncio.to_thread(
+            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
+        )
+        assert provision.returncode == 0, provision.stderr
+        bus = BusSettings(
+            url=server.url,
+            user=_decode_secret(secret, "user"),
+            password=_decode_secret(secret, "password"),  # type: ignore[arg-type]
+            inbox_prefix=service_inbox("capacity"),
+            provision=False,
+            publish_timeout="500ms",  # type: ignore[arg-type]
+            publish_retries=0,
+        )
+        settings = Settings(
+            bus=bus,
+            cluster={"kubeconfig": sim.write_kubeconfig(tmp_path / "kc", identity="capacity")},
+            daemon={"shutdown_timeout": "4s"},
+        )
+        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
+        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
+        daemon = await build(settings)
+        await daemon.start()
+        other = await Bus.connect(bus, source="service/capacity")
+        try:
+
+            async def published() -> bool:
+                info = await admin.js.stream_info("CAPACITY")
+                return info.state.messages >= 4  # H100 and A100 whole GPUs, two MIG profiles
+
+            await wait_for(published, timeout=15, what="capacity.v1 on CAPACITY")
+            entry = await (await admin.js.key_value("capacity")).get("snapshot")
+            assert entry.value and b"h100-a-auth" in entry.value
+            with pytest.raises(PublishError):
+                await other.publish(make_event(Remediation.example(), source="service/capacity"))
+        finally:
+            await other.close(grace=1)
+            await daemon.stop()
+            await admin.close(grace=1)

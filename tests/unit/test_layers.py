@@ -16,6 +16,7 @@ DAEMON_MODULES = [
     "agents.gpu.wiring",
     "agents.energy.wiring",
     "agents.idle.wiring",
+    "services.capacity.service",
     "services.cordon.service",
     "services.culler.service",
     "services.credentials.service",

@@ -1,0 +1,67 @@
+"""With `nodeward up` running, `nodeward capacity` shows the seed's free GPUs by model and
+MIG profile, and an XID 79 quarantine lowers the free count of that node's model within 5 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.platform import running_up
+from tests.e2e.test_cli import run, wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-80GB"
+NODE = "gpu-h100-04"  # the seed's one H100 node with a GPU free (7 of 8 held by pods)
+
+
+def _capacity(nats: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run("capacity", "--nats", nats, *args, env={"NODEWARD_NATS_URL": ""})
+
+
+def _free(nats: str) -> dict[tuple[str, str], int] | None:
+    got = _capacity(nats, "--json")
+    if got.returncode != 0:
+        return None
+    return {
+        (t["model"], t["profile"]): t["counts"]["free"] for t in json.loads(got.stdout)["totals"]
+    }
+
+
+def test_capacity_shows_the_seeds_free_gpus_and_a_quarantine_lowers_them(tmp_path: Path) -> None:
+    with running_up(tmp_path, "--nats-port", "0", "--scenario", "none") as up:
+        nats = up.endpoints["nats_url"]
+        # The default seed by hand: H100 32, 31 held (one free on gpu-h100-04); A100 24
+        # whole GPUs, all held; the MIG node 28 x 1g.10gb (5 notebooks hold one each) and
+        # 12 x 2g.20gb.
+        seed = {(H100, "gpu"): 1, (A100, "gpu"): 0, (A100, "1g.10gb"): 23, (A100, "2g.20gb"): 12}
+        wait_until(lambda: _free(nats) == seed, timeout=30, what="the seed's free GPUs")
+
+        table = _capacity(nats, "--model", "H100")
+        assert table.returncode == 0, table.stderr
+        assert H100 in table.stdout and A100 not in table.stdout
+        assert f"{NODE} (1)" in table.stdout  # where the free one is
+
+        fits = _capacity(nats, "--request", "nvidia.com/gpu=1", "--model", "H100")
+        assert fits.returncode == 0 and NODE in fits.stdout, fits.stdout + fits.stderr
+        big = _capacity(nats, "--request", "nvidia.com/gpu=4", "--model", "H100")
+        assert big.returncode == 3 and big.stdout.startswith("does not fit now"), big.stdout
+
+        began = time.monotonic()
+        injected = run("sim", "inject", "--node", NODE, "--gpu", "0", "--xid", "79", "--nats", nats)
+        assert injected.returncode == 0, injected.stderr
+        wait_until(
+            lambda: (_free(nats) or {}).get((H100, "gpu")) == 0,
+            timeout=5,
+            what="the H100 free count to drop within 5 s of the XID",
+        )
+        print(f"capacity: XID 79 on {NODE} -> H100 free 0 after {time.monotonic() - began:.2f}s")
+        after = _capacity(nats, "--json", "--model", "H100")
+        node = next(n for n in json.loads(after.stdout)["nodes"] if n["node"] == NODE)
+        assert node["profiles"]["gpu"]["free"] == 0 and node["profiles"]["gpu"]["used"] == 7
+        assert (_free(nats) or {}).get((A100, "1g.10gb")) == 23  # the other models as they were
