@@ -14,6 +14,7 @@ from schemas.energy import EnergyNode, EnergyPod
 from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, GpuTelemetry, GpuXid
 from schemas.maintenance import Maintenance
+from schemas.node import NodeFinding
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionActivity, SessionIdle
@@ -43,6 +44,7 @@ _MODELS: tuple[type[EventData], ...] = (
     EnergyPod,
     SessionActivity,
     SessionIdle,
+    NodeFinding,
     FalcoAlert,
     CredentialDue,
     CredentialRenewed,

@@ -424,6 +424,7 @@ class EnergyAgent:
                 cpu_energy_j=share.cpu_energy_j,
                 gpu_energy_j=share.gpu_energy_j,
                 energy_j=share.energy_j,
+                gpus=share.gpus,
                 attribution=share.attribution,
                 carbon=carbon,
                 co2e_g=co2e,

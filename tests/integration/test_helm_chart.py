@@ -383,7 +383,7 @@ def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> N
 def test_default_services_and_the_culler_starts_in_dry_run(tmp_path: Path) -> None:
     docs = render(tmp_path, {})
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    assert names == {"nw-cordon", "nw-notifier", "nw-culler"}
+    assert names == {"nw-cordon", "nw-notifier", "nw-culler", "nw-accounting"}
     config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
     assert config["services"]["culler"]["dry_run"] is True  # audit only until turned off
 
