@@ -70,6 +70,17 @@ class NodeFinding(EventData):
         }
     )
 
+    def change_key(self) -> str:
+        """What makes a result new: its state, the governors, whether the spread is over
+        the bound; not the figures, which move with every check."""
+        over = (
+            self.spread_pct is not None
+            and self.spread_bound_pct is not None
+            and self.spread_pct > self.spread_bound_pct
+        )
+        governors = ",".join(sorted(self.governors))
+        return f"{self.state.value}|{governors}|{self.expected_governor}|{over}"
+
     def nats_subject(self) -> str:
         return subject("node.finding", self.node, self.check)
 

@@ -144,6 +144,7 @@ class FindingRecord(BaseModel):
     """The last finding on-call was told about for one node and check."""
 
     digest: str
+    """`NodeFinding.change_key()` of the finding told."""
     state: str
     summary: str
     event_id: str

@@ -16,7 +16,6 @@ records; Prometheus counters per namespace count what was added.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -147,18 +146,6 @@ class _Metrics:
             ["node"],
             registry=r,
         )
-
-
-def finding_digest(data: NodeFinding) -> str:
-    """What makes a finding new: its state, the governors, whether the spread is over the
-    bound; not the figures, which move every check."""
-    over = (
-        data.spread_pct is not None
-        and data.spread_bound_pct is not None
-        and data.spread_pct > data.spread_bound_pct
-    )
-    raw = f"{data.state.value}|{','.join(sorted(data.governors))}|{data.expected_governor}|{over}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 class AccountingService:
@@ -390,7 +377,7 @@ class AccountingService:
         or one cleared; a node that starts clear, or repeats itself, says nothing new."""
         data: NodeFinding = event.data
         key = finding_key(data.node, data.check)
-        digest = finding_digest(data)
+        digest = data.change_key()
         last = await self.findings.get(key)
         log = self.log.bind(event_id=event.id, node=data.node, check=data.check)
         if last is not None and last.value.digest == digest:
