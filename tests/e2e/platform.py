@@ -54,11 +54,12 @@ def running_up(
 ) -> Iterator[Up]:
     """`nodeward up --state-dir <tmp>/state ARGS...`, yielded once every daemon is ready.
 
-    The environment's `NODEWARD_*` variables are left out; `env` adds variables."""
+    The environment's `NODEWARD_*` variables are left out (its PYTHONPATH follows the
+    repository's); `env` adds variables."""
     state = tmp_path / "state"
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-        | {"PYTHONPATH": str(REPO)}
+        | {"PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
         | dict(env or {})
     )
     proc = subprocess.Popen(
