@@ -8,7 +8,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.remediation import Outcome
 from schemas.state.accounting import hour_of
@@ -60,6 +62,29 @@ async def _inject(env: AccountingEnv, hour: datetime) -> list[Any]:
     return events
 
 
+async def _counters(env: AccountingEnv, namespace: str) -> dict[str, float]:
+    """The service's Prometheus counters for `namespace`, by metric name."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{env.daemons[0].url}/metrics", timeout=5)).text
+    return {
+        f"{s.name}{s.labels.get('action', '')}": s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("nodeward_accounting_")
+        and s.name.endswith("_total")
+        and s.labels.get("namespace") == namespace
+    }
+
+
+def _check_counters(counters: dict[str, float]) -> None:
+    assert counters["nodeward_accounting_energy_joules_total"] == pytest.approx(6 * 162_000)
+    assert counters["nodeward_accounting_co2e_grams_total"] == _approx(6 * 162_000 / KWH * 100)
+    assert counters["nodeward_accounting_gpu_seconds_total"] == pytest.approx(2 * 3600)
+    assert counters["nodeward_accounting_idle_gpu_seconds_total"] == pytest.approx(1800)
+    assert counters["nodeward_accounting_sessions_totalwarned"] == 1
+    assert counters["nodeward_accounting_sessions_totalstopped"] == 1
+
+
 def _check_namespaces(env: AccountingEnv, rows: dict[str, dict[str, str]]) -> None:
     assert set(rows) == {env.ns1, env.ns2}
     a, b = rows[env.ns1], rows[env.ns2]
@@ -90,6 +115,7 @@ async def test_report_totals_survive_redelivery_and_restart(accounting_env: EnvF
     until = hour + timedelta(hours=1)
 
     _check_namespaces(env, await env.csv_rows(hour, until, "namespace"))
+    _check_counters(await _counters(env, env.ns1))
 
     owners = await env.csv_rows(hour, until, "owner")
     assert float(owners["alice@example.com"]["energy_kwh"]) == _approx(6 * 108_000 / KWH)
@@ -110,6 +136,7 @@ async def test_report_totals_survive_redelivery_and_restart(accounting_env: EnvF
         await env.publish_again(event)
     await wait_for(env.settled, timeout=30, what="the repeats handled")
     _check_namespaces(env, await env.csv_rows(hour, until, "namespace"))
+    _check_counters(await _counters(env, env.ns1))  # nothing counted twice
     await env.stop(env.daemons[0])
     await env.forget_consumers()
     await env.start()

@@ -513,6 +513,13 @@ def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[st
         "nodeward_energy_joules_total",
         "nodeward_co2e_grams_total",
     } <= used
+    assert {  # the accounting service's counters per namespace
+        "nodeward_accounting_energy_joules_total",
+        "nodeward_accounting_co2e_grams_total",
+        "nodeward_accounting_gpu_seconds_total",
+        "nodeward_accounting_idle_gpu_seconds_total",
+        "nodeward_accounting_sessions_total",
+    } <= used
     missing = used - _defined_metrics()
     assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"
 
