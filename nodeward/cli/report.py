@@ -66,7 +66,9 @@ def render_table(by: By, window: Window, rows: list[Row]) -> Any:
         heads += ["GPU util %", "GPU kWh/GPU-h", "GPU kWh/busy GPU-h"]
     heads.append("gap")
     for i, head in enumerate(heads):
-        table.add_column(head, justify="left" if i in (0, len(heads) - 1) else "right")
+        table.add_column(
+            head, justify="left" if i in (0, len(heads) - 1) else "right", no_wrap=i == 0
+        )
     for row in rows:
         c = row.columns()
         cells = [

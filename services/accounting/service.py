@@ -210,6 +210,8 @@ class AccountingService:
                     types=frozenset({NodeFinding.TYPE}),
                     concurrency=1,
                     order_key=lambda e: e.data.node,
+                    # node.finding.<node>.<check>: a node speaks only of itself.
+                    identity=(ConsumerSpec.bind(NodeFinding, "node", "check"),),
                 ),
                 self.handle_finding,
             ),
