@@ -29,14 +29,16 @@ def gap_tolerance(span_s: float) -> float:
 
 @dataclass(frozen=True)
 class Window:
-    """Whole UTC hours: from the hour `since` falls in up to `until`."""
+    """Whole UTC hours: from the hour `since` falls in to the end of the hour `until`
+    falls in (an hour still in progress counts up to now)."""
 
     start: datetime
     end: datetime
 
     @classmethod
     def of(cls, since: datetime, until: datetime) -> Window:
-        return cls(hour_of(since), until.astimezone(UTC))
+        end = hour_of(until)
+        return cls(hour_of(since), end if end == until else end + HOUR)
 
     def hours(self) -> list[datetime]:
         out, hour = [], self.start
