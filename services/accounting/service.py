@@ -5,9 +5,9 @@ node's interval, for what its readings cover), `session.>` (GPU utilisation samp
 periods), the culler's audit records (`remediation.warn.>`, `remediation.stop.>`: sessions
 warned and stopped) and `node.>` (node findings, told to on-call once per change).
 
-Each event is added to one KV record, hourly per pod and node (`schemas/state/accounting.py`),
-together with its event id in one revision-checked write: a redelivery or a restart finds
-its id and adds nothing. An idle period is kept as its start and the longest idle time
+Each event is added to its KV record, hourly per pod and node (`schemas/state/accounting.py`;
+a node interval across two hours to each, by time), together with its event id in one
+revision-checked write: a redelivery or a restart finds its id and adds nothing. An idle period is kept as its start and the longest idle time
 reported, so a repeat changes nothing either. Who a pod is charged to (its
 `nodeward.io/owner-email` annotation, else its namespace) and its node's GPU model
 (`nvidia.com/gpu.product`) are read from the API once and kept. `nodeward report` reads the
