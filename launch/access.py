@@ -19,6 +19,7 @@ from agents.energy import access as energy
 from agents.idle import access as idle
 from nodeward.kube.access import Access, by_account
 from nodeward.nats_auth import ServiceGrants, permissions_document
+from services.accounting import access as accounting
 from services.capacity import access as capacity
 from services.cordon import access as cordon
 from services.credentials import access as credentials
@@ -27,7 +28,7 @@ from services.falco import access as falco
 from services.maintenance import access as maintenance
 from services.notifier import access as notifier
 
-_SERVICES = (cordon, notifier, culler, credentials, falco, maintenance, capacity)
+_SERVICES = (cordon, notifier, culler, credentials, falco, maintenance, capacity, accounting)
 
 DECLARED: tuple[Access, ...] = (*(s.ACCESS for s in _SERVICES), energy.ACCESS, idle.ACCESS)
 """Each daemon's own declaration; the node agents share the `agent` account."""

@@ -92,6 +92,7 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"energy.pod.{n}.>",
             f"session.activity.{n}.>",
             f"session.idle.{n}.>",
+            f"node.finding.{n}.>",  # its node checks' findings (the energy agent's cpufreq)
             "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
             # Its own key of the energy totals bucket (provisioned, direct get), no other:
             f"$KV.{totals}.{key}",

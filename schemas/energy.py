@@ -169,6 +169,11 @@ class EnergyPod(EventData):
     cpu_energy_j: NonNegFloat = 0.0
     gpu_energy_j: NonNegFloat = 0.0
     energy_j: NonNegFloat
+    gpus: NonNegFloat | None = Field(
+        default=None,
+        description="GPUs the pod held over the interval (a GPU shared by k pods counts 1/k); "
+        "null when not known (an agent before this field)",
+    )
     attribution: str = Field(
         description="how the node's energy was split, e.g. cpu-time-ratio+gpu-exclusive"
     )
@@ -186,6 +191,7 @@ class EnergyPod(EventData):
                     "cpu_energy_j": 1250.0,
                     "gpu_energy_j": 36744.0,
                     "energy_j": 37994.0,
+                    "gpus": 1.0,
                     "attribution": "cpu-time-ratio+gpu-exclusive",
                     "carbon": {
                         "g_per_kwh": 21.0,

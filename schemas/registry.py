@@ -15,6 +15,7 @@ from schemas.energy import EnergyNode, EnergyPod
 from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, GpuTelemetry, GpuXid
 from schemas.maintenance import Maintenance
+from schemas.node import NodeFinding
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionActivity, SessionIdle
@@ -44,6 +45,7 @@ _MODELS: tuple[type[EventData], ...] = (
     EnergyPod,
     SessionActivity,
     SessionIdle,
+    NodeFinding,
     FalcoAlert,
     CredentialDue,
     CredentialRenewed,

@@ -46,6 +46,7 @@ STREAMS: tuple[StreamSpec, ...] = (
     ),
     StreamSpec("ENERGY", ("energy.>",), "energy and CO2e per node and pod", 30 * DAY),
     StreamSpec("SESSIONS", ("session.>",), "session activity and idleness", 7 * DAY),
+    StreamSpec("NODES", ("node.>",), "node checks' findings (CPU governor, ...)", 90 * DAY),
     StreamSpec("SECURITY", ("falco.>",), "Falco runtime alerts", 30 * DAY),
     StreamSpec("CREDENTIALS", ("credentials.>",), "credential renewal work and outcomes", 30 * DAY),
     StreamSpec("MAINTENANCE", ("maintenance.>",), "node maintenance phases", 90 * DAY),

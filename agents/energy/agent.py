@@ -10,8 +10,11 @@ it recovers. Readings further apart than `max_gap` are not integrated: an interv
 publishes `energy.node.v1` (readings per source and component, the node's energy and
 power, carbon intensity and CO2e, cumulative totals kept in KV `<bucket>/node.<node>` so
 they survive restarts) and one `energy.pod.v1` per pod that used energy, and sends a
-`notify.v1` on topic `power-limit` when a power cap is crossed or clears. It publishes
-only `energy.node.<node>`, `energy.pod.<node>.>` and `notify.*.power-limit`.
+`notify.v1` on topic `power-limit` when a power cap is crossed or clears. Every
+`cpufreq.every` it checks the CPUs' governor and frequency spread (`tuning.py`) and
+publishes a `node.finding.v1` when the result changes (and the first one). It publishes
+only `energy.node.<node>`, `energy.pod.<node>.>`, `node.finding.<node>.>` and
+`notify.*.power-limit`.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from agents.energy.account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
 from agents.energy.pods import CpuTimes, NodePods, StaticPodList, attribute
 from agents.energy.settings import EnergySettings
+from agents.energy.tuning import judge, sample
 from agents.sources.carbon import co2e_grams
 from agents.sources.cgroups import read_cpu_usage
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
+from nodeward.aio import within
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.bus.outbox import Outbox
@@ -43,6 +48,7 @@ from nodeward.logs import get_logger
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event
 from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval, PowerSource
+from schemas.node import FindingState, NodeFinding
 from schemas.state.energy import EnergyTotals, totals_key
 from schemas.tokens import subject
 
@@ -139,6 +145,8 @@ class EnergyAgent:
         )
         self._node_subject = subject("energy.node", self.node)
         self._pod_prefix = subject("energy.pod", self.node) + "."
+        self._finding_prefix = subject("node.finding", self.node) + "."
+        self.finding: NodeFinding | None = None  # the last published
         self._key = totals_key(self.node)
 
     def attach(self, daemon: Daemon) -> None:
@@ -155,6 +163,8 @@ class EnergyAgent:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._outbox.run())
                 tg.create_task(self._sample_loop())
+                if self.settings.cpufreq.enabled:
+                    tg.create_task(self._tuning_loop())
         finally:
             self.ready = False
             for task in self._reads.values():
@@ -424,6 +434,7 @@ class EnergyAgent:
                 cpu_energy_j=share.cpu_energy_j,
                 gpu_energy_j=share.gpu_energy_j,
                 energy_j=share.energy_j,
+                gpus=share.gpus,
                 attribution=share.attribution,
                 carbon=carbon,
                 co2e_g=co2e,
@@ -452,12 +463,49 @@ class EnergyAgent:
             notice = cap_notice(watch, change, self.node, power_w)
             self._enqueue(make_event(notice, source=self.source))
 
+    # -- node tuning --------------------------------------------------------------------
+
+    async def check_tuning(self) -> NodeFinding | None:
+        """Read and judge the CPUs' cpufreq once; publish the result if it changed."""
+        cfg = self.settings.cpufreq
+        budget = cfg.samples * cfg.sample_gap.total_seconds() + 10.0
+        reads = await within(asyncio.to_thread(sample, cfg), budget)
+        finding = judge(self.node, reads, cfg)
+        if finding is None:
+            return None
+        if self.finding is None or self.finding.change_key() != finding.change_key():
+            self._enqueue(make_event(finding, source=self.source))
+            log = self.log.warning if finding.state == FindingState.FINDING else self.log.info
+            log("node tuning " + finding.state.value, summary=finding.summary)
+            self.finding = finding
+        return finding
+
+    async def _tuning_loop(self) -> None:
+        failed: str | None = None
+        while True:
+            try:
+                found = await self.check_tuning()
+            except Exception as exc:  # noqa: BLE001 - a failed check never stops the agent
+                if str(exc) != failed:
+                    self.log.warning("cpufreq not readable", error=str(exc))
+                failed = str(exc)
+            else:
+                failed = None
+                if found is None:
+                    self.log.info("no cpufreq in sysfs: tuning check off")
+                    return
+            await asyncio.sleep(self.settings.cpufreq.every.total_seconds())
+
     # -- publishing ---------------------------------------------------------------------
 
     def _may_publish(self, subj: str) -> bool:
         """Its node's energy, its pods' energy, and its power-limit notices."""
         notice = subj.startswith("notify.") and subj.endswith("." + TOPIC)
-        return subj == self._node_subject or subj.startswith(self._pod_prefix) or notice
+        return (
+            subj == self._node_subject
+            or subj.startswith((self._pod_prefix, self._finding_prefix))
+            or notice
+        )
 
     def _enqueue(self, event: Event[Any]) -> None:
         self._outbox.put(event)

@@ -59,6 +59,8 @@ class PodEnergy:
     pod: PodRef
     cpu_energy_j: float = 0.0
     gpu_energy_j: float = 0.0
+    gpus: float = 0.0
+    """GPUs held (a GPU shared by k pods: 1/k each)."""
     methods: set[str] = field(default_factory=set)
 
     @property
@@ -144,6 +146,7 @@ def attribute(
         for ref in holders.values():
             pe = entry(ref)
             pe.gpu_energy_j += r.energy_j / len(holders)
+            pe.gpus += 1 / len(holders)
             pe.methods.add(GPU_ATTRIBUTION if len(holders) == 1 else GPU_SHARED)
     cpu_j = cpu_energy(readings, node_energy_j)
     if cpu_node_us > 0 and cpu_j > 0:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from agents.energy.tuning import CpufreqSettings
 from agents.sources.carbon import CarbonSettings
 from agents.sources.ipmi import IpmiSettings
 from agents.sources.rapl import RaplSettings
@@ -62,6 +63,7 @@ class EnergySettings(Section):
     nvml: NvmlEnergySettings = NvmlEnergySettings()
     carbon: CarbonSettings = CarbonSettings()
     caps: PowerCapSettings = PowerCapSettings()
+    cpufreq: CpufreqSettings = CpufreqSettings()
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     cgroup_root: Path = Path("/sys/fs/cgroup")
 

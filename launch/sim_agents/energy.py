@@ -82,6 +82,10 @@ async def build_sim_energy_agent(
     from nodeward.platform import bus_daemon
 
     config: EnergySettings = section(settings, "agents", "energy", EnergySettings)
+    # A simulated node has no CPUs of its own: its cpufreq check would read this host's.
+    config = config.model_copy(
+        update={"cpufreq": config.cpufreq.model_copy(update={"enabled": False})}
+    )
     sim = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
         f"agent-energy-{node.name}", settings, source=f"agent/energy/{node.name}", provision=False

@@ -84,7 +84,16 @@ def new_nkey() -> tuple[str, str]:
     return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
 
 
-SERVICES = ("cordon", "notifier", "culler", "credentials", "falco", "checkpoint", "capacity")
+SERVICES = (
+    "cordon",
+    "notifier",
+    "culler",
+    "credentials",
+    "falco",
+    "checkpoint",
+    "capacity",
+    "accounting",
+)
 
 
 def representative_values(node_keys: dict[str, str]) -> dict[str, Any]:

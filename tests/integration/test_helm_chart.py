@@ -383,7 +383,7 @@ def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> N
 def test_default_services_and_the_culler_starts_in_dry_run(tmp_path: Path) -> None:
     docs = render(tmp_path, {})
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    assert names == {"nw-cordon", "nw-notifier", "nw-culler", "nw-capacity"}
+    assert names == {"nw-cordon", "nw-notifier", "nw-culler", "nw-capacity", "nw-accounting"}
     config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
     assert config["services"]["culler"]["dry_run"] is True  # audit only until turned off
 
@@ -512,6 +512,13 @@ def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[st
         "nodeward_node_power_watts",
         "nodeward_energy_joules_total",
         "nodeward_co2e_grams_total",
+    } <= used
+    assert {  # the accounting service's counters per namespace
+        "nodeward_accounting_energy_joules_total",
+        "nodeward_accounting_co2e_grams_total",
+        "nodeward_accounting_gpu_seconds_total",
+        "nodeward_accounting_idle_gpu_seconds_total",
+        "nodeward_accounting_sessions_total",
     } <= used
     missing = used - _defined_metrics()
     assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"

@@ -1,0 +1,445 @@
+"""services.accounting: who used what energy and GPU time, rolled up per hour, durably.
+
+Four durable consumers: `energy.>` (each pod's interval energy, its GPUs held and CO2e; each
+node's interval, for what its readings cover), `session.>` (GPU utilisation samples; idle
+periods), the culler's audit records (`remediation.warn.>`, `remediation.stop.>`: sessions
+warned and stopped) and `node.>` (node findings, told to on-call once per change).
+
+Each event is added to its KV record, hourly per pod and node (`schemas/state/accounting.py`;
+a node interval across two hours to each, by time), together with its event id in one
+revision-checked write: a redelivery or a restart finds its id and adds nothing. An idle period is kept as its start and the longest idle time
+reported, so a repeat changes nothing either. Who a pod is charged to (its
+`nodeward.io/owner-email` annotation, else its namespace) and its node's GPU model
+(`nvidia.com/gpu.product`) are read from the API once and kept. `nodeward report` reads the
+records; Prometheus counters per namespace count what was added.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+from prometheus_client import Counter
+from pydantic import Field
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus.kv import TypedKV
+from nodeward.config import Section, Settings, section
+from nodeward.daemon import Daemon
+from nodeward.durations import Duration
+from nodeward.kube import Cluster, NotFound
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from schemas.base import Event
+from schemas.common import ObjectRef
+from schemas.energy import EnergyNode, EnergyPod
+from schemas.node import FindingState, NodeFinding
+from schemas.notify import Severity
+from schemas.remediation import Outcome, Remediation
+from schemas.session import SessionActivity, SessionIdle
+from schemas.state.accounting import (
+    BUCKET,
+    NO_NODE,
+    FindingRecord,
+    IdlePeriod,
+    NodeHour,
+    PodCharge,
+    UsageCell,
+    finding_key,
+    hour_of,
+    idle_key,
+    node_hour_key,
+    period_token,
+    pod_key,
+    usage_key,
+)
+from services.accounting.access import ACCESS
+from services.accounting.rollup import (
+    add_node_interval,
+    add_pod_energy,
+    add_session_action,
+    add_utilisation,
+    extend_idle,
+    midpoint,
+    node_hours,
+)
+from services.kernel import ActionRunner, Auditor, Proposal
+
+NAME = "accounting"
+ACTOR = "service/accounting"
+TOPIC = "node-tuning"
+OWNER_ANNOTATION = "nodeward.io/owner-email"
+MODEL_LABEL = "nvidia.com/gpu.product"
+_FINDING_SEVERITY = MappingProxyType(
+    {FindingState.FINDING: Severity.WARNING, FindingState.OK: Severity.INFO}
+)
+
+
+class AccountingSettings(Section):
+    """`services.accounting` in the config file."""
+
+    bucket: str = BUCKET
+    consumer_prefix: str = Field(
+        default=NAME, description="durable consumers <prefix>-energy, -sessions, -audit, -findings"
+    )
+    energy_subjects: list[str] = Field(default_factory=lambda: ["energy.>"], min_length=1)
+    session_subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
+    audit_subjects: list[str] = Field(
+        default_factory=lambda: ["remediation.warn.>", "remediation.stop.>"], min_length=1
+    )
+    finding_subjects: list[str] = Field(default_factory=lambda: ["node.finding.>"], min_length=1)
+    culler_actor: str = Field(
+        default="service/culler", description="whose warn and stop audits count as sessions"
+    )
+    owner_annotation: str = OWNER_ANNOTATION
+    model_label: str = MODEL_LABEL
+    concurrency: int = Field(default=8, ge=1)
+    retention: Duration = Field(
+        default=timedelta(days=400), description="a rollup is kept this long after its last change"
+    )
+    node_cache: Duration = Field(
+        default=timedelta(minutes=10), description="how long a node's GPU model is cached"
+    )
+
+
+class _Metrics:
+    """Per-namespace counters of what was added to the rollups (each event once)."""
+
+    def __init__(self, bus: Bus) -> None:
+        r = bus.metrics.registry
+        self.energy = Counter(
+            "nodeward_accounting_energy_joules",
+            "Energy charged to a namespace (GPU energy and CPU-time share)",
+            ["namespace"],
+            registry=r,
+        )
+        self.co2e = Counter(
+            "nodeward_accounting_co2e_grams",
+            "CO2e charged to a namespace",
+            ["namespace"],
+            registry=r,
+        )
+        self.gpu = Counter(
+            "nodeward_accounting_gpu_seconds",
+            "GPU-seconds allocated to a namespace's pods",
+            ["namespace"],
+            registry=r,
+        )
+        self.idle = Counter(
+            "nodeward_accounting_idle_gpu_seconds",
+            "GPU-seconds a namespace's sessions held while idle",
+            ["namespace"],
+            registry=r,
+        )
+        self.sessions = Counter(
+            "nodeward_accounting_sessions",
+            "Sessions warned and stopped by the culler",
+            ["namespace", "action"],
+            registry=r,
+        )
+        self.uncovered = Counter(
+            "nodeward_accounting_uncovered_seconds",
+            "Seconds of a node's published intervals with no energy reading",
+            ["node"],
+            registry=r,
+        )
+
+
+class AccountingService:
+    def __init__(
+        self, bus: Bus, cluster: Cluster, kv: Any, *, settings: AccountingSettings
+    ) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.settings = settings
+        self.cells: TypedKV[UsageCell] = TypedKV(kv, UsageCell)
+        self.nodes: TypedKV[NodeHour] = TypedKV(kv, NodeHour)
+        self.idle: TypedKV[IdlePeriod] = TypedKV(kv, IdlePeriod)
+        self.charges: TypedKV[PodCharge] = TypedKV(kv, PodCharge)
+        self.findings: TypedKV[FindingRecord] = TypedKV(kv, FindingRecord)
+        self.metrics = _Metrics(bus)
+        self.runner = ActionRunner(Auditor(bus, actor=ACTOR, topic=TOPIC))
+        self.log = structlog.get_logger().bind(service=NAME)
+        self._models: dict[str, tuple[float, str | None]] = {}
+
+    # consumers ------------------------------------------------------------------------
+    def consumer_specs(self) -> list[tuple[ConsumerSpec, Any]]:
+        s, prefix = self.settings, self.settings.consumer_prefix
+        per_pod = lambda e: f"{e.data.namespace}/{e.data.pod}"  # noqa: E731
+        return [
+            (
+                ConsumerSpec(
+                    name=f"{prefix}-energy",
+                    stream="ENERGY",
+                    subjects=tuple(s.energy_subjects),
+                    types=frozenset({EnergyPod.TYPE, EnergyNode.TYPE}),
+                    concurrency=s.concurrency,
+                    order_key=lambda e: f"{e.data.node}/{getattr(e.data, 'pod', '')}",
+                ),
+                self.handle_energy,
+            ),
+            (
+                ConsumerSpec(
+                    name=f"{prefix}-sessions",
+                    stream="SESSIONS",
+                    subjects=tuple(s.session_subjects),
+                    types=frozenset({SessionActivity.TYPE, SessionIdle.TYPE}),
+                    concurrency=s.concurrency,
+                    order_key=per_pod,
+                ),
+                self.handle_session,
+            ),
+            (
+                ConsumerSpec(
+                    name=f"{prefix}-audit",
+                    stream="AUDIT",
+                    subjects=tuple(s.audit_subjects),
+                    types=frozenset({Remediation.TYPE}),
+                    concurrency=s.concurrency,
+                ),
+                self.handle_audit,
+            ),
+            (
+                ConsumerSpec(
+                    name=f"{prefix}-findings",
+                    stream="NODES",
+                    subjects=tuple(s.finding_subjects),
+                    types=frozenset({NodeFinding.TYPE}),
+                    concurrency=1,
+                    order_key=lambda e: e.data.node,
+                    # node.finding.<node>.<check>: a node speaks only of itself.
+                    identity=(ConsumerSpec.bind(NodeFinding, "node", "check"),),
+                ),
+                self.handle_finding,
+            ),
+        ]
+
+    # who pays -------------------------------------------------------------------------
+    async def _model(self, node: str) -> str | None:
+        now = time.monotonic()
+        cached = self._models.get(node)
+        if cached is not None and now - cached[0] < self.settings.node_cache.total_seconds():
+            return cached[1]
+        try:
+            obj = await self.cluster.nodes.get(node)
+        except NotFound:
+            model = None
+        else:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            model = labels.get(self.settings.model_label)
+        if len(self._models) > 10_000:
+            self._models.clear()
+        self._models[node] = (now, model)
+        return model
+
+    async def charge(self, namespace: str, pod: str, node: str | None) -> PodCharge:
+        """Who `namespace/pod` is charged to, from KV, else read from the API and kept."""
+        key = pod_key(namespace, pod)
+        found = await self.charges.get(key)
+        if found is not None and (found.value.node or node is None):
+            return found.value
+        owner, source, uid = namespace, "namespace", None
+        try:
+            obj = await self.cluster.pods.get(namespace, pod)
+        except NotFound:
+            obj = None
+        if obj is not None:
+            meta = obj.get("metadata") or {}
+            uid = meta.get("uid")
+            node = node or (obj.get("spec") or {}).get("nodeName")
+            email = (meta.get("annotations") or {}).get(self.settings.owner_annotation)
+            if email:
+                owner, source = str(email).strip(), "annotation"
+        if found is not None:  # known owner, the node learnt now
+            owner, source, uid = found.value.owner, found.value.owner_from, found.value.uid
+        charge = PodCharge(
+            owner=owner,
+            owner_from=source,
+            node=node,
+            model=await self._model(node) if node else None,
+            uid=uid,
+        )
+        await self.charges.put(key, charge)
+        return charge
+
+    async def _add(
+        self, key: str, fresh: UsageCell, add: Callable[[UsageCell], UsageCell | None]
+    ) -> bool:
+        """Add to the cell at `key` (made from `fresh` if absent); False if already counted."""
+        added = False
+
+        def change(current: UsageCell | None) -> UsageCell | None:
+            nonlocal added
+            new = add(current or fresh)
+            added = new is not None
+            return new
+
+        await self.cells.update(key, change)
+        return added
+
+    def _cell(self, hour: datetime, node: str, ns: str, pod: str, c: PodCharge) -> UsageCell:
+        return UsageCell(hour=hour, node=node, namespace=ns, pod=pod, owner=c.owner, model=c.model)
+
+    # handlers -------------------------------------------------------------------------
+    async def handle_energy(self, event: Event[Any], delivery: Delivery) -> None:
+        data: EnergyPod | EnergyNode = event.data
+        with structlog.contextvars.bound_contextvars(event_id=event.id, node=data.node):
+            if isinstance(data, EnergyNode):
+                await self._node_interval(event.id, data)
+                return
+            c = await self.charge(data.namespace, data.pod, data.node)
+            hour = hour_of(midpoint(data.interval.start, data.interval.end))
+            key = usage_key(hour, data.node, data.namespace, data.pod)
+            cell = self._cell(hour, data.node, data.namespace, data.pod, c)
+            if await self._add(key, cell, lambda x: add_pod_energy(x, event.id, data)):
+                self.metrics.energy.labels(data.namespace).inc(data.energy_j)
+                if data.co2e_g is not None:
+                    self.metrics.co2e.labels(data.namespace).inc(data.co2e_g)
+                if data.gpus is not None:
+                    seconds = (data.interval.end - data.interval.start).total_seconds()
+                    self.metrics.gpu.labels(data.namespace).inc(data.gpus * seconds)
+
+    async def _node_interval(self, event_id: str, data: EnergyNode) -> None:
+        model = await self._model(data.node)
+        for hour, seconds, covered in node_hours(data):
+            added = False
+
+            def change(
+                current: NodeHour | None,
+                hour: datetime = hour,
+                s: float = seconds,
+                c: float = covered,
+            ) -> NodeHour | None:
+                nonlocal added
+                new = add_node_interval(
+                    current, event_id, data, hour=hour, seconds=s, covered_s=c, model=model
+                )
+                added = new is not None
+                return new
+
+            await self.nodes.update(node_hour_key(hour, data.node), change)
+            if added and seconds > covered:
+                self.metrics.uncovered.labels(data.node).inc(seconds - covered)
+
+    async def handle_session(self, event: Event[Any], delivery: Delivery) -> None:
+        data: SessionActivity | SessionIdle = event.data
+        with structlog.contextvars.bound_contextvars(
+            event_id=event.id, namespace=data.namespace, pod=data.pod, node=data.node
+        ):
+            if isinstance(data, SessionActivity):
+                pct = data.gpu_utilization_pct
+                if pct is None or not data.gpu_uuids:
+                    return
+                c = await self.charge(data.namespace, data.pod, data.node)
+                hour = hour_of(data.sampled_at)
+                key = usage_key(hour, data.node, data.namespace, data.pod)
+                cell = self._cell(hour, data.node, data.namespace, data.pod, c)
+                await self._add(key, cell, lambda x: add_utilisation(x, event.id, pct))
+                return
+            if data.gpus_held <= 0:
+                return
+            c = await self.charge(data.namespace, data.pod, data.node)
+            key = idle_key(data.namespace, data.pod, period_token(data.uid, data.idle_since))
+            before = await self.idle.get(key)
+            was = before.value.idle_for_s * before.value.gpus_held if before else 0.0
+            after = await self.idle.update(key, lambda x: extend_idle(x, data, c.owner, c.model))
+            now = after.value.idle_for_s * after.value.gpus_held if after else was
+            if now > was:
+                self.metrics.idle.labels(data.namespace).inc(now - was)
+
+    async def handle_audit(self, event: Event[Any], delivery: Delivery) -> None:
+        data: Remediation = event.data
+        if (
+            data.actor != self.settings.culler_actor
+            or data.outcome != Outcome.APPLIED
+            or data.action not in ("warn", "stop")
+        ):
+            return
+        ns, pod = data.target.namespace, data.target.name
+        named = str(data.details.get("pod") or "")
+        if "/" in named:
+            ns, pod = named.split("/", 1)
+        if not ns:
+            return
+        with structlog.contextvars.bound_contextvars(event_id=event.id, namespace=ns, pod=pod):
+            c = await self.charge(ns, pod, None)
+            node = c.node or NO_NODE
+            hour = hour_of(event.time)
+            key = usage_key(hour, node, ns, pod)
+            cell = self._cell(hour, node, ns, pod, c)
+            action = data.action
+            if await self._add(key, cell, lambda x: add_session_action(x, event.id, action)):
+                self.metrics.sessions.labels(ns, "warned" if action == "warn" else "stopped").inc()
+
+    async def handle_finding(self, event: Event[Any], delivery: Delivery) -> None:
+        """Tell on-call of a node finding once per change: a new finding, a different one,
+        or one cleared; a node that starts clear, or repeats itself, says nothing new."""
+        data: NodeFinding = event.data
+        key = finding_key(data.node, data.check)
+        digest = data.change_key()
+        last = await self.findings.get(key)
+        log = self.log.bind(event_id=event.id, node=data.node, check=data.check)
+        if last is not None and last.value.digest == digest:
+            return
+        if last is not None or data.state == FindingState.FINDING:
+            cleared = data.state == FindingState.OK
+            proposal = Proposal(
+                action="finding",
+                target=ObjectRef(kind="Node", name=data.node, api_version="v1"),
+                reason=data.summary if not cleared else f"{data.summary} (cleared)",
+                policy=data.check,
+                trigger_id=event.id,
+                trigger_time=event.time,
+                protective=False,
+                details={
+                    "check": data.check,
+                    "state": data.state.value,
+                    "problems": data.problems,
+                    "governors": data.governors,
+                    "spread_pct": data.spread_pct,
+                },
+                severity=_FINDING_SEVERITY[data.state],
+                title=f"{data.node} {data.check} {data.state.value}",
+                resolves=cleared,
+            )
+            await self.runner.record(proposal, Outcome.APPLIED)
+            log.info("accounting.finding_told", state=data.state.value, summary=data.summary)
+        record = FindingRecord(
+            digest=digest,
+            state=data.state.value,
+            summary=data.summary,
+            event_id=event.id,
+            told_at=datetime.now(UTC),
+        )
+        await self.findings.put(key, record)
+
+
+async def build(settings: Settings) -> Daemon:
+    """The accounting daemon: four consumers and the `accounting` bucket.
+
+    `settings.cluster` must authenticate as the accounting ServiceAccount.
+    """
+    config: AccountingSettings = section(settings, "services", NAME, AccountingSettings)
+    daemon, bus, cluster = await acting_daemon(
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=4
+    )
+    kv = await bus.kv(config.bucket, history=1, ttl_s=config.retention.total_seconds())
+    service = AccountingService(bus, cluster, kv, settings=config)
+    for spec, handler in service.consumer_specs():
+
+        async def consume(spec: ConsumerSpec = spec, handler: Any = handler) -> None:
+            await bus.consume(spec, handler)
+
+        daemon.add_task(consume, name=f"consume-{spec.name}")
+    return daemon
+
+
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    return [await build(context.settings_for(NAME))]
+
+
+component = Component(NAME, _build_for_up)
+standalone = Standalone(build)

@@ -1,0 +1,97 @@
+"""The accounting rollups and the report's sums, pure: hours, repeats, idle clipping, gaps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from nodeward.report import Window, build, to_csv
+from schemas.energy import EnergyNode, Interval
+from schemas.session import IdleEvidence, SessionIdle, SessionKind
+from schemas.state.accounting import IdlePeriod, NodeHour, UsageCell
+from services.accounting.rollup import add_node_interval, extend_idle, node_hours
+
+H = datetime(2026, 11, 30, 14, tzinfo=UTC)
+MIN = timedelta(minutes=1)
+
+
+def node_interval(start: datetime, seconds: float, covered: float | None) -> EnergyNode:
+    return EnergyNode(
+        node="n1",
+        interval=Interval(start=start, end=start + timedelta(seconds=seconds)),
+        readings=[],
+        energy_j=None if covered == 0 else 100.0 * (covered or seconds),
+        avg_power_w=None if covered == 0 else 100.0,
+        covered_s=covered,
+    )
+
+
+def test_an_interval_across_the_hour_is_split_by_time() -> None:
+    data = node_interval(H + 55 * MIN, 600, 300)
+    assert node_hours(data) == [(H, 300.0, 150.0), (H + 60 * MIN, 300.0, 150.0)]
+    assert node_hours(node_interval(H, 60, 0)) == [(H, 60.0, 0.0)]  # nothing read: all a gap
+
+
+def test_a_node_interval_counts_once() -> None:
+    data = node_interval(H, 600, None)
+    first = add_node_interval(None, "e1", data, hour=H, seconds=600, covered_s=600, model=None)
+    assert first is not None
+    assert (
+        add_node_interval(first, "e1", data, hour=H, seconds=600, covered_s=600, model=None) is None
+    )
+
+
+def test_an_idle_period_keeps_its_longest_report() -> None:
+    def idle(for_s: float) -> SessionIdle:
+        return SessionIdle(
+            namespace="ns",
+            pod="p",
+            node="n1",
+            kind=SessionKind.NOTEBOOK,
+            idle_since=H,
+            idle_for_s=for_s,
+            evidence=[IdleEvidence(signal="gpu", idle_since=H)],
+            gpus_held=2,
+        )
+
+    period = extend_idle(None, idle(600), "ns", None)
+    assert period is not None
+    longer = extend_idle(period, idle(1200), "ns", None)
+    assert longer is not None and longer.idle_for_s == 1200
+    assert extend_idle(longer, idle(600), "ns", None) is None  # a late repeat changes nothing
+    # 2 GPUs x the part of [14:00, 14:20) inside [14:10, 15:00).
+    assert longer.idle_gpu_s(H + 10 * MIN, H + 60 * MIN) == 2 * 600
+
+
+def test_a_missing_hour_of_a_node_is_a_gap_and_a_short_one_is_rounding() -> None:
+    now = H + timedelta(hours=3)
+    hours = [
+        NodeHour(hour=H, node="n1", first_start=H, last_end=H + 60 * MIN, covered_s=3599),
+        NodeHour(
+            hour=H + 120 * MIN,
+            node="n1",
+            first_start=H + 120 * MIN,
+            last_end=now,
+            covered_s=3600,
+        ),
+    ]
+    cell = UsageCell(
+        hour=H, node="n1", namespace="ns", pod="p", owner="ns", energy_j=3.6e6, gpu_s=3600
+    )
+    rows = build("node", Window(H, H + 180 * MIN), [cell], hours, [], now=now)
+    assert [(r.key, r.gap_s) for r in rows] == [("n1", 3600.0)]  # the silent hour 15:00
+    rows = build("namespace", Window(H, H + 180 * MIN), [cell], hours, [], now=now)
+    assert rows[0].gap_s == 0  # its pod ran in the measured hour only
+    text = to_csv("namespace", rows)
+    assert text.splitlines()[1].startswith("ns,1.0,")
+
+
+def test_idle_time_outside_the_window_is_not_counted() -> None:
+    period = IdlePeriod(
+        node="n1", namespace="ns", pod="p", owner="o", idle_since=H - 30 * MIN,
+        idle_for_s=3600, gpus_held=1,
+    )  # fmt: skip
+    (row,) = build("owner", Window(H, H + 60 * MIN), [], [], [period], now=H + 2 * 60 * MIN)
+    assert row.key == "o"
+    assert row.idle_gpu_s == pytest.approx(1800)
