@@ -13,7 +13,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail
+from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail, table_console
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from schemas.capacity import STATES, profile_for, resource_for
@@ -102,7 +102,7 @@ async def capacity(
             }
         )
     else:
-        console = Console(soft_wrap=False)
+        console = table_console()
         console.print(render(snapshot) if console.is_terminal else plain(snapshot))
     return 0
 

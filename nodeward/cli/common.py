@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
+from rich.console import Console
 
 from nodeward.config import ConfigError, Settings, load_settings
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
@@ -95,3 +96,16 @@ def read_data(spec: str) -> Any:
 
 def echo_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, separators=(",", ":"), default=str))
+
+
+PIPE_WIDTH = 200
+"""Columns a table gets in a pipe or a file: whole rows, not squeezed to 80 columns."""
+
+
+def table_console() -> Console:
+    """The console a command prints its tables to: the terminal's width on a terminal,
+    `PIPE_WIDTH` columns in a pipe or a file."""
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console

@@ -12,7 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from nodeward.bus.snapshot import kv_entries
-from nodeward.cli.common import bucket_name, connect_nats, fail
+from nodeward.cli.common import bucket_name, connect_nats, fail, table_console
 from nodeward.config import Settings
 from nodeward.report import By, Row, Window, build, gap_text, to_csv, to_json
 from schemas.state import Bucket
@@ -109,11 +109,7 @@ async def report(
     elif fmt == "json":
         typer.echo(to_json(by, window, rows))
     else:
-        from rich.console import Console
-
-        console = Console(soft_wrap=False)
-        if not console.is_terminal:
-            console.width = 200  # a pipe or file: whole rows, not squeezed to 80 columns
+        console = table_console()
         if not rows:
             console.print(f"nothing recorded from {window.start:%Y-%m-%d %H:%M} UTC")
             return

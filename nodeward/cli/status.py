@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from nodeward.bus.snapshot import SnapshotError
-from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail
+from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail, table_console
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.fleet_status import (
@@ -89,11 +89,11 @@ async def status(
         if as_json:
             echo_json(report.model_dump(mode="json"))
         else:
-            Console(soft_wrap=False).print(render_node(report))
+            table_console().print(render_node(report))
     elif as_json:
         echo_json(fleet.model_dump(mode="json"))
     else:
-        Console(soft_wrap=False).print(render(fleet, show_all=show_all))
+        table_console().print(render(fleet, show_all=show_all))
 
 
 def buckets_for(settings: Settings) -> Buckets:
