@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nodeward.platform import standalone_names
 from tests.conftest import REPO
 
 NODEWARD = [sys.executable, "-m", "launch"]
@@ -400,7 +401,7 @@ def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
     assert unknown.returncode == 1
     assert (
         unknown.stderr.strip()
-        == "nodeward: error: no service named 'nope' (known: accounting, checkpoint, cordon, credentials, culler, falco, notifier)"
+        == f"nodeward: error: no service named 'nope' (known: {', '.join(standalone_names('service'))})"
     )
     assert (
         run("agent", "nope", env=env).stderr.strip()
