@@ -181,3 +181,63 @@ def test_off_loopback_it_answers_401_without_the_token(nats_url: str, tmp_path: 
         cookie = next(c for c in page.context.cookies() if c["name"] == "nodeward_console")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         screenshot(page, tmp_path, "security-token")
+
+
+async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Path) -> None:
+    """The chart's console user on a nats-server with the chart's authorization: the picture
+    is read and kept live, and a KV write or an event from that user is refused."""
+    from launch.access import GRANTS
+    from nodeward.bus.errors import BusError
+    from nodeward.config import Settings
+    from nodeward.nats_auth import CONSOLE_INBOX, admin, render_authorization
+    from nodeward.nats_auth import console as console_user
+    from services.console.service import assemble
+    from tests.conftest import wait_for
+
+    conf = tmp_path / "auth.conf"
+    conf.write_text(render_authorization([admin("admin-pw"), console_user("console-pw", GRANTS)]))
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
+        writer = await Bus.connect(BusSettings(url=url), source="test/admin")  # provisions
+        cordon = await writer.js.create_key_value(bucket="cordon")
+        settings = Settings.model_validate(
+            {
+                "bus": {
+                    "url": server.url,
+                    "user": "nodeward-console",
+                    "password": "console-pw",
+                    "inbox_prefix": CONSOLE_INBOX,
+                },
+                "services": {"console": {"port": 0}},
+            }
+        )
+        assembled = await assemble(settings)
+        daemon, live = assembled.daemon, assembled.live
+        await daemon.start()
+        try:
+            await wait_for(live.ready.is_set, timeout=20, what="the first read")
+            health = GpuHealth.example().model_copy(update={"node": "gpu-perm-01"})
+            failed = health.model_copy(update={"state": HealthState.FAILED})
+            await writer.publish(make_event(failed, source="agent/gpu/gpu-perm-01"))
+            node = await wait_for(
+                lambda: live.nodes.get("gpu-perm-01"), timeout=10, what="the node, live"
+            )
+            assert node.health == "failed"
+            await cordon.put("node.gpu-perm-01", b"{}")  # a KV change reaches it as well
+            reader_settings = BusSettings.model_validate(
+                settings.bus.model_dump()
+                | {"provision": False, "publish_timeout": "1s", "publish_retries": 0}
+            )
+            reader = await Bus.connect(reader_settings, source="test/console-user")
+            try:
+                with pytest.raises(BusError):
+                    await reader.publish(make_event(health, source="agent/gpu/gpu-perm-01"))
+                with pytest.raises(Exception):  # noqa: B017 - any refusal will do
+                    await reader.js.publish("$KV.cordon.node.forged", b"{}", timeout=1)
+            finally:
+                await reader.close(grace=1)
+            with pytest.raises(Exception):  # noqa: B017 - not found
+                await cordon.get("node.forged")
+        finally:
+            await daemon.stop()
+            await writer.close(grace=1)
