@@ -165,7 +165,7 @@ class Bar:
     y: int
 
 
-def bars(items: Sequence[tuple[str, float]], *, unit: str, width: float = 420.0) -> list[Bar]:
+def bars(items: Sequence[tuple[str, float]], *, unit: str, width: float = 320.0) -> list[Bar]:
     """Horizontal bars for an inline SVG chart, largest first (no script, no library)."""
     top = max((v for _, v in items), default=0.0) or 1.0
     ordered = sorted(items, key=lambda kv: (-kv[1], kv[0]))

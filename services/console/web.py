@@ -179,7 +179,8 @@ class Console:
         given = request.query.get("token")
         if given is not None and self._good(given):
             rest = {k: v for k, v in request.query.items() if k != "token"}
-            to = request.path + (f"?{urlencode(rest)}" if rest else "")
+            # Relative, so it holds behind a proxy that serves the console under a prefix.
+            to = "./" + request.path.rsplit("/", 1)[-1] + (f"?{urlencode(rest)}" if rest else "")
             found = web.HTTPSeeOther(to)
             secure = request.secure or request.headers.get("X-Forwarded-Proto") == "https"
             found.set_cookie(COOKIE, given, httponly=True, samesite="Strict", secure=secure)
@@ -309,7 +310,7 @@ class Console:
         await self._picture()
         nodes = [n for n in self.live.nodes.values() if n.energy is not None]
         power = [(n.name, n.energy.avg_power_w or 0.0) for n in nodes if n.energy]
-        co2 = [(n.name, (n.energy.co2e_total_g or 0.0) / 1000) for n in nodes if n.energy]
+        co2 = [(n.name, n.energy.co2e_total_g or 0.0) for n in nodes if n.energy]
         ns_power: dict[str, float] = defaultdict(float)
         ns_co2: dict[str, float] = defaultdict(float)
         for p in self.live.pods_energy:
@@ -321,7 +322,7 @@ class Console:
             request,
             "energy.html",
             power=pages.bars(sorted(power, key=lambda kv: -kv[1])[:40], unit="W"),
-            co2=pages.bars(sorted(co2, key=lambda kv: -kv[1])[:40], unit="kg"),
+            co2=pages.bars(sorted(co2, key=lambda kv: -kv[1])[:40], unit="g"),
             ns_power=pages.bars(list(ns_power.items()), unit="W"),
             ns_co2=pages.bars(list(ns_co2.items()), unit="g"),
             nodes=len(nodes),

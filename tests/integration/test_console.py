@@ -35,6 +35,12 @@ FAILED_EVERY = 97
 MODELS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB")
 
 
+FIRST_PAINT = """new Promise(done => new PerformanceObserver(list => {
+  for (const e of list.getEntries()) if (e.name === "first-contentful-paint") done(e.startTime);
+}).observe({type: "paint", buffered: true}))"""
+"""Milliseconds from the navigation's start to the first contentful paint."""
+
+
 def _name(i: int) -> str:
     return f"gpu-{i:05d}"
 
@@ -128,7 +134,7 @@ def test_a_5000_node_fleet_paints_in_under_3s(big_fleet: str, tmp_path: Path) ->
         began = time.monotonic()
         page.goto(url, wait_until="load")
         loaded = time.monotonic() - began
-        paint = page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime")
+        paint = page.evaluate(FIRST_PAINT)
         print(f"console: {NODES} nodes, first contentful paint {paint:.0f} ms, load {loaded:.2f}s")
         assert paint < 3000 and loaded < 3
         assert page.locator("#shown").inner_text() == str(NODES)
