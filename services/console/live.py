@@ -309,8 +309,9 @@ class Live:
         models = {h.node: h.model for h in self.health.values() if h.model}
         if self.capacity is not None:
             models |= {n.node: n.model for n in self.capacity.nodes if n.model != "unknown"}
-        if first:
-            self.actions.extend(seen.actions)
+        if first:  # what the feed brought during the read is stored too: once is enough
+            fed = {_same(r) for _, r in self.actions}
+            self.actions.extend((at, r) for at, r in seen.actions if _same(r) not in fed)
             self._take(alerts, FalcoAlert, self.alerts)
             self._take(dead, DeadLetter, self.dead)
         self.pods_energy = [
@@ -374,6 +375,10 @@ class Live:
     def _drop(self, viewer: Viewer) -> None:
         self._viewers.discard(viewer)
         viewer.dropped.set()
+
+
+def _same(r: Remediation) -> tuple[str, ...]:
+    return (r.action, r.target.key(), r.outcome.value, r.reason, r.trigger_event_id or "")
 
 
 async def _none() -> None:

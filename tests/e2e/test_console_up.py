@@ -99,6 +99,10 @@ def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
     assert recovered.returncode == 0, recovered.stderr
     page.locator(f"[id='g:{NODE}:0'][data-state=healthy]").wait_for(timeout=5000)
     detail.locator(f"[id='g:{NODE}:0'][data-state=healthy]").wait_for(timeout=5000)
+    # The demo profile releases the node 15 s after its GPUs are healthy: the mark goes, live.
+    page.locator(f"[id='n:{NODE}'][data-marks='']").wait_for(timeout=30000)
+    detail.locator(f"[id='n:{NODE}'][data-marks='']").wait_for(timeout=5000)
+    assert page.locator(f"[id='n:{NODE}'] b.mark").count() == 0
     took = []
     for gpu in (1, 2, 3):  # the request `sim inject` sends, timed from before it is sent
         began = time.monotonic()
