@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from nodeward.aio import within
@@ -130,6 +131,7 @@ class Live:
         buckets: Buckets | None = None,
         capacity_bucket: str = SNAPSHOT.name,
         agent_timeout: timedelta = timedelta(seconds=90),
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.nc = nc
         self.settings = settings
@@ -155,6 +157,25 @@ class Live:
         self._viewers: set[Viewer] = set()
         self._changed = asyncio.Event()
         self._subs: list[Any] = []
+        Gauge("nodeward_console_viewers", "Open event streams", registry=registry).set_function(
+            lambda: len(self._viewers)
+        )
+        self._read_seconds = Gauge(
+            "nodeward_console_read_seconds",
+            "How long the last whole read of the fleet took",
+            registry=registry,
+        )
+        self._sent = Counter(
+            "nodeward_console_updates",
+            "Updates queued for viewers, by kind",
+            ["kind"],
+            registry=registry,
+        )
+        self._dropped = Counter(
+            "nodeward_console_viewers_dropped",
+            "Viewers dropped for falling behind",
+            registry=registry,
+        )
 
     # -- the feed ------------------------------------------------------------------------
 
@@ -324,6 +345,7 @@ class Live:
         self.models = models
         self.read_at = now
         self.read_s = time.monotonic() - began
+        self._read_seconds.set(self.read_s)
         rows = {n.name: row_of(n, self.model(n.name)) for n in fleet.nodes}
         if not first:
             for name, row in rows.items():
@@ -365,11 +387,13 @@ class Live:
         (its page reconnects and is drawn afresh)."""
         if not self._viewers:
             return
+        self._sent.labels(str(message.get("t"))).inc()
         text = json.dumps(message, separators=(",", ":"), default=str)
         for viewer in list(self._viewers):
             try:
                 viewer.queue.put_nowait(text)
             except asyncio.QueueFull:
+                self._dropped.inc()
                 self._drop(viewer)
 
     def _drop(self, viewer: Viewer) -> None:

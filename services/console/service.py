@@ -38,7 +38,7 @@ async def assemble(settings: Settings) -> Assembled:
         raise ConfigError(f"services.{NAME}: {exc}") from None
     # provision=False: the console only reads, and its NATS user may create nothing.
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, provision=False)
-    live = Live(bus.nc, config, buckets=Buckets())
+    live = Live(bus.nc, config, buckets=Buckets(), registry=daemon.metrics.registry)
     console = Console(live, config, token)
 
     async def close() -> None:

@@ -222,6 +222,14 @@ async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Pa
         await daemon.start()
         try:
             await wait_for(live.ready.is_set, timeout=20, what="the first read")
+            import httpx
+
+            async with httpx.AsyncClient() as client:
+                metrics = (await client.get(f"{daemon.url}/metrics", timeout=5)).text
+                ready = await client.get(f"{daemon.url}/readyz", timeout=5)
+            assert ready.status_code == 200
+            assert "nodeward_console_viewers 0.0" in metrics
+            assert "nodeward_console_read_seconds " in metrics
             health = GpuHealth.example().model_copy(update={"node": "gpu-perm-01"})
             failed = health.model_copy(update={"state": HealthState.FAILED})
             await writer.publish(make_event(failed, source="agent/gpu/gpu-perm-01"))
