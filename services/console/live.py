@@ -32,9 +32,10 @@ from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyPod
 from schemas.falco import FalcoAlert
-from schemas.gpu import GpuHealth
+from schemas.gpu import GpuHealth, GpuXid
 from schemas.remediation import Remediation
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
+from schemas.tokens import token
 from services.console.settings import ConsoleSettings
 
 Message = dict[str, Any]
@@ -364,6 +365,20 @@ class Live:
             data = _decoded(m.subject, m.headers, m.data)
             if isinstance(data, model):
                 into.append((m.time, data))
+
+    async def last_xids(self, node: str) -> list[GpuXid]:
+        """The last XID each GPU of `node` reported (one last-per-subject read), newest first;
+        [] when it cannot be read now."""
+        try:
+            stored = await last_per_subject(self.nc, "GPU", [f"gpu.xid.{token(node)}.>"], timeout=2)
+        except Exception:  # noqa: BLE001 - the page is drawn without them
+            return []
+        found = [
+            d
+            for m in stored or []
+            if isinstance(d := _decoded(m.subject, m.headers, m.data), GpuXid)
+        ]
+        return sorted(found, key=lambda x: x.observed_at, reverse=True)
 
     def model(self, node: str) -> str:
         return self.models.get(node, "unknown")

@@ -249,6 +249,7 @@ class Console:
             return self._page(request, "missing.html", name=name, status=404)
         gpus = [(key, state, self.live.health.get((name, key))) for key, state in node.gpus.items()]
         energy = [p for p in self.live.pods_energy if p.node == name]
+        xids = await self.live.last_xids(name)
         return self._page(
             request,
             "node.html",
@@ -258,6 +259,7 @@ class Console:
             marks=marks_of(node),
             actions=actions_on(node, self.live.actions)[:100],
             pods_energy=sorted(energy, key=lambda p: (p.namespace, p.pod)),
+            xids=xids,
         )
 
     async def actions(self, request: web.Request) -> web.Response:

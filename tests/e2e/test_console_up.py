@@ -86,6 +86,7 @@ def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
     page.locator(f"[id='g:{NODE}:0'][data-state=failed]").wait_for(timeout=2000)
     assert page.evaluate("window.notReloaded") is True  # the same page: no reload
     assert page.locator(f"[id='n:{NODE}']").get_attribute("data-health") == "failed"
+    assert page.locator("#count-failed").inner_text() == "1"  # the totals follow
     # The quarantine follows on the next read: the node's Q mark.
     page.locator(f"[id='n:{NODE}'] b.mark[data-mark=quarantined]").wait_for(timeout=10000)
     screenshot(page, tmp_path, "fleet-failed")
@@ -93,6 +94,7 @@ def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
     detail.goto(up.endpoints["console_url"] + f"node/{NODE}", wait_until="domcontentloaded")
     assert detail.locator(f"[id='g:{NODE}:0']").get_attribute("data-state") == "failed"
     detail.get_by_text("quarantine", exact=False).first.wait_for(timeout=5000)
+    assert "79" in detail.locator("#xids").inner_text()  # the GPU's last XID
     screenshot(detail, tmp_path, "node")
 
     recovered = run("sim", "inject", "--node", NODE, "--gpu", "0", "--recover", "--nats", nats)

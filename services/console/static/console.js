@@ -15,9 +15,18 @@
   }
   function byId(id) { return document.getElementById(id); }
 
+  function count(state, by) {
+    const chip = byId("count-" + state);
+    if (chip) { chip.textContent = String(Number(chip.textContent) + by); }
+  }
+
   function gpu(node, key, state) {
     const cell = byId("g:" + node + ":" + key);
     if (!cell) { return false; }
+    if (cell.dataset.state !== state && cell.closest("a.node")) {
+      count(cell.dataset.state, -1);  // the fleet's totals follow the cells they count
+      count(state, 1);
+    }
     cell.dataset.state = state;
     cell.title = "GPU " + key + " " + state;
     document.querySelectorAll("[data-for]").forEach(function (el) {
