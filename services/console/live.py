@@ -202,7 +202,11 @@ class Live:
                     subject, cb=handler, pending_msgs_limit=1 << 20, pending_bytes_limit=-1
                 )
             )
-        await self.refresh(first=True)
+        try:
+            await self.refresh()
+        except Exception as exc:  # noqa: BLE001 - not ready yet; keep() reads again at once
+            self.log.warning("console.read_failed", error=" ".join(str(exc).split()))
+            self._changed.set()
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -286,8 +290,10 @@ class Live:
 
     # -- reading whole -------------------------------------------------------------------
 
-    async def refresh(self, *, first: bool = False) -> None:
-        """Read the whole picture and send viewers the rows that changed."""
+    async def refresh(self) -> None:
+        """Read the whole picture and send viewers the rows that changed (the first read also
+        takes the newest audit records, alerts and dead letters; the feed brings the rest)."""
+        first = not self.ready.is_set()
         began = time.monotonic()
         seen, raw_capacity, pods, alerts, dead = await asyncio.gather(
             read_fleet(
