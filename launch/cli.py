@@ -98,6 +98,8 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             console.print(
                 f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
             )
+        if endpoints.console_url:
+            console.print(f"  console     {endpoints.console_url}  (read-only, live)")
         console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
         if endpoints.falco_ingest_url:
             token = (

@@ -26,6 +26,7 @@ class Endpoints(BaseModel):
     oauth2_token_url: str | None = Field(
         default=None, description="the local OAuth2 provider's token endpoint, with the sim cluster"
     )
+    console_url: str | None = Field(default=None, description="the read-only web console")
     pid: int = Field(default_factory=os.getpid)
     started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

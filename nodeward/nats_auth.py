@@ -246,6 +246,27 @@ def operator(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
     )
 
 
+CONSOLE_USER = "nodeward-console"
+CONSOLE_INBOX = "_INBOX_console"
+"""The inbox prefix the web console connects with (the chart sets `bus.inbox_prefix`)."""
+
+
+def console(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
+    """The web console: what the operators' user reads (every stream, every KV bucket through
+    ephemeral consumers), and the KV buckets' changes as they happen (`$KV.>`, subscribe
+    only); nothing else: no operator control, no event, no KV write, no stream change, no
+    service's durable consumer."""
+    durables = {n: ServiceGrants(g.consumers, buckets=(), publish=()) for n, g in services.items()}
+    reader = operator(password, durables)  # the operator's reads and denials, no control
+    return NatsUser(
+        user=CONSOLE_USER,
+        password=password,
+        publish=_READ_API,
+        subscribe=(f"{CONSOLE_INBOX}.>", *reader.subscribe[1:], "$KV.>"),
+        deny_publish=reader.deny_publish,
+    )
+
+
 def admin(password: str) -> NatsUser:
     return NatsUser(user="nodeward-admin", password=password, publish=(">",), subscribe=(">",))
 
@@ -266,6 +287,10 @@ def permissions_document(services: Mapping[str, ServiceGrants]) -> dict[str, obj
         "operator": {
             "user": OPERATOR_USER,
             "permissions": operator("", services).permissions(),
+        },
+        "console": {
+            "user": CONSOLE_USER,
+            "permissions": console("", services).permissions(),
         },
         "services": {
             name: {

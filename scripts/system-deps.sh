@@ -15,6 +15,7 @@ NEEDED=(
   "krb5-admin-server:kadmind"
   "krb5-user:kinit"
   "libkrb5-dev:krb5-config"
+  "chromium:chromium"   # the console's browser tests (Playwright drives it; never a downloaded browser)
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

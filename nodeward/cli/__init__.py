@@ -557,6 +557,35 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
     _run_standalone(ctx, "service", name, settings)
 
 
+@app.command()
+def console(  # noqa: PLR0917 - typer maps parameters to options
+    ctx: typer.Context,
+    nats: NatsOpt = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host", help="bind address (default 127.0.0.1; elsewhere a token is needed)"
+        ),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", min=0, max=65535, help="default 8480; 0 picks one")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="the viewers' token (needed off loopback)"),
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """The read-only web console of the fleet, live (what the chart's console Deployment runs)."""
+    settings = settings_for(config, nats)
+    raw = dict(settings.services.get("console") or {})
+    for key, value in (("host", host), ("port", port), ("token_file", token_file)):
+        if value is not None:
+            raw[key] = str(value) if isinstance(value, Path) else value
+    settings.services["console"] = raw
+    _run_standalone(ctx, "service", "console", settings)
+
+
 @schemas_app.command("export")
 def schemas_export(directory: Annotated[Path, typer.Argument(metavar="DIR")]) -> None:
     """Write a JSON Schema per event type and an index.json into DIR."""

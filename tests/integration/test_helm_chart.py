@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from launch.access import GRANTS
-from nodeward.nats_auth import node_agent_nkey, operator, service_user
+from nodeward.nats_auth import console, node_agent_nkey, operator, service_user
 from tests.integration.helm_chart import (
     CHART,
     ROOT,
@@ -362,7 +362,7 @@ def test_a_carbon_token_comes_from_a_secret(tmp_path: Path, keys: dict[str, str]
 
 def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> None:
     deployments = {d["metadata"]["name"]: d for d in by_kind(docs, "Deployment")}
-    assert set(deployments) == {f"nw-{s}" for s in SERVICES}
+    assert set(deployments) == {f"nw-{s}" for s in SERVICES} | {"nw-console"}
     for service in SERVICES:
         pod = deployments[f"nw-{service}"]["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -383,7 +383,14 @@ def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> N
 def test_default_services_and_the_culler_starts_in_dry_run(tmp_path: Path) -> None:
     docs = render(tmp_path, {})
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    assert names == {"nw-cordon", "nw-notifier", "nw-culler", "nw-capacity", "nw-accounting"}
+    assert names == {
+        "nw-cordon",
+        "nw-notifier",
+        "nw-culler",
+        "nw-capacity",
+        "nw-accounting",
+        "nw-console",
+    }
     config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
     assert config["services"]["culler"]["dry_run"] is True  # audit only until turned off
 
@@ -458,8 +465,10 @@ def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None
     assert set(users) == {f"nodeward-{s}" for s in SERVICES} | {
         "nodeward-admin",
         "nodeward-operator",
+        "nodeward-console",
     }
     assert users["nodeward-operator"]["permissions"] == operator("", GRANTS).permissions()
+    assert users["nodeward-console"]["permissions"] == console("", GRANTS).permissions()
     assert len(named(docs, "Secret", "nw-nats-operator")["stringData"]["password"]) == 32
     for service in SERVICES:
         user = users[f"nodeward-{service}"]
@@ -569,3 +578,33 @@ def pod_labels_subset(deployment: dict[str, Any]) -> dict[str, str]:
     selector: dict[str, str] = deployment["spec"]["selector"]["matchLabels"]
     assert all(labels[k] == v for k, v in selector.items())
     return selector
+
+
+def test_the_console_reads_the_bus_with_its_token_and_no_cluster_rights(
+    docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    deployment = named(docs, "Deployment", "nw-console")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][0] == "console"
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = _env(container)
+    assert env["NODEWARD_BUS__INBOX_PREFIX"]["value"] == "_INBOX_console"
+    assert env["NODEWARD_BUS__USER"]["valueFrom"]["secretKeyRef"]["name"] == "nw-nats-console"
+    assert env["NODEWARD_SERVICES__CONSOLE__HOST"]["value"] == "0.0.0.0"
+    token_file = Path(env["NODEWARD_SERVICES__CONSOLE__TOKEN_FILE"]["value"])
+    assert _mounts(container)[str(token_file.parent)]["readOnly"] is True
+    secret = named(docs, "Secret", "nw-console-token")
+    assert len(base64.b64decode(secret["data"]["token"])) >= 32
+    assert named(docs, "Secret", "nw-nats-console")["stringData"]["user"] == "nodeward-console"
+    service = named(docs, "Service", "nw-console")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8480, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == pod_labels_subset(deployment)
+    policy = named(docs, "NetworkPolicy", "nw-console")["spec"]
+    assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    assert policy["ingress"][0]["ports"] == [{"port": 8480, "protocol": "TCP"}]
+    off = render(tmp_path, {"console": {"enabled": False}})
+    assert not [d for d in off if "console" in d["metadata"]["name"]]

@@ -17,6 +17,7 @@ DAEMON_MODULES = [
     "agents.energy.wiring",
     "agents.idle.wiring",
     "services.capacity.service",
+    "services.console.service",
     "services.cordon.service",
     "services.culler.service",
     "services.credentials.service",

@@ -113,7 +113,7 @@ of one name, and the API server silently keeps one. */}}
 {{/* The service passwords: values, else the existing Secret (lookup), else new. Call once. */}}
 {{- define "nodeward.natsPasswords" -}}
 {{- $out := dict -}}
-{{- $users := concat (keys .Values.services | sortAlpha) (list "admin" "operator") -}}
+{{- $users := concat (keys .Values.services | sortAlpha) (list "admin" "operator" "console") -}}
 {{- range $name := $users -}}
 {{- $secret := lookup "v1" "Secret" $.Release.Namespace (printf "%s-nats-%s" $.Release.Name $name) -}}
 {{- $pw := get $.Values.natsAuth.passwords $name -}}

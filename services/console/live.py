@@ -1,0 +1,430 @@
+"""The console's one picture of the fleet, shared by every viewer.
+
+Read whole at start from KV and the streams, as `nodeward status` reads it
+(`nodeward.fleet_status.read_fleet`: each subject's last message, each bucket's entries, in
+one pass each), with the capacity snapshot and the newest audit records, Falco alerts and
+dead letters. Then one feed of core subscriptions (GPU health, the audit trail, Falco, the
+DLQ, maintenance, and the owners' KV buckets) keeps it live: a GPU's health is applied at
+once; a change anywhere else has the picture read again (settled, and never more than half
+the time), and only what differs is sent to the viewers. Nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import ValidationError
+
+from nodeward.aio import within
+from nodeward.bus.snapshot import kv_entries, last_per_subject, newest
+from nodeward.fleet_status import Buckets, FleetStatus, NodeStatus, assemble, read_fleet, worst
+from schemas import DecodeError, decode
+from schemas.dlq import DeadLetter
+from schemas.energy import EnergyPod
+from schemas.falco import FalcoAlert
+from schemas.gpu import GpuHealth, GpuXid
+from schemas.remediation import Remediation
+from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
+from schemas.tokens import token
+from services.console.settings import ConsoleSettings
+
+Message = dict[str, Any]
+
+
+@dataclass(eq=False)
+class Viewer:
+    """One open event stream: what is waiting to be sent to it, and whether it fell behind."""
+
+    queue: asyncio.Queue[str]
+    dropped: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def marks_of(node: NodeStatus) -> list[str]:
+    """The marks a node's cell shows: quarantined, falco, maintenance, cordoned."""
+    out = []
+    if node.quarantine is not None:
+        out.append("quarantined")
+    owners = {m.owner for m in node.marks}
+    if "falco" in owners or node.isolated:
+        out.append("falco")
+    if "maintenance" in owners or (node.maintenance is not None and node.maintenance.active):
+        out.append("maintenance")
+    if node.cordoned or (node.quarantine is not None and node.quarantine.cordoned):
+        out.append("cordoned")
+    return out
+
+
+def row_of(node: NodeStatus, model: str) -> Message:
+    """What a viewer's cell of `node` shows (sent again whenever it differs)."""
+    return {
+        "t": "node",
+        "node": node.name,
+        "model": model,
+        "health": node.health,
+        "gpus": node.gpus,
+        "marks": marks_of(node),
+        "attention": node.attention,
+    }
+
+
+def action_row(at: datetime, r: Remediation) -> Message:
+    return {
+        "t": "action",
+        "time": at.astimezone(UTC).isoformat(timespec="seconds"),
+        "action": r.action,
+        "target": r.target.key(),
+        "outcome": r.outcome.value,
+        "reason": r.reason,
+        "actor": r.actor,
+        "dry_run": r.dry_run,
+    }
+
+
+def alert_row(at: datetime, a: FalcoAlert) -> Message:
+    return {
+        "t": "alert",
+        "time": a.time.astimezone(UTC).isoformat(timespec="seconds"),
+        "priority": a.priority.value,
+        "rule": a.rule,
+        "hostname": a.hostname or "",
+        "output": a.output,
+    }
+
+
+def dead_row(at: datetime, d: DeadLetter) -> Message:
+    return {
+        "t": "dead",
+        "time": at.astimezone(UTC).isoformat(timespec="seconds"),
+        "stream": d.stream,
+        "consumer": d.consumer,
+        "subject": d.original_subject,
+        "reason": d.reason.value,
+        "error": d.error,
+    }
+
+
+def _decoded(subject: str, headers: dict[str, str] | None, data: bytes) -> Any:
+    """An event's data, or None when it is not one (the console shows what it can read)."""
+    try:
+        return decode(subject, headers, data).data
+    except (DecodeError, ValidationError, ValueError):
+        return None
+
+
+class Live:
+    """The picture every page is drawn from, and the viewers it is streamed to."""
+
+    def __init__(
+        self,
+        nc: Any,
+        settings: ConsoleSettings,
+        *,
+        buckets: Buckets | None = None,
+        capacity_bucket: str = SNAPSHOT.name,
+        agent_timeout: timedelta = timedelta(seconds=90),
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.buckets = buckets or Buckets()
+        self.capacity_bucket = capacity_bucket
+        self.agent_timeout = agent_timeout
+        self.log = structlog.get_logger().bind(component="console")
+        self.fleet: FleetStatus | None = None
+        self.nodes: dict[str, NodeStatus] = {}
+        self.capacity: CapacitySnapshot | None = None
+        self.models: dict[str, str] = {}
+        self.health: dict[tuple[str, str], GpuHealth] = {}
+        self.actions: deque[tuple[datetime, Remediation]] = deque(maxlen=settings.actions)
+        """Newest first."""
+        self.alerts: deque[tuple[datetime, FalcoAlert]] = deque(maxlen=settings.alerts)
+        self.dead: deque[tuple[datetime, DeadLetter]] = deque(maxlen=settings.dead_letters)
+        self.pods_energy: list[EnergyPod] = []
+        """Each pod's last `energy.pod` interval."""
+        self.read_at: datetime | None = None
+        self.read_s = 0.0
+        self.ready = asyncio.Event()
+        self._rows: dict[str, Message] = {}
+        self._viewers: set[Viewer] = set()
+        self._changed = asyncio.Event()
+        self._subs: list[Any] = []
+        Gauge("nodeward_console_viewers", "Open event streams", registry=registry).set_function(
+            lambda: len(self._viewers)
+        )
+        self._read_seconds = Gauge(
+            "nodeward_console_read_seconds",
+            "How long the last whole read of the fleet took",
+            registry=registry,
+        )
+        self._sent = Counter(
+            "nodeward_console_updates",
+            "Updates queued for viewers, by kind",
+            ["kind"],
+            registry=registry,
+        )
+        self._dropped = Counter(
+            "nodeward_console_viewers_dropped",
+            "Viewers dropped for falling behind",
+            registry=registry,
+        )
+
+    # -- the feed ------------------------------------------------------------------------
+
+    def subjects(self) -> dict[str, Callable[[Any], Awaitable[None]]]:
+        """What the feed subscribes to, and what each message does."""
+        b = self.buckets
+        out: dict[str, Callable[[Any], Awaitable[None]]] = {
+            "gpu.health.>": self._on_health,
+            "remediation.>": self._on_action,
+            "falco.>": self._on_alert,
+            "dlq.>": self._on_dead,
+            "maintenance.>": self._on_change,
+        }
+        for bucket in (b.cordon, b.falco_marks, b.maintenance, b.culler, self.capacity_bucket):
+            out[f"$KV.{bucket}.>"] = self._on_change
+        return out
+
+    async def start(self) -> None:
+        """Subscribe first (nothing published during the read is missed), then read whole."""
+        for subject, handler in self.subjects().items():
+            self._subs.append(
+                await self.nc.subscribe(
+                    subject, cb=handler, pending_msgs_limit=1 << 20, pending_bytes_limit=-1
+                )
+            )
+        try:
+            await self.refresh()
+        except Exception as exc:  # noqa: BLE001 - not ready yet; keep() reads again at once
+            self.log.warning("console.read_failed", error=" ".join(str(exc).split()))
+            self._changed.set()
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        for viewer in list(self._viewers):
+            self._drop(viewer)
+
+    async def keep(self) -> None:
+        """Read the picture again after changes (settled), and at least every `refresh_s`."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await within(self._changed.wait(), self.settings.refresh_s)
+            await asyncio.sleep(self.settings.settle_s)
+            self._changed.clear()
+            try:
+                await self.refresh()
+            except Exception as exc:  # noqa: BLE001 - a failed read keeps the last picture; the next retries
+                self.log.warning("console.read_failed", error=" ".join(str(exc).split()))
+            await asyncio.sleep(min(self.read_s, 5.0))  # reading never takes most of the time
+
+    async def _on_change(self, msg: Any) -> None:
+        self._changed.set()
+
+    async def _on_health(self, msg: Any) -> None:
+        data = _decoded(msg.subject, msg.headers, msg.data)
+        if isinstance(data, GpuHealth):
+            self.apply_health(data)
+
+    async def _on_action(self, msg: Any) -> None:
+        data = _decoded(msg.subject, msg.headers, msg.data)
+        if isinstance(data, Remediation):
+            at = datetime.now(UTC)
+            self.actions.appendleft((at, data))
+            self.broadcast(action_row(at, data))
+            self._changed.set()
+
+    async def _on_alert(self, msg: Any) -> None:
+        data = _decoded(msg.subject, msg.headers, msg.data)
+        if isinstance(data, FalcoAlert):
+            at = datetime.now(UTC)
+            self.alerts.appendleft((at, data))
+            self.broadcast(alert_row(at, data))
+
+    async def _on_dead(self, msg: Any) -> None:
+        data = _decoded(msg.subject, msg.headers, msg.data)
+        if isinstance(data, DeadLetter):
+            at = datetime.now(UTC)
+            self.dead.appendleft((at, data))
+            self.broadcast(dead_row(at, data))
+            self._changed.set()
+
+    def apply_health(self, h: GpuHealth) -> None:
+        """A GPU's newest health, at once: its cell changes for every viewer."""
+        key = (h.node, h.gpu_key())
+        known = self.health.get(key)
+        if known is not None and known.observed_at > h.observed_at:
+            return
+        self.health[key] = h
+        if h.model and h.node not in self.models:
+            self.models[h.node] = h.model
+        node = self.nodes.get(h.node)
+        if node is None:
+            self._changed.set()  # a node not seen yet: the next read brings it
+            return
+        if node.gpus.get(key[1]) == h.state.value:
+            return
+        node.gpus[key[1]] = h.state.value
+        node.health = worst(node.gpus.values())
+        self.broadcast(
+            {
+                "t": "gpu",
+                "node": h.node,
+                "gpu": key[1],
+                "state": h.state.value,
+                "health": node.health,
+            }
+        )
+        self._changed.set()  # marks and attention follow on the next read
+
+    # -- reading whole -------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read the whole picture and send viewers the rows that changed (the first read also
+        takes the newest audit records, alerts and dead letters; the feed brings the rest)."""
+        first = not self.ready.is_set()
+        began = time.monotonic()
+        seen, raw_capacity, pods, alerts, dead = await asyncio.gather(
+            read_fleet(
+                self.nc, actions=self.settings.actions if first else 1, buckets=self.buckets
+            ),
+            kv_entries(self.nc, self.capacity_bucket, [SNAPSHOT.prefix]),
+            last_per_subject(self.nc, "ENERGY", ["energy.pod.>"]),
+            newest(self.nc, "SECURITY", self.settings.alerts) if first else _none(),
+            newest(self.nc, "DLQ", self.settings.dead_letters) if first else _none(),
+        )
+        now = datetime.now(UTC)
+        fleet = assemble(
+            nats_url="",
+            now=now,
+            records=seen.records,
+            breaker=None,
+            health=seen.health,
+            telemetry={},
+            dlq=seen.dlq,
+            actions=seen.actions,
+            agent_timeout=self.agent_timeout,
+            missing=seen.missing,
+            notes=seen.notes,
+            seen=seen,
+        )
+        for h in seen.health:
+            key = (h.node, h.gpu_key())
+            known = self.health.get(key)
+            if known is None or known.observed_at <= h.observed_at:
+                self.health[key] = h
+        for node in fleet.nodes:  # what the feed saw after the read started wins
+            for gpu in node.gpus:
+                live = self.health.get((node.name, gpu))
+                if live is not None:
+                    node.gpus[gpu] = live.state.value
+            node.health = worst(node.gpus.values()) if node.gpus else node.health
+        snapshot = raw_capacity.get(SNAPSHOT.prefix) if raw_capacity else None
+        if snapshot:
+            with contextlib.suppress(ValidationError):
+                self.capacity = SNAPSHOT.load(snapshot)
+        models = {h.node: h.model for h in self.health.values() if h.model}
+        if self.capacity is not None:
+            models |= {n.node: n.model for n in self.capacity.nodes if n.model != "unknown"}
+        if first:  # what the feed brought during the read is stored too: once is enough
+            fed = {_same(r) for _, r in self.actions}
+            self.actions.extend((at, r) for at, r in seen.actions if _same(r) not in fed)
+            self._take(alerts, FalcoAlert, self.alerts)
+            self._take(dead, DeadLetter, self.dead)
+        self.pods_energy = [
+            d
+            for m in pods or []
+            if isinstance(d := _decoded(m.subject, m.headers, m.data), EnergyPod)
+        ]
+        self.fleet = fleet
+        self.nodes = {n.name: n for n in fleet.nodes}
+        self.models = models
+        self.read_at = now
+        self.read_s = time.monotonic() - began
+        self._read_seconds.set(self.read_s)
+        rows = {n.name: row_of(n, self.model(n.name)) for n in fleet.nodes}
+        if not first:
+            for name, row in rows.items():
+                if self._rows.get(name) != row:
+                    self.broadcast(row)
+            if set(rows) != set(self._rows):
+                self.broadcast({"t": "fleet", "nodes": len(rows)})
+        self._rows = rows
+        if first:
+            self.log.info("console.read", nodes=len(rows), seconds=round(self.read_s, 3))
+        self.ready.set()
+
+    @staticmethod
+    def _take(stored: Iterable[Any] | None, model: type[Any], into: deque[Any]) -> None:
+        for m in reversed(list(stored or [])):
+            data = _decoded(m.subject, m.headers, m.data)
+            if isinstance(data, model):
+                into.append((m.time, data))
+
+    async def last_xids(self, node: str) -> list[GpuXid]:
+        """The last XID each GPU of `node` reported (one last-per-subject read), newest first;
+        [] when it cannot be read now."""
+        try:
+            stored = await last_per_subject(self.nc, "GPU", [f"gpu.xid.{token(node)}.>"], timeout=2)
+        except Exception:  # noqa: BLE001 - the page is drawn without them
+            return []
+        found = [
+            d
+            for m in stored or []
+            if isinstance(d := _decoded(m.subject, m.headers, m.data), GpuXid)
+        ]
+        return sorted(found, key=lambda x: x.observed_at, reverse=True)
+
+    def model(self, node: str) -> str:
+        return self.models.get(node, "unknown")
+
+    # -- viewers -------------------------------------------------------------------------
+
+    def join(self) -> Viewer:
+        viewer = Viewer(asyncio.Queue(maxsize=self.settings.viewer_queue))
+        self._viewers.add(viewer)
+        return viewer
+
+    def leave(self, viewer: Viewer) -> None:
+        self._viewers.discard(viewer)
+
+    @property
+    def viewers(self) -> int:
+        return len(self._viewers)
+
+    def broadcast(self, message: Message) -> None:
+        """Queue one update for every viewer; one that has fallen this far behind is dropped
+        (its page reconnects and is drawn afresh)."""
+        if not self._viewers:
+            return
+        self._sent.labels(str(message.get("t"))).inc()
+        text = json.dumps(message, separators=(",", ":"), default=str)
+        for viewer in list(self._viewers):
+            try:
+                viewer.queue.put_nowait(text)
+            except asyncio.QueueFull:
+                self._dropped.inc()
+                self._drop(viewer)
+
+    def _drop(self, viewer: Viewer) -> None:
+        self._viewers.discard(viewer)
+        viewer.dropped.set()
+
+
+def _same(r: Remediation) -> tuple[str, ...]:
+    return (r.action, r.target.key(), r.outcome.value, r.reason, r.trigger_event_id or "")
+
+
+async def _none() -> None:
+    return None

@@ -1,0 +1,46 @@
+"""`services.console` in the config file."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import Field
+
+from nodeward.config import Section
+
+
+class ConsoleSettings(Section):
+    """Where the console listens, who may read it, and how much of the feeds it keeps."""
+
+    host: str = Field(default="127.0.0.1", description="loopback by default; elsewhere a token")
+    port: int = Field(default=8480, ge=0, le=65535, description="0 picks a free port")
+    token_file: Path | None = Field(
+        default=None,
+        description="the viewers' token (one line, at least 16 characters); required off loopback",
+    )
+    actions: int = Field(default=500, ge=10, description="audit records kept for the Actions view")
+    alerts: int = Field(default=200, ge=10, description="Falco alerts kept for the Security view")
+    dead_letters: int = Field(default=50, ge=1, description="newest dead letters shown")
+    refresh_s: float = Field(
+        default=30.0, gt=0, description="the whole picture is read again at least this often"
+    )
+    settle_s: float = Field(
+        default=0.3, ge=0, description="after a change, how long to gather more before re-reading"
+    )
+    detail_limit: int = Field(
+        default=1000,
+        ge=1,
+        description="past this many nodes shown, quiet nodes are one cell each, not one per GPU",
+    )
+    viewer_queue: int = Field(default=2000, ge=10, description="updates held for a slow viewer")
+
+
+def loopback(host: str) -> bool:
+    """Whether a bind address is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,169 @@
+"""The console through `nodeward up`, in a real browser (Debian's Chromium via Playwright):
+every seeded node listed, an XID 79 turning its GPU cell failed within 2 s without a reload
+and the recovery clearing it, a Falco alert's hostile `output` shown as text with no script
+run, and a screenshot of each view."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sim.cluster.seed import load_seed
+from tests.browser import browser, screenshot
+from tests.e2e.platform import Up, running_up
+from tests.e2e.test_cli import _inject, run
+from tests.integration.falco_fixtures import DROP_AND_EXECUTE, samples
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("console-up")]
+
+NODE = "gpu-h100-03"
+HOSTILE = (
+    "shell in container <script>window.pwned = 'script'; alert('script')</script> "
+    "<img src=x onerror=\"window.pwned = 'img'; alert('img')\"> done"
+)
+
+
+def _request(nats: str, request: dict[str, object]) -> dict[str, object]:
+    """What `nodeward sim inject` sends, from a thread of its own (Playwright's sync API holds
+    this thread's event loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, _inject(nats, NODE, request)).result(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    with running_up(tmp_path_factory.mktemp("console"), "--scenario", "none", "--quiet") as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    with browser() as b:
+        yield b
+
+
+def test_up_announces_the_console_and_it_lists_every_seeded_node(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    url = up.endpoints["console_url"]
+    assert url.startswith("http://127.0.0.1:")
+    page = chromium.new_page()
+    page.goto(url, wait_until="domcontentloaded")
+    nodes = [n.name for n in load_seed(None).nodes]
+    assert len(nodes) == 8
+    for name in nodes:
+        cell = page.locator(f"[id='n:{name}']")
+        cell.wait_for(timeout=5000)
+        assert cell.locator("i.gpu[data-state=healthy]").count() >= 1, name
+        assert cell.locator("i.gpu:not([data-state=healthy])").count() == 0, name
+    assert page.locator("a.node").count() == len(nodes)
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    screenshot(page, tmp_path, "fleet")
+    out = "".join(up.output.err) + "".join(up.output.out)
+    assert f"console     {url}" in out  # printed with the other endpoints
+
+
+def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    page = chromium.new_page()
+    page.goto(up.endpoints["console_url"], wait_until="domcontentloaded")
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    page.evaluate("window.notReloaded = true")
+    cell = page.locator(f"[id='g:{NODE}:0']")
+    assert cell.get_attribute("data-state") == "healthy"
+    nats = up.endpoints["nats_url"]
+    injected = run("sim", "inject", "--node", NODE, "--gpu", "0", "--xid", "79", "--nats", nats)
+    assert injected.returncode == 0, injected.stderr
+    page.locator(f"[id='g:{NODE}:0'][data-state=failed]").wait_for(timeout=2000)
+    assert page.evaluate("window.notReloaded") is True  # the same page: no reload
+    assert page.locator(f"[id='n:{NODE}']").get_attribute("data-health") == "failed"
+    assert page.locator("#count-failed").inner_text() == "1"  # the totals follow
+    # The quarantine follows on the next read: the node's Q mark.
+    page.locator(f"[id='n:{NODE}'] b.mark[data-mark=quarantined]").wait_for(timeout=10000)
+    screenshot(page, tmp_path, "fleet-failed")
+    detail = chromium.new_page()
+    detail.goto(up.endpoints["console_url"] + f"node/{NODE}", wait_until="domcontentloaded")
+    assert detail.locator(f"[id='g:{NODE}:0']").get_attribute("data-state") == "failed"
+    detail.get_by_text("quarantine", exact=False).first.wait_for(timeout=5000)
+    assert "79" in detail.locator("#xids").inner_text()  # the GPU's last XID
+    screenshot(detail, tmp_path, "node")
+
+    recovered = run("sim", "inject", "--node", NODE, "--gpu", "0", "--recover", "--nats", nats)
+    assert recovered.returncode == 0, recovered.stderr
+    page.locator(f"[id='g:{NODE}:0'][data-state=healthy]").wait_for(timeout=5000)
+    detail.locator(f"[id='g:{NODE}:0'][data-state=healthy]").wait_for(timeout=5000)
+    # The demo profile releases the node 15 s after its GPUs are healthy: the mark goes, live.
+    page.locator(f"[id='n:{NODE}'][data-marks='']").wait_for(timeout=30000)
+    detail.locator(f"[id='n:{NODE}'][data-marks='']").wait_for(timeout=5000)
+    assert page.locator(f"[id='n:{NODE}'] b.mark").count() == 0
+    took = []
+    for gpu in (1, 2, 3):  # the request `sim inject` sends, timed from before it is sent
+        began = time.monotonic()
+        reply = _request(nats, {"gpu": gpu, "xid": 79})
+        assert reply.get("ok"), reply
+        page.locator(f"[id='g:{NODE}:{gpu}'][data-state=failed]").wait_for(timeout=2000)
+        took.append(time.monotonic() - began)
+        _request(nats, {"gpu": gpu, "recover": True})
+        page.locator(f"[id='g:{NODE}:{gpu}'][data-state=healthy]").wait_for(timeout=5000)
+    print(f"console: fault to red cell, median {statistics.median(took):.3f}s of {took}")
+    assert page.evaluate("window.notReloaded") is True
+
+
+def test_a_hostile_falco_alert_renders_as_text_and_runs_nothing(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    page = chromium.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(up.endpoints["console_url"] + "security", wait_until="domcontentloaded")
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    alert = next(a for a in samples() if a["rule"] == DROP_AND_EXECUTE)
+    alert = {**alert, "rule": "Console escaping check", "output": HOSTILE, "priority": "Notice"}
+    token = Path(up.endpoints["falco_token_file"]).read_text().strip()
+    answer = httpx.post(
+        up.endpoints["falco_ingest_url"],
+        json=alert,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5,
+    )
+    assert answer.status_code == 200, answer.text
+    live_row = page.locator("#alerts td.output", has_text="window.pwned")
+    live_row.first.wait_for(timeout=5000)  # arrived over the event stream
+    assert "<script>" in live_row.first.inner_text()
+    assert "<img src=x onerror=" in live_row.first.inner_text()
+    page.reload(wait_until="domcontentloaded")  # and as the server renders it
+    drawn = page.locator("#alerts td.output", has_text="window.pwned").first
+    drawn.wait_for(timeout=5000)
+    assert drawn.inner_text() == HOSTILE
+    assert page.locator("#alerts script, #alerts img").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert dialogs == []
+    screenshot(page, tmp_path, "security")
+
+
+def test_the_other_views_render(up: Up, chromium: Any, tmp_path: Path) -> None:
+    page = chromium.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    base = up.endpoints["console_url"]
+    for view, expect in (
+        ("actions", "#actions"),
+        ("capacity", "h1"),
+        ("energy", "h1"),
+        ("sessions", "h1"),
+    ):
+        answer = page.goto(base + view, wait_until="domcontentloaded")
+        assert answer is not None and answer.status == 200, view
+        page.locator(expect).first.wait_for(timeout=5000)
+        page.locator("body[data-live=on]").wait_for(timeout=5000)
+        screenshot(page, tmp_path, view)
+    assert errors == []  # no CSP violation, no script error
