@@ -39,6 +39,10 @@ ACCOUNTS: dict[str, Access] = by_account(DECLARED)
 GRANTS: dict[str, ServiceGrants] = {s.ACCESS.account: s.GRANTS for s in _SERVICES}
 """Per service, its NATS grants (the user `nodeward-<service>`)."""
 
+READERS: frozenset[str] = frozenset({"console"})
+"""Services that only read the bus: no Kubernetes access, and a NATS user of their own kind
+(`nodeward.nats_auth.console`) rather than one built from grants."""
+
 
 def main(argv: list[str]) -> int:
     """`nats-permissions FILE`: write the chart's NATS grants as JSON."""

@@ -139,6 +139,36 @@ async def send(  # noqa: PLR0917 - one control, all its parts
     return reply
 
 
+def ask(
+    service: str,
+    verb: str,
+    target: str | None,
+    *,
+    reason: str,
+    operator: str | None,
+    timeout: float,
+    as_json: bool,
+    state_dir: Path,
+    nats: str | None,
+    config: Path | None,
+) -> None:
+    """What each control command does with its options: `send` the request to `service`."""
+    settings = settings_for(config, nats, state_dir)
+    asyncio.run(
+        send(
+            settings,
+            service,
+            verb,
+            target,
+            operator,
+            require_reason(reason),
+            timeout,
+            as_json,
+            state_dir,
+        )
+    )
+
+
 async def _records(
     settings: Settings, bucket: Bucket[Any], name: str, state_dir: Path
 ) -> dict[str, Any]:
@@ -211,19 +241,17 @@ def quarantine_release(  # noqa: PLR0917 - typer maps parameters to options
 ) -> None:
     """Undo nodeward's quarantine of NODE (taint, cordon, label, condition); refuses a node
     nodeward did not quarantine."""
-    settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            "cordon",
-            "release",
-            node,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-        )
+    ask(
+        "cordon",
+        "release",
+        node,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
     )
 
 
@@ -289,19 +317,17 @@ def breaker_reset(  # noqa: PLR0917 - typer maps parameters to options
     as_json: JsonOpt = False,
 ) -> None:
     """Close a tripped circuit breaker (the cordon service answers; audited)."""
-    settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            "cordon",
-            "reset-breaker",
-            None,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-        )
+    ask(
+        "cordon",
+        "reset-breaker",
+        None,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
     )
 
 
@@ -317,17 +343,15 @@ def falco_release(  # noqa: PLR0917 - typer maps parameters to options
     as_json: JsonOpt = False,
 ) -> None:
     """Lift the network isolation nodeward put on a pod; refuses one it did not isolate."""
-    settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            "falco",
-            "release",
-            pod,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-        )
+    ask(
+        "falco",
+        "release",
+        pod,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
     )

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from nodeward.bus import Bus, BusError, PublishError
 from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
-from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, require_reason, send
+from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, ask
 from nodeward.config import ClusterSettings, Settings
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
@@ -408,19 +408,17 @@ def finish_command(  # noqa: PLR0917 - typer maps parameters to options
     as_json: JsonOpt = False,
 ) -> None:
     """The work is over: uncordon NODE if nodeward cordoned it for the maintenance."""
-    settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            "checkpoint",
-            "finish",
-            node,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-        )
+    ask(
+        "checkpoint",
+        "finish",
+        node,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
     )
 
 
@@ -437,17 +435,15 @@ def cancel_command(  # noqa: PLR0917 - typer maps parameters to options
 ) -> None:
     """Stop NODE's maintenance before its drain (nodeward's cordon comes off); after the
     drain began, it says what was already done."""
-    settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            "checkpoint",
-            "cancel",
-            node,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-        )
+    ask(
+        "checkpoint",
+        "cancel",
+        node,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
     )

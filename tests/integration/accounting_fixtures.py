@@ -30,7 +30,7 @@ from services.accounting.access import CONSUMERS
 from services.accounting.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, PodSeed, Seed
-from tests.integration.simkube import RunsService
+from tests.integration.simkube import RunsService, stop_env
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -282,6 +282,4 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
 
     yield make
     for env in made:
-        for d in list(env.daemons):
-            await d.stop()
-        await env.sim.stop()
+        await stop_env(env.daemons, env.sim)

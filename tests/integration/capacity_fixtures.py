@@ -21,7 +21,7 @@ from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
 from services.capacity.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed, Seed
-from tests.integration.simkube import RunsService
+from tests.integration.simkube import RunsService, stop_env
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -152,7 +152,4 @@ async def capacity_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
 
     yield make
     for env in made:
-        for d in list(env.daemons):
-            await d.stop()
-        await env.admin.close()
-        await env.sim.stop()
+        await stop_env(env.daemons, env.sim, env.admin)

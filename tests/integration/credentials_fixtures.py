@@ -35,6 +35,7 @@ from sim.cluster.seed import Seed
 from sim.oauth2 import IdP, serve
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
+from tests.integration.simkube import stop_env
 
 KDC_BINARIES = ("krb5kdc", "kdb5_util", "kadmin.local", "kinit")
 
@@ -290,10 +291,7 @@ async def creds_env(
 
     yield make
     for env in made:
-        for d in list(env.daemons):
-            await d.stop()
-        await env.admin.close()
-        await env.sim.stop()
+        await stop_env(env.daemons, env.sim, env.admin)
 
 
 def run_quietly(args: list[str]) -> None:

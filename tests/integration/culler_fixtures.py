@@ -30,7 +30,7 @@ from services.culler.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed
 from tests.integration.cordon_fixtures import read_stream
-from tests.integration.simkube import RunsService
+from tests.integration.simkube import RunsService, stop_env
 
 
 @dataclass
@@ -218,10 +218,7 @@ async def culler_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
 
     yield make
     for env in made:
-        for d in list(env.daemons):
-            await d.stop()
-        await env.admin.close()
-        await env.sim.stop()
+        await stop_env(env.daemons, env.sim, env.admin)
 
 
 def ago(seconds: float) -> datetime:

@@ -34,7 +34,7 @@ from sim.cluster.seed import (
     Seed,
 )
 from tests.integration.cordon_fixtures import read_stream
-from tests.integration.simkube import RunsService
+from tests.integration.simkube import RunsService, stop_env
 
 NS = "ml-team"
 
@@ -203,7 +203,4 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
 
     yield make
     for env in made:
-        for d in list(env.daemons):
-            await d.stop()
-        await env.admin.close()
-        await env.sim.stop()
+        await stop_env(env.daemons, env.sim, env.admin)

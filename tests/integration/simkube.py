@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -17,6 +17,17 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from sim.cluster import SimCluster
+
+
+async def stop_env(
+    daemons: Iterable[Daemon], sim: SimCluster, admin: Cluster | None = None
+) -> None:
+    """A service fixture's teardown: its daemons, then the admin client, then the cluster."""
+    for daemon in list(daemons):
+        await daemon.stop()
+    if admin is not None:
+        await admin.close()
+    await sim.stop()
 
 
 @pytest.fixture
