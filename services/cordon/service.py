@@ -327,14 +327,16 @@ class CordonService:
             await self._stale(event, health, prior_gpu)
             return
         record = written.value if written else NodeRecord()
+        decision = self.policy.decide(health)
+        self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
+        if decision.action != PolicyAction.QUARANTINE and record.quarantine is None:
+            return  # recorded; nothing to quarantine or release: no Kubernetes call
         try:
             node = await self.cluster.nodes.get(health.node)
         except NotFound:
             self.log.warning("cordon.node_unknown")
             return
         record = await self._check_operator(health.node, record, node)
-        decision = self.policy.decide(health)
-        self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
         age = (datetime.now(UTC) - health.observed_at).total_seconds()
         if (
             decision.action == PolicyAction.QUARANTINE
