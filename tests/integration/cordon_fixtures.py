@@ -184,6 +184,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
         count: int = 10,
         nodes: dict[int, dict[str, Any]] | None = None,
         seed_extra: Callable[[list[str]], dict[str, Any]] | None = None,
+        bus_extra: dict[str, Any] | None = None,
         **cordon: Any,
     ) -> CordonEnv:
         uid = uuid.uuid4().hex[:8]
@@ -222,7 +223,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             | cordon.pop("xid_repeats", {}),
         } | cordon
         settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
+            bus={"url": nats_url, "publish_timeout": "2s"} | (bus_extra or {}),
             cluster={"kubeconfig": kubeconfig, "retries": 1},
             daemon={"shutdown_timeout": "4s"},
             services={"cordon": service},
