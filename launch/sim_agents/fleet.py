@@ -425,23 +425,25 @@ class Fleet:
                 source=source,
             )
         ]
+        held: dict[tuple[str, str], tuple[float, float]] = {}  # pod -> (joules, GPUs)
         for g, w in zip(node.gpus, gpu_w, strict=True):
             for pod in g.pods:
-                out.append(
-                    make_event(
-                        EnergyPod(
-                            namespace=pod.namespace,
-                            pod=pod.name,
-                            node=node.name,
-                            interval=interval,
-                            gpu_energy_j=w * seconds / len(g.pods),
-                            energy_j=w * seconds / len(g.pods),
-                            attribution="gpu",
-                            carbon=carbon,
-                        ),
-                        source=source,
-                    )
-                )
+                joules, gpus = held.get((pod.namespace, pod.name), (0.0, 0.0))
+                share = 1 / len(g.pods)  # a GPU shared by k pods counts 1/k
+                held[pod.namespace, pod.name] = (joules + w * seconds * share, gpus + share)
+        for (namespace, name), (joules, gpus) in held.items():
+            pod_event = EnergyPod(
+                namespace=namespace,
+                pod=name,
+                node=node.name,
+                interval=interval,
+                gpu_energy_j=joules,
+                energy_j=joules,
+                gpus=gpus,
+                attribution="gpu-exclusive",
+                carbon=carbon,
+            )
+            out.append(make_event(pod_event, source=source))
         asyncio.get_running_loop().create_task(self._keep_totals(node))
         return out
 
