@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,17 @@ from nats.errors import NoRespondersError
 
 from launch.sim_agents.fleet import Fleet, fleet_daemon
 from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, Settings
 from nodeward.daemon import Daemon
+from nodeward.nats_auth import (
+    NatsUser,
+    admin,
+    node_agent_nkey,
+    render_authorization,
+    write_agent_seed,
+)
+from schemas.tokens import token
 from sim.cluster.seed import Gpu, NodeSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from tests.conftest import wait_for
@@ -133,3 +143,48 @@ async def test_injections_are_answered_per_node_and_published_as_changes(rig: Ri
     assert not reply.ok and "not simulated" in (reply.error or "")
     with pytest.raises(NoRespondersError):
         await request_injection(nc, "no-such-node", InjectRequest(gpu=0, xid=79))
+
+
+async def test_with_nkeys_each_node_publishes_as_itself(tmp_path: Path) -> None:
+    """Where NATS authorizes, each fleet node signs in with its own node's nkey: the fleet's
+    own user may publish nothing, yet every node's subjects are stored."""
+    nodes = [NodeSeed(name=f"nk-node-{i}", gpu=Gpu(count=2)) for i in range(2)]
+    keys = tmp_path / "keys"
+    users = [admin("admin-pw"), NatsUser("fleet", "fleet-pw", ("nothing.here",), ("_INBOX.>",))]
+    users += [
+        node_agent_nkey(n.name, write_agent_seed(keys / f"{token(n.name)}.nk")) for n in nodes
+    ]
+    conf = tmp_path / "auth.conf"
+    conf.write_text(render_authorization(users))
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        admin_url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
+        operator = await Bus.connect(BusSettings(url=admin_url), source="test/admin")
+        fleet_url = server.url.replace("nats://", "nats://fleet:fleet-pw@")
+        settings = Settings(bus={"url": fleet_url, "provision": False}, agents=FAST)
+        daemon, fleet = await fleet_daemon(settings, nodes, nkeys=keys)
+        await daemon.start()
+        try:
+            await wait_for(fleet.ready.is_set, timeout=10, what="fleet ready")
+
+            async def stored() -> bool:
+                beats = await operator.js.stream_info("HEARTBEATS", subjects_filter=">")
+                totals = await operator.js.stream_info("KV_energy", subjects_filter=">")
+                return {f"gpu.heartbeat.{n.name}" for n in nodes} <= set(
+                    beats.state.subjects or {}
+                ) and {f"$KV.energy.node.{n.name}" for n in nodes} <= set(
+                    totals.state.subjects or {}
+                )
+
+            await wait_for(stored, timeout=10, what="each node's heartbeats and energy totals")
+            health = await operator.js.stream_info("GPU", subjects_filter="gpu.health.>")
+            assert set(health.state.subjects or {}) == {
+                f"gpu.health.{n.name}.{g}" for n in nodes for g in (0, 1)
+            }
+            # An injection reaches the node's own subscription, on its own connection.
+            reply = await request_injection(
+                operator.nc, nodes[1].name, InjectRequest(gpu=0, xid=79)
+            )
+            assert reply.ok
+        finally:
+            await daemon.stop()
+            await operator.close(grace=1)
