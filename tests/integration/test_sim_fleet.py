@@ -188,3 +188,28 @@ async def test_with_nkeys_each_node_publishes_as_itself(tmp_path: Path) -> None:
         finally:
             await daemon.stop()
             await operator.close(grace=1)
+
+
+async def test_faults_at_a_rate_fail_gpus_with_xid_79(bus_settings: BusSettings, bus: Bus) -> None:
+    prefix = f"storm-{uuid.uuid4().hex[:6]}"
+    nodes = [NodeSeed(name=f"{prefix}-{i}", gpu=Gpu(count=2)) for i in range(2)]
+    failures: list[str] = []
+
+    async def collect(msg: Any) -> None:
+        if (
+            msg.subject.split(".")[2].startswith(prefix)
+            and json.loads(msg.data)["state"] == "failed"
+        ):
+            failures.append(msg.subject)
+
+    sub = await bus.nc.subscribe("gpu.health.*.*", cb=collect)
+    # 3,600 XID 79s per node-hour: about two a second over the two nodes.
+    settings = Settings(bus=bus_settings, agents=FAST)
+    daemon, _ = await fleet_daemon(settings, nodes, faults_per_hour=3600)
+    await daemon.start()
+    try:
+        await wait_for(lambda: len(failures) >= 2, timeout=10, what="two GPUs failed at random")
+    finally:
+        await daemon.stop()
+        await sub.unsubscribe()
+    assert all(s.startswith(f"gpu.health.{prefix}-") for s in failures)
