@@ -180,6 +180,7 @@ class Fleet:
         }
         self._by_token = {token(name): name for name in self.nodes}
         self.ready = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
         self.published = 0
         self.log: Any = get_logger(component="fleet", nodes=len(self.nodes))
 
@@ -444,7 +445,9 @@ class Fleet:
                 carbon=carbon,
             )
             out.append(make_event(pod_event, source=source))
-        asyncio.get_running_loop().create_task(self._keep_totals(node))
+        task = asyncio.get_running_loop().create_task(self._keep_totals(node))
+        self._writes.add(task)  # held until done: a task nobody holds may be collected
+        task.add_done_callback(self._writes.discard)
         return out
 
     async def _keep_totals(self, node: _Node) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.config import section
+from schemas.cloudevents import encode
 from schemas.gpu import HealthState
 from schemas.state.cordon import NodeRecord, node_key
 from services.cordon.service import CordonSettings, reset_breaker
@@ -22,6 +23,7 @@ from tests.integration.cordon_fixtures import (
     failed,
     health,
     heartbeat,
+    read_stream,
 )
 from tests.integration.test_cordon import tainted
 
@@ -131,3 +133,23 @@ async def test_a_refused_failure_is_tried_again_by_its_heartbeat(cordon_env: Env
     # No new change: the next heartbeat restating the failure passes the guards again.
     await env.publish(heartbeat(refused[0], {0: HealthState.FAILED}))
     await wait_for(lambda: _quarantined_node(env, refused[0]), timeout=5, what="retried")
+
+
+async def test_a_node_cannot_speak_for_another_in_a_heartbeat(cordon_env: EnvFactory) -> None:
+    """Node 01's heartbeat, on its own subject, says node 02's GPU failed long ago: refused
+    (dead-lettered as identity_mismatch), node 02 untouched."""
+    env = await cordon_env(heartbeat_grace="1s")
+    await env.start()
+    publisher, victim = env.nodes[0], env.nodes[1]
+    ago = datetime.now(UTC) - timedelta(minutes=1)
+    wire = encode(heartbeat(victim, {0: HealthState.FAILED}, changed_at=ago))
+    await env.bus.js.publish(f"gpu.heartbeat.{publisher}", wire.body, headers=wire.headers)
+    consumer = _config(env).heartbeat_consumer
+
+    async def dead() -> list[Any]:
+        return await read_stream(env.bus, "DLQ", f"dlq.HEARTBEATS.{consumer}")
+
+    letters = [e.data for e in await wait_for(dead, timeout=5, what="the dead letter")]
+    assert [d.reason for d in letters] == ["identity_mismatch"]
+    assert f"data.node '{victim}'" in letters[0].error
+    assert not tainted(await env.node(victim))
