@@ -1,8 +1,7 @@
 """services.cordon: quarantine nodes whose GPUs fail, release them when healthy again.
 
 A durable consumer on `gpu.health.>` (changes only, in order per node) runs each event
-through the
-policy (`services/cordon/policy.yaml` by default), then the shared guards (exemption,
+through the policy (`services/cordon/policy.yaml` by default), then the shared guards (exemption,
 rate limit, circuit breaker) and acts through the kube port: NoSchedule taint
 `nodeward.io/gpu-unhealthy`, cordon, condition `GPUHealthy=False`, label
 `nodeward.io/gpu-health=failed`, annotation `nodeward.io/quarantine` and an Event. What it
@@ -270,8 +269,9 @@ class CordonService:
             if gpu.state == HealthState.HEALTHY or record is None:
                 continue
             q, released = record.quarantine, record.operator_release
-            if (q is not None and key in q.gpus) or (released and key in released.gpus):
-                continue
+            held = q is not None and key in q.gpus and (q.phase == "applied" or q.dry_run)
+            if held or (released and key in released.gpus):
+                continue  # a quarantine cut short (pending) is finished the change's way
             if self.policy.decide(beat.health(gpu)).action == PolicyAction.QUARANTINE:
                 out.append(gpu)  # refused or skipped before: the guards are asked again
         return out
