@@ -51,6 +51,15 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         int | None,
         typer.Option("--nodes", min=1, help="simulated GPU nodes (default: the seed's)"),
     ] = None,
+    fleet_above: Annotated[
+        int,
+        typer.Option(
+            "--fleet-above",
+            min=0,
+            help="above this many GPU nodes the simulated agents run as one fleet process "
+            "(`nodeward sim fleet`) instead of one set per node in this process",
+        ),
+    ] = 32,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="do not tell the story of each remediation")
     ] = False,
@@ -116,6 +125,12 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         sim_nodes = [
             n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
         ]
+        if "fleet" in endpoints.metrics and seed_data is not None:
+            gpu_nodes = [n.name for n in seed_data.nodes if n.gpu is not None and n.gpu.count]
+            console.print(
+                f"  fleet       {len(gpu_nodes)} nodes' agents in one process (nodeward sim "
+                f"fleet); try: nodeward sim inject --node {gpu_nodes[-1]} --gpu 0 --xid 79"
+            )
         if sim_nodes:
             console.print(
                 f"  try it      nodeward sim inject --node {sim_nodes[-1]} --gpu 0 --xid 79"
@@ -143,10 +158,66 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             external_nats=nats is not None,
             seed=seed_data,
             scenario=steps,
+            fleet_above=fleet_above,
             announce=announce,
             story=story,
         )
     )
+
+
+@sim_app.command("fleet")
+def fleet(  # noqa: PLR0917 - typer maps parameters to options
+    nodes: Annotated[
+        int | None,
+        typer.Option("--nodes", min=1, help="GPU nodes (default: the seed's); the seed resized"),
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=1, help="GPUs per node (default: the seed's)")
+    ] = None,
+    faults: Annotated[
+        float,
+        typer.Option("--faults", min=0, help="XID 79s per node per hour, at random (default 0)"),
+    ] = 0.0,
+    seed: Annotated[
+        Path | None,
+        typer.Option("--seed", help="the fleet's nodes and pods (default: the shipped seed)"),
+    ] = None,
+    nkeys: Annotated[
+        Path | None,
+        typer.Option(
+            "--nkeys",
+            help="a folder of node nkey seeds (<node>.nk): each node publishes as itself",
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="its /healthz /readyz /metrics; 0 picks")] = 0,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Publish what N nodes' GPU, energy and idle agents would, from one process, until
+    SIGINT or SIGTERM; answer `nodeward sim inject` for those nodes."""
+
+    from launch.demo import sim_seed
+    from launch.sim_agents.fleet import fleet_daemon
+    from nodeward.cli.common import settings_for
+    from nodeward.daemon import serve
+
+    if seed is not None and not seed.is_file():
+        raise CliError(f"seed {seed} does not exist")
+    if nkeys is not None and not nkeys.is_dir():
+        raise CliError(f"--nkeys {nkeys} is not a folder")
+    data = sim_seed(seed, nodes)
+    settings = settings_for(config, nats)
+
+    async def run() -> None:
+        daemon, sim = await fleet_daemon(
+            settings, data.nodes, data.pods, gpus=gpus, faults_per_hour=faults, nkeys=nkeys
+        )
+        await daemon.start(port=port or None)
+        typer.echo(f"fleet: {len(sim.nodes)} nodes on {settings.bus.url}; {daemon.url}")
+        sys.stdout.flush()
+        await serve([daemon])
+
+    _run(run())
 
 
 def _declared_access() -> tuple[Access, ...]:

@@ -14,6 +14,7 @@ from launch.access import DECLARED
 from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
+from launch.sim_agents.fleet import FLEET_ABOVE, fleet_process
 from nodeward.bus import Bus
 from nodeward.bus.errors import BusError
 from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
@@ -94,11 +95,18 @@ def _teller(daemon: Daemon, bus: Bus) -> Callable[[Remediation], None]:
     return queue.put_nowait
 
 
-async def _units(context: UpContext, seed: Seed | None) -> list[Unit]:
+async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> list[Unit]:
     """What `up` restarts as one when a daemon of it dies: each component, and each
-    simulated agent of each node."""
+    simulated agent of each node (or, above `fleet_above` GPU nodes, the fleet process)."""
     units = []
-    if seed is not None:
+    gpu_nodes = [n for n in seed.nodes if n.gpu is not None and n.gpu.count > 0] if seed else []
+    if seed is not None and len(gpu_nodes) > fleet_above:
+
+        async def build_fleet(s: Seed = seed) -> list[Daemon]:
+            return await fleet_process(context, s)
+
+        units.append(Unit("fleet", build_fleet, await build_fleet()))
+    elif seed is not None:
         for build_agents in SIM_AGENTS:
             for node in seed.nodes:
                 one = seed.model_copy(update={"nodes": [node]})
@@ -126,13 +134,16 @@ async def run_up(
     external_nats: bool = False,
     seed: Path | Seed | None = None,
     scenario: list[Step] | None = None,
+    fleet_above: int = FLEET_ABOVE,
     announce: Callable[[Endpoints], None],
     story: Callable[[Endpoints], Awaitable[None]] | None = None,
 ) -> None:
     """The whole platform in this process until SIGINT/SIGTERM.
 
     Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
-    is written to `<state-dir>/kubeconfig`. `story(endpoints)` runs as a task of the
+    is written to `<state-dir>/kubeconfig`. Simulated agents run in this process for up to
+    `fleet_above` GPU nodes; for more, the fleet simulator runs them in a process of its own
+    (`nodeward sim fleet`). `story(endpoints)` runs as a task of the
     platform daemon once everything has started (it must not raise). A daemon that dies is
     restarted with its component (`nodeward.supervisor`); the platform daemon dying stops
     everything.
@@ -164,7 +175,7 @@ async def run_up(
         context = UpContext(
             settings, state_dir, cluster.settings_for if cluster is not None else None
         )
-        units = await _units(context, seed_data)
+        units = await _units(context, seed_data, fleet_above)
         tell = _teller(platform, platform_bus)
 
         def restarted(report: Restart) -> None:

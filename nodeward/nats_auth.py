@@ -87,6 +87,7 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
         "publish": (
             f"gpu.health.{n}.>",
             f"gpu.xid.{n}.>",
+            f"gpu.heartbeat.{n}",
             f"gpu.telemetry.{n}",
             f"energy.node.{n}",
             f"energy.pod.{n}.>",

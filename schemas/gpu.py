@@ -115,6 +115,88 @@ class GpuHealth(EventData):
         return f"node/{self.node}/gpu/{self.gpu_key()}"
 
 
+class GpuState(Model):
+    """One GPU (or MIG instance) as a heartbeat restates it: its state since its last change."""
+
+    gpu_index: int = Field(ge=0)
+    gpu_uuid: str = Field(min_length=1)
+    mig: MigInstance | None = None
+    state: HealthState
+    reasons: list[HealthReason] = Field(default_factory=list)
+    recommended_action: RecommendedAction = RecommendedAction.NONE
+    sequence: int = Field(default=0, ge=0, description="the `sequence` of its last change")
+    changed_at: datetime = Field(description="`observed_at` of its last change")
+
+    def gpu_key(self) -> str:
+        if self.mig is None:
+            return str(self.gpu_index)
+        return f"{self.gpu_index}-mig{self.mig.gpu_instance_id}-{self.mig.compute_instance_id}"
+
+
+class GpuHeartbeat(EventData):
+    """Every GPU of a node restated, once per heartbeat interval: routine, never a change.
+
+    Changes travel as `gpu.health.v1` on their own subjects and stream, so a fault never
+    waits behind heartbeats; a heartbeat only confirms what the last changes said (or shows
+    that one was missed).
+    """
+
+    TYPE: ClassVar[str] = "gpu.heartbeat.v1"
+    STREAM: ClassVar[str] = "HEARTBEATS"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.heartbeat.<node>"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
+
+    node: K8sName
+    gpus: list[GpuState]
+    interval_s: float = Field(gt=0, description="the next heartbeat is due this much later")
+    observed_at: datetime
+    agent_boot_id: str | None = Field(default=None, description="changes when the agent restarts")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "node": "gpu-node-07",
+                    "gpus": [
+                        {
+                            "gpu_index": 0,
+                            "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
+                            "state": "healthy",
+                            "sequence": 1,
+                            "changed_at": "2026-08-20T14:00:02Z",
+                        }
+                    ],
+                    "interval_s": 30,
+                    "observed_at": "2026-08-20T14:02:32Z",
+                    "agent_boot_id": "b6a1",
+                }
+            ]
+        }
+    )
+
+    def health(self, gpu: GpuState) -> GpuHealth:
+        """`gpu` as the `gpu.health.v1` heartbeat that restates it (`heartbeat: true`)."""
+        return GpuHealth(
+            node=self.node,
+            gpu_index=gpu.gpu_index,
+            gpu_uuid=gpu.gpu_uuid,
+            mig=gpu.mig,
+            state=gpu.state,
+            reasons=gpu.reasons,
+            recommended_action=gpu.recommended_action,
+            heartbeat=True,
+            observed_at=self.observed_at,
+            agent_boot_id=self.agent_boot_id,
+            sequence=gpu.sequence,
+        )
+
+    def nats_subject(self) -> str:
+        return subject("gpu.heartbeat", self.node)
+
+    def about(self) -> str:
+        return f"node/{self.node}"
+
+
 class GpuProcess(Model):
     """A compute process on the GPU when an XID was reported (NVML names the pid only)."""
 

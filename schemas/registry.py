@@ -13,7 +13,7 @@ from schemas.credentials import CredentialDue, CredentialFailed, CredentialRenew
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyNode, EnergyPod
 from schemas.falco import FalcoAlert
-from schemas.gpu import GpuHealth, GpuTelemetry, GpuXid
+from schemas.gpu import GpuHealth, GpuHeartbeat, GpuTelemetry, GpuXid
 from schemas.maintenance import Maintenance
 from schemas.node import NodeFinding
 from schemas.notify import Notification
@@ -40,6 +40,7 @@ class EventType:
 _MODELS: tuple[type[EventData], ...] = (
     GpuHealth,
     GpuXid,
+    GpuHeartbeat,
     GpuTelemetry,
     EnergyNode,
     EnergyPod,

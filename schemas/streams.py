@@ -34,8 +34,13 @@ class StreamSpec:
 DAY = timedelta(days=1)
 
 STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec("GPU", ("gpu.health.>", "gpu.xid.>"), "GPU health changes and XIDs", 30 * DAY),
     StreamSpec(
-        "GPU", ("gpu.health.>", "gpu.xid.>"), "GPU health changes, heartbeats and XIDs", 30 * DAY
+        "HEARTBEATS",
+        ("gpu.heartbeat.>",),
+        "every GPU of a node restated per heartbeat interval (routine, apart from changes)",
+        timedelta(hours=1),
+        duplicate_window=timedelta(seconds=30),
     ),
     StreamSpec(
         "TELEMETRY",

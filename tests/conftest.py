@@ -15,6 +15,7 @@ from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
+from tests.helpers.nats_cluster import NatsCluster, start_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -62,6 +63,15 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
     asyncio.run(server.start())
     yield server
     asyncio.run(server.stop())
+
+
+@pytest_asyncio.fixture
+async def nats_cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
+    """Three nats-servers with routes and JetStream on loopback, as the chart's NATS runs
+    (streams R3 with `bus.stream_replicas: 3`); `nats_cluster.url` lists all three."""
+    cluster = await start_cluster(tmp_path / "nats-cluster")
+    yield cluster
+    await cluster.stop()
 
 
 @pytest.fixture

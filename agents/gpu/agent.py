@@ -4,11 +4,13 @@ XIDs arrive event-driven (one thread blocks in `nvmlEventSetWait`); counters are
 Every NVML call runs on its GPU's `Lane` with a deadline, so a hung driver call becomes
 an `nvml_hang` finding for that GPU while the other GPUs carry on. The agent publishes
 `gpu.health.v1` on every change of state or reasons (with `previous_state`, its boot id
-and a per-GPU `sequence`), restates every GPU as a heartbeat, and publishes
-`gpu.telemetry.v1` at its own interval. It builds subjects from its own node name only:
-the NATS user it runs as needs publish rights on `gpu.health.<node>.>` and
-`gpu.telemetry.<node>` and subscribe rights on its reply inbox (`_INBOX_<node>.>` with
-`bus.inbox_prefix`), and nothing else (`bus.provision: false`).
+and a per-GPU `sequence`), restates every GPU in one `gpu.heartbeat.v1` per heartbeat
+interval (apart from the changes, so a change never queues behind heartbeats), and
+publishes `gpu.telemetry.v1` at its own interval. It builds subjects from its own node
+name only: the NATS user it runs as needs publish rights on `gpu.health.<node>.>`,
+`gpu.xid.<node>.>`, `gpu.heartbeat.<node>` and `gpu.telemetry.<node>` and subscribe
+rights on its reply inbox (`_INBOX_<node>.>` with `bus.inbox_prefix`), and nothing else
+(`bus.provision: false`).
 """
 
 from __future__ import annotations
@@ -62,8 +64,10 @@ from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
 from schemas.gpu import (
     GpuHealth,
+    GpuHeartbeat,
     GpuProcess,
     GpuSample,
+    GpuState,
     GpuTelemetry,
     GpuXid,
     HealthState,
@@ -95,6 +99,7 @@ class _Unit:
     state: HealthState | None = None
     codes: tuple[str, ...] = ()
     sequence: int = 0
+    changed_at: datetime | None = None
     last: Classification | None = None
 
 
@@ -178,7 +183,7 @@ class GpuAgent:
             owner=f"agent for {self.node}",
             allowed=lambda s: (
                 s.startswith((self._health_prefix, self._xid_prefix))
-                or s == self._telemetry_subject
+                or s in (self._telemetry_subject, self._heartbeat_subject)
             ),
             max_unsent=MAX_UNSENT,
             keep=_is_state_change,
@@ -191,6 +196,7 @@ class GpuAgent:
         self._xid_prefix = subject("gpu", "xid", self.node) + "."
         self._xids: asyncio.Queue[tuple[_Watch, NvmlEvent, datetime]] = asyncio.Queue()
         self._telemetry_subject = subject("gpu", "telemetry", self.node)
+        self._heartbeat_subject = subject("gpu", "heartbeat", self.node)
 
     def attach(self, daemon: Daemon) -> None:
         """Run in `daemon`: its task, readiness check `gpus`, and shutdown."""
@@ -406,14 +412,15 @@ class GpuAgent:
                 action=verdict.action.value,
                 reasons=list(verdict.codes),
             )
-            self._enqueue(self._health_event(watch, unit, previous=previous, heartbeat=False))
+            self._enqueue(self._health_event(watch, unit, previous=previous))
 
     def _health_event(
-        self, watch: _Watch, unit: _Unit, *, previous: HealthState | None, heartbeat: bool
+        self, watch: _Watch, unit: _Unit, *, previous: HealthState | None
     ) -> Event[GpuHealth]:
         verdict = unit.last
         assert verdict is not None and unit.state is not None
         unit.sequence += 1
+        unit.changed_at = utcnow()
         ident = watch.ident
         data = GpuHealth(
             node=self.node,
@@ -428,8 +435,7 @@ class GpuAgent:
             recommended_action=verdict.action,
             pods=self._pods_now.get(unit.uuid)
             or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
-            heartbeat=heartbeat,
-            observed_at=utcnow(),
+            observed_at=unit.changed_at,
             agent_boot_id=self.boot_id,
             sequence=unit.sequence,
         )
@@ -440,12 +446,35 @@ class GpuAgent:
         self._pods_now = await self.pods.pods_by_device()
 
     async def _heartbeat(self) -> None:
+        """Every GPU's state since its last change, in one `gpu.heartbeat.v1` for the node."""
+        gpus = []
         for watch in self.watches:
             if watch.lane.busy and watch.hang is not None:
                 watch.hang = hang_finding(watch.lane.current, watch.lane.busy_for)
             for unit in watch.units:
-                if unit.state is not None:
-                    self._enqueue(self._health_event(watch, unit, previous=None, heartbeat=True))
+                if unit.state is None or unit.last is None or unit.changed_at is None:
+                    continue
+                gpus.append(
+                    GpuState(
+                        gpu_index=watch.index,
+                        gpu_uuid=watch.ident.uuid if watch.ident else unit.uuid,
+                        mig=unit.mig,
+                        state=unit.state,
+                        reasons=list(unit.last.reasons),
+                        recommended_action=unit.last.action,
+                        sequence=unit.sequence,
+                        changed_at=unit.changed_at,
+                    )
+                )
+        if gpus:
+            data = GpuHeartbeat(
+                node=self.node,
+                gpus=gpus,
+                interval_s=self.settings.heartbeat_interval.total_seconds(),
+                observed_at=utcnow(),
+                agent_boot_id=self.boot_id,
+            )
+            self._enqueue(make_event(data, source=self.source))
 
     # -- telemetry ----------------------------------------------------------------------
 

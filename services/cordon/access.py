@@ -33,7 +33,7 @@ ACCESS = Access(
 
 # A quarantine rule with `maintenance: true` asks the checkpoint service for the node's maintenance.
 GRANTS = ServiceGrants(
-    consumers=(("GPU", "cordon"), ("GPU", "cordon-xids")),
+    consumers=(("GPU", "cordon"), ("GPU", "cordon-xids"), ("HEARTBEATS", "cordon-heartbeats")),
     # `breaker`: the one circuit breaker every service that removes nodes shares.
     buckets=(NODES.name, SHARED.name),
     publish=("maintenance.requested.*", *PUBLISHES),

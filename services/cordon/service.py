@@ -1,7 +1,7 @@
 """services.cordon: quarantine nodes whose GPUs fail, release them when healthy again.
 
-A durable consumer on `gpu.health.>` (in order per node) runs each event through the
-policy (`services/cordon/policy.yaml` by default), then the shared guards (exemption,
+A durable consumer on `gpu.health.>` (changes only, in order per node) runs each event
+through the policy (`services/cordon/policy.yaml` by default), then the shared guards (exemption,
 rate limit, circuit breaker) and acts through the kube port: NoSchedule taint
 `nodeward.io/gpu-unhealthy`, cordon, condition `GPUHealthy=False`, label
 `nodeward.io/gpu-health=failed`, annotation `nodeward.io/quarantine` and an Event. What it
@@ -10,6 +10,12 @@ every GPU of the node has been healthy for `healthy_period`. A reconcile loop re
 due nodes and notices an operator's manual uncordon, which is then respected. Operators
 release a quarantine and reset the breaker through controls it answers
 (`control.cordon.release`, `control.cordon.reset-breaker`).
+
+Heartbeats (`gpu.heartbeat.>`, one per node per interval) come on a durable consumer of
+their own, so a change never waits behind them. They are settled from memory (or one KV
+read) without a Kubernetes call; only a heartbeat that shows a failure left without a
+quarantine (refused before: tried again through the guards) or a change never handled
+within `heartbeat_grace` goes the change's way.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
-from schemas.gpu import GpuHealth, HealthState
+from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
@@ -124,6 +130,13 @@ class CordonSettings(Section):
         description="older failures (a replay on cold start) are recorded, never acted on",
     )
     reconcile_interval: Duration = timedelta(seconds=15)
+    heartbeat_consumer: str = "cordon-heartbeats"
+    heartbeat_subjects: list[str] = Field(default_factory=lambda: ["gpu.heartbeat.>"], min_length=1)
+    heartbeat_grace: Duration = Field(
+        default=timedelta(minutes=2),
+        description="a change a heartbeat restates, not handled this long after it happened,"
+        " is taken from the heartbeat (it was lost, or the change path is that far behind)",
+    )
     ack_wait: Duration = Field(
         default=timedelta(seconds=30),
         description="an event held by a crashed replica is redelivered after this long",
@@ -186,6 +199,8 @@ class CordonService:
             retry=False,
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        # Each node's record as last read for a heartbeat; dropped when a change is handled.
+        self._known: dict[str, NodeRecord | None] = {}
         self.log = structlog.get_logger().bind(service=NAME)
 
     # consumer ---------------------------------------------------------------------------
@@ -210,11 +225,85 @@ class CordonService:
         async with lock:
             yield
 
+    def heartbeat_spec(self) -> ConsumerSpec:
+        """Heartbeats on their own durable consumer: never in front of a change."""
+        return ConsumerSpec(
+            name=self.settings.heartbeat_consumer,
+            stream="HEARTBEATS",
+            subjects=tuple(self.settings.heartbeat_subjects),
+            types=frozenset({GpuHeartbeat.TYPE}),
+            concurrency=self.settings.concurrency,
+            order_key=lambda e: str(e.data.node),
+            retry_delays=(0.5, 2.0, 10.0),
+            max_deliver=4,
+            identity=(ConsumerSpec.bind(GpuHeartbeat, "node"),),
+            ack_wait=self.settings.ack_wait,
+        )
+
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         health: GpuHealth = event.data
         with structlog.contextvars.bound_contextvars(node=health.node, gpu=health.gpu_key()):
             async with self.node_lock(health.node):
+                self._known.pop(health.node, None)
                 await self._handle(event, health)
+
+    # heartbeats ---------------------------------------------------------------------------
+    def _unsettled(self, record: NodeRecord | None, beat: GpuHeartbeat) -> list[GpuState]:
+        """The GPUs of `beat` that `record` does not account for: a change not handled
+        within `heartbeat_grace`, or a failure the policy quarantines that holds none."""
+        grace = self.settings.heartbeat_grace.total_seconds()
+        out = []
+        for gpu in beat.gpus:
+            key = gpu.gpu_key()
+            prior = record.gpus.get(key) if record else None
+            handled = (
+                prior is not None
+                and prior.boot_id == beat.agent_boot_id
+                and prior.sequence >= gpu.sequence
+            )
+            if not handled:
+                # Queued on the change path (it comes), unless it is that late: lost.
+                if (beat.observed_at - gpu.changed_at).total_seconds() > grace:
+                    out.append(gpu)
+                continue
+            if gpu.state == HealthState.HEALTHY or record is None:
+                continue
+            q, released = record.quarantine, record.operator_release
+            held = q is not None and key in q.gpus and (q.phase == "applied" or q.dry_run)
+            if held or (released and key in released.gpus):
+                continue  # a quarantine cut short (pending) is finished the change's way
+            if self.policy.decide(beat.health(gpu)).action == PolicyAction.QUARANTINE:
+                out.append(gpu)  # refused or skipped before: the guards are asked again
+        return out
+
+    async def handle_heartbeat(self, event: Event[Any], delivery: Delivery) -> None:
+        """Settle a node's heartbeat from memory, else from its KV record; only what the
+        record does not account for goes the change's way (`_unsettled`)."""
+        beat: GpuHeartbeat = event.data
+        node = beat.node
+        if node in self._known and not self._unsettled(self._known[node], beat):
+            return
+        with structlog.contextvars.bound_contextvars(node=node):
+            async with self.node_lock(node):
+                entry = await self.records.get(node_key(node))
+                record = self._known[node] = entry.value if entry else None
+                for gpu in self._unsettled(record, beat):
+                    health = beat.health(gpu)
+                    restated = make_event(
+                        health,
+                        source=event.source,
+                        id=stable_id(event.time, "heartbeat", event.id, gpu.gpu_key()),
+                        time=event.time,
+                    )
+                    self.log.info(
+                        "cordon.heartbeat_unsettled",
+                        gpu=gpu.gpu_key(),
+                        state=gpu.state.value,
+                        sequence=gpu.sequence,
+                    )
+                    self._known.pop(node, None)
+                    with structlog.contextvars.bound_contextvars(gpu=gpu.gpu_key()):
+                        await self._handle(restated, health)
 
     # one event --------------------------------------------------------------------------
     async def _handle(self, event: Event[Any], health: GpuHealth) -> None:
@@ -238,14 +327,16 @@ class CordonService:
             await self._stale(event, health, prior_gpu)
             return
         record = written.value if written else NodeRecord()
+        decision = self.policy.decide(health)
+        self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
+        if decision.action != PolicyAction.QUARANTINE and record.quarantine is None:
+            return  # recorded; nothing to quarantine or release: no Kubernetes call
         try:
             node = await self.cluster.nodes.get(health.node)
         except NotFound:
             self.log.warning("cordon.node_unknown")
             return
         record = await self._check_operator(health.node, record, node)
-        decision = self.policy.decide(health)
-        self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
         age = (datetime.now(UTC) - health.observed_at).total_seconds()
         if (
             decision.action == PolicyAction.QUARANTINE
@@ -890,7 +981,8 @@ async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
 
 
 async def build(settings: Settings) -> Daemon:
-    """The cordon service's daemon: consumer on `gpu.health.>` plus the reconcile loop.
+    """The cordon service's daemon: consumers on `gpu.health.>` (changes) and
+    `gpu.heartbeat.>`, plus the reconcile loop.
 
     `settings.cluster` must authenticate as the cordon ServiceAccount (context
     `nodeward-cordon` of the `nodeward up` kubeconfig).
@@ -899,7 +991,7 @@ async def build(settings: Settings) -> Daemon:
     policy = load_policy(config.policy_file)
     xids_on = config.xid_repeats.enabled
     daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=2 if xids_on else 1
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=3 if xids_on else 2
     )
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
@@ -917,7 +1009,11 @@ async def build(settings: Settings) -> Daemon:
     async def consume() -> None:
         await bus.consume(service.consumer_spec(), service.handle)
 
+    async def consume_heartbeats() -> None:
+        await bus.consume(service.heartbeat_spec(), service.handle_heartbeat)
+
     daemon.add_task(consume, name="consume")
+    daemon.add_task(consume_heartbeats, name="consume-heartbeats")
     daemon.add_task(service.reconcile_loop, name="reconcile")
     await bus.control(NAME, "release", service.release_control)
     await bus.control(NAME, "reset-breaker", service.reset_breaker_control)

@@ -17,7 +17,14 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, decode, make_event
-from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
+from schemas.gpu import (
+    GpuHealth,
+    GpuHeartbeat,
+    GpuState,
+    HealthReason,
+    HealthState,
+    RecommendedAction,
+)
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from services.cordon.service import build
@@ -65,6 +72,45 @@ def health(
         agent_boot_id=boot,
         sequence=seq,
         heartbeat=heartbeat,
+    )
+    return make_event(data, source=f"agent/gpu/{node}")
+
+
+def heartbeat(
+    node: str,
+    states: dict[int, HealthState],
+    *,
+    seq: int = 1,
+    boot: str = "boot-1",
+    changed_at: datetime | None = None,
+) -> Event[GpuHeartbeat]:
+    """A node's heartbeat restating each GPU's state (failed ones with XID 79), last
+    changed at `changed_at` with sequence `seq`."""
+    changed = changed_at or datetime.now(UTC)
+    gpus = []
+    for gpu, state in states.items():
+        said = health(
+            node,
+            state,
+            gpu=gpu,
+            seq=seq,
+            boot=boot,
+            at=changed,
+            xid=79 if state == HealthState.FAILED else None,
+        ).data
+        gpus.append(
+            GpuState(
+                gpu_index=gpu,
+                gpu_uuid=said.gpu_uuid,
+                state=state,
+                reasons=said.reasons,
+                recommended_action=said.recommended_action,
+                sequence=seq,
+                changed_at=changed,
+            )
+        )
+    data = GpuHeartbeat(
+        node=node, gpus=gpus, interval_s=30, observed_at=datetime.now(UTC), agent_boot_id=boot
     )
     return make_event(data, source=f"agent/gpu/{node}")
 
@@ -138,6 +184,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
         count: int = 10,
         nodes: dict[int, dict[str, Any]] | None = None,
         seed_extra: Callable[[list[str]], dict[str, Any]] | None = None,
+        bus_extra: dict[str, Any] | None = None,
         **cordon: Any,
     ) -> CordonEnv:
         uid = uuid.uuid4().hex[:8]
@@ -157,6 +204,8 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             "consumer": f"cordon-{uid}",
             "bucket": f"cordon-{uid}",
             "subjects": [f"gpu.health.{n}.>" for n in names],
+            "heartbeat_consumer": f"cordon-heartbeats-{uid}",
+            "heartbeat_subjects": [f"gpu.heartbeat.{n}" for n in names],
             "healthy_period": "0.5s",
             "cooldown": "0s",
             "reconcile_interval": "0.1s",
@@ -174,7 +223,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             | cordon.pop("xid_repeats", {}),
         } | cordon
         settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
+            bus={"url": nats_url, "publish_timeout": "2s"} | (bus_extra or {}),
             cluster={"kubeconfig": kubeconfig, "retries": 1},
             daemon={"shutdown_timeout": "4s"},
             services={"cordon": service},

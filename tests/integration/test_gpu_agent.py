@@ -40,14 +40,15 @@ class Seen:
     messages: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
 
     def health(self, gpu: int | str, *, heartbeat: bool | None = False) -> list[dict[str, Any]]:
+        """GPU `gpu`'s changes (`gpu.health`), or as the node's heartbeats restate it."""
         out = []
         for subj, _, body in self.messages:
-            if (
-                subj.startswith("gpu.health.")
-                and subj.rsplit(".", 1)[1] == str(gpu)
-                and (heartbeat is None or body["heartbeat"] == heartbeat)
-            ):
-                out.append(body)
+            if subj.startswith("gpu.health.") and heartbeat is not True:
+                if subj.rsplit(".", 1)[1] == str(gpu):
+                    assert body["heartbeat"] is False
+                    out.append(body)
+            elif subj.startswith("gpu.heartbeat.") and heartbeat is not False:
+                out += [g for g in body["gpus"] if str(g["gpu_index"]) == str(gpu)]
         return out
 
     def last(self, gpu: int | str) -> dict[str, Any] | None:
@@ -87,7 +88,7 @@ async def rig(bus_settings: BusSettings, node: str) -> AsyncIterator[Rig]:
         seen.messages.append((msg.subject, dict(msg.headers or {}), json.loads(msg.data)))
 
     sub = await bus.nc.subscribe(f"gpu.*.{node}.>", cb=collect)
-    sub2 = await bus.nc.subscribe(f"gpu.telemetry.{node}", cb=collect)
+    sub2 = await bus.nc.subscribe(f"gpu.*.{node}", cb=collect)  # telemetry, heartbeats
     registry = CollectorRegistry()
     agent = GpuAgent(sim, bus, FAST, node=node, registry=registry)
     injections = await serve_injections(bus.nc, sim)
@@ -199,7 +200,7 @@ async def test_fallen_off_the_bus_then_recovery(rig: Rig) -> None:
     assert event["previous_state"] == "healthy"
     rig.sim.recover(1)
     await rig.state(1, "healthy", previous_state="failed")
-    sequences = [e["sequence"] for e in rig.seen.health(1, heartbeat=None)]
+    sequences = [e["sequence"] for e in rig.seen.health(1)]
     assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
 
 
@@ -256,10 +257,11 @@ async def test_publishes_only_its_own_node_subjects(rig: Rig, nats_url: str) -> 
         await sub.unsubscribe()
         await nc.close()
     for subj in mine:
-        assert (
-            subj.startswith((f"gpu.health.{rig.node}.", f"gpu.xid.{rig.node}."))
-            or subj == f"gpu.telemetry.{rig.node}"
+        assert subj.startswith((f"gpu.health.{rig.node}.", f"gpu.xid.{rig.node}.")) or subj in (
+            f"gpu.telemetry.{rig.node}",
+            f"gpu.heartbeat.{rig.node}",
         )
+    assert f"gpu.heartbeat.{rig.node}" in mine
     with pytest.raises(ValueError, match="refuses"):
         from schemas.base import make_event
         from schemas.gpu import GpuTelemetry
@@ -435,7 +437,7 @@ async def test_gpu_hung_from_the_start_is_reported_then_identified(
 
         healed = await wait_for(healthy, what="gpu 0 healthy")
         assert healed["gpu_uuid"] == sim.gpus[0].uuid and healed["previous_state"] == "degraded"
-        sequences = [e["sequence"] for e in seen.health(0, heartbeat=None)]
+        sequences = [e["sequence"] for e in seen.health(0)]
         assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
     finally:
         sim.close()
@@ -495,7 +497,7 @@ async def test_state_change_survives_the_stream_being_unavailable(own_nats: Any,
             finally:
                 await psub.unsubscribe()
             bodies = [json.loads(m.data) for m in msgs]
-            return [b for b in bodies if b["state"] == "failed" and not b["heartbeat"]]
+            return [b for b in bodies if b["state"] == "failed"]
 
         failed = await wait_for(
             stored_failures, timeout=20, interval=0.2, what="the failure stored later"

@@ -1,0 +1,76 @@
+"""`nodeward up --nodes 256 --scenario none` on the fleet simulator: every daemon ready, the
+cordon service's consumers never more than 5 s behind, and an XID 79 injected on a fleet
+node quarantined within 2 s (the done-when check of issue 19's first part)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from nodeward.config import ClusterSettings
+from nodeward.kube import Cluster
+from nodeward.kube.client import KubeClient
+from nodeward.kube.nodes import taints_of
+from schemas.state.cordon import TAINT_KEY
+from tests.e2e.platform import running_up
+
+pytestmark = pytest.mark.timeout(180)
+
+CONSUMERS = (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats"))
+
+
+async def _behind_s(js: Any, stream: str, consumer: str) -> float:
+    """How long ago the oldest message the consumer has not acknowledged was stored."""
+    info = await js.consumer_info(stream, consumer)
+    if not (info.num_pending or info.num_ack_pending):
+        return 0.0
+    msg = await js.get_msg(stream, (info.ack_floor.stream_seq or 0) + 1)
+    stored = datetime.fromisoformat(str(msg.time)[:26].rstrip("Z") + "+00:00")
+    return (datetime.now(UTC) - stored).total_seconds()
+
+
+async def _check(state: Path, endpoints: dict[str, Any], seconds: float) -> list[float]:
+    nc = await nats.connect(endpoints["nats_url"])
+    js = nc.jetstream()
+    kube = Cluster(KubeClient.from_settings(ClusterSettings(kubeconfig=state / "kubeconfig")))
+    try:
+        worst = 0.0
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            for stream, consumer in CONSUMERS:
+                worst = max(worst, await _behind_s(js, stream, consumer))
+            await asyncio.sleep(0.5)
+        assert worst < 5, f"the cordon service was {worst:.1f} s behind"
+        listed = await kube.nodes.list(label_selector="nvidia.com/gpu.present=true")
+        latencies = []
+        for node in [n["metadata"]["name"] for n in listed][-3:]:
+            began = time.monotonic()
+            reply = await nc.request(f"sim.inject.{node}", b'{"gpu": 0, "xid": 79}', timeout=5)
+            assert json.loads(reply.data)["ok"], reply.data
+            while not any(t.get("key") == TAINT_KEY for t in taints_of(await kube.nodes.get(node))):
+                assert time.monotonic() - began < 2, f"{node} not quarantined within 2 s"
+                await asyncio.sleep(0.02)
+            latencies.append(time.monotonic() - began)
+        return latencies
+    finally:
+        await nc.close()
+        await kube.close()
+
+
+def test_256_nodes_keep_the_cordon_current_and_an_xid_79_is_quarantined_within_2s(
+    tmp_path: Path,
+) -> None:
+    began = time.monotonic()
+    with running_up(tmp_path, "--nodes", "256", "--scenario", "none", "--quiet", timeout=60) as up:
+        assert time.monotonic() - began < 60
+        daemons = up.daemons
+        assert "fleet" in daemons and not any(n.startswith("agent-") for n in daemons)
+        latencies = asyncio.run(_check(up.state, up.endpoints, seconds=15))
+        assert len(latencies) == 3
