@@ -8,6 +8,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nats.js.errors import NotFoundError
+
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.config import section
@@ -37,7 +39,10 @@ async def _heartbeats_done(env: CordonEnv, count: int) -> None:
     config = _config(env)
 
     async def done() -> bool:
-        info = await env.bus.js.consumer_info("HEARTBEATS", config.heartbeat_consumer)
+        try:
+            info = await env.bus.js.consumer_info("HEARTBEATS", config.heartbeat_consumer)
+        except NotFoundError:
+            return False  # the service has not created its consumer yet
         return bool(
             info.ack_floor is not None
             and (info.ack_floor.consumer_seq or 0) >= count
