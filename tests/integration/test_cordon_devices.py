@@ -1,0 +1,209 @@
+"""Per-GPU exclusion with real NATS and the sim cluster: one failed GPU on a DRA node gets one
+DeviceTaintRule and its node stays in service (the capacity view counts seven free); the
+rule goes when the GPU recovers; a device-plugin node is quarantined only at its threshold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeward.config import Settings
+from nodeward.kube.devices import GROUP
+from schemas import Event, make_event
+from schemas.gpu import GpuHealth, HealthState
+from schemas.state.capacity import SNAPSHOT
+from services.capacity.service import build as build_capacity
+from sim.nvml import gpu_uuid
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, failed, health
+from tests.integration.test_cordon import outcomes, tainted
+
+pytestmark = pytest.mark.timeout(120)
+
+DRA = {"dra": {"driver": "gpu.nvidia.com"}}
+H100 = "NVIDIA H100 80GB HBM3"
+RULES = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
+
+
+def on_gpu(event: Event[GpuHealth], *, real_uuid: bool = True) -> Event[GpuHealth]:
+    """`event` with the GPU's UUID as the simulated driver (and the DRA slice) has it."""
+    data = event.data
+    update: dict[str, Any] = {"model": H100}
+    if real_uuid:
+        update["gpu_uuid"] = gpu_uuid(data.node, data.gpu_index)
+    return make_event(data.model_copy(update=update), source=event.source)
+
+
+async def rules(env: CordonEnv) -> list[dict[str, Any]]:
+    reply = await env.admin.client.request("GET", RULES)
+    return list(reply.get("items") or [])
+
+
+async def start_capacity(env: CordonEnv, tmp_path: Path, node: str) -> Settings:
+    uid = env.nodes[0].split("-")[1]
+    kubeconfig = env.sim.write_kubeconfig(tmp_path / f"kc-capacity-{uid}", identity="capacity")
+    settings = Settings(
+        bus={"url": env.settings.bus.url, "publish_timeout": "2s"},
+        cluster={"kubeconfig": kubeconfig, "retries": 1},
+        daemon={"shutdown_timeout": "4s"},
+        services={
+            "capacity": {
+                "consumer": f"capacity-{uid}",
+                "bucket": f"capacity-{uid}",
+                "health_subjects": [f"gpu.health.{node}.>"],
+                "maintenance_subjects": [f"maintenance.*.{node}"],
+                "debounce": "0.1s",
+                "max_delay": "0.5s",
+                "relist_delay": "0.2s",
+            }
+        },
+    )
+    daemon = await build_capacity(settings)
+    await daemon.start()
+    env.daemons.append(daemon)
+    return settings
+
+
+async def counts(env: CordonEnv, settings: Settings, node: str) -> dict[str, int] | None:
+    kv = await env.bus.js.key_value(settings.services["capacity"]["bucket"])
+    try:
+        entry = await kv.get(SNAPSHOT.key())
+    except Exception:  # noqa: BLE001 - not written yet
+        return None
+    snap = SNAPSHOT.load(entry.value) if entry.value else None
+    for n in snap.nodes if snap else []:
+        if n.node == node and "gpu" in n.profiles:
+            c = n.profiles["gpu"]
+            return {"free": c.free, "unhealthy": c.unhealthy, "quarantined": c.quarantined}
+    return None
+
+
+async def test_one_failed_gpu_on_a_dra_node_taints_that_device_only(
+    cordon_env: EnvFactory, tmp_path: Path
+) -> None:
+    env = await cordon_env(count=2, nodes={0: DRA})
+    await env.start()
+    name = env.nodes[0]
+    capacity = await start_capacity(env, tmp_path, name)
+
+    async def all_free() -> bool:
+        return await counts(env, capacity, name) == {"free": 8, "unhealthy": 0, "quarantined": 0}
+
+    await wait_for(all_free, timeout=15, what="capacity counting the DRA node's 8 GPUs")
+
+    await env.publish(on_gpu(failed(name, gpu=3)))
+
+    async def one_rule() -> list[dict[str, Any]]:
+        return await rules(env)
+
+    found = await wait_for(one_rule, timeout=10, what="a DeviceTaintRule")
+    assert len(found) == 1
+    rule = found[0]
+    assert rule["apiVersion"] == f"{GROUP}/v1alpha3"
+    assert rule["metadata"]["name"] == f"nodeward-{name}-gpu-3"
+    assert rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "nodeward"
+    assert rule["spec"]["deviceSelector"] == {
+        "driver": "gpu.nvidia.com",
+        "pool": name,
+        "device": "gpu-3",
+    }
+    taint = rule["spec"]["taint"]
+    assert (taint["key"], taint["effect"]) == ("nodeward.io/gpu-unhealthy", "NoSchedule")
+    assert taint["timeAdded"]
+    node = await env.node(name)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    applied = await wait_for(
+        lambda: audits(env.bus, name, "device_taint"), timeout=5, what="the audit"
+    )
+    assert outcomes(applied) == [("applied", None)]
+    assert applied[0].details["device"] == "gpu-3"
+    assert await audits(env.bus, name, "quarantine") == []
+
+    async def seven_free() -> bool:
+        return await counts(env, capacity, name) == {"free": 7, "unhealthy": 1, "quarantined": 0}
+
+    await wait_for(seven_free, timeout=15, what="capacity counting 7 free + 1 unhealthy")
+
+    # A redelivered or repeated failure makes no second rule.
+    await env.publish(on_gpu(failed(name, gpu=3, seq=2)))
+
+    async def already() -> bool:
+        return ("skipped", "already_excluded") in outcomes(
+            await audits(env.bus, name, "device_taint")
+        )
+
+    await wait_for(already, timeout=5, what="the repeat skipped")
+    assert len(await rules(env)) == 1
+
+    # Recovery: healthy for healthy_period (0.5s) and the rule is gone.
+    await env.publish(on_gpu(health(name, HealthState.HEALTHY, gpu=3, seq=3)))
+
+    async def no_rule() -> bool:
+        return await rules(env) == []
+
+    await wait_for(no_rule, timeout=10, what="the DeviceTaintRule removed")
+    released = await wait_for(
+        lambda: audits(env.bus, name, "device_untaint"), timeout=5, what="the release audit"
+    )
+    assert outcomes(released) == [("applied", None)]
+    await wait_for(all_free, timeout=15, what="capacity back to 8 free")
+
+
+async def test_a_rule_nodeward_did_not_create_is_left_alone(cordon_env: EnvFactory) -> None:
+    env = await cordon_env(count=1, nodes={0: DRA})
+    name = env.nodes[0]
+    theirs = {
+        "apiVersion": f"{GROUP}/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": f"nodeward-{name}-gpu-1"},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": name, "device": "gpu-1"},
+            "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+        },
+    }
+    await env.admin.client.request("POST", RULES, body=theirs)
+    await env.start()
+    await env.publish(on_gpu(failed(name, gpu=1)))
+    failures = await wait_for(
+        lambda: audits(env.bus, name, "device_taint"), timeout=10, what="the failed audit"
+    )
+    assert failures[0].outcome.value == "failed"
+    assert "not nodeward's" in failures[0].reason
+    left = await rules(env)
+    assert [r["spec"]["taint"]["key"] for r in left] == ["example.com/maintenance"]
+
+
+async def test_device_plugin_node_below_the_threshold_stays_in_service(
+    cordon_env: EnvFactory, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"exclusion: {{node_threshold: 1, thresholds: {{'{H100}': 2}}}}\n"
+        "rules:\n- {name: failed-gpu, when: {states: [failed]}, action: quarantine}\n"
+        "- {name: default, action: none}\n"
+    )
+    env = await cordon_env(count=1, policy_file=str(policy))
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(on_gpu(failed(name, gpu=0), real_uuid=False))
+    excluded = await wait_for(
+        lambda: audits(env.bus, name, "gpu_exclude"), timeout=10, what="the exclusion"
+    )
+    assert outcomes(excluded) == [("applied", None)]
+    node = await env.node(name)
+    assert not tainted(node) and not node["spec"].get("unschedulable")
+    assert await rules(env) == []
+
+    # The second failed H100 reaches the threshold: the node is quarantined.
+    await env.publish(on_gpu(failed(name, gpu=1), real_uuid=False))
+
+    async def quarantined() -> bool:
+        return tainted(await env.node(name))
+
+    await wait_for(quarantined, timeout=10, what="the node quarantined at the threshold")
+    done = await wait_for(
+        lambda: audits(env.bus, name, "quarantine"), timeout=5, what="the quarantine audit"
+    )
+    assert outcomes(done) == [("applied", None)]
