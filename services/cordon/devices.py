@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nodeward.bus.kv import TypedKV
 from nodeward.durations import Duration
+from nodeward.failpoints import Failpoints
 from nodeward.kube import AlreadyExists, Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.devices import device_taint_rule
@@ -143,6 +144,7 @@ class DeviceExclusions:
         healthy_period: timedelta,
         max_event_age: timedelta,
         describe: Callable[[GpuHealth], str],
+        failpoints: Failpoints,
     ) -> None:
         self.cluster = cluster
         self.records = records
@@ -154,6 +156,7 @@ class DeviceExclusions:
         self.healthy_period = healthy_period
         self.max_event_age = max_event_age
         self.describe = describe
+        self.failpoints = failpoints
         self._versions: tuple[float, str | None, str | None] | None = None
         self.log = structlog.get_logger().bind(service="cordon", part="devices")
 
@@ -200,6 +203,23 @@ class DeviceExclusions:
         if age > self.max_event_age.total_seconds():
             return False  # the node path audits it as too old
         held = record.devices.get(gpu)
+        if held is not None and held.phase == "applied" and held.incident == event.id:
+            # This very event excluded it: redelivered after a restart between the act and
+            # its audit. Re-publish the audit (same id: stored at most once).
+            proposal = self._proposal(
+                health,
+                decision=decision,
+                event=event,
+                kind=held.kind,
+                incident=held.incident,
+                node=None,
+            )
+            outcome = Outcome.DRY_RUN if held.dry_run else Outcome.APPLIED
+            reason = (
+                f"dry run: would {proposal.action}: {proposal.reason}" if held.dry_run else None
+            )
+            await self.runner.record(proposal, outcome, reason, details=_applied(held))
+            return True
         if held is not None and (held.phase == "applied" or held.dry_run):
             if not health.heartbeat:
                 await self.runner.skip(
@@ -306,21 +326,14 @@ class DeviceExclusions:
     async def _apply(self, node: str, ex: DeviceExclusion) -> dict[str, Any]:
         """Write the intent, create the rule (or adopt ours), record it applied."""
         await self._put(node, ex)  # write-ahead: a restart finds the rule by this name
+        self.failpoints.hit("cordon.device.pending")
         if ex.kind == "device_taint":
             ex = await self._create_rule(node, ex)
+            self.failpoints.hit("cordon.device.created")
         done = ex.model_copy(update={"phase": "applied", "applied_at": time.time()})
         await self._put(node, done)
-        details: dict[str, Any] = {"incident": ex.incident, "kind": ex.kind, "pods": ex.pods}
-        if ex.kind == "device_taint":
-            details |= {
-                "device_taint_rule": ex.taint_rule,
-                "api_version": f"resource.k8s.io/{ex.api_version}",
-                "driver": ex.driver,
-                "pool": ex.pool,
-                "device": ex.device,
-                "effect": ex.effect,
-            }
-        return details
+        self.failpoints.hit("cordon.device.applied")
+        return _applied(ex)
 
     async def _create_rule(self, node: str, ex: DeviceExclusion) -> DeviceExclusion:
         assert ex.taint_rule and ex.api_version and ex.driver and ex.pool and ex.device
@@ -401,6 +414,7 @@ class DeviceExclusions:
             rest = {k: v for k, v in record.devices.items() if k != ex.gpu}
             return record.model_copy(update={"devices": rest})
 
+        self.failpoints.hit("cordon.device.released")
         await self.records.update(node_key(node), cleared)
 
     async def _delete_rule(self, ex: DeviceExclusion) -> bool:
@@ -414,3 +428,18 @@ class DeviceExclusions:
             return False
         uid = str(rule["metadata"].get("uid") or "")
         return await self.cluster.devices.delete_taint_rule(ex.api_version, ex.taint_rule, uid)
+
+
+def _applied(ex: DeviceExclusion) -> dict[str, Any]:
+    """What the audit of an applied exclusion details."""
+    details: dict[str, Any] = {"incident": ex.incident, "kind": ex.kind, "pods": ex.pods}
+    if ex.kind == "device_taint":
+        details |= {
+            "device_taint_rule": ex.taint_rule,
+            "api_version": f"resource.k8s.io/{ex.api_version}",
+            "driver": ex.driver,
+            "pool": ex.pool,
+            "device": ex.device,
+            "effect": ex.effect,
+        }
+    return details

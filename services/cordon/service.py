@@ -214,6 +214,7 @@ class CordonService:
             healthy_period=settings.healthy_period,
             max_event_age=settings.max_event_age,
             describe=describe,
+            failpoints=self.marks.failpoints,
         )
         self._locks: dict[str, asyncio.Lock] = {}
         # Each node's record as last read for a heartbeat; dropped when a change is handled.
