@@ -51,6 +51,7 @@ class NodeView:
     allocatable: dict[str, int]
     gpus: int
     blocked: str | None = None
+    dra: bool = False
 
 
 @dataclass
@@ -79,7 +80,8 @@ def node_view(node: Obj, dra_gpus: int = 0) -> NodeView | None:
         profile = profile_for(str(resource))
         if profile is not None and quantity(value) > 0:
             allocatable[profile] = quantity(value)
-    if not allocatable and dra_gpus > 0:
+    dra = not allocatable and dra_gpus > 0
+    if dra:
         allocatable = {"gpu": dra_gpus}
     if not allocatable:
         return None
@@ -91,6 +93,7 @@ def node_view(node: Obj, dra_gpus: int = 0) -> NodeView | None:
         allocatable=allocatable,
         gpus=gpus,
         blocked=held_back(node),
+        dra=dra,
     )
 
 
@@ -199,5 +202,6 @@ def count(view: NodeView, used: Mapping[str, int], bus: BusView | None = None) -
         profiles=profiles,
         blocked=blocked,
         failed_gpus=dict(sorted(bus.failed.items())),
+        dra=view.dra,
         maintenance_phase=bus.maintenance,
     )
