@@ -1,5 +1,6 @@
 """With `nodeward up` running, `nodeward capacity` shows the seed's free GPUs by model and
-MIG profile, and an XID 79 quarantine lowers the free count of that node's model within 5 s; on the DRA node the one GPU is counted unhealthy and the node keeps 7 free."""
+MIG profile, and an XID 79 quarantine lowers the free count of that node's model within 5 s;
+on the DRA node the one failed GPU is counted unhealthy and the node keeps 7 free."""
 
 from __future__ import annotations
 
