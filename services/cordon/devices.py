@@ -178,10 +178,16 @@ class DeviceExclusions:
         (no DRA, the GPU not published, or DeviceTaintRules not served)."""
         if not self.exclusion.device_taints or health.mig is not None:
             return None
-        slice_version, rule_version = await self.versions()
-        if slice_version is None or rule_version is None:
+        try:
+            slice_version, rule_version = await self.versions()
+            if slice_version is None or rule_version is None:
+                return None
+            slices = await self.cluster.devices.slices_on(slice_version, health.node)
+        except KubeError as exc:
+            # Not allowed (an older role) or not answering: the node path, today's safe
+            # default, rather than no quarantine at all.
+            self.log.warning("cordon.dra_unreadable", error=str(exc))
             return None
-        slices = await self.cluster.devices.slices_on(slice_version, health.node)
         found = locate(slices, self.settings.drivers, health)
         return (found, rule_version) if found else None
 

@@ -17,7 +17,14 @@ from schemas.state.capacity import SNAPSHOT
 from services.capacity.service import build as build_capacity
 from sim.nvml import gpu_uuid
 from tests.conftest import wait_for
-from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, failed, health
+from tests.integration.cordon_fixtures import (
+    CordonEnv,
+    EnvFactory,
+    audits,
+    failed,
+    health,
+    heartbeat,
+)
 from tests.integration.test_cordon import outcomes, tainted
 
 pytestmark = pytest.mark.timeout(120)
@@ -207,3 +214,55 @@ async def test_device_plugin_node_below_the_threshold_stays_in_service(
         lambda: audits(env.bus, name, "quarantine"), timeout=5, what="the quarantine audit"
     )
     assert outcomes(done) == [("applied", None)]
+
+
+async def test_dry_run_taints_no_device(cordon_env: EnvFactory) -> None:
+    env = await cordon_env(count=1, nodes={0: DRA}, dry_run=True)
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(on_gpu(failed(name, gpu=4)))
+    dry = await wait_for(
+        lambda: audits(env.bus, name, "device_taint"), timeout=10, what="the dry-run audit"
+    )
+    assert outcomes(dry) == [("dry_run", None)]
+    assert await rules(env) == []
+    assert not tainted(await env.node(name))
+
+
+async def test_a_driver_nodeward_does_not_watch_leaves_the_node_path(
+    cordon_env: EnvFactory,
+) -> None:
+    """Slices of another driver do not make a GPU a DRA device: today's quarantine."""
+    env = await cordon_env(count=1, nodes={0: {"dra": {"driver": "gpu.example.com"}}})
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(on_gpu(failed(name, gpu=0)))
+
+    async def quarantined() -> bool:
+        return tainted(await env.node(name))
+
+    await wait_for(quarantined, timeout=10, what="the node quarantined")
+    assert await rules(env) == []
+
+
+async def test_heartbeats_restating_an_excluded_gpu_change_nothing(cordon_env: EnvFactory) -> None:
+    env = await cordon_env(count=1, nodes={0: DRA})
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(on_gpu(failed(name, gpu=6, seq=1)))
+    await wait_for(lambda: audits(env.bus, name, "device_taint"), timeout=10, what="the taint")
+    beats = [
+        heartbeat(name, {6: HealthState.FAILED, 0: HealthState.HEALTHY}, seq=1) for _ in range(3)
+    ]
+    await env.publish(*beats)
+    consumer = env.settings.services["cordon"]["heartbeat_consumer"]
+
+    async def acked() -> bool:
+        info = await env.bus.js.consumer_info("HEARTBEATS", consumer)
+        return info.delivered.consumer_seq >= 3 and not info.num_ack_pending and not info.num_pending
+
+    await wait_for(acked, timeout=10, what="the heartbeats settled")
+    assert len(await rules(env)) == 1
+    assert not tainted(await env.node(name))
+    assert await audits(env.bus, name, "quarantine") == []
+    assert outcomes(await audits(env.bus, name, "device_taint")) == [("applied", None)]
