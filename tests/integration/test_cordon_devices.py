@@ -259,7 +259,9 @@ async def test_heartbeats_restating_an_excluded_gpu_change_nothing(cordon_env: E
 
     async def acked() -> bool:
         info = await env.bus.js.consumer_info("HEARTBEATS", consumer)
-        return info.delivered.consumer_seq >= 3 and not info.num_ack_pending and not info.num_pending
+        return (
+            info.delivered.consumer_seq >= 3 and not info.num_ack_pending and not info.num_pending
+        )
 
     await wait_for(acked, timeout=10, what="the heartbeats settled")
     assert len(await rules(env)) == 1
