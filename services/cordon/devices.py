@@ -376,13 +376,19 @@ class DeviceExclusions:
         """Release each excluded GPU healthy for `healthy_period` (pending ones too: a
         restart between intent and rule)."""
         now = datetime.now(UTC)
+        due = []
         for gpu, ex in sorted(record.devices.items()):
             healthy = record.gpu_healthy_for(gpu, now)
-            if healthy is None or healthy < self.healthy_period.total_seconds():
-                continue
-            await self.release(node, ex, f"GPU {gpu} of {node} healthy for {healthy:.0f}s")
+            if healthy is not None and healthy >= self.healthy_period.total_seconds():
+                due.append((ex, f"GPU {gpu} of {node} healthy for {healthy:.0f}s"))
+        for n, (ex, why) in enumerate(due):
+            # The node's incident ends with its last exclusion, and never under a quarantine.
+            last = record.quarantine is None and n == len(due) - 1 == len(record.devices) - 1
+            await self.release(node, ex, why, resolves=last)
 
-    async def release(self, node: str, ex: DeviceExclusion, why: str) -> None:
+    async def release(
+        self, node: str, ex: DeviceExclusion, why: str, *, resolves: bool = True
+    ) -> None:
         what = (
             f"removing DeviceTaintRule {ex.taint_rule}"
             if ex.kind == "device_taint"
@@ -396,7 +402,7 @@ class DeviceExclusions:
             trigger_id=ex.incident,
             trigger_time=ex.started_at,
             protective=False,
-            resolves=True,
+            resolves=resolves,
             details={"gpu": ex.gpu, "gpu_uuid": ex.gpu_uuid, "incident": ex.incident},
         )
 

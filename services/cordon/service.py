@@ -103,9 +103,18 @@ from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
 TOPIC = "gpu-health"
-# A release is good news: on-call hears of it, nobody is paged for it.
+_GOOD_NEWS = MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})
+_ONE_GPU = MappingProxyType({Outcome.APPLIED: Severity.WARNING})
+# A release is good news: on-call hears of it, nobody is paged for it. One GPU out of
+# service on its own (its node serving) is a warning, not a page; a failure to do it pages.
 SEVERITIES = MappingProxyType(
-    {"release": MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})}
+    {
+        "release": _GOOD_NEWS,
+        "device_untaint": _GOOD_NEWS,
+        "gpu_include": _GOOD_NEWS,
+        "device_taint": _ONE_GPU,
+        "gpu_exclude": _ONE_GPU,
+    }
 )
 
 

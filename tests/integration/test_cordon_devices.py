@@ -13,6 +13,7 @@ from nodeward.config import Settings
 from nodeward.kube.devices import GROUP
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth, HealthState
+from schemas.notify import Severity
 from schemas.state.capacity import SNAPSHOT
 from services.capacity.service import build as build_capacity
 from sim.nvml import gpu_uuid
@@ -24,6 +25,7 @@ from tests.integration.cordon_fixtures import (
     failed,
     health,
     heartbeat,
+    notifications,
 )
 from tests.integration.test_cordon import outcomes, tainted
 
@@ -41,6 +43,12 @@ def on_gpu(event: Event[GpuHealth], *, real_uuid: bool = True) -> Event[GpuHealt
     if real_uuid:
         update["gpu_uuid"] = gpu_uuid(data.node, data.gpu_index)
     return make_event(data.model_copy(update=update), source=event.source)
+
+
+async def _two(pending: Any) -> list[Any]:
+    """The notices once the release's is among them."""
+    got = await pending
+    return got if any(n.resolves for n in got) else []
 
 
 async def rules(env: CordonEnv) -> list[dict[str, Any]]:
@@ -155,6 +163,13 @@ async def test_one_failed_gpu_on_a_dra_node_taints_that_device_only(
         lambda: audits(env.bus, name, "device_untaint"), timeout=5, what="the release audit"
     )
     assert outcomes(released) == [("applied", None)]
+    # On-call is warned of the taint (one GPU, the node serving: no page), told of the end.
+    notices = await wait_for(
+        lambda: _two(notifications(env.bus, name)), timeout=5, what="the two notices"
+    )
+    assert [n.severity for n in notices if n.resolves] == [Severity.INFO]
+    assert Severity.WARNING in [n.severity for n in notices if not n.resolves]
+    assert Severity.CRITICAL not in [n.severity for n in notices]
     await wait_for(all_free, timeout=15, what="capacity back to 8 free")
 
 
