@@ -12,6 +12,7 @@ import pytest
 from nodeward.config import Settings
 from nodeward.kube.devices import GROUP
 from schemas import Event, make_event
+from schemas.common import PodRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.notify import Severity
 from schemas.state.capacity import SNAPSHOT
@@ -36,10 +37,13 @@ H100 = "NVIDIA H100 80GB HBM3"
 RULES = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
 
 
-def on_gpu(event: Event[GpuHealth], *, real_uuid: bool = True) -> Event[GpuHealth]:
-    """`event` with the GPU's UUID as the simulated driver (and the DRA slice) has it."""
+def on_gpu(
+    event: Event[GpuHealth], *, real_uuid: bool = True, pods: list[PodRef] | None = None
+) -> Event[GpuHealth]:
+    """`event` with the GPU's UUID as the simulated driver (and the DRA slice) has it, and
+    the pods the agent saw on it."""
     data = event.data
-    update: dict[str, Any] = {"model": H100}
+    update: dict[str, Any] = {"model": H100, "pods": pods or []}
     if real_uuid:
         update["gpu_uuid"] = gpu_uuid(data.node, data.gpu_index)
     return make_event(data.model_copy(update=update), source=event.source)
@@ -209,11 +213,13 @@ async def test_device_plugin_node_below_the_threshold_stays_in_service(
     env = await cordon_env(count=1, policy_file=str(policy))
     await env.start()
     name = env.nodes[0]
-    await env.publish(on_gpu(failed(name, gpu=0), real_uuid=False))
+    holder = PodRef(namespace="ml-nlp", name="llm-pretrain-worker-0")
+    await env.publish(on_gpu(failed(name, gpu=0), real_uuid=False, pods=[holder]))
     excluded = await wait_for(
         lambda: audits(env.bus, name, "gpu_exclude"), timeout=10, what="the exclusion"
     )
     assert outcomes(excluded) == [("applied", None)]
+    assert excluded[0].details["pods"] == ["ml-nlp/llm-pretrain-worker-0"]  # who held it
     node = await env.node(name)
     assert not tainted(node) and not node["spec"].get("unschedulable")
     assert await rules(env) == []
