@@ -51,6 +51,15 @@ def device_taint_rule(
     }
 
 
+def version_order(group: Obj, candidates: tuple[str, ...]) -> list[str]:
+    """The versions of an `APIGroup` discovery document worth asking, in order: the
+    server's preferred one if it is a candidate, then the candidates it serves."""
+    served = {str(v.get("version")) for v in group.get("versions") or []}
+    preferred = str((group.get("preferredVersion") or {}).get("version") or "")
+    order = [v for v in [preferred, *candidates] if v in served and v in candidates]
+    return list(dict.fromkeys(order))
+
+
 class Devices(Area):
     """ResourceSlices (read) and DeviceTaintRules (create, read, delete)."""
 
@@ -59,10 +68,7 @@ class Devices(Area):
             group: Obj = await self._client.request("GET", f"/apis/{GROUP}")
         except NotFound:
             return None
-        served = [str(v.get("version")) for v in group.get("versions") or []]
-        preferred = str((group.get("preferredVersion") or {}).get("version") or "")
-        order = [v for v in [preferred, *candidates] if v in served and v in candidates]
-        for version in dict.fromkeys(order):
+        for version in version_order(group, candidates):
             try:
                 listing: Obj = await self._client.request("GET", f"/apis/{GROUP}/{version}")
             except NotFound:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from nodeward.kube.devices import TAINT_RULE_VERSIONS, version_order
 from schemas.common import PodRef
 from schemas.gpu import GpuHealth, HealthState, MigInstance
 from schemas.state.cordon import DeviceExclusion
@@ -150,3 +151,31 @@ def test_only_a_rule_nodeward_created_is_ours() -> None:
     assert not is_ours({**ours, "metadata": {**ours["metadata"], "uid": "u2"}}, ex)
     assert not is_ours({"metadata": {"uid": "u1", "labels": {}}}, ex)
     assert not is_ours(None, ex)
+
+
+def _group(*versions: str) -> dict[str, Any]:
+    gvs = [{"groupVersion": f"resource.k8s.io/{v}", "version": v} for v in versions]
+    return {
+        "kind": "APIGroup",
+        "name": "resource.k8s.io",
+        "versions": gvs,
+        "preferredVersion": gvs[0],
+    }
+
+
+@pytest.mark.parametrize(
+    ("served", "order"),
+    [
+        # 1.33-1.35 with the DRADeviceTaints gate and v1alpha3 enabled
+        (("v1", "v1beta2", "v1beta1", "v1alpha3"), ["v1", "v1beta2", "v1alpha3"]),
+        # 1.36: DeviceTaintRule in v1beta2 (v1 asked first: discovery says what it serves)
+        (("v1", "v1beta2", "v1beta1"), ["v1", "v1beta2"]),
+        # 1.32: v1beta1 and v1alpha3 (whose resource list, asked next, has no rules yet)
+        (("v1beta1", "v1alpha3"), ["v1alpha3"]),
+    ],
+)
+def test_discovery_asks_the_versions_that_can_serve_rules(
+    served: tuple[str, ...], order: list[str]
+) -> None:
+    assert version_order(_group(*served), TAINT_RULE_VERSIONS) == order
+    assert version_order({"versions": []}, TAINT_RULE_VERSIONS) == []
