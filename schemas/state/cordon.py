@@ -116,6 +116,9 @@ class DeviceExclusion(BaseModel):
     device: str | None = None
     effect: str | None = None
     pods: list[str] = Field(default_factory=list, description="namespace/name on the GPU")
+    operator_released: bool = Field(
+        default=False, description="an operator deleted the rule: respected, not re-created"
+    )
 
 
 class NodeRecord(BaseModel):

@@ -237,8 +237,13 @@ class DeviceExclusions:
                         incident=held.incident,
                         node=None,
                     ),
-                    guard="already_excluded",
-                    reason=f"already excluded ({held.kind}): {self.describe(health)}",
+                    guard="manual_untaint" if held.operator_released else "already_excluded",
+                    reason=(
+                        f"not re-tainted: an operator removed {held.taint_rule} in incident "
+                        f"{held.incident}"
+                        if held.operator_released
+                        else f"already excluded ({held.kind}): {self.describe(health)}"
+                    ),
                 )
             return True
         failed = sum(1 for r in record.gpus.values() if r.state == HealthState.FAILED)
@@ -370,6 +375,51 @@ class DeviceExclusions:
             self.log.info("cordon.device_taint_adopted", rule=ex.taint_rule)
         uid = str(((created or {}).get("metadata") or {}).get("uid") or "") or None
         return ex.model_copy(update={"uid": uid})
+
+    # reconcile --------------------------------------------------------------------------
+    async def reconcile(self, node: str, record: NodeRecord) -> None:
+        """Notice an operator's deletion of a rule of nodeward's, then release what is due."""
+        changed = False
+        for ex in list(record.devices.values()):
+            if ex.kind != "device_taint" or ex.phase != "applied" or ex.dry_run:
+                continue
+            if ex.operator_released or not (ex.taint_rule and ex.api_version):
+                continue
+            rule = await self.cluster.devices.get_taint_rule(ex.api_version, ex.taint_rule)
+            if not is_ours(rule, ex):
+                await self._operator_released(node, ex)
+                changed = True
+        if changed:
+            entry = await self.records.get(node_key(node))
+            record = entry.value if entry else NodeRecord()
+        await self.maybe_release(node, record)
+
+    async def _operator_released(self, node: str, ex: DeviceExclusion) -> None:
+        """The rule is gone (or replaced): an operator's act, audited and respected."""
+        self.log.warning("cordon.device_taint_removed", rule=ex.taint_rule, gpu=ex.gpu)
+        proposal = Proposal(
+            action="device_taint",
+            target=ObjectRef(kind="Node", name=node, api_version="v1"),
+            reason=f"an operator removed DeviceTaintRule {ex.taint_rule} (GPU {ex.gpu} of "
+            f"{node}); nodeward respects it and will not re-create it for incident {ex.incident}",
+            policy=ex.rule,
+            trigger_id=ex.incident,
+            trigger_time=ex.started_at,
+            protective=False,
+            details={"by": "operator", "incident": ex.incident, "gpu": ex.gpu},
+        )
+        # Audit first: a restart before the record says so detects it again (same audit id).
+        await self.runner.record(proposal, Outcome.UNDONE, guard="manual_untaint")
+        released = ex.model_copy(update={"operator_released": True})
+
+        def respect(current: NodeRecord | None) -> NodeRecord | None:
+            record = current or NodeRecord()
+            held = record.devices.get(ex.gpu)
+            if held is None or held.incident != ex.incident:
+                return None
+            return record.model_copy(update={"devices": {**record.devices, ex.gpu: released}})
+
+        await self.records.update(node_key(node), respect)
 
     # release ----------------------------------------------------------------------------
     async def maybe_release(self, node: str, record: NodeRecord) -> None:

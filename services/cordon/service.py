@@ -959,7 +959,8 @@ class CordonService:
                 async with self.node_lock(name):
                     current = await self.records.get(key)
                     if current is not None and current.value.devices:
-                        await self.devices.maybe_release(name, current.value)
+                        await self.devices.reconcile(name, current.value)
+                        current = await self.records.get(key)
                     if current is None or current.value.quarantine is None:
                         continue
                     record = current.value

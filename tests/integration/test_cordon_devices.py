@@ -289,3 +289,36 @@ async def test_heartbeats_restating_an_excluded_gpu_change_nothing(cordon_env: E
     assert not tainted(await env.node(name))
     assert await audits(env.bus, name, "quarantine") == []
     assert outcomes(await audits(env.bus, name, "device_taint")) == [("applied", None)]
+
+
+async def test_an_operator_deleting_the_rule_is_respected_and_audited(
+    cordon_env: EnvFactory,
+) -> None:
+    env = await cordon_env(count=1, nodes={0: DRA})
+    await env.start()
+    name = env.nodes[0]
+    await env.publish(on_gpu(failed(name, gpu=7, seq=1)))
+    (rule,) = await wait_for(lambda: rules(env), timeout=10, what="the rule")
+    await env.admin.client.request("DELETE", f"{RULES}/{rule['metadata']['name']}")
+
+    async def undone() -> bool:
+        return ("undone", "manual_untaint") in outcomes(await audits(env.bus, name, "device_taint"))
+
+    await wait_for(undone, timeout=10, what="the operator's act audited")
+    # The same failure restated is not re-tainted while the incident lasts.
+    await env.publish(on_gpu(failed(name, gpu=7, seq=2)))
+
+    async def skipped() -> bool:
+        return ("skipped", "manual_untaint") in outcomes(
+            await audits(env.bus, name, "device_taint")
+        )
+
+    await wait_for(skipped, timeout=10, what="the restated failure handled")
+    assert await rules(env) == []
+    # Recovery ends the incident without touching anything.
+    await env.publish(on_gpu(health(name, HealthState.HEALTHY, gpu=7, seq=3)))
+    released = await wait_for(
+        lambda: audits(env.bus, name, "device_untaint"), timeout=10, what="the release"
+    )
+    assert outcomes(released) == [("applied", None)]
+    assert released[0].details.get("removed") is False
