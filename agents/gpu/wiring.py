@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from typing import Any
 
 from agents.gpu.agent import GpuAgent
+from agents.gpu.backends import select
 from agents.gpu.settings import GpuAgentSettings
 from agents.sources.podresources import KubeletPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.nats_auth import agent_inbox
-from nodeward.nvml_compat import pynvml
 from nodeward.platform import Standalone, bus_daemon
 
 
 async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
-    """The GPU agent daemon of this node (not started), on the real NVML unless `nvml` is given.
+    """The GPU agent daemon of this node (not started), on the real library unless `nvml`
+    (a `GpuBackend`, or a pynvml-like module) is given.
 
-    The node name comes from `agents.gpu.node`, else `NODE_NAME` (downward API), else the
-    host name.
+    The library is `agents.gpu.backend` (`nvml`, `amdsmi`, or `auto`). The node name comes
+    from `agents.gpu.node`, else `NODE_NAME` (downward API), else the host name.
     """
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     node = config.node_name()
@@ -32,8 +35,14 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
     pods = KubeletPods(
         config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
     )
+    if nvml is None:
+        nvml = await asyncio.to_thread(
+            partial(
+                select, config.backend, nvml_limits=config.limits(), amd_limits=config.amd_limits()
+            )
+        )
     agent = GpuAgent(
-        pynvml if nvml is None else nvml,
+        nvml,
         bus,
         config,
         node=node,

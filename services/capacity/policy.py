@@ -21,12 +21,13 @@ from schemas.state.cordon import TAINT_KEY
 Obj = Mapping[str, Any]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"  # the AMD GPU operator's node labeller
 COUNT_LABEL = "nvidia.com/gpu.count"
 # The maintenance service's cordon (services.maintenance: `nodeward.io/maintenance-cordon`
 # is on the node while the maintenance holds it, `done` included, until finish or cancel).
 MAINTENANCE_CORDON = "nodeward.io/maintenance-cordon"
 # Taints GPU pods tolerate (the GPU operator's): they hold nothing back.
-TOLERATED_TAINTS = frozenset({"nvidia.com/gpu"})
+TOLERATED_TAINTS = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
 ACTIVE_PHASES = frozenset(
     {MaintenancePhase.CHECKPOINTING, MaintenancePhase.CHECKPOINTED, MaintenancePhase.DRAINING}
 )
@@ -82,7 +83,7 @@ def node_view(node: Obj) -> NodeView | None:
     gpus = quantity(labels.get(COUNT_LABEL)) or allocatable.get("gpu", 0)
     return NodeView(
         name=str(meta.get("name", "")),
-        model=str(labels.get(PRODUCT_LABEL) or "unknown"),
+        model=str(labels.get(PRODUCT_LABEL) or labels.get(AMD_PRODUCT_LABEL) or "unknown"),
         allocatable=allocatable,
         gpus=gpus,
         blocked=held_back(node),
