@@ -160,7 +160,7 @@ def event_findings(history: Iterable[EventSeen], limits: AmdLimits) -> list[Find
                 "ring_hang",
                 HealthState.FAILED,
                 RecommendedAction.RESET_GPU,
-                f"ring hang on {hangs[-1].message or '?'}: the GPU has not come back from a reset",
+                f"ring hang on {hangs[-1].message or '?'}, no completed GPU reset since",
                 evidence={
                     "rings": sorted({e.message for e in hangs}),
                     "count": len(hangs),
