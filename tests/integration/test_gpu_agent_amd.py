@@ -4,14 +4,18 @@ sim cluster and the cordon service: an AMD RAS error ends as it does on NVIDIA."
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
+from launch.sim_agents.gpu import build_sim_gpu_agent
+from nodeward.bus import Bus
+from nodeward.config import BusSettings, Settings
 from nodeward.kube.nodes import condition_of
 from schemas.remediation import Outcome
 from sim.amdsmi import SimAmdSmi
-from sim.cluster.seed import Gpu
+from sim.cluster.seed import Gpu, PodSeed, load_seed
 from sim.inject import InjectRequest, request_injection, serve_injections
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import EnvFactory, audits
@@ -114,3 +118,51 @@ async def test_amd_ring_hang_fails_the_gpu_until_the_reset_completes(
         smi.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_sim_agent_of_the_seeds_mi300x_node_runs_amd_smi(
+    bus_settings: BusSettings, node: str
+) -> None:
+    """`nodeward up`'s sim agent for the default seed's MI300X node, and `sim inject`."""
+    seeded = next(n for n in load_seed().nodes if n.name == "gpu-mi300x-01")
+    amd_node = seeded.model_copy(update={"name": f"{node}-mi300x"})
+    settings = Settings(
+        bus=bus_settings, agents={"gpu": {"heartbeat_interval": "0.2s", "poll_interval": "0.1s"}}
+    )
+    pods = [
+        PodSeed(name="llm-0", namespace="ml", node=amd_node.name, gpus=2, gpuResource="amd.com/gpu")
+    ]
+    bus = await Bus.connect(bus_settings, source="test/watch")  # provisions the streams
+    daemon, agent, sim = await build_sim_gpu_agent(settings, amd_node, pods)
+    assert isinstance(sim, SimAmdSmi) and agent.backend.name == "amdsmi"
+    seen: dict[str, dict[str, Any]] = {}
+
+    async def collect(msg: Any) -> None:
+        seen[msg.subject] = json.loads(msg.data)
+
+    sub = await bus.nc.subscribe(f"gpu.health.{amd_node.name}.>", cb=collect)
+    try:
+        await daemon.start()
+        want = {f"gpu.health.{amd_node.name}.{i}" for i in range(8)}
+        await wait_for(lambda: want <= set(seen), what=f"{want - set(seen)}")
+        first = seen[f"gpu.health.{amd_node.name}.0"]
+        assert first["state"] == "healthy" and first["model"] == "AMD Instinct MI300X"
+        assert first["pods"] == [{"namespace": "ml", "name": "llm-0"}]
+        reply = await request_injection(
+            bus.nc, amd_node.name, InjectRequest(gpu=5, fault="ecc-uncorrectable")
+        )
+        assert reply.ok, reply.error
+
+        def failed() -> dict[str, Any] | None:
+            got = seen[f"gpu.health.{amd_node.name}.5"]
+            return got if got["state"] == "failed" else None
+
+        event = await wait_for(failed, what="gpu 5 failed")
+        assert event["recommended_action"] == "reset_gpu"
+        assert event["reasons"][0]["code"] == "ecc_uncorrected"
+        assert event["reasons"][0]["evidence"]["blocks"]["UMC"]["uncorrectable"] == 1
+        assert seen[f"gpu.health.{amd_node.name}.4"]["state"] == "healthy"
+    finally:
+        await sub.unsubscribe()
+        await bus.close(grace=1)
+        await daemon.stop()
