@@ -130,7 +130,9 @@ async def test_sim_agent_of_the_seeds_mi300x_node_runs_amd_smi(
         bus=bus_settings, agents={"gpu": {"heartbeat_interval": "0.2s", "poll_interval": "0.1s"}}
     )
     pods = [
-        PodSeed(name="llm-0", namespace="ml", node=amd_node.name, gpus=2, gpu_resource="amd.com/gpu")
+        PodSeed(
+            name="llm-0", namespace="ml", node=amd_node.name, gpus=2, gpu_resource="amd.com/gpu"
+        )
     ]
     bus = await Bus.connect(bus_settings, source="test/watch")  # provisions the streams
     daemon, agent, sim = await build_sim_gpu_agent(settings, amd_node, pods)
