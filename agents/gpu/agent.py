@@ -167,7 +167,6 @@ class GpuAgent:
         self.backend: GpuBackend = (
             nvml if isinstance(nvml, GpuBackend) else NvmlBackend(nvml, self.limits)
         )
-        self.nvml = getattr(self.backend, "lib", nvml)
         self.pods: PodSource = pods or StaticPods()
         self.metrics = _Metrics(registry or CollectorRegistry())
         self.log: Any = get_logger(agent="gpu", node=self.node, boot=self.boot_id)
