@@ -214,3 +214,23 @@ def test_select_refuses_an_unknown_backend_and_auto_falls_back_to_nvml() -> None
         with pytest.raises(RuntimeError, match="amdsmi package"):
             select("amdsmi")
     assert isinstance(select("nvml"), NvmlBackend)
+
+
+def test_auto_picks_the_library_that_sees_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.gpu import backends
+    from sim.nvml import SimNvml
+
+    amd_node = SimAmdSmi.build("mi300x-node", count=8)
+    monkeypatch.setattr(backends, "pynvml", SimNvml("mi300x-node", []))  # NVML: no GPU
+    monkeypatch.setattr(backends, "_import", lambda name: amd_node if name == "amdsmi" else None)
+    chosen = select("auto")
+    assert isinstance(chosen, AmdSmiBackend) and chosen.lib is amd_node
+    with pytest.raises(AmdSmiLibraryException):  # the probe shut the library down again
+        amd_node.amdsmi_get_processor_handles()
+    monkeypatch.setattr(backends, "_import", lambda name: None)  # no amdsmi installed
+    assert isinstance(select("auto"), NvmlBackend)
+    nvidia_node = SimNvml.build("h100-node", count=2)
+    monkeypatch.setattr(backends, "pynvml", nvidia_node)
+    monkeypatch.setattr(backends, "_import", lambda name: amd_node)
+    picked = select("auto")
+    assert isinstance(picked, NvmlBackend) and picked.lib is nvidia_node
