@@ -443,7 +443,8 @@ class GpuAgent:
             reasons=list(verdict.reasons),
             recommended_action=verdict.action,
             pods=self._pods_now.get(unit.uuid)
-            or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
+            or ([] if unit.mig else self._pods_now.get(str(watch.index), []))
+            or (self._pods_now.get(ident.pci_bus_id or "", []) if ident and not unit.mig else []),
             observed_at=unit.changed_at,
             agent_boot_id=self.boot_id,
             sequence=unit.sequence,

@@ -9,10 +9,12 @@ from typing import Any
 
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
+from agents.sources.pods import StaticPods
 from launch.sim_agents.gpu import build_sim_gpu_agent
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
 from nodeward.kube.nodes import condition_of
+from schemas.common import PodRef
 from schemas.remediation import Outcome
 from sim.amdsmi import SimAmdSmi
 from sim.cluster.seed import Gpu, PodSeed, load_seed
@@ -43,7 +45,16 @@ async def test_amd_uncorrectable_ecc_on_a_mi300x_node_quarantines_it(
     assert node["metadata"]["labels"]["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
 
     smi = SimAmdSmi.build(name, product="AMD_Instinct_MI300X_OAM", count=8)
-    agent = GpuAgent(AmdSmiBackend(smi, FAST.amd_limits()), env.bus, FAST, node=name)
+    # AMD's device plugin names GPUs by PCI bus ID in the kubelet's pod resources.
+    holder = PodRef(namespace="ml", name="llm-0", container="vllm")
+    pods = StaticPods({smi.gpus[3].bdf: [holder]})
+    agent = GpuAgent(AmdSmiBackend(smi, FAST.amd_limits()), env.bus, FAST, node=name, pods=pods)
+    said: list[dict[str, Any]] = []
+
+    async def collect(msg: Any) -> None:
+        said.append(json.loads(msg.data))
+
+    sub = await env.bus.nc.subscribe(f"gpu.health.{name}.3", cb=collect)
     injections = await serve_injections(env.bus.nc, smi)
     task = asyncio.create_task(agent.run())
     try:
@@ -79,6 +90,11 @@ async def test_amd_uncorrectable_ecc_on_a_mi300x_node_quarantines_it(
             ]
 
         records = await wait_for(applied, timeout=5, what="quarantine audit")
+        failed = [e for e in said if e["state"] == "failed"]
+        assert failed and failed[-1]["pods"] == [
+            {"namespace": "ml", "name": "llm-0", "container": "vllm"}
+        ]
+        assert failed[-1]["pci_bus_id"] == "0000:65:00.0"
         assert records[0].policy in ("xid-node-action", "failed-gpu")
         # The other nodes (NVIDIA by default) are untouched.
         assert not tainted(await env.node(env.nodes[1]))
@@ -90,6 +106,7 @@ async def test_amd_uncorrectable_ecc_on_a_mi300x_node_quarantines_it(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await injections.unsubscribe()
+        await sub.unsubscribe()
 
 
 async def test_amd_ring_hang_fails_the_gpu_until_the_reset_completes(
