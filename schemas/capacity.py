@@ -28,6 +28,8 @@ def resource_for(profile: str) -> str:
     return "nvidia.com/gpu" if profile == WHOLE_GPU else f"{MIG_PREFIX}{profile}"
 
 
+AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
+"""A node's GPU model as the AMD GPU operator's node labeller sets it."""
 WHOLE_GPU_RESOURCES = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
 """The device plugins' whole-GPU resources: NVIDIA's and AMD's (ROCm/k8s-device-plugin)."""
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.capacity import GpuCounts, profile_for
+from schemas.capacity import AMD_PRODUCT_LABEL, GpuCounts, profile_for
 from schemas.maintenance import MaintenancePhase
 from schemas.state.capacity import NodeCapacity
 from schemas.state.cordon import TAINT_KEY
@@ -21,7 +21,6 @@ from schemas.state.cordon import TAINT_KEY
 Obj = Mapping[str, Any]
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"  # the AMD GPU operator's node labeller
 COUNT_LABEL = "nvidia.com/gpu.count"
 # The maintenance service's cordon (services.maintenance: `nodeward.io/maintenance-cordon`
 # is on the node while the maintenance holds it, `done` included, until finish or cancel).
