@@ -158,6 +158,8 @@ def sample_health(smi: Any, lane: Lane, gpu: GpuIdentity) -> AmdHealthSample:
         if counts is not None and any(_counts(counts).values()):
             s.ecc_blocks[name] = _counts(counts)
     pages = read("amdsmi_get_gpu_bad_page_info", h)
+    if isinstance(pages, str):  # amdsmi before ROCm 6.2: "No bad pages found."
+        pages = []
     if isinstance(pages, list):
         tally = {"reserved": 0, "pending": 0, "unreservable": 0}
         for page in pages:

@@ -234,3 +234,12 @@ def test_auto_picks_the_library_that_sees_gpus(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(backends, "_import", lambda name: amd_node)
     picked = select("auto")
     assert isinstance(picked, NvmlBackend) and picked.lib is nvidia_node
+
+
+def test_older_amdsmis_no_bad_pages_string_reads_as_none(
+    smi: SimAmdSmi, lane: Lane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ident = source.identify(smi, lane, 0)
+    monkeypatch.setattr(smi, "amdsmi_get_gpu_bad_page_info", lambda h: "No bad pages found.")
+    s = source.sample_health(smi, lane, ident)
+    assert s.bad_pages == {"reserved": 0, "pending": 0, "unreservable": 0}
