@@ -23,6 +23,7 @@ from agents.gpu.health import sample_findings as nvml_findings
 from agents.sources import amdsmi as amd
 from agents.sources import nvml
 from agents.sources.nvml import GpuIdentity, TelemetrySample
+from nodeward.config import ConfigError
 from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import Lane
 
@@ -248,16 +249,19 @@ def select(
     """The backend `choice` names (`nvml`, `amdsmi`, `auto`), on the real library.
 
     `auto` takes the first library that starts and sees GPUs (NVML, then AMD SMI), else
-    NVML (so the agent reports what NVML says rather than nothing).
+    NVML (so the agent reports what NVML says rather than nothing). A choice that cannot
+    be met is a `ConfigError` (one line at the command line).
     """
     if choice not in BACKENDS:
-        raise ValueError(f"unknown GPU backend {choice!r}; known: {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown GPU backend {choice!r}; known: {', '.join(BACKENDS)}")
     if choice == "nvml":
         return NvmlBackend(pynvml, nvml_limits)
     if choice == "amdsmi":
         lib = _import("amdsmi")
         if lib is None:
-            raise RuntimeError("backend amdsmi: the amdsmi package (ROCm) is not installed")
+            raise ConfigError(
+                "agents.gpu.backend is amdsmi but the amdsmi package (ROCm) is not installed"
+            )
         return AmdSmiBackend(lib, amd_limits)
     nv = NvmlBackend(pynvml, nvml_limits)
     if _has_gpus(nv):

@@ -25,6 +25,12 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
     """
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     node = config.node_name()
+    if nvml is None:  # before connecting: a backend that cannot be had is a config error
+        nvml = await asyncio.to_thread(
+            partial(
+                select, config.backend, nvml_limits=config.limits(), amd_limits=config.amd_limits()
+            )
+        )
     if settings.bus.inbox_prefix is None:
         # The node's NATS user may receive only on its own inbox (nodeward.nats_auth).
         bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
@@ -35,12 +41,6 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
     pods = KubeletPods(
         config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()
     )
-    if nvml is None:
-        nvml = await asyncio.to_thread(
-            partial(
-                select, config.backend, nvml_limits=config.limits(), amd_limits=config.amd_limits()
-            )
-        )
     agent = GpuAgent(
         nvml,
         bus,

@@ -9,6 +9,7 @@ import pytest
 
 from agents.gpu.backends import AmdSmiBackend, NvmlBackend, select
 from agents.sources import amdsmi as source
+from nodeward.config import ConfigError
 from nodeward.watchdog import Lane
 from sim.amdsmi import (
     AMDSMI_STATUS_INVAL,
@@ -206,12 +207,12 @@ def test_wait_events_delivers_keyed_by_handle(smi: SimAmdSmi, lane: Lane) -> Non
 
 
 def test_select_refuses_an_unknown_backend_and_auto_falls_back_to_nvml() -> None:
-    with pytest.raises(ValueError, match="unknown GPU backend"):
+    with pytest.raises(ConfigError, match="unknown GPU backend"):
         select("rocm")
     try:
         import amdsmi  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        with pytest.raises(RuntimeError, match="amdsmi package"):
+        with pytest.raises(ConfigError, match="amdsmi package"):
             select("amdsmi")
     assert isinstance(select("nvml"), NvmlBackend)
 
