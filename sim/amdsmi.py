@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import itertools
 import threading
 import time
 from collections import deque
@@ -674,7 +673,7 @@ class SimAmdSmi:
             if not self._notices:
                 raise AmdSmiLibraryException(AMDSMI_STATUS_NO_DATA)
             out = []
-            for _ in itertools.repeat(None, min(num_elem, len(self._notices))):
+            for _ in range(min(num_elem, len(self._notices))):
                 n = self._notices.popleft()
                 out.append(
                     {
