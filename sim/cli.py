@@ -120,8 +120,10 @@ def inject(  # noqa: PLR0917 - typer options
         str | None,
         typer.Option(
             "--fault",
-            help="ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
-            "thermal, nvlink-errors, pcie-replay or hang",
+            help="NVIDIA: ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
+            "thermal, nvlink-errors, pcie-replay or hang; AMD (MI300X nodes): "
+            "ecc-uncorrectable, ecc-correctable-burst, bad-page-threshold, "
+            "bad-page-unreservable, ring-hang, gpu-reset, thermal, fallen-off-bus or hang",
         ),
     ] = None,
     recover: Annotated[

@@ -12,7 +12,12 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.tokens import subject
+from sim.amdsmi import FAULTS as AMD_FAULTS
+from sim.amdsmi import SimAmdSmi
 from sim.nvml import FAULTS, SimNvml
+
+KNOWN_FAULTS = {**FAULTS, **AMD_FAULTS}
+"""NVIDIA's faults (sim.nvml) and AMD's (sim.amdsmi); each node's sim takes its vendor's."""
 
 PREFIX = "sim.inject"
 
@@ -48,8 +53,10 @@ class InjectRequest(BaseModel):
         ]
         if sum(given) != 1:
             raise ValueError("give exactly one of xid, fault, recover, recovery_action, load")
-        if self.fault is not None and self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(sorted(FAULTS))}")
+        if self.fault is not None and self.fault not in KNOWN_FAULTS:
+            raise ValueError(
+                f"unknown fault {self.fault!r}; known: {', '.join(sorted(KNOWN_FAULTS))}"
+            )
         return self
 
     def describe(self) -> str:
@@ -72,7 +79,7 @@ class InjectReply(BaseModel):
     error: str | None = None
 
 
-def apply(sim: SimNvml, raw: bytes) -> InjectReply:
+def apply(sim: SimNvml | SimAmdSmi, raw: bytes) -> InjectReply:
     """Decode and apply one request to `sim`; errors become a reply, never an exception."""
     try:
         req = InjectRequest.model_validate_json(raw)
@@ -95,7 +102,7 @@ def apply(sim: SimNvml, raw: bytes) -> InjectReply:
     return InjectReply(ok=True, node=sim.node, gpu=req.gpu, applied=req.describe())
 
 
-async def serve_injections(nc: Any, sim: SimNvml) -> Any:
+async def serve_injections(nc: Any, sim: SimNvml | SimAmdSmi) -> Any:
     """Answer injection requests for `sim`'s node on `nc`; returns the subscription."""
 
     async def handle(msg: Any) -> None:

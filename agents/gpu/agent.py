@@ -1,4 +1,7 @@
-"""The GPU agent: NVML health and telemetry of one node's GPUs onto the bus.
+"""The GPU agent: health and telemetry of one node's GPUs onto the bus.
+
+It reads the GPUs through a backend (`agents/gpu/backends.py`): NVML for NVIDIA, AMD SMI
+for AMD; what follows says NVML, and AMD SMI's calls and KFD events are treated alike.
 
 XIDs arrive event-driven (one thread blocks in `nvmlEventSetWait`); counters are polled.
 Every NVML call runs on its GPU's `Lane` with a deadline, so a hung driver call becomes
@@ -28,6 +31,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agents.gpu.amd_health import EventSeen
+from agents.gpu.backends import GpuBackend, NvmlBackend
 from agents.gpu.health import (
     Classification,
     Finding,
@@ -35,22 +40,10 @@ from agents.gpu.health import (
     classify,
     hang_finding,
     lost_finding,
-    sample_findings,
     xid_findings,
 )
 from agents.gpu.settings import GpuAgentSettings
-from agents.sources.nvml import (
-    GpuIdentity,
-    NvmlEvent,
-    device_count,
-    handle_key,
-    identify,
-    is_lost,
-    register_events,
-    sample_health,
-    sample_telemetry,
-    wait_events,
-)
+from agents.sources.nvml import GpuIdentity, NvmlEvent
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
 from nodeward.bus import Bus
@@ -114,6 +107,8 @@ class _Watch:
     lost: Finding | None = None
     hang: Finding | None = None
     xids: list[XidSeen] = field(default_factory=list)
+    notices: list[EventSeen] = field(default_factory=list)
+    """The backend's own events (AMD's KFD events), judged by `GpuBackend.event_findings`."""
     units: list[_Unit] = field(default_factory=list)
     poll_now: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -148,7 +143,8 @@ class _Metrics:
 
 
 class GpuAgent:
-    """Watches one node's GPUs through `nvml` (the pynvml module, or a SimNvml)."""
+    """Watches one node's GPUs through `nvml`: a `GpuBackend`, or the pynvml module or a
+    SimNvml (read through an `NvmlBackend`)."""
 
     def __init__(
         self,
@@ -161,7 +157,6 @@ class GpuAgent:
         pods: PodSource | None = None,
         catalog: XidCatalog | None = None,
     ) -> None:
-        self.nvml = nvml
         self.bus = bus
         self.settings = settings
         self.node = node or settings.node_name()
@@ -169,6 +164,9 @@ class GpuAgent:
         self.boot_id = uuid.uuid4().hex[:12]
         self.catalog = catalog or load_catalog()
         self.limits = settings.limits()
+        self.backend: GpuBackend = (
+            nvml if isinstance(nvml, GpuBackend) else NvmlBackend(nvml, self.limits)
+        )
         self.pods: PodSource = pods or StaticPods()
         self.metrics = _Metrics(registry or CollectorRegistry())
         self.log: Any = get_logger(agent="gpu", node=self.node, boot=self.boot_id)
@@ -225,30 +223,29 @@ class GpuAgent:
             await self._close()
 
     async def _start(self) -> None:
-        nvml = self.nvml
-        await self._control.call(nvml.nvmlInit, self._timeout)
-        count = await self._control.call(partial(device_count, nvml), self._timeout)
-        self._event_set = await self._control.call(nvml.nvmlEventSetCreate, self._timeout)
+        backend = self.backend
+        await self._control.call(backend.init, self._timeout)
+        count = await self._control.call(backend.device_count, self._timeout)
+        self._event_set = await self._control.call(backend.open_events, self._timeout)
         self.watches = [_Watch(i, Lane(f"{self.node}/gpu{i}")) for i in range(count)]
         self._pods_now = await self.pods.pods_by_device()
         await asyncio.gather(*(self._poll(w) for w in self.watches))
         loop = asyncio.get_running_loop()
         self._event_thread = threading.Thread(
-            target=wait_events,
+            target=backend.wait_events,
             args=(
-                nvml,
                 self._event_set,
                 lambda ev: loop.call_soon_threadsafe(self._on_event, ev),
                 lambda err: loop.call_soon_threadsafe(self._on_event_error, err),
                 self._stop_events,
             ),
             kwargs={"timeout_ms": 250},
-            name=f"nvml-events:{self.node}",
+            name=f"{backend.name}-events:{self.node}",
             daemon=True,
         )
         self._event_thread.start()
         self.ready = True
-        self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id)
+        self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id, backend=backend.name)
 
     async def _close(self) -> None:
         self.ready = False
@@ -259,8 +256,8 @@ class GpuAgent:
             await asyncio.to_thread(thread.join, 2.0)
         with contextlib.suppress(Exception):
             if self._event_set is not None and not (thread and thread.is_alive()):
-                await self._control.call(partial(self.nvml.nvmlEventSetFree, self._event_set), 1.0)
-            await self._control.call(self.nvml.nvmlShutdown, 1.0)
+                await self._control.call(partial(self.backend.close_events, self._event_set), 1.0)
+            await self._control.call(self.backend.shutdown, 1.0)
         for lane in [self._control, *(w.lane for w in self.watches)]:
             lane.close()
 
@@ -286,15 +283,16 @@ class GpuAgent:
         try:
             if watch.ident is None:
                 ident = await lane.call(
-                    partial(identify, self.nvml, lane, watch.index), self._timeout
+                    partial(self.backend.identify, lane, watch.index), self._timeout
                 )
                 await lane.call(
-                    partial(register_events, self.nvml, lane, ident, self._event_set), self._timeout
+                    partial(self.backend.register_events, lane, ident, self._event_set),
+                    self._timeout,
                 )
                 self._adopt(watch, ident)
             assert watch.ident is not None
             sample = await lane.call(
-                partial(sample_health, self.nvml, lane, watch.ident), self._timeout
+                partial(self.backend.sample_health, lane, watch.ident), self._timeout
             )
         except LaneBusy:
             watch.hang = hang_finding(lane.current, lane.busy_for)
@@ -304,9 +302,9 @@ class GpuAgent:
                 "nvml call hung", gpu=watch.index, call=exc.what, timeout_s=exc.timeout
             )
             watch.hang = hang_finding(exc.what, exc.timeout)
-        except pynvml.NVMLError as exc:
+        except self.backend.errors as exc:
             watch.hang = None
-            if not is_lost(exc):
+            if not self.backend.is_lost(exc):
                 self.log.warning(
                     "nvml call failed", gpu=watch.index, call=lane.last, error=str(exc)
                 )
@@ -324,7 +322,7 @@ class GpuAgent:
                 watch.lost = lost_finding(lane.last)
         else:
             watch.hang = watch.lost = None
-            watch.polled = sample_findings(sample, self.limits)
+            watch.polled = self.backend.findings(sample)
             for kind, value in sample.ecc.items():
                 self.metrics.ecc.labels(str(watch.index), kind).set(value)
         self._evaluate(watch)
@@ -347,14 +345,15 @@ class GpuAgent:
             )
             for m in ident.migs
         ]
-        self._by_handle[handle_key(ident.handle)] = watch
+        self._by_handle[self.backend.device_key(ident.handle)] = watch
 
-    def _on_event(self, ev: NvmlEvent) -> None:
+    def _on_event(self, ev: Any) -> None:
         watch = self._by_handle.get(ev.device_key)
         if watch is None:
-            self.log.warning(
-                "nvml event for an unknown device", event_type=ev.event_type, data=ev.data
-            )
+            self.log.warning("event for an unknown device", gpu_event=repr(ev))
+            return
+        if not isinstance(ev, NvmlEvent):
+            self._on_notice(watch, ev)
             return
         log = self.log.bind(gpu=watch.index, event_type=hex(ev.event_type), data=ev.data)
         if ev.event_type & pynvml.nvmlEventTypeXidCriticalError:
@@ -380,6 +379,14 @@ class GpuAgent:
         if ev.event_type & _REFRESH_EVENTS:
             watch.poll_now.set()
 
+    def _on_notice(self, watch: _Watch, ev: Any) -> None:
+        """A backend's own event (AMD: ring hang, GPU reset, thermal throttle)."""
+        self.log.info("gpu event", gpu=watch.index, gpu_event=ev.event, message=ev.message)
+        watch.notices.append(EventSeen(ev.event, ev.message, time.monotonic()))
+        if self.backend.refresh(ev):
+            watch.poll_now.set()
+        self._evaluate(watch)
+
     def _on_event_error(self, error: str) -> None:
         self.log.warning("nvml event wait failed", error=error)
 
@@ -387,7 +394,9 @@ class GpuAgent:
         hold = self.settings.xid_hold.total_seconds()
         now = time.monotonic()
         watch.xids = [x for x in watch.xids if now - x.at <= hold]
+        watch.notices = [n for n in watch.notices if now - n.at <= hold]
         found = list(watch.polled)
+        found += self.backend.event_findings(watch.notices)
         found += [f for f in (watch.lost, watch.hang) if f is not None]
         found += xid_findings(watch.xids, self.catalog, self.settings.xid_window.total_seconds())
         return found
@@ -434,7 +443,8 @@ class GpuAgent:
             reasons=list(verdict.reasons),
             recommended_action=verdict.action,
             pods=self._pods_now.get(unit.uuid)
-            or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
+            or ([] if unit.mig else self._pods_now.get(str(watch.index), []))
+            or (self._pods_now.get(ident.pci_bus_id or "", []) if ident and not unit.mig else []),
             observed_at=unit.changed_at,
             agent_boot_id=self.boot_id,
             sequence=unit.sequence,
@@ -485,9 +495,9 @@ class GpuAgent:
                 return None
             try:
                 t = await watch.lane.call(
-                    partial(sample_telemetry, self.nvml, watch.lane, ident), self._timeout
+                    partial(self.backend.sample_telemetry, watch.lane, ident), self._timeout
                 )
-            except (CallTimeout, LaneBusy, pynvml.NVMLError):
+            except (CallTimeout, LaneBusy, *self.backend.errors):  # type: ignore[misc]
                 watch.poll_now.set()  # the health poll reports what is wrong
                 return None
             g = str(watch.index)
@@ -557,11 +567,8 @@ class GpuAgent:
         if ident is None or watch.lane.busy:
             return []
         try:
-            found = await watch.lane.call(
-                partial(self.nvml.nvmlDeviceGetComputeRunningProcesses, ident.handle),
-                self._timeout,
-            )
-        except (CallTimeout, LaneBusy, pynvml.NVMLError):
+            found = await watch.lane.call(partial(self.backend.processes, ident), self._timeout)
+        except (CallTimeout, LaneBusy, *self.backend.errors):  # type: ignore[misc]
             return []
         out = []
         for p in found or []:
