@@ -174,11 +174,30 @@ class DriverLineParser:
     """
 
     probe_lines: int = 4
+    loss_lines: int = 16
+    """A GPU's loss is reported once: the driver prints XID 79 and then `GPU has fallen off
+    the bus.`; a second report of it within this many messages is the same loss."""
     uuids: dict[tuple[int, int, int], str] = field(default_factory=dict)
     _probe: tuple[str, int] | None = None
+    _lost: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    _count: int = 0
 
     def feed(self, message: str) -> list[DriverXid]:
         """The XIDs in one message (a `/dev/kmsg` record may hold several lines)."""
+        self._count += 1
+        found = self._feed(message)
+        out = []
+        for x in found:
+            key = x.pci_key
+            if x.xid == FALLEN_OFF_BUS_XID and key is not None:
+                last = self._lost.get(key)
+                self._lost[key] = self._count
+                if last is not None and self._count - last <= self.loss_lines:
+                    continue
+            out.append(x)
+        return out
+
+    def _feed(self, message: str) -> list[DriverXid]:
         text = message.replace("#012", "\n")  # rsyslog's escaped newline
         if "NVRM" not in text and self._probe is None:
             return []

@@ -1,12 +1,17 @@
 """Simulated GPU agents for `nodeward up`: one agent per sim-cluster node, on a SimNvml.
 
 Each agent runs in its own `Daemon` with its own bus connection and answers fault
-injections for its node on `sim.inject.<node>`. Several run in one process.
+injections for its node on `sim.inject.<node>`. Several run in one process. Each reads a
+fake kernel log (`sim.kmsg`, a file in `/dev/kmsg`'s record format in a temp directory) as
+its second XID detector, so an injection can go through NVML, the kernel log, or both.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agents.gpu.agent import GpuAgent
@@ -22,6 +27,7 @@ from schemas.gpu import GpuSample, GpuTelemetry
 from schemas.tokens import subject
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.inject import serve_injections
+from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 
 MIG_RESOURCE = "nvidia.com/mig-"
@@ -129,6 +135,9 @@ async def build_sim_gpu_agent(
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     sim = sim_workload(sim_nvml_for(node), pods)
+    kmsg_dir = Path(tempfile.mkdtemp(prefix=f"nodeward-kmsg-{node.name}-"))
+    kmsg = SimKmsg(kmsg_dir / "kmsg", sim)
+    config = config.model_copy(update={"kernel_log": "kmsg", "kmsg_path": kmsg.path})
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
     )
@@ -141,10 +150,11 @@ async def build_sim_gpu_agent(
         pods=StaticPods(sim_pod_devices(sim, pods)),
     )
     agent.attach(daemon)
-    await serve_injections(bus.nc, sim)
+    await serve_injections(bus.nc, sim, kmsg)
 
     async def release_hung_calls() -> None:
         sim.close()
+        shutil.rmtree(kmsg_dir, ignore_errors=True)
 
     daemon.add_shutdown_hook(release_hung_calls)
     return daemon, agent, sim

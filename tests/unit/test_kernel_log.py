@@ -70,16 +70,25 @@ def test_kmsg_records_with_dictionary_and_escaped_newlines() -> None:
 
     parser = DriverLineParser()
     found = [x for r in records if r for x in parser.feed(r.message)]
+    # XID 79 and the driver's "GPU has fallen off the bus." line after it are one loss.
     assert [(x.xid, x.pci, x.form) for x in found] == [
         (79, "0000:3b:00", "xid"),
-        (79, "0000:3b:00.0", "fallen_off_bus"),
         (79, "0000:5e:00.0", "probe_fallen"),
         (13, "0000:86:00", "xid"),
     ]
     # The driver named the GPU at 3b before its XID: the XID carries its UUID.
     assert found[0].uuid == "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d"
-    assert found[1].uuid == found[0].uuid
-    assert (found[3].gpu_instance_id, found[3].compute_instance_id, found[3].pid) == (2, 0, 4242)
+    assert (found[2].gpu_instance_id, found[2].compute_instance_id, found[2].pid) == (2, 0, 4242)
+
+
+def test_a_loss_long_after_the_last_is_reported_again() -> None:
+    parser = DriverLineParser(loss_lines=2)
+    line = "NVRM: GPU 0000:29:00.0: GPU has fallen off the bus."
+    assert len(parser.feed(line)) == 1
+    assert parser.feed(line) == []
+    for _ in range(3):
+        parser.feed("something else")
+    assert len(parser.feed(line)) == 1
 
 
 def test_records_not_in_kmsg_form_are_refused() -> None:
