@@ -28,6 +28,7 @@ _TEXT = {
     "at partition 1, subpartition 0.",
     94: "Contained: CE User Channel (0x9). RST: No, D-RST: No",
     95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    154: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
 }
 _LEVEL_ERR = 3  # pr_err, facility kern
 

@@ -42,6 +42,7 @@ from agents.gpu.health import (
     classify,
     hang_finding,
     lost_finding,
+    recovery_finding,
     sample_findings,
     xid_findings,
 )
@@ -129,6 +130,8 @@ class _Watch:
     polled: list[Finding] = field(default_factory=list)
     lost: Finding | None = None
     hang: Finding | None = None
+    kmsg_recovery: Finding | None = None
+    """XID 154's recovery action as the kernel log said, while NVML does not answer."""
     xids: list[XidSeen] = field(default_factory=list)
     units: list[_Unit] = field(default_factory=list)
     poll_now: asyncio.Event = field(default_factory=asyncio.Event)
@@ -374,7 +377,7 @@ class GpuAgent:
             else:
                 watch.lost = lost_finding(lane.last)
         else:
-            watch.hang = watch.lost = None
+            watch.hang = watch.lost = watch.kmsg_recovery = None  # NVML answers: it says
             watch.polled = sample_findings(sample, self.limits)
             for kind, value in sample.ecc.items():
                 self.metrics.ecc.labels(str(watch.index), kind).set(value)
@@ -527,6 +530,12 @@ class GpuAgent:
             evidence["compute_instance_id"] = found.compute_instance_id
         if found.pid is not None:
             evidence["pid"] = found.pid
+        if found.xid == 154 and found.recovery_action is not None:
+            # The new recovery action is in the line: followed even while NVML hangs (a
+            # successful poll replaces it with NVML's reading).
+            watch.kmsg_recovery = recovery_finding(found.recovery_action)
+            if found.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NONE:
+                watch.xids.clear()
         self._on_xid(
             watch,
             found.xid,
@@ -545,6 +554,8 @@ class GpuAgent:
         watch.xids = [x for x in watch.xids if now - x.at <= hold]
         found = list(watch.polled)
         found += [f for f in (watch.lost, watch.hang) if f is not None]
+        if watch.kmsg_recovery is not None and not any(f.code == "recovery_action" for f in found):
+            found.append(watch.kmsg_recovery)
         found += xid_findings(watch.xids, self.catalog, self.settings.xid_window.total_seconds())
         return found
 

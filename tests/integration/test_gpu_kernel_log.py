@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -169,6 +170,78 @@ async def test_with_nvml_hung_the_kernel_log_still_fails_the_gpu(
         assert any(r["code"] == "nvml_hang" for r in failed["reasons"])
         xids = await wait_for(n.xids, timeout=5, what="gpu.xid")
         assert xids[0]["processes"] == []  # NVML hung: not asked
+
+
+async def test_with_nvml_hung_the_recovery_action_in_the_kernel_log_is_followed(
+    bus: Bus, node: str, tmp_path: Path
+) -> None:
+    async with running_agent(bus, node, tmp_path) as n:
+        n.sim.inject_fault(1, "hang")
+        await n.state(1, "degraded")
+        n.kmsg.xid(1, 154)  # "... changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+        failed = await n.state(1, "failed")
+        assert failed["recommended_action"] == "reset_gpu"
+        (reason,) = [r for r in failed["reasons"] if r["code"] == "recovery_action"]
+        assert reason["evidence"]["nvidia_action"] == "GPU Reset Required"
+        n.kmsg.write(
+            "NVRM: Xid (PCI:0000:28:00): 154, GPU recovery action changed from 0x1 "
+            "(GPU Reset Required) to 0x0 (None)"
+        )
+        back = await n.state(1, "degraded")  # still hung, no longer asked for a reset
+        assert not [r for r in back["reasons"] if r["code"] == "recovery_action"]
+
+
+async def test_cli_injects_through_the_kernel_log(
+    bus: Bus, node: str, tmp_path: Path, nats_url: str
+) -> None:
+    async with running_agent(bus, node, tmp_path) as n:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "launch",
+            "sim",
+            "inject",
+            "--nats",
+            nats_url,
+            "--node",
+            node,
+            "--gpu",
+            "0",
+            "--xid",
+            "79",
+            "--via",
+            "kmsg",
+            "--driver",
+            "r470",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        assert out.decode().strip() == f"{node} gpu 0: XID 79 via kmsg injected"
+        failed = await n.state(0, "failed")
+        assert _xid_reasons(failed["reasons"], 79)[0]["detectors"] == ["kmsg"]
+        assert n.sim.gpus[0].lost is False
+        bad = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "launch",
+            "sim",
+            "inject",
+            "--nats",
+            nats_url,
+            "--node",
+            node,
+            "--fault",
+            "thermal",
+            "--via",
+            "kmsg",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await bad.communicate()
+        assert bad.returncode != 0 and err.decode().count("\n") == 1
+        assert "via and driver apply to an xid only" in err.decode()
 
 
 async def test_a_driver_line_for_an_unknown_gpu_is_counted_not_attributed(
