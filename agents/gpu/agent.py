@@ -482,8 +482,14 @@ class GpuAgent:
         self.log.info("reading the kernel log", path=str(source.path), kind=type(source).__name__)
         interval = s.kernel_log_interval.total_seconds()
         lost = 0
+        # /dev/kmsg polls readable when a record arrives: read at once; files are polled.
+        wake = asyncio.Event()
+        device = source.fileno() if isinstance(source, KmsgReader) and source.is_device else None
+        if device is not None:
+            asyncio.get_running_loop().add_reader(device, wake.set)
         try:
             while True:
+                wake.clear()
                 try:
                     messages = source.messages()
                 except KernelLogError as exc:
@@ -496,8 +502,11 @@ class GpuAgent:
                 for message in messages:
                     for found in self._driver_lines.feed(message):
                         self._on_driver_xid(found)
-                await asyncio.sleep(interval)
+                with contextlib.suppress(TimeoutError):
+                    await within(wake.wait(), interval)
         finally:
+            if device is not None:
+                asyncio.get_running_loop().remove_reader(device)
             self._kernel_log = None
             source.close()
 

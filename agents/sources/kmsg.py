@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,6 +298,10 @@ class KmsgReader:
         except OSError as exc:
             raise KernelLogError(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
         os.lseek(self._fd, 0, os.SEEK_END)
+        self.is_device = stat.S_ISCHR(os.fstat(self._fd).st_mode)
+
+    def fileno(self) -> int:
+        return self._fd
 
     def read(self) -> list[KmsgRecord]:
         """Every record logged since the last read (never blocks)."""

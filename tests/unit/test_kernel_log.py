@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,33 @@ def test_dev_kmsg_itself_opens_and_reads_without_blocking() -> None:
         reader.read()  # whatever the kernel logs meanwhile; it must return, not block
         assert reader.stats.lost >= 0
     finally:
+        reader.close()
+
+
+async def test_dev_kmsg_wakes_the_loop_with_one_record_per_read() -> None:
+    """The real device: a harmless marker line (never an NVRM line) written to the host's
+    kernel log wakes an `add_reader` callback and comes back as one parsed record."""
+    try:
+        reader = KmsgReader(Path("/dev/kmsg"))
+        writer = os.open("/dev/kmsg", os.O_WRONLY)
+    except (KernelLogError, OSError) as exc:
+        pytest.skip(f"/dev/kmsg not readable and writable here: {exc}")
+    marker = f"nodeward test: kmsg reader check {uuid.uuid4().hex}"
+    loop = asyncio.get_running_loop()
+    woke = asyncio.Event()
+    try:
+        assert reader.is_device
+        reader.read()
+        loop.add_reader(reader.fileno(), woke.set)
+        os.write(writer, f"<6>{marker}\n".encode())
+        await asyncio.wait_for(woke.wait(), 5)
+        records = [r for r in reader.read() if r.message == marker]
+        assert len(records) == 1
+        assert records[0].level == 6 and records[0].sequence > 0 and records[0].timestamp_us > 0
+        assert reader.read() == [] or all(r.message != marker for r in reader.read())
+    finally:
+        loop.remove_reader(reader.fileno())
+        os.close(writer)
         reader.close()
 
 
