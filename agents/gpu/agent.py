@@ -482,7 +482,8 @@ class GpuAgent:
         self.log.info("reading the kernel log", path=str(source.path), kind=type(source).__name__)
         interval = s.kernel_log_interval.total_seconds()
         lost = 0
-        # /dev/kmsg polls readable when a record arrives: read at once; files are polled.
+        # /dev/kmsg polls readable when a record arrives: read then, and only then; a file
+        # (a syslog tail, the simulator's kmsg) is read every `kernel_log_interval`.
         wake = asyncio.Event()
         device = source.fileno() if isinstance(source, KmsgReader) and source.is_device else None
         if device is not None:
@@ -503,7 +504,7 @@ class GpuAgent:
                     for found in self._driver_lines.feed(message):
                         self._on_driver_xid(found)
                 with contextlib.suppress(TimeoutError):
-                    await within(wake.wait(), interval)
+                    await within(wake.wait(), None if device is not None else interval)
         finally:
             if device is not None:
                 asyncio.get_running_loop().remove_reader(device)

@@ -199,9 +199,9 @@ class DriverLineParser:
         return out
 
     def _feed(self, message: str) -> list[DriverXid]:
-        text = message.replace("#012", "\n")  # rsyslog's escaped newline
-        if "NVRM" not in text and self._probe is None:
+        if "NVRM" not in message and self._probe is None:
             return []
+        text = message.replace("#012", "\n")  # rsyslog's escaped newline
         out: list[DriverXid] = []
         for m in _MAP.finditer(text):
             key = pci_key(m["pci"])
