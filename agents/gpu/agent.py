@@ -453,6 +453,10 @@ class GpuAgent:
             if report is not None:
                 report.driver_message = report.driver_message or driver_message
                 report.confirmed.set()
+            for seen in watch.xids:
+                if seen.incident is incident:  # the second detector's evidence joins the first's
+                    for key, value in evidence.items():
+                        seen.data.setdefault(key, value)
             self._evaluate(watch)  # the reasons now name both detectors
             return
         self.metrics.xids.labels(str(watch.index), str(xid)).inc()
@@ -501,8 +505,11 @@ class GpuAgent:
                     self.log.warning("kernel log records overwritten before read")
                     lost = source.stats.lost
                 for message in messages:
-                    for found in self._driver_lines.feed(message):
-                        self._on_driver_xid(found)
+                    try:
+                        for found in self._driver_lines.feed(message):
+                            self._on_driver_xid(found)
+                    except Exception:  # one line never stops the detector
+                        self.log.exception("kernel log line not handled", line=message[:500])
                 with contextlib.suppress(TimeoutError):
                     await within(wake.wait(), None if device is not None else interval)
         finally:

@@ -139,7 +139,10 @@ async def test_nvml_and_the_kernel_log_reporting_one_xid_make_one_incident(
             found = _xid_reasons(n.heartbeat_reasons(0), 48)
             return found if found and len(found[0]["detectors"]) == 2 else None
 
-        await wait_for(confirmed, timeout=5, what="the heartbeat names both detectors")
+        found = await wait_for(confirmed, timeout=5, what="the heartbeat names both detectors")
+        # Whichever came first, the reason carries NVML's event data and the driver's line.
+        assert found[0]["evidence"]["event_data"] == 48
+        assert found[0]["evidence"]["driver_message"] == xids[0]["driver_message"]
         # One incident: one change to failed, one gpu.xid, whichever detector came first.
         assert [h["state"] for h in n.health(0)].count("failed") == 1
         assert len(_xid_reasons(failed["reasons"], 48)) == 1
