@@ -286,9 +286,10 @@ class ReadStats:
 
 class KmsgReader:
     """Non-blocking reader of `/dev/kmsg` (one record per read), or of a regular file holding
-    records in its format (several per read). Starts at the end of the buffer."""
+    records in its format (several per read). Starts at the end of the buffer, or with
+    `from_start` at the oldest record it still holds."""
 
-    def __init__(self, path: Path, *, chunk: int = 8192) -> None:
+    def __init__(self, path: Path, *, chunk: int = 8192, from_start: bool = False) -> None:
         self.path = path
         self.chunk = chunk
         self.stats = ReadStats()
@@ -297,7 +298,7 @@ class KmsgReader:
             self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise KernelLogError(exc.errno, f"cannot open {path}: {exc.strerror}") from exc
-        os.lseek(self._fd, 0, os.SEEK_END)
+        os.lseek(self._fd, 0, os.SEEK_SET if from_start else os.SEEK_END)
         self.is_device = stat.S_ISCHR(os.fstat(self._fd).st_mode)
 
     def fileno(self) -> int:

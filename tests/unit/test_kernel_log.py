@@ -152,6 +152,16 @@ def test_kmsg_reader_reads_only_what_is_logged_after_it_opens(tmp_path: Path) ->
         reader.close()
 
 
+def test_kmsg_reader_can_start_at_the_oldest_record(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_text("6,1,1,-;first\n6,2,2,-;second\n")
+    reader = KmsgReader(path, from_start=True)
+    try:
+        assert [r.message for r in reader.read()] == ["first", "second"]
+    finally:
+        reader.close()
+
+
 def test_dev_kmsg_itself_opens_and_reads_without_blocking() -> None:
     try:
         reader = KmsgReader(Path("/dev/kmsg"))
