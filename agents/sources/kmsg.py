@@ -62,6 +62,24 @@ _PROBE_HEAD = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F:.]+)")
 _PROBE_TAIL = "fallen off the bus and is not responding to commands"
 
 
+# What may stand before "NVRM:" on a line the kernel wrote: nothing or dmesg's "[ 123.4]"
+# / "[Sat Oct 12 18:35:32 2024]"; in a syslog file, a time, the host and the tag "kernel:"
+# (then perhaps the kernel's own timestamp). Anything else (`logger "NVRM: Xid ..."` run by
+# a user arrives as "host user: NVRM: ...") is not the driver speaking.
+_KERNEL_PREFIX = re.compile(
+    r"^(?:\[[^\]]*\]"
+    r"|(?:[A-Z][a-z]{2} +\d+ [\d:.]+|\d{4}-\d\d-\d\dT\S+) \S+ kernel:(?: \[[^\]]*\])?)?$"
+)
+KERN_FACILITY = 0
+
+
+def from_kernel(line: str) -> bool:
+    """Whether a text-log line's `NVRM:` message is the kernel's (see `_KERNEL_PREFIX`);
+    lines without `NVRM:` pass (a multi-line report's other lines)."""
+    at = line.find("NVRM:")
+    return at < 0 or _KERNEL_PREFIX.match(line[:at].strip()) is not None
+
+
 def pci_key(address: str | None) -> tuple[int, int, int] | None:
     """(domain, bus, device) of a PCI address as the kernel (`0000:3b:00`, `0000:3b:00.0`) or
     NVML (`00000000:3B:00.0`) prints it; None when it is not one."""
@@ -328,7 +346,9 @@ class KmsgReader:
         return out
 
     def messages(self) -> list[str]:
-        return [r.message for r in self.read()]
+        """The messages the kernel logged: a process writing to /dev/kmsg gets a user
+        facility, never the kernel's, so it cannot pass for the driver."""
+        return [r.message for r in self.read() if r.facility == KERN_FACILITY]
 
     def close(self) -> None:
         os.close(self._fd)
@@ -374,7 +394,8 @@ class FileTail:
         return [line for line in lines if line]
 
     def messages(self) -> list[str]:
-        return self.read()
+        """The lines the kernel logged (see `from_kernel`)."""
+        return [line for line in self.read() if from_kernel(line)]
 
     def close(self) -> None:
         self._file.close()

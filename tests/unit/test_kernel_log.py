@@ -18,6 +18,7 @@ from agents.sources.kmsg import (
     FileTail,
     KernelLogError,
     KmsgReader,
+    from_kernel,
     open_kernel_log,
     parse_record,
     pci_key,
@@ -108,6 +109,38 @@ def test_a_split_record_waits_for_its_end() -> None:
     assert record is not None and record.message.endswith("48, pid=1, x")
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Nov 30 21:00:01 gpu-node-07 user: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+        "Nov 30 21:00:01 gpu-node-07 alice[4242]: NVRM: Xid (PCI:0000:3b:00): 79, x",
+        "Nov 30 21:00:01 gpu-node-07 user: [1] NVRM: Xid (PCI:0000:3b:00): 79, x",
+        "Nov 30 21:00:01 gpu-node-07 user: kernel: NVRM: Xid (PCI:0000:3b:00): 79, x",
+    ],
+)
+def test_a_users_forged_line_in_a_syslog_file_is_not_the_kernel(line: str) -> None:
+    assert not from_kernel(line)
+
+
+def test_the_kernels_lines_in_every_text_form_are() -> None:
+    lines = [c["line"] for c in LINES] + (DATA / "syslog_lines.txt").read_text().splitlines()
+    assert all(from_kernel(line) for line in lines)
+    assert from_kernel("Sep 27 10:00:01 dgx kernel: NVRM: Xid (PCI:000f:01:00): 43, pid=1234")
+
+
+def test_kmsg_reader_passes_only_the_kernels_records(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    reader = KmsgReader(path)
+    try:
+        with path.open("a") as f:
+            f.write("12,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, forged by a process\n")
+            f.write("3,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, the driver\n")
+        assert reader.messages() == ["NVRM: Xid (PCI:0000:3b:00): 79, the driver"]
+    finally:
+        reader.close()
+
+
 def test_a_syslog_file_splits_the_probe_loss_over_lines() -> None:
     parser = DriverLineParser()
     found = [
@@ -194,6 +227,11 @@ async def test_dev_kmsg_wakes_the_loop_with_one_record_per_read() -> None:
         records = [r for r in reader.read() if r.message == marker]
         assert len(records) == 1
         assert records[0].level == 6 and records[0].sequence > 0 and records[0].timestamp_us > 0
+        # A process's line gets the user facility, whatever it asks: never the kernel's.
+        assert records[0].facility == 1
+        os.write(writer, f"<3>{marker} again\n".encode())
+        await asyncio.sleep(0)
+        assert all(marker not in m for m in reader.messages())
         assert reader.read() == [] or all(r.message != marker for r in reader.read())
     finally:
         loop.remove_reader(reader.fileno())
