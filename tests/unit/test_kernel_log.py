@@ -314,3 +314,27 @@ def test_a_sighting_after_the_window_is_a_new_incident() -> None:
     assert late.new and late.incident is not first
     m.forget(0)
     assert m.observe(0, 79, NVML, at=32).new
+
+
+def test_the_story_says_when_the_kernel_log_saw_an_xid_first() -> None:
+    from datetime import UTC, datetime
+
+    from nodeward.cli.story import health_line
+    from schemas import make_event
+    from schemas.gpu import GpuHealth, HealthReason, HealthState
+
+    def line(detectors: list[str]) -> str | None:
+        data = GpuHealth(
+            node="gpu-a",
+            gpu_index=0,
+            gpu_uuid="GPU-0",
+            state=HealthState.FAILED,
+            previous_state=HealthState.HEALTHY,
+            reasons=[HealthReason(code="xid", xid=79, message="fallen off", detectors=detectors)],
+            observed_at=datetime.now(UTC),
+        )
+        return health_line(make_event(data, source="agent/gpu/gpu-a"), "gpu.health.gpu-a.0")
+
+    assert "XID 79 (kernel log): fallen off" in (line(["kmsg"]) or "")
+    assert "XID 79: fallen off" in (line(["nvml", "kmsg"]) or "")
+    assert "XID 79: fallen off" in (line([]) or "")
