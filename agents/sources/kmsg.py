@@ -10,7 +10,7 @@ generations print:
 - `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.`
 - `NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp ...`
   (R525+, open kernel modules), `..., name=python, Ch 00000008, intr 10000000. MMU Fault ...`
-  (R550+), and on a MIG GPU `(PCI:0000:01:00 GPU-I:05)` / `(... GPU-I:01 GPU-CI:02)`;
+  (R535+), and on a MIG GPU `(PCI:0000:01:00 GPU-I:05)` / `(... GPU-I:01 GPU-CI:02)`;
 - NVLink5 XIDs 144-150: `NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal  XC0 i0 Link 09 (...)`;
 - `NVRM: GPU at PCI:0000:3b:00: GPU-<uuid>`: the driver names the GPU at a bus address
   (printed once, before its first XID);
@@ -18,11 +18,14 @@ generations print:
   (R5xx), `NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.` (older), and at probe
   `NVRM: The NVIDIA GPU 0000:3b:00.0 / (PCI ID: 10de:2330) installed in this system has /
   fallen off the bus and is not responding to commands.` (one record, or three lines in a
-  syslog file). These count as XID 79, as NVSentinel's syslog monitor treats them.
+  syslog file). NVSentinel's syslog monitor reports these as a fatal GPU_FALLEN_OFF_BUS
+  (restart the machine); here they count as XID 79, whose catalog action is that reboot, so
+  they merge with the XID 79 NVML reports.
 
 The reading is non-blocking I/O: `KmsgReader` (the `/dev/kmsg` device, or a regular file
 holding records in its format, as the simulator writes) and `FileTail` (plain syslog lines,
-e.g. a journal export); both start at the end, so only what is logged after they open is read.
+e.g. a journal export); both start at the end, so only what is logged after they open is read,
+and both pass on only what the kernel itself logged (`KmsgReader.messages`, `from_kernel`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from pathlib import Path
 FALLEN_OFF_BUS_XID = 79
 
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
-# The parenthesis: "PCI:dddd:bb:dd" (sometimes with ".f"), then " GPU-I:nn" and " GPU-CI:nn" on MIG.
 _ADDR = r"[0-9a-fA-F]{1,8}:[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2})?(?:\.[0-7])?"
 # "(PCI:dddd:bb:dd)", sometimes with ".f"; on MIG then " GPU-I:nn" and " GPU-CI:nn";
 # the oldest drivers print "(bb:dd)" with no "PCI:" and no domain.
