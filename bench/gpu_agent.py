@@ -7,6 +7,8 @@ embedded nats-server; the bare loop makes the same NVML calls on the same schedu
 (telemetry every second, a health sample every poll interval, an event-wait thread) and
 nothing else. CPU share = process CPU time / wall time over the measured window, after
 a warm-up. Prints medians over the runs. Target: agent under 2% of a core and 80 MB RSS.
+`agent+kmsg` is the agent with its second detector reading the host's `/dev/kmsg` (where
+readable; `agent` has it off), so the two rows show what the kernel-log reader costs.
 
 Usage: python bench/gpu_agent.py [--seconds S] [--runs R] [--gpus N]
 """
@@ -44,7 +46,7 @@ async def measure(seconds: float) -> dict[str, float]:
 
 
 async def child_agent(
-    nats_url: str, gpus: int, seconds: float, *, amd: bool = False
+    nats_url: str, gpus: int, seconds: float, kernel_log: str = "off", *, amd: bool = False
 ) -> dict[str, float]:
     from agents.gpu.agent import GpuAgent
     from agents.gpu.backends import AmdSmiBackend
@@ -64,7 +66,11 @@ async def child_agent(
     bus = await Bus.connect(
         BusSettings(url=nats_url, provision=False), source="agent/gpu/bench-node"
     )
-    settings = GpuAgentSettings(telemetry_interval="1s", poll_interval=f"{POLL_S}s")  # type: ignore[arg-type]
+    settings = GpuAgentSettings(
+        telemetry_interval="1s",
+        poll_interval=f"{POLL_S}s",
+        kernel_log=kernel_log,
+    )
     agent = GpuAgent(sim, bus, settings, node="bench-node")
     task = asyncio.create_task(agent.run())
     try:
@@ -118,11 +124,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--child", choices=["agent", "agent-amd", "bare"])
+    p.add_argument("--child", choices=["agent", "agent+kmsg", "agent-amd", "bare"])
     p.add_argument("--nats", default="")
     args = p.parse_args()
-    if args.child == "agent":
-        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds))))
+    if args.child in ("agent", "agent+kmsg"):
+        klog = "auto" if args.child == "agent+kmsg" else "off"  # auto: /dev/kmsg where readable
+        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds, klog))))
         return
     if args.child == "agent-amd":
         print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds, amd=True))))
@@ -134,7 +141,7 @@ def main() -> None:
     def runs(url: str) -> dict[str, list[dict[str, float]]]:
         return {
             kind: [run_child(kind, args, url) for _ in range(args.runs)]
-            for kind in ("bare", "agent", "agent-amd")
+            for kind in ("bare", "agent", "agent+kmsg", "agent-amd")
         }
 
     results = asyncio.run(benchlib.with_server(runs))
@@ -144,7 +151,7 @@ def main() -> None:
     for kind, rows in results.items():
         cpu = statistics.median(r["cpu_pct"] for r in rows)
         rss = statistics.median(r["rss_mb"] for r in rows)
-        print(f"  {kind:9s}  cpu {cpu:5.2f}% of a core   rss {rss:6.1f} MB")
+        print(f"  {kind:10s}  cpu {cpu:5.2f}% of a core   rss {rss:6.1f} MB")
     agent = results["agent"]
     ok = (
         statistics.median(r["cpu_pct"] for r in agent) < 2

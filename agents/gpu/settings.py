@@ -35,6 +35,18 @@ class GpuAgentSettings(Section):
     amd_reset_limit: int = 3
     pod_resources_socket: Path = DEFAULT_SOCKET
     pod_resources_timeout: Duration = timedelta(seconds=5)
+    kernel_log: Literal["auto", "kmsg", "file", "off"] = "auto"
+    """The second XID detector: `kmsg` reads `kmsg_path`, `file` tails `kernel_log_file`,
+    `auto` reads kmsg where it opens and else tails the file where one is given, `off`."""
+    kmsg_path: Path = Path("/dev/kmsg")
+    kernel_log_file: Path | None = None
+    """A text log holding the kernel's lines (e.g. /var/log/kern.log, a journal export)."""
+    kernel_log_interval: Duration = timedelta(milliseconds=200)
+    detector_window: Duration = timedelta(seconds=30)
+    """An XID the other detector reports within this of the first sighting confirms it."""
+    confirm_wait: Duration = timedelta(seconds=1)
+    """How long `gpu.xid` waits for the other detector's confirmation before it is published
+    (the health change never waits)."""
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()

@@ -2,12 +2,17 @@
 (NVIDIA nodes) or a SimAmdSmi through the AMD SMI backend (AMD nodes, `gpu.vendor: amd`).
 
 Each agent runs in its own `Daemon` with its own bus connection and answers fault
-injections for its node on `sim.inject.<node>`. Several run in one process.
+injections for its node on `sim.inject.<node>`. Several run in one process. Each reads a
+fake kernel log (`sim.kmsg`, a file in `/dev/kmsg`'s record format: `<state dir>/kmsg/<node>`
+under `nodeward up`, else in a temp directory) as its second XID detector, so an injection can go through NVML, the kernel log, or both.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from agents.gpu.agent import GpuAgent
@@ -25,6 +30,7 @@ from schemas.tokens import subject
 from sim.amdsmi import SimAmdSmi
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.inject import serve_injections
+from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 
 _Sim = TypeVar("_Sim", SimNvml, SimAmdSmi)
@@ -138,7 +144,7 @@ async def follow_telemetry(
 
 
 async def build_sim_gpu_agent(
-    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
+    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = (), kmsg_dir: Path | None = None
 ) -> tuple[Daemon, GpuAgent, SimNvml | SimAmdSmi]:
     """One simulated node's GPU agent daemon (not started), its agent and its driver.
 
@@ -149,11 +155,19 @@ async def build_sim_gpu_agent(
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
     sim: SimNvml | SimAmdSmi
     backend: Any
+    temp = None
+    kmsg: SimKmsg | None = None
     if is_amd(node):
         sim = sim_workload(sim_amdsmi_for(node), pods)
         backend = AmdSmiBackend(sim, config.amd_limits())
+        config = config.model_copy(update={"kernel_log": "off"})  # NVRM lines are NVIDIA's
     else:
         sim = backend = sim_workload(sim_nvml_for(node), pods)
+        if kmsg_dir is None:
+            kmsg_dir = temp = Path(tempfile.mkdtemp(prefix=f"nodeward-kmsg-{node.name}-"))
+        kmsg_dir.mkdir(parents=True, exist_ok=True)
+        kmsg = SimKmsg(kmsg_dir / node.name, sim)
+        config = config.model_copy(update={"kernel_log": "kmsg", "kmsg_path": kmsg.path})
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
     )
@@ -166,27 +180,34 @@ async def build_sim_gpu_agent(
         pods=StaticPods(sim_pod_devices(sim, pods)),
     )
     agent.attach(daemon)
-    await serve_injections(bus.nc, sim)
+    await serve_injections(bus.nc, sim, kmsg)
 
     async def release_hung_calls() -> None:
         sim.close()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
 
     daemon.add_shutdown_hook(release_hung_calls)
     return daemon, agent, sim
 
 
 async def build_sim_gpu_agents(
-    settings: Settings, nodes: Sequence[NodeSeed], pods: Sequence[PodSeed] = ()
+    settings: Settings,
+    nodes: Sequence[NodeSeed],
+    pods: Sequence[PodSeed] = (),
+    kmsg_dir: Path | None = None,
 ) -> list[Daemon]:
     """A GPU agent daemon (not started) for every node that has GPUs."""
     daemons = []
     for node in nodes:
         if node.gpu is not None and node.gpu.count > 0:
-            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods)
+            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods, kmsg_dir)
             daemons.append(daemon)
     return daemons
 
 
 async def build_for_up(context: UpContext, seed: Seed) -> list[Daemon]:
     """One simulated GPU agent per GPU node of the seeded sim cluster."""
-    return await build_sim_gpu_agents(context.settings, seed.nodes, seed.pods)
+    return await build_sim_gpu_agents(
+        context.settings, seed.nodes, seed.pods, context.state_dir / "kmsg"
+    )
