@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.energy.settings import EnergySettings
+from agents.gpu.detectors import Incident
 from agents.gpu.health import Finding, XidSeen, classify, lost_finding, xid_findings
 from agents.gpu.settings import GpuAgentSettings
 from agents.idle.settings import IdleSettings
@@ -294,9 +295,13 @@ class Fleet:
         gpu.reasons, gpu.action = list(verdict.reasons), verdict.action
         return [self._change(node, gpu, previous=previous)]
 
-    def _xid(self, node: _Node, gpu: _Gpu, xid: int) -> list[Event[Any]]:
+    def _xid(
+        self, node: _Node, gpu: _Gpu, xid: int, detectors: Sequence[str] = ("nvml",)
+    ) -> list[Event[Any]]:
         info = self.catalog.get(xid)
-        gpu.xids.append(XidSeen(xid, time.monotonic(), {"event_data": xid}))
+        seen_at = time.monotonic()
+        incident = Incident(0, gpu.index, xid, seen_at, list(detectors))
+        gpu.xids.append(XidSeen(xid, seen_at, {"event_data": xid}, incident))
         record = GpuXid(
             node=node.name,
             gpu_index=gpu.index,
@@ -307,6 +312,7 @@ class Fleet:
             catalog_action=info.action,
             application=info.is_application,
             pods=gpu.pods,
+            detectors=list(detectors),
             observed_at=utcnow(),
             agent_boot_id=node.boot_id,
         )
@@ -493,7 +499,9 @@ class Fleet:
         gpu = node.gpus[request.gpu]
         events: list[Event[Any]] = []
         if request.xid is not None:
-            events = self._xid(node, gpu, request.xid)
+            # One incident, as the real agent merges its two detectors' sightings.
+            seen_by = {"nvml": ("nvml",), "kmsg": ("kmsg",), "both": ("nvml", "kmsg")}
+            events = self._xid(node, gpu, request.xid, seen_by[request.via])
         elif request.fault == "fallen-off-bus":
             gpu.lost = lost_finding("nvmlDeviceGetHandleByIndex")
             events = self._evaluate(node, gpu)

@@ -84,7 +84,9 @@ def health_line(event: Any, subject: str, at: datetime | None = None) -> str | N
     if h.heartbeat or (h.previous_state is None and h.state == HealthState.HEALTHY):
         return None
     why = "; ".join(
-        f"XID {r.xid}: {r.message}" if r.xid is not None else f"{r.code}: {r.message}"
+        f"XID {r.xid}{' (kernel log)' if r.detectors[:1] == ['kmsg'] else ''}: {r.message}"
+        if r.xid is not None
+        else f"{r.code}: {r.message}"
         for r in h.reasons
     )
     was = f"{h.previous_state.value} -> " if h.previous_state else ""

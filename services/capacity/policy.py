@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.capacity import GpuCounts, profile_for
+from schemas.capacity import AMD_PRODUCT_LABEL, GpuCounts, profile_for
 from schemas.maintenance import MaintenancePhase
 from schemas.state.capacity import NodeCapacity
 from schemas.state.cordon import TAINT_KEY
@@ -28,7 +28,7 @@ COUNT_LABEL = "nvidia.com/gpu.count"
 # is on the node while the maintenance holds it, `done` included, until finish or cancel).
 MAINTENANCE_CORDON = "nodeward.io/maintenance-cordon"
 # Taints GPU pods tolerate (the GPU operator's): they hold nothing back.
-TOLERATED_TAINTS = frozenset({"nvidia.com/gpu"})
+TOLERATED_TAINTS = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
 ACTIVE_PHASES = frozenset(
     {MaintenancePhase.CHECKPOINTING, MaintenancePhase.CHECKPOINTED, MaintenancePhase.DRAINING}
 )
@@ -89,7 +89,7 @@ def node_view(node: Obj, dra_gpus: int = 0) -> NodeView | None:
     gpus = quantity(labels.get(COUNT_LABEL)) or allocatable.get("gpu", 0)
     return NodeView(
         name=str(meta.get("name", "")),
-        model=str(labels.get(PRODUCT_LABEL) or "unknown"),
+        model=str(labels.get(PRODUCT_LABEL) or labels.get(AMD_PRODUCT_LABEL) or "unknown"),
         allocatable=allocatable,
         gpus=gpus,
         blocked=held_back(node),

@@ -35,6 +35,9 @@ class _Model(BaseModel):
 
 
 class Gpu(_Model):
+    vendor: Literal["nvidia", "amd"] = "nvidia"
+    """nvidia: the GPU operator's `nvidia.com/gpu.*` labels and `nvidia.com/gpu`; amd: the
+    AMD GPU operator's node labeller (`amd.com/gpu.*`) and `amd.com/gpu`."""
     product: str = "NVIDIA-H100-80GB-HBM3"
     count: int = Field(default=8, ge=0)
     memory_mib: int = Field(default=81559, alias="memoryMiB")
@@ -182,6 +185,28 @@ def load_seed(path: Path | None = None) -> Seed:
         raise SeedError(f"invalid seed {where}: {loc}: {err['msg']}") from None
 
 
+AMD_GPU = "amd.com/gpu"
+# What the AMD GPU operator's node labeller reads from each model (device id, CUs, SIMDs).
+_AMD_SHAPES = {"MI300X": ("74a1", 304, 1216), "MI325X": ("74a5", 304, 1216)}
+
+
+def amd_gpu_labels(gpu: Gpu) -> dict[str, str]:
+    """The AMD GPU operator's labels for a node of `gpu`s (its node labeller and NFD rule)."""
+    shape = next((v for k, v in _AMD_SHAPES.items() if k in gpu.product.upper()), None)
+    device_id, cus, simds = shape or ("74a1", 304, 1216)
+    labels = {
+        "feature.node.kubernetes.io/amd-gpu": "true",
+        "amd.com/gpu.product-name": gpu.product,
+        "amd.com/gpu.device-id": device_id,
+        "amd.com/gpu.family": gpu.family,
+        "amd.com/gpu.cu-count": str(cus),
+        "amd.com/gpu.simd-count": str(simds),
+        "amd.com/gpu.vram": f"{round(gpu.memory_mib / 1024)}G",
+        "amd.com/gpu.driver-version": gpu.driver,
+    }
+    return labels
+
+
 def _digest(*parts: str) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()
 
@@ -202,7 +227,10 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
         "hugepages-1Gi": "0",
         "hugepages-2Mi": "0",
     }
-    if n.gpu is not None:
+    if n.gpu is not None and n.gpu.vendor == "amd":
+        labels |= amd_gpu_labels(n.gpu) | {"nodeward.io/gpu-health": "healthy"}
+        capacity[AMD_GPU] = str(n.gpu.count)
+    elif n.gpu is not None:
         labels |= {
             "nvidia.com/gpu.present": "true",
             "nvidia.com/gpu.product": n.gpu.product,

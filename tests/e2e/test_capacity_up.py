@@ -1,6 +1,7 @@
 """With `nodeward up` running, `nodeward capacity` shows the seed's free GPUs by model and
-MIG profile, and an XID 79 quarantine lowers the free count of that node's model within 5 s;
-on the DRA node the one failed GPU is counted unhealthy and the node keeps 7 free."""
+MIG profile, and an XID 79 quarantine lowers the free count of that node's model within 5 s
+(an AMD uncorrectable ECC error on an MI300X node within a poll interval); on the DRA node the
+one failed GPU is counted unhealthy and the node keeps 7 free."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
+MI300X = "AMD_Instinct_MI300X_OAM"
 NODE = "gpu-h100-04"  # the seed's one H100 node with a GPU free (7 of 8 held by pods)
 DRA_NODE = "gpu-h100-dra-01"  # the seed's DRA node: 8 H100s in a ResourceSlice
 
@@ -40,8 +42,14 @@ def test_capacity_shows_the_seeds_free_gpus_and_a_quarantine_lowers_them(tmp_pat
         nats = up.endpoints["nats_url"]
         # The default seed by hand: H100 32, 31 held (one free on gpu-h100-04), and the DRA
         # node's 8, free; A100 24 whole GPUs, all held; the MIG node 28 x 1g.10gb (5
-        # notebooks hold one each) and 12 x 2g.20gb.
-        seed = {(H100, "gpu"): 9, (A100, "gpu"): 0, (A100, "1g.10gb"): 23, (A100, "2g.20gb"): 12}
+        # notebooks hold one each) and 12 x 2g.20gb; two MI300X nodes, 16 amd.com/gpu, all free.
+        seed = {
+            (H100, "gpu"): 9,
+            (A100, "gpu"): 0,
+            (A100, "1g.10gb"): 23,
+            (A100, "2g.20gb"): 12,
+            (MI300X, "gpu"): 16,
+        }
         wait_until(lambda: _free(nats) == seed, timeout=30, what="the seed's free GPUs")
 
         table = _capacity(nats, "--model", "H100")
@@ -82,3 +90,24 @@ def test_capacity_shows_the_seeds_free_gpus_and_a_quarantine_lowers_them(tmp_pat
         assert dra["profiles"]["gpu"]["free"] == 7 and dra["profiles"]["gpu"]["unhealthy"] == 1
         assert dra["blocked"] is None and dra["dra"] is True
         assert (_free(nats) or {}).get((A100, "1g.10gb")) == 23  # the other models as they were
+
+        # An AMD uncorrectable ECC error quarantines its MI300X node: 8 fewer free.
+        injected = run(
+            "sim",
+            "inject",
+            "--node",
+            "gpu-mi300x-02",
+            "--gpu",
+            "6",
+            "--fault",
+            "ecc-uncorrectable",
+            "--nats",
+            nats,
+        )
+        assert injected.returncode == 0, injected.stderr
+        # AMD SMI has no ECC event: the agent sees it at its next poll (poll_interval 10 s).
+        wait_until(
+            lambda: (_free(nats) or {}).get((MI300X, "gpu")) == 8,
+            timeout=20,
+            what="the MI300X free count to drop by a node within a poll of the ECC error",
+        )

@@ -191,3 +191,25 @@ def test_a_dra_node_counts_the_gpus_its_slices_publish() -> None:
     assert counted.blocked is None and counted.dra
     snap = CapacitySnapshot(at=datetime.now(UTC), nodes=[counted])
     assert snap.fits({"nvidia.com/gpu": 1}) == []  # a DRA GPU takes no extended-resource request
+
+
+def test_amd_nodes_count_amd_gpus_by_the_amd_operators_labels() -> None:
+    from sim.cluster.seed import load_seed, node_manifest
+
+    seeded = next(n for n in load_seed().nodes if n.name == "gpu-mi300x-01")
+    manifest = node_manifest(seeded, 8)
+    manifest["spec"]["taints"] = [{"key": "amd.com/gpu", "effect": "NoSchedule"}]
+    view = node_view(manifest)
+    assert view is not None
+    assert (view.model, view.gpus, view.allocatable) == ("AMD_Instinct_MI300X_OAM", 8, {"gpu": 8})
+    assert view.blocked is None  # the AMD operator's own taint holds nothing back
+    asked = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "nodeName": "gpu-mi300x-01",
+            "containers": [{"name": "c", "resources": {"limits": {"amd.com/gpu": "3"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    assert pod_gpus(asked) == ("gpu-mi300x-01", {"gpu": 3})
+    assert count(view, {"gpu": 3}).profiles["gpu"] == GpuCounts(free=5, used=3)

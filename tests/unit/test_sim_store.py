@@ -87,7 +87,11 @@ def test_history_and_compaction() -> None:
 
 def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     nodes = seeded.list(NODES)
-    assert len(nodes) == 9  # 8 device-plugin nodes, one DRA node
+    assert len(nodes) == 11  # with the DRA node
+    amd = [n for n in nodes if "amd.com/gpu.product-name" in n["metadata"]["labels"]]
+    assert [n["status"]["allocatable"]["amd.com/gpu"] for n in amd] == ["8", "8"]
+    assert {n["metadata"]["labels"]["amd.com/gpu.device-id"] for n in amd} == {"74a1"}
+    nodes = [n for n in nodes if n not in amd]
     assert all(n["metadata"]["labels"]["nvidia.com/gpu.count"] == "8" for n in nodes)
     products = {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes}
     assert products == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"}
