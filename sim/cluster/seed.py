@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.cluster.resources import by_kind, lookup
 from sim.cluster.store import Store, now
+from sim.nvml import gpu_uuid, model_for, pci_bus_id
 
 DEFAULT_SEED = "default-seed.yaml"
 CRIU_MISSING = "checkpoint/restore support not available"
@@ -52,10 +53,19 @@ class Mig(_Model):
     )
 
 
+class Dra(_Model):
+    """GPUs served through DRA: no `nvidia.com/gpu` extended resource, one ResourceSlice of
+    the driver's devices (`gpu-0`..), as the NVIDIA DRA driver's kubelet plugin publishes."""
+
+    driver: str = "gpu.nvidia.com"
+    cuda_driver: str = Field(default="12.4.0", alias="cudaDriver")
+
+
 class NodeSeed(_Model):
     name: str
     gpu: Gpu | None = Field(default_factory=Gpu)
     mig: Mig | None = None
+    dra: Dra | None = None
     cpu: str = "224"
     memory: str = "2063500Mi"
     instance_type: str = Field(default="p5.48xlarge", alias="instanceType")
@@ -233,7 +243,8 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
             else "false",
             "nodeward.io/gpu-health": "healthy",
         }
-        capacity["nvidia.com/gpu"] = str(n.gpu.count)
+        if n.dra is None:  # a DRA node publishes its GPUs in ResourceSlices instead
+            capacity["nvidia.com/gpu"] = str(n.gpu.count)
     if n.mig is not None:
         labels |= {
             "nvidia.com/mig.strategy": n.mig.strategy,
@@ -306,6 +317,55 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
+        },
+    }
+
+
+_COMPUTE_CAPABILITY = {"ampere": "8.0.0", "hopper": "9.0.0", "blackwell": "10.0.0"}
+
+
+def resource_slice_manifest(n: NodeSeed) -> dict[str, Any] | None:
+    """The ResourceSlice the NVIDIA DRA driver publishes for a DRA node's GPUs (one pool per
+    node, named after it; devices `gpu-<index>` with its GpuInfo attributes), or None."""
+    if n.dra is None or n.gpu is None:
+        return None
+    model = model_for(n.gpu.product)
+    major, minor, patch = [*n.gpu.driver.split("."), "0", "0"][:3]
+    devices = []
+    for i in range(n.gpu.count):
+        devices.append(
+            {
+                "name": f"gpu-{i}",
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": gpu_uuid(n.name, i)},
+                    "productName": {"string": model.name},
+                    "brand": {"string": "Nvidia"},
+                    "architecture": {"string": n.gpu.family.capitalize()},
+                    "cudaComputeCapability": {
+                        "version": _COMPUTE_CAPABILITY.get(n.gpu.family, "9.0.0")
+                    },
+                    "driverVersion": {"version": f"{int(major)}.{int(minor)}.{int(patch)}"},
+                    "cudaDriverVersion": {"version": n.dra.cuda_driver},
+                    "pcieBusID": {"string": pci_bus_id(i).lower()[4:]},
+                },
+                "capacity": {"memory": {"value": f"{n.gpu.memory_mib}Mi"}},
+            }
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{n.name}-{n.dra.driver}-{_digest('slice', n.name)[:5]}",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": n.name, "uid": "", "controller": True}
+            ],
+        },
+        "spec": {
+            "driver": n.dra.driver,
+            "nodeName": n.name,
+            "pool": {"name": n.name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
         },
     }
 
@@ -489,7 +549,8 @@ def apply_seed(store: Store, seed: Seed) -> None:
     assert node_rt is not None
     host_ips: dict[str, str] = {}
     lease_rt = lookup("coordination.k8s.io", "v1", "leases")
-    assert lease_rt is not None
+    slice_rt = lookup("resource.k8s.io", "v1", "resourceslices")
+    assert lease_rt is not None and slice_rt is not None
     for i, n in enumerate(seed.nodes):
         node = store.create(node_rt, "", node_manifest(n, i))
         host_ips[n.name] = node["status"]["addresses"][0]["address"]
@@ -517,6 +578,10 @@ def apply_seed(store: Store, seed: Seed) -> None:
                 },
             },
         )
+        dra_slice = resource_slice_manifest(n)
+        if dra_slice is not None:
+            dra_slice["metadata"]["ownerReferences"][0]["uid"] = node["metadata"]["uid"]
+            store.create(slice_rt, "", dra_slice)
     nb_rt = lookup("kubeflow.org", "v1", "notebooks")
     assert nb_rt is not None
     for nb in seed.notebooks:

@@ -278,7 +278,7 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
                 timeout=30,
             )
             assert nodes.returncode == 0, nodes.stderr
-            assert len(nodes.stdout.split()) == 10
+            assert len(nodes.stdout.split()) == 11  # with the AMD and the DRA nodes
         # A second `up` on the same state dir is refused.
         second = run("up", "--state-dir", str(state))
         assert second.returncode == 1 and "already running" in second.stderr
