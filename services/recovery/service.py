@@ -115,7 +115,16 @@ class RecoverySettings(Section):
     dry_run: bool = False
     bucket: str = BUCKET
     consumer: str = "recovery-quarantines"
+    subjects: list[str] = Field(default_factory=lambda: ["remediation.quarantine.>"], min_length=1)
     maintenance_consumer: str = "recovery-maintenance"
+    maintenance_subjects: list[str] = Field(
+        default_factory=lambda: [
+            "maintenance.done.>",
+            "maintenance.failed.>",
+            "maintenance.cancelled.>",
+        ],
+        min_length=1,
+    )
     remediators: dict[Plan, str] = Field(
         default_factory=lambda: {Plan.RESET: "gpu-reset", Plan.REBOOT: "reboot-annotation"},
         description="the remediator per plan: gpu-reset, reboot-annotation, webhook",
@@ -251,7 +260,7 @@ class RecoveryService:
         return ConsumerSpec(
             name=self.settings.consumer,
             stream="AUDIT",
-            subjects=("remediation.quarantine.>",),
+            subjects=tuple(self.settings.subjects),
             types=frozenset({Remediation.TYPE}),
             concurrency=4,
             order_key=lambda e: e.data.target.name,
@@ -262,7 +271,7 @@ class RecoveryService:
         return ConsumerSpec(
             name=self.settings.maintenance_consumer,
             stream="MAINTENANCE",
-            subjects=("maintenance.done.>", "maintenance.failed.>", "maintenance.cancelled.>"),
+            subjects=tuple(self.settings.maintenance_subjects),
             types=frozenset({Maintenance.TYPE}),
             concurrency=4,
             order_key=lambda e: str(e.data.node),

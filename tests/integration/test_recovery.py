@@ -1,0 +1,258 @@
+"""services.recovery with its real peers: NATS, the sim cluster, the cordon and checkpoint
+services, a simulated node's GPU agent (SimNvml) and the simulated reboot operator.
+
+A GPU fallen off the bus (XID 79) is quarantined by cordon; recovery drains the node
+through the maintenance workflow, asks for a reboot through the node label, sees the new
+bootID, has the agent validate the GPUs, and releases the node through cordon's and the
+checkpoint service's own release paths. A node whose GPU does not come back after the
+reboot fails validation twice: on-call is told (critical, RMA suggested) and the node stays
+quarantined. A SIGKILL-like stop mid-recovery is resumed by a new replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from launch.sim_agents.gpu import build_sim_gpu_agent
+from nodeward.bus import Bus
+from nodeward.bus.kv import TypedKV
+from nodeward.config import ClusterSettings, Settings
+from nodeward.daemon import Daemon
+from nodeward.kube.client import Backoff, KubeClient
+from schemas.remediation import Remediation
+from schemas.state.recovery import RecoveryRecord, Step, node_key
+from services.cordon.service import build as build_cordon
+from services.maintenance.service import build as build_checkpoint
+from services.recovery.service import build as build_recovery
+from sim.cluster import SimCluster
+from sim.cluster.seed import Gpu, NodeSeed, Seed
+from sim.inject import InjectRequest, request_injection
+from sim.reboot import SimRebootOperator
+from tests.integration.cordon_fixtures import read_stream
+
+pytestmark = pytest.mark.timeout(120)
+
+TAINT = "nodeward.io/gpu-unhealthy"
+
+
+@dataclass
+class RecoveryEnv:
+    sim: SimCluster
+    admin: KubeClient
+    bus: Bus
+    node: str
+    settings: Settings
+    bucket: str
+    daemons: list[Daemon] = field(default_factory=list)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    async def start(self, build: Callable[[Settings], Awaitable[Daemon]], who: str) -> Daemon:
+        identity = self.sim.write_kubeconfig(
+            Path(self.settings.cluster.kubeconfig or ".").with_name(f"kc-{who}-{self.bucket}"),
+            identity=who,
+        )
+        settings = self.settings.model_copy(
+            update={"cluster": ClusterSettings(kubeconfig=identity, retries=1)}
+        )
+        daemon = await build(settings)
+        await daemon.start()
+        self.daemons.append(daemon)
+        return daemon
+
+    async def record(self) -> RecoveryRecord | None:
+        kv = await self.bus.kv(self.bucket)
+        found = await TypedKV(kv, RecoveryRecord).get(node_key(self.node))
+        return found.value if found else None
+
+    async def node_obj(self) -> dict[str, Any]:
+        got: dict[str, Any] = await self.admin.request("GET", f"/api/v1/nodes/{self.node}")
+        return got
+
+    async def audits(self) -> list[Remediation]:
+        events = await read_stream(self.bus, "AUDIT", f"remediation.*.{self.node}")
+        return [e.data for e in events]
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def recovery_env(
+    bus: Bus, nats_url: str, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[RecoveryEnv]]]:
+    made: list[RecoveryEnv] = []
+
+    async def make(*, agent_gpus: int = 8, **recovery: Any) -> RecoveryEnv:
+        uid = uuid.uuid4().hex[:8]
+        node = f"rcv-{uid}"
+        seed = Seed(
+            namespaces=["nodeward"],
+            nodes=[
+                NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=8)),
+                *(NodeSeed(name=f"{node}-spare{i}") for i in range(3)),
+            ],
+        )
+        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
+        await sim.start()
+        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
+        admin = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
+        admin.backoff = Backoff(base=0.01, cap=0.05)
+        breaker = {"max_percent": 100, "max_nodes": 10, "calm_period": None,
+                   "bucket": f"breaker-{uid}"}  # fmt: skip
+        settings = Settings(
+            bus={"url": nats_url, "publish_timeout": "2s"},
+            cluster={"kubeconfig": admin_path, "retries": 1},
+            daemon={"shutdown_timeout": "4s"},
+            agents={"gpu": {"poll_interval": "0.3s", "heartbeat_interval": "5s"}},
+            services={
+                "cordon": {
+                    "consumer": f"cordon-{uid}",
+                    "bucket": f"cordon-{uid}",
+                    "subjects": [f"gpu.health.{node}.>"],
+                    "heartbeat_consumer": f"cordon-heartbeats-{uid}",
+                    "heartbeat_subjects": [f"gpu.heartbeat.{node}"],
+                    "healthy_period": "1h",  # no passive release: recovery's to do
+                    "breaker": breaker,
+                    "xid_repeats": {"enabled": False},
+                },
+                "checkpoint": {
+                    "consumer": f"checkpoint-{uid}",
+                    "bucket": f"checkpoint-{uid}",
+                    "subjects": [f"maintenance.requested.{node}"],
+                    "tick": "0.1s",
+                    "annotation_interval": "0.5s",
+                    "lease_ttl": "3s",
+                    "breaker": breaker,
+                },
+                "recovery": {
+                    "consumer": f"recovery-{uid}",
+                    "subjects": [f"remediation.quarantine.{node}"],
+                    "maintenance_consumer": f"recovery-mnt-{uid}",
+                    "maintenance_subjects": [
+                        f"maintenance.{p}.{node}" for p in ("done", "failed", "cancelled")
+                    ],
+                    "bucket": f"recovery-{uid}",
+                    "interval": "0.2s",
+                    "drain_deadline": "2s",
+                    "request_timeout": "3s",
+                    "breaker": breaker,
+                }
+                | recovery,
+            },
+        )
+        env = RecoveryEnv(sim, admin, bus, node, settings, f"recovery-{uid}")
+        made.append(env)
+        await env.start(build_cordon, "cordon")
+        await env.start(build_checkpoint, "checkpoint")
+        await env.start(build_recovery, "recovery")
+        node_seed = NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=agent_gpus))
+        agent, _, _ = await build_sim_gpu_agent(settings, node_seed)
+        await agent.start()
+        env.daemons.append(agent)
+        await wait_for(lambda: _ready(agent), "the GPU agent watching its GPUs")
+        operator = SimRebootOperator(admin, bus.nc, interval=0.2)
+        env.tasks.append(asyncio.create_task(operator.run()))
+        return env
+
+    yield make
+    for env in made:
+        for task in env.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for daemon in reversed(env.daemons):
+            await daemon.stop()
+        await env.admin.close()
+        await env.sim.stop()
+
+
+async def _ready(daemon: Daemon) -> bool:
+    return (await daemon.readiness()).ready
+
+
+async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
+    reply = await request_injection(
+        env.bus.nc, env.node, InjectRequest(gpu=gpu, fault="fallen-off-bus")
+    )
+    assert reply.ok, reply.error
+
+
+def _has_taint(node: dict[str, Any]) -> bool:
+    return any(t.get("key") == TAINT for t in (node.get("spec") or {}).get("taints") or [])
+
+
+async def test_xid_79_is_drained_rebooted_validated_and_released(recovery_env: Any) -> None:
+    env: RecoveryEnv = await recovery_env()
+    boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
+    await _fall_off_the_bus(env)
+
+    async def released() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.terminal else None
+
+    record = await wait_for(released, "the recovery to end")
+    assert record.step == Step.RELEASED, record.history
+    assert record.validation_failures == 0
+    node = await env.node_obj()
+    assert node["status"]["nodeInfo"]["bootID"] != boot_before
+    assert not _has_taint(node)
+    assert not node["spec"].get("unschedulable")
+    assert "nodeward.io/reboot-required" not in (node["metadata"].get("labels") or {})
+
+    audits = [(a.actor, a.action, a.outcome.value) for a in await env.audits()]
+    for step in [
+        ("service/recovery", "recover", "applied"),
+        ("service/recovery", "drain", "applied"),
+        ("service/recovery", "reboot", "applied"),
+        ("service/recovery", "validate", "applied"),
+        ("service/cordon", "release", "applied"),
+        ("service/recovery", "release", "applied"),
+    ]:
+        assert step in audits, (step, audits)
+
+
+async def test_validation_failing_twice_escalates_and_the_node_stays_quarantined(
+    recovery_env: Any,
+) -> None:
+    # The GPU never comes back: after each reboot the driver shows 7 of the node's 8.
+    env: RecoveryEnv = await recovery_env(agent_gpus=7)
+    await _fall_off_the_bus(env, gpu=2)
+
+    async def ended() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.terminal else None
+
+    record = await wait_for(ended, "the recovery to end", timeout=90)
+    assert record.step == Step.ESCALATED, record.history
+    assert record.validation_failures == 2
+    assert record.attempts == 2  # rebooted twice
+    node = await env.node_obj()
+    assert _has_taint(node) and node["spec"].get("unschedulable")  # still quarantined
+    audits = await env.audits()
+    failed = [a for a in audits if a.action == "validate" and a.outcome.value == "failed"]
+    assert len(failed) == 2 and "gpus present: 7 of 8" in failed[0].reason
+    (escalation,) = [a for a in audits if a.action == "escalate"]
+    assert "RMA suggested" in escalation.reason
+    notices = await read_stream(env.bus, "NOTIFY", "notify.>")
+    rma = [
+        n.data
+        for n in notices
+        if any(t.name == env.node for t in n.data.targets) and "RMA" in n.data.title
+    ]
+    assert rma and rma[0].severity.value == "critical"
+    assert not [a for a in audits if a.actor == "service/recovery" and a.action == "release"]
