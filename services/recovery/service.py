@@ -504,9 +504,11 @@ class RecoveryService:
 
         async def act() -> dict[str, Any]:
             try:
-                return await remediator.ask(record, self.tools)
+                asked = await remediator.ask(record, self.tools)
             except RemediatorError as exc:
                 raise _Failed(str(exc)) from exc
+            self.marks.failpoints.hit("recovery.asked")  # asked, not yet audited nor saved
+            return asked
 
         try:
             decided = await self.runner.run(proposal, act, [self.exemptions], retry=False)
@@ -703,6 +705,7 @@ class RecoveryService:
 
         stored = await self.records.update(node_key(record.node), apply)
         self.log.info("recovery.step", step=step.value, what=what)
+        self.marks.failpoints.hit(f"recovery.{step.value}")  # crash tests: after each save
         return stored.value if stored else record
 
 

@@ -36,6 +36,7 @@ from sim.cluster.seed import Gpu, NodeSeed, Seed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
 from tests.integration.cordon_fixtures import read_stream
+from tests.integration.crash_fixtures import ServiceProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,15 +54,18 @@ class RecoveryEnv:
     daemons: list[Daemon] = field(default_factory=list)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
-    async def start(self, build: Callable[[Settings], Awaitable[Daemon]], who: str) -> Daemon:
+    def settings_for(self, who: str) -> Settings:
+        """The settings with `who`'s own ServiceAccount."""
         identity = self.sim.write_kubeconfig(
             Path(self.settings.cluster.kubeconfig or ".").with_name(f"kc-{who}-{self.bucket}"),
             identity=who,
         )
-        settings = self.settings.model_copy(
+        return self.settings.model_copy(
             update={"cluster": ClusterSettings(kubeconfig=identity, retries=1)}
         )
-        daemon = await build(settings)
+
+    async def start(self, build: Callable[[Settings], Awaitable[Daemon]], who: str) -> Daemon:
+        daemon = await build(self.settings_for(who))
         await daemon.start()
         self.daemons.append(daemon)
         return daemon
@@ -97,7 +101,7 @@ async def recovery_env(
 ) -> AsyncIterator[Callable[..., Awaitable[RecoveryEnv]]]:
     made: list[RecoveryEnv] = []
 
-    async def make(*, agent_gpus: int = 8, **recovery: Any) -> RecoveryEnv:
+    async def make(*, agent_gpus: int = 8, in_process: bool = True, **recovery: Any) -> RecoveryEnv:
         uid = uuid.uuid4().hex[:8]
         node = f"rcv-{uid}"
         seed = Seed(
@@ -159,7 +163,8 @@ async def recovery_env(
         made.append(env)
         await env.start(build_cordon, "cordon")
         await env.start(build_checkpoint, "checkpoint")
-        await env.start(build_recovery, "recovery")
+        if in_process:
+            await env.start(build_recovery, "recovery")
         node_seed = NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=agent_gpus))
         agent, _, _ = await build_sim_gpu_agent(settings, node_seed)
         await agent.start()
@@ -256,3 +261,50 @@ async def test_validation_failing_twice_escalates_and_the_node_stays_quarantined
     ]
     assert rma and rma[0].severity.value == "critical"
     assert not [a for a in audits if a.actor == "service/recovery" and a.action == "release"]
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "recovery.draining",  # the drain asked, before the maintenance is done
+        "recovery.asked",  # the reboot asked, not yet audited nor its step saved
+        "recovery.rebooting",
+        "recovery.validating",
+        "recovery.releasing",
+    ],
+)
+async def test_a_recovery_killed_at_each_step_is_finished_after_restart(
+    recovery_env: Any, nats_url: str, tmp_path: Path, point: str
+) -> None:
+    env: RecoveryEnv = await recovery_env(in_process=False)
+    proc = ServiceProcess.of("recovery", env.settings_for("recovery"), tmp_path, nats_url)
+    try:
+        proc.start(failpoint=point)
+        await wait_for(lambda: _consuming(env), "the recovery process's consumer")
+        await _fall_off_the_bus(env)
+        assert await proc.exited() == -9, proc.tail()  # SIGKILLed at the point
+        proc.start()
+
+        async def ended() -> RecoveryRecord | None:
+            record = await env.record()
+            return record if record is not None and record.terminal else None
+
+        record = await wait_for(ended, f"the recovery to end; log: {proc.tail()}")
+        assert record.step == Step.RELEASED, record.history
+        assert record.attempts == 1, record.history  # one reboot, whatever the kill
+        node = await env.node_obj()
+        assert not _has_taint(node) and not node["spec"].get("unschedulable")
+        audits = [(a.actor, a.action, a.outcome.value) for a in await env.audits()]
+        assert audits.count(("service/recovery", "reboot", "applied")) >= 1
+        assert ("service/recovery", "release", "applied") in audits
+    finally:
+        proc.stop()
+
+
+async def _consuming(env: RecoveryEnv) -> bool:
+    consumer = f"recovery-{env.bucket.removeprefix('recovery-')}"
+    try:
+        await env.bus.js.consumer_info("AUDIT", consumer)
+    except Exception:  # noqa: BLE001 - not there yet
+        return False
+    return True
