@@ -83,6 +83,15 @@ def test_xid_79_ends_drained_rebooted_validated_and_released(tmp_path: Path) -> 
         assert not node["spec"].get("unschedulable")  # released
         taints = [t["key"] for t in node["spec"].get("taints") or []]
         assert "nodeward.io/gpu-unhealthy" not in taints
+
+        # The story on up's terminal tells each step of the recovery.
+        def told(*words: str) -> bool:
+            return any(all(w in line for w in words) for line in up.output.out)
+
+        wait_until(lambda: told("RELEASE", "release", NODE, "back in service"), timeout=20,
+                   what=f"the story's release line: {up.output.out[-5:]}")  # fmt: skip
+        for action in ("recover", "drain", "reboot", "validate"):
+            assert told("RECOVERY", f"{action} node/{NODE}: applied"), action
         labels = node["metadata"].get("labels") or {}
         assert "nodeward.io/reboot-required" not in labels  # the request taken back
         assert "nodeward.io/reboot-request" not in (node["metadata"].get("annotations") or {})
