@@ -113,7 +113,8 @@ def parse_dcgm_diag(text: str) -> tuple[str, list[ValidationCheck]]:
                     str(w.get("warning", w)) if isinstance(w, dict) else str(w) for w in warnings
                 )
                 name = f"dcgm {test.get('name', '?')}"
-                for g in [*ids] or [None]:
+                targets: list[int | None] = [*ids] or [None]  # None: the node's result
+                for g in targets:
                     checks.append(
                         ValidationCheck(
                             name=name,

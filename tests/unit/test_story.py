@@ -365,7 +365,7 @@ def test_each_step_of_a_recovery_is_told() -> None:
             reason=reason,
             actor="service/recovery",
         )
-        story.on_event(wire(step, T0 + timedelta(seconds=i)), T0 + timedelta(seconds=i))  # type: ignore[arg-type]
+        story.on_event(wire(step, T0 + timedelta(seconds=i)), T0 + timedelta(seconds=i))
     story.flush(everything=True)
     assert [line.split()[0] for line in lines] == ["RECOVERY"] * 4 + ["RELEASE"]
     assert "reboot node/gpu-a: applied" in lines[2] and "bootID a -> b" in lines[2]
