@@ -281,9 +281,10 @@ class RecoveryService:
     async def handle_quarantine(self, event: Event[Any], delivery: Delivery) -> None:
         """A quarantine cordon applied: recover the node if its fault calls for it."""
         audit: Remediation = event.data
+        grew = audit.outcome == Outcome.SKIPPED and audit.guard == "already_quarantined"
         if (
             audit.actor != CORDON_ACTOR
-            or audit.outcome != Outcome.APPLIED
+            or (audit.outcome != Outcome.APPLIED and not grew)
             or audit.target.kind != "Node"
             or audit.trigger_event_id is None
         ):
@@ -301,7 +302,32 @@ class RecoveryService:
             return
         with structlog.contextvars.bound_contextvars(node=node, incident=audit.trigger_event_id):
             async with self.node_lock(node):
-                await self._start(event, audit, decision.kind, decision.plan, decision.why)
+                if grew:
+                    await self._fault_grew(audit, decision.kind, decision.plan, decision.why)
+                else:
+                    await self._start(event, audit, decision.kind, decision.plan, decision.why)
+
+    async def _fault_grew(
+        self, audit: Remediation, kind: Kind, plan: Plan | None, why: str
+    ) -> None:
+        """A quarantined node's fault got worse (a GPU of it reported more, a later finding):
+        an RMA fault escalates the recovery under way; a reboot replaces a reset not yet
+        asked for."""
+        current = await self.records.get(node_key(audit.target.name))
+        record = current.value if current else None
+        if record is None or record.terminal:
+            return
+        if kind == Kind.ESCALATE:
+            await self._escalate(record, f"the fault grew: {audit.reason}; {why}")
+        elif (
+            plan == Plan.REBOOT
+            and record.plan == Plan.RESET
+            and record.step in (Step.DRAINING, Step.REMEDIATING)
+            and record.asked_at is None
+        ):
+            remediator = self.settings.remediators[Plan.REBOOT]
+            record = await self._update(record, plan=Plan.REBOOT, remediator=remediator)
+            await self._save(record, record.step, f"plan now reboot: {why}", note_only=True)
 
     async def _start(
         self, event: Event[Any], audit: Remediation, kind: Kind, plan: Plan | None, why: str

@@ -308,3 +308,54 @@ async def _consuming(env: RecoveryEnv) -> bool:
     except Exception:  # noqa: BLE001 - not there yet
         return False
     return True
+
+
+async def test_an_uncorrectable_ecc_burst_is_drained_reset_by_the_agent_and_released(
+    recovery_env: Any,
+) -> None:
+    # XID 48 with double-bit ECC errors: the catalog says reset_gpu; no reboot.
+    env: RecoveryEnv = await recovery_env()
+    boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
+    reply = await request_injection(
+        env.bus.nc, env.node, InjectRequest(gpu=5, fault="ecc-dbe-burst")
+    )
+    assert reply.ok, reply.error
+
+    async def ended() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.terminal else None
+
+    record = await wait_for(ended, "the recovery to end")
+    assert record.step == Step.RELEASED, record.history
+    assert (record.plan.value, record.remediator, record.gpus) == ("reset", "gpu-reset", [5])
+    node = await env.node_obj()
+    assert node["status"]["nodeInfo"]["bootID"] == boot_before  # reset, not rebooted
+    assert not _has_taint(node) and not node["spec"].get("unschedulable")
+    audits = [(a.actor, a.action, a.outcome.value) for a in await env.audits()]
+    assert ("service/recovery", "reset", "applied") in audits
+    assert ("service/recovery", "reboot", "applied") not in audits
+    assert ("service/recovery", "validate", "applied") in audits
+    assert ("service/cordon", "release", "applied") in audits
+
+
+async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
+    recovery_env: Any,
+) -> None:
+    # XID 64 (reset_gpu) comes first and starts a reset plan; the row-remap failure the agent
+    # reports next (drain_and_rma) reaches recovery as cordon's `already_quarantined`.
+    env: RecoveryEnv = await recovery_env()
+    reply = await request_injection(
+        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
+    )
+    assert reply.ok, reply.error
+
+    async def escalated() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "escalate"]
+
+    (escalation,) = await wait_for(escalated, "the escalation")
+    assert "RMA suggested" in escalation.reason and "drain_and_rma" in escalation.reason
+    record = await env.record()
+    assert record is not None and record.step == Step.ESCALATED, record
+    audits = await env.audits()
+    assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
+    assert _has_taint(await env.node_obj())  # quarantined, for a human
