@@ -32,8 +32,10 @@ GRANTS = ServiceGrants(
         "maintenance.requested.*",  # the drain before a reset or reboot
         "agent.gpu.reset.*",  # request/reply to a node's GPU agent
         "agent.gpu.validate.*",
-        # The owners' release paths, asked as `service/recovery` (audited by them):
+        # The owners' release paths, asked as `service/recovery` (audited by them); `cancel`:
+        # its own maintenance taken back when the quarantine ended without recovery.
         control_subject("checkpoint", "finish"),
+        control_subject("checkpoint", "cancel"),
         control_subject("cordon", "release"),
         *PUBLISHES,
     ),

@@ -627,15 +627,8 @@ class RecoveryService:
         reason = f"validated after the {record.plan.value} of incident {record.incident}"
         replies: dict[str, str] = {}
         for service, verb in (("checkpoint", "finish"), ("cordon", "release")):
-            ask = ControlRequest(
-                service=service, verb=verb, operator=ACTOR, reason=reason, target=record.node
-            )
-            try:
-                reply = await request(
-                    self.bus.nc, ask, timeout=self.settings.request_timeout.total_seconds()
-                )
-            except ControlTimeout as exc:
-                self.log.warning("recovery.release_unanswered", service=service, error=str(exc))
+            reply = await self._ask(service, verb, record.node, reason)
+            if reply is None:
                 return  # tried again on the next pass
             if reply.status == ControlStatus.ERROR:
                 self.log.warning("recovery.release_failed", service=service, reply=reply.message)
@@ -648,8 +641,13 @@ class RecoveryService:
         await self._save(record, Step.RELEASED, "released")
 
     async def _ended_elsewhere(self, record: RecoveryRecord) -> None:
-        """The quarantine ended before recovery released it (an operator): stop, take back
-        the reboot request if one is held."""
+        """The quarantine ended before recovery released it (an operator, or cordon once the
+        GPUs read healthy): stop, taking back what recovery asked for: the reboot request,
+        and the maintenance (cancelled before its drain, else finished once done)."""
+        if "draining: requested" in record.history and not await self._take_back_maintenance(
+            record
+        ):
+            return  # the drain is under way: finished on a later pass
         with contextlib.suppress(Exception):
             await self.marks.release(record.node)
         proposal = self._proposal(record, "recover", f"recovery of {record.node} stopped")
@@ -660,6 +658,32 @@ class RecoveryService:
             "ended without it (released by an operator?)",
         )
         await self._save(record, Step.GONE, "quarantine ended elsewhere")
+
+    async def _take_back_maintenance(self, record: RecoveryRecord) -> bool:
+        """Cancel the node's maintenance, or finish it once done; True when nothing of it is
+        left to take back."""
+        reason = f"the quarantine of incident {record.incident} ended without recovery"
+        for verb in ("cancel", "finish"):
+            reply = await self._ask("checkpoint", verb, record.node, reason)
+            if reply is None or reply.status == ControlStatus.ERROR:
+                return False
+            guard = reply.details.get("guard")
+            if reply.status == ControlStatus.OK or guard == "not_ours":
+                return True
+            if guard in ("draining", "not_done"):
+                return False  # the drain runs on: finished when it is done
+        return False
+
+    async def _ask(self, service: str, verb: str, node: str, reason: str) -> ControlReply | None:
+        """An owner's operator control, asked as `service/recovery`; None if unanswered."""
+        ask = ControlRequest(service=service, verb=verb, operator=ACTOR, reason=reason, target=node)
+        try:
+            return await request(
+                self.bus.nc, ask, timeout=self.settings.request_timeout.total_seconds()
+            )
+        except ControlTimeout as exc:
+            self.log.warning("recovery.control_unanswered", service=service, error=str(exc))
+            return None
 
     async def _escalate(self, record: RecoveryRecord, why: str) -> None:
         """On-call: critical, RMA suggested. The node stays quarantined."""

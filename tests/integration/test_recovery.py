@@ -22,10 +22,12 @@ import pytest
 
 from launch.sim_agents.gpu import build_sim_gpu_agent
 from nodeward.bus import Bus
+from nodeward.bus.control import request as control_request
 from nodeward.bus.kv import TypedKV
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube.client import Backoff, KubeClient
+from schemas.control import ControlRequest
 from schemas.remediation import Remediation
 from schemas.state.recovery import RecoveryRecord, Step, node_key
 from services.cordon.service import build as build_cordon
@@ -101,7 +103,13 @@ async def recovery_env(
 ) -> AsyncIterator[Callable[..., Awaitable[RecoveryEnv]]]:
     made: list[RecoveryEnv] = []
 
-    async def make(*, agent_gpus: int = 8, in_process: bool = True, **recovery: Any) -> RecoveryEnv:
+    async def make(
+        *,
+        agent_gpus: int = 8,
+        in_process: bool = True,
+        reboot_operator: bool = True,
+        **recovery: Any,
+    ) -> RecoveryEnv:
         uid = uuid.uuid4().hex[:8]
         node = f"rcv-{uid}"
         seed = Seed(
@@ -170,8 +178,9 @@ async def recovery_env(
         await agent.start()
         env.daemons.append(agent)
         await wait_for(lambda: _ready(agent), "the GPU agent watching its GPUs")
-        operator = SimRebootOperator(admin, bus.nc, interval=0.2)
-        env.tasks.append(asyncio.create_task(operator.run()))
+        if reboot_operator:
+            operator = SimRebootOperator(admin, bus.nc, interval=0.2)
+            env.tasks.append(asyncio.create_task(operator.run()))
         return env
 
     yield make
@@ -359,3 +368,40 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     audits = await env.audits()
     assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
     assert _has_taint(await env.node_obj())  # quarantined, for a human
+
+
+async def test_a_quarantine_an_operator_releases_mid_recovery_ends_it_and_takes_back_its_asks(
+    recovery_env: Any,
+) -> None:
+    # No reboot operator: the recovery waits for a reboot that never comes.
+    env: RecoveryEnv = await recovery_env(reboot_operator=False)
+    await _fall_off_the_bus(env)
+
+    async def rebooting() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.step == Step.REBOOTING else None
+
+    await wait_for(rebooting, "the reboot asked")
+    labels = (await env.node_obj())["metadata"].get("labels") or {}
+    assert labels.get("nodeward.io/reboot-required") == "true"
+    reply = await control_request(
+        env.bus.nc,
+        ControlRequest(service="cordon", verb="release", operator="alice", target=env.node),
+        timeout=10,
+    )
+    assert reply.status.value == "ok", reply.message
+
+    async def gone() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.terminal else None
+
+    record = await wait_for(gone, "the recovery to stop")
+    assert record.step == Step.GONE, record.history
+    node = await env.node_obj()
+    assert not node["spec"].get("unschedulable")  # the maintenance's cordon taken back too
+    assert "nodeward.io/reboot-required" not in (node["metadata"].get("labels") or {})
+    audits = await env.audits()
+    assert [a for a in audits if a.guard == "quarantine_ended"]
+    assert ("service/checkpoint", "finish", "applied") in [
+        (a.actor, a.action, a.outcome.value) for a in audits
+    ]
