@@ -340,7 +340,7 @@ class RecoveryService:
             return  # this quarantine's recovery (a redelivery, another GPU) or one under way
         gpus = gpu_indices(audit.details.get("gpus") or [audit.details.get("gpu", "")])
         xids = [int(x) for x in audit.details.get("xids") or []]
-        reason = f"{node}: {audit.reason}; {why}"
+        reason = f"{audit.reason}; {why}"  # cordon's reason starts with the node
         try:
             obj = await self.cluster.nodes.get(node)
         except NotFound:
