@@ -405,3 +405,43 @@ async def test_a_quarantine_an_operator_releases_mid_recovery_ends_it_and_takes_
     assert ("service/checkpoint", "finish", "applied") in [
         (a.actor, a.action, a.outcome.value) for a in audits
     ]
+
+
+async def test_the_per_node_retry_limit_leaves_a_second_quarantine_to_on_call(
+    recovery_env: Any,
+) -> None:
+    env: RecoveryEnv = await recovery_env(retry_limit=1)
+    await _fall_off_the_bus(env)
+
+    async def released() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.step == Step.RELEASED else None
+
+    first = await wait_for(released, "the first recovery")
+    await _fall_off_the_bus(env, gpu=4)  # the same node fails again within the window
+
+    async def refused() -> list[Remediation]:
+        return [
+            a for a in await env.audits() if a.action == "recover" and a.outcome.value == "refused"
+        ]
+
+    (refusal,) = await wait_for(refused, "the second recovery refused")
+    assert refusal.guard == "retry_limit" and "stays quarantined" in refusal.reason
+    assert _has_taint(await env.node_obj())
+    record = await env.record()
+    assert record is not None and record.incident == first.incident  # no second recovery
+
+
+async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any) -> None:
+    env: RecoveryEnv = await recovery_env(dry_run=True)
+    await _fall_off_the_bus(env)
+
+    async def dry() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "recover"]
+
+    (decision,) = await wait_for(dry, "the dry-run decision")
+    assert decision.outcome.value == "dry_run" and decision.dry_run
+    await asyncio.sleep(1)  # what a real run would have done by now (drain asked) is absent
+    assert await env.record() is None
+    assert not await read_stream(env.bus, "MAINTENANCE", f"maintenance.*.{env.node}")
+    assert _has_taint(await env.node_obj())
