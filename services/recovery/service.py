@@ -102,10 +102,17 @@ OWNER = "recovery"  # of its marks on the node (the reboot request)
 TOPIC = "recovery"
 CORDON_ACTOR = "service/cordon"
 GPU_RESOURCE = "nvidia.com/gpu"
-# Steps that go well are news, not pages; failures and the escalation page (the default).
-_INFO = MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})
+# Steps that go well are news, not pages; a failed step that recovery tries again is a
+# warning; the escalation (critical, set on its proposal) pages.
+_STEP = MappingProxyType(
+    {
+        Outcome.APPLIED: Severity.INFO,
+        Outcome.DRY_RUN: Severity.INFO,
+        Outcome.FAILED: Severity.WARNING,
+    }
+)
 SEVERITIES = MappingProxyType(
-    {a: _INFO for a in ("recover", "drain", "reset", "reboot", "validate", "release")}
+    {a: _STEP for a in ("recover", "drain", "reset", "reboot", "validate", "release")}
 )
 
 
@@ -334,10 +341,12 @@ class RecoveryService:
     ) -> None:
         node, incident = audit.target.name, str(audit.trigger_event_id)
         current = await self.records.get(node_key(node))
-        if current is not None and (
-            current.value.incident == incident or not current.value.terminal
+        if (
+            current is not None
+            and current.value.incident != incident
+            and not current.value.terminal
         ):
-            return  # this quarantine's recovery (a redelivery, another GPU) or one under way
+            return  # another GPU of the quarantine under way (its own record is the first's)
         gpus = gpu_indices(audit.details.get("gpus") or [audit.details.get("gpu", "")])
         xids = [int(x) for x in audit.details.get("xids") or []]
         reason = f"{audit.reason}; {why}"  # cordon's reason starts with the node
@@ -355,6 +364,13 @@ class RecoveryService:
             obj=obj,
             details={"incident": incident, "gpus": gpus, "xids": xids},
         )
+        if current is not None and current.value.incident == incident:
+            # A redelivery (a restart between the record and its audit): the audit again,
+            # under the same id, which JetStream stores once.
+            if kind == Kind.RECOVER:
+                done = {"plan": current.value.plan.value, "remediator": current.value.remediator}
+                await self.runner.record(proposal, Outcome.APPLIED, details=done)
+            return
         if kind == Kind.ESCALATE:
             record = self._new(node, incident, Plan.REBOOT, gpus, xids, reason)
             await self._escalate(record, why)
@@ -608,18 +624,25 @@ class RecoveryService:
     async def _failed_attempt(
         self, record: RecoveryRecord, why: str, *, details: dict[str, Any] | None = None
     ) -> None:
-        """A validation failed (or the cure never came): remediate again, or escalate."""
+        """A validation failed (or the cure never came): remediate again, or escalate. The
+        count and the next step are saved in one write (a restart never counts it twice)."""
         failures = record.validation_failures + 1
         proposal = self._proposal(record, "validate", f"validation of {record.node} failed: {why}")
         await self.runner.fail(proposal, details={**(details or {}), "failures_so_far": failures})
-        record = await self._update(
-            record, validation_failures=failures, last_failure=why, asked_at=None
-        )
         nxt = after_validation_failure(failures, max_failures=self.settings.max_validation_failures)
-        if nxt == AfterFailure.ESCALATE:
+        again = nxt == AfterFailure.RETRY
+        record = await self._update(
+            record,
+            validation_failures=failures,
+            last_failure=why,
+            asked_at=None,
+            step=Step.REMEDIATING if again else record.step,
+            history=[*record.history, f"failed: {why}"][-40:],
+        )
+        self.marks.failpoints.hit("recovery.failed")
+        if not again:
             await self._escalate(record, f"validation failed {failures} times; last: {why}")
             return
-        await self._save(record, Step.REMEDIATING, f"validation failed ({why}); again")
         self.wake.set()
 
     async def _release(self, record: RecoveryRecord, obj: Obj) -> None:
@@ -630,7 +653,12 @@ class RecoveryService:
             reply = await self._ask(service, verb, record.node, reason)
             if reply is None:
                 return  # tried again on the next pass
-            if reply.status == ControlStatus.ERROR:
+            refused = reply.status == ControlStatus.REFUSED
+            if reply.status == ControlStatus.ERROR or (
+                # cordon: nothing of nodeward's left to release is done; anything else (still
+                # being applied, an operator rate limit) is tried again on the next pass
+                service == "cordon" and refused and reply.details.get("guard") != "not_ours"
+            ):
                 self.log.warning("recovery.release_failed", service=service, reply=reply.message)
                 return
             replies[f"{service}.{verb}"] = _reply_line(reply)
