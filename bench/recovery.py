@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -34,12 +36,12 @@ from schemas import decode  # noqa: E402 - after the path is set
 from schemas.control import ControlRequest  # noqa: E402
 
 
-async def one(nc: nats.NATS, node: str, timeout: float) -> tuple[float, float]:
+async def one(nc: NATS, node: str, timeout: float) -> tuple[float, float]:
     """(seconds to the quarantine's audit, seconds to recovery's release) for one node."""
     quarantined: asyncio.Future[float] = asyncio.get_running_loop().create_future()
     released: asyncio.Future[float] = asyncio.get_running_loop().create_future()
 
-    async def on_audit(msg: nats.aio.msg.Msg) -> None:
+    async def on_audit(msg: Msg) -> None:
         try:
             data = decode(msg.subject, msg.headers, msg.data).data
         except Exception as exc:  # noqa: BLE001
