@@ -445,3 +445,50 @@ async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any)
     assert await env.record() is None
     assert not await read_stream(env.bus, "MAINTENANCE", f"maintenance.*.{env.node}")
     assert _has_taint(await env.node_obj())
+
+
+async def test_the_webhook_remediator_posts_the_request_and_waits_for_the_reboot(
+    recovery_env: Any,
+) -> None:
+    from aiohttp import web
+
+    received: list[dict[str, Any]] = []
+    env_box: list[RecoveryEnv] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        body = await request.json()
+        received.append(body)
+        env = env_box[0]
+        # The receiver (a site's reboot system) reboots the node, as the operator would.
+        operator = SimRebootOperator(env.admin, env.bus.nc)
+        await operator.reboot(await env.node_obj())
+        return web.json_response({"accepted": True}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/reboot", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        env: RecoveryEnv = await recovery_env(
+            reboot_operator=False,
+            remediators={"reboot": "webhook"},
+            webhook_url=f"http://127.0.0.1:{port}/reboot",
+        )
+        env_box.append(env)
+        await _fall_off_the_bus(env, gpu=6)
+
+        async def ended() -> RecoveryRecord | None:
+            record = await env.record()
+            return record if record is not None and record.terminal else None
+
+        record = await wait_for(ended, "the recovery to end")
+        assert record.step == Step.RELEASED, record.history
+        (body,) = received
+        assert body["action"] == "reboot" and body["node"] == env.node and body["gpus"] == [6]
+        assert body["xids"] == [79] and body["request_id"].endswith("/reboot/1")
+        assert not _has_taint(await env.node_obj())
+    finally:
+        await runner.cleanup()
