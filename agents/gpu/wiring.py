@@ -9,6 +9,7 @@ from typing import Any
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import select
 from agents.gpu.settings import GpuAgentSettings
+from agents.gpu.validate import Validator
 from agents.sources.podresources import KubeletPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
@@ -50,6 +51,7 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
         pods=pods,
     )
     agent.attach(daemon)
+    await Validator(agent).serve(bus.nc)  # services.recovery's reset and validation
     daemon.add_shutdown_hook(pods.close)
     return daemon
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
 from agents.gpu.settings import GpuAgentSettings
+from agents.gpu.validate import Validator
 from agents.sources.pods import StaticPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
@@ -181,6 +182,11 @@ async def build_sim_gpu_agent(
     )
     agent.attach(daemon)
     await serve_injections(bus.nc, sim, kmsg)
+
+    async def sim_reset(index: int, bus_id: str | None) -> None:
+        sim.recover(index)  # what `nvidia-smi -r` does to the simulated GPU
+
+    await Validator(agent, reset=sim_reset, dcgmi="").serve(bus.nc)
 
     async def release_hung_calls() -> None:
         sim.close()

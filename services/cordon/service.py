@@ -164,6 +164,15 @@ def _target(node: str) -> ObjectRef:
     return ObjectRef(kind="Node", name=node, api_version="v1")
 
 
+def fault_details(health: GpuHealth) -> dict[str, Any]:
+    """The fault of a quarantine's audit record: its recommended actions and XIDs."""
+    actions = {health.recommended_action.value, *(r.action.value for r in health.reasons)}
+    return {
+        "recommended_actions": sorted(actions - {"none"}),
+        "xids": sorted({r.xid for r in health.reasons if r.xid is not None}),
+    }
+
+
 def describe(health: GpuHealth) -> str:
     parts = [f"GPU {health.gpu_key()} ({health.gpu_uuid}) {health.state.value}"]
     for r in health.reasons:
@@ -447,7 +456,8 @@ class CordonService:
             trigger_id=q.incident if pending and q else event.id,
             trigger_time=q.started_at if pending and q else event.time,
             obj=node,
-            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
+            # The fault, for services.recovery (it decides on reset or reboot from these).
+            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid, **fault_details(health)},
         )
         if q is not None and await self._releasing(name, q):
             # A release cut short by a restart: finish it before this failure is judged,
