@@ -9,12 +9,14 @@ from typing import Any
 
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
+from agents.gpu.validate import Validator
 from agents.sources.pods import StaticPods
 from launch.sim_agents.gpu import build_sim_gpu_agent
 from nodeward.bus import Bus
 from nodeward.config import BusSettings, Settings
 from nodeward.kube.nodes import condition_of
 from schemas.common import PodRef
+from schemas.recovery import CheckStatus, ValidateRequest
 from schemas.remediation import Outcome
 from sim.amdsmi import SimAmdSmi
 from sim.cluster.seed import Gpu, PodSeed, load_seed
@@ -129,8 +131,18 @@ async def test_amd_ring_hang_fails_the_gpu_until_the_reset_completes(
         codes = agent.watches[1].units[0].codes
         assert any(c.startswith("ring_hang") for c in codes), codes
         assert state(0) == "healthy"
+        # Recovery's validation reads AMD GPUs through the backend: it fails this node now.
+        validator = Validator(agent, dcgmi="")
+        ask = ValidateRequest(node=name, request_id="r1", expected_gpus=2)
+        report = await validator.validate(ask)
+        assert not report.passed and report.gpus_found == 2
+        failing = {(c.name, c.gpu) for c in report.checks if c.status == CheckStatus.FAIL}
+        assert failing == {("not failed", 1)}, report.checks
         smi.recover(1)  # the driver's reset completes: GPU_POST_RESET
         await wait_for(lambda: state(1) == "healthy", timeout=5, what="healthy after reset")
+        report = await validator.validate(ask)
+        assert report.passed, report.checks
+        assert {c.name for c in report.checks} >= {"gpus present", "answers amdsmi", "not failed"}
     finally:
         smi.close()
         task.cancel()
