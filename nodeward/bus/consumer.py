@@ -51,7 +51,7 @@ from schemas.dlq import DeadLetter, DeadLetterReason
 from schemas.ids import stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
-from schemas.streams import STREAMS
+from schemas.streams import STREAMS, stream_spec
 
 
 class Bus(Protocol):
@@ -131,6 +131,11 @@ class ConsumerSpec:
     # Types not listed get `identity.default_binding` (their <node>, <ns>, <pod> tokens).
     identity: tuple[Binding, ...] = ()
     identity_notice_window: timedelta = timedelta(minutes=15)
+    # Partitions (`bus.partitions`): one durable `<name>-p<i>` per partition, each consumed
+    # by the one replica holding its KV lease (`nodeward.bus.partitions`); 1: one durable
+    # every replica shares (no order across replicas).
+    partitions: int = 1
+    lease_ttl: timedelta = timedelta(seconds=10)
 
     def __post_init__(self) -> None:
         if min(self.max_deliver, self.concurrency, self.batch, self.dead_letter_tries) < 1:
@@ -141,6 +146,23 @@ class ConsumerSpec:
             raise ValueError("max_ack_pending must cover batch + concurrency")
         if self.identity_notice_window.total_seconds() <= 0:
             raise ValueError("identity_notice_window must be positive")
+        if self.partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        if self.partitions > 1 and stream_spec(self.stream).partitioning is None:
+            raise ValueError(f"stream {self.stream} is not partitioned (StreamSpec.partitioning)")
+
+    def partition(self, index: int) -> ConsumerSpec:
+        """The durable of partition `index`: `<name>-p<index>` on the same subjects narrowed
+        to that partition's stored subjects (`gpu.health.>` -> `gpu.health.*.*.<index>`)."""
+        partitioning = stream_spec(self.stream).partitioning
+        if partitioning is None or not 0 <= index < self.partitions:
+            raise ValueError(f"{self.name} has no partition {index}")
+        return replace(
+            self,
+            name=f"{self.name}-p{index}",
+            subjects=tuple(partitioning.narrow(s, index) for s in self.subjects),
+            partitions=1,
+        )
 
     @staticmethod
     def bind(model: type[EventData], *fields: str) -> Binding:
@@ -310,7 +332,7 @@ class Consumer:
                 # As provisioned: the bus's replica count, not the spec's default.
                 spec = replace(spec, replicas=self.bus.settings.stream_replicas)
                 self.log.warning("consumer.stream_recreated", stream=spec.name)
-                await ensure_stream(self.bus.js, spec)
+                await ensure_stream(self.bus.js, spec, partitions=self.bus.settings.partitions)
                 await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
         except Exception as exc:  # noqa: BLE001 - try again on the next conflict
             self.log.warning("consumer.recreate_failed", error=one_line(exc))
