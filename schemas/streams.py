@@ -36,6 +36,15 @@ class Partitioning:
         if any(k < 1 or k > wildcards for k in self.keys):
             raise ValueError(f"keys {self.keys} name wildcards {self.source} does not have")
 
+    @staticmethod
+    def index(keys: tuple[str, ...], count: int) -> int:
+        """The partition the server stores a key in: FNV-1a (32 bit) of the key's tokens
+        concatenated, modulo `count`, as nats-server's `partition` transform computes it."""
+        h = 0x811C9DC5
+        for byte in "".join(keys).encode():
+            h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+        return h % count
+
     def destination(self, count: int) -> str:
         """The stream's subject transform destination for `count` partitions."""
         out, n = [], 0

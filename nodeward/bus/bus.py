@@ -209,9 +209,19 @@ class Bus:
         if spec.partitions > 1:
             if leases is None:
                 raise ValueError(f"{spec.name}: a partitioned consumer needs a leases bucket")
-            consumer = PartitionedConsumer(self, spec, handler, leases)
+            consumer = PartitionedConsumer(self, [(spec, handler)], leases)
         else:
             consumer = Consumer(self, spec, handler)
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    async def consume_partitioned(
+        self, name: str, consumers: Sequence[tuple[ConsumerSpec, Handler]], leases: KeyValue
+    ) -> PartitionedConsumer:
+        """Several partitioned specs claimed together (partition i of each by one replica),
+        as lease group `name` in KV bucket `leases` (`nodeward.bus.partitions`)."""
+        consumer = PartitionedConsumer(self, consumers, leases, name=name)
         await consumer.start()
         self.consumers.append(consumer)
         return consumer

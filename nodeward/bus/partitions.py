@@ -4,7 +4,9 @@ A partitioned stream stores each subject with its partition appended (`schemas.s
 Partitioning`: every subject of one node, or one pod, lands in one partition). A
 `ConsumerSpec` with `partitions` P > 1 has one durable per partition (`<name>-p<i>`), and
 each is consumed by at most one replica at a time: the one holding KV lease
-`lease.<name>.p<i>` (`nodeward.bus.kv.Lease`) in the service's bucket.
+`lease.<group>.p<i>` (`nodeward.bus.kv.Lease`) in the service's bucket. A group may hold
+several specs of the same partition count (cordon's changes, heartbeats and XIDs): the
+replica holding partition i consumes partition i of each, so one replica acts on a node.
 
 Each replica also holds a membership lease (`lease.<name>.member.<holder>`), so each knows
 how many replicas R are live and holds about ceil(P/R) partitions: it takes free or expired
@@ -31,6 +33,7 @@ import socket
 import time
 import uuid
 import zlib
+from collections.abc import Sequence
 
 import structlog
 from nats.js.errors import NotFoundError
@@ -42,6 +45,7 @@ from nodeward.bus.dlq import one_line
 from nodeward.bus.kv import Lease
 from nodeward.bus.snapshot import kv_entries
 from schemas.state.lease import LeaseRecord, lease_key
+from schemas.streams import Partitioning
 
 
 def replica_id() -> str:
@@ -51,32 +55,38 @@ def replica_id() -> str:
 
 
 class PartitionedConsumer:
-    """Claims partitions of `spec` with KV leases in `kv` and runs a `Consumer` for each
-    partition it holds. `bound` once it has claimed its share (or found none free)."""
+    """Claims partitions of group `name` with KV leases in `kv` and, for each partition it
+    holds, runs a `Consumer` of that partition of every spec in `consumers`. `bound` once
+    it consumes its share (or found none free). `name` defaults to the first spec's."""
 
     def __init__(
         self,
         bus: Bus,
-        spec: ConsumerSpec,
-        handler: Handler,
+        consumers: Sequence[tuple[ConsumerSpec, Handler]],
         kv: KeyValue,
         *,
+        name: str | None = None,
         holder: str | None = None,
     ) -> None:
-        if spec.partitions < 2:
-            raise ValueError(f"{spec.name}: a partitioned consumer needs partitions > 1")
+        if not consumers:
+            raise ValueError("a partitioned consumer needs at least one spec")
+        spec = consumers[0][0]
+        if spec.partitions < 2 or any(s.partitions != spec.partitions for s, _ in consumers):
+            raise ValueError(f"{spec.name}: partitioned specs need one count above 1")
         self.bus = bus
         self.spec = spec
-        self.handler = handler
+        self.consumers = list(consumers)
+        self.name = name or spec.name
+        self.partitions = spec.partitions
         self.kv = kv
         self.holder = holder or replica_id()
         self.ttl = spec.lease_ttl.total_seconds()
         self.leases = [
-            Lease(kv, f"{spec.name}.p{i}", self.holder, ttl=self.ttl)
+            Lease(kv, f"{self.name}.p{i}", self.holder, ttl=self.ttl)
             for i in range(spec.partitions)
         ]
-        self.member = Lease(kv, f"{spec.name}.member.{self.holder}", self.holder, ttl=self.ttl)
-        self.running: dict[int, Consumer] = {}
+        self.member = Lease(kv, f"{self.name}.member.{self.holder}", self.holder, ttl=self.ttl)
+        self.running: dict[int, list[Consumer]] = {}
         self._starting: dict[int, asyncio.Task[None]] = {}  # partition -> its start
         self.renewed: dict[int, float] = {}  # partition -> monotonic time its renewal began
         self.bound = False
@@ -84,15 +94,22 @@ class PartitionedConsumer:
         self._stopping = asyncio.Event()
         # Start each replica's search for free partitions at a different one.
         self._offset = zlib.crc32(self.holder.encode()) % spec.partitions
-        self.log = structlog.get_logger().bind(consumer=spec.name, holder=self.holder)
+        self.log = structlog.get_logger().bind(consumer=self.name, holder=self.holder)
 
     @property
     def held(self) -> list[int]:
         return sorted(self.running)
 
+    def owns(self, *keys: str) -> bool:
+        """True if this replica consumes the partition of `keys` (the stream's key tokens,
+        e.g. a node's subject token) now: work on that key outside the consumers (a
+        reconcile pass) is this replica's to do."""
+        index = Partitioning.index(keys, self.partitions)
+        return index in self.running and index not in self._starting
+
     async def start(self) -> None:
         await self.tick()
-        self._task = asyncio.create_task(self._loop(), name=f"partitions:{self.spec.name}")
+        self._task = asyncio.create_task(self._loop(), name=f"partitions:{self.name}")
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop every partition's consumer (finish or nak in-flight work), then give the
@@ -137,14 +154,14 @@ class PartitionedConsumer:
                 self.log.warning("partitions.lease_lost", partition=i)
                 await self._give_back(i, self._grace, release=False)
         await self._drop_overdue()
-        share = math.ceil(self.spec.partitions / await self._replicas())
+        share = math.ceil(self.partitions / await self._replicas())
         for i in sorted(self.running, reverse=True)[: max(len(self.running) - share, 0)]:
             self.log.info("partitions.rebalance", partition=i, share=share)
             await self._give_back(i, self._grace)
-        for step in range(self.spec.partitions):
+        for step in range(self.partitions):
             if len(self.running) >= share or self._stopping.is_set():
                 break
-            i = (self._offset + step) % self.spec.partitions
+            i = (self._offset + step) % self.partitions
             if i in self.running:
                 continue
             began = time.monotonic()
@@ -152,7 +169,9 @@ class PartitionedConsumer:
                 self.renewed[i] = began
                 await self._take(i)
         # Bound: every partition held is consumed, or waits for a dead holder's messages.
-        self.bound = all(c.bound or i in self._starting for i, c in self.running.items())
+        self.bound = all(
+            i in self._starting or all(c.bound for c in cs) for i, cs in self.running.items()
+        )
 
     @property
     def _grace(self) -> float:
@@ -178,7 +197,7 @@ class PartitionedConsumer:
 
     async def _replicas(self) -> int:
         """Live replicas: unexpired membership leases (this one counts even if unread)."""
-        prefix = lease_key(f"{self.spec.name}.member.")
+        prefix = lease_key(f"{self.name}.member.")
         entries = await kv_entries(self.bus.nc, self.kv._name, [prefix], timeout=self.ttl / 6)
         now = time.time()
         live = {self.holder}
@@ -189,27 +208,38 @@ class PartitionedConsumer:
         return len(live)
 
     async def _take(self, index: int) -> None:
-        spec = self.spec.partition(index)
-        try:
-            info = await self.bus.js.consumer_info(spec.stream, spec.name)
-            out = info.num_ack_pending or 0
-        except NotFoundError:
-            out = 0
-        consumer = self.running[index] = Consumer(self.bus, spec, self.handler)
-        # A holder that died left messages out: they come back after ack_wait, ahead of
-        # newer ones; handling nothing before then keeps the key's order.
-        wait = spec.ack_wait.total_seconds() if out else 0.0
-        if out:
-            self.log.info("partitions.awaiting_redelivery", partition=index, pending=out, wait=wait)
+        specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
+        waits = []
+        for spec, _ in specs:
+            try:
+                info = await self.bus.js.consumer_info(spec.stream, spec.name)
+                out = info.num_ack_pending or 0
+            except NotFoundError:
+                out = 0
+            # A holder that died left messages out: they come back after ack_wait, ahead
+            # of newer ones; handling nothing before then keeps the key's order.
+            waits.append(spec.ack_wait.total_seconds() if out else 0.0)
+            if out:
+                self.log.info(
+                    "partitions.awaiting_redelivery",
+                    partition=index,
+                    consumer=spec.name,
+                    pending=out,
+                    wait=waits[-1],
+                )
+        consumers = self.running[index] = [Consumer(self.bus, s, h) for s, h in specs]
         self._starting[index] = asyncio.create_task(
-            self._start(index, consumer, wait), name=f"partition:{spec.name}"
+            self._start(index, consumers, waits), name=f"partition:{self.name}-p{index}"
         )
 
-    async def _start(self, index: int, consumer: Consumer, wait: float) -> None:
-        if wait:
-            await asyncio.sleep(wait)
-        try:
+    async def _start(self, index: int, consumers: list[Consumer], waits: list[float]) -> None:
+        async def one(consumer: Consumer, wait: float) -> None:
+            if wait:
+                await asyncio.sleep(wait)
             await consumer.start()
+
+        try:
+            await asyncio.gather(*(one(c, w) for c, w in zip(consumers, waits, strict=True)))
         except Exception as exc:  # noqa: BLE001 - give it back; a later tick takes it again
             self.log.warning("partitions.start_failed", partition=index, error=one_line(exc))
             self._starting.pop(index, None)
@@ -224,10 +254,9 @@ class PartitionedConsumer:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
-        consumer = self.running.pop(index, None)
+        consumers = self.running.pop(index, [])
         self.renewed.pop(index, None)
-        if consumer is not None and consumer.bound:
-            await consumer.stop(grace)
+        await asyncio.gather(*(c.stop(grace) for c in consumers if c.bound))
         if release:
             with contextlib.suppress(Exception):
                 await self.leases[index].release()

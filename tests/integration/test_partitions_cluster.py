@@ -24,6 +24,7 @@ from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.config import BusSettings
 from schemas.base import Event
 from schemas.gpu import GpuHealth, HealthState
+from schemas.streams import Partitioning
 from tests.conftest import REPO, wait_for
 from tests.helpers.nats_cluster import NatsCluster
 from tests.helpers.partition_replica import spec
@@ -147,7 +148,9 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
         subjects = (
             await bus.js.stream_info("GPU", subjects_filter=f"gpu.health.{nodes[0]}.>")
         ).state.subjects
-        assert subjects and all(len(s.split(".")) == 5 for s in subjects), subjects
+        # Stored with the partition appended, the one the runtime computes for the node.
+        want = Partitioning.index((nodes[0],), PARTITIONS)
+        assert subjects and all(s.split(".")[-1] == str(want) for s in subjects), subjects
     finally:
         with contextlib.suppress(ProcessLookupError):
             child.kill()

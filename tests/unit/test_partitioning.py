@@ -72,3 +72,9 @@ def test_a_partition_is_its_own_durable_on_narrowed_subjects() -> None:
         spec.partition(4)
     with pytest.raises(ValueError, match="not partitioned"):
         ConsumerSpec("x", "ENERGY", ("energy.>",), partitions=2)
+
+
+def test_the_partition_of_a_key_is_the_servers_fnv1a() -> None:
+    # Partition numbers nats-server 2.15 stored for these keys (partition(8, ...)).
+    assert [Partitioning.index((k,), 8) for k in ("n1", "n2")] == [0, 1]
+    assert Partitioning.index(("ns", "pod"), 16) == Partitioning.index(("nspod",), 16)
