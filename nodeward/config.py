@@ -46,7 +46,7 @@ class BusSettings(Section):
     partitions: int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=16,  # nodeward.nats_auth.MAX_PARTITIONS
         description="partitions of the streams consumed in order per key (one durable consumer"
         " per partition, claimed by a service's replicas with KV leases); every daemon of a"
         " deployment must say the same",

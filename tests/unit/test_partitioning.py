@@ -78,3 +78,17 @@ def test_the_partition_of_a_key_is_the_servers_fnv1a() -> None:
     # Partition numbers nats-server 2.15 stored for these keys (partition(8, ...)).
     assert [Partitioning.index((k,), 8) for k in ("n1", "n2")] == [0, 1]
     assert Partitioning.index(("ns", "pod"), 16) == Partitioning.index(("nspod",), 16)
+
+
+def test_only_partitioned_durables_are_granted_per_partition() -> None:
+    from launch.access import GRANTS
+    from nodeward.nats_auth import MAX_PARTITIONS, service_user
+
+    cordon = service_user("cordon", GRANTS["cordon"], "x").publish
+    last = MAX_PARTITIONS - 1
+    assert "$JS.API.CONSUMER.MSG.NEXT.GPU.cordon" in cordon
+    assert f"$JS.API.CONSUMER.MSG.NEXT.GPU.cordon-p{last}" in cordon
+    assert f"$JS.ACK.HEARTBEATS.cordon-heartbeats-p{last}.>" in cordon
+    assert f"$JS.API.CONSUMER.MSG.NEXT.GPU.cordon-p{MAX_PARTITIONS}" not in cordon
+    capacity = service_user("capacity", GRANTS["capacity"], "x").publish
+    assert not any("capacity-p" in s for s in capacity)
