@@ -15,10 +15,18 @@ injection may quarantine), and measures:
   in the Kubernetes API (polled every 20 ms; not within `--deadline`: counted as missed).
 
 The baseline is a git ref exported with `git archive` into a temp dir (default `main`) and
-run with the same interpreter. Usage:
+run with the same interpreter.
+
+`--replicas 1,2 --partitions 4` measures this tree once per replica count, with the streams
+in that many partitions (`bus.partitions`): `up` runs one cordon replica, and each further
+one is `nodeward service cordon` in a process of its own on the same NATS and sim cluster
+(its CPU reported apart), measured once the replicas hold their share of the partitions.
+Lag is then summed over the partitions' durables (`cordon-p<i>`; the age is of the oldest
+message at or after the lowest ack floor, an upper bound), and events/s is what the
+consumers acknowledged over the watch. Usage:
 
     python bench/fleet.py [--nodes 256] [--watch 60] [--injections 5] [--baseline main]
-                          [--no-baseline]
+                          [--no-baseline] [--replicas 1,2 --partitions 4]
 """
 
 from __future__ import annotations
@@ -59,6 +67,8 @@ class Result:
     taint_s: list[float] = field(default_factory=list)
     missed: int = 0
     error: str | None = None
+    rate: dict[str, float] = field(default_factory=dict)  # group -> acked events/s
+    extra_cpu_pct: list[float] = field(default_factory=list)  # per extra cordon replica
 
 
 @contextlib.contextmanager
@@ -85,24 +95,47 @@ def _ready(url: str) -> bool:
         return False
 
 
-async def _lag(js: Any, stream: str, consumer: str) -> tuple[int, float] | None:
-    """(messages pending, seconds since the oldest of them was stored), or None if absent."""
-    from nats.js.errors import NotFoundError
-
-    try:
-        info = await js.consumer_info(stream, consumer)
-    except NotFoundError:
+async def _group(js: Any, stream: str, base: str) -> tuple[int, float, int] | None:
+    """(pending, age of the oldest pending, messages acked so far) over durable `base` or
+    its partitions `base-p<i>`; None if there are none."""
+    infos = [
+        i
+        for i in await js.consumers_info(stream)
+        if i.name == base or (i.name.startswith(f"{base}-p") and i.name[len(base) + 2 :].isdigit())
+    ]
+    if not infos:
         return None
-    pending = (info.num_pending or 0) + (info.num_ack_pending or 0)
+    pending = sum((i.num_pending or 0) + (i.num_ack_pending or 0) for i in infos)
+    acked = sum((i.ack_floor.consumer_seq or 0) if i.ack_floor else 0 for i in infos)
     if not pending:
-        return 0, 0.0
-    floor = (info.ack_floor.stream_seq if info.ack_floor else 0) or 0
+        return 0, 0.0, acked
+    floor = min(
+        (i.ack_floor.stream_seq if i.ack_floor else 0) or 0
+        for i in infos
+        if (i.num_pending or 0) + (i.num_ack_pending or 0)
+    )
     try:
         msg = await js.get_msg(stream, floor + 1)
-    except Exception:  # noqa: BLE001 - purged or filtered out: the count still says it
-        return pending, float("nan")
+    except Exception:  # noqa: BLE001 - purged: the count still says it
+        return pending, float("nan"), acked
     stored = _stored_at(msg)
-    return pending, (datetime.now(UTC) - stored).total_seconds() if stored else float("nan")
+    age = (datetime.now(UTC) - stored).total_seconds() if stored else float("nan")
+    return pending, age, acked
+
+
+async def _holders(js: Any, partitions: int) -> set[str]:
+    """Who holds the cordon's partition leases now."""
+    kv = await js.key_value("cordon")
+    out = set()
+    for i in range(partitions):
+        try:
+            entry = await kv.get(f"lease.cordon.p{i}")
+        except Exception:  # noqa: BLE001 - not taken
+            continue
+        record = json.loads(entry.value or b"{}")
+        if record.get("expires_at", 0) > time.time():
+            out.add(record["holder"])
+    return out
 
 
 def _stored_at(msg: Any) -> datetime | None:
@@ -116,7 +149,9 @@ def _stored_at(msg: Any) -> datetime | None:
     return None
 
 
-async def _measure(tree: Path, name: str, args: argparse.Namespace) -> Result:
+async def _measure(
+    tree: Path, name: str, args: argparse.Namespace, *, replicas: int = 1, partitions: int = 1
+) -> Result:
     import nats
 
     from nodeward.config import ClusterSettings
@@ -127,6 +162,9 @@ async def _measure(tree: Path, name: str, args: argparse.Namespace) -> Result:
     state = Path(tempfile.mkdtemp(prefix=f"nodeward-fleet-{name}-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
     env |= WIDE_BREAKER | {"PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    if partitions > 1:
+        env["NODEWARD_BUS__PARTITIONS"] = str(partitions)
+    extra: list[subprocess.Popen[bytes]] = []
     began = time.monotonic()
     command = ["up", "--state-dir", str(state / "s"), "--nodes", str(args.nodes)]
     proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; it runs the whole case
@@ -155,15 +193,53 @@ async def _measure(tree: Path, name: str, args: argparse.Namespace) -> Result:
             print(f"  {name}: ready in {result.ready_s:.1f} s", flush=True)
         nc = await nats.connect(endpoints["nats_url"])
         js = nc.jetstream()
+        for i in range(1, replicas):
+            extra.append(
+                subprocess.Popen(  # noqa: ASYNC220 - a replica for the whole case
+                    [
+                        *(sys.executable, "-m", "launch", "service", "cordon"),
+                        *("--nats", endpoints["nats_url"]),
+                        *("--kubeconfig", endpoints["kubeconfig"]),
+                    ],
+                    cwd=state,
+                    env=env
+                    | {
+                        "NODEWARD_CLUSTER__CONTEXT": "nodeward-cordon",
+                        "NODEWARD_DAEMON__PORT": "0",
+                    },
+                    stdout=subprocess.DEVNULL,
+                    stderr=(state / f"cordon-{i}.log").open("w"),
+                )
+            )
+        if replicas > 1:
+            shared = time.monotonic()
+            while len(await _holders(js, partitions)) < replicas:
+                if time.monotonic() - shared > 120:
+                    result.error = f"the partitions were not shared; see {state}"
+                    return result
+                await asyncio.sleep(0.5)
+            print(f"  {name}: partitions shared in {time.monotonic() - shared:.1f} s", flush=True)
+        groups = (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats"))
+        acked0: dict[str, int] = {}
         cpu0 = _cpu_seconds(proc.pid)
+        extra0 = [_cpu_seconds(p.pid) for p in extra]
         watch_began = time.monotonic()
         while time.monotonic() - watch_began < args.watch:
-            for stream, consumer in (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats")):
-                sample = await _lag(js, stream, consumer)
+            for stream, consumer in groups:
+                sample = await _group(js, stream, consumer)
                 if sample is not None:
-                    result.lag.setdefault(f"{stream}/{consumer}", []).append(sample)
+                    key = f"{stream}/{consumer}"
+                    result.lag.setdefault(key, []).append(sample[:2])
+                    acked0.setdefault(key, sample[2])
+                    span = time.monotonic() - watch_began
+                    if span > 0:
+                        result.rate[key] = (sample[2] - acked0[key]) / span
             await asyncio.sleep(2)
-        result.cpu_pct = 100 * (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - watch_began)
+        spent = time.monotonic() - watch_began
+        result.cpu_pct = 100 * (_cpu_seconds(proc.pid) - cpu0) / spent
+        result.extra_cpu_pct = [
+            100 * (_cpu_seconds(p.pid) - c0) / spent for p, c0 in zip(extra, extra0, strict=True)
+        ]
         kube = Cluster(
             KubeClient.from_settings(ClusterSettings(kubeconfig=Path(endpoints["kubeconfig"])))
         )
@@ -180,11 +256,13 @@ async def _measure(tree: Path, name: str, args: argparse.Namespace) -> Result:
         await kube.close()
         return result
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for p in [*extra, proc]:
+            p.send_signal(signal.SIGINT)
+        for p in [*extra, proc]:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def _cpu_seconds(root: int) -> float:
@@ -238,6 +316,11 @@ def _report(r: Result, args: argparse.Namespace) -> list[str]:
         f"{r.tree}: {ready}; {r.cpu_pct:.0f} % of a core (up and its children) over"
         f" {args.watch:g} s"
     ]
+    if r.extra_cpu_pct:
+        lines.append(
+            "  further cordon replicas: "
+            + ", ".join(f"{c:.0f} % of a core" for c in r.extra_cpu_pct)
+        )
     for consumer, samples in r.lag.items():
         counts = [c for c, _ in samples]
         ages = [a for _, a in samples if a == a]
@@ -246,6 +329,7 @@ def _report(r: Result, args: argparse.Namespace) -> list[str]:
             f"  lag {consumer}: pending max {max(counts)}, last {counts[-1]}, median of the"
             f" second half {statistics.median(c for c, _ in tail):.0f}; oldest pending max"
             f" {max(ages, default=0):.1f} s, last {samples[-1][1]:.1f} s"
+            + (f"; {r.rate[consumer]:.0f} events/s acked" if consumer in r.rate else "")
         )
     if r.taint_s:
         lines.append(
@@ -268,16 +352,26 @@ async def main() -> None:
     parser.add_argument("--baseline", default="main", help="git ref to compare with")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--no-this", action="store_true", help="the baseline alone")
+    parser.add_argument("--replicas", default="", help="e.g. 1,2: cordon replicas per case")
+    parser.add_argument("--partitions", type=int, default=4, help="with --replicas")
     args = parser.parse_args()
     print(f"nodeward up --nodes {args.nodes} --scenario none, {os.cpu_count()} CPUs", flush=True)
-    results = [] if args.no_this else [await _measure(REPO, "this tree", args)]
+    results = []
+    if args.replicas:
+        for n in (int(x) for x in args.replicas.split(",")):
+            label = f"this tree, {n} cordon replica(s), {args.partitions} partitions"
+            results.append(
+                await _measure(REPO, label, args, replicas=n, partitions=args.partitions)
+            )
+    elif not args.no_this:
+        results.append(await _measure(REPO, "this tree", args))
     if not args.no_baseline:
         with exported(args.baseline) as tree:
             results.append(await _measure(tree, f"baseline {args.baseline}", args))
     print()
     for r in results:
         print("\n".join(_report(r, args)))
-    if len(results) == 2 and all(r.taint_s for r in results):
+    if len(results) == 2 and all(r.taint_s for r in results) and not args.replicas:
         a, b = (statistics.median(r.taint_s) for r in results)
         print(f"XID 79 -> taint median, this tree / baseline: {a / b:.2f}")
 

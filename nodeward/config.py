@@ -43,6 +43,14 @@ class BusSettings(Section):
     publish_timeout: Duration = timedelta(seconds=5)
     publish_retries: int = Field(default=5, ge=0)
     stream_replicas: int = Field(default=1, ge=1, le=5)
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=16,  # nodeward.nats_auth.MAX_PARTITIONS
+        description="partitions of the streams consumed in order per key (one durable consumer"
+        " per partition, claimed by a service's replicas with KV leases); every daemon of a"
+        " deployment must say the same",
+    )
     provision: bool = Field(
         default=True, description="create/update streams on start (needs $JS.API rights)"
     )

@@ -57,6 +57,10 @@ class NatsUser:
         return {"user": self.user, "password": self.password, "permissions": self.permissions()}
 
 
+MAX_PARTITIONS = 16
+"""The most partitions `bus.partitions` may say (the NATS permissions name each durable)."""
+
+
 @dataclass(frozen=True)
 class ServiceGrants:
     """What one service uses on the bus: its durable consumers, KV buckets and outputs.
@@ -69,6 +73,17 @@ class ServiceGrants:
     publish: tuple[str, ...]
     controls: tuple[str, ...] = ()
     """The operator controls it answers: verbs of `control.<service>.<verb>`."""
+    partitioned: tuple[str, ...] = ()
+    """Its durables that run partitioned with `bus.partitions` > 1: granted as well as
+    `<durable>-p<i>` for every partition up to `MAX_PARTITIONS` (`nodeward.bus.partitions`)."""
+
+    def durables(self) -> tuple[tuple[str, str], ...]:
+        """(stream, durable) of every durable it may use, partitions included."""
+        out = list(self.consumers)
+        for stream, durable in self.consumers:
+            if durable in self.partitioned:
+                out += [(stream, f"{durable}-p{i}") for i in range(MAX_PARTITIONS)]
+        return tuple(out)
 
 
 def agent_inbox(node: str) -> str:
@@ -171,7 +186,7 @@ def _bucket_api(bucket: str) -> tuple[str, ...]:
 def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser:
     """A service: its own consumers and KV buckets, its outputs, its own inbox."""
     publish: list[str] = []
-    for stream, durable in grants.consumers:
+    for stream, durable in grants.durables():
         publish += _consumer_api(stream, durable)
     for bucket in grants.buckets:
         publish += _bucket_api(bucket)
@@ -230,7 +245,7 @@ def operator(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
     controls: list[str] = []
     for service, grants in services.items():
         controls += [control_subject(service, verb) for verb in grants.controls]
-        for stream, durable in grants.consumers:
+        for stream, durable in grants.durables():
             api = "$JS.API.CONSUMER"
             deny += [
                 f"{api}.CREATE.{stream}.{durable}",
@@ -258,7 +273,10 @@ def console(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
     ephemeral consumers), and the KV buckets' changes as they happen (`$KV.>`, subscribe
     only); nothing else: no operator control, no event, no KV write, no stream change, no
     service's durable consumer."""
-    durables = {n: ServiceGrants(g.consumers, buckets=(), publish=()) for n, g in services.items()}
+    durables = {
+        n: ServiceGrants(g.consumers, buckets=(), publish=(), partitioned=g.partitioned)
+        for n, g in services.items()
+    }
     reader = operator(password, durables)  # the operator's reads and denials, no control
     return NatsUser(
         user=CONSOLE_USER,

@@ -21,6 +21,7 @@ from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
 from nodeward.bus.control import ControlHandler, serve
 from nodeward.bus.dlq import one_line
 from nodeward.bus.errors import PublishError
+from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.provision import AGENT_BUCKETS, SHARED_BUCKETS, ensure_kv, ensure_streams
 from nodeward.config import BusSettings
 from nodeward.metrics import Metrics
@@ -52,7 +53,7 @@ class Bus:
         self.settings = settings
         self.source = source
         self.metrics = metrics
-        self.consumers: list[Consumer] = []
+        self.consumers: list[Consumer | PartitionedConsumer] = []
         self.log = structlog.get_logger().bind(component="bus", source=source)
         self._m_published: dict[str, Any] = {}
 
@@ -80,7 +81,12 @@ class Bus:
     async def provision(self) -> dict[str, str]:
         """Every stream, the KV buckets of node agents (which may not create them) and the
         buckets several services share."""
-        done = await ensure_streams(self.js, STREAMS, replicas=self.settings.stream_replicas)
+        done = await ensure_streams(
+            self.js,
+            STREAMS,
+            replicas=self.settings.stream_replicas,
+            partitions=self.settings.partitions,
+        )
         for bucket, (history, description) in AGENT_BUCKETS.items():
             await ensure_kv(
                 self.js,
@@ -192,9 +198,30 @@ class Bus:
         )
 
     # consuming -------------------------------------------------------------------------
-    async def consume(self, spec: ConsumerSpec, handler: Handler) -> Consumer:
-        """Start a durable consumer; it runs until `close()` (or its own `stop()`)."""
-        consumer = Consumer(self, spec, handler)
+    async def consume(
+        self, spec: ConsumerSpec, handler: Handler, *, leases: KeyValue | None = None
+    ) -> Consumer | PartitionedConsumer:
+        """Start a durable consumer; it runs until `close()` (or its own `stop()`).
+
+        With `spec.partitions` > 1, one durable per partition, claimed with leases in KV
+        bucket `leases` (the service's own) against the service's other replicas."""
+        consumer: Consumer | PartitionedConsumer
+        if spec.partitions > 1:
+            if leases is None:
+                raise ValueError(f"{spec.name}: a partitioned consumer needs a leases bucket")
+            consumer = PartitionedConsumer(self, [(spec, handler)], leases)
+        else:
+            consumer = Consumer(self, spec, handler)
+        await consumer.start()
+        self.consumers.append(consumer)
+        return consumer
+
+    async def consume_partitioned(
+        self, name: str, consumers: Sequence[tuple[ConsumerSpec, Handler]], leases: KeyValue
+    ) -> PartitionedConsumer:
+        """Several partitioned specs claimed together (partition i of each by one replica),
+        as lease group `name` in KV bucket `leases` (`nodeward.bus.partitions`)."""
+        consumer = PartitionedConsumer(self, consumers, leases, name=name)
         await consumer.start()
         self.consumers.append(consumer)
         return consumer

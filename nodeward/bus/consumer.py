@@ -51,7 +51,7 @@ from schemas.dlq import DeadLetter, DeadLetterReason
 from schemas.ids import stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
-from schemas.streams import STREAMS
+from schemas.streams import STREAMS, stream_spec
 
 
 class Bus(Protocol):
@@ -131,6 +131,12 @@ class ConsumerSpec:
     # Types not listed get `identity.default_binding` (their <node>, <ns>, <pod> tokens).
     identity: tuple[Binding, ...] = ()
     identity_notice_window: timedelta = timedelta(minutes=15)
+    # Partitions (`bus.partitions`): one durable `<name>-p<i>` per partition, each consumed
+    # by the one replica holding its KV lease (`nodeward.bus.partitions`); 1: one durable
+    # every replica shares (no order across replicas).
+    partitions: int = 1
+    lease_ttl: timedelta = timedelta(seconds=10)
+    pull_expires: float = 10.0  # how long a pull request stays open on the server
 
     def __post_init__(self) -> None:
         if min(self.max_deliver, self.concurrency, self.batch, self.dead_letter_tries) < 1:
@@ -141,6 +147,25 @@ class ConsumerSpec:
             raise ValueError("max_ack_pending must cover batch + concurrency")
         if self.identity_notice_window.total_seconds() <= 0:
             raise ValueError("identity_notice_window must be positive")
+        if self.partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        if self.partitions > 1 and stream_spec(self.stream).partitioning is None:
+            raise ValueError(f"stream {self.stream} is not partitioned (StreamSpec.partitioning)")
+
+    def partition(self, index: int) -> ConsumerSpec:
+        """The durable of partition `index`: `<name>-p<index>` on the same subjects narrowed
+        to that partition's stored subjects (`gpu.health.>` -> `gpu.health.*.*.<index>`)."""
+        partitioning = stream_spec(self.stream).partitioning
+        if partitioning is None or not 0 <= index < self.partitions:
+            raise ValueError(f"{self.name} has no partition {index}")
+        return replace(
+            self,
+            name=f"{self.name}-p{index}",
+            subjects=tuple(partitioning.narrow(s, index) for s in self.subjects),
+            partitions=1,
+            # Short pull requests: a replica handing the partition over waits them out.
+            pull_expires=max(min(self.pull_expires, self.lease_ttl.total_seconds() / 4), 1.5),
+        )
 
     @staticmethod
     def bind(model: type[EventData], *fields: str) -> Binding:
@@ -216,7 +241,13 @@ class Consumer:
         js = self.bus.js
         await js.add_consumer(self.spec.stream, config=self.spec.config())
         self._puller = Puller(
-            self.bus.nc, self.spec.stream, self.spec.name, batch=self.spec.batch, log=self.log
+            self.bus.nc,
+            self.spec.stream,
+            self.spec.name,
+            batch=self.spec.batch,
+            expires=self.spec.pull_expires,
+            heartbeat=min(1.0, self.spec.pull_expires / 3),
+            log=self.log,
         )
         await self._puller.start()
         self.bound = True
@@ -233,8 +264,10 @@ class Consumer:
             "consumer.started", subjects=list(self.spec.subjects), concurrency=self.spec.concurrency
         )
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """Stop fetching, finish in-flight work within `grace`, nak what is left."""
+    async def stop(self, grace: float = 10.0, *, handover: bool = False) -> None:
+        """Stop fetching, finish in-flight work within `grace`, nak what is left.
+        `handover`: also wait out the open pull requests (`pull_expires`), so that once
+        this returns no message is out to this consumer (another replica takes over)."""
         self._stopping.set()
         self._has_space.set()
         if self._fetcher is not None:
@@ -242,11 +275,13 @@ class Consumer:
             self._fetcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._fetcher
-        await self._return_unfetched()
-        # Messages fetched but not started go back to the server at once.
+        # What was fetched and not started goes back, but only after what is still running
+        # has finished, and in stream order: the server redelivers in the order it is told,
+        # and whoever consumes next must see each key's messages in order.
+        left = await self._unfetched(self.spec.pull_expires + 0.5 if handover else 0.0)
         while self._ready:
             item = self._ready.popleft()
-            await self._nak(item.msg, 0)
+            left.append(item.msg)
             self._release(item)
         if self._held:
             self._drained.clear()
@@ -255,7 +290,8 @@ class Consumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for msg, _ in list(self._held.values()):
+        left += [msg for msg, _ in self._held.values()]
+        for msg in sorted(left, key=lambda m: ack_info(m)[1] or 0):
             await self._nak(msg, 0)
         self._held.clear()
         self.bound = False
@@ -310,7 +346,7 @@ class Consumer:
                 # As provisioned: the bus's replica count, not the spec's default.
                 spec = replace(spec, replicas=self.bus.settings.stream_replicas)
                 self.log.warning("consumer.stream_recreated", stream=spec.name)
-                await ensure_stream(self.bus.js, spec)
+                await ensure_stream(self.bus.js, spec, partitions=self.bus.settings.partitions)
                 await self.bus.js.add_consumer(self.spec.stream, config=self.spec.config())
         except Exception as exc:  # noqa: BLE001 - try again on the next conflict
             self.log.warning("consumer.recreate_failed", error=one_line(exc))
@@ -320,11 +356,9 @@ class Consumer:
         self.bound = True
         self.log.warning("consumer.recreated", reason=conflict)
 
-    async def _return_unfetched(self) -> None:
-        """Stop pulling; nak what arrived but was never dispatched."""
-        if self._puller is not None:
-            for msg in await self._puller.stop():
-                await self._nak(msg, 0)
+    async def _unfetched(self, linger: float = 0.0) -> list[Msg]:
+        """Stop pulling; what arrived but was never dispatched (for the caller to nak)."""
+        return await self._puller.stop(linger) if self._puller is not None else []
 
     def _order_key(self, event: Event[Any]) -> str | None:
         if self.spec.order_key is None:

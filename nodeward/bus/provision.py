@@ -41,7 +41,14 @@ SHARED_BUCKETS: Mapping[str, tuple[int, str]] = MappingProxyType(
 )
 
 
-def stream_config(spec: StreamSpec) -> api.StreamConfig:
+def stream_config(spec: StreamSpec, *, partitions: int = 1) -> api.StreamConfig:
+    """`spec` as JetStream's config; with `partitions` > 1 a partitioned stream stores its
+    subjects with the partition number appended (`StreamSpec.partitioning`)."""
+    transform = None
+    if partitions > 1 and spec.partitioning is not None:
+        transform = api.SubjectTransform(
+            src=spec.partitioning.source, dest=spec.partitioning.destination(partitions)
+        )
     return api.StreamConfig(
         name=spec.name,
         description=spec.description,
@@ -53,12 +60,13 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
         max_bytes=spec.max_bytes,
         duplicate_window=spec.duplicate_window.total_seconds(),
         discard=api.DiscardPolicy.OLD,
+        subject_transform=transform,
     )
 
 
-async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> str:
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec, *, partitions: int = 1) -> str:
     """Create the stream, or update it if it exists with another config. Returns what it did."""
-    config = stream_config(spec)
+    config = stream_config(spec, partitions=partitions)
     try:
         await js.stream_info(spec.name)
     except NotFoundError:
@@ -73,13 +81,17 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec) -> str:
 
 
 async def ensure_streams(
-    js: JetStreamContext, specs: Iterable[StreamSpec] = STREAMS, *, replicas: int | None = None
+    js: JetStreamContext,
+    specs: Iterable[StreamSpec] = STREAMS,
+    *,
+    replicas: int | None = None,
+    partitions: int = 1,
 ) -> dict[str, str]:
     log = structlog.get_logger().bind(component="bus")
     done = {}
     for given in specs:
         spec = given if replicas is None else replace(given, replicas=replicas)
-        done[spec.name] = await ensure_stream(js, spec)
+        done[spec.name] = await ensure_stream(js, spec, partitions=partitions)
     log.info("bus.streams_provisioned", streams=done)
     return done
 

@@ -13,6 +13,7 @@ controls (`nodeward.cli.control`): requests the checkpoint service answers and a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from datetime import UTC, datetime
@@ -125,10 +126,15 @@ async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
 
 async def _refusal(bus: Bus, node: str, maintenance_id: str) -> str | None:
     """The error of a `maintenance.failed` the service published for this request, if any."""
-    try:
-        msg = await bus.js.get_last_msg("MAINTENANCE", f"maintenance.failed.{token(node)}")
-    except NotFoundError:
+    subject = f"maintenance.failed.{token(node)}"
+    found = []
+    # With bus.partitions > 1 the stream stores it with the partition appended.
+    for stored in (subject, f"{subject}.*"):
+        with contextlib.suppress(NotFoundError):
+            found.append(await bus.js.get_last_msg("MAINTENANCE", stored))
+    if not found:
         return None
+    msg = max(found, key=lambda m: m.seq or 0)
     try:
         event = decode(msg.subject or "", msg.headers or {}, msg.data or b"")
     except Exception:  # noqa: BLE001 - an undecodable event is not this request's answer

@@ -44,4 +44,6 @@ GRANTS = ServiceGrants(
     publish=("maintenance.requested.*", *PUBLISHES),
     # `nodeward quarantine release`, `nodeward breaker reset`.
     controls=("release", "reset-breaker"),
+    # Per node across replicas with bus.partitions > 1 (one lease group: services.cordon).
+    partitioned=("cordon", "cordon-xids", "cordon-heartbeats"),
 )

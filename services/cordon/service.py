@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -33,7 +34,7 @@ import structlog
 from nats.js.errors import NoKeysError
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
@@ -62,6 +63,7 @@ from schemas.state.cordon import (
     node_key,
 )
 from schemas.state.marks import MarkEntry
+from schemas.tokens import token
 from services.cordon.access import ACCESS
 from services.cordon.devices import DeviceExclusions, DeviceSettings
 from services.cordon.marks import (
@@ -152,6 +154,11 @@ class CordonSettings(Section):
         description="an event held by a crashed replica is redelivered after this long",
     )
     node_count_ttl: Duration = timedelta(seconds=30)
+    lease_ttl: Duration = Field(
+        default=timedelta(seconds=10),
+        description="with bus.partitions > 1: a replica's partitions are taken over this long"
+        " after it dies",
+    )
     breaker: BreakerSettings = BreakerSettings()
     xid_repeats: XidRepeatSettings = XidRepeatSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
@@ -237,6 +244,9 @@ class CordonService:
         self._locks: dict[str, asyncio.Lock] = {}
         # Each node's record as last read for a heartbeat; dropped when a change is handled.
         self._known: dict[str, NodeRecord | None] = {}
+        # With partitions: whether this replica holds a node's partition (it alone acts on
+        # the node: its changes, heartbeats, XIDs and reconcile); None: one replica.
+        self.owns: Callable[[str], bool] | None = None
         self.log = structlog.get_logger().bind(service=NAME)
 
     # consumer ---------------------------------------------------------------------------
@@ -965,6 +975,8 @@ class CordonService:
             if not key.startswith("node."):
                 continue
             name = key.removeprefix("node.")
+            if self.owns is not None and not self.owns(name):
+                continue  # another replica's partition
             with structlog.contextvars.bound_contextvars(node=name, action="reconcile"):
                 async with self.node_lock(name):
                     current = await self.records.get(key)
@@ -1036,8 +1048,10 @@ async def build(settings: Settings) -> Daemon:
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     policy = load_policy(config.policy_file)
     xids_on = config.xid_repeats.enabled
+    partitions = settings.bus.partitions
+    consumers = 1 if partitions > 1 else 3 if xids_on else 2
     daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=3 if xids_on else 2
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=consumers
     )
     kv = await bus.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
@@ -1052,19 +1066,8 @@ async def build(settings: Settings) -> Daemon:
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
     )
 
-    async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
-
-    async def consume_heartbeats() -> None:
-        await bus.consume(service.heartbeat_spec(), service.handle_heartbeat)
-
-    daemon.add_task(consume, name="consume")
-    daemon.add_task(consume_heartbeats, name="consume-heartbeats")
-    daemon.add_task(service.reconcile_loop, name="reconcile")
-    await bus.control(NAME, "release", service.release_control)
-    await bus.control(NAME, "reset-breaker", service.reset_breaker_control)
-    if xids_on:
-        xids = XidReports(
+    xids = (
+        XidReports(
             bus,
             TypedKV(kv, XidRepeats),
             service.runner,
@@ -1072,11 +1075,36 @@ async def build(settings: Settings) -> Daemon:
             actor=ACTOR,
             topic=TOPIC,
         )
+        if xids_on
+        else None
+    )
+    pairs: list[tuple[str, ConsumerSpec, Handler]] = [
+        ("consume", service.consumer_spec(), service.handle),
+        ("consume-heartbeats", service.heartbeat_spec(), service.handle_heartbeat),
+    ]
+    if xids is not None:
+        pairs.append(("consume-xids", xids.consumer_spec(), xids.handle))
+    if partitions > 1:
+        # Partition i of changes, heartbeats and XIDs is one lease: one replica per node.
+        ttl = config.lease_ttl
+        parts = [(replace(s, partitions=partitions, lease_ttl=ttl), h) for _, s, h in pairs]
+        service.owns = lambda _: False  # until the partitions are claimed
 
-        async def consume_xids() -> None:
-            await bus.consume(xids.consumer_spec(), xids.handle)
+        async def consume_partitions() -> None:
+            group = await bus.consume_partitioned(config.consumer, parts, kv)
+            service.owns = lambda node: group.owns(token(node))
 
-        daemon.add_task(consume_xids, name="consume-xids")
+        daemon.add_task(consume_partitions, name="consume")
+    else:
+        for task, spec, handler in pairs:
+
+            async def consume(spec: ConsumerSpec = spec, handler: Handler = handler) -> None:
+                await bus.consume(spec, handler)
+
+            daemon.add_task(consume, name=task)
+    daemon.add_task(service.reconcile_loop, name="reconcile")
+    await bus.control(NAME, "release", service.release_control)
+    await bus.control(NAME, "reset-breaker", service.reset_breaker_control)
     return daemon
 
 

@@ -29,4 +29,5 @@ GRANTS = ServiceGrants(
     consumers=(("SESSIONS", "culler"),),
     buckets=(SESSIONS.name,),
     publish=PUBLISHES,
+    partitioned=("culler",),  # per pod across replicas with bus.partitions > 1
 )

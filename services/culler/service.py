@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -102,6 +102,11 @@ class CullerSettings(CullPolicy):
     max_event_age: Duration = Field(
         default=timedelta(minutes=10),
         description="older events (a replay) are recorded, never acted on",
+    )
+    lease_ttl: Duration = Field(
+        default=timedelta(seconds=10),
+        description="with bus.partitions > 1: a replica's partitions are taken over this long"
+        " after it dies",
     )
     record_ttl: Duration = Field(
         default=timedelta(days=14),
@@ -721,8 +726,12 @@ async def build(settings: Settings) -> Daemon:
     kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
     service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
 
+    spec = service.consumer_spec()
+    if settings.bus.partitions > 1:  # per pod across replicas (leases in its bucket)
+        spec = replace(spec, partitions=settings.bus.partitions, lease_ttl=config.lease_ttl)
+
     async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
+        await bus.consume(spec, service.handle, leases=kv)
 
     daemon.add_task(consume, name="consume")
     return daemon

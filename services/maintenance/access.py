@@ -37,4 +37,5 @@ GRANTS = ServiceGrants(
     buckets=(MAINTENANCES.name, SHARED.name),
     publish=("maintenance.>", *PUBLISHES),
     controls=("cancel", "finish"),  # `nodeward maintenance cancel|finish NODE`
+    partitioned=("checkpoint",),  # per node across replicas with bus.partitions > 1
 )

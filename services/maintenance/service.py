@@ -36,6 +36,7 @@ import json
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -225,6 +226,9 @@ class CheckpointService:
         self.kv = kv
         self.settings = settings
         self.holder = holder
+        # True while this replica holds the workflow lease: it alone drives workflows and
+        # turns node annotations into requests.
+        self.leading = False
         # Every decision, acted on or not, is audited through the runner (the kernel).
         auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
@@ -339,6 +343,8 @@ class CheckpointService:
                 await within(stopping.wait(), interval.total_seconds())
 
     async def _requests_from_annotations(self) -> None:
+        if not self.leading:
+            return  # the replica holding the workflow lease scans (one request per node)
         for node in await self.cluster.nodes.list():
             meta = node.get("metadata") or {}
             notes = meta.get("annotations") or {}
@@ -379,6 +385,13 @@ class CheckpointService:
             await self._stop_workflows()
 
     async def _drive(self, stopping: asyncio.Event, lost: asyncio.Event) -> None:
+        self.leading = True
+        try:
+            await self._drive_held(stopping, lost)
+        finally:
+            self.leading = False
+
+    async def _drive_held(self, stopping: asyncio.Event, lost: asyncio.Event) -> None:
         while not stopping.is_set() and not lost.is_set():
             self.wake.clear()  # before the scan: a request stored during it wakes the next
             await self._spawn_workflows()
@@ -1228,8 +1241,12 @@ async def build(settings: Settings) -> Daemon:
         breaker=breaker,
     )
 
+    spec = service.consumer_spec()
+    if settings.bus.partitions > 1:  # per node across replicas (leases in its bucket)
+        spec = replace(spec, partitions=settings.bus.partitions, lease_ttl=config.lease_ttl)
+
     async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
+        await bus.consume(spec, service.handle, leases=kv)
 
     async def workflows() -> None:
         await service.run(daemon.stopping)

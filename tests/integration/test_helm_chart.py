@@ -637,3 +637,40 @@ def test_the_console_reads_the_bus_with_its_token_and_no_cluster_rights(
     assert policy["ingress"][0]["ports"] == [{"port": 8480, "protocol": "TCP"}]
     off = render(tmp_path, {"console": {"enabled": False}})
     assert not [d for d in off if "console" in d["metadata"]["name"]]
+
+
+def test_replicas_and_partitions_reach_the_deployments_and_the_config(tmp_path: Path) -> None:
+    values = {
+        "partitions": 8,
+        "services": {"cordon": {"replicas": 3}, "culler": {"replicas": 2}},
+    }
+    docs = render(tmp_path, values)
+    assert named(docs, "Deployment", "nw-cordon")["spec"]["replicas"] == 3
+    assert named(docs, "Deployment", "nw-culler")["spec"]["replicas"] == 2
+    assert named(docs, "Deployment", "nw-notifier")["spec"]["replicas"] == 1
+    config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
+    # Every daemon and the provision Job read this file: one partition count for all.
+    assert config["bus"]["partitions"] == 8
+    assert config["bus"]["stream_replicas"] == 3  # the rest of bus: as the values say
+    default = yaml.safe_load(
+        named(render(tmp_path / "default", {}), "ConfigMap", "nw-config")["data"]["config.yaml"]
+    )
+    assert default["bus"]["partitions"] == 1
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"services": {"cordon": {"replicas": 2}}}, "services.cordon.replicas: 2 keeps its order"),
+        ({"partitions": 17}, "partitions: 17; it must be 1 to 16"),
+        ({"partitions": 4, "services": {"capacity": {"replicas": 2}}}, "one replica counts"),
+    ],
+)
+def test_replicas_that_would_lose_order_are_refused(
+    tmp_path: Path, values: dict[str, Any], error: str
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(path))
+    assert done.returncode != 0
+    assert error in done.stderr

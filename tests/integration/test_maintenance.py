@@ -536,3 +536,20 @@ async def test_a_replayed_old_request_starts_nothing(maintenance_env: EnvFactory
     )
     assert await env.state() is None
     assert [e.phase for e in await env.phases()] == [MaintenancePhase.REQUESTED]
+
+
+async def test_one_of_two_replicas_turns_an_annotation_into_one_request(
+    maintenance_env: EnvFactory,
+) -> None:
+    """The annotation scan runs in the replica holding the workflow lease: two replicas
+    scanning every 50 ms publish one request, and nothing is refused as a second one."""
+    env = await maintenance_env(annotation_interval="0.05s")
+    await env.start()
+    await env.start()
+    await env.admin.nodes.set_annotations(env.node, {MAINTENANCE_ANNOTATION: "requested"})
+    await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=30, what="done")
+    phases = await env.phases()
+    requested = [p for p in phases if p.phase == MaintenancePhase.REQUESTED]
+    assert len(requested) == 1, requested
+    assert requested[0].requested_by == f"annotation/{MAINTENANCE_ANNOTATION}"
+    assert not [p for p in phases if p.phase == MaintenancePhase.FAILED]

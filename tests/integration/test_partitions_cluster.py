@@ -1,0 +1,160 @@
+"""Partitioned consumers on a three-server NATS cluster: replicas share the partitions
+through KV leases, a SIGKILLed replica's partitions are taken over within the lease TTL,
+and across the handover every acknowledged event is handled, in order per node, never by
+two replicas at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeward.bus import Bus, Delivery
+from nodeward.bus.partitions import PartitionedConsumer
+from nodeward.config import BusSettings
+from schemas.base import Event
+from schemas.gpu import GpuHealth, HealthState
+from schemas.streams import Partitioning
+from tests.conftest import REPO, wait_for
+from tests.helpers.nats_cluster import NatsCluster
+from tests.helpers.partition_replica import spec
+from tests.integration.cordon_fixtures import health
+
+pytestmark = pytest.mark.timeout(180)
+
+PARTITIONS = 4
+TTL = 3.0
+
+
+async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
+    nats_cluster: NatsCluster, tmp_path: Path
+) -> None:
+    settings = BusSettings(
+        url=nats_cluster.url, stream_replicas=3, partitions=PARTITIONS, publish_timeout="5s"
+    )
+    bus = await Bus.connect(settings, source="test/partitions")
+    name, bucket = f"parts-{uuid.uuid4().hex[:6]}", f"leases-{uuid.uuid4().hex[:6]}"
+    kv = await bus.kv(bucket, history=1)
+    handled: list[tuple[str, str, int, float, float]] = []
+    busy: set[str] = set()
+    overlaps: list[str] = []
+
+    async def handle(event: Event[Any], delivery: Delivery) -> None:
+        data: GpuHealth = event.data
+        if data.node in busy:
+            overlaps.append(data.node)
+        busy.add(data.node)
+        start = time.time()
+        await asyncio.sleep(0.01)
+        busy.discard(data.node)
+        handled.append(("parent", data.node, data.sequence, start, time.time()))
+
+    out = tmp_path / "child.log"
+    out.touch()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.partition_replica",
+            nats_cluster.url,
+            bucket,
+            name,
+            str(PARTITIONS),
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    consumer: PartitionedConsumer | None = None
+    try:
+        held_file = Path(f"{out}.held")
+
+        def child_held() -> str | None:
+            lines = held_file.read_text().splitlines() if held_file.exists() else []
+            return lines[-1] if lines else None
+
+        await wait_for(child_held, timeout=60, what="the child's partitions")
+        assert child_held() == "held 0,1,2,3"  # alone: every partition
+        started = await bus.consume(spec(name, PARTITIONS), handle, leases=kv)
+        assert isinstance(started, PartitionedConsumer)
+        consumer = started
+
+        # Two live replicas: two partitions each (the child gives two back).
+        await wait_for(
+            lambda: len(consumer.held) == 2 and consumer.bound and child_held() != "held 0,1,2,3",
+            timeout=4 * TTL,
+            what="the partitions shared",
+        )
+        nodes = [f"pn-{uuid.uuid4().hex[:6]}-{i}" for i in range(24)]
+        published: list[tuple[str, int]] = []
+
+        async def wave(seqs: range) -> None:
+            for seq in seqs:
+                events = [health(n, HealthState.HEALTHY, seq=seq) for n in nodes]
+                await bus.publish_many(events)
+                published.extend((n, seq) for n in nodes)
+
+        await wave(range(1, 4))
+
+        def child_lines() -> list[tuple[str, str, int, float, float]]:
+            rows = []
+            for line in out.read_text().splitlines():
+                who, node, seq, start, end = line.split()
+                rows.append((who, node, int(seq), float(start), float(end)))
+            return rows
+
+        await wait_for(lambda: len(child_lines()) > 10, timeout=20, what="the child handling")
+        # Mid-stream: the child dies without a word (its leases stay until they expire).
+        writer = asyncio.create_task(wave(range(4, 12)))
+        await wait_for(lambda: len(published) >= 6 * len(nodes), timeout=20)
+        child.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await writer
+        await wait_for(
+            lambda: consumer.held == list(range(PARTITIONS)),
+            timeout=TTL + 2,
+            what="the survivor holding every partition",
+        )
+        assert time.monotonic() - killed_at <= TTL + 2
+
+        def done() -> bool:
+            seen = {(r[1], r[2]) for r in handled + child_lines()}
+            return all(p in seen for p in published)
+
+        await wait_for(done, timeout=60, interval=0.2, what="every acknowledged event handled")
+        rows = sorted(handled + child_lines(), key=lambda r: r[3])
+        assert not overlaps
+        per_node: dict[str, list[tuple[str, int, float, float]]] = defaultdict(list)
+        for who, node, seq, start, end in rows:
+            per_node[node].append((who, seq, start, end))
+        for node, seen in per_node.items():
+            seqs = [s for _, s, _, _ in seen]
+            # In order per node; a message the child handled but never acked comes again.
+            assert seqs == sorted(seqs), (node, seen)
+            for (w1, _, _, end), (w2, _, start, _) in itertools.pairwise(seen):
+                assert w1 == w2 or end <= start, (node, "handled by two replicas at once")
+        # The parent took over partitions the child held: both handled some nodes' events.
+        assert {r[0] for r in rows} == {"parent", "child"}
+        subjects = (
+            await bus.js.stream_info("GPU", subjects_filter=f"gpu.health.{nodes[0]}.>")
+        ).state.subjects
+        # Stored with the partition appended, the one the runtime computes for the node.
+        want = Partitioning.index((nodes[0],), PARTITIONS)
+        assert subjects and all(s.split(".")[-1] == str(want) for s in subjects), subjects
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        child.wait()
+        if consumer is not None:
+            await consumer.stop(1)
+        await bus.close(grace=1)
