@@ -12,12 +12,17 @@ hundredth); 200 audit records. Then, alternating, `--runs` times each:
   revision, default e6d5841: every GPU's last `gpu.health` read, 40,000 messages for
   5,000 nodes, each decoded as a whole event, the collector running);
 - now: `gather_status` of this tree (each node's last heartbeat and the changes stored
-  since; the collector held off during the read);
+  since; telemetry only for nodes without a recent heartbeat), with the collector held off
+  as `nodeward status` holds it (`collector_paused`: its one collection comes after the
+  picture is shown, untimed here as there);
 - with `--per-node`, the reads `status` made before batching (every KV key listed then read
   one at a time, each subject's last message by `get_last_msg`, 64 at a time).
 
+Then, `--runs` times, `nodeward status` as a command of its own (`python -m launch status`:
+the interpreter's start and imports, the read, the table printed): "CLI now".
+
 Both build the picture `status` prints (`FleetStatus`); the run checks they agree on every
-node's GPU states. Prints the medians of the wall time and of the CPU time this process and
+node's GPU states, health, attention and agents' states. Prints the medians of the wall time and of the CPU time this process and
 the nats-server used (a figure other load on the machine disturbs less), with the ratios
 before/now; a read that failed (a timeout, or the server dropping a slow consumer, as the
 old read does at 5,000 nodes on a loaded machine) is counted and left out of the medians.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib.util
 import os
 import statistics
@@ -53,7 +59,7 @@ from nodeward.bus import Bus  # noqa: E402
 from nodeward.bus.kv import TypedKV  # noqa: E402
 from nodeward.bus.server import EmbeddedNats  # noqa: E402
 from nodeward.config import BusSettings  # noqa: E402
-from nodeward.fleet_status import CLOCK_SLACK, gather_status  # noqa: E402
+from nodeward.fleet_status import CLOCK_SLACK, collector_paused, gather_status  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
 from schemas import DecodeError, decode, make_event  # noqa: E402
 from schemas.common import ObjectRef  # noqa: E402
@@ -228,14 +234,30 @@ async def read(gather: Any, nc: Any, url: str) -> int:
     return len((await gather(nc, nats_url=url)).nodes)
 
 
+def cli_run(url: str, state_dir: str) -> float:
+    """Seconds `nodeward status` takes as a command of its own (start, read, print)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "launch", "status", "--nats", url, "--state-dir", state_dir],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU seconds of process `pid` so far (from /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def states(fleet: Any) -> dict[str, dict[str, str]]:
-    return {n.name: n.gpus for n in fleet.nodes}
+def states(fleet: Any) -> dict[str, tuple[Any, ...]]:
+    """What both must agree on per node: GPU states, health, attention, agents' states."""
+    return {
+        n.name: (n.gpus, n.health, n.attention, {k: a.state for k, a in n.agents.items()})
+        for n in fleet.nodes
+    }
 
 
 async def timed(fn: Callable[[], Awaitable[int]]) -> float:
@@ -270,14 +292,22 @@ async def one_size(nodes: int, runs: int, before: ModuleType, per_node: bool) ->
                 if per_node:
                     times["per_node"].append(await timed(lambda: per_node_reads(nc)))
                 for label, gather in (("before", before.gather_status), ("now", gather_status)):
+                    gc.collect()  # each run starts clean (untimed)
+                    # Now as `nodeward status` reads: the collector held off until it has shown
+                    # the picture (`collector_paused`); before, as it read then.
+                    paused = collector_paused() if label == "now" else contextlib.nullcontext()
                     mine, theirs = time.process_time(), cpu_seconds(pid)
                     try:
-                        times[label].append(await timed(partial(read, gather, nc, server.url)))
+                        with paused:
+                            took = await timed(partial(read, gather, nc, server.url))
                     except Exception:  # noqa: BLE001 - a timed-out read is reported, not fatal
                         failed[label] += 1
                         continue
+                    times[label].append(took)
                     used = time.process_time() - mine + cpu_seconds(pid) - theirs
                     cpu[f"{label}_cpu"].append(used)
+            cli = [await asyncio.to_thread(cli_run, server.url, tmp) for _ in range(runs)]
+            cpu["cli"] = cli
             medians = {k: statistics.median(v) for k, v in (times | cpu).items() if v}
             return medians | {f"{k}_failed": float(v) for k, v in failed.items()}
         finally:
@@ -299,7 +329,7 @@ def main() -> None:
     extra = f" {'per node':>9}" if args.per_node else ""
     print(
         f"{'nodes':>6} {'before':>8} {'now':>7} {'ratio':>6} "
-        f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6}{extra}"
+        f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6} {'CLI now':>8}{extra}"
     )
     for nodes in args.nodes:
         m = asyncio.run(one_size(nodes, args.runs, before, args.per_node))
@@ -315,7 +345,7 @@ def main() -> None:
         print(
             f"{nodes:>6} {m.get('before', nan):>7.3f}s {m.get('now', nan):>6.3f}s "
             f"{ratio:>5.1f}x {m.get('before_cpu', nan):>10.3f}s {m.get('now_cpu', nan):>7.3f}s "
-            f"{cpu_ratio:>5.1f}x{tail}{fails}"
+            f"{cpu_ratio:>5.1f}x {m['cli']:>7.3f}s{tail}{fails}"
         )
 
 

@@ -175,7 +175,8 @@ class NodeStatus(BaseModel):
     gpus: dict[str, str] = Field(default_factory=dict, description="GPU key -> state")
     agent_seen_at: datetime | None = Field(
         default=None,
-        description="the newest gpu.health, gpu.heartbeat or gpu.telemetry from its agent",
+        description="the newest gpu.heartbeat or gpu.health from its GPU agent, or "
+        "gpu.telemetry where no heartbeat is recent",
     )
     agent_live: bool = Field(default=False, description="its GPU agent is live")
     agents: dict[str, AgentSeen] = Field(
@@ -816,9 +817,10 @@ def _beats(stored: Iterable[Stored]) -> list[tuple[Stored, _Heartbeat]]:
     return out
 
 
-async def _gpu_reads(r: _Reader, tok: str) -> list[GpuSeen]:
+async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     """Each GPU's state: a node's last heartbeat (every GPU restated, one message) and the
     changes stored since; a node without a recent heartbeat from its last change per GPU.
+    With the tokens of the nodes whose heartbeat is fresh.
 
     The GPU stream keeps every GPU's last change (40,000 subjects for 5,000 nodes of 8);
     the heartbeats say the same in one message per node, so only the few changes since
@@ -888,12 +890,25 @@ async def _gpu_reads(r: _Reader, tok: str) -> list[GpuSeen]:
                     mig=h.mig,
                 )
             )
-    return list(said.values())
+    return list(said.values()), set(fresh)
 
 
-async def _telemetry(r: _Reader, tok: str) -> dict[str, datetime]:
+async def _telemetry(r: _Reader, tok: str, beating: set[str]) -> dict[str, datetime]:
+    """When each node's GPU agent last sent telemetry (headers only), for the nodes without
+    a fresh heartbeat (`beating`: node tokens), which says the agent is alive already."""
+    wanted = [f"gpu.telemetry.{tok}"]
+    if beating:
+        listed = await subject_counts(r.nc, "TELEMETRY", f"gpu.telemetry.{tok}")
+        if listed is None:
+            r.seen.missing.append("stream TELEMETRY")
+            return {}
+        rest = sorted({subj.split(".")[2] for subj in listed} - beating)
+        if not rest:
+            return {}
+        if tok == "*" and len(rest) <= SILENT_FILTERS:
+            wanted = [f"gpu.telemetry.{t}" for t in rest]
     out: dict[str, datetime] = {}
-    for m in await r.last("TELEMETRY", [f"gpu.telemetry.{tok}"], headers_only=True):
+    for m in await r.last("TELEMETRY", wanted, headers_only=True):
         node = node_of(m.subject.split(".")[2])
         out[node] = _newest(out.get(node), m.time)
     return out
@@ -994,9 +1009,13 @@ async def read_fleet(nc: Any, *, actions: int, buckets: Buckets, node: str | Non
     to one node's subjects and keys."""
     r = _Reader(nc, Seen())
     tok = token(node) if node else "*"
-    health, telemetry, shared, _ = await asyncio.gather(
-        _gpu_reads(r, tok),
-        _telemetry(r, tok),
+
+    async def gpu() -> tuple[list[GpuSeen], dict[str, datetime]]:
+        health, beating = await _gpu_reads(r, tok)
+        return health, await _telemetry(r, tok, beating)
+
+    (health, telemetry), shared, _ = await asyncio.gather(
+        gpu(),
         _shared_breaker(r, buckets.breaker),
         asyncio.gather(
             _cordon(r, buckets.cordon, node),
@@ -1019,10 +1038,11 @@ async def read_fleet(nc: Any, *, actions: int, buckets: Buckets, node: str | Non
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector held off while a picture is read and assembled: its
-    hundred thousand short-lived objects otherwise trigger full collections that double
-    the read's CPU time. Nothing they hold is cyclic; the next collection frees the rest."""
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector held off while a picture is read, assembled and shown:
+    its hundreds of thousands of objects otherwise trigger full collections that double the
+    CPU time of `status` at 5,000 nodes. Nothing it needs is cyclic; the first collection
+    after (one, not a dozen) frees the rest. For a short command, not a daemon's loop."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -1045,12 +1065,7 @@ async def gather_status(
     """The whole fleet from KV and the streams (`bucket` and `breaker_bucket` rename the
     cordon service's buckets, `buckets` any of them)."""
     b = buckets or Buckets(cordon=bucket, breaker=breaker_bucket)
-    with _collector_paused():
-        seen = await read_fleet(nc, actions=actions, buckets=b)
-        return _assemble_seen(seen, nats_url, agent_timeout)
-
-
-def _assemble_seen(seen: Seen, nats_url: str, agent_timeout: timedelta) -> FleetStatus:
+    seen = await read_fleet(nc, actions=actions, buckets=b)
     return assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),

@@ -32,7 +32,14 @@ from schemas.energy import (
     Interval,
     PowerSource,
 )
-from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState, MigInstance
+from schemas.gpu import (
+    GpuHealth,
+    GpuHeartbeat,
+    GpuState,
+    GpuTelemetry,
+    HealthState,
+    MigInstance,
+)
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
@@ -508,7 +515,7 @@ async def test_gpu_states_come_from_each_nodes_heartbeat_and_the_changes_since(
     """gpu-h: its GPUs' start states, then a heartbeat (GPU 1 failed at change 2, which the
     stream no longer holds as its last change: the heartbeat says it), then GPU 0 fails
     (change 2, after the heartbeat). gpu-s: a heartbeat long past its interval, then a
-    change: its last changes are read. gpu-n: no heartbeat at all."""
+    change: its last changes are read. gpu-n: no heartbeat at all. gpu-t: telemetry only."""
     h, s, n = "gpu-h", "gpu-s", "gpu-n"
     healthy, failed_ = HealthState.HEALTHY, HealthState.FAILED
     await own_bus.publish_many(
@@ -517,6 +524,7 @@ async def test_gpu_states_come_from_each_nodes_heartbeat_and_the_changes_since(
             make_event(_change(h, 1, healthy, boot="b1", seq=1), source="t"),
             make_event(_beat(s, {0: (healthy, 1)}, boot="s1", interval=0.001), source="t"),
             make_event(_change(n, 0, failed_, boot="n1", seq=3), source="t"),
+            make_event(GpuTelemetry.example().model_copy(update={"node": "gpu-t"}), source="t"),
         ]
     )
     # The heartbeat is stored after the start states, as a running fleet's are.
@@ -536,4 +544,7 @@ async def test_gpu_states_come_from_each_nodes_heartbeat_and_the_changes_since(
     assert nodes[h].agent_live and nodes[h].health == "failed"
     assert nodes[s].gpus == {"0": "failed", "7-mig1-0": "healthy"}
     assert nodes[n].gpus == {"0": "failed"}
+    # A node without a heartbeat is alive by its telemetry (read for such nodes only).
+    assert nodes["gpu-t"].agents["gpu"].state == "live" and nodes["gpu-t"].health == "unknown"
+    assert nodes[h].agent_seen_at is not None and nodes[s].agents["gpu"].state == "live"
     assert "stream GPU" not in fleet.missing
