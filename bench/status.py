@@ -12,9 +12,9 @@ hundredth); 200 audit records. Then, alternating, `--runs` times each:
   revision, default e6d5841: every GPU's last `gpu.health` read, 40,000 messages for
   5,000 nodes, each decoded as a whole event, the collector running);
 - now: `gather_status` of this tree (each node's last heartbeat and the changes stored
-  since; telemetry only for nodes without a recent heartbeat), with the collector held off
-  as `nodeward status` holds it (`collector_paused`: its one collection comes after the
-  picture is shown, untimed here as there);
+  since; telemetry only for nodes without a recent heartbeat), with the collector off as
+  `nodeward status` has it (the command turns it off; here `collector_paused`, whose one
+  collection after the read is left untimed);
 - with `--per-node`, the reads `status` made before batching (every KV key listed then read
   one at a time, each subject's last message by `get_last_msg`, 64 at a time).
 
@@ -293,8 +293,8 @@ async def one_size(nodes: int, runs: int, before: ModuleType, per_node: bool) ->
                     times["per_node"].append(await timed(lambda: per_node_reads(nc)))
                 for label, gather in (("before", before.gather_status), ("now", gather_status)):
                     gc.collect()  # each run starts clean (untimed)
-                    # Now as `nodeward status` reads: the collector held off until it has shown
-                    # the picture (`collector_paused`); before, as it read then.
+                    # Now as `nodeward status` reads: the collector off (the command turns it
+                    # off; here `collector_paused`, its one collection untimed); before, as then.
                     paused = collector_paused() if label == "now" else contextlib.nullcontext()
                     mine, theirs = time.process_time(), cpu_seconds(pid)
                     try:

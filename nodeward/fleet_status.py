@@ -1039,10 +1039,11 @@ async def read_fleet(nc: Any, *, actions: int, buckets: Buckets, node: str | Non
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector held off while a picture is read, assembled and shown:
-    its hundreds of thousands of objects otherwise trigger full collections that double the
-    CPU time of `status` at 5,000 nodes. Nothing it needs is cyclic; the first collection
-    after (one, not a dozen) frees the rest. For a short command, not a daemon's loop."""
+    """The cyclic garbage collector held off while a picture is read and assembled: its
+    hundreds of thousands of objects otherwise trigger full collections that double the CPU
+    time of a read at 5,000 nodes. Nothing it needs is cyclic; the first collection after
+    (one, not a dozen) frees the rest. `nodeward status` turns the collector off for the
+    whole command instead (it prints and exits)."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -26,7 +26,6 @@ from nodeward.fleet_status import (
     NodeReport,
     NodeStatus,
     SessionView,
-    collector_paused,
     format_age,
     gather_node,
     gather_status,
@@ -58,19 +57,6 @@ async def status(
     state_dir: Path = DEFAULT_STATE_DIR,
     node: str | None = None,
     show_all: bool = False,
-) -> None:
-    with collector_paused():
-        await _status(settings, as_json, actions, agent_timeout, state_dir, node, show_all)
-
-
-async def _status(  # noqa: PLR0917 - status's options, passed on
-    settings: Settings,
-    as_json: bool,
-    actions: int,
-    agent_timeout: timedelta,
-    state_dir: Path,
-    node: str | None,
-    show_all: bool,
 ) -> None:
     nc = await connect_nats(settings, "cli/status", state_dir)
     buckets = buckets_for(settings)
