@@ -6,12 +6,13 @@ port, `Cluster.nodes.mark` as the cordon service quarantines: one GET and one PA
 (strategic merge, with the resourceVersion read) per node, a taint, cordon and an
 annotation, `--concurrency` of them in flight, each node marked once per round (then
 unmarked, untimed, for the next round). For each client (before: `nodeward/kube/client.py`
-at `--baseline`, default e6d5841; now: this tree) and round it reports quarantines per
+at `--baseline`, default e6d5841, on the loop's default executor; now: this tree, on its
+own pool of `--pool` threads, each size given) and round it reports quarantines per
 second, and prints the medians with the ratio, and the CPU share of a core each process
 used while the rounds ran (which one is the limit).
 
 Usage: python bench/kube_port.py [--nodes 500] [--concurrency 64] [--rounds 5]
-                                 [--baseline REV]
+                                 [--baseline REV] [--pool 32 8]
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", default="e6d5841", help="git revision of 'before'")
+    parser.add_argument(
+        "--pool", type=int, nargs="+", default=[32], help="now's cluster.concurrency (each)"
+    )
     args = parser.parse_args()
     configure_logging("warning", "console")
     before = baseline(args.baseline)
@@ -164,9 +168,12 @@ def main() -> None:
             settings = ClusterSettings(kubeconfig=kubeconfig)
             names = [n.name for n in seed.nodes if n.gpu is not None and n.gpu.count > 0]
             clients: dict[str, Any] = {
-                "before": lambda s: before.KubeClient.from_settings(s, user_agent="bench/before"),
-                "now": lambda s: KubeClient.from_settings(s, user_agent="bench/now"),
+                "before": lambda s: before.KubeClient.from_settings(s, user_agent="bench/before")
             }
+            for pool in args.pool:
+                clients[f"now/{pool}"] = lambda s, p=pool: KubeClient.from_settings(
+                    s.model_copy(update={"concurrency": p}), user_agent="bench/now"
+                )
             got = asyncio.run(measure(clients, settings, names, args, proc.pid))
         finally:
             proc.terminate()
@@ -175,10 +182,12 @@ def main() -> None:
         f"kube port: {len(names)} nodes quarantined (GET + PATCH) per round, "
         f"{args.concurrency} in flight, medians of {args.rounds} rounds"
     )
-    print(f"{'client':>7} {'quarantines/s':>14} {'CPU bench':>10} {'CPU sim':>8}")
+    print(f"{'client':>8} {'quarantines/s':>14} {'CPU bench':>10} {'CPU sim':>8}")
     for label, (rate, mine, theirs) in got.items():
-        print(f"{label:>7} {rate:>14.0f} {mine:>9.0%} {theirs:>8.0%}")
-    print(f"ratio now/before: {got['now'][0] / got['before'][0]:.2f}x")
+        print(f"{label:>8} {rate:>14.0f} {mine:>9.0%} {theirs:>8.0%}")
+    for label, (rate, _, _) in got.items():
+        if label != "before":
+            print(f"ratio {label}/before: {rate / got['before'][0]:.2f}x")
 
 
 if __name__ == "__main__":
