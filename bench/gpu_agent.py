@@ -1,4 +1,5 @@
-"""Benchmark: the GPU agent's CPU share of one core and its RSS, against a bare NVML loop.
+"""Benchmark: the GPU agent's CPU share of one core and its RSS, against a bare NVML loop,
+and the same agent on AMD GPUs (the AMD SMI backend over a SimAmdSmi of as many MI300X).
 
 Both run in a child process of their own over the same simulated node (8 GPUs): the
 agent with 1 s telemetry and its default health poll and heartbeat, publishing to an
@@ -6,6 +7,8 @@ embedded nats-server; the bare loop makes the same NVML calls on the same schedu
 (telemetry every second, a health sample every poll interval, an event-wait thread) and
 nothing else. CPU share = process CPU time / wall time over the measured window, after
 a warm-up. Prints medians over the runs. Target: agent under 2% of a core and 80 MB RSS.
+`agent+kmsg` is the agent with its second detector reading the host's `/dev/kmsg` (where
+readable; `agent` has it off), so the two rows show what the kernel-log reader costs.
 
 Usage: python bench/gpu_agent.py [--seconds S] [--runs R] [--gpus N]
 """
@@ -19,6 +22,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import benchlib  # bench/benchlib.py: python puts this folder on sys.path
 
@@ -41,20 +45,32 @@ async def measure(seconds: float) -> dict[str, float]:
     return {"cpu_pct": 100 * cpu / wall, "rss_mb": rss_mb()}
 
 
-async def child_agent(nats_url: str, gpus: int, seconds: float) -> dict[str, float]:
+async def child_agent(
+    nats_url: str, gpus: int, seconds: float, kernel_log: str = "off", *, amd: bool = False
+) -> dict[str, float]:
     from agents.gpu.agent import GpuAgent
+    from agents.gpu.backends import AmdSmiBackend
     from agents.gpu.settings import GpuAgentSettings
     from nodeward.bus import Bus
     from nodeward.config import BusSettings
     from nodeward.logs import configure_logging
+    from sim.amdsmi import SimAmdSmi
     from sim.nvml import SimNvml
 
     configure_logging("warning", "json")
-    sim = SimNvml.build("bench-node", count=gpus)
+    sim: Any = (
+        AmdSmiBackend(SimAmdSmi.build("bench-node", count=gpus))
+        if amd
+        else SimNvml.build("bench-node", count=gpus)
+    )
     bus = await Bus.connect(
         BusSettings(url=nats_url, provision=False), source="agent/gpu/bench-node"
     )
-    settings = GpuAgentSettings(telemetry_interval="1s", poll_interval=f"{POLL_S}s")  # type: ignore[arg-type]
+    settings = GpuAgentSettings(
+        telemetry_interval="1s",
+        poll_interval=f"{POLL_S}s",
+        kernel_log=kernel_log,
+    )
     agent = GpuAgent(sim, bus, settings, node="bench-node")
     task = asyncio.create_task(agent.run())
     try:
@@ -108,11 +124,15 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--child", choices=["agent", "bare"])
+    p.add_argument("--child", choices=["agent", "agent+kmsg", "agent-amd", "bare"])
     p.add_argument("--nats", default="")
     args = p.parse_args()
-    if args.child == "agent":
-        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds))))
+    if args.child in ("agent", "agent+kmsg"):
+        klog = "auto" if args.child == "agent+kmsg" else "off"  # auto: /dev/kmsg where readable
+        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds, klog))))
+        return
+    if args.child == "agent-amd":
+        print(json.dumps(asyncio.run(child_agent(args.nats, args.gpus, args.seconds, amd=True))))
         return
     if args.child == "bare":
         print(json.dumps(asyncio.run(child_bare(args.gpus, args.seconds))))
@@ -121,7 +141,7 @@ def main() -> None:
     def runs(url: str) -> dict[str, list[dict[str, float]]]:
         return {
             kind: [run_child(kind, args, url) for _ in range(args.runs)]
-            for kind in ("bare", "agent")
+            for kind in ("bare", "agent", "agent+kmsg", "agent-amd")
         }
 
     results = asyncio.run(benchlib.with_server(runs))
@@ -131,13 +151,16 @@ def main() -> None:
     for kind, rows in results.items():
         cpu = statistics.median(r["cpu_pct"] for r in rows)
         rss = statistics.median(r["rss_mb"] for r in rows)
-        print(f"  {kind:5s}  cpu {cpu:5.2f}% of a core   rss {rss:6.1f} MB")
+        print(f"  {kind:10s}  cpu {cpu:5.2f}% of a core   rss {rss:6.1f} MB")
     agent = results["agent"]
     ok = (
         statistics.median(r["cpu_pct"] for r in agent) < 2
         and statistics.median(r["rss_mb"] for r in agent) < 80
     )
     print(f"  target (agent < 2% and < 80 MB): {'met' if ok else 'NOT met'}")
+    amd = statistics.median(r["cpu_pct"] for r in results["agent-amd"])
+    nv = statistics.median(r["cpu_pct"] for r in agent)
+    print(f"  AMD SMI backend / NVML backend, CPU: {amd / nv:.2f}x" if nv else "")
 
 
 if __name__ == "__main__":

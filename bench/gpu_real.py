@@ -13,7 +13,10 @@ Steps, each printed and written to DIR/gpu_real.json:
      Alongside, GPU 0's GPM graphics utilisation (where the GPU has GPM) and power;
   c. GPM support of every GPU;
   d. `agents.sources.nvml`: identify, sample_health, sample_telemetry and XID event
-     registration (one event wait, which should time out: no event).
+     registration (one event wait, which should time out: no event);
+  e. the kernel-log detector (`agents.sources.kmsg`): /dev/kmsg read from its oldest record,
+     the driver's lines parsed (XIDs, the GPUs it named), and each GPU the driver named at a
+     PCI address checked against the UUID NVML gives the GPU at that address.
 Exit status 1 if the active -> idle check fails (or any step crashed), else 0.
 
 Only the standard library, pynvml and (for the load) torch are imported: no pydantic or
@@ -405,6 +408,46 @@ def agent_reads(nvml: Any) -> list[dict[str, Any]]:
     return out
 
 
+def kernel_log(nvml: Any) -> dict[str, Any]:
+    from agents.sources.kmsg import DriverLineParser, KernelLogError, KmsgReader, pci_key
+
+    try:
+        reader = KmsgReader(Path("/dev/kmsg"), from_start=True)
+    except KernelLogError as exc:
+        return {"readable": False, "error": str(exc)}
+    parser = DriverLineParser()
+    nvrm: list[str] = []
+    xids: list[dict[str, Any]] = []
+    try:
+        records = reader.read()
+        for record in records:
+            if "NVRM" in record.message:
+                nvrm.append(record.message)
+            xids += [plain(x) for x in parser.feed(record.message)]
+    finally:
+        reader.close()
+    nvml_at = {}
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        pci = call(nvml, "nvmlDeviceGetPciInfo", handle)
+        if pci is not None:
+            nvml_at[pci_key(text(pci.busId))] = text(nvml.nvmlDeviceGetUUID(handle))
+    named = {"{:04x}:{:02x}:{:02x}".format(*k): u for k, u in parser.uuids.items()}
+    return {
+        "readable": True,
+        "records": len(records),
+        "overruns": reader.stats.lost,
+        "nvrm_lines": nvrm[-20:],
+        "xids": xids,
+        "driver_named": named,
+        "named_match_nvml": {
+            pci: nvml_at.get(key) == uuid
+            for (pci, uuid), key in zip(named.items(), parser.uuids, strict=True)
+        },
+        "nvml_pci": {"{:04x}:{:02x}:{:02x}".format(*k): u for k, u in nvml_at.items() if k},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_real.json")
@@ -444,6 +487,7 @@ def main() -> int:
             ),
             ("gpm", "c. GPM support", lambda: gpm_support(nvml)),
             ("agent_reads", "d. agents/sources/nvml.py on each GPU", lambda: agent_reads(nvml)),
+            ("kernel_log", "e. the kernel log (/dev/kmsg)", lambda: kernel_log(nvml)),
         ):
             print(f"== {title}", flush=True)
             try:

@@ -27,8 +27,19 @@ from services.culler import access as culler
 from services.falco import access as falco
 from services.maintenance import access as maintenance
 from services.notifier import access as notifier
+from services.recovery import access as recovery
 
-_SERVICES = (cordon, notifier, culler, credentials, falco, maintenance, capacity, accounting)
+_SERVICES = (
+    cordon,
+    notifier,
+    culler,
+    credentials,
+    falco,
+    maintenance,
+    capacity,
+    accounting,
+    recovery,
+)
 
 DECLARED: tuple[Access, ...] = (*(s.ACCESS for s in _SERVICES), energy.ACCESS, idle.ACCESS)
 """Each daemon's own declaration; the node agents share the `agent` account."""

@@ -21,6 +21,7 @@ from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
 from nodeward.config import Settings
 from nodeward.daemon import Daemon
 from nodeward.endpoints import Endpoints
+from nodeward.kube.client import KubeClient
 from nodeward.platform import Component, UpContext, bus_daemon, components
 from nodeward.supervisor import ACTOR, Restart, RestartPolicy, Supervisor, Unit, restart_audit
 from schemas.base import make_event
@@ -28,6 +29,7 @@ from schemas.remediation import Remediation
 from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from sim.cluster.seed import Seed, load_seed
 from sim.inject import InjectReply
+from sim.reboot import SimRebootOperator
 from sim.scenario import Step, play
 
 SimAgents = Callable[[UpContext, Seed], Awaitable[list[Daemon]]]
@@ -68,6 +70,15 @@ def _play_scenario(
             await play(bus.nc, scenario, on_reply=report)
 
         daemon.add_task(run, name="scenario")
+
+
+def _sim_reboots(daemon: Daemon, bus: Bus, cluster: EmbeddedCluster) -> None:
+    """The simulated reboot operator (what Kured is on a real cluster) as a task of the
+    platform daemon: it reboots the sim nodes that services.recovery asks to reboot."""
+    client = KubeClient.from_settings(cluster.settings_for(None), user_agent="sim-reboot")
+    operator = SimRebootOperator(client, bus.nc)
+    daemon.add_task(operator.run, name="sim-reboot")
+    daemon.add_shutdown_hook(client.close)
 
 
 def _teller(daemon: Daemon, bus: Bus) -> Callable[[Remediation], None]:
@@ -225,6 +236,8 @@ async def run_up(
 
             platform.add_task(tell_story, name="story")
         _play_scenario(platform, platform_bus, scenario or [], lambda: supervisor.daemons)
+        if cluster is not None:
+            _sim_reboots(platform, platform_bus, cluster)
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(

@@ -100,7 +100,8 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"$JS.API.STREAM.INFO.KV_{totals}",
             f"$JS.API.DIRECT.GET.KV_{totals}.$KV.{totals}.{key}",
         ),
-        "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}"),
+        # Its inbox, the simulator's injections, services.recovery's reset and validation.
+        "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}", f"agent.gpu.*.{n}"),
         # The allow list is the whole grant; a deny of `$JS.API.>` would override the two
         # reads above (NATS denies win), so none is set.
         "deny_publish": (),

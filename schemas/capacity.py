@@ -28,9 +28,15 @@ def resource_for(profile: str) -> str:
     return "nvidia.com/gpu" if profile == WHOLE_GPU else f"{MIG_PREFIX}{profile}"
 
 
+AMD_PRODUCT_LABEL = "amd.com/gpu.product-name"
+"""A node's GPU model as the AMD GPU operator's node labeller sets it."""
+WHOLE_GPU_RESOURCES = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
+"""The device plugins' whole-GPU resources: NVIDIA's and AMD's (ROCm/k8s-device-plugin)."""
+
+
 def profile_for(resource: str) -> str | None:
     """The profile of an extended resource, or None if it is no GPU resource."""
-    if resource == "nvidia.com/gpu":
+    if resource in WHOLE_GPU_RESOURCES:
         return WHOLE_GPU
     if resource.startswith(MIG_PREFIX) and len(resource) > len(MIG_PREFIX):
         return resource.removeprefix(MIG_PREFIX)

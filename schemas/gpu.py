@@ -40,6 +40,11 @@ class HealthReason(Model):
     xid: int | None = Field(default=None, ge=0)
     evidence: dict[str, Any] = Field(default_factory=dict)
     action: RecommendedAction = RecommendedAction.NONE
+    detectors: list[str] = Field(
+        default_factory=list,
+        description="for an XID: the detectors that saw it (`nvml`, `kmsg`), the first first; "
+        "empty from agents that predate the kernel-log detector",
+    )
 
 
 class MigInstance(Model):
@@ -233,6 +238,15 @@ class GpuXid(EventData):
     processes: list[GpuProcess] = Field(
         default_factory=list, description="compute processes on the GPU, where NVML lists them"
     )
+    detectors: list[str] = Field(
+        default_factory=list,
+        description="the detectors that saw this XID (`nvml`: NVML's event, `kmsg`: the "
+        "driver's kernel-log line), the first first; one event per incident whichever saw it "
+        "first. Empty from agents that predate the kernel-log detector (read as `nvml`)",
+    )
+    driver_message: str | None = Field(
+        default=None, description="the driver's kernel-log line, where the kernel log saw it"
+    )
     observed_at: datetime
     agent_boot_id: str | None = None
 
@@ -250,6 +264,10 @@ class GpuXid(EventData):
                     "application": True,
                     "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
                     "processes": [{"pid": 41233, "used_memory_bytes": 8589934592}],
+                    "detectors": ["nvml", "kmsg"],
+                    "driver_message": "NVRM: Xid (PCI:0000:3b:00): 13, pid=41233, "
+                    "name=python3, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): "
+                    "Out Of Range Address",
                     "observed_at": "2026-08-20T14:02:11Z",
                 }
             ]

@@ -120,8 +120,10 @@ def inject(  # noqa: PLR0917 - typer options
         str | None,
         typer.Option(
             "--fault",
-            help="ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
-            "thermal, nvlink-errors, pcie-replay or hang",
+            help="NVIDIA: ecc-dbe-burst, row-remap-failure, retired-page-limit, fallen-off-bus, "
+            "thermal, nvlink-errors, pcie-replay or hang; AMD (MI300X nodes): "
+            "ecc-uncorrectable, ecc-correctable-burst, bad-page-threshold, "
+            "bad-page-unreservable, ring-hang, gpu-reset, thermal, fallen-off-bus or hang",
         ),
     ] = None,
     recover: Annotated[
@@ -131,6 +133,18 @@ def inject(  # noqa: PLR0917 - typer options
         float | None,
         typer.Option("--load", help="set the GPU's utilisation % (its power follows)"),
     ] = None,
+    via: Annotated[
+        str,
+        typer.Option(
+            "--via", help="with --xid: nvml (NVML's event), kmsg (the kernel log only) or both"
+        ),
+    ] = "nvml",
+    driver: Annotated[
+        str,
+        typer.Option(
+            "--driver", help="with --via kmsg/both: the driver's line format (r470, r535, r550)"
+        ),
+    ] = "r550",
     scenario: Annotated[
         Path | None,
         typer.Option("--scenario", help="a YAML file of timed injections, instead of one"),
@@ -171,7 +185,15 @@ def inject(  # noqa: PLR0917 - typer options
         if node is None:
             fail("give --node (or --scenario)")
         try:
-            request = InjectRequest(gpu=gpu, xid=xid, fault=fault, recover=recover, load=load)
+            request = InjectRequest(
+                gpu=gpu,
+                xid=xid,
+                fault=fault,
+                recover=recover,
+                load=load,
+                via=via,  # validated by the model
+                driver=driver,
+            )
         except ValidationError as exc:
             fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
     bus = settings_for(None, nats, state_dir).bus

@@ -3,16 +3,26 @@
 The sim backend of a node's GPU agent answers requests on `sim.inject.<node>` (not a
 JetStream subject): `{"gpu": 0, "xid": 79}`, `{"gpu": 0, "fault": "thermal"}`,
 `{"gpu": 0, "recover": true}`, `{"gpu": 0, "load": 90}` (utilisation %, which power follows). The reply says what was applied, or the error.
+
+An XID goes through NVML's event by default; `"via": "kmsg"` writes the driver's line to
+the node's fake kernel log only (`sim.kmsg`), `"via": "both"` does both, as a real driver
+does; `"driver"` picks the driver generation whose line format is written.
 """
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.tokens import subject
+from sim.amdsmi import FAULTS as AMD_FAULTS
+from sim.amdsmi import SimAmdSmi
+from sim.kmsg import STYLES, SimKmsg
 from sim.nvml import FAULTS, SimNvml
+
+KNOWN_FAULTS = {**FAULTS, **AMD_FAULTS}
+"""NVIDIA's faults (sim.nvml) and AMD's (sim.amdsmi); each node's sim takes its vendor's."""
 
 PREFIX = "sim.inject"
 
@@ -36,6 +46,10 @@ class InjectRequest(BaseModel):
     load: float | None = Field(
         default=None, ge=0, le=100, description="utilisation %; board power follows it"
     )
+    via: Literal["nvml", "kmsg", "both"] = Field(
+        default="nvml", description="for an XID: NVML's event, the kernel log, or both"
+    )
+    driver: str = Field(default="r550", description="for an XID via kmsg: the line's format")
 
     @model_validator(mode="after")
     def _one(self) -> Self:
@@ -48,13 +62,19 @@ class InjectRequest(BaseModel):
         ]
         if sum(given) != 1:
             raise ValueError("give exactly one of xid, fault, recover, recovery_action, load")
-        if self.fault is not None and self.fault not in FAULTS:
-            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(sorted(FAULTS))}")
+        if self.xid is None and (self.via != "nvml" or self.driver != "r550"):
+            raise ValueError("via and driver apply to an xid only")
+        if self.driver not in STYLES:
+            raise ValueError(f"unknown driver {self.driver!r}; known: {', '.join(STYLES)}")
+        if self.fault is not None and self.fault not in KNOWN_FAULTS:
+            raise ValueError(
+                f"unknown fault {self.fault!r}; known: {', '.join(sorted(KNOWN_FAULTS))}"
+            )
         return self
 
     def describe(self) -> str:
         if self.xid is not None:
-            return f"XID {self.xid}"
+            return f"XID {self.xid}" + ("" if self.via == "nvml" else f" via {self.via}")
         if self.fault is not None:
             return f"fault {self.fault}"
         if self.recovery_action is not None:
@@ -72,16 +92,24 @@ class InjectReply(BaseModel):
     error: str | None = None
 
 
-def apply(sim: SimNvml, raw: bytes) -> InjectReply:
-    """Decode and apply one request to `sim`; errors become a reply, never an exception."""
+def apply(sim: SimNvml | SimAmdSmi, raw: bytes, kmsg: SimKmsg | None = None) -> InjectReply:
+    """Decode and apply one request to `sim` (and its kernel log `kmsg`); errors become a
+    reply, never an exception."""
     try:
         req = InjectRequest.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         return InjectReply(ok=False, node=sim.node, error=f"bad request: {first['msg']}")
+    if req.xid is not None and req.via != "nvml" and kmsg is None:
+        return InjectReply(
+            ok=False, node=sim.node, gpu=req.gpu, error="this node has no simulated kernel log"
+        )
     try:
         if req.xid is not None:
-            sim.inject_xid(req.gpu, req.xid)
+            if req.via in ("kmsg", "both") and kmsg is not None:
+                kmsg.xid(req.gpu, req.xid, style=req.driver)
+            if req.via in ("nvml", "both"):
+                sim.inject_xid(req.gpu, req.xid)
         elif req.fault is not None:
             sim.inject_fault(req.gpu, req.fault)
         elif req.recovery_action is not None:
@@ -95,11 +123,11 @@ def apply(sim: SimNvml, raw: bytes) -> InjectReply:
     return InjectReply(ok=True, node=sim.node, gpu=req.gpu, applied=req.describe())
 
 
-async def serve_injections(nc: Any, sim: SimNvml) -> Any:
+async def serve_injections(nc: Any, sim: SimNvml | SimAmdSmi, kmsg: SimKmsg | None = None) -> Any:
     """Answer injection requests for `sim`'s node on `nc`; returns the subscription."""
 
     async def handle(msg: Any) -> None:
-        reply = apply(sim, msg.data)
+        reply = apply(sim, msg.data, kmsg)
         if msg.reply:
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 

@@ -187,6 +187,18 @@ class SimEventSet:
 _MIG_PROFILES = {"1g.10gb": 7, "2g.20gb": 3, "3g.40gb": 2, "7g.80gb": 1}
 
 
+def gpu_uuid(node: str, index: int) -> str:
+    """The UUID the simulated driver gives GPU `index` of `node` (stable: the sim cluster's
+    ResourceSlices publish the same)."""
+    digest = hashlib.sha256(f"{node}/{index}".encode()).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def pci_bus_id(index: int) -> str:
+    """The PCI bus id of simulated GPU `index`."""
+    return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+
+
 class SimNvml:
     """One node's simulated NVML driver. Thread-safe; no process-wide state."""
 
@@ -227,11 +239,7 @@ class SimNvml:
             model = dataclasses.replace(model, family=family)
         gpus: list[SimGpu] = []
         for i in range(count):
-            digest = hashlib.sha256(f"{node}/{i}".encode()).hexdigest()
-            uuid = (
-                f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
-            )
-            gpus.append(SimGpu(i, uuid, f"00000000:{0x18 + i * 0x10:02X}:00.0", model))
+            gpus.append(SimGpu(i, gpu_uuid(node, i), pci_bus_id(i), model))
         if mig and count:
             slots = {g.index: 7 for g in gpus}
             gi = {g.index: 0 for g in gpus}

@@ -7,6 +7,7 @@ injection as `nodeward sim inject` takes it:
     - {after: 20s, node: gpu-a100-02, gpu: 0, fault: thermal}
     - {after: 60s, node: gpu-h100-01, gpu: 3, recover: true}
     - {after: 5s, node: gpu-a100-01, gpu: 0, load: 95}   # utilisation %; power follows
+    - {after: 90s, node: gpu-h100-02, gpu: 1, xid: 48, via: kmsg}  # the kernel log only
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
@@ -39,6 +40,8 @@ class Step(BaseModel):
     recover: bool = False
     recovery_action: int | None = None
     load: float | None = None
+    via: Literal["nvml", "kmsg", "both"] = "nvml"
+    driver: str = "r550"
 
     def request(self) -> InjectRequest:
         return InjectRequest(
@@ -48,6 +51,8 @@ class Step(BaseModel):
             recover=self.recover,
             recovery_action=self.recovery_action,
             load=self.load,
+            via=self.via,
+            driver=self.driver,
         )
 
 

@@ -1,4 +1,7 @@
-"""The GPU agent: NVML health and telemetry of one node's GPUs onto the bus.
+"""The GPU agent: health and telemetry of one node's GPUs onto the bus.
+
+It reads the GPUs through a backend (`agents/gpu/backends.py`): NVML for NVIDIA, AMD SMI
+for AMD; what follows says NVML, and AMD SMI's calls and KFD events are treated alike.
 
 XIDs arrive event-driven (one thread blocks in `nvmlEventSetWait`); counters are polled.
 Every NVML call runs on its GPU's `Lane` with a deadline, so a hung driver call becomes
@@ -11,6 +14,12 @@ name only: the NATS user it runs as needs publish rights on `gpu.health.<node>.>
 `gpu.xid.<node>.>`, `gpu.heartbeat.<node>` and `gpu.telemetry.<node>` and subscribe
 rights on its reply inbox (`_INBOX_<node>.>` with `bus.inbox_prefix`), and nothing else
 (`bus.provision: false`).
+
+A second detector reads the kernel log (`/dev/kmsg`, or a file tail) for the driver's XID
+lines, on the event loop and apart from NVML, so an XID still fails its GPU while NVML hangs.
+Both detectors' sightings merge into one incident per GPU and XID (`agents.gpu.detectors`):
+the first opens it (the health change, one `gpu.xid.v1`), the other confirms it (its
+`detectors`).
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from agents.gpu.amd_health import EventSeen
+from agents.gpu.backends import GpuBackend, NvmlBackend
+from agents.gpu.detectors import KMSG, NVML, Incident, IncidentMerger
 from agents.gpu.health import (
     Classification,
     Finding,
@@ -35,22 +47,20 @@ from agents.gpu.health import (
     classify,
     hang_finding,
     lost_finding,
-    sample_findings,
+    recovery_finding,
     xid_findings,
 )
 from agents.gpu.settings import GpuAgentSettings
-from agents.sources.nvml import (
-    GpuIdentity,
-    NvmlEvent,
-    device_count,
-    handle_key,
-    identify,
-    is_lost,
-    register_events,
-    sample_health,
-    sample_telemetry,
-    wait_events,
+from agents.sources.kmsg import (
+    DriverLineParser,
+    DriverXid,
+    FileTail,
+    KernelLogError,
+    KmsgReader,
+    open_kernel_log,
+    pci_key,
 )
+from agents.sources.nvml import GpuIdentity, NvmlEvent
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
 from nodeward.bus import Bus
@@ -113,9 +123,27 @@ class _Watch:
     polled: list[Finding] = field(default_factory=list)
     lost: Finding | None = None
     hang: Finding | None = None
+    kmsg_recovery: Finding | None = None
+    """XID 154's recovery action as the kernel log said, while NVML does not answer."""
     xids: list[XidSeen] = field(default_factory=list)
+    notices: list[EventSeen] = field(default_factory=list)
+    """The backend's own events (AMD's KFD events), judged by `GpuBackend.event_findings`."""
     units: list[_Unit] = field(default_factory=list)
     poll_now: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _XidReport:
+    """An incident's first sighting, waiting to be published as `gpu.xid.v1`."""
+
+    watch: _Watch
+    xid: int
+    at: datetime
+    seen_at: float
+    incident: Incident
+    gpu_instance_id: int | None = None
+    driver_message: str | None = None
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Metrics:
@@ -145,10 +173,27 @@ class _Metrics:
             "nodeward_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r
         )
         self.ecc = Gauge("nodeward_gpu_ecc_errors", "ECC error counts", ["gpu", "kind"], registry=r)
+        self.sightings = Counter(
+            "nodeward_gpu_xid_sightings",
+            "XID reports per detector (an incident seen by two detectors counts twice)",
+            ["gpu", "detector"],
+            registry=r,
+        )
+        self.unattributed = Counter(
+            "nodeward_gpu_kernel_log_unattributed",
+            "driver XID lines for a PCI address no known GPU has",
+            registry=r,
+        )
+        self.kmsg_lost = Counter(
+            "nodeward_gpu_kernel_log_overruns",
+            "times kernel-log records were overwritten before the agent read them",
+            registry=r,
+        )
 
 
 class GpuAgent:
-    """Watches one node's GPUs through `nvml` (the pynvml module, or a SimNvml)."""
+    """Watches one node's GPUs through `nvml`: a `GpuBackend`, or the pynvml module or a
+    SimNvml (read through an `NvmlBackend`)."""
 
     def __init__(
         self,
@@ -161,7 +206,6 @@ class GpuAgent:
         pods: PodSource | None = None,
         catalog: XidCatalog | None = None,
     ) -> None:
-        self.nvml = nvml
         self.bus = bus
         self.settings = settings
         self.node = node or settings.node_name()
@@ -169,6 +213,9 @@ class GpuAgent:
         self.boot_id = uuid.uuid4().hex[:12]
         self.catalog = catalog or load_catalog()
         self.limits = settings.limits()
+        self.backend: GpuBackend = (
+            nvml if isinstance(nvml, GpuBackend) else NvmlBackend(nvml, self.limits)
+        )
         self.pods: PodSource = pods or StaticPods()
         self.metrics = _Metrics(registry or CollectorRegistry())
         self.log: Any = get_logger(agent="gpu", node=self.node, boot=self.boot_id)
@@ -194,7 +241,11 @@ class GpuAgent:
         self._event_thread: threading.Thread | None = None
         self._health_prefix = subject("gpu", "health", self.node) + "."
         self._xid_prefix = subject("gpu", "xid", self.node) + "."
-        self._xids: asyncio.Queue[tuple[_Watch, NvmlEvent, datetime]] = asyncio.Queue()
+        self._xids: asyncio.Queue[_XidReport] = asyncio.Queue()
+        self._merger = IncidentMerger(settings.detector_window.total_seconds())
+        self._pending: dict[int, _XidReport] = {}  # incident id -> its unpublished gpu.xid
+        self._kernel_log: KmsgReader | FileTail | None = None
+        self._driver_lines = DriverLineParser()
         self._telemetry_subject = subject("gpu", "telemetry", self.node)
         self._heartbeat_subject = subject("gpu", "heartbeat", self.node)
 
@@ -216,6 +267,7 @@ class GpuAgent:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._outbox.run())
                 tg.create_task(self._xid_loop())
+                tg.create_task(self._kernel_log_loop())
                 for watch in self.watches:
                     tg.create_task(self._poll_loop(watch))
                 tg.create_task(self._every(self.settings.heartbeat_interval, self._heartbeat))
@@ -225,30 +277,29 @@ class GpuAgent:
             await self._close()
 
     async def _start(self) -> None:
-        nvml = self.nvml
-        await self._control.call(nvml.nvmlInit, self._timeout)
-        count = await self._control.call(partial(device_count, nvml), self._timeout)
-        self._event_set = await self._control.call(nvml.nvmlEventSetCreate, self._timeout)
+        backend = self.backend
+        await self._control.call(backend.init, self._timeout)
+        count = await self._control.call(backend.device_count, self._timeout)
+        self._event_set = await self._control.call(backend.open_events, self._timeout)
         self.watches = [_Watch(i, Lane(f"{self.node}/gpu{i}")) for i in range(count)]
         self._pods_now = await self.pods.pods_by_device()
         await asyncio.gather(*(self._poll(w) for w in self.watches))
         loop = asyncio.get_running_loop()
         self._event_thread = threading.Thread(
-            target=wait_events,
+            target=backend.wait_events,
             args=(
-                nvml,
                 self._event_set,
                 lambda ev: loop.call_soon_threadsafe(self._on_event, ev),
                 lambda err: loop.call_soon_threadsafe(self._on_event_error, err),
                 self._stop_events,
             ),
             kwargs={"timeout_ms": 250},
-            name=f"nvml-events:{self.node}",
+            name=f"{backend.name}-events:{self.node}",
             daemon=True,
         )
         self._event_thread.start()
         self.ready = True
-        self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id)
+        self.log.info("gpu agent started", gpus=count, boot_id=self.boot_id, backend=backend.name)
 
     async def _close(self) -> None:
         self.ready = False
@@ -259,8 +310,8 @@ class GpuAgent:
             await asyncio.to_thread(thread.join, 2.0)
         with contextlib.suppress(Exception):
             if self._event_set is not None and not (thread and thread.is_alive()):
-                await self._control.call(partial(self.nvml.nvmlEventSetFree, self._event_set), 1.0)
-            await self._control.call(self.nvml.nvmlShutdown, 1.0)
+                await self._control.call(partial(self.backend.close_events, self._event_set), 1.0)
+            await self._control.call(self.backend.shutdown, 1.0)
         for lane in [self._control, *(w.lane for w in self.watches)]:
             lane.close()
 
@@ -286,15 +337,16 @@ class GpuAgent:
         try:
             if watch.ident is None:
                 ident = await lane.call(
-                    partial(identify, self.nvml, lane, watch.index), self._timeout
+                    partial(self.backend.identify, lane, watch.index), self._timeout
                 )
                 await lane.call(
-                    partial(register_events, self.nvml, lane, ident, self._event_set), self._timeout
+                    partial(self.backend.register_events, lane, ident, self._event_set),
+                    self._timeout,
                 )
                 self._adopt(watch, ident)
             assert watch.ident is not None
             sample = await lane.call(
-                partial(sample_health, self.nvml, lane, watch.ident), self._timeout
+                partial(self.backend.sample_health, lane, watch.ident), self._timeout
             )
         except LaneBusy:
             watch.hang = hang_finding(lane.current, lane.busy_for)
@@ -304,9 +356,9 @@ class GpuAgent:
                 "nvml call hung", gpu=watch.index, call=exc.what, timeout_s=exc.timeout
             )
             watch.hang = hang_finding(exc.what, exc.timeout)
-        except pynvml.NVMLError as exc:
+        except self.backend.errors as exc:
             watch.hang = None
-            if not is_lost(exc):
+            if not self.backend.is_lost(exc):
                 self.log.warning(
                     "nvml call failed", gpu=watch.index, call=lane.last, error=str(exc)
                 )
@@ -323,8 +375,8 @@ class GpuAgent:
             else:
                 watch.lost = lost_finding(lane.last)
         else:
-            watch.hang = watch.lost = None
-            watch.polled = sample_findings(sample, self.limits)
+            watch.hang = watch.lost = watch.kmsg_recovery = None  # the GPU answers: it says
+            watch.polled = self.backend.findings(sample)
             for kind, value in sample.ecc.items():
                 self.metrics.ecc.labels(str(watch.index), kind).set(value)
         self._evaluate(watch)
@@ -347,30 +399,26 @@ class GpuAgent:
             )
             for m in ident.migs
         ]
-        self._by_handle[handle_key(ident.handle)] = watch
+        self._by_handle[self.backend.device_key(ident.handle)] = watch
 
-    def _on_event(self, ev: NvmlEvent) -> None:
+    def _on_event(self, ev: Any) -> None:
         watch = self._by_handle.get(ev.device_key)
         if watch is None:
-            self.log.warning(
-                "nvml event for an unknown device", event_type=ev.event_type, data=ev.data
-            )
+            self.log.warning("event for an unknown device", gpu_event=repr(ev))
+            return
+        if not isinstance(ev, NvmlEvent):
+            self._on_notice(watch, ev)
             return
         log = self.log.bind(gpu=watch.index, event_type=hex(ev.event_type), data=ev.data)
         if ev.event_type & pynvml.nvmlEventTypeXidCriticalError:
             log.info("xid", xid=ev.data, gpu_instance=ev.gpu_instance_id)
-            self.metrics.xids.labels(str(watch.index), str(ev.data)).inc()
             evidence: dict[str, Any] = {"event_data": ev.data}
             if ev.gpu_instance_id is not None:
                 evidence |= {
                     "gpu_instance_id": ev.gpu_instance_id,
                     "compute_instance_id": ev.compute_instance_id,
                 }
-            watch.xids.append(XidSeen(ev.data, time.monotonic(), evidence))
-            self._xids.put_nowait((watch, ev, utcnow()))
-            if ev.data == 154:
-                watch.poll_now.set()
-            self._evaluate(watch)
+            self._on_xid(watch, ev.data, NVML, evidence, gpu_instance_id=ev.gpu_instance_id)
         if (
             ev.event_type & pynvml.nvmlEventTypeGpuRecoveryAction
             and ev.data == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
@@ -380,6 +428,147 @@ class GpuAgent:
         if ev.event_type & _REFRESH_EVENTS:
             watch.poll_now.set()
 
+    def _on_notice(self, watch: _Watch, ev: Any) -> None:
+        """A backend's own event (AMD: ring hang, GPU reset, thermal throttle)."""
+        self.log.info("gpu event", gpu=watch.index, gpu_event=ev.event, message=ev.message)
+        watch.notices.append(EventSeen(ev.event, ev.message, time.monotonic()))
+        if self.backend.refresh(ev):
+            watch.poll_now.set()
+        self._evaluate(watch)
+
+    def _on_xid(
+        self,
+        watch: _Watch,
+        xid: int,
+        detector: str,
+        evidence: dict[str, Any],
+        *,
+        gpu_instance_id: int | None = None,
+        driver_message: str | None = None,
+    ) -> None:
+        """One detector's sighting of an XID: a new incident fails/records it, a second
+        detector's sighting of an open incident confirms it."""
+        now = time.monotonic()
+        self.metrics.sightings.labels(str(watch.index), detector).inc()
+        sighting = self._merger.observe(watch.index, xid, detector, now)
+        incident = sighting.incident
+        if not sighting.new:
+            self.log.info(
+                "xid confirmed", gpu=watch.index, xid=xid, by=detector, detectors=incident.detectors
+            )
+            report = self._pending.get(incident.id)
+            if report is not None:
+                report.driver_message = report.driver_message or driver_message
+                report.confirmed.set()
+            for seen in watch.xids:
+                if seen.incident is incident:  # the second detector's evidence joins the first's
+                    for key, value in evidence.items():
+                        seen.data.setdefault(key, value)
+            self._evaluate(watch)  # the reasons now name both detectors
+            return
+        self.metrics.xids.labels(str(watch.index), str(xid)).inc()
+        watch.xids.append(XidSeen(xid, now, {**evidence, "detector": detector}, incident))
+        report = _XidReport(
+            watch, xid, utcnow(), now, incident, gpu_instance_id, driver_message=driver_message
+        )
+        self._pending[incident.id] = report
+        self._xids.put_nowait(report)
+        if xid == 154:
+            watch.poll_now.set()
+        self._evaluate(watch)
+
+    # -- the kernel log -----------------------------------------------------------------
+
+    async def _kernel_log_loop(self) -> None:
+        """Read the driver's lines from the kernel log until cancelled (never touches NVML)."""
+        s = self.settings
+        try:
+            self._kernel_log = open_kernel_log(s.kernel_log, s.kmsg_path, s.kernel_log_file)
+        except KernelLogError as exc:
+            self.log.warning("kernel log not read: only NVML detects XIDs", error=str(exc))
+            return
+        source = self._kernel_log
+        if source is None:
+            return
+        self.log.info("reading the kernel log", path=str(source.path), kind=type(source).__name__)
+        interval = s.kernel_log_interval.total_seconds()
+        lost = 0
+        # /dev/kmsg polls readable when a record arrives: read then, and only then; a file
+        # (a syslog tail, the simulator's kmsg) is read every `kernel_log_interval`.
+        wake = asyncio.Event()
+        device = source.fileno() if isinstance(source, KmsgReader) and source.is_device else None
+        if device is not None:
+            asyncio.get_running_loop().add_reader(device, wake.set)
+        try:
+            while True:
+                wake.clear()
+                try:
+                    messages = source.messages()
+                except KernelLogError as exc:
+                    self.log.warning("kernel log read failed", error=str(exc))
+                    messages = []
+                if source.stats.lost > lost:
+                    self.metrics.kmsg_lost.inc(source.stats.lost - lost)
+                    self.log.warning("kernel log records overwritten before read")
+                    lost = source.stats.lost
+                for message in messages:
+                    try:
+                        for found in self._driver_lines.feed(message):
+                            self._on_driver_xid(found)
+                    except Exception:  # one line never stops the detector
+                        self.log.exception("kernel log line not handled", line=message[:500])
+                with contextlib.suppress(TimeoutError):
+                    await within(wake.wait(), None if device is not None else interval)
+        finally:
+            if device is not None:
+                asyncio.get_running_loop().remove_reader(device)
+            self._kernel_log = None
+            source.close()
+
+    def _watch_at(self, found: DriverXid) -> _Watch | None:
+        """The GPU a driver line names: by PCI address (NVML's bus id), else by UUID."""
+        key = found.pci_key
+        for watch in self.watches:
+            ident = watch.ident
+            if ident is None:
+                continue
+            if (key is not None and pci_key(ident.pci_bus_id) == key) or (
+                found.uuid is not None and found.uuid == ident.uuid
+            ):
+                return watch
+        return None
+
+    def _on_driver_xid(self, found: DriverXid) -> None:
+        watch = self._watch_at(found)
+        if watch is None:
+            self.metrics.unattributed.inc()
+            self.log.warning(
+                "driver xid for an unknown gpu", pci=found.pci, xid=found.xid, line=found.text
+            )
+            return
+        self.log.info("xid in the kernel log", gpu=watch.index, xid=found.xid, form=found.form)
+        evidence: dict[str, Any] = {"driver_message": found.text, "pci": found.pci}
+        if found.gpu_instance_id is not None:
+            evidence["gpu_instance_id"] = found.gpu_instance_id
+        if found.compute_instance_id is not None:
+            evidence["compute_instance_id"] = found.compute_instance_id
+        if found.pid is not None:
+            evidence["pid"] = found.pid
+        if found.xid == 154 and found.recovery_action is not None:
+            # The new recovery action is in the line: followed even while NVML hangs (a
+            # successful poll replaces it with NVML's reading).
+            watch.kmsg_recovery = recovery_finding(found.recovery_action)
+            if found.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NONE:
+                watch.xids.clear()
+        self._on_xid(
+            watch,
+            found.xid,
+            KMSG,
+            evidence,
+            gpu_instance_id=found.gpu_instance_id,
+            driver_message=found.text,
+        )
+
     def _on_event_error(self, error: str) -> None:
         self.log.warning("nvml event wait failed", error=error)
 
@@ -387,8 +576,12 @@ class GpuAgent:
         hold = self.settings.xid_hold.total_seconds()
         now = time.monotonic()
         watch.xids = [x for x in watch.xids if now - x.at <= hold]
+        watch.notices = [n for n in watch.notices if now - n.at <= hold]
         found = list(watch.polled)
+        found += self.backend.event_findings(watch.notices)
         found += [f for f in (watch.lost, watch.hang) if f is not None]
+        if watch.kmsg_recovery is not None and not any(f.code == "recovery_action" for f in found):
+            found.append(watch.kmsg_recovery)
         found += xid_findings(watch.xids, self.catalog, self.settings.xid_window.total_seconds())
         return found
 
@@ -434,7 +627,8 @@ class GpuAgent:
             reasons=list(verdict.reasons),
             recommended_action=verdict.action,
             pods=self._pods_now.get(unit.uuid)
-            or ([] if unit.mig else self._pods_now.get(str(watch.index), [])),
+            or ([] if unit.mig else self._pods_now.get(str(watch.index), []))
+            or (self._pods_now.get(ident.pci_bus_id or "", []) if ident and not unit.mig else []),
             observed_at=unit.changed_at,
             agent_boot_id=self.boot_id,
             sequence=unit.sequence,
@@ -485,9 +679,9 @@ class GpuAgent:
                 return None
             try:
                 t = await watch.lane.call(
-                    partial(sample_telemetry, self.nvml, watch.lane, ident), self._timeout
+                    partial(self.backend.sample_telemetry, watch.lane, ident), self._timeout
                 )
-            except (CallTimeout, LaneBusy, pynvml.NVMLError):
+            except (CallTimeout, LaneBusy, *self.backend.errors):  # type: ignore[misc]
                 watch.poll_now.set()  # the health poll reports what is wrong
                 return None
             g = str(watch.index)
@@ -515,19 +709,33 @@ class GpuAgent:
     # -- XIDs ---------------------------------------------------------------------------
 
     async def _xid_loop(self) -> None:
-        """Every XID as a `gpu.xid.v1`, in the order the driver reported them."""
+        """Every incident as one `gpu.xid.v1`, in the order they opened; each waits (up to
+        `confirm_wait` from its first sighting) for the other detector to confirm it."""
         while True:
-            watch, ev, at = await self._xids.get()
+            report = await self._xids.get()
             try:
-                self._enqueue(await self._xid_event(watch, ev, at))
+                await self._await_confirmation(report)
+                self._enqueue(await self._xid_event(report))
             except Exception:  # one XID not published never stops the agent
-                self.log.exception("xid not published", gpu=watch.index, xid=ev.data)
+                self.log.exception("xid not published", gpu=report.watch.index, xid=report.xid)
+            finally:
+                self._pending.pop(report.incident.id, None)
 
-    async def _xid_event(self, watch: _Watch, ev: NvmlEvent, at: datetime) -> Event[GpuXid]:
-        info = self.catalog.get(ev.data)
+    async def _await_confirmation(self, report: _XidReport) -> None:
+        detectors = {NVML} | ({KMSG} if self._kernel_log is not None else set())
+        if detectors <= set(report.incident.detectors):
+            return
+        left = report.seen_at + self.settings.confirm_wait.total_seconds() - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await within(report.confirmed.wait(), left)
+
+    async def _xid_event(self, report: _XidReport) -> Event[GpuXid]:
+        watch, at = report.watch, report.at
+        info = self.catalog.get(report.xid)
         ident = watch.ident
         uuid_ = ident.uuid if ident else f"unknown-{self.node}-gpu{watch.index}"
-        instance = ev.gpu_instance_id
+        instance = report.gpu_instance_id
         unit = next((u for u in watch.units if u.mig and u.mig.gpu_instance_id == instance), None)
         pods = (
             (unit and self._pods_now.get(unit.uuid))
@@ -538,7 +746,7 @@ class GpuAgent:
             node=self.node,
             gpu_index=watch.index,
             gpu_uuid=uuid_,
-            xid=ev.data,
+            xid=report.xid,
             name=info.name,
             category=info.category,
             catalog_action=info.action,
@@ -546,6 +754,8 @@ class GpuAgent:
             gpu_instance_id=instance,
             pods=list(pods),
             processes=await self._processes(watch, instance),
+            detectors=list(report.incident.detectors),
+            driver_message=report.driver_message,
             observed_at=at,
             agent_boot_id=self.boot_id,
         )
@@ -557,11 +767,8 @@ class GpuAgent:
         if ident is None or watch.lane.busy:
             return []
         try:
-            found = await watch.lane.call(
-                partial(self.nvml.nvmlDeviceGetComputeRunningProcesses, ident.handle),
-                self._timeout,
-            )
-        except (CallTimeout, LaneBusy, pynvml.NVMLError):
+            found = await watch.lane.call(partial(self.backend.processes, ident), self._timeout)
+        except (CallTimeout, LaneBusy, *self.backend.errors):  # type: ignore[misc]
             return []
         out = []
         for p in found or []:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.gpu.detectors import Incident
 from agents.sources.nvml import HealthSample
 from nodeward.nvml_compat import pynvml
 from nodeward.xid import XidCatalog
@@ -95,6 +96,9 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     variant: str = ""
     """Distinguishes findings of one code whose meaning differs (XID 48 alone or correlated)."""
+    detectors: tuple[str, ...] = ()
+    """For an XID: the detectors that saw it (not part of the key: a confirmation by a
+    second detector is not a change of state)."""
 
     @property
     def key(self) -> str:
@@ -107,6 +111,7 @@ class Finding:
             xid=self.xid,
             evidence=self.evidence,
             action=self.action,
+            detectors=list(self.detectors),
         )
 
 
@@ -331,6 +336,12 @@ class XidSeen:
     xid: int
     at: float
     data: dict[str, Any]
+    incident: Incident | None = None
+    """The incident it opened: which detectors saw it so far."""
+
+    @property
+    def detectors(self) -> tuple[str, ...]:
+        return tuple(self.incident.detectors) if self.incident else ()
 
 
 def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> list[Finding]:
@@ -354,6 +365,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
     out: list[Finding] = []
     for xid, (seen, count) in sorted(latest.items()):
         info = catalog.get(xid)
+        seen_by = seen.detectors
         evidence = {
             **seen.data,
             "count": count,
@@ -372,6 +384,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
                         RecommendedAction.DRAIN_AND_RESET,
                         f"XID 48 {info.name} with XID {', '.join(map(str, remap))}: drain, then reset the GPU",
                         xid=48,
+                        detectors=seen_by,
                         evidence={
                             **evidence,
                             "correlated_xids": remap,
@@ -388,6 +401,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
                         RecommendedAction.RESET_GPU,
                         f"XID 48 {info.name} alone: reset the GPU",
                         xid=48,
+                        detectors=seen_by,
                         evidence={**evidence, "nvidia_action": "RESET_GPU"},
                     )
                 )
@@ -402,6 +416,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
                         RecommendedAction.NONE,
                         f"XID 45 {info.name} alone: restart Fabric Manager",
                         xid=45,
+                        detectors=seen_by,
                         evidence={**evidence, "nvidia_action": "RESTART_FM"},
                         variant="solo",
                     )
@@ -413,6 +428,14 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
             continue
         state = HealthState.FAILED if info.action in _FAILING_ACTIONS else HealthState.DEGRADED
         out.append(
-            Finding("xid", state, info.action, f"XID {xid} {info.name}", xid=xid, evidence=evidence)
+            Finding(
+                "xid",
+                state,
+                info.action,
+                f"XID {xid} {info.name}",
+                xid=xid,
+                evidence=evidence,
+                detectors=seen_by,
+            )
         )
     return out

@@ -1,9 +1,10 @@
 """Which pods hold which GPU, from the kubelet pod-resources API.
 
 `v1.PodResourcesLister/List` over gRPC on the kubelet's unix socket. The few messages
-are read by hand (no generated code); only NVIDIA devices are kept: `nvidia.com/gpu`
-and `nvidia.com/mig-*`. Device IDs are GPU or MIG UUIDs (the device plugin's default
-strategy) or indices; a shared-GPU replica suffix (`::<n>`) is dropped.
+are read by hand (no generated code); only GPU devices are kept: `nvidia.com/gpu`,
+`nvidia.com/mig-*` and AMD's `amd.com/gpu`. NVIDIA device IDs are GPU or MIG UUIDs (the
+device plugin's default strategy) or indices; AMD's device plugin names each GPU by its
+PCI bus ID (`0000:05:00.0`); a shared-GPU replica suffix (`::<n>`) is dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 
 
 def is_gpu_resource(name: str) -> bool:
-    return name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-")
+    return name in ("nvidia.com/gpu", "amd.com/gpu") or name.startswith("nvidia.com/mig-")
 
 
 def parse_list_response(body: bytes) -> dict[str, list[PodRef]]:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.energy.settings import EnergySettings
+from agents.gpu.detectors import Incident
 from agents.gpu.health import Finding, XidSeen, classify, lost_finding, xid_findings
 from agents.gpu.settings import GpuAgentSettings
 from agents.idle.evidence import Reading, SessionTracker, cpu_reading, gpu_reading, kernel_reading
@@ -369,9 +370,13 @@ class Fleet:
         gpu.reasons, gpu.action = list(verdict.reasons), verdict.action
         return self._change(node, gpu, previous=previous)
 
-    def _xid(self, node: _Node, gpu: _Gpu, xid: int) -> list[Event[Any]]:
+    def _xid(
+        self, node: _Node, gpu: _Gpu, xid: int, detectors: Sequence[str] = ("nvml",)
+    ) -> list[Event[Any]]:
         info = self.catalog.get(xid)
-        gpu.xids.append(XidSeen(xid, time.monotonic(), {"event_data": xid}))
+        seen_at = time.monotonic()
+        incident = Incident(0, gpu.index, xid, seen_at, list(detectors))
+        gpu.xids.append(XidSeen(xid, seen_at, {"event_data": xid}, incident))
         record = GpuXid(
             node=node.name,
             gpu_index=gpu.index,
@@ -382,6 +387,7 @@ class Fleet:
             catalog_action=info.action,
             application=info.is_application,
             pods=gpu.pods,
+            detectors=list(detectors),
             observed_at=utcnow(),
             agent_boot_id=node.boot_id,
         )
@@ -649,7 +655,9 @@ class Fleet:
         gpu = node.gpus[request.gpu]
         events: list[Event[Any]] = []
         if request.xid is not None:
-            events = self._xid(node, gpu, request.xid)
+            # One incident, as the real agent merges its two detectors' sightings.
+            seen_by = {"nvml": ("nvml",), "kmsg": ("kmsg",), "both": ("nvml", "kmsg")}
+            events = self._xid(node, gpu, request.xid, seen_by[request.via])
         elif request.fault == "fallen-off-bus":
             gpu.lost = lost_finding("nvmlDeviceGetHandleByIndex")
             events = self._evaluate(node, gpu)

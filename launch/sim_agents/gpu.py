@@ -1,16 +1,24 @@
-"""Simulated GPU agents for `nodeward up`: one agent per sim-cluster node, on a SimNvml.
+"""Simulated GPU agents for `nodeward up`: one agent per sim-cluster node, on a SimNvml
+(NVIDIA nodes) or a SimAmdSmi through the AMD SMI backend (AMD nodes, `gpu.vendor: amd`).
 
 Each agent runs in its own `Daemon` with its own bus connection and answers fault
-injections for its node on `sim.inject.<node>`. Several run in one process.
+injections for its node on `sim.inject.<node>`. Several run in one process. Each reads a
+fake kernel log (`sim.kmsg`, a file in `/dev/kmsg`'s record format: `<state dir>/kmsg/<node>`
+under `nodeward up`, else in a temp directory) as its second XID detector, so an injection can go through NVML, the kernel log, or both.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 from agents.gpu.agent import GpuAgent
+from agents.gpu.backends import AmdSmiBackend
 from agents.gpu.settings import GpuAgentSettings
+from agents.gpu.validate import Validator
 from agents.sources.pods import StaticPods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
@@ -20,10 +28,13 @@ from schemas.cloudevents import DecodeError, decode
 from schemas.common import PodRef
 from schemas.gpu import GpuSample, GpuTelemetry
 from schemas.tokens import subject
+from sim.amdsmi import SimAmdSmi
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.inject import serve_injections
+from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 
+_Sim = TypeVar("_Sim", SimNvml, SimAmdSmi)
 MIG_RESOURCE = "nvidia.com/mig-"
 GPU_LOAD_ANNOTATION = "sim.nodeward.io/gpu"  # a pod's GPU utilisation %, e.g. '85'
 ROLE_LOAD = {"training": 30.0}  # else 0: sessions at rest, free GPUs
@@ -43,10 +54,24 @@ def sim_nvml_for(node: NodeSeed) -> SimNvml:
     )
 
 
-def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[PodRef]]:
+def sim_amdsmi_for(node: NodeSeed) -> SimAmdSmi:
+    """The simulated AMD SMI of an AMD seed node: its model and GPU count."""
+    gpu = node.gpu
+    if gpu is None:
+        return SimAmdSmi(node.name, [])
+    return SimAmdSmi.build(node.name, product=gpu.product, count=gpu.count)
+
+
+def is_amd(node: NodeSeed) -> bool:
+    return node.gpu is not None and node.gpu.vendor == "amd"
+
+
+def sim_pod_devices(
+    sim: SimNvml | SimAmdSmi, pods: Sequence[PodSeed]
+) -> Mapping[str, list[PodRef]]:
     """Hand the node's GPUs (or MIG instances) to its pods in order, as a device plugin would."""
-    free_gpus = [g.uuid for g in sim.gpus if not g.migs]
-    free_migs = [(m.profile, m.uuid) for g in sim.gpus for m in g.migs]
+    free_gpus = [g.uuid for g in sim.gpus if not getattr(g, "migs", None)]
+    free_migs = [(m.profile, m.uuid) for g in sim.gpus for m in getattr(g, "migs", [])]
     out: dict[str, list[PodRef]] = {}
     for pod in pods:
         if pod.node != sim.node or pod.gpus <= 0:
@@ -65,23 +90,24 @@ def sim_pod_devices(sim: SimNvml, pods: Sequence[PodSeed]) -> Mapping[str, list[
     return out
 
 
-def sim_workload(sim: SimNvml, pods: Sequence[PodSeed]) -> SimNvml:
+def sim_workload(sim: _Sim, pods: Sequence[PodSeed]) -> _Sim:
     """Load the GPUs the way their pods use them: a pod's `sim.nodeward.io/gpu` annotation,
     else 30 % for training pods and 0 for sessions; free GPUs idle. Returns `sim`."""
     by_name = {(p.namespace, p.name): p for p in pods}
     held = sim_pod_devices(sim, pods)
     for gpu in sim.gpus:
-        devices = [m.uuid for m in gpu.migs] if gpu.migs else [gpu.uuid]
+        migs = getattr(gpu, "migs", [])
+        devices = [m.uuid for m in migs] if migs else [gpu.uuid]
         loads = []
         for device in devices:
             refs = held.get(device, [])
             pod = by_name.get((refs[0].namespace, refs[0].name)) if refs else None
             load = _load_of(pod)
             loads.append(load)
-            mig = next((m for m in gpu.migs if m.uuid == device), None)
-            if mig is not None:
+            mig = next((m for m in migs if m.uuid == device), None)
+            if mig is not None and isinstance(sim, SimNvml):
                 sim.set_mig_load(gpu.index, mig.gpu_instance_id, load)
-        if not gpu.migs:
+        if not migs:
             sim.set_load(gpu.index, loads[0])
     return sim
 
@@ -119,8 +145,8 @@ async def follow_telemetry(
 
 
 async def build_sim_gpu_agent(
-    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
-) -> tuple[Daemon, GpuAgent, SimNvml]:
+    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = (), kmsg_dir: Path | None = None
+) -> tuple[Daemon, GpuAgent, SimNvml | SimAmdSmi]:
     """One simulated node's GPU agent daemon (not started), its agent and its driver.
 
     The streams must exist already (`nodeward up`'s own bus provisions them first).
@@ -128,12 +154,26 @@ async def build_sim_gpu_agent(
     from nodeward.platform import bus_daemon
 
     config: GpuAgentSettings = section(settings, "agents", "gpu", GpuAgentSettings)
-    sim = sim_workload(sim_nvml_for(node), pods)
+    sim: SimNvml | SimAmdSmi
+    backend: Any
+    temp = None
+    kmsg: SimKmsg | None = None
+    if is_amd(node):
+        sim = sim_workload(sim_amdsmi_for(node), pods)
+        backend = AmdSmiBackend(sim, config.amd_limits())
+        config = config.model_copy(update={"kernel_log": "off"})  # NVRM lines are NVIDIA's
+    else:
+        sim = backend = sim_workload(sim_nvml_for(node), pods)
+        if kmsg_dir is None:
+            kmsg_dir = temp = Path(tempfile.mkdtemp(prefix=f"nodeward-kmsg-{node.name}-"))
+        kmsg_dir.mkdir(parents=True, exist_ok=True)
+        kmsg = SimKmsg(kmsg_dir / node.name, sim)
+        config = config.model_copy(update={"kernel_log": "kmsg", "kmsg_path": kmsg.path})
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
     )
     agent = GpuAgent(
-        sim,
+        backend,
         bus,
         config,
         node=node.name,
@@ -141,27 +181,39 @@ async def build_sim_gpu_agent(
         pods=StaticPods(sim_pod_devices(sim, pods)),
     )
     agent.attach(daemon)
-    await serve_injections(bus.nc, sim)
+    await serve_injections(bus.nc, sim, kmsg)
+
+    async def sim_reset(index: int, bus_id: str | None) -> None:
+        sim.recover(index)  # what `nvidia-smi -r` does to the simulated GPU
+
+    await Validator(agent, reset=sim_reset, dcgmi="").serve(bus.nc)
 
     async def release_hung_calls() -> None:
         sim.close()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
 
     daemon.add_shutdown_hook(release_hung_calls)
     return daemon, agent, sim
 
 
 async def build_sim_gpu_agents(
-    settings: Settings, nodes: Sequence[NodeSeed], pods: Sequence[PodSeed] = ()
+    settings: Settings,
+    nodes: Sequence[NodeSeed],
+    pods: Sequence[PodSeed] = (),
+    kmsg_dir: Path | None = None,
 ) -> list[Daemon]:
     """A GPU agent daemon (not started) for every node that has GPUs."""
     daemons = []
     for node in nodes:
         if node.gpu is not None and node.gpu.count > 0:
-            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods)
+            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods, kmsg_dir)
             daemons.append(daemon)
     return daemons
 
 
 async def build_for_up(context: UpContext, seed: Seed) -> list[Daemon]:
     """One simulated GPU agent per GPU node of the seeded sim cluster."""
-    return await build_sim_gpu_agents(context.settings, seed.nodes, seed.pods)
+    return await build_sim_gpu_agents(
+        context.settings, seed.nodes, seed.pods, context.state_dir / "kmsg"
+    )

@@ -2,7 +2,8 @@
 
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → DELIVERED (a file in
-the outbox) → RELEASE; IDLE (a session found idle, once per idle period) before the
+the outbox) → RECOVERY (each step of services.recovery: recover, drain, reset or reboot,
+validate, escalate) → RELEASE; IDLE (a session found idle, once per idle period) before the
 culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs; DLQ when a consumer gives up
 on a message; RESTART when `up` restarts a daemon (or its nats-server) that died, or gives
 up on one. The notice a decision's audit sends is told on the decision's line; a NOTIFY
@@ -84,7 +85,9 @@ def health_line(event: Any, subject: str, at: datetime | None = None) -> str | N
     if h.heartbeat or (h.previous_state is None and h.state == HealthState.HEALTHY):
         return None
     why = "; ".join(
-        f"XID {r.xid}: {r.message}" if r.xid is not None else f"{r.code}: {r.message}"
+        f"XID {r.xid}{' (kernel log)' if r.detectors[:1] == ['kmsg'] else ''}: {r.message}"
+        if r.xid is not None
+        else f"{r.code}: {r.message}"
         for r in h.reasons
     )
     was = f"{h.previous_state.value} -> " if h.previous_state else ""
@@ -111,9 +114,20 @@ def falco_line(event: Any, subject: str, at: datetime | None = None) -> str:
     return _label("FALCO") + _stamped(event, subject, detail, at)
 
 
+RECOVERY_ACTOR = "service/recovery"
+
+
+def decision_label(r: Remediation) -> str:
+    """RELEASE for a release, RECOVERY for a step of services.recovery (drain, reset or
+    reboot, validate, escalate), else DECISION."""
+    if r.action == "release":
+        return "RELEASE"
+    return "RECOVERY" if r.actor == RECOVERY_ACTOR else "DECISION"
+
+
 def decision_line(event: Any, subject: str, at: datetime | None = None) -> str:
     r: Remediation = event.data
-    label = "RELEASE" if r.action == "release" else "DECISION"
+    label = decision_label(r)
     rule = f" [{r.policy}]" if r.policy else ""
     guard = f" by {r.guard}" if r.guard else ""
     detail = f"{r.action} {r.target.key()}: {r.outcome.value}{guard}{rule} - {r.reason}"
@@ -167,6 +181,7 @@ _RANK: Mapping[str, int] = MappingProxyType(
         "FALCO": 0,
         "DECISION": 1,
         "RELEASE": 1,
+        "RECOVERY": 1,
         "CORDON": 2,
         "NOTIFY": 3,
         "DELIVERED": 4,
@@ -297,7 +312,7 @@ class Story:
 
     def _on_decision(self, event: Any, subject: str, at: datetime, severity: str) -> None:
         data: Remediation = event.data
-        label = "RELEASE" if data.action == "release" else "DECISION"
+        label = decision_label(data)
         if data.trigger_event_id and data.action == "quarantine":
             self.decided[data.trigger_event_id] = at
         line = self._add(at, label, decision_line(event, subject, at), severity, decision=event.id)

@@ -64,6 +64,11 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "notebooks.patch": _p("notebooks", "get", "patch", group="kubeflow.org"),
     "networkpolicies.create": _p("networkpolicies", "create", group="networking.k8s.io"),
     "networkpolicies.delete": _p("networkpolicies", "delete", group="networking.k8s.io"),
+    "resourceslices.list": _p("resourceslices", "list", group="resource.k8s.io"),
+    "resourceslices.watch": _p("resourceslices", "list", "watch", group="resource.k8s.io"),
+    "devicetaintrules.create": _p("devicetaintrules", "create", group="resource.k8s.io"),
+    "devicetaintrules.get": _p("devicetaintrules", "get", group="resource.k8s.io"),
+    "devicetaintrules.delete": _p("devicetaintrules", "delete", group="resource.k8s.io"),
     "leases.hold": _p(
         "leases",
         "get",

@@ -6,6 +6,7 @@ from nodeward.config import ClusterSettings
 from nodeward.kube.access import Access, Guard
 from nodeward.kube.checkpoints import Checkpoints
 from nodeward.kube.client import KubeClient
+from nodeward.kube.devices import Devices
 from nodeward.kube.events import Events
 from nodeward.kube.leases import Leases
 from nodeward.kube.namespaces import Namespaces
@@ -32,6 +33,7 @@ class Cluster:
         self.network_policies = NetworkPolicies(client, guard)
         self.leases = Leases(client, guard)
         self.checkpoints = Checkpoints(client, guard)
+        self.devices = Devices(client, guard)
 
     @classmethod
     def connect(cls, settings: ClusterSettings, access: Access | None = None) -> Cluster:

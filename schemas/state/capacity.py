@@ -31,6 +31,11 @@ class NodeCapacity(BaseModel):
         default_factory=dict,
         description="GPUs (or MIG instances) whose last health was failed: key -> MIG profile",
     )
+    dra: bool = Field(
+        default=False,
+        description="its GPUs are DRA devices (ResourceSlices): claimed through ResourceClaims,"
+        " never an extended-resource request",
+    )
     maintenance_phase: str | None = Field(
         default=None, description="the last maintenance phase on the bus"
     )
@@ -72,8 +77,8 @@ class CapacitySnapshot(BaseModel):
         wanted = {profile_for(r) or r: n for r, n in request.items()}
         out = []
         for n in self.nodes:
-            if n.blocked is not None or not matches_model(n.model, model):
-                continue
+            if n.blocked is not None or n.dra or not matches_model(n.model, model):
+                continue  # a DRA node's GPUs take no `nvidia.com/gpu` request
             free = {p: n.profiles[p].free if p in n.profiles else 0 for p in wanted}
             if all(free[p] >= k for p, k in wanted.items()):
                 out.append(

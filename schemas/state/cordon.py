@@ -91,14 +91,54 @@ class OperatorRelease(BaseModel):
     at: float
 
 
+class DeviceExclusion(BaseModel):
+    """One failed GPU taken out of service on its own, its node staying in service: a
+    DeviceTaintRule of nodeward's (`kind: device_taint`, where DRA serves the GPU), or only
+    recorded (`kind: excluded`, a device-plugin node below its model's threshold). Written
+    `pending` before the rule is created (write-ahead), `applied` once it exists."""
+
+    gpu: str
+    gpu_uuid: str
+    model: str | None = None
+    kind: Literal["device_taint", "excluded"]
+    incident: str = Field(description="id of the event that excluded it")
+    rule: str = Field(description="the policy rule")
+    reason: str
+    started_at: datetime
+    phase: Literal["pending", "applied"] = "pending"
+    dry_run: bool = False
+    applied_at: float | None = None
+    taint_rule: str | None = Field(default=None, description="the DeviceTaintRule's name")
+    api_version: str | None = Field(default=None, description="resource.k8s.io version used")
+    uid: str | None = Field(default=None, description="the rule's uid, once created")
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    effect: str | None = None
+    pods: list[str] = Field(default_factory=list, description="namespace/name on the GPU")
+    operator_released: bool = Field(
+        default=False, description="an operator deleted the rule: respected, not re-created"
+    )
+
+
 class NodeRecord(BaseModel):
     gpus: dict[str, GpuRecord] = Field(default_factory=dict)
     quarantine: Quarantine | None = None
+    devices: dict[str, DeviceExclusion] = Field(
+        default_factory=dict, description="GPUs excluded on their own, by GPU key"
+    )
     operator_release: OperatorRelease | None = None
     last_release_at: float | None = None
     last_decision: str | None = Field(
         default=None, description="`outcome/guard` of the last audited non-quarantine decision"
     )
+
+    def gpu_healthy_for(self, gpu: str, now: datetime) -> float | None:
+        """Seconds GPU `gpu` has been healthy, or None if it is not."""
+        record = self.gpus.get(gpu)
+        if record is None or record.state != HealthState.HEALTHY or record.healthy_since is None:
+            return None
+        return (now - record.healthy_since).total_seconds()
 
     def healthy_for(self, now: datetime) -> float | None:
         """Seconds every known GPU has been healthy, or None if one is not healthy."""

@@ -34,6 +34,7 @@ from nodeward.durations import Duration
 from nodeward.kube import Cluster, NotFound
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event
+from schemas.capacity import AMD_PRODUCT_LABEL
 from schemas.common import ObjectRef
 from schemas.energy import EnergyNode, EnergyPod
 from schemas.node import FindingState, NodeFinding
@@ -229,7 +230,7 @@ class AccountingService:
             model = None
         else:
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            model = labels.get(self.settings.model_label)
+            model = labels.get(self.settings.model_label) or labels.get(AMD_PRODUCT_LABEL)
         if len(self._models) > 10_000:
             self._models.clear()
         self._models[node] = (now, model)

@@ -3,7 +3,9 @@
 Per node and profile (`gpu`, or a MIG profile): the allocatable, less what bound pods that
 have not finished request (`used`); of the rest, GPUs (or MIG slices) reported failed are
 `unhealthy`, and the remainder is `free` unless the node is held back, in which case it
-counts as `maintenance`, `quarantined`, `cordoned` or (node not Ready) `unhealthy`.
+counts as `maintenance`, `quarantined`, `cordoned` or (node not Ready) `unhealthy`. A DRA
+node's GPUs are the devices its ResourceSlices publish; one GPU tainted on its own (a
+DeviceTaintRule) is `unhealthy` by the bus while the node's other GPUs stay `free`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.capacity import GpuCounts, profile_for
+from schemas.capacity import AMD_PRODUCT_LABEL, GpuCounts, profile_for
 from schemas.maintenance import MaintenancePhase
 from schemas.state.capacity import NodeCapacity
 from schemas.state.cordon import TAINT_KEY
@@ -26,7 +28,7 @@ COUNT_LABEL = "nvidia.com/gpu.count"
 # is on the node while the maintenance holds it, `done` included, until finish or cancel).
 MAINTENANCE_CORDON = "nodeward.io/maintenance-cordon"
 # Taints GPU pods tolerate (the GPU operator's): they hold nothing back.
-TOLERATED_TAINTS = frozenset({"nvidia.com/gpu"})
+TOLERATED_TAINTS = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
 ACTIVE_PHASES = frozenset(
     {MaintenancePhase.CHECKPOINTING, MaintenancePhase.CHECKPOINTED, MaintenancePhase.DRAINING}
 )
@@ -49,6 +51,7 @@ class NodeView:
     allocatable: dict[str, int]
     gpus: int
     blocked: str | None = None
+    dra: bool = False
 
 
 @dataclass
@@ -67,8 +70,9 @@ def quantity(value: Any) -> int:
         return 0
 
 
-def node_view(node: Obj) -> NodeView | None:
-    """The GPU side of a Node object, or None for a node that allocates no GPU."""
+def node_view(node: Obj, dra_gpus: int = 0) -> NodeView | None:
+    """The GPU side of a Node object, or None for a node that allocates no GPU. `dra_gpus`:
+    the GPUs its ResourceSlices publish (DRA: no extended resource), counted as `gpu`."""
     meta = node.get("metadata") or {}
     status = node.get("status") or {}
     allocatable: dict[str, int] = {}
@@ -76,16 +80,20 @@ def node_view(node: Obj) -> NodeView | None:
         profile = profile_for(str(resource))
         if profile is not None and quantity(value) > 0:
             allocatable[profile] = quantity(value)
+    dra = not allocatable and dra_gpus > 0
+    if dra:
+        allocatable = {"gpu": dra_gpus}
     if not allocatable:
         return None
     labels = meta.get("labels") or {}
     gpus = quantity(labels.get(COUNT_LABEL)) or allocatable.get("gpu", 0)
     return NodeView(
         name=str(meta.get("name", "")),
-        model=str(labels.get(PRODUCT_LABEL) or "unknown"),
+        model=str(labels.get(PRODUCT_LABEL) or labels.get(AMD_PRODUCT_LABEL) or "unknown"),
         allocatable=allocatable,
         gpus=gpus,
         blocked=held_back(node),
+        dra=dra,
     )
 
 
@@ -110,6 +118,20 @@ def held_back(node: Obj) -> str | None:
     if ready and ready[0].get("status") != "True":
         return "not-ready"
     return None
+
+
+def slice_gpus(item: Obj, drivers: Iterable[str]) -> tuple[str | None, int]:
+    """The node a ResourceSlice publishes devices of and how many GPUs (devices of one of
+    `drivers` whose `type` attribute, where set, is `gpu`); (None, 0) for any other slice."""
+    spec = item.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or spec.get("driver") not in set(drivers):
+        return None, 0
+    gpus = 0
+    for device in spec.get("devices") or []:
+        kind = ((device.get("attributes") or {}).get("type") or {}).get("string", "gpu")
+        gpus += kind == "gpu"
+    return str(node), gpus
 
 
 def pod_gpus(pod: Obj) -> tuple[str | None, dict[str, int]]:
@@ -180,5 +202,6 @@ def count(view: NodeView, used: Mapping[str, int], bus: BusView | None = None) -
         profiles=profiles,
         blocked=blocked,
         failed_gpus=dict(sorted(bus.failed.items())),
+        dra=view.dra,
         maintenance_phase=bus.maintenance,
     )

@@ -34,7 +34,14 @@ from schemas.gpu import GpuHealth, HealthState
 from schemas.maintenance import Maintenance
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot, NodeCapacity
 from services.capacity.access import ACCESS
-from services.capacity.policy import BusView, NodeView, count, node_view, pod_gpus
+from services.capacity.policy import (
+    BusView,
+    NodeView,
+    count,
+    node_view,
+    pod_gpus,
+    slice_gpus,
+)
 
 NAME = "capacity"
 ACTOR = "service/capacity"
@@ -56,6 +63,11 @@ class CapacitySettings(Section):
     relist_delay: Duration = Field(
         default=timedelta(seconds=2), description="wait before listing again after a watch fails"
     )
+    dra_drivers: list[str] = Field(
+        default_factory=lambda: ["gpu.nvidia.com"],
+        description="DRA drivers whose ResourceSlices publish GPUs (counted on nodes without"
+        " a GPU extended resource)",
+    )
 
 
 class CapacityService:
@@ -74,12 +86,16 @@ class CapacityService:
         self.snapshots = snapshots
         self.settings = settings
         self.nodes: dict[str, NodeView] = {}
+        self.plain: dict[str, dict[str, Any]] = {}
+        """Nodes with no GPU extended resource: counted if their ResourceSlices list GPUs."""
+        self.slices: dict[str, tuple[str, int]] = {}
+        """Per ResourceSlice name: its node and the GPUs it publishes (DRA)."""
         self.pods: dict[str, tuple[str, dict[str, int]]] = {}
         """Per pod uid: its node and the GPUs it holds there (only pods holding some)."""
         self.seen: dict[str, BusView] = {}
         self.published: dict[tuple[str, str], GpuCounts] = {}
         self.last: list[NodeCapacity] | None = None
-        self.synced = {"nodes": False, "pods": False}
+        self.synced = {"nodes": False, "pods": False, "resourceslices": False}
         self.changed = asyncio.Event()
         self.gpus = Gauge(
             "nodeward_gpus",
@@ -188,16 +204,58 @@ class CapacityService:
             await asyncio.sleep(self.settings.relist_delay.total_seconds())
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
-        views = (node_view(n) for n in items)
-        self.nodes = {v.name: v for v in views if v is not None}
+        self.nodes, self.plain = {}, {}
+        for node in items:
+            self._apply_node(WatchEvent("ADDED", node))
 
     def _apply_node(self, change: WatchEvent) -> None:
         name = str(change.object.get("metadata", {}).get("name", ""))
         view = None if change.type == "DELETED" else node_view(change.object)
-        if view is None:
-            self.nodes.pop(name, None)
-        else:
+        self.nodes.pop(name, None)
+        self.plain.pop(name, None)
+        if view is not None:
             self.nodes[name] = view
+        elif change.type != "DELETED":
+            self.plain[name] = change.object
+
+    def _replace_slices(self, items: list[dict[str, Any]]) -> None:
+        self.slices = {}
+        for item in items:
+            self._apply_slice(WatchEvent("ADDED", item))
+
+    def _apply_slice(self, change: WatchEvent) -> None:
+        name = str(change.object.get("metadata", {}).get("name", ""))
+        node, gpus = (
+            (None, 0)
+            if change.type == "DELETED"
+            else slice_gpus(change.object, self.settings.dra_drivers)
+        )
+        if node is None or not gpus:
+            self.slices.pop(name, None)
+        else:
+            self.slices[name] = (node, gpus)
+
+    async def follow_slices(self) -> None:
+        """ResourceSlices, where the cluster serves them (DRA); else nothing to follow."""
+        version = None
+        while version is None:
+            try:
+                version = await self.cluster.devices.slice_version()
+            except KubeError as exc:
+                self.log.warning("capacity.discovery_failed", error=str(exc))
+                await asyncio.sleep(self.settings.relist_delay.total_seconds())
+                continue
+            if version is None:
+                self.synced["resourceslices"] = True  # no DRA: no slices to wait for
+                self.changed.set()
+                return
+        await self.follow(
+            "resourceslices",
+            lambda: self.cluster.devices.slice_listing(version),
+            lambda rv: self.cluster.devices.slice_watch(version, resource_version=rv),
+            self._replace_slices,
+            self._apply_slice,
+        )
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
         self.pods = {}
@@ -238,9 +296,16 @@ class CapacityService:
             on = used.setdefault(node, {})
             for profile, n in gpus.items():
                 on[profile] = on.get(profile, 0) + n
+        views = dict(self.nodes)
+        dra: dict[str, int] = {}
+        for holder, published in self.slices.values():
+            dra[holder] = dra.get(holder, 0) + published
+        for name, obj in self.plain.items():
+            if dra.get(name) and (view := node_view(obj, dra_gpus=dra[name])) is not None:
+                views[name] = view
         return [
             count(view, used.get(name, {}), self.seen.get(name))
-            for name, view in sorted(self.nodes.items())
+            for name, view in sorted(views.items())
         ]
 
     async def publish_once(self) -> None:
@@ -339,6 +404,7 @@ async def build(settings: Settings) -> Daemon:
     daemon.add_task(consume_maintenance, name="consume-maintenance")
     daemon.add_task(service.follow_nodes, name="watch-nodes")
     daemon.add_task(service.follow_pods, name="watch-pods")
+    daemon.add_task(service.follow_slices, name="watch-resourceslices")
     daemon.add_task(service.publish_loop, name="count")
     return daemon
 

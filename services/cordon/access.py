@@ -27,6 +27,11 @@ ACCESS = Access(
             "pods.get",
             "pods.evict",
             "events.create",
+            # Per-GPU exclusion where DRA serves the GPUs (services/cordon/devices.py).
+            "resourceslices.list",
+            "devicetaintrules.create",
+            "devicetaintrules.get",
+            "devicetaintrules.delete",
         }
     ),
 )

@@ -23,6 +23,17 @@ class PolicyAction(StrEnum):
     NONE = "none"
 
 
+class Scope(StrEnum):
+    """What a quarantine takes out of service."""
+
+    NODE = "node"
+    """The whole node: taint, cordon (today's quarantine)."""
+    DEVICE = "device"
+    """One DRA device: a DeviceTaintRule; the node and its other GPUs keep serving."""
+    GPU = "gpu"
+    """One device-plugin GPU below its model's threshold: recorded as excluded, node kept."""
+
+
 class Match(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -57,6 +68,10 @@ class Rule(BaseModel):
         default=False,
         description="after quarantining, request the node's maintenance (services.checkpoint)",
     )
+    whole_node: bool = Field(
+        default=False,
+        description="always quarantine the node, even where one device could be excluded",
+    )
 
 
 class Decision(BaseModel):
@@ -67,12 +82,48 @@ class Decision(BaseModel):
     no_execute: bool = False
     drain: bool = False
     maintenance: bool = False
+    whole_node: bool = False
+
+
+class Exclusion(BaseModel):
+    """Node or device: how much one failed GPU takes out of service."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_taints: bool = Field(
+        default=True,
+        description="where DRA serves the GPU (a ResourceSlice of one of `drivers` lists it), "
+        "taint that device (DeviceTaintRule) instead of the node",
+    )
+    node_threshold: int = Field(
+        default=1,
+        ge=1,
+        description="device plugin: failed GPUs on a node that quarantine it (1: the first)",
+    )
+    thresholds: dict[str, int] = Field(
+        default_factory=dict,
+        description="per GPU model (NVML's name, e.g. 'NVIDIA H100 80GB HBM3'): node_threshold",
+    )
+
+    def threshold(self, model: str | None) -> int:
+        """The failed GPUs that quarantine a device-plugin node of `model`."""
+        return max(self.thresholds.get(model or "", self.node_threshold), 1)
+
+    def scope(self, decision: Decision, *, model: str | None, failed: int, dra: bool) -> Scope:
+        """What a quarantine `decision` takes out of service: the DRA device, the node once
+        `failed` GPUs (this one included) reach the model's threshold, else the GPU alone."""
+        if decision.whole_node:
+            return Scope.NODE
+        if dra and self.device_taints:
+            return Scope.DEVICE
+        return Scope.NODE if failed >= self.threshold(model) else Scope.GPU
 
 
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rules: list[Rule] = Field(min_length=1)
+    exclusion: Exclusion = Exclusion()
 
     def decide(self, health: GpuHealth) -> Decision:
         for rule in self.rules:
@@ -83,6 +134,7 @@ class Policy(BaseModel):
                     no_execute=rule.no_execute,
                     drain=rule.drain,
                     maintenance=rule.maintenance,
+                    whole_node=rule.whole_node,
                 )
         return Decision(rule="(no rule matched)", action=PolicyAction.NONE)
 

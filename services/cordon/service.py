@@ -63,6 +63,7 @@ from schemas.state.cordon import (
 )
 from schemas.state.marks import MarkEntry
 from services.cordon.access import ACCESS
+from services.cordon.devices import DeviceExclusions, DeviceSettings
 from services.cordon.marks import (
     ACTOR,
     HEALTH_LABEL,
@@ -102,9 +103,18 @@ from services.kernel.marks import NodeMarks
 
 NAME = "cordon"
 TOPIC = "gpu-health"
-# A release is good news: on-call hears of it, nobody is paged for it.
+_GOOD_NEWS = MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})
+_ONE_GPU = MappingProxyType({Outcome.APPLIED: Severity.WARNING})
+# A release is good news: on-call hears of it, nobody is paged for it. One GPU out of
+# service on its own (its node serving) is a warning, not a page; a failure to do it pages.
 SEVERITIES = MappingProxyType(
-    {"release": MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})}
+    {
+        "release": _GOOD_NEWS,
+        "device_untaint": _GOOD_NEWS,
+        "gpu_include": _GOOD_NEWS,
+        "device_taint": _ONE_GPU,
+        "gpu_exclude": _ONE_GPU,
+    }
 )
 
 
@@ -147,10 +157,20 @@ class CordonSettings(Section):
     rate_limit: RateLimitSettings = RateLimitSettings()
     drain: DrainSettings = DrainSettings()
     controls: ControlSettings = ControlSettings()
+    devices: DeviceSettings = DeviceSettings()
 
 
 def _target(node: str) -> ObjectRef:
     return ObjectRef(kind="Node", name=node, api_version="v1")
+
+
+def fault_details(health: GpuHealth) -> dict[str, Any]:
+    """The fault of a quarantine's audit record: its recommended actions and XIDs."""
+    actions = {health.recommended_action.value, *(r.action.value for r in health.reasons)}
+    return {
+        "recommended_actions": sorted(actions - {"none"}),
+        "xids": sorted({r.xid for r in health.reasons if r.xid is not None}),
+    }
 
 
 def describe(health: GpuHealth) -> str:
@@ -184,7 +204,8 @@ class CordonService:
         auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
-        self.guards: list[Guard] = [self.exemptions, RateLimiter(settings.rate_limit), breaker]
+        self.rate_limit = RateLimiter(settings.rate_limit)
+        self.guards: list[Guard] = [self.exemptions, self.rate_limit, breaker]
         # An operator's release or reset: exemptions and the operator's rate limit (a release
         # never passes the breaker; the runner's dry-run applies as to every action).
         self.control_guards: list[Guard] = [
@@ -197,6 +218,21 @@ class CordonService:
             last=_applied_at,
             applies=lambda p: p.action == "release",
             retry=False,
+        )
+        # One GPU out of service on its own (DRA device taint, or excluded below the
+        # threshold): exemptions and the rate limit, never the breaker (no node leaves).
+        self.devices = DeviceExclusions(
+            cluster,
+            records,
+            self.runner,
+            [self.exemptions, self.rate_limit],
+            exclusion=policy.exclusion,
+            settings=settings.devices,
+            no_execute=settings.no_execute,
+            healthy_period=settings.healthy_period,
+            max_event_age=settings.max_event_age,
+            describe=describe,
+            failpoints=self.marks.failpoints,
         )
         self._locks: dict[str, asyncio.Lock] = {}
         # Each node's record as last read for a heartbeat; dropped when a change is handled.
@@ -270,6 +306,8 @@ class CordonService:
                 continue
             q, released = record.quarantine, record.operator_release
             held = q is not None and key in q.gpus and (q.phase == "applied" or q.dry_run)
+            ex = record.devices.get(key)
+            held = held or (ex is not None and (ex.phase == "applied" or ex.dry_run))
             if held or (released and key in released.gpus):
                 continue  # a quarantine cut short (pending) is finished the change's way
             if self.policy.decide(beat.health(gpu)).action == PolicyAction.QUARANTINE:
@@ -329,6 +367,10 @@ class CordonService:
         record = written.value if written else NodeRecord()
         decision = self.policy.decide(health)
         self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
+        if (
+            record.devices or decision.action == PolicyAction.QUARANTINE
+        ) and await self.devices.handle(event, health, decision, record):
+            return  # one GPU excluded or released on its own (services/cordon/devices.py)
         if decision.action != PolicyAction.QUARANTINE and record.quarantine is None:
             return  # recorded; nothing to quarantine or release: no Kubernetes call
         try:
@@ -414,7 +456,8 @@ class CordonService:
             trigger_id=q.incident if pending and q else event.id,
             trigger_time=q.started_at if pending and q else event.time,
             obj=node,
-            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid},
+            # The fault, for services.recovery (it decides on reset or reboot from these).
+            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid, **fault_details(health)},
         )
         if q is not None and await self._releasing(name, q):
             # A release cut short by a restart: finish it before this failure is judged,
@@ -925,6 +968,9 @@ class CordonService:
             with structlog.contextvars.bound_contextvars(node=name, action="reconcile"):
                 async with self.node_lock(name):
                     current = await self.records.get(key)
+                    if current is not None and current.value.devices:
+                        await self.devices.reconcile(name, current.value)
+                        current = await self.records.get(key)
                     if current is None or current.value.quarantine is None:
                         continue
                     record = current.value

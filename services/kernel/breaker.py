@@ -28,6 +28,12 @@ from schemas.remediation import Outcome
 from schemas.state.breaker import BREAKER_KEY, SHARED, BreakerState
 from services.kernel.proposal import Proposal, Stage, Verdict
 
+GPU_NODE_SELECTORS = (
+    "nvidia.com/gpu.present=true",  # NVIDIA's GPU feature discovery
+    "feature.node.kubernetes.io/amd-gpu=true",  # the AMD GPU operator's NFD rule
+)
+"""GPU nodes of either vendor (a label selector cannot say "or": one per vendor)."""
+
 
 class BreakerSettings(Section):
     """Each service that removes nodes from service configures it; they share one window
@@ -43,8 +49,9 @@ class BreakerSettings(Section):
         default=timedelta(minutes=30),
         description="a tripped breaker closes by itself this long after tripping; None: only by reset",
     )
-    node_selector: str | None = Field(
-        default="nvidia.com/gpu.present=true", description="the nodes the percentage is of"
+    node_selector: str | list[str] | None = Field(
+        default_factory=lambda: list(GPU_NODE_SELECTORS),
+        description="the nodes the percentage is of (a list: nodes matching any of them)",
     )
 
 
@@ -86,13 +93,14 @@ def decide(
 
 class NodePopulation:
     """How many nodes the breaker's percentage is of, read through the kube port (cached
-    for `ttl` seconds). With no node matching the selector (no GPU feature discovery) it
-    counts every node: a limit of 0 would refuse everything."""
+    for `ttl` seconds). Several selectors add up (one GPU vendor to a node). With no node
+    matching (no GPU feature discovery) it counts every node: a limit of 0 would refuse
+    everything."""
 
     def __init__(
         self,
         count: Callable[[str | None], Awaitable[int]],
-        selector: str | None,
+        selector: str | list[str] | None,
         *,
         ttl: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
@@ -107,8 +115,11 @@ class NodePopulation:
         now = self.clock()
         if self._cached and now - self._cached[0] < self.ttl:
             return self._cached[1]
-        count = await self.count(self.selector)
-        if count == 0 and self.selector:
+        selectors = [self.selector] if isinstance(self.selector, str) else self.selector or []
+        count = sum([await self.count(s) for s in selectors])
+        if not selectors:
+            count = await self.count(None)
+        elif count == 0:
             structlog.get_logger().warning(
                 "breaker.selector_matches_nothing", selector=self.selector
             )

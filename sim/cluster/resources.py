@@ -163,6 +163,28 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         "networking.k8s.io", ("v1",), "networkpolicies", "NetworkPolicy", True, ("netpol",)
     ),
+    # resource.k8s.io (DRA) as Kubernetes 1.35 serves it with the DRADeviceTaints feature gate
+    # and resource.k8s.io/v1alpha3 enabled: ResourceSlices in v1 (and v1beta2, the same
+    # shape), DeviceTaintRules in v1alpha3 (KEP-5055; v1beta2 from 1.36). Both cluster-scoped.
+    ResourceType(
+        "resource.k8s.io",
+        ("v1", "v1beta2"),
+        "resourceslices",
+        "ResourceSlice",
+        False,
+        (),
+        (),
+        frozenset({"spec.nodeName", "spec.driver"}),
+    ),
+    ResourceType(
+        "resource.k8s.io",
+        ("v1alpha3",),
+        "devicetaintrules",
+        "DeviceTaintRule",
+        False,
+        (),
+        ("status",),
+    ),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "clusterroles", "ClusterRole", False),
     ResourceType(
         "rbac.authorization.k8s.io", ("v1",), "clusterrolebindings", "ClusterRoleBinding", False

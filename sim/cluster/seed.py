@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.cluster.resources import by_kind, lookup
 from sim.cluster.store import Store, now
+from sim.nvml import gpu_uuid, model_for, pci_bus_id
 
 DEFAULT_SEED = "default-seed.yaml"
 CRIU_MISSING = "checkpoint/restore support not available"
@@ -34,6 +35,9 @@ class _Model(BaseModel):
 
 
 class Gpu(_Model):
+    vendor: Literal["nvidia", "amd"] = "nvidia"
+    """nvidia: the GPU operator's `nvidia.com/gpu.*` labels and `nvidia.com/gpu`; amd: the
+    AMD GPU operator's node labeller (`amd.com/gpu.*`) and `amd.com/gpu`."""
     product: str = "NVIDIA-H100-80GB-HBM3"
     count: int = Field(default=8, ge=0)
     memory_mib: int = Field(default=81559, alias="memoryMiB")
@@ -49,10 +53,19 @@ class Mig(_Model):
     )
 
 
+class Dra(_Model):
+    """GPUs served through DRA: no `nvidia.com/gpu` extended resource, one ResourceSlice of
+    the driver's devices (`gpu-0`..), as the NVIDIA DRA driver's kubelet plugin publishes."""
+
+    driver: str = "gpu.nvidia.com"
+    cuda_driver: str = Field(default="12.4.0", alias="cudaDriver")
+
+
 class NodeSeed(_Model):
     name: str
     gpu: Gpu | None = Field(default_factory=Gpu)
     mig: Mig | None = None
+    dra: Dra | None = None
     cpu: str = "224"
     memory: str = "2063500Mi"
     instance_type: str = Field(default="p5.48xlarge", alias="instanceType")
@@ -172,6 +185,28 @@ def load_seed(path: Path | None = None) -> Seed:
         raise SeedError(f"invalid seed {where}: {loc}: {err['msg']}") from None
 
 
+AMD_GPU = "amd.com/gpu"
+# What the AMD GPU operator's node labeller reads from each model (device id, CUs, SIMDs).
+_AMD_SHAPES = {"MI300X": ("74a1", 304, 1216), "MI325X": ("74a5", 304, 1216)}
+
+
+def amd_gpu_labels(gpu: Gpu) -> dict[str, str]:
+    """The AMD GPU operator's labels for a node of `gpu`s (its node labeller and NFD rule)."""
+    shape = next((v for k, v in _AMD_SHAPES.items() if k in gpu.product.upper()), None)
+    device_id, cus, simds = shape or ("74a1", 304, 1216)
+    labels = {
+        "feature.node.kubernetes.io/amd-gpu": "true",
+        "amd.com/gpu.product-name": gpu.product,
+        "amd.com/gpu.device-id": device_id,
+        "amd.com/gpu.family": gpu.family,
+        "amd.com/gpu.cu-count": str(cus),
+        "amd.com/gpu.simd-count": str(simds),
+        "amd.com/gpu.vram": f"{round(gpu.memory_mib / 1024)}G",
+        "amd.com/gpu.driver-version": gpu.driver,
+    }
+    return labels
+
+
 def _digest(*parts: str) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()
 
@@ -192,7 +227,10 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
         "hugepages-1Gi": "0",
         "hugepages-2Mi": "0",
     }
-    if n.gpu is not None:
+    if n.gpu is not None and n.gpu.vendor == "amd":
+        labels |= amd_gpu_labels(n.gpu) | {"nodeward.io/gpu-health": "healthy"}
+        capacity[AMD_GPU] = str(n.gpu.count)
+    elif n.gpu is not None:
         labels |= {
             "nvidia.com/gpu.present": "true",
             "nvidia.com/gpu.product": n.gpu.product,
@@ -205,7 +243,8 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
             else "false",
             "nodeward.io/gpu-health": "healthy",
         }
-        capacity["nvidia.com/gpu"] = str(n.gpu.count)
+        if n.dra is None:  # a DRA node publishes its GPUs in ResourceSlices instead
+            capacity["nvidia.com/gpu"] = str(n.gpu.count)
     if n.mig is not None:
         labels |= {
             "nvidia.com/mig.strategy": n.mig.strategy,
@@ -278,6 +317,55 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
+        },
+    }
+
+
+_COMPUTE_CAPABILITY = {"ampere": "8.0.0", "hopper": "9.0.0", "blackwell": "10.0.0"}
+
+
+def resource_slice_manifest(n: NodeSeed) -> dict[str, Any] | None:
+    """The ResourceSlice the NVIDIA DRA driver publishes for a DRA node's GPUs (one pool per
+    node, named after it; devices `gpu-<index>` with its GpuInfo attributes), or None."""
+    if n.dra is None or n.gpu is None:
+        return None
+    model = model_for(n.gpu.product)
+    major, minor, patch = [*n.gpu.driver.split("."), "0", "0"][:3]
+    devices = []
+    for i in range(n.gpu.count):
+        devices.append(
+            {
+                "name": f"gpu-{i}",
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": gpu_uuid(n.name, i)},
+                    "productName": {"string": model.name},
+                    "brand": {"string": "Nvidia"},
+                    "architecture": {"string": n.gpu.family.capitalize()},
+                    "cudaComputeCapability": {
+                        "version": _COMPUTE_CAPABILITY.get(n.gpu.family, "9.0.0")
+                    },
+                    "driverVersion": {"version": f"{int(major)}.{int(minor)}.{int(patch)}"},
+                    "cudaDriverVersion": {"version": n.dra.cuda_driver},
+                    "pcieBusID": {"string": pci_bus_id(i).lower()[4:]},
+                },
+                "capacity": {"memory": {"value": f"{n.gpu.memory_mib}Mi"}},
+            }
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{n.name}-{n.dra.driver}-{_digest('slice', n.name)[:5]}",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": n.name, "uid": "", "controller": True}
+            ],
+        },
+        "spec": {
+            "driver": n.dra.driver,
+            "nodeName": n.name,
+            "pool": {"name": n.name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
         },
     }
 
@@ -461,7 +549,8 @@ def apply_seed(store: Store, seed: Seed) -> None:
     assert node_rt is not None
     host_ips: dict[str, str] = {}
     lease_rt = lookup("coordination.k8s.io", "v1", "leases")
-    assert lease_rt is not None
+    slice_rt = lookup("resource.k8s.io", "v1", "resourceslices")
+    assert lease_rt is not None and slice_rt is not None
     for i, n in enumerate(seed.nodes):
         node = store.create(node_rt, "", node_manifest(n, i))
         host_ips[n.name] = node["status"]["addresses"][0]["address"]
@@ -489,6 +578,10 @@ def apply_seed(store: Store, seed: Seed) -> None:
                 },
             },
         )
+        dra_slice = resource_slice_manifest(n)
+        if dra_slice is not None:
+            dra_slice["metadata"]["ownerReferences"][0]["uid"] = node["metadata"]["uid"]
+            store.create(slice_rt, "", dra_slice)
     nb_rt = lookup("kubeflow.org", "v1", "notebooks")
     assert nb_rt is not None
     for nb in seed.notebooks:

@@ -286,7 +286,8 @@ class Store:
 
 def _normalize(rt: ResourceType, obj: Obj) -> None:
     """What the API server does to an object before storing it: a Secret's write-only
-    `stringData` is merged into `data`, base64-encoded."""
+    `stringData` is merged into `data`, base64-encoded; a DeviceTaintRule's taint gets its
+    `timeAdded`."""
     if rt.kind == "Secret" and rt.group == "" and obj.get("stringData"):
         data = dict(obj.get("data") or {})
         for key, value in obj.pop("stringData").items():
@@ -294,6 +295,11 @@ def _normalize(rt: ResourceType, obj: Obj) -> None:
         obj["data"] = data
     elif rt.kind == "Secret":
         obj.pop("stringData", None)
+    elif rt.kind == "DeviceTaintRule":
+        # "Added automatically during create or update if not set."
+        taint = (obj.get("spec") or {}).get("taint")
+        if isinstance(taint, dict) and not taint.get("timeAdded"):
+            taint["timeAdded"] = now()
 
 
 def _spec_of(obj: Obj) -> Obj:

@@ -85,6 +85,26 @@ NAMESPACE_COLUMNS: list[Column] = [
     _AGE,
 ]
 DEFAULT_COLUMNS: list[Column] = [_NAME, _AGE]
+# The API server's printer for resource.k8s.io ResourceSlices (pkg/printers/internalversion).
+RESOURCE_SLICE_COLUMNS: list[Column] = [
+    _NAME,
+    (
+        "Node",
+        "string",
+        "",
+        "NodeName identifies the node which provides the resources in this pool.",
+        0,
+    ),
+    (
+        "Driver",
+        "string",
+        "",
+        "Driver identifies the DRA driver providing the capacity information.",
+        0,
+    ),
+    ("Pool", "string", "", "Pool describes the pool that this ResourceSlice belongs to.", 0),
+    _AGE,
+]
 
 
 def human_duration(seconds: float) -> str:
@@ -260,6 +280,17 @@ def table(
         columns, row = EVENT_COLUMNS, _event_row
     elif rt.kind == "PodDisruptionBudget":
         columns, row = PDB_COLUMNS, _pdb_row
+    elif rt.kind == "ResourceSlice":
+        columns, row = (
+            RESOURCE_SLICE_COLUMNS,
+            lambda o: [
+                o["metadata"]["name"],
+                (o.get("spec") or {}).get("nodeName") or "<none>",
+                (o.get("spec") or {}).get("driver", ""),
+                ((o.get("spec") or {}).get("pool") or {}).get("name", ""),
+                _age(o),
+            ],
+        )
     elif rt.kind == "Namespace":
         columns, row = (
             NAMESPACE_COLUMNS,

@@ -223,6 +223,85 @@ def _pdb(obj: dict[str, Any]) -> list[Cause]:
     return []
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DEVICE_TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+
+
+def _required(value: Any, path: str) -> list[Cause]:
+    return [] if value else [(path, "FieldValueRequired", "Required value")]
+
+
+def _resource_slice(obj: dict[str, Any]) -> list[Cause]:
+    """resource.k8s.io ResourceSlice: driver, pool and exactly one node scope (v1 rules)."""
+    spec = obj.get("spec") or {}
+    causes = _required(spec.get("driver"), "spec.driver")
+    pool = spec.get("pool") or {}
+    causes += _required(pool.get("name"), "spec.pool.name")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] <= 0:
+        causes.append(
+            ("spec.pool.resourceSliceCount", "FieldValueInvalid", "Invalid value: must be > 0")
+        )
+    scopes = [
+        k for k in ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection") if spec.get(k)
+    ]
+    if len(scopes) != 1:
+        causes.append(
+            (
+                "spec",
+                "FieldValueInvalid",
+                "Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+                "`perDeviceNodeSelection` is required",
+            )
+        )
+    names: set[str] = set()
+    for n, device in enumerate(spec.get("devices") or []):
+        name = device.get("name") or ""
+        if not name:
+            causes.append((f"spec.devices[{n}].name", "FieldValueRequired", "Required value"))
+        elif not _DNS_LABEL.match(name) or len(name) > 63:
+            causes.append(
+                (f"spec.devices[{n}].name", "FieldValueInvalid", f'Invalid value: "{name}"')
+            )
+        elif name in names:
+            causes.append(
+                (f"spec.devices[{n}].name", "FieldValueDuplicate", f'Duplicate value: "{name}"')
+            )
+        names.add(name)
+    return causes
+
+
+def _device_taint_rule(obj: dict[str, Any]) -> list[Cause]:
+    """resource.k8s.io DeviceTaintRule: one taint with a key and a supported effect."""
+    spec = obj.get("spec") or {}
+    taint = spec.get("taint") or {}
+    key, effect = taint.get("key") or "", taint.get("effect") or ""
+    causes = _required(key, "spec.taint.key")
+    if key and not _qualified_name(key):
+        causes.append(("spec.taint.key", "FieldValueInvalid", f'Invalid value: "{key}"'))
+    value = taint.get("value") or ""
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        causes.append(("spec.taint.value", "FieldValueInvalid", f'Invalid value: "{value}"'))
+    if not effect:
+        causes.append(("spec.taint.effect", "FieldValueRequired", "Required value"))
+    elif effect not in _DEVICE_TAINT_EFFECTS:
+        causes.append(
+            (
+                "spec.taint.effect",
+                "FieldValueNotSupported",
+                f'Unsupported value: "{effect}": supported values: "NoExecute", "NoSchedule", '
+                '"None"',
+            )
+        )
+    selector = spec.get("deviceSelector") or {}
+    for field in ("driver", "pool", "device"):
+        value = selector.get(field)
+        if value is not None and (not isinstance(value, str) or not value):
+            causes.append(
+                (f"spec.deviceSelector.{field}", "FieldValueInvalid", f'Invalid value: "{value}"')
+            )
+    return causes
+
+
 def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     """Raise 422 Invalid with the causes the real API would list."""
     causes = _metadata(rt, obj)
@@ -236,5 +315,9 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
         causes += _secret(obj, old)
     elif rt.kind == "PodDisruptionBudget":
         causes += _pdb(obj)
+    elif rt.kind == "ResourceSlice":
+        causes += _resource_slice(obj)
+    elif rt.kind == "DeviceTaintRule":
+        causes += _device_taint_rule(obj)
     if causes:
         raise invalid(rt.kind, (obj.get("metadata") or {}).get("name", ""), rt.group, causes)

@@ -278,7 +278,7 @@ def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
                 timeout=30,
             )
             assert nodes.returncode == 0, nodes.stderr
-            assert len(nodes.stdout.split()) == 8
+            assert len(nodes.stdout.split()) == 11  # with the AMD and the DRA nodes
         # A second `up` on the same state dir is refused.
         second = run("up", "--state-dir", str(state))
         assert second.returncode == 1 and "already running" in second.stderr
@@ -341,7 +341,7 @@ def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) ->
         reply = asyncio.run(_inject(endpoints["nats_url"], "gpu-h100-03", {"gpu": 0, "xid": 79}))
         assert reply["ok"] is True, reply
 
-        def quarantined() -> bool:
+        def quarantined(name: str = "gpu-h100-03") -> bool:
             got = subprocess.run(
                 [
                     "kubectl",
@@ -349,7 +349,7 @@ def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) ->
                     endpoints["kubeconfig"],
                     "get",
                     "node",
-                    "gpu-h100-03",
+                    name,
                     "-o",
                     "json",
                 ],
@@ -379,6 +379,12 @@ def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) ->
             timeout=10,
         )
         assert not json.loads(other.stdout)["spec"].get("unschedulable")  # only the sick node
+        # The second detector: an XID the driver logs in the kernel log only (NVML silent).
+        reply = asyncio.run(
+            _inject(endpoints["nats_url"], "gpu-a100-01", {"gpu": 2, "xid": 79, "via": "kmsg"})
+        )
+        assert reply["ok"] is True and reply["applied"] == "XID 79 via kmsg", reply
+        wait_until(lambda: quarantined("gpu-a100-01"), timeout=5, what="kmsg XID: taint and cordon")
         # The notifier leaves on-call's notice in the outbox (its group waits 10 s).
         outbox = Path(endpoints["outbox"])
         wait_until(

@@ -58,7 +58,7 @@ def test_up_announces_the_console_and_it_lists_every_seeded_node(
     page = chromium.new_page()
     page.goto(url, wait_until="domcontentloaded")
     nodes = [n.name for n in load_seed(None).nodes]
-    assert len(nodes) == 8
+    assert len(nodes) == 11  # with the AMD and the DRA nodes
     for name in nodes:
         cell = page.locator(f"[id='n:{name}']")
         cell.wait_for(timeout=5000)

@@ -93,6 +93,7 @@ SERVICES = (
     "checkpoint",
     "capacity",
     "accounting",
+    "recovery",
 )
 
 

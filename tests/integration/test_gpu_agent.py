@@ -30,6 +30,7 @@ FAST = GpuAgentSettings(
     poll_interval="0.1s",  # type: ignore[arg-type]
     call_timeout="0.3s",  # type: ignore[arg-type]
     xid_window="5s",  # type: ignore[arg-type]
+    kernel_log="off",  # not the host's kernel log: tests/integration/test_gpu_kernel_log.py
 )
 
 

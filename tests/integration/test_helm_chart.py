@@ -302,6 +302,35 @@ def test_ipmi_device_is_mounted_only_when_asked(tmp_path: Path, keys: dict[str, 
     assert "smarter-devices/ipmi0" not in gpu["resources"].get("limits", {})
 
 
+def test_the_kernel_log_is_mounted_in_the_gpu_container_only_when_asked(
+    tmp_path: Path, keys: dict[str, str], docs: list[dict[str, Any]]
+) -> None:
+    default = _containers(named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"])
+    assert "/dev/kmsg" not in _mounts(default["gpu"])
+    assert "NODEWARD_AGENTS__GPU__KERNEL_LOG_FILE" not in _env(default["gpu"])
+    values = representative_values(keys)
+    values["agents"]["kernelLog"] = {
+        "kmsg": {"resource": "smarter-devices/kmsg", "syslogCapability": True},
+        "file": "/var/log/kern.log",
+    }
+    pod = named(render(tmp_path, values), "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert volumes["kernel-log"]["hostPath"] == {"path": "/var/log/kern.log", "type": "File"}
+    containers = _containers(pod)
+    gpu = containers["gpu"]
+    assert _mounts(gpu)["/dev/kmsg"]["readOnly"] is True
+    assert _mounts(gpu)["/host/var/log/kern.log"]["readOnly"] is True
+    assert _env(gpu)["NODEWARD_AGENTS__GPU__KERNEL_LOG_FILE"]["value"] == "/host/var/log/kern.log"
+    assert gpu["resources"]["limits"]["smarter-devices/kmsg"] == 1
+    sc = gpu["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    for other in ("energy", "idle"):
+        assert "/dev/kmsg" not in _mounts(containers[other])
+        assert containers[other]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def _energy_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return named(docs, "NetworkPolicy", "nw-agent-energy")["spec"]
 

@@ -45,9 +45,12 @@ PODS = require("", "v1", "pods")
 
 async def test_nodes_get_and_list_with_selectors(admin: Cluster) -> None:
     nodes = await admin.nodes.list()
-    assert len(nodes) == 8
+    assert len(nodes) == 11  # with the AMD and the DRA nodes
     h100 = await admin.nodes.list(label_selector="nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
-    assert sorted(n["metadata"]["name"] for n in h100) == [f"gpu-h100-0{i}" for i in range(1, 5)]
+    assert sorted(n["metadata"]["name"] for n in h100) == [
+        *(f"gpu-h100-0{i}" for i in range(1, 5)),
+        "gpu-h100-dra-01",
+    ]
     mig = await admin.nodes.list(
         label_selector="nvidia.com/mig.strategy in (mixed),nvidia.com/gpu.present"
     )

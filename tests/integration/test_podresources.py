@@ -38,16 +38,18 @@ RESPONSE = b"".join(
         ),
         pod("nb-0", "alice", container("nb", devices("nvidia.com/mig-1g.10gb", "MIG-ccc"))),
         pod("nic", "sys", container("c", devices("example.com/nic", "eth9"))),
+        pod("llm-0", "ml", container("vllm", devices("amd.com/gpu", "0000:05:00.0"))),
     )
 )
 
 
-def test_parse_keeps_nvidia_devices_only() -> None:
+def test_parse_keeps_gpu_devices_only() -> None:
     got = parse_list_response(RESPONSE)
     assert got == {
         "GPU-aaa": [PodRef(namespace="ml", name="train-0", container="worker")],
         "GPU-bbb": [PodRef(namespace="ml", name="train-0", container="worker")],
         "MIG-ccc": [PodRef(namespace="alice", name="nb-0", container="nb")],
+        "0000:05:00.0": [PodRef(namespace="ml", name="llm-0", container="vllm")],  # AMD: by BDF
     }
 
 

@@ -75,7 +75,7 @@ def test_sim_cluster_cli_with_kubectl(tmp_path: Path) -> None:
                 return out.stdout
 
             nodes = kubectl("get", "nodes").strip().splitlines()[1:]
-            assert len(nodes) == 8
+            assert len(nodes) == 11  # with the AMD and the DRA nodes
             assert {n.split()[0] for n in nodes} >= {"gpu-h100-01", "gpu-a100-mig-01"}
             kubectl("cordon", "gpu-a100-mig-01")
             row = next(

@@ -129,7 +129,9 @@ async def test_injections_are_answered_per_node_and_published_as_changes(rig: Ri
     assert failed["previous_state"] == "healthy"
     assert failed["recommended_action"] == "reboot_node" and failed["sequence"] == 2
     assert any(r["xid"] == 79 for r in failed["reasons"])
-    assert (await rig.last(f"gpu.xid.{node}.1"))["xid"] == 79
+    xid = await rig.last(f"gpu.xid.{node}.1")
+    assert xid["xid"] == 79 and xid["detectors"] == ["nvml"]
+    assert next(r for r in failed["reasons"] if r["xid"] == 79)["detectors"] == ["nvml"]
     await wait_for(
         lambda: any(b["gpus"][1]["state"] == "failed" for b in rig.bodies(f"gpu.heartbeat.{node}")),
         what="the heartbeat restating the failure",
@@ -138,6 +140,10 @@ async def test_injections_are_answered_per_node_and_published_as_changes(rig: Ri
     assert reply.ok
     healed = await rig.last(f"gpu.health.{node}.1", state="healthy")
     assert healed["previous_state"] == "failed"
+    reply = await request_injection(nc, node, InjectRequest(gpu=0, xid=48, via="both"))
+    assert reply.ok and reply.applied == "XID 48 via both"
+    both = await rig.last(f"gpu.xid.{node}.0")
+    assert both["xid"] == 48 and both["detectors"] == ["nvml", "kmsg"]
     # What the fleet does not simulate is said, not pretended.
     reply = await request_injection(nc, node, InjectRequest(gpu=0, fault="thermal"))
     assert not reply.ok and "not simulated" in (reply.error or "")

@@ -7,7 +7,7 @@ from typing import Any
 
 from schemas.capacity import GpuCounts
 from schemas.state.capacity import CapacitySnapshot
-from services.capacity.policy import BusView, count, node_view, pod_gpus
+from services.capacity.policy import BusView, count, node_view, pod_gpus, slice_gpus
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -157,3 +157,59 @@ def test_the_snapshot_answers_whether_a_request_fits() -> None:
     assert snap.fits({"nvidia.com/mig-1g.10gb": 1}) == []
     (total,) = snap.totals()
     assert total.counts == GpuCounts(free=9, used=7, quarantined=8)
+
+
+def _dra_slice(node_name: str, devices: int, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{node_name}-{driver}-abcde"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "resourceSliceCount": 1},
+            "devices": [
+                {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
+                for i in range(devices)
+            ],
+        },
+    }
+
+
+def test_a_dra_node_counts_the_gpus_its_slices_publish() -> None:
+    dra = node("gpu-dra")
+    dra["status"]["allocatable"] = {"cpu": "96"}  # no nvidia.com/gpu: the DRA driver serves them
+    assert node_view(dra) is None
+    assert slice_gpus(_dra_slice("gpu-dra", 8), ["gpu.nvidia.com"]) == ("gpu-dra", 8)
+    assert slice_gpus(_dra_slice("gpu-dra", 8, "nic.example.com"), ["gpu.nvidia.com"]) == (
+        None,
+        0,
+    )
+    view = node_view(dra, dra_gpus=8)
+    assert view is not None and view.dra and view.allocatable == {"gpu": 8}
+    # One GPU tainted on its own (a DeviceTaintRule): 7 free and 1 unhealthy, not 8 held.
+    counted = count(view, {}, BusView(failed={"3": None}))
+    assert counted.profiles["gpu"] == GpuCounts(free=7, unhealthy=1)
+    assert counted.blocked is None and counted.dra
+    snap = CapacitySnapshot(at=datetime.now(UTC), nodes=[counted])
+    assert snap.fits({"nvidia.com/gpu": 1}) == []  # a DRA GPU takes no extended-resource request
+
+
+def test_amd_nodes_count_amd_gpus_by_the_amd_operators_labels() -> None:
+    from sim.cluster.seed import load_seed, node_manifest
+
+    seeded = next(n for n in load_seed().nodes if n.name == "gpu-mi300x-01")
+    manifest = node_manifest(seeded, 8)
+    manifest["spec"]["taints"] = [{"key": "amd.com/gpu", "effect": "NoSchedule"}]
+    view = node_view(manifest)
+    assert view is not None
+    assert (view.model, view.gpus, view.allocatable) == ("AMD_Instinct_MI300X_OAM", 8, {"gpu": 8})
+    assert view.blocked is None  # the AMD operator's own taint holds nothing back
+    asked = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "nodeName": "gpu-mi300x-01",
+            "containers": [{"name": "c", "resources": {"limits": {"amd.com/gpu": "3"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    assert pod_gpus(asked) == ("gpu-mi300x-01", {"gpu": 3})
+    assert count(view, {"gpu": 3}).profiles["gpu"] == GpuCounts(free=5, used=3)

@@ -70,7 +70,11 @@ def test_one_node_cannot_reach_another() -> None:
     publish, subscribe = json.dumps(a["publish"]), json.dumps(a["subscribe"])
     assert "gpu-b" not in publish + subscribe
     assert ">" not in [*a["publish"]["allow"]]  # type: ignore[index]
-    assert a["subscribe"]["allow"] == ["_INBOX_gpu-a.>", "sim.inject.gpu-a"]  # type: ignore[index]
+    assert a["subscribe"]["allow"] == [  # type: ignore[index]
+        "_INBOX_gpu-a.>",
+        "sim.inject.gpu-a",
+        "agent.gpu.*.gpu-a",  # services.recovery asks its own node's agent only
+    ]
 
 
 def test_a_bad_public_key_is_refused() -> None:

@@ -121,6 +121,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
     marked: set[str] = set()
     from nodeward.kube import (
         checkpoints,
+        devices,
         events,
         leases,
         namespaces,
@@ -141,6 +142,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
         leases,
         checkpoints,
         namespaces,
+        devices,
     ):
         for obj in vars(module).values():
             if isinstance(obj, type):
@@ -196,6 +198,8 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
             ("kubeflow.org", "notebooks", ""),
             ("networking.k8s.io", "networkpolicies", ""),
             ("coordination.k8s.io", "leases", ""),
+            ("resource.k8s.io", "resourceslices", ""),
+            ("resource.k8s.io", "devicetaintrules", ""),
         )
         for verb in ("get", "list", "watch", "create", "update", "patch", "delete")
         for ns in ("", "nodeward", "ml-nlp")

@@ -13,16 +13,16 @@ def test_fewer_nodes_keep_the_first_and_only_their_pods() -> None:
     small = resize_seed(seed, 3)
     assert [n.name for n in small.nodes] == ["gpu-h100-01", "gpu-h100-02", "gpu-h100-03"]
     assert small.pods and all(p.node in {n.name for n in small.nodes} for p in small.pods)
-    assert len(seed.nodes) == 8  # the original is untouched
+    assert len(seed.nodes) == 11  # the original is untouched
 
 
 def test_more_nodes_clone_the_shapes_in_turn_with_an_agent_pod_each() -> None:
     seed = load_seed()
-    big = resize_seed(seed, 11)
+    big = resize_seed(seed, 14)
     names = [n.name for n in big.nodes]
-    assert len(names) == len(set(names)) == 11
-    assert names[8:] == ["gpu-h100-05", "gpu-h100-06", "gpu-h100-07"]
-    clone = big.nodes[8]
+    assert len(names) == len(set(names)) == 14
+    assert names[11:] == ["gpu-h100-05", "gpu-h100-06", "gpu-h100-07"]
+    clone = big.nodes[11]
     assert clone.gpu is not None and clone.gpu.product == seed.nodes[0].gpu.product  # type: ignore[union-attr]
     daemons = [p for p in big.pods if p.role == "daemon" and p.node == "gpu-h100-05"]
     assert len(daemons) == 1 and daemons[0].name.startswith("nodeward-agent-")

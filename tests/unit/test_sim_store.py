@@ -87,12 +87,18 @@ def test_history_and_compaction() -> None:
 
 def test_default_seed_is_a_realistic_gpu_cluster(seeded: Store) -> None:
     nodes = seeded.list(NODES)
-    assert len(nodes) == 8
+    assert len(nodes) == 11  # with the DRA node
+    amd = [n for n in nodes if "amd.com/gpu.product-name" in n["metadata"]["labels"]]
+    assert [n["status"]["allocatable"]["amd.com/gpu"] for n in amd] == ["8", "8"]
+    assert {n["metadata"]["labels"]["amd.com/gpu.device-id"] for n in amd} == {"74a1"}
+    nodes = [n for n in nodes if n not in amd]
     assert all(n["metadata"]["labels"]["nvidia.com/gpu.count"] == "8" for n in nodes)
     products = {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes}
     assert products == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"}
     mig = [n for n in nodes if "nvidia.com/mig.strategy" in n["metadata"]["labels"]]
     assert len(mig) == 1 and mig[0]["status"]["capacity"]["nvidia.com/gpu"] == "0"
+    dra = [n for n in nodes if "nvidia.com/gpu" not in n["status"]["capacity"]]
+    assert [n["metadata"]["name"] for n in dra] == ["gpu-h100-dra-01"]
     pods = seeded.list(PODS)
     user = [p for p in pods if p["metadata"]["namespace"].startswith("ml-")]
     assert len(user) == 30

@@ -345,3 +345,27 @@ def test_an_event_a_few_seconds_off_the_clock_shows_the_clocks_time_only() -> No
     assert [line.split()[1] for line in lines] == ["20:00:00.000", "20:00:00.000"]
     assert "event time" not in lines[0]
     assert lines[1].endswith("(event time 2026-11-28 19:59:40)")
+
+
+def test_each_step_of_a_recovery_is_told() -> None:
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    steps = [
+        ("recover", "gpu-a: XID 79; the catalog says reboot_node: reboot"),
+        ("drain", "maintenance mnt-recovery-1 of gpu-a"),
+        ("reboot", "gpu-a rebooted: bootID a -> b"),
+        ("validate", "gpu-a validated: 8 GPU(s)"),
+        ("release", "gpu-a back in service"),
+    ]
+    for i, (action, reason) in enumerate(steps):
+        step = Remediation(
+            action=action,
+            target=ObjectRef(kind="Node", name="gpu-a"),
+            outcome=Outcome.APPLIED,
+            reason=reason,
+            actor="service/recovery",
+        )
+        story.on_event(wire(step, T0 + timedelta(seconds=i)), T0 + timedelta(seconds=i))
+    story.flush(everything=True)
+    assert [line.split()[0] for line in lines] == ["RECOVERY"] * 4 + ["RELEASE"]
+    assert "reboot node/gpu-a: applied" in lines[2] and "bootID a -> b" in lines[2]

@@ -1,0 +1,91 @@
+"""What services.recovery keeps in KV (bucket `recovery`): one record per node in recovery
+(`RECOVERIES`, key `node.<name>`), saved before each step so a restart resumes it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from schemas.state import Bucket
+
+BUCKET = "recovery"
+
+
+class Plan(StrEnum):
+    """What the fault needs before the node may serve again."""
+
+    RESET = "reset"  # a GPU reset
+    REBOOT = "reboot"  # a node reboot
+
+
+class Step(StrEnum):
+    """Where a node's recovery stands; each is entered after the record is saved."""
+
+    DRAINING = "draining"  # maintenance requested; waiting for maintenance.done.<node>
+    REMEDIATING = "remediating"  # the remediator is to be asked (reset or reboot)
+    REBOOTING = "rebooting"  # asked; waiting for the node's bootID to change
+    VALIDATING = "validating"  # asking the node's GPU agent to validate
+    RELEASING = "releasing"  # validated; the owners' release paths are to be asked
+    RELEASED = "released"  # terminal: back in service
+    ESCALATED = "escalated"  # terminal: on-call told (RMA suggested); the node stays quarantined
+    GONE = "gone"  # terminal: the quarantine ended some other way (an operator released it)
+
+
+TERMINAL = frozenset({Step.RELEASED, Step.ESCALATED, Step.GONE})
+
+
+class RecoveryRecord(BaseModel):
+    """One node's recovery from one quarantine (`incident`: the cordon's)."""
+
+    node: str
+    incident: str = Field(description="the quarantine's incident (cordon's trigger event id)")
+    plan: Plan
+    remediator: str
+    gpus: list[int] = Field(default_factory=list, description="the failed GPUs' indices")
+    xids: list[int] = Field(default_factory=list)
+    reason: str = ""
+    step: Step = Step.DRAINING
+    started_at: float
+    updated_at: float
+    maintenance_id: str | None = None
+    boot_id: str | None = Field(default=None, description="the node's bootID when asked to reboot")
+    asked_at: float | None = Field(default=None, description="when the remediator was asked")
+    attempts: int = Field(default=0, description="reset/reboot requests made")
+    validation_failures: int = 0
+    last_failure: str | None = None
+    history: list[str] = Field(default_factory=list, description="`step: what happened`")
+
+    @property
+    def terminal(self) -> bool:
+        return self.step in TERMINAL
+
+    def attempt_id(self, what: str) -> str:
+        """The trigger id of one step's audit within this attempt (distinct per attempt)."""
+        return f"{self.incident}/{what}/{self.attempts}"
+
+
+class RecoveryCounts(BaseModel):
+    """Recoveries started per node within the retry window (key `count.<node>`)."""
+
+    started: list[float] = Field(default_factory=list, description="unix times, oldest first")
+
+
+def node_key(node: str) -> str:
+    return f"node.{node}"
+
+
+def count_key(node: str) -> str:
+    return f"count.{node}"
+
+
+RECOVERIES: Bucket[RecoveryRecord] = Bucket(
+    BUCKET, RecoveryRecord, prefix="node.", key=node_key, description="per node: its recovery"
+)
+COUNTS: Bucket[RecoveryCounts] = Bucket(
+    BUCKET,
+    RecoveryCounts,
+    prefix="count.",
+    key=count_key,
+    description="per node: recoveries started in the retry window",
+)

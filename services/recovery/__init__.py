@@ -1,0 +1,2 @@
+"""services.recovery: drive a quarantined node back into service (drain, reset or reboot,
+validate, release) when the XID catalog says a reset or a reboot cures its fault."""

@@ -1,0 +1,80 @@
+"""The recovery policy, pure: which faults nodeward recovers and how, the per-node retry
+limit, and what a failed validation leads to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from nodeward.xid import XidCatalog
+from schemas.gpu import RecommendedAction
+from schemas.state.recovery import Plan
+
+RESET_ACTIONS = frozenset({RecommendedAction.RESET_GPU, RecommendedAction.DRAIN_AND_RESET})
+REBOOT_ACTIONS = frozenset({RecommendedAction.REBOOT_NODE})
+RMA_ACTIONS = frozenset({RecommendedAction.DRAIN_AND_RMA})
+
+
+class Kind(StrEnum):
+    RECOVER = "recover"  # drain, then the plan's remediator, validate, release
+    ESCALATE = "escalate"  # no automatic cure (the catalog says RMA): on-call decides
+    NONE = "none"  # not a fault recovery handles (the passive release path applies)
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Kind
+    plan: Plan | None = None
+    why: str = ""
+
+
+def decide(
+    actions: Iterable[RecommendedAction | str], xids: Iterable[int], catalog: XidCatalog
+) -> Decision:
+    """What the quarantine's fault needs: the trigger's recommended actions and each XID's
+    catalog action, the strongest winning (RMA > reboot > reset)."""
+    found: set[RecommendedAction] = set()
+    for action in actions:
+        try:
+            found.add(RecommendedAction(action))
+        except ValueError:
+            continue
+    named = sorted(set(xids))
+    found |= {catalog.get(x).action for x in named}
+    said = ", ".join(a.value for a in sorted(found)) or "none"
+    on = f" (XID {', '.join(map(str, named))})" if named else ""
+    if found & RMA_ACTIONS:
+        return Decision(Kind.ESCALATE, why=f"the catalog says {said}{on}: RMA, no automatic cure")
+    if found & REBOOT_ACTIONS:
+        return Decision(Kind.RECOVER, Plan.REBOOT, f"the catalog says {said}{on}: reboot")
+    if found & RESET_ACTIONS:
+        return Decision(Kind.RECOVER, Plan.RESET, f"the catalog says {said}{on}: GPU reset")
+    return Decision(Kind.NONE, why=f"recommended {said}{on}: no reset or reboot needed")
+
+
+def within_limit(started: Iterable[float], now: float, *, limit: int, window_s: float) -> bool:
+    """True if a node that started recoveries at `started` (unix times) may start another:
+    fewer than `limit` within the last `window_s`."""
+    recent = [t for t in started if now - t < window_s]
+    return len(recent) < limit
+
+
+class AfterFailure(StrEnum):
+    RETRY = "retry"  # remediate again (another reset or reboot), then validate again
+    ESCALATE = "escalate"  # on-call: RMA suggested; the node stays quarantined
+
+
+def after_validation_failure(failures: int, *, max_failures: int = 2) -> AfterFailure:
+    """`failures`: validations failed in this recovery, this one included."""
+    return AfterFailure.ESCALATE if failures >= max_failures else AfterFailure.RETRY
+
+
+def gpu_indices(keys: Iterable[str]) -> list[int]:
+    """GPU indices from cordon's GPU keys (`3`, `3-mig1-0`)."""
+    out: set[int] = set()
+    for key in keys:
+        head = str(key).split("-", 1)[0]
+        if head.isdigit():
+            out.add(int(head))
+    return sorted(out)

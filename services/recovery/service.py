@@ -1,0 +1,837 @@
+"""services.recovery: bring a quarantined node back into service without a human when the
+XID catalog says a GPU reset or a node reboot cures its fault.
+
+A durable consumer on cordon's audit records (`remediation.quarantine.>`, applied) decides
+from the fault (`policy.decide`): a reset or a reboot starts a recovery, an RMA fault goes
+to on-call at once. A recovery is one record in KV (`schemas.state.recovery`) that a loop
+drives step by step, saving before each, so a restart resumes it where it stood:
+
+draining (maintenance requested as cordon's `maintenance: true` does: checkpoints first,
+then the drain; `maintenance.done.<node>` ends it) -> remediating (the plan's remediator,
+`remediators.REMEDIATORS`: a GPU reset by the node's agent, a reboot through a node label
+and annotation a reboot operator acts on, or a webhook) -> rebooting (until the node's
+`status.nodeInfo.bootID` changes) -> validating (the node's GPU agent checks its GPUs:
+NVML, DCGM diagnostics where `dcgmi` exists) -> releasing (the owners' release paths:
+`control.checkpoint.finish`, then `control.cordon.release`, as `service/recovery`) ->
+released. A validation that fails remediates again; the second failure escalates to
+on-call (critical, "RMA suggested") and leaves the node quarantined.
+
+Every step is a kernel proposal (audited on `remediation.>`, notified, dry-run
+respected); starting one passes the exemptions, a per-node retry limit and the circuit
+breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+from nats.errors import Error as NatsError
+from nats.js.errors import NoKeysError
+from pydantic import Field, ValidationError
+
+from nodeward.aio import within
+from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus.control import ControlTimeout, request
+from nodeward.bus.kv import TypedKV
+from nodeward.config import Section, Settings, section
+from nodeward.daemon import Daemon
+from nodeward.durations import Duration
+from nodeward.kube import Cluster, NotFound
+from nodeward.kube.base import Obj
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.xid import XidCatalog, load_catalog
+from schemas.base import Event, make_event
+from schemas.common import ObjectRef
+from schemas.control import ControlReply, ControlRequest, ControlStatus
+from schemas.ids import stable_id
+from schemas.maintenance import Maintenance, MaintenancePhase
+from schemas.notify import Severity
+from schemas.recovery import VALIDATE, ValidateRequest, ValidationReport, agent_subject
+from schemas.remediation import Outcome, Remediation
+from schemas.state.cordon import TAINT_KEY
+from schemas.state.recovery import (
+    BUCKET,
+    Plan,
+    RecoveryCounts,
+    RecoveryRecord,
+    Step,
+    count_key,
+    node_key,
+)
+from services.kernel import (
+    ActionRunner,
+    Auditor,
+    BreakerSettings,
+    CircuitBreaker,
+    Exemptions,
+    Guard,
+    Proposal,
+    Stage,
+    Verdict,
+)
+from services.kernel.breaker import node_breaker
+from services.kernel.marks import NodeMarks
+from services.recovery.access import ACCESS
+from services.recovery.policy import (
+    AfterFailure,
+    Kind,
+    after_validation_failure,
+    decide,
+    gpu_indices,
+    within_limit,
+)
+from services.recovery.remediators import (
+    REMEDIATORS,
+    RemediatorError,
+    Tools,
+    boot_id,
+    waits_for_reboot,
+)
+
+NAME = "recovery"
+ACTOR = "service/recovery"
+OWNER = "recovery"  # of its marks on the node (the reboot request)
+TOPIC = "recovery"
+CORDON_ACTOR = "service/cordon"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Steps that go well are news, not pages; a failed step that recovery tries again is a
+# warning; the escalation (critical, set on its proposal) pages.
+_STEP = MappingProxyType(
+    {
+        Outcome.APPLIED: Severity.INFO,
+        Outcome.DRY_RUN: Severity.INFO,
+        Outcome.FAILED: Severity.WARNING,
+    }
+)
+SEVERITIES = MappingProxyType(
+    {a: _STEP for a in ("recover", "drain", "reset", "reboot", "validate", "release")}
+)
+
+
+class RecoverySettings(Section):
+    """`services.recovery` in the config file."""
+
+    dry_run: bool = False
+    bucket: str = BUCKET
+    consumer: str = "recovery-quarantines"
+    subjects: list[str] = Field(default_factory=lambda: ["remediation.quarantine.>"], min_length=1)
+    maintenance_consumer: str = "recovery-maintenance"
+    maintenance_subjects: list[str] = Field(
+        default_factory=lambda: [
+            "maintenance.done.>",
+            "maintenance.failed.>",
+            "maintenance.cancelled.>",
+        ],
+        min_length=1,
+    )
+    remediators: dict[Plan, str] = Field(
+        default_factory=lambda: {Plan.RESET: "gpu-reset", Plan.REBOOT: "reboot-annotation"},
+        description="the remediator per plan: gpu-reset, reboot-annotation, webhook",
+    )
+    webhook_url: str | None = Field(default=None, description="for the `webhook` remediator")
+    max_trigger_age: Duration = Field(
+        default=timedelta(minutes=15),
+        description="an older quarantine (a replay on a new consumer) starts no recovery",
+    )
+    drain_deadline: Duration = Field(
+        default=timedelta(minutes=10), description="the maintenance's deadline for every pod"
+    )
+    drain_timeout: Duration = Field(
+        default=timedelta(minutes=30), description="no `maintenance.done` by then: escalate"
+    )
+    reboot_timeout: Duration = Field(
+        default=timedelta(minutes=20), description="no new bootID by then: a failed attempt"
+    )
+    validate_timeout: Duration = Field(
+        default=timedelta(minutes=5),
+        description="the GPU agent does not answer (still booting) this long: a failed attempt",
+    )
+    request_timeout: Duration = Field(
+        default=timedelta(seconds=30), description="one request to an agent or a service"
+    )
+    dcgm_level: int = Field(default=1, ge=1, le=4, description="`dcgmi diag -r LEVEL`")
+    burn_in: Duration = Field(default=timedelta(0), description="0: no GPU burn-in")
+    max_validation_failures: int = Field(default=2, ge=1)
+    max_attempts: int = Field(
+        default=3, ge=1, description="reset/reboot requests per recovery before escalating"
+    )
+    retry_limit: int = Field(default=3, ge=1, description="recoveries per node per window")
+    retry_window: Duration = timedelta(hours=24)
+    interval: Duration = Field(default=timedelta(seconds=2), description="the loop's pass")
+    breaker: BreakerSettings = BreakerSettings()
+
+
+def _target(node: str) -> ObjectRef:
+    return ObjectRef(kind="Node", name=node, api_version="v1")
+
+
+def _has_quarantine(node: Obj) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(t.get("key") == TAINT_KEY for t in taints)
+
+
+def _expected_gpus(node: Obj) -> int | None:
+    raw = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    try:
+        return int(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class RetryLimit:
+    """A guard: at most `limit` recoveries of one node per `window` (KV `count.<node>`)."""
+
+    name = "retry_limit"
+    stage = Stage.RATE_LIMIT
+
+    def __init__(self, counts: TypedKV[RecoveryCounts], settings: RecoverySettings) -> None:
+        self.counts = counts
+        self.limit = settings.retry_limit
+        self.window = settings.retry_window.total_seconds()
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if proposal.action != "recover":
+            return None
+        entry = await self.counts.get(count_key(proposal.target.name))
+        started = entry.value.started if entry else []
+        if within_limit(started, time.time(), limit=self.limit, window_s=self.window):
+            return None
+        return Verdict(
+            self.name,
+            f"refused: {proposal.target.name} started {self.limit} recoveries within "
+            f"{self.window / 3600:g}h; it stays quarantined for on-call",
+        )
+
+    async def count(self, node: str, incident_time: float) -> None:
+        def add(current: RecoveryCounts | None) -> RecoveryCounts | None:
+            started = [
+                t for t in (current.started if current else []) if time.time() - t < self.window
+            ]
+            if incident_time in started:
+                return None
+            return RecoveryCounts(started=[*started, incident_time])
+
+        await self.counts.update(count_key(node), add)
+
+
+class RecoveryService:
+    def __init__(
+        self,
+        bus: Bus,
+        cluster: Cluster,
+        *,
+        records: TypedKV[RecoveryRecord],
+        counts: TypedKV[RecoveryCounts],
+        marks: NodeMarks,
+        breaker: CircuitBreaker,
+        settings: RecoverySettings,
+        catalog: XidCatalog | None = None,
+    ) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.records = records
+        self.settings = settings
+        self.catalog = catalog or load_catalog()
+        self.marks = marks
+        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
+        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
+        self.exemptions = Exemptions()
+        self.retry_limit = RetryLimit(counts, settings)
+        self.start_guards: list[Guard] = [self.exemptions, self.retry_limit, breaker]
+        self.tools = Tools(
+            nc=bus.nc,
+            cluster=cluster,
+            marks=marks,
+            timeout_s=settings.request_timeout.total_seconds(),
+            webhook_url=settings.webhook_url,
+        )
+        self.wake = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.log = structlog.get_logger().bind(service=NAME)
+
+    @contextlib.asynccontextmanager
+    async def node_lock(self, node: str) -> AsyncIterator[None]:
+        async with self._locks.setdefault(node, asyncio.Lock()):
+            yield
+
+    # consumers --------------------------------------------------------------------------
+    def consumer_spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            name=self.settings.consumer,
+            stream="AUDIT",
+            subjects=tuple(self.settings.subjects),
+            types=frozenset({Remediation.TYPE}),
+            concurrency=4,
+            order_key=lambda e: e.data.target.name,
+            max_deliver=6,
+        )
+
+    def maintenance_spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            name=self.settings.maintenance_consumer,
+            stream="MAINTENANCE",
+            subjects=tuple(self.settings.maintenance_subjects),
+            types=frozenset({Maintenance.TYPE}),
+            concurrency=4,
+            order_key=lambda e: str(e.data.node),
+            max_deliver=6,
+        )
+
+    async def handle_quarantine(self, event: Event[Any], delivery: Delivery) -> None:
+        """A quarantine cordon applied: recover the node if its fault calls for it."""
+        audit: Remediation = event.data
+        grew = audit.outcome == Outcome.SKIPPED and audit.guard == "already_quarantined"
+        if (
+            audit.actor != CORDON_ACTOR
+            or (audit.outcome != Outcome.APPLIED and not grew)
+            or audit.target.kind != "Node"
+            or audit.trigger_event_id is None
+        ):
+            return
+        age = (datetime.now(UTC) - event.time).total_seconds()
+        if age > self.settings.max_trigger_age.total_seconds():
+            return  # a replay: the quarantine's recovery, if any, was decided then
+        node = audit.target.name
+        decision = decide(
+            audit.details.get("recommended_actions") or [],
+            audit.details.get("xids") or [],
+            self.catalog,
+        )
+        if decision.kind == Kind.NONE:
+            return
+        with structlog.contextvars.bound_contextvars(node=node, incident=audit.trigger_event_id):
+            async with self.node_lock(node):
+                if grew:
+                    await self._fault_grew(audit, decision.kind, decision.plan, decision.why)
+                else:
+                    await self._start(event, audit, decision.kind, decision.plan, decision.why)
+
+    async def _fault_grew(
+        self, audit: Remediation, kind: Kind, plan: Plan | None, why: str
+    ) -> None:
+        """A quarantined node's fault got worse (a GPU of it reported more, a later finding):
+        an RMA fault escalates the recovery under way; a reboot replaces a reset not yet
+        asked for."""
+        current = await self.records.get(node_key(audit.target.name))
+        record = current.value if current else None
+        if record is None or record.terminal:
+            return
+        if kind == Kind.ESCALATE:
+            await self._escalate(record, f"the fault grew: {audit.reason}; {why}")
+        elif (
+            plan == Plan.REBOOT
+            and record.plan == Plan.RESET
+            and record.step in (Step.DRAINING, Step.REMEDIATING)
+            and record.asked_at is None
+        ):
+            remediator = self.settings.remediators[Plan.REBOOT]
+            record = await self._update(record, plan=Plan.REBOOT, remediator=remediator)
+            await self._save(record, record.step, f"plan now reboot: {why}", note_only=True)
+
+    async def _start(
+        self, event: Event[Any], audit: Remediation, kind: Kind, plan: Plan | None, why: str
+    ) -> None:
+        node, incident = audit.target.name, str(audit.trigger_event_id)
+        current = await self.records.get(node_key(node))
+        if (
+            current is not None
+            and current.value.incident != incident
+            and not current.value.terminal
+        ):
+            return  # another GPU of the quarantine under way (its own record is the first's)
+        gpus = gpu_indices(audit.details.get("gpus") or [audit.details.get("gpu", "")])
+        xids = [int(x) for x in audit.details.get("xids") or []]
+        reason = f"{audit.reason}; {why}"  # cordon's reason starts with the node
+        try:
+            obj = await self.cluster.nodes.get(node)
+        except NotFound:
+            return
+        proposal = Proposal(
+            action="recover" if kind == Kind.RECOVER else "escalate",
+            target=_target(node),
+            reason=reason,
+            policy=plan.value if plan else "rma",
+            trigger_id=incident,
+            trigger_time=event.time,
+            obj=obj,
+            details={"incident": incident, "gpus": gpus, "xids": xids},
+        )
+        if current is not None and current.value.incident == incident:
+            # A redelivery (a restart between the record and its audit): the audit again,
+            # under the same id, which JetStream stores once.
+            if kind == Kind.RECOVER:
+                done = {"plan": current.value.plan.value, "remediator": current.value.remediator}
+                await self.runner.record(proposal, Outcome.APPLIED, details=done)
+            return
+        if kind == Kind.ESCALATE:
+            record = self._new(node, incident, Plan.REBOOT, gpus, xids, reason)
+            await self._escalate(record, why)
+            return
+        assert plan is not None
+        remediator = self.settings.remediators[plan]
+        record = self._new(node, incident, plan, gpus, xids, reason, remediator=remediator)
+
+        async def act() -> dict[str, Any]:
+            await self.retry_limit.count(node, event.time.timestamp())
+            await self.records.put(node_key(node), record)
+            return {"plan": plan.value, "remediator": remediator}
+
+        decided = await self.runner.run(proposal, act, self.start_guards, retry=False)
+        if decided.outcome == Outcome.APPLIED:
+            self.wake.set()
+
+    def _new(  # noqa: PLR0917 - the record's fields, once
+        self,
+        node: str,
+        incident: str,
+        plan: Plan,
+        gpus: list[int],
+        xids: list[int],
+        reason: str,
+        *,
+        remediator: str = "",
+    ) -> RecoveryRecord:
+        now = time.time()
+        return RecoveryRecord(
+            node=node,
+            incident=incident,
+            plan=plan,
+            remediator=remediator,
+            gpus=gpus,
+            xids=xids,
+            reason=reason,
+            started_at=now,
+            updated_at=now,
+            maintenance_id=f"mnt-recovery-{incident}",
+        )
+
+    async def handle_maintenance(self, event: Event[Any], delivery: Delivery) -> None:
+        """A maintenance ended: a draining recovery of its node moves on (or escalates)."""
+        data: Maintenance = event.data
+        async with self.node_lock(data.node):
+            current = await self.records.get(node_key(data.node))
+            record = current.value if current else None
+            if record is None or record.step != Step.DRAINING:
+                return
+            if event.time.timestamp() < record.started_at - 5:
+                return  # a maintenance that ended before this recovery began
+            ours = data.maintenance_id == record.maintenance_id
+            if data.phase == MaintenancePhase.DONE:
+                # Ours, or one already under way when ours was asked (it drained the node).
+                await self._record(
+                    record, "drain", f"{data.node} drained by maintenance {data.maintenance_id}",
+                    what="drained",
+                )  # fmt: skip
+                await self._save(record, Step.REMEDIATING, f"drained ({data.maintenance_id})")
+                self.wake.set()
+            elif ours and "already in maintenance" not in (data.error or ""):
+                await self._escalate(
+                    record,
+                    f"maintenance {data.maintenance_id} {data.phase.value}: {data.error or ''}",
+                )
+
+    # the loop ---------------------------------------------------------------------------
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Drive every recovery under way, a pass each `interval` (or when woken)."""
+        interval = self.settings.interval.total_seconds()
+        while not stopping.is_set():
+            try:
+                await self.pass_once()
+            except Exception:  # one bad pass must not stop the loop
+                self.log.exception("recovery.pass_failed")
+            with contextlib.suppress(TimeoutError):
+                await within(self.wake.wait(), interval)
+            self.wake.clear()
+
+    async def pass_once(self) -> None:
+        try:
+            keys = await self.records.kv.keys()
+        except NoKeysError:
+            return
+        for key in keys:
+            if not key.startswith("node."):
+                continue
+            node = key.removeprefix("node.")
+            with structlog.contextvars.bound_contextvars(node=node):
+                async with self.node_lock(node):
+                    current = await self.records.get(key)
+                    if current is None or current.value.terminal:
+                        continue
+                    await self.step(current.value)
+
+    async def step(self, record: RecoveryRecord) -> None:
+        """One step of one recovery."""
+        try:
+            obj = await self.cluster.nodes.get(record.node)
+        except NotFound:
+            await self._save(record, Step.GONE, "the node left the cluster")
+            return
+        if record.step != Step.RELEASING and not _has_quarantine(obj):
+            await self._ended_elsewhere(record)
+            return
+        steps: dict[Step, Callable[[RecoveryRecord, Obj], Any]] = {
+            Step.DRAINING: self._draining,
+            Step.REMEDIATING: self._remediate,
+            Step.REBOOTING: self._rebooting,
+            Step.VALIDATING: self._validate,
+            Step.RELEASING: self._release,
+        }
+        await steps[record.step](record, obj)
+
+    async def _draining(self, record: RecoveryRecord, obj: Obj) -> None:
+        """Ask for the maintenance (its id is the recovery's: asking again is a no-op);
+        `handle_maintenance` moves on when it is done."""
+        since = time.time() - record.started_at
+        if since > self.settings.drain_timeout.total_seconds():
+            await self._escalate(record, f"no maintenance done within {since:.0f}s")
+            return
+        if "draining: requested" in record.history:
+            return
+        mid = record.maintenance_id or f"mnt-recovery-{record.incident}"
+        proposal = self._proposal(record, "drain", f"maintenance {mid} of {record.node}: "
+                                  "checkpoints first, then the drain, before the "
+                                  f"{record.plan.value}")  # fmt: skip
+
+        async def act() -> dict[str, Any]:
+            request = Maintenance(
+                node=record.node,
+                phase=MaintenancePhase.REQUESTED,
+                maintenance_id=mid,
+                reason=f"GPU recovery ({record.plan.value}): {record.reason}"[:1024],
+                requested_by=ACTOR,
+                deadline_s=self.settings.drain_deadline.total_seconds(),
+            )
+            at = datetime.fromtimestamp(record.started_at, UTC)
+            await self.bus.publish(
+                make_event(request, source=ACTOR, id=stable_id(at, mid, "requested"))
+            )
+            return {"maintenance": mid}
+
+        decided = await self.runner.run(proposal, act, [self.exemptions], retry=False)
+        if decided.outcome == Outcome.APPLIED:
+            await self._save(record, Step.DRAINING, "requested", note_only=True)
+
+    async def _remediate(self, record: RecoveryRecord, obj: Obj) -> None:
+        """Ask the remediator (boot id and attempt saved first: a restart asks again under
+        the same attempt and waits for a boot after the recorded one)."""
+        if record.attempts >= self.settings.max_attempts and record.asked_at is None:
+            await self._escalate(record, f"{record.attempts} {record.plan.value} attempts")
+            return
+        remediator = REMEDIATORS.get(record.remediator)
+        if remediator is None:
+            await self._escalate(record, f"no remediator named {record.remediator!r}")
+            return
+        if record.asked_at is None:
+            record = await self._update(
+                record,
+                attempts=record.attempts + 1,
+                boot_id=boot_id(obj),
+                asked_at=time.time(),
+            )
+        action = record.plan.value
+        proposal = self._proposal(
+            record,
+            action,
+            f"{action} of {record.node} (GPU {', '.join(map(str, record.gpus)) or '?'}) "
+            f"through {remediator.name}, attempt {record.attempts}",
+        )
+
+        async def act() -> dict[str, Any]:
+            try:
+                asked = await remediator.ask(record, self.tools)
+            except RemediatorError as exc:
+                raise _Failed(str(exc)) from exc
+            self.marks.failpoints.hit("recovery.asked")  # asked, not yet audited nor saved
+            return asked
+
+        try:
+            decided = await self.runner.run(proposal, act, [self.exemptions], retry=False)
+        except _Failed as exc:
+            await self.runner.fail(proposal, reason=f"{proposal.reason}; failed: {exc}")
+            await self._update(record, asked_at=None, last_failure=str(exc))
+            return
+        if decided.outcome != Outcome.APPLIED:
+            return
+        if waits_for_reboot(remediator, record.plan):
+            await self._save(record, Step.REBOOTING, f"asked ({remediator.name})")
+        else:
+            await self._save(record, Step.VALIDATING, f"reset ({remediator.name})")
+        self.wake.set()
+
+    async def _rebooting(self, record: RecoveryRecord, obj: Obj) -> None:
+        now_boot = boot_id(obj)
+        if now_boot is not None and now_boot != record.boot_id:
+            remediator = REMEDIATORS[record.remediator]
+            await remediator.finish(record, self.tools)
+            await self._record(
+                record, "reboot", f"{record.node} rebooted: bootID {record.boot_id} -> {now_boot}",
+                what="rebooted", boot_id=now_boot,
+            )  # fmt: skip
+            await self._save(record, Step.VALIDATING, f"rebooted ({now_boot})")
+            self.wake.set()
+            return
+        waited = time.time() - (record.asked_at or record.updated_at)
+        if waited > self.settings.reboot_timeout.total_seconds():
+            await self._failed_attempt(record, f"no reboot within {waited:.0f}s")
+
+    async def _validate(self, record: RecoveryRecord, obj: Obj) -> None:
+        ask = ValidateRequest(
+            node=record.node,
+            request_id=record.attempt_id("validate"),
+            expected_gpus=_expected_gpus(obj),
+            dcgm_level=self.settings.dcgm_level,
+            burn_in_s=self.settings.burn_in.total_seconds(),
+        )
+        try:
+            msg = await self.bus.nc.request(
+                agent_subject(VALIDATE, record.node),
+                ask.model_dump_json().encode(),
+                timeout=self.settings.request_timeout.total_seconds() + ask.burn_in_s,
+            )
+            report = ValidationReport.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await self._failed_attempt(record, f"the GPU agent's report is not understood: {exc}")
+            return
+        except (NatsError, TimeoutError) as exc:  # no responders (still starting), timeout
+            waited = time.time() - record.updated_at
+            if waited > self.settings.validate_timeout.total_seconds():
+                await self._failed_attempt(record, f"no validation from the GPU agent: {exc}")
+            return
+        summary = f"{report.gpus_found} GPU(s), {len(report.checks)} check(s), DCGM {report.dcgm}"
+        proposal = self._proposal(record, "validate", f"validation of {record.node}: {summary}")
+        details = {
+            "agent_boot_id": report.agent_boot_id,
+            "dcgm": report.dcgm,
+            "failures": report.failures(),
+        }
+        if report.passed:
+            await self.runner.record(
+                proposal, Outcome.APPLIED, f"{record.node} validated: {summary}", details=details
+            )
+            await self._save(record, Step.RELEASING, f"validated ({summary})")
+            self.wake.set()
+            return
+        await self._failed_attempt(record, "; ".join(report.failures()), details=details)
+
+    async def _failed_attempt(
+        self, record: RecoveryRecord, why: str, *, details: dict[str, Any] | None = None
+    ) -> None:
+        """A validation failed (or the cure never came): remediate again, or escalate. The
+        count and the next step are saved in one write (a restart never counts it twice)."""
+        failures = record.validation_failures + 1
+        proposal = self._proposal(record, "validate", f"validation of {record.node} failed: {why}")
+        await self.runner.fail(proposal, details={**(details or {}), "failures_so_far": failures})
+        nxt = after_validation_failure(failures, max_failures=self.settings.max_validation_failures)
+        again = nxt == AfterFailure.RETRY
+        record = await self._update(
+            record,
+            validation_failures=failures,
+            last_failure=why,
+            asked_at=None,
+            step=Step.REMEDIATING if again else record.step,
+            history=[*record.history, f"failed: {why}"][-40:],
+        )
+        self.marks.failpoints.hit("recovery.failed")
+        if not again:
+            await self._escalate(record, f"validation failed {failures} times; last: {why}")
+            return
+        self.wake.set()
+
+    async def _release(self, record: RecoveryRecord, obj: Obj) -> None:
+        """Through the owners' release paths: the maintenance's cordon, then the quarantine."""
+        reason = f"validated after the {record.plan.value} of incident {record.incident}"
+        replies: dict[str, str] = {}
+        for service, verb in (("checkpoint", "finish"), ("cordon", "release")):
+            reply = await self._ask(service, verb, record.node, reason)
+            if reply is None:
+                return  # tried again on the next pass
+            refused = reply.status == ControlStatus.REFUSED
+            if reply.status == ControlStatus.ERROR or (
+                # cordon: nothing of nodeward's left to release is done; anything else (still
+                # being applied, an operator rate limit) is tried again on the next pass
+                service == "cordon" and refused and reply.details.get("guard") != "not_ours"
+            ):
+                self.log.warning("recovery.release_failed", service=service, reply=reply.message)
+                return
+            replies[f"{service}.{verb}"] = _reply_line(reply)
+        proposal = self._proposal(
+            record, "release", f"{record.node} back in service: {reason}", resolves=True
+        )
+        await self.runner.record(proposal, Outcome.APPLIED, details={"replies": replies})
+        await self._save(record, Step.RELEASED, "released")
+
+    async def _ended_elsewhere(self, record: RecoveryRecord) -> None:
+        """The quarantine ended before recovery released it (an operator, or cordon once the
+        GPUs read healthy): stop, taking back what recovery asked for: the reboot request,
+        and the maintenance (cancelled before its drain, else finished once done)."""
+        if "draining: requested" in record.history and not await self._take_back_maintenance(
+            record
+        ):
+            return  # the drain is under way: finished on a later pass
+        with contextlib.suppress(Exception):
+            await self.marks.release(record.node)
+        proposal = self._proposal(record, "recover", f"recovery of {record.node} stopped")
+        await self.runner.skip(
+            proposal,
+            guard="quarantine_ended",
+            reason=f"recovery of {record.node} stopped at {record.step.value}: its quarantine "
+            "ended without it (released by an operator?)",
+        )
+        await self._save(record, Step.GONE, "quarantine ended elsewhere")
+
+    async def _take_back_maintenance(self, record: RecoveryRecord) -> bool:
+        """Cancel the node's maintenance, or finish it once done; True when nothing of it is
+        left to take back."""
+        reason = f"the quarantine of incident {record.incident} ended without recovery"
+        for verb in ("cancel", "finish"):
+            reply = await self._ask("checkpoint", verb, record.node, reason)
+            if reply is None or reply.status == ControlStatus.ERROR:
+                return False
+            guard = reply.details.get("guard")
+            if reply.status == ControlStatus.OK or guard == "not_ours":
+                return True
+            if guard in ("draining", "not_done"):
+                return False  # the drain runs on: finished when it is done
+        return False
+
+    async def _ask(self, service: str, verb: str, node: str, reason: str) -> ControlReply | None:
+        """An owner's operator control, asked as `service/recovery`; None if unanswered."""
+        ask = ControlRequest(service=service, verb=verb, operator=ACTOR, reason=reason, target=node)
+        try:
+            return await request(
+                self.bus.nc, ask, timeout=self.settings.request_timeout.total_seconds()
+            )
+        except ControlTimeout as exc:
+            self.log.warning("recovery.control_unanswered", service=service, error=str(exc))
+            return None
+
+    async def _escalate(self, record: RecoveryRecord, why: str) -> None:
+        """On-call: critical, RMA suggested. The node stays quarantined."""
+        with contextlib.suppress(Exception):
+            await self.marks.release(record.node)  # no reboot asked of a node left as it is
+        proposal = Proposal(
+            action="escalate",
+            target=_target(record.node),
+            reason=f"{record.node} needs a human: {why}. RMA suggested for GPU "
+            f"{', '.join(map(str, record.gpus)) or '?'} (XID {', '.join(map(str, record.xids)) or '-'}); "
+            "the node stays quarantined",
+            policy=record.plan.value,
+            trigger_id=f"{record.incident}/escalate",
+            trigger_time=datetime.fromtimestamp(record.started_at, UTC),
+            severity=Severity.CRITICAL,
+            title=f"{record.node}: RMA suggested",
+            details={"incident": record.incident, "history": record.history, "rma": True},
+        )
+        await self.runner.record(proposal, Outcome.APPLIED)
+        stored = await self.records.get(node_key(record.node))
+        if stored is None or stored.value.incident != record.incident:
+            await self.records.put(node_key(record.node), record)
+        await self._save(record, Step.ESCALATED, why)
+
+    # helpers ----------------------------------------------------------------------------
+    def _proposal(
+        self, record: RecoveryRecord, action: str, reason: str, *, resolves: bool = False
+    ) -> Proposal:
+        return Proposal(
+            action=action,
+            target=_target(record.node),
+            reason=reason,
+            policy=record.plan.value,
+            trigger_id=record.attempt_id(action),
+            trigger_time=datetime.fromtimestamp(record.started_at, UTC),
+            protective=False,
+            resolves=resolves,
+            details={"incident": record.incident, "step": record.step.value},
+        )
+
+    async def _record(
+        self, record: RecoveryRecord, action: str, reason: str, *, what: str = "", **details: Any
+    ) -> None:
+        proposal = self._proposal(record, action, reason)
+        if what:
+            proposal = dataclasses.replace(proposal, trigger_id=record.attempt_id(what))
+        await self.runner.record(proposal, Outcome.APPLIED, details=details)
+
+    async def _update(self, record: RecoveryRecord, **changes: Any) -> RecoveryRecord:
+        def apply(current: RecoveryRecord | None) -> RecoveryRecord | None:
+            if current is None or current.incident != record.incident:
+                return None
+            return current.model_copy(update={**changes, "updated_at": time.time()})
+
+        stored = await self.records.update(node_key(record.node), apply)
+        return stored.value if stored else record.model_copy(update=changes)
+
+    async def _save(
+        self, record: RecoveryRecord, step: Step, what: str, *, note_only: bool = False
+    ) -> RecoveryRecord:
+        def apply(current: RecoveryRecord | None) -> RecoveryRecord | None:
+            if current is None or current.incident != record.incident:
+                return None
+            history = [*current.history, f"{step.value}: {what}"][-40:]
+            update: dict[str, Any] = {"history": history, "updated_at": time.time()}
+            if not note_only:
+                update["step"] = step
+            return current.model_copy(update=update)
+
+        stored = await self.records.update(node_key(record.node), apply)
+        self.log.info("recovery.step", step=step.value, what=what)
+        self.marks.failpoints.hit(f"recovery.{step.value}")  # crash tests: after each save
+        return stored.value if stored else record
+
+
+class _Failed(Exception):
+    """A remediator's refusal, carried out of the runner's act."""
+
+
+def _reply_line(reply: ControlReply) -> str:
+    return f"{reply.status.value}: {reply.message}"
+
+
+async def build(settings: Settings) -> Daemon:
+    """The recovery service's daemon: consumers on cordon's quarantines and on maintenance
+    ends, and the loop. `settings.cluster` must authenticate as its ServiceAccount."""
+    config: RecoverySettings = section(settings, "services", NAME, RecoverySettings)
+    daemon, bus, cluster = await acting_daemon(
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=2
+    )
+    kv = await bus.kv(config.bucket, history=5)
+    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
+    service = RecoveryService(
+        bus,
+        cluster,
+        records=TypedKV(kv, RecoveryRecord),
+        counts=TypedKV(kv, RecoveryCounts),
+        marks=NodeMarks(cluster, kv, OWNER),
+        breaker=breaker,
+        settings=config,
+    )
+
+    async def consume() -> None:
+        await bus.consume(service.consumer_spec(), service.handle_quarantine)
+
+    async def consume_maintenance() -> None:
+        await bus.consume(service.maintenance_spec(), service.handle_maintenance)
+
+    async def loop() -> None:
+        await service.run(daemon.stopping)
+
+    daemon.add_task(consume, name="consume")
+    daemon.add_task(consume_maintenance, name="consume-maintenance")
+    daemon.add_task(loop, name="recoveries", graceful=True)
+    return daemon
+
+
+async def _build_for_up(context: UpContext) -> list[Daemon]:
+    return [await build(context.settings_for(NAME))]
+
+
+component = Component(NAME, _build_for_up)
+standalone = Standalone(build)
