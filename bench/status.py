@@ -1,36 +1,55 @@
-"""Benchmark: how long `nodeward status` takes to read a fleet, batched against per node.
+"""Benchmark: how long `nodeward status` takes to read a fleet, now against before.
 
-For each fleet size (`--nodes`, default 100 and 1000) a fresh embedded nats-server is seeded
-as a running fleet leaves it: per node 8 `gpu.health.v1`, a `gpu.telemetry.v1`, an
-`energy.node.v1` and a session's `session.activity.v1`; KV records as the services write
-them (the cordon service's node record, the energy totals, a culler session on every tenth
-node, a maintenance on every hundredth); 200 audit records. Then, alternating, `--runs`
-times each:
+For each fleet size (`--nodes`, default 1000 and 5000) a fresh embedded nats-server is
+seeded as a running fleet leaves it: per node each of 8 GPUs' last change on
+`gpu.health.v1` (its state when the agent started) and, stored after them, the node's last
+`gpu.heartbeat.v1`; a `gpu.telemetry.v1`, an `energy.node.v1` and a session's
+`session.activity.v1`; KV records as the services write them (the cordon service's node
+record, the energy totals, a culler session on every tenth node, a maintenance on every
+hundredth); 200 audit records. Every node's heartbeat is sent again every 20 s of the run
+(untimed), as a live fleet's agents send one every 30 s. Then, alternating, `--runs` times
+each:
 
-- per node (the baseline, the reads `status` made before): every KV key listed then read
-  one at a time, and each subject's last message by `get_last_msg`, 64 at a time, for
-  what that status showed (cordon KV, GPU health, telemetry, DLQ counts, the last actions);
-- batched (`nodeward.fleet_status.read_fleet`): every source status shows now (those, plus
-  maintenance, marks, isolations, energy, sessions, agent liveness, credentials), each
-  source in one pass (`nodeward.bus.snapshot`), all concurrently;
-- batched + assembled: the same reads and the picture `status --json` prints.
+- before: `gather_status` of `nodeward/fleet_status.py` as it was at `--baseline` (git
+  revision, default e6d5841: every GPU's last `gpu.health` read, 40,000 messages for
+  5,000 nodes, each decoded as a whole event, the collector running);
+- now: `gather_status` of this tree (each node's last heartbeat and the changes stored
+  since; telemetry only for nodes without a recent heartbeat), with the collector off as
+  `nodeward status` has it (the command turns it off; here `collector_paused`, whose one
+  collection after the read is left untimed);
+- with `--per-node`, the reads `status` made before batching (every KV key listed then read
+  one at a time, each subject's last message by `get_last_msg`, 64 at a time).
 
-Prints the median seconds of each and the ratio of the baseline to the batched read.
+Then, `--runs` times, `nodeward status` as a command of its own (`python -m launch status`:
+the interpreter's start and imports, the read, the table printed): "CLI now".
 
-Usage: python bench/status.py [--nodes 100 1000] [--runs 5]
+Both build the picture `status` prints (`FleetStatus`); the run checks they agree on every
+node's GPU states, health, attention and agents' states. Prints the medians of the wall time and of the CPU time this process and
+the nats-server used (a figure other load on the machine disturbs less), with the ratios
+before/now; a read that failed (a timeout, or the server dropping a slow consumer, as the
+old read does at 5,000 nodes on a loaded machine) is counted and left out of the medians.
+
+Usage: python bench/status.py [--nodes 1000 5000] [--runs 5] [--baseline REV] [--per-node]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
+import importlib.util
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,12 +61,12 @@ from nodeward.bus import Bus  # noqa: E402
 from nodeward.bus.kv import TypedKV  # noqa: E402
 from nodeward.bus.server import EmbeddedNats  # noqa: E402
 from nodeward.config import BusSettings  # noqa: E402
-from nodeward.fleet_status import Buckets, gather_status, read_fleet  # noqa: E402
+from nodeward.fleet_status import CLOCK_SLACK, collector_paused, gather_status  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
 from schemas import DecodeError, decode, make_event  # noqa: E402
 from schemas.common import ObjectRef  # noqa: E402
 from schemas.energy import EnergyNode  # noqa: E402
-from schemas.gpu import GpuHealth, GpuTelemetry, HealthState  # noqa: E402
+from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, GpuTelemetry, HealthState  # noqa: E402
 from schemas.remediation import Outcome, Remediation  # noqa: E402
 from schemas.session import SessionActivity  # noqa: E402
 from schemas.state.cordon import NODES, GpuRecord, NodeRecord  # noqa: E402
@@ -56,12 +75,17 @@ from schemas.state.energy import TOTALS, EnergyTotals  # noqa: E402
 from schemas.state.maintenance import MAINTENANCES, MaintenanceState  # noqa: E402
 
 GPUS = 8
+BEAT_S = 20
+"""The bench sends every node's heartbeat again when the last were sent this long ago, so
+they stay as fresh as a live fleet's (every 30 s)."""
 
 
-async def seed(bus: Bus, nodes: int) -> None:
-    """A fleet of `nodes` as its agents and services leave the streams and KV."""
+async def seed(bus: Bus, nodes: int) -> list[Any]:
+    """A fleet of `nodes` as its agents and services leave the streams and KV; returns each
+    node's heartbeat, for `beat` to send again as the agents do every 30 s."""
     now = datetime.now(UTC)
     events: list[Any] = []
+    beats: list[Any] = []  # each node's last heartbeat, stored after its GPUs' start states
     cordon = TypedKV(await bus.kv(NODES.name), NodeRecord)
     totals = TypedKV(await bus.kv(TOTALS.name), EnergyTotals)
     culler = TypedKV(await bus.kv(SESSIONS.name), SessionRecord)
@@ -78,11 +102,30 @@ async def seed(bus: Bus, nodes: int) -> None:
                 gpu_uuid=f"GPU-{i}-{g}",
                 state=HealthState.HEALTHY,
                 observed_at=now,
-                heartbeat=True,
+                agent_boot_id=f"boot-{i}",
+                sequence=1,
             )
             for g in range(GPUS)
         ]
         events += health
+        beats.append(
+            GpuHeartbeat(
+                node=node,
+                gpus=[
+                    GpuState(
+                        gpu_index=h.gpu_index,
+                        gpu_uuid=h.gpu_uuid,
+                        state=h.state,
+                        sequence=h.sequence,
+                        changed_at=h.observed_at,
+                    )
+                    for h in health
+                ],
+                interval_s=30,
+                observed_at=now,
+                agent_boot_id=f"boot-{i}",
+            )
+        )
         events.append(telemetry.model_copy(update={"node": node}))
         events.append(energy.model_copy(update={"node": node}))
         events.append(activity.model_copy(update={"node": node, "pod": f"nb-{i:05d}"}))
@@ -131,7 +174,18 @@ async def seed(bus: Bus, nodes: int) -> None:
                 actor="service/cordon",
             )
         )
-    wrapped = [make_event(e, source="bench/status") for e in events]
+    for batch in (events, beats):
+        wrapped = [make_event(e, source="bench/status") for e in batch]
+        for i in range(0, len(wrapped), 500):
+            await bus.publish_many(wrapped[i : i + 500])
+        if batch is events:  # a running fleet's start states are older than its heartbeats
+            await asyncio.sleep((CLOCK_SLACK + timedelta(seconds=1)).total_seconds())
+    return beats
+
+
+async def beat(bus: Bus, beats: list[Any]) -> None:
+    """Every node's heartbeat again, as a live fleet's agents send one every 30 s."""
+    wrapped = [make_event(b, source="bench/status") for b in beats]
     for i in range(0, len(wrapped), 500):
         await bus.publish_many(wrapped[i : i + 500])
 
@@ -173,14 +227,51 @@ async def per_node_reads(nc: Any, actions: int = 10) -> int:
     return records + got
 
 
-async def batched_reads(nc: Any) -> int:
-    seen = await read_fleet(nc, actions=10, buckets=Buckets())
-    return len(seen.records) + len(seen.health)
+def baseline(rev: str) -> ModuleType:
+    """`nodeward/fleet_status.py` as it was at git revision `rev`, as a module of its own."""
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:nodeward/fleet_status.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    name = "fleet_status_baseline"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pydantic look their module up
+    exec(compile(source, f"{rev}:nodeward/fleet_status.py", "exec"), module.__dict__)
+    return module
 
 
-async def batched_and_assembled(nc: Any, url: str) -> int:
-    fleet = await gather_status(nc, nats_url=url)
-    return len(fleet.model_dump_json())
+async def read(gather: Any, nc: Any, url: str) -> int:
+    return len((await gather(nc, nats_url=url)).nodes)
+
+
+def cli_run(url: str, state_dir: str) -> float:
+    """Seconds `nodeward status` takes as a command of its own (start, read, print)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "launch", "status", "--nats", url, "--state-dir", state_dir],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - start
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process `pid` so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def states(fleet: Any) -> dict[str, tuple[Any, ...]]:
+    """What both must agree on per node: GPU states, health, attention, agents' states."""
+    return {
+        n.name: (n.gpus, n.health, n.attention, {k: a.state for k, a in n.agents.items()})
+        for n in fleet.nodes
+    }
 
 
 async def timed(fn: Callable[[], Awaitable[int]]) -> float:
@@ -189,24 +280,59 @@ async def timed(fn: Callable[[], Awaitable[int]]) -> float:
     return time.perf_counter() - start
 
 
-async def one_size(nodes: int, runs: int) -> dict[str, float]:
+async def one_size(nodes: int, runs: int, before: ModuleType, per_node: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedNats(Path(tmp))
         await server.start()
         bus = await Bus.connect(BusSettings(url=server.url), source="bench/status")
         try:
-            await seed(bus, nodes)
+            beats = await seed(bus, nodes)
+            beaten = time.monotonic()
             nc = bus.nc
-            fleet = await gather_status(nc, nats_url=server.url)
-            assert len(fleet.nodes) == nodes, (len(fleet.nodes), nodes)
-            times: dict[str, list[float]] = {"per_node": [], "batched": [], "assembled": []}
+            new = await gather_status(nc, nats_url=server.url)
+            assert len(new.nodes) == nodes, len(new.nodes)
+            old = None
+            for _ in range(3):  # the old read can time out on a loaded machine (counted below)
+                with contextlib.suppress(Exception):
+                    old = await before.gather_status(nc, nats_url=server.url)
+                    break
+            assert old is None or states(old) == states(new), "before and now disagree"
+
+            assert server.proc is not None
+            pid = server.proc.pid
+            times: dict[str, list[float]] = {"before": [], "now": [], "per_node": []}
+            cpu: dict[str, list[float]] = {"before_cpu": [], "now_cpu": []}
+            failed: dict[str, int] = {"before": 0, "now": 0}
             for _ in range(runs):
-                times["per_node"].append(await timed(lambda: per_node_reads(nc)))
-                times["batched"].append(await timed(lambda: batched_reads(nc)))
-                times["assembled"].append(
-                    await timed(lambda: batched_and_assembled(nc, server.url))
-                )
-            return {k: statistics.median(v) for k, v in times.items()}
+                if per_node:
+                    times["per_node"].append(await timed(lambda: per_node_reads(nc)))
+                if time.monotonic() - beaten > BEAT_S:  # the fleet stays live (untimed)
+                    await beat(bus, beats)
+                    beaten = time.monotonic()
+                for label, gather in (("before", before.gather_status), ("now", gather_status)):
+                    gc.collect()  # each run starts clean (untimed)
+                    # Now as `nodeward status` reads: the collector off (the command turns it
+                    # off; here `collector_paused`, its one collection untimed); before, as then.
+                    paused = collector_paused() if label == "now" else contextlib.nullcontext()
+                    mine, theirs = time.process_time(), cpu_seconds(pid)
+                    try:
+                        with paused:
+                            took = await timed(partial(read, gather, nc, server.url))
+                    except Exception:  # noqa: BLE001 - a timed-out read is reported, not fatal
+                        failed[label] += 1
+                        continue
+                    times[label].append(took)
+                    used = time.process_time() - mine + cpu_seconds(pid) - theirs
+                    cpu[f"{label}_cpu"].append(used)
+            cli = []
+            for _ in range(runs):
+                if time.monotonic() - beaten > BEAT_S:
+                    await beat(bus, beats)
+                    beaten = time.monotonic()
+                cli.append(await asyncio.to_thread(cli_run, server.url, tmp))
+            cpu["cli"] = cli
+            medians = {k: statistics.median(v) for k, v in (times | cpu).items() if v}
+            return medians | {f"{k}_failed": float(v) for k, v in failed.items()}
         finally:
             await bus.close(grace=1)
             await server.stop()
@@ -214,18 +340,35 @@ async def one_size(nodes: int, runs: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", default="e6d5841", help="git revision of 'before'")
+    parser.add_argument("--per-node", action="store_true", help="also the unbatched reads")
     args = parser.parse_args()
     configure_logging("warning", "console")
-    print(f"status reads, medians of {args.runs} runs ({GPUS} GPUs per node)")
-    print(f"{'nodes':>6} {'per node (old)':>15} {'batched':>9} {'+assembled':>11} {'ratio':>7}")
+    before = baseline(args.baseline)
+    print(f"status (read + assembled), medians of {args.runs} runs ({GPUS} GPUs per node)")
+    print("wall seconds; CPU: seconds of this process and the nats-server together")
+    extra = f" {'per node':>9}" if args.per_node else ""
+    print(
+        f"{'nodes':>6} {'before':>8} {'now':>7} {'ratio':>6} "
+        f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6} {'CLI now':>8}{extra}"
+    )
     for nodes in args.nodes:
-        m = asyncio.run(one_size(nodes, args.runs))
-        ratio = m["per_node"] / m["batched"]
+        m = asyncio.run(one_size(nodes, args.runs, before, args.per_node))
+        nan = float("nan")
+        ratio = m.get("before", nan) / m.get("now", nan)
+        tail = f" {m['per_node']:>8.3f}s" if args.per_node else ""
+        fails = "".join(
+            f"  ({int(m[f'{k}_failed'])} of {args.runs} '{k}' reads failed)"
+            for k in ("before", "now")
+            if m[f"{k}_failed"]
+        )
+        cpu_ratio = m.get("before_cpu", nan) / m.get("now_cpu", nan)
         print(
-            f"{nodes:>6} {m['per_node']:>14.3f}s {m['batched']:>8.3f}s "
-            f"{m['assembled']:>10.3f}s {ratio:>6.1f}x"
+            f"{nodes:>6} {m.get('before', nan):>7.3f}s {m.get('now', nan):>6.3f}s "
+            f"{ratio:>5.1f}x {m.get('before_cpu', nan):>10.3f}s {m.get('now_cpu', nan):>7.3f}s "
+            f"{cpu_ratio:>5.1f}x {m['cli']:>7.3f}s{tail}{fails}"
         )
 
 

@@ -63,6 +63,9 @@ class ClusterSettings(Section):
     context: str | None = None
     request_timeout: Duration = timedelta(seconds=10)
     retries: int = Field(default=5, ge=0)
+    concurrency: int = Field(
+        default=32, ge=1, le=512, description="requests in flight at once (threads, connections)"
+    )
 
 
 class RestartSettings(Section):

@@ -7,14 +7,20 @@ need and what hundreds cannot afford. The fleet keeps each node as a little stat
 publishes, for every node, exactly the subjects its agents would, at their intervals,
 spread evenly over each interval:
 
-- `gpu.health.<node>.<gpu>` for every GPU when the fleet starts (as an agent's boot does)
-  and on every change; `gpu.xid.<node>.<gpu>` for every XID;
+- `gpu.health.<node>.<gpu>` for every GPU, and every MIG instance of a MIG GPU (each its
+  own unit, subject and change counter, as the GPU agent's), when the fleet starts (as an
+  agent's boot does) and on every change; `gpu.xid.<node>.<gpu>` for every XID;
 - `gpu.heartbeat.<node>` each `agents.gpu.heartbeat_interval`, `gpu.telemetry.<node>` each
   `telemetry_interval`;
 - `energy.node.<node>` and `energy.pod.<node>.<ns>.<pod>` each `agents.energy.interval`,
   with the node's totals in KV `energy`;
 - `session.activity.<node>.<ns>.<pod>` for each notebook or SSH pod each
-  `agents.idle.interval` (sessions stay active: the fleet simulates no idleness).
+  `agents.idle.interval`, judged by the idleness agent's own code (`agents.idle.evidence`)
+  on what the in-process simulated agents read: the peak load of the GPUs or MIG instances
+  it holds, its `sim.nodeward.io/cpu` cores and `sim.nodeward.io/kernel` state; and
+  `session.idle.<node>.<ns>.<pod>` for a session idle on every signal for `idle_after`,
+  again every interval while it stays idle (a session pod without load is idle from the
+  start, as the seed's are, until `--load` on its GPU makes it active).
 
 Faults arrive by injection, as for the in-process agents: the fleet answers
 `sim.inject.<node>` for each of its nodes (an XID, `fallen-off-bus`, a recovery, a load),
@@ -41,8 +47,11 @@ from agents.energy.settings import EnergySettings
 from agents.gpu.detectors import Incident
 from agents.gpu.health import Finding, XidSeen, classify, lost_finding, xid_findings
 from agents.gpu.settings import GpuAgentSettings
+from agents.idle.evidence import Reading, SessionTracker, cpu_reading, gpu_reading, kernel_reading
 from agents.idle.settings import IdleSettings
+from agents.sources.activity import DeviceUtilization, KernelsReading
 from launch.sim_agents.gpu import sim_nvml_for, sim_pod_devices, sim_workload
+from launch.sim_agents.idle import CPU_ANNOTATION, IDLE_CORES, KERNEL_ANNOTATION
 from nodeward.aio import within
 from nodeward.bus import Bus
 from nodeward.bus.server import exit_reason
@@ -71,9 +80,10 @@ from schemas.gpu import (
     GpuTelemetry,
     GpuXid,
     HealthState,
+    MigInstance,
     RecommendedAction,
 )
-from schemas.session import ActivityState, SessionActivity, SessionKind
+from schemas.session import KernelActivity, SessionActivity, SessionIdle, SessionKind
 from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.tokens import token
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
@@ -84,6 +94,27 @@ BASE_POWER_W = 650.0  # as the in-process energy agents' simulated BMC
 SESSION_ROLES = {"notebook": SessionKind.NOTEBOOK, "ssh": SessionKind.SSH}
 TICK_S = 0.25
 """How finely each interval's publishing is spread over the fleet."""
+
+
+@dataclass
+class _Mig:
+    """One MIG instance of a GPU: its own health unit (subject, change counter) and load."""
+
+    mig: MigInstance
+    pods: list[PodRef]
+    load: float
+    sequence: int = 0
+    changed_at: datetime = field(default_factory=utcnow)
+
+
+@dataclass
+class _Session:
+    """A session pod and what the idleness agent remembers of it between intervals."""
+
+    pod: PodSeed
+    tracker: SessionTracker
+    kernel: str = "idle"
+    cores: float = IDLE_CORES
 
 
 @dataclass
@@ -104,6 +135,7 @@ class _Gpu:
     action: RecommendedAction = RecommendedAction.NONE
     sequence: int = 0
     changed_at: datetime = field(default_factory=utcnow)
+    migs: list[_Mig] = field(default_factory=list)
 
     @property
     def power_w(self) -> float:
@@ -114,7 +146,7 @@ class _Gpu:
 class _Node:
     name: str
     gpus: list[_Gpu]
-    sessions: list[PodSeed]
+    sessions: list[_Session]
     boot_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     totals: EnergyTotals = field(default_factory=EnergyTotals)
     last_energy: datetime = field(default_factory=utcnow)
@@ -144,10 +176,33 @@ def _node(seed: NodeSeed, pods: Sequence[PodSeed], gpus: int | None) -> _Node:
                 idle_w=g.model.idle_power_w,
                 max_w=g.model.power_limit_w,
                 pods=held.get(g.uuid, []),
+                migs=[
+                    _Mig(
+                        MigInstance(
+                            gpu_instance_id=m.gpu_instance_id,
+                            compute_instance_id=m.compute_instance_id,
+                            profile=m.profile,
+                            uuid=m.uuid,
+                        ),
+                        pods=held.get(m.uuid, []),
+                        load=m.load_pct,
+                    )
+                    for m in g.migs
+                ],
             )
         )
-    sessions = [p for p in pods if p.node == seed.name and p.role in SESSION_ROLES]
+    sessions = [_session(p) for p in pods if p.node == seed.name and p.role in SESSION_ROLES]
     return _Node(seed.name, out, sessions)
+
+
+def _session(pod: PodSeed) -> _Session:
+    """A session as the simulated idleness agents read it: its annotations' kernel and CPU."""
+    try:
+        cores = max(float(pod.annotations.get(CPU_ANNOTATION, IDLE_CORES)), 0.0)
+    except ValueError:
+        cores = IDLE_CORES
+    kernel = pod.annotations.get(KERNEL_ANNOTATION, "idle")
+    return _Session(pod, SessionTracker(uid=f"{pod.namespace}/{pod.name}"), kernel, cores)
 
 
 class Fleet:
@@ -197,7 +252,12 @@ class Fleet:
         ]
         try:
             await self._publish(
-                [self._change(n, g, previous=None) for n in self.nodes.values() for g in n.gpus]
+                [
+                    e
+                    for n in self.nodes.values()
+                    for g in n.gpus
+                    for e in self._change(n, g, previous=None)
+                ]
             )
             self.ready.set()
             self.log.info("fleet started", gpus=sum(len(n.gpus) for n in self.nodes.values()))
@@ -260,24 +320,39 @@ class Fleet:
 
     # -- GPUs ---------------------------------------------------------------------------
 
-    def _change(self, node: _Node, gpu: _Gpu, *, previous: HealthState | None) -> Event[Any]:
+    def _change(self, node: _Node, gpu: _Gpu, *, previous: HealthState | None) -> list[Event[Any]]:
+        """The GPU's change, and each of its MIG instances' (the agent's units share the
+        GPU's verdict, each with its own counter)."""
         gpu.sequence += 1
         gpu.changed_at = utcnow()
-        data = GpuHealth(
-            node=node.name,
-            gpu_index=gpu.index,
-            gpu_uuid=gpu.uuid,
-            model=gpu.model,
-            state=gpu.state,
-            previous_state=previous,
-            reasons=list(gpu.reasons),
-            recommended_action=gpu.action,
-            pods=gpu.pods,
-            observed_at=gpu.changed_at,
-            agent_boot_id=node.boot_id,
-            sequence=gpu.sequence,
-        )
-        return make_event(data, source=node.gpu_source)
+        units: list[tuple[MigInstance | None, list[PodRef], int, datetime]] = [
+            (None, gpu.pods, gpu.sequence, gpu.changed_at)
+        ]
+        for m in gpu.migs:
+            m.sequence += 1
+            m.changed_at = gpu.changed_at
+            units.append((m.mig, m.pods, m.sequence, m.changed_at))
+        return [
+            make_event(
+                GpuHealth(
+                    node=node.name,
+                    gpu_index=gpu.index,
+                    gpu_uuid=gpu.uuid,
+                    mig=mig,
+                    model=gpu.model,
+                    state=gpu.state,
+                    previous_state=previous,
+                    reasons=list(gpu.reasons),
+                    recommended_action=gpu.action,
+                    pods=pods,
+                    observed_at=at,
+                    agent_boot_id=node.boot_id,
+                    sequence=sequence,
+                ),
+                source=node.gpu_source,
+            )
+            for mig, pods, sequence, at in units
+        ]
 
     def _evaluate(self, node: _Node, gpu: _Gpu) -> list[Event[Any]]:
         """Classify the GPU as the GPU agent does; its change, if it changed."""
@@ -293,7 +368,7 @@ class Fleet:
         previous = gpu.state
         gpu.state, gpu.codes = verdict.state, verdict.codes
         gpu.reasons, gpu.action = list(verdict.reasons), verdict.action
-        return [self._change(node, gpu, previous=previous)]
+        return self._change(node, gpu, previous=previous)
 
     def _xid(
         self, node: _Node, gpu: _Gpu, xid: int, detectors: Sequence[str] = ("nvml",)
@@ -330,6 +405,20 @@ class Fleet:
                 changed_at=g.changed_at,
             )
             for g in node.gpus
+        ]
+        gpus += [
+            GpuState(
+                gpu_index=g.index,
+                gpu_uuid=g.uuid,
+                mig=m.mig,
+                state=g.state,
+                reasons=list(g.reasons),
+                recommended_action=g.action,
+                sequence=m.sequence,
+                changed_at=m.changed_at,
+            )
+            for g in node.gpus
+            for m in g.migs
         ]
         data = GpuHeartbeat(
             node=node.name,
@@ -466,23 +555,90 @@ class Fleet:
             self.log.warning("energy totals not written", node=node.name, error=str(exc))
 
     def _sessions(self, node: _Node) -> list[Event[Any]]:
+        """Each session judged as the idleness agent judges it, and published as it does."""
         now = utcnow()
+        source = f"agent/idle/{node.name}"
         out: list[Event[Any]] = []
-        for pod in node.sessions:
-            held = [g for g in node.gpus if any(p.name == pod.name for p in g.pods)]
-            data = SessionActivity(
+        for session in node.sessions:
+            pod = session.pod
+            held = [
+                DeviceUtilization(device=uuid, percent=load)
+                for uuid, load, pods in self._devices(node)
+                if any(p.name == pod.name and p.namespace == pod.namespace for p in pods)
+            ]
+            readings: list[Reading] = []
+            gpu = gpu_reading(held, self.idle.gpu_floor_pct, self.idle.unmeasurable_gpu)
+            if gpu is not None:
+                readings.append(gpu)
+            readings.append(cpu_reading(session.cores, self.idle.cpu_floor_cores))
+            kind = SESSION_ROLES[pod.role]
+            if kind == SessionKind.NOTEBOOK:
+                readings.append(kernel_reading(self._kernels(session, now), now))
+            verdict = session.tracker.judge(readings, now)
+            values = {r.signal: r.value for r in readings}
+            out.append(
+                make_event(
+                    SessionActivity(
+                        namespace=pod.namespace,
+                        pod=pod.name,
+                        node=node.name,
+                        kind=kind,
+                        state=verdict.state,
+                        idle_since=verdict.idle_since,
+                        unknown=verdict.unknown,
+                        gpu_utilization_pct=values.get("gpu"),
+                        gpu_uuids=[d.device for d in held],
+                        cpu_cores=values.get("cpu"),
+                        last_activity=verdict.last_activity,
+                        sampled_at=now,
+                    ),
+                    source=source,
+                    time=now,
+                )
+            )
+            if verdict.idle_since is None or not verdict.evidence or verdict.unknown:
+                continue
+            idle_for = max((now - verdict.idle_since).total_seconds(), 0.0)
+            if idle_for < self.idle.idle_after.total_seconds():
+                continue
+            idle = SessionIdle(
                 namespace=pod.namespace,
                 pod=pod.name,
                 node=node.name,
-                kind=SESSION_ROLES[pod.role],
-                state=ActivityState.ACTIVE,
-                gpu_utilization_pct=max((g.load for g in held), default=None),
-                gpu_uuids=[g.uuid for g in held],
-                last_activity=now,
-                sampled_at=now,
+                kind=kind,
+                idle_since=verdict.idle_since,
+                idle_for_s=round(idle_for, 1),
+                evidence=verdict.evidence,
+                gpus_held=len(held),
             )
-            out.append(make_event(data, source=f"agent/idle/{node.name}"))
+            out.append(make_event(idle, source=source, time=now))
         return out
+
+    @staticmethod
+    def _devices(node: _Node) -> list[tuple[str, float, list[PodRef]]]:
+        """Each device a pod can hold (a GPU, or each MIG instance of a MIG GPU), its load."""
+        out: list[tuple[str, float, list[PodRef]]] = []
+        for g in node.gpus:
+            if g.migs:
+                out += [(m.mig.uuid or g.uuid, m.load, m.pods) for m in g.migs]
+            else:
+                out.append((g.uuid, g.load, g.pods))
+        return out
+
+    @staticmethod
+    def _kernels(session: _Session, now: datetime) -> KernelsReading:
+        """The notebook's Jupyter kernels, as the simulated idleness agents answer."""
+        if session.kernel == "unreachable":
+            return KernelsReading(None, "sim: connection refused")
+        busy = session.kernel == "busy"
+        kernel = KernelActivity(
+            id="00000000-0000-4000-8000-000000000001",
+            name="python3",
+            execution_state="busy" if busy else "idle",
+            last_activity=now if busy else None,
+            connections=1,
+        )
+        return KernelsReading([kernel])
 
     # -- faults -------------------------------------------------------------------------
 
@@ -513,6 +669,8 @@ class Fleet:
             return InjectReply(ok=False, node=node_name, gpu=request.gpu, error=error), []
         elif request.load is not None:
             gpu.load = request.load
+            for m in gpu.migs:
+                m.load = request.load
         else:
             gpu.xids.clear()
             gpu.lost = None

@@ -5,16 +5,18 @@ One ephemeral consumer with `DeliverPolicy.LAST_PER_SUBJECT` over the wanted sub
 consumer has nothing pending. A KV bucket is a stream (`KV_<bucket>`), so its live
 entries are read the same way, deleted and purged keys left out. One request and one
 stream of replies, instead of one `get_last_msg` round trip per subject. `newest` reads
-a stream's last messages the same way.
+a stream's last messages the same way, `stored_since` those stored after a time, and
+`subject_counts` lists a stream's subjects (one paged `STREAM.INFO`, no message read).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from nats.js import api
@@ -85,6 +87,47 @@ async def newest(
         {"deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": start},
         timeout=timeout,
     )
+
+
+async def stored_since(
+    nc: Any, stream: str, filters: Sequence[str], start: datetime, *, timeout: float = 5.0
+) -> list[Stored] | None:
+    """Every message of `stream` matching `filters` stored at or after `start`, in stream
+    order; None if there is no such stream."""
+    return await _read(
+        nc,
+        stream,
+        filters,
+        {
+            "deliver_policy": api.DeliverPolicy.BY_START_TIME,
+            "opt_start_time": start.astimezone(UTC),
+        },
+        timeout=timeout,
+    )
+
+
+async def subject_counts(
+    nc: Any, stream: str, subjects_filter: str, *, timeout: float = 5.0
+) -> dict[str, int] | None:
+    """Each subject of `stream` matching `subjects_filter` with its message count, every
+    page of the server's answer (it lists at most 100,000 subjects a page); None if there
+    is no such stream."""
+    out: dict[str, int] = {}
+    offset = 0
+    while True:
+        request = json.dumps({"subjects_filter": subjects_filter, "offset": offset})
+        msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", request.encode(), timeout)
+        reply = json.loads(msg.data)
+        error = reply.get("error")
+        if error:
+            if error.get("code") == 404:
+                return None
+            raise SnapshotError(f"stream {stream}: {error.get('description', error)}")
+        page = (reply.get("state") or {}).get("subjects") or {}
+        out.update(page)
+        offset += len(page)
+        if not page or offset >= int(reply.get("total") or 0):
+            return out
 
 
 async def _read(

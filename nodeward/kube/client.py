@@ -1,7 +1,8 @@
 """The one module that imports the official `kubernetes` client.
 
 It loads in-cluster config or a kubeconfig, sends raw requests (so that every path, patch
-content type and subresource is explicit), runs each blocking call in a thread, retries
+content type and subresource is explicit), runs each blocking call in a thread of its own
+pool (`concurrency` threads, as many pooled keep-alive connections), retries
 5xx and connection errors with jittered exponential back-off, and turns every failure into
 a `nodeward.kube.errors` type.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import random
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -56,8 +59,14 @@ class KubeClient:
         retries: int = 5,
         backoff: Backoff | None = None,
         user_agent: str = "nodeward",
+        concurrency: int = 32,
     ) -> None:
         configuration.retries = False  # retries are ours, with back-off and typed errors
+        # One thread per request in flight, and a kept-alive connection for each: the
+        # event loop's default executor (cores + 4 threads, shared with everything else)
+        # and urllib3's default pool (cores * 5) held a busy service to a few at a time.
+        configuration.connection_pool_maxsize = concurrency
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kube")
         self._api = kubernetes.client.ApiClient(configuration)
         self._api.user_agent = user_agent
         self.timeout = timeout
@@ -91,6 +100,7 @@ class KubeClient:
             timeout=_seconds(settings.request_timeout),
             retries=settings.retries,
             user_agent=user_agent,
+            concurrency=settings.concurrency,
         )
 
     @classmethod
@@ -98,7 +108,13 @@ class KubeClient:
         return cls.from_settings(ClusterSettings(kubeconfig=path, context=context), **kw)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._api.close)
+        await self._in_pool(self._api.close)
+        self._pool.shutdown(wait=False)
+
+    async def _in_pool(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` in one of this client's threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     # --- requests ------------------------------------------------------------------------
 
@@ -171,7 +187,7 @@ class KubeClient:
         attempt = 0
         while True:
             try:
-                status, data, headers = await asyncio.to_thread(
+                status, data, headers = await self._in_pool(
                     self._call,
                     method,
                     path,
@@ -221,7 +237,7 @@ class KubeClient:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
         try:
-            resp = await asyncio.to_thread(
+            resp = await self._in_pool(
                 self._send,
                 "GET",
                 path,

@@ -27,7 +27,15 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.snapshot import kv_entries, last_per_subject, newest
-from nodeward.fleet_status import Buckets, FleetStatus, NodeStatus, assemble, read_fleet, worst
+from nodeward.fleet_status import (
+    Buckets,
+    FleetStatus,
+    GpuSeen,
+    NodeStatus,
+    assemble,
+    read_fleet,
+    worst,
+)
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyPod
@@ -144,7 +152,8 @@ class Live:
         self.nodes: dict[str, NodeStatus] = {}
         self.capacity: CapacitySnapshot | None = None
         self.models: dict[str, str] = {}
-        self.health: dict[tuple[str, str], GpuHealth] = {}
+        self.health: dict[tuple[str, str], GpuHealth | GpuSeen] = {}
+        """Each GPU's newest state: from the feed, or status's read (its heartbeat's)."""
         self.actions: deque[tuple[datetime, Remediation]] = deque(maxlen=settings.actions)
         """Newest first."""
         self.alerts: deque[tuple[datetime, FalcoAlert]] = deque(maxlen=settings.alerts)

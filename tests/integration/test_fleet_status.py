@@ -32,7 +32,14 @@ from schemas.energy import (
     Interval,
     PowerSource,
 )
-from schemas.gpu import GpuHealth, HealthState
+from schemas.gpu import (
+    GpuHealth,
+    GpuHeartbeat,
+    GpuState,
+    GpuTelemetry,
+    HealthState,
+    MigInstance,
+)
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
@@ -465,3 +472,109 @@ async def test_status_shows_credential_renewals_and_the_locks_held(
     text = console.export_text()
     assert "credentials: 1 renewed, 1 failed, 1 renewing now" in text
     assert "user-b/krb: failed" in text and "renew_till" in text
+
+
+def _beat(
+    node: str, states: dict[int, tuple[HealthState, int]], *, boot: str, interval: float = 30
+) -> GpuHeartbeat:
+    return GpuHeartbeat(
+        node=node,
+        gpus=[
+            GpuState(
+                gpu_index=i,
+                gpu_uuid=f"GPU-{node}-{i}",
+                state=state,
+                sequence=seq,
+                changed_at=datetime.now(UTC),
+            )
+            for i, (state, seq) in states.items()
+        ]
+        + [
+            GpuState(
+                gpu_index=7,
+                gpu_uuid=f"GPU-{node}-7",
+                mig=MigInstance(gpu_instance_id=1, compute_instance_id=0, profile="1g.10gb"),
+                state=HealthState.HEALTHY,
+                sequence=1,
+                changed_at=datetime.now(UTC),
+            )
+        ],
+        interval_s=interval,
+        observed_at=datetime.now(UTC),
+        agent_boot_id=boot,
+    )
+
+
+def _change(node: str, index: int, state: HealthState, *, boot: str, seq: int) -> GpuHealth:
+    return _health(node, index, state).model_copy(update={"agent_boot_id": boot, "sequence": seq})
+
+
+async def test_gpu_states_come_from_each_nodes_heartbeat_and_the_changes_since(
+    own_bus: Bus, own_nats: EmbeddedNats
+) -> None:
+    """gpu-h: its GPUs' start states, then a heartbeat (GPU 1 failed at change 2, which the
+    stream no longer holds as its last change: the heartbeat says it), then GPU 0 fails
+    (change 2, after the heartbeat). gpu-s: a heartbeat long past its interval, then a
+    change: its last changes are read. gpu-n: no heartbeat at all. gpu-t: telemetry only."""
+    h, s, n = "gpu-h", "gpu-s", "gpu-n"
+    healthy, failed_ = HealthState.HEALTHY, HealthState.FAILED
+    await own_bus.publish_many(
+        [
+            make_event(_change(h, 0, healthy, boot="b1", seq=1), source="t"),
+            make_event(_change(h, 1, healthy, boot="b1", seq=1), source="t"),
+            make_event(_beat(s, {0: (healthy, 1)}, boot="s1", interval=0.001), source="t"),
+            make_event(_change(n, 0, failed_, boot="n1", seq=3), source="t"),
+            make_event(GpuTelemetry.example().model_copy(update={"node": "gpu-t"}), source="t"),
+        ]
+    )
+    # The heartbeat is stored after the start states, as a running fleet's are.
+    await asyncio.sleep(1.5)  # store times apart by more than CLOCK_SLACK, not a sync
+    await own_bus.publish_many(
+        [make_event(_beat(h, {0: (healthy, 1), 1: (failed_, 2)}, boot="b1"), source="t")]
+    )
+    await own_bus.publish_many(
+        [
+            make_event(_change(h, 0, failed_, boot="b1", seq=2), source="t"),
+            make_event(_change(s, 0, failed_, boot="s1", seq=2), source="t"),
+        ]
+    )
+    fleet = await gather_status(own_bus.nc, nats_url=own_nats.url)
+    nodes = {x.name: x for x in fleet.nodes}
+    assert nodes[h].gpus == {"0": "failed", "1": "failed", "7-mig1-0": "healthy"}
+    assert nodes[h].agent_live and nodes[h].health == "failed"
+    assert nodes[s].gpus == {"0": "failed", "7-mig1-0": "healthy"}
+    assert nodes[n].gpus == {"0": "failed"}
+    # A node without a heartbeat is alive by its telemetry (read for such nodes only).
+    assert nodes["gpu-t"].agents["gpu"].state == "live" and nodes["gpu-t"].health == "unknown"
+    assert nodes[h].agent_seen_at is not None and nodes[s].agents["gpu"].state == "live"
+    assert "stream GPU" not in fleet.missing
+
+
+async def test_gpu_states_from_heartbeats_of_a_partitioned_stream(own_nats: EmbeddedNats) -> None:
+    """With `bus.partitions` > 1 the streams store each subject with its partition appended:
+    status still reads each node's heartbeat (and the changes since) from them."""
+    bus = await Bus.connect(BusSettings(url=own_nats.url, partitions=4), source="test/status")
+    try:
+        healthy, failed_ = HealthState.HEALTHY, HealthState.FAILED
+        await bus.publish_many(
+            [
+                make_event(
+                    _beat(f"gpu-{i}", {0: (healthy, 1), 1: (failed_, 2)}, boot="b"), source="t"
+                )
+                for i in range(6)
+            ]
+        )
+        await bus.publish_many(
+            [make_event(_change("gpu-0", 0, failed_, boot="b", seq=3), source="t")]
+        )
+        stored = await bus.js.stream_info("HEARTBEATS", subjects_filter=">")
+        assert stored.state.subjects and all(
+            len(subject.split(".")) == 4 for subject in stored.state.subjects
+        )  # partitioned: gpu.heartbeat.<node>.<p>
+        fleet = await gather_status(bus.nc, nats_url=own_nats.url)
+        nodes = {x.name: x for x in fleet.nodes}
+        assert nodes["gpu-0"].gpus == {"0": "failed", "1": "failed", "7-mig1-0": "healthy"}
+        assert all(nodes[f"gpu-{i}"].gpus["1"] == "failed" for i in range(1, 6))
+        assert all(nodes[f"gpu-{i}"].agent_live for i in range(6))
+    finally:
+        await bus.close(grace=2)

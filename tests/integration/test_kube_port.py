@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,23 @@ async def test_nodes_get_and_list_with_selectors(admin: Cluster) -> None:
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "8"
     with pytest.raises(NotFound, match='nodes "nope" not found'):
         await admin.nodes.get("nope")
+
+
+async def test_requests_run_on_the_ports_own_threads(port_for: PortFactory) -> None:
+    """Every thread of the loop's default executor busy elsewhere (more blocking calls than
+    it has threads): the port still answers, `concurrency` requests at a time."""
+    release = threading.Event()
+    blockers = [asyncio.ensure_future(asyncio.to_thread(release.wait, 30)) for _ in range(64)]
+    cluster = port_for()
+    try:
+        names = [f"gpu-h100-0{i}" for i in range(1, 5)] * 10
+        got = await asyncio.wait_for(
+            asyncio.gather(*(cluster.nodes.get(n) for n in names)), timeout=10
+        )
+        assert [n["metadata"]["name"] for n in got] == names
+    finally:
+        release.set()
+        await asyncio.gather(*blockers)
 
 
 async def test_taint_added_twice_appears_once(admin: Cluster, sim: SimCluster) -> None:

@@ -27,7 +27,7 @@ from nodeward.nats_auth import (
     write_agent_seed,
 )
 from schemas.tokens import token
-from sim.cluster.seed import Gpu, NodeSeed, PodSeed
+from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from tests.conftest import wait_for
 
@@ -219,3 +219,108 @@ async def test_faults_at_a_rate_fail_gpus_with_xid_79(bus_settings: BusSettings,
         await daemon.stop()
         await sub.unsubscribe()
     assert all(s.startswith(f"gpu.health.{prefix}-") for s in failures)
+
+
+async def test_mig_instances_and_idle_sessions_are_published_as_their_agents_would(
+    bus_settings: BusSettings, bus: Bus
+) -> None:
+    """A MIG node: every MIG instance its own health unit (at start, in each heartbeat, and
+    on a change). Its notebook on a MIG instance, without load, busy kernel or CPU, is
+    idle: `session.idle` with the idleness agent's evidence, until a load on its GPU makes
+    it active again. A busy SSH session on the other node is never reported idle."""
+    prefix = f"mig-{uuid.uuid4().hex[:6]}"
+    mig_node = NodeSeed(
+        name=f"{prefix}-0",
+        gpu=Gpu(product="NVIDIA-A100-SXM4-80GB", count=2, family="ampere"),
+        mig=Mig(devices={"1g.10gb": 14}),
+    )
+    plain = NodeSeed(name=f"{prefix}-1", gpu=Gpu(count=1))
+    pods = [
+        PodSeed(
+            name="nb-0",
+            namespace="ml",
+            node=mig_node.name,
+            gpus=1,
+            role="notebook",
+            gpu_resource="nvidia.com/mig-1g.10gb",
+        ),
+        PodSeed(
+            name="ssh-0",
+            namespace="ml",
+            node=plain.name,
+            gpus=1,
+            role="ssh",
+            annotations={"sim.nodeward.io/cpu": "2"},
+        ),
+    ]
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def collect(msg: Any) -> None:
+        if msg.subject.split(".")[2].startswith(prefix):
+            seen.append((msg.subject, json.loads(msg.data)))
+
+    subs = [
+        await bus.nc.subscribe(f"{kind}.>", cb=collect)
+        for kind in ("gpu.health", "gpu.heartbeat", "session")
+    ]
+    agents = FAST | {"idle": {"interval": "0.3s", "idle_after": "0.5s"}}
+    daemon, fleet = await fleet_daemon(
+        Settings(bus=bus_settings, agents=agents), [mig_node, plain], pods
+    )
+    await daemon.start()
+
+    def bodies(subject: str) -> list[dict[str, Any]]:
+        return [b for s, b in seen if s == subject]
+
+    try:
+        await wait_for(fleet.ready.is_set, timeout=10, what="fleet ready")
+        node = mig_node.name
+        units = {s.split(".", 3)[3] for s, _ in seen if s.startswith(f"gpu.health.{node}.")}
+        assert {"0", "1"} <= units and len(units) == 2 + 14
+        assert all(u in {"0", "1"} or "-mig" in u for u in units)
+        beat = await wait_for(lambda: bodies(f"gpu.heartbeat.{node}"), what="a heartbeat")
+        assert (
+            len(beat[-1]["gpus"]) == 16 and sum(1 for g in beat[-1]["gpus"] if g.get("mig")) == 14
+        )
+
+        idle_subject = f"session.idle.{node}.ml.nb-0"
+        idle = (await wait_for(lambda: bodies(idle_subject), what="the notebook idle"))[-1]
+        assert {e["signal"] for e in idle["evidence"]} == {"gpu", "cpu", "kernel"}
+        assert idle["gpus_held"] == 1 and idle["idle_for_s"] >= 0.5
+        activity = bodies(f"session.activity.{node}.ml.nb-0")[-1]
+        assert activity["state"] == "idle" and len(activity["gpu_uuids"]) == 1
+        mig_uuids = {g["mig"]["uuid"] for g in beat[-1]["gpus"] if g.get("mig")}
+        assert activity["gpu_uuids"][0] in mig_uuids
+
+        held = next(
+            g
+            for g in beat[-1]["gpus"]
+            if g.get("mig") and g["mig"]["uuid"] in activity["gpu_uuids"]
+        )
+        reply = await request_injection(bus.nc, node, InjectRequest(gpu=held["gpu_index"], load=80))
+        assert reply.ok
+        await wait_for(
+            lambda: bodies(f"session.activity.{node}.ml.nb-0")[-1]["state"] == "active",
+            what="the notebook active again",
+        )
+        # A change on a MIG GPU is published for the GPU and each of its instances.
+        before = len(seen)
+        reply = await request_injection(bus.nc, node, InjectRequest(gpu=0, xid=79))
+        assert reply.ok
+        await wait_for(
+            lambda: (
+                sum(
+                    1
+                    for s, b in seen[before:]
+                    if s.startswith(f"gpu.health.{node}.0") and b["state"] == "failed"
+                )
+                == 8
+            ),
+            what="GPU 0 and its 7 instances failed",
+        )
+        assert not bodies(f"session.idle.{plain.name}.ml.ssh-0")
+        assert bodies(f"session.activity.{plain.name}.ml.ssh-0")[-1]["state"] == "active"
+    finally:
+        await daemon.stop()
+        for sub in subs:
+            await sub.unsubscribe()

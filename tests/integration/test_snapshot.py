@@ -1,15 +1,23 @@
 """`nodeward.bus.snapshot` against a real JetStream: each subject's last message in one pass,
-a bucket's live entries (deleted and purged keys left out), a stream's newest messages."""
+a bucket's live entries (deleted and purged keys left out), a stream's newest messages,
+those stored since a time, and a stream's subjects with their counts."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import pytest_asyncio
 
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
-from nodeward.bus.snapshot import kv_entries, last_per_subject, newest
+from nodeward.bus.snapshot import (
+    kv_entries,
+    last_per_subject,
+    newest,
+    stored_since,
+    subject_counts,
+)
 from nodeward.config import BusSettings
 
 
@@ -67,3 +75,27 @@ async def test_a_buckets_live_entries_without_deleted_or_purged_keys(own_bus: Bu
     assert got == {"node.a": b"2", "node.d.e": b"dotted", "breaker": b"open"}
     assert await kv_entries(own_bus.nc, "snap", ["node.a"]) == {"node.a": b"2"}
     assert await kv_entries(own_bus.nc, "no-such-bucket", ["node."]) is None
+
+
+async def test_messages_stored_since_a_time_and_a_streams_subject_counts(own_bus: Bus) -> None:
+    js = own_bus.js
+    nc = own_bus.nc
+    await js.publish("gpu.health.a.0", b"old")
+    await js.publish("gpu.health.b.0", b"old")
+    first = await last_per_subject(nc, "GPU", ["gpu.health.>"])
+    assert first is not None
+    after = max(m.time for m in first) + timedelta(milliseconds=1)
+    # Stored later than `after` (the server's clock, to the nanosecond, only moves on).
+    while (await last_per_subject(nc, "GPU", ["gpu.health.a.0"]) or [first[0]])[0].time < after:
+        await js.publish("gpu.health.a.0", b"new")
+    await js.publish("gpu.health.c.1", b"new")
+    since = await stored_since(nc, "GPU", ["gpu.health.>"], after)
+    assert since is not None and {m.data for m in since} == {b"new"}
+    assert {m.subject for m in since} == {"gpu.health.a.0", "gpu.health.c.1"}
+    assert await stored_since(nc, "NO-SUCH-STREAM", [">"], after) is None
+
+    counts = await subject_counts(nc, "GPU", "gpu.health.>")
+    assert counts is not None and counts["gpu.health.b.0"] == 1 and counts["gpu.health.c.1"] == 1
+    assert counts["gpu.health.a.0"] >= 2
+    assert await subject_counts(nc, "GPU", "gpu.xid.>") == {}
+    assert await subject_counts(nc, "NO-SUCH-STREAM", ">") is None

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from nodeward.cli.status import format_age, gpu_summary, render
-from nodeward.fleet_status import Seen, assemble, worst
+from nodeward.fleet_status import GpuSeen, Seen, assemble, worst
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
@@ -217,3 +217,28 @@ def test_an_idle_agent_with_no_session_to_report_is_quiet_not_stale() -> None:
     assert a.agents["idle"].state == "quiet" and a.attention == []
     assert b.agents["idle"].state == "stale"
     assert b.attention == ["idle agent silent 10m00s", "1 idle session(s) warned"]
+
+
+def test_a_gpus_newest_word_is_its_change_counter_within_a_boot_else_the_store_time() -> None:
+    t0 = datetime(2026, 8, 20, 14, 0, tzinfo=UTC)
+
+    def seen(boot: str | None, seq: int, stored_s: int) -> GpuSeen:
+        return GpuSeen(
+            node="gpu-a",
+            key="0",
+            gpu_index=0,
+            gpu_uuid="GPU-a-0",
+            state=HealthState.HEALTHY,
+            observed_at=t0,
+            stored=t0 + timedelta(seconds=stored_s),
+            agent_boot_id=boot,
+            sequence=seq,
+        )
+
+    # A heartbeat stored later restating change 2 is not newer than change 3 of that boot.
+    assert seen("b1", 3, 0).newer_than(seen("b1", 2, 5))
+    assert not seen("b1", 2, 5).newer_than(seen("b1", 3, 0))
+    assert seen("b1", 2, 5).newer_than(seen("b1", 2, 0))  # the same change: the later word
+    # Another boot (a restarted agent counts from 1 again), or none: the store time.
+    assert seen("b2", 1, 5).newer_than(seen("b1", 9, 0))
+    assert not seen(None, 9, 0).newer_than(seen(None, 1, 5))
