@@ -19,7 +19,7 @@ import pytest
 from sim.cluster.seed import load_seed
 from tests.browser import browser, screenshot
 from tests.e2e.platform import Up, running_up
-from tests.e2e.test_cli import _inject, run
+from tests.e2e.test_cli import _inject, run, wait_until
 from tests.integration.falco_fixtures import DROP_AND_EXECUTE, samples
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("console-up")]
@@ -94,7 +94,17 @@ def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
     detail.goto(up.endpoints["console_url"] + f"node/{NODE}", wait_until="domcontentloaded")
     assert detail.locator(f"[id='g:{NODE}:0']").get_attribute("data-state") == "failed"
     detail.get_by_text("quarantine", exact=False).first.wait_for(timeout=5000)
-    assert "79" in detail.locator("#xids").inner_text()  # the GPU's last XID
+
+    # The GPU's last XID: its gpu.xid.v1 waits up to `confirm_wait` for the kernel log's
+    # sighting, so it may follow the failed state by a second; the page is drawn per load.
+    def xid_listed() -> bool:
+        if detail.locator("#xids").count():
+            return True
+        detail.reload(wait_until="domcontentloaded")
+        return False
+
+    wait_until(xid_listed, timeout=10, what="the XID table on the node page")
+    assert "79" in detail.locator("#xids").inner_text()
     screenshot(detail, tmp_path, "node")
 
     recovered = run("sim", "inject", "--node", NODE, "--gpu", "0", "--recover", "--nats", nats)

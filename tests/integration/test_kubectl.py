@@ -133,11 +133,16 @@ async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None
         *(f"gpu-a100-0{i}" for i in range(1, 4)),
         "gpu-a100-mig-01",
         *(f"gpu-h100-0{i}" for i in range(1, 5)),
+        "gpu-h100-dra-01",
+        "gpu-mi300x-01",
+        "gpu-mi300x-02",
     ]
     assert all(cols[0] == "Ready" for cols in nodes.values())
     pods = (await kubectl("get", "pods", "-A")).out.strip().splitlines()
     assert pods[0].split()[:3] == ["NAMESPACE", "NAME", "READY"]
-    assert len(pods) - 1 == 38
+    assert (
+        len(pods) - 1 == 41
+    )  # the seed's pods, the three agent pods of the AMD and DRA nodes included
     assert {line.split()[0] for line in pods[1:]} == {
         "ml-vision",
         "ml-nlp",

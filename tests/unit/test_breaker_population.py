@@ -19,9 +19,9 @@ async def test_default_selectors_count_nvidia_and_amd_gpu_nodes() -> None:
         return sum(1 for n in nodes if match_labels(reqs, n["metadata"]["labels"]))
 
     population = NodePopulation(count, BreakerSettings().node_selector)
-    assert await population() == 10  # 8 NVIDIA + 2 MI300X, not the CPU nodes
+    assert await population() == 11  # 9 NVIDIA (the DRA node too), 2 MI300X; no CPU node
     assert None not in asked
-    assert await NodePopulation(count, "nvidia.com/gpu.present=true")() == 8
+    assert await NodePopulation(count, "nvidia.com/gpu.present=true")() == 9
 
 
 async def test_no_match_counts_every_node() -> None:
