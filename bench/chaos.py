@@ -78,6 +78,7 @@ class Fault:
     sent: float  # monotonic
     partition: int
     sent_at: float = 0.0  # wall clock
+    acked: float | None = None  # monotonic: the fleet's reply (its events acknowledged)
     stored: list[int] = field(default_factory=list)
     error: str | None = None
     tainted: float | None = None  # monotonic, first seen by the watch
@@ -232,6 +233,7 @@ async def _inject(nc: Any, fault: Fault, timeout: float) -> None:
         return
     if reply.get("ok"):
         fault.stored = list(reply.get("stored") or [])
+        fault.acked = time.monotonic()
     else:
         fault.error = reply.get("error") or "refused"
 
@@ -544,20 +546,25 @@ def _report(run: Run, args: argparse.Namespace) -> list[str]:
             f"  detect -> taint over {len(lat)} quarantines: p50 {statistics.median(lat):.2f} s,"
             f" p99 {_pct(lat, 0.99):.2f} s, max {max(lat):.2f} s"
         )
+    acks = [f.acked - f.sent for f in run.faults if f.acked is not None]
+    if acks:
+        lines.append(
+            f"  injection -> PubAck (the fleet's reply) over {len(acks)}: p50"
+            f" {statistics.median(acks):.2f} s, max {max(acks):.2f} s"
+        )
     # detect -> decision (the first quarantine audit, applied or refused), by phase.
-    killed = run.replica_killed_at or math.inf
     phases: dict[str, list[float]] = {}
     for f in run.faults:
         events = run.audits.get(f.node)
         if not f.stored or not events:
             continue
         first = min(e.time.timestamp() for e in events)
-        if f.sent >= killed and f.partition in run.killed_partitions:
-            phase = "after the replica's SIGKILL, in its partitions (taken over)"
-        elif run.nats_killed_at is not None and f.sent >= run.nats_killed_at:
-            phase = "after the nats-server's SIGKILL, the rest"
+        if run.nats_killed_at is None or f.sent < run.nats_killed_at:
+            phase = "sent before any kill"
+        elif f.partition in run.killed_partitions:
+            phase = "after a kill, in the killed replica's partitions (taken over)"
         else:
-            phase = "before any kill"
+            phase = "after a kill, in the survivor's partitions"
         phases.setdefault(phase, []).append(first - f.sent_at)
     every = [x for v in phases.values() for x in v]
     if every:
