@@ -110,7 +110,7 @@ def _config(args: argparse.Namespace, url: str, kubeconfig: Path) -> dict[str, A
         },
         "cluster": {"kubeconfig": str(kubeconfig), "context": "nodeward-cordon"},
         "daemon": {"port": 0},
-        "log": {"level": "warning"},
+        "log": {"level": args.log_level},
         "agents": {"gpu": {"heartbeat_interval": "30s"}},
         "services": {
             "cordon": {
@@ -668,6 +668,7 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds for decisions")
     parser.add_argument("--drain-timeout", type=float, default=600.0)
     parser.add_argument("--rng", type=int, default=19, help="which nodes fail")
+    parser.add_argument("--log-level", default="info", help="the replicas' and the fleet's")
     parser.add_argument(
         "--kill-leader-of", default="GPU", help="the nats-server killed leads this stream"
     )
