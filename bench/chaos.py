@@ -38,7 +38,8 @@ It exits 1 if a check fails. Usage (`--quick`: 200 nodes, 20 faults, breaker 12,
 of storm and checks; the start-up takes what it takes):
 
     PYTHONPATH=$PWD python bench/chaos.py [--nodes 5000] [--quick] [--partitions 4]
-        [--faults N] [--breaker 30] [--storm 5] [--ack-wait 30s] [--lease-ttl 10s]
+        [--faults N] [--breaker 30] [--storm 5] [--ack-wait 30s] [--lease-ttl 20s]
+        [--kill-leader-of GPU]
 """
 
 from __future__ import annotations
@@ -116,9 +117,9 @@ def _config(args: argparse.Namespace, url: str, kubeconfig: Path) -> dict[str, A
             "cordon": {
                 "breaker": {"max_nodes": args.breaker, "max_percent": 100, "calm_period": None},
                 "rate_limit": {"per_minute": 1_000_000, "burst": 100_000},
-                "ack_wait": args.ack_wait,
-                "lease_ttl": args.lease_ttl,
             }
+            | ({"ack_wait": args.ack_wait} if args.ack_wait else {})
+            | ({"lease_ttl": args.lease_ttl} if args.lease_ttl else {})
         },
     }
 
@@ -589,7 +590,7 @@ def _report(run: Run, args: argparse.Namespace) -> list[str]:
     if run.takeover_s is not None:
         lines.append(
             f"  takeover: every partition held by the survivor {run.takeover_s:.1f} s"
-            f" after the kill (lease TTL {args.lease_ttl})"
+            f" after the kill (lease TTL {args.lease_ttl or 'the default'})"
         )
     done = [f for f in run.faults if f.tainted is not None]
     if done:
@@ -663,8 +664,8 @@ def main() -> int:
     parser.add_argument("--breaker", type=int, default=30, help="breaker.max_nodes")
     parser.add_argument("--storm", type=float, default=5.0, help="seconds the faults span")
     parser.add_argument("--settle", type=float, default=10.0, help="steady seconds before")
-    parser.add_argument("--ack-wait", default="30s", help="services.cordon.ack_wait")
-    parser.add_argument("--lease-ttl", default="10s", help="services.cordon.lease_ttl")
+    parser.add_argument("--ack-wait", default=None, help="services.cordon.ack_wait (30s)")
+    parser.add_argument("--lease-ttl", default=None, help="services.cordon.lease_ttl (20s)")
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds for decisions")
     parser.add_argument("--drain-timeout", type=float, default=600.0)
     parser.add_argument("--rng", type=int, default=19, help="which nodes fail")
