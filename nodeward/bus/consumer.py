@@ -136,6 +136,7 @@ class ConsumerSpec:
     # every replica shares (no order across replicas).
     partitions: int = 1
     lease_ttl: timedelta = timedelta(seconds=10)
+    pull_expires: float = 10.0  # how long a pull request stays open on the server
 
     def __post_init__(self) -> None:
         if min(self.max_deliver, self.concurrency, self.batch, self.dead_letter_tries) < 1:
@@ -162,6 +163,8 @@ class ConsumerSpec:
             name=f"{self.name}-p{index}",
             subjects=tuple(partitioning.narrow(s, index) for s in self.subjects),
             partitions=1,
+            # Short pull requests: a replica handing the partition over waits them out.
+            pull_expires=max(min(self.pull_expires, self.lease_ttl.total_seconds() / 4), 1.5),
         )
 
     @staticmethod
@@ -238,7 +241,13 @@ class Consumer:
         js = self.bus.js
         await js.add_consumer(self.spec.stream, config=self.spec.config())
         self._puller = Puller(
-            self.bus.nc, self.spec.stream, self.spec.name, batch=self.spec.batch, log=self.log
+            self.bus.nc,
+            self.spec.stream,
+            self.spec.name,
+            batch=self.spec.batch,
+            expires=self.spec.pull_expires,
+            heartbeat=min(1.0, self.spec.pull_expires / 3),
+            log=self.log,
         )
         await self._puller.start()
         self.bound = True
@@ -255,8 +264,10 @@ class Consumer:
             "consumer.started", subjects=list(self.spec.subjects), concurrency=self.spec.concurrency
         )
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """Stop fetching, finish in-flight work within `grace`, nak what is left."""
+    async def stop(self, grace: float = 10.0, *, handover: bool = False) -> None:
+        """Stop fetching, finish in-flight work within `grace`, nak what is left.
+        `handover`: also wait out the open pull requests (`pull_expires`), so that once
+        this returns no message is out to this consumer (another replica takes over)."""
         self._stopping.set()
         self._has_space.set()
         if self._fetcher is not None:
@@ -264,11 +275,13 @@ class Consumer:
             self._fetcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._fetcher
-        await self._return_unfetched()
-        # Messages fetched but not started go back to the server at once.
+        # What was fetched and not started goes back, but only after what is still running
+        # has finished, and in stream order: the server redelivers in the order it is told,
+        # and whoever consumes next must see each key's messages in order.
+        left = await self._unfetched(self.spec.pull_expires + 0.5 if handover else 0.0)
         while self._ready:
             item = self._ready.popleft()
-            await self._nak(item.msg, 0)
+            left.append(item.msg)
             self._release(item)
         if self._held:
             self._drained.clear()
@@ -277,7 +290,8 @@ class Consumer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for msg, _ in list(self._held.values()):
+        left += [msg for msg, _ in self._held.values()]
+        for msg in sorted(left, key=lambda m: ack_info(m)[1] or 0):
             await self._nak(msg, 0)
         self._held.clear()
         self.bound = False
@@ -342,11 +356,9 @@ class Consumer:
         self.bound = True
         self.log.warning("consumer.recreated", reason=conflict)
 
-    async def _return_unfetched(self) -> None:
-        """Stop pulling; nak what arrived but was never dispatched."""
-        if self._puller is not None:
-            for msg in await self._puller.stop():
-                await self._nak(msg, 0)
+    async def _unfetched(self, linger: float = 0.0) -> list[Msg]:
+        """Stop pulling; what arrived but was never dispatched (for the caller to nak)."""
+        return await self._puller.stop(linger) if self._puller is not None else []
 
     def _order_key(self, event: Event[Any]) -> str | None:
         if self.spec.order_key is None:

@@ -108,7 +108,8 @@ class Lease:
         def take(current: LeaseRecord | None) -> LeaseRecord | None:
             if current is not None and current.holder != self.holder and current.expires_at > now:
                 return None
-            acquired = current.acquired_at if current and current.holder == self.holder else now
+            ours = current is not None and current.holder == self.holder and not current.released
+            acquired = current.acquired_at if current and ours else now
             return LeaseRecord(holder=self.holder, expires_at=now + self.ttl, acquired_at=acquired)
 
         try:
@@ -121,11 +122,19 @@ class Lease:
             and result.value.expires_at > now
         )
 
-    async def release(self) -> None:
+    async def release(self, *, handover: bool = False) -> None:
+        """Give the lease up if it is ours. `handover`: say the work under it stopped
+        cleanly (the record stays, expired and `released`) instead of deleting it."""
         current = await self.store.get(lease_key(self.name))
         if current is not None and current.value.holder == self.holder:
             with contextlib.suppress(Exception):
-                await self.store.delete(lease_key(self.name), revision=current.revision)
+                if handover:
+                    done = current.value.model_copy(update={"expires_at": 0.0, "released": True})
+                    await self.store.kv.update(
+                        lease_key(self.name), done.model_dump_json().encode(), last=current.revision
+                    )
+                else:
+                    await self.store.delete(lease_key(self.name), revision=current.revision)
 
     @contextlib.asynccontextmanager
     async def held(self, poll: float | None = None) -> AsyncIterator[asyncio.Event]:

@@ -120,7 +120,10 @@ class PartitionedConsumer:
         """True if this replica consumes the partition of `keys` (the stream's key tokens,
         e.g. a node's subject token) now: work on that key outside the consumers (a
         reconcile pass) is this replica's to do."""
-        index = Partitioning.index(keys, self.partitions)
+        return self.owns_index(Partitioning.index(keys, self.partitions))
+
+    def owns_index(self, index: int) -> bool:
+        """True if this replica consumes partition `index` now (held and started)."""
         return index in self.running and index not in self._starting
 
     async def start(self) -> None:
@@ -180,10 +183,13 @@ class PartitionedConsumer:
             i = (self._offset + step) % self.partitions
             if i in self.running:
                 continue
+            prior = await self.leases[i].store.get(lease_key(self.leases[i].name))
             began = time.monotonic()
             if await self._renew(self.leases[i]) is True:
                 self.renewed[i] = began
-                await self._take(i)
+                # Never held, or handed over cleanly: nothing is out to another replica.
+                clean = prior is None or prior.value.released
+                await self._take(i, clean=clean)
         # Bound: every partition held is consumed, or waits for a dead holder's messages.
         self.bound = all(
             i in self._starting or all(c.bound for c in cs) for i, cs in self.running.items()
@@ -223,17 +229,18 @@ class PartitionedConsumer:
                 live.add(record.holder)
         return len(live)
 
-    async def _take(self, index: int) -> None:
+    async def _take(self, index: int, *, clean: bool = False) -> None:
         specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
         waits = []
         for spec, _ in specs:
-            last = None
-            try:
-                info = await self.bus.js.consumer_info(spec.stream, spec.name)
-                out = info.num_ack_pending or 0
-                last = info.delivered.last_active if info.delivered else None
-            except NotFoundError:
-                out = 0
+            out, last = 0, None
+            if not clean:
+                try:
+                    info = await self.bus.js.consumer_info(spec.stream, spec.name)
+                    out = info.num_ack_pending or 0
+                    last = info.delivered.last_active if info.delivered else None
+                except NotFoundError:
+                    pass
             # A holder that died left messages out: they come back once their ack_wait is
             # over, ahead of newer ones; handling nothing before then keeps the key's order.
             ack_wait = spec.ack_wait.total_seconds()
@@ -275,8 +282,10 @@ class PartitionedConsumer:
                 await starting
         consumers = self.running.pop(index, [])
         self.renewed.pop(index, None)
-        await asyncio.gather(*(c.stop(grace) for c in consumers if c.bound))
+        # Handing over (the lease still ours): also wait out the open pull requests, so
+        # nothing is left out to this replica and the next holder starts at once.
+        await asyncio.gather(*(c.stop(grace, handover=release) for c in consumers if c.bound))
         if release:
             with contextlib.suppress(Exception):
-                await self.leases[index].release()
+                await self.leases[index].release(handover=True)
         self.log.info("partitions.given_back", partition=index, released=release)

@@ -115,8 +115,14 @@ class Puller:
         out = [buffer.popleft() for _ in range(min(max_n, len(buffer)))]
         return out
 
-    async def stop(self) -> list[Msg]:
-        """Stop receiving; returns the messages that arrived but were never handed out."""
+    async def stop(self, linger: float = 0.0) -> list[Msg]:
+        """Stop receiving; returns the messages that arrived but were never handed out.
+        `linger`: first wait up to that long for the open pull requests to end (their
+        `expires`), so nothing the server sends for them goes to a closed inbox and waits
+        out `ack_wait` (a partition handed to another replica)."""
+        deadline = time.monotonic() + linger
+        while self._sub is not None and self._outstanding and time.monotonic() < deadline:  # noqa: ASYNC110 - counted down by the subscription's callback
+            await asyncio.sleep(0.05)
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None

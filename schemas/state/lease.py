@@ -13,6 +13,9 @@ class LeaseRecord(BaseModel):
     holder: str
     expires_at: float  # unix seconds
     acquired_at: float
+    # Given back by a holder that stopped its work cleanly (`Lease.release(handover=True)`):
+    # whoever takes it next need not wait for work the holder left out.
+    released: bool = False
 
 
 def lease_key(name: str) -> str:
