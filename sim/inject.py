@@ -90,6 +90,11 @@ class InjectReply(BaseModel):
     gpu: int | None = None
     applied: str | None = None
     error: str | None = None
+    stored: list[int] | None = Field(
+        default=None,
+        description="the fleet: stream sequences of the events the injection published,"
+        " once acknowledged",
+    )
 
 
 def apply(sim: SimNvml | SimAmdSmi, raw: bytes, kmsg: SimKmsg | None = None) -> InjectReply:

@@ -222,8 +222,10 @@ class Fleet:
         nkeys: Path | None = None,
         catalog: XidCatalog | None = None,
         rng: random.Random | None = None,
+        inject_within: float = 30.0,
     ) -> None:
         self.bus = bus
+        self.inject_within = inject_within
         self.gpu = gpu or GpuAgentSettings()
         self.energy = energy or EnergySettings()
         self.idle = idle or IdleSettings()
@@ -689,9 +691,36 @@ class Fleet:
             events: list[Event[Any]] = []
         else:
             reply, events = self.inject(node, request)
-        await self._publish(events)
+        if events:
+            stored, error = await self._publish_acked(node, events)
+            if error is None:
+                reply = reply.model_copy(update={"stored": stored})
+            else:
+                reply = reply.model_copy(update={"ok": False, "error": error})
         if msg.reply:
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+    async def _publish_acked(
+        self, name: str, events: list[Event[Any]]
+    ) -> tuple[list[int], str | None]:
+        """An injection's events sent again until acknowledged, as an agent's outbox does
+        (each keeps its `Nats-Msg-Id`: stored once): their stream sequences, or why not
+        within `inject_within` seconds. An injection is not answered ok unless stored."""
+        node = self.nodes[name]
+        bus = node.bus or self.bus
+        within_s = self.inject_within
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                acks = await bus.publish_many(events)
+            except Exception as exc:  # noqa: BLE001 - a server down or electing: again
+                if time.monotonic() >= deadline:
+                    return [], f"not acknowledged within {within_s:g} s: {exc}"
+                self.log.warning("fleet injection not acknowledged yet", node=name, error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            self.published += len(events)
+            return [a.seq for a in acks], None
 
     async def _storm(self) -> None:
         """XID 79 on random healthy GPUs at `faults_per_hour` per node (a Poisson process)."""

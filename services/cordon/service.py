@@ -155,9 +155,10 @@ class CordonSettings(Section):
     )
     node_count_ttl: Duration = timedelta(seconds=30)
     lease_ttl: Duration = Field(
-        default=timedelta(seconds=10),
+        default=timedelta(seconds=20),
         description="with bus.partitions > 1: a replica's partitions are taken over this long"
-        " after it dies",
+        " after it dies; a replica that cannot renew for half of it stops its own, so keep it"
+        " above twice nats-server's longest election (9 s) of the bucket's leader",
     )
     breaker: BreakerSettings = BreakerSettings()
     xid_repeats: XidRepeatSettings = XidRepeatSettings()

@@ -20,6 +20,18 @@ def _prefix(name: str) -> str:
     return match.group("prefix") if match else name
 
 
+def _unique(base: str, key: str, namespace: str, taken: set[tuple[str, str]]) -> str:
+    """`<base>-<5 hex>` from `key`'s hash, unused in `namespace` (noted in `taken`): five
+    hex digits collide within a few thousand nodes, so a taken one is hashed again."""
+    for attempt in range(1000):
+        suffix = hashlib.sha256(f"{key}/{attempt}".encode() if attempt else key.encode())
+        name = f"{base}-{suffix.hexdigest()[:5]}"
+        if (namespace, name) not in taken:
+            taken.add((namespace, name))
+            return name
+    raise SeedError(f"no free pod name for {key}")
+
+
 def resize_seed(seed: Seed, nodes: int) -> Seed:
     """A copy of `seed` with exactly `nodes` GPU nodes; nodes without GPUs are kept."""
     if nodes < 1:
@@ -30,6 +42,7 @@ def resize_seed(seed: Seed, nodes: int) -> Seed:
     others = [n for n in seed.nodes if n not in shapes]
     kept = shapes[:nodes]
     names = {n.name for n in seed.nodes}
+    pod_names = {(p.namespace, p.name) for p in seed.pods}
     extra: list[NodeSeed] = []
     daemon_pods: list[PodSeed] = []
     for i in range(nodes - len(kept)):
@@ -43,11 +56,9 @@ def resize_seed(seed: Seed, nodes: int) -> Seed:
         extra.append(shape.model_copy(deep=True, update={"name": name}))
         for pod in seed.pods:
             if pod.node == shape.name and pod.role == "daemon":
-                suffix = hashlib.sha256(f"{pod.name}/{name}".encode()).hexdigest()[:5]
                 base = pod.name.rsplit("-", 1)[0]
-                daemon_pods.append(
-                    pod.model_copy(deep=True, update={"name": f"{base}-{suffix}", "node": name})
-                )
+                clone = _unique(base, f"{pod.name}/{name}", pod.namespace, pod_names)
+                daemon_pods.append(pod.model_copy(deep=True, update={"name": clone, "node": name}))
     fleet = [*kept, *extra]
     on_fleet = {n.name for n in [*fleet, *others]}
     pods = [p for p in seed.pods if p.node in on_fleet] + daemon_pods

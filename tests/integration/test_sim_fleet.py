@@ -3,6 +3,8 @@ the subjects and rates a real node publishes, and injections answered per node."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
 from collections import Counter
@@ -125,6 +127,13 @@ async def test_injections_are_answered_per_node_and_published_as_changes(rig: Ri
     nc = rig.bus.nc
     reply = await request_injection(nc, node, InjectRequest(gpu=1, xid=79))
     assert reply.ok and reply.applied == "XID 79"
+    # Answered once stored: the XID and the health change, at the sequences it names.
+    assert reply.stored is not None and len(reply.stored) == 2
+    stored = [await rig.bus.js.get_msg("GPU", seq) for seq in reply.stored]
+    assert [str(m.subject).split(".")[:4] for m in stored] == [
+        ["gpu", "xid", node, "1"],
+        ["gpu", "health", node, "1"],
+    ]
     failed = await rig.last(f"gpu.health.{node}.1", state="failed")
     assert failed["previous_state"] == "healthy"
     assert failed["recommended_action"] == "reboot_node" and failed["sequence"] == 2
@@ -149,6 +158,27 @@ async def test_injections_are_answered_per_node_and_published_as_changes(rig: Ri
     assert not reply.ok and "not simulated" in (reply.error or "")
     with pytest.raises(NoRespondersError):
         await request_injection(nc, "no-such-node", InjectRequest(gpu=0, xid=79))
+
+
+async def test_an_injection_not_stored_is_not_answered_ok(tmp_path: Path) -> None:
+    """No stream takes the fault (none provisioned): the reply says so, not ok."""
+    async with EmbeddedNats(tmp_path / "nats") as server:
+        settings = BusSettings(url=server.url, provision=False, publish_timeout="0.2s")
+        bus = await Bus.connect(settings, source="test/fleet")
+        node = NodeSeed(name=f"lonely-{uuid.uuid4().hex[:6]}", gpu=Gpu(count=1))
+        fleet = Fleet(bus, [node], inject_within=0.5)
+        running = asyncio.create_task(fleet.run())
+        try:
+            await wait_for(fleet.ready.is_set, timeout=10, what="fleet ready")
+            request = InjectRequest(gpu=0, xid=79)
+            reply = await request_injection(bus.nc, node.name, request, timeout=10)
+            assert not reply.ok and reply.stored is None
+            assert (reply.error or "").startswith("not acknowledged within 0.5 s")
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            await bus.close(grace=1)
 
 
 async def test_with_nkeys_each_node_publishes_as_itself(tmp_path: Path) -> None:

@@ -29,6 +29,17 @@ def test_more_nodes_clone_the_shapes_in_turn_with_an_agent_pod_each() -> None:
     assert len({p.name for p in big.pods}) == len(big.pods)
 
 
+def test_a_fleet_of_thousands_has_no_two_pods_of_one_name() -> None:
+    """Five hex digits per agent pod collide by 2,500 nodes (the sim cluster then refused
+    the seed: `pods "nodeward-agent-..." already exists`)."""
+    big = resize_seed(load_seed(), 5000)
+    assert len({(p.namespace, p.name) for p in big.pods}) == len(big.pods)
+    assert len([p for p in big.pods if p.role == "daemon"]) >= 5000
+    # The first clones keep the names they had (`up --nodes N` below the collisions).
+    small = resize_seed(load_seed(), 11)
+    assert {p.name for p in small.pods} <= {p.name for p in big.pods}
+
+
 def test_zero_is_refused() -> None:
     with pytest.raises(SeedError, match="at least 1"):
         resize_seed(load_seed(), 0)
