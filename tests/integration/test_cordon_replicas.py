@@ -133,8 +133,9 @@ async def test_a_killed_replicas_partitions_are_taken_over_and_nothing_applied_t
             held = await holders()
             return len(held) == PARTITIONS and all(mine(h) for h in held.values())
 
-        await wait_for(all_mine, timeout=TTL + 3, interval=0.1, what="the survivor's takeover")
-        assert time.monotonic() - killed < TTL + 3
+        # Within the TTL and the survivor's next claim round; the slack is for a loaded CI.
+        await wait_for(all_mine, timeout=2 * TTL + 4, interval=0.1, what="the survivor's takeover")
+        assert time.monotonic() - killed < 2 * TTL + 4
         await wait_for(lambda: quarantined(rest), timeout=30, what="the rest quarantined")
         for node in env.nodes:
 
