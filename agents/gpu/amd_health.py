@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agents.gpu.health import Finding
+from agents.gpu.health import Finding, thermal_findings
 from agents.sources.amdsmi import AmdEvent, AmdHealthSample
 from schemas.gpu import HealthState, RecommendedAction
 
@@ -102,33 +102,13 @@ def sample_findings(s: AmdHealthSample, limits: AmdLimits) -> list[Finding]:
                     evidence=evidence,
                 )
             )
-    temp = s.temperature_c
-    thermal = {
-        "temperature_c": temp,
-        "slowdown_c": s.slowdown_c,
-        "shutdown_c": s.shutdown_c,
-        "sensor": "hotspot",
-    }
-    if temp is not None and s.shutdown_c is not None and temp >= s.shutdown_c:
-        out.append(
-            Finding(
-                "thermal_shutdown",
-                HealthState.FAILED,
-                RecommendedAction.DRAIN_AND_RMA,
-                f"hotspot {temp} °C at or above the emergency threshold {s.shutdown_c} °C",
-                evidence=thermal,
-            )
-        )
-    elif temp is not None and s.slowdown_c is not None and temp >= s.slowdown_c:
-        out.append(
-            Finding(
-                "thermal_slowdown",
-                HealthState.DEGRADED,
-                RecommendedAction.NONE,
-                f"hotspot {temp} °C at or above the critical threshold {s.slowdown_c} °C",
-                evidence=thermal,
-            )
-        )
+    out += thermal_findings(
+        s.temperature_c,
+        s.slowdown_c,
+        s.shutdown_c,
+        sensor="hotspot",
+        names=("critical", "emergency"),
+    )
     return out
 
 

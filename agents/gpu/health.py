@@ -224,28 +224,7 @@ def sample_findings(s: HealthSample, limits: Limits) -> list[Finding]:
                     evidence=rows,
                 )
             )
-    temp = s.temperature_c
-    thermal = {"temperature_c": temp, "slowdown_c": s.slowdown_c, "shutdown_c": s.shutdown_c}
-    if temp is not None and s.shutdown_c is not None and temp >= s.shutdown_c:
-        out.append(
-            Finding(
-                "thermal_shutdown",
-                HealthState.FAILED,
-                RecommendedAction.DRAIN_AND_RMA,
-                f"{temp} °C at or above the shutdown threshold {s.shutdown_c} °C",
-                evidence=thermal,
-            )
-        )
-    elif temp is not None and s.slowdown_c is not None and temp >= s.slowdown_c:
-        out.append(
-            Finding(
-                "thermal_slowdown",
-                HealthState.DEGRADED,
-                RecommendedAction.NONE,
-                f"{temp} °C at or above the slowdown threshold {s.slowdown_c} °C",
-                evidence=thermal,
-            )
-        )
+    out += thermal_findings(s.temperature_c, s.slowdown_c, s.shutdown_c)
     if s.clock_reasons:
         active = [name for name, bit in _THROTTLE_BITS.items() if s.clock_reasons & bit]
         if active:
@@ -284,6 +263,49 @@ def sample_findings(s: HealthSample, limits: Limits) -> list[Finding]:
         if found is not None:
             out.append(found)
     return out
+
+
+def thermal_findings(
+    temp: float | None,
+    slowdown_c: float | None,
+    shutdown_c: float | None,
+    *,
+    sensor: str | None = None,
+    names: tuple[str, str] = ("slowdown", "shutdown"),
+) -> list[Finding]:
+    """A temperature at or above the shutdown threshold fails the GPU (RMA); at or above
+    the slowdown threshold it degrades it. `names` are the vendor's words for the two
+    thresholds, `sensor` the sensor read (evidence and message)."""
+    evidence: dict[str, Any] = {
+        "temperature_c": temp,
+        "slowdown_c": slowdown_c,
+        "shutdown_c": shutdown_c,
+    }
+    where = ""
+    if sensor is not None:
+        evidence["sensor"] = sensor
+        where = f"{sensor} "
+    if temp is not None and shutdown_c is not None and temp >= shutdown_c:
+        return [
+            Finding(
+                "thermal_shutdown",
+                HealthState.FAILED,
+                RecommendedAction.DRAIN_AND_RMA,
+                f"{where}{temp} °C at or above the {names[1]} threshold {shutdown_c} °C",
+                evidence=evidence,
+            )
+        ]
+    if temp is not None and slowdown_c is not None and temp >= slowdown_c:
+        return [
+            Finding(
+                "thermal_slowdown",
+                HealthState.DEGRADED,
+                RecommendedAction.NONE,
+                f"{where}{temp} °C at or above the {names[0]} threshold {slowdown_c} °C",
+                evidence=evidence,
+            )
+        ]
+    return []
 
 
 def recovery_finding(action: int) -> Finding | None:
