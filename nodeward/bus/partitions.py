@@ -110,6 +110,7 @@ class PartitionedConsumer:
         self._stopping = asyncio.Event()
         # Start each replica's search for free partitions at a different one.
         self._offset = zlib.crc32(self.holder.encode()) % spec.partitions
+        self._live = 1  # replicas last counted; until read, take every free partition
         self.log = structlog.get_logger().bind(consumer=self.name, holder=self.holder)
 
     @property
@@ -127,7 +128,11 @@ class PartitionedConsumer:
         return index in self.running and index not in self._starting
 
     async def start(self) -> None:
-        await self.tick()
+        try:
+            await self.tick()
+        except Exception as exc:  # noqa: BLE001 - KV trouble at start: the loop tries again
+            self.log.warning("partitions.tick_failed", error=one_line(exc))
+            await self._drop_overdue()
         self._task = asyncio.create_task(self._loop(), name=f"partitions:{self.name}")
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -220,14 +225,21 @@ class PartitionedConsumer:
     async def _replicas(self) -> int:
         """Live replicas: unexpired membership leases (this one counts even if unread)."""
         prefix = lease_key(f"{self.name}.member.")
-        entries = await kv_entries(self.bus.nc, self.kv._name, [prefix], timeout=self.ttl / 6)
+        try:
+            entries = await kv_entries(
+                self.bus.nc, self.kv._name, [prefix], timeout=max(self.ttl / 6, 1.0)
+            )
+        except Exception as exc:  # noqa: BLE001 - unread: the count last read stands
+            self.log.warning("partitions.members_unread", error=one_line(exc))
+            return self._live
         now = time.time()
         live = {self.holder}
         for raw in (entries or {}).values():
             record = LeaseRecord.model_validate_json(raw)
             if record.expires_at > now:
                 live.add(record.holder)
-        return len(live)
+        self._live = len(live)
+        return self._live
 
     async def _take(self, index: int, *, clean: bool = False) -> None:
         specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
