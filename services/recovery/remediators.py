@@ -60,8 +60,10 @@ class Tools:
 
 class Remediator(Protocol):
     name: str
-    reboots: bool
-    """True: done when the node's bootID changes; False: done when the ask returns."""
+
+    def waits_for_reboot(self, plan: Plan) -> bool:
+        """True: done when the node's bootID changes; False: done when the ask returns."""
+        ...
 
     async def ask(self, record: RecoveryRecord, tools: Tools) -> dict[str, Any]:
         """Ask for the cure; the details to audit. Raises `RemediatorError`."""
@@ -74,7 +76,9 @@ class Remediator(Protocol):
 
 class GpuReset:
     name = "gpu-reset"
-    reboots = False
+
+    def waits_for_reboot(self, plan: Plan) -> bool:
+        return False
 
     async def ask(self, record: RecoveryRecord, tools: Tools) -> dict[str, Any]:
         request = ResetRequest(
@@ -101,7 +105,9 @@ class GpuReset:
 
 class RebootAnnotation:
     name = "reboot-annotation"
-    reboots = True
+
+    def waits_for_reboot(self, plan: Plan) -> bool:
+        return True
 
     async def ask(self, record: RecoveryRecord, tools: Tools) -> dict[str, Any]:
         request_id = record.attempt_id("reboot")
@@ -118,7 +124,10 @@ class RebootAnnotation:
 
 class Webhook:
     name = "webhook"
-    reboots = True
+
+    def waits_for_reboot(self, plan: Plan) -> bool:
+        """Asked for a reset, it is done when it answers; for a reboot, at the new boot."""
+        return plan == Plan.REBOOT
 
     async def ask(self, record: RecoveryRecord, tools: Tools) -> dict[str, Any]:
         if not tools.webhook_url:
@@ -146,8 +155,3 @@ class Webhook:
 REMEDIATORS: Mapping[str, Remediator] = {
     r.name: r for r in (GpuReset(), RebootAnnotation(), Webhook())
 }
-
-
-def waits_for_reboot(remediator: Remediator, plan: Plan) -> bool:
-    """A webhook asked for a reset is done when it answers; for a reboot, at the new boot."""
-    return remediator.reboots and (remediator.name != "webhook" or plan == Plan.REBOOT)

@@ -93,7 +93,6 @@ from services.recovery.remediators import (
     RemediatorError,
     Tools,
     boot_id,
-    waits_for_reboot,
 )
 
 NAME = "recovery"
@@ -560,7 +559,7 @@ class RecoveryService:
             return
         if decided.outcome != Outcome.APPLIED:
             return
-        if waits_for_reboot(remediator, record.plan):
+        if remediator.waits_for_reboot(record.plan):
             await self._save(record, Step.REBOOTING, f"asked ({remediator.name})")
         else:
             await self._save(record, Step.VALIDATING, f"reset ({remediator.name})")

@@ -37,6 +37,7 @@ from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, Seed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
+from tests.conftest import wait_for as shared_wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.crash_fixtures import ServiceProcess
 
@@ -87,14 +88,8 @@ class RecoveryEnv:
 
 
 async def wait_for(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
+    """The shared `tests.conftest.wait_for`, with this file's longer default."""
+    return await shared_wait_for(check, timeout=timeout, interval=0.1, what=what)
 
 
 @pytest.fixture
@@ -441,7 +436,12 @@ async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any)
 
     (decision,) = await wait_for(dry, "the dry-run decision")
     assert decision.outcome.value == "dry_run" and decision.dry_run
-    await asyncio.sleep(1)  # what a real run would have done by now (drain asked) is absent
+
+    async def trigger_acked() -> bool:  # the handler is done with it: acked, nothing pending
+        info = await env.bus.js.consumer_info("AUDIT", env.bucket)  # consumer named as bucket
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(trigger_acked, "the quarantine's audit record acknowledged")
     assert await env.record() is None
     assert not await read_stream(env.bus, "MAINTENANCE", f"maintenance.*.{env.node}")
     assert _has_taint(await env.node_obj())
