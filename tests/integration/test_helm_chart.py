@@ -664,6 +664,10 @@ def test_replicas_and_partitions_reach_the_deployments_and_the_config(tmp_path: 
         ({"services": {"cordon": {"replicas": 2}}}, "services.cordon.replicas: 2 keeps its order"),
         ({"partitions": 17}, "partitions: 17; it must be 1 to 16"),
         ({"partitions": 4, "services": {"capacity": {"replicas": 2}}}, "one replica counts"),
+        (
+            {"partitions": 4, "services": {"recovery": {"enabled": True, "replicas": 2}}},
+            "services.recovery.replicas: one replica drives",
+        ),
     ],
 )
 def test_replicas_that_would_lose_order_are_refused(
