@@ -34,7 +34,6 @@ import time
 import uuid
 import zlib
 from collections.abc import Sequence
-from datetime import datetime
 
 import structlog
 from nats.js.errors import NotFoundError
@@ -53,21 +52,6 @@ def replica_id() -> str:
     """This process's name among replicas: host, pid and a random suffix (a KV key token)."""
     raw = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     return re.sub(r"[^A-Za-z0-9_-]", "_", raw)
-
-
-REDELIVERY_MARGIN_S = 1.0
-"""Added to a redelivery wait counted from the server's clock (for skew and the timer)."""
-
-
-def redelivery_wait(ack_wait: float, last_delivery: datetime | None, now: float) -> float:
-    """Seconds until every message out to a former holder is due again: each was delivered
-    at or before the consumer's last delivery (`delivered.last_active`, server time), so
-    all are due `ack_wait` after it; at most `ack_wait`, all of it when the server does not
-    say. A holder that died a TTL ago leaves that much less to wait."""
-    if last_delivery is None:
-        return ack_wait
-    due = last_delivery.timestamp() + ack_wait - now + REDELIVERY_MARGIN_S
-    return min(ack_wait, max(0.0, due))
 
 
 class PartitionedConsumer:
@@ -245,18 +229,19 @@ class PartitionedConsumer:
         specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
         waits = []
         for spec, _ in specs:
-            out, last = 0, None
+            out = 0
             if not clean:
                 try:
                     info = await self.bus.js.consumer_info(spec.stream, spec.name)
                     out = info.num_ack_pending or 0
-                    last = info.delivered.last_active if info.delivered else None
                 except NotFoundError:
                     pass
-            # A holder that died left messages out: they come back once their ack_wait is
-            # over, ahead of newer ones; handling nothing before then keeps the key's order.
-            ack_wait = spec.ack_wait.total_seconds()
-            waits.append(redelivery_wait(ack_wait, last, time.time()) if out else 0.0)
+            # A holder that died left messages out: they come back after ack_wait, ahead of
+            # newer ones; handling nothing before then keeps the key's order. A whole
+            # ack_wait from now: the holder's in-progress acks pushed each deadline past its
+            # delivery (`delivered.last_active` does not bound them), and it sent none since
+            # it died, which was before now.
+            waits.append(spec.ack_wait.total_seconds() if out else 0.0)
             if out:
                 self.log.info(
                     "partitions.awaiting_redelivery",

@@ -92,19 +92,3 @@ def test_only_partitioned_durables_are_granted_per_partition() -> None:
     assert f"$JS.API.CONSUMER.MSG.NEXT.GPU.cordon-p{MAX_PARTITIONS}" not in cordon
     capacity = service_user("capacity", GRANTS["capacity"], "x").publish
     assert not any("capacity-p" in s for s in capacity)
-
-
-def test_a_takeover_waits_only_for_what_is_left_of_the_ack_wait() -> None:
-    """Messages out to a holder that died are due again `ack_wait` after the consumer's last
-    delivery: a takeover a lease TTL later waits the rest, not a whole `ack_wait` more."""
-    from datetime import UTC, datetime
-
-    from nodeward.bus.partitions import REDELIVERY_MARGIN_S, redelivery_wait
-
-    now = 1_000_000.0
-    last = datetime.fromtimestamp(now - 10, UTC)  # delivered 10 s ago (the TTL)
-    assert redelivery_wait(30.0, last, now) == pytest.approx(20.0 + REDELIVERY_MARGIN_S)
-    assert redelivery_wait(30.0, datetime.fromtimestamp(now - 60, UTC), now) == 0.0
-    assert redelivery_wait(30.0, None, now) == 30.0  # the server did not say: all of it
-    # A server clock ahead of ours never makes it wait longer than ack_wait.
-    assert redelivery_wait(30.0, datetime.fromtimestamp(now + 5, UTC), now) == 30.0
