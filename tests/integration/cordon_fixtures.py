@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -9,6 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 
 from nodeward.bus import Bus
@@ -121,7 +124,23 @@ async def read_stream(
 ) -> list[Event[Any]]:
     """Every stored event on `subject`, decoded. `skip_invalid` leaves out what does not
     decode: for broad reads of a stream shared with tests that store bad input on purpose
-    (the notifier's DLQ test leaves a notice without a title in NOTIFY)."""
+    (the notifier's DLQ test leaves a notice without a title in NOTIFY).
+
+    On a three-server cluster a fresh consumer can answer 503 while its leader settles
+    (or after a server was killed): the read starts over, a few times, before failing."""
+    for attempt in range(5):
+        try:
+            return await _read_once(bus, stream, subject, skip_invalid=skip_invalid)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def _read_once(
+    bus: Bus, stream: str, subject: str, *, skip_invalid: bool
+) -> list[Event[Any]]:
     info = await bus.js.stream_info(stream, subjects_filter=subject)
     total = sum((info.state.subjects or {}).values())
     if not total:
