@@ -151,6 +151,10 @@ class ConsumerSpec:
             raise ValueError("partitions must be at least 1")
         if self.partitions > 1 and stream_spec(self.stream).partitioning is None:
             raise ValueError(f"stream {self.stream} is not partitioned (StreamSpec.partitioning)")
+        if self.partitions > 1 and self.lease_ttl < timedelta(seconds=3):
+            # A handover (pull requests of at least 1.5 s waited out, then a grace) must
+            # finish inside the lease it was renewed under.
+            raise ValueError("a partitioned consumer's lease_ttl must be at least 3s")
 
     def partition(self, index: int) -> ConsumerSpec:
         """The durable of partition `index`: `<name>-p<index>` on the same subjects narrowed

@@ -15,8 +15,9 @@ joins. A replica that dies keeps its leases until they expire (`lease_ttl`); the
 take its partitions over. A replica stops consuming a partition (finishing in-flight messages
 within a grace, nak-ing the rest) before its lease can expire: when it loses the lease to
 another, when it gives a partition back, and when it has not renewed for half the TTL. A
-replica taking over a partition that still has messages out to a dead holder waits one
-`ack_wait` first, so those come back (ahead of newer ones) before it handles anything: per-key
+replica taking over a partition that was not handed over cleanly first waits until none of
+the old holder's pull requests is open on the server, then, if the holder left messages out,
+one `ack_wait`, so those come back (ahead of newer ones) before it handles anything: per-key
 order holds across replicas and no message is handled by two at once.
 
 Leases compare wall clocks (`expires_at`): replicas' clocks must agree to well under the TTL.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import re
@@ -88,6 +90,7 @@ class PartitionedConsumer:
         self.member = Lease(kv, f"{self.name}.member.{self.holder}", self.holder, ttl=self.ttl)
         self.running: dict[int, list[Consumer]] = {}
         self._starting: dict[int, asyncio.Task[None]] = {}  # partition -> its start
+        self._leaving: dict[int, asyncio.Task[None]] = {}  # partition -> its handover
         self.renewed: dict[int, float] = {}  # partition -> monotonic time its renewal began
         self.bound = False
         self._task: asyncio.Task[None] | None = None
@@ -127,8 +130,9 @@ class PartitionedConsumer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for i in list(self.running):
-            await self._give_back(i, grace)
+        await asyncio.gather(
+            *self._leaving.values(), *(self._give_back(i, grace) for i in list(self.running))
+        )
         with contextlib.suppress(Exception):
             await self.member.release()
         self.bound = False
@@ -153,6 +157,7 @@ class PartitionedConsumer:
         """Renew what is held, drop what is lost, then take or give back partitions until
         this replica holds its share of the live replicas'."""
         await self._renew(self.member)
+        lost = []
         for i in list(self.running):
             began = time.monotonic()
             ours = await self._renew(self.leases[i])
@@ -160,17 +165,18 @@ class PartitionedConsumer:
                 self.renewed[i] = began
             elif ours is False:
                 self.log.warning("partitions.lease_lost", partition=i)
-                await self._give_back(i, self._grace, release=False)
+                lost.append(i)
+        await asyncio.gather(*(self._give_back(i, self._grace, release=False) for i in lost))
         await self._drop_overdue()
         share = math.ceil(self.partitions / await self._replicas())
         for i in sorted(self.running, reverse=True)[: max(len(self.running) - share, 0)]:
             self.log.info("partitions.rebalance", partition=i, share=share)
-            await self._give_back(i, self._grace)
+            self._hand_back(i)
         for step in range(self.partitions):
             if len(self.running) >= share or self._stopping.is_set():
                 break
             i = (self._offset + step) % self.partitions
-            if i in self.running:
+            if i in self.running or i in self._leaving:
                 continue
             prior = await self.leases[i].store.get(lease_key(self.leases[i].name))
             began = time.monotonic()
@@ -201,10 +207,10 @@ class PartitionedConsumer:
         """Stop consuming any partition not renewed for half the TTL: it must be stopped
         before its lease can expire and another replica take it."""
         now = time.monotonic()
-        for i in list(self.running):
-            if now - self.renewed.get(i, now) > self.ttl / 2:
-                self.log.warning("partitions.renewal_overdue", partition=i)
-                await self._give_back(i, self._grace, release=False)
+        overdue = [i for i in self.running if now - self.renewed.get(i, now) > self.ttl / 2]
+        for i in overdue:
+            self.log.warning("partitions.renewal_overdue", partition=i)
+        await asyncio.gather(*(self._give_back(i, self._grace, release=False) for i in overdue))
 
     async def _replicas(self) -> int:
         """Live replicas: unexpired membership leases (this one counts even if unread)."""
@@ -227,58 +233,101 @@ class PartitionedConsumer:
 
     async def _take(self, index: int, *, clean: bool = False) -> None:
         specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
-        waits = []
-        for spec, _ in specs:
-            out = 0
-            if not clean:
-                try:
-                    info = await self.bus.js.consumer_info(spec.stream, spec.name)
-                    out = info.num_ack_pending or 0
-                except NotFoundError:
-                    pass
-            # A holder that died left messages out: they come back after ack_wait, ahead of
-            # newer ones; handling nothing before then keeps the key's order. A whole
-            # ack_wait from now: the holder's in-progress acks pushed each deadline past its
-            # delivery (`delivered.last_active` does not bound them), and it sent none since
-            # it died, which was before now.
-            waits.append(spec.ack_wait.total_seconds() if out else 0.0)
-            if out:
-                self.log.info(
-                    "partitions.awaiting_redelivery",
-                    partition=index,
-                    consumer=spec.name,
-                    pending=out,
-                    wait=waits[-1],
-                )
         consumers = self.running[index] = [Consumer(self.bus, s, h) for s, h in specs]
         self._starting[index] = asyncio.create_task(
-            self._start(index, consumers, waits), name=f"partition:{self.name}-p{index}"
+            self._start(index, consumers, clean=clean), name=f"partition:{self.name}-p{index}"
         )
 
-    async def _start(self, index: int, consumers: list[Consumer], waits: list[float]) -> None:
-        async def one(consumer: Consumer, wait: float) -> None:
-            if wait:
-                await asyncio.sleep(wait)
+    async def _start(self, index: int, consumers: list[Consumer], *, clean: bool) -> None:
+        async def one(consumer: Consumer) -> None:
+            if not clean:
+                await self._await_redelivery(index, consumer.spec)
             await consumer.start()
 
         try:
-            await asyncio.gather(*(one(c, w) for c, w in zip(consumers, waits, strict=True)))
+            await asyncio.gather(*(one(c) for c in consumers))
         except Exception as exc:  # noqa: BLE001 - give it back; a later tick takes it again
             self.log.warning("partitions.start_failed", partition=index, error=one_line(exc))
             self._starting.pop(index, None)
             await self._give_back(index, self._grace)
             return
         self._starting.pop(index, None)
-        self.log.info("partitions.taken", partition=index)
+        self.log.info("partitions.taken", partition=index, clean=clean)
+
+    async def _await_redelivery(self, index: int, spec: ConsumerSpec) -> None:
+        """Before consuming a partition a holder may have left without handing it over:
+        wait until no pull request of the old holder is open on the server (one could still
+        take the key's next message after we looked), then, if it left messages out, one
+        whole `ack_wait`, so they come back ahead of newer ones. A whole one from now: the
+        holder's in-progress acks pushed each deadline past its delivery
+        (`delivered.last_active` does not bound them), and it sent none since it stopped,
+        which was before now."""
+        loop = asyncio.get_running_loop()
+        ack_wait = spec.ack_wait.total_seconds()
+        # A stopped holder's requests expire within its `pull_expires`; a whole `ack_wait`
+        # bounds the wait should the server keep counting one.
+        deadline = loop.time() + max(ack_wait, spec.pull_expires + 1.0)
+        while True:
+            try:
+                info = await self.bus.js.consumer_info(spec.stream, spec.name)
+            except NotFoundError:
+                return  # never created: nothing was ever delivered
+            if not info.num_waiting or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.2)
+        out = info.num_ack_pending or 0
+        if info.num_waiting:
+            self.log.warning(
+                "partitions.requests_still_open",
+                partition=index,
+                consumer=spec.name,
+                waiting=info.num_waiting,
+            )
+        if out:
+            self.log.info(
+                "partitions.awaiting_redelivery",
+                partition=index,
+                consumer=spec.name,
+                pending=out,
+                wait=ack_wait,
+            )
+            await asyncio.sleep(ack_wait)
+
+    def _hand_back(self, index: int) -> None:
+        """Give partition `index` back in the background, so the claim loop goes on renewing
+        the others meanwhile (a handover waits out open pull requests). The lease, renewed
+        in this tick, outlasts the handover: `pull_expires` + 0.5 s + grace < TTL."""
+        task = asyncio.create_task(
+            self._wind_down(index, *self._detach(index), grace=self._grace, release=True),
+            name=f"handover:{self.name}-p{index}",
+        )
+        self._leaving[index] = task
+        task.add_done_callback(functools.partial(self._left, index))
+
+    def _left(self, index: int, task: asyncio.Task[None]) -> None:
+        self._leaving.pop(index, None)
 
     async def _give_back(self, index: int, grace: float, *, release: bool = True) -> None:
-        starting = self._starting.pop(index, None)
+        await self._wind_down(index, *self._detach(index), grace=grace, release=release)
+
+    def _detach(self, index: int) -> tuple[list[Consumer], asyncio.Task[None] | None]:
+        """Stop counting partition `index` as held or owned: its consumers and start task."""
+        self.renewed.pop(index, None)
+        return self.running.pop(index, []), self._starting.pop(index, None)
+
+    async def _wind_down(
+        self,
+        index: int,
+        consumers: list[Consumer],
+        starting: asyncio.Task[None] | None,
+        *,
+        grace: float,
+        release: bool,
+    ) -> None:
         if starting is not None and starting is not asyncio.current_task():
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
-        consumers = self.running.pop(index, [])
-        self.renewed.pop(index, None)
         # Handing over (the lease still ours): also wait out the open pull requests, so
         # nothing is left out to this replica and the next holder starts at once.
         await asyncio.gather(*(c.stop(grace, handover=release) for c in consumers if c.bound))

@@ -36,14 +36,6 @@ PARTITIONS = 4
 TTL = 3.0
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known defect, issue 19: about one run in five a node's events are handled out of "
-        "order after the takeover (the survivor starts the partition without waiting, "
-        "num_ack_pending read 0 while the dead replica had messages out); not yet explained"
-    ),
-)
 async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
     nats_cluster: NatsCluster, tmp_path: Path
 ) -> None:

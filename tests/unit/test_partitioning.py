@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from nodeward.bus import ConsumerSpec
@@ -92,3 +94,9 @@ def test_only_partitioned_durables_are_granted_per_partition() -> None:
     assert f"$JS.API.CONSUMER.MSG.NEXT.GPU.cordon-p{MAX_PARTITIONS}" not in cordon
     capacity = service_user("capacity", GRANTS["capacity"], "x").publish
     assert not any("capacity-p" in s for s in capacity)
+
+
+def test_a_partitioned_lease_is_long_enough_for_a_handover() -> None:
+    with pytest.raises(ValueError, match="lease_ttl"):
+        ConsumerSpec("x", "GPU", ("gpu.health.>",), partitions=4, lease_ttl=timedelta(seconds=2))
+    ConsumerSpec("x", "GPU", ("gpu.health.>",), partitions=1, lease_ttl=timedelta(seconds=1))

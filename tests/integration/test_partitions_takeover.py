@@ -1,0 +1,96 @@
+"""Taking over a partition whose holder stopped without handing it over, while one of the
+old holder's pull requests is still open on the server: the next message for a node goes
+to that request and is lost to it until `ack_wait`. The new holder must not handle the
+node's later messages first: it waits until the old request is gone, sees the message
+out, and waits for it to come back."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus.partitions import PartitionedConsumer
+from nodeward.bus.server import EmbeddedNats
+from nodeward.config import BusSettings
+from schemas.base import Event
+from schemas.gpu import GpuHealth, HealthState
+from schemas.state.lease import LeaseRecord, lease_key
+from schemas.streams import Partitioning
+from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import health
+
+pytestmark = pytest.mark.timeout(60)
+
+PARTITIONS = 4
+ACK_WAIT = 2.0
+
+
+def spec(name: str) -> ConsumerSpec:
+    return ConsumerSpec(
+        name=name,
+        stream="GPU",
+        subjects=("gpu.health.>",),
+        types=frozenset({GpuHealth.TYPE}),
+        partitions=PARTITIONS,
+        lease_ttl=timedelta(seconds=3),
+        ack_wait=timedelta(seconds=ACK_WAIT),
+        order_key=lambda e: str(e.data.node),
+    )
+
+
+async def test_an_old_holders_open_pull_request_does_not_reorder_a_node(
+    own_nats: EmbeddedNats,
+) -> None:
+    bus = await Bus.connect(BusSettings(url=own_nats.url, partitions=PARTITIONS), source="t")
+    kv = await bus.kv(f"leases-{uuid.uuid4().hex[:6]}", history=1)
+    name = f"takeover-{uuid.uuid4().hex[:6]}"
+    node = f"tn-{uuid.uuid4().hex[:6]}"
+    part = spec(name).partition(Partitioning.index((node,), PARTITIONS))
+    await bus.js.add_consumer(part.stream, config=part.config())
+    # The old holder: its lease expired without a handover, and its last pull request (one
+    # message, a few seconds) is still open; it will never ack what that request gets.
+    index = int(part.name.rsplit("-p", 1)[1])
+    dead = LeaseRecord(holder="dead-replica", expires_at=time.time() - 1, acquired_at=0.0)
+    await kv.put(lease_key(f"{name}.p{index}"), dead.model_dump_json().encode())
+    zombie: list[Msg] = []
+
+    async def lost(msg: Msg) -> None:
+        if not msg.headers or "Status" not in msg.headers:
+            zombie.append(msg)
+
+    inbox = bus.nc.new_inbox()
+    sub = await bus.nc.subscribe(inbox, cb=lost)
+    request = {"batch": 1, "expires": int(4e9)}
+    await bus.nc.publish(
+        f"$JS.API.CONSUMER.MSG.NEXT.{part.stream}.{part.name}",
+        json.dumps(request).encode(),
+        reply=inbox,
+    )
+    await bus.nc.flush()
+    handled: list[int] = []
+
+    async def handle(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.data.sequence)
+
+    consumer = await bus.consume(spec(name), handle, leases=kv)
+    assert isinstance(consumer, PartitionedConsumer)
+    try:
+        assert consumer.held == list(range(PARTITIONS))
+        await bus.publish(health(node, HealthState.HEALTHY, seq=1))
+        await wait_for(lambda: zombie, timeout=5, what="the old request taking event 1")
+        await bus.publish(health(node, HealthState.HEALTHY, seq=2))
+        await wait_for(lambda: len(handled) >= 2, timeout=20, what="both events handled")
+        # Event 1 came back (after ack_wait) and was handled before event 2.
+        assert handled == [1, 2]
+        assert consumer.owns(node)
+    finally:
+        await sub.unsubscribe()
+        await consumer.stop(1)
+        await bus.close(grace=1)
