@@ -9,6 +9,7 @@ calm period after the trip has passed.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field
 
 from nodeward.bus import Bus
+from nodeward.bus.dlq import one_line
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
@@ -92,10 +94,14 @@ def decide(
 
 
 class NodePopulation:
-    """How many nodes the breaker's percentage is of, read through the kube port (cached
-    for `ttl` seconds). Several selectors add up (one GPU vendor to a node). With no node
-    matching (no GPU feature discovery) it counts every node: a limit of 0 would refuse
-    everything."""
+    """How many nodes the breaker's percentage is of, read through the kube port. Several
+    selectors add up (one GPU vendor to a node). With no node matching (no GPU feature
+    discovery) it counts every node: a limit of 0 would refuse everything.
+
+    Kept off the fault's path: `prime` counts in the background at start; a count older
+    than `ttl` is still answered while a background read renews it (a full node list takes
+    about a second at 5,000 nodes). Only with no count yet, or one older than `max_stale`
+    (the reads keep failing), does a caller wait for the list."""
 
     def __init__(
         self,
@@ -103,18 +109,45 @@ class NodePopulation:
         selector: str | list[str] | None,
         *,
         ttl: float = 30.0,
+        max_stale: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.count = count
         self.selector = selector
         self.ttl = ttl
+        self.max_stale = max_stale if max_stale is not None else 10 * ttl
         self.clock = clock
         self._cached: tuple[float, int] | None = None
+        self._reading: asyncio.Task[int] | None = None
+
+    def prime(self) -> None:
+        """Start counting now, in the background, so the first quarantine need not wait."""
+        self._renew()
 
     async def __call__(self) -> int:
         now = self.clock()
-        if self._cached and now - self._cached[0] < self.ttl:
-            return self._cached[1]
+        if self._cached is not None:
+            at, value = self._cached
+            if now - at < self.ttl:
+                return value
+            if now - at < self.max_stale:
+                self._renew()
+                return value
+        return await asyncio.shield(self._renew())
+
+    def _renew(self) -> asyncio.Task[int]:
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.create_task(self._read(), name="breaker-population")
+            self._reading.add_done_callback(self._settled)
+        return self._reading
+
+    @staticmethod
+    def _settled(task: asyncio.Task[int]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            structlog.get_logger().warning("breaker.population_unread", error=one_line(error))
+
+    async def _read(self) -> int:
         selectors = [self.selector] if isinstance(self.selector, str) else self.selector or []
         count = sum([await self.count(s) for s in selectors])
         if not selectors:
@@ -124,7 +157,7 @@ class NodePopulation:
                 "breaker.selector_matches_nothing", selector=self.selector
             )
             count = await self.count(None)
-        self._cached = (now, count)
+        self._cached = (self.clock(), count)
         return count
 
 
@@ -212,9 +245,8 @@ async def node_breaker(
     async def count(selector: str | None) -> int:
         return len(await cluster.nodes.list(label_selector=selector))
 
+    population = NodePopulation(count, settings.node_selector, ttl=ttl)
+    population.prime()
     return CircuitBreaker(
-        await bus.kv(settings.bucket, history=5),
-        settings,
-        NodePopulation(count, settings.node_selector, ttl=ttl),
-        registry=registry,
+        await bus.kv(settings.bucket, history=5), settings, population, registry=registry
     )
