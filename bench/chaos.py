@@ -39,7 +39,9 @@ of storm and checks; the start-up takes what it takes):
 
     PYTHONPATH=$PWD python bench/chaos.py [--nodes 5000] [--quick] [--partitions 4]
         [--faults N] [--breaker 30] [--storm 5] [--ack-wait 30s] [--lease-ttl 20s]
-        [--kill-leader-of GPU]
+        [--kill-leader-of GPU] [--no-kill]
+
+`--no-kill`: the same storm with nothing killed (the calm figures to compare with).
 """
 
 from __future__ import annotations
@@ -390,6 +392,8 @@ async def chaos(args: argparse.Namespace) -> Run:
         injections = []
         step = args.storm / args.faults
         kill_nats_at, kill_replica_at = 0.4 * args.storm, 0.6 * args.storm
+        if args.no_kill:  # a calm storm: the same faults, nothing killed
+            kill_nats_at = kill_replica_at = math.inf
         for i, fault in enumerate(faults.values()):
             at = storm_began + i * step
             now = time.monotonic()
@@ -575,7 +579,7 @@ async def _check(
         f" acknowledged (of {len(run.faults)} sent); {tainted} nodes"
         " tainted in the API"
     )
-    if run.takeover_s is None:
+    if run.takeover_s is None and not args.no_kill:
         fail("the survivor never held every partition")
 
 
@@ -583,8 +587,12 @@ def _report(run: Run, args: argparse.Namespace) -> list[str]:
     lines = [
         f"chaos: {args.nodes} nodes x {args.gpus} GPUs, {args.partitions} partitions, 2 cordon"
         f" replicas, {len(run.faults)} XID 79s over {args.storm:g} s, breaker {args.breaker};"
-        f" SIGKILL nats-server {run.nats_killed} ({args.kill_leader_of} leader) and replica b"
-        f" (partitions {run.killed_partitions})"
+        + (
+            " nothing killed (--no-kill)"
+            if args.no_kill
+            else f" SIGKILL nats-server {run.nats_killed} ({args.kill_leader_of} leader) and"
+            f" replica b (partitions {run.killed_partitions})"
+        )
     ]
     lines += [f"  {n}" for n in run.notes]
     if run.takeover_s is not None:
@@ -669,6 +677,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds for decisions")
     parser.add_argument("--drain-timeout", type=float, default=600.0)
     parser.add_argument("--rng", type=int, default=19, help="which nodes fail")
+    parser.add_argument(
+        "--no-kill", action="store_true", help="the storm alone: no nats-server or replica killed"
+    )
     parser.add_argument("--log-level", default="info", help="the replicas' and the fleet's")
     parser.add_argument(
         "--kill-leader-of", default="GPU", help="the nats-server killed leads this stream"

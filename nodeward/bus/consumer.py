@@ -135,7 +135,7 @@ class ConsumerSpec:
     # by the one replica holding its KV lease (`nodeward.bus.partitions`); 1: one durable
     # every replica shares (no order across replicas).
     partitions: int = 1
-    lease_ttl: timedelta = timedelta(seconds=10)
+    lease_ttl: timedelta = timedelta(seconds=20)
     pull_expires: float = 10.0  # how long a pull request stays open on the server
 
     def __post_init__(self) -> None:

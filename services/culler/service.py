@@ -104,9 +104,10 @@ class CullerSettings(CullPolicy):
         description="older events (a replay) are recorded, never acted on",
     )
     lease_ttl: Duration = Field(
-        default=timedelta(seconds=10),
+        default=timedelta(seconds=20),
         description="with bus.partitions > 1: a replica's partitions are taken over this long"
-        " after it dies",
+        " after it dies; a replica that cannot renew for half of it stops its own, so keep it"
+        " above twice nats-server's longest election (9 s) of the bucket's leader",
     )
     record_ttl: Duration = Field(
         default=timedelta(days=14),

@@ -185,7 +185,9 @@ class CheckpointSettings(Section):
         default_factory=BreakerSettings,
         description="the shared breaker; guards only service-requested maintenance cordons",
     )
-    lease_ttl: Duration = timedelta(seconds=15)
+    # The workflow's lease and, with bus.partitions > 1, the partitions': above twice
+    # nats-server's longest election (9 s) of the bucket's leader, as cordon's.
+    lease_ttl: Duration = timedelta(seconds=20)
     controls: ControlSettings = ControlSettings()
 
 
