@@ -249,7 +249,9 @@ class PartitionedConsumer:
         except Exception as exc:  # noqa: BLE001 - give it back; a later tick takes it again
             self.log.warning("partitions.start_failed", partition=index, error=one_line(exc))
             self._starting.pop(index, None)
-            await self._give_back(index, self._grace)
+            # Marked released only if it was clean: an old holder's messages may still be
+            # out, and whoever takes it next must wait for them as this one would have.
+            await self._give_back(index, self._grace, release=clean)
             return
         self._starting.pop(index, None)
         self.log.info("partitions.taken", partition=index, clean=clean)
