@@ -22,7 +22,8 @@ from schemas.base import Event
 from schemas.gpu import GpuHealth
 
 
-def spec(name: str, partitions: int) -> ConsumerSpec:
+def spec(name: str, partitions: int, ack_wait: float = 2.0) -> ConsumerSpec:
+    """The partitioned consumer the partition tests run: GPU health in order per node."""
     return ConsumerSpec(
         name=name,
         stream="GPU",
@@ -30,7 +31,7 @@ def spec(name: str, partitions: int) -> ConsumerSpec:
         types=frozenset({GpuHealth.TYPE}),
         partitions=partitions,
         lease_ttl=timedelta(seconds=3),
-        ack_wait=timedelta(seconds=2),
+        ack_wait=timedelta(seconds=ack_wait),
         order_key=lambda e: str(e.data.node),
     )
 

@@ -8,36 +8,23 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
-from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, Delivery
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from schemas.base import Event
-from schemas.gpu import GpuHealth, HealthState
+from schemas.gpu import HealthState
 from tests.conftest import wait_for
+from tests.helpers.partition_replica import spec
 from tests.integration.cordon_fixtures import health
 
 pytestmark = pytest.mark.timeout(120)
 
 ACK_WAIT = 30.0
-
-
-def spec(name: str) -> ConsumerSpec:
-    return ConsumerSpec(
-        name=name,
-        stream="GPU",
-        subjects=("gpu.health.>",),
-        types=frozenset({GpuHealth.TYPE}),
-        partitions=4,
-        lease_ttl=timedelta(seconds=3),
-        ack_wait=timedelta(seconds=ACK_WAIT),
-        order_key=lambda e: str(e.data.node),
-    )
 
 
 async def test_a_handed_over_partition_is_consumed_at_once_in_order(
@@ -58,13 +45,13 @@ async def test_a_handed_over_partition_is_consumed_at_once_in_order(
         return handle
 
     nodes = [f"hn-{uuid.uuid4().hex[:6]}-{i}" for i in range(40)]
-    first = await a.consume(spec(name), handler("a"), leases=kv)
+    first = await a.consume(spec(name, 4, ACK_WAIT), handler("a"), leases=kv)
     assert isinstance(first, PartitionedConsumer) and first.held == [0, 1, 2, 3]
     for seq in range(1, 101):  # a backlog a is busy with when b joins
         await a.publish_many([health(n, HealthState.HEALTHY, seq=seq) for n in nodes])
     await wait_for(lambda: len(handled) > 200, timeout=20)
     joined = time.monotonic()
-    second = await b.consume(spec(name), handler("b"), leases=kv)
+    second = await b.consume(spec(name, 4, ACK_WAIT), handler("b"), leases=kv)
     assert isinstance(second, PartitionedConsumer)
 
     def b_consumes() -> bool:

@@ -9,40 +9,27 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, Delivery
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from schemas.base import Event
-from schemas.gpu import GpuHealth, HealthState
+from schemas.gpu import HealthState
 from schemas.state.lease import LeaseRecord, lease_key
 from schemas.streams import Partitioning
 from tests.conftest import wait_for
+from tests.helpers.partition_replica import spec
 from tests.integration.cordon_fixtures import health
 
 pytestmark = pytest.mark.timeout(60)
 
 PARTITIONS = 4
 ACK_WAIT = 2.0
-
-
-def spec(name: str) -> ConsumerSpec:
-    return ConsumerSpec(
-        name=name,
-        stream="GPU",
-        subjects=("gpu.health.>",),
-        types=frozenset({GpuHealth.TYPE}),
-        partitions=PARTITIONS,
-        lease_ttl=timedelta(seconds=3),
-        ack_wait=timedelta(seconds=ACK_WAIT),
-        order_key=lambda e: str(e.data.node),
-    )
 
 
 async def test_an_old_holders_open_pull_request_does_not_reorder_a_node(
@@ -52,7 +39,7 @@ async def test_an_old_holders_open_pull_request_does_not_reorder_a_node(
     kv = await bus.kv(f"leases-{uuid.uuid4().hex[:6]}", history=1)
     name = f"takeover-{uuid.uuid4().hex[:6]}"
     node = f"tn-{uuid.uuid4().hex[:6]}"
-    part = spec(name).partition(Partitioning.index((node,), PARTITIONS))
+    part = spec(name, PARTITIONS, ACK_WAIT).partition(Partitioning.index((node,), PARTITIONS))
     await bus.js.add_consumer(part.stream, config=part.config())
     # The old holder: its lease expired without a handover, and its last pull request (one
     # message, a few seconds) is still open; it will never ack what that request gets.
@@ -79,7 +66,7 @@ async def test_an_old_holders_open_pull_request_does_not_reorder_a_node(
     async def handle(event: Event[Any], delivery: Delivery) -> None:
         handled.append(event.data.sequence)
 
-    consumer = await bus.consume(spec(name), handle, leases=kv)
+    consumer = await bus.consume(spec(name, PARTITIONS, ACK_WAIT), handle, leases=kv)
     assert isinstance(consumer, PartitionedConsumer)
     try:
         assert consumer.held == list(range(PARTITIONS))
