@@ -26,7 +26,11 @@ message at or after the lowest ack floor, an upper bound), and events/s is what 
 consumers acknowledged over the watch. Usage:
 
     python bench/fleet.py [--nodes 256] [--watch 60] [--injections 5] [--baseline main]
-                          [--no-baseline] [--replicas 1,2 --partitions 4]
+                          [--no-baseline] [--replicas 1,2 --partitions 4] [--storm 10]
+
+`--storm S`: the injections are a storm instead (e.g. `--injections 50` for 1 % of 5,000
+nodes): spread evenly over S seconds, concurrent, each timed until a watch on nodes shows
+its taint (p50, p99, max), with the cordon consumers' lag sampled during it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import statistics
@@ -55,6 +60,9 @@ TAINT = "nodeward.io/gpu-unhealthy"
 WIDE_BREAKER = {
     "NODEWARD_SERVICES__CORDON__BREAKER__MAX_NODES": "1000",
     "NODEWARD_SERVICES__CORDON__BREAKER__MAX_PERCENT": "100",
+    # and the rate limit: a storm measures the path, not the policy's pacing
+    "NODEWARD_SERVICES__CORDON__RATE_LIMIT__PER_MINUTE": "1000000",
+    "NODEWARD_SERVICES__CORDON__RATE_LIMIT__BURST": "100000",
 }
 
 
@@ -244,8 +252,13 @@ async def _measure(
             KubeClient.from_settings(ClusterSettings(kubeconfig=Path(endpoints["kubeconfig"])))
         )
         listed = await kube.nodes.list(label_selector="nvidia.com/gpu.present=true")
-        nodes = [n["metadata"]["name"] for n in listed][-args.injections :]
-        for node in nodes:
+        # Device-plugin nodes: there an XID 79 quarantines the node (on a DRA node it
+        # taints the one device, and the node stays in service).
+        plugin = [n for n in listed if "nvidia.com/gpu" in n.get("status", {}).get("capacity", {})]
+        nodes = [n["metadata"]["name"] for n in plugin][-args.injections :]
+        if args.storm:
+            await _storm(nc, js, kube, nodes, groups, result, args)
+        for node in nodes if not args.storm else []:
             result_s = await _inject_and_time(nc, kube, node, args.deadline)
             if result_s is None:
                 result.missed += 1
@@ -293,6 +306,61 @@ async def _tainted(kube: Any, node: str) -> bool:
     return any(t.get("key") == TAINT for t in taints_of(await kube.nodes.get(node)))
 
 
+async def _storm(
+    nc: Any,
+    js: Any,
+    kube: Any,
+    nodes: list[str],
+    groups: tuple[tuple[str, str], ...],
+    result: Result,
+    args: argparse.Namespace,
+) -> None:
+    """`nodes` each get an XID 79, spread evenly over `--storm` seconds; each is timed until
+    a watch on nodes shows its taint, and the cordon consumers' lag is sampled meanwhile."""
+    from nodeward.kube.nodes import taints_of
+
+    sent: dict[str, float] = {}
+    tainted: dict[str, float] = {}
+    listing = await kube.nodes.listing()
+
+    async def watch() -> None:
+        async for event in kube.nodes.watch(resource_version=listing.resource_version):
+            node = event.object.get("metadata", {}).get("name")
+            hit = any(t.get("key") == TAINT for t in taints_of(event.object))
+            if hit and node in sent and node not in tainted:
+                tainted[node] = time.monotonic()
+
+    async def sample() -> None:
+        while True:
+            for stream, consumer in groups:
+                with contextlib.suppress(Exception):
+                    got = await _group(js, stream, consumer)
+                    if got is not None:
+                        result.lag.setdefault(f"{stream}/{consumer} (storm)", []).append(got[:2])
+            await asyncio.sleep(2)
+
+    async def inject(node: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        sent[node] = time.monotonic()
+        request = json.dumps({"gpu": 0, "xid": 79}).encode()
+        with contextlib.suppress(Exception):  # counted as missed below
+            await nc.request(f"sim.inject.{node}", request, timeout=args.deadline)
+
+    tasks = [asyncio.create_task(watch()), asyncio.create_task(sample())]
+    began, step = time.monotonic(), args.storm / max(len(nodes), 1)
+    await asyncio.gather(*(inject(n, began + i * step) for i, n in enumerate(nodes)))
+    end = time.monotonic() + args.deadline
+    while len(tainted) < len(nodes) and time.monotonic() < end:  # noqa: ASYNC110 - the watch's
+        await asyncio.sleep(0.1)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    result.taint_s = [tainted[n] - sent[n] for n in nodes if n in tainted]
+    result.missed = len(nodes) - len(result.taint_s)
+    if result.missed:
+        print(f"  not tainted: {', '.join(n for n in nodes if n not in tainted)}", flush=True)
+
+
 async def _inject_and_time(nc: Any, kube: Any, node: str, deadline: float) -> float | None:
     began = time.monotonic()
     request = json.dumps({"gpu": 0, "xid": 79}).encode()
@@ -332,9 +400,13 @@ def _report(r: Result, args: argparse.Namespace) -> list[str]:
             + (f"; {r.rate[consumer]:.0f} events/s acked" if consumer in r.rate else "")
         )
     if r.taint_s:
+        ordered = sorted(r.taint_s)
+        p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
         lines.append(
-            f"  XID 79 -> taint over {len(r.taint_s)} injection(s): median"
-            f" {statistics.median(r.taint_s):.2f} s, max {max(r.taint_s):.2f} s"
+            f"  XID 79 -> taint over {len(r.taint_s)} injection(s)"
+            + (f" in a {args.storm:g} s storm" if args.storm else "")
+            + f": median {statistics.median(r.taint_s):.2f} s, p99 {p99:.2f} s,"
+            f" max {max(r.taint_s):.2f} s"
             + (f"; {r.missed} missed the {args.deadline:g} s deadline" if r.missed else "")
         )
     else:
@@ -347,6 +419,9 @@ async def main() -> None:
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--watch", type=float, default=60.0, help="seconds of lag sampling")
     parser.add_argument("--injections", type=int, default=5)
+    parser.add_argument(
+        "--storm", type=float, default=0.0, help="spread the injections over this many seconds"
+    )
     parser.add_argument("--deadline", type=float, default=15.0, help="seconds per injection")
     parser.add_argument("--ready-timeout", type=float, default=240.0)
     parser.add_argument("--baseline", default="main", help="git ref to compare with")
