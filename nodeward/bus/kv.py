@@ -16,6 +16,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from nodeward.bus.errors import BusError
+from schemas.state.encoding import dump_record, load_record
 from schemas.state.lease import LeaseRecord, lease_key
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,10 +46,10 @@ class TypedKV(Generic[M]):
             return None
         if entry.value is None:
             return None
-        return Versioned(self.model.model_validate_json(entry.value), entry.revision or 0)
+        return Versioned(load_record(self.model, entry.value), entry.revision or 0)
 
     async def put(self, key: str, value: M) -> int:
-        return int(await self.kv.put(key, value.model_dump_json().encode()))
+        return int(await self.kv.put(key, dump_record(value)))
 
     async def update(
         self, key: str, change: Callable[[M | None], M | None], *, attempts: int = 20
@@ -65,7 +66,7 @@ class TypedKV(Generic[M]):
             new = change(current.value if current else None)
             if new is None:
                 return current
-            data = new.model_dump_json().encode()
+            data = dump_record(new)
             try:
                 if current is None:
                     revision = await self.kv.create(key, data)

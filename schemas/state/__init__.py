@@ -12,6 +12,8 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from schemas.state.encoding import load_record
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -40,8 +42,9 @@ class Bucket(Generic[M]):
         return key.removeprefix(self.prefix)
 
     def load(self, data: bytes | str) -> M:
-        """A stored value as the record type (raises pydantic's `ValidationError`)."""
-        return self.record.model_validate_json(data)
+        """A stored value as the record type, decompressed if it was stored compressed
+        (`schemas.state.encoding`; raises pydantic's `ValidationError`)."""
+        return load_record(self.record, data)
 
 
 __all__ = ["Bucket"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,7 +12,9 @@ from pydantic import BaseModel
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import Lease, TypedKV
 from schemas import Event, make_event
+from schemas.capacity import GpuCounts
 from schemas.gpu import GpuHealth
+from schemas.state.capacity import SNAPSHOT, CapacitySnapshot, NodeCapacity
 from tests.conftest import wait_for
 
 
@@ -108,3 +111,34 @@ async def test_shutdown_finishes_in_flight_and_returns_the_rest(
     await bus.consume(spec, quick)
     await wait_for(lambda: len(rest) >= 4, timeout=5, what="the rest redelivered")
     assert sorted(rest) == [1, 2, 3, 4]
+
+
+async def test_a_fleet_wide_record_over_max_payload_is_stored_compressed(bus: Bus) -> None:
+    """The capacity snapshot of 5,000 nodes is JSON past nats-server's 1 MiB max_payload:
+    it is stored gzip-compressed, and every reader (the typed KV, a raw read through
+    the record's `Bucket`, as the console does) gets it back; small records stay JSON."""
+    nodes = [
+        NodeCapacity(
+            node=f"gpu-h100-{i:04d}",
+            model="NVIDIA-H100-80GB-HBM3",
+            profiles={"gpu": GpuCounts(used=i % 8, free=8 - i % 8)},
+            failed_gpus={"3": None} if i % 97 == 0 else {},
+        )
+        for i in range(5000)
+    ]
+    snapshot = CapacitySnapshot(at=datetime.now(UTC), nodes=nodes)
+    assert len(snapshot.model_dump_json()) > bus.nc.max_payload  # plain, NATS refuses it
+    raw_kv = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    kv = TypedKV(raw_kv, CapacitySnapshot)
+    await kv.put(SNAPSHOT.key(), snapshot)
+    stored = await raw_kv.get(SNAPSHOT.key())
+    assert stored.value is not None and stored.value[:2] == b"\x1f\x8b"
+    assert len(stored.value) < bus.nc.max_payload // 4
+    assert SNAPSHOT.load(stored.value) == snapshot
+    got = await kv.get(SNAPSHOT.key())
+    assert got is not None and got.value == snapshot
+    updated = await kv.update(
+        SNAPSHOT.key(), lambda cur: cur and cur.model_copy(update={"nodes": nodes[:10]})
+    )
+    assert updated is not None and (await raw_kv.get(SNAPSHOT.key())).value[:1] == b"{"
+    assert SNAPSHOT.load((await raw_kv.get(SNAPSHOT.key())).value).nodes == nodes[:10]
