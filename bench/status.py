@@ -20,13 +20,15 @@ each:
 - with `--per-node`, the reads `status` made before batching (every KV key listed then read
   one at a time, each subject's last message by `get_last_msg`, 64 at a time).
 
+First, twice `--runs` times each, alternating, the command's start alone ("start": with
+the URL of a closed port it starts, loads what it reads with, finds no server and exits 1).
 Then, `--runs` times each, alternating, `nodeward status` as a command of its own
 (`python -m launch status`: the interpreter's start and imports, the read, the table
 printed), from this tree ("CLI now") and from the tree at `--cli-baseline` (git revision,
 default main, extracted to a temporary folder: "CLI before"). With `--bytecode` both
-trees' modules are compiled first (`compileall`, into their `__pycache__` folders), as
-`pip install` leaves an installed nodeward; without it, under PYTHONDONTWRITEBYTECODE each
-run compiles the tree's sources again.
+trees' modules are compiled first (`compileall`, into their `__pycache__` folders, removed
+from this tree after), as `pip install` leaves an installed nodeward; without it, under
+PYTHONDONTWRITEBYTECODE each run compiles the tree's sources again.
 
 Both build the picture `status` prints (`FleetStatus`); the run checks they agree on every
 node's GPU states, health, attention and agents' states. Prints the medians of the wall time and of the CPU time this process and
@@ -46,6 +48,8 @@ import contextlib
 import gc
 import importlib.util
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -264,17 +268,26 @@ def tree_at(rev: str, into: Path) -> Path:
     return into
 
 
+PACKAGES = ("schemas", "nodeward", "agents", "services", "sim", "launch")
+
+
 def compile_tree(tree: Path) -> None:
     """Bytecode for every module of `tree`'s packages, as an installed nodeward has."""
-    packages = [
-        str(tree / p) for p in ("schemas", "nodeward", "agents", "services", "sim", "launch")
-    ]
+    packages = [str(tree / p) for p in PACKAGES]
     subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
 
 
-def cli_run(url: str, state_dir: str, tree: Path = REPO) -> tuple[float, float]:
+def bytecode_in(tree: Path) -> list[Path]:
+    """The `__pycache__` folders of `tree`'s packages."""
+    return [d for p in PACKAGES for d in (tree / p).rglob("__pycache__")]
+
+
+def cli_run(
+    url: str, state_dir: str, tree: Path = REPO, *, reach: bool = True
+) -> tuple[float, float]:
     """Wall and CPU seconds (user and system) `nodeward status` takes as a command of its
-    own (start, read, print), run from the source tree `tree`."""
+    own (start, read, print), run from the source tree `tree`. With `reach` false, `url`
+    is a closed port: the command starts, loads, finds no server and exits 1."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -287,12 +300,37 @@ def cli_run(url: str, state_dir: str, tree: Path = REPO) -> tuple[float, float]:
         _, status, usage = os.wait4(proc.pid, 0)
         took = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode:
-            err.seek(0)
-            raise RuntimeError(f"nodeward status failed: {err.read().decode()[-2000:]}")
+        err.seek(0)
+        said = err.read().decode()
+        if proc.returncode != (0 if reach else 1):
+            raise RuntimeError(f"nodeward status exited {proc.returncode}: {said[-2000:]}")
         out.seek(0)
-        assert b"node(s)" in out.read(), "no fleet table printed"
+        if reach:
+            assert b"node(s)" in out.read(), "no fleet table printed"
+        else:
+            assert "cannot connect" in said, said[-2000:]
     return took, usage.ru_utime + usage.ru_stime
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (one the kernel just handed out and took back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def starts(runs: int, cli_before: Path) -> dict[str, float]:
+    """Medians of the command's start alone, before and now (alternating): interpreter,
+    imports, settings, a refused connection, the error line."""
+    url = f"nats://127.0.0.1:{closed_port()}"
+    got: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as state_dir:
+        for _ in range(runs):
+            for label, tree in (("before", cli_before), ("now", REPO)):
+                wall, used = cli_run(url, state_dir, tree, reach=False)
+                got.setdefault(label, []).append(wall)
+                got.setdefault(f"{label}_cpu", []).append(used)
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -395,9 +433,12 @@ def main() -> None:
     before = baseline(args.baseline)
     trees = tempfile.TemporaryDirectory()
     cli_before = tree_at(args.cli_baseline, Path(trees.name) / "tree")
+    left = bytecode_in(REPO)
     if args.bytecode:
         for tree in (cli_before, REPO):
             compile_tree(tree)
+    elif left:
+        print(f"note: {len(left)} __pycache__ folders in this tree: 'now' loads their bytecode")
     print(f"status (read + assembled), medians of {args.runs} runs ({GPUS} GPUs per node)")
     print(
         "wall seconds; CPU: seconds of this process and the nats-server together; "
@@ -410,6 +451,13 @@ def main() -> None:
         f"{'nodes':>6} {'before':>8} {'now':>7} {'ratio':>6} "
         f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6} {'CLI before':>11} {'CLI now':>8} "
         f"{'ratio':>6} {'CLI CPU before':>15} {'CLI CPU now':>12} {'ratio':>6}{extra}"
+    )
+    st = starts(2 * args.runs, cli_before)
+    print(
+        f"{'start':>6} (the command up to a refused connection, medians of {2 * args.runs}): "
+        f"{st['before']:.3f}s before, {st['now']:.3f}s now, {st['before'] / st['now']:.2f}x; "
+        f"CPU {st['before_cpu']:.3f}s before, {st['now_cpu']:.3f}s now, "
+        f"{st['before_cpu'] / st['now_cpu']:.2f}x"
     )
     for nodes in args.nodes:
         m = asyncio.run(one_size(nodes, args.runs, before, args.per_node, cli_before))
@@ -430,6 +478,9 @@ def main() -> None:
             f"{m['cli_cpu']:>11.3f}s {m['cli_before_cpu'] / m['cli_cpu']:>5.2f}x{tail}{fails}"
         )
     trees.cleanup()
+    if args.bytecode and not left:  # this tree as it was: its sources only
+        for folder in bytecode_in(REPO):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
