@@ -20,8 +20,15 @@ each:
 - with `--per-node`, the reads `status` made before batching (every KV key listed then read
   one at a time, each subject's last message by `get_last_msg`, 64 at a time).
 
-Then, `--runs` times, `nodeward status` as a command of its own (`python -m launch status`:
-the interpreter's start and imports, the read, the table printed): "CLI now".
+First, twice `--runs` times each, alternating, the command's start alone ("start": with
+the URL of a closed port it starts, loads what it reads with, finds no server and exits 1).
+Then, `--runs` times each, alternating, `nodeward status` as a command of its own
+(`python -m launch status`: the interpreter's start and imports, the read, the table
+printed), from this tree ("CLI now") and from the tree at `--cli-baseline` (git revision,
+default main, extracted to a temporary folder: "CLI before"). With `--bytecode` both
+trees' modules are compiled first (`compileall`, into their `__pycache__` folders, removed
+from this tree after), as `pip install` leaves an installed nodeward; without it, under
+PYTHONDONTWRITEBYTECODE each run compiles the tree's sources again.
 
 Both build the picture `status` prints (`FleetStatus`); the run checks they agree on every
 node's GPU states, health, attention and agents' states. Prints the medians of the wall time and of the CPU time this process and
@@ -29,7 +36,8 @@ the nats-server used (a figure other load on the machine disturbs less), with th
 before/now; a read that failed (a timeout, or the server dropping a slow consumer, as the
 old read does at 5,000 nodes on a loaded machine) is counted and left out of the medians.
 
-Usage: python bench/status.py [--nodes 1000 5000] [--runs 5] [--baseline REV] [--per-node]
+Usage: python bench/status.py [--nodes 1000 5000] [--runs 5] [--baseline REV]
+       [--cli-baseline REV] [--bytecode] [--per-node]
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import contextlib
 import gc
 import importlib.util
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -248,16 +258,79 @@ async def read(gather: Any, nc: Any, url: str) -> int:
     return len((await gather(nc, nats_url=url)).nodes)
 
 
-def cli_run(url: str, state_dir: str) -> float:
-    """Seconds `nodeward status` takes as a command of its own (start, read, print)."""
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "launch", "status", "--nats", url, "--state-dir", state_dir],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return time.perf_counter() - start
+def tree_at(rev: str, into: Path) -> Path:
+    """The repository's files at git revision `rev`, extracted into `into`."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+PACKAGES = ("schemas", "nodeward", "agents", "services", "sim", "launch")
+
+
+def compile_tree(tree: Path) -> None:
+    """Bytecode for every module of `tree`'s packages, as an installed nodeward has."""
+    packages = [str(tree / p) for p in PACKAGES]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True)
+
+
+def bytecode_in(tree: Path) -> list[Path]:
+    """The `__pycache__` folders of `tree`'s packages."""
+    return [d for p in PACKAGES for d in (tree / p).rglob("__pycache__")]
+
+
+def cli_run(
+    url: str, state_dir: str, tree: Path = REPO, *, reach: bool = True
+) -> tuple[float, float]:
+    """Wall and CPU seconds (user and system) `nodeward status` takes as a command of its
+    own (start, read, print), run from the source tree `tree`. With `reach` false, `url`
+    is a closed port: the command starts, loads, finds no server and exits 1."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launch", "status", "--nats", url, "--state-dir", state_dir],
+            cwd=tree,
+            env=os.environ | {"PYTHONPATH": str(tree)},
+            stdout=out,
+            stderr=err,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        took = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        said = err.read().decode()
+        if proc.returncode != (0 if reach else 1):
+            raise RuntimeError(f"nodeward status exited {proc.returncode}: {said[-2000:]}")
+        out.seek(0)
+        if reach:
+            assert b"node(s)" in out.read(), "no fleet table printed"
+        else:
+            assert "cannot connect" in said, said[-2000:]
+    return took, usage.ru_utime + usage.ru_stime
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (one the kernel just handed out and took back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def starts(runs: int, cli_before: Path) -> dict[str, float]:
+    """Medians of the command's start alone, before and now (alternating): interpreter,
+    imports, settings, a refused connection, the error line."""
+    url = f"nats://127.0.0.1:{closed_port()}"
+    got: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as state_dir:
+        for _ in range(runs):
+            for label, tree in (("before", cli_before), ("now", REPO)):
+                wall, used = cli_run(url, state_dir, tree, reach=False)
+                got.setdefault(label, []).append(wall)
+                got.setdefault(f"{label}_cpu", []).append(used)
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -280,7 +353,9 @@ async def timed(fn: Callable[[], Awaitable[int]]) -> float:
     return time.perf_counter() - start
 
 
-async def one_size(nodes: int, runs: int, before: ModuleType, per_node: bool) -> dict[str, float]:
+async def one_size(
+    nodes: int, runs: int, before: ModuleType, per_node: bool, cli_before: Path
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedNats(Path(tmp))
         await server.start()
@@ -324,13 +399,16 @@ async def one_size(nodes: int, runs: int, before: ModuleType, per_node: bool) ->
                     times[label].append(took)
                     used = time.process_time() - mine + cpu_seconds(pid) - theirs
                     cpu[f"{label}_cpu"].append(used)
-            cli = []
+            cli: dict[str, list[float]] = {}
             for _ in range(runs):
-                if time.monotonic() - beaten > BEAT_S:
-                    await beat(bus, beats)
-                    beaten = time.monotonic()
-                cli.append(await asyncio.to_thread(cli_run, server.url, tmp))
-            cpu["cli"] = cli
+                for label, tree in (("cli_before", cli_before), ("cli", REPO)):
+                    if time.monotonic() - beaten > BEAT_S:
+                        await beat(bus, beats)
+                        beaten = time.monotonic()
+                    wall, used = await asyncio.to_thread(cli_run, server.url, tmp, tree)
+                    cli.setdefault(label, []).append(wall)
+                    cli.setdefault(f"{label}_cpu", []).append(used)
+            cpu |= cli
             medians = {k: statistics.median(v) for k, v in (times | cpu).items() if v}
             return medians | {f"{k}_failed": float(v) for k, v in failed.items()}
         finally:
@@ -343,19 +421,46 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--baseline", default="e6d5841", help="git revision of 'before'")
+    parser.add_argument(
+        "--cli-baseline", default="main", help="git revision of 'CLI before' (the command)"
+    )
+    parser.add_argument(
+        "--bytecode", action="store_true", help="compile both trees first (as installed)"
+    )
     parser.add_argument("--per-node", action="store_true", help="also the unbatched reads")
     args = parser.parse_args()
     configure_logging("warning", "console")
     before = baseline(args.baseline)
+    trees = tempfile.TemporaryDirectory()
+    cli_before = tree_at(args.cli_baseline, Path(trees.name) / "tree")
+    left = bytecode_in(REPO)
+    if args.bytecode:
+        for tree in (cli_before, REPO):
+            compile_tree(tree)
+    elif left:
+        print(f"note: {len(left)} __pycache__ folders in this tree: 'now' loads their bytecode")
     print(f"status (read + assembled), medians of {args.runs} runs ({GPUS} GPUs per node)")
-    print("wall seconds; CPU: seconds of this process and the nats-server together")
+    print(
+        "wall seconds; CPU: seconds of this process and the nats-server together; "
+        "CLI CPU: the command's own (user and system)"
+    )
+    print(f"CLI: the command, from {args.cli_baseline} (before) and this tree (now)", end="")
+    print(", bytecode compiled first" if args.bytecode else ", sources compiled each run")
     extra = f" {'per node':>9}" if args.per_node else ""
     print(
         f"{'nodes':>6} {'before':>8} {'now':>7} {'ratio':>6} "
-        f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6} {'CLI now':>8}{extra}"
+        f"{'CPU before':>11} {'CPU now':>8} {'ratio':>6} {'CLI before':>11} {'CLI now':>8} "
+        f"{'ratio':>6} {'CLI CPU before':>15} {'CLI CPU now':>12} {'ratio':>6}{extra}"
+    )
+    st = starts(2 * args.runs, cli_before)
+    print(
+        f"{'start':>6} (the command up to a refused connection, medians of {2 * args.runs}): "
+        f"{st['before']:.3f}s before, {st['now']:.3f}s now, {st['before'] / st['now']:.2f}x; "
+        f"CPU {st['before_cpu']:.3f}s before, {st['now_cpu']:.3f}s now, "
+        f"{st['before_cpu'] / st['now_cpu']:.2f}x"
     )
     for nodes in args.nodes:
-        m = asyncio.run(one_size(nodes, args.runs, before, args.per_node))
+        m = asyncio.run(one_size(nodes, args.runs, before, args.per_node, cli_before))
         nan = float("nan")
         ratio = m.get("before", nan) / m.get("now", nan)
         tail = f" {m['per_node']:>8.3f}s" if args.per_node else ""
@@ -368,8 +473,14 @@ def main() -> None:
         print(
             f"{nodes:>6} {m.get('before', nan):>7.3f}s {m.get('now', nan):>6.3f}s "
             f"{ratio:>5.1f}x {m.get('before_cpu', nan):>10.3f}s {m.get('now_cpu', nan):>7.3f}s "
-            f"{cpu_ratio:>5.1f}x {m['cli']:>7.3f}s{tail}{fails}"
+            f"{cpu_ratio:>5.1f}x {m['cli_before']:>10.3f}s {m['cli']:>7.3f}s "
+            f"{m['cli_before'] / m['cli']:>5.2f}x {m['cli_before_cpu']:>14.3f}s "
+            f"{m['cli_cpu']:>11.3f}s {m['cli_before_cpu'] / m['cli_cpu']:>5.2f}x{tail}{fails}"
         )
+    trees.cleanup()
+    if args.bytecode and not left:  # this tree as it was: its sources only
+        for folder in bytecode_in(REPO):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

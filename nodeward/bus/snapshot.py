@@ -29,9 +29,12 @@ _MARKER = "Nats-Marker-Reason"
 _PENDING_LIMIT = 1 << 22  # messages the client may hold unread: a snapshot is read whole
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Stored:
-    """One stored message: its subject, headers, body, stream sequence and store time."""
+    """One stored message: its subject, headers, body, stream sequence and store time.
+
+    Not frozen, though nothing changes one once read: a frozen dataclass sets each field
+    through `object.__setattr__`, and `nodeward status` makes 25,000 of them at 5,000 nodes."""
 
     subject: str
     headers: dict[str, str] | None

@@ -1,12 +1,13 @@
 """The `nodeward` command line (typer + rich). Errors are one line and a non-zero exit.
 
 These are the runtime's commands; `launch.cli` adds `up` and `sim` (the composition root)
-and is the `nodeward` executable.
+and is the `nodeward` executable. Importing it loads typer and each command's options only;
+a command imports what it runs (nats, the bus, the schemas, the kube client) when it runs,
+so `nodeward status` loads no daemon and `--help` no client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from datetime import timedelta
@@ -15,14 +16,11 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from nodeward.cli.common import CliError, settings_for
+from nodeward.cli.common import CliError, defer_websocket_client, settings_for
 from nodeward.cli.control import breaker_app, falco_app, quarantine_app
 from nodeward.cli.maintenance import maintenance_app
-from nodeward.config import ConfigError
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from nodeward.logs import configure_logging
-from schemas.common import dns_subdomain
 
 app = typer.Typer(
     name="nodeward",
@@ -71,6 +69,8 @@ def _duration(value: str | None) -> timedelta | None:
 
 
 def _run(coro: Any) -> None:
+    import asyncio
+
     asyncio.run(coro)
 
 
@@ -85,6 +85,8 @@ def _root(
         ),
     ] = None,
 ) -> None:
+    from nodeward.logs import configure_logging
+
     if log_level not in (None, "debug", "info", "warning", "error"):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
     configure_logging(log_level or "warning")
@@ -93,6 +95,8 @@ def _root(
 def _daemon_logging(ctx: typer.Context, settings: Any) -> None:
     """A daemon logs at the config's `log.level` (info: its start facts show) and in its
     `log.format`, unless `--log-level` says otherwise."""
+    from nodeward.logs import configure_logging
+
     explicit = ctx.find_root().params.get("log_level")
     configure_logging(explicit or settings.log.level, settings.log.format)
 
@@ -137,6 +141,7 @@ def publish(  # noqa: PLR0917 - typer maps parameters to options
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Validate an event and publish it; invalid data is refused with the validation error."""
+    defer_websocket_client()
     from nodeward.cli.events import publish as do_publish
 
     _run(do_publish(settings_for(config, nats, state_dir), type_name, data, as_json))
@@ -175,6 +180,7 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Follow events as they are stored (ordered consumer); readable lines or JSON lines."""
+    defer_websocket_client()
     from nodeward.cli.events import SEVERITIES, TailFilter
     from nodeward.cli.events import tail as do_tail
 
@@ -217,11 +223,15 @@ def status(  # noqa: PLR0917 - typer maps parameters to options
     sessions, agents; the breaker, DLQ, credentials, recent actions."""
     import gc
 
-    from nodeward.cli.status import status as do_status
-
     # A one-shot command: its picture (hundreds of thousands of objects at 5,000 nodes) is
     # never scanned by the cyclic collector, and the interpreter skips its final collection.
+    # Off before what it reads with is imported: loading the schemas and nats makes objects
+    # enough for several collections that would find nothing to free.
     gc.disable()
+    defer_websocket_client()
+    from nodeward.cli.status import status as do_status
+    from schemas.common import dns_subdomain
+
     timeout = _duration(agent_timeout)
     assert timeout is not None
     if node is not None:
@@ -265,6 +275,9 @@ def capacity(  # noqa: PLR0917 - typer maps parameters to options
 ) -> None:
     """Free GPUs per model and MIG profile, per node and in total; with --request, whether
     a pod asking that many fits now and on which nodes."""
+    import asyncio
+
+    defer_websocket_client()
     from nodeward.cli.capacity import capacity as do_capacity
     from nodeward.cli.capacity import parse_request
 
@@ -307,6 +320,7 @@ def replay(  # noqa: PLR0917 - typer maps parameters to options
     config: ConfigOpt = None,
 ) -> None:
     """Export stored events as JSON lines (CloudEvents), up to the streams' current end."""
+    defer_websocket_client()
     from nodeward.cli.replay import parse_since
     from nodeward.cli.replay import replay as do_replay
 
@@ -354,6 +368,7 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     namespace, owner, node or GPU model, over whole hours; gaps in the readings shown."""
     from datetime import UTC, datetime
 
+    defer_websocket_client()
     from nodeward.cli.replay import parse_since
     from nodeward.cli.report import FORMATS
     from nodeward.cli.report import report as do_report
@@ -399,6 +414,7 @@ def streams(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Messages, bytes, consumers and their lag for every nodeward stream."""
+    defer_websocket_client()
     from nodeward.cli.inspect import provision_streams
     from nodeward.cli.inspect import streams as do_streams
 
@@ -636,12 +652,17 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="nodeward", standalone_mode=False)
-    except (CliError, ConfigError) as exc:
+    except CliError as exc:
         print(f"nodeward: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from nodeward.config import ConfigError  # loaded already if a command raised it
+
+        if isinstance(exc, ConfigError):
+            print(f"nodeward: error: {exc}", file=sys.stderr)
+            return 1
         kinds = _kinds(exc)
         if "Exit" in kinds:
             return int(getattr(exc, "exit_code", 0))

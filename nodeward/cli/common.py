@@ -1,19 +1,30 @@
-"""What every CLI command shares: one-line errors, the NATS URL, input loading."""
+"""What every CLI command shares: one-line errors, the NATS URL, input loading.
+
+Light to import (typer, pydantic): the settings, the bus and the schemas load when a
+command uses them, so the command line starts without them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import sys
+import types
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
 
-from nodeward.config import ConfigError, Settings, load_settings
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
-from schemas.state import Bucket
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from nodeward.config import Settings
+    from schemas.state import Bucket
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 
@@ -34,6 +45,8 @@ def settings_for(
     URL precedence: `--nats`, `NODEWARD_NATS_URL`, `NODEWARD_BUS__URL` or the config file,
     a `nodeward up` running from `state_dir` (./.nodeward), then nats://127.0.0.1:4222.
     """
+    from nodeward.config import ConfigError, load_settings
+
     try:
         settings = load_settings(config)
     except ConfigError as exc:
@@ -105,7 +118,35 @@ PIPE_WIDTH = 200
 def table_console() -> Console:
     """The console a command prints its tables to: the terminal's width on a terminal,
     `PIPE_WIDTH` columns in a pipe or a file."""
+    from rich.console import Console
+
     console = Console(soft_wrap=False)
     if not console.is_terminal:
         console.width = PIPE_WIDTH
     return console
+
+
+def defer_websocket_client() -> None:
+    """Load aiohttp (a tenth of a second) only if a websocket URL needs it.
+
+    nats-py imports aiohttp for its websocket transport alone; a one-shot command on a
+    nats:// or tls:// URL never uses it. Before nats is first imported, this puts a stand-in
+    module in aiohttp's place whose first attribute read (a ws:// URL) imports aiohttp
+    itself and answers from it (PEP 562). importlib's LazyLoader does not serve here: an
+    `import aiohttp` statement reads the module's `__spec__`, which loads it. Nothing to
+    do when nats or aiohttp is loaded already.
+    """
+    if "nats" in sys.modules or "aiohttp" in sys.modules:
+        return
+    if importlib.util.find_spec("aiohttp") is None:
+        return  # nats-py runs without it (no websocket transport)
+    stand_in = types.ModuleType("aiohttp", "aiohttp, imported on first use")
+
+    def load(attr: str) -> Any:
+        if sys.modules.get("aiohttp") is stand_in:
+            with contextlib.suppress(KeyError):  # another thread took it out first
+                del sys.modules["aiohttp"]
+        return getattr(importlib.import_module("aiohttp"), attr)
+
+    stand_in.__getattr__ = load  # type: ignore[method-assign]
+    sys.modules["aiohttp"] = stand_in

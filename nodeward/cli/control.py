@@ -15,22 +15,19 @@ import getpass
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
-from pydantic import ValidationError
 
-from nodeward.bus.control import request
-from nodeward.bus.errors import BusError
 from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail, settings_for
-from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from schemas.cloudevents import one_line
-from schemas.control import ControlReply, ControlRequest, ControlStatus
-from schemas.state import Bucket
-from schemas.state.breaker import SHARED, BreakerState
-from schemas.state.cordon import NODES, NodeRecord
+
+if TYPE_CHECKING:  # the bus, the schemas and nats load when a command runs
+    from nodeward.config import Settings
+    from schemas.control import ControlReply
+    from schemas.state import Bucket
+    from schemas.state.breaker import BreakerState
+    from schemas.state.cordon import NodeRecord
 
 quarantine_app = typer.Typer(
     help="GPU quarantines: list them, release one nodeward applied.", no_args_is_help=True
@@ -109,6 +106,13 @@ async def send(  # noqa: PLR0917 - one control, all its parts
     state_dir: Path = DEFAULT_STATE_DIR,
 ) -> ControlReply:
     """Send one control request, print the service's answer; exit 1 unless it is ok."""
+    from pydantic import ValidationError
+
+    from nodeward.bus.control import request
+    from nodeward.bus.errors import BusError
+    from schemas.cloudevents import one_line
+    from schemas.control import ControlRequest, ControlStatus
+
     try:
         req = ControlRequest(
             service=service,
@@ -173,6 +177,8 @@ async def _records(
     settings: Settings, bucket: Bucket[Any], name: str, state_dir: Path
 ) -> dict[str, Any]:
     """Every record of `bucket`'s kind, by key suffix (none when the bucket is missing)."""
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+
     nc = await connect_nats(settings, "cli/nodeward", state_dir)
     try:
         js = nc.jetstream()
@@ -263,6 +269,8 @@ def quarantine_list(
     as_json: JsonOpt = False,
 ) -> None:
     """Every node nodeward holds in quarantine (and those an operator released)."""
+    from schemas.state.cordon import NODES
+
     settings = settings_for(config, nats, state_dir)
     records: dict[str, NodeRecord] = asyncio.run(
         _records(settings, NODES, bucket_name(settings, "cordon", NODES), state_dir)
@@ -295,6 +303,8 @@ def breaker_status(
     as_json: JsonOpt = False,
 ) -> None:
     """Whether the shared circuit breaker is tripped, and what it admitted in its window."""
+    from schemas.state.breaker import SHARED, BreakerState
+
     settings = settings_for(config, nats, state_dir)
     cordon = settings.services.get("cordon") or {}
     name = str((cordon.get("breaker") or {}).get("bucket") or SHARED.name)

@@ -18,31 +18,19 @@ import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
-from pydantic import ValidationError
 
-from nodeward.bus import Bus, BusError, PublishError
 from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
 from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, ask
-from nodeward.config import ClusterSettings, Settings
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
-from schemas import decode, make_event
-from schemas.cloudevents import one_line
-from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.state.maintenance import (
-    HISTORY,
-    MAINTENANCES,
-    MaintenanceState,
-    PodPlan,
-    restorable,
-    restore_plan,
-)
-from schemas.tokens import token
+
+if TYPE_CHECKING:  # the bus, the schemas, nats and yaml load when a command runs
+    from nodeward.bus import Bus
+    from nodeward.config import Settings
+    from schemas.state.maintenance import MaintenanceState, PodPlan
 
 maintenance_app = typer.Typer(
     help="Node maintenance: warn owners, cordon, checkpoint opted-in pods, drain; restore plans.",
@@ -88,10 +76,14 @@ def parse_at(value: str | None, now: datetime) -> datetime | None:
 
 
 def _bucket(settings: Settings) -> str:
+    from schemas.state.maintenance import MAINTENANCES
+
     return bucket_name(settings, "checkpoint", MAINTENANCES)
 
 
 async def _connect(settings: Settings) -> Bus:
+    from nodeward.bus import Bus, BusError
+
     settings.bus.provision = False
     try:
         return await Bus.connect(settings.bus, source="cli/nodeward", wait=False)
@@ -100,6 +92,7 @@ async def _connect(settings: Settings) -> Bus:
 
 
 async def _check_node(kubeconfig: Path, node: str) -> None:
+    from nodeward.config import ClusterSettings
     from nodeward.kube import Cluster, KubeError, NotFound
 
     cluster = Cluster.connect(ClusterSettings(kubeconfig=kubeconfig, retries=1))
@@ -114,6 +107,10 @@ async def _check_node(kubeconfig: Path, node: str) -> None:
 
 
 async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+
+    from schemas.state.maintenance import MAINTENANCES
+
     try:
         kv = await bus.js.key_value(bucket)
         entry = await kv.get(MAINTENANCES.key(node))
@@ -126,6 +123,12 @@ async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
 
 async def _refusal(bus: Bus, node: str, maintenance_id: str) -> str | None:
     """The error of a `maintenance.failed` the service published for this request, if any."""
+    from nats.js.errors import NotFoundError
+
+    from schemas import decode
+    from schemas.maintenance import Maintenance
+    from schemas.tokens import token
+
     subject = f"maintenance.failed.{token(node)}"
     found = []
     # With bus.partitions > 1 the stream stores it with the partition appended.
@@ -156,6 +159,13 @@ async def start(  # noqa: PLR0917 - the command's options
     state_dir: Path,
     as_json: bool,
 ) -> None:
+    from pydantic import ValidationError
+
+    from nodeward.bus import PublishError
+    from schemas import make_event
+    from schemas.cloudevents import one_line
+    from schemas.maintenance import Maintenance, MaintenancePhase
+
     now = datetime.now(UTC)
     start_at = parse_at(at, now)
     deadline_s = None
@@ -228,6 +238,8 @@ def _pod_line(plan: PodPlan) -> str:
 
 
 def render_status(state: MaintenanceState) -> list[str]:
+    from schemas.maintenance import MaintenancePhase
+
     deadline = state.deadline_at()
     lines = [
         f"maintenance {state.maintenance_id} of {state.node}: {state.phase.value}"
@@ -273,6 +285,10 @@ async def status(settings: Settings, node: str, as_json: bool) -> None:
 
 
 async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+
+    from schemas.state.maintenance import HISTORY, MAINTENANCES
+
     try:
         kv = await bus.js.key_value(bucket)
         keys = await kv.keys()
@@ -293,6 +309,8 @@ async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
 
 
 def render_restore(plan: dict[str, Any]) -> str:
+    import yaml
+
     lines = [
         f"# Restore plan for {plan['pod']} (maintenance {plan['maintenance_id']}, "
         f"checkpointed on {plan['node']})",
@@ -316,6 +334,8 @@ def render_restore(plan: dict[str, Any]) -> str:
 
 
 async def restore(settings: Settings, pod: str, registry: str, as_json: bool) -> None:
+    from schemas.state.maintenance import restorable, restore_plan
+
     namespace, _, name = pod.partition("/")
     if not name or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
         raise typer.BadParameter(f"{pod!r} is not NAMESPACE/POD", param_hint="POD")
