@@ -1062,6 +1062,7 @@ async def build(settings: Settings) -> Daemon:
         config.breaker,
         registry=daemon.metrics.registry,
         ttl=config.node_count_ttl.total_seconds(),
+        daemon=daemon,
     )
     service = CordonService(
         bus, cluster, records=records, breaker=breaker, settings=config, policy=policy

@@ -413,7 +413,9 @@ async def assemble(settings: Settings) -> Assembled:
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
 
-    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
+    breaker = await node_breaker(
+        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
+    )
     service = FalcoService(
         bus,
         cluster,

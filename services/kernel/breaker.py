@@ -10,6 +10,7 @@ calm period after the trip has passed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from nodeward.bus import Bus
 from nodeward.bus.dlq import one_line
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
+from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster
 from schemas.remediation import Outcome
@@ -98,8 +100,9 @@ class NodePopulation:
     selectors add up (one GPU vendor to a node). With no node matching (no GPU feature
     discovery) it counts every node: a limit of 0 would refuse everything.
 
-    Kept off the fault's path: `prime` counts in the background at start; a count older
-    than `ttl` is still answered while a background read renews it (a full node list takes
+    Kept off the fault's path: `keep_fresh` (a daemon task) counts at start and every
+    `ttl` after, so a storm after a quiet hour finds a fresh count; a count older than
+    `ttl` is still answered while a background read renews it (a full node list takes
     about a second at 5,000 nodes). Only with no count yet, or one older than `max_stale`
     (the reads keep failing), does a caller wait for the list."""
 
@@ -123,6 +126,14 @@ class NodePopulation:
     def prime(self) -> None:
         """Start counting now, in the background, so the first quarantine need not wait."""
         self._renew()
+
+    async def keep_fresh(self) -> None:
+        """Count now and every `ttl` after, until cancelled (a failed read is logged and
+        tried again next time)."""
+        while True:
+            with contextlib.suppress(Exception):  # logged by `_settled`
+                await asyncio.shield(self._renew())
+            await asyncio.sleep(self.ttl)
 
     async def __call__(self) -> int:
         now = self.clock()
@@ -242,15 +253,20 @@ async def node_breaker(
     *,
     registry: CollectorRegistry | None = None,
     ttl: float = 30.0,
+    daemon: Daemon | None = None,
 ) -> CircuitBreaker:
     """The shared breaker as a service that removes nodes uses it: its window in KV
-    (`settings.bucket`), its population the cluster's nodes that match `node_selector`."""
+    (`settings.bucket`), its population the cluster's nodes that match `node_selector`,
+    counted by a `daemon` task every `ttl` (without a daemon: once, at once)."""
 
     async def count(selector: str | None) -> int:
         return len(await cluster.nodes.list(label_selector=selector))
 
     population = NodePopulation(count, settings.node_selector, ttl=ttl)
-    population.prime()
+    if daemon is not None:
+        daemon.add_task(population.keep_fresh, name="breaker-population")
+    else:
+        population.prime()
     return CircuitBreaker(
         await bus.kv(settings.bucket, history=5), settings, population, registry=registry
     )

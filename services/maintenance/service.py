@@ -1232,7 +1232,9 @@ async def build(settings: Settings) -> Daemon:
     kv = await bus.kv(config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
 
-    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
+    breaker = await node_breaker(
+        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
+    )
     service = CheckpointService(
         bus,
         cluster,

@@ -802,7 +802,9 @@ async def build(settings: Settings) -> Daemon:
         NAME, settings, source=ACTOR, access=ACCESS, consumers=2
     )
     kv = await bus.kv(config.bucket, history=5)
-    breaker = await node_breaker(bus, cluster, config.breaker, registry=daemon.metrics.registry)
+    breaker = await node_breaker(
+        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
+    )
     service = RecoveryService(
         bus,
         cluster,

@@ -76,3 +76,19 @@ async def test_a_count_too_old_is_waited_for_and_a_failed_read_raises() -> None:
     with pytest.raises(RuntimeError, match="apiserver down"):
         await population()
     assert await population() == 12
+
+
+async def test_kept_fresh_by_a_task_so_a_storm_after_a_quiet_hour_waits_for_no_list() -> None:
+    reads: list[int] = []
+
+    async def count(selector: str | None) -> int:
+        reads.append(len(reads))
+        return 5000 + len(reads)
+
+    population = NodePopulation(count, "a=b", ttl=0.05, max_stale=0.1)
+    task = asyncio.create_task(population.keep_fresh())
+    try:
+        await wait_for(lambda: len(reads) >= 3, what="three counts with nobody asking")
+        assert await population() > 5001  # a recent count, answered without a read
+    finally:
+        task.cancel()
