@@ -159,6 +159,7 @@ class NodePopulation:
             structlog.get_logger().warning("breaker.population_unread", error=one_line(error))
 
     async def _read(self) -> int:
+        began = time.monotonic()
         selectors = [self.selector] if isinstance(self.selector, str) else self.selector or []
         count = sum([await self.count(s) for s in selectors])
         if not selectors:
@@ -169,6 +170,9 @@ class NodePopulation:
             )
             count = await self.count(None)
         self._cached = (self.clock(), count)
+        structlog.get_logger().info(
+            "breaker.population_counted", nodes=count, seconds=round(time.monotonic() - began, 3)
+        )
         return count
 
 
