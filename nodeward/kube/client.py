@@ -33,6 +33,8 @@ from nodeward.logs import get_logger
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# A list of metadata alone, as client-go's metadata client asks (with plain JSON after it).
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -127,8 +129,9 @@ class KubeClient:
         body: Any,
         content_type: str,
         timeout: float | tuple[float, float | None] | None,
+        accept: str = "application/json",
     ) -> Any:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         req = self._api.param_serialize(
@@ -150,10 +153,17 @@ class KubeClient:
         body: Any,
         content_type: str,
         timeout: float,
+        accept: str = "application/json",
     ) -> tuple[int, Any, Mapping[str, str]]:
         try:
             resp = self._send(
-                method, path, query=query, body=body, content_type=content_type, timeout=timeout
+                method,
+                path,
+                query=query,
+                body=body,
+                content_type=content_type,
+                timeout=timeout,
+                accept=accept,
             )
             raw = resp.read()
         except ApiException as exc:
@@ -177,6 +187,7 @@ class KubeClient:
         content_type: str = "application/json",
         request_timeout: float | None = None,
         retry_statuses: frozenset[int] = RETRY_STATUSES,
+        accept: str = "application/json",
     ) -> Any:
         """Send one request; return the decoded body of a 2xx, raise a typed error otherwise.
 
@@ -195,6 +206,7 @@ class KubeClient:
                     body=body,
                     content_type=content_type,
                     timeout=request_timeout or self.timeout,
+                    accept=accept,
                 )
             except OpenApiException as exc:
                 raise errors.KubeError(f"{method} {path}: {_one_line(exc)}") from None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from nodeward.kube.access import operation
 from nodeward.kube.base import Area, Listing, Obj, core
-from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH
+from nodeward.kube.client import MERGE_PATCH, METADATA_LIST, STRATEGIC_PATCH
 from nodeward.kube.watch import WatchEvent, watch
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
@@ -46,6 +46,18 @@ class Nodes(Area):
             query={"labelSelector": label_selector, "fieldSelector": field_selector},
         )
         return list(listing.get("items") or [])
+
+    @operation("nodes.list")
+    async def count(self, *, label_selector: str | None = None) -> int:
+        """How many nodes match, from a metadata-only list (PartialObjectMetadataList, as
+        client-go's metadata client asks): a fraction of the full objects' bytes."""
+        listing = await self._client.request(
+            "GET",
+            core("nodes"),
+            query={"labelSelector": label_selector},
+            accept=METADATA_LIST,
+        )
+        return len(listing.get("items") or [])
 
     @operation("nodes.watch")
     async def listing(self, *, label_selector: str | None = None) -> Listing:

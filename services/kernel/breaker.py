@@ -264,7 +264,7 @@ async def node_breaker(
     counted by a `daemon` task every `ttl` (without a daemon: once, at once)."""
 
     async def count(selector: str | None) -> int:
-        return len(await cluster.nodes.list(label_selector=selector))
+        return await cluster.nodes.count(label_selector=selector)
 
     population = NodePopulation(count, settings.node_selector, ttl=ttl)
     if daemon is not None:

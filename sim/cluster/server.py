@@ -128,6 +128,16 @@ def _wants_table(request: web.Request) -> bool:
     return "as=Table" in accept
 
 
+def _wants_metadata(request: web.Request) -> bool:
+    """A metadata-only list, as client-go's metadata client asks (JSON; protobuf is not
+    served): `application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`."""
+    accept = request.headers.get("Accept", "")
+    return any(
+        "as=PartialObjectMetadataList" in part and part.strip().startswith("application/json")
+        for part in accept.split(",")
+    )
+
+
 class SimCluster:
     """A Kubernetes API server for the resources nodeward uses, with RBAC, on one port."""
 
@@ -858,7 +868,11 @@ class SimCluster:
             if cont:
                 body["metadata"]["continue"] = cont
             return web.json_response(body)
-        return web.json_response(self._list_body(route, items, cont))
+        body = self._list_body(route, items, cont)
+        if _wants_metadata(request):
+            body |= {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
+            body["items"] = [tables.partial(obj) for obj in items]
+        return web.json_response(body)
 
     async def _watch(self, request: web.Request, route: _Route) -> web.StreamResponse:
         labels, fields = self._selectors(request, route)

@@ -259,7 +259,8 @@ def _pod_row(pod: dict[str, Any]) -> list[Any]:
     ]
 
 
-def _partial(obj: dict[str, Any]) -> dict[str, Any]:
+def partial(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as a PartialObjectMetadata: its metadata alone."""
     return {
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
@@ -308,7 +309,7 @@ def table(
         if include == "Object":
             entry["object"] = obj
         elif include != "None":
-            entry["object"] = _partial(obj)
+            entry["object"] = partial(obj)
         rows.append(entry)
     return {
         "kind": "Table",

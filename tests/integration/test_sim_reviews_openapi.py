@@ -187,3 +187,35 @@ async def test_a_second_request_during_the_build_waits_for_it(sim: SimCluster) -
     async with _http(sim) as http:
         first, second = await asyncio.gather(http.get("/openapi/v3"), http.get("/openapi/v2"))
     assert (first.status_code, second.status_code) == (200, 200)
+
+
+async def test_a_metadata_only_list_as_client_gos_metadata_client_asks(
+    sim: SimCluster, tmp_path: Path
+) -> None:
+    """`Accept: application/json;as=PartialObjectMetadataList;...` gets the list's metadata
+    alone; the breaker counts nodes with it (`Nodes.count`)."""
+    from nodeward.config import ClusterSettings
+    from nodeward.kube import Cluster
+    from nodeward.kube.client import METADATA_LIST, KubeClient
+
+    async with _http(sim) as http:
+        full = (await http.get("/api/v1/nodes")).json()
+        reply = await http.get("/api/v1/nodes", headers={"Accept": METADATA_LIST})
+    assert reply.status_code == 200
+    body = reply.json()
+    assert (body["kind"], body["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    assert [i["metadata"]["name"] for i in body["items"]] == [
+        i["metadata"]["name"] for i in full["items"]
+    ]
+    assert all(set(i) == {"kind", "apiVersion", "metadata"} for i in body["items"])
+    assert {i["kind"] for i in body["items"]} == {"PartialObjectMetadata"}
+    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig-cordon", identity="cordon")
+    cluster = Cluster(KubeClient.from_settings(ClusterSettings(kubeconfig=kubeconfig)))
+    try:
+        gpu = "nvidia.com/gpu.present=true"
+        assert await cluster.nodes.count(label_selector=gpu) == len(
+            await cluster.nodes.list(label_selector=gpu)
+        )
+        assert await cluster.nodes.count() == len(full["items"])
+    finally:
+        await cluster.close()
