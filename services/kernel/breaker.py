@@ -102,8 +102,8 @@ class NodePopulation:
 
     Kept off the fault's path: `keep_fresh` (a daemon task) counts at start and every
     `ttl` after, so a storm after a quiet hour finds a fresh count; a count older than
-    `ttl` is still answered while a background read renews it (a full node list takes
-    about a second at 5,000 nodes). Only with no count yet, or one older than `max_stale`
+    `ttl` is still answered while a background read renews it (even a metadata-only list
+    took seconds at 5,000 nodes on the sim cluster). Only with no count yet, or one older than `max_stale`
     (the reads keep failing), does a caller wait for the list."""
 
     def __init__(
@@ -170,7 +170,7 @@ class NodePopulation:
             )
             count = await self.count(None)
         self._cached = (self.clock(), count)
-        structlog.get_logger().info(
+        structlog.get_logger().debug(
             "breaker.population_counted", nodes=count, seconds=round(time.monotonic() - began, 3)
         )
         return count
