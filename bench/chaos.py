@@ -67,6 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fleet import _cpu_seconds, _group  # noqa: E402 - bench/fleet.py, this folder
+from fleet import _lease_holders as _holders  # noqa: E402 - bench/fleet.py, this folder
 
 from schemas.tokens import token  # noqa: E402 - after the path
 
@@ -150,20 +151,6 @@ async def _line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> s
             line = raw.decode().strip()
             if line.startswith(prefix):
                 return line
-
-
-async def _holders(js: Any, bucket: str, partitions: int) -> dict[int, str]:
-    kv = await js.key_value(bucket)
-    out = {}
-    for i in range(partitions):
-        try:
-            entry = await kv.get(f"lease.cordon.p{i}")
-        except Exception:  # noqa: BLE001 - not taken
-            continue
-        record = json.loads(entry.value or b"{}")
-        if record.get("expires_at", 0) > time.time():
-            out[i] = record["holder"]
-    return out
 
 
 def _of(pid: int, holder: str) -> bool:

@@ -133,8 +133,13 @@ async def _group(js: Any, stream: str, base: str) -> tuple[int, float, int] | No
 
 async def _holders(js: Any, partitions: int) -> set[str]:
     """Who holds the cordon's partition leases now."""
-    kv = await js.key_value("cordon")
-    out = set()
+    return set((await _lease_holders(js, "cordon", partitions)).values())
+
+
+async def _lease_holders(js: Any, bucket: str, partitions: int) -> dict[int, str]:
+    """Partition -> holder of each unexpired cordon partition lease in KV `bucket`."""
+    kv = await js.key_value(bucket)
+    out = {}
     for i in range(partitions):
         try:
             entry = await kv.get(f"lease.cordon.p{i}")
@@ -142,7 +147,7 @@ async def _holders(js: Any, partitions: int) -> set[str]:
             continue
         record = json.loads(entry.value or b"{}")
         if record.get("expires_at", 0) > time.time():
-            out.add(record["holder"])
+            out[i] = record["holder"]
     return out
 
 
