@@ -51,7 +51,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import random
 import signal
 import statistics
@@ -66,26 +65,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleet import _cpu_seconds, _group  # noqa: E402 - bench/fleet.py, this folder
-from fleet import _lease_holders as _holders  # noqa: E402 - bench/fleet.py, this folder
+from fleetlib import TAINT, Fault  # noqa: E402 - bench/fleetlib.py, this folder
+from fleetlib import cpu_seconds as _cpu_seconds  # noqa: E402
+from fleetlib import group as _group  # noqa: E402
+from fleetlib import inject as _inject  # noqa: E402
+from fleetlib import lease_holders as _holders  # noqa: E402
+from fleetlib import line as _line  # noqa: E402
+from fleetlib import of as _of  # noqa: E402
+from fleetlib import pct as _pct  # noqa: E402
+from fleetlib import spawn as _spawn  # noqa: E402
+from fleetlib import watch_taints as _watch_taints  # noqa: E402
 
 from schemas.tokens import token  # noqa: E402 - after the path
 
-TAINT = "nodeward.io/gpu-unhealthy"
 GROUPS = (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats"))
-
-
-@dataclass
-class Fault:
-    node: str
-    gpu: int
-    sent: float  # monotonic
-    partition: int
-    sent_at: float = 0.0  # wall clock
-    acked: float | None = None  # monotonic: the fleet's reply (its events acknowledged)
-    stored: list[int] = field(default_factory=list)
-    error: str | None = None
-    tainted: float | None = None  # monotonic, first seen by the watch
 
 
 @dataclass
@@ -127,36 +120,6 @@ def _config(args: argparse.Namespace, url: str, kubeconfig: Path) -> dict[str, A
     }
 
 
-def _spawn(argv: list[str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-    env |= {"PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "launch", *argv],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-    )
-
-
-async def _line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str:
-    """The first stdout line of `proc` starting with `prefix`."""
-    assert proc.stdout is not None
-    out = proc.stdout
-    async with asyncio.timeout(timeout):
-        while True:
-            raw = await asyncio.to_thread(out.readline)
-            if not raw:
-                raise RuntimeError(f"exited {proc.wait()} before printing {prefix!r}")
-            line = raw.decode().strip()
-            if line.startswith(prefix):
-                return line
-
-
-def _of(pid: int, holder: str) -> bool:
-    return f"-{pid}-" in holder
-
-
 async def _read(js: Any, stream: str, subject: str) -> list[Any]:
     """Every message of `stream` on `subject` (an ephemeral pull consumer)."""
     info = await js.stream_info(stream, subjects_filter=subject)
@@ -184,23 +147,6 @@ async def _audits(js: Any) -> dict[str, list[Any]]:
     return out
 
 
-async def _watch_taints(kube: Any, faults: dict[str, Fault], ready: asyncio.Event) -> None:
-    """Note when each faulted node first shows the taint (a watch on nodes)."""
-    from nodeward.kube.nodes import taints_of
-
-    listing = await kube.nodes.listing()
-    ready.set()
-    async for event in kube.nodes.watch(resource_version=listing.resource_version):
-        name = event.object.get("metadata", {}).get("name")
-        fault = faults.get(name)
-        if (
-            fault is not None
-            and fault.tainted is None
-            and any(t.get("key") == TAINT for t in taints_of(event.object))
-        ):
-            fault.tainted = time.monotonic()
-
-
 async def _sample_lag(js: Any, run: Run, stop: asyncio.Event) -> None:
     while not stop.is_set():
         for stream, consumer in GROUPS:
@@ -225,35 +171,6 @@ async def _takeover(js: Any, bucket: str, partitions: int, survivor: int, run: R
                 run.takeover_s = time.monotonic() - run.replica_killed_at
                 return
         await asyncio.sleep(0.1)
-
-
-async def _inject(nc: Any, fault: Fault, timeout: float) -> None:
-    from nats.errors import NoRespondersError
-
-    request = json.dumps({"gpu": fault.gpu, "xid": 79}).encode()
-    for _ in range(40):
-        try:
-            msg = await nc.request(f"sim.inject.{fault.node}", request, timeout)
-            break
-        except NoRespondersError:  # not delivered (the fleet resubscribing): send again
-            await asyncio.sleep(0.5)
-        except Exception as exc:  # noqa: BLE001 - no answer: not known to be acknowledged
-            fault.error = f"no reply: {exc!r}"
-            return
-    else:
-        fault.error = "no responders for 20 s"
-        return
-    reply = json.loads(msg.data)
-    if reply.get("ok"):
-        fault.stored = list(reply.get("stored") or [])
-        fault.acked = time.monotonic()
-    else:
-        fault.error = reply.get("error") or "refused"
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 async def chaos(args: argparse.Namespace) -> Run:

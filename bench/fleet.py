@@ -51,12 +51,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-TAINT = "nodeward.io/gpu-unhealthy"
+import fleet_split
+from fleetlib import REPO, TAINT, cpu_seconds, group, lease_holders
+
 WIDE_BREAKER = {
     "NODEWARD_SERVICES__CORDON__BREAKER__MAX_NODES": "1000",
     "NODEWARD_SERVICES__CORDON__BREAKER__MAX_PERCENT": "100",
@@ -103,63 +103,9 @@ def _ready(url: str) -> bool:
         return False
 
 
-async def _group(js: Any, stream: str, base: str) -> tuple[int, float, int] | None:
-    """(pending, age of the oldest pending, messages acked so far) over durable `base` or
-    its partitions `base-p<i>`; None if there are none."""
-    infos = [
-        i
-        for i in await js.consumers_info(stream)
-        if i.name == base or (i.name.startswith(f"{base}-p") and i.name[len(base) + 2 :].isdigit())
-    ]
-    if not infos:
-        return None
-    pending = sum((i.num_pending or 0) + (i.num_ack_pending or 0) for i in infos)
-    acked = sum((i.ack_floor.consumer_seq or 0) if i.ack_floor else 0 for i in infos)
-    if not pending:
-        return 0, 0.0, acked
-    floor = min(
-        (i.ack_floor.stream_seq if i.ack_floor else 0) or 0
-        for i in infos
-        if (i.num_pending or 0) + (i.num_ack_pending or 0)
-    )
-    try:
-        msg = await js.get_msg(stream, floor + 1)
-    except Exception:  # noqa: BLE001 - purged: the count still says it
-        return pending, float("nan"), acked
-    stored = _stored_at(msg)
-    age = (datetime.now(UTC) - stored).total_seconds() if stored else float("nan")
-    return pending, age, acked
-
-
-async def _holders(js: Any, partitions: int) -> set[str]:
+async def holders(js: Any, partitions: int) -> set[str]:
     """Who holds the cordon's partition leases now."""
-    return set((await _lease_holders(js, "cordon", partitions)).values())
-
-
-async def _lease_holders(js: Any, bucket: str, partitions: int) -> dict[int, str]:
-    """Partition -> holder of each unexpired cordon partition lease in KV `bucket`."""
-    kv = await js.key_value(bucket)
-    out = {}
-    for i in range(partitions):
-        try:
-            entry = await kv.get(f"lease.cordon.p{i}")
-        except Exception:  # noqa: BLE001 - not taken
-            continue
-        record = json.loads(entry.value or b"{}")
-        if record.get("expires_at", 0) > time.time():
-            out[i] = record["holder"]
-    return out
-
-
-def _stored_at(msg: Any) -> datetime | None:
-    raw = getattr(msg, "time", None)
-    if isinstance(raw, datetime):
-        return raw
-    if isinstance(raw, str):
-        text = raw.rstrip("Z")
-        head, _, frac = text.partition(".")
-        return datetime.fromisoformat(f"{head}.{frac[:6].ljust(6, '0')}+00:00")
-    return None
+    return set((await lease_holders(js, "cordon", partitions)).values())
 
 
 async def _measure(
@@ -226,7 +172,7 @@ async def _measure(
             )
         if replicas > 1:
             shared = time.monotonic()
-            while len(await _holders(js, partitions)) < replicas:
+            while len(await holders(js, partitions)) < replicas:
                 if time.monotonic() - shared > 120:
                     result.error = f"the partitions were not shared; see {state}"
                     return result
@@ -234,12 +180,12 @@ async def _measure(
             print(f"  {name}: partitions shared in {time.monotonic() - shared:.1f} s", flush=True)
         groups = (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats"))
         acked0: dict[str, int] = {}
-        cpu0 = _cpu_seconds(proc.pid)
-        extra0 = [_cpu_seconds(p.pid) for p in extra]
+        cpu0 = cpu_seconds(proc.pid)
+        extra0 = [cpu_seconds(p.pid) for p in extra]
         watch_began = time.monotonic()
         while time.monotonic() - watch_began < args.watch:
             for stream, consumer in groups:
-                sample = await _group(js, stream, consumer)
+                sample = await group(js, stream, consumer)
                 if sample is not None:
                     key = f"{stream}/{consumer}"
                     result.lag.setdefault(key, []).append(sample[:2])
@@ -249,9 +195,9 @@ async def _measure(
                         result.rate[key] = (sample[2] - acked0[key]) / span
             await asyncio.sleep(2)
         spent = time.monotonic() - watch_began
-        result.cpu_pct = 100 * (_cpu_seconds(proc.pid) - cpu0) / spent
+        result.cpu_pct = 100 * (cpu_seconds(proc.pid) - cpu0) / spent
         result.extra_cpu_pct = [
-            100 * (_cpu_seconds(p.pid) - c0) / spent for p, c0 in zip(extra, extra0, strict=True)
+            100 * (cpu_seconds(p.pid) - c0) / spent for p, c0 in zip(extra, extra0, strict=True)
         ]
         kube = Cluster(
             KubeClient.from_settings(ClusterSettings(kubeconfig=Path(endpoints["kubeconfig"])))
@@ -281,28 +227,6 @@ async def _measure(
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-
-
-def _cpu_seconds(root: int) -> float:
-    """User and system CPU seconds of process `root` and every descendant (Linux /proc)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(stat.parent.name)
-        parent[pid], ticks[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
-    mine = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parent.items():
-            if ppid in mine and pid not in mine:
-                mine.add(pid)
-                grew = True
-    return sum(ticks.get(p, 0) for p in mine) / os.sysconf("SC_CLK_TCK")
 
 
 async def _tainted(kube: Any, node: str) -> bool:
@@ -339,7 +263,7 @@ async def _storm(
         while True:
             for stream, consumer in groups:
                 with contextlib.suppress(Exception):
-                    got = await _group(js, stream, consumer)
+                    got = await group(js, stream, consumer)
                     if got is not None:
                         result.lag.setdefault(f"{stream}/{consumer} (storm)", []).append(got[:2])
             await asyncio.sleep(2)
@@ -429,12 +353,26 @@ async def main() -> None:
     )
     parser.add_argument("--deadline", type=float, default=15.0, help="seconds per injection")
     parser.add_argument("--ready-timeout", type=float, default=240.0)
-    parser.add_argument("--baseline", default="main", help="git ref to compare with")
+    parser.add_argument(
+        "--baseline", default=None, help="git ref to compare with (main; --split: none)"
+    )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--no-this", action="store_true", help="the baseline alone")
     parser.add_argument("--replicas", default="", help="e.g. 1,2: cordon replicas per case")
     parser.add_argument("--partitions", type=int, default=4, help="with --replicas")
+    parser.add_argument(
+        "--split", action="store_true", help="every part a process of its own (fleet_split.py)"
+    )
+    fleet_split.add_arguments(parser)
     args = parser.parse_args()
+    if not args.split:
+        args.baseline = args.baseline or "main"
+    if args.split:
+        args.replicas = args.replicas or "1,2"
+        args.storm = args.storm or 5.0
+        args.deadline = max(args.deadline, 60.0)
+        await fleet_split.main(args)
+        return
     print(f"nodeward up --nodes {args.nodes} --scenario none, {os.cpu_count()} CPUs", flush=True)
     results = []
     if args.replicas:
