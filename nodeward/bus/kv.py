@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -33,22 +34,36 @@ class Versioned(Generic[M]):
 
 
 class TypedKV(Generic[M]):
-    """One bucket whose values are one pydantic model, updated with optimistic concurrency."""
+    """One bucket whose values are one pydantic model, updated with optimistic concurrency.
 
-    def __init__(self, kv: KeyValue, model: type[M]) -> None:
+    `remember` > 0: keep the last value this instance read or wrote, for up to that many
+    keys, so that an update of a key this instance mostly writes (a node in the partition a
+    replica holds) starts from it instead of a read. Nothing is believed on memory alone:
+    the write is checked against the remembered revision (a conflict reads afresh), and a
+    change that would write nothing is asked again on a fresh read before it is answered.
+    """
+
+    def __init__(self, kv: KeyValue, model: type[M], *, remember: int = 0) -> None:
         self.kv = kv
         self.model = model
+        self.remember = remember
+        self._memory: OrderedDict[str, Versioned[M]] = OrderedDict()
 
     async def get(self, key: str) -> Versioned[M] | None:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
+            self._forget(key)
             return None
         if entry.value is None:
+            self._forget(key)
             return None
-        return Versioned(load_record(self.model, entry.value), entry.revision or 0)
+        found = Versioned(load_record(self.model, entry.value), entry.revision or 0)
+        self._keep(key, found)
+        return found
 
     async def put(self, key: str, value: M) -> int:
+        self._forget(key)
         return int(await self.kv.put(key, dump_record(value)))
 
     async def update(
@@ -62,10 +77,13 @@ class TypedKV(Generic[M]):
         for attempt in range(attempts):
             if attempt:  # lost a race: back off with jitter so contenders spread out
                 await asyncio.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 7)))  # noqa: S311
-            current = await self.get(key)
-            new = change(current.value if current else None)
-            if new is None:
-                return current
+            current = self._memory.get(key) if attempt == 0 else None
+            new = change(current.value) if current is not None else None
+            if new is None:  # nothing remembered, or nothing to write on memory: read
+                current = await self.get(key)
+                new = change(current.value if current else None)
+                if new is None:
+                    return current
             data = dump_record(new)
             try:
                 if current is None:
@@ -73,19 +91,34 @@ class TypedKV(Generic[M]):
                 else:
                     revision = await self.kv.update(key, data, last=current.revision)
             except KeyWrongLastSequenceError:
+                self._forget(key)
                 continue
             except Exception as exc:
+                self._forget(key)
                 if "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
                     continue
                 raise
-            return Versioned(new, int(revision))
+            written = Versioned(new, int(revision))
+            self._keep(key, written)
+            return written
         raise ConflictError(
             f"KV {self.kv._name}/{key}: still conflicting after {attempts} attempts"
         )
 
     async def delete(self, key: str, *, revision: int | None = None) -> None:
+        self._forget(key)
         with contextlib.suppress(KeyNotFoundError):
             await self.kv.delete(key, last=revision)
+
+    def _keep(self, key: str, value: Versioned[M]) -> None:
+        if self.remember > 0:
+            self._memory[key] = value
+            self._memory.move_to_end(key)
+            while len(self._memory) > self.remember:
+                self._memory.popitem(last=False)
+
+    def _forget(self, key: str) -> None:
+        self._memory.pop(key, None)
 
 
 class Lease:

@@ -45,13 +45,25 @@ class GpuRecord(BaseModel):
         )
 
 
+def restates(prior: GpuRecord | None, health: GpuHealth) -> bool:
+    """True if `health` is the state already accepted, said again: the same agent boot and
+    sequence (a change that a heartbeat past its grace restated first, arriving late)."""
+    return (
+        prior is not None
+        and health.agent_boot_id is not None
+        and health.agent_boot_id == prior.boot_id
+        and health.sequence == prior.sequence
+    )
+
+
 def is_stale(prior: GpuRecord | None, health: GpuHealth, event_id: str) -> bool:
     """True if `health` is older than the event already accepted for this GPU.
 
     Within one agent boot the sequence decides; across boots (or without sequences) the
-    observation time does. The very event already accepted (a redelivery) is not stale.
+    observation time does. The very event already accepted (a redelivery) and the same
+    state said again (`restates`) are not stale.
     """
-    if prior is None or prior.event_id == event_id:
+    if prior is None or prior.event_id == event_id or restates(prior, health):
         return False
     if (
         health.agent_boot_id is not None

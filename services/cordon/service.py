@@ -61,6 +61,7 @@ from schemas.state.cordon import (
     XidRepeats,
     is_stale,
     node_key,
+    restates,
 )
 from schemas.state.marks import MarkEntry
 from schemas.tokens import token
@@ -154,6 +155,12 @@ class CordonSettings(Section):
         description="an event held by a crashed replica is redelivered after this long",
     )
     node_count_ttl: Duration = timedelta(seconds=30)
+    remembered_nodes: int = Field(
+        default=10_000,
+        ge=0,
+        description="node records kept in memory to start updates from; every write is"
+        " still revision-checked (`TypedKV`)",
+    )
     lease_ttl: Duration = Field(
         default=timedelta(seconds=20),
         description="with bus.partitions > 1: a replica's partitions are taken over this long"
@@ -367,7 +374,9 @@ class CordonService:
             previous = prior_gpu = record.gpus.get(gpu)
             stale = is_stale(previous, health, event.id)
             if stale or (previous is not None and previous.event_id == event.id):
-                return None
+                return None  # stale (audited below), or a redelivery (decided again)
+            if restates(previous, health):
+                return None  # said again: the record stands, decided as a redelivery is
             gpus = {**record.gpus, gpu: GpuRecord.after(previous, health, event.id)}
             return record.model_copy(update={"gpus": gpus})
 
@@ -1055,7 +1064,7 @@ async def build(settings: Settings) -> Daemon:
         NAME, settings, source=ACTOR, access=ACCESS, consumers=consumers
     )
     kv = await bus.kv(config.bucket, history=5)
-    records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord)
+    records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord, remember=config.remembered_nodes)
     breaker = await node_breaker(
         bus,
         cluster,

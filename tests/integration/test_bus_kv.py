@@ -50,6 +50,84 @@ async def test_update_returning_none_leaves_value(bus: Bus) -> None:
     assert result is not None and result.value.value == 7
 
 
+class Flag(BaseModel):
+    done: bool = False
+    count: int = 0
+
+
+class CountingReads:
+    """The bucket, counting reads (what `remember` saves)."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.reads, self._name = kv, 0, kv._name
+
+    async def get(self, key: str) -> Any:
+        self.reads += 1
+        return await self.kv.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_remembering_skips_the_read_and_never_loses_another_writers_value(
+    bus: Bus,
+) -> None:
+    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    counted = CountingReads(bucket)
+    mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
+    other = TypedKV(bucket, Counter)
+
+    def add(name: str) -> Any:
+        return lambda cur: Counter(
+            value=(cur.value if cur else 0) + 1, writers=[*(cur.writers if cur else []), name]
+        )
+
+    await mine.update("c", add("a"))
+    reads = counted.reads
+    for _ in range(5):
+        await mine.update("c", add("a"))
+    assert counted.reads == reads  # each started from the value it wrote last
+
+    await other.update("c", add("b"))  # behind its back: what it remembers is stale
+    result = await mine.update("c", add("a"))
+    assert result is not None and result.value.value == 8
+    assert result.value.writers == ["a"] * 6 + ["b", "a"]  # b's write kept, not overwritten
+    assert counted.reads == reads + 1  # the conflict read the key afresh
+
+
+async def test_remembering_confirms_a_change_that_writes_nothing_on_a_fresh_read(
+    bus: Bus,
+) -> None:
+    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    mine = TypedKV(bucket, Flag, remember=100)
+    other = TypedKV(bucket, Flag)
+
+    def finish(cur: Flag | None) -> Flag | None:
+        return None if cur is not None and cur.done else Flag(done=True, count=1)
+
+    await mine.update("f", finish)
+    await other.put("f", Flag(done=False, count=5))  # undone behind its back
+    # On memory alone the change would write nothing; it must see the key as it is.
+    result = await mine.update("f", finish)
+    assert result is not None and result.value.done
+    stored = await other.get("f")
+    assert stored is not None and stored.value.done
+
+
+async def test_remembering_is_bounded(bus: Bus) -> None:
+    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    counted = CountingReads(bucket)
+    mine = TypedKV(counted, Counter, remember=2)  # type: ignore[arg-type]
+    for key in ("a", "b", "c"):
+        await mine.update(key, lambda cur: Counter(value=1))
+    reads = counted.reads
+    await mine.update("c", lambda cur: Counter(value=(cur.value if cur else 0) + 1))
+    assert counted.reads == reads  # remembered
+    await mine.update("a", lambda cur: Counter(value=(cur.value if cur else 0) + 1))
+    assert counted.reads == reads + 1  # the oldest was forgotten
+    assert len(mine._memory) == 2
+
+
 async def test_lease_has_one_holder(bus: Bus) -> None:
     bucket = await bus.kv(f"lease{uuid.uuid4().hex[:8]}")
     a = Lease(bucket, "scheduler", "replica-a", ttl=2.0)

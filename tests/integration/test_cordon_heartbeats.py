@@ -122,6 +122,28 @@ async def test_a_change_never_handled_is_taken_from_a_heartbeat(cordon_env: EnvF
     await wait_for(lambda: _quarantined_node(env, lost), timeout=5, what="heartbeat quarantines")
 
 
+async def test_a_change_its_heartbeat_restated_first_is_not_audited_as_stale(
+    cordon_env: EnvFactory,
+) -> None:
+    """A fleet's start queues its changes; a heartbeat past the grace restates one first.
+    The change, when it comes, says the same state: nothing to ignore, nothing to audit."""
+    env = await cordon_env(heartbeat_grace="2s")
+    await env.start()
+    name = env.nodes[2]
+    ago = datetime.now(UTC) - timedelta(minutes=1)
+    await env.publish(heartbeat(name, {0: HealthState.HEALTHY}, seq=1, changed_at=ago))
+    await _heartbeats_done(env, 1)
+    config = _config(env)
+    revision = await _revision(env.bus, config, name)  # the restatement recorded
+    # The late change, then a failure behind it (in order per node: once the failure is
+    # quarantined, the change was handled).
+    await env.publish(health(name, HealthState.HEALTHY, seq=1, at=ago), failed(name, seq=2))
+    await wait_for(lambda: audits(env.bus, name, "quarantine"), timeout=5, what="the barrier")
+    found = await audits(env.bus, name)
+    assert [(a.action, a.guard) for a in found] == [("quarantine", None)]
+    assert await _revision(env.bus, config, name) > revision
+
+
 async def test_a_refused_failure_is_tried_again_by_its_heartbeat(cordon_env: EnvFactory) -> None:
     env = await cordon_env()
     await env.start()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
-from schemas.state.cordon import GpuRecord, NodeRecord, is_stale
+from schemas.state.cordon import GpuRecord, NodeRecord, is_stale, restates
 from services.cordon.policy import PolicyAction, PolicyError, load_policy
 from services.kernel import BreakerSettings, Cooldown, RateLimiter, RateLimitSettings, is_exempt
 from services.kernel.breaker import decide, limit_for
@@ -100,6 +100,10 @@ def test_staleness_by_sequence_within_a_boot_and_by_time_across_boots() -> None:
     assert is_stale(accepted, gpu(HealthState.HEALTHY, seq=4, at=T0 + timedelta(hours=1)), "e4")
     assert not is_stale(accepted, gpu(HealthState.HEALTHY, seq=6), "e6")
     assert not is_stale(accepted, gpu(HealthState.FAILED, seq=5), "e5")  # redelivery
+    # The same state said again, observed earlier (the change a heartbeat restated first).
+    late = gpu(HealthState.FAILED, seq=5, at=T0 - timedelta(seconds=40))
+    assert restates(accepted, late) and not is_stale(accepted, late, "e5-change")
+    assert not restates(accepted, gpu(HealthState.FAILED, seq=5, boot="b2"))
     assert is_stale(
         accepted, gpu(HealthState.HEALTHY, seq=99, boot="b0", at=T0 - timedelta(seconds=1)), "x"
     )
