@@ -1,11 +1,13 @@
 """The circuit breaker in a storm: many handlers of one replica admit at once. Exactly the
 limit is admitted, the rest refused, and each admission is decided once: the replica's
-handlers take turns on the one KV key instead of racing into revision conflicts."""
+waiting admissions are committed together, a few KV writes for the storm instead of one
+each (or a race into revision conflicts)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -39,3 +41,32 @@ async def test_a_storm_of_admissions_decides_each_once(
     assert sorted(state.admitted) == sorted(admitted)
     assert state.tripped_at is not None
     assert sorted(decided) == sorted(nodes)  # no admission decided twice (no conflict)
+    entry = await breaker.store.kv.get(breaker.key)
+    assert entry.revision is not None and entry.revision <= 5  # the only key: writes made
+
+
+async def test_a_turn_cancelled_mid_write_leaves_the_others_decided(bus: Bus) -> None:
+    settings = BreakerSettings(max_nodes=30, max_percent=100)
+
+    async def population() -> int:
+        return 5000
+
+    breaker = CircuitBreaker(await bus.kv(f"b{uuid.uuid4().hex[:8]}"), settings, population)
+    update, gate, writing = breaker.store.update, asyncio.Event(), asyncio.Event()
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        if not gate.is_set():  # the first turn's write hangs until cancelled
+            writing.set()
+            await gate.wait()
+        return await update(*args, **kwargs)
+
+    breaker.store.update = held  # type: ignore[method-assign]
+    async with breaker._turn:  # all three wait: the first turn takes them in one batch
+        tasks = [asyncio.create_task(breaker.admit(f"node/gpu-{n}")) for n in "abc"]
+        await asyncio.sleep(0)
+    await asyncio.wait_for(writing.wait(), 5)
+    tasks[0].cancel()  # its handler gives up mid-write
+    gate.set()
+    results = await asyncio.wait_for(asyncio.gather(*tasks[1:]), 5)
+    assert [ok for ok, _ in results] == [True, True]
+    assert sorted((await breaker.state()).admitted) == ["node/gpu-b", "node/gpu-c"]
