@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetlib import Fault, cpu_seconds, inject, lease_holders, line, pct, spawn
+from fleetlib import REPO, Fault, cpu_seconds, inject, lease_holders, line, pct, spawn
 
 STREAMS = ("GPU", "HEARTBEATS", "SESSIONS", "ENERGY")
 BARE = {  # durable -> (stream, subjects): what the services consume of the fleet
@@ -159,14 +159,12 @@ async def _until(js: Any, done: Any, timeout: float, every: float = 1.0) -> dict
 async def _startup(js: Any, case: Case, began: float, timeout: float) -> None:
     """Time each GPU group's drain of the fleet's start-up burst (pending under 100)."""
     drained: dict[str, float] = {}
-    first: dict[str, int] = {}
 
     def done(sample: dict[str, tuple[int, float, int]]) -> bool:
         for name, (pending, _, acked) in sample.items():
             if not name.startswith("GPU/") or name in drained:
                 continue
-            first.setdefault(name, acked)
-            if pending < 100 and acked > first[name]:
+            if pending < 100 and acked > 0:  # the burst is the first thing each sees
                 drained[name] = time.monotonic() - began
                 case.startup[name] = (drained[name], acked / drained[name])
         gpu = [n for n in sample if n.startswith("GPU/") and not n.endswith("-xids")]
@@ -475,15 +473,24 @@ async def main(args: argparse.Namespace) -> None:
         f" replicas {args.replicas}, {os.cpu_count()} CPUs",
         flush=True,
     )
-    cases = [await run_case(args, int(r)) for r in args.replicas.split(",")]
+    from fleet import exported
+
+    counts = [int(r) for r in args.replicas.split(",")]
+    cases = [await run_case(args, r, REPO, "this tree") for r in counts]
+    if args.baseline:
+        with exported(args.baseline) as tree:
+            cases += [await run_case(args, r, tree, f"baseline {args.baseline}") for r in counts]
     print()
     for case in cases:
         print("\n".join(report(case, args)))
-    if len(cases) == 2 and all(c.taint_s for c in cases):
-        a, b = (statistics.median(c.taint_s) for c in cases)
-        print(
-            f"detect -> taint p50, {cases[1].replicas} replicas / {cases[0].replicas}: {b / a:.2f}"
-        )
+    p50 = {(c.tree, c.replicas): statistics.median(c.taint_s) for c in cases if c.taint_s}
+    if len(counts) == 2 and ("this tree", counts[0]) in p50 and ("this tree", counts[1]) in p50:
+        ratio = p50["this tree", counts[1]] / p50["this tree", counts[0]]
+        print(f"detect -> taint p50, {counts[1]} replicas / {counts[0]}: {ratio:.2f}")
+    for r in counts:
+        if ("this tree", r) in p50 and (f"baseline {args.baseline}", r) in p50:
+            ratio = p50["this tree", r] / p50[f"baseline {args.baseline}", r]
+            print(f"detect -> taint p50 with {r} replica(s), this tree / baseline: {ratio:.2f}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
