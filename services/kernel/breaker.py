@@ -130,10 +130,14 @@ class NodePopulation:
     async def keep_fresh(self) -> None:
         """Count now and every `ttl` after, until cancelled (a failed read is logged and
         tried again next time)."""
-        while True:
-            with contextlib.suppress(Exception):  # logged by `_settled`
-                await asyncio.shield(self._renew())
-            await asyncio.sleep(self.ttl)
+        try:
+            while True:
+                with contextlib.suppress(Exception):  # logged by `_settled`
+                    await asyncio.shield(self._renew())
+                await asyncio.sleep(self.ttl)
+        finally:  # stopping: a read in flight is not left pending behind the daemon
+            if self._reading is not None and not self._reading.done():
+                self._reading.cancel()
 
     async def __call__(self) -> int:
         now = self.clock()

@@ -12,8 +12,7 @@ from pathlib import Path
 from nodeward.bus import Bus
 from schemas import make_event
 from schemas.gpu import GpuHeartbeat, GpuState, HealthState
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 NOT_FOR_STATUS = (
     "aiohttp.client",
@@ -68,7 +67,7 @@ async def test_status_reads_the_fleet_without_daemons_or_aiohttp(
         nats_url,
         "--state-dir",
         str(tmp_path),
-        cwd=ROOT,
+        cwd=REPO,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -92,3 +92,23 @@ async def test_kept_fresh_by_a_task_so_a_storm_after_a_quiet_hour_waits_for_no_l
         assert await population() > 5001  # a recent count, answered without a read
     finally:
         task.cancel()
+
+
+async def test_stopping_the_keeper_leaves_no_read_pending() -> None:
+    started = asyncio.Event()
+
+    async def count(selector: str | None) -> int:
+        started.set()
+        await asyncio.Event().wait()  # a list that never answers
+        return 0
+
+    population = NodePopulation(count, "a=b", ttl=30)
+    keeper = asyncio.create_task(population.keep_fresh())
+    await asyncio.wait_for(started.wait(), 5)
+    reading = population._reading
+    assert reading is not None
+    keeper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await keeper
+    await asyncio.sleep(0)  # the read's cancellation is delivered
+    assert reading.cancelled()

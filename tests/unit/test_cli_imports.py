@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 NOT_AT_START = (
     "aiohttp",
@@ -44,7 +43,7 @@ def _loaded(code: str) -> list[str]:
     """The modules loaded after running `code` in a fresh interpreter."""
     run = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
@@ -90,7 +89,7 @@ def test_a_deferred_aiohttp_loads_on_first_use() -> None:
         "print(transport.aiohttp.ClientSession.__module__)"
     )
     run = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "aiohttp.client"
