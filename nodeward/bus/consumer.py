@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -205,8 +206,8 @@ class _Item:
     msg: Msg
     event: Event[Any] | None
     error: DecodeError | None
-    after: asyncio.Future[None] | None
-    done: asyncio.Future[None] | None
+    after: asyncio.Future[bool] | None  # the previous message of its key: True once handled,
+    done: asyncio.Future[bool] | None  # False if given back unhandled (at stop)
     key: str | None
 
 
@@ -226,7 +227,8 @@ class Consumer:
         self._has_space = asyncio.Event()
         self._has_space.set()
         self._held: dict[int, tuple[Msg, float]] = {}  # id(msg) -> (msg, since)
-        self._tails: dict[str, asyncio.Future[None]] = {}
+        self._withdrawn: list[Msg] = []  # set aside behind their key, given back at stop
+        self._tails: dict[str, asyncio.Future[bool]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._fetcher: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -286,7 +288,7 @@ class Consumer:
         while self._ready:
             item = self._ready.popleft()
             left.append(item.msg)
-            self._release(item)
+            self._release(item, handled=False)
         if self._held:
             self._drained.clear()
             with contextlib.suppress(asyncio.TimeoutError):
@@ -295,6 +297,8 @@ class Consumer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         left += [msg for msg, _ in self._held.values()]
+        left += self._withdrawn
+        self._withdrawn = []
         for msg in sorted(left, key=lambda m: ack_info(m)[1] or 0):
             await self._nak(msg, 0)
         self._held.clear()
@@ -389,12 +393,12 @@ class Consumer:
             self._tails[key] = done
         return _Item(msg, event, error, after, done, key)
 
-    def _release(self, item: _Item) -> None:
+    def _release(self, item: _Item, *, handled: bool = True) -> None:
         self._held.pop(id(item.msg), None)
         if not self._held:
             self._drained.set()
         if item.done is not None and not item.done.done():
-            item.done.set_result(None)
+            item.done.set_result(handled)
             if item.key is not None and self._tails.get(item.key) is item.done:
                 del self._tails[item.key]
 
@@ -417,12 +421,29 @@ class Consumer:
             item = ready.popleft()
             if len(ready) < self.spec.batch:
                 self._has_space.set()
+            if item.after is not None and not item.after.done():
+                # Its key's previous message is still being handled: set it aside until
+                # then, so a worker never waits on a busy key while others' messages wait
+                # behind it (a MIG node's instances held every worker in a storm).
+                item.after.add_done_callback(functools.partial(self._unpark, item))
+                continue
+            if item.after is not None and not item.after.result():
+                self._unpark(item, item.after)  # its predecessor was given back: so is it
+                continue
             try:
-                if item.after is not None:
-                    await item.after
                 await self._process(item)
             finally:
                 self._release(item)
+
+    def _unpark(self, item: _Item, previous: asyncio.Future[bool]) -> None:
+        """Its key's previous message is done: run it next; if that one was given back
+        unhandled (stopping), give this one back too, never run it ahead of it."""
+        if not previous.result():
+            self._withdrawn.append(item.msg)
+            self._release(item, handled=False)
+            return
+        self._ready.appendleft(item)
+        self._wake(1)
 
     def _count(self, type_name: str, outcome: str) -> None:
         child = self._m_handled.get((type_name, outcome))

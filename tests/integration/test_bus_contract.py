@@ -89,3 +89,76 @@ async def test_order_key_keeps_per_key_order(bus: Bus, node: str) -> None:
     await bus.consume(spec, handler)
     await asyncio.wait_for(done.wait(), 10)
     assert seen == list(range(30))
+
+
+async def test_a_busy_key_never_holds_the_workers_from_other_keys(bus: Bus, node: str) -> None:
+    """Messages queued behind their key's busy predecessor are set aside, not waited on
+    by a worker: with 2 workers, a third key is handled while the first key's head is
+    stuck, and the stuck key's messages still run in order once it is released."""
+    stuck, other = f"{node}a", f"{node}b"
+    release = asyncio.Event()
+    seen: list[tuple[str, int]] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        if event.data.node == stuck and event.data.sequence == 0:
+            await release.wait()
+        seen.append((event.data.node, event.data.sequence))
+
+    base = GpuHealth.example()
+    await bus.publish_many(
+        [
+            make_event(base.model_copy(update={"node": stuck, "sequence": i}), source="t")
+            for i in range(4)
+        ]
+        + [make_event(base.model_copy(update={"node": other, "sequence": 0}), source="t")]
+    )
+    spec = ConsumerSpec(
+        name=f"hol-{node}",
+        stream="GPU",
+        subjects=(f"gpu.health.{stuck}.>", f"gpu.health.{other}.>"),
+        concurrency=2,
+        batch=8,
+        max_ack_pending=16,
+        order_key=lambda e: e.data.node,
+    )
+    await bus.consume(spec, handler)
+    await wait_for(lambda: (other, 0) in seen, timeout=5, what="the other key handled")
+    assert seen == [(other, 0)]  # the stuck key's head still holds its followers
+    release.set()
+    await wait_for(lambda: len(seen) == 5, timeout=5, what="the stuck key's messages")
+    assert seen[1:] == [(stuck, i) for i in range(4)]
+
+
+async def test_stopping_finishes_what_waits_behind_its_key_in_order(bus: Bus, node: str) -> None:
+    """A consumer stopping while its key's head is being handled finishes it within the
+    grace, then the followers set aside behind it, in order; what it gives back (the
+    followers of a head that never ran) the next consumer handles."""
+    started, release = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        if event.data.sequence == 0 and not seen:
+            started.set()
+            await release.wait()
+        seen.append(event.data.sequence)
+
+    base = GpuHealth.example().model_copy(update={"node": node})
+    await bus.publish_many(
+        [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(3)]
+    )
+    spec = ConsumerSpec(
+        name=f"give-back-{node}",
+        stream="GPU",
+        subjects=(f"gpu.health.{node}.>",),
+        concurrency=4,
+        batch=8,
+        max_ack_pending=16,
+        order_key=lambda e: e.data.node,
+    )
+    first = await bus.consume(spec, handler)
+    await asyncio.wait_for(started.wait(), 5)
+    stopping = asyncio.create_task(first.stop(grace=5))
+    await wait_for(first._stopping.is_set, timeout=2, what="stopping")
+    release.set()
+    await stopping
+    assert seen == [0, 1, 2]  # the head, then its followers, none lost or reordered
