@@ -65,7 +65,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetlib import TAINT, Fault  # noqa: E402 - bench/fleetlib.py, this folder
+from fleetlib import (  # noqa: E402 - bench/fleetlib.py, this folder
+    TAINT,
+    Fault,
+    provision_and_seed,
+)
 from fleetlib import cpu_seconds as _cpu_seconds  # noqa: E402
 from fleetlib import group as _group  # noqa: E402
 from fleetlib import inject as _inject  # noqa: E402
@@ -177,9 +181,7 @@ async def chaos(args: argparse.Namespace) -> Run:
     import nats
     import yaml
 
-    from launch.demo import sim_seed
-    from nodeward.bus import Bus
-    from nodeward.config import BusSettings, ClusterSettings
+    from nodeward.config import ClusterSettings
     from nodeward.kube import Cluster
     from nodeward.kube.client import KubeClient
     from nodeward.kube.nodes import taints_of
@@ -203,21 +205,10 @@ async def chaos(args: argparse.Namespace) -> Run:
     tasks: list[asyncio.Task[Any]] = []
     takeover: asyncio.Task[None] | None = None
     try:
-        settings = BusSettings(
-            url=cluster.url, stream_replicas=3, partitions=args.partitions, publish_timeout="5s"
+        bus, seed, seed_file, kubeconfig = await provision_and_seed(
+            root, cluster.url, args.nodes, args.partitions, "bench/chaos", procs
         )
-        bus = await Bus.connect(settings, source="bench/chaos")  # provisions R3 streams
         js = bus.js
-        seed = sim_seed(None, args.nodes)
-        seed_file = root / "seed.yaml"
-        seed_file.write_text(yaml.safe_dump(seed.model_dump(mode="json", exclude_none=True)))
-        kubeconfig = root / "kubeconfig"
-        procs["sim-cluster"] = _spawn(
-            ["sim", "cluster", "--seed", str(seed_file), "--kubeconfig", str(kubeconfig)],
-            root / "sim-cluster.log",
-            root,
-        )
-        await _line(procs["sim-cluster"], "kubeconfig:", 300)
         say(f"sim cluster up with {args.nodes} GPU nodes")
         config = root / "config.yaml"
         config.write_text(yaml.safe_dump(_config(args, cluster.url, kubeconfig)))

@@ -58,7 +58,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetlib import REPO, Fault, cpu_seconds, inject, lease_holders, line, pct, spawn
+from fleetlib import (
+    REPO,
+    Fault,
+    cpu_seconds,
+    inject,
+    lease_holders,
+    line,
+    pct,
+    provision_and_seed,
+    spawn,
+)
 
 STREAMS = ("GPU", "HEARTBEATS", "SESSIONS", "ENERGY")
 BARE = {  # durable -> (stream, subjects): what the services consume of the fleet
@@ -249,9 +259,7 @@ async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: s
     import nats
     import yaml
 
-    from launch.demo import sim_seed
-    from nodeward.bus import Bus
-    from nodeward.config import BusSettings, ClusterSettings
+    from nodeward.config import ClusterSettings
     from nodeward.kube import Cluster
     from nodeward.kube.client import KubeClient
     from schemas.state.cordon import NODES
@@ -272,22 +280,10 @@ async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: s
     kube: Any = None
     nc: Any = None
     try:
-        settings = BusSettings(
-            url=cluster.url, stream_replicas=3, partitions=args.partitions, publish_timeout="5s"
+        bus, seed, seed_file, kubeconfig = await provision_and_seed(
+            root, cluster.url, args.nodes, args.partitions, "bench/fleet", procs, tree
         )
-        bus = await Bus.connect(settings, source="bench/fleet")  # provisions R3 streams
         js = bus.js
-        seed = sim_seed(None, args.nodes)
-        seed_file = root / "seed.yaml"
-        seed_file.write_text(yaml.safe_dump(seed.model_dump(mode="json", exclude_none=True)))
-        kubeconfig = root / "kubeconfig"
-        procs["sim-cluster"] = spawn(
-            ["sim", "cluster", "--seed", str(seed_file), "--kubeconfig", str(kubeconfig)],
-            root / "sim-cluster.log",
-            root,
-            tree,
-        )
-        await line(procs["sim-cluster"], "kubeconfig:", 300)
         say(f"nats cluster and sim cluster up ({args.nodes} GPU nodes)")
         configs = {}
         for service in (*SCALED, *SINGLE):

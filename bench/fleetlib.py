@@ -189,3 +189,38 @@ async def inject(nc: Any, fault: Fault, timeout: float) -> None:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+async def provision_and_seed(
+    root: Path,
+    url: str,
+    nodes: int,
+    partitions: int,
+    source: str,
+    procs: dict[str, subprocess.Popen[bytes]],
+    tree: Path = REPO,
+) -> tuple[Any, Any, Path, Path]:
+    """Provision every stream and bucket R3 on `url` (the streams in `partitions`), write
+    the shipped seed resized to `nodes` GPU nodes, and start the sim cluster on it (as
+    `procs["sim-cluster"]`, stopped by the caller with the rest): (bus, seed, seed file,
+    kubeconfig)."""
+    import yaml
+
+    from launch.demo import sim_seed
+    from nodeward.bus import Bus
+    from nodeward.config import BusSettings
+
+    settings = BusSettings(url=url, stream_replicas=3, partitions=partitions, publish_timeout="5s")
+    bus = await Bus.connect(settings, source=source)
+    seed = sim_seed(None, nodes)
+    seed_file = root / "seed.yaml"
+    seed_file.write_text(yaml.safe_dump(seed.model_dump(mode="json", exclude_none=True)))
+    kubeconfig = root / "kubeconfig"
+    procs["sim-cluster"] = spawn(
+        ["sim", "cluster", "--seed", str(seed_file), "--kubeconfig", str(kubeconfig)],
+        root / "sim-cluster.log",
+        root,
+        tree,
+    )
+    await line(procs["sim-cluster"], "kubeconfig:", 300)
+    return bus, seed, seed_file, kubeconfig
