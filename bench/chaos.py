@@ -71,13 +71,14 @@ from fleetlib import (  # noqa: E402 - bench/fleetlib.py, this folder
     provision_and_seed,
 )
 from fleetlib import cpu_seconds as _cpu_seconds  # noqa: E402
+from fleetlib import fleet_ready as _fleet_ready  # noqa: E402
 from fleetlib import group as _group  # noqa: E402
 from fleetlib import inject as _inject  # noqa: E402
 from fleetlib import lease_holders as _holders  # noqa: E402
-from fleetlib import line as _line  # noqa: E402
 from fleetlib import of as _of  # noqa: E402
 from fleetlib import pct as _pct  # noqa: E402
 from fleetlib import spawn as _spawn  # noqa: E402
+from fleetlib import stop_all as _stop_all  # noqa: E402
 from fleetlib import watch_taints as _watch_taints  # noqa: E402
 
 from schemas.tokens import token  # noqa: E402 - after the path
@@ -240,16 +241,7 @@ async def chaos(args: argparse.Namespace) -> Run:
             root / "fleet.log",
             root,
         )
-        line = await _line(procs["fleet"], "fleet:", 600)
-        fleet_url = line.rsplit("; ", 1)[-1]
-        import httpx
-
-        async with httpx.AsyncClient(timeout=5) as http, asyncio.timeout(900):
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(f"{fleet_url}/readyz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.5)
+        await _fleet_ready(procs["fleet"])
         say(f"fleet ready: {args.nodes} nodes x {args.gpus} GPUs, every GPU's state out")
         # The start-up burst (a health change per GPU) consumed before the storm.
         async with asyncio.timeout(args.drain_timeout):
@@ -397,14 +389,7 @@ async def chaos(args: argparse.Namespace) -> Run:
     finally:
         for task in tasks:
             task.cancel()
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_all(procs)
         if kube is not None:
             await kube.close()
         if bus is not None:

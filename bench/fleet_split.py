@@ -62,12 +62,13 @@ from fleetlib import (
     REPO,
     Fault,
     cpu_seconds,
+    fleet_ready,
     inject,
     lease_holders,
-    line,
     pct,
     provision_and_seed,
     spawn,
+    stop_all,
 )
 
 STREAMS = ("GPU", "HEARTBEATS", "SESSIONS", "ENERGY")
@@ -255,7 +256,6 @@ async def _storm(
 
 
 async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: str) -> Case:
-    import httpx
     import nats
     import yaml
 
@@ -333,13 +333,7 @@ async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: s
             tree,
         )
         fleet_began = time.monotonic()
-        fleet_url = (await line(procs["fleet"], "fleet:", 600)).rsplit("; ", 1)[-1]
-        async with httpx.AsyncClient(timeout=5) as http, asyncio.timeout(900):
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(f"{fleet_url}/readyz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.5)
+        await fleet_ready(procs["fleet"])
         say(f"fleet ready ({time.monotonic() - fleet_began:.0f} s): every GPU's state out")
         await _startup(js, case, fleet_began, args.drain_timeout)
         say("start-up burst consumed by every GPU consumer")
@@ -385,14 +379,7 @@ async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: s
         say(f"storm done: {len(case.taint_s)} tainted, {case.missed} missed")
         return case
     finally:
-        for proc in procs.values():
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGINT)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         for closing in (nc, kube, bus):
             if closing is not None:
                 with contextlib.suppress(Exception):

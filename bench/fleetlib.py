@@ -6,9 +6,11 @@ taint."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -224,3 +226,29 @@ async def provision_and_seed(
     )
     await line(procs["sim-cluster"], "kubeconfig:", 300)
     return bus, seed, seed_file, kubeconfig
+
+
+def stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """SIGINT every process, wait up to 30 s for each, SIGKILL what is left."""
+    for proc in procs.values():
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def fleet_ready(proc: subprocess.Popen[bytes], timeout: float = 900) -> None:
+    """Until the fleet process (`nodeward sim fleet`) answers `/readyz` 200: every GPU's
+    first state is out."""
+    import httpx
+
+    url = (await line(proc, "fleet:", 600)).rsplit("; ", 1)[-1]
+    async with httpx.AsyncClient(timeout=5) as http, asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get(f"{url}/readyz")).status_code == 200:
+                    return
+            await asyncio.sleep(0.5)
