@@ -14,6 +14,7 @@ import pytest
 from nodeward.bus import Bus
 from services.kernel import breaker as breaker_module
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
+from tests.conftest import wait_for
 
 
 async def test_a_storm_of_admissions_decides_each_once(
@@ -63,7 +64,7 @@ async def test_a_turn_cancelled_mid_write_leaves_the_others_decided(bus: Bus) ->
     breaker.store.update = held  # type: ignore[method-assign]
     async with breaker._turn:  # all three wait: the first turn takes them in one batch
         tasks = [asyncio.create_task(breaker.admit(f"node/gpu-{n}")) for n in "abc"]
-        await asyncio.sleep(0)
+        await wait_for(lambda: len(breaker._waiting) == 3, timeout=5, what="all three waiting")
     await asyncio.wait_for(writing.wait(), 5)
     tasks[0].cancel()  # its handler gives up mid-write
     gate.set()

@@ -110,5 +110,5 @@ async def test_stopping_the_keeper_leaves_no_read_pending() -> None:
     keeper.cancel()
     with pytest.raises(asyncio.CancelledError):
         await keeper
-    await asyncio.sleep(0)  # the read's cancellation is delivered
+    await wait_for(reading.done, timeout=5, what="the read cancelled")
     assert reading.cancelled()
