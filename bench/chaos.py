@@ -69,6 +69,7 @@ from fleetlib import (  # noqa: E402 - bench/fleetlib.py, this folder
     TAINT,
     Fault,
     provision_and_seed,
+    service_config,
 )
 from fleetlib import cpu_seconds as _cpu_seconds  # noqa: E402
 from fleetlib import fleet_ready as _fleet_ready  # noqa: E402
@@ -103,26 +104,13 @@ class Run:
 
 
 def _config(args: argparse.Namespace, url: str, kubeconfig: Path) -> dict[str, Any]:
-    return {
-        "bus": {
-            "url": url,
-            "stream_replicas": 3,
-            "partitions": args.partitions,
-            "publish_timeout": "5s",
-        },
-        "cluster": {"kubeconfig": str(kubeconfig), "context": "nodeward-cordon"},
-        "daemon": {"port": 0},
-        "log": {"level": args.log_level},
-        "agents": {"gpu": {"heartbeat_interval": "30s"}},
-        "services": {
-            "cordon": {
-                "breaker": {"max_nodes": args.breaker, "max_percent": 100, "calm_period": None},
-                "rate_limit": {"per_minute": 1_000_000, "burst": 100_000},
-            }
-            | ({"ack_wait": args.ack_wait} if args.ack_wait else {})
-            | ({"lease_ttl": args.lease_ttl} if args.lease_ttl else {})
-        },
-    }
+    config = service_config(url, args.partitions, kubeconfig, "nodeward-cordon")
+    config["log"]["level"] = args.log_level
+    cordon = config["services"]["cordon"]
+    cordon["breaker"] = {"max_nodes": args.breaker, "max_percent": 100, "calm_period": None}
+    cordon |= {"ack_wait": args.ack_wait} if args.ack_wait else {}
+    cordon |= {"lease_ttl": args.lease_ttl} if args.lease_ttl else {}
+    return config
 
 
 async def _read(js: Any, stream: str, subject: str) -> list[Any]:

@@ -67,8 +67,10 @@ from fleetlib import (
     lease_holders,
     pct,
     provision_and_seed,
+    service_config,
     spawn,
     stop_all,
+    summary,
 )
 
 STREAMS = ("GPU", "HEARTBEATS", "SESSIONS", "ENERGY")
@@ -99,50 +101,24 @@ class Case:
 
 
 def _config(args: argparse.Namespace, url: str, kubeconfig: Path, service: str) -> dict[str, Any]:
-    return {
-        "bus": {
-            "url": url,
-            "stream_replicas": 3,
-            "partitions": args.partitions,
-            "publish_timeout": "5s",
-        },
-        "cluster": {"kubeconfig": str(kubeconfig), "context": f"nodeward-{service}"},
-        "daemon": {"port": 0},
-        "log": {"level": "warning"},
-        "agents": {"gpu": {"heartbeat_interval": "30s"}},
-        "services": {
-            "cordon": {
-                "breaker": {"max_nodes": 100_000, "max_percent": 100, "calm_period": None},
-                "rate_limit": {"per_minute": 1_000_000, "burst": 100_000},
-            }
-        },
+    config = service_config(url, args.partitions, kubeconfig, f"nodeward-{service}")
+    config["services"]["cordon"]["breaker"] = {
+        "max_nodes": 100_000,
+        "max_percent": 100,
+        "calm_period": None,
     }
+    return config
 
 
 async def groups(js: Any) -> dict[str, tuple[int, float, int]]:
     """`stream/durable` (partitions summed) -> (pending, age of the oldest pending, acked)."""
-    from fleetlib import stored_at
-
     out: dict[str, tuple[int, float, int]] = {}
     for stream in STREAMS:
         by: dict[str, list[Any]] = {}
         for info in await js.consumers_info(stream):
             by.setdefault(PARTITION_SUFFIX.sub("", info.name), []).append(info)
         for base, infos in by.items():
-            pending = sum((i.num_pending or 0) + (i.num_ack_pending or 0) for i in infos)
-            acked = sum((i.ack_floor.consumer_seq or 0) if i.ack_floor else 0 for i in infos)
-            age = 0.0
-            if pending:
-                floor = min(
-                    (i.ack_floor.stream_seq if i.ack_floor else 0) or 0
-                    for i in infos
-                    if (i.num_pending or 0) + (i.num_ack_pending or 0)
-                )
-                age = float("nan")
-                with contextlib.suppress(Exception):
-                    at = stored_at(await js.get_msg(stream, floor + 1))
-                    age = time.time() - at.timestamp() if at else age
-            out[f"{stream}/{base}"] = (pending, age, acked)
+            out[f"{stream}/{base}"] = await summary(js, stream, infos)
     return out
 
 

@@ -33,8 +33,13 @@ async def group(js: Any, stream: str, base: str) -> tuple[int, float, int] | Non
         for i in await js.consumers_info(stream)
         if i.name == base or (i.name.startswith(f"{base}-p") and i.name[len(base) + 2 :].isdigit())
     ]
-    if not infos:
-        return None
+    return await summary(js, stream, infos) if infos else None
+
+
+async def summary(js: Any, stream: str, infos: list[Any]) -> tuple[int, float, int]:
+    """(pending, age of the oldest pending, acked) over the consumer infos of one group
+    (its partitions summed; the age is of the oldest message at or after the lowest ack
+    floor, an upper bound)."""
     pending = sum((i.num_pending or 0) + (i.num_ack_pending or 0) for i in infos)
     acked = sum((i.ack_floor.consumer_seq or 0) if i.ack_floor else 0 for i in infos)
     if not pending:
@@ -51,6 +56,25 @@ async def group(js: Any, stream: str, base: str) -> tuple[int, float, int] | Non
     stored = stored_at(msg)
     age = (datetime.now(UTC) - stored).total_seconds() if stored else float("nan")
     return pending, age, acked
+
+
+def service_config(url: str, partitions: int, kubeconfig: Path, context: str) -> dict[str, Any]:
+    """A service's config for the benches: the R3 bus in `partitions`, the sim cluster as
+    `context`, heartbeats every 30 s and the cordon's rate limit opened wide (a storm
+    measures the path, not the pacing; the caller sets the breaker)."""
+    return {
+        "bus": {
+            "url": url,
+            "stream_replicas": 3,
+            "partitions": partitions,
+            "publish_timeout": "5s",
+        },
+        "cluster": {"kubeconfig": str(kubeconfig), "context": context},
+        "daemon": {"port": 0},
+        "log": {"level": "warning"},
+        "agents": {"gpu": {"heartbeat_interval": "30s"}},
+        "services": {"cordon": {"rate_limit": {"per_minute": 1_000_000, "burst": 100_000}}},
+    }
 
 
 async def lease_holders(

@@ -103,8 +103,8 @@ class NodePopulation:
     Kept off the fault's path: `keep_fresh` (a daemon task) counts at start and every
     `ttl` after, so a storm after a quiet hour finds a fresh count; a count older than
     `ttl` is still answered while a background read renews it (even a metadata-only list
-    took seconds at 5,000 nodes on the sim cluster). Only with no count yet, or one older than `max_stale`
-    (the reads keep failing), does a caller wait for the list."""
+    took seconds at 5,000 nodes on the sim cluster). Only with no count yet, or one older
+    than `max_stale` (the reads keep failing), does a caller wait for the list."""
 
     def __init__(
         self,

@@ -61,6 +61,19 @@ async def test_publish_many_acks_every_event(bus: Bus, node: str) -> None:
     assert sum(info.state.subjects.values()) == 200
 
 
+def ordered(name: str, *subjects: str, concurrency: int, batch: int, pending: int) -> ConsumerSpec:
+    """A GPU-stream consumer in order per node."""
+    return ConsumerSpec(
+        name=name,
+        stream="GPU",
+        subjects=subjects,
+        concurrency=concurrency,
+        batch=batch,
+        max_ack_pending=pending,
+        order_key=lambda e: e.data.node,
+    )
+
+
 async def test_order_key_keeps_per_key_order(bus: Bus, node: str) -> None:
     """With concurrency 8, events of one key are still handled in publish order."""
     seen: list[int] = []
@@ -77,15 +90,7 @@ async def test_order_key_keeps_per_key_order(bus: Bus, node: str) -> None:
     await bus.publish_many(
         [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(30)]
     )
-    spec = ConsumerSpec(
-        name=f"order-{node}",
-        stream="GPU",
-        subjects=(f"gpu.health.{node}.>",),
-        concurrency=8,
-        batch=32,
-        max_ack_pending=64,
-        order_key=lambda e: e.data.node,
-    )
+    spec = ordered(f"order-{node}", f"gpu.health.{node}.>", concurrency=8, batch=32, pending=64)
     await bus.consume(spec, handler)
     await asyncio.wait_for(done.wait(), 10)
     assert seen == list(range(30))
@@ -112,14 +117,13 @@ async def test_a_busy_key_never_holds_the_workers_from_other_keys(bus: Bus, node
         ]
         + [make_event(base.model_copy(update={"node": other, "sequence": 0}), source="t")]
     )
-    spec = ConsumerSpec(
-        name=f"hol-{node}",
-        stream="GPU",
-        subjects=(f"gpu.health.{stuck}.>", f"gpu.health.{other}.>"),
+    spec = ordered(
+        f"hol-{node}",
+        f"gpu.health.{stuck}.>",
+        f"gpu.health.{other}.>",
         concurrency=2,
         batch=8,
-        max_ack_pending=16,
-        order_key=lambda e: e.data.node,
+        pending=16,
     )
     await bus.consume(spec, handler)
     await wait_for(lambda: (other, 0) in seen, timeout=5, what="the other key handled")
@@ -131,8 +135,7 @@ async def test_a_busy_key_never_holds_the_workers_from_other_keys(bus: Bus, node
 
 async def test_stopping_finishes_what_waits_behind_its_key_in_order(bus: Bus, node: str) -> None:
     """A consumer stopping while its key's head is being handled finishes it within the
-    grace, then the followers set aside behind it, in order; what it gives back (the
-    followers of a head that never ran) the next consumer handles."""
+    grace, then the followers set aside behind it, in order: none lost, none run ahead."""
     started, release = asyncio.Event(), asyncio.Event()
     seen: list[int] = []
 
@@ -146,15 +149,7 @@ async def test_stopping_finishes_what_waits_behind_its_key_in_order(bus: Bus, no
     await bus.publish_many(
         [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(3)]
     )
-    spec = ConsumerSpec(
-        name=f"give-back-{node}",
-        stream="GPU",
-        subjects=(f"gpu.health.{node}.>",),
-        concurrency=4,
-        batch=8,
-        max_ack_pending=16,
-        order_key=lambda e: e.data.node,
-    )
+    spec = ordered(f"give-back-{node}", f"gpu.health.{node}.>", concurrency=4, batch=8, pending=16)
     first = await bus.consume(spec, handler)
     await asyncio.wait_for(started.wait(), 5)
     stopping = asyncio.create_task(first.stop(grace=5))
