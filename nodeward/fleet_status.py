@@ -924,9 +924,20 @@ async def _idle_agents(r: _Reader, tok: str) -> None:
         r.seen.saw(node_of(m.subject.split(".")[2]), "idle", m.time)
 
 
+def _another_pod(isolation: Remediation, later: Remediation) -> bool:
+    """`later` is about another pod of the isolated one's name (another uid): a successor
+    (a StatefulSet's, a pod made again), not the pod that was isolated."""
+    was, now = isolation.details.get("pod_uid"), later.details.get("pod_uid")
+    return bool(was and now and was != now)
+
+
 async def _isolations(r: _Reader) -> None:
     """Pods whose newest isolate decision was applied, unless a later decision on the same
-    pod undid it."""
+    pod undid it or was about another pod of its name (another `pod_uid`).
+
+    The falco service keeps the newest decision true: when an isolated pod is gone from the
+    API, replaced, ended or unlabelled by someone else, it audits the end on the same
+    subject (outcome skipped, guard `pod_gone` or `label_removed`)."""
     isolated: dict[str, tuple[Stored, Remediation]] = {}
     for m, event in _decoded(await r.last("AUDIT", [f"remediation.{ISOLATE}.>"])):
         data = event.data
@@ -942,6 +953,7 @@ async def _isolations(r: _Reader) -> None:
             if m.seq > isolated[t][0].seq and (
                 data.outcome == Outcome.UNDONE
                 or (data.action in UNDO_ACTIONS and data.outcome == Outcome.APPLIED)
+                or _another_pod(isolated[t][1], data)
             ):
                 del isolated[t]
     for m, data in isolated.values():

@@ -11,6 +11,20 @@ from importlib import resources
 from schemas.gpu import RecommendedAction
 
 APPLICATION = "application"
+RECOVERY_ACTION_XID = 154
+"""XID 154 announces the driver's recovery action for other XIDs: judged by that action."""
+VALIDATION_FAILING_ACTIONS = frozenset(
+    {
+        RecommendedAction.RESET_GPU,
+        RecommendedAction.DRAIN_AND_RESET,
+        RecommendedAction.REBOOT_NODE,
+        RecommendedAction.DRAIN_AND_RMA,
+    }
+)
+"""The catalog actions that mean the GPU itself is unhealthy (the ones that fail it in the
+GPU agent's health classification too): an XID with one of them, seen since a reset or
+reboot, fails the GPU's validation. `none`, `restart_app` (the application's fault) and
+`check_nvlink` (a link, possibly the remote end's, not this GPU) do not."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,24 @@ class XidInfo:
         """An application fault: it never fails a GPU."""
         return self.category == APPLICATION
 
+    @property
+    def description(self) -> str:
+        """The catalog's words for it, e.g. `GPU has fallen off the bus` for XID 79 (the
+        parenthesised part of `name`; the whole name where there is none)."""
+        start = self.name.find(" (")
+        if start < 0 or not self.name.endswith(")"):
+            return self.name
+        return self.name[start + 2 : -1]
+
+    @property
+    def fails_validation(self) -> bool:
+        """Whether this XID, seen since a GPU's reset or reboot, means the GPU is unhealthy:
+        its catalog action is one of `VALIDATION_FAILING_ACTIONS` (reset_gpu,
+        drain_and_reset, reboot_node, drain_and_rma) and it is no application fault. An XID
+        not in the catalog (action none) does not fail; neither does XID 154 by its row:
+        `RECOVERY_ACTION_XID` is judged by the recovery action it announced."""
+        return not self.is_application and self.action in VALIDATION_FAILING_ACTIONS
+
 
 @dataclass(frozen=True)
 class XidCatalog:
@@ -42,6 +74,10 @@ class XidCatalog:
                 xid, f"XID {xid} (not in catalog)", "unknown", RecommendedAction.NONE, ""
             )
         return info
+
+    def fails_validation(self, xid: int) -> bool:
+        """`XidInfo.fails_validation` of `xid`'s row (False for one not in the catalog)."""
+        return self.get(xid).fails_validation
 
 
 def parse_catalog(text: str) -> XidCatalog:

@@ -22,6 +22,9 @@ TRUNCATED = "[...]"
 TEST_RULE = "Test rule"
 TEST_OUTPUT = "This is a test from falcosidekick"
 """The rule of the event Falcosidekick's `/test` endpoint sends to every output."""
+ISOLATE_LABEL = "nodeward.io/isolated"
+"""On a pod the Falco response cut off the network: the pod is evidence, and no nodeward
+drain evicts or deletes it (`services.kernel.drain`)."""
 
 
 class FalcoPriority(StrEnum):

@@ -64,7 +64,17 @@ class ValidationCheck(BaseModel):
     name: str
     status: CheckStatus
     gpu: int | None = None
+    bus_id: str | None = Field(
+        default=None, description="the GPU's PCI bus id, where known (agents before it: none)"
+    )
     detail: str = ""
+
+    @property
+    def where(self) -> str:
+        """`GPU 3 (00000000:1B:00.0)`, `GPU 3` without a bus id; empty for the node's."""
+        if self.gpu is None:
+            return ""
+        return f"GPU {self.gpu}" + (f" ({self.bus_id})" if self.bus_id else "")
 
 
 class ValidationReport(BaseModel):
@@ -82,9 +92,11 @@ class ValidationReport(BaseModel):
         return all(c.status != CheckStatus.FAIL for c in self.checks)
 
     def failures(self) -> list[str]:
-        """One phrase per failed check."""
+        """One phrase per failed check, naming its GPU (and bus id) first, e.g. `GPU 3
+        (00000000:1B:00.0) no failing XID: XID 79 (reboot_node: GPU has fallen off the bus)
+        since the reset`."""
         return [
-            (f"GPU {c.gpu} " if c.gpu is not None else "") + f"{c.name}: {c.detail}".rstrip(": ")
+            (f"{c.where} " if c.where else "") + f"{c.name}: {c.detail}".rstrip(": ")
             for c in self.checks
             if c.status == CheckStatus.FAIL
         ]

@@ -21,6 +21,9 @@ from sim.amdsmi import SimAmdSmi
 from sim.kmsg import STYLES, SimKmsg
 from sim.nvml import FAULTS, SimNvml
 
+RECOVERY_XID = 154
+GPU_RESET = 1  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, as the sim's XID 154 line says
+
 KNOWN_FAULTS = {**FAULTS, **AMD_FAULTS}
 """NVIDIA's faults (sim.nvml) and AMD's (sim.amdsmi); each node's sim takes its vendor's."""
 
@@ -110,7 +113,13 @@ def apply(sim: SimNvml | SimAmdSmi, raw: bytes, kmsg: SimKmsg | None = None) -> 
             ok=False, node=sim.node, gpu=req.gpu, error="this node has no simulated kernel log"
         )
     try:
-        if req.xid is not None:
+        if req.xid == RECOVERY_XID and isinstance(sim, SimNvml):
+            # The driver's state behind an XID 154: NVML reads the action its line announces
+            # (the sim's kernel-log line says GPU Reset Required), through either path.
+            if req.via in ("kmsg", "both") and kmsg is not None:
+                kmsg.xid(req.gpu, req.xid, style=req.driver)
+            sim.set_recovery_action(req.gpu, GPU_RESET, emit=req.via != "kmsg")
+        elif req.xid is not None:
             if req.via in ("kmsg", "both") and kmsg is not None:
                 kmsg.xid(req.gpu, req.xid, style=req.driver)
             if req.via in ("nvml", "both"):

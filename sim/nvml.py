@@ -401,13 +401,15 @@ class SimNvml:
                 mig.active_s += dt * mig.load_pct / 100
         gpu.activity_at = now if gpu.activity_at is None else max(now, gpu.activity_at)
 
-    def set_recovery_action(self, index: int, action: int) -> None:
-        """Set the driver's recovery action (XID 154 and the GpuRecoveryAction event)."""
+    def set_recovery_action(self, index: int, action: int, *, emit: bool = True) -> None:
+        """Set the driver's recovery action (XID 154 and the GpuRecoveryAction event;
+        `emit=False`: the state alone, as behind an XID 154 seen in the kernel log only)."""
         gpu = self._gpu(index)
         with self._lock:
             gpu.recovery_action = action
-            self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, action)
-            self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 154)
+            if emit:
+                self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, action)
+                self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 154)
 
     def recover(self, index: int) -> None:
         """GPU reset: clear every fault and volatile counter; recovery action back to none."""

@@ -3,30 +3,44 @@ node's subjects: a GPU reset (`agent.gpu.reset.<node>`) and the validation befor
 goes back into service (`agent.gpu.validate.<node>`).
 
 Validation: every GPU the node should have is present and answers NVML (not lost), none
-has retired pages pending or rows pending remap or a remap failure, none has an XID since
-the agent started (or since its reset), none reads failed; then, where `dcgmi` is
-installed, `dcgmi diag -r LEVEL -j`, whose JSON (`"DCGM GPU Diagnostic"` up to DCGM 3,
-`"DCGM Diagnostic"` in 4; `test_categories[].tests[].results[].status`) must show no
-`Fail`. The reset runs `nvidia-smi -r -i <bus id>` (the driver's own GPU reset; NVML has
+has retired pages pending or rows pending remap or a remap failure, none has an XID that
+fails validation since the agent started (or since its reset), none reads failed; then,
+where `dcgmi` is installed, `dcgmi diag -r LEVEL -j`, whose JSON (`"DCGM GPU Diagnostic"` up
+to DCGM 3, `"DCGM Diagnostic"` in 4; `test_categories[].tests[].results[].status`) must show
+no `Fail`. The reset runs `nvidia-smi -r -i <bus id>` (the driver's own GPU reset; NVML has
 no public call for it); the simulator passes its own.
-"""
+
+The XID rule (`xid_check`): each GPU's check reads only that GPU's XID history (the
+agent's `watch.xids`, kept per physical GPU: since the agent started, the GPU's reset or the
+driver's recovery action back to none, for at most `xid_hold`). An XID fails it when its
+catalog row (`nodeward/data/xid-catalog.csv`) says the GPU is unhealthy: its action is
+reset_gpu, drain_and_reset, reboot_node or drain_and_rma and it is no application fault
+(`nodeward.xid.XidInfo.fails_validation`). Application XIDs (13, 31, 43, 45 ...), the
+ignorable and informational ones (action none: 92, 63, ...), restart_app, check_nvlink and
+XIDs not in the catalog are listed as ignored. XID 154 carries no action of its own (the
+history records only its number): it is judged by the recovery action the agent reads now,
+NVML's field as of the poll the validation makes (else the kernel log line's, while NVML
+does not answer): a GPU or bus reset, drain and reset, node or system reboot fails; none
+(resolved), Drain P2P and Recover IMEX Domain are ignored."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from agents.gpu.backends import NvmlBackend
+from agents.gpu.health import Finding
 from nodeward.aio import within
 from nodeward.logs import get_logger
 from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import CallTimeout, LaneBusy
+from nodeward.xid import RECOVERY_ACTION_XID, VALIDATION_FAILING_ACTIONS, XidCatalog
 from schemas.gpu import HealthState
 from schemas.recovery import (
     RESET,
@@ -51,6 +65,7 @@ Runner = Callable[[list[str], float], Awaitable[tuple[int, str]]]
 _CALL_ERRORS = (pynvml.NVMLError, CallTimeout, LaneBusy)
 """What an NVML call through a lane raises: the driver's error, a hang."""
 DCGM_TIMEOUT_S = {1: 120.0, 2: 600.0, 3: 1800.0, 4: 7200.0}
+XID_CHECK = "no failing XID"
 
 
 async def run_command(argv: list[str], timeout: float) -> tuple[int, str]:
@@ -151,6 +166,8 @@ class Validator:
         self.run = run
         self.dcgmi = dcgmi if dcgmi is not None else shutil.which("dcgmi")
         self.log: Any = get_logger(agent="gpu", node=agent.node, part="validate")
+        self.reset_done: set[int] = set()
+        """The GPUs this agent reset: their XID history starts at the reset."""
 
     async def serve(self, nc: Any) -> list[Any]:
         """Subscribe on `nc` (the agent's own connection); returns the subscriptions."""
@@ -194,6 +211,7 @@ class Validator:
                 return ResetReply(ok=False, node=node, reset=done, error=f"GPU {index}: {exc}")
             watch.xids.clear()  # a reset GPU starts afresh
             watch.poll_now.set()
+            self.reset_done.add(index)
             done.append(index)
             self.log.info("gpu reset", gpu=index, request=req.request_id)
         return ResetReply(ok=True, node=node, reset=done)
@@ -265,11 +283,17 @@ class Validator:
         out: list[ValidationCheck] = []
         await self.agent._poll(watch)  # the state as of now, not of the last poll
 
+        bus_id = watch.ident.pci_bus_id if watch.ident else None
+
         def check(name: str, ok: bool | None, detail: str = "") -> None:
             status = (
                 CheckStatus.SKIP if ok is None else CheckStatus.PASS if ok else CheckStatus.FAIL
             )
-            out.append(ValidationCheck(name=name, status=status, gpu=index, detail=detail))
+            out.append(
+                ValidationCheck(name=name, status=status, gpu=index, bus_id=bus_id, detail=detail)
+            )
+
+        since = "since the reset" if index in self.reset_done else "since the agent started"
 
         async def call(fn: Callable[..., Any], *args: Any) -> Any:
             return await watch.lane.call(partial(fn, *args), timeout)
@@ -278,7 +302,7 @@ class Validator:
             # AMD SMI: the poll just made is the check (its RAS counters and bad pages are
             # among the findings that would fail the GPU).
             check(f"answers {backend.name}", watch.lost is None and watch.hang is None)
-            _common_checks(watch, check)
+            _common_checks(watch, check, self.agent.catalog, since)
             return out
         nvml = backend.lib
         try:
@@ -303,13 +327,64 @@ class Validator:
             check("no row remap pending or failed", *_unsupported(exc))
         except (CallTimeout, LaneBusy) as exc:
             check("no row remap pending or failed", False, str(exc)[:200])
-        _common_checks(watch, check)
+        _common_checks(watch, check, self.agent.catalog, since)
         return out
 
 
-def _common_checks(watch: Any, check: Callable[..., None]) -> None:
-    """What every backend's GPU must show: no XID since boot, not failed."""
-    xids = sorted({x.xid for x in watch.xids})
-    check("no XID since boot", not xids, f"XID {', '.join(map(str, xids))}" if xids else "")
+def _common_checks(watch: Any, check: Callable[..., None], catalog: XidCatalog, since: str) -> None:
+    """What every backend's GPU must show: no XID that fails validation (`xid_check`) in
+    this GPU's own history, not failed."""
+    ok, detail = xid_check(
+        [x.xid for x in watch.xids], catalog, recovery=_recovery_action(watch), since=since
+    )
+    check(XID_CHECK, ok, detail)
     state = watch.units[0].state if watch.units else None
     check("not failed", state != HealthState.FAILED, state.value if state else "unknown")
+
+
+def _recovery_action(watch: Any) -> Finding | None:
+    """The driver's recovery action (XID 154) the agent reads now: NVML's field as of its
+    last poll, else the kernel log's while NVML does not answer; None: none."""
+    polled: Finding | None = next((f for f in watch.polled if f.code == "recovery_action"), None)
+    kmsg: Finding | None = watch.kmsg_recovery
+    return polled or kmsg
+
+
+def xid_check(
+    xids: Iterable[int],
+    catalog: XidCatalog,
+    *,
+    recovery: Finding | None = None,
+    since: str = "since the agent started",
+) -> tuple[bool, str]:
+    """Whether one GPU's XIDs pass validation, and the check's detail: the failing ones
+    with their catalog action and words (`XID 79 (reboot_node: GPU has fallen off the bus)
+    since the reset`), then the ignored ones (`ignored: XID 13 (application)`).
+
+    An XID fails when `XidInfo.fails_validation` (its catalog action is reset_gpu,
+    drain_and_reset, reboot_node or drain_and_rma, and it is no application fault). XID 154
+    is judged by `recovery`, the recovery action it announced as the agent reads it now: one
+    of those actions fails, none (resolved) or a lesser one is ignored."""
+    failing: list[str] = []
+    ignored: list[str] = []
+    for xid in sorted(set(xids)):
+        if xid == RECOVERY_ACTION_XID:
+            if recovery is not None and recovery.action in VALIDATION_FAILING_ACTIONS:
+                failing.append(f"XID {xid} ({recovery.action.value}: {recovery.message})")
+            else:
+                said = recovery.message if recovery else "driver recovery action: none"
+                ignored.append(f"XID {xid} ({said})")
+            continue
+        info = catalog.get(xid)
+        if info.fails_validation:
+            failing.append(f"XID {xid} ({info.action.value}: {info.description})")
+        elif info.is_application:
+            ignored.append(f"XID {xid} (application)")
+        elif xid not in catalog.rows:
+            ignored.append(f"XID {xid} (not in catalog)")
+        else:
+            ignored.append(f"XID {xid} ({info.category}: {info.action.value})")
+    parts = [f"{', '.join(failing)} {since}"] if failing else []
+    if ignored:
+        parts.append(f"ignored: {', '.join(ignored)}")
+    return not failing, "; ".join(parts)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Literal
 
@@ -74,6 +75,25 @@ def is_stale(prior: GpuRecord | None, health: GpuHealth, event_id: str) -> bool:
     return health.observed_at < prior.observed_at
 
 
+def physical_gpu(key: str) -> str:
+    """The physical GPU a GPU key names: `3` for GPU 3 and for each of its MIG instances
+    (`3-mig1-0`). One incident, one decision per physical GPU."""
+    return key.split("-mig", 1)[0]
+
+
+def first_of_gpu(key: str, keys: Iterable[str]) -> str | None:
+    """The first of `keys` on `key`'s physical GPU (`key` itself or another key of it: its
+    GPU, one of its MIG instances), or None."""
+    gpu = physical_gpu(key)
+    return next((k for k in keys if physical_gpu(k) == gpu), None)
+
+
+def speaks_for(key: str, keys: Iterable[str]) -> bool:
+    """True if `key` is the first of `keys` on its physical GPU: the key whose decisions
+    are audited; the GPU's other keys join its incident quietly."""
+    return first_of_gpu(key, keys) in (key, None)
+
+
 class Quarantine(BaseModel):
     """One incident: what nodeward did to the node, so it undoes only that."""
 
@@ -90,6 +110,11 @@ class Quarantine(BaseModel):
     event_recorded: bool = False
     applied_at: float | None = None
     operator_released: bool = False
+
+    def holds(self, gpu: str) -> bool:
+        """True if the incident holds GPU key `gpu`'s physical GPU (under `gpu` or another
+        key of it: a MIG instance joins its GPU's incident, and the GPU its instance's)."""
+        return first_of_gpu(gpu, self.gpus) is not None
 
 
 class OperatorRelease(BaseModel):
@@ -144,6 +169,18 @@ class NodeRecord(BaseModel):
     last_decision: str | None = Field(
         default=None, description="`outcome/guard` of the last audited non-quarantine decision"
     )
+
+    def failed_gpus(self) -> set[str]:
+        """The physical GPUs (`physical_gpu`) with a key in state failed."""
+        return {physical_gpu(key) for key, r in self.gpus.items() if r.state == HealthState.FAILED}
+
+    def sibling_failed(self, gpu: str) -> bool:
+        """True if another key of GPU key `gpu`'s physical GPU (its GPU, one of its MIG
+        instances) is in state failed: a failure of the same GPU, already decided."""
+        return any(
+            key != gpu and physical_gpu(key) == physical_gpu(gpu) and r.state == HealthState.FAILED
+            for key, r in self.gpus.items()
+        )
 
     def gpu_healthy_for(self, gpu: str, now: datetime) -> float | None:
         """Seconds GPU `gpu` has been healthy, or None if it is not."""

@@ -23,6 +23,7 @@ class Step(StrEnum):
     """Where a node's recovery stands; each is entered after the record is saved."""
 
     DRAINING = "draining"  # maintenance requested; waiting for maintenance.done.<node>
+    BLOCKED = "blocked"  # the drain left pods a reset or reboot would harm: evictions retried
     REMEDIATING = "remediating"  # the remediator is to be asked (reset or reboot)
     REBOOTING = "rebooting"  # asked; waiting for the node's bootID to change
     VALIDATING = "validating"  # asking the node's GPU agent to validate
@@ -55,6 +56,19 @@ class RecoveryRecord(BaseModel):
     validation_failures: int = 0
     last_failure: str | None = None
     history: list[str] = Field(default_factory=list, description="`step: what happened`")
+    blocked: dict[str, str] = Field(
+        default_factory=dict, description="`namespace/pod` the drain left on the node, and why"
+    )
+    blocked_since: float | None = Field(
+        default=None, description="when the drain was found blocked"
+    )
+    next_evict_at: float | None = Field(default=None, description="the next eviction retry")
+    next_try_at: float | None = Field(
+        default=None, description="no reset or reboot before then (the back-off after a failure)"
+    )
+    held: bool = Field(
+        default=False, description="recovery's human hold is on the node (after an escalation)"
+    )
 
     @property
     def terminal(self) -> bool:

@@ -37,7 +37,7 @@ from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome
-from schemas.state.cordon import TAINT_KEY, DeviceExclusion, NodeRecord, node_key
+from schemas.state.cordon import TAINT_KEY, DeviceExclusion, NodeRecord, node_key, physical_gpu
 from services.cordon.policy import Decision, Exclusion, PolicyAction, Scope
 from services.kernel import ActionRunner, Guard, Proposal
 
@@ -98,6 +98,20 @@ def locate(slices: list[Obj], drivers: list[str], health: GpuHealth) -> Located 
             if uuid is None and name == f"gpu-{health.gpu_index}":
                 by_name = by_name or Located(driver, pool, name)
     return by_index or by_name
+
+
+def joined_exclusion(record: NodeRecord, gpu: str) -> DeviceExclusion | None:
+    """The exclusion that GPU key `gpu` joins: one recorded (`excluded`, below the threshold)
+    under another key of the same physical GPU (the GPU of a MIG instance, or an instance
+    of the GPU), held (applied or dry-run). One incident per physical GPU: the failure of its
+    other keys is the same one. A DeviceTaintRule is not joined: it selects the GPU's DRA
+    device alone, so a MIG instance of it takes the node path."""
+    for key, ex in record.devices.items():
+        if key == gpu or physical_gpu(key) != physical_gpu(gpu):
+            continue
+        if ex.kind == "excluded" and (ex.phase == "applied" or ex.dry_run):
+            return ex
+    return None
 
 
 def rule_name(node: str, device: str) -> str:
@@ -246,7 +260,14 @@ class DeviceExclusions:
                     ),
                 )
             return True
-        failed = sum(1 for r in record.gpus.values() if r.state == HealthState.FAILED)
+        joined = joined_exclusion(record, gpu) if held is None else None
+        if joined is not None:
+            # Another key of a GPU excluded already (its MIG instance): the same incident,
+            # not decided again (the exclusion's release follows that key's health).
+            self.log.info("cordon.joined_exclusion", gpu=gpu, incident=joined.incident)
+            return True
+        # The threshold counts physical GPUs: a MIG GPU's instances are one failed GPU.
+        failed = len(record.failed_gpus())
         found = await self.find(health)
         scope = self.exclusion.scope(
             decision, model=health.model, failed=max(failed, 1), dra=found is not None

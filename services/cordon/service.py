@@ -39,7 +39,7 @@ from nodeward.bus.snapshot import kv_entries
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
-from nodeward.kube import Cluster, NotFound
+from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event, make_event
@@ -59,14 +59,16 @@ from schemas.state.cordon import (
     OperatorRelease,
     Quarantine,
     XidRepeats,
+    first_of_gpu,
     is_stale,
     node_key,
     restates,
+    speaks_for,
 )
 from schemas.state.marks import MarkEntry
 from schemas.tokens import token
 from services.cordon.access import ACCESS
-from services.cordon.devices import DeviceExclusions, DeviceSettings
+from services.cordon.devices import DeviceExclusions, DeviceSettings, joined_exclusion
 from services.cordon.marks import (
     ACTOR,
     HEALTH_LABEL,
@@ -92,6 +94,7 @@ from services.kernel import (
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    ReleaseHold,
     drain,
 )
 from services.kernel.breaker import node_breaker
@@ -102,7 +105,7 @@ from services.kernel.control import (
     refuse,
     reply_for,
 )
-from services.kernel.marks import NodeMarks
+from services.kernel.marks import NodeMarks, still_holding
 
 NAME = "cordon"
 TOPIC = "gpu-health"
@@ -234,6 +237,9 @@ class CordonService:
             applies=lambda p: p.action == "release",
             retry=False,
         )
+        # A node recovery drives or handed to a human (its release hold) is released by
+        # recovery or an operator only, never by the healthy period.
+        self.release_hold = ReleaseHold(cluster.nodes.get)
         # One GPU out of service on its own (DRA device taint, or excluded below the
         # threshold): exemptions and the rate limit, never the breaker (no node leaves).
         self.devices = DeviceExclusions(
@@ -323,10 +329,11 @@ class CordonService:
             if gpu.state == HealthState.HEALTHY or record is None:
                 continue
             q, released = record.quarantine, record.operator_release
-            held = q is not None and key in q.gpus and (q.phase == "applied" or q.dry_run)
-            ex = record.devices.get(key)
+            # Its physical GPU held under any of its keys (a MIG instance joins its GPU's).
+            held = q is not None and q.holds(key) and (q.phase == "applied" or q.dry_run)
+            ex = record.devices.get(key) or joined_exclusion(record, key)
             held = held or (ex is not None and (ex.phase == "applied" or ex.dry_run))
-            if held or (released and key in released.gpus):
+            if held or (released and first_of_gpu(key, released.gpus) is not None):
                 continue  # a quarantine cut short (pending) is finished the change's way
             if self.policy.decide(beat.health(gpu)).action == PolicyAction.QUARANTINE:
                 out.append(gpu)  # refused or skipped before: the guards are asked again
@@ -499,22 +506,28 @@ class CordonService:
                 await self.runner.record(proposal, outcome, reason, details=applied_details(q))
                 return
             if gpu in q.gpus:
-                if not health.heartbeat:
+                # Said once per physical GPU: its other keys (its MIG instances) are quiet.
+                if not health.heartbeat and speaks_for(gpu, q.gpus):
                     await self.runner.skip(
                         proposal,
                         guard="already_quarantined",
                         reason=f"already quarantined: {proposal.reason}",
                     )
                 return
+            if q.holds(gpu):
+                # Another key of a GPU the incident holds (a MIG instance of it, or the GPU
+                # of one): the same incident, recorded in its GPUs, not decided again.
+                await self._join(name, gpu, q.incident)
+                return
             await self._add_gpu(name, gpu, proposal)
             return
         if (
             q is not None
             and q.operator_released
-            and gpu in q.gpus
+            and q.holds(gpu)
             and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
         ):
-            if not health.heartbeat:
+            if not health.heartbeat and speaks_for(gpu, q.gpus):
                 await self.runner.skip(
                     proposal,
                     guard="manual_uncordon",
@@ -526,10 +539,10 @@ class CordonService:
         if (
             q is None
             and released is not None
-            and gpu in released.gpus
+            and first_of_gpu(gpu, released.gpus) is not None
             and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
         ):
-            if not health.heartbeat:
+            if not health.heartbeat and speaks_for(gpu, released.gpus):
                 await self.runner.skip(
                     proposal,
                     guard="operator_released",
@@ -544,10 +557,17 @@ class CordonService:
                 name, gpu, event, decision=decision, reason=proposal.reason, node=node
             )
 
+        # A failure of a physical GPU whose other key (its GPU, a MIG instance of it)
+        # failed before: the same incident, whose decision is already audited.
+        sibling = record.sibling_failed(gpu)
+
         def repeat(outcome: Outcome, guard: str | None) -> bool:
             # A heartbeat restating a failure that was already refused or skipped the same
-            # way is not audited again (it still runs the guards: a reset breaker lets it through).
-            return health.heartbeat and record.last_decision == f"{outcome.value}/{guard or ''}"
+            # way is not audited again (it still runs the guards: a reset breaker lets it
+            # through); nor is another key of the same physical GPU refused that way.
+            return (health.heartbeat or sibling) and record.last_decision == (
+                f"{outcome.value}/{guard or ''}"
+            )
 
         result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
         if result.outcome == Outcome.DRY_RUN:
@@ -690,6 +710,23 @@ class CordonService:
         )
         return mid
 
+    async def _join(self, name: str, gpu: str, incident: str) -> None:
+        """Another key of a physical GPU the quarantine holds failed (a MIG instance of the
+        GPU, or the GPU of an instance): recorded in the incident's GPUs, quietly. One
+        incident per physical GPU: its decision was audited when it opened."""
+
+        def add(current: NodeRecord | None) -> NodeRecord | None:
+            record = current or NodeRecord()
+            q = record.quarantine
+            if q is None or q.incident != incident or gpu in q.gpus:
+                return None
+            return record.model_copy(
+                update={"quarantine": q.model_copy(update={"gpus": [*q.gpus, gpu]})}
+            )
+
+        await self.records.update(node_key(name), add)
+        self.log.info("cordon.joined_incident", incident=incident)
+
     async def _add_gpu(self, name: str, gpu: str, proposal: Proposal) -> None:
         """Another GPU of a quarantined node failed: record it in the same incident."""
 
@@ -778,7 +815,7 @@ class CordonService:
             name,
             q,
             f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
-            guards=(self.cooldown,),
+            guards=(self.cooldown, self.release_hold),
         )
 
     async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
@@ -921,7 +958,12 @@ class CordonService:
                     decided = await self._release(
                         name, q, what, guards=self.control_guards, by=request, obj=node
                     )
-                    return reply_for(decided, done=_released_line(name, q, decided.details))
+                    line = _released_line(name, q, decided.details)
+                    with contextlib.suppress(KubeError):
+                        holding = still_holding(await self.cluster.nodes.get(name), OWNER)
+                        if holding:
+                            line += f"; still held by {'; '.join(holding)}"
+                    return reply_for(decided, done=line)
                 proposal = operator_proposal(
                     request,
                     action="release",

@@ -20,17 +20,27 @@ selects: sibling replicas of the same workload are untouched. A failed action (a
 without CRIU cannot checkpoint) is audited as failed and on-call hears of it; it is not
 retried, and the action's `continue` decides whether the rule's next actions run. An
 operator lifts an isolation nodeward applied through `control.falco.release`.
+
+Each isolation is recorded with the pod's uid (`services/falco/isolations.py`, KV
+`marks_bucket`, `isolations.<namespace>.<pod>`); a reconcile pass every
+`isolation_check_interval` ends, audited once, the record of a pod gone from the API,
+replaced by another of its name, ended, or unlabelled by someone else, so that what
+`nodeward status` and the console show as isolated is isolated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
+from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
@@ -41,13 +51,14 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef, dns_label, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
-from schemas.falco import FalcoAlert
+from schemas.falco import ISOLATE_LABEL, FalcoAlert
 from schemas.remediation import Outcome, Remediation
 from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
-from services.falco.actions.isolate import ISOLATE_LABEL, isolated, isolation_of, lift
+from services.falco.actions.isolate import isolated, isolation_of, lift
 from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
 from services.falco.ingest import Ingest, IngestError
+from services.falco.isolations import IsolationRecord, Isolations
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
 from services.falco.settings import ACTOR, NAME, FalcoSettings
 from services.kernel import (
@@ -90,6 +101,7 @@ class FalcoService:
         dedup: DedupWindow,
         registry: CollectorRegistry | None = None,
         breaker: CircuitBreaker | None = None,
+        isolation_kv: KeyValue | None = None,
     ) -> None:
         self.bus = bus
         self.cluster = cluster
@@ -128,6 +140,12 @@ class FalcoService:
             operator_limit(settings.controls.rate_limit),
         ]
         self.breaker = breaker
+        # The isolation records (in `marks_bucket`), kept true to the API by `Isolations.loop`.
+        self.isolations = (
+            Isolations(bus, cluster, isolation_kv, self.runner, bucket=settings.marks_bucket)
+            if isolation_kv is not None
+            else None
+        )
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
 
@@ -255,6 +273,16 @@ class FalcoService:
         if ACTIONS[spec.action].scope == "node":
             ref = node_ref(target.node or "unknown")
             obj = None
+        details: dict[str, Any] = {
+            "falco_rule": alert.rule,
+            "priority": alert.priority.value,
+            "hostname": alert.hostname,
+            "container": alert.container,
+            "falco_uuid": alert.uuid,
+        }
+        if ref.kind == "Pod" and target.pod is not None:
+            # Which pod of that name: a later one (a new uid) is not the one decided on.
+            details["pod_uid"] = target.pod["metadata"].get("uid")
         return Proposal(
             action=spec.action.value,
             target=ref,
@@ -264,13 +292,7 @@ class FalcoService:
             trigger_time=event.time,
             protective=ACTIONS[spec.action].scope != "none",
             obj=obj,
-            details={
-                "falco_rule": alert.rule,
-                "priority": alert.priority.value,
-                "hostname": alert.hostname,
-                "container": alert.container,
-                "falco_uuid": alert.uuid,
-            },
+            details=details,
             severity=severity_of(alert.priority),
             title=f"Falco {alert.priority.value} '{alert.rule}' on {where(alert)}"[:200],
         )
@@ -319,9 +341,59 @@ class FalcoService:
             return await actionner.run(context)
 
         runner = self.runner.with_dry_run() if rule.dry_run else self.runner
+        if spec.action is ActionKind.ISOLATE and target.pod is not None:
+            return await self.run_isolate(
+                runner, proposal, act, guards=guards, event=event, rule=rule, target=target
+            )
         # A failure is audited (on-call is told) and not retried: the alert repeats while
         # the behaviour goes on, and a checkpoint is not idempotent.
         return await runner.run(proposal, act, guards, retry=False)
+
+    async def run_isolate(
+        self,
+        runner: ActionRunner,
+        proposal: Proposal,
+        act: Callable[[], Awaitable[dict[str, Any]]],
+        *,
+        guards: list[Guard],
+        event: Event[Any],
+        rule: Rule,
+        target: Target,
+    ) -> Remediation:
+        """The isolate action under the pod's lock, its isolation recorded (with the pod's
+        uid) once the pod is labelled, or once the dry run is decided."""
+        isolations = self.isolations
+        if isolations is None:
+            return await runner.run(proposal, act, guards, retry=False)
+        assert target.pod is not None
+        meta = target.pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        alert: FalcoAlert = event.data
+
+        def record(dry_run: bool) -> IsolationRecord:
+            return IsolationRecord(
+                namespace=namespace,
+                pod=name,
+                uid=meta.get("uid"),
+                node=target.node,
+                falco_rule=alert.rule,
+                policy=rule.name,
+                event_id=event.id,
+                event_time=event.time,
+                at=datetime.now(UTC),
+                dry_run=dry_run,
+            )
+
+        async def isolate() -> dict[str, Any]:
+            details = await act()
+            await isolations.remember(record(dry_run=False))  # before its audit
+            return details
+
+        async with isolations.lock(namespace, name):
+            decision = await runner.run(proposal, isolate, guards, retry=False)
+            if decision.outcome is Outcome.DRY_RUN:
+                await isolations.remember(record(dry_run=True))
+        return decision
 
     # operator controls -----------------------------------------------------------------
     async def release_control(self, request: ControlRequest) -> ControlReply:
@@ -333,6 +405,18 @@ class FalcoService:
             dns_subdomain(name)
         except ValueError as exc:
             return ControlReply.error(f"release: {request.target!r} is not NAMESPACE/POD: {exc}")
+        async with self.isolation_lock(namespace, name):
+            return await self.release(request, namespace, name)
+
+    @contextlib.asynccontextmanager
+    async def isolation_lock(self, namespace: str, name: str) -> AsyncIterator[None]:
+        if self.isolations is None:
+            yield
+            return
+        async with self.isolations.lock(namespace, name):
+            yield
+
+    async def release(self, request: ControlRequest, namespace: str, name: str) -> ControlReply:
         ref = f"{namespace}/{name}"
         try:
             pod = await self.cluster.pods.get(namespace, name)
@@ -366,6 +450,8 @@ class FalcoService:
             return await lift(self.cluster, pod, proposal.reason)
 
         decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        if decided.outcome is Outcome.APPLIED and self.isolations is not None:
+            await self.isolations.forget(namespace, name)  # lifted, and audited as such
         return reply_for(
             decided,
             done=f"lifted the isolation of {ref} (isolated for {note.get('falco_rule')!r} at "
@@ -416,6 +502,8 @@ async def assemble(settings: Settings) -> Assembled:
     breaker = await node_breaker(
         bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
     )
+    # The cordon action's intents and the isolation records: no TTL (NodeMarks' history).
+    marks_kv = await bus.kv(config.marks_bucket, history=5)
     service = FalcoService(
         bus,
         cluster,
@@ -424,6 +512,7 @@ async def assemble(settings: Settings) -> Assembled:
         dedup=DedupWindow(kv, config.dedup_window, prefix="dedup"),
         registry=daemon.metrics.registry,
         breaker=breaker,
+        isolation_kv=marks_kv,
     )
     if config.ingest.enabled:
 
@@ -441,6 +530,13 @@ async def assemble(settings: Settings) -> Assembled:
         await bus.consume(service.consumer_spec(), service.handle)
 
     daemon.add_task(consume, name="consume")
+    isolations = service.isolations
+    assert isolations is not None
+
+    async def check_isolations() -> None:
+        await isolations.loop(config.isolation_check_interval.total_seconds())
+
+    daemon.add_task(check_isolations, name="isolations")
     await bus.control(NAME, "release", service.release_control)
     return Assembled(daemon, service, ingest)
 

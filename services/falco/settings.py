@@ -52,6 +52,11 @@ class FalcoSettings(Section):
         description="pods here are never acted on (alerts about them only notify)",
     )
     checkpoint_timeout: Duration = timedelta(seconds=60)
+    isolation_check_interval: Duration = Field(
+        default=timedelta(seconds=5),
+        description="how often the recorded isolations are checked against the API (one "
+        "read per isolated pod): a pod gone, replaced or unlabelled is no longer isolated",
+    )
     support_contact: str = "the platform's security team"
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
     ingest: IngestSettings = IngestSettings()

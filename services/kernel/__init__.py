@@ -14,9 +14,10 @@ them off again, by owner and crash-safe.
 from schemas.state.breaker import BreakerState
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
-from services.kernel.drain import DrainResult, DrainSettings, drain
+from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
+from services.kernel.holds import HOLD_ANNOTATION, ReleaseHold, hold_note, hold_of
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
@@ -25,6 +26,7 @@ from services.kernel.runner import ActionRunner
 
 __all__ = [
     "EXEMPT_LABEL",
+    "HOLD_ANNOTATION",
     "MARKS_ANNOTATION",
     "ActionRunner",
     "Auditor",
@@ -46,11 +48,15 @@ __all__ = [
     "Proposal",
     "RateLimitSettings",
     "RateLimiter",
+    "ReleaseHold",
     "SkippedNamespaces",
     "Stage",
     "Staleness",
     "Verdict",
+    "blockers",
     "drain",
+    "hold_note",
+    "hold_of",
     "is_exempt",
     "tell_owner",
 ]

@@ -1,13 +1,17 @@
 """Drain: evict a node's pods through the Eviction API (PodDisruptionBudgets honoured).
 
-DaemonSet pods, mirror (static) pods, finished pods, exempt pods and pods in exempt or
-skipped namespaces stay. Evictions run concurrently under one deadline; a pod whose
-budget still allows no disruption at the deadline is reported as blocked, not forced.
+DaemonSet pods, mirror (static) pods, finished pods, exempt pods, pods in exempt or
+skipped namespaces, and pods the Falco response isolated (evidence) stay. Evictions run
+concurrently under one deadline; a pod whose budget still allows no disruption at the
+deadline is reported as blocked, never forced. `blockers` says which pods still stand in
+the way of a GPU reset or a reboot once a drain is over: a drain that left any is not a
+drained node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +25,7 @@ from nodeward.config import Section
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, EvictionBlocked, KubeError
 from nodeward.kube.base import Obj
+from schemas.falco import ISOLATE_LABEL
 from services.kernel.exemptions import Exemptions
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -62,8 +67,12 @@ def _ref(pod: Obj) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
-def keep_reason(pod: Obj, skip_namespaces: list[str]) -> str | None:
-    """Why a drain leaves this pod alone, or None to evict it."""
+EVIDENCE = "isolated by the Falco response: kept as evidence until an operator lifts it"
+
+
+def excused(pod: Obj, skip_namespaces: list[str]) -> str | None:
+    """Why this pod may stay on a node that is reset or rebooted (a DaemonSet's, a mirror
+    pod, a finished one, the platform's own namespaces), or None: it must be gone first."""
     meta = pod.get("metadata") or {}
     if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
         return "DaemonSet pod"
@@ -76,6 +85,40 @@ def keep_reason(pod: Obj, skip_namespaces: list[str]) -> str | None:
     return None
 
 
+def is_evidence(pod: Obj) -> bool:
+    """The pod carries the Falco response's isolation label (whoever put it there)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(ISOLATE_LABEL, "")).lower() == "true"
+
+
+def keep_reason(pod: Obj, skip_namespaces: list[str]) -> str | None:
+    """Why a drain leaves this pod alone, or None to evict it."""
+    return excused(pod, skip_namespaces) or (EVIDENCE if is_evidence(pod) else None)
+
+
+async def blockers(
+    cluster: Cluster, node: str, exemptions: Exemptions, skip_namespaces: list[str]
+) -> dict[str, str]:
+    """Pods on `node` that a GPU reset or a reboot would destroy: every pod not `excused`,
+    whatever kept it (an exemption, Falco's evidence, a budget, a termination still under
+    way): `namespace/name` -> why it is still there."""
+    out: dict[str, str] = {}
+    for pod in await cluster.pods.on_node(node):
+        if excused(pod, skip_namespaces):
+            continue
+        meta = pod.get("metadata") or {}
+        exempt = await exemptions.exempt_reason(pod)
+        if exempt:
+            out[_ref(pod)] = f"exempt from nodeward's actions ({exempt}): never evicted"
+        elif is_evidence(pod):
+            out[_ref(pod)] = EVIDENCE
+        elif meta.get("deletionTimestamp"):
+            out[_ref(pod)] = "terminating"
+        else:
+            out[_ref(pod)] = "still running: not evicted"
+    return out
+
+
 Hold = Callable[[Obj], str | None]
 
 
@@ -86,11 +129,13 @@ async def drain(
     exemptions: Exemptions,
     *,
     hold: Hold | None = None,
+    stop: asyncio.Event | None = None,
 ) -> DrainResult:
     """Evict the node's pods but those `keep_reason` or the exemptions keep.
 
     `hold(pod)` returns why a pod is not to be evicted yet (None: evict it); held pods are
-    reported in `DrainResult.held`, to be evicted by a later drain.
+    reported in `DrainResult.held`, to be evicted by a later drain. `stop` set: the
+    evictions still waiting (on a budget) are given up at once, reported as blocked.
     """
     log = structlog.get_logger().bind(action="drain", node=node)
     result = DrainResult()
@@ -124,7 +169,28 @@ async def drain(
             return
         (result.evicted if done else result.gone).append(ref)
 
-    await asyncio.gather(*(evict(p) for p in todo))
+    evictions: asyncio.Future[Any] = asyncio.ensure_future(
+        asyncio.gather(*(evict(p) for p in todo))
+    )
+    if stop is None:
+        await evictions
+    else:
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({evictions, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            evictions.cancel()
+            raise
+        finally:
+            stopped.cancel()
+        if not evictions.done():
+            evictions.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await evictions
+            finished = {*result.evicted, *result.gone, *result.blocked}
+            for pod in todo:
+                if _ref(pod) not in finished:
+                    result.blocked[_ref(pod)] = "the drain was stopped"
     log.info(
         "drain.done",
         evicted=len(result.evicted),

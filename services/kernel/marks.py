@@ -84,6 +84,29 @@ def entries(node: Obj) -> dict[str, MarkEntry]:
     return out
 
 
+def still_holding(node: Obj, owner: str) -> list[str]:
+    """What keeps `node` out of service once `owner` let go, one phrase each: another
+    nodeward owner's marks, a cordon nobody of nodeward holds (an operator's), foreign taints
+    with NoSchedule or NoExecute."""
+    others = {o: e for o, e in entries(node).items() if o != owner}
+    out = []
+    for name, entry in sorted(others.items()):
+        held = [*entry.taints, *(["cordon"] if entry.cordon else [])]
+        if held:
+            out.append(f"nodeward's {name} ({', '.join(held)}; incident {entry.incident})")
+    if unschedulable(node) and not any(e.cordon for e in others.values()):
+        out.append("a cordon not placed by nodeward (an operator's)")
+    ours = {t for e in entries(node).values() for t in e.taints}
+    foreign = [
+        _taint_id(t)
+        for t in taints_of(node)
+        if _taint_id(t) not in ours and t.get("effect") in ("NoSchedule", "NoExecute")
+    ]
+    if foreign:
+        out.append(f"taints not placed by nodeward ({', '.join(sorted(foreign))})")
+    return out
+
+
 def _encode(all_entries: Mapping[str, MarkEntry]) -> str | None:
     if not all_entries:
         return None

@@ -117,6 +117,8 @@ MAINTENANCE_ANNOTATION = "nodeward.io/maintenance"
 REASON_ANNOTATION = "nodeward.io/maintenance-reason"
 CORDON_ANNOTATION = "nodeward.io/maintenance-cordon"
 ARCHIVE_ANNOTATION = "nodeward.io/checkpoint-archive"
+_ENDED = MappingProxyType({MAINTENANCE_ANNOTATION: None, REASON_ANNOTATION: None})
+"""A finished or cancelled maintenance takes its phase and reason off the node."""
 # A checkpoint that failed with these is not tried again (the runtime cannot, the kubelet's
 # API is off or the container is gone, or the role is not allowed); others are retried
 # until the deadline.
@@ -966,10 +968,19 @@ class CheckpointService:
         )
 
         async def act() -> dict[str, Any]:
-            result = await drain(self.cluster, state.node, settings, self.exemptions, hold=hold_for)
-            return result.to_json()
+            stop = asyncio.Event()
+            watch = asyncio.create_task(self._until_cancelled(state, stop))
+            try:
+                result = await drain(
+                    self.cluster, state.node, settings, self.exemptions, hold=hold_for, stop=stop
+                )
+            finally:
+                watch.cancel()
+            return result.to_json() | ({"stopped": True} if stop.is_set() else {})
 
         outcome = await self.runner.run(proposal, act, [])
+        if outcome.details.get("stopped"):
+            return True  # cancelled by its requester mid-drain: the workflow ends it
         result = dict(outcome.details) if outcome.outcome == Outcome.APPLIED else {}
         merged = merge_drain(state.drain, result, outcome.outcome.value)
         # Pods a budget blocked until the deadline had their time; held pods have not.
@@ -979,6 +990,20 @@ class CheckpointService:
             )
             return True
         return await self._finish(state, merged)
+
+    async def _until_cancelled(self, state: MaintenanceState, stop: asyncio.Event) -> None:
+        """Set `stop` once the maintenance is cancelled (read from KV each tick: any replica
+        may have answered the cancellation)."""
+        while True:
+            current = await self.states.get(state_key(state.node))
+            if (
+                current is None
+                or current.value.maintenance_id != state.maintenance_id
+                or current.value.phase == MaintenancePhase.CANCELLED
+            ):
+                stop.set()
+                return
+            await asyncio.sleep(self.settings.tick.total_seconds())
 
     async def _finish(self, state: MaintenanceState, drained: dict[str, Any]) -> bool:
         current = await self.states.get(state_key(state.node))
@@ -1080,7 +1105,10 @@ class CheckpointService:
                 f"({state.phase.value}); done: {done_so_far(state)}"
             )
             return await refuse(self.runner, proposal, guard="ended", reason=why)
-        if state.phase == MaintenancePhase.DRAINING or state.drain is not None:
+        # Its requester (recovery, for a quarantine an operator released) may stop a drain
+        # under way: the evictions still waiting are given up, the cordon comes off.
+        own = request.operator == state.requested_by
+        if (state.phase == MaintenancePhase.DRAINING or state.drain is not None) and not own:
             why = (
                 f"refused: the drain of {node} for maintenance {state.maintenance_id} has "
                 f"begun; already done: {done_so_far(state)}; `nodeward maintenance finish "
@@ -1094,7 +1122,7 @@ class CheckpointService:
                 current is None
                 or current.maintenance_id != state.maintenance_id
                 or current.terminal
-                or current.phase == MaintenancePhase.DRAINING
+                or (current.phase == MaintenancePhase.DRAINING and not own)
             ):
                 return None
             update = {
@@ -1123,10 +1151,8 @@ class CheckpointService:
                 for plan in cancelled.pods.values():
                     notice = cancellation(cancelled, plan, request.operator)
                     await self._notify_owner(cancelled, plan, notice)
-            with contextlib.suppress(KubeError):
-                await self.cluster.nodes.set_annotations(
-                    node, {MAINTENANCE_ANNOTATION: MaintenancePhase.CANCELLED.value}
-                )
+            with contextlib.suppress(KubeError):  # nothing of the maintenance left on the node
+                await self.cluster.nodes.set_annotations(node, _ENDED)
             self.wake.set()
             return {"was": before.value, **released}
 
@@ -1191,6 +1217,8 @@ class CheckpointService:
             stored = await self.states.update(state_key(node), finished)
             if stored is not None:
                 await self.states.put(history_key(node, state.maintenance_id), stored.value)
+            with contextlib.suppress(KubeError):  # nothing of the maintenance left on the node
+                await self.cluster.nodes.set_annotations(node, _ENDED)
             return released
 
         decided = await self.runner.run(proposal, act, self.control_guards, retry=False)

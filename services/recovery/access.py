@@ -20,7 +20,10 @@ ACCESS = Access(
         {
             "nodes.get",
             "nodes.list",  # the circuit breaker's population
-            "nodes.patch",  # its reboot request (label and annotation), and taking it back
+            "nodes.patch",  # its reboot request and its human hold, and taking them back
+            "pods.list",  # drained means empty: the pods left on the node
+            "pods.evict",  # the pods a drain left, evicted again (budgets honoured)
+            "namespaces.get",  # a pod's namespace exemption
         }
     ),
 )

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from nodeward.xid import XidCatalog
+from nodeward.xid import RECOVERY_ACTION_XID, XidCatalog
 from schemas.gpu import RecommendedAction
 from schemas.state.recovery import Plan
 
@@ -33,7 +33,12 @@ def decide(
     actions: Iterable[RecommendedAction | str], xids: Iterable[int], catalog: XidCatalog
 ) -> Decision:
     """What the quarantine's fault needs: the trigger's recommended actions and each XID's
-    catalog action, the strongest winning (RMA > reboot > reset)."""
+    catalog action, the strongest winning (RMA > reboot > reset).
+
+    XID 154 (GPU recovery action changed) is no fault of its own: the driver embeds the
+    action it calls for (None, GPU Reset Required, Node Reboot Required, Drain P2P, Drain
+    and Reset), which the GPU agent reports as its reason's action, so among `actions`. Its
+    catalog row is never added: the embedded action is the one honoured."""
     found: set[RecommendedAction] = set()
     for action in actions:
         try:
@@ -41,15 +46,16 @@ def decide(
         except ValueError:
             continue
     named = sorted(set(xids))
-    found |= {catalog.get(x).action for x in named}
+    found |= {catalog.get(x).action for x in named if x != RECOVERY_ACTION_XID}
     said = ", ".join(a.value for a in sorted(found)) or "none"
     on = f" (XID {', '.join(map(str, named))})" if named else ""
+    who = "the fault says" if RECOVERY_ACTION_XID in named else "the catalog says"
     if found & RMA_ACTIONS:
-        return Decision(Kind.ESCALATE, why=f"the catalog says {said}{on}: RMA, no automatic cure")
+        return Decision(Kind.ESCALATE, why=f"{who} {said}{on}: RMA, no automatic cure")
     if found & REBOOT_ACTIONS:
-        return Decision(Kind.RECOVER, Plan.REBOOT, f"the catalog says {said}{on}: reboot")
+        return Decision(Kind.RECOVER, Plan.REBOOT, f"{who} {said}{on}: reboot")
     if found & RESET_ACTIONS:
-        return Decision(Kind.RECOVER, Plan.RESET, f"the catalog says {said}{on}: GPU reset")
+        return Decision(Kind.RECOVER, Plan.RESET, f"{who} {said}{on}: GPU reset")
     return Decision(Kind.NONE, why=f"recommended {said}{on}: no reset or reboot needed")
 
 

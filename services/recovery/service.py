@@ -44,7 +44,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
-from nodeward.kube import Cluster, NotFound
+from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from nodeward.xid import XidCatalog, load_catalog
@@ -67,15 +67,21 @@ from schemas.state.recovery import (
     node_key,
 )
 from services.kernel import (
+    HOLD_ANNOTATION,
     ActionRunner,
     Auditor,
     BreakerSettings,
     CircuitBreaker,
+    DrainSettings,
     Exemptions,
     Guard,
     Proposal,
     Stage,
     Verdict,
+    blockers,
+    drain,
+    hold_note,
+    hold_of,
 )
 from services.kernel.breaker import node_breaker
 from services.kernel.marks import NodeMarks
@@ -113,6 +119,7 @@ _STEP = MappingProxyType(
 SEVERITIES = MappingProxyType(
     {a: _STEP for a in ("recover", "drain", "reset", "reboot", "validate", "release")}
 )
+BACKOFF_CAP_S = 600.0
 
 
 class RecoverySettings(Section):
@@ -144,7 +151,20 @@ class RecoverySettings(Section):
         default=timedelta(minutes=10), description="the maintenance's deadline for every pod"
     )
     drain_timeout: Duration = Field(
-        default=timedelta(minutes=30), description="no `maintenance.done` by then: escalate"
+        default=timedelta(minutes=30),
+        description="the node not drained (no `maintenance.done`, or pods left) by then: escalate",
+    )
+    evict_retry: Duration = Field(
+        default=timedelta(seconds=30),
+        description="how often the pods a drain left are evicted again (budgets honoured)",
+    )
+    retry_backoff: Duration = Field(
+        default=timedelta(seconds=30),
+        description="the wait before the next reset or reboot after a failed one (doubling)",
+    )
+    skip_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "nodeward"],
+        description="namespaces whose pods may stay on a node that is reset or rebooted",
     )
     reboot_timeout: Duration = Field(
         default=timedelta(minutes=20), description="no new bootID by then: a failed attempt"
@@ -242,7 +262,7 @@ class RecoveryService:
         self.marks = marks
         auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
         self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions()
+        self.exemptions = Exemptions(cluster.namespaces.labels)
         self.retry_limit = RetryLimit(counts, settings)
         self.start_guards: list[Guard] = [self.exemptions, self.retry_limit, breaker]
         self.tools = Tools(
@@ -328,7 +348,7 @@ class RecoveryService:
         elif (
             plan == Plan.REBOOT
             and record.plan == Plan.RESET
-            and record.step in (Step.DRAINING, Step.REMEDIATING)
+            and record.step in (Step.DRAINING, Step.BLOCKED, Step.REMEDIATING)
             and record.asked_at is None
         ):
             remediator = self.settings.remediators[Plan.REBOOT]
@@ -377,10 +397,12 @@ class RecoveryService:
         assert plan is not None
         remediator = self.settings.remediators[plan]
         record = self._new(node, incident, plan, gpus, xids, reason, remediator=remediator)
+        record = record.model_copy(update={"held": not self.settings.dry_run})  # before the hold
 
         async def act() -> dict[str, Any]:
             await self.retry_limit.count(node, event.time.timestamp())
             await self.records.put(node_key(node), record)
+            await self._hold(record, f"recovery of incident {incident} under way")
             return {"plan": plan.value, "remediator": remediator}
 
         decided = await self.runner.run(proposal, act, self.start_guards, retry=False)
@@ -424,18 +446,133 @@ class RecoveryService:
                 return  # a maintenance that ended before this recovery began
             ours = data.maintenance_id == record.maintenance_id
             if data.phase == MaintenancePhase.DONE:
-                # Ours, or one already under way when ours was asked (it drained the node).
-                await self._record(
-                    record, "drain", f"{data.node} drained by maintenance {data.maintenance_id}",
-                    what="drained",
-                )  # fmt: skip
-                await self._save(record, Step.REMEDIATING, f"drained ({data.maintenance_id})")
-                self.wake.set()
+                # Ours, or one already under way when ours was asked. Done is not drained:
+                # the node is drained only when no pod a reset or reboot would harm is left.
+                await self._drained(record, f"maintenance {data.maintenance_id}", data.failures)
             elif ours and "already in maintenance" not in (data.error or ""):
                 await self._escalate(
                     record,
                     f"maintenance {data.maintenance_id} {data.phase.value}: {data.error or ''}",
                 )
+
+    async def _drained(
+        self, record: RecoveryRecord, by: str, failures: list[str] | None = None
+    ) -> bool:
+        """Move on to the reset or reboot if no pod it would harm is left on the node; else
+        the recovery is blocked (on-call paged once). True when drained."""
+        left = await blockers(
+            self.cluster, record.node, self.exemptions, self.settings.skip_namespaces
+        )
+        if left:
+            for line in failures or []:  # the maintenance's words (the budget) where it has any
+                pod, _, why = line.partition(": ")
+                if pod in left and why:
+                    left[pod] = why
+            await self._block(record, left)
+            return False
+        await self._record(
+            record,
+            "drain",
+            f"{record.node} drained by {by}: no pod left that the {record.plan.value} would harm",
+            what="drained",
+        )
+        await self._save(record, Step.REMEDIATING, f"drained ({by})")
+        self.wake.set()
+        return True
+
+    async def _block(self, record: RecoveryRecord, left: dict[str, str]) -> RecoveryRecord:
+        """The drain left pods: no reset or reboot; evictions retried every `evict_retry`;
+        on-call paged (critical) the first time, with the pods and what keeps each."""
+        now = time.time()
+        first = record.blocked_since is None
+        # A pod still there keeps the most telling reason seen (an eviction's budget).
+        left = {
+            pod: record.blocked.get(pod, why) if why.startswith("still running") else why
+            for pod, why in left.items()
+        }
+        record = await self._update(
+            record,
+            blocked=left,
+            blocked_since=record.blocked_since or now,
+            next_evict_at=(
+                now + self.settings.evict_retry.total_seconds() if first else record.next_evict_at
+            ),
+            step=Step.BLOCKED,
+        )
+        if not first:
+            return record
+        listed = "; ".join(f"{pod}: {why}" for pod, why in sorted(left.items()))
+        proposal = dataclasses.replace(
+            self._proposal(
+                record,
+                "drain",
+                f"{record.node} is not drained: {len(left)} pod(s) left ({listed}). No "
+                f"{record.plan.value} while they are there; the node stays quarantined. "
+                "nodeward never forces past a PodDisruptionBudget, an exemption or Falco's "
+                "evidence: free the budget, move the pods, lift the isolation, or release "
+                f"the quarantine (`nodeward quarantine release {record.node}`). Evictions "
+                f"are tried again every {self.settings.evict_retry.total_seconds():g}s until "
+                f"drain_timeout ({self.settings.drain_timeout.total_seconds():g}s after the "
+                "start), then on-call is paged again",
+            ),
+            trigger_id=record.attempt_id("drain-blocked"),
+            severity=Severity.CRITICAL,
+            title=f"{record.node}: drain blocked",
+        )
+        await self.runner.fail(proposal, guard="drain_blocked", details={"pods": left})
+        await self._save(record, Step.BLOCKED, f"{len(left)} pod(s) left: {listed}"[:400])
+        return record
+
+    async def _blocked(self, record: RecoveryRecord, obj: Obj) -> None:
+        """Wait for the pods the drain left to go (evicting them again, budgets honoured),
+        until `drain_timeout`; then on-call, the node quarantined."""
+        if await self._drained(record, "the evictions retried after the drain"):
+            return
+        stored = await self.records.get(node_key(record.node))
+        record = stored.value if stored else record
+        since = time.time() - record.started_at
+        if since > self.settings.drain_timeout.total_seconds():
+            listed = "; ".join(f"{pod}: {why}" for pod, why in sorted(record.blocked.items()))
+            await self._escalate(
+                record,
+                f"the drain left {len(record.blocked)} pod(s) for {since:.0f}s, past "
+                f"drain_timeout: {listed}",
+                rma=False,
+            )
+            return
+        if time.time() < (record.next_evict_at or 0):
+            return
+        wait = min(self.settings.evict_retry.total_seconds(), 10.0)
+        result = await drain(
+            self.cluster,
+            record.node,
+            DrainSettings(
+                enabled=True,
+                deadline=timedelta(seconds=wait),
+                skip_namespaces=self.settings.skip_namespaces,
+            ),
+            self.exemptions,
+        )
+        moved = [*result.evicted, *result.gone]
+        if moved:
+            await self._record(
+                record,
+                "drain",
+                f"evicted {len(moved)} pod(s) the drain had left on {record.node}: "
+                f"{', '.join(moved)}",
+                what=f"evicted-{len(record.history)}",
+            )
+        left = dict(record.blocked)
+        for pod in moved:
+            left.pop(pod, None)
+        left.update({pod: f"not evicted: {why}" for pod, why in result.blocked.items()})
+        await self._update(
+            record,
+            blocked=left,
+            next_evict_at=time.time() + self.settings.evict_retry.total_seconds(),
+        )
+        if moved:
+            self.wake.set()
 
     # the loop ---------------------------------------------------------------------------
     async def run(self, stopping: asyncio.Event) -> None:
@@ -462,7 +599,11 @@ class RecoveryService:
             with structlog.contextvars.bound_contextvars(node=node):
                 async with self.node_lock(node):
                     current = await self.records.get(key)
-                    if current is None or current.value.terminal:
+                    if current is None:
+                        continue
+                    if current.value.terminal:
+                        if current.value.held:
+                            await self._lift_hold(current.value)
                         continue
                     await self.step(current.value)
 
@@ -478,6 +619,7 @@ class RecoveryService:
             return
         steps: dict[Step, Callable[[RecoveryRecord, Obj], Any]] = {
             Step.DRAINING: self._draining,
+            Step.BLOCKED: self._blocked,
             Step.REMEDIATING: self._remediate,
             Step.REBOOTING: self._rebooting,
             Step.VALIDATING: self._validate,
@@ -528,6 +670,17 @@ class RecoveryService:
         if remediator is None:
             await self._escalate(record, f"no remediator named {record.remediator!r}")
             return
+        if record.asked_at is None and time.time() < (record.next_try_at or 0):
+            return  # the back-off after a failed attempt
+        if record.asked_at is None:
+            # Drained means empty, checked again right before asking (after a restart, a pod
+            # bound to the node by hand): a reset or reboot never meets a pod it would harm.
+            left = await blockers(
+                self.cluster, record.node, self.exemptions, self.settings.skip_namespaces
+            )
+            if left:
+                await self._block(record, left)
+                return
         if record.asked_at is None:
             record = await self._update(
                 record,
@@ -630,11 +783,15 @@ class RecoveryService:
         await self.runner.fail(proposal, details={**(details or {}), "failures_so_far": failures})
         nxt = after_validation_failure(failures, max_failures=self.settings.max_validation_failures)
         again = nxt == AfterFailure.RETRY
+        backoff = min(
+            self.settings.retry_backoff.total_seconds() * 2 ** (failures - 1), BACKOFF_CAP_S
+        )
         record = await self._update(
             record,
             validation_failures=failures,
             last_failure=why,
             asked_at=None,
+            next_try_at=time.time() + backoff,
             step=Step.REMEDIATING if again else record.step,
             history=[*record.history, f"failed: {why}"][-40:],
         )
@@ -665,6 +822,7 @@ class RecoveryService:
             record, "release", f"{record.node} back in service: {reason}", resolves=True
         )
         await self.runner.record(proposal, Outcome.APPLIED, details={"replies": replies})
+        await self._lift_hold(record)  # first: a terminal record holds nothing on the node
         await self._save(record, Step.RELEASED, "released")
 
     async def _ended_elsewhere(self, record: RecoveryRecord) -> None:
@@ -684,6 +842,7 @@ class RecoveryService:
             reason=f"recovery of {record.node} stopped at {record.step.value}: its quarantine "
             "ended without it (released by an operator?)",
         )
+        await self._lift_hold(record)
         await self._save(record, Step.GONE, "quarantine ended elsewhere")
 
     async def _take_back_maintenance(self, record: RecoveryRecord) -> bool:
@@ -712,28 +871,65 @@ class RecoveryService:
             self.log.warning("recovery.control_unanswered", service=service, error=str(exc))
             return None
 
-    async def _escalate(self, record: RecoveryRecord, why: str) -> None:
-        """On-call: critical, RMA suggested. The node stays quarantined."""
+    async def _escalate(self, record: RecoveryRecord, why: str, *, rma: bool = True) -> None:
+        """On-call: critical (RMA suggested, or the drain that never emptied the node). The
+        node stays quarantined under recovery's release hold: no automatic release (cordon's
+        healthy period included) until an operator releases the quarantine."""
         with contextlib.suppress(Exception):
             await self.marks.release(record.node)  # no reboot asked of a node left as it is
+        gpus = ", ".join(map(str, record.gpus)) or "?"
+        xids = ", ".join(map(str, record.xids)) or "-"
+        cure = f"RMA suggested for GPU {gpus} (XID {xids})" if rma else f"GPU {gpus} (XID {xids})"
         proposal = Proposal(
             action="escalate",
             target=_target(record.node),
-            reason=f"{record.node} needs a human: {why}. RMA suggested for GPU "
-            f"{', '.join(map(str, record.gpus)) or '?'} (XID {', '.join(map(str, record.xids)) or '-'}); "
-            "the node stays quarantined",
+            reason=f"{record.node} needs a human: {why}. {cure}; the node stays quarantined "
+            f"until an operator releases it (`nodeward quarantine release {record.node}`)",
             policy=record.plan.value,
             trigger_id=f"{record.incident}/escalate",
             trigger_time=datetime.fromtimestamp(record.started_at, UTC),
             severity=Severity.CRITICAL,
-            title=f"{record.node}: RMA suggested",
-            details={"incident": record.incident, "history": record.history, "rma": True},
+            title=f"{record.node}: RMA suggested" if rma else f"{record.node}: needs a human",
+            details={"incident": record.incident, "history": record.history, "rma": rma},
         )
         await self.runner.record(proposal, Outcome.APPLIED)
         stored = await self.records.get(node_key(record.node))
         if stored is None or stored.value.incident != record.incident:
             await self.records.put(node_key(record.node), record)
+        if not self.settings.dry_run:
+            await self._hold(record, f"needs a human: {why}")
         await self._save(record, Step.ESCALATED, why)
+
+    async def _hold(self, record: RecoveryRecord, why: str) -> None:
+        """The hold on the node (`services.kernel.holds`): no automatic release of its
+        quarantine (cordon's healthy period) while recovery drives it or a human must
+        decide. Recorded first: a restart takes back a hold it may have placed."""
+        if not record.held:
+            record = await self._update(record, held=True)
+        note = hold_note(ACTOR, record.incident, why)
+        try:
+            await self.cluster.nodes.set_annotations(record.node, {HOLD_ANNOTATION: note})
+        except KubeError as exc:  # the guard is a second line; the record is the truth
+            self.log.warning("recovery.hold_failed", error=str(exc))
+
+    async def _lift_hold(self, record: RecoveryRecord) -> None:
+        """A recovery over (released, gone) or an escalated node whose quarantine an operator
+        released: the hold comes off; nothing of recovery's is left on the node."""
+        try:
+            obj: Obj | None = await self.cluster.nodes.get(record.node)
+        except NotFound:
+            obj = None
+        if record.step == Step.ESCALATED:
+            if obj is not None and _has_quarantine(obj):
+                return  # still the human's to release
+            if "draining: requested" in record.history and not await self._take_back_maintenance(
+                record
+            ):
+                return  # its maintenance's cordon first (on a later pass if still draining)
+        if obj is not None and (hold_of(obj) or {}).get("incident") == record.incident:
+            await self.cluster.nodes.set_annotations(record.node, {HOLD_ANNOTATION: None})
+        record = await self._update(record, held=False)
+        await self._save(record, record.step, "hold lifted", note_only=True)
 
     # helpers ----------------------------------------------------------------------------
     def _proposal(

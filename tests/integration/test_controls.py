@@ -16,12 +16,13 @@ import yaml
 from launch.cli import main
 from nodeward.kube.nodes import taints_of
 from schemas import make_event
+from schemas.falco import ISOLATE_LABEL
 from schemas.gpu import HealthState
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY
 from schemas.state.maintenance import MaintenanceState
-from services.falco.actions.isolate import ISOLATE_LABEL, ISOLATION_ANNOTATION
+from services.falco.actions.isolate import ISOLATION_ANNOTATION
 from sim.falco_samples import DROP_AND_EXECUTE
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (

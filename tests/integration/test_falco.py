@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from schemas.falco import ISOLATE_LABEL
 from schemas.remediation import Outcome, Remediation
-from services.falco.actions.isolate import ISOLATE_LABEL, ISOLATE_POLICY
+from services.falco.actions.isolate import ISOLATE_POLICY
 from tests.conftest import wait_for
 from tests.integration.falco_fixtures import (
     DROP_AND_EXECUTE,

@@ -10,188 +10,40 @@ quarantined. A SIGKILL-like stop mid-recovery is resumed by a new replica."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from launch.sim_agents.gpu import build_sim_gpu_agent
 from nodeward.bus import Bus
 from nodeward.bus.control import request as control_request
 from nodeward.bus.kv import TypedKV
-from nodeward.config import ClusterSettings, Settings
-from nodeward.daemon import Daemon
-from nodeward.kube.client import Backoff, KubeClient
+from nodeward.kube.client import MERGE_PATCH
 from schemas.control import ControlRequest
+from schemas.falco import ISOLATE_LABEL
+from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Remediation
-from schemas.state.recovery import RecoveryRecord, Step, node_key
-from services.cordon.service import build as build_cordon
-from services.maintenance.service import build as build_checkpoint
-from services.recovery.service import build as build_recovery
-from sim.cluster import SimCluster
-from sim.cluster.seed import Gpu, NodeSeed, Seed
+from schemas.state.maintenance import MaintenanceState, state_key
+from schemas.state.recovery import RecoveryRecord, Step
+from sim.cluster.seed import PdbSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
-from tests.conftest import wait_for as shared_wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.recovery_fixtures import RecoveryEnv, recovery_platform, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
 TAINT = "nodeward.io/gpu-unhealthy"
 
 
-@dataclass
-class RecoveryEnv:
-    sim: SimCluster
-    admin: KubeClient
-    bus: Bus
-    node: str
-    settings: Settings
-    bucket: str
-    daemons: list[Daemon] = field(default_factory=list)
-    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-
-    def settings_for(self, who: str) -> Settings:
-        """The settings with `who`'s own ServiceAccount."""
-        identity = self.sim.write_kubeconfig(
-            Path(self.settings.cluster.kubeconfig or ".").with_name(f"kc-{who}-{self.bucket}"),
-            identity=who,
-        )
-        return self.settings.model_copy(
-            update={"cluster": ClusterSettings(kubeconfig=identity, retries=1)}
-        )
-
-    async def start(self, build: Callable[[Settings], Awaitable[Daemon]], who: str) -> Daemon:
-        daemon = await build(self.settings_for(who))
-        await daemon.start()
-        self.daemons.append(daemon)
-        return daemon
-
-    async def record(self) -> RecoveryRecord | None:
-        kv = await self.bus.kv(self.bucket)
-        found = await TypedKV(kv, RecoveryRecord).get(node_key(self.node))
-        return found.value if found else None
-
-    async def node_obj(self) -> dict[str, Any]:
-        got: dict[str, Any] = await self.admin.request("GET", f"/api/v1/nodes/{self.node}")
-        return got
-
-    async def audits(self) -> list[Remediation]:
-        events = await read_stream(self.bus, "AUDIT", f"remediation.*.{self.node}")
-        return [e.data for e in events]
-
-
-async def wait_for(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 60) -> Any:
-    """The shared `tests.conftest.wait_for`, with this file's longer default."""
-    return await shared_wait_for(check, timeout=timeout, interval=0.1, what=what)
-
-
 @pytest.fixture
 async def recovery_env(
     bus: Bus, nats_url: str, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Awaitable[RecoveryEnv]]]:
-    made: list[RecoveryEnv] = []
-
-    async def make(
-        *,
-        agent_gpus: int = 8,
-        in_process: bool = True,
-        reboot_operator: bool = True,
-        **recovery: Any,
-    ) -> RecoveryEnv:
-        uid = uuid.uuid4().hex[:8]
-        node = f"rcv-{uid}"
-        seed = Seed(
-            namespaces=["nodeward"],
-            nodes=[
-                NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=8)),
-                *(NodeSeed(name=f"{node}-spare{i}") for i in range(3)),
-            ],
-        )
-        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
-        await sim.start()
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin.backoff = Backoff(base=0.01, cap=0.05)
-        breaker = {"max_percent": 100, "max_nodes": 10, "calm_period": None,
-                   "bucket": f"breaker-{uid}"}  # fmt: skip
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": admin_path, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            agents={"gpu": {"poll_interval": "0.3s", "heartbeat_interval": "5s"}},
-            services={
-                "cordon": {
-                    "consumer": f"cordon-{uid}",
-                    "bucket": f"cordon-{uid}",
-                    "subjects": [f"gpu.health.{node}.>"],
-                    "heartbeat_consumer": f"cordon-heartbeats-{uid}",
-                    "heartbeat_subjects": [f"gpu.heartbeat.{node}"],
-                    "healthy_period": "1h",  # no passive release: recovery's to do
-                    "breaker": breaker,
-                    "xid_repeats": {"enabled": False},
-                },
-                "checkpoint": {
-                    "consumer": f"checkpoint-{uid}",
-                    "bucket": f"checkpoint-{uid}",
-                    "subjects": [f"maintenance.requested.{node}"],
-                    "tick": "0.1s",
-                    "annotation_interval": "0.5s",
-                    "lease_ttl": "3s",
-                    "breaker": breaker,
-                },
-                "recovery": {
-                    "consumer": f"recovery-{uid}",
-                    "subjects": [f"remediation.quarantine.{node}"],
-                    "maintenance_consumer": f"recovery-mnt-{uid}",
-                    "maintenance_subjects": [
-                        f"maintenance.{p}.{node}" for p in ("done", "failed", "cancelled")
-                    ],
-                    "bucket": f"recovery-{uid}",
-                    "interval": "0.2s",
-                    "drain_deadline": "2s",
-                    "request_timeout": "3s",
-                    "breaker": breaker,
-                }
-                | recovery,
-            },
-        )
-        env = RecoveryEnv(sim, admin, bus, node, settings, f"recovery-{uid}")
-        made.append(env)
-        await env.start(build_cordon, "cordon")
-        await env.start(build_checkpoint, "checkpoint")
-        if in_process:
-            await env.start(build_recovery, "recovery")
-        node_seed = NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=agent_gpus))
-        agent, _, _ = await build_sim_gpu_agent(settings, node_seed)
-        await agent.start()
-        env.daemons.append(agent)
-        await wait_for(lambda: _ready(agent), "the GPU agent watching its GPUs")
-        if reboot_operator:
-            operator = SimRebootOperator(admin, bus.nc, interval=0.2)
-            env.tasks.append(asyncio.create_task(operator.run()))
-        return env
-
-    yield make
-    for env in made:
-        for task in env.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for daemon in reversed(env.daemons):
-            await daemon.stop()
-        await env.admin.close()
-        await env.sim.stop()
-
-
-async def _ready(daemon: Daemon) -> bool:
-    return (await daemon.readiness()).ready
+    async with recovery_platform(bus, nats_url, tmp_path) as make:
+        yield make
 
 
 async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
@@ -208,6 +60,7 @@ def _has_taint(node: dict[str, Any]) -> bool:
 async def test_xid_79_is_drained_rebooted_validated_and_released(recovery_env: Any) -> None:
     env: RecoveryEnv = await recovery_env()
     boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
+    marks_before = _nodeward_marks(await env.node_obj())
     await _fall_off_the_bus(env)
 
     async def released() -> RecoveryRecord | None:
@@ -222,6 +75,7 @@ async def test_xid_79_is_drained_rebooted_validated_and_released(recovery_env: A
     assert not _has_taint(node)
     assert not node["spec"].get("unschedulable")
     assert "nodeward.io/reboot-required" not in (node["metadata"].get("labels") or {})
+    assert _nodeward_marks(node) == marks_before  # no annotation or label left behind
 
     audits = [(a.actor, a.action, a.outcome.value) for a in await env.audits()]
     for step in [
@@ -492,3 +346,199 @@ async def test_the_webhook_remediator_posts_the_request_and_waits_for_the_reboot
         assert not _has_taint(await env.node_obj())
     finally:
         await runner.cleanup()
+
+
+# Recovery never makes things worse -----------------------------------------------------
+
+
+def _pods_of(env: RecoveryEnv) -> Callable[[], Awaitable[set[str]]]:
+    async def names() -> set[str]:
+        got = await env.admin.request(
+            "GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{env.node}"
+        )
+        return {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in got["items"]}
+
+    return names
+
+
+def _guarded(node: str) -> dict[str, Any]:
+    """Two workers under one budget that allows no disruption: one on the node."""
+    return {
+        "pods": [
+            PodSeed(name="worker-0", namespace="ml-a", node=node, labels={"app": "w"}),
+            PodSeed(name="worker-1", namespace="ml-a", node=f"{node}-spare0", labels={"app": "w"}),
+            PodSeed(name="loose-0", namespace="ml-a", node=node),
+        ],
+        "pdbs": [PdbSeed(name="w", namespace="ml-a", selector={"app": "w"}, minAvailable=2)],
+    }
+
+
+async def _record_at(env: RecoveryEnv, *steps: Step) -> RecoveryRecord | None:
+    record = await env.record()
+    return record if record is not None and record.step in steps else None
+
+
+async def _notices(env: RecoveryEnv, title: str) -> list[Any]:
+    notices = await read_stream(env.bus, "NOTIFY", "notify.>", skip_invalid=True)
+    return [
+        n.data
+        for n in notices
+        if any(t.name == env.node for t in n.data.targets) and title in n.data.title
+    ]
+
+
+def _nodeward_marks(node: dict[str, Any]) -> dict[str, str]:
+    meta = node["metadata"]
+    both = {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}
+    return {k: v for k, v in both.items() if k.startswith("nodeward.io/")}
+
+
+async def test_a_drain_a_budget_blocks_is_not_rebooted_pages_on_call_and_goes_on_once_free(
+    recovery_env: Any,
+) -> None:
+    env: RecoveryEnv = await recovery_env(workload=_guarded)
+    pods = _pods_of(env)
+    boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
+    await _fall_off_the_bus(env)
+
+    record = await wait_for(lambda: _record_at(env, Step.BLOCKED), "the drain found blocked")
+    assert list(record.blocked) == ["ml-a/worker-0"], record.blocked
+    assert "disruption budget w" in record.blocked["ml-a/worker-0"], record.blocked
+    (page,) = await wait_for(lambda: _notices(env, "drain blocked"), "the page")
+    assert page.severity.value == "critical"
+    assert "ml-a/worker-0" in page.body and "disruption budget w" in page.body
+    node = await env.node_obj()
+    assert node["status"]["nodeInfo"]["bootID"] == boot_before
+    assert "nodeward.io/reboot-required" not in (node["metadata"].get("labels") or {})
+    assert _has_taint(node) and "ml-a/worker-0" in await pods()
+    assert "ml-a/loose-0" not in await pods()  # the drain did evict what it could
+    assert not [a for a in await env.audits() if a.action in ("reset", "reboot")]
+
+    # The budget is freed (another replica came up elsewhere): the retry evicts the worker.
+    await env.admin.request("DELETE", "/apis/policy/v1/namespaces/ml-a/poddisruptionbudgets/w")
+    record = await wait_for(
+        lambda: _record_at(env, Step.RELEASED, Step.ESCALATED, Step.GONE), "the recovery to end"
+    )
+    assert record.step == Step.RELEASED, record.history
+    assert "ml-a/worker-0" not in await pods()
+    node = await env.node_obj()
+    assert node["status"]["nodeInfo"]["bootID"] != boot_before
+    assert not _has_taint(node) and not node["spec"].get("unschedulable")
+    evicted = [a for a in await env.audits() if a.action == "drain" and "had left" in a.reason]
+    assert evicted and "ml-a/worker-0" in evicted[0].reason
+
+
+async def test_an_exempt_pod_is_never_rebooted_the_node_is_held_for_a_human_until_released(
+    recovery_env: Any,
+) -> None:
+    def pinned(node: str) -> dict[str, Any]:
+        labels = {"nodeward.io/exempt": "true"}
+        return {"pods": [PodSeed(name="pinned", namespace="ml-a", node=node, labels=labels)]}
+
+    env: RecoveryEnv = await recovery_env(workload=pinned, drain_timeout="3s")
+    before = _nodeward_marks(await env.node_obj())
+    await _fall_off_the_bus(env)
+
+    async def escalated() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "escalate"]
+
+    (escalation,) = await wait_for(escalated, "the escalation")
+    assert "ml-a/pinned" in escalation.reason and "exempt" in escalation.reason
+    assert "RMA" not in escalation.reason and "stays quarantined" in escalation.reason
+    (page,) = await wait_for(lambda: _notices(env, "needs a human"), "the page")
+    assert page.severity.value == "critical"
+    node = await env.node_obj()
+    assert _has_taint(node) and "nodeward.io/release-hold" in node["metadata"]["annotations"]
+    assert "ml-a/pinned" in await _pods_of(env)()
+    assert not [a for a in await env.audits() if a.action in ("reset", "reboot")]
+
+    reply = await control_request(
+        env.bus.nc,
+        ControlRequest(service="cordon", verb="release", operator="alice", target=env.node),
+        timeout=10,
+    )
+    assert reply.status.value == "ok", reply.message
+
+    async def clean() -> dict[str, Any] | None:
+        node = await env.node_obj()
+        return node if _nodeward_marks(node) == before else None
+
+    node = await wait_for(clean, "nothing of nodeward's left on the node", timeout=15)
+    assert not _has_taint(node) and not node["spec"].get("unschedulable")
+    record = await env.record()
+    assert record is not None and record.step == Step.ESCALATED and not record.held
+
+
+async def test_a_pod_falco_isolated_is_kept_as_evidence_and_the_node_waits_for_the_operator(
+    recovery_env: Any,
+) -> None:
+    def suspect(node: str) -> dict[str, Any]:
+        labels = {ISOLATE_LABEL: "true"}
+        return {"pods": [PodSeed(name="suspect", namespace="ml-a", node=node, labels=labels)]}
+
+    env: RecoveryEnv = await recovery_env(workload=suspect)
+    await _fall_off_the_bus(env)
+    record = await wait_for(lambda: _record_at(env, Step.BLOCKED), "the drain found blocked")
+    assert "evidence" in record.blocked["ml-a/suspect"], record.blocked
+    assert "ml-a/suspect" in await _pods_of(env)()
+    maintenance = [
+        a for a in await env.audits() if a.actor == "service/checkpoint" and a.action == "drain"
+    ]
+    assert maintenance and "ml-a/suspect" in maintenance[0].details["kept"]
+
+    # The investigation is over: the operator lifts the isolation; the pod is evicted, and
+    # the recovery goes on.
+    await env.admin.request(
+        "PATCH",
+        "/api/v1/namespaces/ml-a/pods/suspect",
+        body={"metadata": {"labels": {ISOLATE_LABEL: None}}},
+        content_type=MERGE_PATCH,
+    )
+    record = await wait_for(
+        lambda: _record_at(env, Step.RELEASED, Step.ESCALATED, Step.GONE), "the recovery to end"
+    )
+    assert record.step == Step.RELEASED, record.history
+    assert "ml-a/suspect" not in await _pods_of(env)()
+
+
+async def test_an_operator_release_mid_drain_ends_every_hold_of_the_incident_within_seconds(
+    recovery_env: Any,
+) -> None:
+    env: RecoveryEnv = await recovery_env(workload=_guarded, drain_deadline="120s")
+    uid = env.bucket.removeprefix("recovery-")
+    states = TypedKV(await env.bus.kv(f"checkpoint-{uid}"), MaintenanceState)
+
+    async def draining() -> MaintenanceState | None:
+        found = await states.get(state_key(env.node))
+        ok = found is not None and found.value.phase == MaintenancePhase.DRAINING
+        return found.value if ok else None
+
+    await _fall_off_the_bus(env)
+    await wait_for(draining, "the maintenance's drain under way")
+    reply = await control_request(
+        env.bus.nc,
+        ControlRequest(service="cordon", verb="release", operator="alice", target=env.node),
+        timeout=10,
+    )
+    assert reply.status.value == "ok", reply.message
+    if "still held by nodeward's maintenance (cordon" not in reply.message:
+        # Only if recovery took the maintenance back before cordon looked at the node.
+        assert not (await env.node_obj())["spec"].get("unschedulable"), reply.message
+
+    async def uncordoned() -> dict[str, Any] | None:
+        node = await env.node_obj()
+        annotations = node["metadata"].get("annotations") or {}
+        done = (
+            not node["spec"].get("unschedulable") and "nodeward.io/maintenance" not in annotations
+        )
+        return node if done else None
+
+    node = await wait_for(
+        uncordoned, "the maintenance's cordon and annotation taken back", timeout=10
+    )
+    assert not _has_taint(node)
+    found = await states.get(state_key(env.node))
+    assert found is not None and found.value.phase == MaintenancePhase.CANCELLED
+    assert "ml-a/worker-0" in await _pods_of(env)()  # its eviction was given up
+    record = await wait_for(lambda: _record_at(env, Step.GONE), "the recovery stopped")
+    assert not record.held

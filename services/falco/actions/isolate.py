@@ -18,12 +18,12 @@ from nodeward.kube import AlreadyExists, Cluster, KubeError
 from nodeward.kube.base import Obj
 from nodeward.kube.client import MERGE_PATCH
 from nodeward.kube.netpol import isolate_pod_policy
+from schemas.falco import ISOLATE_LABEL
 from services.falco.actions.base import ActionContext, Actionner
 from services.falco.alerts import describe
 from services.falco.rules import ActionKind
 from services.falco.settings import ACTOR
 
-ISOLATE_LABEL = "nodeward.io/isolated"
 ISOLATION_ANNOTATION = "nodeward.io/isolation"
 ISOLATE_POLICY = "nodeward-isolate"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "nodeward", "nodeward.io/purpose": "isolate"}
