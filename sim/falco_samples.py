@@ -58,14 +58,16 @@ def sample_seed(suffix: str | None = None) -> Seed:
 
 def with_sample_pods(seed: Seed) -> Seed:
     """`seed` plus the sample alerts' pods (and their namespaces and checkpoint failure) on
-    its first GPU node, so `nodeward up` answers every sample alert as it is."""
+    its last GPU node, so `nodeward up` answers every sample alert as it is. Not the first:
+    the default scenario's GPU fails there, and an exempt or isolated sample pod would (rightly)
+    keep its recovery from rebooting the node."""
     samples_seed = sample_seed()
     gpu_nodes = [n.name for n in seed.nodes if n.gpu is not None and n.gpu.count > 0]
     if not gpu_nodes:
         return seed
     taken = {(p.namespace, p.name) for p in seed.pods}
     pods = [
-        p.model_copy(update={"node": gpu_nodes[0]})
+        p.model_copy(update={"node": gpu_nodes[-1]})
         for p in samples_seed.pods
         if (p.namespace, p.name) not in taken
     ]

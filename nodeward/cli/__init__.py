@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from nodeward.cli.common import CliError, defer_websocket_client, settings_for
-from nodeward.cli.control import breaker_app, falco_app, quarantine_app
+from nodeward.cli.control import breaker_app, falco_app, quarantine_app, recovery_app
 from nodeward.cli.maintenance import maintenance_app
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
@@ -38,6 +38,7 @@ app.add_typer(maintenance_app, name="maintenance")
 app.add_typer(quarantine_app, name="quarantine")
 app.add_typer(falco_app, name="falco")
 app.add_typer(breaker_app, name="breaker")
+app.add_typer(recovery_app, name="recovery")
 
 NatsOpt = Annotated[
     str | None,

@@ -1,5 +1,5 @@
-"""Operator controls: `quarantine release|list`, `falco release`, `breaker status|reset`
-(and `maintenance finish|cancel`, in `nodeward.cli.maintenance`).
+"""Operator controls: `quarantine release|list`, `falco release`, `breaker status|reset`,
+`recovery force-drain` (and `maintenance finish|cancel`, in `nodeward.cli.maintenance`).
 
 Each control is a request on `control.<service>.<verb>` that the owning service answers
 (`nodeward.bus.control`); the service acts through the remediation kernel, which audits it
@@ -38,6 +38,9 @@ breaker_app = typer.Typer(
 )
 falco_app = typer.Typer(
     help="Falco response: lift an isolation nodeward applied.", no_args_is_help=True
+)
+recovery_app = typer.Typer(
+    help="GPU recovery: force a blocked drain past its disruption budgets.", no_args_is_help=True
 )
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -357,6 +360,33 @@ def falco_release(  # noqa: PLR0917 - typer maps parameters to options
         "falco",
         "release",
         pod,
+        reason=reason,
+        operator=operator,
+        timeout=timeout,
+        as_json=as_json,
+        state_dir=state_dir,
+        nats=nats,
+        config=config,
+    )
+
+
+@recovery_app.command("force-drain")
+def recovery_force_drain(  # noqa: PLR0917 - typer maps parameters to options
+    node: Annotated[str, typer.Argument(metavar="NODE", callback=node_name)],
+    reason: ReasonOpt,
+    operator: OperatorOpt = None,
+    timeout: TimeoutOpt = 30.0,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    nats: NatsOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete the pods a PodDisruptionBudget keeps on NODE, whose recovery is blocked on its
+    drain (nodeward never does on its own); exempt pods and pods Falco isolated stay."""
+    ask(
+        "recovery",
+        "force-drain",
+        node,
         reason=reason,
         operator=operator,
         timeout=timeout,

@@ -8,7 +8,9 @@ audit event -> notify.v1 for on-call. `ActionRunner.run` is that path. The guard
 runner's last step. Decisions that are not acts are audited through the runner too
 (`ActionRunner.skip`, `.fail`, `.record`, `.screen`): services never call the `Auditor`.
 `NodeMarks` puts marks on a node (taint, cordon, label, condition, annotation) and takes
-them off again, by owner and crash-safe.
+them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evidence kept) and
+`blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
+service drives, or handed to a human, from being released automatically.
 """
 
 from schemas.state.breaker import BreakerState

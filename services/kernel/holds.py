@@ -2,7 +2,7 @@
 is not released automatically.
 
 Recovery puts the annotation `nodeward.io/release-hold` (JSON: by, incident, reason) on a
-node while it recovers it and after it escalated it. `ReleaseHold`, a guard on every
+node once it asked for its reset or reboot, and after it escalated it. `ReleaseHold`, a guard on every
 automatic release (cordon's healthy period), refuses to release such a node: recovery
 releases it through cordon's release control once validated, and an operator through
 `nodeward quarantine release`; neither passes this guard. The holder takes the hold back

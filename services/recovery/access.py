@@ -23,6 +23,7 @@ ACCESS = Access(
             "nodes.patch",  # its reboot request and its human hold, and taking them back
             "pods.list",  # drained means empty: the pods left on the node
             "pods.evict",  # the pods a drain left, evicted again (budgets honoured)
+            "pods.delete",  # only at an operator's word: `nodeward recovery force-drain`
             "namespaces.get",  # a pod's namespace exemption
         }
     ),
@@ -42,4 +43,6 @@ GRANTS = ServiceGrants(
         control_subject("cordon", "release"),
         *PUBLISHES,
     ),
+    # `nodeward recovery force-drain`.
+    controls=("force-drain",),
 )

@@ -49,7 +49,7 @@ from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event
-from schemas.common import ObjectRef
+from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest, ControlStatus
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
@@ -84,6 +84,14 @@ from services.kernel import (
     hold_of,
 )
 from services.kernel.breaker import node_breaker
+from services.kernel.control import (
+    ControlSettings,
+    operator_limit,
+    operator_proposal,
+    refuse,
+    reply_for,
+)
+from services.kernel.drain import EVIDENCE
 from services.kernel.marks import NodeMarks
 from services.recovery.access import ACCESS
 from services.recovery.policy import (
@@ -186,6 +194,7 @@ class RecoverySettings(Section):
     retry_window: Duration = timedelta(hours=24)
     interval: Duration = Field(default=timedelta(seconds=2), description="the loop's pass")
     breaker: BreakerSettings = BreakerSettings()
+    controls: ControlSettings = ControlSettings()
 
 
 def _target(node: str) -> ObjectRef:
@@ -265,6 +274,10 @@ class RecoveryService:
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.retry_limit = RetryLimit(counts, settings)
         self.start_guards: list[Guard] = [self.exemptions, self.retry_limit, breaker]
+        self.control_guards: list[Guard] = [
+            self.exemptions,
+            operator_limit(settings.controls.rate_limit),
+        ]
         self.tools = Tools(
             nc=bus.nc,
             cluster=cluster,
@@ -397,12 +410,10 @@ class RecoveryService:
         assert plan is not None
         remediator = self.settings.remediators[plan]
         record = self._new(node, incident, plan, gpus, xids, reason, remediator=remediator)
-        record = record.model_copy(update={"held": not self.settings.dry_run})  # before the hold
 
         async def act() -> dict[str, Any]:
             await self.retry_limit.count(node, event.time.timestamp())
             await self.records.put(node_key(node), record)
-            await self._hold(record, f"recovery of incident {incident} under way")
             return {"plan": plan.value, "remediator": remediator}
 
         decided = await self.runner.run(proposal, act, self.start_guards, retry=False)
@@ -453,6 +464,7 @@ class RecoveryService:
                 await self._escalate(
                     record,
                     f"maintenance {data.maintenance_id} {data.phase.value}: {data.error or ''}",
+                    rma=False,
                 )
 
     async def _drained(
@@ -542,7 +554,8 @@ class RecoveryService:
             return
         if time.time() < (record.next_evict_at or 0):
             return
-        wait = min(self.settings.evict_retry.total_seconds(), 10.0)
+        # One attempt per pod, no waiting on a budget: the pass drives every node in turn.
+        wait = min(self.settings.evict_retry.total_seconds(), 0.5)
         result = await drain(
             self.cluster,
             record.node,
@@ -573,6 +586,67 @@ class RecoveryService:
         )
         if moved:
             self.wake.set()
+
+    # operator controls ------------------------------------------------------------------
+    async def force_drain_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward recovery force-drain NODE`: the operator's word to delete the pods a
+        PodDisruptionBudget keeps on a node whose recovery is blocked (nodeward never does
+        on its own). Exempt pods and Falco's evidence stay: each needs its own act."""
+        node = request.target or ""
+        try:
+            dns_subdomain(node)
+        except ValueError as exc:
+            return ControlReply.error(f"force-drain: {exc}")
+        with structlog.contextvars.bound_contextvars(node=node):
+            async with self.node_lock(node):
+                return await self._force_drain(request, node)
+
+    async def _force_drain(self, request: ControlRequest, node: str) -> ControlReply:
+        current = await self.records.get(node_key(node))
+        record = current.value if current else None
+        try:
+            obj: Obj | None = await self.cluster.nodes.get(node)
+        except NotFound:
+            obj = None
+        proposal = operator_proposal(
+            request,
+            action="force-drain",
+            target=_target(node),
+            what=f"forced drain of {node} past its pods' disruption budgets",
+            obj=obj,
+            policy=record.plan.value if record else None,
+            details={"incident": record.incident} if record else None,
+        )
+        if record is None or record.step != Step.BLOCKED:
+            where = f" (its recovery is {record.step.value})" if record else ""
+            why = f"refused: no recovery of {node} is blocked on its drain{where}"
+            return await refuse(self.runner, proposal, guard="not_blocked", reason=why)
+        left = await blockers(self.cluster, node, self.exemptions, self.settings.skip_namespaces)
+        kept = {p: w for p, w in left.items() if w.startswith("exempt") or w == EVIDENCE}
+        forced = [p for p in left if p not in kept]
+        still = "; ".join(f"{p}: {w}" for p, w in sorted(kept.items()))
+        if not forced:
+            why = f"refused: nothing a budget keeps on {node}; what is left needs its own act: {still}"
+            return await refuse(self.runner, proposal, guard="nothing_to_force", reason=why)
+
+        async def act() -> dict[str, Any]:
+            deleted = []
+            for pod in await self.cluster.pods.on_node(node):
+                meta = pod["metadata"]
+                ref = f"{meta['namespace']}/{meta['name']}"
+                if ref in forced and await self.cluster.pods.delete(
+                    meta["namespace"], meta["name"], uid=meta.get("uid")
+                ):
+                    deleted.append(ref)
+            return {"deleted": deleted, "kept": kept}
+
+        decided = await self.runner.run(proposal, act, self.control_guards, retry=False)
+        self.wake.set()
+        deleted = decided.details.get("deleted") or []
+        rest = f"; still there: {still}" if still else "; the recovery goes on once they are gone"
+        return reply_for(
+            decided, done=f"deleted {len(deleted)} pod(s) on {node}: {', '.join(deleted)}{rest}"
+        )
 
     # the loop ---------------------------------------------------------------------------
     async def run(self, stopping: asyncio.Event) -> None:
@@ -632,7 +706,7 @@ class RecoveryService:
         `handle_maintenance` moves on when it is done."""
         since = time.time() - record.started_at
         if since > self.settings.drain_timeout.total_seconds():
-            await self._escalate(record, f"no maintenance done within {since:.0f}s")
+            await self._escalate(record, f"no maintenance done within {since:.0f}s", rma=False)
             return
         if "draining: requested" in record.history:
             return
@@ -668,7 +742,7 @@ class RecoveryService:
             return
         remediator = REMEDIATORS.get(record.remediator)
         if remediator is None:
-            await self._escalate(record, f"no remediator named {record.remediator!r}")
+            await self._escalate(record, f"no remediator named {record.remediator!r}", rma=False)
             return
         if record.asked_at is None and time.time() < (record.next_try_at or 0):
             return  # the back-off after a failed attempt
@@ -682,6 +756,8 @@ class RecoveryService:
                 await self._block(record, left)
                 return
         if record.asked_at is None:
+            # From the cure on, only validation judges the GPUs: no automatic release.
+            await self._hold(record, f"{record.plan.value} of incident {record.incident} under way")
             record = await self._update(
                 record,
                 attempts=record.attempts + 1,
@@ -902,8 +978,9 @@ class RecoveryService:
 
     async def _hold(self, record: RecoveryRecord, why: str) -> None:
         """The hold on the node (`services.kernel.holds`): no automatic release of its
-        quarantine (cordon's healthy period) while recovery drives it or a human must
-        decide. Recorded first: a restart takes back a hold it may have placed."""
+        quarantine (cordon's healthy period) once a reset or reboot was asked (only the
+        validation judges it) or a human must decide. Recorded first: a restart takes back
+        a hold it may have placed."""
         if not record.held:
             record = await self._update(record, held=True)
         note = hold_note(ACTOR, record.incident, why)
@@ -1020,6 +1097,7 @@ async def build(settings: Settings) -> Daemon:
     async def loop() -> None:
         await service.run(daemon.stopping)
 
+    await bus.control(NAME, "force-drain", service.force_drain_control)
     daemon.add_task(consume, name="consume")
     daemon.add_task(consume_maintenance, name="consume-maintenance")
     daemon.add_task(loop, name="recoveries", graceful=True)

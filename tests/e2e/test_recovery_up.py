@@ -17,7 +17,7 @@ from tests.e2e.test_maintenance_up import _kubectl
 
 pytestmark = pytest.mark.timeout(300)
 
-NODE = "gpu-h100-03"
+NODE = "gpu-h100-04"  # no budget, exempt or isolated pod on it: the drain empties it
 RECOVERY_ENV = {
     "NODEWARD_SERVICES__RECOVERY__DRAIN_DEADLINE": "10s",
     "NODEWARD_SERVICES__RECOVERY__INTERVAL": "1s",

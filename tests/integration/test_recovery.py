@@ -542,3 +542,69 @@ async def test_an_operator_release_mid_drain_ends_every_hold_of_the_incident_wit
     assert "ml-a/worker-0" in await _pods_of(env)()  # its eviction was given up
     record = await wait_for(lambda: _record_at(env, Step.GONE), "the recovery stopped")
     assert not record.held
+
+
+async def test_an_escalated_node_is_not_released_by_the_healthy_period(recovery_env: Any) -> None:
+    # After each reboot the GPUs read healthy (the sim driver is reset) but only 7 of 8 are
+    # there: validation fails twice and recovery escalates. Cordon's healthy period (1 s)
+    # would release the node; the release hold refuses it, once audited.
+    env: RecoveryEnv = await recovery_env(
+        agent_gpus=7, cordon={"healthy_period": "1s", "cooldown": "0s"}
+    )
+    await _fall_off_the_bus(env, gpu=2)
+    record = await wait_for(
+        lambda: _record_at(env, Step.ESCALATED, Step.RELEASED, Step.GONE), "the escalation", 90
+    )
+    assert record.step == Step.ESCALATED, record.history
+
+    async def refused() -> list[Remediation]:
+        return [
+            a
+            for a in await env.audits()
+            if (a.actor, a.action, a.guard) == ("service/cordon", "release", "release_hold")
+        ]
+
+    (refusal,) = await wait_for(refused, "cordon's automatic release refused")
+    assert refusal.outcome.value == "refused" and "held by service/recovery" in refusal.reason
+    node = await env.node_obj()
+    assert _has_taint(node) and node["spec"].get("unschedulable")
+    assert "nodeward.io/release-hold" in node["metadata"]["annotations"]
+    record = await env.record()
+    assert record is not None and record.step == Step.ESCALATED and record.held
+
+
+async def test_an_operator_may_force_a_blocked_drain_past_its_budget_and_it_is_audited(
+    recovery_env: Any,
+) -> None:
+    def guarded_and_pinned(node: str) -> dict[str, Any]:
+        workload = _guarded(node)
+        pinned = {"nodeward.io/exempt": "true"}
+        workload["pods"].append(PodSeed(name="pinned", namespace="ml-a", node=node, labels=pinned))
+        return workload
+
+    env: RecoveryEnv = await recovery_env(workload=guarded_and_pinned)
+    ask = ControlRequest(
+        service="recovery",
+        verb="force-drain",
+        operator="ann",
+        reason="job checkpointed",
+        target=env.node,
+    )
+    early = await control_request(env.bus.nc, ask, timeout=10)
+    assert early.status.value == "refused" and "no recovery" in early.message, early.message
+
+    await _fall_off_the_bus(env)
+    await wait_for(lambda: _record_at(env, Step.BLOCKED), "the drain found blocked")
+    reply = await control_request(env.bus.nc, ask, timeout=10)
+    assert reply.status.value == "ok", reply.message
+    assert "deleted 1 pod(s)" in reply.message and "ml-a/worker-0" in reply.message
+    assert "ml-a/pinned: exempt" in reply.message  # an exemption is not a budget: it stays
+    pods = await _pods_of(env)()
+    assert "ml-a/worker-0" not in pods and "ml-a/pinned" in pods
+    refused, forced = [a for a in await env.audits() if a.action == "force-drain"]
+    assert (refused.outcome.value, refused.guard) == ("skipped", "not_blocked")
+    assert forced.outcome.value == "applied" and forced.details["operator"] == "ann"
+    assert "job checkpointed" in forced.reason
+    record = await env.record()
+    assert record is not None and record.step == Step.BLOCKED  # the exempt pod still blocks
+    assert not [a for a in await env.audits() if a.action in ("reset", "reboot")]
