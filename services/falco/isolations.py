@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 from nats.js.errors import APIError
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
@@ -37,9 +37,7 @@ from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
 from schemas.falco import ISOLATE_LABEL
 from schemas.notify import Severity
-from schemas.state import Bucket
-from schemas.state.marks import FALCO_MARKS
-from schemas.tokens import token
+from schemas.state.falco import ISOLATIONS, IsolationRecord, isolation_key
 from services.kernel import ActionRunner, Proposal
 
 ACTION = "isolate"
@@ -49,39 +47,6 @@ LABEL_REMOVED = "label_removed"
 TERMINAL = frozenset({"Succeeded", "Failed"})
 CHECKS_AT_ONCE = 8
 """Recorded pods read at the same time in one pass."""
-
-
-class IsolationRecord(BaseModel):
-    """One isolation nodeward decided: which pod (by uid), for which alert, since when."""
-
-    namespace: str
-    pod: str
-    uid: str | None = Field(description="the isolated pod's uid: another pod of its name is not it")
-    node: str | None = None
-    falco_rule: str
-    policy: str | None = Field(default=None, description="the nodeward rule that isolated it")
-    event_id: str = Field(description="the alert event that isolated it (the end's trigger)")
-    event_time: datetime
-    at: datetime = Field(description="when nodeward isolated it")
-    dry_run: bool = Field(default=False, description="decided in a dry run: never labelled")
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.pod}"
-
-
-def isolation_key(namespace: str, pod: str) -> str:
-    return f"isolations.{token(namespace)}.{token(pod)}"
-
-
-ISOLATIONS = Bucket(
-    FALCO_MARKS.name,
-    IsolationRecord,
-    prefix="isolations.",
-    key=isolation_key,
-    description="the falco service's isolations, isolations.<namespace>.<pod>",
-)
-"""Beside the cordon's intents (`marks.<node>`) in the service's `marks_bucket`."""
 
 
 @dataclass(frozen=True)

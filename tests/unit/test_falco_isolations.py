@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from schemas.falco import ISOLATE_LABEL
-from services.falco.isolations import ISOLATIONS, IsolationRecord, ended, isolation_key
+from schemas.state.falco import ISOLATIONS, IsolationRecord, isolation_key
+from services.falco.isolations import ended
 
 NOW = datetime(2026, 8, 20, 14, 30, tzinfo=UTC)
 
