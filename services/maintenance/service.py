@@ -995,7 +995,12 @@ class CheckpointService:
         """Set `stop` once the maintenance is cancelled (read from KV each tick: any replica
         may have answered the cancellation)."""
         while True:
-            current = await self.states.get(state_key(state.node))
+            try:
+                current = await self.states.get(state_key(state.node))
+            except Exception as exc:  # noqa: BLE001 - a bus hiccup: look again next tick
+                self.log.warning("maintenance.cancel_watch_failed", error=str(exc))
+                await asyncio.sleep(self.settings.tick.total_seconds())
+                continue
             if (
                 current is None
                 or current.value.maintenance_id != state.maintenance_id
