@@ -376,7 +376,7 @@ async def test_maintenance_cancel_after_the_drain_says_what_was_done_then_finish
         state = await env.phase_is(MaintenancePhase.DRAINING)
         return state if state is not None and state.drain is not None else None
 
-    await wait_for(draining, timeout=15, what="the drain begun, train-0 held")
+    await wait_for(draining, timeout=40, what="the drain begun, train-0 held")
     code, out, err = await nodeward(
         "maintenance",
         "cancel",

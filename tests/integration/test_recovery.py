@@ -212,8 +212,9 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
 
     (escalation,) = await wait_for(escalated, "the escalation")
     assert "RMA suggested" in escalation.reason and "drain_and_rma" in escalation.reason
-    record = await env.record()
-    assert record is not None and record.step == Step.ESCALATED, record
+    # The page goes out first, then the record is saved escalated.
+    record = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
+    assert record.held
     audits = await env.audits()
     assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
     assert _has_taint(await env.node_obj())  # quarantined, for a human
