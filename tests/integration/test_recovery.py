@@ -436,7 +436,9 @@ async def test_an_exempt_pod_is_never_rebooted_the_node_is_held_for_a_human_unti
         labels = {"nodeward.io/exempt": "true"}
         return {"pods": [PodSeed(name="pinned", namespace="ml-a", node=node, labels=labels)]}
 
-    env: RecoveryEnv = await recovery_env(workload=pinned, drain_timeout="3s")
+    env: RecoveryEnv = await recovery_env(
+        workload=pinned, drain_timeout="8s"
+    )  # past the maintenance, even loaded
     before = _nodeward_marks(await env.node_obj())
     await _fall_off_the_bus(env)
 
