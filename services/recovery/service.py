@@ -552,8 +552,8 @@ class RecoveryService:
                 rma=False,
             )
             return
-        if time.time() < (record.next_evict_at or 0):
-            return
+        if time.time() < (record.next_evict_at or 0) or self.runner.dry_run:
+            return  # not yet; or a service turned dry-running since: it evicts nothing
         # One attempt per pod, no waiting on a budget: the pass drives every node in turn.
         wait = min(self.settings.evict_retry.total_seconds(), 0.5)
         result = await drain(
@@ -757,7 +757,10 @@ class RecoveryService:
                 return
         if record.asked_at is None:
             # From the cure on, only validation judges the GPUs: no automatic release.
-            await self._hold(record, f"{record.plan.value} of incident {record.incident} under way")
+            if not self.runner.dry_run:
+                await self._hold(
+                    record, f"{record.plan.value} of incident {record.incident} under way"
+                )
             record = await self._update(
                 record,
                 attempts=record.attempts + 1,
