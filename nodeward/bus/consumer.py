@@ -26,7 +26,7 @@ import contextlib
 import functools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -86,6 +86,20 @@ def ack_info(msg: Msg) -> tuple[int, int | None]:
         return md.num_delivered or 1, md.sequence.stream
     except Exception:  # noqa: BLE001 - not a JetStream delivery
         return 1, None
+
+
+def delivery_seq(msg: Msg) -> int | None:
+    """The consumer sequence of a JetStream delivery (one per delivery, redeliveries
+    included, contiguous for one consumer's deliveries), from its reply subject."""
+    tokens = (msg.reply or "").split(".")
+    try:
+        if len(tokens) == 9:
+            return int(tokens[6])
+        if len(tokens) >= 11:
+            return int(tokens[8])
+    except ValueError:
+        pass
+    return None
 
 
 @dataclass(slots=True)
@@ -212,12 +226,22 @@ class _Item:
 
 
 class Consumer:
-    """Runs one `ConsumerSpec` against a bus until stopped."""
+    """Runs one `ConsumerSpec` against a bus until stopped.
 
-    def __init__(self, bus: Bus, spec: ConsumerSpec, handler: Handler) -> None:
+    `exclusive`: no other process consumes this durable while this one runs (a partition,
+    held under its lease). Then, on start, what an earlier holder left unacknowledged is
+    taken back before anything newer is handled, in stream order (`_take_back`), and on
+    stop what waits out a retry delay is handed back at once, so per-key order holds
+    across holders by condition, whatever the server's redelivery timing
+    (docs/delivery.md, "Taking a durable over")."""
+
+    def __init__(
+        self, bus: Bus, spec: ConsumerSpec, handler: Handler, *, exclusive: bool = False
+    ) -> None:
         self.bus = bus
         self.spec = spec
         self.handler = handler
+        self.exclusive = exclusive
         self.log = structlog.get_logger().bind(consumer=spec.name, stream=spec.stream)
         self.bound = False
         self._ready: deque[_Item] = deque()  # fetched, decoded, waiting for a worker
@@ -239,6 +263,8 @@ class Consumer:
         m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
         self._m_handled: dict[tuple[str, str], Any] = {}
         self._dlq_failures: dict[int | str, int] = {}  # stream sequence -> failed DLQ writes
+        self._delayed: dict[int, Msg] = {}  # stream sequence -> nak'ed with a retry delay
+        self._last_delivery: int | None = None  # exclusive: the last consumer sequence seen
         self._bindings: dict[str, Binding] = {b.type: b for b in spec.identity}
         self._noticed: dict[str, float] = {}  # publisher -> when on-call was last told
 
@@ -299,6 +325,10 @@ class Consumer:
         left += [msg for msg, _ in self._held.values()]
         left += self._withdrawn
         self._withdrawn = []
+        # Waiting out a retry delay on the server (tracked when exclusive): the next holder
+        # takes every pending message back before it handles anything; hand these back now.
+        left += self._delayed.values()
+        self._delayed.clear()
         for msg in sorted(left, key=lambda m: ack_info(m)[1] or 0):
             await self._nak(msg, 0)
         self._held.clear()
@@ -307,6 +337,8 @@ class Consumer:
 
     # fetching --------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
+        if self.exclusive:
+            await self._take_back(start=True)
         failures = 0
         while not self._stopping.is_set():
             if len(self._ready) >= self.spec.batch:
@@ -330,10 +362,128 @@ class Consumer:
             if not msgs:
                 continue
             now = time.monotonic()
-            for msg in msgs:
+            for i, msg in enumerate(msgs):
+                if self.exclusive and self._gap(msg):
+                    # A delivery went elsewhere or was lost on the way (a nats-server died,
+                    # a stale pull request): it is pending, and comes back; hold this and
+                    # what follows until it has.
+                    self._wake(i)
+                    await self._take_back(arrived=msgs[i:])
+                    break
                 self._held[id(msg)] = (msg, now)
                 self._ready.append(self._dispatch(msg))
-            self._wake(len(msgs))
+            else:
+                self._wake(len(msgs))
+
+    def _gap(self, msg: Msg) -> bool:
+        """True if `msg` is not the delivery after the last one this consumer saw: one or
+        more deliveries in between went to no one here. A sequence that went back (a new
+        consumer leader re-delivering what it had not replicated) starts again from it."""
+        seq, last = delivery_seq(msg), self._last_delivery
+        if seq is None:
+            return False
+        gap = last is not None and seq > last + 1
+        self._last_delivery = seq
+        if gap:
+            self.log.warning("consumer.delivery_gap", after=last, got=seq)
+        return gap
+
+    async def _take_back(self, *, start: bool = False, arrived: Sequence[Msg] = ()) -> None:
+        """Hold every message that arrives (and `arrived`) until all the consumer's
+        unacknowledged messages (an earlier holder's, delivered to it and never acked, or
+        nak'ed with a delay; or a delivery lost on its way here) are here, then handle what
+        is held in stream order and go on. At `start`, before anything is handled; after a
+        gap in the consumer sequence, while what was dispatched before it runs on.
+
+        Decided by a condition, not a wait: only this process pulls, so once the server's
+        count of unacknowledged messages (`num_ack_pending`) is no more than what this one
+        holds, none is out elsewhere. The server redelivers each of them when its ack
+        deadline passes (nats-server `checkPending`); however late its timer fires, or
+        however it interleaves them with newer messages, nothing held is handled until
+        every one is here. A message removed from the stream meanwhile leaves the count
+        (`getNextMsg` terminates it), so the condition still comes true."""
+        log = self.log
+        if start:
+            try:
+                info = await self.bus.js.consumer_info(self.spec.stream, self.spec.name)
+            except Exception as exc:  # noqa: BLE001 - gone or unreadable: nothing to take back
+                log.warning("consumer.take_back_unread", error=one_line(exc))
+                return
+            self._last_delivery = info.delivered.consumer_seq
+            if not info.num_ack_pending:
+                return
+            log.info("consumer.taking_back", pending=info.num_ack_pending)
+        loop = asyncio.get_running_loop()
+        began = told = loop.time()
+        back: dict[int, Msg] = {}  # stream sequence -> its latest delivery to us
+        unknown: list[Msg] = []  # no stream sequence (never from a JetStream consumer)
+        outstanding = 0
+        msgs = list(arrived)
+        while True:
+            now = time.monotonic()
+            for msg in msgs:
+                seq = ack_info(msg)[1]
+                self._last_delivery = delivery_seq(msg) or self._last_delivery
+                if seq is None:
+                    unknown.append(msg)
+                else:
+                    earlier = back.get(seq)
+                    if earlier is not None:  # delivered again while held: keep the latest
+                        self._held.pop(id(earlier), None)
+                    back[seq] = msg
+                self._held[id(msg)] = (msg, now)
+            try:
+                outstanding = await self._outstanding(back)
+            except Exception as exc:  # noqa: BLE001 - unreadable now: ask again next round
+                log.warning("consumer.take_back_unread", error=one_line(exc))
+                outstanding = 1
+            if outstanding <= 0 or self._stopping.is_set():
+                break
+            if loop.time() - told >= self.spec.ack_wait.total_seconds():
+                told = loop.time()
+                # Out to another consumer still sending in-progress, or waiting out a
+                # retry delay: order comes first; say so while it lasts.
+                log.warning(
+                    "consumer.taking_back_waits",
+                    outstanding=outstanding,
+                    held=len(back),
+                    waited_s=round(told - began, 1),
+                )
+            assert self._puller is not None
+            try:
+                msgs = await self._puller.get(self.spec.batch, timeout=0.25)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - connection trouble: ask again
+                log.warning("consumer.fetch_failed", error=one_line(exc))
+                msgs = []
+            if self._puller.conflict is not None:
+                await self._recover(self._puller.conflict)
+        taken = [back[seq] for seq in sorted(back)] + unknown
+        for msg in taken:
+            self._ready.append(self._dispatch(msg))
+        self._wake(len(taken))
+        log.info(
+            "consumer.taken_back",
+            messages=len(taken),
+            waited_s=round(loop.time() - began, 2),
+            outstanding=max(outstanding, 0),
+        )
+
+    async def _outstanding(self, back: dict[int, Msg]) -> int:
+        """How many unacknowledged messages of the consumer are out elsewhere: the server's
+        count less those here (held back, and dispatched before a gap and not yet acked;
+        less any removed from the stream since, which the server no longer counts)."""
+        info = await self.bus.js.consumer_info(self.spec.stream, self.spec.name)
+        pending = info.num_ack_pending or 0
+        here = {ack_info(msg)[1] for msg, _ in self._held.values()} | set(back)
+        here.discard(None)
+        if pending >= len(here):
+            return pending - len(here)
+        # Fewer pending than here: some were removed from the stream (limits discard from
+        # its head); count only those still in it.
+        first = (await self.bus.js.stream_info(self.spec.stream)).state.first_seq
+        return pending - sum(seq >= first for seq in here if seq is not None)
 
     async def _recover(self, conflict: str) -> None:
         """After a 409 from a pull: recreate the consumer if it was deleted, else carry on.
@@ -378,6 +528,8 @@ class Consumer:
             return None
 
     def _dispatch(self, msg: Msg) -> _Item:
+        if self._delayed:
+            self._delayed.pop(ack_info(msg)[1] or 0, None)
         try:
             event: Event[Any] | None = decode(
                 msg.subject, msg.headers, msg.data, expected_types=self.spec.types
@@ -804,6 +956,12 @@ class Consumer:
             self.log.warning("consumer.ack_failed", error=one_line(exc))
 
     async def _nak(self, msg: Msg, delay: float) -> None:
+        seq = ack_info(msg)[1] if self.exclusive else None
+        if seq is not None:
+            if delay:
+                self._delayed[seq] = msg
+            else:
+                self._delayed.pop(seq, None)
         try:
             await msg.nak(delay=delay or None)
         except Exception as exc:  # noqa: BLE001 - redelivered after ack_wait anyway

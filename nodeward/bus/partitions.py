@@ -16,9 +16,11 @@ take its partitions over. A replica stops consuming a partition (finishing in-fl
 within a grace, nak-ing the rest) before its lease can expire: when it loses the lease to
 another, when it gives a partition back, and when it has not renewed for half the TTL. A
 replica taking over a partition that was not handed over cleanly first waits until none of
-the old holder's pull requests is open on the server, then, if the holder left messages out,
-one `ack_wait`, so those come back (ahead of newer ones) before it handles anything: per-key
-order holds across replicas and no message is handled by two at once.
+the old holder's pull requests is open on the server. Every partition's consumer is
+`exclusive`: it takes back what the old holder left unacknowledged before it handles
+anything, in stream order (`Consumer._take_back`, by condition, not by a wait), so per-key
+order holds across replicas and no message is handled by two at once
+(docs/delivery.md, "Taking a durable over").
 
 Leases compare wall clocks (`expires_at`): replicas' clocks must agree to well under the TTL.
 """
@@ -233,7 +235,9 @@ class PartitionedConsumer:
 
     async def _take(self, index: int, *, clean: bool = False) -> None:
         specs = [(spec.partition(index), handler) for spec, handler in self.consumers]
-        consumers = self.running[index] = [Consumer(self.bus, s, h) for s, h in specs]
+        consumers = self.running[index] = [
+            Consumer(self.bus, s, h, exclusive=True) for s, h in specs
+        ]
         self._starting[index] = asyncio.create_task(
             self._start(index, consumers, clean=clean), name=f"partition:{self.name}-p{index}"
         )
@@ -241,7 +245,7 @@ class PartitionedConsumer:
     async def _start(self, index: int, consumers: list[Consumer], *, clean: bool) -> None:
         async def one(consumer: Consumer) -> None:
             if not clean:
-                await self._await_redelivery(index, consumer.spec)
+                await self._await_requests(index, consumer.spec)
             await consumer.start()
 
         try:
@@ -256,44 +260,31 @@ class PartitionedConsumer:
         self._starting.pop(index, None)
         self.log.info("partitions.taken", partition=index, clean=clean)
 
-    async def _await_redelivery(self, index: int, spec: ConsumerSpec) -> None:
+    async def _await_requests(self, index: int, spec: ConsumerSpec) -> None:
         """Before consuming a partition a holder may have left without handing it over:
-        wait until no pull request of the old holder is open on the server (one could still
-        take the key's next message after we looked), then, if it left messages out, one
-        whole `ack_wait`, so they come back ahead of newer ones. A whole one from now: the
-        holder's in-progress acks pushed each deadline past its delivery
-        (`delivered.last_active` does not bound them), and it sent none since it stopped,
-        which was before now."""
+        wait until no pull request of the old holder is open on the server, so none can
+        take a message after this consumer counted what is out (`Consumer._take_back`).
+        They expire within the old holder's `pull_expires`; past that (and a whole
+        `ack_wait`) it says so and goes on. What such a request took before the count is
+        still taken back; one that takes a message after it could reorder that key."""
         loop = asyncio.get_running_loop()
-        ack_wait = spec.ack_wait.total_seconds()
-        # A stopped holder's requests expire within its `pull_expires`; a whole `ack_wait`
-        # bounds the wait should the server keep counting one.
-        deadline = loop.time() + max(ack_wait, spec.pull_expires + 1.0)
+        deadline = loop.time() + max(spec.ack_wait.total_seconds(), spec.pull_expires + 1.0)
         while True:
             try:
                 info = await self.bus.js.consumer_info(spec.stream, spec.name)
             except NotFoundError:
                 return  # never created: nothing was ever delivered
-            if not info.num_waiting or loop.time() >= deadline:
-                break
+            if not info.num_waiting:
+                return
+            if loop.time() >= deadline:
+                self.log.warning(
+                    "partitions.requests_still_open",
+                    partition=index,
+                    consumer=spec.name,
+                    waiting=info.num_waiting,
+                )
+                return
             await asyncio.sleep(0.2)
-        out = info.num_ack_pending or 0
-        if info.num_waiting:
-            self.log.warning(
-                "partitions.requests_still_open",
-                partition=index,
-                consumer=spec.name,
-                waiting=info.num_waiting,
-            )
-        if out:
-            self.log.info(
-                "partitions.awaiting_redelivery",
-                partition=index,
-                consumer=spec.name,
-                pending=out,
-                wait=ack_wait,
-            )
-            await asyncio.sleep(ack_wait)
 
     def _hand_back(self, index: int) -> None:
         """Give partition `index` back in the background, so the claim loop goes on renewing

@@ -15,6 +15,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from nodeward.bus import Bus, Delivery
+from nodeward.bus.consumer import Consumer
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
@@ -77,6 +78,60 @@ async def test_an_old_holders_open_pull_request_does_not_reorder_a_node(
         # Event 1 came back (after ack_wait) and was handled before event 2.
         assert handled == [1, 2]
         assert consumer.owns(node)
+    finally:
+        await sub.unsubscribe()
+        await consumer.stop(1)
+        await bus.close(grace=1)
+
+
+async def test_a_delivery_that_went_elsewhere_is_waited_for_before_newer_ones(
+    own_nats: EmbeddedNats,
+) -> None:
+    """A pull request this consumer did not count (opened by a stale holder after the
+    takeover, or a delivery lost with a nats-server) takes event 1; event 2 comes here.
+    The gap in the consumer sequence holds 2 back until 1 has come back (its `ack_wait`),
+    then both are handled in order."""
+    bus = await Bus.connect(BusSettings(url=own_nats.url, partitions=PARTITIONS), source="t")
+    node = f"tn-{uuid.uuid4().hex[:6]}"
+    index = Partitioning.index((node,), PARTITIONS)
+    part = spec(f"gap-{uuid.uuid4().hex[:6]}", PARTITIONS, ACK_WAIT).partition(index)
+    await bus.js.add_consumer(part.stream, config=part.config())
+    handled: list[int] = []
+
+    async def handle(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.data.sequence)
+
+    consumer = Consumer(bus, part, handle, exclusive=True)
+    await consumer.start()
+    zombie: list[Msg] = []
+
+    async def lost(msg: Msg) -> None:
+        if not msg.headers or "Status" not in msg.headers:
+            zombie.append(msg)
+
+    sub = await bus.nc.subscribe(inbox := bus.nc.new_inbox(), cb=lost)
+    try:
+        # First in the server's queue of waiting requests (they are served in order): the
+        # consumer's own open request is answered by event 1 only if it came first.
+        await wait_for(
+            lambda: consumer._puller is not None and consumer._puller._outstanding,
+            what="the consumer's request",
+        )
+        await bus.nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{part.stream}.{part.name}",
+            json.dumps({"batch": 1, "expires": int(20e9)}).encode(),
+            reply=inbox,
+        )
+        await bus.nc.flush()
+        seq = 0
+        while not zombie:  # until one goes to the other request (the consumer's may be first)
+            seq += 1
+            await bus.publish(health(node, HealthState.HEALTHY, seq=seq))
+            await wait_for(lambda s=seq: zombie or s in handled, timeout=10)  # type: ignore[misc]
+        taken = zombie[0].metadata.sequence.stream
+        await bus.publish(health(node, HealthState.HEALTHY, seq=seq + 1))
+        await wait_for(lambda: len(handled) >= seq + 1, timeout=20, what="every event handled")
+        assert handled == list(range(1, seq + 2)), (handled, taken)
     finally:
         await sub.unsubscribe()
         await consumer.stop(1)
