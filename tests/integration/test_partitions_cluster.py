@@ -6,10 +6,6 @@ two replicas at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,10 +19,10 @@ from nodeward.config import BusSettings
 from schemas.base import Event
 from schemas.gpu import GpuHealth, HealthState
 from schemas.streams import Partitioning
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for
 from tests.helpers.nats_cluster import NatsCluster
 from tests.helpers.partition_replica import spec
-from tests.helpers.replicas import Row, order_broken, overlapping
+from tests.helpers.replicas import Replica, Row, order_broken, overlapping
 from tests.integration.cordon_fixtures import health
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +40,7 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
     bus = await Bus.connect(settings, source="test/partitions")
     name, bucket = f"parts-{uuid.uuid4().hex[:6]}", f"leases-{uuid.uuid4().hex[:6]}"
     kv = await bus.kv(bucket, history=1)
-    handled: list[tuple[str, str, int, float, float]] = []
+    handled: list[Row] = []
     busy: set[str] = set()
     overlaps: list[str] = []
 
@@ -56,36 +52,15 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
         start = time.time()
         await asyncio.sleep(0.01)
         busy.discard(data.node)
-        handled.append(("parent", data.node, data.sequence, start, time.time()))
+        handled.append(Row("parent", data.node, data.sequence, start, time.time()))
 
-    out = tmp_path / "child.log"
-    out.touch()
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.helpers.partition_replica",
-            nats_cluster.url,
-            bucket,
-            name,
-            str(PARTITIONS),
-            str(out),
-        ],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-    )
+    child = Replica(nats_cluster.url, bucket, name, PARTITIONS, tmp_path / "child.log")
     consumer: PartitionedConsumer | None = None
     try:
-        held_file = Path(f"{out}.held")
-
-        def child_held() -> str | None:
-            lines = held_file.read_text().splitlines() if held_file.exists() else []
-            return lines[-1] if lines else None
-
         # Alone, it comes to hold every partition (under load a first claim may time out
         # and a later tick take the rest).
         await wait_for(
-            lambda: child_held() == "held 0,1,2,3", timeout=60, what="the child's partitions"
+            lambda: child.held() == "held 0,1,2,3", timeout=60, what="the child's partitions"
         )
         started = await bus.consume(spec(name, PARTITIONS), handle, leases=kv)
         assert isinstance(started, PartitionedConsumer)
@@ -93,7 +68,7 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
 
         # Two live replicas: two partitions each (the child gives two back).
         await wait_for(
-            lambda: len(consumer.held) == 2 and consumer.bound and child_held() != "held 0,1,2,3",
+            lambda: len(consumer.held) == 2 and consumer.bound and child.held() != "held 0,1,2,3",
             timeout=4 * TTL,
             what="the partitions shared",
         )
@@ -108,18 +83,11 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
 
         await wave(range(1, 4))
 
-        def child_lines() -> list[tuple[str, str, int, float, float]]:
-            rows = []
-            for line in out.read_text().splitlines():
-                who, node, seq, start, end = line.split()
-                rows.append((who, node, int(seq), float(start), float(end)))
-            return rows
-
-        await wait_for(lambda: len(child_lines()) > 10, timeout=20, what="the child handling")
+        await wait_for(lambda: len(child.rows()) > 10, timeout=20, what="the child handling")
         # Mid-stream: the child dies without a word (its leases stay until they expire).
         writer = asyncio.create_task(wave(range(4, 12)))
         await wait_for(lambda: len(published) >= 6 * len(nodes), timeout=20)
-        child.send_signal(signal.SIGKILL)
+        child.kill()
         killed_at = time.monotonic()
         await writer
         await wait_for(
@@ -130,11 +98,11 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
         assert time.monotonic() - killed_at <= TTL + 2
 
         def done() -> bool:
-            seen = {(r[1], r[2]) for r in handled + child_lines()}
+            seen = {(r.node, r.seq) for r in handled + child.rows()}
             return all(p in seen for p in published)
 
         await wait_for(done, timeout=60, interval=0.2, what="every acknowledged event handled")
-        rows = [Row(*r) for r in handled + child_lines()]
+        rows = handled + child.rows()
         assert not overlaps
         # In order per node; what the child handled but never acked may come again, in order.
         assert not order_broken(rows)
@@ -148,9 +116,7 @@ async def test_replicas_share_partitions_and_a_killed_ones_are_taken_over(
         want = Partitioning.index((nodes[0],), PARTITIONS)
         assert subjects and all(s.split(".")[-1] == str(want) for s in subjects), subjects
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
-        child.wait()
+        child.kill()
         if consumer is not None:
             await consumer.stop(1)
         await bus.close(grace=1)
