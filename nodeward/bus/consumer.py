@@ -472,11 +472,13 @@ class Consumer:
 
     async def _outstanding(self, back: dict[int, Msg]) -> int:
         """How many unacknowledged messages of the consumer are out elsewhere: the server's
-        count less those here (held back, and dispatched before a gap and not yet acked;
-        less any removed from the stream since, which the server no longer counts)."""
+        count less ours (less any removed from the stream since, which the server no
+        longer counts)."""
         info = await self.bus.js.consumer_info(self.spec.stream, self.spec.name)
         pending = info.num_ack_pending or 0
-        here = {ack_info(msg)[1] for msg, _ in self._held.values()} | set(back)
+        # Ours: held back, dispatched and not yet acked, and our own retries waiting out
+        # their delay (they come back here, after newer ones: a retry always does).
+        here = {ack_info(msg)[1] for msg, _ in self._held.values()} | set(back) | set(self._delayed)
         here.discard(None)
         if pending >= len(here):
             return pending - len(here)
