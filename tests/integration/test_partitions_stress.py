@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,13 @@ async def test_per_node_order_holds_across_many_replica_deaths_on_a_busy_cpu(
     bus = await Bus.connect(settings, source="test/stress")
     name, bucket = f"stress-{uuid.uuid4().hex[:6]}", f"leases-{uuid.uuid4().hex[:6]}"
     kv = await bus.kv(bucket, history=1)
-    handled: list[Row] = []
+    handled: dict[str, list[Row]] = defaultdict(list)  # node -> the survivor's rows
 
     async def handle(event: Event[Any], delivery: Delivery) -> None:
         data: GpuHealth = event.data
         start = time.time()
         await asyncio.sleep(0.005)
-        handled.append(Row("parent", data.node, data.sequence, start, time.time()))
+        handled[data.node].append(Row("parent", data.node, data.sequence, start, time.time()))
 
     survivor = await bus.consume(spec(name, PARTITIONS), handle, leases=kv)
     assert isinstance(survivor, PartitionedConsumer)
@@ -87,7 +88,7 @@ async def test_per_node_order_holds_across_many_replica_deaths_on_a_busy_cpu(
 async def one_cycle(
     bus: Bus,
     survivor: PartitionedConsumer,
-    handled: list[Row],
+    handled: dict[str, list[Row]],
     url: str,
     bucket: str,
     name: str,
@@ -98,6 +99,7 @@ async def one_cycle(
     cleanly, under traffic), handles, is killed mid-stream; the survivor takes everything
     over. What went wrong in this cycle, one line each."""
     nodes = [f"st{cycle}-{uuid.uuid4().hex[:6]}-{i}" for i in range(NODES)]
+    mine = set(nodes)
     published: list[tuple[str, int]] = []
     taken_over = asyncio.Event()
 
@@ -116,7 +118,8 @@ async def one_cycle(
     child: Replica | None = None
     try:
         await wait_for(
-            lambda: sum(r.node in nodes for r in handled) >= NODES,
+            lambda: sum(len(handled[n]) for n in nodes) >= NODES,
+            interval=0.1,
             timeout=60,
             what=f"cycle {cycle}: the survivor handling",
         )
@@ -132,7 +135,8 @@ async def one_cycle(
         )
         # Killed mid-stream, once it has handled some of this cycle's events.
         await wait_for(
-            lambda: sum(r.node in nodes for r in child.rows()) >= NODES,
+            lambda: sum(r.node in mine for r in child.rows()) >= NODES,
+            interval=0.1,
             timeout=60,
             what=f"cycle {cycle}: the child handling",
         )
@@ -144,17 +148,16 @@ async def one_cycle(
         )
         taken_over.set()
         await writer
-        mine = set(nodes)
         theirs = [r for r in child.rows() if r.node in mine]  # it is dead: final
 
         def complete() -> bool:
-            seen = {(r.node, r.seq) for r in theirs + [r for r in handled if r.node in mine]}
+            seen = {(r.node, r.seq) for r in theirs + [r for n in nodes for r in handled[n]]}
             return all(p in seen for p in published)
 
         # Whatever is missing after a minute is reported below as lost.
         with contextlib.suppress(AssertionError):
             await wait_for(complete, timeout=60, interval=0.2)
-        rows = [r for r in handled + child.rows() if r.node in mine]
+        rows = theirs + [r for n in nodes for r in handled[n]]
         seen = {(r.node, r.seq) for r in rows}
         problems = []
         lost = [p for p in published if p not in seen]
