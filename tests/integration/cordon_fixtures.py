@@ -163,6 +163,32 @@ async def _read_once(
     return out
 
 
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def h100_threshold_policy(tmp_path: Path) -> str:
+    """A policy file: failed GPUs quarantine, but an H100 node only from its second
+    excluded GPU on (`exclusion.thresholds`). Returns its path."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"exclusion: {{node_threshold: 1, thresholds: {{'{H100}': 2}}}}\n"
+        "rules:\n- {name: failed-gpu, when: {states: [failed]}, action: quarantine}\n"
+        "- {name: default, action: none}\n"
+    )
+    return str(policy)
+
+
+async def settled(bus: Bus, stream: str, consumer: str, delivered: int = 0) -> bool:
+    """The consumer has delivered at least `delivered` messages and has nothing left: none
+    unacknowledged, none still to deliver."""
+    info = await bus.js.consumer_info(stream, consumer)
+    return (
+        info.delivered.consumer_seq >= delivered
+        and not info.num_ack_pending
+        and not info.num_pending
+    )
+
+
 async def audits(bus: Bus, node: str, action: str = "*") -> list[Remediation]:
     return [e.data for e in await read_stream(bus, "AUDIT", f"remediation.{action}.{node}")]
 

@@ -27,6 +27,7 @@ from services.cordon.marks import HEALTH_LABEL
 from services.kernel.marks import MARKS_ANNOTATION
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, failed, health
+from tests.integration.cordon_fixtures import settled as cordon_settled
 from tests.integration.crash_fixtures import ServiceProcess
 
 KILLS = int(os.environ.get("NODEWARD_CRASH_KILLS", "50"))
@@ -107,9 +108,7 @@ async def bound(env: CordonEnv) -> bool:
 
 
 async def settled(env: CordonEnv) -> bool:
-    consumer = env.settings.services["cordon"]["consumer"]
-    info = await env.bus.js.consumer_info("GPU", consumer)
-    return not info.num_ack_pending and not info.num_pending
+    return await cordon_settled(env.bus, "GPU", env.settings.services["cordon"]["consumer"])
 
 
 async def record(env: CordonEnv, name: str) -> NodeRecord | None:

@@ -20,20 +20,22 @@ from services.capacity.service import build as build_capacity
 from sim.nvml import gpu_uuid
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (
+    H100,
     CordonEnv,
     EnvFactory,
     audits,
     failed,
+    h100_threshold_policy,
     health,
     heartbeat,
     notifications,
+    settled,
 )
 from tests.integration.test_cordon import outcomes, tainted
 
 pytestmark = pytest.mark.timeout(120)
 
 DRA = {"dra": {"driver": "gpu.nvidia.com"}}
-H100 = "NVIDIA H100 80GB HBM3"
 RULES = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
 
 
@@ -204,13 +206,7 @@ async def test_a_rule_nodeward_did_not_create_is_left_alone(cordon_env: EnvFacto
 async def test_device_plugin_node_below_the_threshold_stays_in_service(
     cordon_env: EnvFactory, tmp_path: Path
 ) -> None:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        f"exclusion: {{node_threshold: 1, thresholds: {{'{H100}': 2}}}}\n"
-        "rules:\n- {name: failed-gpu, when: {states: [failed]}, action: quarantine}\n"
-        "- {name: default, action: none}\n"
-    )
-    env = await cordon_env(count=1, policy_file=str(policy))
+    env = await cordon_env(count=1, policy_file=h100_threshold_policy(tmp_path))
     await env.start()
     name = env.nodes[0]
     holder = PodRef(namespace="ml-nlp", name="llm-pretrain-worker-0")
@@ -278,13 +274,11 @@ async def test_heartbeats_restating_an_excluded_gpu_change_nothing(cordon_env: E
     await env.publish(*beats)
     consumer = env.settings.services["cordon"]["heartbeat_consumer"]
 
-    async def acked() -> bool:
-        info = await env.bus.js.consumer_info("HEARTBEATS", consumer)
-        return (
-            info.delivered.consumer_seq >= 3 and not info.num_ack_pending and not info.num_pending
-        )
-
-    await wait_for(acked, timeout=10, what="the heartbeats settled")
+    await wait_for(
+        lambda: settled(env.bus, "HEARTBEATS", consumer, delivered=3),
+        timeout=10,
+        what="the heartbeats settled",
+    )
     assert len(await rules(env)) == 1
     assert not tainted(await env.node(name))
     assert await audits(env.bus, name, "quarantine") == []

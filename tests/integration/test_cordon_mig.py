@@ -26,12 +26,19 @@ from schemas.state.cordon import NodeRecord, node_key
 from schemas.state.recovery import Plan
 from services.recovery.policy import Kind, decide
 from tests.conftest import wait_for
-from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, health
+from tests.integration.cordon_fixtures import (
+    H100,
+    CordonEnv,
+    EnvFactory,
+    audits,
+    h100_threshold_policy,
+    health,
+    settled,
+)
 from tests.integration.test_cordon import outcomes, tainted
 
 pytestmark = pytest.mark.timeout(120)
 
-H100 = "NVIDIA H100 80GB HBM3"
 MIGS = [
     MigInstance(gpu_instance_id=g, compute_instance_id=0, profile="1g.10gb") for g in range(1, 8)
 ]
@@ -155,13 +162,11 @@ async def test_a_mig_gpus_xid_154_is_one_quarantine_whose_recovery_is_a_reset(
     await env.publish(make_event(beat, source=f"agent/gpu/{name}"))
     consumer = env.settings.services["cordon"]["heartbeat_consumer"]
 
-    async def settled() -> bool:
-        info = await env.bus.js.consumer_info("HEARTBEATS", consumer)
-        return (
-            info.delivered.consumer_seq >= 1 and not info.num_ack_pending and not info.num_pending
-        )
-
-    await wait_for(settled, timeout=10, what="the heartbeat settled")
+    await wait_for(
+        lambda: settled(env.bus, "HEARTBEATS", consumer, delivered=1),
+        timeout=10,
+        what="the heartbeat settled",
+    )
     assert len(await audits(env.bus, name, "quarantine")) == 2
 
     # The GPU and its instances healthy again: one release.
@@ -189,13 +194,7 @@ async def test_a_mig_gpu_counts_once_toward_the_device_plugin_threshold(
 ) -> None:
     """Two failed H100s quarantine the node: one MIG GPU (its GPU and seven instances) is
     one failed GPU, excluded once; a second GPU reaches the threshold."""
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        f"exclusion: {{node_threshold: 1, thresholds: {{'{H100}': 2}}}}\n"
-        "rules:\n- {name: failed-gpu, when: {states: [failed]}, action: quarantine}\n"
-        "- {name: default, action: none}\n"
-    )
-    env = await cordon_env(count=1, policy_file=str(policy))
+    env = await cordon_env(count=1, policy_file=h100_threshold_policy(tmp_path))
     await env.start()
     name = env.nodes[0]
     await env.publish(*mig_gpu(name, RESET_REQUIRED, seq=1))
