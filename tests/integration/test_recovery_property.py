@@ -283,8 +283,13 @@ async def _check(env: RecoveryEnv, model: Model) -> None:
     if hold is not None:
         record = await env.record()
         # Recorded before it is placed, taken off before it is forgotten; a new incident's
-        # recovery takes the node's hold over from an older one it replaces.
-        if record is None or not record.held or hold.get("by") != "service/recovery":
+        # recovery takes the node's hold over from an older one it replaces. The node and
+        # the record are two reads: the hold counts as unheld only if the node still shows
+        # that same hold after the record was read (else it was lifted in between).
+        unheld = record is None or not record.held
+        if unheld and hold_of(await _node(env)) != hold:
+            unheld = False
+        if unheld or hold.get("by") != "service/recovery":
             model.violations.append(
                 f"a release hold with no recovery holding it: {hold}; record {record}"
             )
