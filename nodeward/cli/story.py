@@ -45,6 +45,10 @@ from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord
 
 LABEL_WIDTH = 9
 OUTBOX_POLL_S = 0.5
+TICK_S = 0.1
+"""How often waiting lines are looked at again (and lagging sources asked)."""
+CATCH_UP_S = 2.0
+"""How long the server gets to say where a source's subscription stands."""
 SKEW_S = 5.0
 """An event's own time further than this from the clock's is shown beside it."""
 _SEVERITY_RANK = MappingProxyType({"info": 0, "warning": 1, "critical": 2})
@@ -218,15 +222,21 @@ class _Pending:
 class Story:
     """Turns bus messages, KV updates and outbox files into story lines.
 
-    Each source has its own subscription, so lines wait `hold` seconds and go out sorted by
-    when the bus stored what they tell (`at`; the wall clock `now()` when not given); a
-    node's CORDON line goes right after the DECISION that names its incident (the service
-    writes its record just before it publishes the audit). The notice a decision's audit
-    sends (`audit_event_id`) is folded into the decision's line, not told again.
+    Lines go out sorted by when the bus stored what they tell (`at`; the wall clock `now()`
+    when not given). Each source has its own subscription, so what one tells may arrive
+    before what caused it on another: a line waits until every source the story `follow`s
+    is known to have delivered all it stored up to the line's `at` (`seen`, `caught_up`).
+    A node's CORDON line goes right after the DECISION that names its incident (the
+    service writes its record just before it publishes the audit), so it waits for that
+    decision. A line waits `patience` seconds at most, for a source that cannot be asked
+    (the bus is away) or a decision that never comes, and `hold` seconds at least. The
+    notice a decision's audit sends (`audit_event_id`) is folded into the decision's line,
+    not told again.
     """
 
     emit: Callable[[str, str], None] = echo_line
-    hold: float = 0.4
+    hold: float = 0.0
+    patience: float = 10.0
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], datetime] = _now
     applied: dict[str, str] = field(default_factory=dict)  # node -> incident already shown
@@ -234,6 +244,49 @@ class Story:
     idle_told: set[tuple[str, str, datetime]] = field(default_factory=set)  # periods shown
     pending: list[_Pending] = field(default_factory=list)
     decisions_told: set[str] = field(default_factory=set)  # decisions' event ids emitted
+    # followed source -> the stored time up to which it has delivered everything (None:
+    # not known yet); lines wait for the least of these.
+    marks: dict[str, datetime | None] = field(default_factory=dict)
+    latest: datetime | None = None  # the newest stored time seen from any source
+
+    def follow(self, source: str) -> None:
+        """Lines wait for `source` from now on (a subscription to it is in place)."""
+        self.marks.setdefault(source, None)
+
+    def unfollow(self, source: str) -> None:
+        """Lines no longer wait for `source` (it is missing: nothing will come from it)."""
+        self.marks.pop(source, None)
+
+    def seen(self, source: str, at: datetime) -> None:
+        """`source` delivered a message the bus stored at `at`: in order, so everything it
+        stored before is in too."""
+        at = at.astimezone(UTC)
+        self.latest = at if self.latest is None else max(self.latest, at)
+        if source in self.marks:
+            self.caught_up(source, at)
+
+    def caught_up(self, source: str, as_of: datetime) -> None:
+        """`source` has delivered everything it stored up to `as_of`."""
+        mark = self.marks.get(source)
+        if source in self.marks and (mark is None or mark < as_of):
+            self.marks[source] = as_of.astimezone(UTC)
+
+    def behind(self) -> list[str]:
+        """The followed sources not known to be caught up to the oldest line waiting."""
+        if not self.pending:
+            return []
+        oldest = min(p.at for p in self.pending)
+        return [s for s, mark in self.marks.items() if mark is None or mark < oldest]
+
+    def _due(self, p: _Pending, now: float) -> bool:
+        if now - p.arrived < self.hold:
+            return False
+        if now - p.arrived >= self.patience:
+            return True
+        if p.rank == _RANK["CORDON"] and p.incident not in self.decided:
+            return False  # its decision is on its way
+        marks = list(self.marks.values())
+        return all(mark is not None and p.at <= mark for mark in marks)
 
     def _add(
         self,
@@ -260,15 +313,16 @@ class Story:
         return pending
 
     def flush(self, *, everything: bool = False) -> None:
-        """Emit the lines that have waited `hold` seconds, oldest first."""
+        """Emit the lines that are due (all of them with `everything`), oldest first."""
         for p in self.pending:
             if p.incident is not None and p.incident in self.decided:
                 p.at = max(p.at, self.decided[p.incident])
-        cutoff = self.clock() - self.hold
-        due = sorted(p for p in self.pending if everything or p.arrived <= cutoff)
+        now = self.clock()
+        ready = [everything or self._due(p, now) for p in self.pending]
+        due = sorted(p for p, r in zip(self.pending, ready, strict=True) if r)
         if not due:
             return
-        self.pending = [p for p in self.pending if not (everything or p.arrived <= cutoff)]
+        self.pending = [p for p, r in zip(self.pending, ready, strict=True) if not r]
         if len(self.decisions_told) > 4096:
             self.decisions_told.clear()
         for p in due:
@@ -456,7 +510,31 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                 missing.add(stream)
             else:
                 missing.discard(stream)
+                story.follow(stream)
+        for stream in missing:
+            story.unfollow(stream)  # nothing comes from it until it is there
         return ok
+
+    async def catch_up(stream: str) -> None:
+        """Ask the server whether `stream`'s subscription has delivered everything: then
+        everything stored in it before the question is told (or waiting to be)."""
+        sub = subs.get(stream)
+        if sub is None:
+            return
+        # What the bus stored before now is in the answer (`up` runs the bus on this clock).
+        as_of = max(story.latest or since, datetime.now(UTC))
+        try:
+            info = await within(sub.consumer_info(), CATCH_UP_S)
+        except Exception:  # noqa: BLE001 - a consumer being replaced; asked again next tick
+            return
+        delivered = info.delivered
+        if (
+            info.num_pending == 0
+            and sub.pending_msgs == 0
+            and queue.empty()
+            and (not delivered.consumer_seq or (delivered.stream_seq or 0) <= last.get(stream, 0))
+        ):
+            story.caught_up(stream, as_of)
 
     await subscribe(first=True)
     reconnects = nc.stats.get("reconnects", 0)
@@ -466,7 +544,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
     try:
         while True:
             try:
-                msg: Msg | None = await within(queue.get(), story.hold / 4)
+                msg: Msg | None = await within(queue.get(), TICK_S)
             except TimeoutError:
                 msg = None  # time to flush what has waited long enough
             if nc.stats.get("reconnects", 0) != reconnects and nc.is_connected:
@@ -482,6 +560,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                 if msg is not None and msg.metadata is not None:
                     meta = msg.metadata
                     seq = meta.sequence.stream
+                    story.seen(meta.stream, meta.timestamp)
                     if seq <= last.get(meta.stream, 0):
                         msg = None  # already told (a subscription that was replaced)
                     else:
@@ -492,6 +571,8 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
                     story.on_record(key, msg.data, stored or datetime.now(UTC))
                 elif msg is not None:
                     story.on_event(msg, stored)
+                if queue.empty() and (behind := story.behind()):
+                    await asyncio.gather(*(catch_up(stream) for stream in behind))
                 story.flush()
                 sys.stdout.flush()
             except Exception as exc:  # noqa: BLE001 - the story never takes `up` down

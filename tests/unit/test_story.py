@@ -369,3 +369,97 @@ def test_each_step_of_a_recovery_is_told() -> None:
     story.flush(everything=True)
     assert [line.split()[0] for line in lines] == ["RECOVERY"] * 4 + ["RELEASE"]
     assert "reboot node/gpu-a: applied" in lines[2] and "bootID a -> b" in lines[2]
+
+
+def quarantine_decision(trigger: str, at: datetime) -> Any:
+    return make_event(
+        Remediation(
+            action="quarantine",
+            target=ObjectRef(kind="Node", name="gpu-a"),
+            outcome=Outcome.APPLIED,
+            reason="GPU 0 failed",
+            actor="service/cordon",
+            trigger_event_id=trigger,
+        ),
+        source="service/cordon",
+    ).model_copy(update={"time": at})
+
+
+def test_a_line_waits_until_every_followed_source_has_delivered_up_to_it() -> None:
+    """The decision comes first on AUDIT's subscription; the failure that caused it is
+    still on its way on GPU's. Nothing goes out until GPU is known caught up past the
+    decision, and nothing waits past `patience` for a source that cannot be asked."""
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _sev: lines.append(line), clock=clock, patience=10)
+    for source in ("GPU", "AUDIT"):
+        story.follow(source)
+    ms = timedelta(milliseconds=1)
+    story.seen("AUDIT", T0 + 2 * ms)
+    story.on_event(wire_of(quarantine_decision("inc-1", T0 + 2 * ms)), T0 + 2 * ms)  # type: ignore[arg-type]
+    story.flush()
+    assert lines == [] and story.behind() == ["GPU"]
+    story.caught_up("GPU", T0 + ms)  # asked before the decision was stored: not enough
+    story.flush()
+    assert lines == [] and story.behind() == ["GPU"]
+    story.seen("GPU", T0)
+    story.on_event(wire(health(HealthState.FAILED, HealthState.HEALTHY), T0), T0)  # type: ignore[arg-type]
+    story.caught_up("GPU", T0 + 3 * ms)
+    assert story.behind() == []
+    story.flush()
+    assert [line.split()[0] for line in lines] == ["GPU", "DECISION"]
+
+    # A source that cannot be asked (the bus is away) holds a line `patience` at most.
+    story.follow("NOTIFY")
+    story.seen("AUDIT", T0 + 9 * ms)
+    story.on_event(wire_of(quarantine_decision("inc-2", T0 + 9 * ms)), T0 + 9 * ms)  # type: ignore[arg-type]
+    clock.now = 9.9
+    story.flush()
+    assert len(lines) == 2 and story.behind() == ["GPU", "NOTIFY"]
+    clock.now = 10.0
+    story.flush()
+    assert len(lines) == 3
+    # A source that is gone (its stream missing) holds nothing.
+    story.unfollow("NOTIFY")
+    story.unfollow("GPU")
+    story.seen("AUDIT", T0 + 10 * ms)
+    story.on_event(wire_of(quarantine_decision("inc-3", T0 + 10 * ms)), T0 + 10 * ms)  # type: ignore[arg-type]
+    story.flush()
+    assert len(lines) == 4
+
+
+def test_a_cordon_line_waits_for_the_decision_that_names_its_incident() -> None:
+    """The service writes the record before it publishes the decision, so the record may
+    come first even with every source caught up; the decision never coming (a service
+    killed in between) holds the line `patience` at most."""
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _sev: lines.append(line), clock=clock, patience=10)
+
+    def record(incident: str) -> bytes:
+        q = Quarantine(
+            incident=incident,
+            rule="xid",
+            reason="GPU 0 failed",
+            gpus=["0"],
+            started_at=T0,
+            phase="applied",
+            cordoned=True,
+            taints=["NoSchedule"],
+        )
+        return NodeRecord(quarantine=q).model_dump_json().encode()
+
+    ms = timedelta(milliseconds=1)
+    story.on_record("node.gpu-a", record("inc-1"), T0 + ms)
+    story.flush()
+    assert lines == []
+    story.on_event(wire_of(quarantine_decision("inc-1", T0 + 2 * ms)), T0 + 2 * ms)  # type: ignore[arg-type]
+    story.flush()
+    assert [line.split()[0] for line in lines] == ["DECISION", "CORDON"]
+    story.on_record("node.gpu-b", record("inc-2"), T0 + 3 * ms)
+    clock.now = 9.9
+    story.flush()
+    assert len(lines) == 2
+    clock.now = 10.0
+    story.flush()
+    assert lines[2].startswith("CORDON ") and "gpu-b" in lines[2]
