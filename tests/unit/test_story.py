@@ -59,40 +59,46 @@ def health(state: HealthState, previous: HealthState | None, heartbeat: bool = F
     )
 
 
-def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> None:
-    lines: list[str] = []
-    clock = Clock()
-    story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
-    decision = make_event(
+def applied(incident: str) -> bytes:
+    """A node's KV record: the marks of quarantine `incident` applied."""
+    q = Quarantine(
+        incident=incident,
+        rule="xid",
+        reason="GPU 0 failed",
+        gpus=["0"],
+        started_at=T0,
+        phase="applied",
+        cordoned=True,
+        taints=["NoSchedule"],
+    )
+    return NodeRecord(quarantine=q).model_dump_json().encode()
+
+
+def quarantine_decision(trigger: str, at: datetime) -> Any:
+    return make_event(
         Remediation(
             action="quarantine",
             target=ObjectRef(kind="Node", name="gpu-a"),
             outcome=Outcome.APPLIED,
             reason="GPU 0 failed",
             actor="service/cordon",
-            trigger_event_id="inc-1",
+            trigger_event_id=trigger,
         ),
         source="service/cordon",
-    )
+    ).model_copy(update={"time": at})
+
+
+def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> None:
+    lines: list[str] = []
+    clock = Clock()
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
     ms = timedelta(milliseconds=1)
-    decision = decision.model_copy(update={"time": T0 + 2 * ms})
+    decision = quarantine_decision("inc-1", T0 + 2 * ms)
     notice = Notification(  # what the decision's audit sends on-call
         severity=Severity.CRITICAL,
         topic="gpu-health",
         title="gpu-a: quarantine applied",
         audit_event_id=decision.id,
-    )
-    record = NodeRecord(
-        quarantine=Quarantine(
-            incident="inc-1",
-            rule="xid",
-            reason="GPU 0 failed",
-            gpus=["0"],
-            started_at=T0,
-            phase="applied",
-            cordoned=True,
-            taints=["NoSchedule"],
-        )
     )
     # The startup report and heartbeats are not news.
     story.on_event(wire(health(HealthState.HEALTHY, None), T0), T0)  # type: ignore[arg-type]
@@ -100,7 +106,7 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
     # Arrival order differs from the story order (separate subscriptions): the notice the
     # decision's audit sent comes before the decision itself.
     story.on_event(wire(notice, T0 + 3 * ms), T0 + 3 * ms)  # type: ignore[arg-type]
-    story.on_record("node.gpu-a", record.model_dump_json().encode(), T0 + ms)
+    story.on_record("node.gpu-a", applied("inc-1"), T0 + ms)
     story.on_event(wire_of(decision), T0 + 2 * ms)  # type: ignore[arg-type]
     story.on_event(wire(health(HealthState.FAILED, HealthState.HEALTHY), T0), T0)  # type: ignore[arg-type]
     story.now = lambda: T0 + 4 * ms
@@ -120,7 +126,7 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
     assert "gpu-a tainted nodeward.io/gpu-unhealthy:NoSchedule, cordoned" in lines[2]
     assert lines[3].endswith("outbox/notice-1.json")
     # The same incident's record again (a later KV write) is not a new step.
-    story.on_record("node.gpu-a", record.model_dump_json().encode(), T0 + 5 * ms)
+    story.on_record("node.gpu-a", applied("inc-1"), T0 + 5 * ms)
     # Nor is the decision's notice redelivered after its line went out.
     story.on_event(wire(notice, T0 + 3 * ms), T0 + 6 * ms)  # type: ignore[arg-type]
     story.flush(everything=True)
@@ -371,20 +377,6 @@ def test_each_step_of_a_recovery_is_told() -> None:
     assert "reboot node/gpu-a: applied" in lines[2] and "bootID a -> b" in lines[2]
 
 
-def quarantine_decision(trigger: str, at: datetime) -> Any:
-    return make_event(
-        Remediation(
-            action="quarantine",
-            target=ObjectRef(kind="Node", name="gpu-a"),
-            outcome=Outcome.APPLIED,
-            reason="GPU 0 failed",
-            actor="service/cordon",
-            trigger_event_id=trigger,
-        ),
-        source="service/cordon",
-    ).model_copy(update={"time": at})
-
-
 def test_a_line_waits_until_every_followed_source_has_delivered_up_to_it() -> None:
     """The decision comes first on AUDIT's subscription; the failure that caused it is
     still on its way on GPU's. Nothing goes out until GPU is known caught up past the
@@ -436,27 +428,14 @@ def test_a_cordon_line_waits_for_the_decision_that_names_its_incident() -> None:
     clock = Clock()
     story = Story(emit=lambda line, _sev: lines.append(line), clock=clock, patience=10)
 
-    def record(incident: str) -> bytes:
-        q = Quarantine(
-            incident=incident,
-            rule="xid",
-            reason="GPU 0 failed",
-            gpus=["0"],
-            started_at=T0,
-            phase="applied",
-            cordoned=True,
-            taints=["NoSchedule"],
-        )
-        return NodeRecord(quarantine=q).model_dump_json().encode()
-
     ms = timedelta(milliseconds=1)
-    story.on_record("node.gpu-a", record("inc-1"), T0 + ms)
+    story.on_record("node.gpu-a", applied("inc-1"), T0 + ms)
     story.flush()
     assert lines == []
     story.on_event(wire_of(quarantine_decision("inc-1", T0 + 2 * ms)), T0 + 2 * ms)  # type: ignore[arg-type]
     story.flush()
     assert [line.split()[0] for line in lines] == ["DECISION", "CORDON"]
-    story.on_record("node.gpu-b", record("inc-2"), T0 + 3 * ms)
+    story.on_record("node.gpu-b", applied("inc-2"), T0 + 3 * ms)
     clock.now = 9.9
     story.flush()
     assert len(lines) == 2
