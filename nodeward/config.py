@@ -42,6 +42,14 @@ class BusSettings(Section):
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
     publish_retries: int = Field(default=5, ge=0)
+    ready_deadline: Duration = Field(
+        default=timedelta(seconds=5),
+        description="a daemon is not ready once the server has not answered a ping, "
+        "acknowledged a publish or fed its consumers for this long",
+    )
+    ping_interval: Duration = Field(
+        default=timedelta(seconds=1), description="how often a daemon pings the server"
+    )
     stream_replicas: int = Field(default=1, ge=1, le=5)
     partitions: int = Field(
         default=1,

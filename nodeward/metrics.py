@@ -61,6 +61,11 @@ class Metrics:
         self.bus_connected = Gauge(
             "nodeward_bus_connected", "1 while connected to NATS", registry=r
         )
+        self.bus_responsive = Gauge(
+            "nodeward_bus_responsive",
+            "1 while the bus answers pings, acknowledges publishes and feeds the consumers",
+            registry=r,
+        )
         self.bus_reconnects = Counter(
             "nodeward_bus_reconnects", "Reconnections to NATS", registry=r
         )

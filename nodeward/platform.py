@@ -17,6 +17,10 @@ from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.kube import Access, Cluster
 
 
+class BusNotAnswering(RuntimeError):
+    """What `/readyz` says of a bus that does not answer."""
+
+
 async def bus_daemon(
     name: str,
     settings: Settings,
@@ -36,7 +40,14 @@ async def bus_daemon(
     if provision is not None:
         bus_settings = bus_settings.model_copy(update={"provision": provision})
     bus = await Bus.connect(bus_settings, source=source, metrics=daemon.metrics)
-    daemon.add_readiness_check("bus", lambda: bus.connected)
+
+    def answering() -> bool:
+        if (problem := bus.not_answering()) is not None:
+            raise BusNotAnswering(problem)
+        return True
+
+    daemon.add_readiness_check("bus", answering)
+    daemon.add_task(bus.watch, name="bus.watch")
     daemon.add_readiness_check(
         "consumers",
         lambda: len(bus.consumers) >= consumers and all(c.bound for c in bus.consumers),

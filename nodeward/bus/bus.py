@@ -23,6 +23,7 @@ from nodeward.bus.dlq import one_line
 from nodeward.bus.errors import PublishError
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.provision import AGENT_BUCKETS, SHARED_BUCKETS, ensure_kv, ensure_streams
+from nodeward.bus.responsive import Responsiveness
 from nodeward.config import BusSettings
 from nodeward.metrics import Metrics
 from schemas.base import Event
@@ -34,6 +35,10 @@ def wire_size(wire: WireMessage) -> int:
     """Bytes the server counts against max_payload: the headers block plus the body."""
     headers = sum(len(k) + len(v) + 4 for k, v in wire.headers.items()) + 12
     return headers + len(wire.body)
+
+
+PING_PATIENCE_S = 3600
+"""How long one ping waits for its pong; readiness fails long before (`ready_deadline`)."""
 
 
 class Bus:
@@ -54,6 +59,9 @@ class Bus:
         self.source = source
         self.metrics = metrics
         self.consumers: list[Consumer | PartitionedConsumer] = []
+        self.responsive = Responsiveness(
+            settings.ready_deadline.total_seconds(), lambda: self.consumers
+        )
         self.log = structlog.get_logger().bind(component="bus", source=source)
         self._m_published: dict[str, Any] = {}
 
@@ -77,6 +85,21 @@ class Bus:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    def not_answering(self) -> str | None:
+        """Why the bus counts as not answering (for `/readyz`), or None: see `responsive`."""
+        return self.responsive.problem(connected=self.connected)
+
+    async def watch(self) -> None:
+        """Ping the server every `ping_interval` until cancelled (a daemon task), so
+        `not_answering` sees a hung server as well as a lost connection."""
+        await self.responsive.watch(
+            lambda: self.nc.flush(timeout=PING_PATIENCE_S),
+            connected=lambda: self.connected,
+            interval=self.settings.ping_interval.total_seconds(),
+            log=self.log,
+            gauge=self.metrics.bus_responsive,
+        )
 
     async def provision(self) -> dict[str, str]:
         """Every stream, the KV buckets of node agents (which may not create them) and the
@@ -186,7 +209,9 @@ class Bus:
                     failed.append(i)
             todo = failed
             if not todo:
+                self.responsive.published()
                 return [r for r in results if r is not None]
+            self.responsive.publish_failed(last_error)
             self.log.warning(
                 "bus.publish_retry", attempt=attempt + 1, pending=len(todo), error=last_error
             )

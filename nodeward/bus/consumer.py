@@ -268,6 +268,14 @@ class Consumer:
         self._bindings: dict[str, Binding] = {b.type: b for b in spec.identity}
         self._noticed: dict[str, float] = {}  # publisher -> when on-call was last told
 
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def silent_for(self) -> float:
+        """Seconds its open pull requests have heard nothing from the server."""
+        return self._puller.silent_for() if self.bound and self._puller is not None else 0.0
+
     # lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         js = self.bus.js

@@ -106,6 +106,10 @@ class PartitionedConsumer:
     def held(self) -> list[int]:
         return sorted(self.running)
 
+    def silent_for(self) -> float:
+        """The longest any of its running consumers' pull requests has heard nothing."""
+        return max((c.silent_for() for cs in self.running.values() for c in cs), default=0.0)
+
     def owns(self, *keys: str) -> bool:
         """True if this replica consumes the partition of `keys` (the stream's key tokens,
         e.g. a node's subject token) now: work on that key outside the consumers (a

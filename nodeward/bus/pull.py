@@ -59,14 +59,20 @@ class Puller:
         self._arrived = asyncio.Event()
         self._outstanding = 0  # messages asked for that have not arrived yet
         self._last_seen = time.monotonic()
+        self._heard = time.monotonic()  # the server's last message, heartbeat or status
         self.conflict: str | None = None  # the last 409 description (consumer deleted, ...)
 
     async def start(self) -> None:
         self._inbox = self.nc.new_inbox()
         self._sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
+        self._heard = time.monotonic()
+
+    def silent_for(self) -> float:
+        """Seconds the server has said nothing while requests are open (0 when none is)."""
+        return time.monotonic() - self._heard if self._outstanding else 0.0
 
     async def _on_msg(self, msg: Msg) -> None:
-        self._last_seen = time.monotonic()
+        self._last_seen = self._heard = time.monotonic()
         status = msg.headers.get(STATUS) if msg.headers else None
         if status is None:
             self._outstanding = max(self._outstanding - 1, 0)

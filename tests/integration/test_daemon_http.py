@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import timedelta
 from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST
+from structlog.testing import capture_logs
 
 from nodeward.config import DaemonSettings
 from nodeward.daemon import Daemon
@@ -151,4 +153,87 @@ async def test_a_service_is_not_ready_until_its_consumer_is_bound(
         await bus.consume(spec, handler)
         assert (await daemon.readiness()).ready
     finally:
+        await daemon.stop()
+
+
+async def test_readyz_fails_while_the_nats_server_is_hung_and_recovers_after(
+    own_nats: Any, node: str
+) -> None:
+    """A SIGSTOPped server keeps the TCP session open (`is_connected` stays true); the
+    daemon's pings and its consumer's pull requests go unanswered, and `/readyz` says so
+    within the deadline, then is 200 again once the server runs on."""
+    import os
+    import signal
+
+    from nodeward.bus import ConsumerSpec
+    from nodeward.config import BusSettings, Settings
+    from nodeward.platform import bus_daemon
+    from tests.conftest import wait_for
+
+    bus_settings = BusSettings(
+        url=own_nats.url,
+        ready_deadline=timedelta(seconds=2),
+        ping_interval=timedelta(milliseconds=250),
+    )
+    config = Settings(bus=bus_settings, daemon=settings())
+    logs = contextlib.ExitStack()
+    told = logs.enter_context(capture_logs())  # before the bus binds its logger
+    daemon, bus = await bus_daemon("svc", config, source="test/svc", consumers=1)
+    await daemon.start()
+    pid = own_nats.proc.pid
+    stopped = False
+    try:
+        spec = ConsumerSpec(name=f"svc-{node}", stream="GPU", subjects=(f"gpu.health.{node}.>",))
+
+        async def handler(_event: Any, _delivery: Any) -> None:
+            return None
+
+        await bus.consume(spec, handler)
+        async with httpx.AsyncClient(base_url=daemon.url) as http:
+
+            async def status() -> tuple[int, dict[str, Any]]:
+                r = await http.get("/readyz")
+                return r.status_code, r.json()
+
+            await wait_for(
+                lambda: bus.responsive.last_problem is None, timeout=10, what="answering"
+            )
+            assert (await status())[0] == 200
+            os.kill(pid, signal.SIGSTOP)
+            stopped = True
+            started = time.monotonic()
+            seen: dict[str, Any] = {}
+
+            async def not_ready() -> bool:
+                code, body = await status()
+                seen.update(body)
+                return code == 503
+
+            await wait_for(not_ready, timeout=20, what="/readyz to fail")
+            took = time.monotonic() - started
+            assert bus.connected  # the connection alone never noticed
+            assert seen["failing"] == ["bus"], seen
+            error = seen["errors"]["bus"]
+            assert error.startswith("BusNotAnswering: "), error
+            assert "has not answered a ping" in error or "heard nothing" in error, error
+            assert took < 10, took
+            os.kill(pid, signal.SIGCONT)
+            stopped = False
+
+            async def ready() -> bool:
+                return (await status())[0] == 200
+
+            await wait_for(ready, timeout=20, what="/readyz to pass again")
+
+        # One line when it stopped answering, one when it answered again.
+        def changes() -> list[dict[str, Any]]:
+            return [e for e in told if e["event"] in ("bus.not_answering", "bus.answering")]
+
+        await wait_for(lambda: len(changes()) >= 2, timeout=10, what=f"two lines in {told}")
+        assert [e["event"] for e in changes()] == ["bus.not_answering", "bus.answering"]
+        assert changes()[0]["log_level"] == "warning" and changes()[0]["deadline_s"] == 2.0
+    finally:
+        logs.close()
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
         await daemon.stop()
