@@ -96,6 +96,7 @@ class Bus:
         await self.responsive.watch(
             lambda: self.nc.flush(timeout=PING_PATIENCE_S),
             connected=lambda: self.connected,
+            reconnects=lambda: int(self.nc.stats.get("reconnects", 0)),
             interval=self.settings.ping_interval.total_seconds(),
             log=self.log,
             gauge=self.metrics.bus_responsive,

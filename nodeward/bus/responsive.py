@@ -87,6 +87,7 @@ class Responsiveness:
         ping: Callable[[], Awaitable[Any]],
         *,
         connected: Callable[[], bool],
+        reconnects: Callable[[], int],
         interval: float,
         log: Any,
         gauge: Any = None,
@@ -94,27 +95,28 @@ class Responsiveness:
         """Keep one ping outstanding, a new one `interval` after the last was answered, and
         log each change between answering and not. Runs until cancelled.
 
-        A ping is never cancelled while it waits (nats-py fails on a pong whose wait was
-        cancelled); the connection's end ends it.
+        A ping still waiting on its connection is never cancelled: nats-py stops reading a
+        connection on a pong whose wait was cancelled. One sent before a reconnect is
+        dropped, as nats-py forgets it (it would never be answered).
         """
         pinging: asyncio.Future[None] | None = None
-        try:
-            while True:
-                if connected() and (pinging is None or pinging.done()):
-                    pinging = asyncio.ensure_future(self._ping(ping))
-                problem = self.problem(connected=connected())
-                if problem != self.last_problem:
-                    if problem is None:
-                        log.info("bus.answering", was=self.last_problem)
-                    elif self.last_problem is None:
-                        log.warning("bus.not_answering", problem=problem, deadline_s=self.deadline)
-                    self.last_problem = problem
-                    if gauge is not None:
-                        gauge.set(0 if problem else 1)
-                await asyncio.sleep(interval)  # the probe's period, not a synchronisation
-        finally:
-            if pinging is not None and not pinging.done():
+        sent_on = reconnects()
+        while True:
+            if pinging is not None and not pinging.done() and reconnects() != sent_on:
                 pinging.cancel()
+            if connected() and (pinging is None or pinging.done()):
+                sent_on = reconnects()
+                pinging = asyncio.ensure_future(self._ping(ping))
+            problem = self.problem(connected=connected())
+            if problem != self.last_problem:
+                if problem is None:
+                    log.info("bus.answering", was=self.last_problem)
+                elif self.last_problem is None:
+                    log.warning("bus.not_answering", problem=problem, deadline_s=self.deadline)
+                self.last_problem = problem
+                if gauge is not None:
+                    gauge.set(0 if problem else 1)
+            await asyncio.sleep(interval)  # the probe's period, not a synchronisation
 
     async def _ping(self, ping: Callable[[], Awaitable[Any]]) -> None:
         with contextlib.suppress(Exception):  # unanswered or disconnected: `problem` says so

@@ -225,13 +225,23 @@ async def test_readyz_fails_while_the_nats_server_is_hung_and_recovers_after(
 
             await wait_for(ready, timeout=20, what="/readyz to pass again")
 
-        # One line when it stopped answering, one when it answered again.
-        def changes() -> list[dict[str, Any]]:
-            return [e for e in told if e["event"] in ("bus.not_answering", "bus.answering")]
+            # One line when it stopped answering, one when it answered again.
+            def changes() -> list[dict[str, Any]]:
+                events = ("bus.not_answering", "bus.answering")
+                return [e for e in told if e["event"] in events]
 
-        await wait_for(lambda: len(changes()) >= 2, timeout=10, what=f"two lines in {told}")
-        assert [e["event"] for e in changes()] == ["bus.not_answering", "bus.answering"]
-        assert changes()[0]["log_level"] == "warning" and changes()[0]["deadline_s"] == 2.0
+            await wait_for(lambda: len(changes()) >= 2, timeout=10, what=f"two lines in {told}")
+            assert [e["event"] for e in changes()] == ["bus.not_answering", "bus.answering"]
+            assert changes()[0]["log_level"] == "warning" and changes()[0]["deadline_s"] == 2.0
+
+            # Hung again, then killed and restarted: the ping sent to the hung server dies
+            # with its connection, and a new one is sent on the next.
+            os.kill(pid, signal.SIGSTOP)
+            await wait_for(not_ready, timeout=20, what="/readyz to fail again")
+            await own_nats.kill()
+            await own_nats.start()
+            await wait_for(ready, timeout=30, what="/readyz to pass after the restart")
+            assert bus.nc.stats["reconnects"] >= 1
     finally:
         logs.close()
         if stopped:
