@@ -42,6 +42,11 @@ class BusSettings(Section):
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
     publish_retries: int = Field(default=5, ge=0)
+    max_clock_skew: Duration = Field(
+        default=timedelta(seconds=5),
+        description="an event whose time (or observation time) is further ahead of when the "
+        "bus stored it is refused: dead-lettered as `future`, audited, on-call told",
+    )
     ready_deadline: Duration = Field(
         default=timedelta(seconds=5),
         description="a daemon is not ready once the server has not answered a ping, "

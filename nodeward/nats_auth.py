@@ -183,14 +183,33 @@ def _bucket_api(bucket: str) -> tuple[str, ...]:
     )
 
 
+REFUSALS = (
+    "remediation.identity_mismatch.>",
+    "remediation.future_event.>",
+    "notify.critical.security",
+    "notify.warning.clock",
+)
+"""What the bus runtime of every consumer publishes when it refuses an event before its
+handler sees it (`nodeward.bus.consumer`): the audit and on-call's notice of an identity
+mismatch or of a time in the future."""
+
+
+def _covered(subject: str, granted: Iterable[str]) -> bool:
+    """True if `subject` is among `granted` or under one of its `prefix.>` wildcards."""
+    return any(g == subject or (g.endswith(".>") and subject.startswith(g[:-1])) for g in granted)
+
+
 def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser:
-    """A service: its own consumers and KV buckets, its outputs, its own inbox."""
+    """A service: its own consumers and KV buckets, its outputs (and, with consumers, the
+    runtime's `REFUSALS`), its own inbox."""
     publish: list[str] = []
     for stream, durable in grants.durables():
         publish += _consumer_api(stream, durable)
     for bucket in grants.buckets:
         publish += _bucket_api(bucket)
     publish += grants.publish
+    if grants.consumers:
+        publish += [s for s in REFUSALS if not _covered(s, publish)]
     controls = tuple(control_subject(service, verb) for verb in grants.controls)
     return NatsUser(
         user=f"nodeward-{service}",

@@ -18,6 +18,7 @@ class DeadLetterReason(StrEnum):
     PERMANENT = "permanent"  # the handler said retrying cannot help
     EXHAUSTED = "exhausted"  # max deliveries reached
     IDENTITY_MISMATCH = "identity_mismatch"  # the data names another node/pod than its subject
+    FUTURE = "future"  # its time is further ahead of when the bus stored it than clocks drift
 
 
 class DeadLetter(EventData):

@@ -59,6 +59,7 @@ class GpuHealth(EventData):
 
     TYPE: ClassVar[str] = "gpu.health.v1"
     STREAM: ClassVar[str] = "GPU"
+    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
@@ -148,6 +149,7 @@ class GpuHeartbeat(EventData):
 
     TYPE: ClassVar[str] = "gpu.heartbeat.v1"
     STREAM: ClassVar[str] = "HEARTBEATS"
+    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.heartbeat.<node>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
@@ -220,6 +222,7 @@ class GpuXid(EventData):
 
     TYPE: ClassVar[str] = "gpu.xid.v1"
     STREAM: ClassVar[str] = "GPU"
+    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.xid.<node>.<gpu>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 

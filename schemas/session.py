@@ -40,6 +40,7 @@ class SessionActivity(EventData):
 
     TYPE: ClassVar[str] = "session.activity.v1"
     STREAM: ClassVar[str] = "SESSIONS"
+    OBSERVED: ClassVar[tuple[str, ...]] = ("sampled_at",)
     SUBJECT_PATTERN: ClassVar[str] = "session.activity.<node>.<ns>.<pod>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 

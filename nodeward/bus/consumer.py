@@ -225,6 +225,28 @@ class _Item:
     key: str | None
 
 
+@dataclass(frozen=True)
+class _Refusal:
+    """An event refused before any handler sees it, and how that is recorded: the audit
+    (`remediation.<action>.<target>`), on-call's notice and the dead letter's reason."""
+
+    reason: DeadLetterReason
+    action: str
+    salt: str  # of the audit's and notice's stable ids
+    policy: str
+    guard: str
+    error: str
+    publisher: str
+    target: ObjectRef
+    about: ObjectRef  # whom on-call's notice is about
+    details: dict[str, Any]
+    severity: Severity
+    topic: str
+    title: str
+    why: str
+    what_you_can_do: list[str]
+
+
 class Consumer:
     """Runs one `ConsumerSpec` against a bus until stopped.
 
@@ -266,7 +288,8 @@ class Consumer:
         self._delayed: dict[int, Msg] = {}  # stream sequence -> nak'ed with a retry delay
         self._last_delivery: int | None = None  # exclusive: the last consumer sequence seen
         self._bindings: dict[str, Binding] = {b.type: b for b in spec.identity}
-        self._noticed: dict[str, float] = {}  # publisher -> when on-call was last told
+        # (kind of refusal, publisher) -> when on-call was last told
+        self._noticed: dict[tuple[str, str], float] = {}
 
     @property
     def name(self) -> str:
@@ -645,6 +668,10 @@ class Consumer:
         if wrong:
             await self._identity_mismatch(msg, event, wrong, attempt)
             return
+        ahead = self._ahead(msg, event)
+        if ahead is not None:
+            await self._refuse(msg, event, attempt, self._future_refusal(msg, event, ahead))
+            return
         if attempt > self.spec.max_deliver:
             self._count(event.type, "exhausted")
             await self._dead_letter(
@@ -665,15 +692,21 @@ class Consumer:
             await self._nak(msg, 0)
             raise
         except IdentityRefused as exc:
+            target = ObjectRef(kind=exc.target[0], name=exc.target[1], namespace=exc.target[2])
             await self._refuse(
                 msg,
                 event,
                 attempt,
-                error=str(exc),
-                claimed=exc.claimed,
-                tokens={},
-                publisher=exc.publisher,
-                target=ObjectRef(kind=exc.target[0], name=exc.target[1], namespace=exc.target[2]),
+                self._identity_refusal(
+                    msg,
+                    event,
+                    error=str(exc),
+                    claimed=exc.claimed,
+                    tokens={},
+                    publisher=exc.publisher,
+                    target=target,
+                    about=target,
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - permanent ones dead-lettered, others retried
             if is_permanent(exc):
@@ -713,61 +746,128 @@ class Consumer:
             target = ObjectRef(kind="Subject", name=msg.subject)
         publisher = self._publisher(msg.subject, event)
         by_node = "node" in dict(self._binding(event.type).fields)
-        await self._refuse(
+        error = f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong)
+        tokens = {m.field: m.token for m in wrong}
+        # The node whose credentials spoke of another is who on-call must look at.
+        about = ObjectRef(kind="Node", name=publisher) if by_node else target
+        refusal = self._identity_refusal(
             msg,
             event,
-            attempt,
-            error=f"identity mismatch on {msg.subject}: " + "; ".join(str(m) for m in wrong),
+            error=error,
             claimed=claimed,
-            tokens={m.field: m.token for m in wrong},
+            tokens=tokens,
             publisher=publisher,
             target=target,
-            # The node whose credentials spoke of another is who on-call must look at.
-            about=ObjectRef(kind="Node", name=publisher) if by_node else target,
+            about=about,
         )
+        await self._refuse(msg, event, attempt, refusal)
 
-    async def _refuse(
+    def _identity_refusal(
         self,
         msg: Msg,
         event: Event[Any],
-        attempt: int,
         *,
         error: str,
         claimed: dict[str, str],
         tokens: dict[str, str],
         publisher: str,
         target: ObjectRef,
-        about: ObjectRef | None = None,
-    ) -> None:
-        """What its publisher may not say: never handled. Audited as a security event,
-        on-call told once per publisher and window, then dead-lettered (`identity_mismatch`);
-        if the record cannot be written, redelivered (bounded) rather than lost."""
-        self._count(event.type, "identity_mismatch")
-        self.log.warning("consumer.identity_mismatch", error=error, publisher=publisher)
+        about: ObjectRef,
+    ) -> _Refusal:
+        said = ", ".join(f"{k} {v}" for k, v in claimed.items())
+        return _Refusal(
+            reason=DeadLetterReason.IDENTITY_MISMATCH,
+            action="identity_mismatch",
+            salt="identity",
+            policy="subject-identity",
+            guard="identity",
+            error=error,
+            publisher=publisher,
+            target=target,
+            about=about,
+            details={
+                "security": True,
+                "claimed": claimed,
+                "subject_tokens": tokens,
+            },
+            severity=Severity.CRITICAL,
+            topic="security",
+            title=f"{publisher} published {event.type} about {said}: refused",
+            why="an event says what its publisher may not say (its data names another node or"
+            " pod than its subject, or it addresses whom its publisher may not)",
+            what_you_can_do=[
+                f"check the credentials and agent of {publisher}",
+                "nodeward tail 'remediation.identity_mismatch.>' --since 1h",
+            ],
+        )
+
+    def _ahead(self, msg: Msg, event: Event[Any]) -> tuple[str, datetime, float] | None:
+        """(field, its time, seconds ahead) of the first time `event` claims further ahead
+        of when the bus stored it than `bus.max_clock_skew`; None when none is."""
         try:
-            audit_id = await self._audit_mismatch(
-                msg,
-                event,
-                error=error,
-                publisher=publisher,
-                target=target,
-                claimed=claimed,
-                tokens=tokens,
-            )
-            await self._notify_mismatch(
-                event,
-                claimed=claimed,
-                error=error,
-                publisher=publisher,
-                about=about or target,
-                audit_id=audit_id,
-            )
+            stored = msg.metadata.timestamp
+        except Exception:  # noqa: BLE001 - not a JetStream delivery: nothing to hold it to
+            return None
+        limit = self.bus.settings.max_clock_skew.total_seconds()
+        claims = [("time", event.time)]
+        claims += [(name, getattr(event.data, name)) for name in event.data.OBSERVED]
+        for name, at in claims:
+            if isinstance(at, datetime) and (ahead := (at - stored).total_seconds()) > limit:
+                return name, at, ahead
+        return None
+
+    def _future_refusal(
+        self, msg: Msg, event: Event[Any], ahead: tuple[str, datetime, float]
+    ) -> _Refusal:
+        name, at, seconds = ahead
+        limit = self.bus.settings.max_clock_skew.total_seconds()
+        publisher = self._publisher(msg.subject, event)
+        by_node = "node" in dict(self._binding(event.type).fields)
+        target = (
+            ObjectRef(kind="Node", name=publisher)
+            if by_node
+            else ObjectRef(kind="Subject", name=msg.subject)
+        )
+        return _Refusal(
+            reason=DeadLetterReason.FUTURE,
+            action="future_event",
+            salt="future",
+            policy="clock-skew",
+            guard="clock",
+            error=f"{event.type} on {msg.subject} claims {name} {at.isoformat()}, {seconds:.0f}s"
+            f" ahead of when the bus stored it (at most {limit:g}s allowed)",
+            publisher=publisher,
+            target=target,
+            about=target,
+            details={"field": name, "claimed": at.isoformat(), "ahead_s": round(seconds, 3)},
+            severity=Severity.WARNING,
+            topic="clock",
+            title=f"{publisher}'s clock is {seconds:.0f}s ahead: its events are refused",
+            why="an event dated in the future would outrank every real one after it (a newer"
+            " observation wins), so it is never acted on",
+            what_you_can_do=[
+                f"check NTP (chrony, timesyncd) on {publisher}",
+                "nodeward tail 'remediation.future_event.>' --since 1h",
+            ],
+        )
+
+    async def _refuse(self, msg: Msg, event: Event[Any], attempt: int, refusal: _Refusal) -> None:
+        """What no handler may see: audited, on-call told once per publisher and window,
+        then dead-lettered with the refusal's reason; if the record cannot be written,
+        redelivered (bounded) rather than lost."""
+        self._count(event.type, refusal.reason.value)
+        self.log.warning(
+            f"consumer.{refusal.action}", error=refusal.error, publisher=refusal.publisher
+        )
+        try:
+            audit_id = await self._audit_refusal(msg, event, refusal)
+            await self._notify_refusal(event, refusal, audit_id)
         except Exception as exc:  # noqa: BLE001 - the record matters: try again, bounded
-            self.log.error("consumer.identity_audit_failed", error=one_line(exc))
+            self.log.error("consumer.refusal_audit_failed", error=one_line(exc))
             if attempt < self.spec.max_deliver:
                 await self._nak(msg, self.spec.retry_delay(attempt))
                 return
-        await self._dead_letter(msg, DeadLetterReason.IDENTITY_MISMATCH, error)
+        await self._dead_letter(msg, refusal.reason, refusal.error)
 
     def _publisher(self, subject: str, event: Event[Any]) -> str:
         """Whose credentials published it: the subject's node token, else (a subject no node
@@ -779,86 +879,61 @@ class Consumer:
             return f"a publisher of {subject}"
         return tokens[index] if index < len(tokens) else subject
 
-    async def _audit_mismatch(
-        self,
-        msg: Msg,
-        event: Event[Any],
-        *,
-        error: str,
-        publisher: str,
-        target: ObjectRef,
-        claimed: dict[str, str],
-        tokens: dict[str, str],
-    ) -> str:
+    async def _audit_refusal(self, msg: Msg, event: Event[Any], refusal: _Refusal) -> str:
         audit = Remediation(
-            action="identity_mismatch",
-            target=target,
+            action=refusal.action,
+            target=refusal.target,
             outcome=Outcome.REFUSED,
-            reason=error,
-            policy="subject-identity",
-            guard="identity",
+            reason=refusal.error,
+            policy=refusal.policy,
+            guard=refusal.guard,
             actor=self.bus.source,
             trigger_event_id=event.id,
             details={
-                "security": True,
                 "consumer": self.spec.name,
                 "subject": msg.subject,
-                "publisher": publisher,
+                "publisher": refusal.publisher,
                 "event_type": event.type,
                 "ce_source": event.source,
-                "claimed": claimed,
-                "subject_tokens": tokens,
+                **refusal.details,
             },
         )
         # Derived from the event, so a redelivery audits once (JetStream drops the repeat).
         audit_event = make_event(
-            audit, source=self.bus.source, id=stable_id(event.time, "identity", event.id)
+            audit, source=self.bus.source, id=stable_id(event.time, refusal.salt, event.id)
         )
         await self.bus.publish(audit_event)
         return audit_event.id
 
-    async def _notify_mismatch(
-        self,
-        event: Event[Any],
-        *,
-        claimed: dict[str, str],
-        error: str,
-        publisher: str,
-        about: ObjectRef,
-        audit_id: str,
-    ) -> None:
+    async def _notify_refusal(self, event: Event[Any], refusal: _Refusal, audit_id: str) -> None:
         """On-call hears of a publisher once per `identity_notice_window`, not per message."""
         window = self.spec.identity_notice_window.total_seconds()
         now = time.monotonic()
-        last = self._noticed.get(publisher)
+        key = (refusal.salt, refusal.publisher)
+        last = self._noticed.get(key)
         if last is not None and now - last < window:
             return
-        said = ", ".join(f"{k} {v}" for k, v in claimed.items())
         note = Notification(
-            severity=Severity.CRITICAL,
-            topic="security",
-            title=f"{publisher} published {event.type} about {said}: refused"[:300],
+            severity=refusal.severity,
+            topic=refusal.topic,
+            title=refusal.title[:300],
             body=(
-                f"{error}. The events were not acted on and are in dlq.{self.spec.stream}."
-                f"{self.spec.name}; further ones from {publisher} in the next"
-                f" {int(window)} s are refused without another notice."
+                f"{refusal.error}. The events were not acted on and are in dlq."
+                f"{self.spec.stream}.{self.spec.name}; further ones from {refusal.publisher}"
+                f" in the next {int(window)} s are refused without another notice."
             ),
             audience="oncall",
-            targets=[about],
-            dedup_key=f"identity/{self.spec.name}/{publisher}",
+            targets=[refusal.about],
+            dedup_key=f"{refusal.salt}/{self.spec.name}/{refusal.publisher}",
             audit_event_id=audit_id,
-            why="an event says what its publisher may not say (its data names another node or"
-            " pod than its subject, or it addresses whom its publisher may not)",
-            what_you_can_do=[
-                f"check the credentials and agent of {publisher}",
-                "nodeward tail 'remediation.identity_mismatch.>' --since 1h",
-            ],
+            why=refusal.why,
+            what_you_can_do=refusal.what_you_can_do,
         )
         # One id per publisher and window, so replicas' notices are stored once.
         bucket = datetime.fromtimestamp(int(time.time() // window * window), UTC)
-        notice_id = stable_id(bucket, "identity-notice", self.spec.name, publisher)
+        notice_id = stable_id(bucket, f"{refusal.salt}-notice", self.spec.name, refusal.publisher)
         await self.bus.publish(make_event(note, source=self.bus.source, id=notice_id))
-        self._noticed[publisher] = now
+        self._noticed[key] = now
 
     async def _failed(self, msg: Msg, event: Event[Any], attempt: int, exc: Exception) -> None:
         if attempt >= self.spec.max_deliver:

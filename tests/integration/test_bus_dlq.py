@@ -471,3 +471,79 @@ async def test_identity_is_checked_by_default_and_on_call_told_once_per_publishe
         await psub.unsubscribe()
     mine = sorted(n.targets[0].name for n in notes if n.targets[0].name in (node, other))
     assert mine == sorted([node, other])
+
+
+# -- clocks are bounded -----------------------------------------------------------------
+
+
+async def _read(bus: Bus, stream: str, subject: str) -> list[Any]:
+    info = await bus.js.stream_info(stream, subjects_filter=subject)
+    n = sum((info.state.subjects or {}).values())
+    if not n:
+        return []
+    psub = await bus.js.pull_subscribe(subject, stream=stream)
+    try:
+        return [decode(m.subject, m.headers, m.data) for m in await psub.fetch(n, timeout=2)]
+    finally:
+        await psub.unsubscribe()
+
+
+async def test_an_event_from_a_clock_running_ahead_is_refused_audited_and_told_once(
+    bus: Bus, node: str
+) -> None:
+    """An agent whose clock runs an hour fast: its observations would outrank every real
+    one after them. Each is dead-lettered as `future` with how far ahead it was, audited,
+    and on-call told once for the publisher; an event within the allowed skew is handled."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    fast = [
+        make_event(
+            GpuHealth.example().model_copy(
+                update={"node": node, "sequence": i, "observed_at": now + timedelta(hours=1)}
+            ),
+            source="t",
+        )
+        for i in range(3)
+    ]
+    # The event's own time (CloudEvents `time`) ahead counts too.
+    fast.append(health(node, 7).model_copy(update={"time": now + timedelta(minutes=10)}))
+    within = make_event(
+        GpuHealth.example().model_copy(
+            update={"node": node, "sequence": 9, "observed_at": now + timedelta(seconds=2)}
+        ),
+        source="t",
+    )
+    for event in [*fast, within]:
+        await bus.publish(event)
+    handled: list[int | None] = []
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        handled.append(event.data.sequence)
+
+    name = f"future-{node}"
+    await bus.consume(spec(name, node), handler)
+    dls = await wait_for(lambda: _n(bus, name, 4), what="four dead letters")
+    await wait_for(lambda: _acked(bus, name), what="all acked")
+    assert handled == [9]
+    assert {d.data.reason for d in dls} == {"future"}
+    by_id = {d.data.original_headers.get("ce-id"): d.data for d in dls}
+    assert set(by_id) == {e.id for e in fast}
+    first = by_id[fast[0].id].error
+    assert "claims observed_at" in first and "ahead of when the bus stored it" in first, first
+    assert "(at most 5s allowed)" in first
+    assert "claims time" in by_id[fast[3].id].error
+    audits = await _read(bus, "AUDIT", f"remediation.future_event.{node}")
+    assert sorted(a.data.trigger_event_id for a in audits) == sorted(e.id for e in fast)
+    assert {a.data.outcome for a in audits} == {"refused"}
+    assert {a.data.guard for a in audits} == {"clock"}
+    details = next(a.data.details for a in audits if a.data.trigger_event_id == fast[0].id)
+    assert details["field"] == "observed_at" and 3590 < details["ahead_s"] < 3610, details
+    notes = [
+        n
+        for n in await _read(bus, "NOTIFY", "notify.warning.clock")
+        if n.data.targets[0].name == node
+    ]
+    assert len(notes) == 1, notes
+    assert notes[0].data.title.startswith(f"{node}'s clock is ")
+    assert notes[0].data.audience == "oncall"
