@@ -33,7 +33,7 @@ ACCESS = Access(
 )
 
 GRANTS = ServiceGrants(
-    consumers=(("SECURITY", "falco"),),
+    consumers=(("SECURITY", "falco-urgent"), ("SECURITY", "falco")),
     buckets=(FALCO.name, FALCO_MARKS.name, SHARED.name),
     publish=("falco.>", *PUBLISHES),
     controls=("release",),  # `nodeward falco release NAMESPACE/POD`

@@ -150,11 +150,15 @@ class FalcoService:
         self.metrics = Metrics(registry)
         self.log = structlog.get_logger().bind(service=NAME)
 
-    def consumer_spec(self) -> ConsumerSpec:
+    def consumer_specs(self) -> list[ConsumerSpec]:
+        """A consumer per lane: a Critical alert is never fetched behind a flood of Notices."""
+        return [self.consumer_spec(name, subjects) for name, subjects in self.settings.lanes()]
+
+    def consumer_spec(self, name: str, subjects: list[str]) -> ConsumerSpec:
         return ConsumerSpec(
-            name=self.settings.consumer,
+            name=name,
             stream="SECURITY",
-            subjects=tuple(self.settings.subjects),
+            subjects=tuple(subjects),
             types=frozenset({FalcoAlert.TYPE}),
             concurrency=self.settings.concurrency,
             # Identical alerts in order (the first acts, the rest are duplicates); others,
@@ -484,7 +488,7 @@ async def assemble(settings: Settings) -> Assembled:
             Ingest.check(config.ingest)
         except IngestError as exc:
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=1)
+    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=len(config.lanes()))
     cluster = Cluster.connect(settings.cluster, access=ACCESS)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
     ingest: Ingest | None = None
@@ -528,7 +532,8 @@ async def assemble(settings: Settings) -> Assembled:
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
 
     async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
+        for spec in service.consumer_specs():
+            await bus.consume(spec, service.handle)
 
     daemon.add_task(consume, name="consume")
     isolations = service.isolations

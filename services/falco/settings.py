@@ -7,8 +7,10 @@ from pathlib import Path
 
 from pydantic import Field
 
+from nodeward.bus.lanes import lanes
 from nodeward.config import Section
 from nodeward.durations import Duration
+from schemas.falco import FalcoPriority
 from schemas.state.dedup import FALCO
 from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
@@ -26,6 +28,11 @@ class FalcoSettings(Section):
     dry_run: bool = False
     consumer: str = "falco"
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
+    urgent_from: FalcoPriority = Field(
+        default=FalcoPriority.WARNING,
+        description="alerts of this priority and above have a consumer of their own "
+        "(`<consumer>-urgent`): never queued behind a flood of lower ones",
+    )
     bucket: str = Field(default=FALCO.name, description="KV bucket of the duplicate window")
     marks_bucket: str = Field(
         default=FALCO_MARKS.name,
@@ -61,3 +68,13 @@ class FalcoSettings(Section):
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
     ingest: IngestSettings = IngestSettings()
     controls: ControlSettings = ControlSettings()
+
+    def lanes(self) -> list[tuple[str, list[str]]]:
+        """The consumers, (durable name, subjects): `urgent_from` and above on
+        `<consumer>-urgent`, the rest on `<consumer>` (one consumer when the subjects'
+        priorities cannot be told apart)."""
+        levels = [p.value.lower() for p in FalcoPriority]
+        cut = self.urgent_from.rank + 1
+        return lanes(
+            self.consumer, self.subjects, prefix="falco", urgent=levels[:cut], other=levels[cut:]
+        )

@@ -37,6 +37,7 @@ from nodeward.bus import (
     RetryableError,
 )
 from nodeward.bus.dlq import dead_letter_event, one_line
+from nodeward.bus.lanes import lanes as bus_lanes
 from nodeward.config import ConfigError, Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
@@ -473,42 +474,18 @@ class NotifierService:
 CRITICAL_SUFFIX = "-critical"
 
 
-def _lane_subjects(subject: str) -> tuple[list[str], list[str]] | None:
-    """(critical, other) subjects that together cover `subject`; None when its severity
-    token cannot be told (not `notify.<severity>...`)."""
-    tokens = subject.split(".")
-    if len(tokens) < 2 or tokens[0] != "notify":
-        return None
-    level, rest = tokens[1], tokens[2:]
-    if level == ">":
-        level, rest = "*", [">"]
-
-    def at(severity: Severity) -> str:
-        return ".".join(["notify", severity.value, *rest])
-
-    if level == "*":
-        return [at(Severity.CRITICAL)], [at(Severity.INFO), at(Severity.WARNING)]
-    if level == Severity.CRITICAL.value:
-        return [subject], []
-    if level in (Severity.INFO.value, Severity.WARNING.value):
-        return [], [subject]
-    return None
-
-
 def lanes(settings: NotifierSettings) -> list[tuple[str, list[str]]]:
     """The notifier's consumers, (durable name, subjects): critical notices on
     `<consumer>-critical`, the others on `<consumer>`; one consumer for subjects whose
     severity cannot be told apart."""
-    critical: list[str] = []
-    other: list[str] = []
-    for subject in settings.subjects:
-        split = _lane_subjects(subject)
-        if split is None:
-            return [(settings.consumer, list(settings.subjects))]
-        critical += [c for c in split[0] if c not in critical]
-        other += [o for o in split[1] if o not in other]
-    found = [(settings.consumer + CRITICAL_SUFFIX, critical), (settings.consumer, other)]
-    return [(name, subjects) for name, subjects in found if subjects]
+    return bus_lanes(
+        settings.consumer,
+        settings.subjects,
+        prefix="notify",
+        urgent=[Severity.CRITICAL.value],
+        other=[Severity.INFO.value, Severity.WARNING.value],
+        suffix=CRITICAL_SUFFIX,
+    )
 
 
 def load_parts(

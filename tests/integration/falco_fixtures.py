@@ -26,6 +26,7 @@ from nodeward.kube.client import Backoff, KubeClient
 from schemas.remediation import Remediation
 from schemas.tokens import token
 from services.falco.service import Assembled, assemble
+from services.falco.settings import FalcoSettings
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed
 from sim.falco_samples import (
@@ -112,11 +113,17 @@ class FalcoEnv:
         return [e.data for e in await read_stream(self.bus, "AUDIT", subject)]
 
     async def settled(self) -> bool:
-        """Every alert published so far has been handled and acked."""
-        info = await self.bus.js.consumer_info(
-            "SECURITY", self.settings.services["falco"]["consumer"]
-        )
-        return (info.num_pending or 0) == 0 and (info.num_ack_pending or 0) == 0
+        """Every alert published so far has been handled and acked, in every lane."""
+        for name in self.consumers():
+            info = await self.bus.js.consumer_info("SECURITY", name)
+            if (info.num_pending or 0) or (info.num_ack_pending or 0):
+                return False
+        return True
+
+    def consumers(self) -> list[str]:
+        """The falco service's durables: the urgent lane's first."""
+        config = FalcoSettings.model_validate(self.settings.services["falco"])
+        return [name for name, _ in config.lanes()]
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.admin.pods.get(namespace, name)

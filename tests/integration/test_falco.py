@@ -188,7 +188,7 @@ async def test_garbage_is_400_over_http_and_dead_lettered_over_nats(
     await env.publish_raw(b"\x00not json at all{", subject=subject)
     from tests.integration.cordon_fixtures import read_stream
 
-    consumer = env.settings.services["falco"]["consumer"]
+    consumer = env.consumers()[0]  # a Critical alert's lane
 
     async def dead_lettered() -> list[Any]:
         return await read_stream(env.bus, "DLQ", f"dlq.SECURITY.{consumer}")

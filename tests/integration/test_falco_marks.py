@@ -120,9 +120,8 @@ async def test_falco_cordon_killed_at_each_step_is_finished_after_restart(
 
         async def bound() -> bool:
             try:
-                await env.bus.js.consumer_info(
-                    "SECURITY", env.settings.services["falco"]["consumer"]
-                )
+                for name in env.consumers():
+                    await env.bus.js.consumer_info("SECURITY", name)
             except Exception:  # noqa: BLE001 - not created yet
                 return False
             return True

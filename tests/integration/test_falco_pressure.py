@@ -1,0 +1,90 @@
+"""services.falco under a flood: a Critical alert is never queued behind Notices, and the
+ingest pushes back on low priorities while it keeps taking critical ones."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from schemas.falco import FalcoAlert, FalcoPriority
+from schemas.remediation import Outcome
+from services.falco.settings import FalcoSettings
+from tests.conftest import wait_for
+from tests.integration.falco_fixtures import DROP_AND_EXECUTE, EnvFactory, FalcoEnv
+
+NOTICE_RULE = "Terminal shell in container"
+BOB = "bob-llm-finetune-6d5f9c7b8d-q8wzr"
+
+
+def flood(env: FalcoEnv, count: int) -> list[dict[str, Any]]:
+    """`count` distinct Notice alerts (a different command each: no duplicate window hits)."""
+    out = []
+    for i in range(count):
+        alert = env.alert(NOTICE_RULE, proc__cmdline=f"bash #{i}")
+        alert["output"] = f"{alert['output']} run={i}"
+        alert["uuid"] = f"00000000-0000-4000-8000-{i:012d}"
+        out.append(alert)
+    return out
+
+
+async def backlog(env: FalcoEnv, consumer: str) -> int:
+    info = await env.bus.js.consumer_info("SECURITY", consumer)
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+
+def test_the_lanes_split_by_priority() -> None:
+    lanes = FalcoSettings().lanes()
+    assert lanes == [
+        (
+            "falco-urgent",
+            [f"falco.{p}.>" for p in ("emergency", "alert", "critical", "error", "warning")],
+        ),
+        ("falco", ["falco.notice.>", "falco.informational.>", "falco.debug.>"]),
+    ]
+    assert FalcoSettings(urgent_from="Critical").lanes()[0][1][-1] == "falco.critical.>"
+    # Subjects whose priority cannot be told: one consumer, as before.
+    assert FalcoSettings(subjects=["falco.*.*.x"]).lanes()[0][0] == "falco-urgent"
+    assert FalcoSettings(subjects=["security.>"]).lanes() == [("falco", ["security.>"])]
+
+
+async def test_a_critical_alert_is_acted_on_while_every_notice_handler_is_busy(
+    falco_env: EnvFactory,
+) -> None:
+    env = await falco_env()
+    urgent, bulk = env.consumers()
+    service = (await env.start()).service
+    # Every Notice handler blocks until the gate opens: the flood is as slow as it can be.
+    gate = asyncio.Event()
+    respond = service.respond
+
+    async def held(event: Any, alert: FalcoAlert, *, sequence: int | None = None) -> Any:
+        if alert.priority is FalcoPriority.NOTICE:
+            await gate.wait()
+        return await respond(event, alert, sequence=sequence)
+
+    service.respond = held  # type: ignore[method-assign]
+    for alert in flood(env, 200):
+        await env.publish_raw(alert)
+    busy = env.settings.services["falco"].get("concurrency", 16)
+
+    async def all_busy() -> bool:
+        info = await env.bus.js.consumer_info("SECURITY", bulk)
+        return (info.num_ack_pending or 0) >= busy
+
+    await wait_for(all_busy, timeout=30, what="every Notice worker busy")
+    began = time.monotonic()
+    await env.publish_raw(env.alert(DROP_AND_EXECUTE))
+    bob_ns = env.ns("user-bob")
+
+    async def isolated() -> bool:
+        return any(r.outcome is Outcome.APPLIED for r in await env.audits(bob_ns, BOB, "isolate"))
+
+    # With one consumer for every priority it would wait for the gate: forever.
+    await wait_for(isolated, timeout=30, what="the Critical alert's isolation")
+    print(f"isolated {time.monotonic() - began:.2f}s after the Critical alert")
+    assert await backlog(env, bulk) == 200  # not one Notice handled meanwhile
+    assert await backlog(env, urgent) == 0
+    gate.set()
+    await wait_for(env.settled, timeout=60, what="the flood handled")
+    assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 201
