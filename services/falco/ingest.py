@@ -9,7 +9,9 @@ arriving twice, or both over HTTP and from Falcosidekick, is stored once.
 Answers: 200 with the ids published (Falcosidekick's `Test rule` is recognised, counted and
 dropped); 400 for a body that is not a Falco alert (one line saying why); 401 without
 credentials, 403 with wrong ones; 413 over `max_body_bytes` (gzip bodies, which Falco's
-`compress_uploads` sends, are counted inflated); 503 when NATS does not acknowledge. Credentials are checked before the body is read:
+`compress_uploads` sends, are counted inflated); 429 with `Retry-After` for alerts below
+the urgent lane's priority while the backlog is over `max_backlog` (below); 503 when NATS
+does not acknowledge. Credentials are checked before the body is read:
 
 - a bearer token (`Authorization: Bearer <token>`, which Falcosidekick's
   `webhook.customheaders` sends), or the same token as the password of HTTP Basic
@@ -19,30 +21,48 @@ credentials, 403 with wrong ones; 413 over `max_body_bytes` (gzip bodies, which 
   CA signed (Falco's `http_output.mtls`, Sidekick's `webhook.mutualtls`).
 
 An ingest with neither a token nor mTLS does not start.
+
+Back-pressure: what the ingest has stored and the response has not yet acted on is bounded.
+The backlog is the low-priority lane's (`falco`) pending and unacknowledged alerts, as the
+server counts them (read at most every `backlog_check`, plus what this ingest stored since).
+Once it is over `max_backlog`, alerts below `urgent_from` are answered 429 until it is back
+under `resume_below` of the bound (high and low water: no answer flaps per request);
+urgent ones are always stored. A body that mixes both stores the urgent ones and answers
+429 for the rest: sent again, the urgent ones are stored once (their `Nats-Msg-Id`). One
+log line starts an episode and one ends it, with what was refused; the metric
+`nodeward_falco_ingest_backpressure` is 1 meanwhile. Falcosidekick (`outputs/client.go`)
+and Falco's `http_output` log and count a 429 and do not send that alert again: under a
+flood the lowest priorities are shed at the edge, counted on both sides, rather than queued
+ahead of what matters.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
 import json
 import ssl
+import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field, ValidationError
 
 from nodeward.config import Section
+from nodeward.durations import Duration
 from schemas.base import Event, make_event
 from schemas.cloudevents import one_line
 from schemas.falco import FalcoAlert
 
 Publish = Callable[[list[Event[FalcoAlert]]], Awaitable[None]]
+Count = Callable[[], Awaitable[int]]
 
 
 class IngestError(ValueError):
@@ -65,6 +85,21 @@ class IngestSettings(Section):
     )
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     max_alerts: int = Field(default=100, ge=1, description="alerts in one JSON array body")
+    max_backlog: int = Field(
+        default=2000,
+        ge=1,
+        description="low-priority alerts stored and not yet acted on over which the ingest "
+        "answers 429 to alerts below urgent_from",
+    )
+    resume_below: float = Field(
+        default=0.8, gt=0, le=1, description="... until the backlog is under this share of it"
+    )
+    retry_after: Duration = Field(
+        default=timedelta(seconds=10), description="the 429's Retry-After"
+    )
+    backlog_check: Duration = Field(
+        default=timedelta(milliseconds=500), description="how often the server is asked"
+    )
 
 
 def read_token(path: Path) -> str:
@@ -126,8 +161,61 @@ def alert_event(alert: FalcoAlert) -> Event[FalcoAlert]:
     )
 
 
+class Backlog:
+    """Whether low-priority alerts are over the bound: the server's count of the lane's
+    backlog, asked at most every `backlog_check` (one question at a time), plus what was
+    stored since; high and low water."""
+
+    def __init__(self, settings: IngestSettings, count: Count, log: Any) -> None:
+        self.settings = settings
+        self.count = count
+        self.log = log
+        self.known = 0  # the server's last answer, plus what was stored since
+        self.asked_at = -float("inf")
+        self.over = False
+        self.refused = 0  # in this episode
+        self._asking: asyncio.Future[None] | None = None
+
+    async def full(self) -> bool:
+        """True while alerts below the urgent lane's priority are refused."""
+        if time.monotonic() - self.asked_at >= self.settings.backlog_check.total_seconds():
+            await self._ask()
+        bound = self.settings.max_backlog
+        if not self.over and self.known > bound:
+            self.over = True
+            self.refused = 0
+            self.log.warning("falco.ingest_backpressure", backlog=self.known, bound=bound)
+        elif self.over and self.known < bound * self.settings.resume_below:
+            self.over = False
+            self.log.info(
+                "falco.ingest_backpressure_over", backlog=self.known, refused=self.refused
+            )
+        return self.over
+
+    def stored(self, n: int) -> None:
+        self.known += n
+
+    async def _ask(self) -> None:
+        if self._asking is not None:  # someone else is asking: their answer is ours
+            await asyncio.shield(self._asking)
+            return
+        self._asking = asyncio.get_running_loop().create_future()
+        try:
+            self.known = await self.count()
+            self.asked_at = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - unknown: the last count stands
+            self.log.debug("falco.ingest_backlog_unknown", error=" ".join(str(exc).split()))
+            self.asked_at = time.monotonic()
+        finally:
+            self._asking.set_result(None)
+            self._asking = None
+
+
 class Ingest:
-    """The ingest's HTTP server. `start()` binds it; `url` says where."""
+    """The ingest's HTTP server. `start()` binds it; `url` says where.
+
+    `backlog` counts the low-priority lane's alerts not yet acted on; `urgent` tells the
+    alerts that are always stored. Without `backlog` nothing is refused."""
 
     def __init__(
         self,
@@ -135,10 +223,14 @@ class Ingest:
         publish: Publish,
         *,
         registry: CollectorRegistry | None = None,
+        backlog: Count | None = None,
+        urgent: Callable[[FalcoAlert], bool] = lambda _: True,
     ) -> None:
         self.settings = settings
         self.publish = publish
+        self.urgent = urgent
         self.log = structlog.get_logger().bind(component="falco-ingest")
+        self.backlog = Backlog(settings, backlog, self.log) if backlog is not None else None
         self.token, self.ssl = self.check(settings)
         self.requests = Counter(
             "nodeward_falco_ingest_requests",
@@ -148,10 +240,18 @@ class Ingest:
         )
         self.alerts = Counter(
             "nodeward_falco_ingest_alerts",
-            "Alerts received over HTTP, by outcome (published, test_dropped)",
+            "Alerts received over HTTP, by outcome (published, test_dropped, refused_backlog)",
             ["outcome"],
             registry=registry,
         )
+        self.pressure = Gauge(
+            "nodeward_falco_ingest_backpressure",
+            "1 while alerts below the urgent priority are answered 429 (backlog over the bound)",
+            registry=registry,
+        )
+        backlogged = self.backlog
+        if backlogged is not None:
+            self.pressure.set_function(lambda: float(backlogged.over))
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
 
@@ -222,9 +322,12 @@ class Ingest:
             self._runner = None
 
     # request handling -------------------------------------------------------------------
-    def _answer(self, status: int, body: dict[str, Any]) -> web.Response:
+    def _answer(
+        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> web.Response:
         self.requests.labels(str(status)).inc()
-        headers = {"WWW-Authenticate": 'Bearer realm="nodeward-falco"'} if status == 401 else None
+        if status == 401:
+            headers = {"WWW-Authenticate": 'Bearer realm="nodeward-falco"'}
         return web.json_response(body, status=status, headers=headers)
 
     def _authorised(self, request: web.Request) -> int | None:
@@ -263,15 +366,17 @@ class Ingest:
         except BadAlert as exc:
             self.log.info("falco.ingest_bad_alert", error=str(exc)[:300])
             return self._answer(400, {"error": str(exc)[:500]})
-        events = []
-        dropped = 0
-        for alert in alerts:
-            if alert.is_test:
-                dropped += 1
-                continue
-            events.append(alert_event(alert))
+        real = [a for a in alerts if not a.is_test]
+        dropped = len(alerts) - len(real)
         if dropped:
             self.alerts.labels("test_dropped").inc(dropped)
+        refused = 0
+        low = any(not self.urgent(a) for a in real)
+        if low and self.backlog is not None and await self.backlog.full():
+            kept = [a for a in real if self.urgent(a)]
+            refused = len(real) - len(kept)
+            real = kept
+        events = [alert_event(a) for a in real]
         if events:
             try:
                 await self.publish(events)
@@ -279,11 +384,25 @@ class Ingest:
                 self.log.warning("falco.ingest_publish_failed", error=" ".join(str(exc).split()))
                 return self._answer(503, {"error": "the bus did not acknowledge; try again"})
             self.alerts.labels("published").inc(len(events))
-        return self._answer(
-            200,
-            {
-                "published": [e.id for e in events],
-                "subjects": [e.nats_subject for e in events],
-                "dropped_test_events": dropped,
-            },
+            if self.backlog is not None:
+                self.backlog.stored(sum(1 for a in real if not self.urgent(a)))
+        answer: dict[str, Any] = {
+            "published": [e.id for e in events],
+            "subjects": [e.nats_subject for e in events],
+            "dropped_test_events": dropped,
+        }
+        if refused:
+            return self._refuse(refused, answer)
+        return self._answer(200, answer)
+
+    def _refuse(self, refused: int, body: dict[str, Any]) -> web.Response:
+        assert self.backlog is not None
+        self.backlog.refused += refused
+        self.alerts.labels("refused_backlog").inc(refused)
+        retry = max(1, round(self.settings.retry_after.total_seconds()))
+        body["refused"] = refused
+        body["error"] = (
+            f"{self.backlog.known} lower-priority alerts wait to be acted on (bound "
+            f"{self.settings.max_backlog}); {refused} not stored, retry after {retry}s"
         )
+        return self._answer(429, body, headers={"Retry-After": str(retry)})

@@ -524,8 +524,20 @@ async def assemble(settings: Settings) -> Assembled:
         async def publish(events: list[Event[FalcoAlert]]) -> None:
             await bus.publish_many(events)
 
+        bulk = config.lanes()[-1][0]  # the lowest priorities' lane
+
+        async def backlog() -> int:
+            info = await bus.js.consumer_info("SECURITY", bulk, timeout=2)
+            return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
         try:
-            ingest = Ingest(config.ingest, publish, registry=daemon.metrics.registry)
+            ingest = Ingest(
+                config.ingest,
+                publish,
+                registry=daemon.metrics.registry,
+                backlog=backlog,
+                urgent=config.urgent,
+            )
             await ingest.start()
         except IngestError as exc:
             await close()

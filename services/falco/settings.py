@@ -10,7 +10,7 @@ from pydantic import Field
 from nodeward.bus.lanes import lanes
 from nodeward.config import Section
 from nodeward.durations import Duration
-from schemas.falco import FalcoPriority
+from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.state.dedup import FALCO
 from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
@@ -68,6 +68,10 @@ class FalcoSettings(Section):
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
     ingest: IngestSettings = IngestSettings()
     controls: ControlSettings = ControlSettings()
+
+    def urgent(self, alert: FalcoAlert) -> bool:
+        """Of the urgent lane's priorities: never queued behind, nor refused for, others."""
+        return alert.priority.rank <= self.urgent_from.rank
 
     def lanes(self) -> list[tuple[str, list[str]]]:
         """The consumers, (durable name, subjects): `urgent_from` and above on

@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.remediation import Outcome
 from services.falco.settings import FalcoSettings
@@ -88,3 +90,62 @@ async def test_a_critical_alert_is_acted_on_while_every_notice_handler_is_busy(
     gate.set()
     await wait_for(env.settled, timeout=60, what="the flood handled")
     assert env.metric("nodeward_falco_alerts_total", outcome="responded") == 201
+
+
+async def test_over_the_backlog_the_ingest_answers_429_to_low_priorities_and_stores_critical(
+    falco_env: EnvFactory,
+) -> None:
+    env = await falco_env()
+    _, bulk = env.consumers()
+    with capture_logs() as logs:
+        ingest = env.settings.services["falco"]["ingest"]
+        bounded = {**ingest, "max_backlog": 20, "backlog_check": "50ms", "retry_after": "7s"}
+        service = (await env.start(ingest=bounded)).service
+        gate = asyncio.Event()
+        respond = service.respond
+
+        async def held(event: Any, alert: FalcoAlert, *, sequence: int | None = None) -> Any:
+            if alert.priority is FalcoPriority.NOTICE:
+                await gate.wait()
+            return await respond(event, alert, sequence=sequence)
+
+        service.respond = held  # type: ignore[method-assign]
+        answers = []
+        for alert in flood(env, 60):
+            answers.append(await env.post(alert))
+        codes = [a.status_code for a in answers]
+        assert codes[:20] == [200] * 20  # under the bound: stored
+        first = codes.index(429)
+        assert first <= 25, codes  # the bound, and what was stored while it was asked
+        assert set(codes[first:]) == {429}  # high water: no flapping per request
+        refused = answers[first]
+        assert refused.headers["Retry-After"] == "7"
+        assert "lower-priority alerts wait to be acted on (bound 20)" in refused.json()["error"]
+        assert env.metric("nodeward_falco_ingest_backpressure") == 1
+        assert (
+            env.metric("nodeward_falco_ingest_alerts_total", outcome="refused_backlog")
+            == 60 - first
+        )
+        # A Critical alert is stored and acted on all the same.
+        critical = await env.post(env.alert(DROP_AND_EXECUTE))
+        assert critical.status_code == 200, critical.text
+        bob_ns = env.ns("user-bob")
+
+        async def isolated() -> bool:
+            audits = await env.audits(bob_ns, BOB, "isolate")
+            return any(r.outcome is Outcome.APPLIED for r in audits)
+
+        await wait_for(isolated, timeout=30, what="the Critical alert's isolation")
+        # The flood is handled; under the low water the ingest takes Notices again.
+        gate.set()
+        await wait_for(env.settled, timeout=60, what="the stored Notices handled")
+        again = await env.post(flood(env, 61)[-1])
+        assert again.status_code == 200, again.text
+    assert await backlog(env, bulk) <= 1
+    assert env.metric("nodeward_falco_ingest_backpressure") == 0
+    episodes = [e for e in logs if e["event"].startswith("falco.ingest_backpressure")]
+    assert [e["event"] for e in episodes] == [
+        "falco.ingest_backpressure",
+        "falco.ingest_backpressure_over",
+    ]
+    assert episodes[1]["refused"] == 60 - first
