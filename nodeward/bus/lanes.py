@@ -9,7 +9,9 @@ behind the other; each keeps its own order, acks and retries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
 URGENT_SUFFIX = "-urgent"
 
@@ -60,3 +62,39 @@ def lanes(
         rest += [s for s in parts[1] if s not in rest]
     found = [(consumer + suffix, first), (consumer, rest)]
     return [(name, lane) for name, lane in found if lane]
+
+
+class UrgentFirst:
+    """Within one process, low-priority work steps aside while urgent work is in hand.
+
+    Two consumers keep an urgent message from being fetched behind a flood, but their
+    handlers share one event loop: a CPU-bound flood makes every await of the urgent
+    handler wait its turn behind the flood's. Low-priority work calls `await
+    gate.clear()` before each step it can pause at (a handler's start, each action, an
+    ingest's publish); urgent work runs `async with gate.urgent():`.
+    """
+
+    def __init__(self) -> None:
+        self._urgent = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def urgent(self) -> AsyncIterator[None]:
+        self._urgent += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._urgent -= 1
+            if self._urgent == 0:
+                self._idle.set()
+
+    async def clear(self) -> None:
+        """Returns once no urgent work is in hand (at once when none is)."""
+        if not self._idle.is_set():
+            await self._idle.wait()
+
+    @property
+    def busy(self) -> bool:
+        return self._urgent > 0

@@ -55,6 +55,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import Field, ValidationError
 
+from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import Section
 from nodeward.durations import Duration
 from schemas.base import Event, make_event
@@ -225,10 +226,12 @@ class Ingest:
         registry: CollectorRegistry | None = None,
         backlog: Count | None = None,
         urgent: Callable[[FalcoAlert], bool] = lambda _: True,
+        gate: UrgentFirst | None = None,
     ) -> None:
         self.settings = settings
         self.publish = publish
         self.urgent = urgent
+        self.gate = gate or UrgentFirst()
         self.log = structlog.get_logger().bind(component="falco-ingest")
         self.backlog = Backlog(settings, backlog, self.log) if backlog is not None else None
         self.token, self.ssl = self.check(settings)
@@ -379,7 +382,7 @@ class Ingest:
         events = [alert_event(a) for a in real]
         if events:
             try:
-                await self.publish(events)
+                await self._publish(events, urgent=any(self.urgent(a) for a in real))
             except Exception as exc:  # noqa: BLE001 - NATS away: Falco is told to send again
                 self.log.warning("falco.ingest_publish_failed", error=" ".join(str(exc).split()))
                 return self._answer(503, {"error": "the bus did not acknowledge; try again"})
@@ -394,6 +397,15 @@ class Ingest:
         if refused:
             return self._refuse(refused, answer)
         return self._answer(200, answer)
+
+    async def _publish(self, events: list[Event[FalcoAlert]], *, urgent: bool) -> None:
+        """Urgent alerts first: a body of low ones waits while urgent work is in hand."""
+        if urgent:
+            async with self.gate.urgent():
+                await self.publish(events)
+        else:
+            await self.gate.clear()
+            await self.publish(events)
 
     def _refuse(self, refused: int, body: dict[str, Any]) -> web.Response:
         assert self.backlog is not None

@@ -44,6 +44,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import ConfigError, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster, NotFound
@@ -148,6 +149,8 @@ class FalcoService:
             else None
         )
         self.metrics = Metrics(registry)
+        # Notices step aside, at each action, while a Warning or worse is in hand.
+        self.gate = UrgentFirst()
         self.log = structlog.get_logger().bind(service=NAME)
 
     def consumer_specs(self) -> list[ConsumerSpec]:
@@ -177,7 +180,12 @@ class FalcoService:
         with structlog.contextvars.bound_contextvars(
             falco_rule=alert.rule, priority=alert.priority.value, about=event.subject
         ):
-            await self.respond(event, alert, sequence=delivery.stream_sequence)
+            if self.settings.urgent(alert):
+                async with self.gate.urgent():
+                    await self.respond(event, alert, sequence=delivery.stream_sequence)
+            else:
+                await self.gate.clear()
+                await self.respond(event, alert, sequence=delivery.stream_sequence)
 
     async def respond(
         self, event: Event[Any], alert: FalcoAlert, *, sequence: int | None = None
@@ -247,7 +255,10 @@ class FalcoService:
     ) -> list[Remediation]:
         results: list[tuple[ActionKind, Remediation]] = []
         stopped_by: ActionSpec | None = None
+        low = not self.settings.urgent(alert)
         for spec in rule.actions:
+            if low:
+                await self.gate.clear()
             proposal = self.proposal(event, alert, rule, spec, target)
             if stopped_by is not None:
                 reason = (
@@ -537,6 +548,7 @@ async def assemble(settings: Settings) -> Assembled:
                 registry=daemon.metrics.registry,
                 backlog=backlog,
                 urgent=config.urgent,
+                gate=service.gate,
             )
             await ingest.start()
         except IngestError as exc:

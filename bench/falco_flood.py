@@ -1,0 +1,278 @@
+"""A Critical alert's latency alone and behind a flood of Notices, and the memory the flood
+costs: the falco service as shipped against the same service read through one lane with an
+unbounded ingest (what nodeward did before the urgent lane and back-pressure).
+
+Each case starts a fresh NATS and sim cluster and `nodeward service falco` in a process of
+its own, with the shipped rules and limits. Then:
+- alone: `--criticals` Critical alerts POSTed one at a time, each timed from POST to its
+  first `remediation.v1` on AUDIT (the decision, whatever it is);
+- flood: `--notices` distinct Notice alerts POSTed `--concurrency` at a time, and from
+  `--delay` seconds in, the same number of Critical alerts, one every `--spacing` seconds,
+  timed the same way; what the ingest answered (200, 429) is counted;
+- memory: the RSS of the falco process and of nats-server before the flood, at its peak
+  (sampled every 0.2 s) and once every stored Notice is handled.
+Cases: `lanes` (as shipped: `falco-urgent` apart, 429 over `max_backlog`) and `one-lane`
+(`urgent_from: Emergency`, so Critical alerts share the Notices' consumer, and no bound).
+Prints medians over the runs of each case's p50, p99 and max latency.
+
+    python bench/falco_flood.py [--notices 20000] [--criticals 10] [--runs 1]
+                                [--concurrency 50] [--delay 5] [--spacing 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from falco import TOKEN, free_port, pct, ready
+
+from nodeward.bus import Bus
+from nodeward.bus.server import EmbeddedNats
+from nodeward.config import BusSettings
+from nodeward.logs import configure_logging
+from sim.cluster import SimCluster
+from sim.falco_samples import DROP_AND_EXECUTE, sample_seed, samples
+
+NOTICE = "Terminal shell in container"
+CASES = {
+    "lanes": {},
+    "one-lane": {"urgent_from": "Emergency", "ingest": {"max_backlog": 10**9}},
+}
+
+
+def distinct(rule: str, count: int, uid: str, tag: str) -> list[dict[str, Any]]:
+    """`count` alerts of `rule` on the seed's pods, each its own (no duplicate window hits)."""
+    base = next(a for a in samples() if a["rule"] == rule)
+    out = []
+    for i in range(count):
+        alert = copy.deepcopy(base)
+        fields = alert["output_fields"]
+        fields["k8s.ns.name"] = f"{fields['k8s.ns.name']}-{uid}"
+        fields["proc.cmdline"] = f"{fields['proc.cmdline']} #{tag}{i}"
+        alert["output"] = f"{alert['output']} {tag}={i}"
+        alert["uuid"] = f"00000000-0000-4000-{ord(tag[0]):04x}-{i:012d}"
+        out.append(alert)
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Clock:
+    """POST times and each trigger's first audit: the latency of a decision."""
+
+    sent: dict[str, float] = field(default_factory=dict)
+    audited: dict[str, float] = field(default_factory=dict)
+    news: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def on_audit(self, msg: Any) -> None:
+        trigger = json.loads(msg.data).get("trigger_event_id")
+        if trigger and trigger not in self.audited:
+            self.audited[trigger] = time.monotonic()
+            self.news.set()
+
+    async def latencies(self, ids: list[str], timeout: float) -> list[float]:
+        """Each one's POST to its first audit (inf: none within `timeout`)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not all(i in self.audited for i in ids):
+                    self.news.clear()
+                    await self.news.wait()
+        return [self.audited.get(i, float("inf")) - self.sent[i] for i in ids]
+
+
+async def post(client: httpx.AsyncClient, url: str, alert: dict[str, Any]) -> httpx.Response:
+    return await client.post(url, json=alert, headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+async def criticals(
+    client: httpx.AsyncClient, url: str, batch: list[dict[str, Any]], spacing: float, clock: Clock
+) -> list[str]:
+    ids = []
+    for alert in batch:
+        at = time.monotonic()
+        answer = await post(client, url, alert)
+        answer.raise_for_status()  # a Critical alert is never refused
+        [event_id] = answer.json()["published"]
+        clock.sent[event_id] = at
+        ids.append(event_id)
+        await asyncio.sleep(spacing)
+    return ids
+
+
+async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="falco-flood-"))
+    uid = "flood"
+    server = EmbeddedNats(tmp / "nats")
+    await server.start()
+    sim = SimCluster(sample_seed(uid), port=0)
+    await sim.start()
+    bus = await Bus.connect(BusSettings(url=server.url), source="bench")
+    clock = Clock()
+    sub = await bus.nc.subscribe("remediation.>", cb=clock.on_audit)
+    try:
+        token = tmp / "token"
+        token.write_text(TOKEN)
+        ingest_port, daemon_port = free_port(), free_port()
+        overrides: dict[str, Any] = copy.deepcopy(CASES[case])
+        falco = {
+            **overrides,
+            "ingest": {
+                "host": "127.0.0.1",
+                "port": ingest_port,
+                "token_file": str(token),
+                **overrides.get("ingest", {}),
+            },
+        }
+        config = tmp / "config.yaml"
+        daemon = {"host": "127.0.0.1", "port": daemon_port}
+        config.write_text(json.dumps({"daemon": daemon, "services": {"falco": falco}}))
+        kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "launch", "--log-level", "info", "service", "falco",
+            "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert server.proc is not None
+        pids = {"falco": proc.pid, "nats": server.proc.pid}
+        try:
+            await ready(f"http://127.0.0.1:{daemon_port}", proc)
+            url = f"http://127.0.0.1:{ingest_port}/"
+            limits = httpx.Limits(max_connections=args.concurrency + 4)
+            async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+                alone_ids = await criticals(
+                    client, url, distinct(DROP_AND_EXECUTE, args.criticals, uid, "a"), 0.2, clock
+                )
+                alone = await clock.latencies(alone_ids, 60)
+                before = {k: rss_mb(p) for k, p in pids.items()}
+                peak = dict(before)
+                codes: dict[int, int] = {}
+                queue = list(reversed(distinct(NOTICE, args.notices, uid, "n")))
+                stop = asyncio.Event()
+
+                async def poster() -> None:
+                    while queue:
+                        answer = await post(client, url, queue.pop())
+                        codes[answer.status_code] = codes.get(answer.status_code, 0) + 1
+
+                async def sample() -> None:
+                    while not stop.is_set():
+                        for k, p in pids.items():
+                            peak[k] = max(peak[k], rss_mb(p))
+                        await asyncio.sleep(0.2)
+
+                sampler = asyncio.create_task(sample())
+                began = time.monotonic()
+                flood = asyncio.gather(*(poster() for _ in range(args.concurrency)))
+                await asyncio.sleep(args.delay)
+                batch = distinct(DROP_AND_EXECUTE, args.criticals, uid, "f")
+                flood_ids = await criticals(client, url, batch, args.spacing, clock)
+                await flood
+                posted_s = time.monotonic() - began
+                behind = await clock.latencies(flood_ids, 900)
+                await drained(bus)
+                drained_s = time.monotonic() - began
+                stop.set()
+                await sampler
+                after = {k: rss_mb(p) for k, p in pids.items()}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
+    finally:
+        await sub.unsubscribe()
+        await bus.close()
+        await sim.stop()
+        await server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "alone": alone,
+        "behind": behind,
+        "codes": codes,
+        "posted_s": posted_s,
+        "drained_s": drained_s,
+        "before": before,
+        "peak": peak,
+        "after": after,
+    }
+
+
+async def drained(bus: Bus) -> None:
+    """Until every falco consumer has nothing pending or unacknowledged."""
+    while True:
+        names = [c.name async for c in _consumers(bus)]
+        infos = [await bus.js.consumer_info("SECURITY", n) for n in names]
+        if all((i.num_pending or 0) + (i.num_ack_pending or 0) == 0 for i in infos):
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _consumers(bus: Bus) -> Any:
+    for info in await bus.js.consumers_info("SECURITY"):
+        if info.name.startswith("falco"):
+            yield info
+
+
+async def main(args: argparse.Namespace) -> None:
+    configure_logging("warning", "console")
+    print(
+        f"{args.notices} Notices at concurrency {args.concurrency}; {args.criticals} Critical "
+        f"alerts alone, then one every {args.spacing}s from {args.delay}s into the flood; "
+        f"{args.runs} run(s), medians"
+    )
+    for case in CASES:
+        results = [await one_case(case, args) for _ in range(args.runs)]
+
+        def med(key: str, q: float, results: list[dict[str, Any]] = results) -> float:
+            return statistics.median(pct(r[key], q) for r in results)
+
+        def mem(when: str, who: str, results: list[dict[str, Any]] = results) -> float:
+            return statistics.median(r[when][who] for r in results)
+
+        codes = results[-1]["codes"]
+        print(f"\n{case}:")
+        for key in ("alone", "behind"):
+            print(
+                f"  critical {key:7s} p50 {med(key, 0.5):7.2f} s   p99 {med(key, 0.99):7.2f} s"
+                f"   max {med(key, 1.0):7.2f} s"
+            )
+        print(
+            f"  flood: answered {dict(sorted(codes.items()))} in "
+            f"{statistics.median(r['posted_s'] for r in results):.0f} s, all handled after "
+            f"{statistics.median(r['drained_s'] for r in results):.0f} s"
+        )
+        for who in ("falco", "nats"):
+            print(
+                f"  rss {who:5s} before {mem('before', who):6.0f} MiB   peak "
+                f"{mem('peak', who):6.0f} MiB   after {mem('after', who):6.0f} MiB"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--notices", type=int, default=20000)
+    parser.add_argument("--criticals", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--delay", type=float, default=5.0)
+    parser.add_argument("--spacing", type=float, default=1.0)
+    asyncio.run(main(parser.parse_args()))
