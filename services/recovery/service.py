@@ -234,9 +234,11 @@ class RetryLimit:
             return None
         return Verdict(
             self.name,
-            f"refused: {proposal.target.name} started {self.limit} recoveries within "
-            f"{self.window / 3600:g}h; it stays quarantined for on-call",
+            f"refused: {self.why(proposal.target.name)}; it stays quarantined for on-call",
         )
+
+    def why(self, node: str) -> str:
+        return f"{node} started {self.limit} recoveries within {self.window / 3600:g}h"
 
     async def count(self, node: str, incident_time: float) -> None:
         def add(current: RecoveryCounts | None) -> RecoveryCounts | None:
@@ -419,6 +421,10 @@ class RecoveryService:
         decided = await self.runner.run(proposal, act, self.start_guards, retry=False)
         if decided.outcome == Outcome.APPLIED:
             self.wake.set()
+        elif decided.guard == RetryLimit.name and decided.outcome == Outcome.REFUSED:
+            # A node that keeps failing is a human's: held, so that no automatic release
+            # (cordon's healthy period) puts it back in service behind on-call's back.
+            await self._escalate(record, self.retry_limit.why(node), rma=False)
 
     def _new(  # noqa: PLR0917 - the record's fields, once
         self,

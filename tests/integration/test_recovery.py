@@ -26,6 +26,7 @@ from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Remediation
 from schemas.state.maintenance import MaintenanceState, state_key
 from schemas.state.recovery import RecoveryRecord, Step
+from services.kernel.holds import hold_of
 from sim.cluster.seed import PdbSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
@@ -277,9 +278,20 @@ async def test_the_per_node_retry_limit_leaves_a_second_quarantine_to_on_call(
 
     (refusal,) = await wait_for(refused, "the second recovery refused")
     assert refusal.guard == "retry_limit" and "stays quarantined" in refusal.reason
-    assert _has_taint(await env.node_obj())
+
+    # On-call is paged, and the node is held: no automatic release puts it back.
+    async def escalated() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "escalate"]
+
+    (page,) = await wait_for(escalated, "the escalation")
+    assert "needs a human" in page.reason and "started 1 recoveries within" in page.reason
+    assert "RMA" not in page.reason
     record = await env.record()
-    assert record is not None and record.incident == first.incident  # no second recovery
+    assert record is not None and record.incident != first.incident
+    assert record.step == Step.ESCALATED and record.held and record.attempts == 0
+    node = await env.node_obj()
+    assert _has_taint(node) and hold_of(node) is not None
+    assert hold_of(node)["incident"] == record.incident
 
 
 async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any) -> None:
