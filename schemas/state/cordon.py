@@ -27,9 +27,24 @@ class GpuRecord(BaseModel):
     sequence: int = 0
     event_id: str
     healthy_since: datetime | None = None
+    failures: list[float] = Field(
+        default_factory=list,
+        description="when (unix, observed) this GPU turned failed, within the flap window",
+    )
 
     @classmethod
-    def after(cls, prior: GpuRecord | None, health: GpuHealth, event_id: str) -> GpuRecord:
+    def after(
+        cls, prior: GpuRecord | None, health: GpuHealth, event_id: str, *, flap_window_s: float = 0
+    ) -> GpuRecord:
+        """The record once `health` is accepted; a turn to failed is counted in `failures`
+        (those older than `flap_window_s` before it forgotten)."""
+        at = health.observed_at.timestamp()
+        failures = [t for t in (prior.failures if prior else []) if at - t < flap_window_s]
+        turned = health.state == HealthState.FAILED and (
+            prior is None or prior.state != HealthState.FAILED
+        )
+        if turned and flap_window_s > 0:
+            failures.append(at)
         healthy_since: datetime | None = None
         if health.state == HealthState.HEALTHY:
             was_healthy = prior is not None and prior.state == HealthState.HEALTHY
@@ -43,6 +58,7 @@ class GpuRecord(BaseModel):
             sequence=health.sequence,
             event_id=event_id,
             healthy_since=healthy_since,
+            failures=failures,
         )
 
 
@@ -110,6 +126,10 @@ class Quarantine(BaseModel):
     event_recorded: bool = False
     applied_at: float | None = None
     operator_released: bool = False
+    flapping: str | None = Field(
+        default=None,
+        description="why the incident is one of a flapping GPU: never released automatically",
+    )
 
     def holds(self, gpu: str) -> bool:
         """True if the incident holds GPU key `gpu`'s physical GPU (under `gpu` or another

@@ -29,7 +29,7 @@ def applied_details(q: Quarantine) -> dict[str, Any]:
         "cordoned": q.cordoned,
         "prior_unschedulable": q.prior_unschedulable,
         "gpus": q.gpus,
-    }
+    } | ({"flapping": q.flapping} if q.flapping else {})
 
 
 def unschedulable(node: Obj) -> bool:

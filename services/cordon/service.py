@@ -90,6 +90,7 @@ from services.kernel import (
     Cooldown,
     DrainSettings,
     Exemptions,
+    Flapping,
     Guard,
     Proposal,
     RateLimiter,
@@ -144,6 +145,16 @@ class CordonSettings(Section):
     max_event_age: Duration = Field(
         default=timedelta(minutes=15),
         description="older failures (a replay on cold start) are recorded, never acted on",
+    )
+    flap_window: Duration = Field(
+        default=timedelta(minutes=30),
+        description="turns to failed of one GPU counted this long (flap damping)",
+    )
+    flap_threshold: int = Field(
+        default=3,
+        ge=2,
+        description="this many turns to failed within flap_window: the GPU flaps, and its "
+        "quarantine is one incident that nothing releases but an operator",
     )
     reconcile_interval: Duration = timedelta(seconds=15)
     heartbeat_consumer: str = "cordon-heartbeats"
@@ -240,6 +251,8 @@ class CordonService:
         # A node recovery drives or handed to a human (its release hold) is released by
         # recovery or an operator only, never by the healthy period.
         self.release_hold = ReleaseHold(cluster.nodes.get)
+        # A flapping GPU's quarantine: one incident, released by an operator only.
+        self.flapping = Flapping()
         # One GPU out of service on its own (DRA device taint, or excluded below the
         # threshold): exemptions and the rate limit, never the breaker (no node leaves).
         self.devices = DeviceExclusions(
@@ -384,7 +397,9 @@ class CordonService:
                 return None  # stale (audited below), or a redelivery (decided again)
             if restates(previous, health):
                 return None  # said again: the record stands, decided as a redelivery is
-            gpus = {**record.gpus, gpu: GpuRecord.after(previous, health, event.id)}
+            window = self.settings.flap_window.total_seconds()
+            after = GpuRecord.after(previous, health, event.id, flap_window_s=window)
+            gpus = {**record.gpus, gpu: after}
             return record.model_copy(update={"gpus": gpus})
 
         written = await self.records.update(key, accept)
@@ -506,6 +521,10 @@ class CordonService:
                 await self.runner.record(proposal, outcome, reason, details=applied_details(q))
                 return
             if gpu in q.gpus:
+                flap = self._flapping(record, gpu)
+                if flap is not None and q.flapping is None and not q.dry_run:
+                    await self._damp(name, q, proposal, flap)
+                    return
                 # Said once per physical GPU: its other keys (its MIG instances) are quiet.
                 if not health.heartbeat and speaks_for(gpu, q.gpus):
                     await self.runner.skip(
@@ -583,6 +602,40 @@ class CordonService:
                 ),
             )
 
+    def _flapping(self, record: NodeRecord, gpu: str) -> str | None:
+        """Why GPU key `gpu` flaps (`flap_threshold` turns to failed within `flap_window`,
+        counted up to its latest event), or None."""
+        prior = record.gpus.get(gpu)
+        count = len(prior.failures) if prior else 0
+        if count < self.settings.flap_threshold:
+            return None
+        return f"GPU {gpu} turned failed {count} times within {self.settings.flap_window}"
+
+    async def _damp(self, name: str, q: Quarantine, proposal: Proposal, flap: str) -> None:
+        """A GPU of quarantine `q` flaps: the incident is one, held for an operator (no
+        automatic release; recovery, told by the audit, hands it to on-call)."""
+
+        def mark(current: NodeRecord | None) -> NodeRecord | None:
+            if current is None or current.quarantine is None:
+                return None
+            held = current.quarantine
+            if held.incident != q.incident or held.flapping is not None:
+                return None
+            return current.model_copy(
+                update={"quarantine": held.model_copy(update={"flapping": flap})}
+            )
+
+        await self.records.update(node_key(name), mark)
+        damped = replace(
+            proposal, details={**proposal.details, "flapping": flap, "incident": q.incident}
+        )
+        await self.runner.skip(
+            damped,
+            guard="flapping",
+            reason=f"damped: {flap}; one incident ({q.incident}): {name} stays quarantined "
+            f"until an operator releases it (`nodeward quarantine release {name}`)",
+        )
+
     def _new_quarantine(
         self, event: Event[Any], decision: Decision, gpu: str, reason: str, *, dry_run: bool
     ) -> Quarantine:
@@ -631,7 +684,10 @@ class CordonService:
                 return record.model_copy(
                     update={"quarantine": q.model_copy(update={"gpus": [*q.gpus, gpu]})}
                 )
-            return record.model_copy(update={"quarantine": planned})
+            flap = self._flapping(record, gpu)  # this failure the latest of many
+            return record.model_copy(
+                update={"quarantine": planned.model_copy(update={"flapping": flap})}
+            )
 
         written = await self.records.update(key, intend)
         self.marks.failpoints.hit("cordon.quarantine.pending")
@@ -815,7 +871,7 @@ class CordonService:
             name,
             q,
             f"every GPU of {name} healthy for {healthy:.0f}s; undoing quarantine {q.incident}",
-            guards=(self.cooldown, self.release_hold),
+            guards=(self.cooldown, self.release_hold, self.flapping),
         )
 
     async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
@@ -865,7 +921,7 @@ class CordonService:
             "incident": q.incident,
             "operator_released": q.operator_released,
             "applied_at": q.applied_at,
-        }
+        } | ({"flapping": q.flapping} if q.flapping else {})
         if by is None:
             proposal = Proposal(
                 action="release",

@@ -19,7 +19,7 @@ from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
-from services.kernel.holds import HOLD_ANNOTATION, ReleaseHold, hold_note, hold_of
+from services.kernel.holds import HOLD_ANNOTATION, Flapping, ReleaseHold, hold_note, hold_of
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
@@ -41,6 +41,7 @@ __all__ = [
     "DrainResult",
     "DrainSettings",
     "Exemptions",
+    "Flapping",
     "Guard",
     "GuardChain",
     "KeyedRateLimiter",

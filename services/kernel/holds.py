@@ -75,3 +75,29 @@ class ReleaseHold:
             details={"hold": hold},
             quiet=quiet,
         )
+
+
+class Flapping:
+    """A guard: refuses an automatic release of a quarantine whose GPU flaps (its
+    proposal's `details["flapping"]` says why). Audited once per incident and process."""
+
+    name = "flapping"
+    stage = Stage.COOLDOWN
+
+    def __init__(self) -> None:
+        self._audited: set[tuple[str, str]] = set()
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        flap = proposal.details.get("flapping")
+        if proposal.action != "release" or not flap:
+            return None
+        seen = (proposal.target.name, str(proposal.details.get("incident")))
+        quiet = seen in self._audited
+        self._audited.add(seen)
+        return Verdict(
+            self.name,
+            f"refused: {flap}; a flapping GPU's quarantine ends only by an operator's release "
+            f"(`nodeward quarantine release {proposal.target.name}`)",
+            Outcome.REFUSED,
+            quiet=quiet,
+        )

@@ -322,7 +322,10 @@ class RecoveryService:
     async def handle_quarantine(self, event: Event[Any], delivery: Delivery) -> None:
         """A quarantine cordon applied: recover the node if its fault calls for it."""
         audit: Remediation = event.data
-        grew = audit.outcome == Outcome.SKIPPED and audit.guard == "already_quarantined"
+        grew = audit.outcome == Outcome.SKIPPED and audit.guard in (
+            "already_quarantined",
+            "flapping",
+        )
         if (
             audit.actor != CORDON_ACTOR
             or (audit.outcome != Outcome.APPLIED and not grew)
@@ -358,7 +361,10 @@ class RecoveryService:
         record = current.value if current else None
         if record is None or record.terminal:
             return
-        if kind == Kind.ESCALATE:
+        flap = audit.details.get("flapping")
+        if flap:  # a reset or reboot more would only be the next flap's
+            await self._escalate(record, f"{flap} (flapping)", rma=False)
+        elif kind == Kind.ESCALATE:
             await self._escalate(record, f"the fault grew: {audit.reason}; {why}")
         elif (
             plan == Plan.REBOOT
@@ -383,6 +389,9 @@ class RecoveryService:
             return  # another GPU of the quarantine under way (its own record is the first's)
         gpus = gpu_indices(audit.details.get("gpus") or [audit.details.get("gpu", "")])
         xids = [int(x) for x in audit.details.get("xids") or []]
+        flap = audit.details.get("flapping")
+        if flap:  # a GPU that keeps failing: on-call's, not another reboot's
+            kind, why = Kind.ESCALATE, f"{flap} (flapping)"
         reason = f"{audit.reason}; {why}"  # cordon's reason starts with the node
         try:
             obj = await self.cluster.nodes.get(node)
@@ -407,7 +416,7 @@ class RecoveryService:
             return
         if kind == Kind.ESCALATE:
             record = self._new(node, incident, Plan.REBOOT, gpus, xids, reason)
-            await self._escalate(record, why)
+            await self._escalate(record, why, rma=not flap)
             return
         assert plan is not None
         remediator = self.settings.remediators[plan]

@@ -294,6 +294,34 @@ async def test_the_per_node_retry_limit_leaves_a_second_quarantine_to_on_call(
     assert hold_of(node)["incident"] == record.incident
 
 
+async def test_a_gpu_that_fails_again_after_its_recovery_is_handed_to_on_call_as_flapping(
+    recovery_env: Any,
+) -> None:
+    env: RecoveryEnv = await recovery_env(cordon={"flap_threshold": 2, "flap_window": "1h"})
+    await _fall_off_the_bus(env)
+
+    async def released() -> RecoveryRecord | None:
+        record = await env.record()
+        return record if record is not None and record.step == Step.RELEASED else None
+
+    first = await wait_for(released, "the first recovery")
+    await _fall_off_the_bus(env)  # the same GPU, within the flap window
+
+    async def escalated() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "escalate"]
+
+    (page,) = await wait_for(escalated, "the flapping GPU escalated")
+    assert "turned failed 2 times" in page.reason and "flapping" in page.reason
+    assert "RMA" not in page.reason
+    record = await env.record()
+    assert record is not None and record.incident != first.incident
+    assert record.step == Step.ESCALATED and record.attempts == 0  # no second reboot
+    node = await env.node_obj()
+    assert _has_taint(node) and (hold_of(node) or {}).get("incident") == record.incident
+    recovers = [a for a in await env.audits() if a.action == "recover"]
+    assert [a.outcome.value for a in recovers] == ["applied"]  # the first recovery only
+
+
 async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any) -> None:
     env: RecoveryEnv = await recovery_env(dry_run=True)
     await _fall_off_the_bus(env)
