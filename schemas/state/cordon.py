@@ -73,12 +73,17 @@ def restates(prior: GpuRecord | None, health: GpuHealth) -> bool:
     )
 
 
-def is_stale(prior: GpuRecord | None, health: GpuHealth, event_id: str) -> bool:
+def is_stale(
+    prior: GpuRecord | None, health: GpuHealth, event_id: str, *, skew_s: float = 0.0
+) -> bool:
     """True if `health` is older than the event already accepted for this GPU.
 
     Within one agent boot the sequence decides; across boots (or without sequences) the
-    observation time does. The very event already accepted (a redelivery) and the same
-    state said again (`restates`) are not stale.
+    observation time does, within `skew_s` (the bus's `max_clock_skew`): two clocks can
+    disagree by that much, so an event of another boot is stale only if it was observed
+    more than `skew_s` before the accepted one (within it, the bus's order decides). The
+    very event already accepted (a redelivery) and the same state said again (`restates`)
+    are not stale.
     """
     if prior is None or prior.event_id == event_id or restates(prior, health):
         return False
@@ -88,7 +93,7 @@ def is_stale(prior: GpuRecord | None, health: GpuHealth, event_id: str) -> bool:
         and health.sequence != prior.sequence
     ):
         return health.sequence < prior.sequence
-    return health.observed_at < prior.observed_at
+    return (prior.observed_at - health.observed_at).total_seconds() > skew_s
 
 
 def physical_gpu(key: str) -> str:

@@ -387,12 +387,13 @@ class CordonService:
         gpu = health.gpu_key()
         prior_gpu: GpuRecord | None = None
         stale = False
+        skew = self.bus.settings.max_clock_skew.total_seconds()
 
         def accept(current: NodeRecord | None) -> NodeRecord | None:
             nonlocal stale, prior_gpu
             record = current or NodeRecord()
             previous = prior_gpu = record.gpus.get(gpu)
-            stale = is_stale(previous, health, event.id)
+            stale = is_stale(previous, health, event.id, skew_s=skew)
             if stale or (previous is not None and previous.event_id == event.id):
                 return None  # stale (audited below), or a redelivery (decided again)
             if restates(previous, health):

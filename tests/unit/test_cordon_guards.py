@@ -111,6 +111,14 @@ def test_staleness_by_sequence_within_a_boot_and_by_time_across_boots() -> None:
         accepted, gpu(HealthState.HEALTHY, seq=0, boot="b2", at=T0 + timedelta(seconds=1)), "y"
     )
     assert not is_stale(None, gpu(HealthState.HEALTHY), "z")
+    # Across boots, two clocks may disagree by the bus's max_clock_skew: within it the bus's
+    # order decides (a rebooted agent whose old clock ran 3 s fast is heard); beyond it not.
+    rebooted = gpu(HealthState.FAILED, seq=1, boot="b2", at=T0 - timedelta(seconds=3))
+    assert is_stale(accepted, rebooted, "r") and not is_stale(accepted, rebooted, "r", skew_s=5)
+    older = gpu(HealthState.HEALTHY, seq=1, boot="b0", at=T0 - timedelta(seconds=6))
+    assert is_stale(accepted, older, "o", skew_s=5)
+    # Within one boot the sequence decides, whatever the clocks say.
+    assert is_stale(accepted, gpu(HealthState.HEALTHY, seq=4), "s", skew_s=5)
 
 
 def test_healthy_for_needs_every_gpu_healthy() -> None:
@@ -146,3 +154,32 @@ def test_bad_policy_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as exc:
         load_policy(path)
     assert "\n" not in str(exc.value) and "rules.0.action" in str(exc.value)
+
+
+def test_turns_to_failed_are_counted_within_the_flap_window() -> None:
+    window = 600.0
+    record = None
+    for i, state in enumerate([HealthState.FAILED, HealthState.FAILED, HealthState.HEALTHY]):
+        record = GpuRecord.after(
+            record,
+            gpu(state, seq=i + 1, at=T0 + timedelta(seconds=i)),
+            f"e{i}",
+            flap_window_s=window,
+        )
+    assert record is not None and record.failures == [T0.timestamp()]  # failed twice: one turn
+    again = GpuRecord.after(
+        record,
+        gpu(HealthState.FAILED, seq=4, at=T0 + timedelta(seconds=5)),
+        "e4",
+        flap_window_s=window,
+    )
+    assert len(again.failures) == 2
+    # An hour later the old turns are forgotten; without a window nothing is counted.
+    late = GpuRecord.after(
+        again,
+        gpu(HealthState.HEALTHY, seq=5, at=T0 + timedelta(hours=1)),
+        "e5",
+        flap_window_s=window,
+    )
+    assert late.failures == []
+    assert GpuRecord.after(None, gpu(HealthState.FAILED), "x").failures == []
