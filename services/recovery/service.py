@@ -326,6 +326,9 @@ class RecoveryService:
             "already_quarantined",
             "flapping",
         )
+        # Another GPU joined the quarantine (applied under the quarantine's incident, not its
+        # own): the fault grew too, unless nothing of recovery's is under way for the node.
+        joined = audit.details.get("incident") not in (None, audit.trigger_event_id)
         if (
             audit.actor != CORDON_ACTOR
             or (audit.outcome != Outcome.APPLIED and not grew)
@@ -346,10 +349,19 @@ class RecoveryService:
             return
         with structlog.contextvars.bound_contextvars(node=node, incident=audit.trigger_event_id):
             async with self.node_lock(node):
-                if grew:
+                if grew or (joined and await self._engaged(node)):
                     await self._fault_grew(audit, decision.kind, decision.plan, decision.why)
                 else:
                     await self._start(event, audit, decision.kind, decision.plan, decision.why)
+
+    async def _engaged(self, node: str) -> bool:
+        """True while a recovery of `node` is under way, or handed to a human (escalated): a
+        later failure of its quarantine is that recovery's, never one of its own (which would
+        reboot and release a node on-call was told needs them)."""
+        current = await self.records.get(node_key(node))
+        return current is not None and (
+            not current.value.terminal or current.value.step == Step.ESCALATED
+        )
 
     async def _fault_grew(
         self, audit: Remediation, kind: Kind, plan: Plan | None, why: str

@@ -221,6 +221,49 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     assert _has_taint(await env.node_obj())  # quarantined, for a human
 
 
+async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboots_nothing(
+    recovery_env: Any,
+) -> None:
+    # What a clean clone's property test drew: GPU 1 goes to RMA (the node is on-call's),
+    # then GPU 5 falls off the bus. Cordon adds GPU 5 to the quarantine; recovery must not
+    # start a reboot of its own that would release the node behind on-call's back.
+    env: RecoveryEnv = await recovery_env()
+    reply = await request_injection(
+        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
+    )
+    assert reply.ok, reply.error
+    escalated = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
+    await _fall_off_the_bus(env, gpu=5)
+
+    async def joined() -> list[Remediation]:
+        return [
+            a
+            for a in await env.audits()
+            if a.action == "quarantine"
+            and a.outcome.value == "applied"
+            and a.details.get("incident") == escalated.incident
+            and a.trigger_event_id != escalated.incident
+        ]
+
+    await wait_for(joined, "GPU 5 added to the quarantine")
+
+    async def acked() -> bool:  # recovery has decided on cordon's audit of GPU 5
+        info = await env.bus.js.consumer_info("AUDIT", env.bucket)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(acked, "recovery done with the audit")
+    record = await env.record()
+    assert record is not None and record.incident == escalated.incident
+    assert record.step == Step.ESCALATED and record.held
+    audits = await env.audits()
+    # The XID 64 that came first started a reset plan (since escalated); nothing after it.
+    recovers = [a.trigger_event_id for a in audits if a.action == "recover"]
+    assert recovers == [escalated.incident]
+    assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
+    node = await env.node_obj()
+    assert _has_taint(node) and (hold_of(node) or {}).get("incident") == escalated.incident
+
+
 async def test_a_quarantine_an_operator_releases_mid_recovery_ends_it_and_takes_back_its_asks(
     recovery_env: Any,
 ) -> None:
