@@ -46,17 +46,18 @@ TOKEN = "bench-token-0123456789abcdef"
 RULES = {"notice": "Terminal shell in container", "critical": DROP_AND_EXECUTE}
 
 
-def alerts(count: int, priority: str, uid: str) -> list[dict[str, Any]]:
-    """`count` distinct alerts of one rule on the seed's pods (a different command each)."""
+def alerts(count: int, priority: str, uid: str, tag: str = "run") -> list[dict[str, Any]]:
+    """`count` distinct alerts of one rule on the seed's pods (a different command each;
+    batches of another `tag` differ from this one's too)."""
     base = next(a for a in samples() if a["rule"] == RULES[priority])
     out = []
     for i in range(count):
         alert = copy.deepcopy(base)
         fields = alert["output_fields"]
         fields["k8s.ns.name"] = f"{fields['k8s.ns.name']}-{uid}"
-        fields["proc.cmdline"] = f"{fields['proc.cmdline']} #{i}"
-        alert["output"] = f"{alert['output']} run={i}"
-        alert["uuid"] = f"00000000-0000-4000-8000-{i:012d}"
+        fields["proc.cmdline"] = f"{fields['proc.cmdline']} #{tag}{i}"
+        alert["output"] = f"{alert['output']} {tag}={i}"
+        alert["uuid"] = f"00000000-0000-4000-{ord(tag[0]):04x}-{i:012d}"
         out.append(alert)
     return out
 

@@ -39,35 +39,19 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from falco import TOKEN, free_port, pct, ready
+from falco import TOKEN, alerts, free_port, pct, ready
 
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
 from sim.cluster import SimCluster
-from sim.falco_samples import DROP_AND_EXECUTE, sample_seed, samples
+from sim.falco_samples import sample_seed
 
-NOTICE = "Terminal shell in container"
 CASES = {
     "lanes": {},
     "one-lane": {"urgent_from": "Emergency", "ingest": {"max_backlog": 10**9}},
 }
-
-
-def distinct(rule: str, count: int, uid: str, tag: str) -> list[dict[str, Any]]:
-    """`count` alerts of `rule` on the seed's pods, each its own (no duplicate window hits)."""
-    base = next(a for a in samples() if a["rule"] == rule)
-    out = []
-    for i in range(count):
-        alert = copy.deepcopy(base)
-        fields = alert["output_fields"]
-        fields["k8s.ns.name"] = f"{fields['k8s.ns.name']}-{uid}"
-        fields["proc.cmdline"] = f"{fields['proc.cmdline']} #{tag}{i}"
-        alert["output"] = f"{alert['output']} {tag}={i}"
-        alert["uuid"] = f"00000000-0000-4000-{ord(tag[0]):04x}-{i:012d}"
-        out.append(alert)
-    return out
 
 
 def rss_mb(pid: int) -> float:
@@ -161,13 +145,13 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             limits = httpx.Limits(max_connections=args.concurrency + 4)
             async with httpx.AsyncClient(limits=limits, timeout=60) as client:
                 alone_ids = await criticals(
-                    client, url, distinct(DROP_AND_EXECUTE, args.criticals, uid, "a"), 0.2, clock
+                    client, url, alerts(args.criticals, "critical", uid, "a"), 0.2, clock
                 )
                 alone = await clock.latencies(alone_ids, 60)
                 before = {k: rss_mb(p) for k, p in pids.items()}
                 peak = dict(before)
                 codes: dict[int, int] = {}
-                queue = list(reversed(distinct(NOTICE, args.notices, uid, "n")))
+                queue = list(reversed(alerts(args.notices, "notice", uid, "n")))
                 stop = asyncio.Event()
 
                 async def poster() -> None:
@@ -185,7 +169,7 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 began = time.monotonic()
                 flood = asyncio.gather(*(poster() for _ in range(args.concurrency)))
                 await asyncio.sleep(args.delay)
-                batch = distinct(DROP_AND_EXECUTE, args.criticals, uid, "f")
+                batch = alerts(args.criticals, "critical", uid, "f")
                 flood_ids = await criticals(client, url, batch, args.spacing, clock)
                 await flood
                 posted_s = time.monotonic() - began

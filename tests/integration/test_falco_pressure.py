@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.remediation import Outcome
+from services.falco.service import FalcoService
 from services.falco.settings import FalcoSettings
 from tests.conftest import wait_for
 from tests.integration.falco_fixtures import DROP_AND_EXECUTE, EnvFactory, FalcoEnv
@@ -28,6 +29,20 @@ def flood(env: FalcoEnv, count: int) -> list[dict[str, Any]]:
         alert["uuid"] = f"00000000-0000-4000-8000-{i:012d}"
         out.append(alert)
     return out
+
+
+def hold_notices(service: FalcoService) -> asyncio.Event:
+    """Every Notice's handling waits until the returned gate is set."""
+    gate = asyncio.Event()
+    respond = service.respond
+
+    async def held(event: Any, alert: FalcoAlert, *, sequence: int | None = None) -> Any:
+        if alert.priority is FalcoPriority.NOTICE:
+            await gate.wait()
+        return await respond(event, alert, sequence=sequence)
+
+    service.respond = held  # type: ignore[method-assign]
+    return gate
 
 
 async def backlog(env: FalcoEnv, consumer: str) -> int:
@@ -55,17 +70,8 @@ async def test_a_critical_alert_is_acted_on_while_every_notice_handler_is_busy(
 ) -> None:
     env = await falco_env()
     urgent, bulk = env.consumers()
-    service = (await env.start()).service
     # Every Notice handler blocks until the gate opens: the flood is as slow as it can be.
-    gate = asyncio.Event()
-    respond = service.respond
-
-    async def held(event: Any, alert: FalcoAlert, *, sequence: int | None = None) -> Any:
-        if alert.priority is FalcoPriority.NOTICE:
-            await gate.wait()
-        return await respond(event, alert, sequence=sequence)
-
-    service.respond = held  # type: ignore[method-assign]
+    gate = hold_notices((await env.start()).service)
     for alert in flood(env, 200):
         await env.publish_raw(alert)
     busy = env.settings.services["falco"].get("concurrency", 16)
@@ -100,16 +106,7 @@ async def test_over_the_backlog_the_ingest_answers_429_to_low_priorities_and_sto
     with capture_logs() as logs:
         ingest = env.settings.services["falco"]["ingest"]
         bounded = {**ingest, "max_backlog": 20, "backlog_check": "50ms", "retry_after": "7s"}
-        service = (await env.start(ingest=bounded)).service
-        gate = asyncio.Event()
-        respond = service.respond
-
-        async def held(event: Any, alert: FalcoAlert, *, sequence: int | None = None) -> Any:
-            if alert.priority is FalcoPriority.NOTICE:
-                await gate.wait()
-            return await respond(event, alert, sequence=sequence)
-
-        service.respond = held  # type: ignore[method-assign]
+        gate = hold_notices((await env.start(ingest=bounded)).service)
         answers = []
         for alert in flood(env, 60):
             answers.append(await env.post(alert))
