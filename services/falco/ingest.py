@@ -30,10 +30,12 @@ under `resume_below` of the bound (high and low water: no answer flaps per reque
 urgent ones are always stored. A body that mixes both stores the urgent ones and answers
 429 for the rest: sent again, the urgent ones are stored once (their `Nats-Msg-Id`). One
 log line starts an episode and one ends it, with what was refused; the metric
-`nodeward_falco_ingest_backpressure` is 1 meanwhile. Falcosidekick (`outputs/client.go`)
-and Falco's `http_output` log and count a 429 and do not send that alert again: under a
-flood the lowest priorities are shed at the edge, counted on both sides, rather than queued
-ahead of what matters.
+`nodeward_falco_ingest_backpressure` is 1 meanwhile (the episode ends at the first
+low-priority alert after the backlog drained). Falcosidekick (`outputs/client.go`) logs and
+counts a 429 and does not send that alert again; Falco's `http_output`
+(`outputs_http.cpp`) retries only a timeout and neither logs nor resends an HTTP error. Under
+a flood the lowest priorities are shed at the edge, counted here, rather than queued ahead
+of what matters.
 """
 
 from __future__ import annotations
