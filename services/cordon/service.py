@@ -614,7 +614,17 @@ class CordonService:
 
     async def _damp(self, name: str, q: Quarantine, proposal: Proposal, flap: str) -> None:
         """A GPU of quarantine `q` flaps: the incident is one, held for an operator (no
-        automatic release; recovery, told by the audit, hands it to on-call)."""
+        automatic release; recovery, told by the audit, hands it to on-call). Audited
+        before it is marked: a restart in between damps again under the same audit id."""
+        damped = replace(
+            proposal, details={**proposal.details, "flapping": flap, "incident": q.incident}
+        )
+        await self.runner.skip(
+            damped,
+            guard="flapping",
+            reason=f"damped: {flap}; one incident ({q.incident}): {name} stays quarantined "
+            f"until an operator releases it (`nodeward quarantine release {name}`)",
+        )
 
         def mark(current: NodeRecord | None) -> NodeRecord | None:
             if current is None or current.quarantine is None:
@@ -627,15 +637,6 @@ class CordonService:
             )
 
         await self.records.update(node_key(name), mark)
-        damped = replace(
-            proposal, details={**proposal.details, "flapping": flap, "incident": q.incident}
-        )
-        await self.runner.skip(
-            damped,
-            guard="flapping",
-            reason=f"damped: {flap}; one incident ({q.incident}): {name} stays quarantined "
-            f"until an operator releases it (`nodeward quarantine release {name}`)",
-        )
 
     def _new_quarantine(
         self, event: Event[Any], decision: Decision, gpu: str, reason: str, *, dry_run: bool
