@@ -349,18 +349,22 @@ class RecoveryService:
             return
         with structlog.contextvars.bound_contextvars(node=node, incident=audit.trigger_event_id):
             async with self.node_lock(node):
-                if grew or (joined and await self._engaged(node)):
+                if grew or (joined and await self._engaged(node, audit.details["incident"])):
                     await self._fault_grew(audit, decision.kind, decision.plan, decision.why)
                 else:
                     await self._start(event, audit, decision.kind, decision.plan, decision.why)
 
-    async def _engaged(self, node: str) -> bool:
-        """True while a recovery of `node` is under way, or handed to a human (escalated): a
-        later failure of its quarantine is that recovery's, never one of its own (which would
-        reboot and release a node on-call was told needs them)."""
+    async def _engaged(self, node: str, incident: str) -> bool:
+        """True while a recovery of `node` is under way, or quarantine `incident`'s was
+        handed to a human (escalated): a later failure of its quarantine is that recovery's,
+        never one of its own (which would reboot and release a node on-call was told needs
+        them). An escalation of an earlier quarantine, long over, engages nothing."""
         current = await self.records.get(node_key(node))
-        return current is not None and (
-            not current.value.terminal or current.value.step == Step.ESCALATED
+        if current is None:
+            return False
+        record = current.value
+        return not record.terminal or (
+            record.step == Step.ESCALATED and record.incident == incident
         )
 
     async def _fault_grew(
