@@ -30,8 +30,8 @@ under `resume_below` of the bound (high and low water: no answer flaps per reque
 urgent ones are always stored. A body that mixes both stores the urgent ones and answers
 429 for the rest: sent again, the urgent ones are stored once (their `Nats-Msg-Id`). One
 log line starts an episode and one ends it, with what was refused; the metric
-`nodeward_falco_ingest_backpressure` is 1 meanwhile (the episode ends at the first
-low-priority alert after the backlog drained). Falcosidekick (`outputs/client.go`) logs and
+`nodeward_falco_ingest_backpressure` is 1 meanwhile (while it lasts the ingest asks the
+server every `backlog_check`, so the episode ends when the backlog drains). Falcosidekick (`outputs/client.go`) logs and
 counts a 429 and does not send that alert again; Falco's `http_output`
 (`outputs_http.cpp`) retries only a timeout and neither logs nor resends an HTTP error. Under
 a flood the lowest priorities are shed at the edge, counted here, rather than queued ahead
@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 import json
 import ssl
@@ -178,6 +179,7 @@ class Backlog:
         self.over = False
         self.refused = 0  # in this episode
         self._asking: asyncio.Future[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def full(self) -> bool:
         """True while alerts below the urgent lane's priority are refused."""
@@ -188,6 +190,8 @@ class Backlog:
             self.over = True
             self.refused = 0
             self.log.warning("falco.ingest_backpressure", backlog=self.known, bound=bound)
+            # The episode ends when the backlog drains, whether or not anyone posts then.
+            self._watch = asyncio.get_running_loop().create_task(self._until_drained())
         elif self.over and self.known < bound * self.settings.resume_below:
             self.over = False
             self.log.info(
@@ -197,6 +201,17 @@ class Backlog:
 
     def stored(self, n: int) -> None:
         self.known += n
+
+    async def _until_drained(self) -> None:
+        while self.over:
+            await asyncio.sleep(self.settings.backlog_check.total_seconds())
+            await self.full()
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
 
     async def _ask(self) -> None:
         if self._asking is not None:  # someone else is asking: their answer is ours
@@ -322,6 +337,8 @@ class Ingest:
         )
 
     async def stop(self) -> None:
+        if self.backlog is not None:
+            await self.backlog.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
