@@ -90,10 +90,14 @@ class UrgentFirst:
             if self._urgent == 0:
                 self._idle.set()
 
-    async def clear(self) -> None:
-        """Returns once no urgent work is in hand (at once when none is)."""
-        if not self._idle.is_set():
-            await self._idle.wait()
+    async def clear(self, at_most: float | None = None) -> None:
+        """Returns once no urgent work is in hand (at once when none is), or after
+        `at_most` seconds whatever is in hand."""
+        if self._idle.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await self._idle.wait()
 
     @property
     def busy(self) -> bool:

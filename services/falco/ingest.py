@@ -418,12 +418,13 @@ class Ingest:
         return self._answer(200, answer)
 
     async def _publish(self, events: list[Event[FalcoAlert]], *, urgent: bool) -> None:
-        """Urgent alerts first: a body of low ones waits while urgent work is in hand."""
+        """Urgent alerts first: a body of low ones waits while urgent work is in hand, a
+        second at most (an HTTP client is not held for the length of a checkpoint)."""
         if urgent:
             async with self.gate.urgent():
                 await self.publish(events)
         else:
-            await self.gate.clear()
+            await self.gate.clear(at_most=1.0)
             await self.publish(events)
 
     def _refuse(self, refused: int, body: dict[str, Any]) -> web.Response:

@@ -57,6 +57,9 @@ async def test_low_priority_work_waits_while_urgent_work_is_in_hand() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
     assert order == ["urgent started"] and not waiting.done()
+    # Low work that may wait only so long goes on while the urgent work is still in hand.
+    await gate.clear(at_most=0.01)
+    assert gate.busy and not waiting.done()
     release.set()
     await asyncio.gather(task, waiting)
     assert order == ["urgent started", "urgent done", "low"] and not gate.busy
