@@ -39,10 +39,12 @@ async def test_low_priority_work_waits_while_urgent_work_is_in_hand() -> None:
     await gate.clear()  # nothing urgent: at once
     order: list[str] = []
     release = asyncio.Event()
+    started = asyncio.Event()
 
     async def urgent() -> None:
         async with gate.urgent():
             order.append("urgent started")
+            started.set()
             await release.wait()
             order.append("urgent done")
 
@@ -51,15 +53,12 @@ async def test_low_priority_work_waits_while_urgent_work_is_in_hand() -> None:
         order.append("low")
 
     task = asyncio.create_task(urgent())
-    while not gate.busy:
-        await asyncio.sleep(0)
+    await started.wait()
     waiting = asyncio.create_task(low())
-    for _ in range(10):
-        await asyncio.sleep(0)
-    assert order == ["urgent started"] and not waiting.done()
-    # Low work that may wait only so long goes on while the urgent work is still in hand.
-    await gate.clear(at_most=0.01)
-    assert gate.busy and not waiting.done()
+    # Bounded by `at_most`, a wait returns while the urgent work is still in hand; the
+    # unbounded one is still waiting then.
+    await gate.clear(at_most=0.05)
+    assert order == ["urgent started"] and gate.busy and not waiting.done()
     release.set()
     await asyncio.gather(task, waiting)
     assert order == ["urgent started", "urgent done", "low"] and not gate.busy
