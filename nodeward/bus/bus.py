@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -64,6 +64,7 @@ class Bus:
         )
         self.log = structlog.get_logger().bind(component="bus", source=source)
         self._m_published: dict[str, Any] = {}
+        self._before_close: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
     async def connect(
@@ -265,10 +266,20 @@ class Bus:
         )
 
     # shutdown --------------------------------------------------------------------------
+    def before_close(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run `await hook()` in `close()` once the consumers have stopped, before the last
+        publishes are flushed: what a component still has to say (a tally's counts)."""
+        self._before_close.append(hook)
+
     async def close(self, grace: float = 10.0) -> None:
-        """Stop consumers (finish or nak in-flight work), flush publishes, drain the connection."""
+        """Stop consumers (finish or nak in-flight work), run the `before_close` hooks,
+        flush publishes, drain the connection."""
         await asyncio.gather(*(c.stop(grace) for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
+        hooks, self._before_close = self._before_close, []
+        for hook in hooks:
+            with contextlib.suppress(Exception):
+                await within(hook(), grace)
         with contextlib.suppress(Exception):
             if self.js.publish_async_pending():
                 await within(self.js.publish_async_completed(), grace)

@@ -96,6 +96,8 @@ from services.kernel import (
     RateLimiter,
     RateLimitSettings,
     ReleaseHold,
+    Tally,
+    TallySettings,
     drain,
 )
 from services.kernel.breaker import node_breaker
@@ -182,6 +184,7 @@ class CordonSettings(Section):
         " above twice nats-server's longest election (9 s) of the bucket's leader",
     )
     breaker: BreakerSettings = BreakerSettings()
+    tally: TallySettings = TallySettings()
     xid_repeats: XidRepeatSettings = XidRepeatSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
     drain: DrainSettings = DrainSettings()
@@ -200,6 +203,13 @@ def fault_details(health: GpuHealth) -> dict[str, Any]:
         "recommended_actions": sorted(actions - {"none"}),
         "xids": sorted({r.xid for r in health.reasons if r.xid is not None}),
     }
+
+
+def fault_key(node: str, gpu: str, fault: dict[str, Any]) -> str:
+    """What a restated fault of one physical GPU is tallied under: node, GPU, the fault."""
+    actions = ",".join(fault.get("recommended_actions") or [])
+    xids = ",".join(str(x) for x in fault.get("xids") or [])
+    return f"{node}/{gpu.split('-mig', 1)[0]}/{actions}/{xids}"
 
 
 def describe(health: GpuHealth) -> str:
@@ -230,7 +240,13 @@ class CordonService:
         self.breaker = breaker
         self.marks = NodeMarks(cluster, records.kv, OWNER)
         # Every decision, acted on or not, is audited through the runner (the kernel).
-        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
+        auditor = Auditor(
+            bus,
+            actor=ACTOR,
+            topic=TOPIC,
+            severities=SEVERITIES,
+            tally=Tally.of(settings.tally),
+        )
         self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
         self.exemptions = Exemptions(cluster.namespaces.labels)
         self.rate_limit = RateLimiter(settings.rate_limit)
@@ -528,8 +544,10 @@ class CordonService:
                     return
                 # Said once per physical GPU: its other keys (its MIG instances) are quiet.
                 if not health.heartbeat and speaks_for(gpu, q.gpus):
+                    # services.recovery reads it for the fault: the same fault is counted,
+                    # another one is audited in full.
                     await self.runner.skip(
-                        proposal,
+                        replace(proposal, tally=fault_key(name, gpu, proposal.details)),
                         guard="already_quarantined",
                         reason=f"already quarantined: {proposal.reason}",
                     )

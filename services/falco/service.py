@@ -74,6 +74,7 @@ from services.kernel import (
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
+    Tally,
 )
 from services.kernel.breaker import node_breaker
 from services.kernel.control import operator_limit, operator_proposal, refuse, reply_for
@@ -109,7 +110,9 @@ class FalcoService:
         self.cluster = cluster
         self.settings = settings
         self.policy = policy
-        self.runner = ActionRunner(Auditor(bus, actor=ACTOR, topic=settings.topic))
+        self.runner = ActionRunner(
+            Auditor(bus, actor=ACTOR, topic=settings.topic, tally=Tally.of(settings.tally))
+        )
         self.runner = self.runner.with_dry_run(settings.dry_run)
         # Identical alerts: the first of a window acts; a redelivery of that very message
         # (same event id and stream sequence) is handled again; the same alert arriving as
@@ -311,6 +314,11 @@ class FalcoService:
             details=details,
             severity=severity_of(alert.priority),
             title=f"Falco {alert.priority.value} '{alert.rule}' on {where(alert)}"[:200],
+            tally=(
+                f"{alert.rule}@{target.node or alert.hostname or 'unknown'}"
+                if ACTIONS[spec.action].scope == "none" and self.settings.tallied(alert)
+                else None
+            ),
         )
 
     async def run_action(

@@ -14,7 +14,7 @@ from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.state.dedup import FALCO
 from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
-from services.kernel import BreakerSettings, RateLimitSettings
+from services.kernel import BreakerSettings, RateLimitSettings, TallySettings
 from services.kernel.control import ControlSettings
 
 NAME = "falco"
@@ -33,6 +33,13 @@ class FalcoSettings(Section):
         description="alerts of this priority and above have a consumer of their own "
         "(`<consumer>-urgent`): never queued behind a flood of lower ones",
     )
+    tally_below: FalcoPriority | None = Field(
+        default=FalcoPriority.WARNING,
+        description="an alert below this priority whose action only tells (notify) is "
+        "audited and told in full once per Falco rule, node and `tally.window`; the rest are "
+        "counted and audited as one record when the window closes (None: each one in full)",
+    )
+    tally: TallySettings = TallySettings()
     bucket: str = Field(default=FALCO.name, description="KV bucket of the duplicate window")
     marks_bucket: str = Field(
         default=FALCO_MARKS.name,
@@ -72,6 +79,10 @@ class FalcoSettings(Section):
     def urgent(self, alert: FalcoAlert) -> bool:
         """Of the urgent lane's priorities: never queued behind, nor refused for, others."""
         return alert.priority.rank <= self.urgent_from.rank
+
+    def tallied(self, alert: FalcoAlert) -> bool:
+        """Below `tally_below`: what only tells about it is counted per rule and node."""
+        return self.tally_below is not None and alert.priority.rank > self.tally_below.rank
 
     def lanes(self) -> list[tuple[str, list[str]]]:
         """The consumers, (durable name, subjects): `urgent_from` and above on

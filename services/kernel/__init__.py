@@ -10,7 +10,8 @@ runner's last step. Decisions that are not acts are audited through the runner t
 `NodeMarks` puts marks on a node (taint, cordon, label, condition, annotation) and takes
 them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evidence kept) and
 `blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
-service drives, or handed to a human, from being released automatically.
+service drives, or handed to a human, from being released automatically. The auditor's
+`Tally` counts restatements (noisy skips) per window instead of auditing each.
 """
 
 from schemas.state.breaker import BreakerState
@@ -25,6 +26,7 @@ from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
 from services.kernel.proposal import Guard, Proposal, Stage, Verdict
 from services.kernel.runner import ActionRunner
+from services.kernel.tally import Tally, TallySettings
 
 __all__ = [
     "EXEMPT_LABEL",
@@ -55,6 +57,8 @@ __all__ = [
     "SkippedNamespaces",
     "Stage",
     "Staleness",
+    "Tally",
+    "TallySettings",
     "Verdict",
     "blockers",
     "drain",

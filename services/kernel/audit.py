@@ -1,7 +1,10 @@
-"""Audit and notification: every decision becomes a `remediation.v1` and a `notify.v1`."""
+"""Audit and notification: every decision becomes a `remediation.v1` and a `notify.v1`;
+a restatement at the rate of its input is counted and audited per window (`Tally`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,11 +12,12 @@ import structlog
 from prometheus_client import Counter
 
 from nodeward.bus import Bus
-from schemas.base import make_event, utcnow
+from schemas.base import Event, make_event, utcnow
 from schemas.ids import new_id, stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 from services.kernel.proposal import Proposal
+from services.kernel.tally import Tally, Window
 
 DEFAULT_SEVERITY: Mapping[Outcome, Severity] = {
     Outcome.APPLIED: Severity.CRITICAL,
@@ -29,7 +33,10 @@ class Auditor:
     """Publishes the audit record of a decision, then the notification that points at it.
 
     Ids are derived from the trigger event, action, outcome and guard, so a redelivered
-    trigger re-publishes the same ids and JetStream drops the duplicates.
+    trigger re-publishes the same ids and JetStream drops the duplicates. Decisions the
+    `tally` takes (noisy skips, proposals marked `tally`) are audited in full once per key
+    and window and counted otherwise; each window's count is audited when it closes (a
+    task of the auditor's), and what is open when the bus closes, then.
     """
 
     def __init__(
@@ -39,11 +46,21 @@ class Auditor:
         actor: str,
         topic: str,
         severities: Mapping[str, Mapping[Outcome, Severity]] | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self.bus = bus
         self.actor = actor
         self.topic = topic
         self.severities = severities or {}
+        self.tally = tally or Tally()
+        self._flusher: asyncio.Task[None] | None = None
+        self._tallied = Counter(
+            "nodeward_remediations_tallied",
+            "Decisions counted in a tally window instead of audited one by one",
+            ["action", "outcome", "guard"],
+            registry=bus.metrics.registry,
+        )
+        bus.before_close(self.flush_all)
         self.decisions = Counter(
             "nodeward_remediations",
             "Decisions audited (remediation.v1), by action, outcome and guard",
@@ -85,8 +102,14 @@ class Auditor:
         *,
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
+        admitted: bool = False,
     ) -> Remediation:
-        """Publish the audit record of a decision, then its notification."""
+        """Publish the audit record of a decision, then its notification; or, for one the
+        tally counts, build it and count it (`admitted`: the tally was asked already)."""
+        if not admitted:
+            counted = await self.counted(proposal, outcome, reason, guard, details)
+            if counted is not None:
+                return counted
         remediation = self.build(proposal, outcome, reason, guard=guard, details=details)
         key = (self.actor, proposal.action, outcome.value, guard or "", proposal.target.key())
         if proposal.trigger_id is not None and proposal.trigger_time is not None:
@@ -125,3 +148,105 @@ class Auditor:
             audit_id=audit_id,
         )
         return remediation
+
+    # the tally's windows ------------------------------------------------------------------
+    async def counted(
+        self,
+        proposal: Proposal,
+        outcome: Outcome,
+        reason: str,
+        guard: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> Remediation | None:
+        """The decision's record, built and counted, when the tally takes it and its window
+        has had its first already; None when it is to be audited (and acted on) in full."""
+        if not self.tally.applies(proposal, outcome, guard):
+            return None
+        await self.flush()
+        if self.tally.admit(proposal, outcome, reason, guard):
+            return None
+        self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
+        self._tallied.labels(proposal.action, outcome.value, guard or "").inc()
+        structlog.get_logger().debug(
+            "action.tallied",
+            action=proposal.action,
+            target=proposal.target.key(),
+            outcome=outcome.value,
+            guard=guard,
+        )
+        self._flush_later()
+        return self.build(proposal, outcome, reason, guard=guard, details=details)
+
+    async def flush(self, *, everything: bool = False) -> int:
+        """Audit the windows that have closed (all, with `everything`): one aggregate
+        record each, no notice. Returns how many were audited."""
+        windows = self.tally.closed(everything=everything)
+        if windows:
+            await self.bus.publish_many([self._aggregate(w) for w in windows])
+        for w in windows:
+            structlog.get_logger().info(
+                "action.tally_audited",
+                action=w.proposal.action,
+                target=w.proposal.target.key(),
+                guard=w.guard,
+                counted=w.counted,
+            )
+        return len(windows)
+
+    async def flush_all(self) -> None:
+        """At the bus's close: the open windows' counts audited, the flusher stopped."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        try:
+            await self.flush(everything=True)
+        except Exception as exc:  # noqa: BLE001 - closing: counts are lost, not the acts
+            structlog.get_logger().warning(
+                "action.tally_lost", counted=self.tally.counting, error=str(exc)
+            )
+
+    def _flush_later(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_when_due(), name="tally-flush")
+
+    async def _flush_when_due(self) -> None:
+        while (due := self.tally.next_close()) is not None:
+            await asyncio.sleep(max((due - utcnow()).total_seconds(), 0.0) + 0.01)
+            try:
+                await self.flush()
+            except Exception as exc:  # noqa: BLE001 - the bus is away: try again later
+                structlog.get_logger().warning("action.tally_flush_failed", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    def _aggregate(self, w: Window) -> Event[Remediation]:
+        p = w.proposal
+        span = f"{w.first:%H:%M:%S}-{w.last:%H:%M:%S}" if w.first and w.last else ""
+        record = Remediation(
+            action=p.action,
+            target=p.target,
+            outcome=Outcome(w.key[1]),
+            reason=f"{w.counted} more like this in {self.tally.window} (UTC {span}),"
+            f" counted not audited one by one; the last: {w.reason}",
+            policy=p.policy,
+            guard=w.guard,
+            dry_run=w.key[1] == Outcome.DRY_RUN.value,
+            actor=self.actor,
+            details={
+                **p.details,
+                "tally": {
+                    "counted": w.counted,
+                    "window_s": self.tally.window.total_seconds(),
+                    "opened": w.opened.isoformat(),
+                    "first": w.first.isoformat() if w.first else None,
+                    "last": w.last.isoformat() if w.last else None,
+                    "triggers": w.triggers,
+                },
+            },
+        )
+        return make_event(
+            record,
+            source=self.actor,
+            id=stable_id(w.opened, self.actor, "tally", *w.key),
+            time=utcnow(),
+        )

@@ -38,6 +38,10 @@ class Proposal:
     resolves: bool = False
     """Done (applied or undone), this ends the target's incident (a release, a
     cancellation): its notice says so, and Alertmanager resolves the incident's alerts."""
+    tally: str | None = None
+    """A restatement at the rate of its input (a Notice alert that only tells), counted
+    under this key (with its action, outcome and guard): the first of a window is audited
+    in full, the rest counted and audited once (`Tally`)."""
 
 
 @dataclass(frozen=True)

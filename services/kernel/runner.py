@@ -60,10 +60,16 @@ class ActionRunner:
             reason = f"dry run: would {proposal.action}: {proposal.reason}"
             quiet = await _restates(repeat, Outcome.DRY_RUN, None)
             return await self._audit(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
+        # A restatement the tally counts is not acted on again (its first of the window was).
+        counted = await self.auditor.counted(proposal, Outcome.APPLIED, proposal.reason)
+        if counted is not None:
+            log.debug("action.counted")
+            return counted
         try:
             details = await act()
         except KubeError as exc:
             log.warning("action.failed", error=str(exc))
+            self.auditor.tally.reopen(proposal, Outcome.APPLIED, None)
             failed = await self._audit(
                 proposal, Outcome.FAILED, f"{proposal.reason}; failed: {exc}", details={}
             )
@@ -71,7 +77,9 @@ class ActionRunner:
                 return failed
             raise RetryableError(f"{proposal.action} failed: {exc}") from exc
         log.info("action.applied", **{k: v for k, v in details.items() if k != "event"})
-        return await self._audit(proposal, Outcome.APPLIED, proposal.reason, details=details)
+        return await self._audit(
+            proposal, Outcome.APPLIED, proposal.reason, details=details, admitted=True
+        )
 
     async def screen(
         self, proposal: Proposal, guards: Iterable[Guard], *, repeat: Repeat | None = None
@@ -176,10 +184,13 @@ class ActionRunner:
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
         publish: bool = True,
+        admitted: bool = False,
     ) -> Remediation:
         if not publish:
             return self.auditor.build(proposal, outcome, reason, guard=guard, details=details)
-        return await self.auditor.record(proposal, outcome, reason, guard=guard, details=details)
+        return await self.auditor.record(
+            proposal, outcome, reason, guard=guard, details=details, admitted=admitted
+        )
 
 
 async def _restates(repeat: Repeat | None, outcome: Outcome, guard: str | None) -> bool:

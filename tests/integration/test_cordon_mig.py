@@ -86,18 +86,18 @@ def mig_gpu(node: str, line: str | None, *, seq: int, gpu: int = 3) -> list[Even
 
 
 async def barrier(env: CordonEnv, name: str, seq: int) -> None:
-    """Events of a node are handled in order: once a stale event published after the
-    others is audited (`ignore`, stale), they were all handled."""
-    await env.publish(
-        health(name, HealthState.HEALTHY, gpu=0, seq=seq),
-        health(name, HealthState.HEALTHY, gpu=0, seq=seq - 1),
-    )
+    """Events of a node are handled in order: once a change of GPU 0 published after the
+    others is in the node's record, they were all handled."""
+    await env.publish(health(name, HealthState.HEALTHY, gpu=0, seq=seq))
 
-    async def stale() -> list[Any]:
-        found = [r for r in await audits(env.bus, name, "ignore") if r.guard == "stale"]
-        return found if len(found) >= seq // 2 else []
+    async def recorded() -> bool:
+        entry = await TypedKV(
+            await env.bus.kv(env.settings.services["cordon"]["bucket"]), NodeRecord
+        ).get(node_key(name))
+        gpu = entry.value.gpus.get("0") if entry is not None else None
+        return gpu is not None and gpu.sequence == seq
 
-    await wait_for(stale, timeout=10, what="the barrier's stale audit")
+    await wait_for(recorded, timeout=10, what="the barrier's change in the node's record")
 
 
 async def record_of(env: CordonEnv, name: str) -> NodeRecord:

@@ -14,6 +14,7 @@ from schemas.remediation import Outcome
 from services.falco.service import FalcoService
 from services.falco.settings import FalcoSettings
 from tests.conftest import wait_for
+from tests.integration.cordon_fixtures import read_stream
 from tests.integration.falco_fixtures import DROP_AND_EXECUTE, EnvFactory, FalcoEnv
 
 NOTICE_RULE = "Terminal shell in container"
@@ -150,3 +151,36 @@ async def test_over_the_backlog_the_ingest_answers_429_to_low_priorities_and_sto
         "falco.ingest_backpressure_over",
     ]
     assert episodes[1]["refused"] == 60 - first
+
+
+async def test_a_notice_flood_is_told_once_and_counted_per_rule_and_node(
+    falco_env: EnvFactory,
+) -> None:
+    """200 distinct Notice alerts of one rule on one node: one notify audit, one notice for
+    on-call and one for the owner; the rest counted, and audited as one record when the
+    window closes (here: when the service stops)."""
+    env = await falco_env(tally={"window": "10m"})
+    running = await env.start()
+    alerts = flood(env, 200)
+    for alert in alerts:
+        await env.publish_raw(alert)
+    await wait_for(env.settled, timeout=60, what="the flood handled")
+    tallied = env.metric(
+        "nodeward_remediations_tallied_total", action="notify", outcome="applied", guard=""
+    )
+    assert tallied == 199
+    await running.daemon.stop()
+    fields = alerts[0]["output_fields"]
+    ns, pod = fields["k8s.ns.name"], fields["k8s.pod.name"]
+
+    async def both() -> list[Any] | None:
+        found = await env.audits(ns, pod, "notify")
+        return found if len(found) >= 2 else None
+
+    first, aggregate, *more = await wait_for(both, timeout=15, what="the window's count")
+    assert more == []
+    assert first.outcome is Outcome.APPLIED and "tally" not in first.details
+    assert aggregate.details["tally"]["counted"] == 199
+    notices = await read_stream(env.bus, "NOTIFY", f"notify.*.t-{env.uid}")
+    assert len([n for n in notices if n.data.audit_event_id]) == 1  # on-call's
+    assert len([n for n in notices if not n.data.audit_event_id]) == 1  # the owner's

@@ -26,6 +26,7 @@ from services.kernel import (
     Staleness,
     Verdict,
 )
+from services.kernel.tally import Tally
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import audits, read_stream
 
@@ -92,6 +93,61 @@ async def test_a_repeated_skip_is_built_not_published(bus: Bus, node: str) -> No
     again = await r.skip(p, guard="already_quarantined", repeat=True)
     assert again.outcome == Outcome.SKIPPED
     await exactly_one(bus, node)
+
+
+async def test_a_flood_of_noisy_skips_is_one_audit_one_notice_and_one_count(
+    bus: Bus, node: str
+) -> None:
+    """200 `stale` skips of one node: the first audited and told, the rest counted, and
+    one aggregate record (no notice) when the window closes."""
+    auditor = Auditor(bus, actor="service/test", topic="test", tally=Tally(timedelta(seconds=1)))
+    r = ActionRunner(auditor)
+    for _ in range(200):
+        await r.skip(proposal(node, action="ignore"), guard="stale")
+    first = await exactly_one(bus, node)
+    assert first.guard == "stale" and "tally" not in first.details
+    found = await wait_for(
+        lambda: _two(audits(bus, node)), timeout=10, what="the window's aggregate record"
+    )
+    aggregate = found[1]
+    assert aggregate.details["tally"]["counted"] == 199
+    assert aggregate.reason.startswith("199 more like this")
+    assert len(aggregate.details["tally"]["triggers"]) == 5
+    assert aggregate.outcome == Outcome.SKIPPED and aggregate.guard == "stale"
+    assert len(await notices(bus, node)) == 1  # on-call heard once, not 200 times
+
+
+async def test_closing_the_bus_audits_the_open_windows(bus_settings: Any, node: str) -> None:
+    b = await Bus.connect(bus_settings, source="test/closing")
+    r = ActionRunner(Auditor(b, actor="service/test", topic="test"))  # a 10 min window
+    for _ in range(3):
+        await r.skip(proposal(node), guard="already_quarantined")
+    await b.close(grace=2)
+    async with await Bus.connect(bus_settings, source="test/reader") as reader:
+        found = await wait_for(lambda: _two(audits(reader, node)), timeout=5, what="two")
+    assert [a.details.get("tally", {}).get("counted") for a in found] == [None, 2]
+
+
+async def test_a_decision_that_acts_is_never_tallied(bus: Bus, node: str) -> None:
+    r = ActionRunner(Auditor(bus, actor="service/test", topic="test"))
+
+    async def act() -> dict[str, Any]:
+        return {}
+
+    for _ in range(3):
+        await r.run(proposal(node, action="label"), act)
+    found = await wait_for(lambda: _n(audits(bus, node), 3), timeout=5, what="3 audits")
+    assert [a.outcome for a in found] == [Outcome.APPLIED] * 3
+
+
+async def _two(pending: Any) -> list[Remediation] | None:
+    return await _n(pending, 2)
+
+
+async def _n(pending: Any, n: int) -> list[Remediation] | None:
+    found: list[Remediation] = await pending
+    assert len(found) <= n, found
+    return found if len(found) == n else None
 
 
 async def test_run_orders_the_chain_and_audits_the_first_objection(bus: Bus, node: str) -> None:
