@@ -87,6 +87,11 @@ class AgentSeen(BaseModel):
 
     last_at: datetime | None = Field(default=None, description="store time of its newest message")
     age_s: float | None = None
+    clock_offset_s: float | None = Field(
+        default=None,
+        description="its newest message's own time (`ce-time`) minus when the bus stored it: "
+        "how far ahead (+) or behind (-) of the bus its clock ran, plus the publish's delay",
+    )
     state: AgentState = Field(
         description="live; stale (silent past the timeout); quiet (the idle agent, silent but "
         "with no session it should report on); never (nothing stored)"
@@ -181,6 +186,11 @@ class NodeStatus(BaseModel):
     agent_live: bool = Field(default=False, description="its GPU agent is live")
     agents: dict[str, AgentSeen] = Field(
         default_factory=dict, description="gpu, energy, idle -> when it last published"
+    )
+    clock_offset_s: float | None = Field(
+        default=None,
+        description="the node's clock against the bus: the largest of its agents' offsets "
+        "(the most promptly published message says the least about delays)",
     )
     quarantine: Quarantined | None = None
     last_decision: str | None = None
@@ -328,6 +338,8 @@ class Seen:
     health: list[GpuSeen] = field(default_factory=list)
     agents: dict[str, dict[str, datetime]] = field(default_factory=dict)
     """node -> agent kind -> store time of its newest message."""
+    clocks: dict[str, dict[str, float]] = field(default_factory=dict)
+    """node -> agent kind -> its newest message's own time minus its store time (seconds)."""
     maintenances: dict[str, MaintenanceState] = field(default_factory=dict)
     marks: dict[str, dict[str, MarkIntent]] = field(default_factory=dict)
     """owner -> node -> intent."""
@@ -342,9 +354,15 @@ class Seen:
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def saw(self, node: str, kind: str, at: datetime) -> None:
+    def saw(self, node: str, kind: str, at: datetime, claimed: datetime | None = None) -> None:
+        """`node`'s `kind` agent published a message the bus stored `at`, dated `claimed`
+        by the agent (its `ce-time`)."""
         kinds = self.agents.setdefault(node, {})
-        kinds[kind] = _newest(kinds.get(kind), at)
+        newest = _newest(kinds.get(kind), at)
+        if claimed is not None and newest is not kinds.get(kind):
+            offset = (_aware(claimed) - newest).total_seconds()
+            self.clocks.setdefault(node, {})[kind] = offset
+        kinds[kind] = newest
 
 
 def assemble(
@@ -361,11 +379,13 @@ def assemble(
     missing: Iterable[str] = (),
     notes: Iterable[str] = (),
     seen: Seen | None = None,
+    clock_skew: timedelta = timedelta(seconds=5),
 ) -> FleetStatus:
     """One fleet picture from what was read: pure, so it is tested without a server.
 
     `telemetry` is the GPU agent's newest message per node; `seen` carries everything else
-    (maintenance, marks, isolations, energy, sessions, credentials, other agents)."""
+    (maintenance, marks, isolations, energy, sessions, credentials, other agents). A node
+    whose clock is off by more than `clock_skew` (`bus.max_clock_skew`) needs a look."""
     s = seen or Seen()
     gpus: dict[str, dict[str, str]] = {}
     agents: dict[str, dict[str, datetime]] = {n: dict(k) for n, k in s.agents.items()}
@@ -411,9 +431,14 @@ def assemble(
         sessions = sorted(sessions_by_node.get(name, []), key=lambda v: (v.deadline or now, v.pod))
         pending = any(v.state == "warned" for v in sessions)
         seen_at = agents.get(name, {})
+        clocks = s.clocks.get(name, {})
         liveness = {
             kind: _agent(
-                seen_at.get(kind), now, agent_timeout, quiet=kind == "idle" and not pending
+                seen_at.get(kind),
+                now,
+                agent_timeout,
+                quiet=kind == "idle" and not pending,
+                clock=clocks.get(kind),
             )
             for kind in AGENT_KINDS
         }
@@ -424,6 +449,7 @@ def assemble(
             agent_seen_at=seen_at.get("gpu"),
             agent_live=liveness["gpu"].state == "live",
             agents=liveness,
+            clock_offset_s=round(max(clocks.values()), 3) if clocks else None,
             quarantine=quarantine,
             last_decision=record.last_decision,
             maintenance=_maintenance(s.maintenances.get(name)),
@@ -432,7 +458,7 @@ def assemble(
             energy=_energy(s.energy.get(name), s.totals.get(name)),
             sessions=sessions,
         )
-        rank, attention = _attention(node, now)
+        rank, attention = _attention(node, now, clock_skew)
         nodes.append(node.model_copy(update={"rank": rank, "attention": attention}))
     b = breaker or s.breaker or BreakerState()
     return FleetStatus(
@@ -466,13 +492,22 @@ def _action(t: datetime, r: Remediation) -> ActionSummary:
     )
 
 
-def _agent(at: datetime | None, now: datetime, timeout: timedelta, *, quiet: bool) -> AgentSeen:
+def _agent(
+    at: datetime | None,
+    now: datetime,
+    timeout: timedelta,
+    *,
+    quiet: bool,
+    clock: float | None = None,
+) -> AgentSeen:
     if at is None:
         return AgentSeen(state="never")
     age = max((now - at).total_seconds(), 0.0)
+    offset = round(clock, 3) if clock is not None else None
     if age <= timeout.total_seconds():
-        return AgentSeen(last_at=at, age_s=age, state="live")
-    return AgentSeen(last_at=at, age_s=age, state="quiet" if quiet else "stale")
+        return AgentSeen(last_at=at, age_s=age, clock_offset_s=offset, state="live")
+    state: AgentState = "quiet" if quiet else "stale"
+    return AgentSeen(last_at=at, age_s=age, clock_offset_s=offset, state=state)
 
 
 def _quarantined(record: NodeRecord, now: datetime) -> Quarantined | None:
@@ -585,9 +620,18 @@ def _session_view(key: str, rec: SessionRecord) -> SessionView:
     )
 
 
-def _attention(n: NodeStatus, now: datetime) -> tuple[int, list[str]]:
+def _attention(
+    n: NodeStatus, now: datetime, clock_skew: timedelta = timedelta(seconds=5)
+) -> tuple[int, list[str]]:
     """Why `n` needs a look (most serious first) and its rank (0 most serious, 9 none)."""
     found: list[tuple[int, str]] = []
+    skew = clock_skew.total_seconds()
+    if (offset := n.clock_offset_s) is not None and abs(offset) > skew:
+        if offset > 0:
+            # Its events are refused as from the future: a GPU that fails is not acted on.
+            found.append((1, f"clock {format_age(offset)} ahead of the bus: its events refused"))
+        else:
+            found.append((2, f"clock {format_age(-offset)} behind the bus (or its messages late)"))
     if n.health in ("failed", "degraded"):
         bad = [k for k, s in n.gpus.items() if s == n.health]
         found.append((0 if n.health == "failed" else 2, f"GPU {', '.join(bad)} {n.health}"))
@@ -681,6 +725,17 @@ def _data(stored: Iterable[Stored], model: type[D]) -> list[tuple[Stored, D]]:
     return out
 
 
+def _claimed(m: Stored) -> datetime | None:
+    """The time its publisher gave a binary-mode CloudEvent (`ce-time`), if it says one."""
+    said = (m.headers or {}).get("ce-time")
+    if not said:
+        return None
+    try:
+        return _aware(datetime.fromisoformat(said))
+    except ValueError:
+        return None
+
+
 def _decoded(stored: Iterable[Stored]) -> list[tuple[Stored, Event[Any]]]:
     out = []
     for m in stored:
@@ -765,7 +820,7 @@ async def _sessions(r: _Reader, bucket: str) -> None:
 async def _energy_reads(r: _Reader, bucket: str, tok: str) -> None:
     for m, energy in _data(await r.last("ENERGY", [f"energy.node.{tok}"]), EnergyNode):
         r.seen.energy[energy.node] = energy
-        r.seen.saw(energy.node, "energy", m.time)
+        r.seen.saw(energy.node, "energy", m.time, _claimed(m))
     totals = _load(TOTALS, await r.kv(bucket, [f"node.{tok}" if tok != "*" else TOTALS.prefix]))
     r.seen.totals = {node_of(k): v for k, v in totals.items()}
 
@@ -847,7 +902,7 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     now = datetime.now(UTC)
     fresh: dict[str, datetime] = {}  # node token -> its heartbeat's store time
     for m, beat in _beats(beats or []):
-        r.seen.saw(beat.node, "gpu", m.time)
+        r.seen.saw(beat.node, "gpu", m.time, _claimed(m))
         if (now - m.time).total_seconds() <= HEARTBEATS_FRESH * beat.interval_s:
             fresh[token(beat.node)] = m.time
         for g in beat.gpus:
@@ -877,7 +932,7 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
         reads.append(last_per_subject(r.nc, "GPU", wanted))
     for got in await asyncio.gather(*reads):
         for m, h in _data(got or [], GpuHealth):
-            r.seen.saw(h.node, "gpu", m.time)
+            r.seen.saw(h.node, "gpu", m.time, _claimed(m))
             take(
                 GpuSeen(
                     node=h.node,
@@ -921,7 +976,7 @@ async def _telemetry(r: _Reader, tok: str, beating: set[str]) -> dict[str, datet
 
 async def _idle_agents(r: _Reader, tok: str) -> None:
     for m in await r.last("SESSIONS", [f"session.*.{tok}.>"], headers_only=True):
-        r.seen.saw(node_of(m.subject.split(".")[2]), "idle", m.time)
+        r.seen.saw(node_of(m.subject.split(".")[2]), "idle", m.time, _claimed(m))
 
 
 def _another_pod(isolation: Remediation, later: Remediation) -> bool:
@@ -1079,6 +1134,7 @@ async def gather_status(
     bucket: str = NODES.name,
     breaker_bucket: str = SHARED.name,
     buckets: Buckets | None = None,
+    clock_skew: timedelta = timedelta(seconds=5),
 ) -> FleetStatus:
     """The whole fleet from KV and the streams (`bucket` and `breaker_bucket` rename the
     cordon service's buckets, `buckets` any of them)."""
@@ -1097,6 +1153,7 @@ async def gather_status(
         missing=seen.missing,
         notes=seen.notes,
         seen=seen,
+        clock_skew=clock_skew,
     )
 
 
@@ -1108,6 +1165,7 @@ async def gather_node(
     actions: int = 10,
     agent_timeout: timedelta = timedelta(seconds=90),
     buckets: Buckets | None = None,
+    clock_skew: timedelta = timedelta(seconds=5),
 ) -> NodeReport | None:
     """One node in detail, or None if nothing nodeward reads knows it."""
     seen = await read_fleet(nc, actions=actions, buckets=buckets or Buckets(), node=node)
@@ -1124,6 +1182,7 @@ async def gather_node(
         missing=seen.missing,
         notes=seen.notes,
         seen=seen,
+        clock_skew=clock_skew,
     )
     shown = next((n for n in fleet.nodes if n.name == node), None)
     if shown is None:

@@ -66,6 +66,13 @@ class Metrics:
             "1 while the bus answers pings, acknowledges publishes and feeds the consumers",
             registry=r,
         )
+        self.clock_offset = Gauge(
+            "nodeward_clock_offset_seconds",
+            "This host's clock minus the bus's, from its own newest message on `subject` read"
+            " back (nodeward.bus.clock)",
+            ["subject"],
+            registry=r,
+        )
         self.bus_reconnects = Counter(
             "nodeward_bus_reconnects", "Reconnections to NATS", registry=r
         )

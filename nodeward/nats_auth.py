@@ -114,6 +114,11 @@ def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
             f"$KV.{totals}.{key}",
             f"$JS.API.STREAM.INFO.KV_{totals}",
             f"$JS.API.DIRECT.GET.KV_{totals}.$KV.{totals}.{key}",
+            # Its own newest heartbeat and node energy, read back for the bus's store time
+            # (`nodeward.bus.clock`); with partitions, stored under one more token.
+            f"$JS.API.DIRECT.GET.HEARTBEATS.gpu.heartbeat.{n}",
+            f"$JS.API.DIRECT.GET.HEARTBEATS.gpu.heartbeat.{n}.*",
+            f"$JS.API.DIRECT.GET.ENERGY.energy.node.{n}",
         ),
         # Its inbox, the simulator's injections, services.recovery's reset and validation.
         "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}", f"agent.gpu.*.{n}"),

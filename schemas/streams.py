@@ -57,6 +57,15 @@ class Partitioning:
         keys = ",".join(str(k) for k in self.keys)
         return ".".join([*out, f"{{{{partition({count},{keys})}}}}"])
 
+    def stored(self, subject: str, count: int) -> str:
+        """The subject the stream stores `subject` (one matching `source`) under with
+        `count` partitions: `gpu.heartbeat.n1` as `gpu.heartbeat.n1.<partition>`."""
+        tokens, src = subject.split("."), self.source.split(".")
+        if count <= 1 or len(tokens) != len(src):
+            return subject
+        wild = [t for t, s in zip(tokens, src, strict=True) if s == "*"]
+        return f"{subject}.{self.index(tuple(wild[k - 1] for k in self.keys), count)}"
+
     def narrow(self, pattern: str, index: int) -> str:
         """Consumer filter `pattern` (e.g. `gpu.health.>`) limited to partition `index`:
         `gpu.health.*.*.<index>`. ValueError if no subject of `source` matches `pattern`."""
@@ -89,6 +98,9 @@ class StreamSpec:
     max_bytes: int = -1
     # Subjects split by key when `bus.partitions` > 1 (consumers that keep order per key).
     partitioning: Partitioning | None = None
+    # Direct get (any replica answers a read of one message): a node's agent reads back its
+    # own newest message for the bus's store time (`nodeward.bus.clock`).
+    allow_direct: bool = False
 
 
 DAY = timedelta(days=1)
@@ -109,6 +121,7 @@ STREAMS: tuple[StreamSpec, ...] = (
         timedelta(hours=1),
         duplicate_window=timedelta(seconds=30),
         partitioning=Partitioning("gpu.heartbeat.*", (1,)),  # gpu.heartbeat.<node>
+        allow_direct=True,
     ),
     StreamSpec(
         "TELEMETRY",
@@ -117,7 +130,9 @@ STREAMS: tuple[StreamSpec, ...] = (
         timedelta(hours=6),
         duplicate_window=timedelta(seconds=30),
     ),
-    StreamSpec("ENERGY", ("energy.>",), "energy and CO2e per node and pod", 30 * DAY),
+    StreamSpec(
+        "ENERGY", ("energy.>",), "energy and CO2e per node and pod", 30 * DAY, allow_direct=True
+    ),
     StreamSpec(
         "SESSIONS",
         ("session.>",),

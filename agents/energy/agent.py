@@ -41,6 +41,7 @@ from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.aio import within
 from nodeward.bus import Bus
+from nodeward.bus.clock import ClockProbe
 from nodeward.bus.kv import TypedKV
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
@@ -150,8 +151,10 @@ class EnergyAgent:
         self._key = totals_key(self.node)
 
     def attach(self, daemon: Daemon) -> None:
-        """Run in `daemon`: its task, readiness check `energy`, and closing the sources."""
+        """Run in `daemon`: its task, readiness check `energy`, closing the sources, and the
+        clock probe (its own `energy.node` read back: this node's clock against the bus's)."""
         daemon.add_task(self.run, name="energy-agent")
+        daemon.add_task(ClockProbe(self.bus, self._node_subject).run, name="clock")
         daemon.add_readiness_check("energy", lambda: self.ready)
 
     # -- running ----------------------------------------------------------------------

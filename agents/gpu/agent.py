@@ -64,6 +64,7 @@ from agents.sources.nvml import GpuIdentity, NvmlEvent
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
 from nodeward.bus import Bus
+from nodeward.bus.clock import ClockProbe
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
@@ -250,8 +251,10 @@ class GpuAgent:
         self._heartbeat_subject = subject("gpu", "heartbeat", self.node)
 
     def attach(self, daemon: Daemon) -> None:
-        """Run in `daemon`: its task, readiness check `gpus`, and shutdown."""
+        """Run in `daemon`: its task, readiness check `gpus`, shutdown, and the clock probe
+        (its own heartbeat read back: this node's clock against the bus's)."""
         daemon.add_task(self.run, name="gpu-agent")
+        daemon.add_task(ClockProbe(self.bus, self._heartbeat_subject).run, name="clock")
         daemon.add_readiness_check("gpus", lambda: self.ready)
 
     # -- running ----------------------------------------------------------------------

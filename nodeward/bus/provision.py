@@ -61,6 +61,7 @@ def stream_config(spec: StreamSpec, *, partitions: int = 1) -> api.StreamConfig:
         duplicate_window=spec.duplicate_window.total_seconds(),
         discard=api.DiscardPolicy.OLD,
         subject_transform=transform,
+        allow_direct=spec.allow_direct or None,
     )
 
 

@@ -69,6 +69,7 @@ async def status(
                 actions=actions,
                 agent_timeout=agent_timeout,
                 buckets=buckets,
+                clock_skew=settings.bus.max_clock_skew,
             )
         else:
             fleet = await gather_status(
@@ -77,6 +78,7 @@ async def status(
                 actions=actions,
                 agent_timeout=agent_timeout,
                 buckets=buckets,
+                clock_skew=settings.bus.max_clock_skew,
             )
     except SnapshotError as exc:
         fail(str(exc))

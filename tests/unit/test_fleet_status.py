@@ -242,3 +242,42 @@ def test_a_gpus_newest_word_is_its_change_counter_within_a_boot_else_the_store_t
     # Another boot (a restarted agent counts from 1 again), or none: the store time.
     assert seen("b2", 1, 5).newer_than(seen("b1", 9, 0))
     assert not seen(None, 9, 0).newer_than(seen(None, 1, 5))
+
+
+def test_a_node_whose_clock_is_off_says_so_and_by_how_much() -> None:
+    """Each agent's newest message: its own time (`ce-time`) against the store time. A
+    node ahead of the bus past `bus.max_clock_skew` has its events refused: it needs a look."""
+    seen = Seen()
+    stored = NOW - timedelta(seconds=20)
+    seen.saw("ahead", "gpu", stored, stored + timedelta(hours=1))
+    seen.saw("ahead", "energy", stored, stored + timedelta(hours=1, seconds=1))
+    seen.saw("behind", "gpu", stored, stored - timedelta(minutes=3))
+    seen.saw("fine", "gpu", stored, stored + timedelta(milliseconds=3))
+    # An older message of a kind says nothing of the clock now: the newest one's offset stays.
+    seen.saw("fine", "gpu", stored - timedelta(minutes=5), stored - timedelta(hours=2))
+    # A late message of one kind (replayed) does not make the node look behind: the most
+    # promptly published one speaks for the clock.
+    seen.saw("late", "gpu", stored, stored + timedelta(milliseconds=2))
+    seen.saw("late", "idle", stored, stored - timedelta(minutes=9))
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records={},
+        breaker=None,
+        health=[],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=seen,
+        clock_skew=timedelta(seconds=5),
+    )
+    nodes = {n.name: n for n in fleet.nodes}
+    assert nodes["ahead"].clock_offset_s == 3601.0
+    assert nodes["ahead"].agents["gpu"].clock_offset_s == 3600.0
+    assert "clock 1h00m ahead of the bus: its events refused" in nodes["ahead"].attention
+    assert nodes["ahead"].rank == 1
+    assert nodes["behind"].clock_offset_s == -180.0
+    assert "clock 3m00s behind the bus (or its messages late)" in nodes["behind"].attention
+    assert nodes["fine"].clock_offset_s == 0.003 and nodes["fine"].attention == []
+    assert nodes["late"].clock_offset_s == 0.002 and nodes["late"].attention == []
