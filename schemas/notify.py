@@ -39,7 +39,13 @@ class Notification(EventData):
     incident: str | None = Field(
         default=None,
         description="what the notices of one incident share (e.g. gpu-health/node/gpu-node-07): "
-        "critical notices group only with their own incident's",
+        "Alertmanager's alerts, and a page's end (`resolves`), are per incident",
+    )
+    decision: str | None = Field(
+        default=None,
+        max_length=200,
+        description="the kernel's decision it tells of (`quarantine applied`, `quarantine "
+        "refused (circuit_breaker)`): a storm's page counts them",
     )
     resolves: bool = Field(
         default=False,

@@ -120,9 +120,8 @@ class Auditor:
         now = utcnow()
         audit = make_event(remediation, source=self.actor, id=audit_id, time=now)
         severity = proposal.severity or self.severity(proposal.action, outcome)
-        title = f"{proposal.title or proposal.target.name}: {proposal.action} {outcome.value}"
-        if guard:
-            title += f" ({guard})"
+        decision = f"{proposal.action} {outcome.value}" + (f" ({guard})" if guard else "")
+        title = f"{proposal.title or proposal.target.name}: {decision}"
         note = Notification(
             severity=severity,
             topic=self.topic,
@@ -133,6 +132,7 @@ class Auditor:
             incident=f"{self.topic}/{proposal.target.key()}",
             resolves=proposal.resolves and outcome in (Outcome.APPLIED, Outcome.UNDONE),
             audit_event_id=audit_id,
+            decision=decision[:200],
         )
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
         # One round trip; the audit record is first on the wire.

@@ -7,9 +7,14 @@ for company; the next one for the same route and recipient is sent no sooner tha
 `group_interval` after the previous one; a recipient out of rate-limit tokens keeps
 collecting until one is free. A critical notice goes out at once: it waits at most
 `critical_wait` (1 s or less) for notices of its own incident, never for the digest's
-interval, and has its own rate-limit tokens, so digests never spend them. Over that limit,
-the recipient's critical notices of every incident collect in one message until a token
-is free. A user's notices are grouped per user: by the owner's address, else by the
+interval, and has its own rate-limit tokens, so digests never spend them. Critical
+notices of one topic group together: a storm (six nodes failing within milliseconds) is one
+page that counts its decisions ("quarantine applied x3, quarantine refused
+(circuit_breaker) x3"), and a page of the same topic within `group_interval` of the last
+says it is an update of that storm, with the counts so far. Over the rate limit, the
+recipient's critical notices of every topic collect in one message until a token is free;
+a page whose incident was resolved (a `resolves` notice arrived) before it left is not
+sent (`resolved_first`): it would say as new what is over. A user's notices are grouped per user: by the owner's address, else by the
 session they are about. Within a group, repeats (same dedup key and
 title) fold into one line with a count; a notice identical to one sent about the same
 thing within `dedup_window` is recorded as a repeat and not sent again, by whichever
@@ -91,6 +96,7 @@ class Entry:
     audience: Audience
     channels: tuple[str, ...]
     delivery: Delivery | None = None
+    arrived: float = 0.0
     done: asyncio.Future[dict[str, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -239,7 +245,11 @@ class Group:
     entries: list[Entry] = field(default_factory=list)
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
     who: str = "oncall"  # whom it is for: the address, `user:<ns>/<name>`, or on-call
-    lane: str = DIGEST  # `digest`, `critical:<incident>`, or `critical` (over the limit)
+    lane: str = DIGEST  # `digest`, `critical:<topic>`, or `critical` (over the limit)
+    resolved_first: set[str] = field(default_factory=set)
+    """Event ids of pages whose incident ended before the page left: not sent."""
+    storm: Storm | None = None
+    """For a page: the storm it belongs to, counted up to and with this page."""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -259,6 +269,22 @@ class Group:
         return f"the owner of {self.who.removeprefix('user:')} (no address on record)"
 
 
+@dataclass
+class Storm:
+    """The pages of one topic to one recipient, each within `group_interval` of the last."""
+
+    since: datetime
+    pages: int = 0
+    decisions: dict[str, int] = field(default_factory=dict)
+    last: float = 0.0
+
+    def count(self, entries: list[Entry]) -> None:
+        self.pages += 1
+        for e in entries:
+            said = e.note.decision or e.note.title
+            self.decisions[said] = self.decisions.get(said, 0) + 1
+
+
 def recipient_key(recipient: str | None, audience: Audience, *, personal: bool) -> str:
     """Whom a group is for: a user's notices group per owner address, else per session
     (never with other users'); on-call's notices group together."""
@@ -268,9 +294,10 @@ def recipient_key(recipient: str | None, audience: Audience, *, personal: bool) 
 
 
 def lane(note: Notification) -> str:
-    """Critical notices group per incident; info and warning ones in the digest."""
+    """Critical notices group per topic (a storm is one page); info and warning ones in
+    the digest."""
     if note.severity == Severity.CRITICAL:
-        return f"critical:{note.incident_key()}"
+        return f"critical:{note.topic}"
     return DIGEST
 
 
@@ -306,6 +333,8 @@ class Grouper:
         # every further critical notice joins, whatever its incident.
         self._throttled: dict[tuple[str, str], Group] = {}
         self._pending: dict[tuple[str, str], asyncio.Future[dict[str, str]]] = {}
+        self._resolved: dict[str, float] = {}  # incident -> when a notice ended it
+        self._storms: dict[tuple[str, str, str], Storm] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
 
@@ -342,6 +371,9 @@ class Grouper:
                 done.exception()  # retrieved here: its handler may be gone (shutdown)
 
         entry.done.add_done_callback(forget)
+        entry.arrived = self.clock()
+        if entry.note.resolves:
+            self._ended(entry.note.incident_key(), entry.arrived)
         group = self._group_for(route, recipient, entry)
         group.entries.append(entry)
         if self.capacity is not None and self.waiting >= self.capacity:
@@ -384,6 +416,39 @@ class Grouper:
         task.add_done_callback(self._tasks.discard)
         return group
 
+    def _ended(self, incident: str, at: float) -> None:
+        self._resolved[incident] = at
+        if len(self._resolved) > 10_000:  # bounded: a page waits an hour at the most
+            horizon = at - 3600.0
+            self._resolved = {k: t for k, t in self._resolved.items() if t >= horizon}
+
+    def _resolved_first(self, group: Group) -> None:
+        """Mark the pages of `group` whose incident ended after they arrived."""
+        if group.lane == DIGEST:
+            return
+        for e in group.entries:
+            ended = self._resolved.get(e.note.incident_key())
+            if not e.note.resolves and ended is not None and ended >= e.arrived:
+                group.resolved_first.add(e.event.id)
+
+    def _storm_of(self, group: Group, now: float) -> Storm | None:
+        """The storm a page belongs to (a new one past `group_interval`), counted with it."""
+        if group.lane == DIGEST:
+            return None
+        live = [e for e in group.entries if e.event.id not in group.resolved_first]
+        if not live:
+            return None
+        interval = self.grouping.group_interval.total_seconds()
+        key = (group.route.name, group.who, group.lane)
+        storm = self._storms.get(key)
+        if storm is None or now - storm.last > interval:
+            storm = self._storms[key] = Storm(since=min(e.event.time for e in live))
+        storm.count(live)
+        storm.last = now
+        if len(self._storms) > 10_000:
+            self._storms = {k: v for k, v in self._storms.items() if now - v.last <= interval}
+        return Storm(storm.since, storm.pages, dict(storm.decisions), storm.last)
+
     def _bucket_for(self, group: Group) -> TokenBucket:
         """Critical groups spend their own tokens, so digests never delay a page."""
         who = group.recipient or (group.who if group.personal else f"route:{group.route.name}")
@@ -407,12 +472,15 @@ class Grouper:
                         del self._open[group.key]
                     return
             await self._sleep(group, wait)  # over the limit: keep collecting meanwhile
-        bucket.take()
+        self._resolved_first(group)
+        if len(group.resolved_first) < len(group.entries):
+            bucket.take()  # a page that says nothing new spends no token
         if self._throttled.get(throttled) is group:
             del self._throttled[throttled]
         if self._open.get(group.key) is group:
             del self._open[group.key]
         now = self._last_sent[group.key] = self.clock()
+        group.storm = self._storm_of(group, now)
         if len(self._last_sent) > 10_000:  # bounded: forget groups past their interval
             horizon = now - self.grouping.group_interval.total_seconds()
             self._last_sent = {k: t for k, t in self._last_sent.items() if t >= horizon}

@@ -9,7 +9,9 @@ for on-call and for a session's owner), `chat.md.j2` (chat webhooks). Their cont
 `route`, `recipient`, `owner`, `audience` (`oncall`/`user`), `severity`, `notices` (how
 many), `items` (each: `note` (the notify.v1 data), `count`, `first_time`, `last_time`,
 `event_id`, `node`, `namespace`, `pod`), `subject` (chat), `dry_run`, `support_contact`,
-`exempt_label`, `max_lines`; filters `when` (UTC time) and `relative` ("in 25 minutes").
+`exempt_label`, `max_lines`, `storm` (a page: `since`, `pages` (this one's number),
+`decisions` (each decision said so far, and how often), `topic`; None for a digest);
+filters `when` (UTC time) and `relative` ("in 25 minutes").
 """
 
 from __future__ import annotations
@@ -85,6 +87,18 @@ def _item_context(item: Item) -> dict[str, Any]:
     }
 
 
+def _storm(group: Group, items: list[Item]) -> dict[str, Any] | None:
+    storm = group.storm
+    if storm is None:
+        return None
+    return {
+        "since": storm.since,
+        "pages": storm.pages,
+        "decisions": sorted(storm.decisions.items(), key=lambda kv: (-kv[1], kv[0])),
+        "topic": items[0].note.topic if items else "",
+    }
+
+
 class Templates:
     """Renders a group's messages; every template is checked once at start."""
 
@@ -128,6 +142,7 @@ class Templates:
             "support_contact": self.support_contact,
             "exempt_label": EXEMPT_LABEL,
             "max_lines": self.max_lines,
+            "storm": _storm(group, items),
         }
 
     def _render(self, name: str, context: dict[str, Any]) -> str:

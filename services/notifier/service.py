@@ -88,6 +88,7 @@ NAME = "notifier"
 SOURCE = "service/notifier"
 DEFAULT_OUTBOX = Path(".nodeward") / "outbox"
 SENT, DEAD, SUPPRESSED, DRY_RUN = "sent", "dead-lettered", "suppressed", "dry-run"
+RESOLVED_FIRST = "resolved-first"
 
 
 def _default_channels() -> dict[str, Any]:
@@ -164,6 +165,12 @@ class NotifierMetrics:
         self.waiting = Gauge(
             "nodeward_notifications_waiting",
             "Notices held (unacked) in groups that are not sent yet",
+            registry=registry,
+        )
+        self.resolved_first = Counter(
+            "nodeward_notifications_resolved_first",
+            "Pages not sent: their incident ended while they waited for the rate limit",
+            ["route"],
             registry=registry,
         )
         self.suppressed = Counter(
@@ -335,7 +342,17 @@ class NotifierService:
             self.metrics.grouped.labels(route.name).inc(len(group.entries) - 1)
         outcomes: dict[str, dict[str, str]] = {e.event.id: {} for e in group.entries}
         live: list[Item] = []
-        for item in fold(group.entries):
+        for entry in group.entries:
+            if entry.event.id in group.resolved_first:
+                outcomes[entry.event.id] |= dict.fromkeys(entry.channels, RESOLVED_FIRST)
+                self.metrics.resolved_first.labels(route.name).inc()
+                log.info(
+                    "notify.resolved_before_sent",
+                    event_id=entry.event.id,
+                    incident=entry.note.incident_key(),
+                    title=entry.note.title,
+                )
+        for item in fold([e for e in group.entries if e.event.id not in group.resolved_first]):
             first = item.entries[0]
             earlier = await self.recent.repeat_of(route.name, item.note)
             if earlier is not None and earlier not in {e.event.id for e in item.entries}:

@@ -121,7 +121,7 @@ async def test_closing_the_bus_audits_the_open_windows(bus_settings: Any, node: 
     b = await Bus.connect(bus_settings, source="test/closing")
     r = ActionRunner(Auditor(b, actor="service/test", topic="test"))  # a 10 min window
     for _ in range(3):
-        await r.skip(proposal(node), guard="already_quarantined")
+        await r.skip(proposal(node, action="ignore"), guard="stale")
     await b.close(grace=2)
     async with await Bus.connect(bus_settings, source="test/reader") as reader:
         found = await wait_for(lambda: _two(audits(reader, node)), timeout=5, what="two")

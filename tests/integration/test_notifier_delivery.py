@@ -75,17 +75,18 @@ async def test_storm_of_300_sends_one_digest_per_route_and_pages_over_the_limit_
     ]
     await env.publish(*storm)
     await wait_for(
-        lambda: len(receiver.at("/chat")) >= 4 and receiver.at("/hook") and env.outbox_files(),
+        lambda: receiver.at("/chat") and receiver.at("/hook") and env.outbox_files(),
         timeout=20,
         what="the pages and the digest",
     )
     await wait_for(env.settled, timeout=10, what="all 300 notices acked")
-    # Each page is its own incident: three went out alone, the rest in one message.
+    # The pages are one storm of one topic: grouped as they come (within critical_wait),
+    # three messages at most on the burst, the rest together once a token is free.
     chats = receiver.at("/chat")
-    assert len(chats) == 4
-    assert sum("notices" not in c["text"] for c in chats) == 3
-    [many] = [c["text"] for c in chats if "notices" in c["text"]]
-    assert "197 notices" in many and "... and 172 more" in many
+    assert 1 <= len(chats) <= 4, [c["text"][:80] for c in chats]
+    grouped = env.metric("nodeward_notifications_grouped_total", route="critical")
+    assert grouped + len(chats) == 200  # every page in exactly one message
+    assert all(": gpu-storm-" in c["text"].splitlines()[0] for c in chats), chats[0]["text"]
     assert len(receiver.at("/hook")) == 1
     assert len(env.outbox_files()) == 1
     [hook] = receiver.at("/hook")
@@ -94,9 +95,9 @@ async def test_storm_of_300_sends_one_digest_per_route_and_pages_over_the_limit_
     text = env.outbox_files()[0].read_text()
     assert "Notices: 100" in text
     assert "... and 75 more" in text
-    assert env.metric("nodeward_notifications_grouped_total", route="critical") == 196
     assert env.metric("nodeward_notifications_grouped_total", route="rest") == 99
-    assert env.metric("nodeward_notifications_sent_total", channel="chat", route="critical") == 4
+    sent = env.metric("nodeward_notifications_sent_total", channel="chat", route="critical")
+    assert sent == len(chats)
 
 
 async def test_dead_channel_dead_letters_with_reason_and_others_deliver(

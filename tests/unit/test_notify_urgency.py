@@ -1,5 +1,5 @@
-"""Routing by urgency: a critical notice goes out at once, grouped only with its own incident,
-never behind a digest; a user's notice goes to that user alone, one message each."""
+"""Routing by urgency: a critical notice goes out at once, grouped only with its own topic's
+(a storm is one page), never behind a digest; a user's notice goes to that user alone, one message each."""
 
 from __future__ import annotations
 
@@ -27,14 +27,19 @@ def notice(
     node: str | None = None,
     incident: str | None = None,
     audience: str = "oncall",
+    topic: str = "gpu-health",
+    decision: str | None = None,
+    resolves: bool = False,
 ) -> Entry:
     targets = [ObjectRef(kind="Node", name=node)] if node else []
     data = Notification(
         severity=severity,
-        topic="gpu-health",
+        topic=topic,
         title=title,
         targets=targets,
         incident=incident,
+        decision=decision,
+        resolves=resolves,
         dedup_key=f"{title}/{node}",
         audience=audience,
     )
@@ -86,7 +91,7 @@ async def test_a_critical_notice_is_not_held_by_an_open_digest_or_its_interval()
     assert sent.titles()[-1] == [f"idle {i}" for i in range(2, 22)]
 
 
-async def test_critical_notices_group_only_with_their_own_incident() -> None:
+async def test_critical_notices_group_with_their_own_topics_a_storm_is_one_page() -> None:
     sent = Sent()
     grouper = Grouper(grouping(critical_wait="0.3s"), RateLimitSettings(), sent)
     route = Route(name="oncall", channels=["outbox"])
@@ -97,17 +102,88 @@ async def test_critical_notices_group_only_with_their_own_incident() -> None:
             "gpu-b quarantined", Severity.CRITICAL, node="gpu-b", incident="gpu-health/node/gpu-b"
         ),
         notice("gpu-a drain incomplete", Severity.CRITICAL, node="gpu-a", incident=a),
+        notice("pod isolated", Severity.CRITICAL, node="gpu-c", topic="security"),
         notice("gpu-a release pending", Severity.WARNING, node="gpu-a", incident=a),
     ]
     waits = [asyncio.ensure_future(grouper.add(route, None, e)) for e in entries]
     async with asyncio.timeout(2):
-        await asyncio.gather(*waits[:3])
+        await asyncio.gather(*waits[:4])
     assert sorted(sent.titles()) == [
-        ["gpu-a quarantined", "gpu-a drain incomplete"],
-        ["gpu-b quarantined"],
+        ["gpu-a quarantined", "gpu-b quarantined", "gpu-a drain incomplete"],
+        ["pod isolated"],
     ]
-    assert not waits[3].done()  # a warning stays in the digest, incident or not
+    assert not waits[4].done()  # a warning stays in the digest, incident or not
     await grouper.close(1.0)
+
+
+async def test_a_storms_page_counts_its_decisions_and_the_next_one_is_its_update() -> None:
+    sent = Sent()
+    grouper = Grouper(
+        grouping(critical_wait="0.2s", group_interval="1m"), RateLimitSettings(), sent
+    )
+    route = Route(name="oncall", channels=["outbox"])
+    storm = [
+        notice(
+            f"gpu-{i}: quarantine applied",
+            Severity.CRITICAL,
+            node=f"gpu-{i}",
+            decision="quarantine applied",
+        )
+        for i in range(3)
+    ] + [
+        notice(
+            f"gpu-{i}: quarantine refused (circuit_breaker)",
+            Severity.CRITICAL,
+            node=f"gpu-{i}",
+            decision="quarantine refused (circuit_breaker)",
+        )
+        for i in range(3, 6)
+    ]
+    async with asyncio.timeout(2):
+        await asyncio.gather(*(grouper.add(route, None, e) for e in storm))
+    [(_, _, page)] = sent.groups
+    assert page.storm is not None and page.storm.pages == 1
+    assert page.storm.decisions == {
+        "quarantine applied": 3,
+        "quarantine refused (circuit_breaker)": 3,
+    }
+    late = notice(
+        "gpu-6: quarantine refused (circuit_breaker)",
+        Severity.CRITICAL,
+        node="gpu-6",
+        decision="quarantine refused (circuit_breaker)",
+    )
+    async with asyncio.timeout(2):
+        await grouper.add(route, None, late)
+    update = sent.groups[1][2].storm
+    assert update is not None and update.pages == 2 and update.since == page.storm.since
+    assert update.decisions["quarantine refused (circuit_breaker)"] == 4
+    await grouper.close(1.0)
+
+
+async def test_a_page_whose_incident_ended_while_it_waited_for_a_token_is_not_sent() -> None:
+    sent = Sent()
+    limit = RateLimitSettings(per_hour=1, burst=1)
+    grouper = Grouper(grouping(critical_wait="0.05s"), limit, sent)
+    route = Route(name="oncall", channels=["outbox"])
+    async with asyncio.timeout(2):  # the one token
+        await grouper.add(route, None, notice("gpu-0 quarantined", Severity.CRITICAL, node="gpu-0"))
+    held = asyncio.ensure_future(
+        grouper.add(
+            route,
+            None,
+            notice("gpu-5 quarantined", Severity.CRITICAL, node="gpu-5", incident="i/5"),
+        )
+    )
+    await asyncio.sleep(0.2)  # past critical_wait: waiting for a token
+    assert not held.done()
+    ended = notice("gpu-5 released", Severity.INFO, node="gpu-5", incident="i/5", resolves=True)
+    ending = asyncio.ensure_future(grouper.add(route, None, ended))
+    await grouper.close(1.0)  # the waiting page leaves
+    [(_, _, last)] = [g for g in sent.groups if "gpu-5 quarantined" in g[1]]
+    assert last.resolved_first == {last.entries[0].event.id}
+    assert last.storm is None  # nothing new in it: not counted as a page of a storm
+    await asyncio.gather(held, ending)
 
 
 async def test_digests_never_spend_the_pages_tokens_and_a_page_storm_becomes_one_message() -> None:
@@ -126,9 +202,9 @@ async def test_digests_never_spend_the_pages_tokens_and_a_page_storm_becomes_one
         notice(f"gpu-{i} quarantined", Severity.CRITICAL, node=f"gpu-{i}", incident=f"n/{i}")
         for i in range(6)
     ]
-    first = [asyncio.ensure_future(grouper.add(route, None, p)) for p in pages[:2]]
-    async with asyncio.timeout(2):
-        await asyncio.gather(*first)  # the pages' own two tokens
+    for page in pages[:2]:  # the pages' own two tokens, one page each
+        async with asyncio.timeout(2):
+            await grouper.add(route, None, page)
     rest = [asyncio.ensure_future(grouper.add(route, None, p)) for p in pages[2:]]
     await asyncio.sleep(0.6)  # past critical_wait: over the limit, they keep collecting
     assert not any(f.done() for f in rest)
