@@ -66,10 +66,6 @@ class EventData(Model):
     """Fields holding when the publisher observed what it says (its clock's "now"): with
     the event's `time`, what a consumer holds against when the bus stored it."""
 
-    def observed(self) -> list[datetime]:
-        """The times in `OBSERVED` (see there)."""
-        return [t for name in self.OBSERVED if isinstance(t := getattr(self, name), datetime)]
-
     def nats_subject(self) -> str:
         raise NotImplementedError
 

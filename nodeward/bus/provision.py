@@ -65,11 +65,44 @@ def stream_config(spec: StreamSpec, *, partitions: int = 1) -> api.StreamConfig:
     )
 
 
+def _differs(current: api.StreamConfig, wanted: api.StreamConfig) -> list[str]:
+    """The fields of `wanted` that `current` (as the server has it) does not match."""
+
+    def seconds(value: float | None) -> float:
+        return round(value or 0.0, 3)
+
+    def transform(t: api.SubjectTransform | None) -> tuple[str, str] | None:
+        return (t.src or "", t.dest or "") if t is not None else None
+
+    pairs: dict[str, tuple[object, object]] = {
+        "description": (current.description, wanted.description),
+        "subjects": (sorted(current.subjects or []), sorted(wanted.subjects or [])),
+        "retention": (current.retention, wanted.retention),
+        "storage": (current.storage, wanted.storage),
+        "num_replicas": (current.num_replicas or 1, wanted.num_replicas or 1),
+        "max_age": (seconds(current.max_age), seconds(wanted.max_age)),
+        "max_bytes": (current.max_bytes, wanted.max_bytes),
+        "duplicate_window": (
+            seconds(current.duplicate_window),
+            seconds(wanted.duplicate_window),
+        ),
+        "discard": (current.discard, wanted.discard),
+        "subject_transform": (
+            transform(current.subject_transform),
+            transform(wanted.subject_transform),
+        ),
+        "allow_direct": (bool(current.allow_direct), bool(wanted.allow_direct)),
+    }
+    return [name for name, (have, want) in pairs.items() if have != want]
+
+
 async def ensure_stream(js: JetStreamContext, spec: StreamSpec, *, partitions: int = 1) -> str:
-    """Create the stream, or update it if it exists with another config. Returns what it did."""
+    """Create the stream, or update it if it exists with another config (a stream as wanted
+    is left alone: no write, so every daemon's start costs the cluster no proposal). Returns
+    what it did: created, updated or unchanged."""
     config = stream_config(spec, partitions=partitions)
     try:
-        await js.stream_info(spec.name)
+        info = await js.stream_info(spec.name)
     except NotFoundError:
         try:
             await js.add_stream(config=config)
@@ -77,6 +110,9 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec, *, partitions: i
         except BadRequestError as exc:
             if exc.err_code != STREAM_NAME_IN_USE:  # lost a race with another daemon
                 raise
+    else:
+        if not _differs(info.config, config):
+            return "unchanged"
     await js.update_stream(config=config)
     return "updated"
 
