@@ -298,8 +298,8 @@ async def test_dry_run_changes_nothing_but_audits(cordon_env: EnvFactory) -> Non
 
 
 async def test_stale_event_is_ignored_and_audited(cordon_env: EnvFactory) -> None:
-    env = await cordon_env(tally={"window": "0.5s"})
-    await env.start()
+    env = await cordon_env()  # a 10 min tally window: counted until the service stops
+    daemon = await env.start()
     name = env.nodes[6]
     now = datetime.now(UTC)
     await env.publish(failed(name, seq=5, at=now))
@@ -315,8 +315,20 @@ async def test_stale_event_is_ignored_and_audited(cordon_env: EnvFactory) -> Non
         found = [r for r in await audits(env.bus, name, "ignore") if r.guard == "stale"]
         return found if len(found) == 2 else []
 
+    async def one_stale() -> list[Any]:
+        return [r for r in await audits(env.bus, name, "ignore") if r.guard == "stale"]
+
     # The first audited in full; the second, a restatement, counted and audited with the
-    # window's count when it closes.
+    # window's count when the window closes: here, when the service stops.
+    await wait_for(one_stale, timeout=5, what="the first stale audit")
+    handled = daemon.metrics.registry.get_sample_value
+
+    async def counted_one() -> bool:
+        labels = {"action": "ignore", "outcome": "skipped", "guard": "stale"}
+        return handled("nodeward_remediations_tallied_total", labels) == 1
+
+    await wait_for(counted_one, timeout=5, what="the second stale event counted")
+    await daemon.stop()
     first, counted = await wait_for(stale, timeout=5, what="two stale audits")
     assert "tally" not in first.details and counted.details["tally"]["counted"] == 1
     node = await env.node(name)

@@ -99,22 +99,33 @@ async def test_a_flood_of_noisy_skips_is_one_audit_one_notice_and_one_count(
     bus: Bus, node: str
 ) -> None:
     """200 `stale` skips of one node: the first audited and told, the rest counted, and
-    one aggregate record (no notice) when the window closes."""
-    auditor = Auditor(bus, actor="service/test", topic="test", tally=Tally(timedelta(seconds=1)))
+    one aggregate record (no notice) for the window."""
+    auditor = Auditor(bus, actor="service/test", topic="test")  # a 10 min window
     r = ActionRunner(auditor)
     for _ in range(200):
         await r.skip(proposal(node, action="ignore"), guard="stale")
     first = await exactly_one(bus, node)
     assert first.guard == "stale" and "tally" not in first.details
-    found = await wait_for(
-        lambda: _two(audits(bus, node)), timeout=10, what="the window's aggregate record"
-    )
+    assert await auditor.flush(everything=True) == 1
+    found = await wait_for(lambda: _two(audits(bus, node)), timeout=10, what="the aggregate")
     aggregate = found[1]
     assert aggregate.details["tally"]["counted"] == 199
     assert aggregate.reason.startswith("199 more like this")
     assert len(aggregate.details["tally"]["triggers"]) == 5
     assert aggregate.outcome == Outcome.SKIPPED and aggregate.guard == "stale"
     assert len(await notices(bus, node)) == 1  # on-call heard once, not 200 times
+
+
+async def test_a_closed_window_is_audited_by_the_auditors_own_task(bus: Bus, node: str) -> None:
+    """No flush called: the window's count is audited when it closes. The window (3 s) is
+    far longer than the two skips take, so the second is counted whatever the load."""
+    auditor = Auditor(bus, actor="service/test", topic="test", tally=Tally(timedelta(seconds=3)))
+    r = ActionRunner(auditor)
+    for _ in range(2):
+        await r.skip(proposal(node, action="ignore"), guard="too_old")
+    assert auditor.tally.counting == 1
+    found = await wait_for(lambda: _two(audits(bus, node)), timeout=20, what="the aggregate")
+    assert found[1].details["tally"]["counted"] == 1
 
 
 async def test_closing_the_bus_audits_the_open_windows(bus_settings: Any, node: str) -> None:
