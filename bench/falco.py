@@ -54,7 +54,8 @@ def alerts(count: int, priority: str, uid: str, tag: str = "run") -> list[dict[s
     for i in range(count):
         alert = copy.deepcopy(base)
         fields = alert["output_fields"]
-        fields["k8s.ns.name"] = f"{fields['k8s.ns.name']}-{uid}"
+        if uid:  # the sample seed's namespaces of that uid; none: the samples' own
+            fields["k8s.ns.name"] = f"{fields['k8s.ns.name']}-{uid}"
         fields["proc.cmdline"] = f"{fields['proc.cmdline']} #{tag}{i}"
         alert["output"] = f"{alert['output']} {tag}={i}"
         alert["uuid"] = f"00000000-0000-4000-{ord(tag[0]):04x}-{i:012d}"

@@ -2,11 +2,17 @@
 costs: the falco service as shipped against the same service read through one lane with an
 unbounded ingest (what nodeward did before the urgent lane and back-pressure).
 
+The flood comes from a process of its own, as it does from Falco on other machines: posted
+from the measuring process, its 50 clients' work delayed the Critical alert's own POST in
+that process's event loop, which the figures then blamed on the service.
+
 Each case starts a fresh NATS and sim cluster and `nodeward service falco` in a process of
 its own, with the shipped rules and limits. Then:
 - alone: `--criticals` Critical alerts POSTed one at a time, each timed from POST to its
   first `remediation.v1` on AUDIT (the decision, whatever it is);
-- flood: `--notices` distinct Notice alerts POSTed `--concurrency` at a time, and from
+- flood: `--notices` distinct Notice alerts POSTed `--concurrency` at a time (or, with
+  `--via nats`, published on NATS as Falcosidekick's output does: faster than the handlers,
+  so a backlog builds), and from
   `--delay` seconds in, the same number of Critical alerts, one every `--spacing` seconds,
   timed the same way; what the ingest answered (200, 429) is counted;
 - memory: the RSS of the falco process and of nats-server before the flood, at its peak
@@ -17,6 +23,7 @@ Prints medians over the runs of each case's p50, p99 and max latency.
 
     python bench/falco_flood.py [--notices 20000] [--criticals 10] [--runs 1]
                                 [--concurrency 50] [--delay 5] [--spacing 1]
+                                [--via http|nats] [--cases lanes,one-lane]
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
 from sim.cluster import SimCluster
-from sim.falco_samples import sample_seed
+from sim.falco_samples import sample_seed, sidekick_subject
 
 CASES = {
     "lanes": {},
@@ -85,8 +92,10 @@ class Clock:
         return [self.audited.get(i, float("inf")) - self.sent[i] for i in ids]
 
 
-async def post(client: httpx.AsyncClient, url: str, alert: dict[str, Any]) -> httpx.Response:
-    return await client.post(url, json=alert, headers={"Authorization": f"Bearer {TOKEN}"})
+async def post(
+    client: httpx.AsyncClient, url: str, alert: dict[str, Any], token: str = TOKEN
+) -> httpx.Response:
+    return await client.post(url, json=alert, headers={"Authorization": f"Bearer {token}"})
 
 
 async def criticals(
@@ -150,14 +159,7 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 alone = await clock.latencies(alone_ids, 60)
                 before = {k: rss_mb(p) for k, p in pids.items()}
                 peak = dict(before)
-                codes: dict[int, int] = {}
-                queue = list(reversed(alerts(args.notices, "notice", uid, "n")))
                 stop = asyncio.Event()
-
-                async def poster() -> None:
-                    while queue:
-                        answer = await post(client, url, queue.pop())
-                        codes[answer.status_code] = codes.get(answer.status_code, 0) + 1
 
                 async def sample() -> None:
                     while not stop.is_set():
@@ -167,11 +169,18 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
                 sampler = asyncio.create_task(sample())
                 began = time.monotonic()
-                flood = asyncio.gather(*(poster() for _ in range(args.concurrency)))
+                flooder = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, "--flood-worker", url, "--notices",
+                    str(args.notices), "--concurrency", str(args.concurrency), "--uid", uid,
+                    *(["--nats", server.url] if args.via == "nats" else []),
+                    stdout=asyncio.subprocess.PIPE,
+                )  # fmt: skip
                 await asyncio.sleep(args.delay)
                 batch = alerts(args.criticals, "critical", uid, "f")
                 flood_ids = await criticals(client, url, batch, args.spacing, clock)
-                await flood
+                out, _ = await flooder.communicate()
+                last = out.decode().strip().splitlines()[-1]  # after any log line
+                codes = {int(k): v for k, v in json.loads(last).items()}
                 posted_s = time.monotonic() - began
                 behind = await clock.latencies(flood_ids, 900)
                 await drained(bus)
@@ -200,6 +209,37 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def flood_worker(args: argparse.Namespace) -> None:
+    """The flood, from a process of its own (Falco runs on other machines): `--notices`
+    distinct Notices, `--concurrency` at a time, POSTed to the ingest or (`--nats`)
+    published as Falcosidekick's NATS output does; prints the answers' codes as JSON."""
+    codes: dict[int, int] = {}
+    queue = list(reversed(alerts(args.notices, "notice", args.uid, "n")))
+    if args.nats:
+        bus = await Bus.connect(BusSettings(url=args.nats, provision=False), source="sidekick")
+
+        async def publisher() -> None:
+            while queue:
+                alert = queue.pop()
+                await bus.js.publish(sidekick_subject(alert), json.dumps(alert).encode())
+                codes[0] = codes.get(0, 0) + 1  # 0: stored (no HTTP answer)
+
+        await asyncio.gather(*(publisher() for _ in range(args.concurrency)))
+        await bus.close()
+        print(json.dumps(codes))
+        return
+    limits = httpx.Limits(max_connections=args.concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+
+        async def poster() -> None:
+            while queue:
+                answer = await post(client, args.flood_worker, queue.pop(), args.token)
+                codes[answer.status_code] = codes.get(answer.status_code, 0) + 1
+
+        await asyncio.gather(*(poster() for _ in range(args.concurrency)))
+    print(json.dumps(codes))
+
+
 async def drained(bus: Bus) -> None:
     """Until every falco consumer has nothing pending or unacknowledged."""
     while True:
@@ -221,9 +261,9 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"{args.notices} Notices at concurrency {args.concurrency}; {args.criticals} Critical "
         f"alerts alone, then one every {args.spacing}s from {args.delay}s into the flood; "
-        f"{args.runs} run(s), medians"
+        f"{args.runs} run(s), medians; the flood from a process of its own, via {args.via}"
     )
-    for case in CASES:
+    for case in [c for c in CASES if c in args.cases.split(",")]:
         results = [await one_case(case, args) for _ in range(args.runs)]
 
         def med(key: str, q: float, results: list[dict[str, Any]] = results) -> float:
@@ -259,4 +299,16 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--delay", type=float, default=5.0)
     parser.add_argument("--spacing", type=float, default=1.0)
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--cases", default=",".join(CASES), help="which cases, comma-separated")
+    parser.add_argument("--flood-worker", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--uid", default="flood", help=argparse.SUPPRESS)
+    parser.add_argument("--token", default=TOKEN, help=argparse.SUPPRESS)
+    parser.add_argument("--nats", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--via",
+        choices=("http", "nats"),
+        default="http",
+        help="the flood through the ingest, or straight onto NATS as Falcosidekick's output",
+    )
+    parsed = parser.parse_args()
+    asyncio.run(flood_worker(parsed) if parsed.flood_worker else main(parsed))
