@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import PeakRss
 from falco import TOKEN, alerts, free_port, pct, ready
 
 from nodeward.bus import Bus
@@ -59,13 +60,6 @@ CASES = {
     "lanes": {},
     "one-lane": {"urgent_from": "Emergency", "ingest": {"max_backlog": 10**9}},
 }
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @dataclass
@@ -157,17 +151,8 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                     client, url, alerts(args.criticals, "critical", uid, "a"), 0.2, clock
                 )
                 alone = await clock.latencies(alone_ids, 60)
-                before = {k: rss_mb(p) for k, p in pids.items()}
-                peak = dict(before)
-                stop = asyncio.Event()
-
-                async def sample() -> None:
-                    while not stop.is_set():
-                        for k, p in pids.items():
-                            peak[k] = max(peak[k], rss_mb(p))
-                        await asyncio.sleep(0.2)
-
-                sampler = asyncio.create_task(sample())
+                memory = PeakRss(pids)
+                memory.start()
                 began = time.monotonic()
                 flooder = await asyncio.create_subprocess_exec(
                     sys.executable, __file__, "--flood-worker", url, "--notices",
@@ -185,9 +170,7 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 behind = await clock.latencies(flood_ids, 900)
                 await drained(bus)
                 drained_s = time.monotonic() - began
-                stop.set()
-                await sampler
-                after = {k: rss_mb(p) for k, p in pids.items()}
+                await memory.stop()
         finally:
             proc.send_signal(signal.SIGTERM)
             await proc.wait()
@@ -203,9 +186,9 @@ async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         "codes": codes,
         "posted_s": posted_s,
         "drained_s": drained_s,
-        "before": before,
-        "peak": peak,
-        "after": after,
+        "before": memory.before,
+        "peak": memory.peak,
+        "after": memory.after,
     }
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import PeakRss
 from falco import alerts
 
 from nodeward.bus import Bus
@@ -173,13 +174,6 @@ async def platform() -> AsyncIterator[Platform]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def until(what: str, check: Any, timeout: float) -> float | None:
     """Seconds until `check()` holds (polled every 0.1 s), or None after `timeout`."""
     began = time.monotonic()
@@ -205,23 +199,14 @@ async def flood(up: Platform, args: argparse.Namespace) -> None:
     url = up.endpoints["falco_ingest_url"]
     token = Path(up.endpoints["falco_token_file"]).read_text().strip()  # noqa: ASYNC240
     pids = {"up": up.proc.pid, "nats-server": up.nats_pid()}
-    before = {k: rss_mb(p) for k, p in pids.items()}
-    peak = dict(before)
+    memory = PeakRss(pids)
+    memory.start()
     began = time.monotonic()
     flooder = await asyncio.create_subprocess_exec(
         sys.executable, str(REPO / "bench" / "falco_flood.py"), "--flood-worker", url,
         "--notices", str(args.notices), "--concurrency", str(args.concurrency), "--uid", "",
         "--token", token, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    done = asyncio.Event()
-
-    async def sample() -> None:
-        while not done.is_set():
-            for k, p in pids.items():
-                peak[k] = max(peak[k], rss_mb(p))
-            await asyncio.sleep(0.2)
-
-    sampler = asyncio.create_task(sample())
     await asyncio.sleep(15)
     [critical] = alerts(1, "critical", "", "c")
     async with httpx.AsyncClient() as client:
@@ -248,9 +233,7 @@ async def flood(up: Platform, args: argparse.Namespace) -> None:
             break
         await asyncio.sleep(0.5)
     handled = time.monotonic() - began
-    done.set()
-    await sampler
-    after = {k: rss_mb(p) for k, p in pids.items()}
+    await memory.stop()
     falco_audits = [
         d for _, _, d in up.seen.on("remediation.") if d.get("actor") == "service/falco"
     ]
@@ -264,7 +247,7 @@ async def flood(up: Platform, args: argparse.Namespace) -> None:
           f"({dict(Counter(str(d.get('action')) + '/' + str(d.get('outcome')) for d in falco_audits))}); notices: {len(notices)}")  # fmt: skip
     for k in pids:
         print(
-            f"  rss {k:11s} before {before[k]:5.0f} MiB  peak {peak[k]:5.0f} MiB  after {after[k]:5.0f} MiB"
+            f"  rss {k:11s} before {memory.before[k]:5.0f} MiB  peak {memory.peak[k]:5.0f} MiB  after {memory.after[k]:5.0f} MiB"
         )
 
 

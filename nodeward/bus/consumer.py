@@ -906,7 +906,10 @@ class Consumer:
         return audit_event.id
 
     async def _notify_refusal(self, event: Event[Any], refusal: _Refusal, audit_id: str) -> None:
-        """On-call hears of a publisher once per `identity_notice_window`, not per message."""
+        """On-call hears of a publisher once per `identity_notice_window`, not per message
+        nor per consumer: every consumer that refuses it (replicas, and other services
+        reading the same stream) derives the same notice id, which the NOTIFY stream stores
+        once within its duplicate window."""
         window = self.spec.identity_notice_window.total_seconds()
         now = time.monotonic()
         key = (refusal.salt, refusal.publisher)
@@ -919,19 +922,20 @@ class Consumer:
             title=refusal.title[:300],
             body=(
                 f"{refusal.error}. The events were not acted on and are in dlq."
-                f"{self.spec.stream}.{self.spec.name}; further ones from {refusal.publisher}"
-                f" in the next {int(window)} s are refused without another notice."
+                f"{self.spec.stream}.<consumer> (first refused by {self.spec.name}); further"
+                f" ones from {refusal.publisher} in the next {int(window)} s are refused"
+                " without another notice."
             ),
             audience="oncall",
             targets=[refusal.about],
-            dedup_key=f"{refusal.salt}/{self.spec.name}/{refusal.publisher}",
+            dedup_key=f"{refusal.salt}/{refusal.publisher}",
             audit_event_id=audit_id,
             why=refusal.why,
             what_you_can_do=refusal.what_you_can_do,
         )
-        # One id per publisher and window, so replicas' notices are stored once.
+        # One id per publisher and window, so every consumer's notice is stored once.
         bucket = datetime.fromtimestamp(int(time.time() // window * window), UTC)
-        notice_id = stable_id(bucket, f"{refusal.salt}-notice", self.spec.name, refusal.publisher)
+        notice_id = stable_id(bucket, f"{refusal.salt}-notice", refusal.publisher)
         await self.bus.publish(make_event(note, source=self.bus.source, id=notice_id))
         self._noticed[key] = now
 

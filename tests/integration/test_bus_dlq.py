@@ -493,7 +493,8 @@ async def test_an_event_from_a_clock_running_ahead_is_refused_audited_and_told_o
 ) -> None:
     """An agent whose clock runs an hour fast: its observations would outrank every real
     one after them. Each is dead-lettered as `future` with how far ahead it was, audited,
-    and on-call told once for the publisher; an event within the allowed skew is handled."""
+    and on-call told once for the publisher, by whichever consumer refused it first; an event
+    within the allowed skew is handled."""
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
@@ -539,6 +540,11 @@ async def test_an_event_from_a_clock_running_ahead_is_refused_audited_and_told_o
     assert {a.data.guard for a in audits} == {"clock"}
     details = next(a.data.details for a in audits if a.data.trigger_event_id == fast[0].id)
     assert details["field"] == "observed_at" and 3590 < details["ahead_s"] < 3610, details
+    # Another service reading the same stream refuses them too, and tells no one again:
+    # on-call hears once per publisher, however many consumers refuse it.
+    other = f"future-other-{node}"
+    await bus.consume(spec(other, node), handler)
+    await wait_for(lambda: _n(bus, other, 4), what="the other consumer's dead letters")
     notes = [
         n
         for n in await _read(bus, "NOTIFY", "notify.warning.clock")
@@ -547,3 +553,4 @@ async def test_an_event_from_a_clock_running_ahead_is_refused_audited_and_told_o
     assert len(notes) == 1, notes
     assert notes[0].data.title.startswith(f"{node}'s clock is ")
     assert notes[0].data.audience == "oncall"
+    assert f"first refused by {name}" in notes[0].data.body
