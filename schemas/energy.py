@@ -74,12 +74,14 @@ class EnergyNode(EventData):
     node: K8sName
     interval: Interval
     readings: list[EnergyReading]
+    # Null is left out on the wire (`schemas.cloudevents.encode`), so absent means null.
     energy_j: NonNegFloat | None = Field(
+        default=None,
         description="whole-node energy over `covered_s` (not the sum of overlapping "
-        "readings); null when nothing was read: unknown, not zero"
+        "readings); null (or absent) when nothing was read: unknown, not zero",
     )
     avg_power_w: NonNegFloat | None = Field(
-        description="energy_j / covered_s; null when nothing was read"
+        default=None, description="energy_j / covered_s; null (or absent) when nothing was read"
     )
     min_power_w: NonNegFloat | None = Field(
         default=None, description="from this interval's own readings only"
