@@ -166,11 +166,11 @@ def inject(  # noqa: PLR0917 - typer options
     """Inject a fault (or a load) into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
 
     With --scenario, play a file of timed injections and print one line per step.
-    Errors are one line on stderr and exit code 1.
+    Errors are one line on stderr: exit code 2 for wrong options, 1 for the rest.
     """
     from pydantic import ValidationError
 
-    from nodeward.cli.common import fail, settings_for
+    from nodeward.cli.common import fail, settings_for, usage
     from sim.inject import InjectReply, InjectRequest, request_injection
     from sim.scenario import ScenarioError, Step, load_scenario, play
 
@@ -183,7 +183,12 @@ def inject(  # noqa: PLR0917 - typer options
             fail(str(exc))
     else:
         if node is None:
-            fail("give --node (or --scenario)")
+            usage("give --node (or --scenario)")
+        chosen = [xid is not None, fault is not None, recover, load is not None]
+        if sum(chosen) != 1:
+            usage("give exactly one of --xid, --fault, --recover or --load")
+        if xid is None and (via != "nvml" or driver != "r550"):
+            usage("--via and --driver go with --xid only")
         try:
             request = InjectRequest(
                 gpu=gpu,
@@ -194,8 +199,10 @@ def inject(  # noqa: PLR0917 - typer options
                 via=via,  # validated by the model
                 driver=driver,
             )
-        except ValidationError as exc:
-            fail(str(exc.errors()[0]["msg"]).removeprefix("Value error, "))
+        except ValidationError as exc:  # an unknown fault or driver, a load over 100
+            error = exc.errors()[0]
+            where = "".join(f"--{part}: " for part in error["loc"] if isinstance(part, str))
+            usage(where + str(error["msg"]).removeprefix("Value error, "))
     bus = settings_for(None, nats, state_dir).bus
 
     async def quiet(exc: Exception) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from nodeward.cli.common import CliError, defer_websocket_client, settings_for
+from nodeward.cli.common import CliError, CliUsageError, defer_websocket_client, settings_for
 from nodeward.cli.control import breaker_app, falco_app, quarantine_app, recovery_app
 from nodeward.cli.maintenance import maintenance_app
 from nodeward.durations import parse_duration
@@ -60,13 +60,14 @@ StateDirOpt = Annotated[
 ]
 
 
-def _duration(value: str | None) -> timedelta | None:
+def _duration(value: str | None, option: str) -> timedelta | None:
+    """`value` as a duration; a usage error naming `option` when it is not one."""
     if value is None:
         return None
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 def _run(coro: Any) -> None:
@@ -192,10 +193,10 @@ def tail(  # noqa: PLR0917 - typer maps parameters to options
         do_tail(
             settings_for(config, nats, state_dir),
             subjects or [],
-            since=_duration(since),
+            since=_duration(since, "--since"),
             count=count,
             as_json=as_json,
-            timeout=_duration(timeout),
+            timeout=_duration(timeout, "--timeout"),
             where=TailFilter(node, namespace, severity, heartbeats),
         )
     )
@@ -233,7 +234,7 @@ def status(  # noqa: PLR0917 - typer maps parameters to options
     from nodeward.cli.status import status as do_status
     from schemas.common import dns_subdomain
 
-    timeout = _duration(agent_timeout)
+    timeout = _duration(agent_timeout, "--agent-timeout")
     assert timeout is not None
     if node is not None:
         try:
@@ -655,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         result = command.main(args=argv, prog_name="nodeward", standalone_mode=False)
     except CliError as exc:
         print(f"nodeward: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, CliUsageError) else 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:

@@ -33,8 +33,18 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 1."""
 
 
+class CliUsageError(CliError):
+    """A command given wrong or missing options: printed as one line, exit code 2."""
+
+
 def fail(message: str) -> NoReturn:
     raise CliError(message)
+
+
+def usage(message: str) -> NoReturn:
+    """A usage error that no single option's type catches (a missing choice, options that
+    exclude each other): one line naming the options, exit code 2."""
+    raise CliUsageError(message)
 
 
 def settings_for(

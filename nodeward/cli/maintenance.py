@@ -1,8 +1,9 @@
 """`nodeward maintenance start|status|restore|finish|cancel`: ask for a node's maintenance,
 follow it, restore a pod, end it.
 
-`start` validates the request at the edge (node name, times, the node's existence when a
-kubeconfig is at hand), publishes `maintenance.requested`, and waits a little for the
+`start` validates the request at the edge (node name, times, and the node's existence: in
+the cluster when a kubeconfig is at hand, else among the nodes whose agents speak on the
+bus) before it publishes `maintenance.requested`, and waits a little for the
 checkpoint service to take it or refuse it. `status` and `restore` read the service's
 records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
 (`schemas.state.maintenance.restore_plan`) to turn a pod's checkpoint archives into images
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
 from datetime import UTC, datetime
@@ -106,6 +108,39 @@ async def _check_node(kubeconfig: Path, node: str) -> None:
         await cluster.close()
 
 
+def default_kubeconfig() -> Path | None:
+    """The kubeconfig kubectl would use: the first file of `KUBECONFIG` that exists, else
+    `~/.kube/config` if it exists."""
+    listed = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for path in [*listed, Path.home() / ".kube" / "config"]:
+        if path.is_file():
+            return path
+    return None
+
+
+async def _check_node_on_bus(bus: Bus, node: str) -> None:
+    """Without a cluster to ask: the node must be one whose agents speak on the bus (its
+    last GPU heartbeat or energy interval is stored), else the request is refused."""
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NotFoundError
+
+    from schemas.tokens import token
+
+    for stream, subject in (
+        ("HEARTBEATS", f"gpu.heartbeat.{token(node)}"),
+        ("ENERGY", f"energy.node.{token(node)}"),
+    ):
+        # With bus.partitions > 1 the stream stores it with the partition appended.
+        for stored in (subject, f"{subject}.*"):
+            with contextlib.suppress(NotFoundError, NatsTimeout):
+                await bus.js.get_last_msg(stream, stored)
+                return
+    fail(
+        f"no node named {node} is known: no agent of it on the bus, and no kubeconfig to ask "
+        "the cluster (--kubeconfig, KUBECONFIG or ~/.kube/config)"
+    )
+
+
 async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
     from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
@@ -178,7 +213,7 @@ async def start(  # noqa: PLR0917 - the command's options
             raise typer.BadParameter("must be longer than 0s", param_hint="--deadline")
     if kubeconfig is None:
         running = Endpoints.read(state_dir)
-        kubeconfig = running.kubeconfig if running else None
+        kubeconfig = running.kubeconfig if running else default_kubeconfig()
     if kubeconfig is not None:
         await _check_node(kubeconfig, node)
     maintenance_id = f"mnt-{now:%Y%m%dT%H%M%S}-{node}"
@@ -196,6 +231,8 @@ async def start(  # noqa: PLR0917 - the command's options
         fail(f"invalid request: {one_line(exc)}")
     bus = await _connect(settings)
     try:
+        if kubeconfig is None:  # validated before anything is published
+            await _check_node_on_bus(bus, node)
         try:
             await bus.publish(make_event(data, source="cli/nodeward"))
         except PublishError as exc:
@@ -372,7 +409,11 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
     ] = 10.0,
     kubeconfig: Annotated[
         Path | None,
-        typer.Option("--kubeconfig", help="check the node exists (default: a running `up`'s)"),
+        typer.Option(
+            "--kubeconfig",
+            help="check the node exists (default: a running `up`'s, else KUBECONFIG or "
+            "~/.kube/config; without any, the node must have agents on the bus)",
+        ),
     ] = None,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
@@ -396,7 +397,7 @@ async def test_a_later_start_time_warns_first_and_waits(maintenance_env: EnvFact
     assert done.started_at is not None and done.started_at >= start_at
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
+async def _cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -404,6 +405,7 @@ async def _cli(*args: str) -> tuple[int, str, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()
@@ -426,6 +428,16 @@ async def test_cli_start_status_restore_and_clear_errors(
     assert code == 1 and err.strip() == (
         f"nodeward: error: no node named no-such-node in the cluster of {kubeconfig}"
     )
+    # No cluster to ask (no kubeconfig anywhere): a node no agent speaks for is refused
+    # before anything is published, not left for the service to dead-letter.
+    bare = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"HOME": str(tmp_path)}
+    code, out, err = await _cli("maintenance", "start", "no-such-node", *common, env=bare)
+    assert code == 1 and err.strip() == (
+        "nodeward: error: no node named no-such-node is known: no agent of it on the bus, and "
+        "no kubeconfig to ask the cluster (--kubeconfig, KUBECONFIG or ~/.kube/config)"
+    ), err
+    info = await env.bus.js.stream_info("MAINTENANCE", subjects_filter="maintenance.>")
+    assert not any("no-such-node" in s for s in info.state.subjects or {})
     code, out, err = await _cli("maintenance", "start", "Bad_Node!", *common)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not a Kubernetes node name" in err
     code, out, err = await _cli("maintenance", "start", env.node, "--deadline", "soon", *common)
