@@ -66,7 +66,13 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     config: ConfigOpt = None,
 ) -> None:
     """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
-    from launch.demo import demo_settings, load_demo_scenario, metrics_summary, sim_seed
+    from launch.demo import (
+        demo_settings,
+        hint_command,
+        load_demo_scenario,
+        metrics_summary,
+        sim_seed,
+    )
     from launch.up import run_up
 
     running = Endpoints.read(state_dir)
@@ -88,8 +94,11 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     seed_data = sim_seed(seed, nodes) if kubeconfig is None else None
     steps = load_demo_scenario(scenario, seed_data) if seed_data is not None else []
 
+    hint = hint_command(state_dir)
+
     def announce(endpoints: Endpoints) -> None:
         from rich.console import Console
+        from rich.markup import escape
 
         console = Console(stderr=True, soft_wrap=True)
         console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
@@ -129,12 +138,14 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             gpu_nodes = [n.name for n in seed_data.nodes if n.gpu is not None and n.gpu.count]
             console.print(
                 f"  fleet       {len(gpu_nodes)} nodes' agents in one process (nodeward sim "
-                f"fleet); try: nodeward sim inject --node {gpu_nodes[-1]} --gpu 0 --xid 79"
+                "fleet); try: "
+                + escape(
+                    hint("sim", "inject", "--node", gpu_nodes[-1], "--gpu", "0", "--xid", "79")
+                )
             )
         if sim_nodes:
-            console.print(
-                f"  try it      nodeward sim inject --node {sim_nodes[-1]} --gpu 0 --xid 79"
-            )
+            inject = hint("sim", "inject", "--node", sim_nodes[-1], "--gpu", "0", "--xid", "79")
+            console.print(f"  try it      {escape(inject)}")
         if steps:
             first = steps[0]
             console.print(
@@ -142,7 +153,8 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
                 f"on {first.node}; the story follows below (--quiet hides it)"
             )
         console.print(
-            "  watch it    nodeward status · nodeward tail   (another terminal)   ·   Ctrl-C stops everything"
+            f"  watch it    {escape(hint('status'))} · {escape(hint('tail'))}   (another "
+            "terminal, this directory)   ·   Ctrl-C stops everything"
         )
 
     story = None

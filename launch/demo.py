@@ -4,7 +4,12 @@ size, and the story on the terminal."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shlex
+import shutil
+import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from nodeward.bus.connection import connect_nats as connect_bus
 from nodeward.bus.errors import BusError
 from nodeward.cli.common import CliError, settings_for
 from nodeward.config import Settings
-from nodeward.endpoints import Endpoints
+from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 from sim.cluster.seed import Seed, SeedError, load_seed
 from sim.scenario import ScenarioError, Step, load_scenario
 
@@ -96,6 +101,55 @@ def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
                 f"(GPU nodes: {', '.join(gpu_nodes) or 'none'})"
             )
     return steps
+
+
+def _shown(path: Path, cwd: Path, *, program: bool = False) -> str:
+    """`path` as short as still works from `cwd`: relative below it, else absolute (a
+    program in `cwd` itself as `./name`, which the shell does not look up on PATH)."""
+    path = path.resolve()
+    try:
+        shown = str(path.relative_to(cwd))
+    except ValueError:
+        return shlex.quote(str(path))
+    return shlex.quote(f"./{shown}" if program and "/" not in shown else shown)
+
+
+@dataclass(frozen=True)
+class Hint:
+    """Another `nodeward` command against this `up`, as it works when typed in the same
+    directory: `hint("status")` is `nodeward status`, or `.venv/bin/nodeward status
+    --state-dir demo` when that is what it takes."""
+
+    program: str
+    state_flag: str = ""
+
+    def __call__(self, *words: str) -> str:
+        return " ".join([self.program, *words]) + self.state_flag
+
+
+def hint_command(
+    state_dir: Path,
+    *,
+    argv0: str | None = None,
+    cwd: Path | None = None,
+    default_state_dir: Path = DEFAULT_STATE_DIR,
+) -> Hint:
+    """The program as it was started (`nodeward` when that is the one on PATH,
+    `.venv/bin/nodeward`, or `python -m launch`), and `--state-dir` unless the state is in
+    `./.nodeward`, where every command looks by default."""
+    here = (cwd or Path.cwd()).resolve()
+    program = argv0 if argv0 is not None else sys.argv[0]
+    if Path(program).name == "__main__.py":  # python -m launch
+        command = f"{_shown(Path(sys.executable), here, program=True)} -m launch"
+    else:
+        started = here / program if os.sep in program else Path(shutil.which(program) or program)
+        on_path = shutil.which("nodeward")
+        same = on_path is not None and Path(on_path).resolve() == started.resolve()
+        command = "nodeward" if same else _shown(started, here, program=True)
+    flag = ""
+    if (here / state_dir).resolve() != (here / default_state_dir).resolve():
+        flag = f" --state-dir {_shown(here / state_dir, here)}"
+    return Hint(command, flag)
 
 
 def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:

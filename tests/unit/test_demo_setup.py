@@ -76,3 +76,42 @@ def test_metrics_summary_names_each_service_and_the_agents_ports() -> None:
         "cordon     http://127.0.0.1:4003/metrics",
         "GPU agents http://127.0.0.1:PORT/metrics, PORT 4002 4001 (2, by node in endpoints.json)",
     ]
+
+
+def _program(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    exe = where / "nodeward"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_the_banner_hints_are_commands_that_work_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` runs `.venv/bin/nodeward up`, which is not on PATH: the hint says
+    `.venv/bin/nodeward status`, and names `--state-dir` when it is not `./.nodeward`."""
+    from launch.demo import hint_command
+
+    venv = _program(tmp_path / ".venv" / "bin")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    hint = hint_command(Path(".nodeward"), argv0=".venv/bin/nodeward", cwd=tmp_path)
+    assert hint("status") == ".venv/bin/nodeward status"
+    hint = hint_command(Path("demo"), argv0=str(venv), cwd=tmp_path)
+    assert hint("sim", "inject", "--node", "n") == (
+        ".venv/bin/nodeward sim inject --node n --state-dir demo"
+    )
+    # State elsewhere: its absolute path; the program on PATH: its name.
+    monkeypatch.setenv("PATH", str(venv.parent))
+    elsewhere = tmp_path.parent / "state elsewhere"
+    hint = hint_command(elsewhere, argv0="nodeward", cwd=tmp_path)
+    assert hint("tail") == f"nodeward tail --state-dir '{elsewhere.resolve()}'"
+    # Another nodeward first on PATH than the one running: the one running, by its path.
+    other = _program(tmp_path / "other")
+    monkeypatch.setenv("PATH", str(other.parent))
+    assert hint_command(Path(".nodeward"), argv0=str(venv), cwd=tmp_path)("status") == (
+        ".venv/bin/nodeward status"
+    )
+    # python -m launch
+    hint = hint_command(Path(".nodeward"), argv0="/x/launch/__main__.py", cwd=tmp_path)
+    assert hint("status").endswith(" -m launch status")
