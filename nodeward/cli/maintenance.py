@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
-from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, ask
+from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, ask, operator_name
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 
@@ -193,7 +193,11 @@ async def start(  # noqa: PLR0917 - the command's options
     kubeconfig: Path | None,
     state_dir: Path,
     as_json: bool,
+    *,
+    requested_by: str,
 ) -> None:
+    """Validate, publish `maintenance.requested` as asked by `requested_by` (the operator,
+    named as the operator controls name them), and wait a little for the answer."""
     from pydantic import ValidationError
 
     from nodeward.bus import PublishError
@@ -223,7 +227,7 @@ async def start(  # noqa: PLR0917 - the command's options
             phase=MaintenancePhase.REQUESTED,
             maintenance_id=maintenance_id,
             reason=reason,
-            requested_by="cli/nodeward",
+            requested_by=requested_by,
             start_at=start_at,
             deadline_s=deadline_s,
         )
@@ -415,6 +419,7 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
             "~/.kube/config; without any, the node must have agents on the bus)",
         ),
     ] = None,
+    operator: OperatorOpt = None,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
@@ -432,6 +437,7 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
             kubeconfig,
             state_dir,
             as_json,
+            requested_by=operator_name(operator),
         )
     )
 

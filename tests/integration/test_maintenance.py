@@ -7,6 +7,7 @@ in parallel against the session's nats-server.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import sys
@@ -459,6 +460,8 @@ async def test_cli_start_status_restore_and_clear_errors(
     code, out, err = await _cli("maintenance", "status", env.node, "--config", str(config), *common)
     assert code == 0, err
     assert ": done" in out.splitlines()[0] and "BIOS update" in out
+    # One attribution: the login user, as the operator controls (finish, cancel) name it.
+    assert f"requested by {getpass.getuser()} at" in out, out
     assert f"{NS}/train-0" in out and "checkpointed" in out
 
     code, out, err = await _cli(
