@@ -147,10 +147,12 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             inject = hint("sim", "inject", "--node", sim_nodes[-1], "--gpu", "0", "--xid", "79")
             console.print(f"  try it      {escape(inject)}")
         if steps:
-            first = steps[0]
+            # The first fault is what the story is about (a load step only sets the scene).
+            first = next((s for s in steps if s.load is None), steps[0])
             console.print(
-                f"  scenario    {len(steps)} step(s), the first in {first.after.total_seconds():g}s "
-                f"on {first.node}; the story follows below (--quiet hides it)"
+                f"  scenario    {len(steps)} step(s); in {first.after.total_seconds():g}s "
+                f"{first.request().describe()} on {first.node} GPU {first.gpu}; the story "
+                "follows below (--quiet hides it)"
             )
         console.print(
             f"  watch it    {escape(hint('status'))} · {escape(hint('tail'))}   (another "
