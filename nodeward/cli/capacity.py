@@ -13,7 +13,14 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail, table_console
+from nodeward.cli.common import (
+    Fitted,
+    bucket_name,
+    connect_nats,
+    echo_json,
+    fail,
+    table_console,
+)
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from schemas.capacity import STATES, profile_for, resource_for
@@ -204,7 +211,7 @@ def render(snapshot: CapacitySnapshot) -> RenderableType:
     table.add_column("free on")
     for row in rows(snapshot):
         table.add_row(*row)
-    parts: list[RenderableType] = [table]
+    parts: list[RenderableType] = [Fitted(table, keep=("model", "profile"), drop=("free on",))]
     held = [n for n in snapshot.nodes if n.blocked]
     if held:
         parts.append(

@@ -21,7 +21,10 @@ import typer
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from collections.abc import Sequence
+
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.table import Column, Table
 
     from nodeward.config import Settings
     from schemas.state import Bucket
@@ -127,13 +130,77 @@ PIPE_WIDTH = 200
 
 def table_console() -> Console:
     """The console a command prints its tables to: the terminal's width on a terminal,
-    `PIPE_WIDTH` columns in a pipe or a file."""
+    `COLUMNS` when it is set, else `PIPE_WIDTH` columns in a pipe or a file."""
     from rich.console import Console
 
     console = Console(soft_wrap=False)
-    if not console.is_terminal:
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         console.width = PIPE_WIDTH
     return console
+
+
+def keep_whole(table: Table, *headers: str) -> Table:
+    """Never cut the columns that tell rows apart (a node's name, a pod's, a GPU model):
+    at their widest cell, unwrapped; rich wraps the other columns to fit instead."""
+    from rich.cells import cell_len
+
+    for column in table.columns:
+        if str(column.header) in headers:
+            widest = max((cell_len(str(c)) for c in column.cells), default=0)
+            column.no_wrap = True
+            column.min_width = max(widest, cell_len(str(column.header)))
+    return table
+
+
+class Fitted:
+    """A table whose identifying columns (`keep`) are never cut, and which, when the width
+    cannot hold every column readably (each as wide as its header and its longest word,
+    up to 12), leaves out the columns named in `drop`, first named first, and says so
+    under it."""
+
+    READABLE = 12
+
+    def __init__(self, table: Table, *, keep: Sequence[str], drop: Sequence[str] = ()) -> None:
+        self.table = keep_whole(table, *keep)
+        self.drop = [d for d in drop if d not in keep]
+
+    def _width(self, columns: list[Column]) -> int:
+        from rich.cells import cell_len
+
+        def readable(column: Column) -> int:
+            if column.no_wrap and column.min_width:
+                return column.min_width
+            words = [w for c in column.cells for w in str(c).split()]
+            longest = max((cell_len(w) for w in words), default=1)
+            return max(cell_len(str(column.header)), min(longest, self.READABLE))
+
+        return sum(readable(c) for c in columns) + 3 * len(columns) + 1
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        import copy
+
+        from rich.text import Text
+
+        columns = list(self.table.columns)
+        dropped: list[str] = []
+        for name in self.drop:
+            if self._width(columns) <= options.max_width:
+                break
+            if any(str(c.header) == name for c in columns):
+                columns = [c for c in columns if str(c.header) != name]
+                dropped.append(name)
+        for column in columns:
+            if not column.no_wrap:
+                column.overflow = "fold"  # a long word breaks rather than ends in "…"
+        table = copy.copy(self.table)
+        table.columns = columns
+        yield table
+        if dropped:
+            yield Text(
+                f"  (not shown at {options.max_width} columns: {', '.join(dropped)}; a wider "
+                "terminal shows them)",
+                style="dim",
+            )
 
 
 def defer_websocket_client() -> None:

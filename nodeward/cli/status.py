@@ -14,7 +14,14 @@ from rich.table import Table
 from rich.text import Text
 
 from nodeward.bus.snapshot import SnapshotError
-from nodeward.cli.common import bucket_name, connect_nats, echo_json, fail, table_console
+from nodeward.cli.common import (
+    Fitted,
+    bucket_name,
+    connect_nats,
+    echo_json,
+    fail,
+    table_console,
+)
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.fleet_status import (
@@ -118,6 +125,22 @@ def buckets_for(settings: Settings) -> Buckets:
     )
 
 
+IDENTIFYING = ("node", "pod", "session", "GPU", "target")
+"""The columns that tell rows apart: never cut, whatever the width (the others wrap)."""
+LEAST_NEEDED = ("power", "agents", "pods out by", "stop at", "since", "rule", "warned", "pods")
+"""Left out, first named first, when a narrow terminal cannot hold every column readably
+(`nodeward status --node NODE` shows each node whole)."""
+
+
+def _whole(parts: list[RenderableType]) -> Group:
+    return Group(
+        *(
+            Fitted(p, keep=IDENTIFYING, drop=LEAST_NEEDED) if isinstance(p, Table) else p
+            for p in parts
+        )
+    )
+
+
 def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
     """Nodes needing attention first (then the rest, or one line for them), quarantines,
     maintenances, isolated pods, idle sessions, energy, credentials, the breaker, the DLQ
@@ -176,7 +199,7 @@ def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
         parts.append(Text("DLQ: empty", style="green"))
     parts.append(_actions(fleet.recent_actions, fleet.at))
     parts.extend(_footer(fleet.notes, fleet.missing))
-    return Group(*parts)
+    return _whole(parts)
 
 
 def render_node(report: NodeReport) -> RenderableType:
@@ -240,7 +263,7 @@ def render_node(report: NodeReport) -> RenderableType:
     parts.append(Text(f"agents: {agents_cell(n).plain}"))
     parts.append(_actions(report.recent_actions, at, on=n.name))
     parts.extend(_footer(report.notes, report.missing))
-    return Group(*parts)
+    return _whole(parts)
 
 
 def marks_text(n: NodeStatus) -> str:

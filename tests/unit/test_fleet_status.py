@@ -281,3 +281,39 @@ def test_a_node_whose_clock_is_off_says_so_and_by_how_much() -> None:
     assert "clock 3m00s behind the bus (or its messages late)" in nodes["behind"].attention
     assert nodes["fine"].clock_offset_s == 0.003 and nodes["fine"].attention == []
     assert nodes["late"].clock_offset_s == 0.002 and nodes["late"].attention == []
+
+
+def test_at_80_columns_node_names_are_whole_and_other_columns_wrap() -> None:
+    """At 80 columns `status` cut every node name to `gpu-a100…`, so rows could not be told
+    apart: the identifying columns are never cut."""
+    names = [f"gpu-a100-mig-{i:02d}.rack-17.example.org" for i in range(3)]
+    records = {name: _quarantined_record() for name in names}
+    fleet = assemble(
+        nats_url="nats://x:4222",
+        now=NOW,
+        records=records,
+        breaker=BreakerState(),
+        health=[_health(name, 0, "failed", NOW - timedelta(seconds=10)) for name in names],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+    )
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    for name in names:
+        assert name in text, text
+    assert "…" not in text.split("quarantines")[0], text
+
+
+def test_piped_tables_take_columns_from_the_environment(monkeypatch: object) -> None:
+    import pytest
+
+    from nodeward.cli.common import PIPE_WIDTH, table_console
+
+    mp: pytest.MonkeyPatch = monkeypatch  # type: ignore[assignment]
+    mp.delenv("COLUMNS", raising=False)
+    assert table_console().width == PIPE_WIDTH  # not a terminal here
+    mp.setenv("COLUMNS", "80")
+    assert table_console().width == 80
