@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.dlq import one_line
-from nodeward.cli.events import echo_line, event_line, severity_of
+from nodeward.cli.events import echo_line, severity_of
 from nodeward.supervisor import ACTOR as RESTART_ACTOR
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
@@ -68,14 +69,39 @@ def _label(label: str) -> str:
     return f"{label:<{LABEL_WIDTH}} "
 
 
+_AT = LABEL_WIDTH + 1
+"""Where a story line's time starts."""
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
+LEVELS = MappingProxyType({"info": "INFO", "warning": "WARN", "critical": "CRIT"})
+MAX_DETAIL = 160
+"""A story line's detail is cut here (two lines at 80 columns); `nodeward status --node`
+and `nodeward tail` say the whole."""
+_UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_HEX_ID = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{24}\b")
+
+
+def short(detail: str) -> str:
+    """Ids shortened to their first 8 characters (enough to tell them apart in a story, and
+    to find them with `nodeward tail`), and the whole cut at `MAX_DETAIL`."""
+    detail = _HEX_ID.sub(r"\1", _UUID.sub(r"\1", detail))
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
+
+
+def _clock(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
 def _stamped(event: Any, subject: str, detail: str, at: datetime | None) -> str:
-    """`nodeward tail`'s line at the clock's time `at`, with the event's own time appended
-    when the two differ by more than `SKEW_S` (None: the event's own time)."""
-    line = event_line(event, subject, detail=detail, at=at)
+    """A story line's body: the clock's time `at` (None: the event's own), a level (set
+    again when the line is told: a decision's is its notice's), and the detail shortened,
+    with the event's own time appended when the two differ by more than `SKEW_S`. The
+    subject and type, which `nodeward tail` shows, are left out."""
+    line = f"{_clock(at or event.time)} {LEVELS[severity_of(event)]} {short(detail)}"
     if at is None or abs((event.time - at).total_seconds()) <= SKEW_S:
         return line
     own = event.time.astimezone(UTC)
@@ -212,10 +238,19 @@ class _Pending:
         return self.notice.audit_event_id if self.notice is not None else None
 
     def fold(self, notice: Notification) -> None:
-        """Tell `notice` (sent for this decision) on this line."""
+        """Tell `notice` (sent for this decision) on this line, at the notice's level."""
         self.line += notice_told(notice)
         if _SEVERITY_RANK[notice.severity.value] > _SEVERITY_RANK.get(self.severity, 0):
             self.severity = notice.severity.value
+
+    def told(self) -> str:
+        """The line as it is told: at its place in time (a CORDON line moved after its
+        decision shows the decision's time) and at its level, which may have risen since
+        it was made (a decision's notice)."""
+        head, when, level = self.line[:_AT], self.line[_AT : _AT + 12], self.line[_AT + 13 :]
+        if len(when) != 12 or level[:4] not in LEVELS.values():
+            return self.line  # not a stamped line
+        return f"{head}{_clock(self.at)} {LEVELS.get(self.severity, 'INFO')}{level[4:]}"
 
 
 @dataclass
@@ -328,7 +363,7 @@ class Story:
         for p in due:
             if p.decision is not None:
                 self.decisions_told.add(p.decision)
-            self.emit(p.line, p.severity)
+            self.emit(p.told(), p.severity)
         if len(self.decided) > 1024:
             self.decided.clear()
 
@@ -367,6 +402,8 @@ class Story:
     def _on_decision(self, event: Any, subject: str, at: datetime, severity: str) -> None:
         data: Remediation = event.data
         label = decision_label(data)
+        # What went wrong is a warning; the rest is told at its notice's level (`fold`).
+        severity = "warning" if data.outcome.value in ("failed", "refused") else "info"
         if data.trigger_event_id and data.action == "quarantine":
             self.decided[data.trigger_event_id] = at
         line = self._add(at, label, decision_line(event, subject, at), severity, decision=event.id)
@@ -408,7 +445,7 @@ class Story:
         at = self.now()
         when = at.strftime("%H:%M:%S.%f")[:-3]
         about = f": {title}" if title else ""
-        line = _label("DELIVERED") + f"{when} INFO outbox/{name}{about}"
+        line = _label("DELIVERED") + f"{when} INFO outbox/{name}{short(about)}"
         self._add(at, "DELIVERED", line, "info")
 
 

@@ -85,7 +85,7 @@ def test_up_warns_then_stops_the_idle_notebook_and_kubectl_shows_it(tmp_path: Pa
         decisions = [
             line for line in out if line.startswith("DECISION ") and "carol-jupyter" in line
         ]
-        assert [line.split()[5] for line in decisions][:2] == ["warn", "stop"], decisions
+        assert [line.split()[3] for line in decisions][:2] == ["warn", "stop"], decisions
         books = _notebooks(kubeconfig)
         # The busy notebooks on the same fleet are left alone.
         for name in ("alice-jupyter", "bob-jupyter"):

@@ -125,6 +125,13 @@ def test_lines_come_out_in_the_story_order_whatever_order_they_arrive_in() -> No
     assert not any("gpu-a: quarantine applied" in line for line in lines)
     assert "gpu-a tainted nodeward.io/gpu-unhealthy:NoSchedule, cordoned" in lines[2]
     assert lines[3].endswith("outbox/notice-1.json")
+    # Told in time order: the CORDON line, told after its decision, at the decision's time;
+    # the decision at its notice's level (critical), not WARN for every decision.
+    assert [line.split()[1] for line in lines] == sorted(line.split()[1] for line in lines)
+    assert lines[2].split()[1] == lines[1].split()[1] == "20:00:00.002"
+    assert lines[1].split()[2] == "CRIT" and lines[0].split()[2] == "CRIT"
+    # The subject and type are `nodeward tail`'s, not the story's.
+    assert "remediation.v1" not in lines[1] and "remediation.quarantine" not in lines[1]
     # The same incident's record again (a later KV write) is not a new step.
     story.on_record("node.gpu-a", applied("inc-1"), T0 + 5 * ms)
     # Nor is the decision's notice redelivered after its line went out.
@@ -442,3 +449,39 @@ def test_a_cordon_line_waits_for_the_decision_that_names_its_incident() -> None:
     clock.now = 10.0
     story.flush()
     assert lines[2].startswith("CORDON ") and "gpu-b" in lines[2]
+
+
+def _decision(outcome: Outcome, reason: str, action: str = "renew") -> Any:
+    return make_event(
+        Remediation(
+            action=action,
+            target=ObjectRef(kind="Secret", name="alice-oauth", namespace="ml-vision"),
+            outcome=outcome,
+            reason=reason,
+            actor="service/credentials",
+        ),
+        source="service/credentials",
+    ).model_copy(update={"time": T0})
+
+
+def test_levels_mean_something_and_lines_are_short() -> None:
+    """A routine renewal is INFO, a refusal WARN; ids are shortened and a long reason is cut
+    (`nodeward status --node` and `tail` say the whole)."""
+    lines: list[tuple[str, str]] = []
+    story = Story(emit=lambda line, sev: lines.append((line, sev)))
+    renewed = _decision(Outcome.APPLIED, "due: it would expire at 08:42 UTC")
+    story.on_event(wire_of(renewed), T0)  # type: ignore[arg-type]
+    note = Notification(
+        severity=Severity.INFO, topic="credentials", title="renewed", audit_event_id=renewed.id
+    )
+    story.on_event(wire(note, T0), T0)  # type: ignore[arg-type]
+    incident = "01a23b08-84b0-7d5f-a158-268b65d52b9a"
+    long = f"drain for maintenance mnt-recovery-{incident}: " + "every pod but DaemonSets " * 20
+    story.on_event(wire_of(_decision(Outcome.REFUSED, long, "drain")), T0)  # type: ignore[arg-type]
+    story.flush(everything=True)
+    (renew, renew_sev), (drain, drain_sev) = lines
+    assert renew.split()[2] == "INFO" and renew_sev == "info", renew
+    assert renew.endswith("; notice to oncall (info)")
+    assert drain.split()[2] == "WARN" and drain_sev == "warning", drain
+    assert "mnt-recovery-01a23b08:" in drain and incident not in drain
+    assert len(drain) < 200 and drain.endswith("…"), drain
