@@ -29,6 +29,7 @@ from schemas.remediation import Remediation
 from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from sim.cluster.seed import Seed, load_seed
 from sim.inject import InjectReply
+from sim.notebooks import SimNotebookController
 from sim.reboot import SimRebootOperator
 from sim.scenario import Step, play
 
@@ -72,12 +73,14 @@ def _play_scenario(
         daemon.add_task(run, name="scenario")
 
 
-def _sim_reboots(daemon: Daemon, bus: Bus, cluster: EmbeddedCluster) -> None:
-    """The simulated reboot operator (what Kured is on a real cluster) as a task of the
-    platform daemon: it reboots the sim nodes that services.recovery asks to reboot."""
-    client = KubeClient.from_settings(cluster.settings_for(None), user_agent="sim-reboot")
-    operator = SimRebootOperator(client, bus.nc)
-    daemon.add_task(operator.run, name="sim-reboot")
+def _sim_controllers(daemon: Daemon, bus: Bus, cluster: EmbeddedCluster) -> None:
+    """What a real cluster's other controllers do, as tasks of the platform daemon: the
+    simulated reboot operator (Kured's part: it reboots the sim nodes services.recovery
+    asks to reboot) and Kubeflow's notebook controller (a notebook the culler stopped loses
+    its pod, and its GPUs are free)."""
+    client = KubeClient.from_settings(cluster.settings_for(None), user_agent="sim-controllers")
+    daemon.add_task(SimRebootOperator(client, bus.nc).run, name="sim-reboot")
+    daemon.add_task(SimNotebookController(client).run, name="sim-notebooks")
     daemon.add_shutdown_hook(client.close)
 
 
@@ -237,7 +240,7 @@ async def run_up(
             platform.add_task(tell_story, name="story")
         _play_scenario(platform, platform_bus, scenario or [], lambda: supervisor.daemons)
         if cluster is not None:
-            _sim_reboots(platform, platform_bus, cluster)
+            _sim_controllers(platform, platform_bus, cluster)
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(

@@ -1,0 +1,64 @@
+"""The simulated Kubeflow notebook controller: a notebook the culler stopped loses its pod
+(its GPUs are free), as on a real Kubeflow cluster, and gets it back when started again."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from nodeward.config import ClusterSettings
+from nodeward.kube.base import core, group_path
+from nodeward.kube.client import MERGE_PATCH, KubeClient
+from nodeward.kube.errors import NotFound
+from sim.cluster import SimCluster
+from sim.cluster.seed import load_seed
+from sim.notebooks import STOP_ANNOTATION, SimNotebookController
+
+NS, NAME = "ml-speech", "carol-jupyter"
+
+
+async def _pod(client: KubeClient) -> dict[str, object] | None:
+    try:
+        return dict(await client.request("GET", core("pods", f"{NAME}-0", NS)))
+    except NotFound:
+        return None
+
+
+async def test_a_stopped_notebook_loses_its_pod_and_gets_it_back(tmp_path: Path) -> None:
+    sim = SimCluster(load_seed(), port=0)
+    await sim.start()
+    client = KubeClient.from_settings(
+        ClusterSettings(kubeconfig=sim.write_kubeconfig(tmp_path / "kubeconfig"))
+    )
+    try:
+        controller = SimNotebookController(client)
+        assert await controller.pass_once() == []  # every notebook runs, as seeded
+        before = await _pod(client)
+        assert before is not None
+        node = before["spec"]["nodeName"]  # type: ignore[index]
+
+        notebook = group_path("kubeflow.org", "v1", "notebooks", NAME, NS)
+        stop = {"metadata": {"annotations": {STOP_ANNOTATION: "2026-12-03T08:00:00Z"}}}
+        await client.request("PATCH", notebook, body=stop, content_type=MERGE_PATCH)
+        assert await controller.pass_once() == [f"{NS}/{NAME}"]
+        sts = await client.request("GET", group_path("apps", "v1", "statefulsets", NAME, NS))
+        assert sts["spec"]["replicas"] == 0
+        gone = await _pod(client)
+        assert gone is None or gone["metadata"].get("deletionTimestamp")  # type: ignore[index]
+        assert (await client.request("GET", notebook))["status"]["readyReplicas"] == 0
+        # The other notebooks are left running.
+        assert await client.request("GET", core("pods", "alice-jupyter-0", "ml-vision"))
+
+        started = {"metadata": {"annotations": {STOP_ANNOTATION: None}}}
+        await client.request("PATCH", notebook, body=started, content_type=MERGE_PATCH)
+        while await _pod(client) is not None:  # a graceful deletion runs its course first
+            await controller.pass_once()
+            await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
+        assert await controller.pass_once() == [f"{NS}/{NAME}"]
+        again = await _pod(client)
+        assert again is not None and again["spec"]["nodeName"] == node  # type: ignore[index]
+        assert again["metadata"]["uid"] != before["metadata"]["uid"]  # type: ignore[index]
+        assert (await client.request("GET", notebook))["status"]["readyReplicas"] == 1
+    finally:
+        await client.close()
+        await sim.stop()
