@@ -18,11 +18,13 @@ from agents.energy.agent import EnergyAgent
 from agents.energy.pods import StaticPodList
 from agents.energy.settings import EnergySettings
 from agents.energy.wiring import gpu_device_ids
-from agents.sources.pods import StaticPods
+from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerSample, SourceError
 from launch.sim_agents.gpu import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
-from nodeward.config import Settings, section
+from launch.sim_agents.pods import KUBELET_VIEW, LivePods
+from nodeward.config import ClusterSettings, Settings, section
 from nodeward.daemon import Daemon
+from nodeward.kube import Cluster
 from nodeward.platform import UpContext
 from schemas.energy import PowerSource
 from schemas.gpu import GpuSample
@@ -76,9 +78,15 @@ async def follow_gpu_telemetry(nc: Any, node: str, nvml: SimNvml) -> Any:
 
 
 async def build_sim_energy_agent(
-    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = ()
+    settings: Settings,
+    node: NodeSeed,
+    pods: Sequence[PodSeed] = (),
+    live: ClusterSettings | None = None,
 ) -> tuple[Daemon, EnergyAgent, SimNvml]:
-    """One simulated node's energy agent daemon (not started), its agent and its GPUs."""
+    """One simulated node's energy agent daemon (not started), its agent and its GPUs.
+
+    With `live` (the node agents' cluster credentials) a GPU's pods are the seed's that the
+    API still has on the node, as the kubelet says (`LivePods`); else the seed's, fixed."""
     from nodeward.platform import bus_daemon
 
     config: EnergySettings = section(settings, "agents", "energy", EnergySettings)
@@ -91,6 +99,11 @@ async def build_sim_energy_agent(
         f"agent-energy-{node.name}", settings, source=f"agent/energy/{node.name}", provision=False
     )
     carbon = StaticCarbon(config.carbon.static_g_per_kwh, zone=config.carbon.zone)
+    gpu_pods: PodSource = StaticPods(sim_pod_devices(sim, pods))
+    if live is not None:
+        cluster = Cluster.connect(live, access=KUBELET_VIEW)
+        gpu_pods = LivePods(sim_pod_devices(sim, pods), cluster, node.name)
+        daemon.add_shutdown_hook(cluster.close)
     agent = EnergyAgent(
         bus,
         config,
@@ -98,7 +111,7 @@ async def build_sim_energy_agent(
         carbon,
         node=node.name,
         registry=daemon.metrics.registry,
-        gpu_pods=StaticPods(sim_pod_devices(sim, pods)),
+        gpu_pods=gpu_pods,
         node_pods=StaticPodList(),
         gpu_devices=gpu_device_ids(sim),
         rack=node.labels.get(config.caps.rack_label),
@@ -118,6 +131,8 @@ async def build_for_up(context: UpContext, seed: Seed) -> list[Daemon]:
     daemons = []
     for node in seed.nodes:
         if node.gpu is not None and node.gpu.count > 0:
-            daemon, _, _ = await build_sim_energy_agent(context.settings, node, seed.pods)
+            daemon, _, _ = await build_sim_energy_agent(
+                context.settings, node, seed.pods, live=context.settings_for("agent").cluster
+            )
             daemons.append(daemon)
     return daemons

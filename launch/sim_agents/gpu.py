@@ -19,9 +19,11 @@ from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
 from agents.gpu.settings import GpuAgentSettings
 from agents.gpu.validate import Validator
-from agents.sources.pods import StaticPods
-from nodeward.config import Settings, section
+from agents.sources.pods import PodSource, StaticPods
+from launch.sim_agents.pods import KUBELET_VIEW, LivePods
+from nodeward.config import ClusterSettings, Settings, section
 from nodeward.daemon import Daemon
+from nodeward.kube import Cluster
 from nodeward.logs import get_logger
 from nodeward.platform import UpContext
 from schemas.cloudevents import DecodeError, decode
@@ -145,11 +147,16 @@ async def follow_telemetry(
 
 
 async def build_sim_gpu_agent(
-    settings: Settings, node: NodeSeed, pods: Sequence[PodSeed] = (), kmsg_dir: Path | None = None
+    settings: Settings,
+    node: NodeSeed,
+    pods: Sequence[PodSeed] = (),
+    kmsg_dir: Path | None = None,
+    live: ClusterSettings | None = None,
 ) -> tuple[Daemon, GpuAgent, SimNvml | SimAmdSmi]:
     """One simulated node's GPU agent daemon (not started), its agent and its driver.
 
-    The streams must exist already (`nodeward up`'s own bus provisions them first).
+    The streams must exist already (`nodeward up`'s own bus provisions them first). With
+    `live`, a GPU's pods follow the API as the kubelet's would (`LivePods`).
     """
     from nodeward.platform import bus_daemon
 
@@ -172,13 +179,18 @@ async def build_sim_gpu_agent(
     daemon, bus = await bus_daemon(
         f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
     )
+    gpu_pods: PodSource = StaticPods(sim_pod_devices(sim, pods))
+    if live is not None:
+        cluster = Cluster.connect(live, access=KUBELET_VIEW)
+        gpu_pods = LivePods(sim_pod_devices(sim, pods), cluster, node.name)
+        daemon.add_shutdown_hook(cluster.close)
     agent = GpuAgent(
         backend,
         bus,
         config,
         node=node.name,
         registry=daemon.metrics.registry,
-        pods=StaticPods(sim_pod_devices(sim, pods)),
+        pods=gpu_pods,
     )
     agent.attach(daemon)
     await serve_injections(bus.nc, sim, kmsg)
@@ -202,12 +214,13 @@ async def build_sim_gpu_agents(
     nodes: Sequence[NodeSeed],
     pods: Sequence[PodSeed] = (),
     kmsg_dir: Path | None = None,
+    live: ClusterSettings | None = None,
 ) -> list[Daemon]:
     """A GPU agent daemon (not started) for every node that has GPUs."""
     daemons = []
     for node in nodes:
         if node.gpu is not None and node.gpu.count > 0:
-            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods, kmsg_dir)
+            daemon, _, _ = await build_sim_gpu_agent(settings, node, pods, kmsg_dir, live)
             daemons.append(daemon)
     return daemons
 
@@ -215,5 +228,9 @@ async def build_sim_gpu_agents(
 async def build_for_up(context: UpContext, seed: Seed) -> list[Daemon]:
     """One simulated GPU agent per GPU node of the seeded sim cluster."""
     return await build_sim_gpu_agents(
-        context.settings, seed.nodes, seed.pods, context.state_dir / "kmsg"
+        context.settings,
+        seed.nodes,
+        seed.pods,
+        context.state_dir / "kmsg",
+        live=context.settings_for("agent").cluster,
     )

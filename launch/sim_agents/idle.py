@@ -22,8 +22,8 @@ from agents.idle.agent import IdleAgent, KubeSessionPods
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import KernelsReading
 from agents.sources.gpu_activity import NvmlUtilization
-from agents.sources.pods import StaticPods
 from launch.sim_agents.gpu import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
+from launch.sim_agents.pods import LivePods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
@@ -118,7 +118,7 @@ async def build_sim_idle_agent(
         kernels=activity,
         cpu=activity,
         gpus=NvmlUtilization(sim_gpus),
-        gpu_pods=StaticPods(sim_pod_devices(sim_gpus, pods)),
+        gpu_pods=LivePods(sim_pod_devices(sim_gpus, pods), cluster, node.name),
         node=node.name,
         registry=daemon.metrics.registry,
     )

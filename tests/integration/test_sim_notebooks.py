@@ -62,3 +62,45 @@ async def test_a_stopped_notebook_loses_its_pod_and_gets_it_back(tmp_path: Path)
     finally:
         await client.close()
         await sim.stop()
+
+
+async def test_a_pod_gone_from_the_api_holds_no_gpu_in_the_kubelet_view(tmp_path: Path) -> None:
+    """An evicted pod was billed for its GPUs minutes later: the simulated nodes' pod-resources
+    view now follows the API, as a kubelet's does."""
+    from launch.sim_agents.gpu import sim_nvml_for, sim_pod_devices
+    from launch.sim_agents.pods import KUBELET_VIEW, LivePods
+    from nodeward.kube import Cluster
+
+    seed = load_seed()
+    node = next(n for n in seed.nodes if n.name == "gpu-h100-01")
+    sim = SimCluster(seed, port=0)
+    await sim.start()
+    cluster = Cluster.connect(
+        ClusterSettings(kubeconfig=sim.write_kubeconfig(tmp_path / "kubeconfig")),
+        access=KUBELET_VIEW,
+    )
+    client = KubeClient.from_settings(
+        ClusterSettings(kubeconfig=sim.write_kubeconfig(tmp_path / "kubeconfig-admin"))
+    )
+    try:
+        live = LivePods(sim_pod_devices(sim_nvml_for(node), seed.pods), cluster, node.name)
+
+        def holders(found: object) -> set[str]:
+            return {r.name for refs in found.values() for r in refs}  # type: ignore[attr-defined]
+
+        before = holders(await live.pods_by_device())
+        assert "detr-finetune-worker-0" in before
+        path = core("pods", "detr-finetune-worker-0", "ml-vision")
+        await client.request("DELETE", path, query={"gracePeriodSeconds": 0})
+        while True:
+            try:
+                await client.request("GET", path)
+            except NotFound:
+                break
+            await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
+        after = holders(await live.pods_by_device())
+        assert after == before - {"detr-finetune-worker-0"}, after
+    finally:
+        await client.close()
+        await cluster.close()
+        await sim.stop()
