@@ -70,6 +70,28 @@ class Row:
     pods: set[str] = field(default_factory=set)
     gap_s: float = 0.0
     silent_since: datetime | None = None
+    measured: NodeHour | None = None
+    """By node: what the node itself measured in the window (all its energy, pods or not),
+    which the row's energy and CO2e are; its pods' share is `attributed_kwh`."""
+
+    def add_measured(self, hour: NodeHour) -> None:
+        m = self.measured
+        self.measured = (
+            hour
+            if m is None
+            else m.model_copy(
+                update={
+                    "energy_j": m.energy_j + hour.energy_j,
+                    "co2e_g": m.co2e_g + hour.co2e_g,
+                    "carbon_energy_j": m.carbon_energy_j + hour.carbon_energy_j,
+                }
+            )
+        )
+
+    @property
+    def total_j(self) -> float:
+        """The row's energy: the node's measurement by node, else its pods' attributed sum."""
+        return self.measured.energy_j if self.measured is not None else self.energy_j
 
     def add(self, cell: UsageCell) -> None:
         self.energy_j += cell.energy_j
@@ -91,17 +113,21 @@ class Row:
 
     def columns(self) -> dict[str, Any]:
         """One CSV/JSON row; None where a figure is unknown (not zero)."""
-        kwh = self.energy_j / J_PER_KWH
+        kwh = self.total_j / J_PER_KWH
         gpu_h = self.gpu_s / 3600
         util = self.util_weighted / self.util_gpu_s if self.util_gpu_s else None
         busy_h = self.util_weighted / 100 / 3600
-        carbon_kwh = self.carbon_energy_j / J_PER_KWH
+        co2e_g, carbon_j = self.co2e_g, self.carbon_energy_j
+        if self.measured is not None:
+            co2e_g, carbon_j = self.measured.co2e_g, self.measured.carbon_energy_j
+        carbon_kwh = carbon_j / J_PER_KWH
         return {
             "energy_kwh": round(kwh, 6),
+            "attributed_kwh": round(self.energy_j / J_PER_KWH, 6),
             "gpu_energy_kwh": round(self.gpu_energy_j / J_PER_KWH, 6),
             "cpu_energy_kwh": round(self.cpu_energy_j / J_PER_KWH, 6),
-            "co2e_kg": round(self.co2e_g / 1000, 6) if carbon_kwh else None,
-            "intensity_g_per_kwh": round(self.co2e_g / carbon_kwh, 3) if carbon_kwh else None,
+            "co2e_kg": round(co2e_g / 1000, 6) if carbon_kwh else None,
+            "intensity_g_per_kwh": round(co2e_g / carbon_kwh, 3) if carbon_kwh else None,
             "carbon_source": ";".join(sorted(self.carbon)),
             "gpu_hours": round(gpu_h, 6),
             "idle_gpu_hours": round(self.idle_gpu_s / 3600, 6),
@@ -132,6 +158,7 @@ COLUMNS = (
     "sessions_warned",
     "sessions_stopped",
     "pods",
+    "attributed_kwh",
     "gpu_util_pct",
     "gpu_kwh_per_gpu_hour",
     "gpu_kwh_per_busy_gpu_hour",
@@ -225,6 +252,10 @@ def build(
             key = _key(by, period)
             rows.setdefault(key, Row(key)).idle_gpu_s += idle
     if by == "node":
+        # What each node measured in the window, pods or not.
+        for h in all_hours:
+            if window.start <= h.hour < window.end:
+                rows.setdefault(h.node, Row(h.node)).add_measured(h)
         # Every node heard before the window's end, each of its hours in the window.
         for node, span in spans.items():
             if span.first >= window.end:
@@ -239,7 +270,7 @@ def build(
         rows[key].gap_s = sum(
             hour_gap(n, h, covered=covered, spans=spans, window=window, now=now) for n, h in pairs
         )
-    return sorted(rows.values(), key=lambda r: (-r.energy_j, r.key))
+    return sorted(rows.values(), key=lambda r: (-r.total_j, r.key))
 
 
 def to_csv(by: By, rows: Sequence[Row]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,13 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
 from tests.helpers.nats_cluster import NatsCluster, start_cluster
+
+# pytest imports readline (its capture workaround) and GNU readline exports LINES and
+# COLUMNS into this process's environment, not into os.environ: every command a test runs
+# would inherit COLUMNS=80 and lay its piped tables out at 80 columns. A user's pipe has no
+# COLUMNS unless they set it.
+for _name in ("COLUMNS", "LINES"):
+    os.unsetenv(_name)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -62,6 +62,8 @@ def render_table(by: By, window: Window, rows: list[Row]) -> Any:
     )
     table = Table(title=title, title_justify="left")
     heads = [by, "kWh", "CO2e kg", "g/kWh", "GPU-h", "idle GPU-h", "warned", "stopped"]
+    if by == "node":  # kWh is what the node measured; its pods were attributed this much
+        heads.insert(2, "pods kWh")
     if by == "model":
         heads += ["GPU util %", "GPU kWh/GPU-h", "GPU kWh/busy GPU-h"]
     heads.append("gap")
@@ -74,6 +76,7 @@ def render_table(by: By, window: Window, rows: list[Row]) -> Any:
         cells = [
             row.key,
             _num(c["energy_kwh"]) + ("+" if c["gap_s"] else ""),
+            *([_num(c["attributed_kwh"])] if by == "node" else []),
             _num(c["co2e_kg"], 4),
             _num(c["intensity_g_per_kwh"], 1),
             _num(c["gpu_hours"], 2),

@@ -92,6 +92,11 @@ class NodeHour(Counted):
     covered_s: float = 0.0
     """Seconds of those the readings cover (an interval's `covered_s`; 0 when nothing read)."""
     energy_j: float = 0.0
+    """What the node measured (all of it: pods, system, idle GPUs), not what its pods were
+    attributed."""
+    co2e_g: float = 0.0
+    carbon_energy_j: float = 0.0
+    """The part of `energy_j` with a carbon intensity (so `co2e_g` / it is the intensity)."""
 
 
 def node_hour_key(hour: datetime, node: str) -> str:

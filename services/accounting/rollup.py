@@ -98,6 +98,9 @@ def add_node_interval(
     end = min(data.interval.end, hour + HOUR)
     share = seconds / max((data.interval.end - data.interval.start).total_seconds(), 1e-9)
     energy = (data.energy_j or 0.0) * share
+    with_carbon = data.energy_j is not None and data.co2e_g is not None
+    co2e = (data.co2e_g or 0.0) * share if with_carbon else 0.0
+    carbon_energy = energy if with_carbon else 0.0
     if record is None:
         return NodeHour(
             counted=[event_id],
@@ -109,6 +112,8 @@ def add_node_interval(
             interval_s=seconds,
             covered_s=covered_s,
             energy_j=energy,
+            co2e_g=co2e,
+            carbon_energy_j=carbon_energy,
         )
     return record.model_copy(
         update={
@@ -119,6 +124,8 @@ def add_node_interval(
             "interval_s": record.interval_s + seconds,
             "covered_s": record.covered_s + covered_s,
             "energy_j": record.energy_j + energy,
+            "co2e_g": record.co2e_g + co2e,
+            "carbon_energy_j": record.carbon_energy_j + carbon_energy,
         }
     )
 

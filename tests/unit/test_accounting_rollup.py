@@ -95,3 +95,27 @@ def test_idle_time_outside_the_window_is_not_counted() -> None:
     (row,) = build("owner", Window(H, H + 60 * MIN), [], [], [period], now=H + 2 * 60 * MIN)
     assert row.key == "o"
     assert row.idle_gpu_s == pytest.approx(1800)
+
+
+def test_by_node_a_node_without_pods_reports_what_it_measured() -> None:
+    """`report --by node` gave 0.000 kWh for nodes drawing 1.2-1.8 kW (no pods to attribute
+    their energy to): by node, a row is the node's own measurement, with its CO2e; what its
+    pods were attributed is a column of its own."""
+    data = node_interval(H, 600, None).model_copy(update={"co2e_g": 3.0})
+    hour = add_node_interval(None, "e1", data, hour=H, seconds=600, covered_s=600, model=None)
+    assert hour is not None and hour.co2e_g == 3.0 and hour.carbon_energy_j == 60000.0
+    pod = UsageCell(
+        hour=H, node="n1", namespace="ml-a", pod="p", owner="a", energy_j=18000.0, co2e_g=0.9
+    )
+    pod = pod.model_copy(update={"carbon_energy_j": 18000.0})
+    window = Window.of(H, H + 60 * MIN)
+    [row] = build("node", window, [pod], [hour], [], now=H + 10 * MIN)
+    c = row.columns()
+    assert c["energy_kwh"] == round(60000 / 3.6e6, 6)  # the node's, not its pod's 0.005
+    assert c["attributed_kwh"] == 0.005
+    assert c["co2e_kg"] == 0.003 and c["intensity_g_per_kwh"] == 180.0
+    [alone] = build("node", window, [], [hour], [], now=H + 10 * MIN)
+    assert alone.columns()["energy_kwh"] > 0  # a node with no pod at all
+    # By namespace nothing changes: the pods' attributed energy.
+    [ns] = build("namespace", window, [pod], [hour], [], now=H + 10 * MIN)
+    assert ns.columns()["energy_kwh"] == 0.005
