@@ -6,6 +6,7 @@ run, and a screenshot of each view."""
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -177,3 +178,21 @@ def test_the_other_views_render(up: Up, chromium: Any, tmp_path: Path) -> None:
         page.locator("body[data-live=on]").wait_for(timeout=5000)
         screenshot(page, tmp_path, view)
     assert errors == []  # no CSP violation, no script error
+
+
+def test_a_node_page_says_its_energy_in_one_clean_line(up: Up, tmp_path: Path) -> None:
+    """The node page read `kg CO2e in all· 50 g/kWh` and, beside an energy table of pods,
+    `No pod nodeward watches`."""
+    url = up.endpoints["console_url"] + "node/gpu-h100-02"
+
+    def energy() -> str | None:
+        page = httpx.get(url, timeout=5).text
+        line = next((x for x in page.splitlines() if "W over the last" in x), None)
+        return line
+
+    wait_until(lambda: energy() is not None, timeout=60, what="the node's energy on its page")
+    line = energy()
+    assert line is not None
+    assert re.search(r"\d+ W over the last \d+ s · [\d.]+ kg CO2e in all · \d+ g/kWh", line), line
+    page = httpx.get(url, timeout=5).text
+    assert "No pod nodeward watches" not in page
