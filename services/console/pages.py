@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from nodeward.fleet_status import HEALTH_ORDER, NodeStatus, SessionView
+from nodeward.fleet_status import HEALTH_ORDER, NodeStatus, SessionView, worst
 from schemas.remediation import Remediation
 from services.console.live import marks_of
 
@@ -15,12 +15,43 @@ STATE_FILTERS = ("all", "attention", "failed", "degraded", "unknown", "marked")
 
 
 @dataclass(frozen=True)
+class Physical:
+    """One physical GPU of a node: its worst state, and its MIG instances (key, state)."""
+
+    key: str
+    state: str
+    slices: list[tuple[str, str]]
+
+
+def physical_gpus(gpus: Mapping[str, str]) -> list[Physical]:
+    """A node's GPUs as the hardware has them: a MIG instance (`3-mig1-0`) inside its GPU
+    (`3`), whose state is the worst of its instances'; in GPU order."""
+    by_gpu: dict[str, list[tuple[str, str]]] = {}
+    whole: dict[str, str] = {}
+    for key, state in gpus.items():
+        index, _, rest = key.partition("-mig")
+        if rest:
+            by_gpu.setdefault(index, []).append((key, state))
+        else:
+            whole[key] = state
+    out = [
+        Physical(
+            k,
+            worst([st for _, st in by_gpu.get(k, [])] + ([whole[k]] if k in whole else [])),
+            sorted(by_gpu.get(k, [])),
+        )
+        for k in {*whole, *by_gpu}
+    ]
+    return sorted(out, key=lambda p: (int(p.key) if p.key.isdigit() else 1 << 30, p.key))
+
+
+@dataclass(frozen=True)
 class Tile:
     """One node's cell: its GPUs (when shown in detail), worst health, marks."""
 
     name: str
     health: str
-    gpus: list[tuple[str, str]]
+    gpus: list[Physical]
     marks: list[str]
     attention: list[str]
     detailed: bool
@@ -74,9 +105,10 @@ def fleet_page(
     fleet of thousands stays one light page; nodes needing a look keep a cell per GPU."""
     every = list(nodes)
     totals = dict.fromkeys(HEALTH_ORDER, 0)
+    physical = {n.name: physical_gpus(n.gpus) for n in every}  # MIG instances inside
     for n in every:
-        for s in n.gpus.values():
-            totals[s] = totals.get(s, 0) + 1
+        for gpu in physical[n.name]:
+            totals[gpu.state] = totals.get(gpu.state, 0) + 1
     query = query.strip().lower()
     picked = [
         n
@@ -88,13 +120,13 @@ def fleet_page(
     for n in sorted(picked, key=lambda n: (n.rank, n.name)):
         g = groups.setdefault(models.get(n.name, "unknown"), Group(models.get(n.name, "unknown")))
         g.nodes += 1
-        for s in n.gpus.values():
-            g.gpus[s] = g.gpus.get(s, 0) + 1
+        for gpu in physical[n.name]:
+            g.gpus[gpu.state] = g.gpus.get(gpu.state, 0) + 1
         g.tiles.append(
             Tile(
                 name=n.name,
                 health=n.health,
-                gpus=list(n.gpus.items()),
+                gpus=physical[n.name],
                 marks=marks_of(n),
                 attention=n.attention,
                 detailed=not compact or bool(n.attention),

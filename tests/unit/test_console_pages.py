@@ -155,3 +155,19 @@ def test_action_filter() -> None:
     assert not ActionFilter(action="release").admits(r)
     assert not ActionFilter(outcome="refused").admits(r)
     assert not ActionFilter(text="gpu-2").admits(r)
+
+
+def test_mig_instances_are_drawn_inside_their_gpu_and_the_fleet_counts_gpus() -> None:
+    """The headline said `128 healthy` for 88 GPUs (48 MIG instances counted as GPUs) and a
+    MIG node was drawn as 48 cells: a GPU is one cell, its instances inside it."""
+    mig = {f"{g}-mig{i}-0": "healthy" for g in range(8) for i in range(1, 7)}
+    mig["3-mig2-0"] = "failed"
+    node = NodeStatus(name="mig", health="failed", gpus=mig, attention=["GPU 3"], rank=0)
+    page = fleet_page([node, _node("h", *["healthy"] * 8)], {"mig": "A100", "h": "H100"})
+    assert page.gpus == {"failed": 1, "degraded": 0, "unknown": 0, "healthy": 15}
+    [tile] = page.groups[0].tiles
+    assert [p.key for p in tile.gpus] == [str(i) for i in range(8)]
+    three = tile.gpus[3]
+    assert three.state == "failed" and len(three.slices) == 6
+    assert ("3-mig2-0", "failed") in three.slices
+    assert all(not p.slices for p in page.groups[1].tiles[0].gpus)

@@ -20,15 +20,30 @@
     if (chip) { chip.textContent = String(Number(chip.textContent) + by); }
   }
 
+  const RANK = { failed: 0, degraded: 1, unknown: 2, healthy: 3 };
+
   function gpu(node, key, state) {
-    const cell = byId("g:" + node + ":" + key);
+    let cell = byId("g:" + node + ":" + key);
     if (!cell) { return false; }
+    if (cell.classList.contains("slice")) {
+      // A MIG instance: its GPU's cell takes the worst state of its instances.
+      cell.dataset.state = state;
+      const parent = cell.parentElement;
+      let worst = "healthy";
+      parent.querySelectorAll("i.slice").forEach(function (s) {
+        const st = s.dataset.state in RANK ? s.dataset.state : "unknown";
+        if (RANK[st] < RANK[worst]) { worst = st; }
+      });
+      cell = parent;
+      state = worst;
+      key = cell.id.split(":").pop();
+    }
     if (cell.dataset.state !== state && cell.closest("a.node")) {
-      count(cell.dataset.state, -1);  // the fleet's totals follow the cells they count
+      count(cell.dataset.state, -1);  // the fleet's totals count physical GPUs
       count(state, 1);
     }
     cell.dataset.state = state;
-    cell.title = "GPU " + key + " " + state;
+    if (!cell.querySelector("i.slice")) { cell.title = "GPU " + key + " " + state; }
     document.querySelectorAll("[data-for]").forEach(function (el) {
       if (el.dataset.for === cell.id) { el.textContent = state; }
     });
