@@ -177,6 +177,13 @@ def test_the_other_views_render(up: Up, chromium: Any, tmp_path: Path) -> None:
         page.locator(expect).first.wait_for(timeout=5000)
         page.locator("body[data-live=on]").wait_for(timeout=5000)
         screenshot(page, tmp_path, view)
+        if view == "actions" and page.locator("#actions tbody tr").count():
+            # The time and the target were wrapped over three lines each.
+            styles = page.evaluate(
+                "[1, 3].map(i => getComputedStyle("
+                "document.querySelector(`#actions tbody td:nth-child(${i})`)).whiteSpace)"
+            )
+            assert styles == ["nowrap", "nowrap"], styles
     assert errors == []  # no CSP violation, no script error
 
 
