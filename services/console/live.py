@@ -31,6 +31,7 @@ from nodeward.fleet_status import (
     Buckets,
     FleetStatus,
     GpuSeen,
+    IsolatedPod,
     NodeStatus,
     assemble,
     read_fleet,
@@ -109,6 +110,18 @@ def alert_row(at: datetime, a: FalcoAlert) -> Message:
     }
 
 
+def isolated_row(i: IsolatedPod) -> Message:
+    """A pod Falco isolated, as the Security page lists it (sent when it appears)."""
+    return {
+        "t": "isolated",
+        "pod": i.pod + (" (dry run)" if i.dry_run else ""),
+        "node": i.node or "",
+        "since": i.since.astimezone(UTC).isoformat(timespec="seconds"),
+        "rule": i.rule or "",
+        "reason": i.reason,
+    }
+
+
 def dead_row(at: datetime, d: DeadLetter) -> Message:
     return {
         "t": "dead",
@@ -164,6 +177,10 @@ class Live:
         self.read_s = 0.0
         self.ready = asyncio.Event()
         self._rows: dict[str, Message] = {}
+        self._isolated: dict[str, Message] = {}
+        # Core subscriptions see every publish, also those JetStream drops as duplicates
+        # (an alert from Falcosidekick and the ingest, an audit published again): one each.
+        self._heard: deque[str] = deque(maxlen=4096)
         self._viewers: set[Viewer] = set()
         self._changed = asyncio.Event()
         self._subs: list[Any] = []
@@ -246,7 +263,20 @@ class Live:
         if isinstance(data, GpuHealth):
             self.apply_health(data)
 
+    def _again(self, msg: Any) -> bool:
+        """Whether this message (by its id) was heard already."""
+        headers = msg.headers or {}
+        ident = headers.get("Nats-Msg-Id") or headers.get("ce-id")
+        if not ident:
+            return False
+        if ident in self._heard:
+            return True
+        self._heard.append(ident)
+        return False
+
     async def _on_action(self, msg: Any) -> None:
+        if self._again(msg):
+            return
         data = _decoded(msg.subject, msg.headers, msg.data)
         if isinstance(data, Remediation):
             at = datetime.now(UTC)
@@ -255,6 +285,8 @@ class Live:
             self._changed.set()
 
     async def _on_alert(self, msg: Any) -> None:
+        if self._again(msg):
+            return
         data = _decoded(msg.subject, msg.headers, msg.data)
         if isinstance(data, FalcoAlert):
             at = datetime.now(UTC)
@@ -262,6 +294,8 @@ class Live:
             self.broadcast(alert_row(at, data))
 
     async def _on_dead(self, msg: Any) -> None:
+        if self._again(msg):
+            return
         data = _decoded(msg.subject, msg.headers, msg.data)
         if isinstance(data, DeadLetter):
             at = datetime.now(UTC)
@@ -363,13 +397,20 @@ class Live:
         self.read_s = time.monotonic() - began
         self._read_seconds.set(self.read_s)
         rows = {n.name: row_of(n, self.model(n.name)) for n in fleet.nodes}
+        isolated = {i.pod: isolated_row(i) for n in fleet.nodes for i in n.isolated}
         if not first:
             for name, row in rows.items():
                 if self._rows.get(name) != row:
                     self.broadcast(row)
             if set(rows) != set(self._rows):
                 self.broadcast({"t": "fleet", "nodes": len(rows)})
+            for pod, row in isolated.items():
+                if pod not in self._isolated:
+                    self.broadcast(row)
+            for pod in self._isolated.keys() - isolated.keys():
+                self.broadcast({"t": "released", "pod": pod})
         self._rows = rows
+        self._isolated = isolated
         if first:
             self.log.info("console.read", nodes=len(rows), seconds=round(self.read_s, 3))
         self.ready.set()

@@ -203,3 +203,30 @@ def test_a_node_page_says_its_energy_in_one_clean_line(up: Up, tmp_path: Path) -
     assert re.search(r"\d+ W over the last \d+ s · [\d.]+ kg CO2e in all · \d+ g/kWh", line), line
     page = httpx.get(url, timeout=5).text
     assert "No pod nodeward watches" not in page
+
+
+def test_an_isolation_shows_live_and_a_repeated_alert_once(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    """Isolations arriving live did not reach the Security page's isolated pods until a
+    reload, and an alert sent again (Falcosidekick and the ingest) showed once per send."""
+    page = chromium.new_page()
+    page.goto(up.endpoints["console_url"] + "security", wait_until="domcontentloaded")
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    alert = next(a for a in samples() if a["rule"] == DROP_AND_EXECUTE)
+    pod = f"{alert['output_fields']['k8s.ns.name']}/{alert['output_fields']['k8s.pod.name']}"
+    assert page.locator(f"#isolated tr[data-pod='{pod}']").count() == 0
+    token = Path(up.endpoints["falco_token_file"]).read_text().strip()
+    for _ in range(3):  # the same alert three times: stored once (its stable id)
+        answer = httpx.post(
+            up.endpoints["falco_ingest_url"],
+            json=alert,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+        )
+        assert answer.status_code == 200, answer.text
+    page.locator(f"#isolated tr[data-pod='{pod}']").wait_for(timeout=20000)  # no reload
+    shown = page.locator("#alerts tr", has_text=alert["rule"])
+    shown.first.wait_for(timeout=5000)
+    assert shown.count() == 1, shown.count()
+    screenshot(page, tmp_path, "security-live")

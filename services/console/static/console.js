@@ -114,6 +114,20 @@
     }
   }
 
+  function isolated(m) {
+    const t = byId("isolated");
+    if (!t) { return; }
+    const pod = m.pod.replace(" (dry run)", "");
+    if (t.querySelector("tr[data-pod='" + CSS.escape(pod) + "']")) { return; }
+    row(t, [m.pod, m.node, m.since.replace("T", " ").slice(0, 19), m.rule, m.reason], { pod: pod });
+  }
+
+  function released(m) {
+    const t = byId("isolated");
+    const tr = t && t.querySelector("tr[data-pod='" + CSS.escape(m.pod) + "']");
+    if (tr) { tr.remove(); }
+  }
+
   function dead(m) {
     const t = byId("dead");
     if (t) {
@@ -131,6 +145,8 @@
     action: action,
     alert: alert,
     dead: dead,
+    isolated: isolated,
+    released: released,
     fleet: function () { if (byId("shown")) { tell("Nodes joined or left the fleet: reload to see them."); } },
   };
 
