@@ -23,6 +23,7 @@ from nodeward.cli.common import (
 )
 from nodeward.config import Settings
 from nodeward.endpoints import DEFAULT_STATE_DIR
+from nodeward.fleet_status import format_age
 from schemas.capacity import STATES, profile_for, resource_for
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot, Fit, matches_model
 
@@ -203,7 +204,13 @@ def plain(snapshot: CapacitySnapshot) -> str:
 
 def render(snapshot: CapacitySnapshot) -> RenderableType:
     age = (datetime.now(UTC) - snapshot.at).total_seconds()
-    table = Table(title=f"GPUs as counted {age:.0f}s ago", title_justify="left")
+    # The service counts again within `max_delay` (2 s) of any change and writes only what
+    # changed: the snapshot's time is that of the last change, not how stale it is.
+    title = (
+        f"GPUs as counted at {snapshot.at:%H:%M:%S} UTC, the last change "
+        f"({format_age(age)} ago; counted again on every change)"
+    )
+    table = Table(title=title, title_justify="left")
     table.add_column("model")
     table.add_column("profile")
     for state in STATES:
