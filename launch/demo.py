@@ -106,7 +106,7 @@ def load_demo_scenario(scenario: str, seed: Seed) -> list[Step]:
 def _shown(path: Path, cwd: Path, *, program: bool = False) -> str:
     """`path` as short as still works from `cwd`: relative below it, else absolute (a
     program in `cwd` itself as `./name`, which the shell does not look up on PATH)."""
-    path = path.resolve()
+    path = Path(os.path.abspath(path))  # not resolve(): a venv's python is a symlink
     try:
         shown = str(path.relative_to(cwd))
     except ValueError:

@@ -171,7 +171,9 @@ async def run_up(
     async with contextlib.AsyncExitStack() as stack:
         if not external_nats:
             # The port is chosen once: a restarted server must come back where clients look.
-            server = EmbeddedNats(state_dir / "nats", port=nats_port or free_port())
+            server = EmbeddedNats(
+                state_dir / "nats", port=nats_port or free_port(), dies_with_parent=True
+            )
             await stack.enter_async_context(server)
             settings.bus.url = server.url
         kube_api: str | None = None

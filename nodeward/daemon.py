@@ -45,9 +45,10 @@ class DaemonError(RuntimeError):
 
 def install_signal_handlers(
     on_signal: Callable[[str], None],
-    signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT),
+    signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
 ) -> Callable[[], None]:
-    """Call `on_signal(<signal name>)` on SIGTERM/SIGINT in the running loop; returns an undo.
+    """Call `on_signal(<signal name>)` on SIGTERM, SIGINT or SIGHUP (the terminal closed) in
+    the running loop; returns an undo.
 
     Where the loop cannot handle signals (not the main thread, Windows) nothing is installed.
     """

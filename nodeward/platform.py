@@ -165,7 +165,7 @@ async def wait_for_signal() -> None:
 
 async def run_bus(state_dir: Path, port: int, announce: Callable[[str], None]) -> None:
     """Embedded nats-server with every stream provisioned, until SIGINT/SIGTERM."""
-    server = EmbeddedNats(state_dir / "nats", port=port)
+    server = EmbeddedNats(state_dir / "nats", port=port, dies_with_parent=True)
     await server.start()
     try:
         from nodeward.config import BusSettings

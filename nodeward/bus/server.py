@@ -81,8 +81,14 @@ class EmbeddedNats:
         config_file: Path | None = None,
         name: str = "nodeward",
         startup_timeout: float = 15.0,
+        dies_with_parent: bool = False,
     ) -> None:
+        """`dies_with_parent`: the server gets SIGTERM when the thread that started it ends
+        (Linux's parent-death signal, through util-linux `setpriv`): a `nodeward up` killed
+        without its shutdown (SIGKILL, a crash) leaves no nats-server holding its port and
+        store. Only for a server started from a thread that lives as long as it should."""
         self.store_dir = Path(store_dir)
+        self.dies_with_parent = dies_with_parent
         self.host = host
         self.port = port
         self.config_file = config_file
@@ -135,6 +141,9 @@ class EmbeddedNats:
         ]
         if self.config_file:
             args += ["-c", str(self.config_file)]
+        setpriv = shutil.which("setpriv") if self.dies_with_parent else None
+        if setpriv:  # PR_SET_PDEATHSIG survives the exec; no preexec_fn in a threaded process
+            args = [setpriv, "--pdeathsig", "TERM", "--", *args]
         self.proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec is quick; its log goes to log_file
             args,
             stdin=subprocess.DEVNULL,

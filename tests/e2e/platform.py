@@ -82,4 +82,4 @@ def running_up(
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
         output.join(timeout=5)
-    assert code == 0, "".join(output.err)[-2000:]
+    assert code == 0, f"exit {code}: " + "".join(output.err)[-2000:]

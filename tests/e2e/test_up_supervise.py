@@ -20,7 +20,7 @@ import pytest
 from nodeward.failpoints import FILE_ENV
 from schemas.state.cordon import TAINT_KEY
 from tests.e2e.platform import Up, ready, running_up
-from tests.e2e.test_cli import run, wait_until
+from tests.e2e.test_cli import NODEWARD, run, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -179,3 +179,38 @@ def test_up_restarts_a_dead_service_daemon_then_gives_up_on_it(tmp_path: Path) -
         assert not ready(cordon)
         assert [n for n in up.unready() if n != "platform"] == []  # the rest keep running
         assert any("up.gave_up" in line for line in up.output.err)
+
+
+def _up(state: Path) -> subprocess.Popen[bytes]:
+    state.parent.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+    return subprocess.Popen(
+        [*NODEWARD, "up", "--state-dir", str(state), "--nodes", "1", "--scenario", "none"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=state.parent,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("how", [signal.SIGHUP, signal.SIGKILL], ids=["hung-up", "killed"])
+def test_up_hung_up_stops_cleanly_and_killed_leaves_no_nats_server(
+    tmp_path: Path, how: signal.Signals
+) -> None:
+    """A terminal closed under `up` (SIGHUP) killed it without its shutdown, and its
+    nats-server (a session of its own) ran on, holding the port and the store; so did a
+    SIGKILL. Hung up, `up` stops as on Ctrl-C (exit 0); killed, its nats-server goes too."""
+    state = tmp_path / "up" / "state"
+    proc = _up(state)
+    try:
+        wait_until((state / "endpoints.json").exists, timeout=60, what="up")
+        pid = _nats_pid(state)
+        assert pid is not None and _alive(pid)
+        proc.send_signal(how)
+        code = proc.wait(timeout=60)
+        assert code == (0 if how == signal.SIGHUP else -signal.SIGKILL), code
+        wait_until(lambda: not _alive(pid), timeout=10, what="the nats-server to go")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
