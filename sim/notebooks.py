@@ -14,7 +14,6 @@ on the node it ran on, when the notebook is started (the sim has no scheduler).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import structlog
@@ -22,6 +21,7 @@ import structlog
 from nodeward.kube.base import core, group_path
 from nodeward.kube.client import MERGE_PATCH, KubeClient
 from nodeward.kube.errors import NotFound
+from sim.controllers import SimController
 
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 
@@ -37,7 +37,7 @@ def _fresh(pod: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
 
 
-class SimNotebookController:
+class SimNotebookController(SimController):
     """Stops and starts notebooks as Kubeflow's controllers do; remembers the pods it
     stopped, to start them again."""
 
@@ -46,14 +46,6 @@ class SimNotebookController:
         self.interval = interval
         self.stopped: dict[tuple[str, str], dict[str, Any]] = {}  # (ns, pod) -> its manifest
         self.log = structlog.get_logger().bind(component="sim-notebooks")
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.pass_once()
-            except Exception:  # a sim helper must not stop `up`
-                self.log.exception("sim_notebooks.pass_failed")
-            await asyncio.sleep(self.interval)
 
     async def pass_once(self) -> list[str]:
         """Bring every notebook's StatefulSet and pod to what its annotation says; the

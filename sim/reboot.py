@@ -12,7 +12,6 @@ takes its request back once it sees the new bootID.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 from typing import Any
@@ -21,6 +20,7 @@ import structlog
 
 from nodeward.kube.base import core
 from nodeward.kube.client import MERGE_PATCH, KubeClient
+from sim.controllers import SimController
 from sim.inject import InjectRequest, request_injection
 
 REBOOT_LABEL = "nodeward.io/reboot-required"
@@ -28,7 +28,7 @@ REBOOT_ANNOTATION = "nodeward.io/reboot-request"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-class SimRebootOperator:
+class SimRebootOperator(SimController):
     """Reboots (in simulation) the nodes that ask for it; remembers what it served."""
 
     def __init__(self, client: KubeClient, nc: Any, *, interval: float = 1.0) -> None:
@@ -37,14 +37,6 @@ class SimRebootOperator:
         self.interval = interval
         self.served: dict[str, str] = {}  # node -> the request it rebooted for
         self.log = structlog.get_logger().bind(component="sim-reboot")
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.pass_once()
-            except Exception:  # a sim helper must not stop `up`
-                self.log.exception("sim_reboot.pass_failed")
-            await asyncio.sleep(self.interval)
 
     async def pass_once(self) -> list[str]:
         """Reboot every node that asks and was not rebooted for this request; their names."""

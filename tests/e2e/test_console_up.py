@@ -129,6 +129,18 @@ def test_an_xid_turns_the_cell_failed_within_2s_live_and_recovery_clears_it(
     assert page.evaluate("window.notReloaded") is True
 
 
+def _post(up: Up, alert: dict[str, Any]) -> None:
+    """One alert to the Falco ingest, as Falco's http_output sends it."""
+    token = Path(up.endpoints["falco_token_file"]).read_text().strip()
+    answer = httpx.post(
+        up.endpoints["falco_ingest_url"],
+        json=alert,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5,
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def test_a_hostile_falco_alert_renders_as_text_and_runs_nothing(
     up: Up, chromium: Any, tmp_path: Path
 ) -> None:
@@ -139,14 +151,7 @@ def test_a_hostile_falco_alert_renders_as_text_and_runs_nothing(
     page.locator("body[data-live=on]").wait_for(timeout=5000)
     alert = next(a for a in samples() if a["rule"] == DROP_AND_EXECUTE)
     alert = {**alert, "rule": "Console escaping check", "output": HOSTILE, "priority": "Notice"}
-    token = Path(up.endpoints["falco_token_file"]).read_text().strip()
-    answer = httpx.post(
-        up.endpoints["falco_ingest_url"],
-        json=alert,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=5,
-    )
-    assert answer.status_code == 200, answer.text
+    _post(up, alert)
     live_row = page.locator("#alerts td.output", has_text="window.pwned")
     live_row.first.wait_for(timeout=5000)  # arrived over the event stream
     assert "<script>" in live_row.first.inner_text()
@@ -216,15 +221,8 @@ def test_an_isolation_shows_live_and_a_repeated_alert_once(
     alert = next(a for a in samples() if a["rule"] == DROP_AND_EXECUTE)
     pod = f"{alert['output_fields']['k8s.ns.name']}/{alert['output_fields']['k8s.pod.name']}"
     assert page.locator(f"#isolated tr[data-pod='{pod}']").count() == 0
-    token = Path(up.endpoints["falco_token_file"]).read_text().strip()
     for _ in range(3):  # the same alert three times: stored once (its stable id)
-        answer = httpx.post(
-            up.endpoints["falco_ingest_url"],
-            json=alert,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=5,
-        )
-        assert answer.status_code == 200, answer.text
+        _post(up, alert)
     page.locator(f"#isolated tr[data-pod='{pod}']").wait_for(timeout=20000)  # no reload
     shown = page.locator("#alerts tr", has_text=alert["rule"])
     shown.first.wait_for(timeout=5000)
