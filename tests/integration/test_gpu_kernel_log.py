@@ -243,8 +243,8 @@ async def test_cli_injects_through_the_kernel_log(
             stderr=asyncio.subprocess.PIPE,
         )
         _, err = await bad.communicate()
-        assert bad.returncode != 0 and err.decode().count("\n") == 1
-        assert "via and driver apply to an xid only" in err.decode()
+        assert bad.returncode == 2 and err.decode().count("\n") == 1  # a usage error
+        assert "--via and --driver go with --xid only" in err.decode()
 
 
 async def test_a_driver_line_for_an_unknown_gpu_is_counted_not_attributed(
