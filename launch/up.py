@@ -19,7 +19,7 @@ from nodeward.bus import Bus
 from nodeward.bus.errors import BusError
 from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
 from nodeward.config import Settings
-from nodeward.daemon import Daemon
+from nodeward.daemon import Daemon, install_signal_handlers
 from nodeward.endpoints import Endpoints
 from nodeward.kube.client import KubeClient
 from nodeward.platform import Component, UpContext, bus_daemon, components
@@ -168,7 +168,12 @@ async def run_up(
     outbox.mkdir(parents=True, exist_ok=True)
     endpoints: Endpoints | None = None
     server: EmbeddedNats | None = None
+    # From the first moment: a Ctrl-C, SIGTERM or hang-up while the platform is built
+    # stops it as one later does (the supervisor's run returns at once), never half-built.
+    signalled = asyncio.Event()
+    remove_handlers = install_signal_handlers(lambda _: signalled.set())
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(remove_handlers)
         if not external_nats:
             # The port is chosen once: a restarted server must come back where clients look.
             server = EmbeddedNats(
@@ -252,4 +257,4 @@ async def run_up(
             daemons=[d.name for d in supervisor.daemons],
         )
         announce(endpoints)
-        await supervisor.run(handle_signals=True)
+        await supervisor.run(handle_signals=False, signalled=signalled)

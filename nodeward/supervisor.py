@@ -188,11 +188,16 @@ class Supervisor:
         """The daemons running now (or being restarted), core first, in the units' order."""
         return [*self.core, *(d for u in self.units for d in u.daemons)]
 
-    async def run(self, *, handle_signals: bool = True) -> None:
+    async def run(
+        self, *, handle_signals: bool = True, signalled: asyncio.Event | None = None
+    ) -> None:
         """Start what is not started yet, run until a signal or a core daemon stops, then stop
         everything (each daemon within its own timeout). Raises `DaemonError` if a daemon
-        failed to start or a core daemon's task failed."""
-        signalled = asyncio.Event()
+        failed to start or a core daemon's task failed.
+
+        `signalled`: set by the caller's own signal handlers (installed before it built the
+        daemons, so a signal during the build stops them as well); set already, nothing runs."""
+        signalled = signalled or asyncio.Event()
         remove = (
             install_signal_handlers(lambda _: signalled.set()) if handle_signals else (lambda: None)
         )
