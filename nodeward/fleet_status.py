@@ -19,17 +19,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from nodeward.bus.snapshot import (
-    Stored,
-    kv_entries,
-    last_per_subject,
-    newest,
-    stored_since,
-    subject_counts,
-)
+from nodeward.bus.mirror import Watched
+from nodeward.bus.snapshot import BusReads, Reads, Stored
 from schemas import DecodeError, Event, EventData, decode
 from schemas.common import K8sName, PodRef
 from schemas.credentials import CredentialFailed, CredentialRenewed
@@ -45,6 +38,7 @@ from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.state.lease import LeaseRecord
 from schemas.state.maintenance import MAINTENANCES, MaintenanceState
 from schemas.state.marks import FALCO_MARKS, MarkIntent, intents
+from schemas.state.recovery import RECOVERIES, RecoveryRecord, Step
 from schemas.tokens import token
 
 M = TypeVar("M", bound=BaseModel)
@@ -107,6 +101,23 @@ class MarkHeld(BaseModel):
     cordon: bool
     taints: list[str]
     since: datetime | None = None
+
+
+class RecoveryView(BaseModel):
+    """Where services.recovery stands with the node: a recovery under way, or the node given
+    up to a human (escalated: it stays quarantined until an operator releases it)."""
+
+    step: str
+    plan: str
+    incident: str
+    since: datetime = Field(description="when it entered this step")
+    why: str = Field(description="what the step's last entry in its history says")
+    attempts: int = 0
+    held: bool = Field(description="recovery's release hold is on the node")
+
+    @property
+    def escalated(self) -> bool:
+        return self.step == Step.ESCALATED.value
 
 
 class MaintenanceView(BaseModel):
@@ -195,6 +206,7 @@ class NodeStatus(BaseModel):
     quarantine: Quarantined | None = None
     last_decision: str | None = None
     maintenance: MaintenanceView | None = None
+    recovery: RecoveryView | None = None
     marks: list[MarkHeld] = Field(default_factory=list)
     isolated: list[IsolatedPod] = Field(default_factory=list)
     energy: EnergyView | None = None
@@ -328,6 +340,17 @@ class GpuSeen:
             )
         return self.stored > other.stored
 
+    def restates(self, change: GpuSeen) -> bool:
+        """Whether this is a heartbeat's restatement of `change` (the same boot and change
+        counter, no pods): the change's pods and model still hold."""
+        return (
+            not self.pods
+            and bool(change.pods or change.model)
+            and self.agent_boot_id is not None
+            and self.agent_boot_id == change.agent_boot_id
+            and self.sequence == change.sequence
+        )
+
 
 @dataclass
 class Seen:
@@ -341,6 +364,7 @@ class Seen:
     clocks: dict[str, dict[str, float]] = field(default_factory=dict)
     """node -> agent kind -> its newest message's own time minus its store time (seconds)."""
     maintenances: dict[str, MaintenanceState] = field(default_factory=dict)
+    recoveries: dict[str, RecoveryRecord] = field(default_factory=dict)
     marks: dict[str, dict[str, MarkIntent]] = field(default_factory=dict)
     """owner -> node -> intent."""
     isolations: list[IsolatedPod] = field(default_factory=list)
@@ -453,6 +477,7 @@ def assemble(
             quarantine=quarantine,
             last_decision=record.last_decision,
             maintenance=_maintenance(s.maintenances.get(name)),
+            recovery=_recovery(s.recoveries.get(name), record),
             marks=marks_by_node.get(name, []),
             isolated=sorted(isolated_by_node.get(name, []), key=lambda i: i.pod),
             energy=_energy(s.energy.get(name), s.totals.get(name)),
@@ -561,6 +586,26 @@ def _maintenance(state: MaintenanceState | None) -> MaintenanceView | None:
     )
 
 
+def _recovery(record: RecoveryRecord | None, node: NodeRecord) -> RecoveryView | None:
+    """A recovery under way, or an escalation the node is still quarantined for; None once
+    it is over (released, gone) or its quarantine was released."""
+    if record is None or record.step in (Step.RELEASED, Step.GONE):
+        return None
+    q = node.quarantine
+    if record.step == Step.ESCALATED and (q is None or q.incident != record.incident):
+        return None  # an operator released that quarantine: the escalation is over
+    said = record.history[-1].split(": ", 1)[-1] if record.history else record.reason
+    return RecoveryView(
+        step=record.step.value,
+        plan=record.plan.value,
+        incident=record.incident,
+        since=datetime.fromtimestamp(record.updated_at, UTC),
+        why=said,
+        attempts=record.attempts,
+        held=record.held,
+    )
+
+
 def _energy(event: EnergyNode | None, totals: EnergyTotals | None) -> EnergyView | None:
     if event is None and totals is None:
         return None
@@ -635,8 +680,12 @@ def _attention(
     if n.health in ("failed", "degraded"):
         bad = [k for k, s in n.gpus.items() if s == n.health]
         found.append((0 if n.health == "failed" else 2, f"GPU {', '.join(bad)} {n.health}"))
+    if (r := n.recovery) is not None and r.escalated:
+        found.append((0, f"escalated to a human: {r.why}"))
     if (q := n.quarantine) is not None:
         found.append((0, f"quarantined ({'dry run, ' if q.dry_run else ''}{q.phase})"))
+    if r is not None and not r.escalated:
+        found.append((1, f"recovery ({r.plan}) {r.step}"))
     for mark in n.marks:
         if mark.owner == "quarantine" and n.quarantine is not None:
             continue  # said above
@@ -689,6 +738,37 @@ class Buckets:
     culler: str = SESSIONS.name
     energy: str = TOTALS.name
     credentials: str = LOCKS.name
+    recovery: str = RECOVERIES.name
+
+
+AUDIT_SUBJECTS = "remediation.>"
+
+
+def watched(buckets: Buckets) -> list[Watched]:
+    """What `read_fleet` reads, as mirrors that can answer it: the buckets and the audit
+    trail tell their changes; GPU states (the console follows them itself), heartbeats,
+    telemetry, energy and sessions arrive all the time and are read when something else
+    changed, or on the next periodic drawing."""
+    kv = (
+        buckets.cordon,
+        buckets.breaker,
+        buckets.maintenance,
+        buckets.falco_marks,
+        buckets.recovery,
+    )
+    return [
+        *(Watched.bucket(b) for b in dict.fromkeys(kv)),
+        Watched.bucket(buckets.culler),
+        Watched.bucket(buckets.energy, tell=False),
+        Watched.bucket(buckets.credentials),
+        Watched("AUDIT", (AUDIT_SUBJECTS,)),
+        Watched("CREDENTIALS", ("credentials.renewed.>", "credentials.failed.>")),
+        Watched("GPU", ("gpu.health.>",), tell=False),
+        Watched("HEARTBEATS", ("gpu.heartbeat.>",), tell=False),
+        Watched("TELEMETRY", ("gpu.telemetry.*",), headers_only=True, tell=False),
+        Watched("SESSIONS", ("session.*.*.>",), headers_only=True, tell=False),
+        Watched("ENERGY", ("energy.node.*", "energy.pod.>"), tell=False),
+    ]
 
 
 def _load(bucket: Bucket[M], raw: Mapping[str, bytes]) -> dict[str, M]:
@@ -749,9 +829,8 @@ def _decoded(stored: Iterable[Stored]) -> list[tuple[Stored, Event[Any]]]:
 class _Reader:
     """The concurrent reads of one `gather_status`, each noting what it did not find."""
 
-    def __init__(self, nc: Any, seen: Seen) -> None:
-        self.nc = nc
-        self.js = nc.jetstream()
+    def __init__(self, reads: Reads, seen: Seen) -> None:
+        self.reads = reads
         self.seen = seen
 
     async def kv(
@@ -759,7 +838,7 @@ class _Reader:
     ) -> dict[str, bytes]:
         """The bucket's entries; a missing bucket is empty (its service has not run here),
         and `noted` in `missing`."""
-        raw = await kv_entries(self.nc, bucket, prefixes)
+        raw = await self.reads.kv(bucket, prefixes)
         if raw is None:
             if noted:
                 self.seen.missing.append(f"KV {bucket}")
@@ -769,7 +848,7 @@ class _Reader:
     async def last(
         self, stream: str, filters: Sequence[str], *, headers_only: bool = False
     ) -> list[Stored]:
-        got = await last_per_subject(self.nc, stream, filters, headers_only=headers_only)
+        got = await self.reads.last(stream, filters, headers_only=headers_only)
         if got is None:
             self.seen.missing.append(f"stream {stream}")
             return []
@@ -792,7 +871,7 @@ def _marks(node: str | None) -> str:
 
 
 async def _shared_breaker(r: _Reader, bucket: str) -> BreakerState | None:
-    raw = await kv_entries(r.nc, bucket, [SHARED.prefix])
+    raw = await r.reads.kv(bucket, [SHARED.prefix])
     return _load(SHARED, raw or {}).get("")
 
 
@@ -801,6 +880,11 @@ async def _maintenance_kv(r: _Reader, bucket: str, node: str | None) -> None:
     raw = await r.kv(bucket, [prefix, _marks(node)])
     r.seen.maintenances = {s.node: s for s in _load(MAINTENANCES, raw).values()}
     r.seen.marks["maintenance"] = _load(intents(bucket), raw)
+
+
+async def _recoveries(r: _Reader, bucket: str, node: str | None) -> None:
+    raw = await r.kv(bucket, [RECOVERIES.key(node) if node else RECOVERIES.prefix])
+    r.seen.recoveries = {rec.node: rec for rec in _load(RECOVERIES, raw).values()}
 
 
 async def _falco_marks(r: _Reader, bucket: str, node: str | None) -> None:
@@ -887,8 +971,8 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     """
     beats, listed = await asyncio.gather(
         # With bus.partitions > 1 the stream stores the partition as one more token.
-        last_per_subject(r.nc, "HEARTBEATS", [f"gpu.heartbeat.{tok}", f"gpu.heartbeat.{tok}.*"]),
-        subject_counts(r.nc, "GPU", f"gpu.health.{tok}.>"),
+        r.reads.last("HEARTBEATS", [f"gpu.heartbeat.{tok}", f"gpu.heartbeat.{tok}.*"]),
+        r.reads.subjects("GPU", f"gpu.health.{tok}.>"),
     )
     if listed is None:
         r.seen.missing.append("stream GPU")
@@ -898,6 +982,10 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
         known = said.get((new.node, new.key))
         if known is None or new.newer_than(known):
             said[new.node, new.key] = new
+            if known is not None and new.restates(known):
+                new.pods, new.model = known.pods, known.model
+        elif known.restates(new):
+            known.pods, known.model = new.pods, new.model
 
     now = datetime.now(UTC)
     fresh: dict[str, datetime] = {}  # node token -> its heartbeat's store time
@@ -925,11 +1013,11 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     reads = []
     if fresh:
         start = min(fresh.values()) - CLOCK_SLACK
-        reads.append(stored_since(r.nc, "GPU", [f"gpu.health.{tok}.>"], start))
+        reads.append(r.reads.since("GPU", [f"gpu.health.{tok}.>"], start))
     if silent:
         few = tok == "*" and len(silent) <= SILENT_FILTERS
         wanted = [f"gpu.health.{t}.>" for t in silent] if few else [f"gpu.health.{tok}.>"]
-        reads.append(last_per_subject(r.nc, "GPU", wanted))
+        reads.append(r.reads.last("GPU", wanted))
     for got in await asyncio.gather(*reads):
         for m, h in _data(got or [], GpuHealth):
             r.seen.saw(h.node, "gpu", m.time, _claimed(m))
@@ -958,7 +1046,7 @@ async def _telemetry(r: _Reader, tok: str, beating: set[str]) -> dict[str, datet
     a fresh heartbeat (`beating`: node tokens), which says the agent is alive already."""
     wanted = [f"gpu.telemetry.{tok}"]
     if beating:
-        listed = await subject_counts(r.nc, "TELEMETRY", f"gpu.telemetry.{tok}")
+        listed = await r.reads.subjects("TELEMETRY", f"gpu.telemetry.{tok}")
         if listed is None:
             r.seen.missing.append("stream TELEMETRY")
             return {}
@@ -1058,16 +1146,15 @@ async def _credentials(r: _Reader, bucket: str) -> None:
 
 
 async def _dlq(r: _Reader) -> None:
-    try:
-        info = await r.js.stream_info("DLQ", subjects_filter="dlq.>")
-    except NotFoundError:
+    counts = await r.reads.counts("DLQ", "dlq.>")
+    if counts is None:
         r.seen.missing.append("stream DLQ")
         return
-    r.seen.dlq = dict(info.state.subjects or {})
+    r.seen.dlq = counts
 
 
 async def _recent(r: _Reader, count: int) -> None:
-    got = await newest(r.nc, "AUDIT", count)
+    got = await r.reads.newest("AUDIT", count, filters=[AUDIT_SUBJECTS])
     if got is None:
         r.seen.missing.append("stream AUDIT")
         return
@@ -1076,10 +1163,18 @@ async def _recent(r: _Reader, count: int) -> None:
     ][:count]
 
 
-async def read_fleet(nc: Any, *, actions: int, buckets: Buckets, node: str | None = None) -> Seen:
+async def read_fleet(
+    nc: Any,
+    *,
+    actions: int,
+    buckets: Buckets,
+    node: str | None = None,
+    reads: Reads | None = None,
+) -> Seen:
     """Every source of the picture, each in one pass, all at once; `node` narrows the reads
-    to one node's subjects and keys."""
-    r = _Reader(nc, Seen())
+    to one node's subjects and keys. `reads` answers them (default: the bus, asked once
+    for each; `watched` says what mirrors would answer them all)."""
+    r = _Reader(reads or BusReads(nc), Seen())
     tok = token(node) if node else "*"
 
     async def gpu() -> tuple[list[GpuSeen], dict[str, datetime]]:
@@ -1092,6 +1187,7 @@ async def read_fleet(nc: Any, *, actions: int, buckets: Buckets, node: str | Non
         asyncio.gather(
             _cordon(r, buckets.cordon, node),
             _maintenance_kv(r, buckets.maintenance, node),
+            _recoveries(r, buckets.recovery, node),
             _falco_marks(r, buckets.falco_marks, node),
             _sessions(r, buckets.culler),
             _energy_reads(r, buckets.energy, tok),

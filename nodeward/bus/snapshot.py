@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from nats.js import api
 from nats.js.errors import NotFoundError
@@ -220,8 +220,12 @@ async def kv_entries(
     stored = await last_per_subject(
         nc, f"KV_{bucket}", [kv_filter(bucket, p) for p in prefixes], timeout=timeout
     )
-    if stored is None:
-        return None
+    return None if stored is None else kv_live(bucket, stored)
+
+
+def kv_live(bucket: str, stored: Sequence[Stored]) -> dict[str, bytes]:
+    """A bucket's live entries among its subjects' last messages (deleted and purged keys,
+    and the server's markers, left out), by key."""
     head = f"$KV.{bucket}."
     out: dict[str, bytes] = {}
     for m in stored:
@@ -230,3 +234,74 @@ async def kv_entries(
             continue
         out[m.subject.removeprefix(head)] = m.data
     return out
+
+
+class Reads(Protocol):
+    """The reads a picture of the fleet is made of: each subject's last message, those
+    stored since a time, the newest few, which subjects a stream holds and how many messages
+    each. `BusReads` asks the bus each time; `nodeward.bus.mirror.Mirrors` answers from
+    streams it watches."""
+
+    async def last(
+        self, stream: str, filters: Sequence[str], *, headers_only: bool = False
+    ) -> list[Stored] | None:
+        """Each matching subject's last message, in stream order; None: no such stream."""
+        ...
+
+    async def since(
+        self, stream: str, filters: Sequence[str], start: datetime
+    ) -> list[Stored] | None:
+        """At least each matching subject's newest message stored at or after `start`, in
+        stream order (callers use only the newest of each subject)."""
+        ...
+
+    async def newest(
+        self, stream: str, count: int, *, filters: Sequence[str] = ()
+    ) -> list[Stored] | None:
+        """The stream's last `count` messages (of those matching `filters`), oldest first."""
+        ...
+
+    async def subjects(self, stream: str, subjects_filter: str) -> set[str] | None:
+        """The stream's subjects matching `subjects_filter`."""
+        ...
+
+    async def counts(self, stream: str, subjects_filter: str) -> dict[str, int] | None:
+        """The stream's subjects matching `subjects_filter`, with how many messages each."""
+        ...
+
+    async def kv(self, bucket: str, prefixes: Sequence[str]) -> dict[str, bytes] | None:
+        """The bucket's live entries under `prefixes`; None: no such bucket."""
+        ...
+
+
+@dataclass(slots=True)
+class BusReads:
+    """`Reads` that ask the bus each time: one ephemeral consumer (or one `STREAM.INFO`) per
+    read, deleted when it is done. Right for a command that reads once (`nodeward status`)."""
+
+    nc: Any
+
+    async def last(
+        self, stream: str, filters: Sequence[str], *, headers_only: bool = False
+    ) -> list[Stored] | None:
+        return await last_per_subject(self.nc, stream, filters, headers_only=headers_only)
+
+    async def since(
+        self, stream: str, filters: Sequence[str], start: datetime
+    ) -> list[Stored] | None:
+        return await stored_since(self.nc, stream, filters, start)
+
+    async def newest(
+        self, stream: str, count: int, *, filters: Sequence[str] = ()
+    ) -> list[Stored] | None:
+        return await newest(self.nc, stream, count, filters=filters)
+
+    async def subjects(self, stream: str, subjects_filter: str) -> set[str] | None:
+        got = await subject_counts(self.nc, stream, subjects_filter)
+        return None if got is None else set(got)
+
+    async def counts(self, stream: str, subjects_filter: str) -> dict[str, int] | None:
+        return await subject_counts(self.nc, stream, subjects_filter)
+
+    async def kv(self, bucket: str, prefixes: Sequence[str]) -> dict[str, bytes] | None:
+        return await kv_entries(self.nc, bucket, prefixes)

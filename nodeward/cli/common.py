@@ -128,6 +128,29 @@ PIPE_WIDTH = 200
 """Columns a table gets in a pipe or a file: whole rows, not squeezed to 80 columns."""
 
 
+NARROWEST = 60
+"""No line for people is cut shorter than this."""
+
+
+def line_width() -> int | None:
+    """How wide a line told to people may be: `COLUMNS` when it is set, else the terminal's
+    width on a terminal (asked each time: a terminal may be resized); None in a pipe or a
+    file (whole lines, for grep)."""
+    import shutil
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return max(int(columns), NARROWEST)
+    if sys.stdout.isatty():
+        return max(shutil.get_terminal_size().columns, NARROWEST)
+    return None
+
+
+def fit(line: str, width: int | None) -> str:
+    """`line` cut to `width` characters, the cut marked with `…`."""
+    return line if width is None or len(line) <= width else line[: width - 1] + "…"
+
+
 def table_console() -> Console:
     """The console a command prints its tables to: the terminal's width on a terminal,
     `COLUMNS` when it is set, else `PIPE_WIDTH` columns in a pipe or a file."""

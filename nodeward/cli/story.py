@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.dlq import one_line
+from nodeward.cli.common import fit, line_width
 from nodeward.cli.events import echo_line, severity_of
 from nodeward.supervisor import ACTOR as RESTART_ACTOR
 from schemas import DecodeError, decode
@@ -79,8 +80,9 @@ def _now() -> datetime:
 
 LEVELS = MappingProxyType({"info": "INFO", "warning": "WARN", "critical": "CRIT"})
 MAX_DETAIL = 160
-"""A story line's detail is cut here (two lines at 80 columns); `nodeward status --node`
-and `nodeward tail` say the whole."""
+"""A story line's detail is cut here; on a terminal (or with `COLUMNS`) the whole line is
+cut to its width, one line each. `nodeward status --node` and `nodeward tail` say the
+whole."""
 _UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 _HEX_ID = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{24}\b")
 
@@ -270,6 +272,8 @@ class Story:
     """
 
     emit: Callable[[str, str], None] = echo_line
+    width: Callable[[], int | None] | None = None
+    """How wide a told line may be (`line_width`: the terminal's); None: whole lines."""
     hold: float = 0.0
     patience: float = 10.0
     clock: Callable[[], float] = time.monotonic
@@ -363,7 +367,7 @@ class Story:
         for p in due:
             if p.decision is not None:
                 self.decisions_told.add(p.decision)
-            self.emit(p.told(), p.severity)
+            self.emit(fit(p.told(), self.width() if self.width else None), p.severity)
         if len(self.decided) > 1024:
             self.decided.clear()
 
@@ -497,7 +501,7 @@ async def tell(nc: Any, outbox: Path | None, story: Story | None = None) -> None
     ordered consumers) every source is subscribed again from the message after the last one
     seen, so nothing is told twice and nothing published meanwhile is missed.
     """
-    story = story or Story()
+    story = story or Story(width=line_width)
     log = structlog.get_logger().bind(component="story")
     js = nc.jetstream()
     queue: asyncio.Queue[Msg] = asyncio.Queue()

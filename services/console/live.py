@@ -1,11 +1,14 @@
 """The console's one picture of the fleet, shared by every viewer.
 
-Read whole at start from KV and the streams, as `nodeward status` reads it
-(`nodeward.fleet_status.read_fleet`: each subject's last message, each bucket's entries, in
-one pass each), with the capacity snapshot and the newest audit records, Falco alerts and
-dead letters. Then one feed of core subscriptions (GPU health, the audit trail, Falco, the
-DLQ, maintenance, and the owners' KV buckets) keeps it live: a GPU's health is applied at
-once; a change anywhere else has the picture read again (settled, and never more than half
+Drawn as `nodeward status` draws it (`nodeward.fleet_status.read_fleet` and `assemble`),
+with the capacity snapshot and the newest audit records, Falco alerts and dead letters; but
+what it reads comes from mirrors (`nodeward.bus.mirror`): one long-lived ordered consumer
+per stream and bucket it reads, which hold each subject's newest message. Watched, not
+polled: drawing the picture again reads memory, and no consumer is made per drawing.
+
+A feed of core subscriptions (GPU health, the audit trail, Falco, the DLQ) brings what
+viewers see at once: a GPU's health is applied to its cell; a change to a bucket or the
+audit trail (a mirror tells) has the picture drawn again (settled, and never more than half
 the time), and only what differs is sent to the viewers. Nothing is written anywhere.
 """
 
@@ -26,7 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from nodeward.aio import within
-from nodeward.bus.snapshot import kv_entries, last_per_subject, newest
+from nodeward.bus.mirror import Mirrors, Watched
+from nodeward.bus.snapshot import newest
 from nodeward.fleet_status import (
     Buckets,
     FleetStatus,
@@ -35,16 +39,16 @@ from nodeward.fleet_status import (
     NodeStatus,
     assemble,
     read_fleet,
+    watched,
     worst,
 )
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyPod
 from schemas.falco import FalcoAlert
-from schemas.gpu import GpuHealth, GpuXid
+from schemas.gpu import GpuHealth
 from schemas.remediation import Remediation
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
-from schemas.tokens import token
 from services.console.settings import ConsoleSettings
 
 Message = dict[str, Any]
@@ -184,6 +188,11 @@ class Live:
         self._viewers: set[Viewer] = set()
         self._changed = asyncio.Event()
         self._subs: list[Any] = []
+        self.mirrors = Mirrors(
+            nc,
+            [*watched(self.buckets), Watched.bucket(capacity_bucket)],
+            on_change=self._changed.set,
+        )
         Gauge("nodeward_console_viewers", "Open event streams", registry=registry).set_function(
             lambda: len(self._viewers)
         )
@@ -208,26 +217,24 @@ class Live:
 
     def subjects(self) -> dict[str, Callable[[Any], Awaitable[None]]]:
         """What the feed subscribes to, and what each message does."""
-        b = self.buckets
-        out: dict[str, Callable[[Any], Awaitable[None]]] = {
+        return {
             "gpu.health.>": self._on_health,
             "remediation.>": self._on_action,
             "falco.>": self._on_alert,
             "dlq.>": self._on_dead,
-            "maintenance.>": self._on_change,
         }
-        for bucket in (b.cordon, b.falco_marks, b.maintenance, b.culler, self.capacity_bucket):
-            out[f"$KV.{bucket}.>"] = self._on_change
-        return out
 
     async def start(self) -> None:
-        """Subscribe first (nothing published during the read is missed), then read whole."""
+        """Subscribe first (nothing published during the read is missed), start the mirrors,
+        then draw the picture."""
         for subject, handler in self.subjects().items():
             self._subs.append(
                 await self.nc.subscribe(
                     subject, cb=handler, pending_msgs_limit=1 << 20, pending_bytes_limit=-1
                 )
             )
+        await self.mirrors.start()
+        self._changed.clear()  # what the mirrors told while catching up, this drawing shows
         try:
             await self.refresh()
         except Exception as exc:  # noqa: BLE001 - not ready yet; keep() reads again at once
@@ -239,11 +246,13 @@ class Live:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
+        await self.mirrors.stop()
         for viewer in list(self._viewers):
             self._drop(viewer)
 
     async def keep(self) -> None:
-        """Read the picture again after changes (settled), and at least every `refresh_s`."""
+        """Draw the picture again after changes (settled), and at least every `refresh_s`
+        (ages and staleness move on with the clock)."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await within(self._changed.wait(), self.settings.refresh_s)
@@ -254,9 +263,6 @@ class Live:
             except Exception as exc:  # noqa: BLE001 - a failed read keeps the last picture; the next retries
                 self.log.warning("console.read_failed", error=" ".join(str(exc).split()))
             await asyncio.sleep(min(self.read_s, 5.0))  # reading never takes most of the time
-
-    async def _on_change(self, msg: Any) -> None:
-        self._changed.set()
 
     async def _on_health(self, msg: Any) -> None:
         data = _decoded(msg.subject, msg.headers, msg.data)
@@ -334,16 +340,21 @@ class Live:
     # -- reading whole -------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        """Read the whole picture and send viewers the rows that changed (the first read also
-        takes the newest audit records, alerts and dead letters; the feed brings the rest)."""
+        """Draw the whole picture and send viewers the rows that changed (the first drawing
+        also takes the newest audit records, alerts and dead letters; the feed brings the
+        rest)."""
         first = not self.ready.is_set()
         began = time.monotonic()
+        reads = self.mirrors
         seen, raw_capacity, pods, alerts, dead = await asyncio.gather(
             read_fleet(
-                self.nc, actions=self.settings.actions if first else 1, buckets=self.buckets
+                self.nc,
+                actions=self.settings.actions if first else 1,
+                buckets=self.buckets,
+                reads=reads,
             ),
-            kv_entries(self.nc, self.capacity_bucket, [SNAPSHOT.prefix]),
-            last_per_subject(self.nc, "ENERGY", ["energy.pod.>"]),
+            reads.kv(self.capacity_bucket, [SNAPSHOT.prefix]),
+            reads.last("ENERGY", ["energy.pod.>"]),
             newest(self.nc, "SECURITY", self.settings.alerts) if first else _none(),
             newest(self.nc, "DLQ", self.settings.dead_letters) if first else _none(),
         )
@@ -421,20 +432,6 @@ class Live:
             data = _decoded(m.subject, m.headers, m.data)
             if isinstance(data, model):
                 into.append((m.time, data))
-
-    async def last_xids(self, node: str) -> list[GpuXid]:
-        """The last XID each GPU of `node` reported (one last-per-subject read), newest first;
-        [] when it cannot be read now."""
-        try:
-            stored = await last_per_subject(self.nc, "GPU", [f"gpu.xid.{token(node)}.>"], timeout=2)
-        except Exception:  # noqa: BLE001 - the page is drawn without them
-            return []
-        found = [
-            d
-            for m in stored or []
-            if isinstance(d := _decoded(m.subject, m.headers, m.data), GpuXid)
-        ]
-        return sorted(found, key=lambda x: x.observed_at, reverse=True)
 
     def model(self, node: str) -> str:
         return self.models.get(node, "unknown")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from nodeward.fleet_status import HEALTH_ORDER, NodeStatus, SessionView, worst
-from schemas.remediation import Remediation
+from nodeward.fleet_status import HEALTH_ORDER, GpuSeen, NodeStatus, SessionView, worst
+from schemas.gpu import GpuHealth, GpuXid
+from schemas.remediation import Outcome, Remediation
 from services.console.live import marks_of
+from services.kernel.holds import release_command
 
 STATE_FILTERS = ("all", "attention", "failed", "degraded", "unknown", "marked")
 """The fleet view's `state` filter: every node, those needing a look, by worst GPU, marked."""
@@ -205,3 +208,148 @@ def bars(items: Sequence[tuple[str, float]], *, unit: str, width: float = 320.0)
         Bar(label, value, round(width * value / top, 1), f"{value:,.1f} {unit}", 22 * i)
         for i, (label, value) in enumerate(ordered)
     ]
+
+
+# -- the node page -------------------------------------------------------------------------
+
+TOOK = (Outcome.APPLIED, Outcome.DRY_RUN)
+SLACK = timedelta(seconds=5)
+"""How much earlier than its quarantine's start an escalation may be dated (two services'
+clocks) and still be that quarantine's."""
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """Recovery gave a node up to a human: when, why, and what the operator does next."""
+
+    at: datetime
+    why: str
+    rma: bool
+    gpus: list[str]
+    incident: str
+    dry_run: bool
+
+    def release(self, node: str) -> str:
+        """The command that ends it, as it works when typed (`--reason` is required)."""
+        done = f"GPU {', '.join(self.gpus)} replaced" if self.rma and self.gpus else "fixed"
+        return f'nodeward quarantine release {node} --reason "{done}"'
+
+
+def _why(node: str, reason: str) -> str:
+    """The escalation's reason without what the banner says around it (the node needing a
+    human, the release command); the whole reason where it is worded otherwise."""
+    tail = f"; the node stays quarantined until an operator releases it ({release_command(node)})"
+    return reason.removeprefix(f"{node} needs a human: ").removesuffix(tail)
+
+
+def escalation(
+    node: NodeStatus, actions: Iterable[tuple[datetime, Remediation]]
+) -> Escalation | None:
+    """The escalation holding `node` now, from the audit trail (newest first): recovery's
+    newest `escalate` of the quarantine the node is still under, with no recovery started
+    or release applied since. None when the node is not quarantined (an operator released
+    it), or its quarantine is a later one.
+
+    An escalation older than the audit records kept is read from the node's recovery
+    record (`node.recovery`)."""
+    q = node.quarantine
+    if q is None:
+        return None
+    held = {m.incident for m in node.marks if m.owner == "quarantine" and m.incident}
+    for at, r in actions:
+        if r.target.kind.lower() != "node" or r.target.name != node.name:
+            continue
+        if r.outcome in TOOK and r.action in ("recover", "release"):
+            return None  # a recovery started, or the quarantine released, after it
+        if r.action != "escalate" or r.outcome not in TOOK:
+            continue
+        incident = str(r.details.get("incident") or "")
+        if (held and incident and incident not in held) or (not held and at < q.since - SLACK):
+            return None  # an earlier quarantine's
+        rma = r.details.get("rma")
+        return Escalation(
+            at=at,
+            why=_why(node.name, r.reason),
+            rma=bool(rma) if rma is not None else "RMA suggested" in r.reason,
+            gpus=list(q.gpus),
+            incident=incident,
+            dry_run=r.outcome == Outcome.DRY_RUN,
+        )
+    return _recorded(node, held)
+
+
+def _recorded(node: NodeStatus, held: set[str]) -> Escalation | None:
+    """The escalation the node's recovery record says it is under (older than the audit
+    records kept, or from before the console started)."""
+    r, q = node.recovery, node.quarantine
+    if q is None or r is None or not r.escalated or (held and r.incident not in held):
+        return None
+    return Escalation(
+        at=r.since,
+        why=r.why,
+        rma="RMA suggested" in r.why,
+        gpus=list(q.gpus),
+        incident=r.incident,
+        dry_run=q.dry_run,
+    )
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU (or MIG instance) of the node page: its state and why, the pods holding it
+    as the bus last named them, and when its state was last observed."""
+
+    key: str
+    state: str
+    why: list[str]
+    pods: list[str]
+    pods_at: datetime | None
+    observed_at: datetime | None
+
+
+def _keys_of(xid: GpuXid, keys: Iterable[str]) -> list[str]:
+    """The node's GPU keys an XID is about: its GPU, or its MIG instance's."""
+    if xid.gpu_instance_id is None:
+        return [k for k in keys if k == str(xid.gpu_index)]
+    return [k for k in keys if k.startswith(f"{xid.gpu_index}-mig{xid.gpu_instance_id}-")]
+
+
+def gpu_rows(
+    node: NodeStatus,
+    health: Mapping[str, GpuHealth | GpuSeen],
+    changes: Iterable[GpuHealth],
+    xids: Iterable[GpuXid],
+) -> list[GpuRow]:
+    """The node's GPUs in order, each with the pods its newest word on the bus names: its
+    last change (`gpu.health`) or its last XID (`gpu.xid`), whichever is newer. A heartbeat
+    names no pods, so a GPU's state restated by one (`health`) keeps the pods of its change."""
+    said: dict[str, tuple[datetime, list[str]]] = {}
+
+    def take(key: str, at: datetime, pods: Iterable[Any]) -> None:
+        if key not in said or at > said[key][0]:
+            said[key] = (at, [f"{p.namespace}/{p.name}" for p in pods])
+
+    for key, h in health.items():
+        if h.pods or (isinstance(h, GpuHealth) and not h.heartbeat):
+            take(key, h.observed_at, h.pods)
+    for c in changes:
+        if c.gpu_key() in node.gpus and (c.pods or not c.heartbeat):
+            take(c.gpu_key(), c.observed_at, c.pods)
+    for x in xids:
+        for key in _keys_of(x, node.gpus):
+            take(key, x.observed_at, x.pods)
+    rows = []
+    for key, state in node.gpus.items():
+        last = health.get(key)
+        at, pods = said.get(key, (None, []))
+        rows.append(
+            GpuRow(
+                key=key,
+                state=state,
+                why=[r.message for r in last.reasons] if last else [],
+                pods=pods,
+                pods_at=at,
+                observed_at=last.observed_at if last else None,
+            )
+        )
+    return rows

@@ -22,9 +22,14 @@ from urllib.parse import urlencode
 import structlog
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, select_autoescape
+from pydantic import ValidationError
 
 from nodeward.aio import within
-from nodeward.fleet_status import actions_on, format_age
+from nodeward.bus.snapshot import Reads
+from nodeward.fleet_status import GpuSeen, actions_on, format_age
+from schemas import DecodeError, decode
+from schemas.gpu import GpuHealth, GpuXid
+from schemas.tokens import token
 from services.console import pages
 from services.console.live import Live, marks_of
 from services.console.settings import ConsoleSettings, loopback
@@ -78,6 +83,33 @@ def _age(value: datetime | None, now: datetime) -> str:
 
 def _clock(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+async def gpu_said(reads: Reads, node: str) -> tuple[list[GpuHealth], list[GpuXid]]:
+    """What the bus last said of each GPU of `node`: its last change (`gpu.health`, with the
+    pods holding it: the console's mirror has it) and its last XID (one last-per-subject
+    read of the GPU stream), newest first; nothing when it cannot be read now (the page is
+    drawn without them)."""
+    tok = token(node)
+    try:
+        stored = [
+            *(await reads.last("GPU", [f"gpu.health.{tok}.>"]) or []),
+            *(await reads.last("GPU", [f"gpu.xid.{tok}.>"]) or []),
+        ]
+    except Exception:  # noqa: BLE001 - the page is drawn without them
+        return [], []
+    changes: list[GpuHealth] = []
+    xids: list[GpuXid] = []
+    for m in stored:
+        try:
+            data = decode(m.subject, m.headers, m.data).data
+        except (DecodeError, ValidationError, ValueError):
+            continue
+        if isinstance(data, GpuHealth) and data.node == node:
+            changes.append(data)
+        elif isinstance(data, GpuXid) and data.node == node:
+            xids.append(data)
+    return changes, sorted(xids, key=lambda x: x.observed_at, reverse=True)
 
 
 def environment() -> Environment:
@@ -247,17 +279,21 @@ class Console:
         node = self.live.nodes.get(name)
         if node is None:
             return self._page(request, "missing.html", name=name, status=404)
-        gpus = [(key, state, self.live.health.get((name, key))) for key, state in node.gpus.items()]
+        health: dict[str, GpuHealth | GpuSeen] = {
+            key: h for key in node.gpus if (h := self.live.health.get((name, key))) is not None
+        }
+        changes, xids = await gpu_said(self.live.mirrors, name)
         energy = [p for p in self.live.pods_energy if p.node == name]
-        xids = await self.live.last_xids(name)
+        actions = actions_on(node, self.live.actions)
         return self._page(
             request,
             "node.html",
             node=node,
             model=self.live.model(name),
-            gpus=gpus,
+            gpus=pages.gpu_rows(node, health, changes, xids),
+            escalation=pages.escalation(node, actions),
             marks=marks_of(node),
-            actions=actions_on(node, self.live.actions)[:100],
+            actions=actions[:100],
             pods_energy=sorted(energy, key=lambda p: (p.namespace, p.pod)),
             xids=xids,
         )

@@ -35,7 +35,6 @@ from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
 from nodeward.bus.kv import TypedKV
-from nodeward.bus.snapshot import kv_entries
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
@@ -108,6 +107,7 @@ from services.kernel.control import (
     refuse,
     reply_for,
 )
+from services.kernel.holds import release_command
 from services.kernel.marks import NodeMarks, still_holding
 
 NAME = "cordon"
@@ -641,7 +641,7 @@ class CordonService:
             damped,
             guard="flapping",
             reason=f"damped: {flap}; one incident ({q.incident}): {name} stays quarantined "
-            f"until an operator releases it (`nodeward quarantine release {name}`)",
+            f"until an operator releases it ({release_command(name)})",
         )
 
         def mark(current: NodeRecord | None) -> NodeRecord | None:
@@ -1098,8 +1098,8 @@ class CordonService:
         or an excluded GPU: every node record read in one pass (not a read per node: at
         5,000 nodes that kept the pass running and the KV busy), then each of those afresh
         under its node's lock."""
-        entries = await kv_entries(self.bus.nc, self.records.kv._name, [NODES.prefix])
-        for i, (key, raw) in enumerate((entries or {}).items()):
+        entries = await self.bus.entries(self.records.kv._name, [NODES.prefix])
+        for i, (key, raw) in enumerate(entries.items()):
             if i % 500 == 499:
                 await asyncio.sleep(0)  # decoding a large fleet: let events in between
             name = key.removeprefix(NODES.prefix)

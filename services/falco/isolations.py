@@ -31,7 +31,6 @@ from pydantic import ValidationError
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
-from nodeward.bus.snapshot import kv_entries
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
@@ -161,8 +160,8 @@ class Isolations:
     async def check_all(self, now: datetime | None = None) -> int:
         """One pass: every record read at once, each recorded pod read once (a few at a
         time); the isolations that no longer hold are ended. How many were ended."""
-        raw = await kv_entries(self.bus.nc, self.bucket, [ISOLATIONS.prefix])
-        keys = sorted(raw or {})
+        raw = await self.bus.entries(self.bucket, [ISOLATIONS.prefix])
+        keys = sorted(raw)
         if not keys:
             return 0
         gate = asyncio.Semaphore(CHECKS_AT_ONCE)

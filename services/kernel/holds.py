@@ -43,6 +43,12 @@ def hold_of(node: Obj | None) -> dict[str, Any] | None:
     return note if isinstance(note, dict) else {"by": "?", "reason": str(raw)[:200]}
 
 
+def release_command(node: str) -> str:
+    """The command that ends `node`'s quarantine, in backquotes, as it works when typed
+    (`--reason` is required: it is audited)."""
+    return f'`nodeward quarantine release {node} --reason "..."`'
+
+
 class ReleaseHold:
     """A guard: refuses an automatic release of a node under a release hold. The refusal is
     audited once per hold and process; a release proposed again is refused quietly."""
@@ -70,7 +76,7 @@ class ReleaseHold:
             self.name,
             f"refused: {proposal.target.name} is held by {hold.get('by')} "
             f"({hold.get('reason', '')}); only an operator's release ends it "
-            f"(`nodeward quarantine release {proposal.target.name}`)",
+            f"({release_command(proposal.target.name)})",
             Outcome.REFUSED,
             details={"hold": hold},
             quiet=quiet,
@@ -97,7 +103,7 @@ class Flapping:
         return Verdict(
             self.name,
             f"refused: {flap}; a flapping GPU's quarantine ends only by an operator's release "
-            f"(`nodeward quarantine release {proposal.target.name}`)",
+            f"({release_command(proposal.target.name)})",
             Outcome.REFUSED,
             quiet=quiet,
         )

@@ -42,7 +42,6 @@ from types import MappingProxyType
 from typing import Any
 
 import structlog
-from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import Field
 
@@ -422,13 +421,7 @@ class CheckpointService:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _spawn_workflows(self) -> None:
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return
-        for key in keys:
-            if not key.startswith("node."):
-                continue
+        for key in sorted(await self.bus.entries(self.kv._name, [MAINTENANCES.prefix])):
             current = await self.states.get(key)
             if current is None or current.value.terminal:
                 continue

@@ -34,7 +34,6 @@ from typing import Any
 
 import structlog
 from nats.errors import Error as NatsError
-from nats.js.errors import NoKeysError
 from pydantic import Field, ValidationError
 
 from nodeward.aio import within
@@ -59,6 +58,7 @@ from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import TAINT_KEY
 from schemas.state.recovery import (
     BUCKET,
+    RECOVERIES,
     Plan,
     RecoveryCounts,
     RecoveryRecord,
@@ -92,6 +92,7 @@ from services.kernel.control import (
     reply_for,
 )
 from services.kernel.drain import EVIDENCE
+from services.kernel.holds import release_command
 from services.kernel.marks import NodeMarks
 from services.recovery.access import ACCESS
 from services.recovery.policy import (
@@ -553,7 +554,7 @@ class RecoveryService:
                 f"{record.plan.value} while they are there; the node stays quarantined. "
                 "nodeward never forces past a PodDisruptionBudget, an exemption or Falco's "
                 "evidence: free the budget, move the pods, lift the isolation, or release "
-                f"the quarantine (`nodeward quarantine release {record.node}`). Evictions "
+                f"the quarantine ({release_command(record.node)}). Evictions "
                 f"are tried again every {self.settings.evict_retry.total_seconds():g}s until "
                 f"drain_timeout ({self.settings.drain_timeout.total_seconds():g}s after the "
                 "start), then on-call is paged again",
@@ -693,14 +694,8 @@ class RecoveryService:
             self.wake.clear()
 
     async def pass_once(self) -> None:
-        try:
-            keys = await self.records.kv.keys()
-        except NoKeysError:
-            return
-        for key in keys:
-            if not key.startswith("node."):
-                continue
-            node = key.removeprefix("node.")
+        for key in sorted(await self.bus.entries(self.records.kv._name, [RECOVERIES.prefix])):
+            node = key.removeprefix(RECOVERIES.prefix)
             with structlog.contextvars.bound_contextvars(node=node):
                 async with self.node_lock(node):
                     current = await self.records.get(key)
@@ -994,7 +989,7 @@ class RecoveryService:
             action="escalate",
             target=_target(record.node),
             reason=f"{record.node} needs a human: {why}. {cure}; the node stays quarantined "
-            f"until an operator releases it (`nodeward quarantine release {record.node}`)",
+            f"until an operator releases it ({release_command(record.node)})",
             policy=record.plan.value,
             trigger_id=f"{record.incident}/escalate",
             trigger_time=datetime.fromtimestamp(record.started_at, UTC),
@@ -1008,7 +1003,7 @@ class RecoveryService:
             await self.records.put(node_key(record.node), record)
         if not self.settings.dry_run:
             await self._hold(record, f"needs a human: {why}")
-        await self._save(record, Step.ESCALATED, why)
+        await self._save(record, Step.ESCALATED, f"{why}. {cure}")
 
     async def _hold(self, record: RecoveryRecord, why: str) -> None:
         """The hold on the node (`services.kernel.holds`): no automatic release of its

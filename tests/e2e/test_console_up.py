@@ -228,3 +228,61 @@ def test_an_isolation_shows_live_and_a_repeated_alert_once(
     shown.first.wait_for(timeout=5000)
     assert shown.count() == 1, shown.count()
     screenshot(page, tmp_path, "security-live")
+
+
+ESCALATED = "gpu-h100-02"
+HOLDER = "ml-nlp/llm-pretrain-worker-0"
+"""The seed's pod on every GPU of `ESCALATED`."""
+
+
+def test_an_escalated_node_says_so_at_the_top_and_its_gpus_name_their_pods(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    """The node page of a node recovery gave up on did not say so at the top, and its GPU
+    table's pods column was empty while "Last XID" named the pod (the heartbeats restating
+    each GPU's state name no pods)."""
+    nats = up.endpoints["nats_url"]
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    url = up.endpoints["console_url"] + f"node/{ESCALATED}"
+    page.goto(url, wait_until="domcontentloaded")
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    assert page.locator("#escalated").count() == 0
+    # XID 64 starts a reset; the row-remap failure that follows is the catalog's RMA.
+    injected = run(
+        "sim", "inject", "--node", ESCALATED, "--gpu", "1", "--fault", "row-remap-failure",
+        "--nats", nats,
+    )  # fmt: skip
+    assert injected.returncode == 0, injected.stderr
+    # The open page says so as the escalation arrives; drawn again, it has the banner.
+    page.locator("#banner:not([hidden])", has_text="needs a human").wait_for(timeout=10000)
+
+    def drawn() -> bool:
+        page.reload(wait_until="domcontentloaded")
+        return bool(page.locator("#escalated").count() == 1 and page.locator("#xids").count())
+
+    wait_until(drawn, timeout=10, what="the escalation and the XID on the node page")
+    banner = page.locator("#escalated")
+    assert page.evaluate("document.querySelector('main').firstElementChild.id") == "escalated"
+    top = banner.bounding_box()
+    assert top is not None and top["y"] < 120, top  # under the header, above the fold
+    said = " ".join(banner.inner_text().split())
+    assert f"{ESCALATED} needs a human: RMA suggested for GPU 1" in said, said
+    assert re.search(r"Recovery gave up \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+s ago\)", said)
+    assert "row remapping failed" in said and "needs a human:" not in said.split("ago")[1]
+    assert f'nodeward quarantine release {ESCALATED} --reason "GPU 1 replaced"' in said
+    assert "stays quarantined" in said
+    # The last XID names the pod; so does the GPU's row, and every GPU's the pod holds.
+    assert HOLDER in page.locator("#xids tbody tr").first.inner_text()
+    pods = page.locator("tr[data-gpu] td.pods").all_inner_texts()
+    assert len(pods) == 8 and all(p == HOLDER for p in pods), pods
+    screenshot(page, tmp_path, "node-escalated")
+
+    # Released by an operator, the node no longer says it needs a human.
+    released = run("quarantine", "release", ESCALATED, "--reason", "GPU 1 replaced", "--nats", nats)
+    assert released.returncode == 0, released.stderr
+
+    def gone() -> bool:
+        page.goto(url, wait_until="domcontentloaded")
+        return not page.locator("#escalated").count()
+
+    wait_until(gone, timeout=30, what="the banner gone after the release")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from nodeward.fleet_status import NodeStatus, Quarantined
+from nodeward.fleet_status import GpuSeen, MarkHeld, NodeStatus, Quarantined, RecoveryView
+from schemas.common import ObjectRef, PodRef
 from schemas.falco import FalcoAlert
-from services.console.pages import ActionFilter, bars, fleet_page
+from schemas.gpu import GpuHealth, GpuXid, HealthState, RecommendedAction
+from schemas.remediation import Outcome, Remediation
+from services.console.pages import ActionFilter, bars, escalation, fleet_page, gpu_rows
 from services.console.settings import ConsoleSettings, loopback
 from services.console.web import ConsoleError, check, environment
 
@@ -171,3 +174,223 @@ def test_mig_instances_are_drawn_inside_their_gpu_and_the_fleet_counts_gpus() ->
     assert three.state == "failed" and len(three.slices) == 6
     assert ("3-mig2-0", "failed") in three.slices
     assert all(not p.slices for p in page.groups[1].tiles[0].gpus)
+
+
+# -- the node page: an escalated node, and the pods on its GPUs -----------------------------
+
+INCIDENT = "01a23bb4-58df-7420-85a9-ce97655c1a62"
+ESCALATED_AT = datetime(2026, 11, 30, 11, 58, tzinfo=UTC)
+RMA_REASON = (
+    "gpu-q needs a human: the fault grew: row remapping failed; XID 64: RMA, no automatic cure. "
+    "RMA suggested for GPU 1 (XID 64); the node stays quarantined until an operator releases "
+    'it (`nodeward quarantine release gpu-q --reason "..."`)'
+)
+
+
+def _quarantined(
+    since: datetime = datetime(2026, 11, 30, 11, 57, tzinfo=UTC), incident: str | None = INCIDENT
+) -> NodeStatus:
+    held = MarkHeld(
+        owner="quarantine", phase="applied", incident=incident or "", cordon=True, taints=[]
+    )
+    marks = [] if incident is None else [held]
+    return _node("gpu-q", "healthy", "failed").model_copy(
+        update={
+            "quarantine": Quarantined(
+                reason="GPU 1 failed",
+                rule="xid-node-action",
+                gpus=["1"],
+                since=since,
+                age_s=60,
+                phase="applied",
+                dry_run=False,
+                cordoned=True,
+                taints=[],
+            ),
+            "marks": marks,
+        }
+    )
+
+
+def _audit(
+    action: str, outcome: str = "applied", reason: str = "r", **details: object
+) -> Remediation:
+    return Remediation(
+        action=action,
+        target=ObjectRef(kind="Node", name="gpu-q"),
+        outcome=Outcome(outcome),
+        reason=reason,
+        actor="service/recovery",
+        details=details,
+    )
+
+
+def _escalate(incident: str = INCIDENT) -> Remediation:
+    return _audit("escalate", reason=RMA_REASON, incident=incident, rma=True)
+
+
+def test_an_escalated_node_is_told_with_why_since_when_and_the_command_that_releases_it() -> None:
+    later = ESCALATED_AT + timedelta(seconds=1)
+    trail = [
+        (later, _audit("release", "refused", guard="release_hold")),  # cordon's, held back
+        (ESCALATED_AT, _escalate()),
+        (ESCALATED_AT, _audit("recover", incident=INCIDENT)),
+    ]
+    e = escalation(_quarantined(), trail)
+    assert e is not None
+    assert (e.at, e.rma, e.gpus, e.incident) == (ESCALATED_AT, True, ["1"], INCIDENT)
+    assert not e.dry_run
+    # The banner says the node and the release around the reason: not twice.
+    why = "the fault grew: row remapping failed; XID 64: RMA, no automatic cure. RMA suggested"
+    assert e.why == f"{why} for GPU 1 (XID 64)"
+    assert e.release("gpu-q") == 'nodeward quarantine release gpu-q --reason "GPU 1 replaced"'
+
+
+def test_an_escalation_ends_with_its_quarantine() -> None:
+    trail = [(ESCALATED_AT, _escalate())]
+    after = ESCALATED_AT + timedelta(minutes=5)
+    released = [(after, _audit("release", actor_reason="GPU 1 replaced")), *trail]
+    assert escalation(_quarantined(), released) is None  # an operator released it
+    assert escalation(_quarantined().model_copy(update={"quarantine": None}), trail) is None
+    restarted = [(after, _audit("recover", incident="another")), *trail]
+    assert escalation(_quarantined(), restarted) is None  # a later recovery under way
+    # A later quarantine is not the escalated one: by its mark's incident, or by its start.
+    assert escalation(_quarantined(incident="another"), trail) is None
+    assert escalation(_quarantined(since=after, incident=None), trail) is None
+    assert escalation(_quarantined(incident=None), trail) is not None
+    # Words worded otherwise are shown whole; a retry limit's escalation suggests no RMA.
+    limit = _audit("escalate", reason="needs a human: 3 recoveries within 24h", rma=False)
+    e = escalation(_quarantined(), [(ESCALATED_AT, limit)])
+    assert e is not None and not e.rma and e.why == "needs a human: 3 recoveries within 24h"
+    assert e.release("gpu-q") == 'nodeward quarantine release gpu-q --reason "fixed"'
+
+
+def test_an_escalation_the_picture_records_is_told_past_the_kept_audit() -> None:
+    """The node's recovery record (`NodeStatus.recovery`) tells an escalation whose audit
+    record is no longer among those kept."""
+    why = "the fault grew: row remapping failed. RMA suggested for GPU 1 (XID 64)"
+    recovery = RecoveryView(
+        step="escalated",
+        plan="reset",
+        incident=INCIDENT,
+        since=ESCALATED_AT,
+        why=why,
+        held=True,
+    )
+    node = _quarantined().model_copy(update={"recovery": recovery})
+    e = escalation(node, [])
+    assert e is not None and (e.at, e.rma, e.why) == (ESCALATED_AT, True, why)
+    assert escalation(node.model_copy(update={"recovery": None}), []) is None
+    under_way = recovery.model_copy(update={"step": "rebooting"})
+    assert escalation(node.model_copy(update={"recovery": under_way}), []) is None
+
+
+def _change(gpu: int, at: datetime, *pods: str, heartbeat: bool = False) -> GpuHealth:
+    return GpuHealth(
+        node="gpu-q",
+        gpu_index=gpu,
+        gpu_uuid=f"GPU-{gpu}",
+        state=HealthState.HEALTHY,
+        pods=[PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods],
+        heartbeat=heartbeat,
+        observed_at=at,
+    )
+
+
+def _xid(gpu: int, at: datetime, *pods: str, instance: int | None = None) -> GpuXid:
+    return GpuXid(
+        node="gpu-q",
+        gpu_index=gpu,
+        gpu_uuid=f"GPU-{gpu}",
+        xid=13,
+        name="GR exception",
+        category="application",
+        catalog_action=RecommendedAction.RESTART_APP,
+        application=True,
+        gpu_instance_id=instance,
+        pods=[PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods],
+        observed_at=at,
+    )
+
+
+def test_each_gpu_names_the_pods_the_bus_last_named_for_it() -> None:
+    """A heartbeat restating a GPU's state names no pods: the pods are its last change's, or
+    its last XID's where that is newer."""
+    t0 = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
+    beat = GpuSeen(
+        node="gpu-q",
+        key="0",
+        gpu_index=0,
+        gpu_uuid="GPU-0",
+        state=HealthState.HEALTHY,
+        observed_at=t0 + timedelta(minutes=30),  # the heartbeat, newer than any change
+        stored=t0 + timedelta(minutes=30),
+        agent_boot_id="b",
+        sequence=1,
+    )
+    node = NodeStatus(
+        name="gpu-q", health="healthy", gpus={"0": "healthy", "1": "healthy", "2": "healthy"}
+    )
+    changes = [
+        _change(0, t0, "ml/train-0"),
+        _change(1, t0, "ml/train-0"),
+        _change(2, t0, "ml/old"),
+        _change(2, t0 + timedelta(minutes=1), heartbeat=True),  # an old agent's heartbeat
+    ]
+    xids = [_xid(1, t0 + timedelta(minutes=5), "ml/train-0", "ml/eval-1")]
+    rows = gpu_rows(node, {"0": beat}, changes, xids)
+    assert [(r.key, r.pods) for r in rows] == [
+        ("0", ["ml/train-0"]),
+        ("1", ["ml/train-0", "ml/eval-1"]),
+        ("2", ["ml/old"]),
+    ]
+    assert rows[0].observed_at == beat.observed_at and rows[1].pods_at == xids[0].observed_at
+    # A change that names no pod frees the GPU; the feed's change wins over an older read.
+    freed = gpu_rows(node, {"0": _change(0, t0 + timedelta(hours=1))}, changes, xids)
+    assert freed[0].pods == []
+    # A MIG instance's XID names its instance's pods, not the GPU's other instances'.
+    mig = NodeStatus(
+        name="gpu-q", health="healthy", gpus={"3-mig1-0": "healthy", "3-mig2-0": "healthy"}
+    )
+    rows = gpu_rows(mig, {}, [], [_xid(3, t0, "ml/a", instance=2)])
+    assert [(r.key, r.pods) for r in rows] == [("3-mig1-0", []), ("3-mig2-0", ["ml/a"])]
+
+
+def test_the_node_page_of_an_escalated_node_opens_with_it_and_escapes_what_it_says() -> None:
+    hostile = "<script>alert(1)</script>"
+    node = _quarantined()
+    e = escalation(node, [(ESCALATED_AT, _audit("escalate", reason=hostile, incident=INCIDENT))])
+    rows = gpu_rows(node, {}, [_change(1, NOW, "ml/train-0")], [])
+    html = (
+        environment()
+        .get_template("node.html")
+        .render(
+            root="../",
+            path="/node/gpu-q",
+            now=NOW,
+            age=lambda t: "2m00s",
+            read_at=NOW,
+            breaker=None,
+            dlq_total=0,
+            node=node,
+            model="H100",
+            gpus=rows,
+            escalation=e,
+            marks=["quarantined"],
+            actions=[],
+            pods_energy=[],
+            xids=[],
+        )
+    )
+    main = html[html.index("<main>") + len("<main>") :].lstrip()
+    assert main.startswith('<section id="escalated"'), main[:200]
+    banner = main[: main.index("</section>")]
+    assert "gpu-q needs a human: RMA suggested for GPU 1" not in banner  # its reason said no RMA
+    assert "gpu-q needs a human</h2>" in banner
+    assert "2026-11-30 11:58:00 UTC</time> (2m00s ago)" in banner
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in banner and hostile not in html
+    assert "nodeward quarantine release gpu-q --reason &#34;fixed&#34;" in banner
+    assert (
+        '<td class="pods" title="named 2026-11-30 12:00:00 UTC"><span>ml/train-0</span></td>'
+        in html
+    )

@@ -7,6 +7,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from nodeward.cli.common import line_width
 from nodeward.cli.story import Story
 from schemas import make_event
 from schemas.cloudevents import encode
@@ -485,3 +488,26 @@ def test_levels_mean_something_and_lines_are_short() -> None:
     assert drain.split()[2] == "WARN" and drain_sev == "warning", drain
     assert "mnt-recovery-01a23b08:" in drain and incident not in drain
     assert len(drain) < 200 and drain.endswith("…"), drain
+
+
+def test_on_a_terminal_each_line_fits_its_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns a long decision is one line of 80, cut with `…`; at 200, the whole line
+    (its detail cut at `MAX_DETAIL`); in a pipe without `COLUMNS`, whole too."""
+    long = "drain for maintenance: " + "every pod but DaemonSets " * 20
+
+    def told(width: Any) -> str:
+        lines: list[str] = []
+        story = Story(emit=lambda line, _sev: lines.append(line), width=width)
+        story.on_event(wire_of(_decision(Outcome.REFUSED, long, "drain")), T0)  # type: ignore[arg-type]
+        story.flush(everything=True)
+        (line,) = lines
+        return line
+
+    monkeypatch.setenv("COLUMNS", "80")
+    at_80 = told(line_width)
+    assert len(at_80) == 80 and at_80.endswith("…") and at_80.startswith("DECISION")
+    monkeypatch.setenv("COLUMNS", "200")
+    at_200 = told(line_width)
+    assert 80 < len(at_200) <= 200 and at_200[:79] == at_80[:79]
+    monkeypatch.delenv("COLUMNS")
+    assert told(line_width) == at_200  # pytest's stdout is no terminal: the whole line

@@ -94,7 +94,18 @@
 
   function contains(hay, needle) { return !needle || hay.toLowerCase().indexOf(needle.toLowerCase()) >= 0; }
 
+  function escalated(m) {
+    // On the node page of the node recovery gave up on: say so at once (the page drawn again
+    // shows the banner with what to do).
+    const h1 = document.querySelector("h1[data-node]");
+    if (!h1 || byId("escalated") || m.target !== "node/" + h1.dataset.node) { return; }
+    if (m.outcome === "applied" || m.outcome === "dry_run") {
+      tell(h1.dataset.node + " needs a human: recovery gave up just now. Reload to see why and what to do.");
+    }
+  }
+
   function action(m) {
+    if (m.action === "escalate") { escalated(m); }
     const t = byId("actions");
     if (!t) { return; }
     const f = t.dataset;
