@@ -61,7 +61,7 @@ class Row:
     gpu_unknown_j: float = 0.0
     idle_gpu_s: float = 0.0
     util_gpu_s: float = 0.0
-    """GPU-seconds of cells whose utilisation is known."""
+    """GPU-seconds whose utilisation is known (measured, else a session cell's samples)."""
     util_weighted: float = 0.0
     """Sum of GPU-seconds x mean utilisation (%) over those cells."""
     util_gpu_energy_j: float = 0.0
@@ -106,7 +106,12 @@ class Row:
         self.stopped += cell.stopped
         if cell.energy_j or cell.util_samples or cell.gpu_s:
             self.pods.add(f"{cell.namespace}/{cell.pod}")
-        if cell.util_samples and cell.gpu_s:
+        if cell.gpu_util_s > 0:  # measured by the energy agent over the intervals
+            self.util_gpu_s += cell.gpu_util_s
+            self.util_weighted += 100 * cell.gpu_busy_s
+            measured = min(cell.gpu_util_s / cell.gpu_s, 1.0) if cell.gpu_s else 1.0
+            self.util_gpu_energy_j += cell.gpu_energy_j * measured
+        elif cell.util_samples and cell.gpu_s:  # a session's samples (the idleness agent's)
             self.util_gpu_s += cell.gpu_s
             self.util_weighted += cell.gpu_s * cell.util_sum / cell.util_samples
             self.util_gpu_energy_j += cell.gpu_energy_j

@@ -176,6 +176,15 @@ class EnergyPod(EventData):
         description="GPUs the pod held over the interval (a GPU shared by k pods counts 1/k); "
         "null when not known (an agent before this field)",
     )
+    gpu_utilization_pct: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="mean utilisation of the GPUs (or MIG instances) the pod held over the "
+        "interval, as NVML reported it each sample (a GPU shared by pods: the whole GPU's), "
+        "weighted by the share of each GPU held; null when not read (no GPU, MIG without GPM, "
+        "an agent before this field)",
+    )
     attribution: str = Field(
         description="how the node's energy was split, e.g. cpu-time-ratio+gpu-exclusive"
     )
@@ -194,6 +203,7 @@ class EnergyPod(EventData):
                     "gpu_energy_j": 36744.0,
                     "energy_j": 37994.0,
                     "gpus": 1.0,
+                    "gpu_utilization_pct": 87.5,
                     "attribution": "cpu-time-ratio+gpu-exclusive",
                     "carbon": {
                         "g_per_kwh": 21.0,

@@ -9,7 +9,8 @@ it recovers. Readings further apart than `max_gap` are not integrated: an interv
 `energy_j` covers `covered_s` of it, and is null (unknown, not zero) when nothing was read. Every `interval` the agent
 publishes `energy.node.v1` (readings per source and component, the node's energy and
 power, carbon intensity and CO2e, cumulative totals kept in KV `<bucket>/node.<node>` so
-they survive restarts) and one `energy.pod.v1` per pod that used energy, and sends a
+they survive restarts) and one `energy.pod.v1` per pod that used energy (with the mean
+utilisation of the GPUs it held, where `gpu_util` reads it each tick), and sends a
 `notify.v1` on topic `power-limit` when a power cap is crossed or clears. Every
 `cpufreq.every` it checks the CPUs' governor and frequency spread (`tuning.py`) and
 publishes a `node.finding.v1` when the result changes (and the first one). It publishes
@@ -32,11 +33,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from agents.energy.account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
-from agents.energy.pods import CpuTimes, NodePods, StaticPodList, attribute
+from agents.energy.pods import CpuTime, CpuTimes, GpuBusy, NodePods, StaticPodList, attribute
 from agents.energy.settings import EnergySettings
 from agents.energy.tuning import judge, sample
+from agents.sources.activity import DeviceUtilization, GpuUtilization
 from agents.sources.carbon import co2e_grams
-from agents.sources.cgroups import read_cpu_usage
+from agents.sources.cgroups import CgroupCpu
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerReader, PowerSample, SourceError
 from nodeward.aio import within
@@ -111,7 +113,12 @@ class EnergyAgent:
         node_pods: NodePods | None = None,
         gpu_devices: Mapping[str, Sequence[str]] | None = None,
         rack: str | None = None,
+        cpu: CpuTime | None = None,
+        gpu_util: GpuUtilization | None = None,
     ) -> None:
+        """`cpu`: the node's and its pods' CPU time (default: the cgroup tree at
+        `cgroup_root`); `gpu_util`: each GPU's utilisation, read every tick (default: none,
+        and pods' `gpu_utilization_pct` is null)."""
         self.bus = bus
         self.settings = settings
         self.sources = list(sources)
@@ -121,6 +128,8 @@ class EnergyAgent:
         self.gpu_pods: PodSource = gpu_pods or StaticPods()
         self.node_pods: NodePods = node_pods or StaticPodList()
         self.gpu_devices = dict(gpu_devices or {})
+        self.cpu: CpuTime = cpu or CgroupCpu(settings.cgroup_root)
+        self.gpu_util = gpu_util
         self.caps: list[CapWatch] = cap_watches(
             settings.caps, self.node, rack or settings.caps.rack
         )
@@ -133,6 +142,8 @@ class EnergyAgent:
         self._failures: dict[str, str] = {}  # this interval's, for `degraded`
         self._down: dict[str, tuple[str, float]] = {}  # source -> (why, since), until it reads
         self._reads: dict[str, asyncio.Task[list[PowerSample]]] = {}
+        self._util_read: asyncio.Task[Mapping[str, DeviceUtilization]] | None = None
+        self._busy = GpuBusy()
         self._read_since: dict[str, float] = {}
         self._components: dict[str, set[tuple[PowerSource, str]]] = {}  # per source
         self._cpu = CpuTimes()
@@ -172,6 +183,14 @@ class EnergyAgent:
             self.ready = False
             for task in self._reads.values():
                 task.cancel()
+            if self._util_read is not None:
+                self._util_read.cancel()
+            close = getattr(self.gpu_util, "close", None)  # NvmlUtilization: NVML, its lane
+            if callable(close):  # on a lane of its own: a hung driver holds no shutdown
+                lane = Lane(f"{self.node}/energy/gpu-utilization-close")
+                with contextlib.suppress(Exception):
+                    await lane.call(close, 1.0)
+                lane.close()
             for s in self.sources:
                 with contextlib.suppress(Exception):
                     await self._lanes[s.name].call(s.close, 1.0)
@@ -189,7 +208,10 @@ class EnergyAgent:
             except Exception as exc:  # noqa: BLE001 - a source that cannot describe itself still runs
                 found[s.name] = f"unknown ({exc})"
         await self._load_totals()
-        self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
+        try:
+            self._cpu.delta(*await self.cpu.cpu_usec())
+        except Exception as exc:  # noqa: BLE001 - CPU energy waits for a reading; GPUs' goes on
+            self.log.warning("CPU time not readable", error=str(exc))
         self.ready = True
         self.log.info(
             "energy agent started",
@@ -234,13 +256,26 @@ class EnergyAgent:
                     self._read(source), name=f"energy-read-{source.name}"
                 )
                 self._read_since[source.name] = time.monotonic()
+        if self.gpu_util is not None and self._util_read is None:
+            self._util_read = asyncio.create_task(
+                self.gpu_util.utilization(), name="energy-read-gpu-utilization"
+            )
         budget = min(self._read_timeout, 0.8 * self.settings.sample_every.total_seconds())
-        await asyncio.wait(list(self._reads.values()), timeout=budget)
+        waiting: list[asyncio.Future[Any]] = [*self._reads.values()]
+        if self._util_read is not None:
+            waiting.append(self._util_read)
+        await asyncio.wait(waiting, timeout=budget)
         samples: list[PowerSample] = []
         for name, task in list(self._reads.items()):
             if task.done():
                 del self._reads[name]
                 samples.extend(task.result())
+        if self._util_read is not None and self._util_read.done():
+            util, self._util_read = self._util_read, None
+            try:
+                self._busy.add(util.result())
+            except Exception as exc:  # noqa: BLE001 - utilisation unknown this tick, not zero
+                self.log.warning("GPU utilisation not read", error=str(exc))
         try:
             self._acc.tick(samples, now=time.monotonic())
         except Exception as exc:  # a bad sample never stops the agent
@@ -331,9 +366,10 @@ class EnergyAgent:
         )
         self._enqueue(make_event(data, source=self.source))
         self._count(measured, co2e)
+        busy = self._busy.close()
         if known is None:
             return  # nothing was read: no pod shares, and nothing to say about caps
-        await self._pods(measured, known, interval, carbon)
+        await self._pods(measured, known, interval, carbon, busy)
         if measured.avg_power_w is not None:
             self._check_caps(measured.avg_power_w)
 
@@ -398,6 +434,7 @@ class EnergyAgent:
         node_energy_j: float,
         interval: Interval,
         carbon: CarbonIntensity | None,
+        busy: Mapping[str, float],
     ) -> None:
         try:
             pods = await self.node_pods.pods()
@@ -405,8 +442,12 @@ class EnergyAgent:
             self.log.warning("node's pods unknown; CPU energy not attributed", error=str(exc))
             pods = []
         try:
+            node_us, pod_us = self._cpu.delta(*await self.cpu.cpu_usec())
+        except Exception as exc:  # noqa: BLE001 - GPU energy is still attributed
+            self.log.warning("CPU time unknown; CPU energy not attributed", error=str(exc))
+            node_us, pod_us = 0, {}
+        try:
             by_device = await self.gpu_pods.pods_by_device()
-            node_us, pod_us = self._cpu.delta(*read_cpu_usage(self.settings.cgroup_root))
             shares = attribute(
                 measured.readings,
                 node_energy_j,
@@ -415,6 +456,7 @@ class EnergyAgent:
                 node_pods=pods,
                 cpu_node_us=node_us,
                 cpu_pod_us=pod_us,
+                gpu_util=busy,
             )
         except Exception as exc:  # noqa: BLE001 - no pod events this interval; the node's went out
             self.log.warning("pod energy not attributed", error=str(exc))
@@ -438,6 +480,7 @@ class EnergyAgent:
                 gpu_energy_j=share.gpu_energy_j,
                 energy_j=share.energy_j,
                 gpus=share.gpus,
+                gpu_utilization_pct=share.gpu_utilization_pct,
                 attribution=share.attribution,
                 carbon=carbon,
                 co2e_g=co2e,

@@ -5,6 +5,9 @@ GPU energy goes to the pods holding the GPU (pod-resources); a GPU held by sever
 energy, else the node's energy less its GPUs') is split by each pod's share of the node's
 CPU time over the interval, as Kepler does: an estimate, and labelled so. A pod's CPU time
 is `usage_usec` of `cpu.stat` in its cgroup v2 directory (`agents.sources.cgroups`).
+A pod's GPU utilisation is the mean, over the interval, of the utilisation NVML reported
+for each device it holds (a GPU or MIG instance; a GPU shared by pods is the whole GPU's),
+weighted by its share of each GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agents.sources.activity import DeviceUtilization
 from schemas.common import PodRef
 from schemas.energy import EnergyReading, PowerSource
 
@@ -24,6 +28,13 @@ CPU_ATTRIBUTION = "cpu-time-ratio-estimate"
 class NodePods(Protocol):
     async def pods(self) -> list[PodRef]:
         """The pods on this node now, each with its UID."""
+        ...
+
+
+class CpuTime(Protocol):
+    async def cpu_usec(self) -> tuple[int | None, Mapping[str, int]]:
+        """(the node's CPU µs, each pod UID's CPU µs): counters that only grow (the node's
+        None when unknown)."""
         ...
 
 
@@ -62,10 +73,21 @@ class PodEnergy:
     gpus: float = 0.0
     """GPUs held (a GPU shared by k pods: 1/k each)."""
     methods: set[str] = field(default_factory=set)
+    util_gpus: float = 0.0
+    """GPUs held (as `gpus`) whose utilisation was read."""
+    util_weighted: float = 0.0
+    """Sum over those GPUs of share x mean utilisation (%)."""
 
     @property
     def energy_j(self) -> float:
         return self.cpu_energy_j + self.gpu_energy_j
+
+    @property
+    def gpu_utilization_pct(self) -> float | None:
+        """Mean utilisation of the GPUs held whose utilisation was read; None if none was."""
+        if self.util_gpus <= 0:
+            return None
+        return min(max(self.util_weighted / self.util_gpus, 0.0), 100.0)
 
     @property
     def attribution(self) -> str:
@@ -91,6 +113,28 @@ class CpuTimes:
             node_delta = pod_sum
         self.last_node, self.last_pods = node, dict(pods)
         return node_delta, deltas
+
+
+@dataclass
+class GpuBusy:
+    """Each device's utilisation readings over an interval; their means at its close."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, readings: Mapping[str, DeviceUtilization]) -> None:
+        """One reading of the node's devices (by every ID); unknown ones are left out."""
+        for device, reading in readings.items():
+            if reading.percent is None:
+                continue
+            self.sums[device] = self.sums.get(device, 0.0) + reading.percent
+            self.counts[device] = self.counts.get(device, 0) + 1
+
+    def close(self) -> dict[str, float]:
+        """Device ID -> mean utilisation (%) since the last close; the sums restart."""
+        means = {d: self.sums[d] / n for d, n in self.counts.items() if n}
+        self.sums, self.counts = {}, {}
+        return means
 
 
 def gpu_index(component: str) -> str | None:
@@ -120,12 +164,15 @@ def attribute(
     node_pods: Sequence[PodRef],
     cpu_node_us: int,
     cpu_pod_us: Mapping[str, int],
+    gpu_util: Mapping[str, float] | None = None,
 ) -> list[PodEnergy]:
     """Each pod's share of the interval's energy.
 
     `gpu_devices`: GPU index -> the device IDs pod-resources may name it by (its UUID,
-    its MIG UUIDs, the index itself).
+    its MIG UUIDs, the index itself). `gpu_util`: device ID -> its mean utilisation (%)
+    over the interval (`GpuBusy.close`), where read.
     """
+    util = gpu_util or {}
     out: dict[tuple[str, str], PodEnergy] = {}
 
     def entry(ref: PodRef) -> PodEnergy:
@@ -139,15 +186,20 @@ def attribute(
         if index is None or r.source != PowerSource.NVML:
             continue
         ids = list(gpu_devices.get(index, ())) or [index]
-        holders: dict[tuple[str, str], PodRef] = {}
+        holders: dict[tuple[str, str], tuple[PodRef, list[str]]] = {}
         for device in ids:
             for ref in by_device.get(device, ()):
-                holders.setdefault((ref.namespace, ref.name), ref)
-        for ref in holders.values():
+                holders.setdefault((ref.namespace, ref.name), (ref, []))[1].append(device)
+        for ref, devices in holders.values():
+            share = 1 / len(holders)
             pe = entry(ref)
-            pe.gpu_energy_j += r.energy_j / len(holders)
-            pe.gpus += 1 / len(holders)
+            pe.gpu_energy_j += r.energy_j * share
+            pe.gpus += share
             pe.methods.add(GPU_ATTRIBUTION if len(holders) == 1 else GPU_SHARED)
+            read = [util[d] for d in devices if d in util]
+            if read:
+                pe.util_gpus += share
+                pe.util_weighted += share * sum(read) / len(read)
     cpu_j = cpu_energy(readings, node_energy_j)
     if cpu_node_us > 0 and cpu_j > 0:
         for ref in node_pods:

@@ -16,6 +16,8 @@ from agents.energy.account import CarbonProvider, StaticCarbon
 from agents.energy.agent import EnergyAgent, node_name
 from agents.energy.pods import KubeNodePods, NodePods
 from agents.energy.settings import EnergySettings
+from agents.sources.activity import GpuUtilization
+from agents.sources.cgroups import CgroupCpu
 from agents.sources.podresources import KubeletPods
 from agents.sources.power import PowerReader
 from nodeward.config import Settings, section
@@ -137,13 +139,17 @@ async def build_energy_agent(
     assert carbon is not None
     pods = KubeletPods(config.pod_resources_socket)
     devices: Mapping[str, list[str]] = {}
+    utilization: GpuUtilization | None = None
     if config.nvml.enabled:
+        from agents.sources.gpu_activity import NvmlUtilization
         from nodeward.nvml_compat import pynvml
 
         try:
             devices = gpu_device_ids(pynvml)
         except Exception as exc:  # noqa: BLE001 - GPU energy then goes to pods by index only
             log.warning("GPU UUIDs unknown", error=str(exc))
+        else:  # NVML answers: the pods' GPU utilisation is read beside their energy
+            utilization = NvmlUtilization(pynvml, timeout=config.read_timeout.total_seconds())
     from nodeward.kube import Cluster, KubeError
 
     node_pods: NodePods | None = None
@@ -164,6 +170,8 @@ async def build_energy_agent(
         node_pods=node_pods,
         gpu_devices=devices,
         rack=await rack_of(settings, config, node),
+        cpu=CgroupCpu(config.cgroup_root),
+        gpu_util=utilization,
     )
     agent.attach(daemon)
     daemon.add_shutdown_hook(pods.close)

@@ -64,7 +64,8 @@ def read_cpu_usage(cgroup_root: Path) -> tuple[int | None, dict[str, int]]:
 
 
 class CgroupCpu:
-    """Each pod's CPU time from the cgroup tree at `root` (a `CpuUsage`).
+    """Each pod's CPU time from the cgroup tree at `root` (a `CpuUsage`), and the node's
+    with it (`cpu_usec`, the energy agent's `CpuTime`).
 
     The walk blocks on the filesystem, so it runs in a worker thread.
     """
@@ -75,3 +76,7 @@ class CgroupCpu:
     async def usage_usec(self) -> Mapping[str, int]:
         _, pods = await asyncio.to_thread(read_cpu_usage, self.root)
         return pods
+
+    async def cpu_usec(self) -> tuple[int | None, Mapping[str, int]]:
+        """(the node's CPU µs, each pod UID's CPU µs), as `read_cpu_usage`."""
+        return await asyncio.to_thread(read_cpu_usage, self.root)

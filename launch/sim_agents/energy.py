@@ -4,7 +4,10 @@
 the node's power as its BMC would (a base power for CPUs, memory and fans plus every
 GPU's power). In `nodeward up` each energy agent keeps a copy of its node's simulated
 GPUs and follows the node's `gpu.telemetry.<node>` events (the sim GPU agent's), so the
-node's power follows the simulated GPU load.
+node's power and its GPUs' utilisation (read through NVML, as the real agent reads it)
+follow the simulated GPU load. Its pods are the API's, as the real agent's are
+(`KubeNodePods`), and their CPU time the node's simulated cgroups' (`SimCgroups`), so every
+pod running on the node, CPU-only ones included, gets its share of the CPU energy.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from typing import Any
 
 from agents.energy.account import StaticCarbon
 from agents.energy.agent import EnergyAgent
-from agents.energy.pods import StaticPodList
+from agents.energy.pods import KubeNodePods, NodePods, StaticPodList
 from agents.energy.settings import EnergySettings
 from agents.energy.wiring import gpu_device_ids
+from agents.sources.gpu_activity import NvmlUtilization
 from agents.sources.pods import PodSource, StaticPods
 from agents.sources.power import PowerSample, SourceError
 from launch.sim_agents.gpu import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
-from launch.sim_agents.pods import KUBELET_VIEW, LivePods
+from launch.sim_agents.pods import KUBELET_VIEW, LivePods, SimCgroups
 from nodeward.config import ClusterSettings, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
@@ -68,11 +72,13 @@ class SimNodePower:
 
 
 async def follow_gpu_telemetry(nc: Any, node: str, nvml: SimNvml) -> Any:
-    """Copy each GPU's power from the node's `gpu.telemetry` events into `nvml`."""
+    """Copy each GPU's utilisation and power from the node's `gpu.telemetry` events into
+    `nvml`."""
 
     def apply(sample: GpuSample) -> None:
+        nvml.set_load(sample.gpu_index, sample.utilization_gpu_pct)  # power at that load...
         if sample.power_w is not None:
-            nvml.set_power(sample.gpu_index, sample.power_w)  # energy so far at the old power
+            nvml.set_power(sample.gpu_index, sample.power_w)  # ...unless it was read
 
     return await follow_telemetry(nc, node, nvml, apply, who="energy-sim")
 
@@ -86,7 +92,9 @@ async def build_sim_energy_agent(
     """One simulated node's energy agent daemon (not started), its agent and its GPUs.
 
     With `live` (the node agents' cluster credentials) a GPU's pods are the seed's that the
-    API still has on the node, as the kubelet says (`LivePods`); else the seed's, fixed."""
+    API still has on the node, as the kubelet says (`LivePods`), and the node's pods and
+    their CPU time are the API's (`KubeNodePods`, `SimCgroups`); else the GPUs' pods are
+    the seed's, fixed, and no pod has CPU time."""
     from nodeward.platform import bus_daemon
 
     config: EnergySettings = section(settings, "agents", "energy", EnergySettings)
@@ -100,10 +108,14 @@ async def build_sim_energy_agent(
     )
     carbon = StaticCarbon(config.carbon.static_g_per_kwh, zone=config.carbon.zone)
     gpu_pods: PodSource = StaticPods(sim_pod_devices(sim, pods))
+    node_pods: NodePods = StaticPodList()
+    cluster: Cluster | None = None
     if live is not None:
         cluster = Cluster.connect(live, access=KUBELET_VIEW)
         gpu_pods = LivePods(sim_pod_devices(sim, pods), cluster, node.name)
+        node_pods = KubeNodePods(cluster, node.name)
         daemon.add_shutdown_hook(cluster.close)
+    roles = {(p.namespace, p.name): p.role for p in pods if p.node == node.name}
     agent = EnergyAgent(
         bus,
         config,
@@ -112,9 +124,11 @@ async def build_sim_energy_agent(
         node=node.name,
         registry=daemon.metrics.registry,
         gpu_pods=gpu_pods,
-        node_pods=StaticPodList(),
+        node_pods=node_pods,
         gpu_devices=gpu_device_ids(sim),
         rack=node.labels.get(config.caps.rack_label),
+        cpu=SimCgroups(cluster, node.name, roles),
+        gpu_util=NvmlUtilization(sim, timeout=config.read_timeout.total_seconds()),
     )
     agent.attach(daemon)
     subscription = await follow_gpu_telemetry(bus.nc, node.name, sim)

@@ -12,8 +12,9 @@ spread evenly over each interval:
   agent's boot does) and on every change; `gpu.xid.<node>.<gpu>` for every XID;
 - `gpu.heartbeat.<node>` each `agents.gpu.heartbeat_interval`, `gpu.telemetry.<node>` each
   `telemetry_interval`;
-- `energy.node.<node>` and `energy.pod.<node>.<ns>.<pod>` each `agents.energy.interval`,
-  with the node's totals in KV `energy`;
+- `energy.node.<node>` and `energy.pod.<node>.<ns>.<pod>` each `agents.energy.interval`
+  (a whole GPU's pods with its energy and utilisation; no CPU share), with the node's
+  totals in KV `energy`;
 - `session.activity.<node>.<ns>.<pod>` for each notebook or SSH pod each
   `agents.idle.interval`, judged by the idleness agent's own code (`agents.idle.evidence`)
   on what the in-process simulated agents read: the peak load of the GPUs or MIG instances
@@ -51,7 +52,8 @@ from agents.idle.evidence import Reading, SessionTracker, cpu_reading, gpu_readi
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import DeviceUtilization, KernelsReading
 from launch.sim_agents.gpu import sim_nvml_for, sim_pod_devices, sim_workload
-from launch.sim_agents.idle import CPU_ANNOTATION, IDLE_CORES, KERNEL_ANNOTATION
+from launch.sim_agents.idle import KERNEL_ANNOTATION
+from launch.sim_agents.pods import CPU_ANNOTATION, IDLE_CORES
 from nodeward.aio import within
 from nodeward.bus import Bus
 from nodeward.bus.server import exit_reason
@@ -523,13 +525,17 @@ class Fleet:
                 source=source,
             )
         ]
-        held: dict[tuple[str, str], tuple[float, float]] = {}  # pod -> (joules, GPUs)
+        held: dict[tuple[str, str], tuple[float, float, float]] = {}  # (joules, GPUs, busy)
         for g, w in zip(node.gpus, gpu_w, strict=True):
             for pod in g.pods:
-                joules, gpus = held.get((pod.namespace, pod.name), (0.0, 0.0))
+                joules, gpus, busy = held.get((pod.namespace, pod.name), (0.0, 0.0, 0.0))
                 share = 1 / len(g.pods)  # a GPU shared by k pods counts 1/k
-                held[pod.namespace, pod.name] = (joules + w * seconds * share, gpus + share)
-        for (namespace, name), (joules, gpus) in held.items():
+                held[pod.namespace, pod.name] = (
+                    joules + w * seconds * share,
+                    gpus + share,
+                    busy + g.load * share,  # the GPU's utilisation, as NVML reports it
+                )
+        for (namespace, name), (joules, gpus, busy) in held.items():
             pod_event = EnergyPod(
                 namespace=namespace,
                 pod=name,
@@ -538,6 +544,7 @@ class Fleet:
                 gpu_energy_j=joules,
                 energy_j=joules,
                 gpus=gpus,
+                gpu_utilization_pct=min(max(busy / gpus, 0.0), 100.0) if gpus else None,
                 attribution="gpu-exclusive",
                 carbon=carbon,
             )

@@ -23,7 +23,7 @@ from agents.idle.settings import IdleSettings
 from agents.sources.activity import KernelsReading
 from agents.sources.gpu_activity import NvmlUtilization
 from launch.sim_agents.gpu import follow_telemetry, sim_nvml_for, sim_pod_devices, sim_workload
-from launch.sim_agents.pods import LivePods
+from launch.sim_agents.pods import CPU_ANNOTATION, IDLE_CORES, LivePods
 from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
@@ -33,8 +33,6 @@ from schemas.session import KernelActivity
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 
 KERNEL_ANNOTATION = "sim.nodeward.io/kernel"
-CPU_ANNOTATION = "sim.nodeward.io/cpu"
-IDLE_CORES = 0.02  # an idle session's background (the Jupyter server, sshd)
 
 
 class SimSessionActivity:

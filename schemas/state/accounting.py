@@ -1,9 +1,10 @@
 """What the accounting service keeps in KV (bucket `accounting`): hourly rollups.
 
 - `USAGE`, key `usage.<hour>.<node>.<ns>.<pod>`: one pod's hour on one node: energy, CO2e,
-  GPU-seconds held, utilisation samples, sessions warned and stopped, with the ids of the
-  events counted into it. The totals and the ids are one value, written with a revision
-  check, so an event is counted once whatever is redelivered or restarted.
+  GPU-seconds held, GPU utilisation (measured GPU-seconds and sessions' samples), sessions
+  warned and stopped, with the ids of the events counted into it. The totals and the ids
+  are one value, written with a revision check, so an event is counted once whatever is
+  redelivered or restarted.
 - `NODE_HOURS`, key `node.<hour>.<node>`: the time a node's energy readings cover in that
   hour (the rest is a gap, shown as such), with the ids counted.
 - `IDLE`, key `idle.<ns>.<pod>.<period>`: one idle period of a session (its start and the
@@ -70,7 +71,14 @@ class UsageCell(Counted):
     gpu_unknown_j: float = 0.0
     """Energy of intervals whose GPUs held were not said (older agents)."""
     util_sum: float = 0.0
+    """Sum of the sessions' utilisation samples (%, the idleness agent's)."""
     util_samples: int = 0
+    gpu_util_s: float = 0.0
+    """GPU-seconds whose utilisation the energy agent measured (energy.pod.v1's
+    `gpu_utilization_pct`); where there are any they are the cell's utilisation, not the
+    samples."""
+    gpu_busy_s: float = 0.0
+    """Those GPU-seconds x their utilisation: GPU-seconds at full utilisation."""
     warned: int = 0
     stopped: int = 0
 

@@ -19,7 +19,8 @@ def midpoint(start: datetime, end: datetime) -> datetime:
 
 
 def add_pod_energy(cell: UsageCell, event_id: str, data: EnergyPod) -> UsageCell | None:
-    """The pod's interval into its hour (the hour of the interval's midpoint)."""
+    """The pod's interval into its hour (the hour of the interval's midpoint), with its GPUs'
+    measured utilisation where it says it."""
     if cell.has(event_id):
         return None
     seconds = (data.interval.end - data.interval.start).total_seconds()
@@ -33,6 +34,10 @@ def add_pod_energy(cell: UsageCell, event_id: str, data: EnergyPod) -> UsageCell
         update["gpu_unknown_j"] = cell.gpu_unknown_j + data.energy_j
     else:
         update["gpu_s"] = cell.gpu_s + data.gpus * seconds
+        if data.gpu_utilization_pct is not None and data.gpus > 0:
+            measured = data.gpus * seconds
+            update["gpu_util_s"] = cell.gpu_util_s + measured
+            update["gpu_busy_s"] = cell.gpu_busy_s + measured * data.gpu_utilization_pct / 100
     if data.carbon is not None and data.co2e_g is not None:
         update["co2e_g"] = cell.co2e_g + data.co2e_g
         update["carbon_energy_j"] = cell.carbon_energy_j + data.energy_j

@@ -1,5 +1,7 @@
 """The done-when of accounting: with `nodeward up` running, `nodeward report --since 1h --by
-namespace --format csv` prints one row per namespace with kWh, CO2e and GPU-hours."""
+namespace --format csv` prints one row per namespace with kWh, CO2e and GPU-hours: every
+namespace with a pod running on the nodes (CPU-only ones such as `user-*` too), and the
+GPU namespaces' training pods with their GPUs' utilisation."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ pytestmark = pytest.mark.xdist_group("e2e")
 def test_report_by_namespace_as_csv_from_a_running_up(tmp_path: Path) -> None:
     seed = sim_seed(None, 2)
     gpu_nodes = {n.name for n in seed.nodes if n.gpu is not None and n.gpu.count > 0}
-    expected = {p.namespace for p in seed.pods if p.gpus > 0 and p.node in gpu_nodes}
-    assert expected, "the seed has GPU pods on its first two nodes"
+    gpu_ns = {p.namespace for p in seed.pods if p.gpus > 0 and p.node in gpu_nodes}
+    assert gpu_ns, "the seed has GPU pods on its first two nodes"
+    expected = {p.namespace for p in seed.pods if p.node in gpu_nodes and p.phase == "Running"}
+    assert {ns for ns in expected if ns.startswith("user-")}, "and CPU-only user-* pods"
     env = {
         "NODEWARD_AGENTS__ENERGY__INTERVAL": "2s",
         "NODEWARD_AGENTS__ENERGY__SAMPLE_EVERY": "0.5s",
@@ -35,8 +39,11 @@ def test_report_by_namespace_as_csv_from_a_running_up(tmp_path: Path) -> None:
             assert out.returncode == 0, out.stderr
             rows.clear()
             rows.update({r["namespace"]: r for r in csv.DictReader(io.StringIO(out.stdout))})
-            return set(rows) == expected and all(
-                float(r["energy_kwh"]) > 0 and float(r["gpu_hours"]) > 0 for r in rows.values()
+            return (
+                set(rows) == expected
+                and all(float(r["energy_kwh"]) > 0 for r in rows.values())
+                and all(float(rows[ns]["gpu_hours"]) > 0 for ns in gpu_ns)
+                and all(float(rows[ns]["gpu_util_pct"] or 0) > 0 for ns in gpu_ns)
             )
 
         wait_until(reported, timeout=60, what=f"a row with energy for each of {expected}")

@@ -1,4 +1,4 @@
-"""Helpers for the accounting tests: a sim cluster with two GPU nodes and pods in two
+"""Helpers for the accounting tests: a sim cluster with two GPU nodes and pods in three
 namespaces, the service's settings on its own consumers and bucket, events to inject."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ G_PER_KWH = 100.0
 
 @dataclass
 class AccountingEnv(RunsService):
-    """Nodes `h100` and `a100`; namespaces `ns1` (pods a, b on h100) and `ns2` (pod c on a100)."""
+    """Nodes `h100` and `a100`; namespaces `ns1` (pods a, b on h100), `ns2` (pod c on a100)
+    and `user_ns` (pod d on h100, no GPU)."""
 
     sim: SimCluster
     bus: Bus
@@ -48,6 +49,7 @@ class AccountingEnv(RunsService):
     a100: str
     ns1: str
     ns2: str
+    user_ns: str
     settings: Settings
     config: Path
     actor: str
@@ -219,7 +221,7 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
     async def make() -> AccountingEnv:
         uid = uuid.uuid4().hex[:8]
         h100, a100 = f"h100-{uid}", f"a100-{uid}"
-        ns1, ns2 = f"team-a-{uid}", f"team-b-{uid}"
+        ns1, ns2, user_ns = f"team-a-{uid}", f"team-b-{uid}", f"user-dave-{uid}"
         pods = [
             PodSeed(
                 name="pod-a",
@@ -237,9 +239,10 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
                 gpus=2,
                 annotations={"nodeward.io/owner-email": "bob@example.com"},
             ),
+            PodSeed(name="pod-d", namespace=user_ns, node=h100),
         ]
         seed = Seed(
-            namespaces=[ns1, ns2, "nodeward"],
+            namespaces=[ns1, ns2, user_ns, "nodeward"],
             nodes=[
                 NodeSeed(name=h100, gpu=Gpu(product=H100)),
                 NodeSeed(name=a100, gpu=Gpu(product=A100, family="ampere")),
@@ -276,7 +279,7 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
                 }
             )
         )
-        env = AccountingEnv(sim, bus, uid, h100, a100, ns1, ns2, settings, config, actor)
+        env = AccountingEnv(sim, bus, uid, h100, a100, ns1, ns2, user_ns, settings, config, actor)
         made.append(env)
         return env
 

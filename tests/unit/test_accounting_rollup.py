@@ -119,3 +119,35 @@ def test_by_node_a_node_without_pods_reports_what_it_measured() -> None:
     # By namespace nothing changes: the pods' attributed energy.
     [ns] = build("namespace", window, [pod], [hour], [], now=H + 10 * MIN)
     assert ns.columns()["energy_kwh"] == 0.005
+
+
+def test_a_training_pods_measured_gpu_utilisation_is_its_rows() -> None:
+    """The CSV had `gpu_util_pct` 0.0 on every row: utilisation came only from sessions'
+    samples. A pod's energy now carries its GPUs' measured utilisation, weighted by GPU-time;
+    where a cell has it, it is the cell's utilisation, not the samples."""
+    from schemas.energy import EnergyPod
+    from services.accounting.rollup import add_pod_energy, add_utilisation
+
+    def pod(name: str, gpus: float, pct: float | None) -> EnergyPod:
+        return EnergyPod(
+            namespace="ml-a", pod=name, node="n1",
+            interval=Interval(start=H, end=H + 10 * MIN), gpu_energy_j=6000.0,
+            energy_j=6000.0, gpus=gpus, gpu_utilization_pct=pct, attribution="gpu-exclusive",
+        )  # fmt: skip
+
+    def cell(name: str) -> UsageCell:
+        return UsageCell(hour=H, node="n1", namespace="ml-a", pod=name, owner="ml-a")
+
+    train = add_pod_energy(cell("train"), "e1", pod("train", 4.0, 90.0))
+    session = add_pod_energy(cell("nb"), "e2", pod("nb", 1.0, 0.0))
+    assert train is not None and session is not None
+    assert train.gpu_util_s == 2400.0 and train.gpu_busy_s == pytest.approx(2160.0)
+    session = add_utilisation(session, "e3", 50.0)  # a peak sample: the measurement wins
+    assert session is not None
+    old = add_pod_energy(cell("old"), "e4", pod("old", 1.0, None))  # an agent before the field
+    assert old is not None and old.gpu_util_s == 0
+    window = Window(H, H + 60 * MIN)
+    [row] = build("namespace", window, [train, session, old], [], [], now=H + 20 * MIN)
+    # (4 GPUs x 90 % + 1 GPU x 0 %) / 5 GPUs; `old` has no utilisation: left out.
+    assert row.columns()["gpu_util_pct"] == 72.0
+    assert row.columns()["gpu_kwh_per_busy_gpu_hour"] == round(12000 / 3.6e6 / (2160 / 3600), 6)

@@ -101,3 +101,40 @@ def test_a_pod_first_seen_gets_nothing_until_it_has_a_delta(tmp_path: Path) -> N
     times.delta(*read_cpu_usage(tmp_path))
     cgroup_tree(tmp_path, node=2000, a=500, b=100)
     assert times.delta(*read_cpu_usage(tmp_path)) == (1000, {})
+
+
+def test_a_pods_gpu_utilisation_is_the_mean_of_the_devices_it_holds() -> None:
+    from agents.energy.pods import GpuBusy
+    from agents.sources.activity import DeviceUtilization
+
+    busy = GpuBusy()
+    for pct in (20.0, 40.0):  # two ticks of GPU 0; GPU 1 in MIG mode: its instances
+        busy.add(
+            {
+                "GPU-aaa": DeviceUtilization("GPU-aaa", pct),
+                "0": DeviceUtilization("GPU-aaa", pct),
+                "MIG-b1": DeviceUtilization("MIG-b1", 80.0),
+                "MIG-b2": DeviceUtilization("MIG-b2", None, "GPM: first sample taken"),
+            }
+        )
+    means = busy.close()
+    assert means == {"GPU-aaa": 30.0, "0": 30.0, "MIG-b1": 80.0}
+    assert busy.close() == {}  # the next interval starts empty
+    readings = [
+        EnergyReading(source=PowerSource.NVML, component="gpu-0", energy_j=3000, avg_power_w=300),
+        EnergyReading(source=PowerSource.NVML, component="gpu-1", energy_j=2000, avg_power_w=200),
+    ]
+    shares = attribute(
+        readings,
+        5000.0,
+        gpu_devices={"0": ["GPU-aaa", "0"], "1": ["GPU-bbb", "1", "MIG-b1", "MIG-b2"]},
+        by_device={"GPU-aaa": [ALICE], "MIG-b1": [ALICE], "MIG-b2": [BOB]},
+        node_pods=[],
+        cpu_node_us=0,
+        cpu_pod_us={},
+        gpu_util=means,
+    )
+    got = {s.pod.name: s for s in shares}
+    # Alice: GPU 0 (30 %) whole, half of GPU 1 through MIG-b1 (80 %): (30 + 0.5 x 80) / 1.5.
+    assert got["train-a"].gpu_utilization_pct == pytest.approx((30 + 0.5 * 80) / 1.5)
+    assert got["nb-b"].gpu_utilization_pct is None  # its instance could not be read
