@@ -1,16 +1,20 @@
 """What the benches share: a NATS server with every stream (and agent KV bucket)
 provisioned, measuring each case in a child process that prints one JSON line, and the
-memory of processes under load."""
+memory of processes under load, and `nodeward up` launched from a checkout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +83,63 @@ class PeakRss:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.after = {k: rss_mb(p) for k, p in self.pids.items()}
+
+
+@dataclass
+class LaunchedUp:
+    """A `nodeward up` started by a bench: its process, state dir and endpoints."""
+
+    proc: asyncio.subprocess.Process
+    state: Path
+    endpoints: dict[str, Any]
+    output: Path
+    """Its stdout and stderr, together."""
+
+
+async def _all_ready(endpoints: dict[str, Any]) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        while True:
+            states = []
+            for url in endpoints["metrics"].values():
+                try:
+                    states.append((await client.get(f"{url}/readyz", timeout=2)).status_code)
+                except httpx.HTTPError:
+                    states.append(0)
+            if all(s == 200 for s in states):
+                return
+            await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def launched_up(repo: Path, *args: str) -> AsyncIterator[LaunchedUp]:
+    """`nodeward up` from checkout `repo` (with `args`) in a temp dir, once every daemon is
+    ready; stopped with SIGINT (killed after 60 s) and its temp dir removed at the end."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-up-"))
+    state, output = tmp / "state", tmp / "output"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
+    env["PYTHONPATH"] = str(repo)
+    with output.open("w") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "launch", "up", "--state-dir", str(state), *args,
+            cwd=tmp, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        endpoints_file = state / "endpoints.json"
+        async with asyncio.timeout(180):
+            while not endpoints_file.exists():  # noqa: ASYNC110 - another process writes it
+                await asyncio.sleep(0.2)
+            endpoints = json.loads(endpoints_file.read_text())
+            await _all_ready(endpoints)
+        yield LaunchedUp(proc, state, endpoints, output)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                async with asyncio.timeout(60):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -16,56 +16,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import nats
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import launched_up
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def ready(endpoints: dict[str, Any]) -> None:
-    async with httpx.AsyncClient() as client:
-        while True:
-            states = []
-            for url in endpoints["metrics"].values():
-                try:
-                    states.append((await client.get(f"{url}/readyz", timeout=2)).status_code)
-                except httpx.HTTPError:
-                    states.append(0)
-            if all(s == 200 for s in states):
-                return
-            await asyncio.sleep(0.5)
-
-
 async def one(repo: Path, seconds: float) -> Counter[str]:
-    """Consumers created by stream while `up` from `repo` ran `seconds` after it was ready."""
-    tmp = Path(tempfile.mkdtemp(prefix="console-watch-"))
-    state = tmp / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-    env["PYTHONPATH"] = str(repo)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "launch", "up", "--state-dir", str(state), "--quiet",
-        cwd=tmp, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        endpoints_file = state / "endpoints.json"
-        async with asyncio.timeout(180):
-            while not endpoints_file.exists():  # noqa: ASYNC110 - another process writes it
-                await asyncio.sleep(0.2)
-            endpoints = json.loads(endpoints_file.read_text())
-            await ready(endpoints)
-        nc = await nats.connect(endpoints["nats_url"])
+    """Consumers created a minute, by stream, while `up` from `repo` ran `seconds` after it
+    was ready."""
+    async with launched_up(repo, "--quiet") as up:
+        nc = await nats.connect(up.endpoints["nats_url"])
         created: Counter[str] = Counter()
 
         async def advisory(msg: Any) -> None:
@@ -77,16 +47,6 @@ async def one(repo: Path, seconds: float) -> Counter[str]:
         elapsed = time.monotonic() - began
         await nc.close()
         return Counter({k: round(v * 60 / elapsed) for k, v in created.items()})
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                async with asyncio.timeout(60):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def main(args: argparse.Namespace) -> None:

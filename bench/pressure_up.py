@@ -28,11 +28,9 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -44,7 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import PeakRss
+from benchlib import PeakRss, launched_up
 from falco import alerts
 
 from nodeward.bus import Bus
@@ -129,29 +127,12 @@ class Platform:
 
 @contextlib.asynccontextmanager
 async def platform() -> AsyncIterator[Platform]:
-    tmp = Path(tempfile.mkdtemp(prefix="pressure-up-"))
-    state = tmp / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "launch", "up", "--state-dir", str(state), "--scenario", "none",
-        "--quiet", cwd=tmp, env=env, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        endpoints_file = state / "endpoints.json"
-        async with asyncio.timeout(180):
-            while not endpoints_file.exists():
-                if proc.returncode is not None:
-                    raise RuntimeError("nodeward up exited before it was ready")
-                await asyncio.sleep(0.2)
-            endpoints = json.loads(endpoints_file.read_text())
-            bus = await Bus.connect(BusSettings(url=endpoints["nats_url"]), source="bench/pressure")
-            seen = Seen()
-            up = Platform(proc, state, endpoints, bus, seen)
-            async with httpx.AsyncClient() as client:
-                while await up.unready(client):  # noqa: ASYNC110 - polling another process
-                    await asyncio.sleep(0.5)
+    async with launched_up(REPO, "--scenario", "none", "--quiet") as launched:
+        bus = await Bus.connect(
+            BusSettings(url=launched.endpoints["nats_url"]), source="bench/pressure"
+        )
+        seen = Seen()
+        up = Platform(launched.proc, launched.state, launched.endpoints, bus, seen)
         subs = [
             await bus.nc.subscribe(s, cb=seen.on_msg)
             for s in ("remediation.>", "notify.>", "dlq.>")
@@ -162,16 +143,6 @@ async def platform() -> AsyncIterator[Platform]:
             for sub in subs:
                 await sub.unsubscribe()
             await bus.close()
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                async with asyncio.timeout(60):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def until(what: str, check: Any, timeout: float) -> float | None:

@@ -70,7 +70,6 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         demo_settings,
         hint_command,
         load_demo_scenario,
-        metrics_summary,
         sim_seed,
     )
     from launch.up import run_up
@@ -97,67 +96,10 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     hint = hint_command(state_dir)
 
     def announce(endpoints: Endpoints) -> None:
-        from rich.console import Console
-        from rich.markup import escape
+        from launch.demo import banner_rows, print_banner
 
-        console = Console(stderr=True, soft_wrap=True)
-        console.print(f"[bold green]nodeward is up[/] — NATS {endpoints.nats_url}")
-        if profile is not None:
-            console.print(f"  profile     {profile}")
-        if endpoints.outbox:
-            console.print(f"  outbox      {endpoints.outbox}  (one file per delivered notice)")
-        console.print(
-            f"  daemons     {len(endpoints.metrics)}, each with /healthz /readyz /metrics:"
-        )
-        for line in metrics_summary(endpoints.metrics):
-            console.print(f"              {line}")
-        if endpoints.kubeconfig:
-            where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
-            console.print(
-                f"  kubectl     kubectl --kubeconfig {endpoints.kubeconfig} get nodes  ({where})"
-            )
-        if endpoints.console_url:
-            console.print(f"  console     {endpoints.console_url}  (read-only, live)")
-        console.print(f"  endpoints   {endpoints.state_dir / 'endpoints.json'}")
-        if endpoints.falco_ingest_url:
-            token = (
-                f"bearer token in {endpoints.falco_token_file}"
-                if endpoints.falco_token_file
-                else "mTLS"
-            )
-            console.print(f"  falco       POST alerts to {endpoints.falco_ingest_url}  ({token})")
-        if endpoints.oauth2_token_url:
-            console.print(
-                f"  oauth2      {endpoints.oauth2_token_url}  (the local provider the seeded "
-                "Secrets renew at: kubectl get secrets -A -l nodeward.io/credential)"
-            )
-        sim_nodes = [
-            n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
-        ]
-        if "fleet" in endpoints.metrics and seed_data is not None:
-            gpu_nodes = [n.name for n in seed_data.nodes if n.gpu is not None and n.gpu.count]
-            console.print(
-                f"  fleet       {len(gpu_nodes)} nodes' agents in one process (nodeward sim "
-                "fleet); try: "
-                + escape(
-                    hint("sim", "inject", "--node", gpu_nodes[-1], "--gpu", "0", "--xid", "79")
-                )
-            )
-        if sim_nodes:
-            inject = hint("sim", "inject", "--node", sim_nodes[-1], "--gpu", "0", "--xid", "79")
-            console.print(f"  try it      {escape(inject)}")
-        if steps:
-            # The first fault is what the story is about (a load step only sets the scene).
-            first = next((s for s in steps if s.load is None), steps[0])
-            console.print(
-                f"  scenario    {len(steps)} step(s); in {first.after.total_seconds():g}s "
-                f"{first.request().describe()} on {first.node} GPU {first.gpu}; the story "
-                "follows below (--quiet hides it)"
-            )
-        console.print(
-            f"  watch it    {escape(hint('status'))} · {escape(hint('tail'))}   (another "
-            "terminal, this directory)   ·   Ctrl-C stops everything"
-        )
+        rows = banner_rows(endpoints, profile=profile, hint=hint, steps=steps, seed=seed_data)
+        print_banner(endpoints.nats_url, rows)
 
     story = None
     if not quiet:

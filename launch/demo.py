@@ -8,10 +8,11 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -173,6 +174,114 @@ def metrics_summary(metrics: dict[str, str], shown: int = 8) -> list[str]:
             f"({len(ports)}, by node in endpoints.json)"
         )
     return lines
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the banner `up` prints once ready: a label (empty: it continues the last
+    one) and what it says; a command is never wrapped (copied whole, it works)."""
+
+    label: str
+    said: str
+    command: bool = False
+
+
+Banner = list[Line]
+
+
+def banner_rows(
+    endpoints: Endpoints,
+    *,
+    profile: str | None,
+    hint: Hint,
+    steps: Sequence[Step],
+    seed: Seed | None,
+) -> Banner:
+    """What `up` says once ready: where everything is, and commands that work as printed."""
+    rows: Banner = []
+    if profile is not None:
+        rows.append(Line("profile", profile))
+    if endpoints.outbox:
+        rows.append(Line("outbox", f"{endpoints.outbox}  (one file per delivered notice)"))
+    rows.append(Line("daemons", f"{len(endpoints.metrics)}, each with /healthz /readyz /metrics:"))
+    rows += [Line("", line) for line in metrics_summary(endpoints.metrics)]
+    if endpoints.kubeconfig:
+        where = f"sim cluster at {endpoints.kube_api}" if endpoints.kube_api else "cluster"
+        rows.append(
+            Line("kubectl", f"kubectl --kubeconfig {endpoints.kubeconfig} get nodes", command=True)
+        )
+        rows.append(Line("", f"({where})"))
+    if endpoints.console_url:
+        rows.append(Line("console", f"{endpoints.console_url}  (read-only, live)"))
+    rows.append(Line("endpoints", str(endpoints.state_dir / "endpoints.json")))
+    if endpoints.falco_ingest_url:
+        token = (
+            f"bearer token in {endpoints.falco_token_file}"
+            if endpoints.falco_token_file
+            else "mTLS"
+        )
+        rows.append(Line("falco", f"POST alerts to {endpoints.falco_ingest_url}  ({token})"))
+    if endpoints.oauth2_token_url:
+        rows.append(
+            Line("oauth2", f"{endpoints.oauth2_token_url}  (the seeded Secrets renew here)")
+        )
+        rows.append(Line("", "kubectl get secrets -A -l nodeward.io/credential", command=True))
+    sim_nodes = [
+        n.removeprefix("agent-gpu-") for n in endpoints.metrics if n.startswith("agent-gpu-")
+    ]
+    tried = sim_nodes[-1:]
+    if "fleet" in endpoints.metrics and seed is not None:
+        gpu_nodes = [n.name for n in seed.nodes if n.gpu is not None and n.gpu.count]
+        rows.append(Line("fleet", f"{len(gpu_nodes)} nodes' agents in one process (sim fleet)"))
+        tried = gpu_nodes[-1:]
+    if tried:
+        inject = hint("sim", "inject", "--node", tried[0], "--gpu", "0", "--xid", "79")
+        rows.append(Line("try it", inject, command=True))
+    if steps:
+        # The first fault is what the story is about (a load step only sets the scene).
+        first = next((s for s in steps if s.load is None), steps[0])
+        rows.append(
+            Line(
+                "scenario",
+                f"{len(steps)} step(s); in {first.after.total_seconds():g}s "
+                f"{first.request().describe()} on {first.node} GPU {first.gpu}; the story "
+                "follows below (--quiet hides it)",
+            )
+        )
+    rows.append(Line("watch it", hint("status"), command=True))
+    rows.append(Line("", hint("tail"), command=True))
+    rows.append(Line("", "(in another terminal, this directory)  ·  Ctrl-C stops everything"))
+    return rows
+
+
+def print_banner(nats_url: str, rows: Banner, *, file: Any = None) -> None:
+    """The banner on stderr (or `file`): labels in a column, what each says wrapped at the
+    terminal's width (`COLUMNS`; whole lines in a pipe) under itself; a command too long for
+    its column on a line of its own, unwrapped."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from nodeward.cli.common import PIPE_WIDTH
+
+    console = Console(stderr=file is None, file=file, soft_wrap=False, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console.width = PIPE_WIDTH
+    console.print(Text.assemble(("nodeward is up", "bold green"), f" — NATS {nats_url}"))
+    indent = 2 + LABEL_COLUMN + 1
+    for line in rows:
+        head = f"  {line.label:<{LABEL_COLUMN}} "
+        if line.command and indent + len(line.said) > console.width:
+            if line.label:
+                console.print(head.rstrip())
+            console.print(f"    {line.said}", overflow="ignore", crop=False)
+            continue
+        for k, part in enumerate(Text(line.said).wrap(console, max(console.width - indent, 20))):
+            part.rstrip()
+            console.print(Text(head if k == 0 else " " * indent) + part, crop=False)
+
+
+LABEL_COLUMN = 11
+"""The banner's labels' width."""
 
 
 def story_for(settings: Settings) -> Callable[[Endpoints], Awaitable[None]]:

@@ -115,3 +115,50 @@ def test_the_banner_hints_are_commands_that_work_as_printed(
     # python -m launch
     hint = hint_command(Path(".nodeward"), argv0="/x/launch/__main__.py", cwd=tmp_path)
     assert hint("status").endswith(" -m launch status")
+
+
+def test_the_banner_fits_80_columns_and_its_commands_stay_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns what each line says wraps under itself (it ran past the edge: the
+    profile's 230 characters over three terminal lines); a command too long for its column
+    gets a line of its own, unwrapped, so that it is copied whole. At 200, one line each."""
+    import io
+
+    from launch.demo import banner_rows, hint_command, print_banner
+    from nodeward.endpoints import Endpoints
+
+    state = tmp_path / "a-rather-long-state-directory-name-for-this-demo"
+    metrics = {f"agent-gpu-gpu-h100-{i:02d}": f"http://127.0.0.1:{40000 + i}" for i in range(11)}
+    endpoints = Endpoints(
+        nats_url="nats://127.0.0.1:4222",
+        state_dir=state,
+        kubeconfig=state / "kubeconfig",
+        kube_api="https://127.0.0.1:6443",
+        outbox=state / "outbox",
+        metrics={"platform": "http://127.0.0.1:39527", **metrics},
+        console_url="http://127.0.0.1:34161/",
+    )
+    profile = "demo timings: " + ", ".join(f"services.x{i} period {i}s" for i in range(12))
+    hint = hint_command(state, argv0=".venv/bin/nodeward", cwd=tmp_path)
+    rows = banner_rows(endpoints, profile=profile, hint=hint, steps=[], seed=None)
+    commands = [r.said for r in rows if r.command]
+    assert hint("status") in commands and any("sim inject" in c for c in commands)
+
+    def printed(columns: int) -> list[str]:
+        monkeypatch.setenv("COLUMNS", str(columns))
+        out = io.StringIO()
+        print_banner(endpoints.nats_url, rows, file=out)
+        return out.getvalue().splitlines()
+
+    narrow = printed(80)
+    long_commands = [c for c in commands if 14 + len(c) > 80]
+    assert long_commands  # the state dir makes them long: the case this is about
+    for line in narrow:
+        assert len(line) <= 80 or line.strip() in long_commands, line
+    for command in commands:
+        assert any(line.strip() == command or line.endswith(command) for line in narrow)
+    wrapped = [line for line in narrow if "services.x" in line]
+    assert len(wrapped) > 1 and all(line.startswith(" " * 14) for line in wrapped[1:])
+    wide = printed(200)
+    assert len([line for line in wide if "services.x" in line]) < len(wrapped)
