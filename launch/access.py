@@ -11,37 +11,40 @@ NATS permissions file are built from these.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 
-from agents.energy import access as energy
-from agents.idle import access as idle
 from nodeward.kube.access import Access, by_account
 from nodeward.nats_auth import ServiceGrants, permissions_document
-from services.accounting import access as accounting
-from services.capacity import access as capacity
-from services.cordon import access as cordon
-from services.credentials import access as credentials
-from services.culler import access as culler
-from services.falco import access as falco
-from services.maintenance import access as maintenance
-from services.notifier import access as notifier
-from services.recovery import access as recovery
 
-_SERVICES = (
-    cordon,
-    notifier,
-    culler,
-    credentials,
-    falco,
-    maintenance,
-    capacity,
-    accounting,
-    recovery,
-)
+READERS: frozenset[str] = frozenset({"console"})
+"""Services that only read the bus: no Kubernetes access, and a NATS user of their own kind
+(`nodeward.nats_auth.console`) rather than one built from grants."""
 
-DECLARED: tuple[Access, ...] = (*(s.ACCESS for s in _SERVICES), energy.ACCESS, idle.ACCESS)
+
+def _declared(kind: str) -> tuple[ModuleType, ...]:
+    """Each registered agent's or service's `access` module, from the `nodeward.<kind>s`
+    entry points: one added in its folder and registered is collected here. A service must
+    have one (but a reader); an agent that needs no Kubernetes access has none."""
+    found = []
+    for entry in sorted(entry_points(group=f"nodeward.{kind}s"), key=lambda e: e.name):
+        if kind == "service" and entry.name in READERS:
+            continue
+        module = f"{entry.value.split(':')[0].rsplit('.', 1)[0]}.access"
+        if kind == "agent" and importlib.util.find_spec(module) is None:
+            continue
+        found.append(importlib.import_module(module))
+    return tuple(found)
+
+
+_SERVICES = _declared("service")
+
+DECLARED: tuple[Access, ...] = tuple(m.ACCESS for m in (*_SERVICES, *_declared("agent")))
 """Each daemon's own declaration; the node agents share the `agent` account."""
 
 ACCOUNTS: dict[str, Access] = by_account(DECLARED)
@@ -49,10 +52,6 @@ ACCOUNTS: dict[str, Access] = by_account(DECLARED)
 
 GRANTS: dict[str, ServiceGrants] = {s.ACCESS.account: s.GRANTS for s in _SERVICES}
 """Per service, its NATS grants (the user `nodeward-<service>`)."""
-
-READERS: frozenset[str] = frozenset({"console"})
-"""Services that only read the bus: no Kubernetes access, and a NATS user of their own kind
-(`nodeward.nats_auth.console`) rather than one built from grants."""
 
 
 def main(argv: list[str]) -> int:

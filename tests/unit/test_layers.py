@@ -6,25 +6,47 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DAEMON_MODULES = [
-    "agents.gpu.wiring",
-    "agents.energy.wiring",
-    "agents.idle.wiring",
-    "services.capacity.service",
-    "services.console.service",
-    "services.cordon.service",
-    "services.culler.service",
-    "services.credentials.service",
-    "services.falco.service",
-    "services.maintenance.service",
-    "services.notifier.service",
-]
+
+def _registered(kind: str) -> dict[str, str]:
+    """Each registered agent or service (`nodeward.<kind>s` entry points): name -> the module
+    its daemon is built in."""
+    return {e.name: e.value.split(":")[0] for e in entry_points(group=f"nodeward.{kind}s")}
+
+
+DAEMON_MODULES = sorted({*_registered("agent").values(), *_registered("service").values()})
+"""What a Pod imports to run each registered agent or service: derived, so one added in its
+folder and registered is covered."""
+
+
+def _packages(kind: str) -> set[str]:
+    return {module.rsplit(".", 1)[0] for module in _registered(kind).values()}
+
+
+def _listed(contract: str, key: str) -> set[str]:
+    """The modules one import-linter contract of pyproject.toml lists under `key`."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    found = [c for c in config["contracts"] if c["name"].startswith(contract)]
+    assert len(found) == 1, contract
+    return set(found[0][key])
+
+
+def test_the_contracts_cover_every_registered_agent_and_service() -> None:
+    """The import-linter contracts name packages one by one (independence takes no "but the
+    kernel"): each list is every registered service's or agent's package, none missing (three
+    lists missed services.recovery)."""
+    services = _packages("service")
+    assert "services.recovery" in services
+    assert _listed("each service is its own package", "modules") == services
+    assert _listed("the remediation kernel knows no service", "forbidden_modules") == services
+    assert _listed("each agent is its own package", "modules") == _packages("agent")
 
 
 def test_import_contracts_hold() -> None:
