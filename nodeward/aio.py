@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -18,3 +19,27 @@ async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
     """
     async with asyncio.timeout(timeout):
         return await awaitable
+
+
+class KeyedLocks:
+    """One `asyncio.Lock` per key (a node, a pod), made when first wanted and forgotten when
+    nobody holds or waits for it, so a fleet's churn leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def __call__(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
+
+    def __len__(self) -> int:
+        """Keys held or waited for now."""
+        return len(self._locks)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 from pydantic import Field
 
+from nodeward.aio import KeyedLocks
 from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section, Settings, section
@@ -284,7 +285,8 @@ class CordonService:
             describe=describe,
             failpoints=self.marks.failpoints,
         )
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.node_lock = KeyedLocks()
+        """One node's decisions one at a time (a change, a heartbeat, the reconcile pass)."""
         # Each node's record as last read for a heartbeat; dropped when a change is handled.
         self._known: dict[str, NodeRecord | None] = {}
         # With partitions: whether this replica holds a node's partition (it alone acts on
@@ -307,12 +309,6 @@ class CordonService:
             identity=(ConsumerSpec.bind(GpuHealth, "node"),),
             ack_wait=self.settings.ack_wait,
         )
-
-    @contextlib.asynccontextmanager
-    async def node_lock(self, node: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault(node, asyncio.Lock())
-        async with lock:
-            yield
 
     def heartbeat_spec(self) -> ConsumerSpec:
         """Heartbeats on their own durable consumer: never in front of a change."""

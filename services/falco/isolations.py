@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +29,7 @@ from nats.js.errors import APIError
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from nodeward.aio import KeyedLocks
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.kube import Cluster, KubeError, NotFound
@@ -119,22 +120,12 @@ class Isolations:
         self.store: TypedKV[IsolationRecord] = TypedKV(kv, IsolationRecord)
         self.runner = runner
         self.bucket = bucket
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._locks = KeyedLocks()
         self.log = structlog.get_logger().bind(service="falco")
 
-    @contextlib.asynccontextmanager
-    async def lock(self, namespace: str, pod: str) -> AsyncIterator[None]:
+    def lock(self, namespace: str, pod: str) -> contextlib.AbstractAsyncContextManager[None]:
         """One pod's isolation decided by one of the action, the release or the check."""
-        key = isolation_key(namespace, pod)
-        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._locks[key]
+        return self._locks(isolation_key(namespace, pod))
 
     async def get(self, namespace: str, pod: str) -> IsolationRecord | None:
         found = await self.store.get(isolation_key(namespace, pod))

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -36,7 +36,7 @@ import structlog
 from nats.errors import Error as NatsError
 from pydantic import Field, ValidationError
 
-from nodeward.aio import within
+from nodeward.aio import KeyedLocks, within
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.control import ControlTimeout, request
 from nodeward.bus.kv import TypedKV
@@ -289,13 +289,9 @@ class RecoveryService:
             webhook_url=settings.webhook_url,
         )
         self.wake = asyncio.Event()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.node_lock = KeyedLocks()
+        """One node's recovery stepped one at a time."""
         self.log = structlog.get_logger().bind(service=NAME)
-
-    @contextlib.asynccontextmanager
-    async def node_lock(self, node: str) -> AsyncIterator[None]:
-        async with self._locks.setdefault(node, asyncio.Lock()):
-            yield
 
     # consumers --------------------------------------------------------------------------
     def consumer_spec(self) -> ConsumerSpec:

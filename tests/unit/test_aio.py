@@ -1,5 +1,6 @@
 """`within` keeps a cancellation that arrives as its timeout fires (asyncio.wait_for on
-Python 3.11 can lose it, and a polling loop around it then survives `cancel()`)."""
+Python 3.11 can lose it, and a polling loop around it then survives `cancel()`); `KeyedLocks`
+serialises one key and forgets it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 
 import pytest
 
-from nodeward.aio import within
+from nodeward.aio import KeyedLocks, within
 
 
 async def test_timeout_raises_and_a_result_passes_through() -> None:
@@ -40,3 +41,31 @@ async def test_a_cancel_that_meets_a_wake_up_is_not_lost() -> None:
     assert done, "the cancelled polling loop kept running"
     assert task.cancelled()
     assert woke == 0
+
+
+async def test_keyed_locks_one_key_at_a_time_other_keys_meanwhile_nothing_left() -> None:
+    """`KeyedLocks`: a key's holders one at a time, another key meanwhile, and no lock kept
+    once nobody holds or waits for its key."""
+    locks = KeyedLocks()
+    inside = {"a": 0, "b": 0}
+    most = {"a": 0, "b": 0}
+    go = asyncio.Event()
+    b_in = asyncio.Event()
+
+    async def hold(key: str) -> None:
+        async with locks(key):
+            inside[key] += 1
+            most[key] = max(most[key], inside[key])
+            if key == "b":
+                b_in.set()
+            await go.wait()  # held until the test lets go: the keys overlap by design
+            inside[key] -= 1
+
+    held = [asyncio.create_task(hold("a")) for _ in range(3)]
+    held.append(asyncio.create_task(hold("b")))
+    await b_in.wait()  # "b" got in while "a" is held
+    assert inside == {"a": 1, "b": 1} and len(locks) == 2
+    go.set()
+    await asyncio.gather(*held)
+    assert most == {"a": 1, "b": 1}
+    assert len(locks) == 0
