@@ -39,7 +39,7 @@ def demo_settings(
     """
     if config is not None or not sim:
         return settings_for(config, nats), None
-    with resources.as_file(resources.files("nodeward") / "data" / DEMO_PROFILE) as path:
+    with resources.as_file(resources.files("launch") / "data" / DEMO_PROFILE) as path:
         settings = settings_for(path, nats)
     cordon = settings.services.get("cordon", {})
     shown = ", ".join(

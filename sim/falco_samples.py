@@ -1,5 +1,5 @@
-"""The sample Falco alerts (`nodeward/data/falco-alerts.jsonl`) and the sim seed holding the
-pods they are about (`nodeward/data/falco-seed.yaml`), for tests, benches and trying the
+"""The sample Falco alerts (`sim/data/falco-alerts.jsonl`) and the sim seed holding the
+pods they are about (`sim/data/falco-seed.yaml`), for tests, benches and trying the
 Falco response by hand."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ SEED_FILE = "falco-seed.yaml"
 
 def samples() -> list[dict[str, Any]]:
     """The eight sample alerts, in Falcosidekick's NATS payload form."""
-    text = (files("nodeward") / "data" / "falco-alerts.jsonl").read_text()
+    text = (files("sim") / "data" / "falco-alerts.jsonl").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -30,11 +30,11 @@ def sidekick_subject(alert: dict[str, Any]) -> str:
 
 
 def sample_seed(suffix: str | None = None) -> Seed:
-    """`nodeward/data/falco-seed.yaml`: node `gpu-node-07` with the sample alerts' pods, bob's
+    """`sim/data/falco-seed.yaml`: node `gpu-node-07` with the sample alerts' pods, bob's
     with a sibling replica, `user-dave/exempt-trainer` labelled exempt, and carol's vllm
     container failing to checkpoint as a runtime without CRIU does. With a `suffix`, every
     namespace but `nodeward` is renamed `<name>-<suffix>` (tests sharing a NATS keep apart)."""
-    text = (files("nodeward") / "data" / SEED_FILE).read_text()
+    text = (files("sim") / "data" / SEED_FILE).read_text()
     seed = Seed.model_validate(yaml.safe_load(text))
     if not suffix:
         return seed

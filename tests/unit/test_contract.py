@@ -25,6 +25,8 @@ from schemas.streams import stream_for_subject, subject_matches
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
 PACKAGE_DATA = files("nodeward") / "data"
+SIM_DATA = files("sim") / "data"
+"""The simulator's samples (the Falco alerts); the runtime keeps only what a daemon reads."""
 TYPES = sorted(REGISTRY)
 
 REASONS = {
@@ -201,19 +203,19 @@ def sidekick_subject(alert: dict[str, Any]) -> str:
 
 def falco_lines() -> list[bytes]:
     return [
-        line
-        for line in (PACKAGE_DATA / "falco-alerts.jsonl").read_bytes().splitlines()
-        if line.strip()
+        line for line in (SIM_DATA / "falco-alerts.jsonl").read_bytes().splitlines() if line.strip()
     ]
 
 
-@pytest.mark.parametrize("shipped", ["falco-alerts.jsonl", "xid-catalog.csv"])
-def test_package_data_matches_shared_data(shipped: str) -> None:
+@pytest.mark.parametrize(
+    ("package", "shipped"), [(SIM_DATA, "falco-alerts.jsonl"), (PACKAGE_DATA, "xid-catalog.csv")]
+)
+def test_package_data_matches_shared_data(package: Any, shipped: str) -> None:
     shared = SHARED_DATA / shipped
     if not shared.is_file():
         pytest.skip(f"no shared data folder at {SHARED_DATA}; testing the packaged copy only")
-    assert (PACKAGE_DATA / shipped).read_bytes() == shared.read_bytes(), (
-        f"nodeward/data/{shipped} differs from {shared}: copy it again"
+    assert (package / shipped).read_bytes() == shared.read_bytes(), (
+        f"{package}/{shipped} differs from {shared}: copy it again"
     )
 
 

@@ -74,7 +74,7 @@ def test_gpu_health_data_constraints() -> None:
 
 
 def test_falco_samples_validate_as_events() -> None:
-    data = files("nodeward") / "data" / "falco-alerts.jsonl"
+    data = files("sim") / "data" / "falco-alerts.jsonl"
     for line in data.read_bytes().splitlines():
         raw = json.loads(line)
         event = decode("falco.x.y", None, line)
