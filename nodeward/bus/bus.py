@@ -21,7 +21,6 @@ from nodeward.bus.consumer import Consumer, ConsumerSpec, Handler
 from nodeward.bus.control import ControlHandler, serve
 from nodeward.bus.dlq import one_line
 from nodeward.bus.errors import PublishError
-from nodeward.bus.mirror import Mirrors, Watched
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.provision import AGENT_BUCKETS, SHARED_BUCKETS, ensure_kv, ensure_streams
 from nodeward.bus.responsive import Responsiveness
@@ -66,7 +65,6 @@ class Bus:
         self.log = structlog.get_logger().bind(component="bus", source=source)
         self._m_published: dict[str, Any] = {}
         self._before_close: list[Callable[[], Awaitable[None]]] = []
-        self._watched: dict[str, Mirrors] = {}
 
     @classmethod
     async def connect(
@@ -267,17 +265,6 @@ class Bus:
             self.js, bucket, history=history, ttl_s=ttl_s, replicas=self.settings.stream_replicas
         )
 
-    async def entries(self, bucket: str, prefixes: Sequence[str]) -> dict[str, bytes]:
-        """The live entries of `bucket` under `prefixes` (prefix `node.`, or one key), from
-        a mirror of the bucket this bus keeps from the first call until it closes: a
-        reconcile pass that lists them every few seconds reads memory and makes no consumer
-        (until the mirror has caught up, the bus is read). {} if there is no such bucket."""
-        mirrors = self._watched.get(bucket)
-        if mirrors is None:
-            mirrors = self._watched[bucket] = Mirrors(self.nc, [Watched.bucket(bucket)])
-            await mirrors.start()
-        return await mirrors.kv(bucket, prefixes) or {}
-
     # shutdown --------------------------------------------------------------------------
     def before_close(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run `await hook()` in `close()` once the consumers have stopped, before the last
@@ -289,8 +276,6 @@ class Bus:
         flush publishes, drain the connection."""
         await asyncio.gather(*(c.stop(grace) for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
-        watched, self._watched = list(self._watched.values()), {}
-        await asyncio.gather(*(m.stop() for m in watched), return_exceptions=True)
         hooks, self._before_close = self._before_close, []
         for hook in hooks:
             with contextlib.suppress(Exception):

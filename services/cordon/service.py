@@ -36,6 +36,7 @@ from pydantic import Field
 from nodeward.aio import KeyedLocks
 from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
 from nodeward.bus.kv import TypedKV
+from nodeward.bus.snapshot import kv_entries
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.durations import Duration
@@ -1094,8 +1095,8 @@ class CordonService:
         or an excluded GPU: every node record read in one pass (not a read per node: at
         5,000 nodes that kept the pass running and the KV busy), then each of those afresh
         under its node's lock."""
-        entries = await self.bus.entries(self.records.kv._name, [NODES.prefix])
-        for i, (key, raw) in enumerate(entries.items()):
+        entries = await kv_entries(self.bus.nc, self.records.kv._name, [NODES.prefix])
+        for i, (key, raw) in enumerate((entries or {}).items()):
             if i % 500 == 499:
                 await asyncio.sleep(0)  # decoding a large fleet: let events in between
             name = key.removeprefix(NODES.prefix)

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from nodeward.aio import KeyedLocks
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
+from nodeward.bus.snapshot import kv_entries
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
@@ -151,8 +152,8 @@ class Isolations:
     async def check_all(self, now: datetime | None = None) -> int:
         """One pass: every record read at once, each recorded pod read once (a few at a
         time); the isolations that no longer hold are ended. How many were ended."""
-        raw = await self.bus.entries(self.bucket, [ISOLATIONS.prefix])
-        keys = sorted(raw)
+        raw = await kv_entries(self.bus.nc, self.bucket, [ISOLATIONS.prefix])
+        keys = sorted(raw or {})
         if not keys:
             return 0
         gate = asyncio.Semaphore(CHECKS_AT_ONCE)

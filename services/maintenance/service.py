@@ -42,6 +42,7 @@ from types import MappingProxyType
 from typing import Any
 
 import structlog
+from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 from pydantic import Field
 
@@ -421,7 +422,13 @@ class CheckpointService:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _spawn_workflows(self) -> None:
-        for key in sorted(await self.bus.entries(self.kv._name, [MAINTENANCES.prefix])):
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return
+        for key in keys:
+            if not key.startswith("node."):
+                continue
             current = await self.states.get(key)
             if current is None or current.value.terminal:
                 continue

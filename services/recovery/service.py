@@ -34,6 +34,7 @@ from typing import Any
 
 import structlog
 from nats.errors import Error as NatsError
+from nats.js.errors import NoKeysError
 from pydantic import Field, ValidationError
 
 from nodeward.aio import KeyedLocks, within
@@ -58,7 +59,6 @@ from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import TAINT_KEY
 from schemas.state.recovery import (
     BUCKET,
-    RECOVERIES,
     Plan,
     RecoveryCounts,
     RecoveryRecord,
@@ -690,8 +690,14 @@ class RecoveryService:
             self.wake.clear()
 
     async def pass_once(self) -> None:
-        for key in sorted(await self.bus.entries(self.records.kv._name, [RECOVERIES.prefix])):
-            node = key.removeprefix(RECOVERIES.prefix)
+        try:
+            keys = await self.records.kv.keys()
+        except NoKeysError:
+            return
+        for key in keys:
+            if not key.startswith("node."):
+                continue
+            node = key.removeprefix("node.")
             with structlog.contextvars.bound_contextvars(node=node):
                 async with self.node_lock(node):
                     current = await self.records.get(key)

@@ -245,7 +245,7 @@ def test_an_escalated_node_says_so_at_the_top_and_its_gpus_name_their_pods(
     page = chromium.new_page(viewport={"width": 1280, "height": 900})
     url = up.endpoints["console_url"] + f"node/{ESCALATED}"
     page.goto(url, wait_until="domcontentloaded")
-    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    page.locator("body[data-live=on]").wait_for(timeout=30000)
     assert page.locator("#escalated").count() == 0
     # XID 64 starts a reset; the row-remap failure that follows is the catalog's RMA.
     injected = run(
@@ -254,13 +254,13 @@ def test_an_escalated_node_says_so_at_the_top_and_its_gpus_name_their_pods(
     )  # fmt: skip
     assert injected.returncode == 0, injected.stderr
     # The open page says so as the escalation arrives; drawn again, it has the banner.
-    page.locator("#banner:not([hidden])", has_text="needs a human").wait_for(timeout=10000)
+    page.locator("#banner:not([hidden])", has_text="needs a human").wait_for(timeout=60000)
 
     def drawn() -> bool:
         page.reload(wait_until="domcontentloaded")
         return bool(page.locator("#escalated").count() == 1 and page.locator("#xids").count())
 
-    wait_until(drawn, timeout=10, what="the escalation and the XID on the node page")
+    wait_until(drawn, timeout=30, what="the escalation and the XID on the node page")
     banner = page.locator("#escalated")
     assert page.evaluate("document.querySelector('main').firstElementChild.id") == "escalated"
     top = banner.bounding_box()

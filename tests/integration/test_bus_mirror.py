@@ -112,7 +112,7 @@ async def test_mirrors_answer_what_the_bus_answers_and_follow_every_change(
         await kv.put("node.a", b"2")
         await kv.purge("node.b")
         await kv.put("node.d", b"1")
-        await wait_for(lambda: len(told) >= 4, what="the mirrors told four changes")
+        await wait_for(lambda: len(told) >= 4, timeout=30, what="the mirrors told four changes")
         await same()
         assert await mirrors.kv("mirrortest", ["node."]) == {"node.a": b"2", "node.d": b"1"}
     finally:
@@ -172,7 +172,7 @@ async def test_the_console_draws_every_change_and_makes_no_consumer_for_it(
         for i in range(20):
             name = f"gpu-node-{i:02d}"
             await nodes.put(NODES.key(name), NodeRecord().model_dump_json().encode())
-            await wait_for(lambda n=name: n in live.nodes, what=f"{name} drawn")  # type: ignore[misc]
+            await wait_for(lambda n=name: n in live.nodes, timeout=30, what=f"{name} drawn")  # type: ignore[misc]
         await nc.flush()
         assert created[started:] == []
     finally:
