@@ -29,21 +29,11 @@ from nats.js.errors import NotFoundError
 
 from nodeward.aio import within
 from nodeward.bus.snapshot import BusReads, Stored, kv_filter, kv_live
+from schemas.streams import subject_matches
 
 _PENDING_LIMIT = 1 << 22
 _RETRY_S = 5.0
 """How often a mirror whose stream was not there (or whose start failed) is tried again."""
-
-
-def matches(subject: str, pattern: str) -> bool:
-    """Whether `subject` matches the NATS subject `pattern` (`*` one token, `>` the rest)."""
-    s, p = subject.split("."), pattern.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(s) == len(p)
 
 
 def covers(wide: str, narrow: str) -> bool:
@@ -188,7 +178,9 @@ class Mirror:
                 del self.last[subject]
         if not filters or set(self.watched.filters) <= set(filters):
             return list(self.last.values())  # all it holds matches
-        return [s for s in self.last.values() if any(matches(s.subject, f) for f in filters)]
+        return [
+            s for s in self.last.values() if any(subject_matches(f, s.subject) for f in filters)
+        ]
 
 
 class Mirrors:
@@ -267,7 +259,7 @@ class Mirrors:
             return await self.bus.newest(stream, count, filters=filters)
         held = mirror.held(())
         newest = held[-1:]
-        return [m for m in newest if any(matches(m.subject, f) for f in filters or (">",))]
+        return [m for m in newest if any(subject_matches(f, m.subject) for f in filters or (">",))]
 
     async def subjects(self, stream: str, subjects_filter: str) -> set[str] | None:
         mirror = await self._holding(stream, [subjects_filter], headers_only=True)
