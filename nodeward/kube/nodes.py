@@ -180,14 +180,20 @@ class Nodes(Area):
         return await self._on_conflict_retry(attempt)
 
     @operation("nodes.patch")
-    async def patch_from(self, name: str, build: Callable[[Obj], Obj | None]) -> tuple[Obj, bool]:
+    async def patch_from(
+        self, name: str, build: Callable[[Obj], Obj | None], *, current: Obj | None = None
+    ) -> tuple[Obj, bool]:
         """One PATCH computed from the node as read: `build(node)` returns the patch (its
         `metadata.resourceVersion` is set to the one read) or None for no change. A 409
         re-reads and builds again. Returns the node as written (or read) and whether it changed.
+
+        `current`: the node as the caller last read it, tried first instead of a GET (its
+        resourceVersion makes a stale one a 409, which reads afresh).
         """
+        given = [current] if current is not None else []
 
         async def attempt() -> tuple[Obj, bool]:
-            node = await self._get(name)
+            node = given.pop() if given else await self._get(name)
             patch = build(node)
             if not patch:
                 return node, False
@@ -247,14 +253,22 @@ class Nodes(Area):
 
     @operation("nodes.set_condition")
     async def set_condition(
-        self, name: str, type_: str, status: ConditionStatus, reason: str, message: str = ""
+        self,
+        name: str,
+        type_: str,
+        status: ConditionStatus,
+        reason: str,
+        message: str = "",
+        *,
+        current: Obj | None = None,
     ) -> Obj:
         """Set one node condition through the status subresource.
 
         Conditions merge by `type`, so other writers' conditions are kept. The transition
-        time moves only when the status changes.
+        time moves only when the status changes (read from `current`, the node as the
+        caller last read or wrote it, else from a GET).
         """
-        node = await self._get(name)
+        node = current if current is not None else await self._get(name)
         stamp = _now()
         prior = condition_of(node, type_)
         transition = (

@@ -58,6 +58,11 @@ class DeviceSettings(BaseModel):
         default_factory=lambda: ["gpu.nvidia.com"],
         description="DRA drivers whose ResourceSlices publish GPUs nodeward watches over",
     )
+    plugin_resources: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"],
+        description="device plugins' extended resources: a node that advertises one in its "
+        "allocatable has its GPUs served by the plugin, and DRA is not looked up for it",
+    )
     discovery_ttl: Duration = Field(
         default=timedelta(minutes=5),
         description="how long the served resource.k8s.io versions are remembered",
@@ -112,6 +117,13 @@ def joined_exclusion(record: NodeRecord, gpu: str) -> DeviceExclusion | None:
         if ex.kind == "excluded" and (ex.phase == "applied" or ex.dry_run):
             return ex
     return None
+
+
+def plugin_served(node: Obj, resources: list[str]) -> bool:
+    """True if a device plugin serves `node`'s GPUs: it advertises one of `resources` (the
+    plugins' extended resources) in its allocatable. Such a GPU has no DRA device."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return any(str(allocatable.get(r, "0")) not in ("0", "") for r in resources)
 
 
 def rule_name(node: str, device: str) -> str:
@@ -187,10 +199,13 @@ class DeviceExclusions:
         self._versions = (now, slices, rules)
         return slices, rules
 
-    async def find(self, health: GpuHealth) -> tuple[Located, str] | None:
+    async def find(self, health: GpuHealth, node: Obj | None = None) -> tuple[Located, str] | None:
         """The GPU's DRA device and the DeviceTaintRule version to taint it with, or None
-        (no DRA, the GPU not published, or DeviceTaintRules not served)."""
+        (no DRA, the GPU not published, or DeviceTaintRules not served). A `node` whose
+        GPUs a device plugin serves is not looked up (`plugin_served`)."""
         if not self.exclusion.device_taints or health.mig is not None:
+            return None
+        if node is not None and plugin_served(node, self.settings.plugin_resources):
             return None
         try:
             slice_version, rule_version = await self.versions()
@@ -207,11 +222,18 @@ class DeviceExclusions:
 
     # one event --------------------------------------------------------------------------
     async def handle(
-        self, event: Event[Any], health: GpuHealth, decision: Decision, record: NodeRecord
+        self,
+        event: Event[Any],
+        health: GpuHealth,
+        decision: Decision,
+        record: NodeRecord,
+        *,
+        node: Obj | None = None,
     ) -> bool:
         """Take the event if it concerns one GPU on its own: exclude it (the policy
         quarantines, the node holds no quarantine, and the scope is the device or the GPU)
-        or release it (healthy again). True when the node path has nothing left to do."""
+        or release it (healthy again). True when the node path has nothing left to do.
+        `node`: the node as the caller read it (else read here when needed)."""
         gpu = health.gpu_key()
         if decision.action != PolicyAction.QUARANTINE:
             if gpu in record.devices and health.state == HealthState.HEALTHY:
@@ -268,18 +290,19 @@ class DeviceExclusions:
             return True
         # The threshold counts physical GPUs: a MIG GPU's instances are one failed GPU.
         failed = len(record.failed_gpus())
-        found = await self.find(health)
+        found = await self.find(health, node)
         scope = self.exclusion.scope(
             decision, model=health.model, failed=max(failed, 1), dra=found is not None
         )
         self.log.info("cordon.scope", gpu=gpu, scope=scope.value, failed=failed)
         if scope == Scope.NODE:
             return False
-        try:
-            node = await self.cluster.nodes.get(health.node)
-        except NotFound:
-            self.log.warning("cordon.node_unknown")
-            return True
+        if node is None:
+            try:
+                node = await self.cluster.nodes.get(health.node)
+            except NotFound:
+                self.log.warning("cordon.node_unknown")
+                return True
         kind = "device_taint" if scope == Scope.DEVICE else "excluded"
         incident = held.incident if held is not None else event.id
         proposal = self._proposal(

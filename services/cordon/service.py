@@ -423,17 +423,19 @@ class CordonService:
         record = written.value if written else NodeRecord()
         decision = self.policy.decide(health)
         self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
-        if (
-            record.devices or decision.action == PolicyAction.QUARANTINE
-        ) and await self.devices.handle(event, health, decision, record):
-            return  # one GPU excluded or released on its own (services/cordon/devices.py)
         if decision.action != PolicyAction.QUARANTINE and record.quarantine is None:
+            if record.devices:
+                await self.devices.handle(event, health, decision, record)
             return  # recorded; nothing to quarantine or release: no Kubernetes call
-        try:
+        try:  # the one read of the node this event makes
             node = await self.cluster.nodes.get(health.node)
         except NotFound:
             self.log.warning("cordon.node_unknown")
             return
+        if (
+            record.devices or decision.action == PolicyAction.QUARANTINE
+        ) and await self.devices.handle(event, health, decision, record, node=node):
+            return  # one GPU excluded or released on its own (services/cordon/devices.py)
         record = await self._check_operator(health.node, record, node)
         age = (datetime.now(UTC) - health.observed_at).total_seconds()
         if (
@@ -720,7 +722,7 @@ class CordonService:
         def summary(entry: MarkEntry) -> dict[str, str]:
             return {QUARANTINE_ANNOTATION: annotation(with_entry(pending, entry))}
 
-        await self.marks.apply(name, q.incident, spec, annotate=summary)
+        await self.marks.apply(name, q.incident, spec, annotate=summary, obj=node)
         intent = await self.marks.intent(name)
         if intent is not None and intent.incident == q.incident:
             q = with_entry(q, intent.entry)

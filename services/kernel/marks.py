@@ -354,13 +354,15 @@ class NodeMarks:
         spec: MarkSpec,
         *,
         annotate: Callable[[MarkEntry], Mapping[str, str]] | None = None,
+        obj: Obj | None = None,
     ) -> dict[str, Any]:
         """Put `spec` on `node` for `incident`; idempotent, and finishes a cut-short attempt.
 
         An intent already `applying` is continued as recorded: its prior state was read
         before any change. An `applied` one of this incident is not written again (an
         operator's change since is theirs); a new incident supersedes it, keeping the
-        prior state the older one recorded.
+        prior state the older one recorded. `obj`: the node as the caller just read it,
+        planned and patched from without another GET (a 409 reads it afresh).
         """
         intent = await self.intent(node)
         if intent is not None and intent.phase == "releasing":
@@ -370,7 +372,8 @@ class NodeMarks:
         if older is not None and older.incident == incident:
             return self.details(older)
         if intent is None or intent.phase == "released" or older is not None:
-            obj = await self.cluster.nodes.get(node)
+            if obj is None:
+                obj = await self.cluster.nodes.get(node)
             entry = plan(obj, self.owner, incident, spec)
             if older is not None:
                 entry = supersede(older.entry, entry, operator_released=older.operator_released)
@@ -396,9 +399,9 @@ class NodeMarks:
             def build(obj: Obj) -> Obj | None:
                 return apply_patch(obj, self.owner, entry, recorded)
 
-            written, _ = await self.cluster.nodes.patch_from(node, build)
+            written, _ = await self.cluster.nodes.patch_from(node, build, current=obj)
             self._fail("apply.patched")
-            await self._condition(node, recorded.condition, "apply.condition")
+            await self._condition(node, recorded.condition, "apply.condition", current=written)
             if recorded.event is not None:
                 await self._event(written, recorded.event, "apply.event")
             intent = await self._save(
@@ -493,7 +496,7 @@ class NodeMarks:
 
         written, _ = await self.cluster.nodes.patch_from(node, build)
         self._fail("release.patched")
-        await self._condition(node, spec.release_condition, "release.condition")
+        await self._condition(node, spec.release_condition, "release.condition", current=written)
         if spec.release_event is not None:
             await self._event(written, spec.release_event, "release.event")
         await self._save(intent.model_copy(update={"phase": "released"}), "release.done")
@@ -533,11 +536,18 @@ class NodeMarks:
         self._fail("respect.patched")
         return {"removed_taints": removed}
 
-    async def _condition(self, node: str, condition: ConditionSpec | None, point: str) -> None:
+    async def _condition(
+        self, node: str, condition: ConditionSpec | None, point: str, *, current: Obj | None = None
+    ) -> None:
         if condition is None:
             return
         await self.cluster.nodes.set_condition(
-            node, condition.type, condition.status, condition.reason, condition.message[:1024]
+            node,
+            condition.type,
+            condition.status,
+            condition.reason,
+            condition.message[:1024],
+            current=current,
         )
         self._fail(point)
 
