@@ -157,6 +157,8 @@ async def child(storm: int) -> dict[str, Any]:
                     "$JS.API.STREAM.MSG.GET.KV_"
                 ):
                     seen["kv.read"] += 1
+                    if os.environ.get("BENCH_DEBUG"):
+                        print(subject, file=sys.stderr)
                 elif subject.startswith(("$JS.", "$KV.", "_INBOX", "$SYS")):
                     return
                 else:

@@ -38,7 +38,9 @@ class TypedKV(Generic[M]):
 
     `remember` > 0: keep the last value this instance read or wrote, for up to that many
     keys, so that an update of a key this instance mostly writes (a node in the partition a
-    replica holds) starts from it instead of a read. Nothing is believed on memory alone:
+    replica holds) starts from it instead of a read; a key it read as absent is created
+    without another read (a create fails if anyone wrote it since). Nothing is believed on
+    memory alone:
     the write is checked against the remembered revision (a conflict reads afresh), and a
     change that would write nothing is asked again on a fresh read before it is answered.
     """
@@ -48,14 +50,16 @@ class TypedKV(Generic[M]):
         self.model = model
         self.remember = remember
         self._memory: OrderedDict[str, Versioned[M]] = OrderedDict()
+        self._absent: OrderedDict[str, None] = OrderedDict()
 
     async def get(self, key: str) -> Versioned[M] | None:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
             self._forget(key)
+            self._keep_absent(key)
             return None
-        if entry.value is None:
+        if entry.value is None:  # deleted: a create would fail on the tombstone's revision
             self._forget(key)
             return None
         found = Versioned(load_record(self.model, entry.value), entry.revision or 0)
@@ -79,6 +83,8 @@ class TypedKV(Generic[M]):
                 await asyncio.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 7)))  # noqa: S311
             current = self._memory.get(key) if attempt == 0 else None
             new = change(current.value) if current is not None else None
+            if new is None and attempt == 0 and key in self._absent:
+                new = change(None)  # read as absent: a create fails if it is not any more
             if new is None:  # nothing remembered, or nothing to write on memory: read
                 current = await self.get(key)
                 new = change(current.value if current else None)
@@ -110,7 +116,20 @@ class TypedKV(Generic[M]):
         with contextlib.suppress(KeyNotFoundError):
             await self.kv.delete(key, last=revision)
 
+    def remembered(self, key: str) -> Versioned[M] | None:
+        """The value this instance last read or wrote (`remember` > 0), if it still has it:
+        what its own next write will be checked against, not a fresh read."""
+        return self._memory.get(key)
+
+    def _keep_absent(self, key: str) -> None:
+        if self.remember > 0:
+            self._absent[key] = None
+            self._absent.move_to_end(key)
+            while len(self._absent) > self.remember:
+                self._absent.popitem(last=False)
+
     def _keep(self, key: str, value: Versioned[M]) -> None:
+        self._absent.pop(key, None)
         if self.remember > 0:
             self._memory[key] = value
             self._memory.move_to_end(key)
@@ -119,6 +138,7 @@ class TypedKV(Generic[M]):
 
     def _forget(self, key: str) -> None:
         self._memory.pop(key, None)
+        self._absent.pop(key, None)
 
 
 class Lease:

@@ -7,6 +7,7 @@ keyed by owner) in the very PATCH that adds the marks, and into the owner's KV b
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -82,6 +83,11 @@ class MarkIntent(BaseModel):
     )
     event_recorded: bool = False
     updated_at: float = 0.0
+    started_at: datetime | None = Field(
+        default=None,
+        description="when the incident's trigger happened: a finish after a restart audits "
+        "under the same id whichever event finishes it",
+    )
 
 
 def marks_key(node: str) -> str:

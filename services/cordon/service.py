@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
@@ -66,7 +66,7 @@ from schemas.state.cordon import (
     restates,
     speaks_for,
 )
-from schemas.state.marks import MarkEntry
+from schemas.state.marks import MarkEntry, MarkIntent
 from schemas.tokens import token
 from services.cordon.access import ACCESS
 from services.cordon.devices import DeviceExclusions, DeviceSettings, joined_exclusion
@@ -110,7 +110,7 @@ from services.kernel.control import (
     reply_for,
 )
 from services.kernel.holds import release_command
-from services.kernel.marks import NodeMarks, still_holding
+from services.kernel.marks import UNREAD, NodeMarks, Unread, still_holding
 
 NAME = "cordon"
 TOPIC = "gpu-health"
@@ -196,6 +196,33 @@ class CordonSettings(Section):
 
 def _target(node: str) -> ObjectRef:
     return ObjectRef(kind="Node", name=node, api_version="v1")
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The incident a quarantine acts under, and the kernel's intent as read to learn it."""
+
+    incident: str
+    at: datetime
+    intent: MarkIntent | Unread | None = UNREAD
+
+
+Fold = Callable[[NodeRecord | None], NodeRecord | None]
+"""A change of a node's record (None: nothing to write), as `TypedKV.update` takes it."""
+
+
+def folded(fold: Fold | None, change: Fold) -> Fold:
+    """`change` made on the record with `fold`'s change in it: both in one write, and
+    nothing to write only if neither changes anything."""
+    if fold is None:
+        return change
+
+    def both(current: NodeRecord | None) -> NodeRecord | None:
+        base = fold(current)
+        merged = change(base if base is not None else current)
+        return merged if merged is not None else base
+
+    return both
 
 
 def fault_details(health: GpuHealth) -> dict[str, Any]:
@@ -416,13 +443,42 @@ class CordonService:
             gpus = {**record.gpus, gpu: after}
             return record.model_copy(update={"gpus": gpus})
 
-        written = await self.records.update(key, accept)
+        read = await self.records.get(key)
+        accepted = accept(read.value if read else None)
         if stale:
             await self._stale(event, health, prior_gpu)
             return
-        record = written.value if written else NodeRecord()
+        record = accepted or (read.value if read else NodeRecord())
         decision = self.policy.decide(health)
         self.log.debug("cordon.decided", rule=decision.rule, policy_action=decision.action.value)
+        if accepted is None:
+            await self._decide(event, health, decision, record, prior_gpu, fold=None)
+            return
+        if decision.action == PolicyAction.QUARANTINE and record.quarantine is None:
+            # A new quarantine records this GPU's state in the same write as its own outcome
+            # (`fold`): one KV write, not two. Whatever path the event took, the write below
+            # adds the state if none carried it (else `accept` finds it there: no write).
+            await self._decide(event, health, decision, record, prior_gpu, fold=accept)
+        else:
+            await self.records.update(key, accept)
+            await self._decide(event, health, decision, record, prior_gpu, fold=None)
+            return
+        mine = self.records.remembered(key)  # as this replica wrote it, if the decision did
+        if mine is None or accept(mine.value) is not None:
+            await self.records.update(key, accept)
+
+    async def _decide(
+        self,
+        event: Event[Any],
+        health: GpuHealth,
+        decision: Decision,
+        record: NodeRecord,
+        prior_gpu: GpuRecord | None,
+        *,
+        fold: Fold | None,
+    ) -> None:
+        """What the event's decision does to the node, from `record` (its GPU accepted).
+        `fold`: the GPU state not yet written, for the decision's own write to carry."""
         if decision.action != PolicyAction.QUARANTINE and record.quarantine is None:
             if record.devices:
                 await self.devices.handle(event, health, decision, record)
@@ -445,7 +501,13 @@ class CordonService:
             await self._too_old(event, health, age)
         elif decision.action == PolicyAction.QUARANTINE:
             await self._quarantine(
-                event, health, decision=decision, record=record, prior_gpu=prior_gpu, node=node
+                event,
+                health,
+                decision=decision,
+                record=record,
+                prior_gpu=prior_gpu,
+                node=node,
+                fold=fold,
             )
         elif health.state == HealthState.HEALTHY and record.quarantine is not None:
             await self._maybe_release(health.node, record)
@@ -500,19 +562,21 @@ class CordonService:
         record: NodeRecord,
         prior_gpu: GpuRecord | None,
         node: Obj,
+        fold: Fold | None,
     ) -> None:
         name, gpu = health.node, health.gpu_key()
         q = record.quarantine
-        # A quarantine cut short (pending) is finished under its own incident, so its
-        # audit id is the same whichever event finishes it: one `applied` per incident.
-        pending = q is not None and q.phase == "pending" and not q.dry_run
+        # A quarantine cut short is finished under its own incident, so its audit id is the
+        # same whichever event finishes it: one `applied` per incident. The kernel's intent
+        # is its book (a record `pending` is one an earlier version cut short).
+        opened = await self._cut_short(name, q, event)
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
             reason=f"{name}: {describe(health)}",
             policy=decision.rule,
-            trigger_id=q.incident if pending and q else event.id,
-            trigger_time=q.started_at if pending and q else event.time,
+            trigger_id=opened.incident,
+            trigger_time=opened.at,
             obj=node,
             # The fault, for services.recovery (it decides on reset or reboot from these).
             details={"gpu": gpu, "gpu_uuid": health.gpu_uuid, **fault_details(health)},
@@ -591,7 +655,14 @@ class CordonService:
 
         async def act() -> dict[str, Any]:
             return await self._apply(
-                name, gpu, event, decision=decision, reason=proposal.reason, node=node
+                name,
+                gpu,
+                opened,
+                decision=decision,
+                reason=proposal.reason,
+                node=node,
+                record=record,
+                fold=fold,
             )
 
         # A failure of a physical GPU whose other key (its GPU, a MIG instance of it)
@@ -608,17 +679,37 @@ class CordonService:
 
         result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
         if result.outcome == Outcome.DRY_RUN:
-            await self._remember(name, event, decision, gpu, proposal.reason, dry_run=True)
+            await self._remember(name, event, decision, gpu, proposal.reason, fold=fold)
         elif result.outcome != Outcome.APPLIED:
             last = f"{result.outcome.value}/{result.guard or ''}"
             await self.records.update(
                 node_key(name),
-                lambda r: (
-                    None
-                    if r is not None and r.last_decision == last
-                    else (r or NodeRecord()).model_copy(update={"last_decision": last})
+                folded(
+                    fold,
+                    lambda r: (
+                        None
+                        if r is not None and r.last_decision == last
+                        else (r or NodeRecord()).model_copy(update={"last_decision": last})
+                    ),
                 ),
             )
+
+    async def _cut_short(self, name: str, q: Quarantine | None, event: Event[Any]) -> Opened:
+        """The incident a quarantine decision acts under: the one a restart cut short (the
+        kernel holds the node under it, or a record of an earlier version says `pending`),
+        else a new one opened by `event`."""
+        if q is not None and q.phase == "pending" and not q.dry_run:
+            return Opened(q.incident, q.started_at)
+        if q is not None:
+            return Opened(event.id, event.time)
+        intent = await self.marks.intent(name)
+        if (
+            intent is not None
+            and intent.phase in ("applying", "applied")
+            and not intent.operator_released
+        ):
+            return Opened(intent.incident, intent.started_at or event.time, intent)
+        return Opened(event.id, event.time, intent)
 
     def _flapping(self, record: NodeRecord, gpu: str) -> str | None:
         """Why GPU key `gpu` flaps (`flap_threshold` turns to failed within `flap_window`,
@@ -656,15 +747,14 @@ class CordonService:
         await self.records.update(node_key(name), mark)
 
     def _new_quarantine(
-        self, event: Event[Any], decision: Decision, gpu: str, reason: str, *, dry_run: bool
+        self, incident: Opened, decision: Decision, gpu: str, reason: str
     ) -> Quarantine:
         return Quarantine(
-            incident=event.id,
+            incident=incident.incident,
             rule=decision.rule,
             reason=reason,
             gpus=[gpu],
-            started_at=event.time,
-            dry_run=dry_run,
+            started_at=incident.at,
         )
 
     async def _remember(
@@ -675,60 +765,64 @@ class CordonService:
         gpu: str,
         reason: str,
         *,
-        dry_run: bool,
+        fold: Fold | None,
     ) -> None:
-        q = self._new_quarantine(event, decision, gpu, reason, dry_run=dry_run).model_copy(
-            update={"phase": "applied", "applied_at": time.time()}
+        """A dry run's quarantine: recorded (with no marks) as if applied."""
+        q = self._new_quarantine(Opened(event.id, event.time), decision, gpu, reason).model_copy(
+            update={"phase": "applied", "applied_at": time.time(), "dry_run": True}
         )
         await self.records.update(
-            node_key(name), lambda r: (r or NodeRecord()).model_copy(update={"quarantine": q})
+            node_key(name),
+            folded(fold, lambda r: (r or NodeRecord()).model_copy(update={"quarantine": q})),
         )
 
     async def _apply(
-        self, name: str, gpu: str, event: Event[Any], *, decision: Decision, reason: str, node: Obj
+        self,
+        name: str,
+        gpu: str,
+        incident: Opened,
+        *,
+        decision: Decision,
+        reason: str,
+        node: Obj,
+        record: NodeRecord,
+        fold: Fold | None,
     ) -> dict[str, Any]:
+        """Put the quarantine's marks on through the kernel (its write-ahead intent is the
+        action's one book), then record the incident in the node's record: one write,
+        carrying the event's GPU state too (`fold`)."""
         key = node_key(name)
-        planned = self._new_quarantine(event, decision, gpu, reason, dry_run=False).model_copy(
-            update={"prior_unschedulable": unschedulable(node)}
-        )
-
-        def intend(current: NodeRecord | None) -> NodeRecord | None:
-            record = current or NodeRecord()
-            q = record.quarantine
-            if q is not None and q.phase == "pending":
-                # A previous attempt was cut short: keep what it planned (the prior
-                # unschedulable it saw before it changed anything).
-                if gpu in q.gpus:
-                    return None
-                return record.model_copy(
-                    update={"quarantine": q.model_copy(update={"gpus": [*q.gpus, gpu]})}
-                )
-            flap = self._flapping(record, gpu)  # this failure the latest of many
-            return record.model_copy(
-                update={"quarantine": planned.model_copy(update={"flapping": flap})}
-            )
-
-        written = await self.records.update(key, intend)
-        self.marks.failpoints.hit("cordon.quarantine.pending")
-        assert written is not None and written.value.quarantine is not None
-        q = written.value.quarantine
+        held = record.quarantine
+        planned = self._new_quarantine(incident, decision, gpu, reason)
+        if held is not None and held.incident == incident.incident:
+            # Cut short by an earlier version (`pending`): what it planned, this GPU added.
+            gpus = held.gpus if gpu in held.gpus else [*held.gpus, gpu]
+            planned = held.model_copy(update={"gpus": gpus})
+        else:
+            planned = planned.model_copy(update={"flapping": self._flapping(record, gpu)})
         spec = spec_for(
-            q,
+            planned,
             cordon=self.settings.cordon,
             no_execute=decision.no_execute or self.settings.no_execute,
         )
-        pending = q
+        self.marks.failpoints.hit("cordon.quarantine.admitted")
 
         def summary(entry: MarkEntry) -> dict[str, str]:
-            return {QUARANTINE_ANNOTATION: annotation(with_entry(pending, entry))}
+            return {QUARANTINE_ANNOTATION: annotation(with_entry(planned, entry))}
 
-        await self.marks.apply(name, q.incident, spec, annotate=summary, obj=node)
-        intent = await self.marks.intent(name)
-        if intent is not None and intent.incident == q.incident:
-            q = with_entry(q, intent.entry)
+        intent = await self.marks.put_on(
+            name,
+            incident.incident,
+            spec,
+            annotate=summary,
+            obj=node,
+            started_at=incident.at,
+            read=incident.intent,
+        )
+        q = with_entry(planned, intent.entry) if intent.incident == incident.incident else planned
         details = applied_details(q)
         if decision.drain or self.settings.drain.enabled:
-            # Before the quarantine is marked applied: a restart mid-drain drains again.
+            # Before the quarantine is recorded: a restart mid-drain drains again.
             result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
             details["drain"] = result.to_json()
             if not result.complete:
@@ -738,32 +832,23 @@ class CordonService:
                     reason=f"drain of {name} incomplete at its deadline: "
                     + "; ".join(f"{p}: {why}" for p, why in result.blocked.items()),
                     policy=decision.rule,
-                    trigger_id=event.id,
-                    trigger_time=event.time,
+                    trigger_id=incident.incident,
+                    trigger_time=incident.at,
                     details=result.to_json(),
                 )
                 await self.runner.fail(blocked)
+        applied = q.model_copy(
+            update={"phase": "applied", "event_recorded": True, "applied_at": time.time()}
+        )
 
         def done(current: NodeRecord | None) -> NodeRecord | None:
             record = current or NodeRecord()
-            if record.quarantine is None or record.quarantine.incident != q.incident:
+            now = record.quarantine
+            if now is not None and now.incident == applied.incident and now.phase == "applied":
                 return None
-            update = {
-                "phase": "applied",
-                "event_recorded": True,
-                "applied_at": time.time(),
-                "taints": q.taints,
-                "cordoned": q.cordoned,
-                "prior_unschedulable": q.prior_unschedulable,
-            }
-            return record.model_copy(
-                update={
-                    "quarantine": record.quarantine.model_copy(update=update),
-                    "operator_release": None,
-                }
-            )
+            return record.model_copy(update={"quarantine": applied, "operator_release": None})
 
-        await self.records.update(key, done)
+        await self.records.update(key, folded(fold, done))
         self.marks.failpoints.hit("cordon.quarantine.applied")
         if decision.maintenance:
             details["maintenance"] = await self._request_maintenance(name, q)

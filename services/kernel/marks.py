@@ -22,9 +22,11 @@ schedulable before the first nodeward owner cordoned it) and no other owner stil
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -45,6 +47,15 @@ from schemas.state.marks import (
 )
 
 MARKS_ANNOTATION = "nodeward.io/marks"
+
+
+class Unread(enum.Enum):
+    """An intent not read yet (`NodeMarks.put_on(read=...)`)."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 
 # pure planning ---------------------------------------------------------------------------
@@ -356,6 +367,20 @@ class NodeMarks:
         annotate: Callable[[MarkEntry], Mapping[str, str]] | None = None,
         obj: Obj | None = None,
     ) -> dict[str, Any]:
+        """Put `spec` on `node` for `incident` (`put_on`); what the owner holds after."""
+        return self.details(await self.put_on(node, incident, spec, annotate=annotate, obj=obj))
+
+    async def put_on(
+        self,
+        node: str,
+        incident: str,
+        spec: MarkSpec,
+        *,
+        annotate: Callable[[MarkEntry], Mapping[str, str]] | None = None,
+        obj: Obj | None = None,
+        started_at: datetime | None = None,
+        read: MarkIntent | Unread | None = UNREAD,
+    ) -> MarkIntent:
         """Put `spec` on `node` for `incident`; idempotent, and finishes a cut-short attempt.
 
         An intent already `applying` is continued as recorded: its prior state was read
@@ -363,14 +388,17 @@ class NodeMarks:
         operator's change since is theirs); a new incident supersedes it, keeping the
         prior state the older one recorded. `obj`: the node as the caller just read it,
         planned and patched from without another GET (a 409 reads it afresh).
+        `started_at`: when the incident's trigger happened, kept in the intent. `read`:
+        the intent as the caller read it just before (`intent`), not read again. Returns
+        the intent as it now stands.
         """
-        intent = await self.intent(node)
+        intent = await self.intent(node) if isinstance(read, Unread) else read
         if intent is not None and intent.phase == "releasing":
             await self._finish_release(intent)
             intent = None
         older = intent if intent is not None and intent.phase == "applied" else None
         if older is not None and older.incident == incident:
-            return self.details(older)
+            return older
         if intent is None or intent.phase == "released" or older is not None:
             if obj is None:
                 obj = await self.cluster.nodes.get(node)
@@ -391,6 +419,7 @@ class NodeMarks:
                 phase="applying",
                 spec=spec,
                 entry=entry,
+                started_at=started_at,
             )
             intent = await self._save(intent, "apply.intent")
         if intent.phase == "applying":
@@ -408,7 +437,7 @@ class NodeMarks:
                 intent.model_copy(update={"phase": "applied", "event_recorded": True}),
                 "apply.done",
             )
-        return self.details(intent)
+        return intent
 
     async def adopt(
         self,

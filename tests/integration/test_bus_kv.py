@@ -128,6 +128,32 @@ async def test_remembering_is_bounded(bus: Bus) -> None:
     assert len(mine._memory) == 2
 
 
+async def test_a_key_read_as_absent_is_created_without_a_read_and_never_over_another(
+    bus: Bus,
+) -> None:
+    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    counted = CountingReads(bucket)
+    mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
+    other = TypedKV(bucket, Counter)
+
+    def add(name: str) -> Any:
+        return lambda cur: Counter(
+            value=(cur.value if cur else 0) + 1, writers=[*(cur.writers if cur else []), name]
+        )
+
+    assert await mine.get("x") is None
+    reads = counted.reads
+    await mine.update("x", add("a"))
+    assert counted.reads == reads  # created from the absence it read
+
+    assert await mine.get("y") is None
+    await other.update("y", add("b"))  # created behind its back: the create must fail
+    result = await mine.update("y", add("a"))
+    assert result is not None and result.value.writers == ["b", "a"]
+    stored = await other.get("y")
+    assert stored is not None and stored.value.value == 2
+
+
 async def test_lease_has_one_holder(bus: Bus) -> None:
     bucket = await bus.kv(f"lease{uuid.uuid4().hex[:8]}")
     a = Lease(bucket, "scheduler", "replica-a", ttl=2.0)

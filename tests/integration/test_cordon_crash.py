@@ -32,7 +32,7 @@ from tests.integration.crash_fixtures import ServiceProcess
 
 KILLS = int(os.environ.get("NODEWARD_CRASH_KILLS", "50"))
 APPLY_POINTS = [
-    "cordon.quarantine.pending",
+    "cordon.quarantine.admitted",
     "marks.apply.intent",
     "marks.apply.patched",
     "marks.apply.condition",
