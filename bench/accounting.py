@@ -27,13 +27,13 @@ sys.path.insert(0, str(REPO))
 
 from nodeward.bus import Bus  # noqa: E402 - after the path is set
 from nodeward.bus.server import EmbeddedNats  # noqa: E402
-from nodeward.cli.report import read_rollups  # noqa: E402
 from nodeward.config import BusSettings, Settings  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
-from nodeward.report import Window, build  # noqa: E402
 from schemas import make_event  # noqa: E402
 from schemas.energy import EnergyPod, Interval  # noqa: E402
+from services.accounting.report import Window, build  # noqa: E402
 from services.accounting.service import build as build_service  # noqa: E402
+from services.accounting.show import read_rollups  # noqa: E402
 from sim.cluster import SimCluster  # noqa: E402
 from sim.cluster.seed import NodeSeed, PodSeed, Seed  # noqa: E402
 

@@ -126,7 +126,7 @@ async def main(args: argparse.Namespace) -> int:
         pynvml: Any = SimNvml.build(NODE, product="NVIDIA-H100-80GB-HBM3", count=1)
         pynvml.set_load(0, 0)
     else:
-        from nodeward.nvml_compat import pynvml
+        from agents.sources.nvml_compat import pynvml
 
     configure_logging("info", "console")
     out = Path(args.out)

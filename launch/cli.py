@@ -1,4 +1,6 @@
-"""`nodeward`: the runtime's commands plus `up` and `sim`, which need the simulators.
+"""`nodeward`: the runtime's commands plus `up` and `sim`, which need the simulators, and the
+commands each service registers (`nodeward.commands` entry points: `quarantine`,
+`maintenance`, `capacity`, `report`, ...).
 
 This is the composition root's command line and the `nodeward` executable. The simulators
 are imported only when `up` or a `sim` command runs, so `nodeward service cordon` loads none of them.
@@ -12,9 +14,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nodeward.cli import ConfigOpt, NatsOpt, _run, app
+from nodeward.cli import _run, app
 from nodeward.cli import main as _main
 from nodeward.cli.common import CliError
+from nodeward.cli.options import ConfigOpt, NatsOpt
+from nodeward.cli.plugins import mount
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 from sim.cli import SimContext, sim_app  # typer only: the simulators load when a sim command runs
 
@@ -184,6 +188,9 @@ def _declared_access() -> tuple[Access, ...]:
 
 
 app.add_typer(sim_app, name="sim", context_settings={"obj": SimContext(access=_declared_access)})
+# Last, so that a service's command named like one of ours is refused, not shadowed: each
+# service's commands, from its own folder (typer only: they load what they run when they run).
+mount(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,22 @@
 """NATS users and subject permissions: least privilege for each component.
 
 Renders the `authorization` block of a nats-server config with one user per service and
-one per node agent. A node agent may publish only its own node's subjects and receive
-only on its own inbox prefix (`bus.inbox_prefix = _INBOX_<node>`), so one compromised
-node cannot forge another node's GPU health. A service may use only its own durable
-consumers and KV buckets, publish only its outputs and receive only on `_INBOX_<service>`
-(and its own operator controls, `control.<service>.<verb>`, which it answers). Operators
-get one read-only user (`operator`): every stream and bucket to read, the controls to send.
+one per node (its agents'). A node's agents may publish only their own node's subjects and
+receive only on their own inbox prefix (`bus.inbox_prefix = _INBOX_<node>`) and the requests
+to their own node, so one compromised node cannot forge another node's GPU health. A
+service may use only its own durable consumers and KV buckets, publish only its outputs and
+receive only on `_INBOX_<service>` (and its own operator controls,
+`control.<service>.<verb>`, which it answers). Operators get one read-only user
+(`operator`): every stream and bucket to read, the controls to send.
 
-Each service declares its grants in its own package (`GRANTS` in `services/<name>/access.py`).
-The Helm chart reads them from `deploy/helm/nodeward/files/nats-permissions.json`, which
-`permissions_document()` generates with every service's grants (`python -m launch.access
-nats-permissions FILE`); a unit test keeps the two in sync.
+The runtime names no service's or agent's subject: each declares its grants in its own
+package (`GRANTS` in `services/<name>/access.py`, a `ServiceGrants`; in
+`agents/<name>/access.py`, an `AgentGrants` with `{node}` for its node), and the composition
+root (`launch.access`) collects them and hands them to `node_agent`, `operator` and
+`permissions_document`. The Helm chart reads them from
+`deploy/helm/nodeward/files/nats-permissions.json`, which `permissions_document()`
+generates (`python -m launch.access nats-permissions FILE`); a unit test keeps the two in
+sync.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.control import control_subject
-from schemas.state.energy import TOTALS
 from schemas.streams import STREAMS
 from schemas.tokens import token
 
@@ -96,57 +100,69 @@ def service_inbox(service: str) -> str:
     return f"_INBOX_{token(service)}"
 
 
-def _agent_grants(n: str) -> dict[str, tuple[str, ...]]:
-    totals, key = TOTALS.name, TOTALS.key(n)  # `n` is a token already: the key keeps it
-    return {
-        "publish": (
-            f"gpu.health.{n}.>",
-            f"gpu.xid.{n}.>",
-            f"gpu.heartbeat.{n}",
-            f"gpu.telemetry.{n}",
-            f"energy.node.{n}",
-            f"energy.pod.{n}.>",
-            f"session.activity.{n}.>",
-            f"session.idle.{n}.>",
-            f"node.finding.{n}.>",  # its node checks' findings (the energy agent's cpufreq)
-            "notify.*.power-limit",  # the energy agent's power-cap notices, nothing else
-            # Its own key of the energy totals bucket (provisioned, direct get), no other:
-            f"$KV.{totals}.{key}",
-            f"$JS.API.STREAM.INFO.KV_{totals}",
-            f"$JS.API.DIRECT.GET.KV_{totals}.$KV.{totals}.{key}",
-            # Its own newest heartbeat and node energy, read back for the bus's store time
-            # (`nodeward.bus.clock`); with partitions, stored under one more token.
-            f"$JS.API.DIRECT.GET.HEARTBEATS.gpu.heartbeat.{n}",
-            f"$JS.API.DIRECT.GET.HEARTBEATS.gpu.heartbeat.{n}.*",
-            f"$JS.API.DIRECT.GET.ENERGY.energy.node.{n}",
-        ),
-        # Its inbox, the simulator's injections, services.recovery's reset and validation.
-        "subscribe": (f"_INBOX_{n}.>", f"sim.inject.{n}", f"agent.gpu.*.{n}"),
-        # The allow list is the whole grant; a deny of `$JS.API.>` would override the two
-        # reads above (NATS denies win), so none is set.
-        "deny_publish": (),
-    }
+NODE_PLACEHOLDER = "{node}"
+"""Where a node agent's declared subject (`AgentGrants`) takes its node's subject token."""
 
 
-def node_agent(node: str, password: str) -> NatsUser:
-    """A node's agents: their own node's subjects and inbox, their own energy-totals key."""
+@dataclass(frozen=True)
+class AgentGrants:
+    """What one node agent uses on the bus: subjects with `NODE_PLACEHOLDER` (`{node}`) where
+    its own node's subject token goes.
+
+    Each agent declares its own in its package (`agents/<name>/access.py`, `GRANTS`); a
+    node's NATS user (`node_agent`) holds what its agents declare, for that node only.
+    """
+
+    publish: tuple[str, ...] = ()
+    """Its outputs, and the JetStream API calls (KV, direct gets) of its own keys and messages."""
+    subscribe: tuple[str, ...] = ()
+    """The requests it takes, besides its node's inbox (which every node user has)."""
+    allow_responses: bool = False
+    """It answers those requests: the reply to each, nothing more."""
+
+    def __post_init__(self) -> None:
+        for subject in (*self.publish, *self.subscribe):
+            rest = subject.replace(NODE_PLACEHOLDER, "")
+            if "{" in rest or "}" in rest:
+                raise ValueError(f"{subject!r}: the one placeholder is {NODE_PLACEHOLDER}")
+
+    def publish_for(self, node_token: str) -> tuple[str, ...]:
+        return tuple(s.replace(NODE_PLACEHOLDER, node_token) for s in self.publish)
+
+    def subscribe_for(self, node_token: str) -> tuple[str, ...]:
+        return tuple(s.replace(NODE_PLACEHOLDER, node_token) for s in self.subscribe)
+
+
+def _once(subjects: Iterable[str]) -> tuple[str, ...]:
+    """`subjects` in order, each once."""
+    return tuple(dict.fromkeys(subjects))
+
+
+def node_agent(node: str, password: str, agents: Iterable[AgentGrants]) -> NatsUser:
+    """A node's agents: what each declares in `agents` for this node (in their order), their
+    node's inbox; nothing of another node."""
     n = token(node)
-    g = _agent_grants(n)
+    declared = tuple(agents)
     return NatsUser(
         user=f"agent-{n}",
         password=password,
-        publish=g["publish"],
-        subscribe=g["subscribe"],
-        allow_responses=True,  # to answer sim.inject requests
-        deny_publish=g["deny_publish"],
+        publish=_once(s for a in declared for s in a.publish_for(n)),
+        subscribe=(
+            f"{agent_inbox(node)}.>",
+            *_once(s for a in declared for s in a.subscribe_for(n)),
+        ),
+        allow_responses=any(a.allow_responses for a in declared),
+        # The allow list is the whole grant; a deny of `$JS.API.>` would override the
+        # agents' declared reads (NATS denies win), so none is set.
+        deny_publish=(),
     )
 
 
-def node_agent_nkey(node: str, public_key: str) -> NatsUser:
+def node_agent_nkey(node: str, public_key: str, agents: Iterable[AgentGrants]) -> NatsUser:
     """The same grants as `node_agent`, for an agent that signs in with its node's nkey."""
     if not (public_key.startswith("U") and len(public_key) == 56):
         raise ValueError(f"node {node}: {public_key[:8]}... is not an nkey user public key (U...)")
-    plain = node_agent(node, "")
+    plain = node_agent(node, "", agents)
     return NatsUser(
         user=plain.user,
         password="",
@@ -321,10 +337,13 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
     return "authorization {\n  users = " + json.dumps(rendered, indent=2) + "\n}\n"
 
 
-def permissions_document(services: Mapping[str, ServiceGrants]) -> dict[str, object]:
+def permissions_document(
+    services: Mapping[str, ServiceGrants], agents: Iterable[AgentGrants]
+) -> dict[str, object]:
     """The grants the Helm chart renders: per service (as each declares them), admin, the
-    operators' read-only user, and per node with `__NODE__`. `launch.access` writes it with every service's `GRANTS`."""
-    agent = node_agent(NODE, "")
+    operators' read-only user, and per node (as its agents declare them) with `__NODE__`.
+    `launch.access` writes it with every service's and agent's `GRANTS`."""
+    agent = node_agent(NODE, "", agents)
     return {
         "agent": {"user": f"agent-{NODE}", "permissions": agent.permissions()},
         "admin": {"user": "nodeward-admin", "permissions": admin("").permissions()},

@@ -1,6 +1,7 @@
 """nodeward's event contract: typed events, subjects, streams and the CloudEvents mapping.
 
-This package does no I/O and imports nothing but pydantic.
+This package does no I/O (its one read is its own shipped data: the XID catalog,
+`schemas.xid`) and imports nothing but pydantic.
 """
 
 from schemas.base import Event, EventData, make_event

@@ -19,6 +19,13 @@ class Severity(StrEnum):
     CRITICAL = "critical"
 
 
+NODE_TOPICS: tuple[str, ...] = ("power-limit",)
+"""The topics a node's credentials may publish notices on (`notify.*.<topic>`: the energy
+agent's power-cap notices). The subject does not say which node published, so the notifier
+lets a notice there address only on-call (`services/notifier/speakers.py`); the node agents'
+declared grants name exactly these (tests/unit/test_notify_speakers.py)."""
+
+
 class Notification(EventData):
     """What to say, to whom, and how to group repeats."""
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from nodeward.nats_auth import AgentGrants
 from schemas.tokens import subject
 from sim.amdsmi import FAULTS as AMD_FAULTS
 from sim.amdsmi import SimAmdSmi
@@ -28,6 +29,11 @@ KNOWN_FAULTS = {**FAULTS, **AMD_FAULTS}
 """NVIDIA's faults (sim.nvml) and AMD's (sim.amdsmi); each node's sim takes its vendor's."""
 
 PREFIX = "sim.inject"
+
+GRANTS = AgentGrants(subscribe=(f"{PREFIX}.{{node}}",), allow_responses=True)
+"""What answering the injections takes of a node's NATS user: the simulated driver answers on
+its node's GPU agent's connection (`nodeward up`'s agents and the fleet's), so the
+composition root grants it with the node agents' declarations (`launch.access`)."""
 
 
 def inject_subject(node: str) -> str:

@@ -26,7 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeward.nvml_compat import pynvml
+import pynvml
+
+# The recovery-action values the simulated driver reports, as nvml.h defines them
+# (nvmlGpuRecoveryAction_t's NONE, the GpuRecoveryAction event type, its field id), with
+# pynvml's names. The simulator stands for the driver, which has them compiled in; it does not
+# take them from `pynvml`, which lacks them before nvidia-ml-py 13, and it does not patch
+# `pynvml`: filling in the bindings is the agents' `agents.sources.nvml_compat`, which a
+# simulator may not import. tests/unit/test_nvml_compat.py holds these to its nvml.h table.
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+nvmlEventTypeGpuRecoveryAction = 0x8000
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 
 # Fault names `inject_fault` accepts, with what each does.
 FAULTS: dict[str, str] = {
@@ -153,7 +163,7 @@ class SimGpu:
     remapped: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
     pcie_replay: int = 0
-    recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    recovery_action: int = NVML_GPU_RECOVERY_ACTION_NONE
     lost: bool = False
     hang: threading.Event | None = None
     processes: list[tuple[int, int, int | None]] = field(default_factory=list)
@@ -408,7 +418,7 @@ class SimNvml:
         with self._lock:
             gpu.recovery_action = action
             if emit:
-                self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, action)
+                self._emit(gpu, nvmlEventTypeGpuRecoveryAction, action)
                 self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 154)
 
     def recover(self, index: int) -> None:
@@ -427,8 +437,8 @@ class SimNvml:
             gpu.remapped = [0, 0, 0, 0]
             gpu.nvlink_errors.clear()
             gpu.pcie_replay = 0
-            gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
-            self._emit(gpu, pynvml.nvmlEventTypeGpuRecoveryAction, gpu.recovery_action)
+            gpu.recovery_action = NVML_GPU_RECOVERY_ACTION_NONE
+            self._emit(gpu, nvmlEventTypeGpuRecoveryAction, gpu.recovery_action)
         if hang is not None:
             hang.set()
 
@@ -722,7 +732,7 @@ class SimNvml:
         for fid in field_ids:
             value = pynvml.c_nvmlFieldValue_t()
             value.fieldId = fid
-            if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            if fid == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
                 value.nvmlReturn = pynvml.NVML_SUCCESS
                 value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
                 value.value.uiVal = gpu.recovery_action
@@ -739,7 +749,7 @@ class SimNvml:
             | pynvml.nvmlEventTypeSingleBitEccError
             | pynvml.nvmlEventTypeDramRetirementEvent
             | pynvml.nvmlEventTypeDramRetirementFailure
-            | pynvml.nvmlEventTypeGpuRecoveryAction
+            | nvmlEventTypeGpuRecoveryAction
         )
 
     def nvmlEventSetCreate(self) -> SimEventSet:

@@ -54,11 +54,11 @@ def _real_sources(settings: EnergySettings) -> tuple[list[PowerReader], list[str
     """The node's sources that could be opened, and one line per source that could not."""
     # Parts A and B of issue 6: imported here so the agent imports without them.
     from agents.sources.ipmi import IpmiReader
+    from agents.sources.nvml_compat import pynvml
     from agents.sources.nvml_energy import (
         NvmlEnergyReader,
     )
     from agents.sources.rapl import RaplReader
-    from nodeward.nvml_compat import pynvml
 
     sources: list[PowerReader] = []
     skipped: list[str] = []
@@ -142,7 +142,7 @@ async def build_energy_agent(
     utilization: GpuUtilization | None = None
     if config.nvml.enabled:
         from agents.sources.gpu_activity import NvmlUtilization
-        from nodeward.nvml_compat import pynvml
+        from agents.sources.nvml_compat import pynvml
 
         try:
             devices = gpu_device_ids(pynvml)

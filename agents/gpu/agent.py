@@ -61,6 +61,7 @@ from agents.sources.kmsg import (
     pci_key,
 )
 from agents.sources.nvml import GpuIdentity, NvmlEvent
+from agents.sources.nvml_compat import pynvml
 from agents.sources.pods import PodSource, StaticPods
 from nodeward.aio import within
 from nodeward.bus import Bus
@@ -68,9 +69,7 @@ from nodeward.bus.clock import ClockProbe
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
-from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
-from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
 from schemas.gpu import (
@@ -86,6 +85,7 @@ from schemas.gpu import (
     RecommendedAction,
 )
 from schemas.tokens import subject
+from schemas.xid import XidCatalog, load_catalog
 
 _STATE_VALUE = {
     HealthState.HEALTHY: 0,

@@ -23,8 +23,8 @@ from agents.gpu.health import sample_findings as nvml_findings
 from agents.sources import amdsmi as amd
 from agents.sources import nvml
 from agents.sources.nvml import GpuIdentity, TelemetrySample
+from agents.sources.nvml_compat import pynvml
 from nodeward.config import ConfigError
-from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import Lane
 
 BACKENDS = ("nvml", "amdsmi", "auto")

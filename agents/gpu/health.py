@@ -14,9 +14,9 @@ from typing import Any
 
 from agents.gpu.detectors import Incident
 from agents.sources.nvml import HealthSample
-from nodeward.nvml_compat import pynvml
-from nodeward.xid import XidCatalog
+from agents.sources.nvml_compat import pynvml
 from schemas.gpu import HealthReason, HealthState, RecommendedAction
+from schemas.xid import XidCatalog
 
 _STATE_RANK = {
     HealthState.HEALTHY: 0,

@@ -13,9 +13,9 @@ no public call for it); the simulator passes its own.
 The XID rule (`xid_check`): each GPU's check reads only that GPU's XID history (the
 agent's `watch.xids`, kept per physical GPU: since the agent started, the GPU's reset or the
 driver's recovery action back to none, for at most `xid_hold`). An XID fails it when its
-catalog row (`nodeward/data/xid-catalog.csv`) says the GPU is unhealthy: its action is
+catalog row (`schemas/data/xid-catalog.csv`) says the GPU is unhealthy: its action is
 reset_gpu, drain_and_reset, reboot_node or drain_and_rma and it is no application fault
-(`nodeward.xid.XidInfo.fails_validation`). Application XIDs (13, 31, 43, 45 ...), the
+(`schemas.xid.XidInfo.fails_validation`). Application XIDs (13, 31, 43, 45 ...), the
 ignorable and informational ones (action none: 92, 63, ...), restart_app, check_nvlink and
 XIDs not in the catalog are listed as ignored. XID 154 carries no action of its own (the
 history records only its number): it is judged by the recovery action the agent reads now,
@@ -36,11 +36,10 @@ from pydantic import ValidationError
 
 from agents.gpu.backends import NvmlBackend
 from agents.gpu.health import Finding
+from agents.sources.nvml_compat import pynvml
 from nodeward.aio import within
 from nodeward.logs import get_logger
-from nodeward.nvml_compat import pynvml
 from nodeward.watchdog import CallTimeout, LaneBusy
-from nodeward.xid import RECOVERY_ACTION_XID, VALIDATION_FAILING_ACTIONS, XidCatalog
 from schemas.gpu import HealthState
 from schemas.recovery import (
     RESET,
@@ -53,6 +52,7 @@ from schemas.recovery import (
     ValidationReport,
     agent_subject,
 )
+from schemas.xid import RECOVERY_ACTION_XID, VALIDATION_FAILING_ACTIONS, XidCatalog
 
 if TYPE_CHECKING:
     from agents.gpu.agent import GpuAgent

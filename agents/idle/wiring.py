@@ -29,7 +29,7 @@ from nodeward.platform import Standalone, bus_daemon
 def _nvml(log: Any) -> GpuUtilization | None:
     try:
         from agents.sources.gpu_activity import NvmlUtilization
-        from nodeward.nvml_compat import pynvml
+        from agents.sources.nvml_compat import pynvml
 
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.sources.activity import DeviceUtilization
-from nodeward.nvml_compat import pynvml
+from agents.sources.nvml_compat import pynvml
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 
 RATES = "NVML utilisation rate"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeward.nvml_compat import pynvml
+from agents.sources.nvml_compat import pynvml
 from nodeward.watchdog import Lane
 
 # Events the agent waits for (masked by what each device supports).

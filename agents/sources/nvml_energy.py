@@ -14,8 +14,8 @@ from typing import Any
 
 import structlog
 
+from agents.sources.nvml_compat import pynvml
 from agents.sources.power import PowerSample, SourceError
-from nodeward.nvml_compat import pynvml
 from schemas.energy import PowerSource
 
 log = structlog.get_logger(__name__)

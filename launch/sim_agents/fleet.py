@@ -62,7 +62,6 @@ from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
 from nodeward.nats_auth import agent_inbox
 from nodeward.platform import UpContext
-from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
 from schemas.energy import (
@@ -88,6 +87,7 @@ from schemas.gpu import (
 from schemas.session import KernelActivity, SessionActivity, SessionIdle, SessionKind
 from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.tokens import token
+from schemas.xid import XidCatalog, load_catalog
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.inject import InjectReply, InjectRequest, inject_subject
 from sim.nvml import SimNvml

@@ -1,9 +1,11 @@
 """The `nodeward` command line (typer + rich). Errors are one line and a non-zero exit.
 
-These are the runtime's commands; `launch.cli` adds `up` and `sim` (the composition root)
-and is the `nodeward` executable. Importing it loads typer and each command's options only;
-a command imports what it runs (nats, the bus, the schemas, the kube client) when it runs,
-so `nodeward status` loads no daemon and `--help` no client.
+These are the runtime's commands, and they name no service; `launch.cli` adds `up` and
+`sim` (the composition root) and the commands each service registers in the
+`nodeward.commands` entry points (`nodeward.cli.plugins`: `quarantine`, `maintenance`,
+`report`, ...), and is the `nodeward` executable. Importing it loads typer and each
+command's options only; a command imports what it runs (nats, the bus, the schemas, the
+kube client) when it runs, so `nodeward status` loads no daemon and `--help` no client.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from nodeward.cli.common import CliError, CliUsageError, defer_websocket_client, settings_for
-from nodeward.cli.control import breaker_app, falco_app, quarantine_app, recovery_app
-from nodeward.cli.maintenance import maintenance_app
+from nodeward.cli.options import ConfigOpt, JsonOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
 
@@ -34,30 +35,6 @@ schemas_app = typer.Typer(
     help="The event contract: JSON Schemas and examples.", no_args_is_help=True
 )
 app.add_typer(schemas_app, name="schemas")
-app.add_typer(maintenance_app, name="maintenance")
-app.add_typer(quarantine_app, name="quarantine")
-app.add_typer(falco_app, name="falco")
-app.add_typer(breaker_app, name="breaker")
-app.add_typer(recovery_app, name="recovery")
-
-NatsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--nats",
-        envvar="NODEWARD_NATS_URL",
-        help="NATS URL (default: a running `nodeward up`, else nats://127.0.0.1:4222)",
-    ),
-]
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="YAML config file, a section per daemon")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="JSON output, one object per line")]
-StateDirOpt = Annotated[
-    Path,
-    typer.Option(
-        "--state-dir", help="where a running `nodeward up` wrote endpoints.json (to find NATS)"
-    ),
-]
 
 
 def _duration(value: str | None, option: str) -> timedelta | None:
@@ -255,54 +232,6 @@ def status(  # noqa: PLR0917 - typer maps parameters to options
 
 
 @app.command()
-def capacity(  # noqa: PLR0917 - typer maps parameters to options
-    model: Annotated[
-        str | None, typer.Option("--model", help="only this GPU model (part of it: H100)")
-    ] = None,
-    profile: Annotated[
-        str | None, typer.Option("--profile", help="only this profile: gpu, or MIG 1g.10gb")
-    ] = None,
-    request: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--request",
-            help="RESOURCE=COUNT (nvidia.com/gpu=4): does such a pod fit now, and where? "
-            "Exit 0 if it fits, 3 if not",
-        ),
-    ] = None,
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    nats: NatsOpt = None,
-    config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
-) -> None:
-    """Free GPUs per model and MIG profile, per node and in total; with --request, whether
-    a pod asking that many fits now and on which nodes."""
-    import asyncio
-
-    defer_websocket_client()
-    from nodeward.cli.capacity import capacity as do_capacity
-    from nodeward.cli.capacity import parse_request
-
-    for spec in request or []:
-        try:
-            parse_request(spec)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--request") from None
-    code = asyncio.run(
-        do_capacity(
-            settings_for(config, nats, state_dir),
-            as_json=as_json,
-            model=model,
-            profile=profile,
-            requests=list(request or []),
-            state_dir=state_dir,
-        )
-    )
-    if code:
-        raise typer.Exit(code)
-
-
-@app.command()
 def replay(  # noqa: PLR0917 - typer maps parameters to options
     since: Annotated[
         str,
@@ -346,60 +275,6 @@ def replay(  # noqa: PLR0917 - typer maps parameters to options
     _run(run())
     if to is not None:
         print(f"{done[0]} event(s) written to {to}", file=sys.stderr)
-
-
-@app.command()
-def report(  # noqa: PLR0917 - typer maps parameters to options
-    since: Annotated[
-        str,
-        typer.Option("--since", help="a duration back from now (7d, 1h) or an RFC 3339 time"),
-    ],
-    until: Annotated[
-        str | None,
-        typer.Option("--until", help="a duration back from now or an RFC 3339 time (default: now)"),
-    ] = None,
-    by: Annotated[
-        str, typer.Option("--by", help="namespace, owner, node or model (GPU model)")
-    ] = "namespace",
-    fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    nats: NatsOpt = None,
-    config: ConfigOpt = None,
-) -> None:
-    """Energy (kWh), CO2e, GPU-hours allocated and idle, sessions warned and stopped, per
-    namespace, owner, node or GPU model, over whole hours; gaps in the readings shown."""
-    from datetime import UTC, datetime
-
-    defer_websocket_client()
-    from nodeward.cli.replay import parse_since
-    from nodeward.cli.report import FORMATS
-    from nodeward.cli.report import report as do_report
-
-    if by not in ("namespace", "owner", "node", "model"):
-        raise typer.BadParameter(f"{by!r}: use namespace, owner, node or model", param_hint="--by")
-    if fmt not in FORMATS:
-        raise typer.BadParameter(f"{fmt!r}: use table, csv or json", param_hint="--format")
-    now = datetime.now(UTC)
-    try:
-        start = parse_since(since, now)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--since") from None
-    try:
-        end = parse_since(until, now) if until is not None else now
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--until") from None
-    if end <= start:
-        raise typer.BadParameter("must be after --since", param_hint="--until")
-    _run(
-        do_report(
-            settings_for(config, nats, state_dir),
-            since=start,
-            until=end,
-            by=by,  # type: ignore[arg-type]
-            fmt=fmt,
-            state_dir=state_dir,
-        )
-    )
 
 
 @app.command()

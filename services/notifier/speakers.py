@@ -1,7 +1,7 @@
 """Who may speak to users: a notice on a subject node credentials can publish is for on-call.
 
 A node's agents may publish `notify.*.power-limit` (the energy agent's power-cap notices,
-`agents/energy/caps.py`; the grant is in `nodeward.nats_auth`). Two checks keep a node's
+`agents/energy/caps.py`; its grant is in `agents/energy/access.py`). Two checks keep a node's
 credentials from speaking to users as nodeward:
 
 - the consumer binds `severity` and `topic` to the subject's `<severity>` and `<topic>`
@@ -12,20 +12,19 @@ credentials from speaking to users as nodeward:
   may publish may address only on-call (`refusal`); a user's notice there is refused,
   audited as a security event and dead-lettered (`identity_mismatch`).
 
-The subjects are read from the node agent's grant itself, so a topic granted to nodes later
-is covered without a second list.
+The subjects are the contract's node topics (`schemas.notify.NODE_TOPICS`): a service does
+not see the agents' declarations, and tests/unit/test_notify_speakers.py holds the node
+agents' declared grants to exactly these, so a topic granted to nodes later is covered.
 """
 
 from __future__ import annotations
 
-from nodeward.nats_auth import NODE, node_agent
+from schemas.notify import NODE_TOPICS
 from schemas.streams import subject_matches
 from services.notifier.routing import Audience
 
 # The notify subjects any node's credentials may publish on (`notify.*.power-limit`).
-NODE_SUBJECTS: tuple[str, ...] = tuple(
-    p for p in node_agent(NODE, "").publish if p.startswith("notify.")
-)
+NODE_SUBJECTS: tuple[str, ...] = tuple(f"notify.*.{topic}" for topic in NODE_TOPICS)
 
 
 def node_subject(subject: str) -> str | None:

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from nodeward.xid import RECOVERY_ACTION_XID, XidCatalog
 from schemas.gpu import RecommendedAction
 from schemas.state.recovery import Plan
+from schemas.xid import RECOVERY_ACTION_XID, XidCatalog
 
 RESET_ACTIONS = frozenset({RecommendedAction.RESET_GPU, RecommendedAction.DRAIN_AND_RESET})
 REBOOT_ACTIONS = frozenset({RecommendedAction.REBOOT_NODE})

@@ -47,7 +47,6 @@ from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon
-from nodeward.xid import XidCatalog, load_catalog
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest, ControlStatus
@@ -66,6 +65,7 @@ from schemas.state.recovery import (
     count_key,
     node_key,
 )
+from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
     HOLD_ANNOTATION,
     ActionRunner,

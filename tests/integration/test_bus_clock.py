@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from launch.access import AGENT_GRANTS
 from nodeward.bus import Bus
 from nodeward.bus.clock import ClockProbe, reading
 from nodeward.bus.server import EmbeddedNats
@@ -29,7 +30,11 @@ async def test_an_agent_reads_back_only_its_own_heartbeat_and_says_its_clock_is_
     tmp_path: Path,
 ) -> None:
     conf = tmp_path / "auth.conf"
-    users = [admin("admin-pw"), node_agent("gpu-node-a", "a-pw"), node_agent("gpu-node-b", "b")]
+    users = [
+        admin("admin-pw"),
+        node_agent("gpu-node-a", "a-pw", AGENT_GRANTS),
+        node_agent("gpu-node-b", "b", AGENT_GRANTS),
+    ]
     conf.write_text(render_authorization(users))
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
         url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")

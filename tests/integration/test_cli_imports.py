@@ -1,5 +1,6 @@
 """What `nodeward status` loads to read a real fleet: nats and the schemas, no daemon, kube
-client or simulator, and no aiohttp (nats-py's websocket transport, unused on nats://)."""
+client or simulator, and no aiohttp (nats-py's websocket transport, unused on nats://). Of
+the services, only the command modules the command line mounts (typer alone)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from nodeward.bus import Bus
@@ -28,6 +30,13 @@ NOT_FOR_STATUS = (
     "sim.cluster",
     "sim.nvml",
 )
+
+MOUNTED = {
+    name
+    for e in entry_points(group="nodeward.commands")
+    for name in (e.module, e.module.rsplit(".", 1)[0], "services")
+}
+"""The services' command modules (`nodeward.commands`) and their packages."""
 
 RUN = """
 import json, sys
@@ -79,5 +88,9 @@ async def test_status_reads_the_fleet_without_daemons_or_aiohttp(
     line = next(x for x in err.decode().splitlines() if x.startswith("MODULES "))
     loaded = json.loads(line.removeprefix("MODULES "))
     assert "nats.js" in loaded and "nodeward.fleet_status" in loaded  # what it read with
-    held = [m for m in loaded if any(m == n or m.startswith(f"{n}.") for n in NOT_FOR_STATUS)]
+    held = [
+        m
+        for m in loaded
+        if any(m == n or m.startswith(f"{n}.") for n in NOT_FOR_STATUS) and m not in MOUNTED
+    ]
     assert held == []

@@ -19,11 +19,11 @@ import pytest
 from agents.gpu.health import classify, recovery_finding
 from agents.sources.kmsg import DriverLineParser
 from nodeward.bus.kv import TypedKV
-from nodeward.xid import load_catalog
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState, MigInstance
 from schemas.state.cordon import NodeRecord, node_key
 from schemas.state.recovery import Plan
+from schemas.xid import load_catalog
 from services.recovery.policy import Kind, decide
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (

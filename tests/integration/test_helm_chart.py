@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from launch.access import GRANTS
+from launch.access import AGENT_GRANTS, GRANTS
 from nodeward.nats_auth import console, node_agent_nkey, operator, service_user
 from tests.integration.helm_chart import (
     CHART,
@@ -486,7 +486,7 @@ def test_per_node_permissions_equal_nats_auth(
     by_key = {u["nkey"]: u for u in _auth_users(docs) if "nkey" in u}
     assert set(by_key) == set(keys.values())
     for node, key in keys.items():
-        assert by_key[key] == node_agent_nkey(node, key).render()
+        assert by_key[key] == node_agent_nkey(node, key, AGENT_GRANTS).render()
 
 
 def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None:

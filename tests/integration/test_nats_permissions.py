@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from nats.js.errors import NotFoundError
 
+from launch.access import AGENT_GRANTS
 from nodeward.bus import Bus, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
@@ -18,7 +19,9 @@ from schemas.session import SessionIdle
 
 async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
     conf = tmp_path / "auth.conf"
-    conf.write_text(render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw")]))
+    conf.write_text(
+        render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw", AGENT_GRANTS)])
+    )
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
         url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
         operator = await Bus.connect(
@@ -75,7 +78,9 @@ async def test_agent_reads_and_writes_only_its_own_energy_totals(tmp_path: Path)
     """The energy agent keeps its totals in KV `energy`, key `node.<node>`: its NATS user may
     put and get that key (direct get) and no other node's, and may not create the bucket."""
     conf = tmp_path / "auth.conf"
-    conf.write_text(render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw")]))
+    conf.write_text(
+        render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw", AGENT_GRANTS)])
+    )
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
         url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
         operator = await Bus.connect(BusSettings(url=url), source="test/admin")  # + the bucket

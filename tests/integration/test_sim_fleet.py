@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from nats.errors import NoRespondersError
 
+from launch.access import AGENT_GRANTS
 from launch.sim_agents.fleet import Fleet, fleet_daemon
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
@@ -188,7 +189,8 @@ async def test_with_nkeys_each_node_publishes_as_itself(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     users = [admin("admin-pw"), NatsUser("fleet", "fleet-pw", ("nothing.here",), ("_INBOX.>",))]
     users += [
-        node_agent_nkey(n.name, write_agent_seed(keys / f"{token(n.name)}.nk")) for n in nodes
+        node_agent_nkey(n.name, write_agent_seed(keys / f"{token(n.name)}.nk"), AGENT_GRANTS)
+        for n in nodes
     ]
     conf = tmp_path / "auth.conf"
     conf.write_text(render_authorization(users))

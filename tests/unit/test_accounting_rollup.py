@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from nodeward.report import Window, build, to_csv
 from schemas.energy import EnergyNode, Interval
 from schemas.session import IdleEvidence, SessionIdle, SessionKind
 from schemas.state.accounting import IdlePeriod, NodeHour, UsageCell
+from services.accounting.report import Window, build, to_csv
 from services.accounting.rollup import add_node_interval, extend_idle, node_hours
 
 H = datetime(2026, 11, 30, 14, tzinfo=UTC)

@@ -1,5 +1,6 @@
 """The command line loads what a command runs when it runs: importing `nodeward` loads no
-client, daemon or simulator, nor does any command's `--help`; and aiohttp (nats-py's
+client, daemon or simulator, nor does any command's `--help`; of the services, only the
+command modules they register (`nodeward.commands`), typer alone; and aiohttp (nats-py's
 websocket transport) stays unloaded until a websocket URL needs it. What `nodeward status` itself loads against a real
 nats-server: tests/integration/test_cli_imports.py."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import entry_points
 
 from tests.conftest import REPO
 
@@ -38,6 +40,13 @@ NOT_AT_START = (
 
 NOT_FOR_HELP = ("aiohttp", "nats", "nodeward.bus", "services", "agents", "sim.cluster")
 
+COMMAND_MODULES = {e.module for e in entry_points(group="nodeward.commands")}
+"""The services' command modules (`nodeward.cli.plugins` mounts them): loaded with the command
+line, with their packages and nothing else of `services`."""
+COMMANDS_AND_PACKAGES = {
+    name for module in COMMAND_MODULES for name in (module, module.rsplit(".", 1)[0], "services")
+}
+
 
 def _loaded(code: str) -> list[str]:
     """The modules loaded after running `code` in a fresh interpreter."""
@@ -53,20 +62,27 @@ def _loaded(code: str) -> list[str]:
 
 
 def _under(modules: list[str], names: tuple[str, ...]) -> list[str]:
-    return [m for m in modules if any(m == n or m.startswith(f"{n}.") for n in names)]
+    """What of `names` is loaded, but the services' command modules and their packages."""
+    return [
+        m
+        for m in modules
+        if any(m == n or m.startswith(f"{n}.") for n in names) and m not in COMMANDS_AND_PACKAGES
+    ]
 
 
 def test_the_command_line_starts_without_clients_daemons_or_simulators() -> None:
     loaded = _loaded("import launch.cli")
     assert _under(loaded, NOT_AT_START) == []
-    assert "typer" in loaded and "nodeward.cli.maintenance" in loaded  # the witness
+    assert "typer" in loaded and "services.maintenance.cli" in loaded  # the witness
+    assert set(loaded) >= COMMAND_MODULES  # each service's commands are mounted
 
 
 def test_help_of_every_group_loads_no_client() -> None:
     code = (
         "from launch.cli import main\n"
         "for argv in (['--help'], ['status', '--help'], ['quarantine', '--help'],"
-        " ['maintenance', 'start', '--help'], ['breaker', '--help'], ['sim', '--help']):\n"
+        " ['maintenance', 'start', '--help'], ['breaker', '--help'], ['sim', '--help'],"
+        " ['report', '--help'], ['capacity', '--help'], ['falco', 'release', '--help']):\n"
         "    assert main(argv) == 0, argv"
     )
     loaded = _loaded(code)

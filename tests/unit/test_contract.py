@@ -24,9 +24,10 @@ from schemas.streams import stream_for_subject, subject_matches
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = REPO.parent / "shared" / "data"
-PACKAGE_DATA = files("nodeward") / "data"
+SCHEMAS_DATA = files("schemas") / "data"
+"""The contract's data: NVIDIA's XID catalog (`schemas.xid`)."""
 SIM_DATA = files("sim") / "data"
-"""The simulator's samples (the Falco alerts); the runtime keeps only what a daemon reads."""
+"""The simulator's samples (the Falco alerts)."""
 TYPES = sorted(REGISTRY)
 
 REASONS = {
@@ -208,7 +209,7 @@ def falco_lines() -> list[bytes]:
 
 
 @pytest.mark.parametrize(
-    ("package", "shipped"), [(SIM_DATA, "falco-alerts.jsonl"), (PACKAGE_DATA, "xid-catalog.csv")]
+    ("package", "shipped"), [(SIM_DATA, "falco-alerts.jsonl"), (SCHEMAS_DATA, "xid-catalog.csv")]
 )
 def test_package_data_matches_shared_data(package: Any, shipped: str) -> None:
     shared = SHARED_DATA / shipped
@@ -257,7 +258,7 @@ def test_falco_decoded_event_round_trips_as_cloudevent() -> None:
 
 
 def test_xid_catalog_actions_are_contract_values() -> None:
-    with (PACKAGE_DATA / "xid-catalog.csv").open(encoding="utf-8") as f:
+    with (SCHEMAS_DATA / "xid-catalog.csv").open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert rows and {"xid", "name", "category", "recommended_action", "notes"} <= set(rows[0])
     actions = {a.value for a in RecommendedAction}

@@ -15,7 +15,6 @@ import pytest
 
 from agents.gpu.health import classify, recovery_finding
 from agents.sources.kmsg import DriverLineParser
-from nodeward.xid import XidCatalog, load_catalog
 from schemas.gpu import GpuHealth, HealthState, MigInstance, RecommendedAction
 from schemas.state.cordon import (
     DeviceExclusion,
@@ -27,6 +26,7 @@ from schemas.state.cordon import (
     speaks_for,
 )
 from schemas.state.recovery import Plan
+from schemas.xid import XidCatalog, load_catalog
 from services.cordon.devices import joined_exclusion
 from services.cordon.policy import PolicyAction, load_policy
 from services.cordon.service import fault_details

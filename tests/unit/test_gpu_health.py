@@ -13,8 +13,8 @@ from agents.gpu.health import (
     xid_findings,
 )
 from agents.sources.nvml import HealthSample
-from nodeward.xid import load_catalog
 from schemas.gpu import HealthState, RecommendedAction
+from schemas.xid import load_catalog
 
 CATALOG = load_catalog()
 

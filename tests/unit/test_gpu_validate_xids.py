@@ -1,5 +1,5 @@
 """Recovery's validation judges the XIDs a GPU saw since its reset or reboot by the catalog
-(`nodeward/data/xid-catalog.csv`): application and informational XIDs pass, the ones whose
+(`schemas/data/xid-catalog.csv`): application and informational XIDs pass, the ones whose
 action means the GPU is unhealthy fail it, naming the GPU and the catalog's words, and each
 GPU's check reads only that GPU's XIDs. Run on a real `GpuAgent` over `SimNvml`, no bus."""
 
@@ -16,10 +16,10 @@ from agents.gpu.agent import GpuAgent
 from agents.gpu.health import recovery_finding
 from agents.gpu.settings import GpuAgentSettings
 from agents.gpu.validate import XID_CHECK, Validator, xid_check
+from agents.sources.nvml_compat import pynvml
 from nodeward.bus import Bus
-from nodeward.nvml_compat import pynvml
-from nodeward.xid import load_catalog
 from schemas.recovery import CheckStatus, ResetRequest, ValidateRequest, ValidationReport
+from schemas.xid import load_catalog
 from sim.nvml import SimNvml, pci_bus_id
 from tests.conftest import wait_for
 

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import typer
 
-from nodeward.cli.maintenance import parse_at, render_restore
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord
 from schemas.state.maintenance import (
@@ -17,6 +16,7 @@ from schemas.state.maintenance import (
     restorable,
     restore_plan,
 )
+from services.maintenance.cli import parse_at, render_restore
 from services.maintenance.plan import gpus_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

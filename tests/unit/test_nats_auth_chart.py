@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.access import GRANTS
+from launch.access import AGENT_GRANTS, GRANTS
 from nodeward.nats_auth import (
     NODE,
     node_agent,
@@ -45,7 +45,7 @@ def _chart_token(node: str) -> str:
 
 
 def test_chart_grants_file_is_generated_from_the_declared_grants() -> None:
-    assert _chart_grants() == permissions_document(GRANTS), (
+    assert _chart_grants() == permissions_document(GRANTS, AGENT_GRANTS), (
         "regenerate: python -m launch.access nats-permissions "
         "deploy/helm/nodeward/files/nats-permissions.json"
     )
@@ -61,12 +61,12 @@ def test_per_node_grants_equal_nats_auth(node: str) -> None:
     agent = _chart_grants()["agent"]
     assert isinstance(agent, dict)
     text = json.dumps(agent["permissions"]).replace(NODE, _chart_token(node))
-    assert json.loads(text) == node_agent_nkey(node, KEY).permissions()
-    assert json.loads(text) == node_agent(node, "pw").permissions()
+    assert json.loads(text) == node_agent_nkey(node, KEY, AGENT_GRANTS).permissions()
+    assert json.loads(text) == node_agent(node, "pw", AGENT_GRANTS).permissions()
 
 
 def test_one_node_cannot_reach_another() -> None:
-    a = node_agent_nkey("gpu-a", KEY).permissions()
+    a = node_agent_nkey("gpu-a", KEY, AGENT_GRANTS).permissions()
     publish, subscribe = json.dumps(a["publish"]), json.dumps(a["subscribe"])
     assert "gpu-b" not in publish + subscribe
     assert ">" not in [*a["publish"]["allow"]]  # type: ignore[index]
@@ -79,7 +79,9 @@ def test_one_node_cannot_reach_another() -> None:
 
 def test_a_bad_public_key_is_refused() -> None:
     with pytest.raises(ValueError, match="not an nkey user public key"):
-        node_agent_nkey("gpu-a", "SUAJ4PYVVWSGEMOBXGRF5ELYDUX5AX3UENTV74SO5RJLI6ZW4QHU3RGAHA")
+        node_agent_nkey(
+            "gpu-a", "SUAJ4PYVVWSGEMOBXGRF5ELYDUX5AX3UENTV74SO5RJLI6ZW4QHU3RGAHA", AGENT_GRANTS
+        )
 
 
 def test_services_use_only_their_own_consumer_bucket_and_inbox() -> None:

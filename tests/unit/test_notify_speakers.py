@@ -7,6 +7,7 @@ from typing import Any
 
 from agents.energy.caps import CapWatch, cap_notice
 from agents.energy.settings import PowerCap
+from launch.access import AGENT_GRANTS
 from nodeward.bus import ConsumerSpec
 from nodeward.bus.identity import mismatches
 from nodeward.nats_auth import node_agent
@@ -19,10 +20,12 @@ USER = Audience.parse("user:ml-nlp/bob-explore-0")
 ONCALL = Audience.parse("oncall")
 
 
-def test_the_node_subjects_are_read_from_the_node_grant() -> None:
+def test_the_node_subjects_are_the_notify_subjects_node_agents_declare() -> None:
+    """The notifier's list (the contract's `NODE_TOPICS`) is exactly what node users may
+    publish of `notify.>`: a topic granted to nodes later, and not listed, fails here."""
     assert NODE_SUBJECTS == ("notify.*.power-limit",)
-    granted = node_agent("gpu-h100-01", "").publish
-    assert all(s in granted for s in NODE_SUBJECTS)
+    granted = node_agent("gpu-h100-01", "", AGENT_GRANTS).publish
+    assert set(NODE_SUBJECTS) == {s for s in granted if s.startswith("notify.")}
 
 
 def test_a_node_subject_may_address_only_oncall() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nodeward.xid import load_catalog
 from schemas.gpu import RecommendedAction
 from schemas.state.recovery import Plan
+from schemas.xid import load_catalog
 from services.recovery.policy import (
     AfterFailure,
     Kind,

@@ -1,4 +1,10 @@
-"""NVIDIA's XID catalog as shipped in `nodeward/data/xid-catalog.csv`: what each XID means."""
+"""NVIDIA's XID catalog as shipped in `schemas/data/xid-catalog.csv`: what each XID means.
+
+Part of the contract: the XID semantics that `gpu.health.v1` and `gpu.xid.v1` carry (their
+catalog name, class and `RecommendedAction`), read alike by the GPU agent that classifies
+an XID, the service that plans a GPU's recovery from one (`services.recovery`) and the fleet
+simulator. Its one read is its own shipped data, through `importlib.resources`.
+"""
 
 from __future__ import annotations
 
@@ -97,5 +103,5 @@ def parse_catalog(text: str) -> XidCatalog:
 @cache
 def load_catalog() -> XidCatalog:
     """The shipped catalog (read once; immutable)."""
-    text = resources.files("nodeward").joinpath("data/xid-catalog.csv").read_text()
+    text = resources.files("schemas").joinpath("data/xid-catalog.csv").read_text()
     return parse_catalog(text)

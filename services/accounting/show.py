@@ -1,5 +1,9 @@
-"""`nodeward report`: energy, CO2e and GPU-hours per namespace, owner, node or GPU model,
-from the accounting service's rollups (KV bucket `accounting`)."""
+"""What `nodeward report` does: energy, CO2e and GPU-hours per namespace, owner, node or GPU
+model, from the accounting service's rollups (KV bucket `accounting`), summed by
+`services.accounting.report`.
+
+The command itself is `services.accounting.cli`; this loads nats and the schemas, when the
+command runs."""
 
 from __future__ import annotations
 
@@ -14,9 +18,9 @@ from pydantic import ValidationError
 from nodeward.bus.snapshot import kv_entries
 from nodeward.cli.common import bucket_name, connect_nats, fail, table_console
 from nodeward.config import Settings
-from nodeward.report import By, Row, Window, build, gap_text, to_csv, to_json
 from schemas.state import Bucket
 from schemas.state.accounting import IDLE, NODE_HOURS, USAGE
+from services.accounting.report import By, Row, Window, build, gap_text, to_csv, to_json
 
 FORMATS = ("table", "csv", "json")
 

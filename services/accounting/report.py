@@ -1,7 +1,8 @@
 """What `nodeward report` shows: the accounting rollups summed per namespace, owner, node or
 GPU model over whole hours, with the time no energy reading covers shown as a gap.
 
-Pure: it takes the records `services.accounting` keeps (`schemas/state/accounting.py`).
+Pure: it takes the records `services.accounting` keeps (`schemas/state/accounting.py`);
+`services.accounting.show` reads them and prints this.
 """
 
 from __future__ import annotations

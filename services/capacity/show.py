@@ -1,6 +1,9 @@
-"""`nodeward capacity`: free GPUs per model and profile from the capacity service's KV
-snapshot (rich on a terminal, or one JSON object), and `--request`: whether a pod asking
-that many fits now, and on which nodes (exit 0 if it fits, 3 if not)."""
+"""What `nodeward capacity` does: free GPUs per model and profile from the capacity
+service's KV snapshot (rich on a terminal, or one JSON object), and `--request`: whether a
+pod asking that many fits now, and on which nodes (exit 0 if it fits, 3 if not).
+
+The command itself is `services.capacity.cli`; this loads nats, rich and the schemas, when
+the command runs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""`nodeward maintenance start|status|restore|finish|cancel`: ask for a node's maintenance,
-follow it, restore a pod, end it.
+"""The maintenance service's commands: `nodeward maintenance start|status|restore|finish|
+cancel`: ask for a node's maintenance, follow it, restore a pod, end it. Registered as a
+`nodeward.commands` entry point (pyproject.toml).
 
 `start` validates the request at the edge (node name, times, and the node's existence: in
 the cluster when a kubeconfig is at hand, else among the nodes whose agents speak on the
@@ -8,7 +9,8 @@ checkpoint service to take it or refuse it. `status` and `restore` read the serv
 records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
 (`schemas.state.maintenance.restore_plan`) to turn a pod's checkpoint archives into images
 and run the pod elsewhere (it executes nothing). `finish` and `cancel` are operator
-controls (`nodeward.cli.control`): requests the checkpoint service answers and audits.
+controls (`nodeward.cli.controls`): requests the checkpoint service answers and audits.
+Typer only at import: the bus, the schemas, nats and yaml load when a command runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
-from nodeward.cli.control import OperatorOpt, ReasonOpt, TimeoutOpt, ask, operator_name
+from nodeward.cli.controls import (
+    NodeArg,
+    OperatorOpt,
+    checked_pod,
+    connect_bus,
+    control,
+    kv_records,
+    operator_name,
+)
+from nodeward.cli.options import ConfigOpt, JsonObjectOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 
@@ -38,25 +48,6 @@ maintenance_app = typer.Typer(
     help="Node maintenance: warn owners, cordon, checkpoint opted-in pods, drain; restore plans.",
     no_args_is_help=True,
 )
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-NatsOpt = Annotated[
-    str | None,
-    typer.Option("--nats", envvar="NODEWARD_NATS_URL", help="NATS URL (default: a running `up`)"),
-]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file")]
-StateDirOpt = Annotated[
-    Path, typer.Option("--state-dir", help="where a running `nodeward up` wrote endpoints.json")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object")]
-
-
-def _node_name(node: str) -> str:
-    if len(node) > 253 or not _DNS_SUBDOMAIN.match(node):
-        raise typer.BadParameter(f"{node!r} is not a Kubernetes node name", param_hint="NODE")
-    return node
 
 
 def parse_at(value: str | None, now: datetime) -> datetime | None:
@@ -81,16 +72,6 @@ def _bucket(settings: Settings) -> str:
     from schemas.state.maintenance import MAINTENANCES
 
     return bucket_name(settings, "checkpoint", MAINTENANCES)
-
-
-async def _connect(settings: Settings) -> Bus:
-    from nodeward.bus import Bus, BusError
-
-    settings.bus.provision = False
-    try:
-        return await Bus.connect(settings.bus, source="cli/nodeward", wait=False)
-    except BusError as exc:
-        fail(str(exc))
 
 
 async def _check_node(kubeconfig: Path, node: str) -> None:
@@ -233,7 +214,7 @@ async def start(  # noqa: PLR0917 - the command's options
         )
     except ValidationError as exc:
         fail(f"invalid request: {one_line(exc)}")
-    bus = await _connect(settings)
+    bus = await connect_bus(settings)
     try:
         if kubeconfig is None:  # validated before anything is published
             await _check_node_on_bus(bus, node)
@@ -311,7 +292,7 @@ def render_status(state: MaintenanceState) -> list[str]:
 
 
 async def status(settings: Settings, node: str, as_json: bool) -> None:
-    bus = await _connect(settings)
+    bus = await connect_bus(settings)
     try:
         state = await _state(bus, _bucket(settings), node)
     finally:
@@ -326,27 +307,10 @@ async def status(settings: Settings, node: str, as_json: bool) -> None:
 
 
 async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
-    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
-
+    """Every maintenance in the bucket: the running ones and the finished."""
     from schemas.state.maintenance import HISTORY, MAINTENANCES
 
-    try:
-        kv = await bus.js.key_value(bucket)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NotFoundError, NoKeysError):
-        return []
-    out = []
-    for key in keys:
-        kind = next((b for b in (MAINTENANCES, HISTORY) if b.holds(key)), None)
-        if kind is None:
-            continue
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            continue
-        if entry.value:
-            out.append(kind.load(entry.value))
-    return out
+    return [state for _, state in await kv_records(bus.js, bucket, [MAINTENANCES, HISTORY])]
 
 
 def render_restore(plan: dict[str, Any]) -> str:
@@ -377,10 +341,8 @@ def render_restore(plan: dict[str, Any]) -> str:
 async def restore(settings: Settings, pod: str, registry: str, as_json: bool) -> None:
     from schemas.state.maintenance import restorable, restore_plan
 
-    namespace, _, name = pod.partition("/")
-    if not name or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
-        raise typer.BadParameter(f"{pod!r} is not NAMESPACE/POD", param_hint="POD")
-    bus = await _connect(settings)
+    checked_pod(pod, "POD")
+    bus = await connect_bus(settings)
     try:
         states = await _states(bus, _bucket(settings))
     finally:
@@ -398,7 +360,7 @@ async def restore(settings: Settings, pod: str, registry: str, as_json: bool) ->
 
 @maintenance_app.command("start")
 def start_command(  # noqa: PLR0917 - typer maps parameters to options
-    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    node: NodeArg,
     reason: Annotated[str, typer.Option("--reason", help="why (owners are told)")] = "",
     at: Annotated[
         str | None,
@@ -423,7 +385,7 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonObjectOpt = False,
 ) -> None:
     """Request a node's maintenance: owners warned, cordon, checkpoints, drain."""
     asyncio.run(
@@ -444,11 +406,11 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
 
 @maintenance_app.command("status")
 def status_command(
-    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
+    node: NodeArg,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonObjectOpt = False,
 ) -> None:
     """Where a node's (latest) maintenance stands: phase, pods, checkpoints, failures."""
     asyncio.run(status(settings_for(config, nats, state_dir), node, as_json))
@@ -463,60 +425,20 @@ def restore_command(  # noqa: PLR0917 - typer maps parameters to options
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonObjectOpt = False,
 ) -> None:
     """Print the restore plan of a checkpointed pod (image builds and the pod manifest)."""
     asyncio.run(restore(settings_for(config, nats, state_dir), pod, registry, as_json))
 
 
 @maintenance_app.command("finish")
-def finish_command(  # noqa: PLR0917 - typer maps parameters to options
-    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
-    reason: ReasonOpt,
-    operator: OperatorOpt = None,
-    timeout: TimeoutOpt = 10.0,
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    nats: NatsOpt = None,
-    config: ConfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@control("checkpoint", "finish", "NODE")
+def finish_command() -> None:
     """The work is over: uncordon NODE if nodeward cordoned it for the maintenance."""
-    ask(
-        "checkpoint",
-        "finish",
-        node,
-        reason=reason,
-        operator=operator,
-        timeout=timeout,
-        as_json=as_json,
-        state_dir=state_dir,
-        nats=nats,
-        config=config,
-    )
 
 
 @maintenance_app.command("cancel")
-def cancel_command(  # noqa: PLR0917 - typer maps parameters to options
-    node: Annotated[str, typer.Argument(metavar="NODE", callback=_node_name)],
-    reason: ReasonOpt,
-    operator: OperatorOpt = None,
-    timeout: TimeoutOpt = 10.0,
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    nats: NatsOpt = None,
-    config: ConfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@control("checkpoint", "cancel", "NODE")
+def cancel_command() -> None:
     """Stop NODE's maintenance before its drain (nodeward's cordon comes off); after the
     drain began, it says what was already done."""
-    ask(
-        "checkpoint",
-        "cancel",
-        node,
-        reason=reason,
-        operator=operator,
-        timeout=timeout,
-        as_json=as_json,
-        state_dir=state_dir,
-        nats=nats,
-        config=config,
-    )

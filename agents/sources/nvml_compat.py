@@ -1,10 +1,20 @@
-"""`pynvml` (nvidia-ml-py), with the NVML constants nodeward uses even where it is older.
+"""`pynvml` (nvidia-ml-py), with the NVML constants the agents use even where it is older.
 
 GPU hosts carry the nvidia-ml-py their image or distribution has; versions before 13 lack
 the GPU recovery action constants (and their event type and field id), which are part of
 NVML's C header (nvml.h) and the same for every driver that reports them. Importing
 `pynvml` from here adds those that are missing, with nvml.h's values, so an older library
 runs the agents (on a driver without the feature the calls answer NOT_SUPPORTED as usual).
+
+Why here: filling in the bindings is the node agents' concern (every agent that calls NVML,
+and `agents/sources/`' NVML sources, import `pynvml` from here), so it lives with the
+sources they share, not in the runtime, which knows no GPU. The simulated driver
+(`sim/nvml.py`) may not import agents, and needs none of this: it stands for the driver,
+not for the bindings, so it does not patch `pynvml`; it reports the three recovery-action
+values it emits (`NVML_GPU_RECOVERY_ACTION_NONE`, `nvmlEventTypeGpuRecoveryAction`,
+`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) as nvml.h defines them, as a driver has them compiled
+in, and `tests/unit/test_nvml_compat.py` holds those to `NVML_H_CONSTANTS`. A shared place
+for this table would be the runtime or the event contract, and it is neither's.
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""The commands the services register (`nodeward.commands` entry points) are the
+executable's: each loads and shows in `nodeward --help`, in the order of their names; one
+that does not load is said in one line on stderr, and every other command still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+
+import pytest
+import typer
+
+from nodeward.cli import plugins
+from tests.conftest import REPO
+
+GROUP = "nodeward.commands"
+
+
+def _nodeward(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def _listed(help_text: str) -> list[str]:
+    """The command names `--help` lists, in its order."""
+    lines = help_text.split("Commands:", 1)[1].splitlines()
+    return [line.split()[0] for line in lines if line.startswith("  ") and line.strip()]
+
+
+def test_every_registered_command_loads_and_is_in_the_help() -> None:
+    registered = sorted(entry_points(group=GROUP), key=lambda e: e.name)
+    names = [e.name for e in registered]
+    # What the runtime's command line used to name itself, now each in its service's folder.
+    assert {"quarantine", "breaker", "falco", "recovery", "maintenance", "capacity", "report"} <= (
+        set(names)
+    )
+    for entry in registered:
+        assert entry.module.startswith("services."), entry
+        found = entry.load()
+        assert isinstance(found, typer.Typer) or callable(found), entry
+    run = _nodeward("--help")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    listed = _listed(run.stdout)
+    assert set(names) <= set(listed)
+    # Groups after commands (typer's order), each kind in the order of the names.
+    groups = [e.name for e in registered if isinstance(e.load(), typer.Typer)]
+    commands = [n for n in names if n not in groups]
+    assert [n for n in listed if n in groups] == groups
+    assert [n for n in listed if n in commands] == commands
+    for name in groups:
+        run = _nodeward(name, "--help")
+        assert run.returncode == 0 and run.stdout.startswith(f"Usage: nodeward {name} "), run
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    def status() -> None:
+        """The runtime's own."""
+
+    return app
+
+
+def test_mount_refuses_what_does_not_load_in_one_line_each(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entries = [
+        EntryPoint("zeta", "services.falco.cli:falco_app", GROUP),
+        EntryPoint("gone", "no_such_module_of_nodeward:app", GROUP),
+        EntryPoint("alpha", "services.capacity.cli:capacity", GROUP),
+        EntryPoint("missing", "services.falco.cli:no_such_app", GROUP),
+        EntryPoint("text", "os:sep", GROUP),
+        EntryPoint("status", "services.accounting.cli:report", GROUP),
+    ]
+    monkeypatch.setattr(plugins, "entry_points", lambda group: entries if group == GROUP else [])
+    app = _app()
+    assert plugins.mount(app) == ["alpha", "zeta"]
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 4, said
+    assert said[0].startswith("nodeward: command gone (no_such_module_of_nodeward:app) left out:")
+    assert "ModuleNotFoundError" in said[0]
+    assert said[1].startswith("nodeward: command missing (services.falco.cli:no_such_app)")
+    assert "AttributeError" in said[1]
+    assert said[2] == (
+        "nodeward: command status (services.accounting.cli:report) left out: "
+        "nodeward has a command status already"
+    )
+    assert said[3].startswith("nodeward: command text (os:sep) left out: a str, neither")
+    assert [g.name for g in app.registered_groups] == ["zeta"]
+    assert [c.name for c in app.registered_commands] == [None, "alpha"]
+
+
+def test_a_broken_plugin_leaves_the_rest_of_the_command_line_working(tmp_path: Path) -> None:
+    """A distribution registering a command whose module fails on import: said once, in one
+    line; `--help` and the other commands still answer."""
+    (tmp_path / "broken_nodeward_commands.py").write_text(
+        "raise RuntimeError('this plugin is broken\\non two lines')\n"
+    )
+    dist = tmp_path / "broken_nodeward_commands-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: broken-nodeward-commands\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nbroken = broken_nodeward_commands:app\n")
+    run = _nodeward("--help", pythonpath=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "nodeward: command broken (broken_nodeward_commands:app) left out: "
+        "RuntimeError: this plugin is broken on two lines"
+    ]
+    assert "broken" not in _listed(run.stdout)
+    assert {"quarantine", "report", "status"} <= set(_listed(run.stdout))
+    run = _nodeward("quarantine", "release", "Bad_Node!", "--reason", "r", pythonpath=tmp_path)
+    assert run.returncode == 2
+    err = run.stderr.splitlines()
+    assert len(err) == 2 and err[0].startswith("nodeward: command broken")
+    assert "not a Kubernetes node name" in err[1]
