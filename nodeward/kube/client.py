@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import json
 import random
+import sys
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +24,37 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
 import urllib3
-from kubernetes.client.exceptions import ApiException, OpenApiException
 
 from nodeward.config import ClusterSettings
 from nodeward.kube import errors
 from nodeward.logs import get_logger
+
+
+def _import_kubernetes() -> None:
+    """Import `kubernetes` without its dynamic client's optional `kubernetes_validate`.
+
+    The package's `__init__` imports `kubernetes.dynamic`, which imports
+    `kubernetes_validate` when it is installed (a test dependency), and with it jsonschema
+    and, where jupyter's extras are installed, the format grammars of `rfc3987_syntax`:
+    2.4 s of CPU at the start of every daemon, for a client nodeward never uses. The
+    import is skipped for this once only: whoever imports `kubernetes_validate` later
+    gets it as usual.
+    """
+    if "kubernetes" in sys.modules or "kubernetes_validate" in sys.modules:
+        return
+    sys.modules["kubernetes_validate"] = None  # type: ignore[assignment]  # an ImportError
+    try:
+        importlib.import_module("kubernetes")
+    finally:
+        if sys.modules.get("kubernetes_validate", "") is None:
+            del sys.modules["kubernetes_validate"]
+
+
+_import_kubernetes()
+import kubernetes.client  # noqa: E402 - after the import above
+import kubernetes.config  # noqa: E402
+from kubernetes.client.exceptions import ApiException, OpenApiException  # noqa: E402
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
