@@ -1,6 +1,7 @@
 """Benchmark: what one quarantine costs, for this tree and a baseline tree in the same run.
 
-One XID 79 on a healthy device-plugin GPU node, against the sim cluster (in process, for its
+One XID 79 on a healthy device-plugin GPU node (after one on another node, as a running
+service has made), against the sim cluster (in process, for its
 request log) and a real nats-server, with the cordon service. Counted from publishing the
 event to the quarantine's `applied` audit on `remediation.quarantine.<node>`, and again once
 the event is acknowledged (what a step after the audit would add):
@@ -123,8 +124,11 @@ async def child(storm: int) -> dict[str, Any]:
     configure_logging("warning", "console")
     structlog.get_logger().debug("bench.child")
     names = [NODE, *(f"bench-gpu-{i:04d}" for i in range(1, storm + 1))]
+    warm = "bench-gpu-warm"
     with tempfile.TemporaryDirectory() as d:
-        sim = SimCluster(Seed(namespaces=["nodeward"], nodes=[NodeSeed(name=n) for n in names]))
+        sim = SimCluster(
+            Seed(namespaces=["nodeward"], nodes=[NodeSeed(name=n) for n in [warm, *names]])
+        )
         await sim.start()
         kubeconfig = sim.write_kubeconfig(Path(d) / "kubeconfig")
         async with EmbeddedNats(Path(d) / "nats") as server:
@@ -149,7 +153,7 @@ async def child(storm: int) -> dict[str, Any]:
             seen: Counter[str] = Counter()
             applied: dict[str, float] = {}
             done = asyncio.Event()
-            want: set[str] = {NODE}
+            want: set[str] = {warm}
 
             async def on_msg(msg: Any) -> None:
                 subject = msg.subject
@@ -174,8 +178,13 @@ async def child(storm: int) -> dict[str, Any]:
 
             await nc.subscribe(">", cb=on_msg)
             await nc.flush()
-            # Warm the service's caches (the node population, discovery) as a running one has.
+            # Warm the service as a running one is: its caches (the node population,
+            # discovery) and one quarantine of another node done.
             await asyncio.sleep(1.0)
+            await bus.publish(_failed(warm))
+            await asyncio.wait_for(done.wait(), 30)
+            done.clear()
+            want = {NODE}
             kv_before = await _kv_seqs(js)
             requests_before = len(sim.requests)
             seen.clear()

@@ -196,7 +196,9 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.store: TypedKV[BreakerState] = TypedKV(kv, BreakerState)
+        # Its last write remembered: the next admission starts from it, not a read (another
+        # replica's write since makes it a conflict, which reads afresh).
+        self.store: TypedKV[BreakerState] = TypedKV(kv, BreakerState, remember=1)
         self.settings = settings
         self.population = population
         self.key = key
