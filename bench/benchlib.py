@@ -6,17 +6,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def exported(ref: str) -> Iterator[Path]:
+    """`ref` of this repository as a plain directory tree (nothing in the repository changes)."""
+    with tempfile.TemporaryDirectory(prefix="nodeward-baseline-") as tmp:
+        data = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", ref],
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            tar.extractall(tmp, filter="data")
+        yield Path(tmp)
+
+
+def xid79(node: str, sequence: int = 1) -> Any:
+    """A failed gpu.health.v1 of GPU 0 of `node`: XID 79, fallen off the bus."""
+    from datetime import UTC, datetime
+
+    from schemas import make_event
+    from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
+
+    reason = HealthReason(
+        code="xid",
+        xid=79,
+        message="GPU has fallen off the bus",
+        action=RecommendedAction.REBOOT_NODE,
+    )
+    data = GpuHealth(
+        node=node,
+        gpu_index=0,
+        gpu_uuid=f"GPU-{node}-0",
+        state=HealthState.FAILED,
+        reasons=[reason],
+        recommended_action=RecommendedAction.REBOOT_NODE,
+        observed_at=datetime.now(UTC),
+        agent_boot_id="bench",
+        sequence=sequence,
+    )
+    return make_event(data, source=f"agent/gpu/{node}")
 
 
 def run_child(script: str, argv: list[str]) -> dict[str, float]:

@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import structlog
@@ -34,33 +33,13 @@ from nodeward.kube import Cluster
 from nodeward.kube.client import KubeClient
 from nodeward.kube.nodes import taints_of
 from nodeward.logs import configure_logging
-from schemas import Event, make_event
-from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
 from services.cordon.marks import TAINT_KEY
 from services.cordon.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, Seed
 
-
-def failed(node: str) -> Event[GpuHealth]:
-    xid79 = HealthReason(
-        code="xid",
-        xid=79,
-        message="GPU has fallen off the bus",
-        action=RecommendedAction.REBOOT_NODE,
-    )
-    data = GpuHealth(
-        node=node,
-        gpu_index=0,
-        gpu_uuid=f"GPU-{node}-0",
-        state=HealthState.FAILED,
-        reasons=[xid79],
-        recommended_action=RecommendedAction.REBOOT_NODE,
-        observed_at=datetime.now(UTC),
-        agent_boot_id="bench",
-        sequence=1,
-    )
-    return make_event(data, source=f"agent/gpu/{node}")
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import xid79
 
 
 def pct(values: list[float], p: float) -> float:
@@ -153,7 +132,7 @@ async def run(nodes: int, interval: float, in_process: bool) -> None:
 
             watcher = asyncio.create_task(watch())
             await asyncio.sleep(0.5)  # let the watch establish (bench setup, not a test)
-            events = [failed(n) for n in names]
+            events = [xid79(n) for n in names]
             start = time.perf_counter()
             for name, event in zip(names, events, strict=True):
                 sent[name] = time.perf_counter()

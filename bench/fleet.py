@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import math
 import os
@@ -46,15 +45,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import fleet_split
+from benchlib import exported
 from fleetlib import REPO, TAINT, cpu_seconds, group, lease_holders
 
 WIDE_BREAKER = {
@@ -77,20 +75,6 @@ class Result:
     error: str | None = None
     rate: dict[str, float] = field(default_factory=dict)  # group -> acked events/s
     extra_cpu_pct: list[float] = field(default_factory=list)  # per extra cordon replica
-
-
-@contextlib.contextmanager
-def exported(ref: str) -> Iterator[Path]:
-    """`ref` of this repository as a plain directory tree (nothing in the repository changes)."""
-    with tempfile.TemporaryDirectory(prefix="nodeward-baseline-") as tmp:
-        data = subprocess.run(
-            ["git", "-C", str(REPO), "archive", "--format=tar", ref],
-            capture_output=True,
-            check=True,
-        ).stdout
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp, filter="data")
-        yield Path(tmp)
 
 
 def _ready(url: str) -> bool:

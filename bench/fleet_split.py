@@ -432,7 +432,7 @@ async def main(args: argparse.Namespace) -> None:
         f" replicas {args.replicas}, {os.cpu_count()} CPUs",
         flush=True,
     )
-    from fleet import exported
+    from benchlib import exported
 
     counts = [int(r) for r in args.replicas.split(",")]
     cases = [await run_case(args, r, REPO, "this tree") for r in counts]

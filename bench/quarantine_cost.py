@@ -26,37 +26,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import REPO, exported, xid79
+
 NODE = "bench-gpu-0000"
-
-
-@contextlib.contextmanager
-def exported(ref: str) -> Iterator[Path]:
-    """`ref` of this repository as a plain directory tree."""
-    with tempfile.TemporaryDirectory(prefix="nodeward-baseline-") as tmp:
-        data = subprocess.run(
-            ["git", "-C", str(REPO), "archive", "--format=tar", ref],
-            capture_output=True,
-            check=True,
-        ).stdout
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(tmp, filter="data")
-        yield Path(tmp)
 
 
 def _verb(method: str, path: str) -> str:
@@ -74,30 +58,6 @@ def _verb(method: str, path: str) -> str:
     if parts[0] in ("api", "apis") and len(parts) <= 3:
         return f"GET discovery {'/'.join(parts)}"
     return f"{method} {kind}{sub}"
-
-
-def _failed(node: str, sequence: int = 1) -> Any:
-    from schemas import make_event
-    from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
-
-    xid79 = HealthReason(
-        code="xid",
-        xid=79,
-        message="GPU has fallen off the bus",
-        action=RecommendedAction.REBOOT_NODE,
-    )
-    data = GpuHealth(
-        node=node,
-        gpu_index=0,
-        gpu_uuid=f"GPU-{node}-0",
-        state=HealthState.FAILED,
-        reasons=[xid79],
-        recommended_action=RecommendedAction.REBOOT_NODE,
-        observed_at=datetime.now(UTC),
-        agent_boot_id="bench",
-        sequence=sequence,
-    )
-    return make_event(data, source=f"agent/gpu/{node}")
 
 
 async def _kv_seqs(js: Any) -> dict[str, int]:
@@ -181,14 +141,14 @@ async def child(storm: int) -> dict[str, Any]:
             # Warm the service as a running one is: its caches (the node population,
             # discovery) and one quarantine of another node done.
             await asyncio.sleep(1.0)
-            await bus.publish(_failed(warm))
+            await bus.publish(xid79(warm))
             await asyncio.wait_for(done.wait(), 30)
             done.clear()
             want = {NODE}
             kv_before = await _kv_seqs(js)
             requests_before = len(sim.requests)
             seen.clear()
-            await bus.publish(_failed(NODE))
+            await bus.publish(xid79(NODE))
             await asyncio.wait_for(done.wait(), 30)
             kv_at_audit = await _kv_seqs(js)
             k8s_at_audit = list(sim.requests)[requests_before:]
@@ -218,7 +178,7 @@ async def child(storm: int) -> dict[str, Any]:
             if storm:
                 want = set(names)
                 done.clear()
-                events = [_failed(n) for n in names[1:]]
+                events = [xid79(n) for n in names[1:]]
                 start = time.perf_counter()
                 for event in events:
                     await bus.publish(event)

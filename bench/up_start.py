@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import launched_up
-from quarantine_cost import exported
+from benchlib import exported, launched_up
 
 REPO = Path(__file__).resolve().parent.parent
 
