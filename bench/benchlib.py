@@ -64,6 +64,24 @@ def xid79(node: str, sequence: int = 1) -> Any:
     return make_event(data, source=f"agent/gpu/{node}")
 
 
+def wide_cordon(nats_url: str, kubeconfig: Path) -> Any:
+    """Settings of a cordon service (as its ServiceAccount) whose breaker and rate limit let
+    every node be quarantined: a bench measures the path, not the policy's pacing."""
+    from nodeward.config import Settings
+
+    return Settings(
+        bus={"url": nats_url},
+        cluster={"kubeconfig": kubeconfig, "context": "nodeward-cordon"},
+        services={
+            "cordon": {
+                "breaker": {"max_percent": 100, "max_nodes": 100000},
+                "rate_limit": {"per_minute": 1e6, "burst": 100000},
+                "concurrency": 64,
+            }
+        },
+    )
+
+
 def run_child(script: str, argv: list[str]) -> dict[str, float]:
     """Run `script` with `argv` in a fresh interpreter; its last stdout line is JSON."""
     out = subprocess.run(

@@ -28,7 +28,7 @@ import yaml
 
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
-from nodeward.config import BusSettings, ClusterSettings, Settings
+from nodeward.config import BusSettings, ClusterSettings
 from nodeward.kube import Cluster
 from nodeward.kube.client import KubeClient
 from nodeward.kube.nodes import taints_of
@@ -39,7 +39,7 @@ from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, Seed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import xid79
+from benchlib import wide_cordon, xid79
 
 
 def pct(values: list[float], p: float) -> float:
@@ -103,18 +103,7 @@ async def run(nodes: int, interval: float, in_process: bool) -> None:
                     ClusterSettings(kubeconfig=kubeconfig, context="nodeward-admin")
                 )
             )
-            settings = Settings(
-                bus={"url": server.url},
-                cluster={"kubeconfig": kubeconfig, "context": "nodeward-cordon"},
-                services={
-                    "cordon": {
-                        "breaker": {"max_percent": 100, "max_nodes": 100000},
-                        "rate_limit": {"per_minute": 1e6, "burst": 100000},
-                        "concurrency": 64,
-                    }
-                },
-            )
-            daemon = await build(settings)
+            daemon = await build(wide_cordon(server.url, kubeconfig))
             await daemon.start()
             bus = await Bus.connect(BusSettings(url=server.url), source="bench/inject")
             all_seen = asyncio.Event()

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import REPO, exported, xid79
+from benchlib import REPO, exported, wide_cordon, xid79
 
 NODE = "bench-gpu-0000"
 
@@ -75,7 +75,7 @@ async def child(storm: int) -> dict[str, Any]:
 
     from nodeward.bus import Bus
     from nodeward.bus.server import EmbeddedNats
-    from nodeward.config import BusSettings, Settings
+    from nodeward.config import BusSettings
     from nodeward.logs import configure_logging
     from services.cordon.service import build
     from sim.cluster import SimCluster
@@ -92,18 +92,7 @@ async def child(storm: int) -> dict[str, Any]:
         await sim.start()
         kubeconfig = sim.write_kubeconfig(Path(d) / "kubeconfig")
         async with EmbeddedNats(Path(d) / "nats") as server:
-            settings = Settings(
-                bus={"url": server.url},
-                cluster={"kubeconfig": kubeconfig, "context": "nodeward-cordon"},
-                services={
-                    "cordon": {
-                        "breaker": {"max_percent": 100, "max_nodes": 100000},
-                        "rate_limit": {"per_minute": 1e6, "burst": 100000},
-                        "concurrency": 64,
-                    }
-                },
-            )
-            daemon = await build(settings)
+            daemon = await build(wide_cordon(server.url, kubeconfig))
             await daemon.start()
             while not (await daemon.readiness()).ready:  # noqa: ASYNC110 - polls an HTTP-less check
                 await asyncio.sleep(0.05)
