@@ -67,7 +67,7 @@ from services.accounting.rollup import (
     midpoint,
     node_hours,
 )
-from services.kernel import ActionRunner, Auditor, Proposal
+from services.kernel import Proposal, acting
 
 NAME = "accounting"
 ACTOR = "service/accounting"
@@ -162,7 +162,7 @@ class AccountingService:
         self.charges: TypedKV[PodCharge] = TypedKV(kv, PodCharge)
         self.findings: TypedKV[FindingRecord] = TypedKV(kv, FindingRecord)
         self.metrics = _Metrics(bus)
-        self.runner = ActionRunner(Auditor(bus, actor=ACTOR, topic=TOPIC))
+        self.runner = acting(bus, actor=ACTOR, topic=TOPIC).runner
         self.log = structlog.get_logger().bind(service=NAME)
         self._models: dict[str, tuple[float, str | None]] = {}
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -49,7 +48,6 @@ from schemas.control import ControlReply, ControlRequest
 from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BREAKER_KEY
 from schemas.state.cordon import (
@@ -84,48 +82,39 @@ from services.cordon.marks import (
 from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
 from services.cordon.xids import XidRepeatSettings, XidReports
 from services.kernel import (
-    ActionRunner,
-    Auditor,
     BreakerSettings,
     CircuitBreaker,
     Cooldown,
     DrainSettings,
-    Exemptions,
     Flapping,
     Guard,
     Proposal,
     RateLimiter,
     RateLimitSettings,
     ReleaseHold,
-    Tally,
     TallySettings,
+    acting,
     drain,
+    per_action,
 )
 from services.kernel.breaker import node_breaker
 from services.kernel.control import (
     ControlSettings,
-    operator_limit,
     operator_proposal,
     refuse,
     reply_for,
 )
 from services.kernel.holds import release_command
 from services.kernel.marks import UNREAD, NodeMarks, Unread, still_holding
+from services.kernel.severities import GOOD_NEWS, LOUD
 
 NAME = "cordon"
 TOPIC = "gpu-health"
-_GOOD_NEWS = MappingProxyType({Outcome.APPLIED: Severity.INFO, Outcome.DRY_RUN: Severity.INFO})
-_ONE_GPU = MappingProxyType({Outcome.APPLIED: Severity.WARNING})
 # A release is good news: on-call hears of it, nobody is paged for it. One GPU out of
 # service on its own (its node serving) is a warning, not a page; a failure to do it pages.
-SEVERITIES = MappingProxyType(
-    {
-        "release": _GOOD_NEWS,
-        "device_untaint": _GOOD_NEWS,
-        "gpu_include": _GOOD_NEWS,
-        "device_taint": _ONE_GPU,
-        "gpu_exclude": _ONE_GPU,
-    }
+SEVERITIES = per_action(
+    (GOOD_NEWS, ("release", "device_untaint", "gpu_include")),
+    (LOUD, ("device_taint", "gpu_exclude")),
 )
 
 
@@ -268,24 +257,23 @@ class CordonService:
         self.policy = policy
         self.breaker = breaker
         self.marks = NodeMarks(cluster, records.kv, OWNER)
-        # Every decision, acted on or not, is audited through the runner (the kernel).
-        auditor = Auditor(
+        # Every decision, acted on or not, is audited through the runner (the kernel). An
+        # operator's release or reset passes the exemptions and the operator's rate limit (a
+        # release never passes the breaker; the runner's dry-run applies as to every action).
+        kernel = acting(
             bus,
             actor=ACTOR,
             topic=TOPIC,
             severities=SEVERITIES,
-            tally=Tally.of(settings.tally),
+            tally=settings.tally,
+            dry_run=settings.dry_run,
+            namespace_labels=cluster.namespaces.labels,
+            controls=settings.controls,
         )
-        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions(cluster.namespaces.labels)
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
+        self.control_guards = kernel.control_guards
         self.rate_limit = RateLimiter(settings.rate_limit)
         self.guards: list[Guard] = [self.exemptions, self.rate_limit, breaker]
-        # An operator's release or reset: exemptions and the operator's rate limit (a release
-        # never passes the breaker; the runner's dry-run applies as to every action).
-        self.control_guards: list[Guard] = [
-            self.exemptions,
-            operator_limit(settings.controls.rate_limit),
-        ]
         # A quarantine is held at least `cooldown`: a release before then waits (quietly).
         self.cooldown = Cooldown(
             settings.cooldown,

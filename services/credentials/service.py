@@ -34,7 +34,6 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -90,22 +89,14 @@ from services.credentials.secret import (
     read,
     stamp,
 )
-from services.kernel import ActionRunner, Auditor, OwnerNotice, Proposal, tell_owner
+from services.kernel import OwnerNotice, Proposal, acting, per_action, table, tell_owner
+from services.kernel.severities import FAILURE_WARNS, QUIET
 
 NAME = "credentials"
 ACTOR = "service/credentials"
 TOPIC = "credentials"
-_QUIET = MappingProxyType(
-    {
-        Outcome.APPLIED: Severity.INFO,
-        Outcome.DRY_RUN: Severity.INFO,
-        Outcome.SKIPPED: Severity.INFO,
-        Outcome.REFUSED: Severity.WARNING,
-        Outcome.FAILED: Severity.WARNING,
-        Outcome.UNDONE: Severity.INFO,
-    }
-)
-SEVERITIES = MappingProxyType({"renew": _QUIET})
+# On-call hears of every renewal; a failed one is retried or handed to its owner: a warning.
+SEVERITIES = per_action((table(QUIET, FAILURE_WARNS), ("renew",)))
 
 # What the owner reads, per reason a credential needs them.
 _STEPS: dict[str, list[str]] = {
@@ -238,10 +229,9 @@ class CredentialsService:
         self.settings = settings
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # Every decision is audited through the runner: the service never calls the auditor.
-        self.runner = ActionRunner(
-            Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES),
-            dry_run=settings.dry_run,
-        )
+        self.runner = acting(
+            bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES, dry_run=settings.dry_run
+        ).runner
         self.log = structlog.get_logger().bind(service=NAME, replica=self.holder)
         self.http = httpx.AsyncHTTPTransport(retries=1)
         self.scheduler = Scheduler(

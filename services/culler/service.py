@@ -27,7 +27,6 @@ import json
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -53,18 +52,18 @@ from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
 from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
-    ActionRunner,
-    Auditor,
     DedupWindow,
-    Exemptions,
     GuardChain,
     OwnerNotice,
     Proposal,
     RateLimiter,
     RateLimitSettings,
     Staleness,
+    acting,
+    per_action,
     tell_owner,
 )
+from services.kernel.severities import QUIET
 
 NAME = "culler"
 ACTOR = "service/culler"
@@ -72,17 +71,7 @@ TOPIC = "idle-session"
 NOTEBOOK_LABEL = "notebook-name"
 CULLED_ANNOTATION = "nodeward.io/culled"
 # On-call hears of every decision; only a failure pages.
-_QUIET = MappingProxyType(
-    {
-        Outcome.APPLIED: Severity.INFO,
-        Outcome.DRY_RUN: Severity.INFO,
-        Outcome.SKIPPED: Severity.INFO,
-        Outcome.REFUSED: Severity.WARNING,
-        Outcome.FAILED: Severity.CRITICAL,
-        Outcome.UNDONE: Severity.INFO,
-    }
-)
-SEVERITIES = MappingProxyType({"warn": _QUIET, "stop": _QUIET, "cancel": _QUIET, "ignore": _QUIET})
+SEVERITIES = per_action((QUIET, ("warn", "stop", "cancel", "ignore")))
 NEW_PERIOD_SLACK = timedelta(seconds=5)
 
 
@@ -183,11 +172,15 @@ class CullerService:
         self.records = records
         self.settings = settings
         # Every decision is audited through the runner: the service never calls the auditor.
-        self.runner = ActionRunner(
-            Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES),
+        kernel = acting(
+            bus,
+            actor=ACTOR,
+            topic=TOPIC,
+            severities=SEVERITIES,
             dry_run=settings.dry_run,
+            namespace_labels=self._namespace_labels,
         )
-        self.exemptions = Exemptions(self._namespace_labels)
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
         self.limiter = RateLimiter(settings.rate_limit)
         self.staleness = Staleness(settings.max_event_age)
         self.stop_guards = GuardChain([self.exemptions, self.limiter])

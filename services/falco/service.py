@@ -65,19 +65,17 @@ from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesErro
 from services.falco.settings import ACTOR, NAME, FalcoSettings
 from services.kernel import (
     ActionRunner,
-    Auditor,
     CircuitBreaker,
     Dedup,
     DedupWindow,
-    Exemptions,
     Guard,
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
-    Tally,
+    acting,
 )
 from services.kernel.breaker import node_breaker
-from services.kernel.control import operator_limit, operator_proposal, refuse, reply_for
+from services.kernel.control import operator_proposal, refuse, reply_for
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
 SUCCEEDED = frozenset({Outcome.APPLIED, Outcome.DRY_RUN})
@@ -110,10 +108,18 @@ class FalcoService:
         self.cluster = cluster
         self.settings = settings
         self.policy = policy
-        self.runner = ActionRunner(
-            Auditor(bus, actor=ACTOR, topic=settings.topic, tally=Tally.of(settings.tally))
+        # An operator's release: exemptions and the operator's rate limit (never the breaker).
+        kernel = acting(
+            bus,
+            actor=ACTOR,
+            topic=settings.topic,
+            tally=settings.tally,
+            dry_run=settings.dry_run,
+            namespace_labels=cluster.namespaces.labels,
+            controls=settings.controls,
         )
-        self.runner = self.runner.with_dry_run(settings.dry_run)
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
+        self.control_guards = kernel.control_guards
         # Identical alerts: the first of a window acts; a redelivery of that very message
         # (same event id and stream sequence) is handled again; the same alert arriving as
         # another message (from Falcosidekick and through the ingest, say) is a repeat.
@@ -122,7 +128,6 @@ class FalcoService:
             key=lambda p: str(p.details["dedup_key"]),
             instance=lambda p: str(p.details["message"]),
         )
-        self.exemptions = Exemptions(cluster.namespaces.labels)
         self.per_pod = KeyedRateLimiter(
             "rate_limit_pod",
             settings.rate_limit_per_pod,
@@ -139,11 +144,6 @@ class FalcoService:
             settings.skip_namespaces, setting="services.falco.skip_namespaces"
         )
         self.guards: list[Guard] = [self.skipped, self.exemptions, self.per_pod, self.per_rule]
-        # An operator's release: exemptions and the operator's rate limit (never the breaker).
-        self.control_guards: list[Guard] = [
-            self.exemptions,
-            operator_limit(settings.controls.rate_limit),
-        ]
         self.breaker = breaker
         # The isolation records (in `marks_bucket`), kept true to the API by `Isolations.loop`.
         self.isolations = (

@@ -11,10 +11,13 @@ runner's last step. Decisions that are not acts are audited through the runner t
 them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evidence kept) and
 `blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
 service drives, or handed to a human, from being released automatically. The auditor's
-`Tally` counts restatements (noisy skips) per window instead of auditing each.
+`Tally` counts restatements (noisy skips) per window instead of auditing each. `acting` builds
+what a service acts with (its runner and auditor, exemptions, operator controls' guards), and
+a service's severity table is composed from the presets in `severities`.
 """
 
 from schemas.state.breaker import BreakerState
+from services.kernel.acting import Acting, acting
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
@@ -26,12 +29,14 @@ from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
 from services.kernel.proposal import Guard, Proposal, Stage, Verdict
 from services.kernel.runner import ActionRunner
+from services.kernel.severities import Severities, Table, per_action, table
 from services.kernel.tally import Tally, TallySettings
 
 __all__ = [
     "EXEMPT_LABEL",
     "HOLD_ANNOTATION",
     "MARKS_ANNOTATION",
+    "Acting",
     "ActionRunner",
     "Auditor",
     "BreakerSettings",
@@ -54,16 +59,21 @@ __all__ = [
     "RateLimitSettings",
     "RateLimiter",
     "ReleaseHold",
+    "Severities",
     "SkippedNamespaces",
     "Stage",
     "Staleness",
+    "Table",
     "Tally",
     "TallySettings",
     "Verdict",
+    "acting",
     "blockers",
     "drain",
     "hold_note",
     "hold_of",
     "is_exempt",
+    "per_action",
+    "table",
     "tell_owner",
 ]

@@ -61,7 +61,6 @@ from schemas.common import ObjectRef, PodRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.ids import stable_id
 from schemas.maintenance import CheckpointRecord, Maintenance, MaintenancePhase
-from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.state.maintenance import (
     MAINTENANCES,
@@ -72,29 +71,29 @@ from schemas.state.maintenance import (
 )
 from schemas.state.marks import EventSpec, MarkEntry, MarkSpec
 from services.kernel import (
-    ActionRunner,
-    Auditor,
     BreakerSettings,
     CircuitBreaker,
     DrainSettings,
-    Exemptions,
     Guard,
     OwnerNotice,
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    acting,
     drain,
+    per_action,
+    table,
     tell_owner,
 )
 from services.kernel.breaker import node_breaker
 from services.kernel.control import (
     ControlSettings,
-    operator_limit,
     operator_proposal,
     refuse,
     reply_for,
 )
 from services.kernel.marks import NodeMarks
+from services.kernel.severities import LOUD, QUIET, SKIP_WARNS
 from services.maintenance.access import ACCESS
 from services.maintenance.plan import (
     Notice,
@@ -123,27 +122,12 @@ _ENDED = MappingProxyType({MAINTENANCE_ANNOTATION: None, REASON_ANNOTATION: None
 # API is off or the container is gone, or the role is not allowed); others are retried
 # until the deadline.
 FINAL_CHECKPOINT_ERRORS = (CheckpointFailed, NotFound, Forbidden)
-_QUIET = MappingProxyType(
-    {
-        Outcome.APPLIED: Severity.INFO,
-        Outcome.DRY_RUN: Severity.INFO,
-        Outcome.SKIPPED: Severity.WARNING,
-        Outcome.REFUSED: Severity.WARNING,
-        Outcome.FAILED: Severity.CRITICAL,
-        Outcome.UNDONE: Severity.INFO,
-    }
-)
-_LOUD = MappingProxyType({**_QUIET, Outcome.APPLIED: Severity.WARNING})
-SEVERITIES = MappingProxyType(
-    {
-        "announce": _QUIET,
-        "cordon": _LOUD,
-        "checkpoint": _QUIET,
-        "drain": _LOUD,
-        "evict-held": _LOUD,
-        "complete": _QUIET,
-        "fail": _QUIET,
-    }
+# Each step is news on-call hears of; a skip or a refusal (a maintenance left undone) warns,
+# and so does taking the node out of service (cordon, drain); a failure pages.
+_QUIET = table(QUIET, SKIP_WARNS)
+SEVERITIES = per_action(
+    (_QUIET, ("announce", "checkpoint", "complete", "fail")),
+    (table(_QUIET, LOUD), ("cordon", "drain", "evict-held")),
 )
 
 
@@ -234,17 +218,21 @@ class CheckpointService:
         # turns node annotations into requests.
         self.leading = False
         # Every decision, acted on or not, is audited through the runner (the kernel).
-        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions(cluster.namespaces.labels)
+        # An operator's finish or cancel: exemptions and the operator's rate limit.
+        kernel = acting(
+            bus,
+            actor=ACTOR,
+            topic=TOPIC,
+            severities=SEVERITIES,
+            dry_run=settings.dry_run,
+            namespace_labels=cluster.namespaces.labels,
+            controls=settings.controls,
+        )
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
+        self.control_guards = kernel.control_guards
         self.limiter = RateLimiter(settings.rate_limit)
         self.breaker = breaker
         self.marks = NodeMarks(cluster, kv, OWNER)
-        # An operator's finish or cancel: exemptions and the operator's rate limit.
-        self.control_guards: list[Guard] = [
-            self.exemptions,
-            operator_limit(settings.controls.rate_limit),
-        ]
         self.halt = asyncio.Event()
         """Set on shutdown: no new step or checkpoint call starts."""
         self.wake = asyncio.Event()

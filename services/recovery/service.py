@@ -29,7 +29,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -68,25 +67,24 @@ from schemas.state.recovery import (
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
     HOLD_ANNOTATION,
-    ActionRunner,
-    Auditor,
     BreakerSettings,
     CircuitBreaker,
     DrainSettings,
-    Exemptions,
     Guard,
     Proposal,
     Stage,
     Verdict,
+    acting,
     blockers,
     drain,
     hold_note,
     hold_of,
+    per_action,
+    table,
 )
 from services.kernel.breaker import node_breaker
 from services.kernel.control import (
     ControlSettings,
-    operator_limit,
     operator_proposal,
     refuse,
     reply_for,
@@ -94,6 +92,7 @@ from services.kernel.control import (
 from services.kernel.drain import EVIDENCE
 from services.kernel.holds import release_command
 from services.kernel.marks import NodeMarks
+from services.kernel.severities import FAILURE_WARNS, GOOD_NEWS
 from services.recovery.access import ACCESS
 from services.recovery.policy import (
     AfterFailure,
@@ -118,15 +117,11 @@ CORDON_ACTOR = "service/cordon"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Steps that go well are news, not pages; a failed step that recovery tries again is a
 # warning; the escalation (critical, set on its proposal) pages.
-_STEP = MappingProxyType(
-    {
-        Outcome.APPLIED: Severity.INFO,
-        Outcome.DRY_RUN: Severity.INFO,
-        Outcome.FAILED: Severity.WARNING,
-    }
-)
-SEVERITIES = MappingProxyType(
-    {a: _STEP for a in ("recover", "drain", "reset", "reboot", "validate", "release")}
+SEVERITIES = per_action(
+    (
+        table(GOOD_NEWS, FAILURE_WARNS),
+        ("recover", "drain", "reset", "reboot", "validate", "release"),
+    )
 )
 BACKOFF_CAP_S = 600.0
 
@@ -272,15 +267,19 @@ class RecoveryService:
         self.settings = settings
         self.catalog = catalog or load_catalog()
         self.marks = marks
-        auditor = Auditor(bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES)
-        self.runner = ActionRunner(auditor, dry_run=settings.dry_run)
-        self.exemptions = Exemptions(cluster.namespaces.labels)
+        kernel = acting(
+            bus,
+            actor=ACTOR,
+            topic=TOPIC,
+            severities=SEVERITIES,
+            dry_run=settings.dry_run,
+            namespace_labels=cluster.namespaces.labels,
+            controls=settings.controls,
+        )
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
+        self.control_guards = kernel.control_guards
         self.retry_limit = RetryLimit(counts, settings)
         self.start_guards: list[Guard] = [self.exemptions, self.retry_limit, breaker]
-        self.control_guards: list[Guard] = [
-            self.exemptions,
-            operator_limit(settings.controls.rate_limit),
-        ]
         self.tools = Tools(
             nc=bus.nc,
             cluster=cluster,
