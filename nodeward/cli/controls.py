@@ -231,27 +231,17 @@ def control(
     return make
 
 
-async def kv_records(js: Any, name: str, kinds: Sequence[Bucket[Any]]) -> list[tuple[str, Any]]:
-    """Every record of the `kinds` in the KV bucket `name` (a JetStream context's), each with
-    its key's suffix; none when the bucket is missing."""
-    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+async def kv_records(nc: Any, name: str, kinds: Sequence[Bucket[Any]]) -> list[tuple[str, Any]]:
+    """Every record of the `kinds` in the KV bucket `name`, each with its key's suffix, read
+    in one pass (`nodeward.bus.snapshot.kv_entries`); none when the bucket is missing."""
+    from nodeward.bus.snapshot import kv_entries
 
-    try:
-        kv = await js.key_value(name)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NotFoundError, NoKeysError):
-        return []
+    entries = await kv_entries(nc, name, [kind.prefix for kind in kinds]) or {}
     out = []
-    for key in keys:
+    for key, raw in sorted(entries.items()):
         kind = next((b for b in kinds if b.holds(key)), None)
-        if kind is None:
-            continue
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            continue
-        if entry.value:
-            out.append((kind.suffix(key), kind.load(entry.value)))
+        if kind is not None and raw:
+            out.append((kind.suffix(key), kind.load(raw)))
     return out
 
 
@@ -262,6 +252,6 @@ async def records(
     bucket is missing)."""
     nc = await connect_nats(settings, "cli/nodeward", state_dir)
     try:
-        return dict(await kv_records(nc.jetstream(), name, [bucket]))
+        return dict(await kv_records(nc, name, [bucket]))
     finally:
         await nc.close()

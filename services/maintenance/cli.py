@@ -310,7 +310,7 @@ async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
     """Every maintenance in the bucket: the running ones and the finished."""
     from schemas.state.maintenance import HISTORY, MAINTENANCES
 
-    return [state for _, state in await kv_records(bus.js, bucket, [MAINTENANCES, HISTORY])]
+    return [state for _, state in await kv_records(bus.nc, bucket, [MAINTENANCES, HISTORY])]
 
 
 def render_restore(plan: dict[str, Any]) -> str:

@@ -69,6 +69,13 @@ class CountingReads:
         return getattr(self.kv, name)
 
 
+def add(name: str) -> Any:
+    """A change that counts one more write, by `name`."""
+    return lambda cur: Counter(
+        value=(cur.value if cur else 0) + 1, writers=[*(cur.writers if cur else []), name]
+    )
+
+
 async def test_remembering_skips_the_read_and_never_loses_another_writers_value(
     bus: Bus,
 ) -> None:
@@ -76,11 +83,6 @@ async def test_remembering_skips_the_read_and_never_loses_another_writers_value(
     counted = CountingReads(bucket)
     mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
     other = TypedKV(bucket, Counter)
-
-    def add(name: str) -> Any:
-        return lambda cur: Counter(
-            value=(cur.value if cur else 0) + 1, writers=[*(cur.writers if cur else []), name]
-        )
 
     await mine.update("c", add("a"))
     reads = counted.reads
@@ -135,11 +137,6 @@ async def test_a_key_read_as_absent_is_created_without_a_read_and_never_over_ano
     counted = CountingReads(bucket)
     mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
     other = TypedKV(bucket, Counter)
-
-    def add(name: str) -> Any:
-        return lambda cur: Counter(
-            value=(cur.value if cur else 0) + 1, writers=[*(cur.writers if cur else []), name]
-        )
 
     assert await mine.get("x") is None
     reads = counted.reads
