@@ -273,18 +273,25 @@ class Bus:
 
     async def close(self, grace: float = 10.0) -> None:
         """Stop consumers (finish or nak in-flight work), run the `before_close` hooks,
-        flush publishes, drain the connection."""
-        await asyncio.gather(*(c.stop(grace) for c in self.consumers), return_exceptions=True)
+        flush publishes, drain the connection: all of it within `grace` seconds (the drain
+        gets at least 0.5 s), the budget a daemon's shutdown gives it, not `grace` a step."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+
+        def left() -> float:
+            return max(deadline - loop.time(), 0.0)
+
+        await asyncio.gather(*(c.stop(left()) for c in self.consumers), return_exceptions=True)
         self.consumers.clear()
         hooks, self._before_close = self._before_close, []
         for hook in hooks:
             with contextlib.suppress(Exception):
-                await within(hook(), grace)
+                await within(hook(), left())
         with contextlib.suppress(Exception):
             if self.js.publish_async_pending():
-                await within(self.js.publish_async_completed(), grace)
+                await within(self.js.publish_async_completed(), left())
         with contextlib.suppress(Exception):
-            await within(self.nc.drain(), max(grace, 0.5))
+            await within(self.nc.drain(), max(left(), 0.5))
         with contextlib.suppress(Exception):
             await self.nc.close()
 
