@@ -45,7 +45,9 @@ async def _check(state: Path, endpoints: dict[str, Any], seconds: float) -> list
     try:
 
         async def caught_up() -> bool:
-            return all([await _behind_s(js, s, c) == 0.0 for s, c in CONSUMERS])
+            # Within a second, not at zero: 256 nodes keep publishing, so some message is
+            # nearly always in flight and an exact zero is a matter of luck on a busy machine.
+            return all([await _behind_s(js, s, c) < 1.0 for s, c in CONSUMERS])
 
         await wait_for(caught_up, timeout=30, what="the cordon consumers through the start")
         worst = 0.0
