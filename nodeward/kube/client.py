@@ -15,6 +15,7 @@ import functools
 import importlib
 import json
 import random
+import re
 import sys
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -244,6 +245,10 @@ class KubeClient:
                 attempt += 1
                 continue
             if 200 <= status < 300:
+                for warning in _warnings(headers):
+                    # as client-go's default handler does: the server stored what was sent
+                    # less something, or warns of a deprecation; either is worth a look
+                    self._log.warning("kube.api_warning", method=method, path=path, said=warning)
                 return data
             if isinstance(data, str):
                 with contextlib.suppress(json.JSONDecodeError):
@@ -338,6 +343,19 @@ def _qv(value: str | int | bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+_WARNING = re.compile(r'\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def _warnings(headers: Mapping[str, str]) -> list[str]:
+    """The texts of the response's `Warning` headers (RFC 7234 `299 - "text"`; several in
+    one value when the headers were joined)."""
+    out = []
+    for key, value in headers.items():
+        if key.lower() == "warning":
+            out += [re.sub(r"\\(.)", r"\1", m) for m in _WARNING.findall(value)]
+    return out
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

@@ -769,8 +769,9 @@ def etag(body: bytes) -> str:
     return hashlib.sha512(body).hexdigest().upper()
 
 
-def build() -> Documents:
-    """Every document, from the client package's models (blocking: seconds)."""
+def definitions() -> tuple[dict[str, Schema], dict[str, str]]:
+    """Every definition (by name) and the definition of each kind the sim serves (keyed
+    `group/version/kind`), from the client package's models (blocking: seconds)."""
     builder = _Builder()
     for anchor in _CORE_ANCHORS:
         builder.model(f"V1{anchor}", package_of("", "v1"))
@@ -795,7 +796,12 @@ def build() -> Documents:
         "PATCH request body.",
         "type": "object",
     }
-    defs = dict(sorted(builder.defs.items()))
+    return dict(sorted(builder.defs.items())), names
+
+
+def build() -> Documents:
+    """Every document, from the client package's models (blocking: seconds)."""
+    defs, names = definitions()
     paths = _operations(names)
     v2: Schema = {
         "swagger": "2.0",

@@ -449,7 +449,7 @@ def pod_manifest(p: PodSeed, owner_uid: str | None, pod_ip: str, host_ip: str) -
         ]
     volumes: list[dict[str, Any]] = [
         {
-            "name": "kube-api-access",
+            "name": f"kube-api-access-{hashlib.sha256(p.name.encode()).hexdigest()[:5]}",
             "projected": {
                 "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]
             },
@@ -633,9 +633,11 @@ def apply_seed(store: Store, seed: Seed) -> None:
         pod_ip = f"10.244.{node_index.get(p.node, 250)}.{10 + count}"
         pod_rt = lookup("", "v1", "pods")
         assert pod_rt is not None
-        store.create(
-            pod_rt, p.namespace, pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250"))
-        )
+        manifest = pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250"))
+        created = store.create(pod_rt, p.namespace, manifest)
+        # The API server makes a new pod Pending; its kubelet then reports how it runs.
+        created["status"] = {**created["status"], **manifest["status"]}
+        store.update(pod_rt, p.namespace, p.name, created, subresource="status")
     pdb_rt = lookup("policy", "v1", "poddisruptionbudgets")
     assert pdb_rt is not None
     for b in seed.pdbs:

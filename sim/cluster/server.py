@@ -27,8 +27,9 @@ from aiohttp import web
 
 from nodeward.aio import within
 from nodeward.logs import get_logger
-from sim.cluster import convert, disruption, openapi, protobuf, rbac, resources, tables
+from sim.cluster import convert, decoding, disruption, openapi, protobuf, rbac, resources, tables
 from sim.cluster.errors import ApiError, bad_request
+from sim.cluster.kubelet import Kubelets
 from sim.cluster.patch import apply_patch
 from sim.cluster.resources import ResourceType, lookup
 from sim.cluster.seed import Seed, SeedError, apply_seed, load_seed
@@ -59,6 +60,10 @@ CLUSTER_NAME = "nodeward-sim"
 SERVICE_NAMESPACE = "nodeward"
 _PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 _EVENTS_V1 = resources.require("events.k8s.io", "v1", "events")
+UNKNOWN_FIELDS_ENV = "NODEWARD_SIM_UNKNOWN_FIELDS"
+"""`fail`: a write that a real API server would store with an `unknown field` warning (its
+`fieldValidation` being Warn) is refused instead, so that a test whose code writes a field a
+real cluster would silently drop fails. Anything else: the API server's own behaviour."""
 
 
 @dataclass
@@ -151,6 +156,7 @@ class SimCluster:
         access: Iterable[Access] = (),
         bookmark_interval: float = 5.0,
         history: int = 10000,
+        warnings_fail: bool | None = None,
     ) -> None:
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
         self.host = host
@@ -163,6 +169,12 @@ class SimCluster:
         self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
         self.faults: list[Fault] = []
         self.evictions: list[tuple[str, str, str]] = []  # namespace, pod, Eviction apiVersion
+        # (method, path, text) of every Warning header sent
+        self.warnings: list[tuple[str, str, str]] = []
+        self.warnings_fail = (
+            os.environ.get(UNKNOWN_FIELDS_ENV) == "fail" if warnings_fail is None else warnings_fail
+        )
+        self._fields: asyncio.Future[decoding.Fields] | None = None
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
         self._by_token: dict[str, rbac.Identity] = {}
         self._runner: web.AppRunner | None = None
@@ -179,6 +191,7 @@ class SimCluster:
         `rbac_dirs`, else the source tree's deploy/rbac, else the same roles built from
         the daemons' declared `access`."""
         disruption.watch_pods(self.store)
+        Kubelets(self.store).install()
         default = rbac.default_rbac_dir()
         try:
             if rbac_dirs is not None:
@@ -220,6 +233,7 @@ class SimCluster:
         return f"https://{self.host}:{self.port}"
 
     async def start(self) -> None:
+        self._fields = asyncio.ensure_future(asyncio.to_thread(decoding.Fields.load))
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
@@ -231,6 +245,8 @@ class SimCluster:
 
     async def stop(self) -> None:
         self._closing.set()
+        if self._fields is not None and not self._fields.done():
+            self._fields.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -655,7 +671,7 @@ class SimCluster:
                 f"application/json, application/yaml (the sim cluster does not decode {media})",
             )
         try:
-            return json.loads(raw)
+            return json.loads(raw, object_pairs_hook=decoding.object_pairs)
         except json.JSONDecodeError:
             try:
                 return yaml.safe_load(raw)
@@ -713,13 +729,15 @@ class SimCluster:
             if not isinstance(body, dict):
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
+            body, warned = await self._decode(request, route, body, "CreateOptions")
             created = self.store.create(store_rt, ns, self._in(route, body), dry_run=dry)
-            return web.json_response(self._out(route, created), status=201)
+            return self._warned(web.json_response(self._out(route, created), status=201), warned)
         if verb == "update":
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
+            body, warned = await self._decode(request, route, body, "UpdateOptions")
             updated = self.store.update(
                 store_rt,
                 ns,
@@ -728,7 +746,7 @@ class SimCluster:
                 subresource=route.subresource,
                 dry_run=dry,
             )
-            return web.json_response(self._out(route, updated))
+            return self._warned(web.json_response(self._out(route, updated)), warned)
         if verb == "patch":
             body = await self._body(request)
             current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
@@ -741,6 +759,7 @@ class SimCluster:
             )
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
+            patched, warned = await self._decode(request, route, patched, "PatchOptions")
             updated = self.store.update(
                 store_rt,
                 ns,
@@ -749,7 +768,7 @@ class SimCluster:
                 subresource=route.subresource,
                 dry_run=dry,
             )
-            return web.json_response(self._out(route, updated))
+            return self._warned(web.json_response(self._out(route, updated)), warned)
         if verb == "delete":
             body = await self._body(request) or {}
             pre = body.get("preconditions") or {} if isinstance(body, dict) else {}
@@ -795,6 +814,42 @@ class SimCluster:
             "MethodNotAllowed",
             "the server does not allow this method on the requested resource",
         )
+
+    async def _decode(
+        self, request: web.Request, route: _Route, body: Obj, options: str
+    ) -> tuple[Obj, list[str]]:
+        """`body` as the API server stores it (`decoding`), and the warnings to send with it;
+        refused as the server refuses it."""
+        mode = decoding.directive(request.query, options)
+        assert self._fields is not None, "the sim cluster is not started"
+        fields = await asyncio.shield(self._fields)
+        rt = route.rt
+        decoded = fields.decode(rt.group, route.version, rt.kind, body)
+        if options == "PatchOptions":
+            decoding.refuse_patch(body, decoded, mode)
+        else:
+            decoding.refuse_body(rt.kind, route.version, decoded, mode)
+        warned = decoded.strict if mode == "Warn" else []
+        if warned and self.warnings_fail:
+            self._log.error(
+                "sim cluster: a write a real API server would store without these fields",
+                method=request.method,
+                path=request.path_qs,
+                fields=warned,
+            )
+            raise bad_request(
+                f"the sim cluster refuses what a real API server would drop with a warning "
+                f"({UNKNOWN_FIELDS_ENV}=fail): {', '.join(warned)}"
+            )
+        for text in warned:
+            self.warnings.append((request.method, request.path_qs, text))
+        return decoded.obj, warned
+
+    @staticmethod
+    def _warned(response: web.Response, warned: list[str]) -> web.Response:
+        for text in warned:
+            response.headers.add("Warning", decoding.warning_header(text))
+        return response
 
     def _check_kind(self, route: _Route, body: Obj) -> None:
         kind, api_version = body.get("kind"), body.get("apiVersion")

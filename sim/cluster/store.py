@@ -17,12 +17,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sim.cluster import validation
+from sim.cluster import admission, resources, validation
 from sim.cluster.errors import ApiError, already_exists, conflict, invalid, not_found
 from sim.cluster.resources import ResourceType
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (group, resource) of the storage
+_PODS: Key = ("", "pods")
+_ACCOUNTS: Key = ("", "serviceaccounts")
+_NAMESPACES: Key = ("", "namespaces")
 
 
 def now() -> str:
@@ -148,20 +151,25 @@ class Store:
                     )
                 ],
             )
-        _normalize(rt, obj)
-        validation.validate(rt, obj, None)
         table = self._objects.setdefault(rt.key, {})
-        if (namespace if rt.namespaced else "", name) in table:
-            raise already_exists(rt.resource, name, rt.group)
         if rt.namespaced and rt.resource != "namespaces" and namespace not in ("",):
             ns_table = self._objects.get(("", "namespaces"), {})
-            if ("", namespace) not in ns_table:
+            if ("", namespace) not in ns_table:  # admission's NamespaceLifecycle
                 raise ApiError(
                     404,
                     "NotFound",
                     f'namespaces "{namespace}" not found',
                     details={"name": namespace, "kind": "namespaces"},
                 )
+        if rt.key == _PODS:
+            accounts = {
+                n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
+            }
+            admission.pod(obj, namespace, accounts)
+        _normalize(rt, obj)
+        validation.validate(rt, obj, None)
+        if (namespace if rt.namespaced else "", name) in table:
+            raise already_exists(rt.resource, name, rt.group)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
@@ -171,7 +179,16 @@ class Store:
         meta["resourceVersion"] = self._bump()
         table[(namespace if rt.namespaced else "", name)] = obj
         self._emit(Change(self._rv, rt.key, "ADDED", copy.deepcopy(obj), None))
+        if rt.key == _NAMESPACES:
+            self._controllers_on_namespace(name)
         return copy.deepcopy(obj)
+
+    def _controllers_on_namespace(self, namespace: str) -> None:
+        """What the ServiceAccount controller does for a new namespace: its `default`
+        ServiceAccount."""
+        if (namespace, admission.DEFAULT_ACCOUNT) not in self._objects.get(_ACCOUNTS, {}):
+            accounts = resources.require("", "v1", "serviceaccounts")
+            self.create(accounts, namespace, admission.default_account(namespace))
 
     def update(
         self,

@@ -151,9 +151,25 @@ def _node(obj: dict[str, Any]) -> list[Cause]:
     return causes
 
 
+def _pod_create(obj: dict[str, Any]) -> list[Cause]:
+    """`ValidatePodSpec`'s required fields: at least one container, each named, with an image
+    (`pkg/apis/core/validation`: a pod's containers, unlike a template's, need an image)."""
+    spec = obj.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        return [("spec.containers", "FieldValueRequired", "Required value")]
+    causes: list[Cause] = []
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(key) or []):
+            for f in ("name", "image"):
+                if not (c or {}).get(f):
+                    causes.append((f"spec.{key}[{i}].{f}", "FieldValueRequired", "Required value"))
+    return causes
+
+
 def _pod(obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
     if old is None:
-        return []
+        return _pod_create(obj)
     new_spec, old_spec = dict(obj.get("spec") or {}), dict(old.get("spec") or {})
     for f in _POD_MUTABLE:
         new_spec.pop(f, None)

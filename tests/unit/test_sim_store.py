@@ -51,7 +51,11 @@ def test_resource_version_generation_and_conflicts() -> None:
         store.create(NODES, "", {"metadata": {"name": "Bad_Name"}})
     assert (err.value.code, err.value.reason) == (422, "Invalid")
     with pytest.raises(ApiError) as err:
-        store.create(PODS, "missing-ns", {"metadata": {"name": "p"}, "spec": {}})
+        store.create(
+            PODS,
+            "missing-ns",
+            {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        )
     assert err.value.code == 404
     gone = store.delete(NODES, "", "n1")
     assert int(gone["metadata"]["resourceVersion"]) > int(cordoned["metadata"]["resourceVersion"])
