@@ -1,4 +1,5 @@
-"""Drain: evict a node's pods through the Eviction API (PodDisruptionBudgets honoured).
+"""Drain: evict a node's pods through the Eviction API (PodDisruptionBudgets honoured), and
+wait until they are gone (a pod terminates for up to its grace period).
 
 DaemonSet pods, mirror (static) pods, finished pods, exempt pods, pods in exempt or
 skipped namespaces, and pods the Falco response isolated (evidence) stay. Evictions run
@@ -167,7 +168,18 @@ async def drain(
         except KubeError as exc:
             result.blocked[ref] = str(exc)
             return
-        (result.evicted if done else result.gone).append(ref)
+        if not done:
+            result.gone.append(ref)
+            return
+        # As `kubectl drain` does: an evicted pod is Terminating for up to its grace period;
+        # the node is not drained until it is gone from the API (or replaced: another uid).
+        left = max(0.0, end - time.monotonic())
+        if await cluster.pods.wait_gone(
+            meta["namespace"], meta["name"], meta.get("uid"), within=left, interval=0.5
+        ):
+            result.evicted.append(ref)
+        else:
+            result.blocked[ref] = "evicted, still terminating at the drain's deadline"
 
     evictions: asyncio.Future[Any] = asyncio.ensure_future(
         asyncio.gather(*(evict(p) for p in todo))

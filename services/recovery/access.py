@@ -22,6 +22,7 @@ ACCESS = Access(
             "nodes.list",  # the circuit breaker's population
             "nodes.patch",  # its reboot request and its human hold, and taking them back
             "pods.list",  # drained means empty: the pods left on the node
+            "pods.get",  # an evicted pod waited for until it has terminated and is gone
             "pods.evict",  # the pods a drain left, evicted again (budgets honoured)
             "pods.delete",  # only at an operator's word: `nodeward recovery force-drain`
             "namespaces.get",  # a pod's namespace exemption

@@ -162,4 +162,6 @@ def evict(
         precondition_rv=pre.get("resourceVersion"),
         precondition_uid=pre.get("uid"),
         dry_run=dry_run,
+        grace_period=options.get("gracePeriodSeconds"),
+        propagation=options.get("propagationPolicy"),
     )

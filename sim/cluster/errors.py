@@ -23,12 +23,14 @@ class ApiError(Exception):
         self.message = message
         self.details = details
         self.headers = headers or {}
+        self.list_meta: dict[str, Any] = {}
+        """The Status's list metadata (a 410's fresh `continue` token)."""
 
     def status(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": dict(self.list_meta),
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,

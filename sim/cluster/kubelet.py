@@ -5,6 +5,11 @@ starts its containers and reports it `Running` (conditions, IPs, container state
 report follows on the next turn of the event loop, for a pod bound to a node that exists and
 that nobody has reported on since it was created. A pod bound to no node stays `Pending`: the
 sim has no scheduler.
+
+A pod deleted with a grace period is `Terminating` (its `deletionTimestamp` set) until its
+kubelet has stopped its containers: after its `sim.nodeward.io/exits-after` annotation's
+seconds, or the kubelet's default, never later than the grace period; then the kubelet's
+final delete removes it.
 """
 
 from __future__ import annotations
@@ -14,34 +19,71 @@ import itertools
 
 from sim.cluster import admission
 from sim.cluster.resources import require
-from sim.cluster.store import Change, Store, now
+from sim.cluster.store import Change, Obj, Store, now
 
 PODS = require("", "v1", "pods")
 NODES = require("", "v1", "nodes")
 
 
-class Kubelets:
-    """Start every new pod bound to a node; `install` hooks them on the store."""
+EXITS_AFTER = "sim.nodeward.io/exits-after"
+"""A pod's annotation: how many seconds its containers take to exit once told to stop
+(`SIGTERM`); the kubelet kills them at the grace period's end in any case."""
 
-    def __init__(self, store: Store) -> None:
+
+class Kubelets:
+    """Start every new pod bound to a node, and finish every one deleted gracefully;
+    `install` hooks them on the store. `exits_after`: how long a pod's containers take to
+    stop unless its annotation says otherwise (well-behaved ones: a moment)."""
+
+    def __init__(self, store: Store, *, exits_after: float = 0.2) -> None:
         self.store = store
+        self.exits_after = exits_after
         self._ips = itertools.count(1)
 
     def install(self) -> None:
         self.store.hooks.append(self._hook)
 
     def _hook(self, change: Change) -> None:
-        if change.key != PODS.key or change.type != "ADDED":
+        if change.key != PODS.key or change.type == "DELETED":
             return
         pod = change.obj
-        if not (pod.get("spec") or {}).get("nodeName"):
-            return
+        meta = pod["metadata"]
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop, no kubelet (a store used on its own)
-        meta = pod["metadata"]
-        loop.call_soon(self._start, meta["namespace"], meta["name"], meta["resourceVersion"])
+        if change.type == "ADDED":
+            if (pod.get("spec") or {}).get("nodeName"):
+                loop.call_soon(
+                    self._start, meta["namespace"], meta["name"], meta["resourceVersion"]
+                )
+            return
+        was = (change.old or {}).get("metadata") or {}
+        grace = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and grace != was.get("deletionGracePeriodSeconds"):
+            loop.call_later(
+                self._stopping_s(pod, float(grace or 0)),
+                self._finish,
+                meta["namespace"],
+                meta["name"],
+                meta["uid"],
+            )
+
+    def _stopping_s(self, pod: Obj, grace: float) -> float:
+        said = ((pod["metadata"].get("annotations") or {}).get(EXITS_AFTER)) or ""
+        try:
+            exits = float(said) if said else self.exits_after
+        except ValueError:
+            exits = self.exits_after
+        return max(0.0, min(exits, grace))
+
+    def _finish(self, namespace: str, name: str, uid: str) -> None:
+        """The containers are stopped: the kubelet's final delete (grace 0) removes the pod,
+        unless a finalizer still holds it."""
+        pod = self.store.find(PODS, namespace, name)
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return
+        self.store.delete(PODS, namespace, name, grace_period=0, precondition_uid=uid)
 
     def _start(self, namespace: str, name: str, created_rv: str) -> None:
         pod = self.store.find(PODS, namespace, name)

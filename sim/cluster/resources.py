@@ -239,6 +239,12 @@ def lookup(group: str, version: str, resource: str) -> ResourceType | None:
     return None
 
 
+def by_key(key: tuple[str, str]) -> ResourceType | None:
+    """The served resource stored under `key` (group, resource)."""
+    exact = (rt for rt in RESOURCES if (rt.group, rt.resource) == key)
+    return next(exact, None) or next((rt for rt in RESOURCES if rt.key == key), None)
+
+
 def require(group: str, version: str, resource: str) -> ResourceType:
     """The resource type, which must be served."""
     rt = lookup(group, version, resource)

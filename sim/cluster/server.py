@@ -27,7 +27,17 @@ from aiohttp import web
 
 from nodeward.aio import within
 from nodeward.logs import get_logger
-from sim.cluster import convert, decoding, disruption, openapi, protobuf, rbac, resources, tables
+from sim.cluster import (
+    convert,
+    decoding,
+    disruption,
+    listing,
+    openapi,
+    protobuf,
+    rbac,
+    resources,
+    tables,
+)
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.kubelet import Kubelets
 from sim.cluster.patch import apply_patch
@@ -126,6 +136,24 @@ def _is_resource_path(parts: list[str]) -> bool:
     if parts[:1] == ["apis"]:
         return len(parts) > 3
     return False
+
+
+def _delete_options(request: web.Request, body: Any) -> dict[str, Any]:
+    """A delete's DeleteOptions: its body, with the query's `gracePeriodSeconds` and
+    `propagationPolicy` where the body does not say them."""
+    options = dict(body) if isinstance(body, dict) else {}
+    grace = request.query.get("gracePeriodSeconds")
+    if grace is not None and "gracePeriodSeconds" not in options:
+        try:
+            options["gracePeriodSeconds"] = int(grace)
+        except ValueError:
+            raise bad_request(f"gracePeriodSeconds: {grace!r} is not an integer") from None
+    policy = request.query.get("propagationPolicy")
+    if policy is not None and "propagationPolicy" not in options:
+        options["propagationPolicy"] = policy
+    if options.get("orphanDependents") is True and "propagationPolicy" not in options:
+        options["propagationPolicy"] = "Orphan"
+    return options
 
 
 def _wants_table(request: web.Request) -> bool:
@@ -771,8 +799,9 @@ class SimCluster:
             return self._warned(web.json_response(self._out(route, updated)), warned)
         if verb == "delete":
             body = await self._body(request) or {}
-            pre = body.get("preconditions") or {} if isinstance(body, dict) else {}
-            dry = dry or "All" in ((body.get("dryRun") or []) if isinstance(body, dict) else [])
+            options = _delete_options(request, body)
+            pre = options.get("preconditions") or {}
+            dry = dry or "All" in (options.get("dryRun") or [])
             gone = self.store.delete(
                 store_rt,
                 ns,
@@ -780,10 +809,13 @@ class SimCluster:
                 precondition_rv=pre.get("resourceVersion"),
                 precondition_uid=pre.get("uid"),
                 dry_run=dry,
+                grace_period=options.get("gracePeriodSeconds"),
+                propagation=options.get("propagationPolicy"),
             )
-            if rt.kind == "Pod":
-                gone["metadata"]["deletionTimestamp"] = now()
-                gone["metadata"]["deletionGracePeriodSeconds"] = 0
+            # Not deleted yet (graceful, finalizers): the object as it stands. Deleted: the
+            # object for pods (the pod registry's ReturnDeletedObject), else a Status.
+            still = self.store.find(store_rt, ns, route.name or "")
+            if rt.kind == "Pod" or (still is not None and not dry):
                 return web.json_response(self._out(route, gone))
             return web.json_response(
                 {
@@ -801,12 +833,15 @@ class SimCluster:
             )
         if verb == "deletecollection":
             items = self._select(request, route, self.store.list(store_rt, route.namespace))
+            options = _delete_options(request, await self._body(request) or {})
             for item in items:
                 self.store.delete(
                     store_rt,
                     item["metadata"].get("namespace", ""),
                     item["metadata"]["name"],
                     dry_run=dry,
+                    grace_period=options.get("gracePeriodSeconds"),
+                    propagation=options.get("propagationPolicy"),
                 )
             return web.json_response(self._list_body(route, items))
         raise ApiError(
@@ -885,11 +920,21 @@ class SimCluster:
                 out.append(shown)
         return out
 
-    def _list_body(self, route: _Route, items: list[Obj], cont: str = "") -> Obj:
-        meta: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
+    def _list_body(
+        self,
+        route: _Route,
+        items: list[Obj],
+        cont: str = "",
+        rv: int | None = None,
+        remaining: int | None = None,
+    ) -> Obj:
+        meta: dict[str, Any] = {
+            "resourceVersion": str(rv if rv is not None else self.store.resource_version)
+        }
         if cont:
             meta["continue"] = cont
-            meta["remainingItemCount"] = 0
+            if remaining is not None:
+                meta["remainingItemCount"] = remaining
         return {
             "kind": f"{route.rt.kind}List",
             "apiVersion": route.rt.api_version(route.version),
@@ -898,32 +943,36 @@ class SimCluster:
         }
 
     def _list(self, request: web.Request, route: _Route) -> web.Response:
-        items = self._select(request, route, self.store.list(self._storage(route), route.namespace))
-        start = 0
-        if token := request.query.get("continue"):
-            try:
-                start = int(json.loads(base64.urlsafe_b64decode(token.encode()))["start"])
-            except (ValueError, KeyError, TypeError):
-                raise bad_request("continue key is not valid") from None
-        cont = ""
-        if limit := int(request.query.get("limit") or 0):
-            end = start + limit
-            if end < len(items):
-                cont = base64.urlsafe_b64encode(json.dumps({"start": end}).encode()).decode()
-            items = items[start:end]
-        else:
-            items = items[start:]
+        """A list as the API server reads it from etcd: every page of a paginated list at the
+        first page's revision (the continue token carries it, and the key to go on after),
+        `resourceVersion` with `resourceVersionMatch` (`Exact`: that revision, 410 once
+        compacted; `NotOlderThan`: at least as new), `remainingItemCount` when unfiltered."""
+        query = request.query
+        page = listing.read(query, self.store.resource_version)
+        store_rt = self._storage(route)
+        objects = None
+        if page.rv is not None and page.rv != self.store.resource_version:
+            objects = self.store.snapshot(store_rt, page.rv, route.namespace)
+            if objects is None:
+                raise listing.expired(page, self.store.oldest_resumable)
+        rv = page.rv if page.rv is not None else self.store.resource_version
+        if objects is None:
+            objects = self.store.list(store_rt, route.namespace)
+        if page.after:
+            objects = [o for o in objects if listing.key_of(o) > page.after]
+        items = self._select(request, route, objects)
+        cont, remaining = "", None
+        if page.limit and page.limit < len(items):
+            items, rest = items[: page.limit], items[page.limit :]
+            cont = listing.token(rv, listing.key_of(items[-1]))
+            filtered = "labelSelector" in query or "fieldSelector" in query
+            remaining = None if filtered else len(rest)
         if _wants_table(request):
-            body = tables.table(
-                route.rt,
-                items,
-                str(self.store.resource_version),
-                request.query.get("includeObject", "Metadata"),
-            )
+            body = tables.table(route.rt, items, str(rv), query.get("includeObject", "Metadata"))
             if cont:
                 body["metadata"]["continue"] = cont
             return web.json_response(body)
-        body = self._list_body(route, items, cont)
+        body = self._list_body(route, items, cont, rv, remaining)
         if _wants_metadata(request):
             body |= {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
             body["items"] = [tables.partial(obj) for obj in items]

@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import copy
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sim.cluster import admission, resources, validation
-from sim.cluster.errors import ApiError, already_exists, conflict, invalid, not_found
+from sim.cluster.errors import (
+    ApiError,
+    already_exists,
+    bad_request,
+    conflict,
+    invalid,
+    not_found,
+)
 from sim.cluster.resources import ResourceType
 
 Obj = dict[str, Any]
@@ -26,6 +34,8 @@ Key = tuple[str, str]  # (group, resource) of the storage
 _PODS: Key = ("", "pods")
 _ACCOUNTS: Key = ("", "serviceaccounts")
 _NAMESPACES: Key = ("", "namespaces")
+FOREGROUND = "foregroundDeletion"
+Stored = tuple[Key, tuple[str, str], Obj]  # (storage key, (namespace, name), object)
 
 
 def now() -> str:
@@ -105,6 +115,27 @@ class Store:
         if obj is None:
             raise not_found(rt.resource, name, rt.group)
         return copy.deepcopy(obj)
+
+    def snapshot(self, rt: ResourceType, rv: int, namespace: str | None = None) -> list[Obj] | None:
+        """The objects as they were at `rv` (etcd's range read at a revision), by key; None
+        when the history no longer reaches back that far (compacted)."""
+        if rv > self._rv:
+            return None
+        if rv < self._rv and rv < self.oldest_resumable:
+            return None
+        items = {k: copy.deepcopy(o) for k, o in self._objects.get(rt.key, {}).items()}
+        for change in reversed(self._history):
+            if change.rv <= rv:
+                break
+            if change.key != rt.key:
+                continue
+            meta = change.obj["metadata"]
+            key = (meta.get("namespace", "") if rt.namespaced else "", meta["name"])
+            if change.type == "ADDED":
+                items.pop(key, None)
+            elif change.old is not None:
+                items[key] = copy.deepcopy(change.old)
+        return [o for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace]
 
     def find(self, rt: ResourceType, namespace: str, name: str) -> Obj | None:
         obj = self._objects.get(rt.key, {}).get((namespace if rt.namespaced else "", name))
@@ -233,7 +264,13 @@ class Store:
                     new["status"] = copy.deepcopy(old["status"])
                 else:
                     new.pop("status", None)
-            for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
+            for k in (
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+            ):
                 if k in old["metadata"]:
                     meta[k] = old["metadata"][k]
                 else:
@@ -254,6 +291,14 @@ class Store:
         new["metadata"]["resourceVersion"] = self._bump()
         table[key] = new
         self._emit(Change(self._rv, rt.key, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
+        meta = new["metadata"]
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
+            # `shouldDeleteDuringUpdate`: the last finalizer of a deleted object is gone
+            return self._remove(rt, key)
         return copy.deepcopy(new)
 
     def delete(
@@ -265,7 +310,21 @@ class Store:
         precondition_rv: str | None = None,
         precondition_uid: str | None = None,
         dry_run: bool = False,
+        grace_period: int | None = None,
+        propagation: str | None = None,
     ) -> Obj:
+        """Delete as the API server's registry does (`pkg/registry/generic/registry/store.go`
+        `Delete`, `rest.BeforeDelete`): the object as it stands after the request.
+
+        A pod bound to a node and not finished is deleted gracefully: it gets its
+        `deletionTimestamp` (now plus `grace_period`, else its own
+        `terminationGracePeriodSeconds`) and stays until its kubelet removes it; a
+        shorter grace period may shorten a deletion under way, 0 removes it at once. An object
+        with finalizers stays, marked, until the last is removed. Dependents are then
+        collected by their ownerReferences, per `propagation` (`Background`, the default;
+        `Foreground`: the owner stays, with the `foregroundDeletion` finalizer, until they are
+        gone; `Orphan`: they lose the reference and stay).
+        """
         key = (namespace if rt.namespaced else "", name)
         table = self._objects.get(rt.key, {})
         old = table.get(key)
@@ -285,13 +344,129 @@ class Store:
                 "Precondition failed: ResourceVersion in precondition: "
                 f"{precondition_rv}, ResourceVersion in object meta: {old['metadata']['resourceVersion']}",
             )
+        if propagation not in (None, "Background", "Foreground", "Orphan"):
+            raise bad_request(
+                f'Unsupported value: "{propagation}": supported values: "Foreground", '
+                '"Background", "Orphan"'
+            )
         if dry_run:
             return copy.deepcopy(old)
-        del table[key]
+        meta = old["metadata"]
+        grace = self._grace(rt, old, grace_period)
+        finalizers = list(meta.get("finalizers") or [])
+        if propagation == "Foreground" and self._dependents(meta["uid"]):
+            finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
+        elif propagation == "Orphan":
+            self._orphan(meta["uid"])
+        if grace == 0 and not finalizers:
+            return self._remove(rt, key)
+        marked = self._mark_deleted(rt, key, old, grace, finalizers)
+        if FOREGROUND in finalizers:
+            self._collect(meta["uid"])  # the dependents first
+        return marked
+
+    def _grace(self, rt: ResourceType, obj: Obj, asked: int | None) -> int:
+        """The grace period a deletion gets: only a pod bound to a node and not finished
+        has one (`podStrategy.CheckGracefulDelete`); a deletion under way may only shorten."""
+        if rt.key != _PODS:
+            return 0
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+            return 0
+        grace = asked if asked is not None else spec.get("terminationGracePeriodSeconds", 30)
+        grace = max(0, int(grace))
+        current = obj["metadata"].get("deletionGracePeriodSeconds")
+        return min(grace, int(current)) if current is not None else grace
+
+    def _mark_deleted(
+        self,
+        rt: ResourceType,
+        key: tuple[str, str],
+        old: Obj,
+        grace: int,
+        finalizers: builtins.list[str],
+    ) -> Obj:
+        new = copy.deepcopy(old)
+        meta = new["metadata"]
+        if "deletionTimestamp" not in meta or grace < (meta.get("deletionGracePeriodSeconds") or 0):
+            at = datetime.now(UTC) + timedelta(seconds=grace)
+            meta["deletionTimestamp"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["deletionGracePeriodSeconds"] = grace
+        if finalizers:
+            meta["finalizers"] = finalizers
+        if new == old:
+            return copy.deepcopy(old)
+        meta["resourceVersion"] = self._bump()
+        self._objects[rt.key][key] = new
+        self._emit(Change(self._rv, rt.key, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
+        return copy.deepcopy(new)
+
+    def _remove(self, rt: ResourceType, key: tuple[str, str]) -> Obj:
+        """Take the object out of storage, then collect what it owned (background)."""
+        old = self._objects[rt.key].pop(key)
         gone = copy.deepcopy(old)
         gone["metadata"]["resourceVersion"] = self._bump()
         self._emit(Change(self._rv, rt.key, "DELETED", copy.deepcopy(gone), copy.deepcopy(old)))
+        self._collect(old["metadata"]["uid"])
+        self._owners_waiting(old)
         return gone
+
+    def _dependents(self, uid: str) -> builtins.list[Stored]:
+        return [
+            (k, key, obj)
+            for k, table in self._objects.items()
+            for key, obj in table.items()
+            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _collect(self, uid: str) -> None:
+        """The garbage collector's part: delete what `uid` owned (each as its own deletion
+        goes: a pod gracefully). A dependent with another owner still there is kept."""
+        for k, (ns, name), obj in self._dependents(uid):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") != uid and self._by_uid(r.get("uid")) for r in refs):
+                continue
+            if obj["metadata"].get("deletionTimestamp"):
+                continue
+            dependent = resources.by_key(k)
+            if dependent is not None:
+                self.delete(dependent, ns, name)
+
+    def _orphan(self, uid: str) -> None:
+        for k, (ns, name), obj in self._dependents(uid):
+            kept = copy.deepcopy(obj)
+            refs = kept["metadata"]["ownerReferences"]
+            kept["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
+            dependent = resources.by_key(k)
+            if dependent is not None:
+                self.update(dependent, ns, name, kept, check_rv=False)
+
+    def _owners_waiting(self, gone: Obj) -> None:
+        """A dependent is gone: an owner deleted in the foreground whose dependents are all
+        gone loses its `foregroundDeletion` finalizer (and, if it was the last, goes)."""
+        for ref in gone["metadata"].get("ownerReferences") or []:
+            owner = self._by_uid(ref.get("uid"))
+            if owner is None:
+                continue
+            k, key, obj = owner
+            if FOREGROUND not in (obj["metadata"].get("finalizers") or []):
+                continue
+            if self._dependents(obj["metadata"]["uid"]):
+                continue
+            rt = resources.by_key(k)
+            if rt is not None:
+                new = copy.deepcopy(obj)
+                new["metadata"]["finalizers"] = [
+                    f for f in obj["metadata"]["finalizers"] if f != FOREGROUND
+                ]
+                self.update(rt, key[0], key[1], new, check_rv=False)
+
+    def _by_uid(self, uid: Any) -> Stored | None:
+        for k, table in self._objects.items():
+            for key, obj in table.items():
+                if obj["metadata"].get("uid") == uid:
+                    return k, key, obj
+        return None
 
     def put_raw(self, rt: ResourceType, obj: Obj) -> Obj:
         """Create or replace without validation (seeding)."""

@@ -93,6 +93,8 @@ async def successor(env: FalcoEnv, namespace: str, name: str) -> dict[str, Any]:
     old = await env.pod(namespace, name)
     meta = old["metadata"]
     await env.admin.pods.delete(namespace, name)
+    # as a StatefulSet's controller does: the new pod only once the old one has terminated
+    assert await env.admin.pods.wait_gone(namespace, name, meta["uid"], within=10)
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != ISOLATE_LABEL}
     manifest = {
         "apiVersion": "v1",

@@ -221,6 +221,10 @@ async def test_pods_on_node_get_patch_delete(admin: Cluster) -> None:
             "ml-vision", "alice-jupyter-0", {"spec": {"nodeName": "gpu-h100-04"}}
         )
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is True
+    # Terminating for its grace period, as on a real cluster, until its kubelet is done
+    terminating = await admin.pods.get("ml-vision", "alice-jupyter-0")
+    assert terminating["metadata"]["deletionTimestamp"]
+    assert await admin.pods.wait_gone("ml-vision", "alice-jupyter-0", within=10)
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is False
     with pytest.raises(NotFound):
         await admin.pods.get("ml-vision", "alice-jupyter-0")
@@ -485,6 +489,10 @@ async def test_watch_too_old_version_relists_or_raises(admin: Cluster, sim: SimC
 async def test_watch_pods_on_a_node_sees_deletion(admin: Cluster, sim: SimCluster) -> None:
     events = admin.pods.watch(node="gpu-h100-04", resource_version=str(sim.store.resource_version))
     await admin.pods.delete("ml-genomics", "ssh-erin-5c8d9-4b2k")
+    # a graceful deletion: first the pod marked Terminating, then gone once its kubelet is done
+    ev = await asyncio.wait_for(anext(events), 5)
+    assert (ev.type, ev.object["metadata"]["name"]) == ("MODIFIED", "ssh-erin-5c8d9-4b2k")
+    assert ev.object["metadata"]["deletionTimestamp"]
     ev = await asyncio.wait_for(anext(events), 5)
     assert (ev.type, ev.object["metadata"]["name"]) == ("DELETED", "ssh-erin-5c8d9-4b2k")
     await events.aclose()

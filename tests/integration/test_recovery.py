@@ -685,8 +685,12 @@ async def test_an_operator_may_force_a_blocked_drain_past_its_budget_and_it_is_a
     assert reply.status.value == "ok", reply.message
     assert "deleted 1 pod(s)" in reply.message and "ml-a/worker-0" in reply.message
     assert "ml-a/pinned: exempt" in reply.message  # an exemption is not a budget: it stays
-    pods = await _pods_of(env)()
-    assert "ml-a/worker-0" not in pods and "ml-a/pinned" in pods
+
+    async def worker_gone() -> bool:  # deleted with its grace period: Terminating a while
+        return "ml-a/worker-0" not in await _pods_of(env)()
+
+    await wait_for(worker_gone, "the forced pod to terminate")
+    assert "ml-a/pinned" in await _pods_of(env)()
     refused, forced = [a for a in await env.audits() if a.action == "force-drain"]
     assert (refused.outcome.value, refused.guard) == ("skipped", "not_blocked")
     assert forced.outcome.value == "applied" and forced.details["operator"] == "ann"
