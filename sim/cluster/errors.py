@@ -27,6 +27,7 @@ class ApiError(Exception):
         """The Status's list metadata (a 410's fresh `continue` token)."""
 
     def status(self) -> dict[str, Any]:
+        # metav1.Status's field order, as the API server encodes it
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
@@ -34,10 +35,10 @@ class ApiError(Exception):
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
-            "code": self.code,
         }
         if self.details is not None:
             body["details"] = self.details
+        body["code"] = self.code
         return body
 
 

@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,6 +136,32 @@ def _is_resource_path(parts: list[str]) -> bool:
     if parts[:1] == ["apis"]:
         return len(parts) > 3
     return False
+
+
+def _encoded(body: Any) -> bytes:
+    """JSON as the API server writes it (`encoding/json`'s Encoder): compact, HTML
+    characters escaped, one trailing newline."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        text = text.replace(char, escaped)
+    return (text + "\n").encode()
+
+
+def _json(
+    body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=_encoded(body), status=status, headers=headers, content_type="application/json"
+    )
+
+
+_GO_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
 
 
 def _delete_options(request: web.Request, body: Any) -> dict[str, Any]:
@@ -370,11 +396,11 @@ class SimCluster:
             return response
         except ApiError as exc:
             status = exc.code
-            return web.json_response(exc.status(), status=exc.code, headers=exc.headers)
+            return _json(exc.status(), status=exc.code, headers=exc.headers)
         except json.JSONDecodeError as exc:
             status = 400
             err = bad_request(f"the body of the request could not be decoded: {exc.msg}")
-            return web.json_response(err.status(), status=400)
+            return _json(err.status(), status=400)
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - a bug in the sim: answer as the API server does, and log it
@@ -384,7 +410,7 @@ class SimCluster:
             err = ApiError(
                 500, "InternalError", f"Internal error occurred: {type(exc).__name__}: {exc}"
             )
-            return web.json_response(err.status(), status=500)
+            return _json(err.status(), status=500)
         finally:
             who = ident.name if ident else "-"
             self.requests.append((who, request.method, request.path_qs, status))
@@ -397,9 +423,7 @@ class SimCluster:
     ) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
         if path in _PUBLIC_PATHS:
-            return (
-                web.json_response(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
-            )
+            return _json(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
         if ident is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         for fault in self.faults:
@@ -433,7 +457,7 @@ class SimCluster:
         if request.method == "GET":
             discovery = self._discovery(parts)
             if discovery is not None:
-                return web.json_response(discovery)
+                return _json(discovery)
         route = self._route(parts)
         verb = self._verb(request, route)
         if verb not in route.rt.verbs:
@@ -495,7 +519,7 @@ class SimCluster:
         if route.rt.kind != "SelfSubjectReview":
             out["spec"] = spec
         out["status"] = status
-        return web.json_response(out, status=201)
+        return _json(out, status=201)
 
     def _user_info(self, ident: rbac.Identity) -> dict[str, Any]:
         """`UserInfo` as the authenticator reports it; a ServiceAccount's carries its uid."""
@@ -726,7 +750,7 @@ class SimCluster:
             disruption.evict(self.store, store_rt, ns, route.name or "", body, dry_run=dry)
             if not dry:
                 self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
-            return web.json_response(
+            return _json(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
@@ -739,7 +763,7 @@ class SimCluster:
         if verb == "get":
             obj = self._out(route, self.store.get(store_rt, ns, route.name or ""))
             if _wants_table(request):
-                return web.json_response(
+                return _json(
                     tables.table(
                         rt,
                         [obj],
@@ -747,7 +771,7 @@ class SimCluster:
                         request.query.get("includeObject", "Metadata"),
                     )
                 )
-            return web.json_response(obj)
+            return _json(obj)
         if verb == "list":
             return self._list(request, route)
         if verb == "watch":
@@ -759,7 +783,7 @@ class SimCluster:
             self._check_kind(route, body)
             body, warned = await self._decode(request, route, body, "CreateOptions")
             created = self.store.create(store_rt, ns, self._in(route, body), dry_run=dry)
-            return self._warned(web.json_response(self._out(route, created), status=201), warned)
+            return self._warned(_json(self._out(route, created), status=201), warned)
         if verb == "update":
             body = await self._body(request)
             if not isinstance(body, dict):
@@ -774,7 +798,7 @@ class SimCluster:
                 subresource=route.subresource,
                 dry_run=dry,
             )
-            return self._warned(web.json_response(self._out(route, updated)), warned)
+            return self._warned(_json(self._out(route, updated)), warned)
         if verb == "patch":
             body = await self._body(request)
             current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
@@ -796,7 +820,7 @@ class SimCluster:
                 subresource=route.subresource,
                 dry_run=dry,
             )
-            return self._warned(web.json_response(self._out(route, updated)), warned)
+            return self._warned(_json(self._out(route, updated)), warned)
         if verb == "delete":
             body = await self._body(request) or {}
             options = _delete_options(request, body)
@@ -816,8 +840,8 @@ class SimCluster:
             # object for pods (the pod registry's ReturnDeletedObject), else a Status.
             still = self.store.find(store_rt, ns, route.name or "")
             if rt.kind == "Pod" or (still is not None and not dry):
-                return web.json_response(self._out(route, gone))
-            return web.json_response(
+                return _json(self._out(route, gone))
+            return _json(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
@@ -843,7 +867,7 @@ class SimCluster:
                     grace_period=options.get("gracePeriodSeconds"),
                     propagation=options.get("propagationPolicy"),
                 )
-            return web.json_response(self._list_body(route, items))
+            return _json(self._list_body(route, items))
         raise ApiError(
             405,
             "MethodNotAllowed",
@@ -971,12 +995,12 @@ class SimCluster:
             body = tables.table(route.rt, items, str(rv), query.get("includeObject", "Metadata"))
             if cont:
                 body["metadata"]["continue"] = cont
-            return web.json_response(body)
+            return _json(body)
         body = self._list_body(route, items, cont, rv, remaining)
         if _wants_metadata(request):
             body |= {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1"}
             body["items"] = [tables.partial(obj) for obj in items]
-        return web.json_response(body)
+        return _json(body)
 
     async def _watch(self, request: web.Request, route: _Route) -> web.StreamResponse:
         labels, fields = self._selectors(request, route)
@@ -1029,7 +1053,7 @@ class SimCluster:
                         route.rt, [obj], obj["metadata"]["resourceVersion"], include
                     ),
                 }
-            return json.dumps(ev).encode() + b"\n"
+            return _encoded(ev)
 
         watcher = self.store.subscribe(store_rt.key, route.namespace)
         backlog: list[dict[str, Any]] = []
@@ -1169,4 +1193,4 @@ class SimCluster:
                 stamp,
             )
         )
-        return web.json_response({"items": [path]})
+        return _json({"items": [path]})

@@ -286,3 +286,16 @@ async def test_kubectl_refuses_a_misspelt_manifest(
     assert "imagePullPolicyy" in err.decode()
     async with _http(sim) as http:
         assert (await http.get(f"/api/v1/namespaces/{NS}/pods/typo")).status_code == 404
+
+
+async def test_a_status_body_is_written_as_the_api_server_writes_it(sim: SimCluster) -> None:
+    """`metav1.Status` in its field order, compact, with the Encoder's trailing newline (what a
+    real 1.30+ server answers for a missing pod, byte for byte)."""
+    async with _http(sim) as http:
+        answer = await http.get(f"/api/v1/namespaces/{NS}/pods/nope")
+    assert answer.status_code == 404
+    assert answer.content == (
+        b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",'
+        b'"message":"pods \\"nope\\" not found","reason":"NotFound",'
+        b'"details":{"name":"nope","kind":"pods"},"code":404}\n'
+    )
