@@ -28,6 +28,7 @@ from aiohttp import web
 from nodeward.aio import within
 from nodeward.logs import get_logger
 from sim.cluster import (
+    apply,
     convert,
     decoding,
     disruption,
@@ -49,7 +50,7 @@ from sim.cluster.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from sim.cluster.store import Change, Obj, Store, now
+from sim.cluster.store import Change, Fields, Obj, Store, now
 from sim.cluster.tls import make_serving_cert
 
 if TYPE_CHECKING:
@@ -162,6 +163,25 @@ _GO_ESCAPES = (
     ("\u2028", "\\u2028"),
     ("\u2029", "\\u2029"),
 )
+
+
+def _is_apply(request: web.Request) -> bool:
+    media = request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    return media == "application/apply-patch+yaml"
+
+
+def _options_invalid(kind: str, field: str, reason: str, message: str) -> ApiError:
+    """422 Invalid on a request's options (`CreateOptions`, `PatchOptions`, ...)."""
+    return ApiError(
+        422,
+        "Invalid",
+        f'{kind}.meta.k8s.io "" is invalid: {field}: {message}',
+        details={
+            "group": "meta.k8s.io",
+            "kind": kind,
+            "causes": [{"reason": reason, "message": message, "field": field}],
+        },
+    )
 
 
 def _delete_options(request: web.Request, body: Any) -> dict[str, Any]:
@@ -782,7 +802,13 @@ class SimCluster:
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
             body, warned = await self._decode(request, route, body, "CreateOptions")
-            created = self.store.create(store_rt, ns, self._in(route, body), dry_run=dry)
+            created = self.store.create(
+                store_rt,
+                ns,
+                self._in(route, body),
+                dry_run=dry,
+                fields=self._tracked(request, route),
+            )
             return self._warned(_json(self._out(route, created), status=201), warned)
         if verb == "update":
             body = await self._body(request)
@@ -797,9 +823,19 @@ class SimCluster:
                 self._in(route, body),
                 subresource=route.subresource,
                 dry_run=dry,
+                fields=self._tracked(request, route),
             )
             return self._warned(_json(self._out(route, updated)), warned)
+        if verb == "patch" and _is_apply(request):
+            return await self._apply(request, route, dry)
         if verb == "patch":
+            if request.query.get("force"):
+                raise _options_invalid(
+                    "PatchOptions",
+                    "force",
+                    "FieldValueForbidden",
+                    "Forbidden: may not be specified for non-apply patch",
+                )
             body = await self._body(request)
             current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
             patched = apply_patch(
@@ -819,6 +855,7 @@ class SimCluster:
                 self._in(route, patched),
                 subresource=route.subresource,
                 dry_run=dry,
+                fields=self._tracked(request, route),
             )
             return self._warned(_json(self._out(route, updated)), warned)
         if verb == "delete":
@@ -874,21 +911,101 @@ class SimCluster:
             "the server does not allow this method on the requested resource",
         )
 
-    async def _decode(
-        self, request: web.Request, route: _Route, body: Obj, options: str
-    ) -> tuple[Obj, list[str]]:
-        """`body` as the API server stores it (`decoding`), and the warnings to send with it;
-        refused as the server refuses it."""
-        mode = decoding.directive(request.query, options)
+    def _tracked(self, request: web.Request, route: _Route) -> Fields:
+        """How a create, update or non-apply patch changes field ownership (`Update`)."""
+        manager = apply.manager_of(
+            request.query.get("fieldManager"), request.headers.get("User-Agent", "")
+        )
+
+        def fields(old: Obj | None, new: Obj) -> list[Obj]:
+            return apply.track_update(
+                old,
+                new,
+                kind=route.rt.kind,
+                manager=manager,
+                api_version=route.rt.api_version(route.version),
+                subresource=route.subresource,
+                with_status="status" in route.rt.subresources,
+                now=now(),
+            )
+
+        return fields
+
+    async def _apply(self, request: web.Request, route: _Route, dry: bool) -> web.Response:
+        """Server-side apply (`sim.cluster.apply`): creates the object if it is missing."""
+        manager = request.query.get("fieldManager", "")
+        if not manager:
+            raise _options_invalid(
+                "PatchOptions",
+                "fieldManager",
+                "FieldValueRequired",
+                "Required value: is required for apply patch",
+            )
+        force = request.query.get("force", "") in ("true", "1", "True")
+        config = await self._body(request)
+        if not isinstance(config, dict):
+            raise bad_request("error decoding patch: the apply configuration is not an object")
+        self._check_kind(route, config)
+        mode = decoding.directive(request.query, "PatchOptions")
+        fields = await asyncio.shield(self._started_fields())
+        decoded = fields.decode(route.rt.group, route.version, route.rt.kind, config)
+        if decoded.type_error is not None:
+            raise bad_request(f"error decoding patch: {decoded.type_error}")
+        if decoded.strict and mode == "Strict":
+            raise bad_request(
+                f"error strict decoding patch: {decoding.strict_error(decoded.strict)}"
+            )
+        warned = self._warnings_of(request, decoded.strict if mode == "Warn" else [])
+        store_rt, ns, name = self._storage(route), route.namespace or "", route.name or ""
+        meta = decoded.obj.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the "
+                f"URL ({name})"
+            )
+        meta["name"] = name
+        found = self.store.find(store_rt, ns, name)
+        current = self._out(route, found) if found is not None else None
+        merged = apply.server_side_apply(
+            current,
+            decoded.obj,
+            kind=route.rt.kind,
+            custom=route.rt.custom,
+            manager=manager,
+            force=force,
+            api_version=route.rt.api_version(route.version),
+            subresource=route.subresource,
+            with_status="status" in route.rt.subresources,
+            now=now(),
+        )
+        managed: list[Obj] = merged["metadata"]["managedFields"]
+
+        def keep(old: Obj | None, new: Obj) -> list[Obj]:
+            return managed
+
+        if current is None:
+            created = self.store.create(
+                store_rt, ns, self._in(route, merged), dry_run=dry, fields=keep
+            )
+            return self._warned(_json(self._out(route, created), status=201), warned)
+        merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        updated = self.store.update(
+            store_rt,
+            ns,
+            name,
+            self._in(route, merged),
+            subresource=route.subresource,
+            dry_run=dry,
+            fields=keep,
+        )
+        return self._warned(_json(self._out(route, updated)), warned)
+
+    async def _started_fields(self) -> decoding.Fields:
         assert self._fields is not None, "the sim cluster is not started"
-        fields = await asyncio.shield(self._fields)
-        rt = route.rt
-        decoded = fields.decode(rt.group, route.version, rt.kind, body)
-        if options == "PatchOptions":
-            decoding.refuse_patch(body, decoded, mode)
-        else:
-            decoding.refuse_body(rt.kind, route.version, decoded, mode)
-        warned = decoded.strict if mode == "Warn" else []
+        return await self._fields
+
+    def _warnings_of(self, request: web.Request, warned: list[str]) -> list[str]:
+        """The warnings a write sends (each remembered), or, with warnings as failures, 400."""
         if warned and self.warnings_fail:
             self._log.error(
                 "sim cluster: a write a real API server would store without these fields",
@@ -902,7 +1019,22 @@ class SimCluster:
             )
         for text in warned:
             self.warnings.append((request.method, request.path_qs, text))
-        return decoded.obj, warned
+        return warned
+
+    async def _decode(
+        self, request: web.Request, route: _Route, body: Obj, options: str
+    ) -> tuple[Obj, list[str]]:
+        """`body` as the API server stores it (`decoding`), and the warnings to send with it;
+        refused as the server refuses it."""
+        mode = decoding.directive(request.query, options)
+        fields = await asyncio.shield(self._started_fields())
+        rt = route.rt
+        decoded = fields.decode(rt.group, route.version, rt.kind, body)
+        if options == "PatchOptions":
+            decoding.refuse_patch(body, decoded, mode)
+        else:
+            decoding.refuse_body(rt.kind, route.version, decoded, mode)
+        return decoded.obj, self._warnings_of(request, decoded.strict if mode == "Warn" else [])
 
     @staticmethod
     def _warned(response: web.Response, warned: list[str]) -> web.Response:

@@ -36,6 +36,8 @@ _ACCOUNTS: Key = ("", "serviceaccounts")
 _NAMESPACES: Key = ("", "namespaces")
 FOREGROUND = "foregroundDeletion"
 Stored = tuple[Key, tuple[str, str], Obj]  # (storage key, (namespace, name), object)
+Fields = Callable[[Obj | None, Obj], "builtins.list[Obj]"]
+"""(old object or None, new object) -> the new object's managedFields."""
 
 
 def now() -> str:
@@ -152,7 +154,16 @@ class Store:
 
     # --- writes ---------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, namespace: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+    def create(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        obj: Obj,
+        *,
+        dry_run: bool = False,
+        fields: Fields | None = None,
+    ) -> Obj:
+        """Store a new object; `fields` gives its managedFields (the writer's ownership)."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -205,6 +216,9 @@ class Store:
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
         obj["apiVersion"], obj["kind"] = rt.api_version(), rt.kind
+        meta.pop("managedFields", None)
+        if fields is not None:
+            meta["managedFields"] = fields(None, obj)
         if dry_run:
             return obj
         meta["resourceVersion"] = self._bump()
@@ -231,8 +245,10 @@ class Store:
         subresource: str = "",
         check_rv: bool = True,
         dry_run: bool = False,
+        fields: Fields | None = None,
     ) -> Obj:
-        """Replace an object. A stale `resourceVersion` in `new` is a 409.
+        """Replace an object. A stale `resourceVersion` in `new` is a 409. `fields` gives its
+        managedFields after the write (else they stay as they were).
 
         On the main resource, status is kept when the type has a status subresource; on
         `/status`, only status changes. Generation moves when anything but metadata and
@@ -270,6 +286,7 @@ class Store:
                 "generation",
                 "deletionTimestamp",
                 "deletionGracePeriodSeconds",
+                "managedFields",
             ):
                 if k in old["metadata"]:
                     meta[k] = old["metadata"][k]
@@ -284,8 +301,14 @@ class Store:
         if _spec_of(new) != _spec_of(old):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        if new == old:
+        managed = fields(old, new) if fields is not None else None
+        owners_same = managed is None or _untimed(managed) == _untimed(
+            old["metadata"].get("managedFields") or []
+        )
+        if new == old and owners_same:
             return copy.deepcopy(old)  # a no-op write does not move resourceVersion
+        if managed is not None:
+            new["metadata"]["managedFields"] = managed
         if dry_run:
             return new
         new["metadata"]["resourceVersion"] = self._bump()
@@ -492,6 +515,10 @@ def _normalize(rt: ResourceType, obj: Obj) -> None:
         taint = (obj.get("spec") or {}).get("taint")
         if isinstance(taint, dict) and not taint.get("timeAdded"):
             taint["timeAdded"] = now()
+
+
+def _untimed(entries: builtins.list[Obj]) -> builtins.list[Obj]:
+    return [{k: v for k, v in e.items() if k != "time"} for e in entries]
 
 
 def _spec_of(obj: Obj) -> Obj:

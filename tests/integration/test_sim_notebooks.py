@@ -51,10 +51,13 @@ async def test_a_stopped_notebook_loses_its_pod_and_gets_it_back(tmp_path: Path)
 
         started = {"metadata": {"annotations": {STOP_ANNOTATION: None}}}
         await client.request("PATCH", notebook, body=started, content_type=MERGE_PATCH)
-        while await _pod(client) is not None:  # a graceful deletion runs its course first
-            await controller.pass_once()
-            await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
-        assert await controller.pass_once() == [f"{NS}/{NAME}"]
+        # a graceful deletion runs its course first: the pod comes back once the old is gone
+        changed: list[str] = []
+        while not changed:
+            changed = await controller.pass_once()
+            if not changed:
+                await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
+        assert changed == [f"{NS}/{NAME}"]
         again = await _pod(client)
         assert again is not None and again["spec"]["nodeName"] == node  # type: ignore[index]
         assert again["metadata"]["uid"] != before["metadata"]["uid"]  # type: ignore[index]
