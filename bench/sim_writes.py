@@ -6,8 +6,9 @@ Each tree's sim cluster (this one, and `--baseline`, default 63c7f99, before iss
 runs in a fresh interpreter with `--nodes` GPU nodes, and is driven over HTTPS as nodeward's
 services drive it: a cordon-style strategic-merge PATCH of a node (taint, cordon and
 annotation, then taken off) and a pod created then deleted at once (`gracePeriodSeconds=0`).
-For each round it reports the median latency of each kind of write and the sim process's
-CPU time per write; the medians over rounds are printed with their ratios.
+For each round it reports the median latency of each kind of write and the CPU time per write
+of the one process that runs the sim and drives it; the medians over rounds are printed with
+their ratios.
 
 Usage: python bench/sim_writes.py [--nodes 200] [--writes 300] [--rounds 3] [--baseline REV]
 """
