@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
+import httpx
 import pytest
 
 from launch.access import ACCOUNTS
@@ -17,6 +20,35 @@ from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.client import Backoff, KubeClient
 from sim.cluster import SimCluster
+
+
+def sim_http(sim: SimCluster, identity: str = "admin") -> httpx.AsyncClient:
+    """Plain HTTPS to the sim cluster as `identity` (its CA trusted, its token sent)."""
+    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
+    return httpx.AsyncClient(
+        base_url=sim.url,
+        verify=context,
+        headers={"Authorization": f"Bearer {sim.identities[identity].token}"},
+    )
+
+
+async def run_kubectl(
+    sim: SimCluster, tmp_path: Path, *args: str, binary: str = "kubectl", timeout: float = 60
+) -> tuple[int, str, str]:
+    """`kubectl ARGS` against the sim as admin, with a home of its own: (rc, stdout, stderr)."""
+    home = tmp_path / "kubectl-home"
+    home.mkdir(exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        "--kubeconfig",
+        str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(home / "cache")},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
 
 
 async def stop_env(

@@ -10,24 +10,13 @@ controller (`pkg/controller/serviceaccount`: every namespace gets `default`).
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
-
-import httpx
 
 from sim.cluster import SimCluster
 from tests.conftest import wait_for
+from tests.integration.simkube import sim_http
 
 MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def _http(sim: SimCluster) -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities['admin'].token}"},
-    )
 
 
 def _pod(name: str, *, node: str | None = "gpu-h100-01", **spec: Any) -> dict[str, Any]:
@@ -43,7 +32,7 @@ def _pod(name: str, *, node: str | None = "gpu-h100-01", **spec: Any) -> dict[st
 
 
 async def test_a_new_namespace_gets_its_default_service_account(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         made = await http.post(
             "/api/v1/namespaces",
             json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}},
@@ -57,7 +46,7 @@ async def test_a_new_namespace_gets_its_default_service_account(sim: SimCluster)
 
 async def test_a_created_pod_is_pending_then_its_kubelet_runs_it(sim: SimCluster) -> None:
     body = _pod("p1") | {"status": {"phase": "Succeeded"}}
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         created = await http.post("/api/v1/namespaces/ml-nlp/pods", json=body)
         assert created.status_code == 201, created.text
         assert created.json()["status"] == {"phase": "Pending", "qosClass": "BestEffort"}
@@ -76,7 +65,7 @@ async def test_a_created_pod_is_pending_then_its_kubelet_runs_it(sim: SimCluster
 
 
 async def test_a_pod_bound_to_no_node_stays_pending(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         created = await http.post("/api/v1/namespaces/ml-nlp/pods", json=_pod("loose", node=None))
         assert created.status_code == 201
         # the kubelet's turn of the loop has come and gone when a second request is answered
@@ -90,7 +79,7 @@ async def test_pod_defaults_and_admission(sim: SimCluster) -> None:
     body["spec"]["containers"].append(
         {"name": "side", "image": "registry.example/tool", "resources": {"limits": {"cpu": "1"}}}
     )
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         created = (await http.post("/api/v1/namespaces/ml-nlp/pods", json=body)).json()
     spec = created["spec"]
     assert (spec["restartPolicy"], spec["dnsPolicy"], spec["schedulerName"]) == (
@@ -119,14 +108,14 @@ async def test_pod_defaults_and_admission(sim: SimCluster) -> None:
 
 async def test_no_token_when_the_pod_says_so(sim: SimCluster) -> None:
     body = _pod("quiet", automountServiceAccountToken=False)
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         created = (await http.post("/api/v1/namespaces/ml-nlp/pods", json=body)).json()
     assert not created["spec"].get("volumes")
     assert not created["spec"]["containers"][0].get("volumeMounts")
 
 
 async def test_a_missing_service_account_is_forbidden(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             "/api/v1/namespaces/ml-nlp/pods", json=_pod("orphan", serviceAccountName="ghost")
         )

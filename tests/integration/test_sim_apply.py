@@ -10,10 +10,8 @@ takes a field over).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +19,11 @@ import httpx
 import pytest
 
 from sim.cluster import SimCluster
+from tests.integration.simkube import run_kubectl, sim_http
 
 NS = "ml-nlp"
 CM = f"/api/v1/namespaces/{NS}/configmaps"
 APPLY = {"Content-Type": "application/apply-patch+yaml"}
-
-
-def _http(sim: SimCluster) -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities['admin'].token}"},
-    )
 
 
 def _config(data: dict[str, str], labels: dict[str, str] | None = None) -> str:
@@ -54,7 +44,7 @@ def _managers(obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 
 async def test_apply_creates_then_owns_and_prunes_what_it_dropped(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         made = await _apply(http, "gitops", _config({"a": "1", "b": "2"}, {"team": "ml"}))
         assert made.status_code == 201, made.text
         fields = _managers(made.json())[("gitops", "Apply")]
@@ -70,7 +60,7 @@ async def test_apply_creates_then_owns_and_prunes_what_it_dropped(sim: SimCluste
 
 
 async def test_another_managers_field_is_a_conflict_unless_forced(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _apply(http, "gitops", _config({"a": "1"}))
         edited = await http.patch(
             f"{CM}/settings",
@@ -102,7 +92,7 @@ async def test_another_managers_field_is_a_conflict_unless_forced(sim: SimCluste
 
 
 async def test_a_shared_value_is_no_conflict_and_survives_one_owner(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _apply(http, "one", _config({"a": "1", "b": "2"}))
         both = await _apply(http, "two", _config({"a": "1"}))
         assert both.status_code == 200, both.text
@@ -111,7 +101,7 @@ async def test_a_shared_value_is_no_conflict_and_survives_one_owner(sim: SimClus
 
 
 async def test_apply_needs_a_field_manager_and_force_needs_apply(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.patch(f"{CM}/settings", content=_config({}), headers=APPLY)
         assert answer.status_code == 422
         assert answer.json()["details"]["causes"][0]["field"] == "fieldManager"
@@ -136,7 +126,7 @@ async def test_a_keyed_list_is_owned_item_by_item(sim: SimCluster) -> None:
             "containers": [{"name": "main", "image": "busybox:1.36"}],
         },
     }
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         made = await http.patch(
             f"/api/v1/namespaces/{NS}/pods/applied",
             content=json.dumps(pod),
@@ -152,23 +142,10 @@ async def test_a_keyed_list_is_owned_item_by_item(sim: SimCluster) -> None:
 @pytest.mark.peer("kubectl")
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_kubectl_apply_server_side(sim: SimCluster, tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
     manifest = tmp_path / "cm.yaml"
 
     async def kubectl(*args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            "kubectl",
-            "--kubeconfig",
-            str(kubeconfig),
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={"HOME": str(home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(home / "c")},
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        return proc.returncode or 0, out.decode(), err.decode()
+        return await run_kubectl(sim, tmp_path, *args)
 
     manifest.write_text(
         f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: settings, namespace: {NS}}}\n"
@@ -177,7 +154,7 @@ async def test_kubectl_apply_server_side(sim: SimCluster, tmp_path: Path) -> Non
     rc, out, err = await kubectl("apply", "--server-side", "-f", str(manifest))
     assert rc == 0, err
     assert "serverside-applied" in out
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         edited = await http.patch(
             f"{CM}/settings",
             content='{"data":{"a":"9"}}',
@@ -189,5 +166,5 @@ async def test_kubectl_apply_server_side(sim: SimCluster, tmp_path: Path) -> Non
     assert rc != 0 and "conflict" in err and ".data.a" in err
     rc, out, err = await kubectl("apply", "--server-side", "--force-conflicts", "-f", str(manifest))
     assert rc == 0, err
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         assert (await http.get(f"{CM}/settings")).json()["data"] == {"a": "1", "b": "2"}

@@ -11,9 +11,7 @@ garbage collector's propagation policies (Background, Foreground with the
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +21,10 @@ import pytest
 from sim.cluster import SimCluster
 from sim.cluster.kubelet import EXITS_AFTER
 from tests.conftest import wait_for
+from tests.integration.simkube import run_kubectl, sim_http
 
 NS = "ml-nlp"
 PODS = f"/api/v1/namespaces/{NS}/pods"
-
-
-def _http(sim: SimCluster) -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities['admin'].token}"},
-    )
 
 
 def _pod(name: str, *, node: str | None = "gpu-h100-01", exits: float | None = None) -> Any:
@@ -58,7 +48,7 @@ async def _gone(http: httpx.AsyncClient, path: str) -> bool:
 
 
 async def test_a_deleted_pod_terminates_for_its_grace_then_goes(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         assert (await http.post(PODS, json=_pod("slow", exits=1.0))).status_code == 201
         answer = await http.delete(f"{PODS}/slow")
         assert answer.status_code == 200, answer.text
@@ -72,7 +62,7 @@ async def test_a_deleted_pod_terminates_for_its_grace_then_goes(sim: SimCluster)
 
 
 async def test_grace_zero_an_unbound_pod_and_a_shorter_second_delete(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await http.post(PODS, json=_pod("now", exits=30))
         answer = await http.delete(f"{PODS}/now", params={"gracePeriodSeconds": "0"})
         assert answer.status_code == 200
@@ -90,7 +80,7 @@ async def test_grace_zero_an_unbound_pod_and_a_shorter_second_delete(sim: SimClu
 
 
 async def test_an_eviction_terminates_the_pod_gracefully(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await http.post(PODS, json=_pod("evicted", exits=0.5))
         eviction = {
             "apiVersion": "policy/v1",
@@ -109,7 +99,7 @@ async def test_finalizers_hold_an_object_until_removed(sim: SimCluster) -> None:
         "kind": "ConfigMap",
         "metadata": {"name": "held", "finalizers": ["example.com/keep"]},
     }
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         assert (await http.post(path, json=body)).status_code == 201
         answer = await http.delete(f"{path}/held")
         assert answer.status_code == 200
@@ -157,7 +147,7 @@ async def _owner_and_pod(http: httpx.AsyncClient, name: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("policy", [None, "Background"])
 async def test_background_collects_the_dependents(sim: SimCluster, policy: str | None) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         owner, pod = await _owner_and_pod(http, "bg")
         params = {"propagationPolicy": policy} if policy else {}
         assert (await http.delete(owner, params=params)).status_code == 200
@@ -167,7 +157,7 @@ async def test_background_collects_the_dependents(sim: SimCluster, policy: str |
 
 
 async def test_foreground_keeps_the_owner_until_its_dependents_are_gone(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         owner, pod = await _owner_and_pod(http, "fg")
         answer = await _delete(http, owner, {"propagationPolicy": "Foreground"})
         assert answer.status_code == 200
@@ -178,7 +168,7 @@ async def test_foreground_keeps_the_owner_until_its_dependents_are_gone(sim: Sim
 
 
 async def test_orphan_leaves_the_dependents(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         owner, pod = await _owner_and_pod(http, "orphan")
         await http.delete(owner, params={"propagationPolicy": "Orphan"})
         assert await _gone(http, owner)
@@ -190,29 +180,17 @@ async def test_orphan_leaves_the_dependents(sim: SimCluster) -> None:
 @pytest.mark.peer("kubectl")
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_kubectl_shows_terminating_then_waits_for_it(sim: SimCluster, tmp_path: Path) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await http.post(PODS, json=_pod("kubectl-slow", exits=1.5))
-    home = tmp_path / "home"
-    home.mkdir()
-    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig")
 
     async def kubectl(*args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            "kubectl",
-            "--kubeconfig",
-            str(kubeconfig),
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={"HOME": str(home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(home / "c")},
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, err.decode()
-        return out.decode()
+        rc, out, err = await run_kubectl(sim, tmp_path, *args)
+        assert rc == 0, err
+        return out
 
     assert "deleted" in await kubectl("delete", "pod", "-n", NS, "kubectl-slow", "--wait=false")
     assert "Terminating" in await kubectl("get", "pod", "-n", NS, "kubectl-slow")
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await http.post(PODS, json=_pod("kubectl-waited", exits=0.5))
         # kubectl delete waits (by watching) until the pod is gone from the API
         await kubectl("delete", "pod", "-n", NS, "kubectl-waited")

@@ -11,9 +11,7 @@ reference in the API conventions (Warn is the default), and `pkg/apis/core/valid
 
 from __future__ import annotations
 
-import asyncio
 import json
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import pytest
 from nodeward.config import ClusterSettings
 from nodeward.kube.client import KubeClient
 from sim.cluster import SimCluster
-from tests.integration.simkube import kubectl_binaries, kubectl_version
+from tests.integration.simkube import kubectl_binaries, kubectl_version, run_kubectl, sim_http
 
 NS = "ml-nlp"
 
@@ -32,15 +30,6 @@ NS = "ml-nlp"
 def _as_a_real_server(sim: SimCluster) -> None:
     """The API server's own behaviour here, also in a run with warnings made failures."""
     sim.warnings_fail = False
-
-
-def _http(sim: SimCluster) -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities['admin'].token}"},
-    )
 
 
 def _pod(name: str, **extra: Any) -> dict[str, Any]:
@@ -60,7 +49,7 @@ def _warnings(answer: httpx.Response) -> list[str]:
 
 async def test_strict_refuses_each_unknown_field_and_stores_nothing(sim: SimCluster) -> None:
     body = _pod("strict", bogus=1, container={"imagePullPolicyy": "Always"})
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/pods", params={"fieldValidation": "Strict"}, json=body
         )
@@ -76,7 +65,7 @@ async def test_strict_refuses_each_unknown_field_and_stores_nothing(sim: SimClus
 
 async def test_warn_is_the_default_it_drops_the_field_and_says_so(sim: SimCluster) -> None:
     body = _pod("warned", bogus=1, container={"imagePullPolicyy": "Always"})
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=body)
         assert answer.status_code == 201, answer.text
         assert _warnings(answer) == [  # in the body's order
@@ -91,7 +80,7 @@ async def test_warn_is_the_default_it_drops_the_field_and_says_so(sim: SimCluste
 
 
 async def test_ignore_drops_silently(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/pods",
             params={"fieldValidation": "Ignore"},
@@ -107,7 +96,7 @@ async def test_duplicate_fields_are_strict_errors(sim: SimCluster) -> None:
         '{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"dup","name":"dup"},'
         '"data":{"a":"1"}}'
     )
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/configmaps",
             params={"fieldValidation": "Strict"},
@@ -133,7 +122,7 @@ async def test_a_wrong_type_is_refused_whatever_the_directive(sim: SimCluster, m
         "metadata": {"name": "typed"},
         "data": {"a": 1},
     }
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/configmaps", params={"fieldValidation": mode}, json=body
         )
@@ -152,7 +141,7 @@ async def test_a_wrong_type_is_refused_whatever_the_directive(sim: SimCluster, m
 
 
 async def test_a_pod_without_containers_is_invalid(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/pods",
             json={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "empty"}, "spec": {}},
@@ -176,7 +165,7 @@ async def test_a_pod_without_containers_is_invalid(sim: SimCluster) -> None:
 
 async def test_a_quantity_may_be_a_number_and_is_kept_as_its_string(sim: SimCluster) -> None:
     body = _pod("sized", container={"resources": {"limits": {"cpu": 1, "memory": "1Gi"}}})
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=body)
     assert answer.status_code == 201, answer.text
     assert answer.json()["spec"]["containers"][0]["resources"]["limits"] == {
@@ -188,7 +177,7 @@ async def test_a_quantity_may_be_a_number_and_is_kept_as_its_string(sim: SimClus
 async def test_patches_follow_the_same_directive(sim: SimCluster) -> None:
     merge = {"Content-Type": "application/merge-patch+json"}
     path = "/api/v1/nodes/gpu-h100-01"
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         patch = json.dumps({"metadata": {"labels": {"a": "b"}}, "spec": {"unschedulabel": True}})
         answer = await http.patch(
             path, params={"fieldValidation": "Strict"}, content=patch, headers=merge
@@ -215,7 +204,7 @@ async def test_patches_follow_the_same_directive(sim: SimCluster) -> None:
 
 
 async def test_an_unknown_directive_is_invalid(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(
             f"/api/v1/namespaces/{NS}/pods",
             params={"fieldValidation": "Loud"},
@@ -244,7 +233,7 @@ async def test_nodewards_client_gets_a_misspelt_field_dropped_and_logs_why(
 
 async def test_warnings_fail_mode_refuses_what_would_be_dropped(sim: SimCluster) -> None:
     sim.warnings_fail = True
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=_pod("failing", bogus=1))
         assert answer.status_code == 400
         assert 'unknown field "bogus"' in answer.json()["message"]
@@ -268,30 +257,17 @@ async def test_kubectl_refuses_a_misspelt_manifest(
         f"apiVersion: v1\nkind: Pod\nmetadata: {{name: typo, namespace: {NS}}}\n"
         "spec:\n  containers:\n  - {name: main, image: busybox, imagePullPolicyy: Always}\n"
     )
-    home = tmp_path / "home"
-    home.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        "--kubeconfig",
-        str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
-        "create",
-        "-f",
-        str(manifest),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(home / "cache")},
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode != 0
-    assert "imagePullPolicyy" in err.decode()
-    async with _http(sim) as http:
+    rc, _, err = await run_kubectl(sim, tmp_path, "create", "-f", str(manifest), binary=binary)
+    assert rc != 0
+    assert "imagePullPolicyy" in err
+    async with sim_http(sim) as http:
         assert (await http.get(f"/api/v1/namespaces/{NS}/pods/typo")).status_code == 404
 
 
 async def test_a_status_body_is_written_as_the_api_server_writes_it(sim: SimCluster) -> None:
     """`metav1.Status` in its field order, compact, with the Encoder's trailing newline (what a
     real 1.30+ server answers for a missing pod, byte for byte)."""
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         answer = await http.get(f"/api/v1/namespaces/{NS}/pods/nope")
     assert answer.status_code == 404
     assert answer.content == (

@@ -10,9 +10,7 @@ describe them.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +18,10 @@ import httpx
 import pytest
 
 from sim.cluster import SimCluster
+from tests.integration.simkube import run_kubectl, sim_http
 
 NS = "chunks"
 PODS = f"/api/v1/namespaces/{NS}/pods"
-
-
-def _http(sim: SimCluster) -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities['admin'].token}"},
-    )
 
 
 async def _seeded(http: httpx.AsyncClient, count: int = 5) -> None:
@@ -52,7 +42,7 @@ def _names(body: dict[str, Any]) -> list[str]:
 
 
 async def test_every_page_is_read_at_the_first_pages_revision(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _seeded(http)
         first = (await http.get(PODS, params={"limit": 2})).json()
         rv = first["metadata"]["resourceVersion"]
@@ -81,7 +71,7 @@ async def test_every_page_is_read_at_the_first_pages_revision(sim: SimCluster) -
 
 
 async def test_a_compacted_continue_is_410_with_a_token_that_goes_on(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _seeded(http)
         first = (await http.get(PODS, params={"limit": 2})).json()
         await http.delete(f"{PODS}/p4", params={"gracePeriodSeconds": "0"})
@@ -100,7 +90,7 @@ async def test_a_compacted_continue_is_410_with_a_token_that_goes_on(sim: SimClu
 
 
 async def test_resource_version_match(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _seeded(http, 2)
         before = (await http.get(PODS)).json()["metadata"]["resourceVersion"]
         await http.delete(f"{PODS}/p0", params={"gracePeriodSeconds": "0"})
@@ -130,7 +120,7 @@ async def test_resource_version_match(sim: SimCluster) -> None:
 
 
 async def test_bad_and_conflicting_continue(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _seeded(http, 3)
         cont = (await http.get(PODS, params={"limit": 1})).json()["metadata"]["continue"]
         both = await http.get(PODS, params={"continue": cont, "resourceVersion": "5"})
@@ -141,25 +131,10 @@ async def test_bad_and_conflicting_continue(sim: SimCluster) -> None:
 @pytest.mark.peer("kubectl")
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_kubectl_chunked_get_lists_everything(sim: SimCluster, tmp_path: Path) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         await _seeded(http, 7)
-    home = tmp_path / "home"
-    home.mkdir()
-    proc = await asyncio.create_subprocess_exec(
-        "kubectl",
-        "--kubeconfig",
-        str(sim.write_kubeconfig(tmp_path / "kubeconfig")),
-        "get",
-        "pods",
-        "-n",
-        NS,
-        "--chunk-size=2",
-        "-o",
-        "name",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={"HOME": str(home), "PATH": "/usr/bin:/bin", "KUBECACHEDIR": str(home / "c")},
+    rc, out, err = await run_kubectl(
+        sim, tmp_path, "get", "pods", "-n", NS, "--chunk-size=2", "-o", "name"
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    assert out.decode().split() == [f"pod/p{i}" for i in range(7)]
+    assert rc == 0, err
+    assert out.split() == [f"pod/p{i}" for i in range(7)]

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 from kubernetes import client, config
 
 from sim.cluster import SimCluster, openapi
 from sim.cluster.resources import require
+from tests.integration.simkube import sim_http
 
 T = TypeVar("T")
 
@@ -25,15 +24,6 @@ def _api(sim: SimCluster, tmp_path: Path, identity: str = "admin") -> client.Api
 async def _call(fn: Callable[[], T]) -> T:
     """The official client is synchronous; the sim runs on this loop."""
     return await asyncio.to_thread(fn)
-
-
-def _http(sim: SimCluster, identity: str = "admin") -> httpx.AsyncClient:
-    context = ssl.create_default_context(cadata=sim.tls.ca_pem.decode())
-    return httpx.AsyncClient(
-        base_url=sim.url,
-        verify=context,
-        headers={"Authorization": f"Bearer {sim.identities[identity].token}"},
-    )
 
 
 async def test_rules_review_lists_what_rbac_grants(sim: SimCluster, tmp_path: Path) -> None:
@@ -68,7 +58,7 @@ async def test_self_subject_review_names_the_caller(sim: SimCluster, tmp_path: P
     ]
     account = sim.store.find(require("", "v1", "serviceaccounts"), "nodeward", "nodeward-culler")
     assert account is not None and user.uid == account["metadata"]["uid"]
-    async with _http(sim, "culler") as http:  # kubectl 1.27 asks v1beta1
+    async with sim_http(sim, "culler") as http:  # kubectl 1.27 asks v1beta1
         beta = await http.post(
             "/apis/authentication.k8s.io/v1beta1/selfsubjectreviews",
             json={"apiVersion": "authentication.k8s.io/v1beta1", "kind": "SelfSubjectReview"},
@@ -79,7 +69,7 @@ async def test_self_subject_review_names_the_caller(sim: SimCluster, tmp_path: P
 
 
 async def test_access_review_of_a_non_resource_url(sim: SimCluster) -> None:
-    async with _http(sim, "cordon") as http:
+    async with sim_http(sim, "cordon") as http:
 
         async def can(verb: str, path: str) -> dict[str, Any]:
             r = await http.post(
@@ -104,7 +94,7 @@ async def test_access_review_of_a_non_resource_url(sim: SimCluster) -> None:
 
 
 async def test_reviews_and_discovery_follow_the_rbac_in_the_store(sim: SimCluster) -> None:
-    async with _http(sim) as admin, _http(sim, "cordon") as cordon:
+    async with sim_http(sim) as admin, sim_http(sim, "cordon") as cordon:
         review = {"spec": {"namespace": "nodeward"}}
         rules_url = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"
         assert (await cordon.post(rules_url, json=review)).status_code == 201
@@ -145,7 +135,7 @@ async def test_reviews_and_discovery_follow_the_rbac_in_the_store(sim: SimCluste
 
 
 async def test_openapi_v2_is_negotiated_and_cached(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         as_json = await http.get("/openapi/v2", headers={"Accept": "application/json"})
         assert as_json.status_code == 200
         assert as_json.headers["Content-Type"] == "application/json"
@@ -169,7 +159,7 @@ async def test_openapi_v2_is_negotiated_and_cached(sim: SimCluster) -> None:
 
 
 async def test_openapi_v3_documents_by_hash(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         index = (await http.get("/openapi/v3")).json()["paths"]
         url = index["apis/policy/v1"]["serverRelativeURL"]
         doc = await http.get(url)
@@ -184,7 +174,7 @@ async def test_openapi_v3_documents_by_hash(sim: SimCluster) -> None:
 
 
 async def test_a_second_request_during_the_build_waits_for_it(sim: SimCluster) -> None:
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         first, second = await asyncio.gather(http.get("/openapi/v3"), http.get("/openapi/v2"))
     assert (first.status_code, second.status_code) == (200, 200)
 
@@ -198,7 +188,7 @@ async def test_a_metadata_only_list_as_client_gos_metadata_client_asks(
     from nodeward.kube import Cluster
     from nodeward.kube.client import METADATA_LIST, KubeClient
 
-    async with _http(sim) as http:
+    async with sim_http(sim) as http:
         full = (await http.get("/api/v1/nodes")).json()
         reply = await http.get("/api/v1/nodes", headers={"Accept": METADATA_LIST})
     assert reply.status_code == 200
