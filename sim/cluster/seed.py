@@ -585,9 +585,8 @@ def apply_seed(store: Store, seed: Seed) -> None:
     nb_rt = lookup("kubeflow.org", "v1", "notebooks")
     assert nb_rt is not None
     for nb in seed.notebooks:
-        store.create(
+        store.put_raw(
             nb_rt,
-            nb.namespace,
             {
                 "apiVersion": "kubeflow.org/v1",
                 "kind": "Notebook",

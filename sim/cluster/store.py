@@ -34,6 +34,8 @@ Key = tuple[str, str]  # (group, resource) of the storage
 _PODS: Key = ("", "pods")
 _ACCOUNTS: Key = ("", "serviceaccounts")
 _NAMESPACES: Key = ("", "namespaces")
+_STATUS_KEPT = frozenset({("", "nodes")})
+"""Kinds whose status a create may set: a node registers with its status (the kubelet's)."""
 FOREGROUND = "foregroundDeletion"
 Stored = tuple[Key, tuple[str, str], Obj]  # (storage key, (namespace, name), object)
 Fields = Callable[[Obj | None, Obj], "builtins.list[Obj]"]
@@ -208,6 +210,12 @@ class Store:
                 n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
             }
             admission.pod(obj, namespace, accounts)
+        elif rt.key == _NAMESPACES:  # namespaceStrategy.PrepareForCreate
+            obj["status"] = {"phase": "Active"}
+            obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+        elif "status" in rt.subresources and rt.key not in _STATUS_KEPT:
+            # the strategies' PrepareForCreate: status is written through /status only
+            obj.pop("status", None)
         _normalize(rt, obj)
         validation.validate(rt, obj, None)
         if (namespace if rt.namespaced else "", name) in table:
@@ -492,11 +500,18 @@ class Store:
         return None
 
     def put_raw(self, rt: ResourceType, obj: Obj) -> Obj:
-        """Create or replace without validation (seeding)."""
+        """Create or replace an object with its status (seeding: what its controllers would
+        have reported written through `/status`, as they would write it)."""
         meta = obj.get("metadata", {})
-        if self.find(rt, meta.get("namespace", ""), meta["name"]) is None:
-            return self.create(rt, meta.get("namespace", ""), obj)
-        return self.update(rt, meta.get("namespace", ""), meta["name"], obj, check_rv=False)
+        ns, name = meta.get("namespace", ""), meta["name"]
+        if self.find(rt, ns, name) is None:
+            stored = self.create(rt, ns, obj)
+        else:
+            stored = self.update(rt, ns, name, obj, check_rv=False)
+        if "status" in obj and "status" in rt.subresources:
+            stored["status"] = {**(stored.get("status") or {}), **obj["status"]}
+            stored = self.update(rt, ns, name, stored, subresource="status", check_rv=False)
+        return stored
 
 
 def _normalize(rt: ResourceType, obj: Obj) -> None:

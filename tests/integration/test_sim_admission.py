@@ -125,3 +125,37 @@ async def test_a_missing_service_account_is_forbidden(sim: SimCluster) -> None:
             'serviceaccount "ghost" not found'
         )
         assert (await http.get("/api/v1/namespaces/ml-nlp/pods/orphan")).status_code == 404
+
+
+async def test_a_create_sets_no_status_but_a_nodes(sim: SimCluster) -> None:
+    """The strategies' `PrepareForCreate`: status is written through `/status` (a controller's,
+    a kubelet's); a node registers with its own; a namespace is `Active`."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+            },
+        },
+        "status": {"replicas": 3, "readyReplicas": 3},
+    }
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "joined"},
+        "status": {"capacity": {"cpu": "8"}},
+    }
+    async with sim_http(sim) as http:
+        made = await http.post("/apis/apps/v1/namespaces/ml-nlp/deployments", json=deployment)
+        assert made.status_code == 201, made.text
+        assert not made.json().get("status")
+        registered = await http.post("/api/v1/nodes", json=node)
+        assert registered.json()["status"]["capacity"] == {"cpu": "8"}
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fresh"}}
+        made = (await http.post("/api/v1/namespaces", json=namespace)).json()
+        assert made["status"] == {"phase": "Active"}
+        assert made["spec"]["finalizers"] == ["kubernetes"]
