@@ -34,6 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # A field a real API server would drop with a warning fails the test that wrote it
     # (docs/sim-cluster.md); the sims `up` and the CLI start inherit it.
     os.environ.setdefault("NODEWARD_SIM_UNKNOWN_FIELDS", "fail")
+    if not hasattr(config, "workerinput"):  # once, before the workers: the sims' schemas
+        from sim.cluster.decoding import Fields
+
+        Fields.load()
 
 
 @pytest.fixture(autouse=True)

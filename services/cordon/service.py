@@ -818,7 +818,7 @@ class CordonService:
                     action="drain",
                     target=_target(name),
                     reason=f"drain of {name} incomplete at its deadline: "
-                    + "; ".join(f"{p}: {why}" for p, why in result.blocked.items()),
+                    + "; ".join(f"{p}: {why}" for p, why in result.incomplete().items()),
                     policy=decision.rule,
                     trigger_id=incident.incident,
                     trigger_time=incident.at,

@@ -47,10 +47,17 @@ class DrainResult:
     blocked: dict[str, str] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)
     """Pods the caller's `hold` kept for now (e.g. until their checkpoint is recorded)."""
+    terminating: list[str] = field(default_factory=list)
+    """Evicted, but still terminating (within their grace period) at the deadline."""
 
     @property
     def complete(self) -> bool:
-        return not self.blocked
+        return not self.blocked and not self.terminating
+
+    def incomplete(self) -> dict[str, str]:
+        """What keeps the drain from being complete: pod -> why."""
+        still = dict.fromkeys(self.terminating, "evicted, still terminating at the deadline")
+        return {**self.blocked, **still}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +66,7 @@ class DrainResult:
             "kept": self.kept,
             "blocked": self.blocked,
             "held": self.held,
+            "terminating": self.terminating,
             "complete": self.complete,
         }
 
@@ -179,7 +187,7 @@ async def drain(
         ):
             result.evicted.append(ref)
         else:
-            result.blocked[ref] = "evicted, still terminating at the drain's deadline"
+            result.terminating.append(ref)
 
     evictions: asyncio.Future[Any] = asyncio.ensure_future(
         asyncio.gather(*(evict(p) for p in todo))
@@ -199,7 +207,7 @@ async def drain(
             evictions.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await evictions
-            finished = {*result.evicted, *result.gone, *result.blocked}
+            finished = {*result.evicted, *result.gone, *result.blocked, *result.terminating}
             for pod in todo:
                 if _ref(pod) not in finished:
                     result.blocked[_ref(pod)] = "the drain was stopped"
@@ -208,6 +216,7 @@ async def drain(
         evicted=len(result.evicted),
         kept=len(result.kept),
         blocked=len(result.blocked),
+        terminating=len(result.terminating),
         held=len(result.held),
     )
     return result

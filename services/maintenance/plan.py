@@ -121,6 +121,7 @@ def merge_drain(
         "kept": {**prior.get("kept", {}), **result.get("kept", {})},
         "held": dict(result.get("held", {})),
         "blocked": dict(result.get("blocked", {})),
+        "terminating": list(result.get("terminating", [])),
         "outcome": outcome,
     }
 

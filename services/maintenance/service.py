@@ -1002,7 +1002,8 @@ class CheckpointService:
         current = await self.states.get(state_key(state.node))
         state = current.value if current else state
         failures = list(state.failures)
-        evicted = set(drained.get("evicted", [])) | set(drained.get("gone", []))
+        terminating = set(drained.get("terminating", []))
+        evicted = set(drained.get("evicted", [])) | set(drained.get("gone", [])) | terminating
         for plan in state.pods.values():
             if plan.held and plan.key in evicted:
                 failures = [f for f in failures if not f.startswith(f"{plan.key}: ")]
@@ -1011,6 +1012,9 @@ class CheckpointService:
                 )
         failures += [
             f"{pod}: not evicted: {why}" for pod, why in drained.get("blocked", {}).items()
+        ]
+        failures += [
+            f"{pod}: evicted, still terminating at the deadline" for pod in sorted(terminating)
         ]
         summary = (
             f"maintenance {state.maintenance_id} of {state.node} done: "

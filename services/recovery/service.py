@@ -593,7 +593,8 @@ class RecoveryService:
             ),
             self.exemptions,
         )
-        moved = [*result.evicted, *result.gone]
+        # evicted: gone, or terminating (a blocker until it is gone, not a budget's refusal)
+        moved = [*result.evicted, *result.gone, *result.terminating]
         if moved:
             await self._record(
                 record,
@@ -606,6 +607,7 @@ class RecoveryService:
         for pod in moved:
             left.pop(pod, None)
         left.update({pod: f"not evicted: {why}" for pod, why in result.blocked.items()})
+        left.update(dict.fromkeys(result.terminating, "terminating"))
         await self._update(
             record,
             blocked=left,

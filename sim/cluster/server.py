@@ -248,7 +248,7 @@ class SimCluster:
         self.warnings_fail = (
             os.environ.get(UNKNOWN_FIELDS_ENV) == "fail" if warnings_fail is None else warnings_fail
         )
-        self._fields: asyncio.Future[decoding.Fields] | None = None
+        self._fields: decoding.Fields | None = None
         self.identities: dict[str, rbac.Identity] = {rbac.ADMIN: rbac.admin_identity()}
         self._by_token: dict[str, rbac.Identity] = {}
         self._runner: web.AppRunner | None = None
@@ -307,7 +307,8 @@ class SimCluster:
         return f"https://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self._fields = asyncio.ensure_future(asyncio.to_thread(decoding.Fields.load))
+        # before serving: a write never waits on them (from the disk cache: milliseconds)
+        self._fields = await asyncio.to_thread(decoding.Fields.load)
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
@@ -319,8 +320,6 @@ class SimCluster:
 
     async def stop(self) -> None:
         self._closing.set()
-        if self._fields is not None and not self._fields.done():
-            self._fields.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -947,7 +946,7 @@ class SimCluster:
             raise bad_request("error decoding patch: the apply configuration is not an object")
         self._check_kind(route, config)
         mode = decoding.directive(request.query, "PatchOptions")
-        fields = await asyncio.shield(self._started_fields())
+        fields = self._started_fields()
         decoded = fields.decode(route.rt.group, route.version, route.rt.kind, config)
         if decoded.type_error is not None:
             raise bad_request(f"error decoding patch: {decoded.type_error}")
@@ -1000,9 +999,9 @@ class SimCluster:
         )
         return self._warned(_json(self._out(route, updated)), warned)
 
-    async def _started_fields(self) -> decoding.Fields:
+    def _started_fields(self) -> decoding.Fields:
         assert self._fields is not None, "the sim cluster is not started"
-        return await self._fields
+        return self._fields
 
     def _warnings_of(self, request: web.Request, warned: list[str]) -> list[str]:
         """The warnings a write sends (each remembered), or, with warnings as failures, 400."""
@@ -1027,7 +1026,7 @@ class SimCluster:
         """`body` as the API server stores it (`decoding`), and the warnings to send with it;
         refused as the server refuses it."""
         mode = decoding.directive(request.query, options)
-        fields = await asyncio.shield(self._started_fields())
+        fields = self._started_fields()
         rt = route.rt
         decoded = fields.decode(rt.group, route.version, rt.kind, body)
         if options == "PatchOptions":
