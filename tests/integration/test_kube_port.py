@@ -31,6 +31,7 @@ from nodeward.kube.secrets import decode, encode
 from nodeward.kube.watch import watch
 from services.culler.access import ACCESS as CULLER
 from sim.cluster import SimCluster
+from sim.cluster.kubelet import EXITS_AFTER
 from sim.cluster.resources import require
 from tests.integration.simkube import PortFactory
 
@@ -220,11 +221,13 @@ async def test_pods_on_node_get_patch_delete(admin: Cluster) -> None:
         await admin.pods.patch(
             "ml-vision", "alice-jupyter-0", {"spec": {"nodeName": "gpu-h100-04"}}
         )
+    # its containers take 3 s to stop: still Terminating when looked at right after
+    await admin.pods.set_annotations("ml-vision", "alice-jupyter-0", {EXITS_AFTER: "3"})
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is True
     # Terminating for its grace period, as on a real cluster, until its kubelet is done
     terminating = await admin.pods.get("ml-vision", "alice-jupyter-0")
     assert terminating["metadata"]["deletionTimestamp"]
-    assert await admin.pods.wait_gone("ml-vision", "alice-jupyter-0", within=10)
+    assert await admin.pods.wait_gone("ml-vision", "alice-jupyter-0", within=20)
     assert await admin.pods.delete("ml-vision", "alice-jupyter-0") is False
     with pytest.raises(NotFound):
         await admin.pods.get("ml-vision", "alice-jupyter-0")

@@ -49,7 +49,7 @@ async def _gone(http: httpx.AsyncClient, path: str) -> bool:
 
 async def test_a_deleted_pod_terminates_for_its_grace_then_goes(sim: SimCluster) -> None:
     async with sim_http(sim) as http:
-        assert (await http.post(PODS, json=_pod("slow", exits=1.0))).status_code == 201
+        assert (await http.post(PODS, json=_pod("slow", exits=3.0))).status_code == 201
         answer = await http.delete(f"{PODS}/slow")
         assert answer.status_code == 200, answer.text
         meta = answer.json()["metadata"]
@@ -58,7 +58,7 @@ async def test_a_deleted_pod_terminates_for_its_grace_then_goes(sim: SimCluster)
         still = await http.get(f"{PODS}/slow")
         assert still.status_code == 200, "Terminating: still in the API"
         assert still.json()["metadata"]["deletionTimestamp"] == meta["deletionTimestamp"]
-        await wait_for(lambda: _gone(http, f"{PODS}/slow"), timeout=10, what="the kubelet")
+        await wait_for(lambda: _gone(http, f"{PODS}/slow"), timeout=20, what="the kubelet")
 
 
 async def test_grace_zero_an_unbound_pod_and_a_shorter_second_delete(sim: SimCluster) -> None:
@@ -81,7 +81,7 @@ async def test_grace_zero_an_unbound_pod_and_a_shorter_second_delete(sim: SimClu
 
 async def test_an_eviction_terminates_the_pod_gracefully(sim: SimCluster) -> None:
     async with sim_http(sim) as http:
-        await http.post(PODS, json=_pod("evicted", exits=0.5))
+        await http.post(PODS, json=_pod("evicted", exits=3.0))
         eviction = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -89,7 +89,7 @@ async def test_an_eviction_terminates_the_pod_gracefully(sim: SimCluster) -> Non
         }
         assert (await http.post(f"{PODS}/evicted/eviction", json=eviction)).status_code == 201
         assert (await http.get(f"{PODS}/evicted")).json()["metadata"]["deletionTimestamp"]
-        await wait_for(lambda: _gone(http, f"{PODS}/evicted"), timeout=10, what="the kubelet")
+        await wait_for(lambda: _gone(http, f"{PODS}/evicted"), timeout=20, what="the kubelet")
 
 
 async def test_finalizers_hold_an_object_until_removed(sim: SimCluster) -> None:
@@ -130,7 +130,8 @@ async def _owner_and_pod(http: httpx.AsyncClient, name: str) -> tuple[str, str]:
     }
     made = await http.post(f"/apis/apps/v1/namespaces/{NS}/replicasets", json=owner)
     assert made.status_code == 201, made.text
-    pod = _pod(f"{name}-0", exits=0.3)
+    # long enough that a loaded machine still sees it Terminating right after the delete
+    pod = _pod(f"{name}-0", exits=3.0)
     pod["metadata"]["ownerReferences"] = [
         {
             "apiVersion": "apps/v1",
@@ -153,7 +154,7 @@ async def test_background_collects_the_dependents(sim: SimCluster, policy: str |
         assert (await http.delete(owner, params=params)).status_code == 200
         assert await _gone(http, owner), "the owner goes at once"
         assert (await http.get(pod)).json()["metadata"]["deletionTimestamp"]
-        await wait_for(lambda: _gone(http, pod), timeout=10, what="the dependent pod")
+        await wait_for(lambda: _gone(http, pod), timeout=20, what="the dependent pod")
 
 
 async def test_foreground_keeps_the_owner_until_its_dependents_are_gone(sim: SimCluster) -> None:
@@ -163,7 +164,7 @@ async def test_foreground_keeps_the_owner_until_its_dependents_are_gone(sim: Sim
         assert answer.status_code == 200
         held = (await http.get(owner)).json()
         assert held["metadata"]["finalizers"] == ["foregroundDeletion"]
-        await wait_for(lambda: _gone(http, owner), timeout=10, what="the owner, after its pod")
+        await wait_for(lambda: _gone(http, owner), timeout=20, what="the owner, after its pod")
         assert await _gone(http, pod)
 
 
@@ -181,7 +182,7 @@ async def test_orphan_leaves_the_dependents(sim: SimCluster) -> None:
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 async def test_kubectl_shows_terminating_then_waits_for_it(sim: SimCluster, tmp_path: Path) -> None:
     async with sim_http(sim) as http:
-        await http.post(PODS, json=_pod("kubectl-slow", exits=1.5))
+        await http.post(PODS, json=_pod("kubectl-slow", exits=30))
 
     async def kubectl(*args: str) -> str:
         rc, out, err = await run_kubectl(sim, tmp_path, *args)
