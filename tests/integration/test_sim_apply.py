@@ -39,6 +39,16 @@ async def _apply(http: httpx.AsyncClient, manager: str, body: str, **query: str)
     )
 
 
+async def _edit(http: httpx.AsyncClient, data: str, **query: str) -> httpx.Response:
+    """A merge patch of the ConfigMap's data, as an operator's edit (not an apply)."""
+    return await http.patch(
+        f"{CM}/settings",
+        content=f'{{"data":{data}}}',
+        headers={"Content-Type": "application/merge-patch+json"},
+        params=query,
+    )
+
+
 def _managers(obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(e["manager"], e["operation"]): e["fieldsV1"] for e in obj["metadata"]["managedFields"]}
 
@@ -62,12 +72,7 @@ async def test_apply_creates_then_owns_and_prunes_what_it_dropped(sim: SimCluste
 async def test_another_managers_field_is_a_conflict_unless_forced(sim: SimCluster) -> None:
     async with sim_http(sim) as http:
         await _apply(http, "gitops", _config({"a": "1"}))
-        edited = await http.patch(
-            f"{CM}/settings",
-            content='{"data":{"a":"2"}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-            params={"fieldManager": "operator"},
-        )
+        edited = await _edit(http, '{"a":"2"}', fieldManager="operator")
         assert edited.status_code == 200
         managers = _managers(edited.json())
         assert managers[("operator", "Update")] == {"f:data": {"f:a": {}}}
@@ -106,12 +111,7 @@ async def test_apply_needs_a_field_manager_and_force_needs_apply(sim: SimCluster
         assert answer.status_code == 422
         assert answer.json()["details"]["causes"][0]["field"] == "fieldManager"
         await _apply(http, "gitops", _config({"a": "1"}))
-        answer = await http.patch(
-            f"{CM}/settings",
-            content='{"data":{"a":"3"}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-            params={"force": "true"},
-        )
+        answer = await _edit(http, '{"a":"3"}', force="true")
         assert answer.status_code == 422
         assert answer.json()["details"]["causes"][0]["field"] == "force"
 
@@ -155,12 +155,7 @@ async def test_kubectl_apply_server_side(sim: SimCluster, tmp_path: Path) -> Non
     assert rc == 0, err
     assert "serverside-applied" in out
     async with sim_http(sim) as http:
-        edited = await http.patch(
-            f"{CM}/settings",
-            content='{"data":{"a":"9"}}',
-            headers={"Content-Type": "application/merge-patch+json"},
-            params={"fieldManager": "someone"},
-        )
+        edited = await _edit(http, '{"a":"9"}', fieldManager="someone")
         assert edited.status_code == 200
     rc, out, err = await kubectl("apply", "--server-side", "-f", str(manifest))
     assert rc != 0 and "conflict" in err and ".data.a" in err
