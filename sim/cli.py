@@ -64,6 +64,22 @@ def cluster(  # noqa: PLR0917 - typer maps parameters to options
             "else roles built from the daemons' declared access",
         ),
     ] = None,
+    kube_version: Annotated[
+        str | None,
+        typer.Option(
+            "--kube-version",
+            help="the Kubernetes release to claim and serve the APIs of, e.g. 1.33 "
+            "(default: $NODEWARD_SIM_KUBE_VERSION, else the client models' release)",
+        ),
+    ] = None,
+    enable: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--enable",
+            help="a feature gate or runtime-config group-version to enable, e.g. "
+            "resource.k8s.io/v1alpha3 (repeatable; default: DRADeviceTaints)",
+        ),
+    ] = None,
 ) -> None:
     """Run the sim cluster until SIGINT or SIGTERM; kubectl --kubeconfig OUT talks to it."""
     from nodeward.logs import configure_logging
@@ -83,7 +99,15 @@ def cluster(  # noqa: PLR0917 - typer maps parameters to options
 
     async def run() -> None:
         try:
-            sim = SimCluster(loaded, host=host, port=port, rbac_dirs=rbac, access=declared)
+            sim = SimCluster(
+                loaded,
+                host=host,
+                port=port,
+                rbac_dirs=rbac,
+                access=declared,
+                kube_version=kube_version,
+                enabled=enable,
+            )
         except (ValueError, KeyError) as exc:
             raise _fail(f"cannot build the sim cluster: {exc}") from None
         stop = asyncio.Event()

@@ -1,15 +1,13 @@
-"""A simulated Kubeflow notebook controller (and the StatefulSet controller's part of it) for
-`nodeward up`: what stopping a notebook does on a real Kubeflow cluster.
+"""A simulated Kubeflow notebook controller for `nodeward up`: what stopping a notebook does
+on a real Kubeflow cluster.
 
 Kubeflow's notebook controller (`components/notebook-controller/controllers/
 notebook_controller.go`, `generateStatefulSet`) runs each Notebook as a StatefulSet of the
 same name with `replicas: 1`, or `replicas: 0` while the Notebook carries the annotation
-`kubeflow-resource-stopped` (what the culler sets). The StatefulSet controller then deletes
-the pod `<name>-0` (a graceful deletion, as any), which frees its GPUs; when the annotation
-is removed (the user starts the notebook again) it creates the pod anew. Each pass here
-does both: the StatefulSet's replicas follow the annotation, the pod follows the replicas,
-and the Notebook's `status.readyReplicas` says which. A pod it deleted is created again,
-on the node it ran on, when the notebook is started (the sim has no scheduler).
+`kubeflow-resource-stopped` (what the culler sets), and reports the StatefulSet's ready
+replicas in the Notebook's status. The sim cluster's StatefulSet controller
+(`sim.cluster.controllers`) then deletes the pod `<name>-0` (a graceful deletion, which frees
+its GPUs) or creates it again from the StatefulSet's template, and its scheduler places it.
 """
 
 from __future__ import annotations
@@ -18,23 +16,12 @@ from typing import Any
 
 import structlog
 
-from nodeward.kube.base import core, group_path
+from nodeward.kube.base import group_path
 from nodeward.kube.client import MERGE_PATCH, KubeClient
 from nodeward.kube.errors import NotFound
 from sim.controllers import SimController
 
 STOP_ANNOTATION = "kubeflow-resource-stopped"
-
-
-def _fresh(pod: dict[str, Any]) -> dict[str, Any]:
-    """A deleted pod as its StatefulSet would create it again: what the API server set
-    (uid, resourceVersion, timestamps, status, managed fields) left out."""
-    meta = {
-        k: v
-        for k, v in (pod.get("metadata") or {}).items()
-        if k in ("name", "namespace", "labels", "annotations", "ownerReferences")
-    }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod.get("spec") or {}}
 
 
 class SimNotebookController(SimController):
@@ -44,11 +31,10 @@ class SimNotebookController(SimController):
     def __init__(self, client: KubeClient, *, interval: float = 1.0) -> None:
         self.client = client
         self.interval = interval
-        self.stopped: dict[tuple[str, str], dict[str, Any]] = {}  # (ns, pod) -> its manifest
         self.log = structlog.get_logger().bind(component="sim-notebooks")
 
     async def pass_once(self) -> list[str]:
-        """Bring every notebook's StatefulSet and pod to what its annotation says; the
+        """Bring every notebook's StatefulSet to what its annotation says; the
         `namespace/name` of each notebook stopped or started in this pass."""
         listing = await self.client.request("GET", group_path("kubeflow.org", "v1", "notebooks"))
         changed = []
@@ -67,37 +53,19 @@ class SimNotebookController(SimController):
             sts = await self.client.request("GET", sts_path)
         except NotFound:
             return False  # not run by a StatefulSet here: nothing of Kubeflow's to do
-        if (sts.get("spec") or {}).get("replicas", 1) != replicas:
+        changed = bool((sts.get("spec") or {}).get("replicas", 1) != replicas)
+        if changed:
             await self.client.request(
                 "PATCH", sts_path, body={"spec": {"replicas": replicas}}, content_type=MERGE_PATCH
             )
-        changed = await self._pod(namespace, f"{name}-0", replicas)
-        if ((notebook.get("status") or {}).get("readyReplicas")) != replicas:
+            event = "sim_notebooks.stopped" if replicas == 0 else "sim_notebooks.started"
+            self.log.info(event, namespace=namespace, notebook=name)
+        ready = int((sts.get("status") or {}).get("readyReplicas") or 0)
+        if ((notebook.get("status") or {}).get("readyReplicas")) != ready:
             await self.client.request(
                 "PATCH",
                 group_path("kubeflow.org", "v1", "notebooks", name, namespace, sub="status"),
-                body={"status": {"readyReplicas": replicas}},
+                body={"status": {"readyReplicas": ready}},
                 content_type=MERGE_PATCH,
             )
         return changed
-
-    async def _pod(self, namespace: str, pod: str, replicas: int) -> bool:
-        """The StatefulSet controller's part: the pod `<name>-0` exists iff replicas is 1."""
-        path = core("pods", pod, namespace)
-        try:
-            found = await self.client.request("GET", path)
-        except NotFound:
-            found = None
-        if replicas == 0 and found is not None:
-            if (found.get("metadata") or {}).get("deletionTimestamp"):
-                return False  # terminating already
-            self.stopped[(namespace, pod)] = _fresh(found)
-            await self.client.request("DELETE", path)
-            self.log.info("sim_notebooks.stopped", namespace=namespace, pod=pod)
-            return True
-        if replicas == 1 and found is None and (namespace, pod) in self.stopped:
-            manifest = self.stopped.pop((namespace, pod))
-            await self.client.request("POST", core("pods", namespace=namespace), body=manifest)
-            self.log.info("sim_notebooks.started", namespace=namespace, pod=pod)
-            return True
-        return False

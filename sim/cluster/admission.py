@@ -212,3 +212,82 @@ def running_status(pod_obj: Obj, host_ip: str, pod_ip: str, at: str) -> Obj:
         }
     )
     return status
+
+
+WORKLOADS = frozenset({"Deployment", "ReplicaSet", "StatefulSet", "Job"})
+JOB_UID_LABELS = ("batch.kubernetes.io/controller-uid", "controller-uid")
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+def workload(kind: str, obj: Obj) -> None:
+    """The API server's defaults for a workload (`pkg/apis/apps/v1/defaults.go`,
+    `pkg/apis/batch/v1/defaults.go`) and its pod template's, in place."""
+    spec = obj.setdefault("spec", {})
+    template_spec = (spec.get("template") or {}).get("spec")
+    if isinstance(template_spec, dict):
+        _spec_defaults(template_spec)
+    if kind in ("Deployment", "ReplicaSet", "StatefulSet"):
+        spec.setdefault("replicas", 1)
+    if kind == "Deployment":
+        spec.setdefault(
+            "strategy",
+            {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"},
+            },
+        )
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+    elif kind == "StatefulSet":
+        spec.setdefault("podManagementPolicy", "OrderedReady")
+        spec.setdefault(
+            "updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+        )
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault(
+            "persistentVolumeClaimRetentionPolicy",
+            {"whenDeleted": "Retain", "whenScaled": "Retain"},
+        )
+    elif kind == "Job":
+        if spec.get("completions") is None and spec.get("parallelism") is None:
+            spec["completions"] = 1
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+        spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+        if isinstance(template_spec, dict):
+            template_spec.setdefault("restartPolicy", "Never")
+
+
+def job_selector(obj: Obj) -> None:
+    """`jobStrategy.PrepareForCreate` / `generateSelector`: unless `manualSelector`, the
+    selector is the Job's uid and its pods carry it and the Job's name as labels."""
+    spec = obj.setdefault("spec", {})
+    if spec.get("manualSelector"):
+        return
+    uid, name = obj["metadata"]["uid"], obj["metadata"]["name"]
+    labels = spec.setdefault("template", {}).setdefault("metadata", {}).setdefault("labels", {})
+    for key in JOB_UID_LABELS:
+        labels[key] = uid
+    for key in JOB_NAME_LABELS:
+        labels[key] = name
+    spec["selector"] = {"matchLabels": {JOB_UID_LABELS[0]: uid}}
+
+
+def service(obj: Obj, cluster_ip: str) -> None:
+    """A Service's defaults (`pkg/apis/core/v1/defaults.go` `SetDefaults_Service`) and its
+    allocated cluster IP (`cluster_ip`, unless it is headless)."""
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    spec.setdefault("internalTrafficPolicy", "Cluster")
+    if spec["type"] != "ExternalName":
+        if spec.get("clusterIP") != "None":
+            spec["clusterIP"] = spec.get("clusterIP") or cluster_ip
+        spec["clusterIPs"] = [spec["clusterIP"]]
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")
+    for port in spec.get("ports") or []:
+        port.setdefault("protocol", "TCP")
+        port.setdefault("targetPort", port.get("port"))

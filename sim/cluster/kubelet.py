@@ -3,8 +3,8 @@
 A pod the API server has just created is `Pending`; the kubelet of the node it is bound to
 starts its containers and reports it `Running` (conditions, IPs, container states). Here that
 report follows on the next turn of the event loop, for a pod bound to a node that exists and
-that nobody has reported on since it was created. A pod bound to no node stays `Pending`: the
-sim has no scheduler.
+that nobody has reported on since it was created or bound (by the scheduler,
+`sim.cluster.controllers`).
 
 A pod deleted with a grace period is `Terminating` (its `deletionTimestamp` set) until its
 kubelet has stopped its containers: after its `sim.nodeward.io/exits-after` annotation's
@@ -52,8 +52,11 @@ class Kubelets:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop, no kubelet (a store used on its own)
-        if change.type == "ADDED":
-            if (pod.get("spec") or {}).get("nodeName"):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if change.type == "ADDED" or (
+            node and not ((change.old or {}).get("spec") or {}).get("nodeName")
+        ):
+            if node:  # created bound, or just bound by the scheduler
                 loop.call_soon(
                     self._start, meta["namespace"], meta["name"], meta["resourceVersion"]
                 )

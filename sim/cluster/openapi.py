@@ -1,4 +1,4 @@
-"""OpenAPI for what the sim cluster serves, in the shapes of a 1.30 API server.
+"""OpenAPI for what the sim cluster serves, in the shapes of the API server it claims to be.
 
 - `/openapi/v2`: one Swagger 2.0 document: `definitions` keyed like `io.k8s.api.core.v1.Pod`
   (the served kinds carry `x-kubernetes-group-version-kind`) and `paths` whose operations name
@@ -27,6 +27,7 @@ from typing import Any
 from sim.cluster import openapi_pb
 from sim.cluster.patch import SET, merge_keys
 from sim.cluster.resources import RESOURCES, ResourceType
+from sim.cluster.versions import Apis
 
 Schema = dict[str, Any]
 
@@ -35,7 +36,6 @@ Schema = dict[str, Any]
 V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
 V2_PROTOBUF_ASKED = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
 TITLE = "Kubernetes"
-VERSION = "v1.30.4"
 META = "io.k8s.apimachinery.pkg.apis.meta.v1"
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 GVK = "x-kubernetes-group-version-kind"
@@ -465,11 +465,14 @@ def _path_param(name: str, kind: str = "") -> Schema:
     }
 
 
-def _operations(defs: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The v2 `paths` of every served resource; `defs` maps (group/version/kind) to names."""
+def _operations(defs: dict[str, str], apis: Apis) -> dict[str, dict[str, Any]]:
+    """The v2 `paths` of every resource `apis` serves; `defs` maps (group/version/kind) to
+    names."""
     paths: dict[str, dict[str, Any]] = {}
     for rt in RESOURCES:
         for version in rt.versions:
+            if not apis.serves(rt.group, version, rt.resource):
+                continue
             kind_name = defs.get(f"{rt.group}/{version}/{rt.kind}")
             if kind_name is None:
                 continue
@@ -799,13 +802,14 @@ def definitions() -> tuple[dict[str, Schema], dict[str, str]]:
     return dict(sorted(builder.defs.items())), names
 
 
-def build() -> Documents:
-    """Every document, from the client package's models (blocking: seconds)."""
+def build(apis: Apis) -> Documents:
+    """Every document of what `apis` serves, from the client package's models (blocking:
+    seconds)."""
     defs, names = definitions()
-    paths = _operations(names)
+    paths = _operations(names, apis)
     v2: Schema = {
         "swagger": "2.0",
-        "info": {"title": TITLE, "version": VERSION},
+        "info": {"title": TITLE, "version": apis.git_version},
         "paths": paths,
         "definitions": defs,
         "securityDefinitions": {
@@ -839,7 +843,7 @@ def build() -> Documents:
             }
         doc = {
             "openapi": "3.0.0",
-            "info": {"title": TITLE, "version": VERSION},
+            "info": {"title": TITLE, "version": apis.git_version},
             "paths": {
                 p: {
                     m: (_v3_operation(o) if m != "parameters" else [_v3_parameter(x) for x in o])

@@ -117,6 +117,9 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",)),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",)),
     ResourceType(
+        "", ("v1",), "services", "Service", True, ("svc",), ("status",), categories=("all",)
+    ),
+    ResourceType(
         "apps", ("v1",), "daemonsets", "DaemonSet", True, ("ds",), ("status",), categories=("all",)
     ),
     ResourceType(
@@ -150,6 +153,17 @@ RESOURCES: tuple[ResourceType, ...] = (
         categories=("all",),
     ),
     ResourceType(
+        "batch",
+        ("v1",),
+        "jobs",
+        "Job",
+        True,
+        (),
+        ("status",),
+        frozenset({"status.successful"}),
+        categories=("all",),
+    ),
+    ResourceType(
         "policy",
         ("v1", "v1beta1"),
         "poddisruptionbudgets",
@@ -163,9 +177,9 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         "networking.k8s.io", ("v1",), "networkpolicies", "NetworkPolicy", True, ("netpol",)
     ),
-    # resource.k8s.io (DRA) as Kubernetes 1.35 serves it with the DRADeviceTaints feature gate
-    # and resource.k8s.io/v1alpha3 enabled: ResourceSlices in v1 (and v1beta2, the same
-    # shape), DeviceTaintRules in v1alpha3 (KEP-5055; v1beta2 from 1.36). Both cluster-scoped.
+    # resource.k8s.io (DRA): ResourceSlices in v1 (and v1beta2, the same shape),
+    # DeviceTaintRules in v1, v1beta2 and v1alpha3; which of them a release serves, and with
+    # what enabled, is `versions.SERVED`'s. Both cluster-scoped.
     ResourceType(
         "resource.k8s.io",
         ("v1", "v1beta2"),
@@ -178,7 +192,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     ),
     ResourceType(
         "resource.k8s.io",
-        ("v1alpha3",),
+        ("v1", "v1beta2", "v1alpha3"),
         "devicetaintrules",
         "DeviceTaintRule",
         False,
@@ -222,15 +236,6 @@ RESOURCES: tuple[ResourceType, ...] = (
 )
 REVIEWS = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews", "selfsubjectreviews"})
 
-# Preferred version first; policy/v1beta1 stays served for older kubectl.
-GROUP_VERSIONS: dict[str, tuple[str, ...]] = {}
-for _rt in RESOURCES:
-    if _rt.group:
-        GROUP_VERSIONS.setdefault(_rt.group, ())
-        for _v in _rt.versions:
-            if _v not in GROUP_VERSIONS[_rt.group]:
-                GROUP_VERSIONS[_rt.group] = (*GROUP_VERSIONS[_rt.group], _v)
-
 
 def lookup(group: str, version: str, resource: str) -> ResourceType | None:
     for rt in RESOURCES:
@@ -261,7 +266,7 @@ def by_kind(api_version: str, kind: str) -> ResourceType | None:
     return None
 
 
-def _resource_entry(rt: ResourceType) -> dict[str, Any]:
+def resource_entry(rt: ResourceType) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": rt.resource,
         "singularName": rt.kind.lower(),
@@ -276,7 +281,7 @@ def _resource_entry(rt: ResourceType) -> dict[str, Any]:
     return entry
 
 
-def _sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
+def sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
     out = []
     for sub in rt.subresources:
         if sub == "status":
@@ -312,42 +317,6 @@ def _sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
                 }
             )
     return out
-
-
-def resource_list(group: str, version: str) -> dict[str, Any] | None:
-    """`APIResourceList` for one group version, or None if not served."""
-    items = [rt for rt in RESOURCES if rt.group == group and version in rt.versions]
-    if not items:
-        return None
-    resources: list[dict[str, Any]] = []
-    for rt in items:
-        resources.append(_resource_entry(rt))
-        resources.extend(_sub_entries(rt))
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": f"{group}/{version}" if group else version,
-        "resources": resources,
-    }
-
-
-def api_group(group: str) -> dict[str, Any] | None:
-    versions = GROUP_VERSIONS.get(group)
-    if not versions:
-        return None
-    gvs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-    return {
-        "kind": "APIGroup",
-        "apiVersion": "v1",
-        "name": group,
-        "versions": gvs,
-        "preferredVersion": gvs[0],
-    }
-
-
-def api_group_list() -> dict[str, Any]:
-    groups = [g for g in (api_group(name) for name in GROUP_VERSIONS) if g]
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
 def api_versions(address: str) -> dict[str, Any]:

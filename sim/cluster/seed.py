@@ -9,7 +9,9 @@ containers fail checkpointing the way a CRI runtime without CRIU does.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
+from collections import Counter
 from datetime import UTC, datetime
 from importlib import resources as importlib_resources
 from pathlib import Path
@@ -211,7 +213,7 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()
 
 
-def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
+def node_manifest(n: NodeSeed, index: int, kubelet_version: str = "v1.37.0") -> dict[str, Any]:
     labels = {
         "kubernetes.io/hostname": n.name,
         "kubernetes.io/os": "linux",
@@ -312,8 +314,8 @@ def node_manifest(n: NodeSeed, index: int) -> dict[str, Any]:
                 "kernelVersion": "5.15.0-119-generic",
                 "osImage": "Ubuntu 22.04.4 LTS",
                 "containerRuntimeVersion": "containerd://1.7.20",
-                "kubeletVersion": "v1.30.4",
-                "kubeProxyVersion": "v1.30.4",
+                "kubeletVersion": kubelet_version,
+                "kubeProxyVersion": kubelet_version,
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
@@ -519,7 +521,7 @@ def _uid(*parts: str) -> str:
     return f"{d[:8]}-{d[8:12]}-{d[12:16]}-{d[16:20]}-{d[20:32]}"
 
 
-def apply_seed(store: Store, seed: Seed) -> None:
+def apply_seed(store: Store, seed: Seed, *, kubelet_version: str = "v1.37.0") -> None:
     """Create every seeded object in `store`."""
     namespaces = ["default", "kube-system", "kube-public", "kube-node-lease", *seed.namespaces]
     namespaces += [p.namespace for p in seed.pods] + [b.namespace for b in seed.notebooks]
@@ -552,7 +554,7 @@ def apply_seed(store: Store, seed: Seed) -> None:
     slice_rt = lookup("resource.k8s.io", "v1", "resourceslices")
     assert lease_rt is not None and slice_rt is not None
     for i, n in enumerate(seed.nodes):
-        node = store.create(node_rt, "", node_manifest(n, i))
+        node = store.create(node_rt, "", node_manifest(n, i, kubelet_version))
         host_ips[n.name] = node["status"]["addresses"][0]["address"]
         renewed = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         store.create(
@@ -621,18 +623,18 @@ def apply_seed(store: Store, seed: Seed) -> None:
     owner_uids: dict[tuple[str, str, str], str] = {}
     node_index = {n.name: i for i, n in enumerate(seed.nodes)}
     pod_counts: dict[str, int] = {}
+    owned = Counter((p.namespace, p.owner.kind, p.owner.name) for p in seed.pods if p.owner)
     for p in seed.pods:
-        uid = None
-        if p.owner is not None:
-            key = (p.namespace, p.owner.kind, p.owner.name)
-            if key not in owner_uids:
-                owner_uids[key] = _ensure_owner(store, p)
-            uid = owner_uids[key]
         count = pod_counts[p.node] = pod_counts.get(p.node, 0) + 1
         pod_ip = f"10.244.{node_index.get(p.node, 250)}.{10 + count}"
         pod_rt = lookup("", "v1", "pods")
         assert pod_rt is not None
-        manifest = pod_manifest(p, uid, pod_ip, host_ips.get(p.node, "10.0.0.250"))
+        manifest = pod_manifest(p, None, pod_ip, host_ips.get(p.node, "10.0.0.250"))
+        if p.owner is not None:
+            key = (p.namespace, p.owner.kind, p.owner.name)
+            if key not in owner_uids:
+                owner_uids[key] = _ensure_owner(store, p, manifest, owned[key])
+            manifest["metadata"]["ownerReferences"][0]["uid"] = owner_uids[key]
         created = store.create(pod_rt, p.namespace, manifest)
         # The API server makes a new pod Pending; its kubelet then reports how it runs.
         created["status"] = {**created["status"], **manifest["status"]}
@@ -671,8 +673,10 @@ def apply_seed(store: Store, seed: Seed) -> None:
         )
 
 
-def _ensure_owner(store: Store, p: PodSeed) -> str:
-    """Create the pod's controller if the sim serves its kind; its uid either way."""
+def _ensure_owner(store: Store, p: PodSeed, manifest: dict[str, Any], pods: int) -> str:
+    """Create the pod's controller if the sim serves its kind, with `pods` replicas made
+    from the pod's `manifest` (so that what it creates again is the same pod); its uid
+    either way."""
     assert p.owner is not None
     api_version = p.owner.api_version or _OWNER_API.get(p.owner.kind, "v1")
     rt = by_kind(api_version, p.owner.kind)
@@ -690,21 +694,27 @@ def _ensure_owner(store: Store, p: PodSeed) -> str:
         k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")
     }
     selector = selector or {"app": p.owner.name}
+    template_meta = {
+        k: copy.deepcopy(v)
+        for k, v in manifest["metadata"].items()
+        if k in ("labels", "annotations")
+    }
+    template_meta.setdefault("labels", {}).update(selector)
+    template_spec = {k: copy.deepcopy(v) for k, v in manifest["spec"].items() if k != "nodeName"}
+    template_spec["volumes"] = [
+        v for v in template_spec.get("volumes") or [] if not v["name"].startswith("kube-api-access")
+    ]
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector},
+        "template": {"metadata": template_meta, "spec": template_spec},
+    }
+    if rt.kind == "Job":
+        spec |= {"manualSelector": True, "parallelism": pods, "completions": pods}
+    elif rt.kind != "DaemonSet":
+        spec["replicas"] = pods
     obj = store.create(
         rt,
         p.namespace,
-        {
-            "metadata": {"name": p.owner.name, "namespace": p.namespace},
-            "spec": {
-                "selector": {"matchLabels": selector},
-                "template": {
-                    "metadata": {"labels": selector},
-                    "spec": {
-                        "containers": [{"name": c.name, "image": c.image} for c in p.containers]
-                        or [{"name": "main", "image": "x"}]
-                    },
-                },
-            },
-        },
+        {"metadata": {"name": p.owner.name, "namespace": p.namespace}, "spec": spec},
     )
     return str(obj["metadata"]["uid"])

@@ -38,7 +38,9 @@ from sim.cluster import (
     rbac,
     resources,
     tables,
+    versions,
 )
+from sim.cluster.controllers import ControlPlane
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.kubelet import Kubelets
 from sim.cluster.patch import apply_patch
@@ -56,21 +58,11 @@ from sim.cluster.tls import make_serving_cert
 if TYPE_CHECKING:
     from nodeward.kube.access import Access
 
-SERVER_VERSION = {
-    "major": "1",
-    "minor": "30",
-    "gitVersion": "v1.30.4-nodeward-sim",
-    "gitCommit": "0" * 40,
-    "gitTreeState": "clean",
-    "buildDate": "2024-08-14T19:00:00Z",
-    "goVersion": "go1.22.5",
-    "compiler": "gc",
-    "platform": "linux/amd64",
-}
 CLUSTER_NAME = "nodeward-sim"
 SERVICE_NAMESPACE = "nodeward"
 _PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 _EVENTS_V1 = resources.require("events.k8s.io", "v1", "events")
+KUBE_VERSION_ENV = "NODEWARD_SIM_KUBE_VERSION"
 UNKNOWN_FIELDS_ENV = "NODEWARD_SIM_UNKNOWN_FIELDS"
 """`fail`: a write that a real API server would store with an `unknown field` warning (its
 `fieldValidation` being Warn) is refused instead, so that a test whose code writes a field a
@@ -231,7 +223,15 @@ class SimCluster:
         bookmark_interval: float = 5.0,
         history: int = 10000,
         warnings_fail: bool | None = None,
+        kube_version: str | None = None,
+        enabled: Iterable[str] | None = None,
     ) -> None:
+        """`kube_version`: the release claimed (`1.33`; default `$NODEWARD_SIM_KUBE_VERSION`,
+        else the client models' release), which decides the group-versions served, with the
+        feature gates and runtime-config group-versions `enabled` (default
+        `versions.DEFAULT_ENABLED`). ValueError for a release the sim cannot claim."""
+        claimed = kube_version or os.environ.get(KUBE_VERSION_ENV)
+        self.apis = versions.Apis(versions.parse_version(claimed) if claimed else None, enabled)
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
         self.host = host
         self.port = port
@@ -266,6 +266,7 @@ class SimCluster:
         the daemons' declared `access`."""
         disruption.watch_pods(self.store)
         Kubelets(self.store).install()
+        ControlPlane(self.store).install()
         default = rbac.default_rbac_dir()
         try:
             if rbac_dirs is not None:
@@ -279,7 +280,7 @@ class SimCluster:
         ns_rt = lookup("", "v1", "namespaces")
         assert ns_rt is not None
         try:
-            apply_seed(self.store, self.seed)
+            apply_seed(self.store, self.seed, kubelet_version=self.apis.git_version)
         except ApiError as exc:
             raise SeedError(f"seed does not apply: {exc.message}") from None
         for doc in [*rbac.bootstrap_manifests(), *manifests]:
@@ -442,7 +443,9 @@ class SimCluster:
     ) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
         if path in _PUBLIC_PATHS:
-            return _json(SERVER_VERSION) if path == "/version" else web.Response(text="ok")
+            return (
+                _json(self.apis.version_info()) if path == "/version" else web.Response(text="ok")
+            )
         if ident is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         for fault in self.faults:
@@ -555,7 +558,7 @@ class SimCluster:
     async def _openapi_documents(self) -> openapi.Documents:
         """The OpenAPI documents, built on first use in a thread (it takes seconds)."""
         if self._openapi_build is None:
-            self._openapi_build = asyncio.ensure_future(asyncio.to_thread(openapi.build))
+            self._openapi_build = asyncio.ensure_future(asyncio.to_thread(openapi.build, self.apis))
         try:
             return await asyncio.shield(self._openapi_build)
         except Exception:
@@ -620,19 +623,19 @@ class SimCluster:
         if parts == ["api"]:
             return resources.api_versions(f"{self.host}:{self.port}")
         if parts == ["apis"]:
-            return resources.api_group_list()
+            return self.apis.api_group_list()
         if parts[0] == "api" and len(parts) == 2:
-            found = resources.resource_list("", parts[1])
+            found = self.apis.resource_list("", parts[1])
             if found is None:
                 raise _not_found_path()
             return found
         if parts[0] == "apis" and len(parts) == 2:
-            group = resources.api_group(parts[1])
+            group = self.apis.api_group(parts[1])
             if group is None:
                 raise _not_found_path()
             return group
         if parts[0] == "apis" and len(parts) == 3:
-            found = resources.resource_list(parts[1], parts[2])
+            found = self.apis.resource_list(parts[1], parts[2])
             if found is None:
                 raise _not_found_path()
             return found
@@ -660,7 +663,11 @@ class SimCluster:
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else ""
         rt = lookup(group, version, resource)
-        if rt is None or (namespace is not None and not rt.namespaced):
+        if (
+            rt is None
+            or not self.apis.serves(group, version, resource)
+            or (namespace is not None and not rt.namespaced)
+        ):
             raise _not_found_path()
         if sub and sub not in rt.subresources:
             raise _not_found_path()

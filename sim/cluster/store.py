@@ -34,6 +34,7 @@ Key = tuple[str, str]  # (group, resource) of the storage
 _PODS: Key = ("", "pods")
 _ACCOUNTS: Key = ("", "serviceaccounts")
 _NAMESPACES: Key = ("", "namespaces")
+_SERVICES: Key = ("", "services")
 _STATUS_KEPT = frozenset({("", "nodes")})
 """Kinds whose status a create may set: a node registers with its status (the kubelet's)."""
 FOREGROUND = "foregroundDeletion"
@@ -72,6 +73,7 @@ class Store:
         self._compacted = 0
         self._watchers: set[Watcher] = set()
         self.hooks: list[Callable[[Change], None]] = []
+        self._service_ips = 0
 
     # --- versions and history ------------------------------------------------------------
 
@@ -141,6 +143,46 @@ class Store:
                 items[key] = copy.deepcopy(change.old)
         return [o for (ns, _), o in sorted(items.items()) if namespace is None or ns == namespace]
 
+    def peek(self, rt: ResourceType, namespace: str | None = None) -> builtins.list[Obj]:
+        """The stored objects themselves, not copies, for the sim's own controllers: read
+        them, never change them."""
+        items = self._objects.get(rt.key, {})
+        return [o for (ns, _), o in items.items() if namespace is None or ns == namespace]
+
+    def bind(self, namespace: str, name: str, node: str, at: str) -> Obj:
+        """The `pods/binding` subresource (`pkg/registry/core/pod/storage` `assignPod`): set a
+        pending pod's `spec.nodeName` and its `PodScheduled` condition; 409 when it is bound
+        already or being deleted."""
+        table = self._objects.get(_PODS, {})
+        old = table.get((namespace, name))
+        if old is None:
+            raise not_found("pods", name, "")
+        if old["metadata"].get("deletionTimestamp"):
+            raise conflict("pods", name, "")
+        bound = (old.get("spec") or {}).get("nodeName")
+        if bound:
+            raise ApiError(409, "Conflict", f"pod {name} is already assigned to node {bound!r}")
+        new = copy.deepcopy(old)
+        new["spec"]["nodeName"] = node
+        conditions = [
+            c
+            for c in (new.get("status") or {}).get("conditions") or []
+            if c.get("type") != "PodScheduled"
+        ]
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": at,
+            }
+        )
+        new.setdefault("status", {})["conditions"] = conditions
+        new["metadata"]["resourceVersion"] = self._bump()
+        table[(namespace, name)] = new
+        self._emit(Change(self._rv, _PODS, "MODIFIED", copy.deepcopy(new), copy.deepcopy(old)))
+        return copy.deepcopy(new)
+
     def find(self, rt: ResourceType, namespace: str, name: str) -> Obj | None:
         obj = self._objects.get(rt.key, {}).get((namespace if rt.namespaced else "", name))
         return copy.deepcopy(obj) if obj is not None else None
@@ -205,6 +247,29 @@ class Store:
                     f'namespaces "{namespace}" not found',
                     details={"name": namespace, "kind": "namespaces"},
                 )
+        if rt.kind in admission.WORKLOADS and rt.group in ("apps", "batch"):
+            admission.workload(rt.kind, obj)
+            if (
+                rt.kind == "Job"
+                and not (obj["spec"].get("manualSelector"))
+                and obj["spec"].get("selector")
+            ):
+                raise invalid(
+                    rt.kind,
+                    name,
+                    rt.group,
+                    [
+                        (
+                            "spec.selector",
+                            "FieldValueInvalid",
+                            "Invalid value: `selector` will be auto-generated",
+                        )
+                    ],
+                )
+        elif rt.key == _SERVICES:
+            self._service_ips += 1
+            n = self._service_ips
+            admission.service(obj, f"10.96.{n // 250}.{n % 250 + 1}")
         if rt.key == _PODS:
             accounts = {
                 n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
@@ -216,11 +281,13 @@ class Store:
         elif "status" in rt.subresources and rt.key not in _STATUS_KEPT:
             # the strategies' PrepareForCreate: status is written through /status only
             obj.pop("status", None)
+        meta["uid"] = str(uuid.uuid4())
+        if rt.kind == "Job" and rt.group == "batch":
+            admission.job_selector(obj)
         _normalize(rt, obj)
         validation.validate(rt, obj, None)
         if (namespace if rt.namespaced else "", name) in table:
             raise already_exists(rt.resource, name, rt.group)
-        meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
         obj["apiVersion"], obj["kind"] = rt.api_version(), rt.kind

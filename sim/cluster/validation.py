@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from typing import Any
 
@@ -318,6 +319,52 @@ def _device_taint_rule(obj: dict[str, Any]) -> list[Cause]:
     return causes
 
 
+def _workload(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[Cause]:
+    """apps/v1 and Job validation (`pkg/apis/apps/validation`, `pkg/apis/batch/validation`):
+    a selector that is not empty and selects the template's labels, a template with
+    containers, non-negative replicas; an apps/v1 selector and a Job's template are
+    immutable."""
+    spec = obj.get("spec") or {}
+    selector = spec.get("selector") or {}
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    causes: list[Cause] = []
+    if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+        causes.append(("spec.selector", "FieldValueRequired", "Required value"))
+    elif any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        causes.append(
+            (
+                "spec.template.metadata.labels",
+                "FieldValueInvalid",
+                f"Invalid value: {json.dumps(labels, separators=(',', ':'))}: `selector` does "
+                "not match template `labels`",
+            )
+        )
+    if not (template.get("spec") or {}).get("containers"):
+        causes.append(("spec.template.spec.containers", "FieldValueRequired", "Required value"))
+    for key in ("replicas", "parallelism", "completions", "backoffLimit"):
+        value = spec.get(key)
+        if isinstance(value, int) and value < 0:
+            causes.append(
+                (
+                    f"spec.{key}",
+                    "FieldValueInvalid",
+                    f"Invalid value: {value}: must be greater than or equal to 0",
+                )
+            )
+    if old is not None:
+        old_spec = old.get("spec") or {}
+        if kind != "Job" and old_spec.get("selector") != spec.get("selector"):
+            causes.append(
+                ("spec.selector", "FieldValueInvalid", "Invalid value: field is immutable")
+            )
+        if kind == "Job" and old_spec.get("template") != spec.get("template"):
+            causes.append(
+                ("spec.template", "FieldValueInvalid", "Invalid value: field is immutable")
+            )
+    return causes
+
+
 def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
     """Raise 422 Invalid with the causes the real API would list."""
     causes = _metadata(rt, obj)
@@ -335,5 +382,7 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
         causes += _resource_slice(obj)
     elif rt.kind == "DeviceTaintRule":
         causes += _device_taint_rule(obj)
+    elif rt.kind in ("Deployment", "ReplicaSet", "StatefulSet", "Job"):
+        causes += _workload(rt.kind, obj, old)
     if causes:
         raise invalid(rt.kind, (obj.get("metadata") or {}).get("name", ""), rt.group, causes)

@@ -63,8 +63,12 @@ async def stop_env(
 
 
 @pytest.fixture
-async def sim() -> AsyncIterator[SimCluster]:
-    async with SimCluster(port=0, bookmark_interval=0.2) as cluster:
+async def sim(request: pytest.FixtureRequest) -> AsyncIterator[SimCluster]:
+    """The sim cluster; `@pytest.mark.sim_cluster(kube_version="1.35", enabled=...)` passes
+    its keywords on."""
+    marker = request.node.get_closest_marker("sim_cluster")
+    options = dict(marker.kwargs) if marker else {}
+    async with SimCluster(port=0, bookmark_interval=0.2, **options) as cluster:
         yield cluster
 
 

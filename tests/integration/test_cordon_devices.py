@@ -36,7 +36,7 @@ from tests.integration.test_cordon import outcomes, tainted
 pytestmark = pytest.mark.timeout(120)
 
 DRA = {"dra": {"driver": "gpu.nvidia.com"}}
-RULES = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
+RULES = f"/apis/{GROUP}/v1/devicetaintrules"
 
 
 def on_gpu(
@@ -122,7 +122,7 @@ async def test_one_failed_gpu_on_a_dra_node_taints_that_device_only(
     found = await wait_for(one_rule, timeout=10, what="a DeviceTaintRule")
     assert len(found) == 1
     rule = found[0]
-    assert rule["apiVersion"] == f"{GROUP}/v1alpha3"
+    assert rule["apiVersion"] == f"{GROUP}/v1"
     assert rule["metadata"]["name"] == f"nodeward-{name}-gpu-3"
     assert rule["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "nodeward"
     assert rule["spec"]["deviceSelector"] == {
@@ -183,7 +183,7 @@ async def test_a_rule_nodeward_did_not_create_is_left_alone(cordon_env: EnvFacto
     env = await cordon_env(count=1, nodes={0: DRA})
     name = env.nodes[0]
     theirs = {
-        "apiVersion": f"{GROUP}/v1alpha3",
+        "apiVersion": f"{GROUP}/v1",
         "kind": "DeviceTaintRule",
         "metadata": {"name": f"nodeward-{name}-gpu-1"},
         "spec": {

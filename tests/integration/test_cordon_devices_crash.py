@@ -22,7 +22,7 @@ from tests.integration.test_cordon_devices import DRA, on_gpu
 pytestmark = pytest.mark.timeout(120)
 cordon_process = crash.cordon_process  # the fixture: the service as its own process
 
-RULES = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
+RULES = f"/apis/{GROUP}/v1/devicetaintrules"
 
 
 async def rules(env: CordonEnv) -> list[dict[str, Any]]:

@@ -139,10 +139,10 @@ async def test_plain_pods_are_deleted_only_under_a_controller(culler_env: EnvFac
     await env.start()
     since = ago(1.1)
 
-    async def gone() -> bool:
-        return not [
-            p for p in await env.admin.pods.list(env.ns) if p["metadata"]["name"] == "ssh-kept-0"
-        ]
+    kept = (await env.admin.pods.get(env.ns, "ssh-kept-0"))["metadata"]["uid"]
+
+    async def gone() -> bool:  # deleted; its StatefulSet then makes a fresh ssh-kept-0
+        return kept not in {p["metadata"]["uid"] for p in await env.admin.pods.list(env.ns)}
 
     await env.idle_until("ssh-kept-0", since, gone)
 

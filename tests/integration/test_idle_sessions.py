@@ -144,9 +144,12 @@ async def test_busy_kernel_with_an_idle_gpu_is_not_culled(
     p = await platform({"nb-a-0": {"nodeward.io/jupyter-url": jupyter_peer.url}})
     env = p.env
 
+    witness = (await env.admin.pods.get(env.ns, "ssh-kept-0"))["metadata"]["uid"]
+
     async def witness_gone() -> bool:  # an idle SSH session on the same node is stopped
-        names = {x["metadata"]["name"] for x in await env.admin.pods.list(env.ns)}
-        return "ssh-kept-0" not in names
+        # (its StatefulSet then makes a fresh ssh-kept-0: another pod)
+        uids = {x["metadata"]["uid"] for x in await env.admin.pods.list(env.ns)}
+        return witness not in uids
 
     await wait_for(witness_gone, timeout=30, what="the idle SSH session stopped")
     assert await env.user_notices("nb-a-0") == []

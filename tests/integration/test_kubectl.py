@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from sim.cluster import SimCluster
+from sim.cluster import SimCluster, versions
 from tests.integration.simkube import PortFactory, kubectl_binaries, kubectl_version
 
 KUBECTLS = kubectl_binaries()
@@ -95,6 +96,22 @@ def _minor(version: str) -> int:
         return int(version.split(".")[1])
     except (IndexError, ValueError):
         return 0
+
+
+@pytest.fixture
+async def sim(request: pytest.FixtureRequest) -> AsyncIterator[SimCluster]:
+    """The sim cluster claiming the release of the kubectl the test drives (each kubectl
+    against the API server it was released with, within kubectl's supported skew); the
+    newest kubectl for tests that take none."""
+    params = getattr(request.node, "callspec", None)
+    binary = next(
+        (v for k, v in (params.params.items() if params else ()) if k.endswith("kubectl")),
+        NEWEST,
+    )
+    minor = _minor(VERSIONS.get(binary, ""))
+    claimed = f"1.{min(max(minor, versions.OLDEST), versions.client_release())}" if minor else None
+    async with SimCluster(port=0, bookmark_interval=0.2, kube_version=claimed) as cluster:
+        yield cluster
 
 
 _BY_AGE = sorted(KUBECTLS, key=lambda b: _minor(VERSIONS.get(b, "")))
@@ -327,8 +344,10 @@ async def test_create_and_apply_validate(edge_kubectl: Kubectl, tmp_path: Path) 
     # older ones validate against the schemas of /openapi/v2 and patch with them
     newest_kubectl = edge_kubectl
     manifest = tmp_path / "pdb.yaml"
+    # policy/v1 came in 1.21: a 1.20 server (what kubectl 1.20 drives here) has v1beta1 only
+    policy = "policy/v1beta1" if 0 < newest_kubectl.minor < 21 else "policy/v1"
     manifest.write_text(
-        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bob, namespace: ml-nlp}\n"
+        f"apiVersion: {policy}\nkind: PodDisruptionBudget\nmetadata: {{name: bob, namespace: ml-nlp}}\n"
         "spec: {minAvailable: 1, selector: {matchLabels: {notebook-name: bob-jupyter}}}\n"
     )
     assert "created" in (await newest_kubectl("create", "-f", str(manifest))).out
@@ -434,3 +453,33 @@ async def test_explain_knows_every_kind_the_sim_holds(edge_kubectl: Kubectl) -> 
     assert "regarding" in _explained_fields(new_events)
     notebook = (await edge_kubectl("explain", "notebooks.spec.template.spec.containers")).out
     assert "image" in _explained_fields(notebook)
+
+
+async def test_a_deployment_rolls_out_and_survives_a_drain(
+    newest_kubectl: Kubectl, sim: SimCluster, tmp_path: Path
+) -> None:
+    """`kubectl rollout status` reads the Deployment's status as on a cluster (observed
+    generation, updated and available replicas); after `kubectl drain` its pods run
+    elsewhere (the ReplicaSet controller and the scheduler)."""
+    kubectl = newest_kubectl
+    manifest = tmp_path / "web.yaml"
+    manifest.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: ml-nlp}\n"
+        "spec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n"
+        "  template:\n    metadata: {labels: {app: web}}\n"
+        "    spec: {containers: [{name: web, image: 'busybox:1.36'}]}\n"
+    )
+    await kubectl("apply", "-f", str(manifest))
+    rolled = await kubectl("rollout", "status", "deployment/web", "-n", "ml-nlp", "--timeout=30s")
+    assert "successfully rolled out" in rolled.out
+    pods = await kubectl.json("get", "pods", "-n", "ml-nlp", "-l", "app=web")
+    nodes = {p["spec"]["nodeName"] for p in pods["items"]}
+    node = sorted(nodes)[0]
+    await kubectl(
+        "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=60s"
+    )
+    again = await kubectl("rollout", "status", "deployment/web", "-n", "ml-nlp", "--timeout=30s")
+    assert "successfully rolled out" in again.out
+    after = await kubectl.json("get", "pods", "-n", "ml-nlp", "-l", "app=web")
+    live = [p for p in after["items"] if not p["metadata"].get("deletionTimestamp")]
+    assert len(live) == 2 and node not in {p["spec"]["nodeName"] for p in live}

@@ -66,7 +66,9 @@ async def test_a_created_pod_is_pending_then_its_kubelet_runs_it(sim: SimCluster
 
 async def test_a_pod_bound_to_no_node_stays_pending(sim: SimCluster) -> None:
     async with sim_http(sim) as http:
-        created = await http.post("/api/v1/namespaces/ml-nlp/pods", json=_pod("loose", node=None))
+        loose = _pod("loose", node=None)  # for a scheduler that does not run: none binds it
+        loose["spec"]["schedulerName"] = "no-such-scheduler"
+        created = await http.post("/api/v1/namespaces/ml-nlp/pods", json=loose)
         assert created.status_code == 201
         # the kubelet's turn of the loop has come and gone when a second request is answered
         await http.get("/api/v1/namespaces/ml-nlp/pods")

@@ -67,7 +67,9 @@ async def test_grace_zero_an_unbound_pod_and_a_shorter_second_delete(sim: SimClu
         answer = await http.delete(f"{PODS}/now", params={"gracePeriodSeconds": "0"})
         assert answer.status_code == 200
         assert await _gone(http, f"{PODS}/now")
-        await http.post(PODS, json=_pod("loose", node=None))
+        loose = _pod("loose", node=None)  # for a scheduler that does not run: never bound
+        loose["spec"]["schedulerName"] = "no-such-scheduler"
+        await http.post(PODS, json=loose)
         await http.delete(f"{PODS}/loose")
         assert await _gone(http, f"{PODS}/loose"), "an unbound pod has no kubelet to wait for"
         await http.post(PODS, json=_pod("stubborn", exits=30))

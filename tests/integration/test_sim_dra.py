@@ -1,4 +1,5 @@
-"""The sim cluster serves resource.k8s.io as Kubernetes 1.35 does with DRADeviceTaints on:
+"""The sim cluster serves resource.k8s.io as the release it claims does (by default 1.37 with
+DRADeviceTaints on):
 discovery, ResourceSlices by node, DeviceTaintRules with validation and RBAC; the port finds
 the version to use through discovery."""
 
@@ -8,21 +9,74 @@ import pytest
 
 from nodeward.kube import Cluster, Conflict, Forbidden, Invalid, NotFound
 from nodeward.kube.devices import GROUP, device_taint_rule
+from sim.cluster import SimCluster
+from sim.cluster.versions import DRA_TAINTS
 from sim.nvml import gpu_uuid
 from tests.integration.simkube import PortFactory
 
 DRA_NODE = "gpu-h100-dra-01"
 
 
-async def test_discovery_lists_the_group_and_its_versions(admin: Cluster) -> None:
+def _release(
+    version: str | None, enabled: tuple[str, ...] | None, groups: list[str], taints: str | None
+) -> object:
+    options = {k: v for k, v in (("kube_version", version), ("enabled", enabled)) if v is not None}
+    return pytest.param(
+        groups,
+        taints,
+        marks=pytest.mark.sim_cluster(**options),
+        id=f"{version or 'default'}-{'+'.join(enabled) if enabled is not None else 'gate'}",
+    )
+
+
+ALPHA, BETA = f"{GROUP}/v1alpha3", f"{GROUP}/v1beta2"
+
+
+@pytest.mark.parametrize(
+    ("groups", "taints"),
+    [
+        # the sim's default: the client's release (1.37) with the DRADeviceTaints gate
+        _release(None, None, ["v1"], "v1"),
+        _release("1.37", (), ["v1"], None),  # the gate off: no DeviceTaintRules
+        _release("1.36", (DRA_TAINTS, BETA), ["v1", "v1beta2"], "v1beta2"),
+        _release("1.35", (DRA_TAINTS, ALPHA), ["v1", "v1alpha3"], "v1alpha3"),
+        _release("1.35", (DRA_TAINTS,), ["v1"], None),  # alpha needs its runtime-config too
+        _release("1.33", (DRA_TAINTS, BETA, ALPHA), ["v1beta2", "v1alpha3"], "v1alpha3"),
+        _release("1.33", None, [], None),  # DRA's beta is off by default before 1.34
+        _release("1.30", None, [], None),
+    ],
+)
+async def test_discovery_serves_the_versions_of_the_claimed_release(
+    admin: Cluster, sim: SimCluster, groups: list[str], taints: str | None
+) -> None:
+    """kube-apiserver serves resource.k8s.io/v1 from 1.34 (KEP-4381), its betas only with
+    --runtime-config (KEP-3136), DeviceTaintRule behind DRADeviceTaints (KEP-5055); the port
+    asks discovery which version to use."""
+    if not groups:
+        with pytest.raises(NotFound):
+            await admin.client.request("GET", f"/apis/{GROUP}")
+        assert await admin.devices.served_version() is None
+        assert await admin.devices.slice_version() is None
+        return
     group = await admin.client.request("GET", f"/apis/{GROUP}")
-    assert [v["version"] for v in group["versions"]] == ["v1", "v1beta2", "v1alpha3"]
-    assert group["preferredVersion"]["version"] == "v1"
-    alpha = await admin.client.request("GET", f"/apis/{GROUP}/v1alpha3")
-    rules = [r for r in alpha["resources"] if r["name"] == "devicetaintrules"]
-    assert rules and rules[0]["namespaced"] is False and rules[0]["kind"] == "DeviceTaintRule"
-    assert await admin.devices.served_version() == "v1alpha3"
-    assert await admin.devices.slice_version() == "v1"
+    assert [v["version"] for v in group["versions"]] == groups
+    assert group["preferredVersion"]["version"] == groups[0]
+    assert await admin.devices.served_version() == taints
+    if taints:
+        listed = await admin.client.request("GET", f"/apis/{GROUP}/{taints}")
+        rules = [r for r in listed["resources"] if r["name"] == "devicetaintrules"]
+        assert rules[0]["namespaced"] is False and rules[0]["kind"] == "DeviceTaintRule"
+    slices = await admin.devices.slice_version()
+    assert slices == ("v1" if "v1" in groups else "v1beta2")
+    published = await admin.devices.slices_on(slices, DRA_NODE)
+    assert published[0]["apiVersion"] == f"{GROUP}/{slices}"
+    for version in {"v1", "v1beta2"} - set(groups):
+        with pytest.raises(NotFound):
+            await admin.client.request("GET", f"/apis/{GROUP}/{version}/resourceslices")
+    version = await admin.client.request("GET", "/version")
+    assert version["gitVersion"].startswith(f"v1.{sim.apis.minor}.")
+    node = await admin.nodes.get(DRA_NODE)
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == version["gitVersion"]
 
 
 async def test_the_dra_node_publishes_its_gpus_as_the_nvidia_driver_does(admin: Cluster) -> None:
@@ -42,14 +96,12 @@ async def test_the_dra_node_publishes_its_gpus_as_the_nvidia_driver_does(admin: 
     node = await admin.nodes.get(DRA_NODE)
     assert "nvidia.com/gpu" not in node["status"]["allocatable"]
     assert await admin.devices.slices_on("v1", "gpu-h100-01") == []
-    beta = await admin.devices.slices_on("v1beta2", DRA_NODE)
-    assert beta[0]["apiVersion"] == f"{GROUP}/v1beta2"
 
 
 async def test_device_taint_rules_are_validated(admin: Cluster) -> None:
     rule = device_taint_rule(
         "bad",
-        api_version="v1alpha3",
+        api_version="v1",
         driver="gpu.nvidia.com",
         pool=DRA_NODE,
         device="gpu-0",
@@ -60,13 +112,13 @@ async def test_device_taint_rules_are_validated(admin: Cluster) -> None:
         annotations={},
     )
     with pytest.raises(Invalid, match=r"spec\.taint\.effect"):
-        await admin.devices.create_taint_rule("v1alpha3", rule)
+        await admin.devices.create_taint_rule("v1", rule)
     rule["spec"]["taint"].pop("key")
     rule["spec"]["taint"]["effect"] = "NoSchedule"
     with pytest.raises(Invalid, match=r"spec\.taint\.key"):
-        await admin.devices.create_taint_rule("v1alpha3", rule)
-    with pytest.raises(NotFound):  # not served in v1 by this cluster
         await admin.devices.create_taint_rule("v1", rule)
+    with pytest.raises(NotFound):  # not served in v1alpha3 by this cluster
+        await admin.devices.create_taint_rule("v1alpha3", rule)
 
 
 async def test_cordon_may_create_get_and_delete_rules_and_nothing_more(
@@ -75,7 +127,7 @@ async def test_cordon_may_create_get_and_delete_rules_and_nothing_more(
     cordon = port_for("cordon")
     rule = device_taint_rule(
         "nodeward-test-gpu-0",
-        api_version="v1alpha3",
+        api_version="v1",
         driver="gpu.nvidia.com",
         pool=DRA_NODE,
         device="gpu-0",
@@ -85,16 +137,16 @@ async def test_cordon_may_create_get_and_delete_rules_and_nothing_more(
         labels={"app.kubernetes.io/managed-by": "nodeward"},
         annotations={},
     )
-    created = await cordon.devices.create_taint_rule("v1alpha3", rule)
+    created = await cordon.devices.create_taint_rule("v1", rule)
     assert created["spec"]["taint"]["timeAdded"]
-    got = await cordon.devices.get_taint_rule("v1alpha3", "nodeward-test-gpu-0")
+    got = await cordon.devices.get_taint_rule("v1", "nodeward-test-gpu-0")
     assert got is not None and got["metadata"]["uid"] == created["metadata"]["uid"]
     unguarded = port_for("cordon", guarded=False)
     with pytest.raises(Forbidden):
-        await unguarded.client.request("GET", f"/apis/{GROUP}/v1alpha3/devicetaintrules")
+        await unguarded.client.request("GET", f"/apis/{GROUP}/v1/devicetaintrules")
     with pytest.raises(Conflict, match="Precondition failed"):  # never a rule that replaced it
-        await cordon.devices.delete_taint_rule("v1alpha3", "nodeward-test-gpu-0", "another-uid")
+        await cordon.devices.delete_taint_rule("v1", "nodeward-test-gpu-0", "another-uid")
     assert await cordon.devices.delete_taint_rule(
-        "v1alpha3", "nodeward-test-gpu-0", created["metadata"]["uid"]
+        "v1", "nodeward-test-gpu-0", created["metadata"]["uid"]
     )
-    assert await cordon.devices.get_taint_rule("v1alpha3", "nodeward-test-gpu-0") is None
+    assert await cordon.devices.get_taint_rule("v1", "nodeward-test-gpu-0") is None

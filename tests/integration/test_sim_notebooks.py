@@ -45,23 +45,35 @@ async def test_a_stopped_notebook_loses_its_pod_and_gets_it_back(tmp_path: Path)
         assert sts["spec"]["replicas"] == 0
         gone = await _pod(client)
         assert gone is None or gone["metadata"].get("deletionTimestamp")  # type: ignore[index]
-        assert (await client.request("GET", notebook))["status"]["readyReplicas"] == 0
+        while (await client.request("GET", notebook))["status"]["readyReplicas"] != 0:
+            await controller.pass_once()  # reports the StatefulSet's ready replicas, as Kubeflow's
+            await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
         # The other notebooks are left running.
         assert await client.request("GET", core("pods", "alice-jupyter-0", "ml-vision"))
 
         started = {"metadata": {"annotations": {STOP_ANNOTATION: None}}}
         await client.request("PATCH", notebook, body=started, content_type=MERGE_PATCH)
-        # a graceful deletion runs its course first: the pod comes back once the old is gone
-        changed: list[str] = []
-        while not changed:
-            changed = await controller.pass_once()
-            if not changed:
-                await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
-        assert changed == [f"{NS}/{NAME}"]
+        assert await controller.pass_once() == [f"{NS}/{NAME}"]
+        # the StatefulSet controller makes <name>-0 again once the old one is gone (its
+        # graceful deletion runs its course first), from its template; the scheduler places it
         again = await _pod(client)
-        assert again is not None and again["spec"]["nodeName"] == node  # type: ignore[index]
-        assert again["metadata"]["uid"] != before["metadata"]["uid"]  # type: ignore[index]
-        assert (await client.request("GET", notebook))["status"]["readyReplicas"] == 1
+        while (
+            again is None
+            or again["metadata"]["uid"] == before["metadata"]["uid"]
+            or (  # type: ignore[index]
+                again.get("status") or {}  # type: ignore[union-attr]
+            ).get("phase")
+            != "Running"
+        ):
+            await asyncio.sleep(0.1)  # poll period of another server's condition, not a sync
+            again = await _pod(client)
+        assert again["spec"]["nodeName"]  # type: ignore[index]
+        wanted = before["spec"]["containers"][0]["resources"]  # type: ignore[index]
+        assert again["spec"]["containers"][0]["resources"] == wanted  # type: ignore[index]
+        assert node  # where it ran before: the scheduler may choose another
+        while (await client.request("GET", notebook)).get("status", {}).get("readyReplicas") != 1:
+            await controller.pass_once()
+            await asyncio.sleep(0.1)  # poll period, as above
     finally:
         await client.close()
         await sim.stop()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from kubernetes import client, config
 
 from sim.cluster import SimCluster, openapi
@@ -58,14 +59,26 @@ async def test_self_subject_review_names_the_caller(sim: SimCluster, tmp_path: P
     ]
     account = sim.store.find(require("", "v1", "serviceaccounts"), "nodeward", "nodeward-culler")
     assert account is not None and user.uid == account["metadata"]["uid"]
-    async with sim_http(sim, "culler") as http:  # kubectl 1.27 asks v1beta1
+    async with sim_http(sim, "culler") as http:  # off by default from 1.29
+        beta = await http.post(
+            "/apis/authentication.k8s.io/v1beta1/selfsubjectreviews",
+            json={"apiVersion": "authentication.k8s.io/v1beta1", "kind": "SelfSubjectReview"},
+        )
+    assert beta.status_code == 404
+
+
+@pytest.mark.sim_cluster(kube_version="1.28")
+async def test_a_1_28_server_answers_the_beta_review_kubectl_1_27_asks(sim: SimCluster) -> None:
+    """authentication.k8s.io/v1beta1 SelfSubjectReview: beta in 1.27, served to 1.28."""
+    async with sim_http(sim, "culler") as http:
         beta = await http.post(
             "/apis/authentication.k8s.io/v1beta1/selfsubjectreviews",
             json={"apiVersion": "authentication.k8s.io/v1beta1", "kind": "SelfSubjectReview"},
         )
     assert beta.status_code == 201
     assert beta.json()["apiVersion"] == "authentication.k8s.io/v1beta1"
-    assert beta.json()["status"]["userInfo"]["username"] == user.username
+    user = beta.json()["status"]["userInfo"]["username"]
+    assert user == "system:serviceaccount:nodeward:nodeward-culler"
 
 
 async def test_access_review_of_a_non_resource_url(sim: SimCluster) -> None:

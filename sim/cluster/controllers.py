@@ -1,0 +1,658 @@
+"""The control plane behind the sim cluster's API: kube-scheduler and the kube-controller-manager
+controllers whose results nodeward can see.
+
+- **Scheduler** (`pkg/scheduler`, its default filters): a pending pod for `default-scheduler`
+  bound to no node is bound (`pods/binding`) to a node that is Ready and schedulable
+  (`NodeUnschedulable`), whose `NoSchedule`/`NoExecute` taints it tolerates (`TaintToleration`),
+  whose labels its `nodeSelector` and required node affinity match (`NodeAffinity`) and whose
+  allocatable still fits its requests (`NodeResourcesFit`); of those, the one with the fewest
+  pods, then by name. When none fits, the pod gets `PodScheduled=False` (`Unschedulable`,
+  "0/N nodes are available: ...") and is tried again when a node or a pod changes.
+- **ReplicaSet** (`pkg/controller/replicaset`): keeps `replicas` active pods (not terminating,
+  not finished) owned by it, creating `<name>-xxxxx` from its template at once when one
+  starts terminating, deleting the surplus (unscheduled, then not ready, then newest first).
+- **Deployment** (`pkg/controller/deployment`): owns one ReplicaSet per pod template
+  (`<name>-<pod-template-hash>`), scaled to `replicas`; the others to 0 (the `Recreate`
+  outcome; a rolling update's intermediate steps are not simulated).
+- **StatefulSet** (`pkg/controller/statefulset`, `OrderedReady`): pods `<name>-0` ..
+  `<name>-(replicas-1)`, each created only when the ones before it are Running and Ready, and
+  created again under the same name only once the old one is gone (so a drained session
+  comes back elsewhere after its pod has terminated); surplus ordinals deleted from the top.
+- **Job** (`pkg/controller/job`): keeps `parallelism` pods running until `completions` have
+  succeeded; a terminating pod is replaced at once (`podReplacementPolicy:
+  TerminatingOrFailed`); more failed pods than `backoffLimit` fail the Job.
+- **Pod GC** (`pkg/controller/podgc`): the pods of a deleted node are deleted.
+- **Taint eviction** (`pkg/controller/tainteviction`): a pod on a node with a `NoExecute`
+  taint it does not tolerate is deleted, at once or after its `tolerationSeconds`.
+
+Each works on the store directly, in the event loop, after the change that concerns it.
+Their writes are the controllers' own (owner references with `controller: true`, status
+through `/status`), so a watch sees what a real cluster's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from nodeward.logs import get_logger
+from sim.cluster.errors import ApiError
+from sim.cluster.resources import require
+from sim.cluster.selectors import match_label_selector_object
+from sim.cluster.store import Change, Obj, Store, now
+
+PODS = require("", "v1", "pods")
+NODES = require("", "v1", "nodes")
+REPLICASETS = require("apps", "v1", "replicasets")
+DEPLOYMENTS = require("apps", "v1", "deployments")
+STATEFULSETS = require("apps", "v1", "statefulsets")
+JOBS = require("batch", "v1", "jobs")
+SCHEDULER = "default-scheduler"
+TEMPLATE_HASH = "pod-template-hash"
+_KINDS = {"ReplicaSet": "rs", "StatefulSet": "sts", "Job": "job", "Deployment": "deploy"}
+_UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+
+Item = tuple[str, str, str]  # (what, namespace, name)
+
+
+def controller_of(obj: Obj) -> dict[str, Any] | None:
+    """The ownerReference marked `controller: true`, if any."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
+def active(pod: Obj) -> bool:
+    """Not terminating and not finished (`controller.FilterActivePods`)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return not pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed")
+
+
+def ready(pod: Obj) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    """`v1.Toleration.ToleratesTaint`: effect (empty: any), key (empty with Exists: any),
+    operator Equal (the default) or Exists."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("key") and t.get("key") != taint.get("key"):
+            continue
+        if not t.get("key") and t.get("operator") != "Exists":
+            continue
+        if t.get("operator") == "Exists" or t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def quantity(text: Any) -> float:
+    """A resource quantity as a number (cpu in cores, memory in bytes)."""
+    s = str(text)
+    if s.endswith("m"):
+        return float(s[:-1]) / 1000
+    for suffix, factor in _UNITS.items():
+        if s.endswith(suffix):
+            return float(s[: -len(suffix)]) * factor
+    return float(s)
+
+
+def requests_of(pod: Obj) -> dict[str, float]:
+    """What a pod asks of its node: the sum over its containers, at least each init
+    container's (`resourcehelper.PodRequests`)."""
+    total: dict[str, float] = {}
+    spec = pod.get("spec") or {}
+    for c in spec.get("containers") or []:
+        for name, value in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[name] = total.get(name, 0.0) + quantity(value)
+    for c in spec.get("initContainers") or []:
+        for name, value in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[name] = max(total.get(name, 0.0), quantity(value))
+    return total
+
+
+def _affinity_matches(pod: Obj, node: Obj) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    spec = pod.get("spec") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+    return any(
+        match_label_selector_object({"matchExpressions": t.get("matchExpressions") or []}, labels)
+        for t in required
+    )
+
+
+def template_hash(template: Obj) -> str:
+    """A stable short hash of a pod template (the `pod-template-hash` label's role)."""
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+    return digest[:10]
+
+
+class ControlPlane:
+    """The scheduler and the controllers; `install` hooks them on the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._queue: dict[Item, None] = {}
+        self._scheduled = False
+        self._log = get_logger(component="sim-control-plane")
+        self._handlers: dict[str, Callable[[str, str], None]] = {
+            "rs": self._replicaset,
+            "deploy": self._deployment,
+            "sts": self._statefulset,
+            "job": self._job,
+            "schedule": self._schedule_pending,
+            "gc": self._pod_gc,
+            "noexecute": self._taint_eviction,
+        }
+
+    def install(self) -> None:
+        self.store.hooks.append(self._hook)
+
+    # --- what a change concerns ---------------------------------------------------------
+
+    def _hook(self, change: Change) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop, no control plane (a store used on its own)
+        meta = change.obj["metadata"]
+        ns, name = meta.get("namespace", ""), meta["name"]
+        if change.key == PODS.key:
+            ref = controller_of(change.obj)
+            if ref and ref.get("kind") in _KINDS:
+                self._enqueue((_KINDS[ref["kind"]], ns, ref["name"]))
+            self._enqueue(("schedule", "", ""))
+            if change.type == "ADDED" or (change.obj.get("spec") or {}).get("nodeName") != (
+                (change.old or {}).get("spec") or {}
+            ).get("nodeName"):
+                node = (change.obj.get("spec") or {}).get("nodeName")
+                if node:
+                    self._enqueue(("noexecute", "", node))
+        elif change.key == NODES.key:
+            if change.type == "DELETED":
+                self._enqueue(("gc", "", name))
+            else:
+                self._enqueue(("schedule", "", ""))
+                self._enqueue(("noexecute", "", name))
+        elif change.key in (REPLICASETS.key, STATEFULSETS.key, JOBS.key, DEPLOYMENTS.key):
+            kind = {
+                REPLICASETS.key: "rs",
+                STATEFULSETS.key: "sts",
+                JOBS.key: "job",
+                DEPLOYMENTS.key: "deploy",
+            }[change.key]
+            if change.type != "DELETED":
+                self._enqueue((kind, ns, name))
+            ref = controller_of(change.obj)
+            if ref and ref.get("kind") == "Deployment":
+                self._enqueue(("deploy", ns, ref["name"]))
+
+    def _enqueue(self, item: Item) -> None:
+        self._queue[item] = None
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Work off what is queued, in order; what that work changes queues more, for the
+        next turn of the loop."""
+        self._scheduled = False
+        items, self._queue = list(self._queue), {}
+        for what, ns, name in items:
+            try:
+                self._handlers[what](ns, name)
+            except ApiError as exc:  # a controller's write refused: it tries on the next change
+                self._log.info(
+                    "sim_control_plane.refused", item=f"{what}/{ns}/{name}", error=exc.message
+                )
+
+    # --- scheduler ----------------------------------------------------------------------
+
+    def _schedule_pending(self, _ns: str, _name: str) -> None:
+        pending = [
+            p
+            for p in self.store.peek(PODS)
+            if not (p.get("spec") or {}).get("nodeName")
+            and (p.get("spec") or {}).get("schedulerName", SCHEDULER) == SCHEDULER
+            and active(p)
+            and not (p.get("spec") or {}).get("schedulingGates")
+        ]
+        if not pending:
+            return
+        nodes = self.store.peek(NODES)
+        load: dict[str, int] = {}
+        used: dict[str, dict[str, float]] = {}
+        for p in self.store.peek(PODS):
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                load[node] = load.get(node, 0) + 1
+                for k, v in requests_of(p).items():
+                    used.setdefault(node, {})[k] = used.get(node, {}).get(k, 0.0) + v
+        for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
+            self._schedule_one(pod, nodes, load, used)
+
+    def _schedule_one(
+        self,
+        pod: Obj,
+        nodes: list[Obj],
+        load: dict[str, int],
+        used: dict[str, dict[str, float]],
+    ) -> None:
+        meta = pod["metadata"]
+        wants = requests_of(pod)
+        reasons: dict[str, int] = {}
+        fits: list[Obj] = []
+        for node in nodes:
+            why = self._filter(pod, node, wants, used.get(node["metadata"]["name"], {}))
+            if why:
+                reasons[why] = reasons.get(why, 0) + 1
+            else:
+                fits.append(node)
+        if not fits:
+            summary = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+            message = f"0/{len(nodes)} nodes are available: {summary}."
+            self._unschedulable(meta["namespace"], meta["name"], message)
+            return
+        chosen = min(
+            fits, key=lambda n: (load.get(n["metadata"]["name"], 0), n["metadata"]["name"])
+        )
+        name = chosen["metadata"]["name"]
+        self.store.bind(meta["namespace"], meta["name"], name, now())
+        load[name] = load.get(name, 0) + 1
+        for k, v in wants.items():
+            used.setdefault(name, {})[k] = used.get(name, {}).get(k, 0.0) + v
+
+    def _filter(self, pod: Obj, node: Obj, wants: dict[str, float], used: dict[str, float]) -> str:
+        """Why `node` cannot take `pod`, in the scheduler's words; "" if it can."""
+        spec = node.get("spec") or {}
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        conditions = (node.get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            return "node(s) were not ready"
+        unschedulable = {"key": _UNSCHEDULABLE, "effect": "NoSchedule"}
+        if spec.get("unschedulable") and not tolerates(tolerations, unschedulable):
+            return "node(s) were unschedulable"
+        for taint in spec.get("taints") or []:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(
+                tolerations, taint
+            ):
+                return "node(s) had untolerated taint(s)"
+        if not _affinity_matches(pod, node):
+            return "node(s) didn't match Pod's node affinity/selector"
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for resource, amount in wants.items():
+            if amount <= 0:
+                continue
+            have = quantity(allocatable.get(resource, 0))
+            if used.get(resource, 0.0) + amount > have:
+                return f"Insufficient {resource}"
+        return ""
+
+    def _unschedulable(self, namespace: str, name: str, message: str) -> None:
+        pod = self.store.find(PODS, namespace, name)
+        if pod is None:
+            return
+        status = pod.setdefault("status", {})
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": now(),
+            "reason": "Unschedulable",
+            "message": message,
+        }
+        others = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        current = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None
+        )
+        if current and current.get("message") == message:
+            return
+        status["conditions"] = [*others, condition]
+        self.store.update(PODS, namespace, name, pod, subresource="status", check_rv=False)
+
+    # --- pods of a workload ---------------------------------------------------------------
+
+    def _owned(self, namespace: str, uid: str) -> list[Obj]:
+        return [
+            p
+            for p in self.store.peek(PODS, namespace)
+            if (controller_of(p) or {}).get("uid") == uid
+        ]
+
+    def _create_pod(self, owner: Obj, kind: str, template: Obj, name: str = "") -> None:
+        meta = copy.deepcopy(template.get("metadata") or {})
+        meta["namespace"] = owner["metadata"]["namespace"]
+        if name:
+            meta["name"] = name
+        else:
+            meta["generateName"] = f"{owner['metadata']['name']}-"
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": owner["apiVersion"],
+                "kind": kind,
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        spec = copy.deepcopy(template.get("spec") or {})
+        spec.pop("nodeName", None)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+        self.store.create(PODS, meta["namespace"], pod)
+
+    def _set_status(self, rt: Any, obj: Obj, status: Obj) -> None:
+        current = obj.get("status") or {}
+        if all(current.get(k) == v for k, v in status.items()):
+            return
+        new = copy.deepcopy(obj)
+        new["status"] = {**current, **status}
+        meta = obj["metadata"]
+        self.store.update(
+            rt, meta.get("namespace", ""), meta["name"], new, subresource="status", check_rv=False
+        )
+
+    @staticmethod
+    def _counts(pods: list[Obj], generation: int) -> Obj:
+        live = [p for p in pods if active(p)]
+        n_ready = sum(1 for p in live if ready(p))
+        return {
+            "replicas": len(live),
+            "readyReplicas": n_ready,
+            "availableReplicas": n_ready,
+            "observedGeneration": generation,
+        }
+
+    def _replicaset(self, namespace: str, name: str) -> None:
+        rs = self.store.find(REPLICASETS, namespace, name)
+        if rs is None or rs["metadata"].get("deletionTimestamp"):
+            return
+        spec = rs.get("spec") or {}
+        want = int(spec.get("replicas", 1))
+        pods = self._owned(namespace, rs["metadata"]["uid"])
+        live = [p for p in pods if active(p)]
+        for _ in range(want - len(live)):
+            self._create_pod(rs, "ReplicaSet", spec.get("template") or {})
+        if len(live) > want:
+            ranked = sorted(
+                live,
+                key=lambda p: (
+                    bool((p.get("spec") or {}).get("nodeName")),
+                    ready(p),
+                    p["metadata"]["creationTimestamp"],
+                ),
+            )
+            surplus = ranked[: len(live) - want]
+            for p in surplus:
+                self.store.delete(PODS, namespace, p["metadata"]["name"])
+        pods = self._owned(namespace, rs["metadata"]["uid"])
+        status = self._counts(pods, rs["metadata"].get("generation", 1))
+        status["fullyLabeledReplicas"] = status["replicas"]
+        self._set_status(REPLICASETS, rs, status)
+
+    def _deployment(self, namespace: str, name: str) -> None:
+        deploy = self.store.find(DEPLOYMENTS, namespace, name)
+        if deploy is None or deploy["metadata"].get("deletionTimestamp"):
+            return
+        spec = deploy.get("spec") or {}
+        template = copy.deepcopy(spec.get("template") or {})
+        digest = template_hash(template)
+        uid = deploy["metadata"]["uid"]
+        owned = [
+            rs
+            for rs in self.store.peek(REPLICASETS, namespace)
+            if (controller_of(rs) or {}).get("uid") == uid
+        ]
+        current = next(
+            (
+                rs
+                for rs in owned
+                if (rs["metadata"].get("labels") or {}).get(TEMPLATE_HASH) == digest
+            ),
+            None,
+        )
+        want = int(spec.get("replicas", 1))
+        if current is None:
+            template.setdefault("metadata", {}).setdefault("labels", {})[TEMPLATE_HASH] = digest
+            selector = copy.deepcopy(spec.get("selector") or {})
+            selector.setdefault("matchLabels", {})[TEMPLATE_HASH] = digest
+            made: Obj = {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {
+                    "name": f"{name}-{digest}",
+                    "namespace": namespace,
+                    "labels": {**(template["metadata"].get("labels") or {})},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "name": name,
+                            "uid": uid,
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": {"replicas": want, "selector": selector, "template": template},
+            }
+            self.store.create(REPLICASETS, namespace, made)
+        for rs in owned:
+            target = want if rs is current else 0
+            if int((rs.get("spec") or {}).get("replicas", 1)) != target:
+                scaled = copy.deepcopy(rs)
+                scaled["spec"]["replicas"] = target
+                self.store.update(
+                    REPLICASETS, namespace, rs["metadata"]["name"], scaled, check_rv=False
+                )
+        pods = [p for rs in owned for p in self._owned(namespace, rs["metadata"]["uid"])]
+        status = self._counts(pods, deploy["metadata"].get("generation", 1))
+        status["updatedReplicas"] = sum(
+            1
+            for p in pods
+            if active(p) and (p["metadata"].get("labels") or {}).get(TEMPLATE_HASH) == digest
+        )
+        status["unavailableReplicas"] = max(0, want - status["availableReplicas"])
+        self._set_status(DEPLOYMENTS, deploy, status)
+
+    def _statefulset(self, namespace: str, name: str) -> None:
+        sts = self.store.find(STATEFULSETS, namespace, name)
+        if sts is None or sts["metadata"].get("deletionTimestamp"):
+            return
+        spec = sts.get("spec") or {}
+        want = int(spec.get("replicas", 1))
+        parallel = spec.get("podManagementPolicy") == "Parallel"
+        uid = sts["metadata"]["uid"]
+        by_name = {p["metadata"]["name"]: p for p in self.store.peek(PODS, namespace)}
+        for ordinal in range(want):
+            pod_name = f"{name}-{ordinal}"
+            pod = by_name.get(pod_name)
+            if pod is None:
+                template = copy.deepcopy(spec.get("template") or {})
+                labels = template.setdefault("metadata", {}).setdefault("labels", {})
+                labels["statefulset.kubernetes.io/pod-name"] = pod_name
+                labels["apps.kubernetes.io/pod-index"] = str(ordinal)
+                template.setdefault("spec", {})["hostname"] = pod_name
+                if spec.get("serviceName"):
+                    template["spec"]["subdomain"] = spec["serviceName"]
+                self._create_pod(sts, "StatefulSet", template, pod_name)
+                if not parallel:
+                    break  # the next ordinal waits until this one is Running and Ready
+                continue
+            if (controller_of(pod) or {}).get("uid") != uid:
+                continue  # not ours: the controller leaves it alone
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed") and not pod["metadata"].get("deletionTimestamp"):
+                self.store.delete(PODS, namespace, pod_name)
+                break
+            if not parallel and not ready(pod):
+                break  # OrderedReady: one at a time, in order
+        surplus = sorted(
+            (
+                p
+                for p in self._owned(namespace, uid)
+                if p["metadata"]["name"].rpartition("-")[2].isdigit()
+                and int(p["metadata"]["name"].rpartition("-")[2]) >= want
+            ),
+            key=lambda p: -int(p["metadata"]["name"].rpartition("-")[2]),
+        )
+        for p in surplus[: None if parallel else 1]:
+            if not p["metadata"].get("deletionTimestamp"):
+                self.store.delete(PODS, namespace, p["metadata"]["name"])
+        pods = self._owned(namespace, uid)
+        status = self._counts(pods, sts["metadata"].get("generation", 1))
+        status["currentReplicas"] = status["updatedReplicas"] = status["replicas"]
+        self._set_status(STATEFULSETS, sts, status)
+
+    def _job(self, namespace: str, name: str) -> None:
+        job = self.store.find(JOBS, namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        spec, status = job.get("spec") or {}, job.get("status") or {}
+        if any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ):
+            return
+        pods = self._owned(namespace, job["metadata"]["uid"])
+        succeeded = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
+        failed = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed")
+        live = [p for p in pods if active(p)]
+        completions = spec.get("completions")
+        parallelism = int(spec.get("parallelism", 1))
+        at = now()
+        if completions is not None and succeeded >= int(completions):
+            self._set_status(
+                JOBS,
+                job,
+                {
+                    "active": 0,
+                    "succeeded": succeeded,
+                    "failed": failed,
+                    "completionTime": at,
+                    "conditions": [
+                        {"type": t, "status": "True", "lastProbeTime": at, "lastTransitionTime": at}
+                        for t in ("SuccessCriteriaMet", "Complete")
+                    ],
+                },
+            )
+            return
+        if failed > int(spec.get("backoffLimit", 6)):
+            for p in live:
+                self.store.delete(PODS, namespace, p["metadata"]["name"])
+            self._set_status(
+                JOBS,
+                job,
+                {
+                    "active": 0,
+                    "failed": failed,
+                    "conditions": [
+                        {
+                            "type": t,
+                            "status": "True",
+                            "reason": "BackoffLimitExceeded",
+                            "message": "Job has reached the specified backoff limit",
+                            "lastProbeTime": at,
+                            "lastTransitionTime": at,
+                        }
+                        for t in ("FailureTarget", "Failed")
+                    ],
+                },
+            )
+            return
+        want = parallelism
+        if completions is not None:
+            want = min(parallelism, int(completions) - succeeded)
+        if not spec.get("suspend"):
+            for _ in range(want - len(live)):
+                self._create_pod(job, "Job", spec.get("template") or {})
+        live = [p for p in self._owned(namespace, job["metadata"]["uid"]) if active(p)]
+        terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+        counts: Obj = {
+            "active": len(live),
+            "ready": sum(1 for p in live if ready(p)),
+            "succeeded": succeeded,
+            "failed": failed,
+            "terminating": len(terminating),
+        }
+        counts.setdefault("startTime", status.get("startTime") or at)
+        self._set_status(JOBS, job, counts)
+
+    # --- node lifecycle -----------------------------------------------------------------
+
+    def _pod_gc(self, _ns: str, node: str) -> None:
+        if self.store.find(NODES, "", node) is not None:
+            return
+        for p in list(self.store.peek(PODS)):
+            if (p.get("spec") or {}).get("nodeName") == node:
+                meta = p["metadata"]
+                self.store.delete(PODS, meta["namespace"], meta["name"], grace_period=0)
+
+    def _taint_eviction(self, _ns: str, node_name: str) -> None:
+        node = self.store.find(NODES, "", node_name)
+        if node is None:
+            return
+        taints = [
+            t
+            for t in (node.get("spec") or {}).get("taints") or []
+            if t.get("effect") == "NoExecute"
+        ]
+        if not taints:
+            return
+        loop = asyncio.get_running_loop()
+        for p in list(self.store.peek(PODS)):
+            if (p.get("spec") or {}).get("nodeName") != node_name or not active(p):
+                continue
+            tolerations = (p.get("spec") or {}).get("tolerations") or []
+            untolerated = [t for t in taints if not tolerates(tolerations, t)]
+            meta = p["metadata"]
+            if untolerated:
+                self.store.delete(PODS, meta["namespace"], meta["name"])
+                continue
+            seconds = [
+                t.get("tolerationSeconds")
+                for taint in taints
+                for t in tolerations
+                if tolerates([t], taint) and t.get("tolerationSeconds") is not None
+            ]
+            if seconds:
+                loop.call_later(
+                    max(0.0, float(min(seconds))),
+                    self._evict_if_still_tainted,
+                    meta["namespace"],
+                    meta["name"],
+                    meta["uid"],
+                )
+
+    def _evict_if_still_tainted(self, namespace: str, name: str, uid: str) -> None:
+        pod = self.store.find(PODS, namespace, name)
+        if pod is None or pod["metadata"]["uid"] != uid or not active(pod):
+            return
+        node = self.store.find(NODES, "", (pod.get("spec") or {}).get("nodeName") or "")
+        taints = [
+            t
+            for t in ((node or {}).get("spec") or {}).get("taints") or []
+            if t.get("effect") == "NoExecute"
+        ]
+        if taints:
+            self.store.delete(PODS, namespace, name)
