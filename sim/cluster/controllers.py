@@ -141,6 +141,22 @@ def _affinity_matches(pod: Obj, node: Obj) -> bool:
     )
 
 
+def _waits_for_scheduler(pod: Obj) -> bool:
+    spec = pod.get("spec") or {}
+    return (
+        not spec.get("nodeName")
+        and spec.get("schedulerName", SCHEDULER) == SCHEDULER
+        and not spec.get("schedulingGates")
+        and active(pod)
+    )
+
+
+def _no_execute(node: Obj) -> list[Obj]:
+    return [
+        t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"
+    ]
+
+
 def template_hash(template: Obj) -> str:
     """A stable short hash of a pod template (the `pod-template-hash` label's role)."""
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
@@ -153,6 +169,7 @@ class ControlPlane:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._queue: dict[Item, None] = {}
+        self._pending: set[tuple[str, str]] = set()  # pods waiting for the scheduler
         self._scheduled = False
         self._log = get_logger(component="sim-control-plane")
         self._handlers: dict[str, Callable[[str, str], None]] = {
@@ -181,6 +198,10 @@ class ControlPlane:
             ref = controller_of(change.obj)
             if ref and ref.get("kind") in _KINDS:
                 self._enqueue((_KINDS[ref["kind"]], ns, ref["name"]))
+            if change.type != "DELETED" and _waits_for_scheduler(change.obj):
+                self._pending.add((ns, name))
+            else:
+                self._pending.discard((ns, name))
             self._enqueue(("schedule", "", ""))
             if change.type == "ADDED" or (change.obj.get("spec") or {}).get("nodeName") != (
                 (change.old or {}).get("spec") or {}
@@ -193,7 +214,8 @@ class ControlPlane:
                 self._enqueue(("gc", "", name))
             else:
                 self._enqueue(("schedule", "", ""))
-                self._enqueue(("noexecute", "", name))
+                if _no_execute(change.obj) != _no_execute(change.old or {}):
+                    self._enqueue(("noexecute", "", name))
         elif change.key in (REPLICASETS.key, STATEFULSETS.key, JOBS.key, DEPLOYMENTS.key):
             kind = {
                 REPLICASETS.key: "rs",
@@ -229,13 +251,12 @@ class ControlPlane:
     # --- scheduler ----------------------------------------------------------------------
 
     def _schedule_pending(self, _ns: str, _name: str) -> None:
+        if not self._pending:
+            return
         pending = [
             p
-            for p in self.store.peek(PODS)
-            if not (p.get("spec") or {}).get("nodeName")
-            and (p.get("spec") or {}).get("schedulerName", SCHEDULER) == SCHEDULER
-            and active(p)
-            and not (p.get("spec") or {}).get("schedulingGates")
+            for ns, name in list(self._pending)
+            if (p := self.store.find(PODS, ns, name)) is not None and _waits_for_scheduler(p)
         ]
         if not pending:
             return
