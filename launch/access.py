@@ -21,28 +21,31 @@ from types import ModuleType
 
 from nodeward.kube.access import Access, by_account
 from nodeward.nats_auth import AgentGrants, ServiceGrants, permissions_document
+from nodeward.plugin import resolve, services
 from sim.inject import GRANTS as INJECTIONS
 
-READERS: frozenset[str] = frozenset({"console"})
-"""Services that only read the bus: no Kubernetes access, and a NATS user of their own kind
-(`nodeward.nats_auth.console`) rather than one built from grants."""
+
+def _declared_services() -> tuple[ModuleType, ...]:
+    """Each registered service's access module (its plugin's `access`): one added in its
+    folder and registered is collected here. A service without one only reads the bus: no
+    Kubernetes access, and a NATS user of the readers' kind (`nodeward.nats_auth.console`)."""
+    return tuple(resolve(p.ref(p.access)) for p in services() if p.access is not None)
 
 
-def _declared(kind: str) -> tuple[ModuleType, ...]:
-    """Each registered agent's or service's `access` module, from the `nodeward.<kind>s`
-    entry points: one added in its folder and registered is collected here. Every one must
-    have one (but a reader): a service's or agent's NATS grants are there."""
+def _declared_agents() -> tuple[ModuleType, ...]:
+    """Each registered agent's `access` module, beside its `nodeward.agents` entry point."""
     found = []
-    for entry in sorted(entry_points(group=f"nodeward.{kind}s"), key=lambda e: e.name):
-        if kind == "service" and entry.name in READERS:
-            continue
+    for entry in sorted(entry_points(group="nodeward.agents"), key=lambda e: e.name):
         package = entry.value.split(":")[0].rsplit(".", 1)[0]
         found.append(importlib.import_module(f"{package}.access"))
     return tuple(found)
 
 
-_SERVICES = _declared("service")
-_AGENTS = _declared("agent")
+READERS: frozenset[str] = frozenset(p.name for p in services() if p.access is None)
+"""The registered services that only read the bus."""
+
+_SERVICES = _declared_services()
+_AGENTS = _declared_agents()
 
 DECLARED: tuple[Access, ...] = (
     *(m.ACCESS for m in _SERVICES),

@@ -1,5 +1,5 @@
 """`nodeward`: the runtime's commands plus `up` and `sim`, which need the simulators, and the
-commands each service registers (`nodeward.commands` entry points: `quarantine`,
+commands each service names in its plugin (`nodeward.plugin`: `quarantine`,
 `maintenance`, `capacity`, `report`, ...).
 
 This is the composition root's command line and the `nodeward` executable. The simulators

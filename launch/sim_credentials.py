@@ -154,7 +154,7 @@ async def _build_for_up(context: UpContext) -> list[Daemon]:
 
 
 component = Component(NAME, _build_for_up)
-"""Registered in `nodeward.components` (pyproject.toml) like the services: `up` builds it
+"""Registered in `nodeward.components` (pyproject.toml), beside the services: `up` builds it
 with them, before any daemon starts, so the Secrets are signed in before the first scan."""
 
 

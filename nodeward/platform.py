@@ -15,6 +15,7 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.kube import Access, Cluster
+from nodeward.plugin import resolve, services
 
 
 class BusNotAnswering(RuntimeError):
@@ -102,7 +103,8 @@ class UpContext:
 class Component:
     """An agent or service `nodeward up` runs: a name and how to build its daemons.
 
-    Components register through the `nodeward.components` entry point group, so the
+    A service names its component in its plugin (`nodeward.plugin`); the composition
+    root's other components register in the `nodeward.components` entry point group. The
     runtime never imports `agents/` or `services/` (they import it).
     """
 
@@ -111,21 +113,21 @@ class Component:
 
 
 def components() -> list[Component]:
-    """Every registered component, in name order."""
-    found = []
-    for entry in sorted(entry_points(group="nodeward.components"), key=lambda e: e.name):
-        component = entry.load()
+    """Every registered service's component and every other registered component, in
+    name order."""
+    found = [(p.name, p.ref(p.component), resolve(p.ref(p.component))) for p in services()]
+    found += [(e.name, e.value, e.load()) for e in entry_points(group="nodeward.components")]
+    for name, ref, component in found:
         if not isinstance(component, Component):
-            raise TypeError(f"entry point {entry.name} is not a nodeward Component")
-        found.append(component)
-    return found
+            raise TypeError(f"{name} ({ref}) is not a nodeward Component")
+    return [c for _, _, c in sorted(found, key=lambda f: f[0])]
 
 
 @dataclass(frozen=True)
 class Standalone:
     """How `nodeward agent NAME` / `nodeward service NAME` runs one daemon on its own.
 
-    Registered in the `nodeward.agents` / `nodeward.services` entry point groups. `admin`
+    Named by a service's plugin, or registered in the `nodeward.agents` group. `admin`
     holds one-shot operator commands (e.g. `reset-breaker`), each returning what it did.
     """
 
@@ -134,18 +136,25 @@ class Standalone:
 
 
 def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
-    return sorted(e.name for e in entry_points(group=f"nodeward.{kind}s"))
+    return sorted(_standalone_refs(kind))
+
+
+def _standalone_refs(kind: Literal["agent", "service"]) -> dict[str, str]:
+    """Name -> where its Standalone is: the services' plugins, the `nodeward.agents` group."""
+    if kind == "service":
+        return {p.name: p.ref(p.standalone) for p in services()}
+    return {e.name: e.value for e in entry_points(group="nodeward.agents")}
 
 
 def standalone(kind: Literal["agent", "service"], name: str) -> Standalone:
-    for entry in entry_points(group=f"nodeward.{kind}s"):
-        if entry.name == name:
-            found = entry.load()
-            if not isinstance(found, Standalone):
-                raise TypeError(f"entry point {kind} {name} is not a nodeward Standalone")
-            return found
-    known = ", ".join(standalone_names(kind)) or "none"
-    raise LookupError(f"no {kind} named {name!r} (known: {known})")
+    refs = _standalone_refs(kind)
+    if name not in refs:
+        known = ", ".join(sorted(refs)) or "none"
+        raise LookupError(f"no {kind} named {name!r} (known: {known})")
+    found = resolve(refs[name])
+    if not isinstance(found, Standalone):
+        raise TypeError(f"{kind} {name} ({refs[name]}) is not a nodeward Standalone")
+    return found
 
 
 async def run_standalone(kind: Literal["agent", "service"], name: str, settings: Settings) -> None:

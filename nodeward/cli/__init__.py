@@ -1,8 +1,8 @@
 """The `nodeward` command line (typer + rich). Errors are one line and a non-zero exit.
 
 These are the runtime's commands, and they name no service; `launch.cli` adds `up` and
-`sim` (the composition root) and the commands each service registers in the
-`nodeward.commands` entry points (`nodeward.cli.plugins`: `quarantine`, `maintenance`,
+`sim` (the composition root) and the commands each service names in its
+plugin (`nodeward.cli.plugins`: `quarantine`, `maintenance`,
 `report`, ...), and is the `nodeward` executable. Importing it loads typer and each
 command's options only; a command imports what it runs (nats, the bus, the schemas, the
 kube client) when it runs, so `nodeward status` loads no daemon and `--help` no client.

@@ -10,7 +10,7 @@ names it and says what it does). `records` and `kv_records` read a service's rec
 as the service declares them (`schemas.state`); `connect_bus` gives a command the bus.
 
 Each service's commands live in its own folder (`services/<name>/cli.py`) and are found
-through the `nodeward.commands` entry points (`nodeward.cli.plugins`); this module names
+through their plugins (`nodeward.cli.plugins`); this module names
 none of them. Typer only at import: the bus, the schemas and nats load when a command runs.
 """
 

@@ -1,27 +1,29 @@
-"""The commands a service brings: found through the `nodeward.commands` entry points, so
-the runtime's command line names no service.
+"""The commands a service brings, named in its plugin (`nodeward.plugin`), so the runtime's
+command line names no service.
 
-Each entry point's name is the command's; its object is either a `typer.Typer`, mounted
-as the group of that name (`nodeward quarantine release ...`), or a plain function,
-registered as a top-level command (`nodeward report ...`). Entry points are mounted in
-the order of their names, so `--help` reads the same on every machine. One that does not
-load (an import error, a missing object, something else, a name already taken) is said in
-one line on stderr and left out: the other commands still run.
+Each command's name is the one its plugin gives; its object is either a `typer.Typer`,
+mounted as the group of that name (`nodeward quarantine release ...`), or a plain function,
+registered as a top-level command (`nodeward report ...`). Commands are mounted in the order
+of their names, so `--help` reads the same on every machine. A plugin or a command that does
+not load (an import error, a missing object, something else, a name already taken) is said
+in one line on stderr and left out: the other commands still run.
 
 A service's command module is imported when the command line is (its group's `--help`
 needs it), so it imports typer and the runtime's light CLI modules only; what a command
-runs (nats, the bus, the schemas, the kube client) it imports in its body.
+runs (nats, the bus, the schemas, the kube client) it imports in its body. Its plugin, in
+the package's `__init__.py`, imports nothing but `nodeward.plugin`.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from importlib.metadata import EntryPoint, entry_points
+from collections.abc import Iterable
+from importlib.metadata import EntryPoint
 
 import typer
 
-GROUP = "nodeward.commands"
+from nodeward.plugin import resolve, services
 
 
 def _taken(app: typer.Typer) -> set[str]:
@@ -35,31 +37,45 @@ def _taken(app: typer.Typer) -> set[str]:
     return names
 
 
-def _broken(entry: EntryPoint, why: str) -> None:
+def _said(what: str, why: str) -> None:
     said = " ".join(why.split())
-    print(f"nodeward: command {entry.name} ({entry.value}) left out: {said}", file=sys.stderr)
+    print(f"nodeward: {what} left out: {said}", file=sys.stderr)
 
 
-def mount(app: typer.Typer, group: str = GROUP) -> list[str]:
-    """Add every command registered in `group` to `app`; the names mounted."""
+def _broken_plugin(entry: EntryPoint, exc: Exception) -> None:
+    _said(f"service {entry.name} ({entry.value})", f"{type(exc).__name__}: {exc}")
+
+
+def registered() -> list[tuple[str, str]]:
+    """(command, `module:attribute`) of every command the registered services name."""
+    return [
+        (name, plugin.ref(ref))
+        for plugin in services(broken=_broken_plugin)
+        for name, ref in plugin.commands.items()
+    ]
+
+
+def mount(app: typer.Typer, commands: Iterable[tuple[str, str]] | None = None) -> list[str]:
+    """Add `commands` (default: every registered one) to `app`; the names mounted."""
     mounted = []
     taken = _taken(app)
-    for entry in sorted(entry_points(group=group), key=lambda e: (e.name, e.value)):
-        if entry.name in taken:
-            _broken(entry, f"nodeward has a command {entry.name} already")
+    for name, ref in sorted(registered() if commands is None else commands):
+        what = f"command {name} ({ref})"
+        if name in taken:
+            _said(what, f"nodeward has a command {name} already")
             continue
         try:
-            found = entry.load()
+            found = resolve(ref)
         except Exception as exc:  # noqa: BLE001 - any failure of one plugin leaves it out
-            _broken(entry, f"{type(exc).__name__}: {exc}")
+            _said(what, f"{type(exc).__name__}: {exc}")
             continue
         if isinstance(found, typer.Typer):
-            app.add_typer(found, name=entry.name)
+            app.add_typer(found, name=name)
         elif inspect.isfunction(found):
-            app.command(name=entry.name)(found)
+            app.command(name=name)(found)
         else:
-            _broken(entry, f"a {type(found).__name__}, neither a typer.Typer nor a function")
+            _said(what, f"a {type(found).__name__}, neither a typer.Typer nor a function")
             continue
-        taken.add(entry.name)
-        mounted.append(entry.name)
+        taken.add(name)
+        mounted.append(name)
     return mounted

@@ -1,5 +1,5 @@
-"""The accounting service's command: `nodeward report`, registered as a `nodeward.commands`
-entry point (pyproject.toml). Typer only at import: what it runs (`services.accounting.show`
+"""The accounting service's command: `nodeward report`, named in its plugin
+(`services.accounting.SERVICE`). Typer only at import: what it runs (`services.accounting.show`
 and `.report`: nats, the schemas) loads when it runs."""
 
 from __future__ import annotations

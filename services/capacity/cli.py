@@ -1,5 +1,5 @@
-"""The capacity service's command: `nodeward capacity`, registered as a `nodeward.commands`
-entry point (pyproject.toml). Typer only at import: what it runs (`services.capacity.show`:
+"""The capacity service's command: `nodeward capacity`, named in its plugin
+(`services.capacity.SERVICE`). Typer only at import: what it runs (`services.capacity.show`:
 nats, rich, the schemas) loads when it runs."""
 
 from __future__ import annotations

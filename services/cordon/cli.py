@@ -1,7 +1,7 @@
 """The cordon service's commands: `nodeward quarantine release|list` and `nodeward breaker
 status|reset` (the cordon service answers for the shared circuit breaker).
 
-Registered as `nodeward.commands` entry points (pyproject.toml). `release` and `reset` are
+Named in its plugin (`services.cordon.SERVICE`). `release` and `reset` are
 operator controls (`nodeward.cli.controls`): requests the cordon service answers and
 audits; `list` and `status` read its records in KV as `schemas.state` declares them.
 Typer only at import: the bus, the schemas and nats load when a command runs.

@@ -1,1 +1,8 @@
 """services.credentials: Kerberos and OAuth2 renewal in opted-in Secrets. `schedule` (what is due), `secret` (reading a credential), `kerberos` and `oauth2` (renewers), `service` (the handlers)."""
+
+from nodeward.plugin import ServicePlugin
+
+SERVICE = ServicePlugin(
+    name="credentials",
+    package=__name__,
+)

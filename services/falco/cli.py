@@ -1,7 +1,7 @@
 """The Falco response's command: `nodeward falco release NAMESPACE/POD`, an operator control
 (`nodeward.cli.controls`) the falco service answers and audits.
 
-Registered as a `nodeward.commands` entry point (pyproject.toml). Typer only at import.
+Named in its plugin (`services.falco.SERVICE`). Typer only at import.
 """
 
 from __future__ import annotations

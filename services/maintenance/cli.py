@@ -1,6 +1,6 @@
 """The maintenance service's commands: `nodeward maintenance start|status|restore|finish|
-cancel`: ask for a node's maintenance, follow it, restore a pod, end it. Registered as a
-`nodeward.commands` entry point (pyproject.toml).
+cancel`: ask for a node's maintenance, follow it, restore a pod, end it. Named in its
+plugin (`services.maintenance.SERVICE`).
 
 `start` validates the request at the edge (node name, times, and the node's existence: in
 the cluster when a kubeconfig is at hand, else among the nodes whose agents speak on the

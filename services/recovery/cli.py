@@ -1,7 +1,7 @@
 """GPU recovery's command: `nodeward recovery force-drain NODE`, an operator control
 (`nodeward.cli.controls`) the recovery service answers and audits.
 
-Registered as a `nodeward.commands` entry point (pyproject.toml). Typer only at import.
+Named in its plugin (`services.recovery.SERVICE`). Typer only at import.
 """
 
 from __future__ import annotations

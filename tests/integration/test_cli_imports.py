@@ -8,10 +8,11 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from nodeward.bus import Bus
+from nodeward.cli.plugins import registered
+from nodeward.plugin import services
 from schemas import make_event
 from schemas.gpu import GpuHeartbeat, GpuState, HealthState
 from tests.conftest import REPO
@@ -31,12 +32,10 @@ NOT_FOR_STATUS = (
     "sim.nvml",
 )
 
-MOUNTED = {
-    name
-    for e in entry_points(group="nodeward.commands")
-    for name in (e.module, e.module.rsplit(".", 1)[0], "services")
+MOUNTED = {"services", *(ref.split(":")[0] for _, ref in registered())} | {
+    p.package for p in services()
 }
-"""The services' command modules (`nodeward.commands`) and their packages."""
+"""The services' command modules (their plugins' `commands`) and packages (their plugins)."""
 
 RUN = """
 import json, sys

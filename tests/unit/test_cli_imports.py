@@ -1,6 +1,6 @@
 """The command line loads what a command runs when it runs: importing `nodeward` loads no
 client, daemon or simulator, nor does any command's `--help`; of the services, only the
-command modules they register (`nodeward.commands`), typer alone; and aiohttp (nats-py's
+plugins and the command modules they name, typer alone; and aiohttp (nats-py's
 websocket transport) stays unloaded until a websocket URL needs it. What `nodeward status` itself loads against a real
 nats-server: tests/integration/test_cli_imports.py."""
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from importlib.metadata import entry_points
 
+from nodeward.cli.plugins import registered
+from nodeward.plugin import services
 from tests.conftest import REPO
 
 NOT_AT_START = (
@@ -40,12 +41,10 @@ NOT_AT_START = (
 
 NOT_FOR_HELP = ("aiohttp", "nats", "nodeward.bus", "services", "agents", "sim.cluster")
 
-COMMAND_MODULES = {e.module for e in entry_points(group="nodeward.commands")}
+COMMAND_MODULES = {ref.split(":")[0] for _, ref in registered()}
 """The services' command modules (`nodeward.cli.plugins` mounts them): loaded with the command
-line, with their packages and nothing else of `services`."""
-COMMANDS_AND_PACKAGES = {
-    name for module in COMMAND_MODULES for name in (module, module.rsplit(".", 1)[0], "services")
-}
+line, with every service's package (its plugin) and nothing else of `services`."""
+COMMANDS_AND_PACKAGES = {"services", *COMMAND_MODULES, *(p.package for p in services())}
 
 
 def _loaded(code: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The commands the services register (`nodeward.commands` entry points) are the
+"""The commands the services' plugins name (`nodeward.plugin`) are the
 executable's: each loads and shows in `nodeward --help`, in the order of their names; one
 that does not load is said in one line on stderr, and every other command still runs."""
 
@@ -7,16 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 
 import pytest
 import typer
 
 from nodeward.cli import plugins
+from nodeward.plugin import GROUP
 from tests.conftest import REPO
-
-GROUP = "nodeward.commands"
 
 
 def _nodeward(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -40,23 +38,23 @@ def _listed(help_text: str) -> list[str]:
 
 
 def test_every_registered_command_loads_and_is_in_the_help() -> None:
-    registered = sorted(entry_points(group=GROUP), key=lambda e: e.name)
-    names = [e.name for e in registered]
+    registered = plugins.registered()
+    names = sorted(name for name, _ in registered)
     # What the runtime's command line used to name itself, now each in its service's folder.
     assert {"quarantine", "breaker", "falco", "recovery", "maintenance", "capacity", "report"} <= (
         set(names)
     )
-    for entry in registered:
-        assert entry.module.startswith("services."), entry
-        found = entry.load()
-        assert isinstance(found, typer.Typer) or callable(found), entry
+    for name, ref in registered:
+        assert ref.startswith("services."), (name, ref)
+        found = plugins.resolve(ref)
+        assert isinstance(found, typer.Typer) or callable(found), (name, ref)
     run = _nodeward("--help")
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""
     listed = _listed(run.stdout)
     assert set(names) <= set(listed)
     # Groups after commands (typer's order), each kind in the order of the names.
-    groups = [e.name for e in registered if isinstance(e.load(), typer.Typer)]
+    groups = sorted(n for n, ref in registered if isinstance(plugins.resolve(ref), typer.Typer))
     commands = [n for n in names if n not in groups]
     assert [n for n in listed if n in groups] == groups
     assert [n for n in listed if n in commands] == commands
@@ -76,19 +74,18 @@ def _app() -> typer.Typer:
 
 
 def test_mount_refuses_what_does_not_load_in_one_line_each(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    entries = [
-        EntryPoint("zeta", "services.falco.cli:falco_app", GROUP),
-        EntryPoint("gone", "no_such_module_of_nodeward:app", GROUP),
-        EntryPoint("alpha", "services.capacity.cli:capacity", GROUP),
-        EntryPoint("missing", "services.falco.cli:no_such_app", GROUP),
-        EntryPoint("text", "os:sep", GROUP),
-        EntryPoint("status", "services.accounting.cli:report", GROUP),
+    commands = [
+        ("zeta", "services.falco.cli:falco_app"),
+        ("gone", "no_such_module_of_nodeward:app"),
+        ("alpha", "services.capacity.cli:capacity"),
+        ("missing", "services.falco.cli:no_such_app"),
+        ("text", "os:sep"),
+        ("status", "services.accounting.cli:report"),
     ]
-    monkeypatch.setattr(plugins, "entry_points", lambda group: entries if group == GROUP else [])
     app = _app()
-    assert plugins.mount(app) == ["alpha", "zeta"]
+    assert plugins.mount(app, commands) == ["alpha", "zeta"]
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 4, said
     assert said[0].startswith("nodeward: command gone (no_such_module_of_nodeward:app) left out:")
@@ -105,27 +102,38 @@ def test_mount_refuses_what_does_not_load_in_one_line_each(
 
 
 def test_a_broken_plugin_leaves_the_rest_of_the_command_line_working(tmp_path: Path) -> None:
-    """A distribution registering a command whose module fails on import: said once, in one
-    line; `--help` and the other commands still answer."""
-    (tmp_path / "broken_nodeward_commands.py").write_text(
+    """A distribution registering a service whose plugin fails on import, and one whose
+    plugin names a command module that is not there: each said once, in one line; `--help`
+    and the other commands still answer."""
+    (tmp_path / "broken_nodeward_plugin.py").write_text(
         "raise RuntimeError('this plugin is broken\\non two lines')\n"
     )
-    dist = tmp_path / "broken_nodeward_commands-0.1.dist-info"
+    (tmp_path / "lacking_nodeward_plugin.py").write_text(
+        "from nodeward.plugin import ServicePlugin\n"
+        "SERVICE = ServicePlugin(name='lacking', package=__name__, commands={'lack': 'cli:app'})\n"
+    )
+    dist = tmp_path / "broken_nodeward_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: broken-nodeward-commands\nVersion: 0.1\n"
+        "Metadata-Version: 2.1\nName: broken-nodeward-plugin\nVersion: 0.1\n"
     )
-    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nbroken = broken_nodeward_commands:app\n")
+    (dist / "entry_points.txt").write_text(
+        f"[{GROUP}]\nbroken = broken_nodeward_plugin:SERVICE\n"
+        "lacking = lacking_nodeward_plugin:SERVICE\n"
+    )
     run = _nodeward("--help", pythonpath=tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stderr.splitlines() == [
-        "nodeward: command broken (broken_nodeward_commands:app) left out: "
-        "RuntimeError: this plugin is broken on two lines"
+        "nodeward: service broken (broken_nodeward_plugin:SERVICE) left out: "
+        "RuntimeError: this plugin is broken on two lines",
+        "nodeward: command lack (lacking_nodeward_plugin.cli:app) left out: "
+        "ModuleNotFoundError: No module named 'lacking_nodeward_plugin.cli'; "
+        "'lacking_nodeward_plugin' is not a package",
     ]
-    assert "broken" not in _listed(run.stdout)
+    assert "broken" not in _listed(run.stdout) and "lack" not in _listed(run.stdout)
     assert {"quarantine", "report", "status"} <= set(_listed(run.stdout))
     run = _nodeward("quarantine", "release", "Bad_Node!", "--reason", "r", pythonpath=tmp_path)
     assert run.returncode == 2
     err = run.stderr.splitlines()
-    assert len(err) == 2 and err[0].startswith("nodeward: command broken")
-    assert "not a Kubernetes node name" in err[1]
+    assert len(err) == 3 and err[0].startswith("nodeward: service broken")
+    assert "not a Kubernetes node name" in err[2]

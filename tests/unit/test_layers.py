@@ -12,12 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from nodeward.plugin import services
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _registered(kind: str) -> dict[str, str]:
-    """Each registered agent or service (`nodeward.<kind>s` entry points): name -> the module
-    its daemon is built in."""
+    """Each registered agent or service (the `nodeward.agents` entry points, the services'
+    plugins): name -> the module its daemon is built in."""
+    if kind == "service":
+        return {p.name: p.ref(p.standalone).split(":")[0] for p in services()}
     return {e.name: e.value.split(":")[0] for e in entry_points(group=f"nodeward.{kind}s")}
 
 

@@ -9,7 +9,6 @@ collected by the composition root (`launch.access`); node agents share the `agen
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from launch.access import ACCOUNTS, DECLARED, GRANTS, READERS
 from nodeward.kube import access
+from nodeward.plugin import services
 from sim.cluster import rbac
 
 RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
@@ -215,13 +215,14 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
 
 def test_every_service_declares_its_access_under_the_name_it_runs_as() -> None:
     """A service added without an access.py (or not collected by launch.access) fails here."""
-    services = {e.name: e.value.split(":")[0] for e in entry_points(group="nodeward.services")}
-    assert set(GRANTS) == set(services) - READERS
-    assert set(services) >= READERS
-    for name, module in services.items():
-        if name in READERS:
+    plugins = {p.name: p for p in services()}
+    assert set(GRANTS) == set(plugins) - READERS
+    assert set(plugins) >= READERS
+    for name, plugin in plugins.items():
+        if plugin.access is None:
+            assert name in READERS
             continue
-        package = module.rsplit(".", 1)[0]
-        declared = importlib.import_module(f"{package}.access").ACCESS
+        declared = plugin.load(plugin.access).ACCESS
+        module = plugin.ref(plugin.standalone).split(":")[0]
         assert declared.account == importlib.import_module(module).NAME == name
         assert ACCOUNTS[name].operations == declared.operations

@@ -1,0 +1,95 @@
+"""One entry point per service: what the runtime and the composition root take from it.
+
+A service registers one object in the `nodeward.services` entry point group
+(pyproject.toml): its `ServicePlugin`, kept in its package's `__init__.py`. The plugin names
+everything else by reference (`module:attribute`, relative to the package), resolved only
+where it is needed, so `nodeward --help` loads no daemon code:
+
+- `component`: what `nodeward up` runs (`nodeward.platform.Component`);
+- `standalone`: what `nodeward service NAME` runs (`nodeward.platform.Standalone`);
+- `access`: the module declaring its Kubernetes operations (`ACCESS`) and NATS grants
+  (`GRANTS`), from which its RBAC role and NATS user are made; None for a service that only
+  reads the bus;
+- `commands`: the operators' commands it mounts on `nodeward` (`nodeward.cli.plugins`);
+- `view`: what it adds to `nodeward status` and the console (`nodeward.views`).
+
+Nothing else lists services: `up`, `nodeward service`, the command line, the grants, the
+RBAC roles, the import contracts' check and `status` all come from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+GROUP = "nodeward.services"
+
+
+@dataclass(frozen=True)
+class ServicePlugin:
+    """A service as the runtime sees it. References are `module:attribute` relative to
+    `package` (`"service:component"` is `services.cordon.service:component`)."""
+
+    name: str
+    package: str
+    component: str = "service:component"
+    standalone: str = "service:standalone"
+    access: str | None = "access"
+    commands: Mapping[str, str] = field(default_factory=dict)
+    view: str | None = None
+
+    def ref(self, relative: str) -> str:
+        """The absolute `module:attribute` of a reference."""
+        return f"{self.package}.{relative}"
+
+    def load(self, relative: str) -> Any:
+        return resolve(self.ref(relative))
+
+    @property
+    def modules(self) -> list[str]:
+        """The modules it names (what a Pod imports to run it, what the CLI mounts)."""
+        refs = [self.component, self.standalone, *self.commands.values()]
+        refs += [r for r in (self.access, self.view) if r is not None]
+        return sorted({self.ref(r).split(":")[0] for r in refs})
+
+
+def resolve(ref: str) -> Any:
+    """The object a `module:attribute` reference names (the module itself without one)."""
+    module, _, attribute = ref.partition(":")
+    found = importlib.import_module(module)
+    return getattr(found, attribute) if attribute else found
+
+
+def _load(entry: EntryPoint) -> ServicePlugin:
+    found = entry.load()
+    if not isinstance(found, ServicePlugin):
+        raise TypeError(f"{entry.value} is a {type(found).__name__}, not a ServicePlugin")
+    if found.name != entry.name:
+        raise TypeError(f"{entry.value} names itself {found.name!r}, registered as {entry.name!r}")
+    return found
+
+
+def services(broken: Callable[[EntryPoint, Exception], None] | None = None) -> list[ServicePlugin]:
+    """Every registered service, in name order. One that does not load raises, unless
+    `broken` is given: then it is told there and left out (the command line does so)."""
+    found = []
+    for entry in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
+        try:
+            found.append(_load(entry))
+        except Exception as exc:
+            if broken is None:
+                raise
+            broken(entry, exc)
+    return found
+
+
+def service(name: str) -> ServicePlugin:
+    """The registered service `name`; LookupError naming the known ones if none."""
+    for plugin in services():
+        if plugin.name == name:
+            return plugin
+    known = ", ".join(p.name for p in services()) or "none"
+    raise LookupError(f"no service named {name!r} (known: {known})")
