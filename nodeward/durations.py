@@ -53,3 +53,15 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
 ]
+
+
+def format_age(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600}h"

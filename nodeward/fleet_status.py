@@ -23,19 +23,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import BusReads, Reads, Stored
-from schemas import DecodeError, Event, EventData, decode
+from nodeward.config import Settings
+from nodeward.durations import format_age
+from nodeward.views import Row, View, data, decoded, records, registered
+from schemas import DecodeError, decode
 from schemas.common import K8sName, PodRef
-from schemas.credentials import CredentialFailed, CredentialRenewed
 from schemas.energy import EnergyNode
 from schemas.gpu import GpuHealth, GpuHeartbeat, HealthReason, HealthState, MigInstance
 from schemas.remediation import Outcome, Remediation
-from schemas.state import Bucket
 from schemas.state.breaker import SHARED, BreakerState
 from schemas.state.cordon import BREAKER, NODES, NodeRecord
-from schemas.state.credentials import LOCKS
 from schemas.state.culler import SESSIONS, SessionRecord
 from schemas.state.energy import TOTALS, EnergyTotals
-from schemas.state.lease import LeaseRecord
 from schemas.state.maintenance import MAINTENANCES, MaintenanceState
 from schemas.state.marks import FALCO_MARKS, MarkIntent, intents
 from schemas.state.recovery import RECOVERIES, RecoveryRecord, Step
@@ -174,17 +173,6 @@ class SessionView(BaseModel):
     stop_outcome: str | None
 
 
-class CredentialView(BaseModel):
-    credential: str = Field(description="namespace/secret")
-    kind: str | None = None
-    outcome: Literal["renewed", "failed"] | None = None
-    at: datetime | None = None
-    expires_at: datetime | None = None
-    error: str | None = None
-    renewing: bool = Field(default=False, description="a renewer holds its lock now")
-    holder: str | None = None
-
-
 class NodeStatus(BaseModel):
     name: str
     health: str = Field(description="the worst state among the node's GPUs, or unknown")
@@ -211,6 +199,7 @@ class NodeStatus(BaseModel):
     isolated: list[IsolatedPod] = Field(default_factory=list)
     energy: EnergyView | None = None
     sessions: list[SessionView] = Field(default_factory=list)
+    rows: list[Row] = Field(default_factory=list, description="what the services' views say of it")
     attention: list[str] = Field(
         default_factory=list, description="why it needs a look, most serious first; [] if none"
     )
@@ -246,7 +235,9 @@ class FleetStatus(BaseModel):
     breaker: BreakerStatus
     dlq: dict[str, int] = Field(description="DLQ subject -> messages held")
     recent_actions: list[ActionSummary] = Field(description="newest first")
-    credentials: list[CredentialView] = Field(default_factory=list)
+    rows: list[Row] = Field(
+        default_factory=list, description="what the services' views say of the fleet"
+    )
     missing: list[str] = Field(default_factory=list, description="streams or buckets not found")
     notes: list[str] = Field(default_factory=list, description="where the picture is partial")
 
@@ -277,18 +268,6 @@ def worst(states: Iterable[str]) -> str:
         if state in found:
             return state
     return "unknown"
-
-
-def format_age(seconds: float) -> str:
-    """`42s`, `3m05s`, `2h10m`, `3d4h`: short enough for a table cell."""
-    s = int(max(seconds, 0))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600}h"
 
 
 def _aware(t: datetime) -> datetime:
@@ -372,7 +351,8 @@ class Seen:
     totals: dict[str, EnergyTotals] = field(default_factory=dict)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
     """namespace/pod -> the culler's record."""
-    credentials: list[CredentialView] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    """What the services' views read (`nodeward.views`)."""
     dlq: dict[str, int] = field(default_factory=dict)
     actions: list[tuple[datetime, Remediation]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -408,7 +388,7 @@ def assemble(
     """One fleet picture from what was read: pure, so it is tested without a server.
 
     `telemetry` is the GPU agent's newest message per node; `seen` carries everything else
-    (maintenance, marks, isolations, energy, sessions, credentials, other agents). A node
+    (maintenance, marks, isolations, energy, sessions, the views' rows, other agents). A node
     whose clock is off by more than `clock_skew` (`bus.max_clock_skew`) needs a look."""
     s = seen or Seen()
     gpus: dict[str, dict[str, str]] = {}
@@ -428,6 +408,10 @@ def assemble(
     for key, rec in s.sessions.items():
         view = _session_view(key, rec)
         sessions_by_node.setdefault(rec.node or "", []).append(view)
+    rows_by_node: dict[str, list[Row]] = {}
+    for row in s.rows:
+        if row.node is not None:
+            rows_by_node.setdefault(row.node, []).append(row)
     isolated_by_node: dict[str, list[IsolatedPod]] = {}
     for iso in s.isolations:
         isolated_by_node.setdefault(iso.node or "", []).append(iso)
@@ -446,6 +430,7 @@ def assemble(
         | set(s.totals)
         | {n for n in sessions_by_node if n}
         | {n for n in isolated_by_node if n}
+        | set(rows_by_node)
     )
     nodes = []
     for name in sorted(names):
@@ -482,6 +467,7 @@ def assemble(
             isolated=sorted(isolated_by_node.get(name, []), key=lambda i: i.pod),
             energy=_energy(s.energy.get(name), s.totals.get(name)),
             sessions=sessions,
+            rows=rows_by_node.get(name, []),
         )
         rank, attention = _attention(node, now, clock_skew)
         nodes.append(node.model_copy(update={"rank": rank, "attention": attention}))
@@ -499,7 +485,7 @@ def assemble(
         ),
         dlq=dict(sorted(dlq.items())),
         recent_actions=[_action(t, r) for t, r in actions],
-        credentials=sorted(s.credentials, key=lambda c: c.credential),
+        rows=[row for row in s.rows if row.node is None],
         missing=sorted(missing),
         notes=list(notes),
     )
@@ -710,6 +696,7 @@ def _attention(
         found.append((3, f"{len(warned)} idle session(s) warned"))
     if n.energy is not None and n.energy.degraded:
         found.append((3, f"energy degraded: {'; '.join(n.energy.degraded)}"))
+    found.extend((row.rank, row.attention) for row in n.rows if row.attention)
     found.sort(key=lambda f: f[0])
     return (found[0][0] if found else 9), [why for _, why in found]
 
@@ -737,15 +724,14 @@ class Buckets:
     falco_marks: str = FALCO_MARKS.name
     culler: str = SESSIONS.name
     energy: str = TOTALS.name
-    credentials: str = LOCKS.name
     recovery: str = RECOVERIES.name
 
 
 AUDIT_SUBJECTS = "remediation.>"
 
 
-def watched(buckets: Buckets) -> list[Watched]:
-    """What `read_fleet` reads, as mirrors that can answer it: the buckets and the audit
+def watched(buckets: Buckets, views: Mapping[str, View] | None = None) -> list[Watched]:
+    """What `read_fleet` reads (with `views`), as mirrors that can answer it: the buckets and the audit
     trail tell their changes; GPU states (the console follows them itself), heartbeats,
     telemetry, energy and sessions arrive all the time and are read when something else
     changed, or on the next periodic drawing."""
@@ -760,49 +746,14 @@ def watched(buckets: Buckets) -> list[Watched]:
         *(Watched.bucket(b) for b in dict.fromkeys(kv)),
         Watched.bucket(buckets.culler),
         Watched.bucket(buckets.energy, tell=False),
-        Watched.bucket(buckets.credentials),
         Watched("AUDIT", (AUDIT_SUBJECTS,)),
-        Watched("CREDENTIALS", ("credentials.renewed.>", "credentials.failed.>")),
         Watched("GPU", ("gpu.health.>",), tell=False),
         Watched("HEARTBEATS", ("gpu.heartbeat.>",), tell=False),
         Watched("TELEMETRY", ("gpu.telemetry.*",), headers_only=True, tell=False),
         Watched("SESSIONS", ("session.*.*.>",), headers_only=True, tell=False),
         Watched("ENERGY", ("energy.node.*", "energy.pod.>"), tell=False),
+        *(w for view in (views or {}).values() for w in view.watched()),
     ]
-
-
-def _load(bucket: Bucket[M], raw: Mapping[str, bytes]) -> dict[str, M]:
-    """The records of one kind among a bucket's entries, by key suffix; unreadable ones left
-    out (a record status cannot read is not worth failing the whole table for)."""
-    out: dict[str, M] = {}
-    for key, value in raw.items():
-        if not bucket.holds(key) or not value:
-            continue
-        try:
-            out[bucket.suffix(key)] = bucket.load(value)
-        except ValidationError:
-            continue
-    return out
-
-
-D = TypeVar("D", bound=EventData)
-
-
-def _data(stored: Iterable[Stored], model: type[D]) -> list[tuple[Stored, D]]:
-    """The data of each message of type `model`; a binary-mode CloudEvent's body is read
-    as the model directly (the envelope is not needed here), any other form decoded."""
-    out: list[tuple[Stored, D]] = []
-    for m in stored:
-        try:
-            if (m.headers or {}).get("ce-type") == model.TYPE:
-                out.append((m, model.model_validate_json(m.data)))
-                continue
-            event = decode(m.subject, m.headers, m.data)
-        except (DecodeError, ValidationError):
-            continue
-        if isinstance(event.data, model):
-            out.append((m, event.data))
-    return out
 
 
 def _claimed(m: Stored) -> datetime | None:
@@ -814,16 +765,6 @@ def _claimed(m: Stored) -> datetime | None:
         return _aware(datetime.fromisoformat(said))
     except ValueError:
         return None
-
-
-def _decoded(stored: Iterable[Stored]) -> list[tuple[Stored, Event[Any]]]:
-    out = []
-    for m in stored:
-        try:
-            out.append((m, decode(m.subject, m.headers, m.data)))
-        except DecodeError:
-            continue
-    return out
 
 
 class _Reader:
@@ -861,9 +802,9 @@ async def _cordon(r: _Reader, bucket: str, node: str | None) -> None:
         [NODES.key(node) if node else NODES.prefix, BREAKER.prefix, _marks(node)],
         noted=True,
     )
-    r.seen.records = _load(NODES, raw)
-    r.seen.breaker = _load(BREAKER, raw).get("")
-    r.seen.marks["quarantine"] = _load(intents(bucket), raw)
+    r.seen.records = records(NODES, raw)
+    r.seen.breaker = records(BREAKER, raw).get("")
+    r.seen.marks["quarantine"] = records(intents(bucket), raw)
 
 
 def _marks(node: str | None) -> str:
@@ -872,40 +813,40 @@ def _marks(node: str | None) -> str:
 
 async def _shared_breaker(r: _Reader, bucket: str) -> BreakerState | None:
     raw = await r.reads.kv(bucket, [SHARED.prefix])
-    return _load(SHARED, raw or {}).get("")
+    return records(SHARED, raw or {}).get("")
 
 
 async def _maintenance_kv(r: _Reader, bucket: str, node: str | None) -> None:
     prefix = MAINTENANCES.key(node) if node else MAINTENANCES.prefix
     raw = await r.kv(bucket, [prefix, _marks(node)])
-    r.seen.maintenances = {s.node: s for s in _load(MAINTENANCES, raw).values()}
-    r.seen.marks["maintenance"] = _load(intents(bucket), raw)
+    r.seen.maintenances = {s.node: s for s in records(MAINTENANCES, raw).values()}
+    r.seen.marks["maintenance"] = records(intents(bucket), raw)
 
 
 async def _recoveries(r: _Reader, bucket: str, node: str | None) -> None:
     raw = await r.kv(bucket, [RECOVERIES.key(node) if node else RECOVERIES.prefix])
-    r.seen.recoveries = {rec.node: rec for rec in _load(RECOVERIES, raw).values()}
+    r.seen.recoveries = {rec.node: rec for rec in records(RECOVERIES, raw).values()}
 
 
 async def _falco_marks(r: _Reader, bucket: str, node: str | None) -> None:
-    r.seen.marks["falco"] = _load(intents(bucket), await r.kv(bucket, [_marks(node)]))
+    r.seen.marks["falco"] = records(intents(bucket), await r.kv(bucket, [_marks(node)]))
 
 
 async def _sessions(r: _Reader, bucket: str) -> None:
-    records = _load(SESSIONS, await r.kv(bucket, [SESSIONS.prefix]))
+    held = records(SESSIONS, await r.kv(bucket, [SESSIONS.prefix]))
     # The key is `<ns token>.<pod token>`: a namespace has no dot, a pod name's became `_`.
     r.seen.sessions = {
         f"{k.split('.', 1)[0]}/{node_of(k.split('.', 1)[1])}": v
-        for k, v in records.items()
+        for k, v in held.items()
         if "." in k
     }
 
 
 async def _energy_reads(r: _Reader, bucket: str, tok: str) -> None:
-    for m, energy in _data(await r.last("ENERGY", [f"energy.node.{tok}"]), EnergyNode):
+    for m, energy in data(await r.last("ENERGY", [f"energy.node.{tok}"]), EnergyNode):
         r.seen.energy[energy.node] = energy
         r.seen.saw(energy.node, "energy", m.time, _claimed(m))
-    totals = _load(TOTALS, await r.kv(bucket, [f"node.{tok}" if tok != "*" else TOTALS.prefix]))
+    totals = records(TOTALS, await r.kv(bucket, [f"node.{tok}" if tok != "*" else TOTALS.prefix]))
     r.seen.totals = {node_of(k): v for k, v in totals.items()}
 
 
@@ -1019,7 +960,7 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
         wanted = [f"gpu.health.{t}.>" for t in silent] if few else [f"gpu.health.{tok}.>"]
         reads.append(r.reads.last("GPU", wanted))
     for got in await asyncio.gather(*reads):
-        for m, h in _data(got or [], GpuHealth):
+        for m, h in data(got or [], GpuHealth):
             r.seen.saw(h.node, "gpu", m.time, _claimed(m))
             take(
                 GpuSeen(
@@ -1082,13 +1023,13 @@ async def _isolations(r: _Reader) -> None:
     API, replaced, ended or unlabelled by someone else, it audits the end on the same
     subject (outcome skipped, guard `pod_gone` or `label_removed`)."""
     isolated: dict[str, tuple[Stored, Remediation]] = {}
-    for m, event in _decoded(await r.last("AUDIT", [f"remediation.{ISOLATE}.>"])):
+    for m, event in decoded(await r.last("AUDIT", [f"remediation.{ISOLATE}.>"])):
         data = event.data
         if isinstance(data, Remediation) and data.outcome in (Outcome.APPLIED, Outcome.DRY_RUN):
             isolated[m.subject.split(".", 2)[2]] = (m, data)
     if isolated:
         later = await r.last("AUDIT", [f"remediation.*.{t}" for t in sorted(isolated)])
-        for m, event in _decoded(later):
+        for m, event in decoded(later):
             t = m.subject.split(".", 2)[2]
             data = event.data
             if t not in isolated or not isinstance(data, Remediation):
@@ -1113,38 +1054,6 @@ async def _isolations(r: _Reader) -> None:
         )
 
 
-async def _credentials(r: _Reader, bucket: str) -> None:
-    views: dict[str, CredentialView] = {}
-    for _, event in _decoded(
-        await r.last("CREDENTIALS", ["credentials.renewed.>", "credentials.failed.>"])
-    ):
-        data = event.data
-        if not isinstance(data, CredentialRenewed | CredentialFailed):
-            continue
-        key = f"{data.namespace}/{data.secret}"
-        known = views.get(key)
-        if known is not None and known.at is not None and known.at >= event.time:
-            continue
-        views[key] = CredentialView(
-            credential=key,
-            kind=data.kind.value,
-            outcome="renewed" if isinstance(data, CredentialRenewed) else "failed",
-            at=event.time,
-            expires_at=data.expires_at,
-            error=data.error if isinstance(data, CredentialFailed) else None,
-        )
-    now = datetime.now(UTC).timestamp()
-    locks: dict[str, LeaseRecord] = _load(LOCKS, await r.kv(bucket, [LOCKS.prefix]))
-    for name, lease in locks.items():
-        if lease.expires_at < now or "." not in name:
-            continue
-        ns, secret = name.split(".", 1)
-        key = f"{ns}/{secret}"
-        view = views.get(key) or CredentialView(credential=key)
-        views[key] = view.model_copy(update={"renewing": True, "holder": lease.holder})
-    r.seen.credentials = list(views.values())
-
-
 async def _dlq(r: _Reader) -> None:
     counts = await r.reads.counts("DLQ", "dlq.>")
     if counts is None:
@@ -1159,7 +1068,7 @@ async def _recent(r: _Reader, count: int) -> None:
         r.seen.missing.append("stream AUDIT")
         return
     r.seen.actions = [
-        (e.time, e.data) for _, e in reversed(_decoded(got)) if isinstance(e.data, Remediation)
+        (e.time, e.data) for _, e in reversed(decoded(got)) if isinstance(e.data, Remediation)
     ][:count]
 
 
@@ -1170,10 +1079,12 @@ async def read_fleet(
     buckets: Buckets,
     node: str | None = None,
     reads: Reads | None = None,
+    views: Mapping[str, View] | None = None,
 ) -> Seen:
-    """Every source of the picture, each in one pass, all at once; `node` narrows the reads
-    to one node's subjects and keys. `reads` answers them (default: the bus, asked once
-    for each; `watched` says what mirrors would answer them all)."""
+    """Every source of the picture, each in one pass, all at once, and every view's;
+    `node` narrows the reads to one node's subjects and keys. `reads` answers them
+    (default: the bus, asked once for each; `watched` says what mirrors would answer them
+    all)."""
     r = _Reader(reads or BusReads(nc), Seen())
     tok = token(node) if node else "*"
 
@@ -1181,7 +1092,8 @@ async def read_fleet(
         health, beating = await _gpu_reads(r, tok)
         return health, await _telemetry(r, tok, beating)
 
-    (health, telemetry), shared, _ = await asyncio.gather(
+    now = datetime.now(UTC)
+    (health, telemetry), shared, _, shown = await asyncio.gather(
         gpu(),
         _shared_breaker(r, buckets.breaker),
         asyncio.gather(
@@ -1193,11 +1105,14 @@ async def read_fleet(
             _energy_reads(r, buckets.energy, tok),
             _idle_agents(r, tok),
             _isolations(r),
-            _credentials(r, buckets.credentials),
             _dlq(r),
             _recent(r, NODE_ACTIONS_SCANNED if node else actions),
         ),
+        asyncio.gather(*(v.read(r.reads, node=node, now=now) for v in (views or {}).values())),
     )
+    for said in shown:  # in the views' order, whichever answered first
+        r.seen.rows.extend(said.rows)
+        r.seen.missing.extend(said.missing)
     r.seen.health = health
     for n, at in telemetry.items():
         r.seen.saw(n, "gpu", at)
@@ -1231,11 +1146,14 @@ async def gather_status(
     breaker_bucket: str = SHARED.name,
     buckets: Buckets | None = None,
     clock_skew: timedelta = timedelta(seconds=5),
+    views: Mapping[str, View] | None = None,
 ) -> FleetStatus:
     """The whole fleet from KV and the streams (`bucket` and `breaker_bucket` rename the
-    cordon service's buckets, `buckets` any of them)."""
+    cordon service's buckets, `buckets` any of them) and the services' `views` (default:
+    every registered one, with default settings)."""
     b = buckets or Buckets(cordon=bucket, breaker=breaker_bucket)
-    seen = await read_fleet(nc, actions=actions, buckets=b)
+    views = registered(Settings()) if views is None else views
+    seen = await read_fleet(nc, actions=actions, buckets=b, views=views)
     return assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),
@@ -1262,9 +1180,12 @@ async def gather_node(
     agent_timeout: timedelta = timedelta(seconds=90),
     buckets: Buckets | None = None,
     clock_skew: timedelta = timedelta(seconds=5),
+    views: Mapping[str, View] | None = None,
 ) -> NodeReport | None:
     """One node in detail, or None if nothing nodeward reads knows it."""
-    seen = await read_fleet(nc, actions=actions, buckets=buckets or Buckets(), node=node)
+    views = registered(Settings()) if views is None else views
+    b = buckets or Buckets()
+    seen = await read_fleet(nc, actions=actions, buckets=b, node=node, views=views)
     fleet = assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),

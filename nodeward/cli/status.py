@@ -23,6 +23,7 @@ from nodeward.cli.common import (
     table_console,
 )
 from nodeward.config import Settings
+from nodeward.durations import format_age
 from nodeward.endpoints import DEFAULT_STATE_DIR
 from nodeward.fleet_status import (
     HEALTH_ORDER,
@@ -33,13 +34,12 @@ from nodeward.fleet_status import (
     NodeReport,
     NodeStatus,
     SessionView,
-    format_age,
     gather_node,
     gather_status,
 )
+from nodeward.views import Row, registered
 from schemas.state.breaker import SHARED
 from schemas.state.cordon import NODES, TAINT_KEY
-from schemas.state.credentials import LOCKS
 from schemas.state.culler import SESSIONS
 from schemas.state.energy import TOTALS
 from schemas.state.maintenance import MAINTENANCES
@@ -67,6 +67,7 @@ async def status(
 ) -> None:
     nc = await connect_nats(settings, "cli/status", state_dir)
     buckets = buckets_for(settings)
+    views = registered(settings)
     try:
         if node is not None:
             report = await gather_node(
@@ -77,6 +78,7 @@ async def status(
                 agent_timeout=agent_timeout,
                 buckets=buckets,
                 clock_skew=settings.bus.max_clock_skew,
+                views=views,
             )
         else:
             fleet = await gather_status(
@@ -86,6 +88,7 @@ async def status(
                 agent_timeout=agent_timeout,
                 buckets=buckets,
                 clock_skew=settings.bus.max_clock_skew,
+                views=views,
             )
     except SnapshotError as exc:
         fail(str(exc))
@@ -121,7 +124,6 @@ def buckets_for(settings: Settings) -> Buckets:
         falco_marks=setting("falco", "marks_bucket", FALCO_MARKS.name),
         culler=bucket_name(settings, "culler", SESSIONS),
         energy=str(energy or TOTALS.name),
-        credentials=bucket_name(settings, "credentials", LOCKS),
     )
 
 
@@ -143,8 +145,8 @@ def _whole(parts: list[RenderableType]) -> Group:
 
 def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
     """Nodes needing attention first (then the rest, or one line for them), quarantines,
-    maintenances, isolated pods, idle sessions, energy, credentials, the breaker, the DLQ
-    and recent actions."""
+    maintenances, isolated pods, idle sessions, energy, what the services' views say of the
+    fleet, the breaker, the DLQ and recent actions."""
     parts: list[RenderableType] = []
     attention = fleet.needing_attention()
     quiet = [n for n in fleet.nodes if not n.attention]
@@ -181,7 +183,7 @@ def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
     parts.extend(_isolations(fleet))
     parts.extend(_sessions(fleet))
     parts.append(energy_line(fleet.nodes))
-    parts.extend(_credentials(fleet))
+    parts.extend(rows_text(fleet.rows))
     b = fleet.breaker
     breaker = (
         Text(f"circuit breaker: OPEN (tripped {b.trips}x) — {b.reason}", style="bold red")
@@ -261,6 +263,7 @@ def render_node(report: NodeReport) -> RenderableType:
         parts.append(Text("sessions: none the culler holds", style="dim"))
     parts.append(Text(f"energy: {energy_text(n) or 'none reported'}"))
     parts.append(Text(f"agents: {agents_cell(n).plain}"))
+    parts.extend(rows_text(n.rows))
     parts.append(_actions(report.recent_actions, at, on=n.name))
     parts.extend(_footer(report.notes, report.missing))
     return _whole(parts)
@@ -468,22 +471,23 @@ def _sessions(fleet: FleetStatus) -> list[RenderableType]:
     return out
 
 
-def _credentials(fleet: FleetStatus) -> list[RenderableType]:
-    creds = fleet.credentials
-    if not creds:
-        return []
-    failed = [c for c in creds if c.outcome == "failed"]
-    renewing = [c for c in creds if c.renewing]
-    renewed = [c for c in creds if c.outcome == "renewed"]
-    out: list[RenderableType] = [
-        Text(
-            f"credentials: {len(renewed)} renewed, {len(failed)} failed, "
-            f"{len(renewing)} renewing now",
-            style="red" if failed else "green",
-        )
-    ]
-    for c in failed[:SESSIONS_LISTED]:
-        out.append(Text(f"  {c.credential}: failed {_ago(c.at, fleet.at)}: {c.error}", style="red"))
+_SEVERITY_STYLE: Mapping[str, str] = MappingProxyType(
+    {"ok": "green", "info": "", "warning": "yellow", "critical": "red"}
+)
+
+
+def rows_text(rows: list[Row]) -> list[RenderableType]:
+    """The services' rows: `section: text` for a section's first, indented below it the
+    rest, each in its severity's colour."""
+    out: list[RenderableType] = []
+    said: set[str] = set()
+    for row in rows:
+        style = _SEVERITY_STYLE[row.severity]
+        if row.section in said:
+            out.append(Text(f"  {row.text}", style=style))
+        else:
+            said.add(row.section)
+            out.append(Text(f"{row.section}: {row.text}", style=style))
     return out
 
 

@@ -25,8 +25,8 @@ from nodeward.cli.common import (
     table_console,
 )
 from nodeward.config import Settings
+from nodeward.durations import format_age
 from nodeward.endpoints import DEFAULT_STATE_DIR
-from nodeward.fleet_status import format_age
 from schemas.capacity import STATES, profile_for, resource_for
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot, Fit, matches_model
 

@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -42,6 +42,7 @@ from nodeward.fleet_status import (
     watched,
     worst,
 )
+from nodeward.views import View
 from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.energy import EnergyPod
@@ -155,6 +156,7 @@ class Live:
         settings: ConsoleSettings,
         *,
         buckets: Buckets | None = None,
+        views: Mapping[str, View] | None = None,
         capacity_bucket: str = SNAPSHOT.name,
         agent_timeout: timedelta = timedelta(seconds=90),
         registry: CollectorRegistry | None = None,
@@ -162,6 +164,8 @@ class Live:
         self.nc = nc
         self.settings = settings
         self.buckets = buckets or Buckets()
+        self.views: Mapping[str, View] = views or {}
+        """The services' views (`nodeward.views`): their rows on the fleet and node pages."""
         self.capacity_bucket = capacity_bucket
         self.agent_timeout = agent_timeout
         self.log = structlog.get_logger().bind(component="console")
@@ -190,7 +194,7 @@ class Live:
         self._subs: list[Any] = []
         self.mirrors = Mirrors(
             nc,
-            [*watched(self.buckets), Watched.bucket(capacity_bucket)],
+            [*watched(self.buckets, self.views), Watched.bucket(capacity_bucket)],
             on_change=self._changed.set,
         )
         Gauge("nodeward_console_viewers", "Open event streams", registry=registry).set_function(
@@ -352,6 +356,7 @@ class Live:
                 actions=self.settings.actions if first else 1,
                 buckets=self.buckets,
                 reads=reads,
+                views=self.views,
             ),
             reads.kv(self.capacity_bucket, [SNAPSHOT.prefix]),
             reads.last("ENERGY", ["energy.pod.>"]),

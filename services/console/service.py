@@ -13,6 +13,7 @@ from nodeward.config import ConfigError, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.fleet_status import Buckets
 from nodeward.platform import Component, Standalone, UpContext, bus_daemon
+from nodeward.views import registered
 from services.console.live import Live
 from services.console.settings import ConsoleSettings
 from services.console.web import Console, ConsoleError, check
@@ -38,7 +39,13 @@ async def assemble(settings: Settings) -> Assembled:
         raise ConfigError(f"services.{NAME}: {exc}") from None
     # provision=False: the console only reads, and its NATS user may create nothing.
     daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, provision=False)
-    live = Live(bus.nc, config, buckets=Buckets(), registry=daemon.metrics.registry)
+    live = Live(
+        bus.nc,
+        config,
+        buckets=Buckets(),
+        views=registered(settings),
+        registry=daemon.metrics.registry,
+    )
     console = Console(live, config, token)
 
     async def close() -> None:

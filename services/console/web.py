@@ -26,7 +26,8 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.snapshot import Reads
-from nodeward.fleet_status import GpuSeen, actions_on, format_age
+from nodeward.durations import format_age
+from nodeward.fleet_status import GpuSeen, actions_on
 from schemas import DecodeError, decode
 from schemas.gpu import GpuHealth, GpuXid
 from schemas.tokens import token
@@ -271,6 +272,7 @@ class Console:
             state=state,
             model=q.get("model", ""),
             states=pages.STATE_FILTERS,
+            rows=self.live.fleet.rows if self.live.fleet is not None else [],
         )
 
     async def node(self, request: web.Request) -> web.Response:

@@ -36,6 +36,8 @@ MOUNTED = {"services", *(ref.split(":")[0] for _, ref in registered())} | {
     p.package for p in services()
 }
 """The services' command modules (their plugins' `commands`) and packages (their plugins)."""
+VIEWS = {p.ref(p.view).split(":")[0] for p in services() if p.view is not None}
+"""The services' views, which `nodeward status` reads with (`nodeward.views`)."""
 
 RUN = """
 import json, sys
@@ -90,6 +92,7 @@ async def test_status_reads_the_fleet_without_daemons_or_aiohttp(
     held = [
         m
         for m in loaded
-        if any(m == n or m.startswith(f"{n}.") for n in NOT_FOR_STATUS) and m not in MOUNTED
+        if any(m == n or m.startswith(f"{n}.") for n in NOT_FOR_STATUS) and m not in MOUNTED | VIEWS
     ]
     assert held == []
+    assert VIEWS and set(loaded) >= VIEWS

@@ -19,7 +19,8 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.cli.common import bucket_name
 from nodeward.cli.status import render
 from nodeward.config import BusSettings
-from nodeward.fleet_status import format_age, gather_status
+from nodeward.durations import format_age
+from nodeward.fleet_status import gather_status
 from nodeward.kube.nodes import taints_of
 from schemas import example_event, make_event
 from schemas.common import ObjectRef
@@ -388,7 +389,7 @@ async def test_the_cli_json_carries_everything_and_node_shows_one(
     assert nodes["gpu-e"]["energy"]["co2e_g"] == 1.3475
     assert nodes["gpu-s"]["sessions"][0]["deadline"] is not None
     assert set(nodes["gpu-e"]["agents"]) == {"gpu", "energy", "idle"}
-    assert {"breaker", "dlq", "recent_actions", "credentials"} <= set(fleet)
+    assert {"breaker", "dlq", "recent_actions", "rows"} <= set(fleet)
 
     detail = await asyncio.to_thread(run, "status", "--node", "gpu-m", "--nats", url)
     assert detail.returncode == 0, detail.stderr
@@ -462,11 +463,13 @@ async def test_status_shows_credential_renewals_and_the_locks_held(
 
     fleet = await gather_status(own_bus.nc, nats_url=own_nats.url)
 
-    creds = {c.credential: c for c in fleet.credentials}
-    assert set(creds) == {"user-a/tok", "user-b/krb", "user-c/oauth-c"}
-    assert creds["user-a/tok"].outcome == "renewed"  # the newest of its two outcomes
-    assert creds["user-b/krb"].outcome == "failed" and creds["user-b/krb"].error is not None
-    assert creds["user-c/oauth-c"].renewing and creds["user-c/oauth-c"].holder == "renewer-1"
+    said = [(r.text, r.severity) for r in fleet.rows if r.section == "credentials"]
+    # user-a/tok's newest outcome is its renewal; user-d's lock has expired.
+    assert said[0] == ("1 renewed, 1 failed, 1 renewing now", "critical")
+    assert len(said) == 2 and said[1][0].startswith("user-b/krb: failed ")
+    assert said[1][1] == "critical" and said[1][0].endswith(
+        "ticket not renewable past its renew_till"
+    )
     console = Console(width=200, record=True, color_system=None)
     console.print(render(fleet))
     text = console.export_text()
