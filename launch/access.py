@@ -28,7 +28,7 @@ from sim.inject import GRANTS as INJECTIONS
 def _declared_services() -> tuple[ModuleType, ...]:
     """Each registered service's access module (its plugin's `access`): one added in its
     folder and registered is collected here. A service without one only reads the bus: no
-    Kubernetes access, and a NATS user of the readers' kind (`nodeward.nats_auth.console`)."""
+    Kubernetes access, and a NATS user of the readers' kind (`nodeward.nats_auth.reader`)."""
     return tuple(resolve(p.ref(p.access)) for p in services() if p.access is not None)
 
 
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m launch.access nats-permissions FILE", file=sys.stderr)
         return 2
     Path(argv[1]).write_text(
-        json.dumps(permissions_document(GRANTS, AGENT_GRANTS), indent=2) + "\n"
+        json.dumps(permissions_document(GRANTS, AGENT_GRANTS, READERS), indent=2) + "\n"
     )
     return 0
 

@@ -288,7 +288,7 @@ def story_for(settings: Settings) -> Callable[[Endpoints], Awaitable[None]]:
     """The task `up` runs to tell the story; it logs and ends instead of raising."""
 
     async def run(endpoints: Endpoints) -> None:
-        from nodeward.cli.story import tell
+        from launch.story import tell
 
         log = structlog.get_logger().bind(component="story")
         try:

@@ -303,27 +303,23 @@ def operator(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
     )
 
 
-CONSOLE_USER = "nodeward-console"
-CONSOLE_INBOX = "_INBOX_console"
-"""The inbox prefix the web console connects with (the chart sets `bus.inbox_prefix`)."""
-
-
-def console(password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
-    """The web console: what the operators' user reads (every stream, every KV bucket through
-    ephemeral consumers), and the KV buckets' changes as they happen (`$KV.>`, subscribe
-    only); nothing else: no operator control, no event, no KV write, no stream change, no
-    service's durable consumer."""
+def reader(name: str, password: str, services: Mapping[str, ServiceGrants]) -> NatsUser:
+    """A service that only reads the bus (its plugin declares no access; the web console is
+    one): what the operators' user reads (every stream, every KV bucket through ephemeral
+    consumers), and the KV buckets' changes as they happen (`$KV.>`, subscribe only), on
+    its own inbox prefix (`service_inbox`); nothing else: no operator control, no event, no
+    KV write, no stream change, no service's durable consumer."""
     durables = {
         n: ServiceGrants(g.consumers, buckets=(), publish=(), partitioned=g.partitioned)
         for n, g in services.items()
     }
-    reader = operator(password, durables)  # the operator's reads and denials, no control
+    read = operator(password, durables)  # the operator's reads and denials, no control
     return NatsUser(
-        user=CONSOLE_USER,
+        user=f"nodeward-{name}",
         password=password,
         publish=_READ_API,
-        subscribe=(f"{CONSOLE_INBOX}.>", *reader.subscribe[1:], "$KV.>"),
-        deny_publish=reader.deny_publish,
+        subscribe=(f"{service_inbox(name)}.>", *read.subscribe[1:], "$KV.>"),
+        deny_publish=read.deny_publish,
     )
 
 
@@ -338,11 +334,14 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
 
 
 def permissions_document(
-    services: Mapping[str, ServiceGrants], agents: Iterable[AgentGrants]
+    services: Mapping[str, ServiceGrants],
+    agents: Iterable[AgentGrants],
+    readers: Iterable[str] = (),
 ) -> dict[str, object]:
-    """The grants the Helm chart renders: per service (as each declares them), admin, the
-    operators' read-only user, and per node (as its agents declare them) with `__NODE__`.
-    `launch.access` writes it with every service's and agent's `GRANTS`."""
+    """The grants the Helm chart renders: per service (as each declares them), per reading
+    service (`reader`), admin, the operators' read-only user, and per node (as its agents
+    declare them) with `__NODE__`. `launch.access` writes it with every service's and
+    agent's `GRANTS` and the registered readers."""
     agent = node_agent(NODE, "", agents)
     return {
         "agent": {"user": f"agent-{NODE}", "permissions": agent.permissions()},
@@ -351,9 +350,12 @@ def permissions_document(
             "user": OPERATOR_USER,
             "permissions": operator("", services).permissions(),
         },
-        "console": {
-            "user": CONSOLE_USER,
-            "permissions": console("", services).permissions(),
+        "readers": {
+            name: {
+                "user": f"nodeward-{name}",
+                "permissions": reader(name, "", services).permissions(),
+            }
+            for name in sorted(readers)
         },
         "services": {
             name: {

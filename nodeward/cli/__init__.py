@@ -14,11 +14,12 @@ import json
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
 from nodeward.cli.common import CliError, CliUsageError, defer_websocket_client, settings_for
+from nodeward.cli.daemons import run_daemon
 from nodeward.cli.options import ConfigOpt, JsonOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
@@ -69,15 +70,6 @@ def _root(
     if log_level not in (None, "debug", "info", "warning", "error"):
         raise typer.BadParameter(f"unknown log level {log_level!r}", param_hint="--log-level")
     configure_logging(log_level or "warning")
-
-
-def _daemon_logging(ctx: typer.Context, settings: Any) -> None:
-    """A daemon logs at the config's `log.level` (info: its start facts show) and in its
-    `log.format`, unless `--log-level` says otherwise."""
-    from nodeward.logs import configure_logging
-
-    explicit = ctx.find_root().params.get("log_level")
-    configure_logging(explicit or settings.log.level, settings.log.format)
 
 
 @app.command()
@@ -301,28 +293,6 @@ def streams(
     _run(do_streams(settings, as_json))
 
 
-def _run_standalone(
-    ctx: typer.Context, kind: Literal["agent", "service"], name: str, settings: Any
-) -> None:
-    from nodeward.bus import BusError
-    from nodeward.daemon import DaemonError
-    from nodeward.kube.errors import KubeError
-    from nodeward.platform import run_standalone, standalone
-
-    _daemon_logging(ctx, settings)
-    try:
-        standalone(kind, name)
-    except LookupError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        _run(run_standalone(kind, name, settings))
-    except (DaemonError, KubeError, BusError) as exc:
-        # A port in use, no cluster, no NATS: one line; the traceback only when debugging.
-        if ctx.find_root().params.get("log_level") == "debug":
-            raise
-        raise CliError(" ".join(str(exc).split()) or type(exc).__name__) from None
-
-
 @app.command()
 def agent(  # noqa: PLR0917 - typer maps parameters to options
     ctx: typer.Context,
@@ -411,7 +381,7 @@ def agent(  # noqa: PLR0917 - typer maps parameters to options
         return
     settings = settings_for(config, nats)
     apply_energy_flags(settings, flags)
-    _run_standalone(ctx, "agent", name, settings)
+    run_daemon(ctx, "agent", name, settings)
 
 
 @app.command()
@@ -452,36 +422,7 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
         _run(run_admin())
         typer.echo(done[0])
         return
-    _run_standalone(ctx, "service", name, settings)
-
-
-@app.command()
-def console(  # noqa: PLR0917 - typer maps parameters to options
-    ctx: typer.Context,
-    nats: NatsOpt = None,
-    host: Annotated[
-        str | None,
-        typer.Option(
-            "--host", help="bind address (default 127.0.0.1; elsewhere a token is needed)"
-        ),
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option("--port", min=0, max=65535, help="default 8480; 0 picks one")
-    ] = None,
-    token_file: Annotated[
-        Path | None,
-        typer.Option("--token-file", help="the viewers' token (needed off loopback)"),
-    ] = None,
-    config: ConfigOpt = None,
-) -> None:
-    """The read-only web console of the fleet, live (what the chart's console Deployment runs)."""
-    settings = settings_for(config, nats)
-    raw = dict(settings.services.get("console") or {})
-    for key, value in (("host", host), ("port", port), ("token_file", token_file)):
-        if value is not None:
-            raw[key] = str(value) if isinstance(value, Path) else value
-    settings.services["console"] = raw
-    _run_standalone(ctx, "service", "console", settings)
+    run_daemon(ctx, "service", name, settings)
 
 
 @schemas_app.command("export")

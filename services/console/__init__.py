@@ -6,4 +6,5 @@ SERVICE = ServicePlugin(
     name="console",
     package=__name__,
     access=None,
+    commands={"console": "cli:console"},
 )

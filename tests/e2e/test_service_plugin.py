@@ -165,9 +165,9 @@ def test_the_import_contracts_cover_it(tree: Path) -> None:
 def test_it_is_granted_its_nats_user_and_its_role(tree: Path) -> None:
     code = (
         "import json\n"
-        "from launch.access import ACCOUNTS, AGENT_GRANTS, GRANTS\n"
+        "from launch.access import ACCOUNTS, AGENT_GRANTS, GRANTS, READERS\n"
         "from nodeward.nats_auth import permissions_document\n"
-        "doc = permissions_document(GRANTS, AGENT_GRANTS)\n"
+        "doc = permissions_document(GRANTS, AGENT_GRANTS, READERS)\n"
         "print(json.dumps({'doc': doc, 'ops': sorted(ACCOUNTS['throwaway'].operations)}))\n"
     )
     got = _run(tree, sys.executable, "-c", code)

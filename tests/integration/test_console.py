@@ -195,13 +195,14 @@ async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Pa
     from launch.access import GRANTS
     from nodeward.bus.errors import BusError
     from nodeward.config import Settings
-    from nodeward.nats_auth import CONSOLE_INBOX, admin, render_authorization
-    from nodeward.nats_auth import console as console_user
+    from nodeward.nats_auth import admin, reader, render_authorization, service_inbox
     from services.console.service import assemble
     from tests.conftest import wait_for
 
     conf = tmp_path / "auth.conf"
-    conf.write_text(render_authorization([admin("admin-pw"), console_user("console-pw", GRANTS)]))
+    conf.write_text(
+        render_authorization([admin("admin-pw"), reader("console", "console-pw", GRANTS)])
+    )
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
         url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
         writer = await Bus.connect(BusSettings(url=url), source="test/admin")  # provisions
@@ -212,7 +213,7 @@ async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Pa
                     "url": server.url,
                     "user": "nodeward-console",
                     "password": "console-pw",
-                    "inbox_prefix": CONSOLE_INBOX,
+                    "inbox_prefix": service_inbox("console"),
                 },
                 "services": {"console": {"port": 0}},
             }

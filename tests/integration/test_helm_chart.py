@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from launch.access import AGENT_GRANTS, GRANTS
-from nodeward.nats_auth import console, node_agent_nkey, operator, service_user
+from nodeward.nats_auth import node_agent_nkey, operator, reader, service_user
 from tests.integration.helm_chart import (
     CHART,
     ROOT,
@@ -497,7 +497,7 @@ def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None
         "nodeward-console",
     }
     assert users["nodeward-operator"]["permissions"] == operator("", GRANTS).permissions()
-    assert users["nodeward-console"]["permissions"] == console("", GRANTS).permissions()
+    assert users["nodeward-console"]["permissions"] == reader("console", "", GRANTS).permissions()
     assert len(named(docs, "Secret", "nw-nats-operator")["stringData"]["password"]) == 32
     for service in SERVICES:
         user = users[f"nodeward-{service}"]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from launch.story import EVENT_SOURCES, Story, tell
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
-from nodeward.cli.story import EVENT_SOURCES, Story, tell
 from nodeward.config import BusSettings
 from schemas import make_event
 from schemas.common import ObjectRef

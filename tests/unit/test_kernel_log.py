@@ -319,7 +319,7 @@ def test_a_sighting_after_the_window_is_a_new_incident() -> None:
 def test_the_story_says_when_the_kernel_log_saw_an_xid_first() -> None:
     from datetime import UTC, datetime
 
-    from nodeward.cli.story import health_line
+    from launch.story import health_line
     from schemas import make_event
     from schemas.gpu import GpuHealth, HealthReason, HealthState
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.access import AGENT_GRANTS, GRANTS
+from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.nats_auth import (
     NODE,
     node_agent,
@@ -45,7 +45,7 @@ def _chart_token(node: str) -> str:
 
 
 def test_chart_grants_file_is_generated_from_the_declared_grants() -> None:
-    assert _chart_grants() == permissions_document(GRANTS, AGENT_GRANTS), (
+    assert _chart_grants() == permissions_document(GRANTS, AGENT_GRANTS, READERS), (
         "regenerate: python -m launch.access nats-permissions "
         "deploy/helm/nodeward/files/nats-permissions.json"
     )

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from launch.story import Story
 from nodeward.cli.common import line_width
-from nodeward.cli.story import Story
 from schemas import make_event
 from schemas.cloudevents import encode
 from schemas.common import ObjectRef
@@ -209,7 +209,7 @@ def test_a_release_is_its_own_step() -> None:
 
 
 def test_a_dead_letter_and_a_delivered_file_are_told_too(tmp_path: Path) -> None:
-    from nodeward.cli.story import outbox_title
+    from launch.story import outbox_title
     from schemas import example_event
 
     lines: list[str] = []
@@ -231,7 +231,7 @@ def test_a_dead_letter_and_a_delivered_file_are_told_too(tmp_path: Path) -> None
 async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
     import asyncio
 
-    from nodeward.cli.story import watch_outbox
+    from launch.story import watch_outbox
     from tests.conftest import wait_for
 
     outbox = tmp_path / "outbox"
