@@ -72,6 +72,11 @@ class EventData(Model):
     def about(self) -> str:
         raise NotImplementedError
 
+    def concern(self) -> str:
+        """How much a person should care about this event: info, warning or critical
+        (what `nodeward tail --min-severity` filters on); info unless a type says more."""
+        return "info"
+
     @classmethod
     def example(cls) -> Self:
         examples = (cls.model_config.get("json_schema_extra") or {}).get("examples")  # type: ignore[union-attr]

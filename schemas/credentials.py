@@ -110,6 +110,9 @@ class CredentialFailed(_CredentialEvent):
     attempt: int = Field(default=1, ge=1)
     expires_at: datetime | None = None
 
+    def concern(self) -> str:
+        return "warning"
+
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [

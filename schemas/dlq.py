@@ -84,3 +84,6 @@ class DeadLetter(EventData):
 
     def about(self) -> str:
         return f"consumer/{self.stream}/{self.consumer}"
+
+    def concern(self) -> str:
+        return "warning"

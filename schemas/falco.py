@@ -228,6 +228,10 @@ class FalcoAlert(EventData):
             return f"pod/{self.namespace}/{self.pod}"
         return f"node/{self.hostname or 'unknown'}"
 
+    def concern(self) -> str:
+        rank = self.priority.rank
+        return "critical" if rank <= 2 else "warning" if rank <= 4 else "info"
+
 
 def _name(value: Any) -> str | None:
     if value is None or value == "":

@@ -120,6 +120,9 @@ class GpuHealth(EventData):
     def about(self) -> str:
         return f"node/{self.node}/gpu/{self.gpu_key()}"
 
+    def concern(self) -> str:
+        return {"failed": "critical", "degraded": "warning"}.get(self.state.value, "info")
+
 
 class GpuState(Model):
     """One GPU (or MIG instance) as a heartbeat restates it: its state since its last change."""

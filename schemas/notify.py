@@ -93,6 +93,9 @@ class Notification(EventData):
     def about(self) -> str:
         return self.targets[0].key() if self.targets else f"topic/{self.topic}"
 
+    def concern(self) -> str:
+        return str(self.severity.value)
+
     def incident_key(self) -> str:
         """The incident this notice belongs to: `incident`, else its dedup key, else its target."""
         return self.incident or self.dedup_key or f"{self.topic}/{self.about()}"

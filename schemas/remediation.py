@@ -68,3 +68,7 @@ class Remediation(EventData):
 
     def about(self) -> str:
         return self.target.key()
+
+    def concern(self) -> str:
+        acted = self.outcome.value in ("failed", "refused", "applied", "undone")
+        return "warning" if acted else "info"

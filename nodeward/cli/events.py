@@ -110,25 +110,9 @@ _COLOURS: dict[str, str | None] = {"critical": "red", "warning": "yellow", "info
 
 
 def severity_of(event: Any) -> str:
-    """How much a person should care about an event: info, warning or critical."""
-    data = event.data
-    match event.type:
-        case "notify.v1":
-            return str(data.severity.value)
-        case "gpu.health.v1":
-            return {"failed": "critical", "degraded": "warning"}.get(data.state.value, "info")
-        case "falco.alert.v1":
-            rank = data.priority.rank
-            return "critical" if rank <= 2 else "warning" if rank <= 4 else "info"
-        case "remediation.v1":
-            return (
-                "warning"
-                if data.outcome.value in ("failed", "refused", "applied", "undone")
-                else "info"
-            )
-        case "dlq.v1" | "credentials.failed.v1":
-            return "warning"
-    return "info"
+    """How much a person should care about an event: info, warning or critical (what its
+    type says, `EventData.concern`)."""
+    return str(event.data.concern())
 
 
 @dataclass(frozen=True)
