@@ -139,6 +139,21 @@ def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
     return sorted(_standalone_refs(kind))
 
 
+def one_daemon(
+    name: str,
+    build: Callable[[Settings], Awaitable[Daemon]],
+    admin: Mapping[str, Callable[[Settings], Awaitable[str]]] | None = None,
+) -> tuple[Component, Standalone]:
+    """The component and standalone of a service that is one daemon built from its settings:
+    `up` builds it with its own ServiceAccount's credentials (`UpContext.settings_for`),
+    `nodeward service NAME` with the settings given."""
+
+    async def for_up(context: UpContext) -> list[Daemon]:
+        return [await build(context.settings_for(name))]
+
+    return Component(name, for_up), Standalone(build, admin=dict(admin or {}))
+
+
 def _standalone_refs(kind: Literal["agent", "service"]) -> dict[str, str]:
     """Name -> where its Standalone is: the services' plugins, the `nodeward.agents` group."""
     if kind == "service":

@@ -27,7 +27,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, WatchEvent
 from nodeward.kube.base import Listing
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.capacity import STATES, CapacityChanged, GpuCounts
 from schemas.gpu import GpuHealth, HealthState
@@ -409,10 +409,4 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    """The capacity service under its own ServiceAccount (`nodeward-capacity`)."""
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)

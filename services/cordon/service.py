@@ -41,7 +41,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
@@ -1316,14 +1316,6 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    """The cordon service under its own ServiceAccount (`nodeward-cordon`)."""
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-
-
 async def _reset_breaker_command(settings: Settings) -> str:
     config: CordonSettings = section(settings, "services", NAME, CordonSettings)
     settings.bus.provision = False
@@ -1335,4 +1327,4 @@ async def _reset_breaker_command(settings: Settings) -> str:
     return f"cordon: circuit breaker reset (KV {config.breaker.bucket}/breaker)"
 
 
-standalone = Standalone(build, admin={"reset-breaker": _reset_breaker_command})
+component, standalone = one_daemon(NAME, build, admin={"reset-breaker": _reset_breaker_command})

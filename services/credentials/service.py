@@ -56,7 +56,7 @@ from nodeward.kube import (
 )
 from nodeward.kube.base import Obj, copied
 from nodeward.kube.secrets import decode
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.credentials import (
     CredentialDue,
@@ -730,10 +730,4 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    """The credentials service under its own ServiceAccount (`nodeward-credentials`)."""
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)

@@ -41,7 +41,7 @@ from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
 from nodeward.kube.objects import PodView
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
@@ -731,9 +731,4 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)

@@ -55,7 +55,7 @@ from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.errors import CheckpointFailed, Forbidden
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, PodRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
@@ -1291,9 +1291,4 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)

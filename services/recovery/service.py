@@ -45,7 +45,7 @@ from nodeward.daemon import Daemon
 from nodeward.durations import Duration
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest, ControlStatus
@@ -1136,9 +1136,4 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)

@@ -46,7 +46,7 @@ import json
 
 from nodeward.config import Settings
 from nodeward.daemon import Daemon
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.platform import acting_daemon, one_daemon
 from services.throwaway.access import ACCESS
 
 NAME = "throwaway"
@@ -69,12 +69,7 @@ async def build(settings: Settings) -> Daemon:
     return daemon
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    return [await build(context.settings_for(NAME))]
-
-
-component = Component(NAME, _build_for_up)
-standalone = Standalone(build)
+component, standalone = one_daemon(NAME, build)
 """,
     "view.py": """
 import json
