@@ -1,7 +1,7 @@
 """A lease in a KV bucket (`nodeward.bus.kv.Lease`): key `lease.<name>`, one holder at a time.
 
 Services keep theirs in their own bucket: the credentials service one per credential it
-renews (`schemas.state.credentials.LOCKS`), the checkpoint service its workflow's.
+renews (`services.credentials.state.LOCKS`), the checkpoint service its workflow's.
 """
 
 from __future__ import annotations

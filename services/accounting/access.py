@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
-from schemas.state.accounting import BUCKET
+from services.accounting.state import BUCKET
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access("accounting", frozenset({"pods.get", "nodes.get"}))

@@ -1,7 +1,7 @@
 """What `nodeward report` shows: the accounting rollups summed per namespace, owner, node or
 GPU model over whole hours, with the time no energy reading covers shown as a gap.
 
-Pure: it takes the records `services.accounting` keeps (`schemas/state/accounting.py`);
+Pure: it takes the records `services.accounting` keeps (`services/accounting/state.py`);
 `services.accounting.show` reads them and prints this.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from schemas.state.accounting import HOUR, NO_NODE, IdlePeriod, NodeHour, UsageCell, hour_of
+from services.accounting.state import HOUR, NO_NODE, IdlePeriod, NodeHour, UsageCell, hour_of
 
 By = Literal["namespace", "owner", "node", "model"]
 J_PER_KWH = 3_600_000.0

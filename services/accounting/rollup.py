@@ -7,7 +7,7 @@ from datetime import datetime
 
 from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod
 from schemas.session import SessionIdle
-from schemas.state.accounting import HOUR, IdlePeriod, NodeHour, UsageCell, hour_of
+from services.accounting.state import HOUR, IdlePeriod, NodeHour, UsageCell, hour_of
 
 
 def carbon_label(carbon: CarbonIntensity) -> str:

@@ -5,7 +5,7 @@ node's interval, for what its readings cover), `session.>` (GPU utilisation samp
 periods), the culler's audit records (`remediation.warn.>`, `remediation.stop.>`: sessions
 warned and stopped) and `node.>` (node findings, told to on-call once per change).
 
-Each event is added to its KV record, hourly per pod and node (`schemas/state/accounting.py`;
+Each event is added to its KV record, hourly per pod and node (`services/accounting/state.py`;
 a node interval across two hours to each, by time), together with its event id in one
 revision-checked write: a redelivery or a restart finds its id and adds nothing. An idle period is kept as its start and the longest idle time
 reported, so a repeat changes nothing either. Who a pod is charged to (its
@@ -41,7 +41,17 @@ from schemas.node import FindingState, NodeFinding
 from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.session import SessionActivity, SessionIdle
-from schemas.state.accounting import (
+from services.accounting.access import ACCESS
+from services.accounting.rollup import (
+    add_node_interval,
+    add_pod_energy,
+    add_session_action,
+    add_utilisation,
+    extend_idle,
+    midpoint,
+    node_hours,
+)
+from services.accounting.state import (
     BUCKET,
     NO_NODE,
     FindingRecord,
@@ -56,16 +66,6 @@ from schemas.state.accounting import (
     period_token,
     pod_key,
     usage_key,
-)
-from services.accounting.access import ACCESS
-from services.accounting.rollup import (
-    add_node_interval,
-    add_pod_energy,
-    add_session_action,
-    add_utilisation,
-    extend_idle,
-    midpoint,
-    node_hours,
 )
 from services.kernel import Proposal, acting
 

@@ -19,8 +19,8 @@ from nodeward.bus.snapshot import kv_entries
 from nodeward.cli.common import bucket_name, connect_nats, fail, table_console
 from nodeward.config import Settings
 from schemas.state import Bucket
-from schemas.state.accounting import IDLE, NODE_HOURS, USAGE
 from services.accounting.report import By, Row, Window, build, gap_text, to_csv, to_json
+from services.accounting.state import IDLE, NODE_HOURS, USAGE
 
 FORMATS = ("table", "csv", "json")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
-from schemas.state.credentials import LOCKS
+from services.credentials.state import LOCKS
 from services.kernel.access import PUBLISHES
 
 ACCESS = Access(

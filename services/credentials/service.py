@@ -15,7 +15,7 @@ services/credentials/secret.py). Two roles run in every replica:
   stands; otherwise the renewal is written onto the newer version.
 
 Annotations `nodeward.io/credential-*` record status, expiry and last renewal, and so does
-each credential's record in KV (`schemas.state.credentials.CREDENTIALS`, for `nodeward
+each credential's record in KV (`services.credentials.state.CREDENTIALS`, for `nodeward
 status`). Outcomes are `credentials.renewed.v1` / `credentials.failed.v1` events and audit
 records. What only
 the owner can mend (renewable life ending, `invalid_grant`, a refused keytab, clock skew,
@@ -67,7 +67,6 @@ from schemas.credentials import (
 from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
-from schemas.state.credentials import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
 from services.credentials import oauth2
 from services.credentials.access import ACCESS
 from services.credentials.schedule import Scheduler, Timing, due_at
@@ -89,6 +88,7 @@ from services.credentials.secret import (
     read,
     stamp,
 )
+from services.credentials.state import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
 from services.kernel import OwnerNotice, Proposal, acting, per_action, table, tell_owner
 from services.kernel.severities import FAILURE_WARNS, QUIET
 

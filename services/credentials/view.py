@@ -19,8 +19,8 @@ from nodeward.config import Settings
 from nodeward.durations import format_age
 from nodeward.views import Row, Shown, decoded, records
 from schemas.credentials import CredentialFailed, CredentialRenewed
-from schemas.state.credentials import LOCKS
 from schemas.state.lease import LeaseRecord
+from services.credentials.state import LOCKS
 
 SECTION = "credentials"
 LISTED = 10

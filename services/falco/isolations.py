@@ -38,7 +38,7 @@ from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
 from schemas.falco import ISOLATE_LABEL
 from schemas.notify import Severity
-from schemas.state.falco import ISOLATIONS, IsolationRecord, isolation_key
+from services.falco.state import ISOLATIONS, IsolationRecord, isolation_key
 from services.kernel import ActionRunner, Proposal
 
 ACTION = "isolate"

@@ -54,7 +54,6 @@ from schemas.common import ObjectRef, dns_label, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.falco import ISOLATE_LABEL, FalcoAlert
 from schemas.remediation import Outcome, Remediation
-from schemas.state.falco import IsolationRecord
 from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
 from services.falco.actions.isolate import isolated, isolation_of, lift
@@ -63,6 +62,7 @@ from services.falco.ingest import Ingest, IngestError
 from services.falco.isolations import Isolations
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
 from services.falco.settings import ACTOR, NAME, FalcoSettings
+from services.falco.state import IsolationRecord
 from services.kernel import (
     ActionRunner,
     CircuitBreaker,

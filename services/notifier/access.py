@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
-from schemas.state.notifier import SETTLED
+from services.notifier.state import SETTLED
 
 ACCESS = Access(
     "notifier",

@@ -46,8 +46,6 @@ from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification, Severity
-from schemas.state.notifier import SETTLED
-from schemas.state.notifier import Settled as SettledRecord
 from services.kernel import DedupWindow
 from services.notifier.access import ACCESS
 from services.notifier.channels import (
@@ -83,6 +81,8 @@ from services.notifier.routing import (
     load_routes,
 )
 from services.notifier.speakers import refusal
+from services.notifier.state import SETTLED
+from services.notifier.state import Settled as SettledRecord
 
 NAME = "notifier"
 SOURCE = "service/notifier"

@@ -20,7 +20,7 @@ from typing import Any
 import nats
 import pytest
 
-from schemas.state.credentials import CREDENTIALS, CredentialRecord
+from services.credentials.state import CREDENTIALS, CredentialRecord
 from tests.e2e.platform import running_up
 from tests.e2e.test_cli import wait_until
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.remediation import Outcome
-from schemas.state.accounting import hour_of
+from services.accounting.state import hour_of
 from tests.conftest import wait_for
 from tests.integration.accounting_fixtures import A100, H100, AccountingEnv, EnvFactory
 

@@ -19,7 +19,7 @@ from nodeward.fleet_status import Buckets, gather_status
 from schemas.control import ControlRequest, ControlStatus
 from schemas.falco import ISOLATE_LABEL
 from schemas.remediation import Outcome, Remediation
-from schemas.state.falco import ISOLATIONS, IsolationRecord, isolation_key
+from services.falco.state import ISOLATIONS, IsolationRecord, isolation_key
 from tests.conftest import wait_for
 from tests.integration.falco_fixtures import DROP_AND_EXECUTE, EnvFactory, FalcoEnv
 

@@ -45,11 +45,11 @@ from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord, Quarantine
-from schemas.state.credentials import LOCKS
 from schemas.state.culler import SESSIONS, SessionRecord
 from schemas.state.lease import LeaseRecord
 from schemas.state.maintenance import MAINTENANCES, MaintenanceState, PodPlan
 from schemas.state.marks import MarkEntry, MarkIntent, MarkSpec, intents
+from services.credentials.state import LOCKS
 from tests.conftest import wait_for
 from tests.e2e.test_cli import run
 from tests.integration.cordon_fixtures import EnvFactory, failed
@@ -420,7 +420,7 @@ async def test_status_shows_credential_renewals_and_the_locks_held(
     own_bus: Bus, own_nats: EmbeddedNats
 ) -> None:
     """The newest outcome per credential from the CREDENTIALS stream, and a renewal in
-    progress from the renewers' locks in KV (`schemas.state.credentials.LOCKS`)."""
+    progress from the renewers' locks in KV (`services.credentials.state.LOCKS`)."""
     now = datetime.now(UTC)
     kind = CredentialKind.OAUTH2
     await own_bus.publish_many(

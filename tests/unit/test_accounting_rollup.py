@@ -8,9 +8,9 @@ import pytest
 
 from schemas.energy import EnergyNode, Interval
 from schemas.session import IdleEvidence, SessionIdle, SessionKind
-from schemas.state.accounting import IdlePeriod, NodeHour, UsageCell
 from services.accounting.report import Window, build, to_csv
 from services.accounting.rollup import add_node_interval, extend_idle, node_hours
+from services.accounting.state import IdlePeriod, NodeHour, UsageCell
 
 H = datetime(2026, 11, 30, 14, tzinfo=UTC)
 MIN = timedelta(minutes=1)

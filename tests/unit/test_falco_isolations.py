@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from schemas.falco import ISOLATE_LABEL
-from schemas.state.falco import ISOLATIONS, IsolationRecord, isolation_key
 from services.falco.isolations import ended
+from services.falco.state import ISOLATIONS, IsolationRecord, isolation_key
 
 NOW = datetime(2026, 8, 20, 14, 30, tzinfo=UTC)
 

@@ -358,7 +358,7 @@ async def test_templates_check_and_a_broken_replacement(tmp_path: Path) -> None:
 
 
 def test_settled_marks_keep_to_kv_key_characters() -> None:
-    from schemas.state.notifier import SETTLED
+    from services.notifier.state import SETTLED
 
     assert SETTLED.key("01a228f2-9ea8-7a77", "oncall") == "ev.01a228f2-9ea8-7a77.oncall"
     odd = SETTLED.key("id with spaces/and.dots*", "oncall")
