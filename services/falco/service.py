@@ -48,7 +48,7 @@ from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import ConfigError, Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster, NotFound
-from nodeward.platform import Component, Standalone, UpContext, bus_daemon
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef, dns_label, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
@@ -507,18 +507,17 @@ async def assemble(settings: Settings) -> Assembled:
             Ingest.check(config.ingest)
         except IngestError as exc:
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
-    daemon, bus = await bus_daemon(NAME, settings, source=ACTOR, consumers=len(config.lanes()))
-    cluster = Cluster.connect(settings.cluster, access=ACCESS)
-    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
+    daemon, bus, cluster = await acting_daemon(
+        NAME, settings, source=ACTOR, access=ACCESS, consumers=len(config.lanes())
+    )
     ingest: Ingest | None = None
 
-    async def close() -> None:
+    async def stop_ingest() -> None:
         if ingest is not None:
             await ingest.stop()
-        await bus.close(grace=grace)
-        await cluster.close()
 
-    daemon.add_shutdown_hook(close)
+    # Hooks run last-added first: the ingest stops before the bus and the cluster close.
+    daemon.add_shutdown_hook(stop_ingest)
     kv = await bus.kv(
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
@@ -560,7 +559,8 @@ async def assemble(settings: Settings) -> Assembled:
             )
             await ingest.start()
         except IngestError as exc:
-            await close()
+            await bus.close(grace=1)
+            await cluster.close()
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
 
     async def consume() -> None:
