@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,25 @@ def exported(ref: str) -> Iterator[Path]:
         ).stdout
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(tmp, filter="data")
+        _metadata(Path(tmp))
         yield Path(tmp)
+
+
+def _metadata(tree: Path) -> None:
+    """The tree's own entry points, as an install of it would write them: a `nodeward`
+    dist-info at its root, which (first on `PYTHONPATH`) shadows the installed one, so a
+    baseline runs with the services, agents and components it registered, not this tree's."""
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    dist = tree / "nodeward-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nodeward\nVersion: 0.0.0\n")
+    groups = project.get("entry-points", {})
+    (dist / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
+            for group, entries in groups.items()
+        )
+    )
 
 
 def xid79(node: str, sequence: int = 1) -> Any:

@@ -186,6 +186,8 @@ class Live:
         self.ready = asyncio.Event()
         self._rows: dict[str, Message] = {}
         self._isolated: dict[str, Message] = {}
+        self._said: list[Message] = []
+        """The fleet's rows from the services' views, as last sent."""
         # Core subscriptions see every publish, also those JetStream drops as duplicates
         # (an alert from Falcosidekick and the ingest, an audit published again): one each.
         self._heard: deque[str] = deque(maxlen=4096)
@@ -414,7 +416,10 @@ class Live:
         self._read_seconds.set(self.read_s)
         rows = {n.name: row_of(n, self.model(n.name)) for n in fleet.nodes}
         isolated = {i.pod: isolated_row(i) for n in fleet.nodes for i in n.isolated}
+        said = [r.model_dump(include={"section", "text", "severity"}) for r in fleet.rows]
         if not first:
+            if said != self._said:
+                self.broadcast({"t": "rows", "rows": said})
             for name, row in rows.items():
                 if self._rows.get(name) != row:
                     self.broadcast(row)
@@ -427,6 +432,7 @@ class Live:
                 self.broadcast({"t": "released", "pod": pod})
         self._rows = rows
         self._isolated = isolated
+        self._said = said
         if first:
             self.log.info("console.read", nodes=len(rows), seconds=round(self.read_s, 3))
         self.ready.set()

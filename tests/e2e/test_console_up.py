@@ -286,3 +286,50 @@ def test_an_escalated_node_says_so_at_the_top_and_its_gpus_name_their_pods(
         return not page.locator("#escalated").count()
 
     wait_until(gone, timeout=30, what="the banner gone after the release")
+
+
+async def _publish_failed(nats: str, error: str) -> None:
+    from nodeward.bus import Bus
+    from nodeward.config import BusSettings
+    from schemas.base import make_event
+    from schemas.credentials import CredentialFailed, CredentialKind
+
+    bus = await Bus.connect(BusSettings(url=nats, provision=False), source="test/credentials")
+    try:
+        failed = CredentialFailed(
+            namespace="ml-escape",
+            secret="eve-oauth",
+            kind=CredentialKind.OAUTH2,
+            error=error,
+            retryable=False,
+        )
+        await bus.publish(make_event(failed, source="service/credentials"))
+    finally:
+        await bus.close(grace=2)
+
+
+def test_a_service_views_rows_show_live_on_the_fleet_page_as_text(
+    up: Up, chromium: Any, tmp_path: Path
+) -> None:
+    """The credentials service's view (`services/credentials/view.py`): a failed renewal
+    joins its `credentials` rows on the open fleet page over the event stream, its hostile
+    error shown as text, and again as the server draws it."""
+    page = chromium.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(up.endpoints["console_url"], wait_until="domcontentloaded")
+    page.locator("body[data-live=on]").wait_for(timeout=5000)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _publish_failed(up.endpoints["nats_url"], HOSTILE)).result(10)
+    failed = page.locator("#fleet-rows li[data-severity=critical]", has_text="ml-escape/eve-oauth")
+    failed.first.wait_for(timeout=10000)  # arrived over the event stream
+    assert failed.first.inner_text().endswith(HOSTILE)
+    assert "1 failed" in page.locator("#fleet-rows").inner_text()
+    page.reload(wait_until="domcontentloaded")
+    drawn = page.locator("#fleet-rows li", has_text="ml-escape/eve-oauth").first
+    drawn.wait_for(timeout=5000)
+    assert drawn.inner_text().endswith(HOSTILE)
+    assert page.locator("#fleet-rows script, #fleet-rows img").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert dialogs == []
+    screenshot(page, tmp_path, "fleet-rows")

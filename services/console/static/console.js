@@ -146,6 +146,34 @@
     }
   }
 
+  // What the services' views say of the fleet (`nodeward.views`), redrawn whole.
+  function rows(m) {
+    if (!byId("shown")) { return; }  // the fleet page only
+    let box = byId("fleet-rows");
+    if (!box) {
+      box = document.createElement("section");
+      box.className = "rows";
+      box.id = "fleet-rows";
+      document.querySelector("section.summary").after(box);
+    }
+    box.replaceChildren();
+    let list = null;
+    let said = null;
+    m.rows.forEach(function (r) {
+      if (r.section !== said) {
+        said = r.section;
+        const h = document.createElement("h2");
+        h.textContent = r.section;
+        list = document.createElement("ul");
+        box.append(h, list);
+      }
+      const li = document.createElement("li");
+      li.dataset.severity = r.severity;
+      li.textContent = r.text;
+      list.append(li);
+    });
+  }
+
   const handlers = {
     gpu: function (m) {
       gpu(m.node, m.gpu, m.state);
@@ -158,6 +186,7 @@
     dead: dead,
     isolated: isolated,
     released: released,
+    rows: rows,
     fleet: function () { if (byId("shown")) { tell("Nodes joined or left the fleet: reload to see them."); } },
   };
 
