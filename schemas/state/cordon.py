@@ -62,40 +62,6 @@ class GpuRecord(BaseModel):
         )
 
 
-def restates(prior: GpuRecord | None, health: GpuHealth) -> bool:
-    """True if `health` is the state already accepted, said again: the same agent boot and
-    sequence (a change that a heartbeat past its grace restated first, arriving late)."""
-    return (
-        prior is not None
-        and health.agent_boot_id is not None
-        and health.agent_boot_id == prior.boot_id
-        and health.sequence == prior.sequence
-    )
-
-
-def is_stale(
-    prior: GpuRecord | None, health: GpuHealth, event_id: str, *, skew_s: float = 0.0
-) -> bool:
-    """True if `health` is older than the event already accepted for this GPU.
-
-    Within one agent boot the sequence decides; across boots (or without sequences) the
-    observation time does, within `skew_s` (the bus's `max_clock_skew`): two clocks can
-    disagree by that much, so an event of another boot is stale only if it was observed
-    more than `skew_s` before the accepted one (within it, the bus's order decides). The
-    very event already accepted (a redelivery) and the same state said again (`restates`)
-    are not stale.
-    """
-    if prior is None or prior.event_id == event_id or restates(prior, health):
-        return False
-    if (
-        health.agent_boot_id is not None
-        and health.agent_boot_id == prior.boot_id
-        and health.sequence != prior.sequence
-    ):
-        return health.sequence < prior.sequence
-    return (prior.observed_at - health.observed_at).total_seconds() > skew_s
-
-
 def physical_gpu(key: str) -> str:
     """The physical GPU a GPU key names: `3` for GPU 3 and for each of its MIG instances
     (`3-mig1-0`). One incident, one decision per physical GPU."""
@@ -107,12 +73,6 @@ def first_of_gpu(key: str, keys: Iterable[str]) -> str | None:
     GPU, one of its MIG instances), or None."""
     gpu = physical_gpu(key)
     return next((k for k in keys if physical_gpu(k) == gpu), None)
-
-
-def speaks_for(key: str, keys: Iterable[str]) -> bool:
-    """True if `key` is the first of `keys` on its physical GPU: the key whose decisions
-    are audited; the GPU's other keys join its incident quietly."""
-    return first_of_gpu(key, keys) in (key, None)
 
 
 class Quarantine(BaseModel):

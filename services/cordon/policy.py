@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nodeward.yamlfile import load_model
 from schemas.gpu import GpuHealth, HealthState, RecommendedAction
+from schemas.state.cordon import GpuRecord, first_of_gpu
 
 DEFAULT_POLICY = "policy.yaml"
 
@@ -143,3 +145,46 @@ def load_policy(path: Path | None = None) -> Policy:
     """The policy at `path`, or the default one shipped with nodeward."""
     shipped = resources.files("services.cordon").joinpath(DEFAULT_POLICY)
     return load_model(Policy, path, shipped=shipped, what="policy", error=PolicyError)
+
+
+# -- what a GPU's new health means against what was accepted ----------------------
+
+
+def restates(prior: GpuRecord | None, health: GpuHealth) -> bool:
+    """True if `health` is the state already accepted, said again: the same agent boot and
+    sequence (a change that a heartbeat past its grace restated first, arriving late)."""
+    return (
+        prior is not None
+        and health.agent_boot_id is not None
+        and health.agent_boot_id == prior.boot_id
+        and health.sequence == prior.sequence
+    )
+
+
+def is_stale(
+    prior: GpuRecord | None, health: GpuHealth, event_id: str, *, skew_s: float = 0.0
+) -> bool:
+    """True if `health` is older than the event already accepted for this GPU.
+
+    Within one agent boot the sequence decides; across boots (or without sequences) the
+    observation time does, within `skew_s` (the bus's `max_clock_skew`): two clocks can
+    disagree by that much, so an event of another boot is stale only if it was observed
+    more than `skew_s` before the accepted one (within it, the bus's order decides). The
+    very event already accepted (a redelivery) and the same state said again (`restates`)
+    are not stale.
+    """
+    if prior is None or prior.event_id == event_id or restates(prior, health):
+        return False
+    if (
+        health.agent_boot_id is not None
+        and health.agent_boot_id == prior.boot_id
+        and health.sequence != prior.sequence
+    ):
+        return health.sequence < prior.sequence
+    return (prior.observed_at - health.observed_at).total_seconds() > skew_s
+
+
+def speaks_for(key: str, keys: Iterable[str]) -> bool:
+    """True if `key` is the first of `keys` on its physical GPU: the key whose decisions
+    are audited; the GPU's other keys join its incident quietly."""
+    return first_of_gpu(key, keys) in (key, None)

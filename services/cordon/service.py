@@ -59,10 +59,7 @@ from schemas.state.cordon import (
     Quarantine,
     XidRepeats,
     first_of_gpu,
-    is_stale,
     node_key,
-    restates,
-    speaks_for,
 )
 from schemas.state.marks import MarkEntry, MarkIntent
 from schemas.tokens import token
@@ -79,7 +76,15 @@ from services.cordon.marks import (
     unschedulable,
     with_entry,
 )
-from services.cordon.policy import Decision, Policy, PolicyAction, load_policy
+from services.cordon.policy import (
+    Decision,
+    Policy,
+    PolicyAction,
+    is_stale,
+    load_policy,
+    restates,
+    speaks_for,
+)
 from services.cordon.xids import XidRepeatSettings, XidReports
 from services.kernel import (
     BreakerSettings,

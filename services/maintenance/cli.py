@@ -7,7 +7,7 @@ the cluster when a kubeconfig is at hand, else among the nodes whose agents spea
 bus) before it publishes `maintenance.requested`, and waits a little for the
 checkpoint service to take it or refuse it. `status` and `restore` read the service's
 records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
-(`schemas.state.maintenance.restore_plan`) to turn a pod's checkpoint archives into images
+(`services.maintenance.restore.restore_plan`) to turn a pod's checkpoint archives into images
 and run the pod elsewhere (it executes nothing). `finish` and `cancel` are operator
 controls (`nodeward.cli.controls`): requests the checkpoint service answers and audits.
 Typer only at import: the bus, the schemas, nats and yaml load when a command runs.
@@ -339,7 +339,7 @@ def render_restore(plan: dict[str, Any]) -> str:
 
 
 async def restore(settings: Settings, pod: str, registry: str, as_json: bool) -> None:
-    from schemas.state.maintenance import restorable, restore_plan
+    from services.maintenance.restore import restorable, restore_plan
 
     checked_pod(pod, "POD")
     bus = await connect_bus(settings)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from schemas.gpu import GpuHealth, HealthReason, HealthState, RecommendedAction
-from schemas.state.cordon import GpuRecord, NodeRecord, is_stale, restates
-from services.cordon.policy import PolicyAction, PolicyError, load_policy
+from schemas.state.cordon import GpuRecord, NodeRecord
+from services.cordon.policy import PolicyAction, PolicyError, is_stale, load_policy, restates
 from services.kernel import BreakerSettings, Cooldown, RateLimiter, RateLimitSettings, is_exempt
 from services.kernel.breaker import decide, limit_for
 

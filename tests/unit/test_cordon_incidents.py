@@ -23,12 +23,11 @@ from schemas.state.cordon import (
     Quarantine,
     first_of_gpu,
     physical_gpu,
-    speaks_for,
 )
 from schemas.state.recovery import Plan
 from schemas.xid import XidCatalog, load_catalog
 from services.cordon.devices import joined_exclusion
-from services.cordon.policy import PolicyAction, load_policy
+from services.cordon.policy import PolicyAction, load_policy, speaks_for
 from services.cordon.service import fault_details
 from services.recovery.policy import Kind, decide
 
