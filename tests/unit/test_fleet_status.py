@@ -317,3 +317,58 @@ def test_piped_tables_take_columns_from_the_environment(monkeypatch: object) -> 
     assert table_console().width == PIPE_WIDTH  # not a terminal here
     mp.setenv("COLUMNS", "80")
     assert table_console().width == 80
+
+
+def test_a_views_rows_join_their_node_and_its_attention_by_rank() -> None:
+    """Rows a service's view reads (`nodeward.views.Row`): one about a node joins that node
+    (which then exists in the picture even if nothing else knows it), its attention ranked
+    with the runtime's own; a fleet row is the fleet's. Both are drawn under their section."""
+    from nodeward.cli.status import render_node
+    from nodeward.fleet_status import NodeReport
+    from nodeward.views import Row
+
+    seen = Seen(
+        rows=[
+            Row(section="probe", text="fleet-wide line", severity="ok"),
+            Row(
+                section="probe",
+                text="gpu-x needs a look",
+                node="gpu-x",
+                severity="critical",
+                attention="probe says gpu-x is on fire",
+                rank=0,
+            ),
+            Row(section="probe", text="gpu-y is fine", node="gpu-y"),
+        ]
+    )
+    health = [_health("gpu-y", 0, "degraded", NOW)]
+    fleet = assemble(
+        nats_url="nats://x",
+        now=NOW,
+        records={},
+        breaker=None,
+        health=health,
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=seen,
+    )
+    nodes = {n.name: n for n in fleet.nodes}
+    assert set(nodes) == {"gpu-x", "gpu-y"}
+    assert [r.text for r in nodes["gpu-x"].rows] == ["gpu-x needs a look"]
+    assert nodes["gpu-x"].attention[0] == "probe says gpu-x is on fire"
+    assert nodes["gpu-x"].rank == 0
+    # gpu-y's degraded GPU (rank 2) is its attention; its row asks for none.
+    assert nodes["gpu-y"].attention == ["GPU 0 degraded"]
+    assert [n.name for n in fleet.needing_attention()] == ["gpu-x", "gpu-y"]
+    assert [r.text for r in fleet.rows] == ["fleet-wide line"]
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    assert "probe: fleet-wide line" in console.export_text()
+    report = NodeReport(nats_url="nats://x", at=NOW, node=nodes["gpu-x"], recent_actions=[])
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render_node(report))
+    text = console.export_text()
+    assert "probe: gpu-x needs a look" in text
+    assert "attention: probe says gpu-x is on fire" in text
