@@ -70,6 +70,12 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
     config: ConfigOpt = None,
 ) -> None:
     """Run the whole platform in one process: NATS, the sim cluster, every agent and service."""
+    from nodeward.plugin import PluginError, services
+
+    try:  # every registered service runs: one that does not load stops `up`, in one line
+        services()
+    except PluginError as exc:
+        raise CliError(str(exc)) from None
     from launch.demo import (
         demo_settings,
         hint_command,

@@ -15,7 +15,7 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon, install_signal_handlers, serve
 from nodeward.kube import Access, Cluster
-from nodeward.plugin import resolve, services
+from nodeward.plugin import names, resolve, service, services
 
 
 class BusNotAnswering(RuntimeError):
@@ -135,10 +135,6 @@ class Standalone:
     admin: Mapping[str, Callable[[Settings], Awaitable[str]]] = field(default_factory=dict)
 
 
-def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
-    return sorted(_standalone_refs(kind))
-
-
 def one_daemon(
     name: str,
     build: Callable[[Settings], Awaitable[Daemon]],
@@ -154,21 +150,27 @@ def one_daemon(
     return Component(name, for_up), Standalone(build, admin=dict(admin or {}))
 
 
-def _standalone_refs(kind: Literal["agent", "service"]) -> dict[str, str]:
-    """Name -> where its Standalone is: the services' plugins, the `nodeward.agents` group."""
+def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
     if kind == "service":
-        return {p.name: p.ref(p.standalone) for p in services()}
-    return {e.name: e.value for e in entry_points(group="nodeward.agents")}
+        return names()
+    return sorted(e.name for e in entry_points(group="nodeward.agents"))
 
 
 def standalone(kind: Literal["agent", "service"], name: str) -> Standalone:
-    refs = _standalone_refs(kind)
-    if name not in refs:
-        known = ", ".join(sorted(refs)) or "none"
-        raise LookupError(f"no {kind} named {name!r} (known: {known})")
-    found = resolve(refs[name])
+    """What `nodeward agent|service NAME` runs; LookupError if nothing is registered as
+    `name`, PluginError if its plugin does not load."""
+    if kind == "service":
+        plugin = service(name)
+        ref = plugin.ref(plugin.standalone)
+    else:
+        refs = {e.name: e.value for e in entry_points(group="nodeward.agents")}
+        if name not in refs:
+            known = ", ".join(sorted(refs)) or "none"
+            raise LookupError(f"no agent named {name!r} (known: {known})")
+        ref = refs[name]
+    found = resolve(ref)
     if not isinstance(found, Standalone):
-        raise TypeError(f"{kind} {name} ({refs[name]}) is not a nodeward Standalone")
+        raise TypeError(f"{kind} {name} ({ref}) is not a nodeward Standalone")
     return found
 
 

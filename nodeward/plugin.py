@@ -63,33 +63,55 @@ def resolve(ref: str) -> Any:
     return getattr(found, attribute) if attribute else found
 
 
+class PluginError(Exception):
+    """A registered service whose plugin does not load, said in one line."""
+
+    def __init__(self, entry: EntryPoint, why: str) -> None:
+        super().__init__(f"service {entry.name} ({entry.value}) does not load: {why}")
+        self.entry = entry
+        self.why = why
+
+
 def _load(entry: EntryPoint) -> ServicePlugin:
-    found = entry.load()
+    try:
+        found = entry.load()
+    except Exception as exc:
+        raise PluginError(entry, " ".join(f"{type(exc).__name__}: {exc}".split())) from exc
     if not isinstance(found, ServicePlugin):
-        raise TypeError(f"{entry.value} is a {type(found).__name__}, not a ServicePlugin")
+        raise PluginError(entry, f"a {type(found).__name__}, not a ServicePlugin")
     if found.name != entry.name:
-        raise TypeError(f"{entry.value} names itself {found.name!r}, registered as {entry.name!r}")
+        raise PluginError(entry, f"it names itself {found.name!r}")
     return found
 
 
-def services(broken: Callable[[EntryPoint, Exception], None] | None = None) -> list[ServicePlugin]:
-    """Every registered service, in name order. One that does not load raises, unless
-    `broken` is given: then it is told there and left out (the command line does so)."""
+def _entries() -> list[EntryPoint]:
+    return sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value))
+
+
+def names() -> list[str]:
+    """The registered services' names, none of them loaded."""
+    return sorted({e.name for e in _entries()})
+
+
+def services(broken: Callable[[PluginError], None] | None = None) -> list[ServicePlugin]:
+    """Every registered service, in name order. One that does not load raises
+    `PluginError`, unless `broken` is given: then it is told there and left out (the
+    command line does so)."""
     found = []
-    for entry in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
+    for entry in _entries():
         try:
             found.append(_load(entry))
-        except Exception as exc:
+        except PluginError as exc:
             if broken is None:
                 raise
-            broken(entry, exc)
+            broken(exc)
     return found
 
 
 def service(name: str) -> ServicePlugin:
-    """The registered service `name`; LookupError naming the known ones if none."""
-    for plugin in services():
-        if plugin.name == name:
-            return plugin
-    known = ", ".join(p.name for p in services()) or "none"
-    raise LookupError(f"no service named {name!r} (known: {known})")
+    """The registered service `name`, loading no other (a broken plugin of another service
+    does not stop this one); LookupError naming the known ones if none."""
+    for entry in _entries():
+        if entry.name == name:
+            return _load(entry)
+    raise LookupError(f"no service named {name!r} (known: {', '.join(names()) or 'none'})")

@@ -408,9 +408,11 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
     if kubeconfig is not None:
         settings.cluster.kubeconfig = kubeconfig
     if reset_breaker:
+        from nodeward.plugin import PluginError
+
         try:
             command = standalone("service", name).admin.get("reset-breaker")
-        except LookupError as exc:
+        except (LookupError, PluginError) as exc:
             raise CliError(str(exc)) from None
         if command is None:
             raise CliError(f"service {name} has no circuit breaker")

@@ -30,11 +30,12 @@ def run_daemon(
     from nodeward.daemon import DaemonError
     from nodeward.kube.errors import KubeError
     from nodeward.platform import run_standalone, standalone
+    from nodeward.plugin import PluginError
 
     daemon_logging(ctx, settings)
     try:
         standalone(kind, name)
-    except LookupError as exc:
+    except (LookupError, PluginError) as exc:
         raise CliError(str(exc)) from None
     try:
         asyncio.run(run_standalone(kind, name, settings))

@@ -19,11 +19,10 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Iterable
-from importlib.metadata import EntryPoint
 
 import typer
 
-from nodeward.plugin import resolve, services
+from nodeward.plugin import PluginError, resolve, services
 
 
 def _taken(app: typer.Typer) -> set[str]:
@@ -42,8 +41,8 @@ def _said(what: str, why: str) -> None:
     print(f"nodeward: {what} left out: {said}", file=sys.stderr)
 
 
-def _broken_plugin(entry: EntryPoint, exc: Exception) -> None:
-    _said(f"service {entry.name} ({entry.value})", f"{type(exc).__name__}: {exc}")
+def _broken_plugin(exc: PluginError) -> None:
+    _said(f"service {exc.entry.name} ({exc.entry.value})", exc.why)
 
 
 def registered() -> list[tuple[str, str]]:

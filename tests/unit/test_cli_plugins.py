@@ -137,3 +137,32 @@ def test_a_broken_plugin_leaves_the_rest_of_the_command_line_working(tmp_path: P
     err = run.stderr.splitlines()
     assert len(err) == 3 and err[0].startswith("nodeward: service broken")
     assert "not a Kubernetes node name" in err[2]
+
+
+def test_a_broken_plugin_stops_only_what_runs_it(tmp_path: Path) -> None:
+    """Its own daemon and `up` (which runs every service) refuse in one line; another
+    service's daemon (a Pod's `nodeward service cordon`) loads no other plugin and starts."""
+    (tmp_path / "broken_nodeward_plugin.py").write_text("raise RuntimeError('broken\\nplugin')\n")
+    dist = tmp_path / "broken_nodeward_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: broken-nodeward-plugin\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nbroken = broken_nodeward_plugin:SERVICE\n")
+    said = (
+        "service broken (broken_nodeward_plugin:SERVICE) does not load: RuntimeError: broken plugin"
+    )
+    run = _nodeward("service", "broken", pythonpath=tmp_path)
+    assert run.returncode != 0
+    assert run.stderr.splitlines()[-1] == f"nodeward: error: {said}", run.stderr
+    run = _nodeward("up", "--state-dir", str(tmp_path / "state"), pythonpath=tmp_path)
+    assert run.returncode != 0
+    assert run.stderr.splitlines()[-1] == f"nodeward: error: {said}", run.stderr
+    code = "from nodeward.platform import standalone; print(standalone('service', 'cordon'))"
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.returncode == 0 and run.stdout.startswith("Standalone("), run.stderr[-2000:]
