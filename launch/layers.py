@@ -10,8 +10,9 @@ are ours to lint; a service another distribution registers is left to its own ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, ClassVar
 
 from importlinter.contracts.forbidden import ForbiddenContract
 from importlinter.contracts.independence import IndependenceContract
@@ -37,32 +38,35 @@ def _roots(session_options: dict[str, Any]) -> list[str]:
     return [str(r) for r in roots if r]
 
 
-class ServicesIndependent(IndependenceContract):
+class _Derived:
+    """A contract whose `KEY` option is filled with `listed(roots)` before it is parsed."""
+
+    KEY: ClassVar[str]
+    listed: ClassVar[Callable[[list[str] | None], list[str]]]
+
+    def __init__(
+        self, name: str, session_options: dict[str, Any], contract_options: dict[str, Any]
+    ) -> None:
+        options = {**contract_options, self.KEY: type(self).listed(_roots(session_options))}
+        super().__init__(name, session_options, options)  # type: ignore[call-arg]
+
+
+class ServicesIndependent(_Derived, IndependenceContract):
     """`independence` over every registered service's package: no service imports another."""
 
-    def __init__(
-        self, name: str, session_options: dict[str, Any], contract_options: dict[str, Any]
-    ) -> None:
-        modules = service_packages(_roots(session_options))
-        super().__init__(name, session_options, {**contract_options, "modules": modules})
+    KEY = "modules"
+    listed = staticmethod(service_packages)
 
 
-class AgentsIndependent(IndependenceContract):
+class AgentsIndependent(_Derived, IndependenceContract):
     """`independence` over every registered agent's package."""
 
-    def __init__(
-        self, name: str, session_options: dict[str, Any], contract_options: dict[str, Any]
-    ) -> None:
-        modules = agent_packages(_roots(session_options))
-        super().__init__(name, session_options, {**contract_options, "modules": modules})
+    KEY = "modules"
+    listed = staticmethod(agent_packages)
 
 
-class NoServiceImported(ForbiddenContract):
+class NoServiceImported(_Derived, ForbiddenContract):
     """`forbidden`: the `source_modules` import no registered service's package."""
 
-    def __init__(
-        self, name: str, session_options: dict[str, Any], contract_options: dict[str, Any]
-    ) -> None:
-        forbidden = service_packages(_roots(session_options))
-        options = {**contract_options, "forbidden_modules": forbidden}
-        super().__init__(name, session_options, options)
+    KEY = "forbidden_modules"
+    listed = staticmethod(service_packages)
