@@ -2,11 +2,11 @@
 
 Read-only. Every KV record is read with the record type and bucket declaration its writer
 uses (`schemas.state`): the cordon service's nodes and breaker, the maintenance workflow,
-each owner's node marks, the culler's sessions, the energy totals, the credential locks.
-Streams give each subject's last message: GPU health (a node's last heartbeat and the
-changes since), telemetry, energy, sessions (agent liveness), isolations on the audit
-trail, credential outcomes. Each source is read in one pass (`nodeward.bus.snapshot`), all
-of them concurrently.
+each owner's node marks, the culler's sessions, the energy totals. Streams give each
+subject's last message: GPU health (a node's last heartbeat and the changes stored since),
+telemetry, energy, sessions (agent liveness), isolations on the audit trail. Each
+registered service's view (`nodeward.views`) adds its rows. Each source is read in one pass
+(`nodeward.bus.snapshot`), all of them concurrently.
 """
 
 from __future__ import annotations

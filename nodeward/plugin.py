@@ -48,13 +48,6 @@ class ServicePlugin:
     def load(self, relative: str) -> Any:
         return resolve(self.ref(relative))
 
-    @property
-    def modules(self) -> list[str]:
-        """The modules it names (what a Pod imports to run it, what the CLI mounts)."""
-        refs = [self.component, self.standalone, *self.commands.values()]
-        refs += [r for r in (self.access, self.view) if r is not None]
-        return sorted({self.ref(r).split(":")[0] for r in refs})
-
 
 def resolve(ref: str) -> Any:
     """The object a `module:attribute` reference names (the module itself without one)."""
