@@ -43,7 +43,9 @@ class ApiError(Exception):
 
 
 def _details(kind: str, name: str, group: str) -> dict[str, Any]:
-    return {"name": name, "group": group, "kind": kind} if group else {"name": name, "kind": kind}
+    """`metav1.StatusDetails`: an empty name or group is left out (`omitempty`)."""
+    details = {"name": name, "group": group, "kind": kind}
+    return {k: v for k, v in details.items() if v or k == "kind"}
 
 
 def not_found(resource: str, name: str, group: str = "") -> ApiError:

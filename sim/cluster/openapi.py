@@ -161,7 +161,8 @@ class _Kind:
 
 def _kinds() -> list[_Kind]:
     """The kinds documented: every served resource's kind and list kind in each version, the
-    review kinds, and the Eviction that pods/eviction takes."""
+    review kinds, the Eviction that pods/eviction takes and the TokenRequest of
+    serviceaccounts/token."""
     out: list[_Kind] = []
     for rt in RESOURCES:
         for version in rt.versions:
@@ -169,6 +170,7 @@ def _kinds() -> list[_Kind]:
             if "list" in rt.verbs:
                 out.append(_Kind(rt.group, version, f"{rt.kind}List"))
     out.append(_Kind("policy", "v1", "Eviction"))
+    out.append(_Kind("authentication.k8s.io", "v1", "TokenRequest"))
     return out
 
 
@@ -621,6 +623,28 @@ def _operations(defs: dict[str, str], apis: Apis) -> dict[str, dict[str, Any]]:
                 paths[f"{base}/{{name}}/status"] = {
                     **status,
                     "parameters": [_path_param("name", kind), *scope],
+                }
+            token_name = defs.get("authentication.k8s.io/v1/TokenRequest")
+            if "token" in rt.subresources and token_name:
+                token_ref = {"$ref": f"#/definitions/{token_name}"}
+                paths[f"{base}/{{name}}/token"] = {
+                    "post": op(
+                        "post",
+                        f"create{op_id}{scoped_kind}Token",
+                        f"create token of a {kind}",
+                        [
+                            {"name": "body", "in": "body", "required": True, "schema": token_ref},
+                            *writes,
+                        ],
+                        token_ref,
+                        code="201",
+                        _gvk={
+                            "group": "authentication.k8s.io",
+                            "kind": "TokenRequest",
+                            "version": "v1",
+                        },
+                    ),
+                    "parameters": [_path_param("name", "TokenRequest"), *scope],
                 }
     return paths
 

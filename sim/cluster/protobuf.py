@@ -1,7 +1,8 @@
 """The few Kubernetes protobuf bodies the sim cluster decodes.
 
 Recent kubectl sends some typed requests as `application/vnd.kubernetes.protobuf` (the
-reviews of `kubectl auth can-i`, `auth can-i --list` and `auth whoami`). The envelope is the magic
+reviews of `kubectl auth can-i`, `auth can-i --list` and `auth whoami`, the TokenRequest of
+`kubectl create token`; client-go's clients may send a TokenReview so). The envelope is the magic
 `k8s\\0` and a `runtime.Unknown` (typeMeta, raw); this module reads the wire format and
 turns the kinds below into the JSON form. Anything else is a 415, which clients see as
 "this server wants JSON".
@@ -39,6 +40,13 @@ _RESOURCE_ATTRIBUTES = {
     7: "name",
 }
 _NON_RESOURCE_ATTRIBUTES = {1: "path", 2: "verb"}
+_OBJECT_META = {1: "name", 2: "generateName", 3: "namespace", 5: "uid"}
+_BOUND_OBJECT_REFERENCE = {1: "kind", 2: "apiVersion", 3: "name", 4: "uid"}
+
+
+def _int64(value: int) -> int:
+    """A varint read as Go's int64 (two's complement)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _self_subject_access_review(raw: bytes) -> dict[str, Any]:
@@ -84,11 +92,61 @@ def _self_subject_review(version: str) -> Callable[[bytes], dict[str, Any]]:
     return decode
 
 
+def _token_request(raw: bytes) -> dict[str, Any]:
+    """`authentication/v1` TokenRequest: metadata 1, spec 2 (audiences 1, boundObjectRef 3,
+    expirationSeconds 4); its status is the server's to write."""
+    meta: dict[str, str] = {}
+    spec: dict[str, Any] = {}
+    for number, value in fields(raw):
+        if number == 1:
+            meta = _strings(value, _OBJECT_META)
+        elif number == 2:
+            for sub, inner in fields(value):
+                if sub == 1 and isinstance(inner, bytes):
+                    spec.setdefault("audiences", []).append(inner.decode())
+                elif sub == 3 and isinstance(inner, bytes):
+                    spec["boundObjectRef"] = _strings(inner, _BOUND_OBJECT_REFERENCE)
+                elif sub == 4 and isinstance(inner, int):
+                    spec["expirationSeconds"] = _int64(inner)
+    return {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "metadata": meta,
+        "spec": spec,
+    }
+
+
+def _token_review(version: str) -> Callable[[bytes], dict[str, Any]]:
+    """TokenReview: metadata 1, spec 2 (token 1, audiences 2)."""
+
+    def decode(raw: bytes) -> dict[str, Any]:
+        spec: dict[str, Any] = {}
+        for number, value in fields(raw):
+            if number != 2:
+                continue
+            for sub, inner in fields(value):
+                if sub == 1 and isinstance(inner, bytes) and inner:
+                    spec["token"] = inner.decode()
+                elif sub == 2 and isinstance(inner, bytes):
+                    spec.setdefault("audiences", []).append(inner.decode())
+        return {
+            "apiVersion": f"authentication.k8s.io/{version}",
+            "kind": "TokenReview",
+            "metadata": {},
+            "spec": spec,
+        }
+
+    return decode
+
+
 _DECODERS = {
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): _self_subject_access_review,
     ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): _self_subject_rules_review,
     ("authentication.k8s.io/v1", "SelfSubjectReview"): _self_subject_review("v1"),
     ("authentication.k8s.io/v1beta1", "SelfSubjectReview"): _self_subject_review("v1beta1"),
+    ("authentication.k8s.io/v1", "TokenRequest"): _token_request,
+    ("authentication.k8s.io/v1", "TokenReview"): _token_review("v1"),
+    ("authentication.k8s.io/v1beta1", "TokenReview"): _token_review("v1beta1"),
 }
 
 

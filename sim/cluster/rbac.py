@@ -31,6 +31,8 @@ class Identity:
     user: str
     groups: tuple[str, ...]
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24), compare=False)
+    uid: str = ""  # a ServiceAccount token's: the account's uid
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a ServiceAccount token's `extra`
 
     @property
     def superuser(self) -> bool:
@@ -361,7 +363,9 @@ def bootstrap_manifests() -> list[dict[str, Any]]:
     """The default roles every API server creates at start (the `rbac-defaults` of a 1.30
     server) that the sim's identities rely on: `cluster-admin` for `system:masters`, and for every
     authenticated user `system:basic-user` (the self reviews: `kubectl auth can-i`, `auth
-    whoami`), `system:discovery` and `system:public-info-viewer` (discovery, OpenAPI, health)."""
+    whoami`), `system:discovery` and `system:public-info-viewer` (discovery, OpenAPI, health);
+    and `system:auth-delegator` (TokenReviews and SubjectAccessReviews), bound to no one, for
+    a delegating authenticator's own binding."""
     health = ["/healthz", "/livez", "/readyz", "/version", "/version/"]
     roles: dict[str, list[dict[str, Any]]] = {
         "cluster-admin": [
@@ -389,6 +393,18 @@ def bootstrap_manifests() -> list[dict[str, Any]]:
             }
         ],
         "system:public-info-viewer": [{"nonResourceURLs": health, "verbs": ["get"]}],
+        "system:auth-delegator": [
+            {
+                "apiGroups": ["authentication.k8s.io"],
+                "resources": ["tokenreviews"],
+                "verbs": ["create"],
+            },
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["subjectaccessreviews"],
+                "verbs": ["create"],
+            },
+        ],
     }
     bound = {
         "cluster-admin": ["system:masters"],
@@ -414,6 +430,8 @@ def bootstrap_manifests() -> list[dict[str, Any]]:
                 "rules": rules,
             }
         )
+        if name not in bound:
+            continue
         docs.append(
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",

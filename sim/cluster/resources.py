@@ -114,7 +114,7 @@ RESOURCES: tuple[ResourceType, ...] = (
         storage=("events.k8s.io", "events"),
     ),
     ResourceType("", ("v1",), "secrets", "Secret", True, (), (), frozenset({"type"})),
-    ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",)),
+    ResourceType("", ("v1",), "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
     ResourceType("", ("v1",), "configmaps", "ConfigMap", True, ("cm",)),
     ResourceType(
         "", ("v1",), "services", "Service", True, ("svc",), ("status",), categories=("all",)
@@ -233,6 +233,15 @@ RESOURCES: tuple[ResourceType, ...] = (
         False,
         verbs=("create",),
     ),
+    # v1beta1 too: served up to 1.21.
+    ResourceType(
+        "authentication.k8s.io",
+        ("v1", "v1beta1"),
+        "tokenreviews",
+        "TokenReview",
+        False,
+        verbs=("create",),
+    ),
 )
 REVIEWS = frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews", "selfsubjectreviews"})
 
@@ -303,6 +312,18 @@ def sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
                     "group": "policy",
                     "version": "v1",
                     "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
+        elif sub == "token":
+            out.append(
+                {
+                    "name": "serviceaccounts/token",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "authentication.k8s.io",
+                    "version": "v1",
+                    "kind": "TokenRequest",
                     "verbs": ["create"],
                 }
             )

@@ -38,6 +38,7 @@ from sim.cluster import (
     rbac,
     resources,
     tables,
+    tokens,
     versions,
 )
 from sim.cluster.controllers import ControlPlane
@@ -225,11 +226,14 @@ class SimCluster:
         warnings_fail: bool | None = None,
         kube_version: str | None = None,
         enabled: Iterable[str] | None = None,
+        token_cache_ttl: float = tokens.CACHE_TTL,
     ) -> None:
         """`kube_version`: the release claimed (`1.33`; default `$NODEWARD_SIM_KUBE_VERSION`,
         else the client models' release), which decides the group-versions served, with the
         feature gates and runtime-config group-versions `enabled` (default
-        `versions.DEFAULT_ENABLED`). ValueError for a release the sim cannot claim."""
+        `versions.DEFAULT_ENABLED`). ValueError for a release the sim cannot claim.
+        `token_cache_ttl`: how long a ServiceAccount token that authenticated stays so without
+        being checked again (kube-apiserver's 10 s; 0: checked every time)."""
         claimed = kube_version or os.environ.get(KUBE_VERSION_ENV)
         self.apis = versions.Apis(versions.parse_version(claimed) if claimed else None, enabled)
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
@@ -237,6 +241,8 @@ class SimCluster:
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history=history)
+        self.tokens = tokens.Tokens(self.store, self.apis.minor, cache_ttl=token_cache_ttl)
+        """ServiceAccount tokens: TokenRequest, TokenReview, bearer authentication."""
         self.checkpoints: list[Checkpoint] = []
         self.checkpoint_delay = 0.0  # seconds each checkpoint takes, as CRIU dumping memory does
         # (identity, method, path, status) of the latest requests, for tests and debugging
@@ -402,10 +408,59 @@ class SimCluster:
     # --- request handling ----------------------------------------------------------------
 
     def _authenticate(self, request: web.Request) -> rbac.Identity | None:
+        """The bearer token's identity: one of the sim's own (as a token file's), else a
+        ServiceAccount token the sim issued, valid for the API server's audience; None (401)
+        otherwise."""
         header = request.headers.get("Authorization", "")
-        if header.lower().startswith("bearer "):
-            return self._by_token.get(header[7:].strip())
-        return None
+        if not header.lower().startswith("bearer "):
+            return None
+        token = header[7:].strip()
+        ident = self._by_token.get(token)
+        if ident is not None:
+            return ident
+        try:
+            found = self.tokens.authenticate(token)
+        except tokens.Refused:
+            return None
+        if found is None:
+            return None
+        user = found.user
+        return rbac.Identity(
+            user.username, user.username, user.groups, token, uid=user.uid, extra=user.extra
+        )
+
+    def pod_token(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        audience: str | None = None,
+        expiration_seconds: int | None = None,
+    ) -> str:
+        """The ServiceAccount token pod `namespace/pod`'s kubelet would mount: a TokenRequest
+        for the pod's account bound to the pod (with its uid), for `audience` (default: the
+        API server's) and `expiration_seconds` (default: 3607 for the API server, as the
+        `kube-api-access` volume asks; 3600, a projected volume's default, for another
+        audience). `ApiError` as the TokenRequest would answer."""
+        obj = self.store.get(resources.require("", "v1", "pods"), namespace, pod)
+        account = (obj.get("spec") or {}).get("serviceAccountName") or "default"
+        if expiration_seconds is None:
+            expiration_seconds = (
+                tokens.DEFAULT_EXPIRATION if audience else tokens.WARN_ONLY_EXPIRATION
+            )
+        spec: dict[str, Any] = {
+            "expirationSeconds": expiration_seconds,
+            "boundObjectRef": {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "name": pod,
+                "uid": obj["metadata"]["uid"],
+            },
+        }
+        if audience:
+            spec["audiences"] = [audience]
+        answer = self.tokens.request(namespace, account, {"spec": spec})
+        return str(answer["status"]["token"])
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         ident = self._authenticate(request)
@@ -507,9 +562,97 @@ class SimCluster:
                     "kind": route.rt.resource,
                 },
             )
+        if route.subresource == "token":
+            return await self._token_request(request, route)
+        if route.rt.resource == "tokenreviews":
+            return await self._token_review(request, route)
         if route.rt.resource in resources.REVIEWS:
             return await self._review(request, route, ident)
         return await self._serve(request, route, verb)
+
+    async def _token_request(self, request: web.Request, route: _Route) -> web.Response:
+        """`POST .../serviceaccounts/<name>/token`: a TokenRequest, answered with its token
+        (`sim.cluster.tokens`), 201."""
+        if request.method != "POST":
+            raise ApiError(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method on the requested resource",
+            )
+        dry_values = request.query.getall("dryRun", [])
+        if any(v != "All" for v in dry_values):
+            raise bad_request(
+                f"Invalid dry run value: {', '.join(dry_values)}: valid values are 'All'"
+            )
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be an object")
+        kind, api_version = body.get("kind"), body.get("apiVersion")
+        if kind and kind != "TokenRequest":
+            raise bad_request(
+                f"the kind in the data ({kind}) does not match the expected kind (TokenRequest)"
+            )
+        if api_version and api_version != f"{tokens.GROUP}/v1":
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({tokens.GROUP}/v1)"
+            )
+        mode = decoding.directive(request.query, "CreateOptions")
+        decoded = self._started_fields().decode(tokens.GROUP, "v1", "TokenRequest", body)
+        decoding.refuse_body("TokenRequest", "v1", decoded, mode)
+        warned = self._warnings_of(request, decoded.strict if mode == "Warn" else [])
+        answer = self.tokens.request(route.namespace or "", route.name or "", decoded.obj)
+        return self._warned(_json(answer, status=201), warned)
+
+    async def _token_review(self, request: web.Request, route: _Route) -> web.Response:
+        """`POST /apis/authentication.k8s.io/v1/tokenreviews`: what the token in `spec` is,
+        for `spec.audiences` (default: the API server's), 201."""
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the body of the request must be an object")
+        self._check_kind(route, body)
+        body, warned = await self._decode(request, route, body, "CreateOptions")
+        spec = body.get("spec") or {}
+        token = str(spec.get("token") or "")
+        if not token:
+            raise bad_request("token is required for TokenReview in authentication")
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        out = {
+            "kind": route.rt.kind,
+            "apiVersion": route.rt.api_version(route.version),
+            "metadata": {**(meta or {}), "creationTimestamp": None},
+            "spec": spec,
+            "status": self._token_status(token, list(spec.get("audiences") or [])),
+        }
+        return self._warned(_json(out, status=201), warned)
+
+    def _token_status(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """A TokenReview's `status`, as the API server's authenticators answer: the sim's own
+        tokens (a token file's, audience-agnostic: good for the API server's audiences), then
+        its ServiceAccount tokens; `authenticated` is left out when false, as Go's
+        `omitempty` does."""
+        requested = audiences or list(self.tokens.audiences)
+        ident = self._by_token.get(token)
+        if ident is not None:
+            accepted = [a for a in requested if a in self.tokens.audiences]
+            if accepted:
+                return {
+                    "authenticated": True,
+                    "user": self._user_info(ident),
+                    "audiences": accepted,
+                }
+            return {"user": {}, "error": tokens.INVALID_BEARER_TOKEN}
+        try:
+            found = self.tokens.authenticate(token, requested)
+        except tokens.Refused as exc:
+            return {"user": {}, "error": str(exc)}
+        if found is None:
+            return {"user": {}, "error": tokens.INVALID_BEARER_TOKEN}
+        return {
+            "authenticated": True,
+            "user": found.user.info(),
+            "audiences": list(found.audiences),
+        }
 
     async def _review(
         self, request: web.Request, route: _Route, ident: rbac.Identity
@@ -544,15 +687,20 @@ class SimCluster:
         return _json(out, status=201)
 
     def _user_info(self, ident: rbac.Identity) -> dict[str, Any]:
-        """`UserInfo` as the authenticator reports it; a ServiceAccount's carries its uid."""
+        """`UserInfo` as the authenticator reports it; a ServiceAccount's carries its uid,
+        and a ServiceAccount token's its `extra` (pod, node, credential id)."""
         info: dict[str, Any] = {"username": ident.user}
         prefix = "system:serviceaccount:"
-        if ident.user.startswith(prefix):
+        if ident.uid:
+            info["uid"] = ident.uid
+        elif ident.user.startswith(prefix):
             namespace, _, name = ident.user.removeprefix(prefix).partition(":")
             sa = self.store.find(resources.require("", "v1", "serviceaccounts"), namespace, name)
             if sa is not None:
                 info["uid"] = sa["metadata"]["uid"]
         info["groups"] = list(ident.groups)
+        if ident.extra:
+            info["extra"] = {k: list(v) for k, v in sorted(ident.extra)}
         return info
 
     async def _openapi_documents(self) -> openapi.Documents:
