@@ -19,6 +19,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from nodeward.callout.access import ACCESS as CALLOUT
 from nodeward.kube.access import Access, by_account
 from nodeward.nats_auth import AgentGrants, ServiceGrants, permissions_document
 from nodeward.plugin import resolve, services
@@ -50,8 +51,10 @@ _AGENTS = _declared_agents()
 DECLARED: tuple[Access, ...] = (
     *(m.ACCESS for m in _SERVICES),
     *(m.ACCESS for m in _AGENTS if hasattr(m, "ACCESS")),
+    CALLOUT,
 )
-"""Each daemon's own declaration; the node agents share the `agent` account."""
+"""Each daemon's own declaration (the NATS auth callout's too); the node agents share the
+`agent` account."""
 
 ACCOUNTS: dict[str, Access] = by_account(DECLARED)
 """Per ServiceAccount, what its role must grant: the union of its daemons' declarations."""

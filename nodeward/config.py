@@ -32,12 +32,26 @@ class BusSettings(Section):
     user: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
+    token_file: Path | None = Field(
+        default=None,
+        description="a token read again at every (re)connect: a projected ServiceAccount "
+        "token, which the kubelet rotates, for NATS auth callout (docs/deploying.md)",
+    )
+    token_refresh_before: Duration = Field(
+        default=timedelta(minutes=5),
+        description="with token_file: from this long before the token in use ends, "
+        "reconnect as soon as the file holds a newer one",
+    )
     creds_file: Path | None = Field(default=None, description="NATS .creds (JWT + nkey seed)")
     nkey_seed_file: Path | None = None
     inbox_prefix: str | None = Field(
         default=None, description="e.g. _INBOX_<node> for per-node ACLs"
     )
     tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = Field(
+        default=None, description="a client certificate (PEM) for a server that verifies them"
+    )
+    tls_key_file: Path | None = Field(default=None, description="the client certificate's key")
     connect_timeout: Duration = timedelta(seconds=2)
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
@@ -100,6 +114,35 @@ class DaemonSettings(Section):
     restart: RestartSettings = RestartSettings()
 
 
+class AuthCalloutSettings(Section):
+    """How the auth callout signs, what it grants, and whose tokens it takes."""
+
+    issuer_seed_file: Path | None = Field(
+        default=None,
+        description="the account nkey seed (SA...) whose public key is the server's "
+        "auth_callout.issuer; it signs every answer",
+    )
+    permissions_file: Path | None = Field(
+        default=None,
+        description="the grants (`python -m launch.access nats-permissions`); "
+        "the chart's files/nats-permissions.json",
+    )
+    account: str = Field(
+        default="NODEWARD",
+        description="the account users are placed in: its name (server config accounts), "
+        "or its public key A... (operator mode, where the issuer is its signing key)",
+    )
+    namespace: str = Field(default="nodeward", description="where nodeward's pods run")
+    release: str = Field(default="nodeward", description="ServiceAccounts are <release>-<name>")
+    audience: str = Field(default="nats", description="the audience tokens must be for")
+    user_ttl: Duration = Field(
+        default=timedelta(hours=1),
+        description="how long a grant lasts for a token that does not end (one that does: "
+        "until it ends; the daemon reconnects with its rotated token before then)",
+    )
+    queue: str = Field(default="nodeward-auth-callout", description="replicas share requests")
+
+
 class LogSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -117,6 +160,7 @@ class Settings(BaseSettings):
     cluster: ClusterSettings = ClusterSettings()
     daemon: DaemonSettings = DaemonSettings()
     log: LogSettings = LogSettings()
+    auth_callout: AuthCalloutSettings = AuthCalloutSettings()
     agents: dict[str, dict[str, Any]] = Field(default_factory=dict)
     services: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

@@ -333,6 +333,39 @@ def render_authorization(users: Iterable[NatsUser]) -> str:
     return "authorization {\n  users = " + json.dumps(rendered, indent=2) + "\n}\n"
 
 
+CALLOUT_ACCOUNT = "NODEWARD"
+"""The account the auth callout places nodeward's components in (server config mode)."""
+
+
+def callout_authorization(
+    issuer: str, callout_user: str, account: str = CALLOUT_ACCOUNT, timeout: float = 5
+) -> str:
+    """The server config for auth callout (nats-server 2.10+, config mode): nodeward's
+    account with JetStream, the callout's own account holding only its nkey user, and
+    `auth_callout` sending every other connection to it. `issuer` is the account public key
+    (A...) whose seed signs the callout's answers; `callout_user` its nkey public key (U...).
+    `timeout` (seconds; the server's default is 2) bounds a connection's authentication,
+    here a TokenReview and a pod read. The Helm chart renders the same block."""
+    if not (issuer.startswith("A") and len(issuer) == 56):
+        raise ValueError(f"{issuer[:8]}... is not an account public key (A...)")
+    if not (callout_user.startswith("U") and len(callout_user) == 56):
+        raise ValueError(f"{callout_user[:8]}... is not an nkey user public key (U...)")
+    return (
+        "accounts {\n"
+        f"  {account}: {{ jetstream: enabled }}\n"
+        f"  AUTH: {{ users: [ {{ nkey: {callout_user} }} ] }}\n"
+        "}\n"
+        "authorization {\n"
+        f"  timeout: {timeout:g}\n"
+        "  auth_callout {\n"
+        f"    issuer: {issuer}\n"
+        f"    auth_users: [ {callout_user} ]\n"
+        "    account: AUTH\n"
+        "  }\n"
+        "}\n"
+    )
+
+
 def permissions_document(
     services: Mapping[str, ServiceGrants],
     agents: Iterable[AgentGrants],
@@ -367,6 +400,23 @@ def permissions_document(
     }
 
 
+def write_seed(path: Path, prefix: int, *, force: bool = False) -> str:
+    """Write a new nkey seed of kind `prefix` (`nkeys.PREFIX_BYTE_USER`, `_ACCOUNT`) to
+    `path` (mode 0600) and return its public key. An existing file is kept unless `force`
+    (`FileExistsError`): replacing a key locks out whoever holds the old one."""
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), prefix)
+    public = str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(seed + b"\n")
+    path.chmod(0o600)
+    return public
+
+
 def write_agent_seed(path: Path, *, force: bool = False) -> str:
     """Write a new nkey user seed to `path` (mode 0600) and return its public key (U...).
 
@@ -376,12 +426,4 @@ def write_agent_seed(path: Path, *, force: bool = False) -> str:
     """
     import nkeys
 
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    public = str(nkeys.from_seed(bytearray(seed)).public_key.decode())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
-    fd = os.open(path, flags, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(seed + b"\n")
-    path.chmod(0o600)
-    return public
+    return write_seed(path, nkeys.PREFIX_BYTE_USER, force=force)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import ClusterSettings, Settings
-from nodeward.daemon import Daemon, install_signal_handlers, serve
+from nodeward.daemon import Daemon, install_signal_handlers
 from nodeward.kube import Access, Cluster
 from nodeward.plugin import names, resolve, service, services
 
@@ -172,12 +172,6 @@ def standalone(kind: Literal["agent", "service"], name: str) -> Standalone:
     if not isinstance(found, Standalone):
         raise TypeError(f"{kind} {name} ({ref}) is not a nodeward Standalone")
     return found
-
-
-async def run_standalone(kind: Literal["agent", "service"], name: str, settings: Settings) -> None:
-    """One agent or service in this process until SIGTERM/SIGINT (what a Pod runs)."""
-    daemon = await standalone(kind, name).build(settings)
-    await serve([daemon], handle_signals=True)
 
 
 async def wait_for_signal() -> None:

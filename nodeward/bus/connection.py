@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from nodeward.bus.errors import BusError
+from nodeward.bus.token import TokenFile
 from nodeward.config import BusSettings
 from nodeward.metrics import Metrics
 
@@ -30,6 +32,25 @@ def _check_readable(path: Path, what: str) -> None:
             pass
     except OSError as exc:
         raise BusError(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
+def _tls_context(settings: BusSettings) -> ssl.SSLContext:
+    """TLS to NATS: the CA (the system's without one) and, for a server that verifies
+    clients, this daemon's certificate."""
+    ca = settings.tls_ca_file
+    context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    if settings.tls_cert_file:
+        _check_readable(settings.tls_cert_file, "TLS certificate")
+        key = settings.tls_key_file
+        if key:
+            _check_readable(key, "TLS key")
+        try:
+            context.load_cert_chain(str(settings.tls_cert_file), str(key) if key else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise BusError(
+                f"cannot load the TLS certificate {settings.tls_cert_file}: {exc}"
+            ) from None
+    return context
 
 
 async def connect_nats(
@@ -71,7 +92,11 @@ async def connect_nats(
             server=_redact_url(str(nc.connected_url.geturl() if nc.connected_url else "")),
         )
 
+    renewals: set[asyncio.Future[None]] = set()
+
     async def on_closed() -> None:
+        for renewing in list(renewals):
+            renewing.cancel()
         if metrics:
             metrics.bus_connected.set(0)
         log.info("nats.closed")
@@ -98,6 +123,11 @@ async def connect_nats(
         options["password"] = settings.password.get_secret_value()
     if settings.token:
         options["token"] = settings.token.get_secret_value()
+    token_file: TokenFile | None = None
+    if settings.token_file:
+        _check_readable(settings.token_file, "token file")
+        token_file = TokenFile(settings.token_file, settings.token_refresh_before.total_seconds())
+        options["token"] = token_file.read
     if settings.creds_file:
         options["user_credentials"] = str(settings.creds_file)
     if settings.nkey_seed_file:
@@ -105,8 +135,8 @@ async def connect_nats(
         options["nkeys_seed"] = str(settings.nkey_seed_file)
     if settings.inbox_prefix:
         options["inbox_prefix"] = settings.inbox_prefix
-    if settings.tls_ca_file:
-        options["tls"] = ssl.create_default_context(cafile=str(settings.tls_ca_file))
+    if settings.tls_ca_file or settings.tls_cert_file:
+        options["tls"] = _tls_context(settings)
 
     nc = NATS()
     try:
@@ -116,6 +146,10 @@ async def connect_nats(
         raise BusError(f"cannot connect to NATS at {shown}: {exc or type(exc).__name__}") from None
     if metrics:
         metrics.bus_connected.set(1)
+    if token_file is not None:
+        renewing = asyncio.ensure_future(token_file.keep_fresh(nc, log))
+        renewals.add(renewing)
+        renewing.add_done_callback(renewals.discard)
     log.info(
         "nats.connected",
         server=_redact_url(nc.connected_url.geturl() if nc.connected_url else shown),

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from nodeward.cli.common import CliError, CliUsageError, defer_websocket_client, settings_for
-from nodeward.cli.daemons import run_daemon
+from nodeward.cli.daemons import daemon_logging, run_built, run_daemon
 from nodeward.cli.options import ConfigOpt, JsonOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
 from nodeward.endpoints import DEFAULT_STATE_DIR
@@ -425,6 +425,44 @@ def service(  # noqa: PLR0917 - typer maps parameters to options
         typer.echo(done[0])
         return
     run_daemon(ctx, "service", name, settings)
+
+
+@app.command("auth-callout")
+def auth_callout(
+    ctx: typer.Context,
+    nats: NatsOpt = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option("--kubeconfig", help="default: in-cluster config")
+    ] = None,
+    config: ConfigOpt = None,
+    new_keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--new-keys",
+            metavar="DIR",
+            help="write a new issuer (account) seed and the callout's own user seed into DIR "
+            "(issuer.nk, user.nk; mode 0600), print their public keys, and exit",
+        ),
+    ] = None,
+) -> None:
+    """Run the NATS auth callout: each component signs in with its ServiceAccount token
+    (config section auth_callout; docs/deploying.md)."""
+    if new_keys is not None:
+        from nodeward.callout.keys import write_keys
+
+        try:
+            issuer, user = write_keys(new_keys)
+        except FileExistsError as exc:
+            raise CliError(f"{exc.filename} exists; keys are never overwritten") from None
+        typer.echo(f"natsAuth.callout.issuerKey: {issuer}\nnatsAuth.callout.userKey: {user}")
+        return
+    from nodeward.callout.service import build
+
+    settings = settings_for(config, nats)
+    if kubeconfig is not None:
+        settings.cluster.kubeconfig = kubeconfig
+    daemon_logging(ctx, settings)
+    run_built(ctx, build, settings)
 
 
 @schemas_app.command("export")

@@ -5,6 +5,7 @@ import: the daemon's code loads when it runs."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import typer
@@ -26,19 +27,29 @@ def run_daemon(
 ) -> None:
     """Run the registered agent or service `name` until SIGTERM/SIGINT; what stops it
     (a port in use, no cluster, no NATS) in one line, the traceback only when debugging."""
-    from nodeward.bus import BusError
-    from nodeward.daemon import DaemonError
-    from nodeward.kube.errors import KubeError
-    from nodeward.platform import run_standalone, standalone
+    from nodeward.platform import standalone
     from nodeward.plugin import PluginError
 
     daemon_logging(ctx, settings)
     try:
-        standalone(kind, name)
+        build = standalone(kind, name).build
     except (LookupError, PluginError) as exc:
         raise CliError(str(exc)) from None
+    run_built(ctx, build, settings)
+
+
+def run_built(ctx: typer.Context, build: Callable[[Any], Awaitable[Any]], settings: Any) -> None:
+    """Build one daemon from `settings` and serve it until SIGTERM/SIGINT; what stops it in
+    one line, the traceback only when debugging."""
+    from nodeward.bus import BusError
+    from nodeward.daemon import DaemonError, serve
+    from nodeward.kube.errors import KubeError
+
+    async def run() -> None:
+        await serve([await build(settings)], handle_signals=True)
+
     try:
-        asyncio.run(run_standalone(kind, name, settings))
+        asyncio.run(run())
     except (DaemonError, KubeError, BusError) as exc:
         if ctx.find_root().params.get("log_level") == "debug":
             raise

@@ -50,6 +50,7 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "nodes.checkpoint": _p("nodes/proxy", "create"),
     "namespaces.get": _p("namespaces", "get"),
     "pods.get": _p("pods", "get"),
+    "pods.get_own": _p("pods", "get", namespace=SERVICE_NAMESPACE),
     "pods.list": _p("pods", "list"),
     "pods.watch": _p("pods", "list", "watch"),
     "pods.patch": _p("pods", "get", "patch"),
@@ -69,6 +70,7 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "devicetaintrules.create": _p("devicetaintrules", "create", group="resource.k8s.io"),
     "devicetaintrules.get": _p("devicetaintrules", "get", group="resource.k8s.io"),
     "devicetaintrules.delete": _p("devicetaintrules", "delete", group="resource.k8s.io"),
+    "tokenreviews.create": _p("tokenreviews", "create", group="authentication.k8s.io"),
     "leases.hold": _p(
         "leases",
         "get",

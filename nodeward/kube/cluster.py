@@ -14,6 +14,7 @@ from nodeward.kube.netpol import NetworkPolicies
 from nodeward.kube.nodes import Nodes
 from nodeward.kube.notebooks import Notebooks
 from nodeward.kube.pods import Pods
+from nodeward.kube.reviews import TokenReviews
 from nodeward.kube.secrets import Secrets
 
 
@@ -34,6 +35,7 @@ class Cluster:
         self.leases = Leases(client, guard)
         self.checkpoints = Checkpoints(client, guard)
         self.devices = Devices(client, guard)
+        self.token_reviews = TokenReviews(client, guard)
 
     @classmethod
     def connect(cls, settings: ClusterSettings, access: Access | None = None) -> Cluster:

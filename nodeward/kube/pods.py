@@ -88,6 +88,12 @@ class Pods(Area):
         result: Obj = await self._client.request("GET", core("pods", name, namespace))
         return result
 
+    @operation("pods.get_own")
+    async def get_own(self, namespace: str, name: str) -> Obj:
+        """A pod of nodeward's own namespace (a role there, not cluster-wide)."""
+        result: Obj = await self._client.request("GET", core("pods", name, namespace))
+        return result
+
     @operation("pods.get")
     async def wait_gone(
         self,

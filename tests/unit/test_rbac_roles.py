@@ -129,6 +129,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
         nodes,
         notebooks,
         pods,
+        reviews,
         secrets,
     )
 
@@ -143,6 +144,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
         checkpoints,
         namespaces,
         devices,
+        reviews,
     ):
         for obj in vars(module).values():
             if isinstance(obj, type):
@@ -198,6 +200,7 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
             ("kubeflow.org", "notebooks", ""),
             ("networking.k8s.io", "networkpolicies", ""),
             ("coordination.k8s.io", "leases", ""),
+            ("authentication.k8s.io", "tokenreviews", ""),
             ("resource.k8s.io", "resourceslices", ""),
             ("resource.k8s.io", "devicetaintrules", ""),
         )
