@@ -6,6 +6,7 @@ token, a node's agent gets exactly its own node's subjects, and a new node needs
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus import Bus, BusError
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.server import EmbeddedNats
+from nodeward.callout import jwt
 from nodeward.callout.service import build
 from nodeward.config import AuthCalloutSettings, BusSettings, ClusterSettings, Settings
 from nodeward.daemon import Daemon
@@ -97,25 +99,120 @@ class Env:
         )
 
 
-@pytest.fixture
-async def env(sim: SimCluster, tmp_path: Path) -> AsyncIterator[Env]:
-    """The server, the callout and the streams."""
-    issuer = write_seed(tmp_path / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
-    user = write_seed(tmp_path / "callout-user.nk", nkeys.PREFIX_BYTE_USER)
-    conf = tmp_path / "nats.conf"
+def _config_mode(tmp: Path) -> tuple[str, BusSettings, str]:
+    """A server with `authorization { auth_callout }` (what `callout_authorization` renders
+    and the chart installs): its config, the callout's NATS login, the account users go to."""
+    issuer = write_seed(tmp / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
+    user = write_seed(tmp / "callout-user.nk", nkeys.PREFIX_BYTE_USER)
     # a loaded CI machine: give the callout the time a TokenReview may take
-    conf.write_text(callout_authorization(issuer, user, timeout=10))
+    config = callout_authorization(issuer, user, timeout=10)
+    return config, BusSettings(nkey_seed_file=tmp / "callout-user.nk"), "NODEWARD"
+
+
+def _claims(kind: str, name: str, subject: str, **nats: Any) -> dict[str, Any]:
+    return {"sub": subject, "name": name, "nats": {"type": kind, **nats}}
+
+
+UNLIMITED = {"subs": -1, "data": -1, "payload": -1}
+
+
+def _operator_mode(tmp: Path) -> tuple[str, BusSettings, str]:
+    """A server in operator (JWT) mode, as `nsc` sets one up: an operator, a system
+    account, and nodeward's account whose JWT names the callout's user as its external
+    authorization (`nsc edit authcallout`); the callout signs in with its .creds and
+    signs users with the account's key (`auth_callout.account` is its public key)."""
+    keys = {
+        kind: nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), prefix)))
+        for kind, prefix in (
+            ("operator", nkeys.PREFIX_BYTE_OPERATOR),
+            ("system", nkeys.PREFIX_BYTE_ACCOUNT),
+            ("user", nkeys.PREFIX_BYTE_USER),
+            ("sentinel", nkeys.PREFIX_BYTE_USER),
+        )
+    }
+    account_public = write_seed(tmp / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
+    account = nkeys.from_seed(bytearray((tmp / "issuer.nk").read_bytes().strip()))
+    pub = {k: v.public_key.decode() for k, v in keys.items()}
+    operator = jwt.encode(
+        _claims("operator", "test", pub["operator"], system_account=pub["system"]),
+        keys["operator"],
+    )
+    limits = {"limits": {**UNLIMITED, "conn": -1, "leaf": -1, "imports": -1, "exports": -1}}
+    system = jwt.encode(_claims("account", "SYS", pub["system"], **limits), keys["operator"])
+    nodeward = jwt.encode(
+        _claims(
+            "account",
+            "NODEWARD",
+            account_public,
+            limits={
+                **limits["limits"],
+                "mem_storage": -1,
+                "disk_storage": -1,
+                "streams": -1,
+                "consumer": -1,
+            },
+            authorization={"auth_users": [pub["user"]]},
+        ),
+        keys["operator"],
+    )
+    callout_user = jwt.encode(
+        _claims("user", "auth-callout", pub["user"], pub={}, sub={}, **UNLIMITED), account
+    )
+    # what a token-only client is taken for (nats-server 2.11+), so the account's external
+    # authorization (the callout) decides: a bearer user that may do nothing itself
+    sentinel = jwt.encode(
+        _claims(
+            "user",
+            "sentinel",
+            pub["sentinel"],
+            bearer_token=True,
+            pub={"deny": [">"]},
+            sub={"deny": [">"]},
+            **UNLIMITED,
+        ),
+        account,
+    )
+    (tmp / "callout.creds").write_text(
+        "-----BEGIN NATS USER JWT-----\n"
+        f"{callout_user}\n"
+        "------END NATS USER JWT------\n\n"
+        "-----BEGIN USER NKEY SEED-----\n"
+        f"{keys['user'].seed.decode()}\n"
+        "------END USER NKEY SEED------\n"
+    )
+    config = (
+        f"operator: {operator}\n"
+        f"system_account: {pub['system']}\n"
+        "resolver: MEMORY\n"
+        f"resolver_preload: {{ {pub['system']}: {system}, {account_public}: {nodeward} }}\n"
+        f"default_sentinel: {sentinel}\n"
+        "authorization { timeout: 10 }\n"
+    )
+    return config, BusSettings(creds_file=tmp / "callout.creds"), account_public
+
+
+@pytest.fixture(params=["config", "operator"])
+async def env(
+    sim: SimCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Env]:
+    """The server (auth callout in server config, or in operator mode on the account's
+    JWT), the callout, and the streams (made by the provision Job's token)."""
+    mode = _config_mode if request.param == "config" else _operator_mode
+    config, login, account = mode(tmp_path)
+    conf = tmp_path / "nats.conf"
+    conf.write_text(config)
     permissions = tmp_path / "nats-permissions.json"
     permissions.write_text(json.dumps(permissions_document(GRANTS, AGENT_GRANTS, READERS)))
     nats = await EmbeddedNats(tmp_path / "nats", config_file=conf).start()
     settings = Settings(
-        bus=BusSettings(url=nats.url, nkey_seed_file=tmp_path / "callout-user.nk"),
+        bus=login.model_copy(update={"url": nats.url}),
         cluster=ClusterSettings(
             kubeconfig=sim.write_kubeconfig(tmp_path / "kubeconfig", identity="auth-callout")
         ),
         auth_callout=AuthCalloutSettings(
             issuer_seed_file=tmp_path / "issuer.nk",
             permissions_file=permissions,
+            account=account,
             namespace=NAMESPACE,
             release="nodeward",
         ),
