@@ -122,6 +122,11 @@ class AuthCalloutSettings(Section):
         description="the account nkey seed (SA...) whose public key is the server's "
         "auth_callout.issuer; it signs every answer",
     )
+    xkey_seed_file: Path | None = Field(
+        default=None,
+        description="a curve seed (SX...) whose public key is the server's auth_callout.xkey: "
+        "requests (which carry tokens) and answers are then sealed",
+    )
     permissions_file: Path | None = Field(
         default=None,
         description="the grants (`python -m launch.access nats-permissions`); "

@@ -338,14 +338,20 @@ CALLOUT_ACCOUNT = "NODEWARD"
 
 
 def callout_authorization(
-    issuer: str, callout_user: str, account: str = CALLOUT_ACCOUNT, timeout: float = 5
+    issuer: str,
+    callout_user: str,
+    account: str = CALLOUT_ACCOUNT,
+    timeout: float = 5,
+    xkey: str | None = None,
 ) -> str:
     """The server config for auth callout (nats-server 2.10+, config mode): nodeward's
     account with JetStream, the callout's own account holding only its nkey user, and
     `auth_callout` sending every other connection to it. `issuer` is the account public key
     (A...) whose seed signs the callout's answers; `callout_user` its nkey public key (U...).
     `timeout` (seconds; the server's default is 2) bounds a connection's authentication,
-    here a TokenReview and a pod read. The Helm chart renders the same block."""
+    here a TokenReview and a pod read. With `xkey` (a curve public key, X...) the server
+    seals its requests, which carry the clients' tokens, to the callout. The Helm chart
+    renders the same block."""
     if not (issuer.startswith("A") and len(issuer) == 56):
         raise ValueError(f"{issuer[:8]}... is not an account public key (A...)")
     if not (callout_user.startswith("U") and len(callout_user) == 56):
@@ -360,8 +366,7 @@ def callout_authorization(
         "  auth_callout {\n"
         f"    issuer: {issuer}\n"
         f"    auth_users: [ {callout_user} ]\n"
-        "    account: AUTH\n"
-        "  }\n"
+        "    account: AUTH\n" + (f"    xkey: {xkey}\n" if xkey else "") + "  }\n"
         "}\n"
     )
 

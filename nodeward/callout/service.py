@@ -27,7 +27,7 @@ from prometheus_client import Counter, Histogram
 
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.token import expiry
-from nodeward.callout import jwt
+from nodeward.callout import jwt, xkey
 from nodeward.callout.access import ACCESS
 from nodeward.callout.identities import (
     Grant,
@@ -65,6 +65,20 @@ def load_signer(path: Path | None) -> nkeys.KeyPair:
     if not signer.public_key.startswith(b"A"):
         raise DaemonError(f"{path}: the issuer must be an account key (SA...), not {seed[:2]!r}...")
     return signer
+
+
+def load_xkey(path: Path | None) -> bytes | None:
+    """The callout's curve private key, if requests are sealed (`auth_callout.xkey_seed_file`)."""
+    if path is None:
+        return None
+    try:
+        return xkey.decode_seed(path.read_text())
+    except OSError as exc:
+        raise DaemonError(
+            f"cannot read auth_callout.xkey_seed_file {path}: {exc.strerror}"
+        ) from None
+    except xkey.XkeyError as exc:
+        raise DaemonError(f"{path}: {exc}") from None
 
 
 def load_rules(config: AuthCalloutSettings) -> Rules:
@@ -167,6 +181,7 @@ async def build(settings: Settings) -> Daemon:
     config = settings.auth_callout
     signer = load_signer(config.issuer_seed_file)
     rules = load_rules(config)
+    curve = load_xkey(config.xkey_seed_file)
     daemon = Daemon(NAME, settings.daemon)
     log = daemon.log
     answered = Counter(
@@ -188,9 +203,15 @@ async def build(settings: Settings) -> Daemon:
 
     async def answer(msg: Msg) -> None:
         began = time.monotonic()
+        server_xkey = (msg.headers or {}).get(xkey.HEADER) if curve else None
         try:
-            request = request_of(msg.data)
-        except jwt.JwtError as exc:
+            data = (
+                xkey.open_sealed(msg.data, curve, server_xkey)
+                if curve and server_xkey
+                else msg.data
+            )
+            request = request_of(data)
+        except (jwt.JwtError, xkey.XkeyError) as exc:
             log.warning("callout.bad_request", error=str(exc))
             answered.labels("refused", "unknown").inc()
             return  # not the server's: nothing to answer
@@ -214,6 +235,8 @@ async def build(settings: Settings) -> Daemon:
             answered.labels("allowed", kind).inc()
             user = callout.user_jwt(grant, user_nkey, expires)
             reply = callout.response(user_nkey, server_id, user=user)
+        if curve and server_xkey:
+            reply = xkey.seal(reply, curve, server_xkey)
         if msg.reply and nc is not None:
             await nc.publish(msg.reply, reply)
         seconds.observe(time.monotonic() - began)

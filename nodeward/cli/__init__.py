@@ -440,8 +440,9 @@ def auth_callout(
         typer.Option(
             "--new-keys",
             metavar="DIR",
-            help="write a new issuer (account) seed and the callout's own user seed into DIR "
-            "(issuer.nk, user.nk; mode 0600), print their public keys, and exit",
+            help="write a new issuer (account) seed, the callout's own user seed and its "
+            "curve seed into DIR (issuer.nk, user.nk, xkey.nk; mode 0600), print their "
+            "public keys (the chart's values), and exit",
         ),
     ] = None,
 ) -> None:
@@ -451,10 +452,14 @@ def auth_callout(
         from nodeward.callout.keys import write_keys
 
         try:
-            issuer, user = write_keys(new_keys)
+            issuer, user, curve = write_keys(new_keys)
         except FileExistsError as exc:
             raise CliError(f"{exc.filename} exists; keys are never overwritten") from None
-        typer.echo(f"natsAuth.callout.issuerKey: {issuer}\nnatsAuth.callout.userKey: {user}")
+        typer.echo(
+            f"natsAuth.callout.issuerKey: {issuer}\n"
+            f"natsAuth.callout.userKey: {user}\n"
+            f"natsAuth.callout.xkey: {curve}"
+        )
         return
     from nodeward.callout.service import build
 

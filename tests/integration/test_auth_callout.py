@@ -5,6 +5,7 @@ token, a node's agent gets exactly its own node's subjects, and a new node needs
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus import Bus, BusError
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.server import EmbeddedNats
-from nodeward.callout import jwt
+from nodeward.callout import jwt, xkey
 from nodeward.callout.service import build
 from nodeward.config import AuthCalloutSettings, BusSettings, ClusterSettings, Settings
 from nodeward.daemon import Daemon
@@ -99,13 +100,19 @@ class Env:
         )
 
 
-def _config_mode(tmp: Path) -> tuple[str, BusSettings, str]:
+def _config_mode(tmp: Path, *, sealed: bool = False) -> tuple[str, BusSettings, str]:
     """A server with `authorization { auth_callout }` (what `callout_authorization` renders
-    and the chart installs): its config, the callout's NATS login, the account users go to."""
+    and the chart installs): its config, the callout's NATS login, the account users go to.
+    `sealed`: the server seals requests to the callout's curve key (`xkey.nk`)."""
     issuer = write_seed(tmp / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
     user = write_seed(tmp / "callout-user.nk", nkeys.PREFIX_BYTE_USER)
+    curve = None
+    if sealed:
+        seed = xkey.new_seed()
+        (tmp / "xkey.nk").write_text(seed)
+        curve = xkey.public_key(xkey.decode_seed(seed))
     # a loaded CI machine: give the callout the time a TokenReview may take
-    config = callout_authorization(issuer, user, timeout=10)
+    config = callout_authorization(issuer, user, timeout=10, xkey=curve)
     return config, BusSettings(nkey_seed_file=tmp / "callout-user.nk"), "NODEWARD"
 
 
@@ -120,7 +127,8 @@ def _operator_mode(tmp: Path) -> tuple[str, BusSettings, str]:
     """A server in operator (JWT) mode, as `nsc` sets one up: an operator, a system
     account, and nodeward's account whose JWT names the callout's user as its external
     authorization (`nsc edit authcallout`); the callout signs in with its .creds and
-    signs users with the account's key (`auth_callout.account` is its public key)."""
+    signs users with the account's signing key (`auth_callout.account` is the account's
+    public key, so the users it makes name it as `issuer_account`)."""
     keys = {
         kind: nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), prefix)))
         for kind, prefix in (
@@ -130,8 +138,13 @@ def _operator_mode(tmp: Path) -> tuple[str, BusSettings, str]:
             ("sentinel", nkeys.PREFIX_BYTE_USER),
         )
     }
-    account_public = write_seed(tmp / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
-    account = nkeys.from_seed(bytearray((tmp / "issuer.nk").read_bytes().strip()))
+    account = nkeys.from_seed(
+        bytearray(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT))
+    )
+    account_public = account.public_key.decode()
+    # the account's signing key (`nsc edit account --sk generate`) signs the callout's
+    # answers and the users it makes
+    signing = write_seed(tmp / "issuer.nk", nkeys.PREFIX_BYTE_ACCOUNT)
     pub = {k: v.public_key.decode() for k, v in keys.items()}
     operator = jwt.encode(
         _claims("operator", "test", pub["operator"], system_account=pub["system"]),
@@ -152,6 +165,7 @@ def _operator_mode(tmp: Path) -> tuple[str, BusSettings, str]:
                 "consumer": -1,
             },
             authorization={"auth_users": [pub["user"]]},
+            signing_keys=[signing],
         ),
         keys["operator"],
     )
@@ -191,14 +205,21 @@ def _operator_mode(tmp: Path) -> tuple[str, BusSettings, str]:
     return config, BusSettings(creds_file=tmp / "callout.creds"), account_public
 
 
-@pytest.fixture(params=["config", "operator"])
+MODES = {
+    "config": _config_mode,
+    "sealed": functools.partial(_config_mode, sealed=True),
+    "operator": _operator_mode,
+}
+
+
+@pytest.fixture(params=sorted(MODES))
 async def env(
     sim: SimCluster, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Env]:
-    """The server (auth callout in server config, or in operator mode on the account's
-    JWT), the callout, and the streams (made by the provision Job's token)."""
-    mode = _config_mode if request.param == "config" else _operator_mode
-    config, login, account = mode(tmp_path)
+    """The server (auth callout in server config, with sealed requests or not, or in
+    operator mode on the account's JWT), the callout, and the streams (made by the
+    provision Job's token)."""
+    config, login, account = MODES[request.param](tmp_path)
     conf = tmp_path / "nats.conf"
     conf.write_text(config)
     permissions = tmp_path / "nats-permissions.json"
@@ -211,6 +232,7 @@ async def env(
         ),
         auth_callout=AuthCalloutSettings(
             issuer_seed_file=tmp_path / "issuer.nk",
+            xkey_seed_file=(tmp_path / "xkey.nk") if request.param == "sealed" else None,
             permissions_file=permissions,
             account=account,
             namespace=NAMESPACE,

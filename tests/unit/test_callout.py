@@ -15,7 +15,7 @@ import pytest
 
 from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus.token import expiry
-from nodeward.callout import jwt
+from nodeward.callout import jwt, xkey
 from nodeward.callout.identities import (
     NODE_NAME,
     POD_NAME,
@@ -214,3 +214,23 @@ def test_in_operator_mode_a_signing_key_names_its_account(rules: Rules) -> None:
 )
 def test_a_token_files_end_is_its_jwt_exp(text: str, expected: float | None) -> None:
     assert expiry(text) == expected
+
+
+def test_curve_keys_and_sealed_boxes_are_nkeys_own() -> None:
+    """`SX...` seeds, `X...` keys, and `xkv1` boxes that only the two keys open."""
+    ours, theirs = xkey.decode_seed(xkey.new_seed()), xkey.decode_seed(xkey.new_seed())
+    seed = xkey.encode_seed(ours)
+    assert seed.startswith("SX") and len(seed) == 58
+    assert xkey.decode_seed(seed) == ours
+    ours_public, theirs_public = xkey.public_key(ours), xkey.public_key(theirs)
+    assert ours_public.startswith("X") and len(ours_public) == 56
+    sealed = xkey.seal(b"request", theirs, ours_public)
+    assert sealed.startswith(b"xkv1") and b"request" not in sealed
+    assert xkey.open_sealed(sealed, ours, theirs_public) == b"request"
+    stranger = xkey.decode_seed(xkey.new_seed())
+    with pytest.raises(xkey.XkeyError, match="does not open"):
+        xkey.open_sealed(sealed, stranger, theirs_public)
+    with pytest.raises(xkey.XkeyError, match="not a curve seed"):
+        xkey.decode_seed(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
+    with pytest.raises(xkey.XkeyError, match="not an xkv1"):
+        xkey.open_sealed(b"eyJhbGciOi...", ours, theirs_public)
