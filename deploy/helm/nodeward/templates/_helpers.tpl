@@ -24,14 +24,12 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* The NATS URL: bus.url, else the NATS subchart's client Service. */}}
+{{/* The NATS URL: bus.url; empty is refused in one line. */}}
 {{- define "nodeward.natsUrl" -}}
-{{- if .Values.bus.url -}}
-{{ .Values.bus.url }}
-{{- else -}}
-{{- $svc := ternary .Release.Name (printf "%s-nats" .Release.Name) (contains "nats" .Release.Name) -}}
-nats://{{ $svc | trunc 63 | trimSuffix "-" }}.{{ .Release.Namespace }}.svc:4222
+{{- if not .Values.bus.url -}}
+{{- fail "bus.url: empty; set the NATS client URL, e.g. nats://nats.nats.svc:4222 (docs/deploying.md)" -}}
 {{- end -}}
+{{ .Values.bus.url }}
 {{- end -}}
 
 {{/* A node name as one NATS subject token (schemas.tokens.token). */}}
@@ -110,22 +108,101 @@ of one name, and the API server silently keeps one. */}}
 {{- end }}
 {{- end -}}
 
-{{/* The service passwords: values, else the existing Secret (lookup), else new. Call once. */}}
-{{- define "nodeward.natsPasswords" -}}
-{{- $out := dict -}}
-{{- $users := concat (keys .Values.services | sortAlpha) (list "admin" "operator" "console") -}}
-{{- range $name := $users -}}
-{{- $secret := lookup "v1" "Secret" $.Release.Namespace (printf "%s-nats-%s" $.Release.Name $name) -}}
-{{- $pw := get $.Values.natsAuth.passwords $name -}}
-{{- if and (not $pw) $secret $secret.data -}}
-{{- $pw = get $secret.data "password" | b64dec -}}
+{{/* The nodeward config file every pod reads (/etc/nodeward/config.yaml): `config`, with
+bus.partitions, bus.tls_* (bus.tls) and, in natsAuth.mode=callout, the auth callout's
+section `auth_callout` (the chart's paths win over the same keys in config.auth_callout). */}}
+{{- define "nodeward.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- $bus := get $config "bus" | default dict -}}
+{{- $_ := set $bus "partitions" (int .Values.partitions) -}}
+{{- $t := .Values.bus.tls -}}
+{{- if $t.enabled -}}
+{{- if or $t.ca.secretName $t.ca.configMapName -}}
+{{- $_ := set $bus "tls_ca_file" "/var/run/secrets/nodeward.io/nats-tls/ca.crt" -}}
 {{- end -}}
-{{- $_ := set $out $name ($pw | default (randAlphaNum 32)) -}}
+{{- if $t.clientCert.secretName -}}
+{{- $_ := set $bus "tls_cert_file" "/var/run/secrets/nodeward.io/nats-tls/tls.crt" -}}
+{{- $_ := set $bus "tls_key_file" "/var/run/secrets/nodeward.io/nats-tls/tls.key" -}}
 {{- end -}}
-{{- toJson $out -}}
+{{- end -}}
+{{- $_ := set $config "bus" $bus -}}
+{{- if eq (include "nodeward.mode" .) "callout" -}}
+{{- $c := .Values.natsAuth.callout -}}
+{{- $ac := dict
+  "issuer_seed_file" "/etc/nodeward/auth-callout/issuer.nk"
+  "permissions_file" "/etc/nodeward/nats-permissions.json"
+  "account" ($c.account | default "NODEWARD")
+  "namespace" .Release.Namespace
+  "release" .Release.Name
+  "audience" ($c.audience | default "nats") -}}
+{{- if $c.xkey -}}
+{{- $_ := set $ac "xkey_seed_file" "/etc/nodeward/auth-callout/xkey.nk" -}}
+{{- end -}}
+{{- $_ := set $config "auth_callout" (merge $ac (get $config "auth_callout" | default dict)) -}}
+{{- end -}}
+{{- toYaml $config -}}
 {{- end -}}
 
-{{/* One `authorization` user as nats-server config (JSON values, `>` not escaped). */}}
-{{- define "nodeward.natsUser" -}}
-{{- toRawJson . -}}
+{{/* Pod scheduling of one component: (dict "own" <its values> "defaults" <fallback values,
+or dict> "affinity" <default affinity, or dict>). nodeSelector, tolerations, affinity and
+priorityClassName: each its own, else the fallback's. Keys of a pod spec. */}}
+{{- define "nodeward.scheduling" -}}
+{{- $own := .own | default dict -}}
+{{- $def := .defaults | default dict -}}
+{{- with ($own.nodeSelector | default $def.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($own.tolerations | default $def.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($own.affinity | default $def.affinity | default $.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($own.priorityClassName | default $def.priorityClassName) }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* extraVolumes (key "extraVolumes") or extraVolumeMounts (key "extraVolumeMounts") of
+one component, as list items: the global ones, then each of `from` (values maps) in order.
+(dict "ctx" $ "key" <key> "from" (list <defaults> <own>)) */}}
+{{- define "nodeward.extra" -}}
+{{- $all := get .ctx.Values .key | default list -}}
+{{- range .from -}}
+{{- $all = concat $all (get (. | default dict) $.key | default list) -}}
+{{- end -}}
+{{- with $all }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/* A ServiceAccount with no role: (dict "ctx" $ "name" <component>). */}}
+{{- define "nodeward.serviceAccount" -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ printf "%s-%s" .ctx.Release.Name .name }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "nodeward.labels" .ctx | nindent 4 }}
+    app.kubernetes.io/component: {{ .name }}
+automountServiceAccountToken: false
+{{- end -}}
+
+{{/* Whether to render a Prometheus operator kind: (dict "ctx" $ "key" "serviceMonitors" or
+"prometheusRules"). true or false as set; auto (or unset): when the cluster serves
+monitoring.coreos.com/v1. Non-empty means yes. */}}
+{{- define "nodeward.monitoring" -}}
+{{- $v := toString (get .ctx.Values.monitoring .key) -}}
+{{- if eq $v "true" -}}
+true
+{{- else if eq $v "false" -}}
+{{- else if has $v (list "auto" "") -}}
+{{- if .ctx.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end -}}
+{{- else -}}
+{{- fail (printf "monitoring.%s: %q; true, false or auto" .key $v) -}}
+{{- end -}}
 {{- end -}}

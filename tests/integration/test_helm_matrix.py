@@ -1,0 +1,107 @@
+"""The render matrix, validated with kubernetes-validate (strict) for every Kubernetes minor
+from 1.28 to the newest its bundled schemas know: each NATS mode, TLS on, with and without
+the Prometheus operator, every optional service on. The operator's kinds have no schema in
+kubernetes-validate: they are checked for their apiVersion and shape only (test_helm_chart.py
+runs their rules through promtool)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import all_versions
+
+from tests.integration.helm_chart import (
+    MONITORING_API,
+    SERVICES,
+    merged,
+    minimal,
+    new_nkey,
+    render,
+    representative_values,
+)
+
+OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+OLDEST = (1, 28)
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = version.split(".")
+    return int(major), int(minor)
+
+
+VERSIONS = sorted({v for v in all_versions() if _minor(v) >= OLDEST}, key=_minor)
+NODES = {"gpu-node-01": new_nkey()[1], "dgx.rack7": new_nkey()[1]}
+TLS = {
+    "bus": {
+        "url": "tls://nats.nats.svc:4222",
+        "tls": {
+            "enabled": True,
+            "ca": {"secretName": "nats-ca"},
+            "clientCert": {"secretName": "nodeward-client"},
+        },
+    }
+}
+MATRIX: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "passwords": (representative_values(NODES, "passwords"), []),
+    "nkeys": (representative_values(NODES, "nkeys"), []),
+    "callout": (representative_values(NODES, "callout"), []),
+    "callout-tls": (merged(representative_values(NODES, "callout"), TLS), []),
+    "callout-prometheus-operator": (representative_values(NODES, "callout"), [MONITORING_API]),
+    "defaults-no-prometheus-operator": (minimal(), []),
+}
+
+
+def test_the_matrix_spans_the_versions_asked_for() -> None:
+    assert VERSIONS[0] == "1.28.0"
+    assert VERSIONS[-1] == kubernetes_validate.latest_version()
+    assert len(VERSIONS) >= 7  # 1.28 to at least 1.34
+
+
+@functools.cache
+def _rendered(scenario: str, tmp: Path) -> list[dict[str, Any]]:
+    values, apis = MATRIX[scenario]
+    return render(tmp, values, api_versions=apis)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    base = tmp_path_factory.mktemp("matrix")
+    return lambda scenario: _rendered(scenario, base / scenario)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("scenario", sorted(MATRIX))
+def test_every_manifest_validates(rendered: Any, scenario: str, version: str) -> None:
+    docs = rendered(scenario)
+    errors = []
+    for doc in docs:
+        if doc["kind"] in OPERATOR_KINDS:
+            assert doc["apiVersion"] == MONITORING_API and doc["spec"]
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(
+                f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
+            )
+    assert not errors, "\n".join(errors)
+
+
+def test_the_matrix_covers_what_it_says(rendered: Any) -> None:
+    """Each cell renders what it is named for (a cell that silently lost its feature would
+    validate just as well)."""
+    kinds = {s: {d["kind"] for d in rendered(s)} for s in MATRIX}
+    assert kinds["callout-prometheus-operator"] >= OPERATOR_KINDS
+    assert not OPERATOR_KINDS & kinds["callout"]
+    assert not OPERATOR_KINDS & kinds["defaults-no-prometheus-operator"]
+    assert "PodDisruptionBudget" in kinds["callout"] and "PodDisruptionBudget" not in kinds["nkeys"]
+    names = {d["metadata"]["name"] for d in rendered("passwords") if d["kind"] == "Deployment"}
+    assert {f"nw-{s}" for s in SERVICES} <= names
+    tls = [d for d in rendered("callout-tls") if d["kind"] == "Deployment"]
+    assert all(
+        "nats-tls" in {v["name"] for v in d["spec"]["template"]["spec"]["volumes"]} for d in tls
+    )
