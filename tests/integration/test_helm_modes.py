@@ -31,6 +31,7 @@ from tests.integration.helm_chart import (
     new_nkey,
     new_xkey,
     nkeys_values,
+    notes,
     refusal,
     render,
     representative_values,
@@ -531,3 +532,14 @@ def test_in_operator_mode_the_callout_signs_in_with_creds_and_no_include_is_rend
 def test_operator_mode_needs_the_accounts_public_key(tmp_path: Path) -> None:
     said = refusal(tmp_path, minimal({"natsAuth": {"callout": {"operatorMode": True}}}))
     assert 'natsAuth.callout.account: "NODEWARD"; with operatorMode' in said
+
+
+def test_the_notes_say_what_operator_mode_needs(tmp_path: Path) -> None:
+    account = new_account_key()[1]
+    said = notes(
+        tmp_path,
+        minimal({"natsAuth": {"callout": {"operatorMode": True, "account": account}}}),
+    )
+    assert f"nodeward's account {account} names the callout's user" in said
+    assert "default_sentinel" in said and "keys user.creds" in said
+    assert "includes the file auth.conf" not in said
