@@ -522,44 +522,31 @@ class Tokens:
         if deleted(account):
             raise Refused(f"service account {namespace}/{account_ref['name']} has been deleted")
         secret_ref, pod_ref, node_ref = ref("secret"), ref("pod"), ref("node")
-        if secret_ref is not None:
-            secret = self.store.find(_SECRETS, namespace, secret_ref["name"])
-            if secret is None:
+
+        def still_bound(kind: str, rt: Any, where: str, bound: dict[str, str]) -> None:
+            """The bound object exists, is the one named (uid), and is not long deleted."""
+            obj = self.store.find(rt, where, bound["name"])
+            if obj is None:
                 raise Refused(INVALIDATED)
-            if secret["metadata"]["uid"] != secret_ref["uid"]:
+            if obj["metadata"]["uid"] != bound["uid"]:
                 raise Refused(
-                    f"secret UID ({secret['metadata']['uid']}) does not match service account "
-                    f"secret ref claim ({secret_ref['uid']})"
+                    f"{kind} UID ({obj['metadata']['uid']}) does not match service account "
+                    f"{kind} ref claim ({bound['uid']})"
                 )
-            if deleted(secret):
+            if deleted(obj):
                 raise Refused(INVALIDATED)
+
+        if secret_ref is not None:
+            still_bound("secret", _SECRETS, namespace, secret_ref)
         extra: dict[str, tuple[str, ...]] = {}
         if pod_ref is not None:
-            pod = self.store.find(_PODS, namespace, pod_ref["name"])
-            if pod is None:
-                raise Refused(INVALIDATED)
-            if pod["metadata"]["uid"] != pod_ref["uid"]:
-                raise Refused(
-                    f"pod UID ({pod['metadata']['uid']}) does not match service account pod "
-                    f"ref claim ({pod_ref['uid']})"
-                )
-            if deleted(pod):
-                raise Refused(INVALIDATED)
+            still_bound("pod", _PODS, namespace, pod_ref)
             if pod_ref["name"] and pod_ref["uid"]:
                 extra[POD_NAME] = (pod_ref["name"],)
                 extra[POD_UID] = (pod_ref["uid"],)
         if node_ref is not None and self.minor >= 30:
             if pod_ref is None:
-                node = self.store.find(_NODES, "", node_ref["name"])
-                if node is None:
-                    raise Refused(INVALIDATED)
-                if node["metadata"]["uid"] != node_ref["uid"]:
-                    raise Refused(
-                        f"node UID ({node['metadata']['uid']}) does not match service account "
-                        f"node ref claim ({node_ref['uid']})"
-                    )
-                if deleted(node):
-                    raise Refused(INVALIDATED)
+                still_bound("node", _NODES, "", node_ref)
             if node_ref["name"]:
                 extra[NODE_NAME] = (node_ref["name"],)
                 if node_ref["uid"]:

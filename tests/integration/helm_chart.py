@@ -266,3 +266,50 @@ def minimal(over: dict[str, Any] | None = None) -> dict[str, Any]:
     public keys; the console's token), with `over` merged in."""
     base = {"natsAuth": callout_values(), "console": {"token": CONSOLE_TOKEN}}
     return merged(base, over or {})
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod spec of every workload (DaemonSet, Deployment, Job), by name."""
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] in {"DaemonSet", "Deployment", "Job"}
+    }
+
+
+def rendered_config(docs: list[dict[str, Any]], release: str = "nw") -> dict[str, Any]:
+    """The nodeward config file the chart renders (`<release>-config`, config.yaml)."""
+    config: dict[str, Any] = yaml.safe_load(
+        named(docs, "ConfigMap", f"{release}-config")["data"]["config.yaml"]
+    )
+    return config
+
+
+NODE_KEYS = {"gpu-node-01": new_nkey()[1], "dgx.rack7": new_nkey()[1]}
+"""Two nodes' nkeys (one name with a dot, which subject tokens escape)."""
+
+TLS_VALUES = {
+    "bus": {
+        "url": "tls://nats.nats.svc:4222",
+        "tls": {
+            "enabled": True,
+            "ca": {"secretName": "nats-ca"},
+            "clientCert": {"secretName": "nodeward-client"},
+        },
+    }
+}
+"""TLS to NATS with a CA and a client certificate, each from a Secret."""
+
+
+class Errors:
+    """A NATS client's async errors (permission violations arrive here)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def record(self, exc: Exception) -> None:
+        self.seen.append(str(exc))
+
+    def has(self, *words: str) -> bool:
+        """Some error mentions every word (the server lower-cases subjects in these)."""
+        return any(all(w.lower() in e.lower() for w in words) for e in self.seen)

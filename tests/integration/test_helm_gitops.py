@@ -12,33 +12,23 @@ import pytest
 from tests.integration.helm_chart import (
     CONSOLE_TOKEN,
     MONITORING_API,
+    NODE_KEYS,
+    TLS_VALUES,
     by_kind,
     merged,
     minimal,
     named,
-    new_nkey,
     refusal,
     render,
     render_text,
     representative_values,
 )
 
-NODES = {"gpu-node-01": new_nkey()[1], "dgx.rack7": new_nkey()[1]}
 HASH = "$2a$11$" + "B" * 53
-TLS = {
-    "bus": {
-        "url": "tls://nats.nats.svc:4222",
-        "tls": {
-            "enabled": True,
-            "ca": {"secretName": "nats-ca"},
-            "clientCert": {"secretName": "nodeward-client"},
-        },
-    }
-}
 
 
 def _scenarios() -> dict[str, dict[str, Any]]:
-    every = representative_values(NODES, "passwords")
+    every = representative_values(NODE_KEYS, "passwords")
     identities = [*every["services"], "admin", "operator", "console"]
     inline = merged(every, {"natsAuth": {"passwords": {"generate": False}}})
     inline["natsAuth"]["passwords"].update({i: f"{i}-pw" for i in identities})
@@ -50,12 +40,12 @@ def _scenarios() -> dict[str, dict[str, Any]]:
         "hashes": dict.fromkeys(identities, HASH),
     }
     return {
-        "callout": representative_values(NODES, "callout"),
+        "callout": representative_values(NODE_KEYS, "callout"),
         "callout-defaults": minimal(),
-        "nkeys": representative_values(NODES, "nkeys"),
+        "nkeys": representative_values(NODE_KEYS, "nkeys"),
         "passwords-inline": inline,
         "passwords-existing-secret": existing,
-        "tls": merged(representative_values(NODES, "callout"), TLS),
+        "tls": merged(representative_values(NODE_KEYS, "callout"), TLS_VALUES),
         "own-token-secrets": minimal(
             {
                 "console": {"token": "", "tokenSecret": "console-token"},

@@ -16,10 +16,11 @@ from kubernetes_validate.utils import all_versions
 
 from tests.integration.helm_chart import (
     MONITORING_API,
+    NODE_KEYS,
     SERVICES,
+    TLS_VALUES,
     merged,
     minimal,
-    new_nkey,
     render,
     representative_values,
 )
@@ -34,23 +35,12 @@ def _minor(version: str) -> tuple[int, int]:
 
 
 VERSIONS = sorted({v for v in all_versions() if _minor(v) >= OLDEST}, key=_minor)
-NODES = {"gpu-node-01": new_nkey()[1], "dgx.rack7": new_nkey()[1]}
-TLS = {
-    "bus": {
-        "url": "tls://nats.nats.svc:4222",
-        "tls": {
-            "enabled": True,
-            "ca": {"secretName": "nats-ca"},
-            "clientCert": {"secretName": "nodeward-client"},
-        },
-    }
-}
 MATRIX: dict[str, tuple[dict[str, Any], list[str]]] = {
-    "passwords": (representative_values(NODES, "passwords"), []),
-    "nkeys": (representative_values(NODES, "nkeys"), []),
-    "callout": (representative_values(NODES, "callout"), []),
-    "callout-tls": (merged(representative_values(NODES, "callout"), TLS), []),
-    "callout-prometheus-operator": (representative_values(NODES, "callout"), [MONITORING_API]),
+    "passwords": (representative_values(NODE_KEYS, "passwords"), []),
+    "nkeys": (representative_values(NODE_KEYS, "nkeys"), []),
+    "callout": (representative_values(NODE_KEYS, "callout"), []),
+    "callout-tls": (merged(representative_values(NODE_KEYS, "callout"), TLS_VALUES), []),
+    "callout-prometheus-operator": (representative_values(NODE_KEYS, "callout"), [MONITORING_API]),
     "defaults-no-prometheus-operator": (minimal(), []),
 }
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from launch.access import AGENT_GRANTS, GRANTS
 from nodeward import nats_auth
@@ -32,8 +31,10 @@ from tests.integration.helm_chart import (
     new_xkey,
     nkeys_values,
     notes,
+    pod_specs,
     refusal,
     render,
+    rendered_config,
     representative_values,
 )
 
@@ -54,22 +55,6 @@ def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["mountPath"]: m for m in container.get("volumeMounts", [])}
-
-
-def _workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Pod spec of every workload, by name."""
-    return {
-        d["metadata"]["name"]: d["spec"]["template"]["spec"]
-        for d in docs
-        if d["kind"] in {"DaemonSet", "Deployment", "Job"}
-    }
-
-
-def _config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load(
-        named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"]
-    )
-    return config
 
 
 # --- callout ------------------------------------------------------------------------------
@@ -128,7 +113,7 @@ def test_without_an_xkey_the_include_and_the_config_name_none(tmp_path: Path) ->
     del values["natsAuth"]["callout"]["xkey"]
     docs = render(tmp_path, values)
     assert "xkey" not in auth_conf(docs)
-    assert "xkey_seed_file" not in _config(docs)["auth_callout"]
+    assert "xkey_seed_file" not in rendered_config(docs)["auth_callout"]
     pod = named(docs, "Deployment", "nw-auth-callout")["spec"]["template"]["spec"]
     (secret,) = [
         s["secret"]
@@ -205,7 +190,7 @@ def test_another_callout_secret_and_audience(tmp_path: Path) -> None:
     assert [s["secret"]["name"] for s in config["projected"]["sources"] if "secret" in s] == [
         "my-callout"
     ]
-    assert _config(docs)["auth_callout"]["audience"] == "nats.example"
+    assert rendered_config(docs)["auth_callout"]["audience"] == "nats.example"
     cordon = named(docs, "Deployment", "nw-cordon")["spec"]["template"]["spec"]
     (token,) = [v for v in cordon["volumes"] if v["name"] == "nats-credentials"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "nats.example"
@@ -213,7 +198,7 @@ def test_another_callout_secret_and_audience(tmp_path: Path) -> None:
 
 def test_the_callout_config_section(callout: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     _, docs = callout
-    assert _config(docs)["auth_callout"] == {
+    assert rendered_config(docs)["auth_callout"] == {
         "issuer_seed_file": "/etc/nodeward/auth-callout/issuer.nk",
         "xkey_seed_file": "/etc/nodeward/auth-callout/xkey.nk",
         "permissions_file": "/etc/nodeward/nats-permissions.json",
@@ -228,7 +213,7 @@ def test_in_callout_mode_every_other_pod_presents_its_projected_token_and_nothin
     callout: tuple[dict[str, Any], list[dict[str, Any]]],
 ) -> None:
     _, docs = callout
-    workloads = _workloads(docs)
+    workloads = pod_specs(docs)
     expected = {f"nw-{s}" for s in SERVICES} | {"nw-console", "nw-provision", "nw-agent"}
     assert set(workloads) == expected | {"nw-auth-callout"}
     accounts = {a["metadata"]["name"] for a in by_kind(docs, "ServiceAccount")}
@@ -359,7 +344,7 @@ def test_in_nkeys_mode_each_component_mounts_its_own_seed(
     nkeys_render: tuple[dict[str, Any], dict[str, str], list[dict[str, Any]]],
 ) -> None:
     _, _, docs = nkeys_render
-    workloads = _workloads(docs)
+    workloads = pod_specs(docs)
     for name, identity in [
         *((f"nw-{s}", s) for s in SERVICES),
         ("nw-console", "console"),
@@ -450,7 +435,7 @@ def test_an_existing_secret_with_hashes(tmp_path: Path) -> None:
         "nw-console-token",
     }
     assert {u["password"] for u in _users(docs)} == {HASH}
-    workloads = _workloads(docs)
+    workloads = pod_specs(docs)
     for name, identity in [
         ("nw-cordon", "cordon"),
         ("nw-console", "console"),
@@ -513,7 +498,7 @@ def test_in_operator_mode_the_callout_signs_in_with_creds_and_no_include_is_rend
         minimal({"natsAuth": {"callout": {"operatorMode": True, "account": account}}}),
     )
     assert not [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == "nw-nats-auth"]
-    assert _config(docs)["auth_callout"]["account"] == account
+    assert rendered_config(docs)["auth_callout"]["account"] == account
     pod = named(docs, "Deployment", "nw-auth-callout")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["NODEWARD_BUS__CREDS_FILE"] == "/etc/nodeward/auth-callout/user.creds"

@@ -22,6 +22,7 @@ from schemas.tokens import token
 from tests.conftest import wait_for
 from tests.integration.helm_chart import (
     DEFAULT_SERVICES,
+    Errors,
     minimal,
     named,
     nats_server_layout,
@@ -31,19 +32,6 @@ from tests.integration.helm_chart import (
 
 NODE_A, NODE_B = "gpu-node-a", "dgx.rack7"
 IDENTITIES = (*DEFAULT_SERVICES, "admin", "operator", "console")
-
-
-class Errors:
-    """A client's async errors (permissions violations arrive here)."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def record(self, exc: Exception) -> None:
-        self.seen.append(str(exc))
-
-    def has(self, *words: str) -> bool:
-        return any(all(w.lower() in e.lower() for w in words) for e in self.seen)
 
 
 def _inbox(identity: str) -> str:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.integration.helm_chart import (
     MONITORING_API,
@@ -16,27 +15,14 @@ from tests.integration.helm_chart import (
     minimal,
     named,
     notes,
+    pod_specs,
     refusal,
     render,
+    rendered_config,
 )
 
 TLS_DIR = "/var/run/secrets/nodeward.io/nats-tls"
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-
-
-def _workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {
-        d["metadata"]["name"]: d["spec"]["template"]["spec"]
-        for d in docs
-        if d["kind"] in {"DaemonSet", "Deployment", "Job"}
-    }
-
-
-def _config(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load(
-        named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"]
-    )
-    return config
 
 
 # --- NATS egress --------------------------------------------------------------------------
@@ -79,7 +65,7 @@ def test_no_nats_egress_peers_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["callout", "passwords"])
-def test_tls_files_are_mounted_in_every_pod_and_named_in_the_config(
+def test_tls_files_are_mounted_in_every_pod_and_named_in_therendered_config(
     tmp_path: Path, mode: str
 ) -> None:
     values = minimal(
@@ -96,12 +82,12 @@ def test_tls_files_are_mounted_in_every_pod_and_named_in_the_config(
     if mode == "passwords":
         values["natsAuth"] = {"mode": "passwords", "passwords": {"generate": True}}
     docs = render(tmp_path, values)
-    assert {k: v for k, v in _config(docs)["bus"].items() if k.startswith("tls_")} == {
+    assert {k: v for k, v in rendered_config(docs)["bus"].items() if k.startswith("tls_")} == {
         "tls_ca_file": f"{TLS_DIR}/ca.crt",
         "tls_cert_file": f"{TLS_DIR}/tls.crt",
         "tls_key_file": f"{TLS_DIR}/tls.key",
     }
-    workloads = _workloads(docs)
+    workloads = pod_specs(docs)
     assert len(workloads) >= 7
     for name, pod in workloads.items():
         (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-tls"]
@@ -135,15 +121,15 @@ def test_a_ca_alone_names_no_client_certificate(tmp_path: Path) -> None:
     docs = render(
         tmp_path, minimal({"bus": {"tls": {"enabled": True, "ca": {"secretName": "ca"}}}})
     )
-    bus = _config(docs)["bus"]
+    bus = rendered_config(docs)["bus"]
     assert bus["tls_ca_file"] == f"{TLS_DIR}/ca.crt"
     assert "tls_cert_file" not in bus and "tls_key_file" not in bus
 
 
 def test_tls_off_mounts_nothing(tmp_path: Path) -> None:
     docs = render(tmp_path, minimal())
-    assert not [k for k in _config(docs)["bus"] if k.startswith("tls")]
-    for pod in _workloads(docs).values():
+    assert not [k for k in rendered_config(docs)["bus"] if k.startswith("tls")]
+    for pod in pod_specs(docs).values():
         assert "nats-tls" not in {v["name"] for v in pod["volumes"]}
 
 
@@ -194,7 +180,7 @@ def test_service_defaults_schedule_every_non_agent_pod_and_each_may_override(
             "natsAuth": {"callout": {"priorityClassName": "system-cluster-critical"}},
         }
     )
-    workloads = _workloads(render(tmp_path, values))
+    workloads = pod_specs(render(tmp_path, values))
     for name, pod in workloads.items():
         if name == "nw-agent":
             continue
@@ -213,7 +199,7 @@ def test_service_defaults_schedule_every_non_agent_pod_and_each_may_override(
 def test_without_values_only_the_callout_is_spread_and_nothing_else_is_scheduled(
     tmp_path: Path,
 ) -> None:
-    workloads = _workloads(render(tmp_path, minimal()))
+    workloads = pod_specs(render(tmp_path, minimal()))
     for name, pod in workloads.items():
         assert "nodeSelector" not in pod and "priorityClassName" not in pod, name
         if name not in {"nw-agent", "nw-auth-callout"}:
@@ -242,7 +228,7 @@ def test_agents_scheduling(tmp_path: Path) -> None:
             }
         }
     )
-    agent = _workloads(render(tmp_path, values))["nw-agent"]
+    agent = pod_specs(render(tmp_path, values))["nw-agent"]
     assert agent["nodeSelector"] == {"gpu": "yes"}
     assert agent["priorityClassName"] == "system-node-critical"
     # The GPU node terms stay, beside the affinity given.
@@ -250,7 +236,7 @@ def test_agents_scheduling(tmp_path: Path) -> None:
     assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
     assert agent["affinity"]["podAntiAffinity"] == pod_affinity["podAntiAffinity"]
     # A nodeAffinity of one's own replaces the GPU node terms.
-    own = _workloads(render(tmp_path / "own", minimal({"agents": {"affinity": ZONE}})))["nw-agent"]
+    own = pod_specs(render(tmp_path / "own", minimal({"agents": {"affinity": ZONE}})))["nw-agent"]
     assert own["affinity"] == ZONE
 
 
@@ -279,7 +265,7 @@ def test_extra_volumes_and_mounts_reach_each_component(tmp_path: Path) -> None:
             "console": {"extraVolumes": [vol("console")], "extraVolumeMounts": [mnt("console")]},
         }
     )
-    workloads = _workloads(render(tmp_path, values))
+    workloads = pod_specs(render(tmp_path, values))
     expected = {
         "nw-credentials": ["corp-ca", "svc", "krb5"],
         "nw-cordon": ["corp-ca", "svc"],
@@ -309,15 +295,15 @@ def test_extra_volumes_and_mounts_reach_each_component(tmp_path: Path) -> None:
 
 
 def test_resources_keep_their_defaults(tmp_path: Path) -> None:
-    workloads = _workloads(render(tmp_path, minimal()))
-    service = {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "384Mi"}}
+    workloads = pod_specs(render(tmp_path, minimal()))
+    service = {"requests": {"cpu": "50m", "memory": "112Mi"}, "limits": {"memory": "384Mi"}}
     for name in ("nw-cordon", "nw-console", "nw-auth-callout", "nw-provision"):
         (container,) = workloads[name]["containers"]
         assert container["resources"] == service, name
     agent = {c["name"]: c["resources"] for c in workloads["nw-agent"]["containers"]}
     assert agent == {
-        "gpu": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "energy": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "gpu": {"requests": {"cpu": "20m", "memory": "80Mi"}, "limits": {"memory": "256Mi"}},
+        "energy": {"requests": {"cpu": "20m", "memory": "80Mi"}, "limits": {"memory": "256Mi"}},
         "idle": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "192Mi"}},
     }
     own = {"requests": {"cpu": "5m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
@@ -326,7 +312,7 @@ def test_resources_keep_their_defaults(tmp_path: Path) -> None:
         minimal({"natsAuth": {"callout": {"resources": own}}, "provision": {"resources": own}}),
     )
     for name in ("nw-auth-callout", "nw-provision"):
-        (container,) = _workloads(docs)[name]["containers"]
+        (container,) = pod_specs(docs)[name]["containers"]
         assert container["resources"] == own
 
 

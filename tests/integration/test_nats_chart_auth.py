@@ -36,6 +36,7 @@ from schemas.remediation import Remediation
 from services.notifier import service as notifier
 from tests.conftest import wait_for
 from tests.integration.helm_chart import (
+    Errors,
     named,
     nats_server_layout,
     new_nkey,
@@ -51,20 +52,6 @@ def _decode_secret(doc: dict[str, Any], key: str) -> str:
 def _auth_layout(tmp: Path, docs: list[dict[str, Any]]) -> Path:
     """nats.conf and the auth file laid out as the NATS pod sees them; returns nats.conf."""
     return nats_server_layout(tmp, docs)
-
-
-class Errors:
-    """A raw client's async errors (permissions violations arrive here)."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def record(self, exc: Exception) -> None:
-        self.seen.append(str(exc))
-
-    def has(self, *words: str) -> bool:
-        """Some error mentions every word (the server lower-cases subjects in these)."""
-        return any(all(w.lower() in e.lower() for w in words) for e in self.seen)
 
 
 async def _raw(url: str, seed_file: Path, inbox: str, errors: Errors) -> Client:
