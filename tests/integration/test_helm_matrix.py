@@ -21,6 +21,7 @@ from tests.integration.helm_chart import (
     TLS_VALUES,
     merged,
     minimal,
+    new_account_key,
     render,
     representative_values,
 )
@@ -40,6 +41,13 @@ MATRIX: dict[str, tuple[dict[str, Any], list[str]]] = {
     "nkeys": (representative_values(NODE_KEYS, "nkeys"), []),
     "callout": (representative_values(NODE_KEYS, "callout"), []),
     "callout-tls": (merged(representative_values(NODE_KEYS, "callout"), TLS_VALUES), []),
+    "callout-operator-mode": (
+        merged(
+            representative_values(NODE_KEYS, "callout"),
+            {"natsAuth": {"callout": {"operatorMode": True, "account": new_account_key()[1]}}},
+        ),
+        [],
+    ),
     "callout-prometheus-operator": (representative_values(NODE_KEYS, "callout"), [MONITORING_API]),
     "defaults-no-prometheus-operator": (minimal(), []),
 }
