@@ -313,3 +313,22 @@ class Errors:
     def has(self, *words: str) -> bool:
         """Some error mentions every word (the server lower-cases subjects in these)."""
         return any(all(w.lower() in e.lower() for w in words) for e in self.seen)
+
+
+def validation_errors(docs: list[dict[str, Any]], version: str) -> list[str]:
+    """What kubernetes-validate (strict) finds wrong in `docs` for Kubernetes `version`,
+    one line per manifest; the Prometheus operator's kinds, which it has no schema for,
+    are skipped."""
+    import kubernetes_validate
+
+    errors = []
+    for doc in docs:
+        if doc["kind"] in {"ServiceMonitor", "PodMonitor", "PrometheusRule"}:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(
+                f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
+            )
+    return errors

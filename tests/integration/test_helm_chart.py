@@ -37,6 +37,7 @@ from tests.integration.helm_chart import (
     refusal,
     render,
     representative_values,
+    validation_errors,
 )
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest
@@ -90,16 +91,7 @@ def test_every_manifest_validates_against_kubernetes(
 ) -> None:
     kinds = {d["kind"] for d in docs}
     assert {"DaemonSet", "Deployment", "NetworkPolicy", "Secret", "Job"} <= kinds
-    errors = []
-    for doc in docs:
-        if doc["kind"] in OPERATOR_KINDS:
-            continue
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(
-                f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
-            )
+    errors = validation_errors(docs, version)
     assert not errors, "\n".join(errors)
 
 

@@ -24,6 +24,7 @@ from tests.integration.helm_chart import (
     new_account_key,
     render,
     representative_values,
+    validation_errors,
 )
 
 OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -75,17 +76,10 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.parametrize("scenario", sorted(MATRIX))
 def test_every_manifest_validates(rendered: Any, scenario: str, version: str) -> None:
     docs = rendered(scenario)
-    errors = []
     for doc in docs:
         if doc["kind"] in OPERATOR_KINDS:
             assert doc["apiVersion"] == MONITORING_API and doc["spec"]
-            continue
-        try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            errors.append(
-                f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}"
-            )
+    errors = validation_errors(docs, version)
     assert not errors, "\n".join(errors)
 
 
