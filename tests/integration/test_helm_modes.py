@@ -21,9 +21,11 @@ from tests.integration.helm_chart import (
     CHART,
     DEFAULT_SERVICES,
     SERVICES,
+    TLS_VALUES,
     auth_conf,
     by_kind,
     callout_values,
+    merged,
     minimal,
     named,
     new_account_key,
@@ -528,3 +530,34 @@ def test_the_notes_say_what_operator_mode_needs(tmp_path: Path) -> None:
     assert f"nodeward's account {account} names the callout's user" in said
     assert "default_sentinel" in said and "keys user.creds" in said
     assert "includes the file auth.conf" not in said
+
+
+@pytest.mark.parametrize("mode", ["callout", "callout-operator", "nkeys", "passwords"])
+def test_every_pod_reads_its_config_and_env_as_nodeward_settings(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the chart writes into config.yaml and each container's NODEWARD_* env is what
+    nodeward's settings know (they refuse unknown keys): a key the chart invents, or one
+    the code renamed, fails here rather than in every pod at start."""
+    from nodeward.config import load_settings
+
+    nodes = {"gpu-node-01": new_nkey()[1]}
+    values = representative_values(nodes, mode.split("-", maxsplit=1)[0])
+    if mode == "callout-operator":
+        values["natsAuth"]["callout"].update(operatorMode=True, account=new_account_key()[1])
+    docs = render(tmp_path, merged(values, TLS_VALUES))
+    config = tmp_path / "config.yaml"
+    config.write_text(named(docs, "ConfigMap", "nw-config")["data"]["config.yaml"])
+    checked = 0
+    for name, pod in pod_specs(docs).items():
+        for container in pod["containers"]:
+            with monkeypatch.context() as env:
+                for item in container.get("env", []):
+                    if item["name"].startswith("NODEWARD_"):
+                        env.setenv(item["name"], str(item.get("value", "from-a-secret")))
+                settings = load_settings(config)
+            assert settings.bus.url == "tls://nats.nats.svc:4222", f"{name}/{container['name']}"
+            checked += 1
+    assert checked >= 10
+    if mode.startswith("callout"):
+        assert settings.auth_callout.release == "nw"
