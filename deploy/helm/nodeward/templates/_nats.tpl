@@ -130,10 +130,10 @@ natsAuth.callout.xkey is set. Keep it here, in one place. */}}
 {{- define "nodeward.calloutInclude" -}}
 {{- $c := .Values.natsAuth.callout -}}
 {{- if not (regexMatch "^U[A-Z2-7]{55}$" ($c.userKey | default "")) -}}
-{{- fail (printf "natsAuth.callout.userKey: %q is not an nkey user public key (U...; `nk -gen user -pubout`), required in natsAuth.mode=callout" ($c.userKey | default "")) -}}
+{{- fail (printf "natsAuth.callout.userKey: %q is not an nkey user public key (U...; `nodeward auth-callout --new-keys DIR` prints it), required in natsAuth.mode=callout" ($c.userKey | default "")) -}}
 {{- end -}}
 {{- if not (regexMatch "^A[A-Z2-7]{55}$" ($c.issuerKey | default "")) -}}
-{{- fail (printf "natsAuth.callout.issuerKey: %q is not an nkey account public key (A...; `nk -gen account -pubout`), required in natsAuth.mode=callout" ($c.issuerKey | default "")) -}}
+{{- fail (printf "natsAuth.callout.issuerKey: %q is not an nkey account public key (A...; `nodeward auth-callout --new-keys DIR` prints it), required in natsAuth.mode=callout" ($c.issuerKey | default "")) -}}
 {{- end -}}
 {{- if and $c.xkey (not (regexMatch "^X[A-Z2-7]{55}$" $c.xkey)) -}}
 {{- fail (printf "natsAuth.callout.xkey: %q is not a curve public key (X...; `nk -gen curve -pubout`)" $c.xkey) -}}
