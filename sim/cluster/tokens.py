@@ -233,34 +233,21 @@ class Tokens:
         with its token, or the API server's error."""
         meta = dict(body.get("metadata") or {})
         spec = dict(body.get("spec") or {})
-        if meta.get("name") and meta["name"] != name:
-            raise invalid(
-                "TokenRequest",
-                name,
-                GROUP,
-                [
-                    (
-                        "metadata.name",
-                        "FieldValueInvalid",
-                        f'Invalid value: "{meta["name"]}": must match the service account name '
-                        "if specified",
-                    )
-                ],
-            )
-        if meta.get("namespace") and meta["namespace"] != namespace:
-            raise invalid(
-                "TokenRequest",
-                name,
-                GROUP,
-                [
-                    (
-                        "metadata.namespace",
-                        "FieldValueInvalid",
-                        f'Invalid value: "{meta["namespace"]}": must match the service account '
-                        "namespace if specified",
-                    )
-                ],
-            )
+        for field, expected in (("name", name), ("namespace", namespace)):
+            if meta.get(field) and meta[field] != expected:
+                raise invalid(
+                    "TokenRequest",
+                    name,
+                    GROUP,
+                    [
+                        (
+                            f"metadata.{field}",
+                            "FieldValueInvalid",
+                            f'Invalid value: "{meta[field]}": must match the service account '
+                            f"{field} if specified",
+                        )
+                    ],
+                )
         account = self.store.get(_ACCOUNTS, namespace, name)
         account_uid = account["metadata"]["uid"]
         asked_uid = meta.get("uid")
