@@ -377,6 +377,10 @@ async def test_tokens_without_a_nodeward_identity_for_nats_are_refused(
 ) -> None:
     token_file = await env.token(account, namespace=namespace, audience=audience)
     assert "Authorization Violation" in await _refused(env.bus(token_file))
+    # the server logs the callout's one-line reason, and never the token
+    log = env.nats.log_file.read_text()
+    assert "Auth callout service returned an error: " in log
+    assert token_file.read_text().strip() not in log
 
 
 async def test_no_token_is_refused(env: Env) -> None:
