@@ -377,9 +377,14 @@ async def test_tokens_without_a_nodeward_identity_for_nats_are_refused(
 ) -> None:
     token_file = await env.token(account, namespace=namespace, audience=audience)
     assert "Authorization Violation" in await _refused(env.bus(token_file))
-    # the server logs the callout's one-line reason, and never the token
-    log = env.nats.log_file.read_text()
-    assert "Auth callout service returned an error: " in log
+    # the server logs the callout's one-line reason (after it told the client), and never
+    # the token
+
+    def logged() -> str | None:
+        text = env.nats.log_file.read_text()
+        return text if "Auth callout service returned an error: " in text else None
+
+    log = await wait_for(logged, what="the server's log of the refusal")
     assert token_file.read_text().strip() not in log
 
 

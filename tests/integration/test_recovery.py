@@ -256,9 +256,12 @@ async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboo
     assert record is not None and record.incident == escalated.incident
     assert record.step == Step.ESCALATED and record.held
     audits = await env.audits()
-    # The XID 64 that came first started a reset plan (since escalated); nothing after it.
+    # The first fault's incident either started a reset plan (then escalated) or, when the
+    # quarantine recovery read already carried the row-remap failure (a loaded machine:
+    # cordon folded both GPU 1 faults first), went to on-call at once; either way nothing
+    # started for GPU 5 after it.
     recovers = [a.trigger_event_id for a in audits if a.action == "recover"]
-    assert recovers == [escalated.incident]
+    assert set(recovers) <= {escalated.incident}
     assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
     node = await env.node_obj()
     assert _has_taint(node) and (hold_of(node) or {}).get("incident") == escalated.incident
