@@ -19,6 +19,7 @@ from schemas.common import NodeName
 from schemas.maintenance import CheckpointRecord, MaintenancePhase
 from schemas.state import Bucket
 from schemas.state.lease import LeaseRecord, lease_key
+from schemas.state.workflow import FlowState
 from schemas.tokens import token
 
 BUCKET = "checkpoint"
@@ -91,6 +92,9 @@ class MaintenanceState(Model):
     )
     released_at: datetime | None = Field(
         default=None, description="when nodeward took its cordon off (finish or cancel)"
+    )
+    flow: FlowState = Field(
+        default_factory=FlowState, description="the workflow engine's bookkeeping of `phase`"
     )
 
     @property

@@ -8,6 +8,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from schemas.state import Bucket
+from schemas.state.workflow import FlowState
 
 BUCKET = "recovery"
 
@@ -68,6 +69,9 @@ class RecoveryRecord(BaseModel):
     )
     held: bool = Field(
         default=False, description="recovery's human hold is on the node (after an escalation)"
+    )
+    flow: FlowState = Field(
+        default_factory=FlowState, description="the workflow engine's bookkeeping of `step`"
     )
 
     @property

@@ -13,10 +13,14 @@ them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evide
 service drives, or handed to a human, from being released automatically. The auditor's
 `Tally` counts restatements (noisy skips) per window instead of auditing each. `acting` builds
 what a service acts with (its runner and auditor, exemptions, operator controls' guards), and
-a service's severity table is composed from the presets in `severities`.
+a service's severity table is composed from the presets in `severities`. `Workflow` is the
+durable step engine (named steps over a KV record, revision-checked, resumable after a crash,
+per-step deadlines and retries, cancel) maintenance and recovery run on; `Driver` runs each
+unfinished workflow as a task.
 """
 
 from schemas.state.breaker import BreakerState
+from schemas.state.workflow import FlowState
 from services.kernel.acting import Acting, acting
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
@@ -31,6 +35,15 @@ from services.kernel.proposal import Guard, Proposal, Stage, Verdict
 from services.kernel.runner import ActionRunner
 from services.kernel.severities import Severities, Table, per_action, table
 from services.kernel.tally import Tally, TallySettings
+from services.kernel.workflow import (
+    Cancelled,
+    Driver,
+    Gone,
+    Retry,
+    Step,
+    Stepped,
+    Workflow,
+)
 
 __all__ = [
     "EXEMPT_LABEL",
@@ -41,14 +54,18 @@ __all__ = [
     "Auditor",
     "BreakerSettings",
     "BreakerState",
+    "Cancelled",
     "CircuitBreaker",
     "Cooldown",
     "Dedup",
     "DedupWindow",
     "DrainResult",
     "DrainSettings",
+    "Driver",
     "Exemptions",
     "Flapping",
+    "FlowState",
+    "Gone",
     "Guard",
     "GuardChain",
     "KeyedRateLimiter",
@@ -59,14 +76,18 @@ __all__ = [
     "RateLimitSettings",
     "RateLimiter",
     "ReleaseHold",
+    "Retry",
     "Severities",
     "SkippedNamespaces",
     "Stage",
     "Staleness",
+    "Step",
+    "Stepped",
     "Table",
     "Tally",
     "TallySettings",
     "Verdict",
+    "Workflow",
     "acting",
     "blockers",
     "drain",
