@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -74,6 +74,7 @@ from services.kernel import (
     Proposal,
     Stage,
     Verdict,
+    Workflow,
     acting,
     blockers,
     drain,
@@ -93,6 +94,8 @@ from services.kernel.drain import EVIDENCE
 from services.kernel.holds import release_command
 from services.kernel.marks import NodeMarks
 from services.kernel.severities import FAILURE_WARNS, GOOD_NEWS
+from services.kernel.workflow import Gone, Retry
+from services.kernel.workflow import Step as FlowStep
 from services.recovery.access import ACCESS
 from services.recovery.policy import (
     AfterFailure,
@@ -291,6 +294,45 @@ class RecoveryService:
         self.node_lock = KeyedLocks()
         """One node's recovery stepped one at a time."""
         self.log = structlog.get_logger().bind(service=NAME)
+        self.flow = self._workflow(records)
+
+    def _workflow(self, records: TypedKV[RecoveryRecord]) -> Workflow[RecoveryRecord]:
+        """The recovery's steps on the kernel's workflow engine. A step that raised is tried
+        again on a later pass (doubling from `interval`); the drain and the reboot wait up
+        to their timeouts (`drain_timeout` from the start, `reboot_timeout` from the ask),
+        then escalate or count a failed attempt."""
+        interval = self.settings.interval.total_seconds()
+        retry = Retry(first_s=interval, cap_s=max(interval * 8, interval))
+
+        def step(fn: Callable[[RecoveryRecord, Obj], Awaitable[None]], **more: Any) -> Any:
+            return FlowStep(self._on_node(fn), retry=retry, **more)
+
+        return Workflow(
+            NAME,
+            records,
+            {
+                Step.DRAINING: step(
+                    self._draining, deadline=self._drain_deadline, expired=self._undrained
+                ),
+                Step.BLOCKED: step(
+                    self._blocked, deadline=self._drain_deadline, expired=self._still_blocked
+                ),
+                Step.REMEDIATING: step(self._remediate),
+                Step.REBOOTING: step(
+                    self._rebooting, deadline=self._reboot_deadline, expired=self._no_reboot
+                ),
+                Step.VALIDATING: step(self._validate),
+                Step.RELEASING: step(self._release),
+            },
+            prefix="node.",
+            key_of=lambda r: node_key(r.node),
+            identity=lambda r: r.incident,
+            step_of=lambda r: r.step.value,
+            with_step=lambda r, to: r.model_copy(update={"step": Step(to)}),
+            terminal=lambda r: r.terminal,
+            errors=(KubeError, NatsError, TimeoutError),
+            failpoints=self.marks.failpoints,
+        )
 
     # consumers --------------------------------------------------------------------------
     def consumer_spec(self) -> ConsumerSpec:
@@ -569,16 +611,8 @@ class RecoveryService:
             return
         stored = await self.records.get(node_key(record.node))
         record = stored.value if stored else record
-        since = time.time() - record.started_at
-        if since > self.settings.drain_timeout.total_seconds():
-            listed = "; ".join(f"{pod}: {why}" for pod, why in sorted(record.blocked.items()))
-            await self._escalate(
-                record,
-                f"the drain left {len(record.blocked)} pod(s) for {since:.0f}s, past "
-                f"drain_timeout: {listed}",
-                rma=False,
-            )
-            return
+        if time.time() >= self._drain_deadline(record):
+            return  # past drain_timeout: the engine escalates it
         if time.time() < (record.next_evict_at or 0) or self.runner.dry_run:
             return  # not yet; or a service turned dry-running since: it evicts nothing
         # One attempt per pod, no waiting on a budget: the pass drives every node in turn.
@@ -711,34 +745,58 @@ class RecoveryService:
                     await self.step(current.value)
 
     async def step(self, record: RecoveryRecord) -> None:
-        """One step of one recovery."""
-        try:
-            obj = await self.cluster.nodes.get(record.node)
-        except NotFound:
-            await self._save(record, Step.GONE, "the node left the cluster")
-            return
-        if record.step != Step.RELEASING and not _has_quarantine(obj):
-            await self._ended_elsewhere(record)
-            return
-        steps: dict[Step, Callable[[RecoveryRecord, Obj], Any]] = {
-            Step.DRAINING: self._draining,
-            Step.BLOCKED: self._blocked,
-            Step.REMEDIATING: self._remediate,
-            Step.REBOOTING: self._rebooting,
-            Step.VALIDATING: self._validate,
-            Step.RELEASING: self._release,
-        }
-        await steps[record.step](record, obj)
+        """One step of one recovery (the kernel's workflow engine runs it)."""
+        await self.flow.step(record)
+
+    def _on_node(
+        self, fn: Callable[[RecoveryRecord, Obj], Awaitable[None]]
+    ) -> Callable[[RecoveryRecord], Awaitable[float | None]]:
+        """A step of a node still quarantined: one that left the cluster, or whose
+        quarantine ended some other way (but while releasing), ends the recovery instead."""
+
+        async def run(record: RecoveryRecord) -> float | None:
+            try:
+                obj = await self.cluster.nodes.get(record.node)
+            except NotFound:
+                await self._save(record, Step.GONE, "the node left the cluster")
+                return None
+            if record.step != Step.RELEASING and not _has_quarantine(obj):
+                await self._ended_elsewhere(record)
+                return None
+            await fn(record, obj)
+            return None
+
+        return run
+
+    def _drain_deadline(self, record: RecoveryRecord) -> float:
+        return record.started_at + self.settings.drain_timeout.total_seconds()
+
+    def _reboot_deadline(self, record: RecoveryRecord) -> float:
+        return (record.asked_at or record.updated_at) + self.settings.reboot_timeout.total_seconds()
+
+    async def _undrained(self, record: RecoveryRecord, why: str) -> None:
+        since = time.time() - record.started_at
+        await self._escalate(record, f"no maintenance done within {since:.0f}s", rma=False)
+
+    async def _still_blocked(self, record: RecoveryRecord, why: str) -> None:
+        since = time.time() - record.started_at
+        listed = "; ".join(f"{pod}: {why}" for pod, why in sorted(record.blocked.items()))
+        await self._escalate(
+            record,
+            f"the drain left {len(record.blocked)} pod(s) for {since:.0f}s, past "
+            f"drain_timeout: {listed}",
+            rma=False,
+        )
+
+    async def _no_reboot(self, record: RecoveryRecord, why: str) -> None:
+        waited = time.time() - (record.asked_at or record.updated_at)
+        await self._failed_attempt(record, f"no reboot within {waited:.0f}s")
 
     async def _draining(self, record: RecoveryRecord, obj: Obj) -> None:
         """Ask for the maintenance (its id is the recovery's: asking again is a no-op);
         `handle_maintenance` moves on when it is done."""
-        since = time.time() - record.started_at
-        if since > self.settings.drain_timeout.total_seconds():
-            await self._escalate(record, f"no maintenance done within {since:.0f}s", rma=False)
-            return
-        if "draining: requested" in record.history:
-            return
+        if time.time() >= self._drain_deadline(record) or "draining: requested" in record.history:
+            return  # past drain_timeout: the engine escalates it
         mid = record.maintenance_id or f"mnt-recovery-{record.incident}"
         proposal = self._proposal(record, "drain", f"maintenance {mid} of {record.node}: "
                                   "checkpoints first, then the drain, before the "
@@ -837,10 +895,6 @@ class RecoveryService:
             )  # fmt: skip
             await self._save(record, Step.VALIDATING, f"rebooted ({now_boot})")
             self.wake.set()
-            return
-        waited = time.time() - (record.asked_at or record.updated_at)
-        if waited > self.settings.reboot_timeout.total_seconds():
-            await self._failed_attempt(record, f"no reboot within {waited:.0f}s")
 
     async def _validate(self, record: RecoveryRecord, obj: Obj) -> None:
         ask = ValidateRequest(
@@ -1065,30 +1119,37 @@ class RecoveryService:
         await self.runner.record(proposal, Outcome.APPLIED, details=details)
 
     async def _update(self, record: RecoveryRecord, **changes: Any) -> RecoveryRecord:
-        def apply(current: RecoveryRecord | None) -> RecoveryRecord | None:
-            if current is None or current.incident != record.incident:
-                return None
+        """Change this recovery's record (revision-checked); a new `step` is a move of the
+        workflow (its bookkeeping starts afresh)."""
+
+        def apply(current: RecoveryRecord) -> RecoveryRecord:
             return current.model_copy(update={**changes, "updated_at": time.time()})
 
-        stored = await self.records.update(node_key(record.node), apply)
-        return stored.value if stored else record.model_copy(update=changes)
+        to = changes.pop("step", None)
+        try:
+            if to is not None:
+                return await self.flow.advance(record, Step(to).value, apply)
+            return await self.flow.save(record, apply)
+        except Gone:
+            return record.model_copy(update=changes)
 
     async def _save(
         self, record: RecoveryRecord, step: Step, what: str, *, note_only: bool = False
     ) -> RecoveryRecord:
-        def apply(current: RecoveryRecord | None) -> RecoveryRecord | None:
-            if current is None or current.incident != record.incident:
-                return None
+        def note(current: RecoveryRecord) -> RecoveryRecord:
             history = [*current.history, f"{step.value}: {what}"][-40:]
-            update: dict[str, Any] = {"history": history, "updated_at": time.time()}
-            if not note_only:
-                update["step"] = step
-            return current.model_copy(update=update)
+            return current.model_copy(update={"history": history, "updated_at": time.time()})
 
-        stored = await self.records.update(node_key(record.node), apply)
+        try:
+            if note_only:
+                stored = await self.flow.save(record, note)
+                self.marks.failpoints.hit(f"recovery.{step.value}")  # as the engine's moves
+            else:  # the engine's failpoint `recovery.<step>`: crash tests, after the write
+                stored = await self.flow.advance(record, step.value, note)
+        except Gone:
+            stored = record
         self.log.info("recovery.step", step=step.value, what=what)
-        self.marks.failpoints.hit(f"recovery.{step.value}")  # crash tests: after each save
-        return stored.value if stored else record
+        return stored
 
 
 class _Failed(Exception):
