@@ -1,0 +1,241 @@
+"""What the recovery service's parts share: its names, settings, the retry-limit guard and
+the `Kit` (bus, cluster, KV, kernel runner and guards, tools) each part acts with."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from pydantic import Field
+
+from nodeward.aio import KeyedLocks
+from nodeward.bus import Bus
+from nodeward.bus.kv import TypedKV
+from nodeward.config import Section
+from nodeward.durations import Duration
+from nodeward.kube import Cluster
+from nodeward.kube.base import Obj
+from schemas.common import ObjectRef
+from schemas.state.cordon import TAINT_KEY
+from schemas.state.recovery import (
+    BUCKET,
+    Plan,
+    RecoveryCounts,
+    RecoveryRecord,
+    count_key,
+)
+from schemas.xid import XidCatalog, load_catalog
+from services.kernel import (
+    ActionRunner,
+    BreakerSettings,
+    CircuitBreaker,
+    Exemptions,
+    Guard,
+    Proposal,
+    Stage,
+    Verdict,
+    acting,
+    per_action,
+    table,
+)
+from services.kernel.control import (
+    ControlSettings,
+)
+from services.kernel.marks import NodeMarks
+from services.kernel.severities import FAILURE_WARNS, GOOD_NEWS
+from services.recovery.policy import (
+    within_limit,
+)
+from services.recovery.remediators import (
+    Tools,
+)
+
+NAME = "recovery"
+ACTOR = "service/recovery"
+OWNER = "recovery"  # of its marks on the node (the reboot request)
+TOPIC = "recovery"
+CORDON_ACTOR = "service/cordon"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Steps that go well are news, not pages; a failed step that recovery tries again is a
+# warning; the escalation (critical, set on its proposal) pages.
+SEVERITIES = per_action(
+    (
+        table(GOOD_NEWS, FAILURE_WARNS),
+        ("recover", "drain", "reset", "reboot", "validate", "release"),
+    )
+)
+BACKOFF_CAP_S = 600.0
+
+
+class RecoverySettings(Section):
+    """`services.recovery` in the config file."""
+
+    dry_run: bool = False
+    bucket: str = BUCKET
+    consumer: str = "recovery-quarantines"
+    subjects: list[str] = Field(default_factory=lambda: ["remediation.quarantine.>"], min_length=1)
+    maintenance_consumer: str = "recovery-maintenance"
+    maintenance_subjects: list[str] = Field(
+        default_factory=lambda: [
+            "maintenance.done.>",
+            "maintenance.failed.>",
+            "maintenance.cancelled.>",
+        ],
+        min_length=1,
+    )
+    remediators: dict[Plan, str] = Field(
+        default_factory=lambda: {Plan.RESET: "gpu-reset", Plan.REBOOT: "reboot-annotation"},
+        description="the remediator per plan: gpu-reset, reboot-annotation, webhook",
+    )
+    webhook_url: str | None = Field(default=None, description="for the `webhook` remediator")
+    max_trigger_age: Duration = Field(
+        default=timedelta(minutes=15),
+        description="an older quarantine (a replay on a new consumer) starts no recovery",
+    )
+    drain_deadline: Duration = Field(
+        default=timedelta(minutes=10), description="the maintenance's deadline for every pod"
+    )
+    drain_timeout: Duration = Field(
+        default=timedelta(minutes=30),
+        description="the node not drained (no `maintenance.done`, or pods left) by then: escalate",
+    )
+    evict_retry: Duration = Field(
+        default=timedelta(seconds=30),
+        description="how often the pods a drain left are evicted again (budgets honoured)",
+    )
+    retry_backoff: Duration = Field(
+        default=timedelta(seconds=30),
+        description="the wait before the next reset or reboot after a failed one (doubling)",
+    )
+    skip_namespaces: list[str] = Field(
+        default_factory=lambda: ["kube-system", "nodeward"],
+        description="namespaces whose pods may stay on a node that is reset or rebooted",
+    )
+    reboot_timeout: Duration = Field(
+        default=timedelta(minutes=20), description="no new bootID by then: a failed attempt"
+    )
+    validate_timeout: Duration = Field(
+        default=timedelta(minutes=5),
+        description="the GPU agent does not answer (still booting) this long: a failed attempt",
+    )
+    request_timeout: Duration = Field(
+        default=timedelta(seconds=30), description="one request to an agent or a service"
+    )
+    dcgm_level: int = Field(default=1, ge=1, le=4, description="`dcgmi diag -r LEVEL`")
+    burn_in: Duration = Field(default=timedelta(0), description="0: no GPU burn-in")
+    max_validation_failures: int = Field(default=2, ge=1)
+    max_attempts: int = Field(
+        default=3, ge=1, description="reset/reboot requests per recovery before escalating"
+    )
+    retry_limit: int = Field(default=3, ge=1, description="recoveries per node per window")
+    retry_window: Duration = timedelta(hours=24)
+    interval: Duration = Field(default=timedelta(seconds=2), description="the loop's pass")
+    breaker: BreakerSettings = BreakerSettings()
+    controls: ControlSettings = ControlSettings()
+
+
+def target(node: str) -> ObjectRef:
+    return ObjectRef(kind="Node", name=node, api_version="v1")
+
+
+def has_quarantine(node: Obj) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(t.get("key") == TAINT_KEY for t in taints)
+
+
+def expected_gpus(node: Obj) -> int | None:
+    raw = ((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE)
+    try:
+        return int(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class RetryLimit:
+    """A guard: at most `limit` recoveries of one node per `window` (KV `count.<node>`)."""
+
+    name = "retry_limit"
+    stage = Stage.RATE_LIMIT
+
+    def __init__(self, counts: TypedKV[RecoveryCounts], settings: RecoverySettings) -> None:
+        self.counts = counts
+        self.limit = settings.retry_limit
+        self.window = settings.retry_window.total_seconds()
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if proposal.action != "recover":
+            return None
+        entry = await self.counts.get(count_key(proposal.target.name))
+        started = entry.value.started if entry else []
+        if within_limit(started, time.time(), limit=self.limit, window_s=self.window):
+            return None
+        return Verdict(
+            self.name,
+            f"refused: {self.why(proposal.target.name)}; it stays quarantined for on-call",
+        )
+
+    def why(self, node: str) -> str:
+        return f"{node} started {self.limit} recoveries within {self.window / 3600:g}h"
+
+    async def count(self, node: str, incident_time: float) -> None:
+        def add(current: RecoveryCounts | None) -> RecoveryCounts | None:
+            started = [
+                t for t in (current.started if current else []) if time.time() - t < self.window
+            ]
+            if incident_time in started:
+                return None
+            return RecoveryCounts(started=[*started, incident_time])
+
+        await self.counts.update(count_key(node), add)
+
+
+@dataclass
+class Kit:
+    """What the intake, the workflow and the controls act with (one per service)."""
+
+    bus: Bus
+    cluster: Cluster
+    records: TypedKV[RecoveryRecord]
+    counts: TypedKV[RecoveryCounts]
+    marks: NodeMarks
+    breaker: CircuitBreaker
+    settings: RecoverySettings
+    catalog: XidCatalog = field(default_factory=load_catalog)
+    runner: ActionRunner = field(init=False)
+    exemptions: Exemptions = field(init=False)
+    control_guards: tuple[Guard, ...] = field(init=False)
+    retry_limit: RetryLimit = field(init=False)
+    start_guards: list[Guard] = field(init=False)
+    tools: Tools = field(init=False)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a recovery can move on: the loop passes now."""
+    node_lock: KeyedLocks = field(default_factory=KeyedLocks)
+    """One node's recovery stepped one at a time."""
+    log: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        kernel = acting(
+            self.bus,
+            actor=ACTOR,
+            topic=TOPIC,
+            severities=SEVERITIES,
+            dry_run=self.settings.dry_run,
+            namespace_labels=self.cluster.namespaces.labels,
+            controls=self.settings.controls,
+        )
+        self.runner, self.exemptions = kernel.runner, kernel.exemptions
+        self.control_guards = kernel.control_guards
+        self.retry_limit = RetryLimit(self.counts, self.settings)
+        self.start_guards = [self.exemptions, self.retry_limit, self.breaker]
+        self.tools = Tools(
+            nc=self.bus.nc,
+            cluster=self.cluster,
+            marks=self.marks,
+            timeout_s=self.settings.request_timeout.total_seconds(),
+            webhook_url=self.settings.webhook_url,
+        )
+        self.log = structlog.get_logger().bind(service=NAME)

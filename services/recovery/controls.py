@@ -1,0 +1,97 @@
+"""The recovery service's operator control: `force-drain` (`control.recovery.force-drain`),
+the operator's word to delete the pods a PodDisruptionBudget keeps on a node whose recovery
+is blocked; audited as the operator's proposal through the kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from nodeward.kube import NotFound
+from nodeward.kube.base import Obj
+from schemas.common import dns_subdomain
+from schemas.control import ControlReply, ControlRequest
+from schemas.state.recovery import (
+    Step,
+    node_key,
+)
+from services.kernel import (
+    blockers,
+)
+from services.kernel.control import (
+    operator_proposal,
+    refuse,
+    reply_for,
+)
+from services.kernel.drain import EVIDENCE
+from services.recovery.common import Kit, target
+
+
+class Controls:
+    """`force-drain`, answered by any replica under the node's lock."""
+
+    def __init__(self, kit: Kit) -> None:
+        self.kit = kit
+
+    async def force_drain_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward recovery force-drain NODE`: the operator's word to delete the pods a
+        PodDisruptionBudget keeps on a node whose recovery is blocked (nodeward never does
+        on its own). Exempt pods and Falco's evidence stay: each needs its own act."""
+        node = request.target or ""
+        try:
+            dns_subdomain(node)
+        except ValueError as exc:
+            return ControlReply.error(f"force-drain: {exc}")
+        with structlog.contextvars.bound_contextvars(node=node):
+            async with self.kit.node_lock(node):
+                return await self._force_drain(request, node)
+
+    async def _force_drain(self, request: ControlRequest, node: str) -> ControlReply:
+        current = await self.kit.records.get(node_key(node))
+        record = current.value if current else None
+        try:
+            obj: Obj | None = await self.kit.cluster.nodes.get(node)
+        except NotFound:
+            obj = None
+        proposal = operator_proposal(
+            request,
+            action="force-drain",
+            target=target(node),
+            what=f"forced drain of {node} past its pods' disruption budgets",
+            obj=obj,
+            policy=record.plan.value if record else None,
+            details={"incident": record.incident} if record else None,
+        )
+        if record is None or record.step != Step.BLOCKED:
+            where = f" (its recovery is {record.step.value})" if record else ""
+            why = f"refused: no recovery of {node} is blocked on its drain{where}"
+            return await refuse(self.kit.runner, proposal, guard="not_blocked", reason=why)
+        left = await blockers(
+            self.kit.cluster, node, self.kit.exemptions, self.kit.settings.skip_namespaces
+        )
+        kept = {p: w for p, w in left.items() if w.startswith("exempt") or w == EVIDENCE}
+        forced = [p for p in left if p not in kept]
+        still = "; ".join(f"{p}: {w}" for p, w in sorted(kept.items()))
+        if not forced:
+            why = f"refused: nothing a budget keeps on {node}; what is left needs its own act: {still}"
+            return await refuse(self.kit.runner, proposal, guard="nothing_to_force", reason=why)
+
+        async def act() -> dict[str, Any]:
+            deleted = []
+            for pod in await self.kit.cluster.pods.on_node(node):
+                meta = pod["metadata"]
+                ref = f"{meta['namespace']}/{meta['name']}"
+                if ref in forced and await self.kit.cluster.pods.delete(
+                    meta["namespace"], meta["name"], uid=meta.get("uid")
+                ):
+                    deleted.append(ref)
+            return {"deleted": deleted, "kept": kept}
+
+        decided = await self.kit.runner.run(proposal, act, self.kit.control_guards, retry=False)
+        self.kit.wake.set()
+        deleted = decided.details.get("deleted") or []
+        rest = f"; still there: {still}" if still else "; the recovery goes on once they are gone"
+        return reply_for(
+            decided, done=f"deleted {len(deleted)} pod(s) on {node}: {', '.join(deleted)}{rest}"
+        )
