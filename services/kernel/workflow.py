@@ -276,6 +276,7 @@ class Workflow(Generic[R]):
 
                 await self.save(record, mark)
                 finished.append(item)
+                self.failpoints.hit(f"{self.name}.{step}.item")  # crash tests: after each
 
         results = await asyncio.gather(*(one(i) for i in todo), return_exceptions=True)
         for error in results:

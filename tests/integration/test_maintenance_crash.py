@@ -81,6 +81,41 @@ async def test_maintenance_cordon_killed_at_each_step_ends_done_and_cordoned_onc
 
 
 @pytest.mark.parametrize(
+    "point",
+    [
+        "maintenance.notified",
+        "maintenance.checkpointing",  # cordoned, no checkpoint yet
+        "maintenance.checkpointing.item",  # the first pod's checkpoints recorded, done
+        "maintenance.checkpointed",
+        "maintenance.draining",
+    ],
+)
+async def test_a_maintenance_killed_at_each_workflow_step_checkpoints_each_container_once(
+    maintenance_env: EnvFactory, nats_url: str, tmp_path: Path, point: str
+) -> None:
+    # The engine's failpoints: right after each move of the workflow and after each pod.
+    env = await maintenance_env(lease_ttl="1s", parallelism=1)
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    try:
+        proc.start(failpoint=point)
+        await env.bus.publish(env.request(deadline_s=5.0))
+        assert await proc.exited() == -9, proc.tail()
+        proc.start()
+        done = await wait_for(
+            lambda: env.phase_is(MaintenancePhase.DONE), timeout=40, what="the maintenance done"
+        )
+        calls = env.checkpoint_calls()
+        assert len(calls) == len(set(calls)) == 4, calls  # every container once
+        assert sorted((c.pod.name, c.pod.container) for c in done.checkpoints()) == sorted(calls)
+        records = await audits(env.bus, env.node, "cordon")
+        assert [r.outcome for r in records] == [Outcome.APPLIED]
+        phases = [e.phase for e in await env.phases()]
+        assert phases.count(MaintenancePhase.DRAINING) == 1, phases  # re-published ids: once
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize(
     ("requested_by", "refused"), [("service/cordon", True), ("operator/jdoe", False)]
 )
 async def test_a_tripped_breaker_refuses_a_service_maintenance_not_an_operators(
