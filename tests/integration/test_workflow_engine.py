@@ -24,9 +24,10 @@ from nodeward.failpoints import Failpoints
 from schemas.state.maintenance import MaintenanceState
 from schemas.state.recovery import RecoveryRecord
 from schemas.state.workflow import FlowState
-from services.kernel.workflow import Cancelled, Retry, Step, Workflow, flow_of
+from services.kernel.workflow import Cancelled, Driver, Retry, Step, Workflow, flow_of
+from tests.conftest import wait_for
 
-KEY = "job.one"
+KEY = "job.j1"
 
 
 class Job(BaseModel):
@@ -114,7 +115,7 @@ def three_steps(
         store,
         steps,
         prefix="job.",
-        key_of=lambda j: KEY,
+        key_of=lambda j: f"job.{j.id}",
         identity=lambda j: j.id,
         step_of=lambda j: j.step,
         with_step=lambda j, to: j.model_copy(update={"step": to}),
@@ -366,3 +367,29 @@ async def test_a_record_from_before_the_engine_loads_at_its_step(
     assert flow_of(stored.value) == FlowState()
     step = "step" if "step" in raw else "phase"
     assert stored.value.model_dump(mode="json")[step] == raw[step]  # resumed where it was
+
+
+async def test_the_driver_runs_each_unfinished_workflow_to_its_end_and_halts(
+    store: TypedKV[Job],
+) -> None:
+    world = World()
+    flow = three_steps(store, world)
+    for i in range(3):
+        await store.put(f"job.{i}", Job(id=str(i)))
+    await store.put("job.ended", Job(id="ended", step="done"))
+    driver = Driver(flow, tick=0.05)
+    await driver.spawn()
+    assert sorted(driver.tasks) == ["job.0", "job.1", "job.2"]  # not the one that ended
+
+    async def all_done() -> bool:
+        return await flow.unfinished() == []
+
+    await wait_for(all_done, what="every workflow done")
+    await driver.stop()
+    assert world.done == Counter({"a": 3, "b": 3, "c": 3})
+    # Halted, a new workflow is not stepped.
+    await store.put("job.late", Job(id="late"))
+    await driver.spawn()
+    await asyncio.gather(*driver.tasks.values())
+    late = await flow.get("job.late")
+    assert late is not None and late.step == "a"
