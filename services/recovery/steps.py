@@ -665,8 +665,8 @@ class RecoverySteps:
             if to is not None:
                 return await self.flow.advance(record, Step(to).value, apply)
             return await self.flow.save(record, apply)
-        except Gone:
-            return record.model_copy(update=changes)
+        except Gone:  # another incident's record now: this one's view, as changed
+            return record.model_copy(update=changes | ({"step": Step(to)} if to else {}))
 
     async def save(
         self, record: RecoveryRecord, step: Step, what: str, *, note_only: bool = False
