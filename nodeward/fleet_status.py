@@ -49,6 +49,7 @@ HEALTH_ORDER = ("failed", "degraded", "unknown", "healthy")
 AGENT_KINDS = ("gpu", "energy", "idle")
 AgentKind = Literal["gpu", "energy", "idle"]
 AgentState = Literal["live", "stale", "quiet", "never"]
+SEVERITY_ORDER = ("critical", "warning", "info", "ok")
 ON_DEMAND = frozenset({"idle"})
 """Agent kinds that publish only while their node has something for them (the idle agent:
 sessions): silent, they are quiet unless a view `expects` them on the node."""
@@ -142,8 +143,9 @@ class NodeStatus(BaseModel):
         return (self.__pydantic_extra__ or {}).get(key)
 
     def said(self, column: Column) -> list[Cell]:
-        """The views' cells of one column, in the views' order."""
-        return [c for c in self.cells if c.column == column]
+        """The views' cells of one column, the most severe first (else in the views' order)."""
+        cells = [c for c in self.cells if c.column == column]
+        return sorted(cells, key=lambda c: SEVERITY_ORDER.index(c.severity))
 
     def badges(self) -> list[str]:
         """The words on its console cell, each once; `cordoned` last (any owner's cordon)."""

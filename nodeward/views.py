@@ -61,7 +61,8 @@ Column = Literal["marks", "pods", "badge"]
 
 class Cell(BaseModel):
     """A word or two about a node in one of its cells: the fleet table's `marks` or `pods`
-    column, or a `badge` on its console cell (`quarantined`, `cordoned`...)."""
+    column, or a `badge` on its console cell (`quarantined`, `cordoned`...). In a cell the
+    most severe come first, else in the views' order."""
 
     model_config = ConfigDict(frozen=True)
 

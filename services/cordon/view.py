@@ -97,7 +97,7 @@ def shown(
         )
         word = f"quarantine {'DRY-RUN ' if q.dry_run else ''}{q.phase} {format_age(q.age_s)}"
         out.cells.append(Cell(node=name, column="marks", text=word, severity="critical"))
-        out.cells.append(Cell(node=name, column="badge", text="quarantined"))
+        out.cells.append(Cell(node=name, column="badge", text="quarantined", severity="critical"))
         if q.cordoned:
             out.cells.append(Cell(node=name, column="badge", text="cordoned"))
         held = ", ".join(
@@ -124,7 +124,12 @@ def shown(
             )
         )
         out.cells.append(
-            Cell(node=mark.node, column="marks", text=f"{_word(mark)} by {mark.owner}")
+            Cell(
+                node=mark.node,
+                column="marks",
+                text=f"{_word(mark)} by {mark.owner}",
+                severity="warning",
+            )
         )
     if table.rows:
         out.tables.append(table)

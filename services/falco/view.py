@@ -145,12 +145,16 @@ def shown(
         out.cells.append(
             Cell(node=name, column="pods", text=f"{len(pods)} isolated", severity="critical")
         )
-        out.cells.append(Cell(node=name, column="badge", text="falco"))
+        out.cells.append(Cell(node=name, column="badge", text="falco", severity="critical"))
     for mark in marks:
         out.marks.append(mark)
-        out.cells.append(Cell(node=mark.node, column="badge", text="falco"))
+        out.cells.append(Cell(node=mark.node, column="badge", text="falco", severity="critical"))
         word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
-        out.cells.append(Cell(node=mark.node, column="marks", text=f"{word} by {mark.owner}"))
+        out.cells.append(
+            Cell(
+                node=mark.node, column="marks", text=f"{word} by {mark.owner}", severity="critical"
+            )
+        )
         what = "cordoned" if mark.cordon else "marked"
         out.rows.append(
             Row(

@@ -140,9 +140,13 @@ def shown(
                 )
             )
         if m.active or m.phase == "failed":
-            out.cells.append(Cell(node=name, column="marks", text=f"maintenance {m.phase}"))
+            out.cells.append(
+                Cell(node=name, column="marks", text=f"maintenance {m.phase}", severity="warning")
+            )
         if m.active:
-            out.cells.append(Cell(node=name, column="badge", text="maintenance"))
+            out.cells.append(
+                Cell(node=name, column="badge", text="maintenance", severity="warning")
+            )
         if m.active or m.phase == "failed" or name in marked:
             table.rows.append(
                 TableRow(
@@ -165,16 +169,25 @@ def shown(
             )
     for mark in marks:
         out.marks.append(mark)
-        out.cells.append(Cell(node=mark.node, column="badge", text="maintenance"))
+        out.cells.append(
+            Cell(node=mark.node, column="badge", text="maintenance", severity="warning")
+        )
         held = views.get(mark.node)
         if held is not None and held.active:
             if mark.cordon:
-                out.cells.append(Cell(node=mark.node, column="marks", text="cordoned"))
+                out.cells.append(
+                    Cell(node=mark.node, column="marks", text="cordoned", severity="warning")
+                )
             continue  # its attention is the maintenance's, with its phase
         word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
         after = f" (maintenance {held.phase})" if held is not None else ""
         out.cells.append(
-            Cell(node=mark.node, column="marks", text=f"{word} by {mark.owner}{after}")
+            Cell(
+                node=mark.node,
+                column="marks",
+                text=f"{word} by {mark.owner}{after}",
+                severity="warning",
+            )
         )
         what = "cordoned" if mark.cordon else "marked"
         out.rows.append(

@@ -379,3 +379,60 @@ def test_a_views_rows_join_their_node_and_its_attention_by_rank() -> None:
     text = console.export_text()
     assert "probe: gpu-x needs a look" in text
     assert "attention: probe says gpu-x is on fire" in text
+
+
+def test_several_services_views_share_a_node_most_severe_first() -> None:
+    """A node quarantined, then drained for its recovery (the maintenance's cordon held):
+    each service's view says its part; the marks cell and the console's badges put the
+    quarantine first, whichever view was read first, and cordoned last."""
+    from nodeward.views import MarkHeld
+    from schemas.maintenance import MaintenancePhase
+    from schemas.state.maintenance import MaintenanceState
+    from services.console.live import marks_of
+    from services.maintenance import view as maintenance_view
+
+    drained = MaintenanceState(
+        maintenance_id="m-1",
+        node="gpu-a",
+        phase=MaintenancePhase.DRAINING,
+        requested_at=NOW - timedelta(minutes=1),
+        trigger_id="t",
+        start_at=NOW - timedelta(minutes=1),
+        deadline_s=600,
+        cordoned=True,
+    )
+    cordon = MarkHeld(
+        node="gpu-a", owner="maintenance", phase="applied", incident="m-1", cordon=True, taints=[]
+    )
+    seen = Seen(
+        shown=[  # the views in their registered order: the maintenance's daemon is `checkpoint`
+            maintenance_view.shown({"gpu-a": drained}, [cordon], NOW),
+            cordon_view.shown({"gpu-a": _quarantined_record()}, [], NOW),
+        ]
+    )
+    fleet = assemble(
+        nats_url="nats://x",
+        now=NOW,
+        breaker=None,
+        health=[_health("gpu-a", 0, "failed", NOW)],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=seen,
+    )
+    (node,) = fleet.nodes
+    assert [c.text for c in node.said("marks")] == [
+        "quarantine applied 3m05s",
+        "maintenance draining",
+        "cordoned",
+    ]
+    assert marks_of(node) == ["quarantined", "maintenance", "cordoned"]
+    assert node.attention == ["GPU 0 failed", "quarantined (applied)", "maintenance draining"]
+    assert node.quarantine is not None and node.maintenance.phase == "draining"
+    assert fleet.model_dump(mode="json")["nodes"][0]["maintenance"]["maintenance_id"] == "m-1"
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "quarantine applied 3m05s, maintenance draining, cordoned" in text
+    assert text.index("draining, cordoned") < text.index("circuit breaker")
