@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer
@@ -65,3 +65,17 @@ def format_age(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600}h"
+
+
+def ago(t: datetime | None, now: datetime) -> str:
+    """`4m12s ago`; `-` for no time."""
+    return "-" if t is None else f"{format_age((now - t).total_seconds())} ago"
+
+
+def clock(t: datetime | None, now: datetime) -> str:
+    """`18:42:05 (in 4m12s)`, or `(4m12s ago)` once past; `-` for no time."""
+    if t is None:
+        return "-"
+    delta = (t - now).total_seconds()
+    when = f"in {format_age(delta)}" if delta >= 0 else f"{format_age(-delta)} ago"
+    return f"{t.astimezone(UTC):%H:%M:%S} ({when})"

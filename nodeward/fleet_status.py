@@ -1,12 +1,10 @@
 """What `nodeward status` shows: the fleet as JetStream KV and streams hold it.
 
-Read-only. Every KV record is read with the record type and bucket declaration its writer
-uses (`schemas.state`): the cordon service's nodes and breaker, the maintenance workflow,
-each owner's node marks, the culler's sessions, the energy totals. Streams give each
-subject's last message: GPU health (a node's last heartbeat and the changes stored since),
-telemetry, energy, sessions (agent liveness), isolations on the audit trail. Each
-registered service's view (`nodeward.views`) adds its rows. Each source is read in one pass
-(`nodeward.bus.snapshot`), all of them concurrently.
+Read-only, and naming no service: what the runtime reads itself (GPU health from the
+agents' heartbeats and changes, telemetry, energy and its totals, the agents seen, the
+shared circuit breaker, the DLQ, the audit trail) with every registered service's view
+(`nodeward.views`): their rows and attention, cells, marks, tables and data about each
+node. Each source is read in one pass (`nodeward.bus.snapshot`), all of them concurrently.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -25,31 +23,37 @@ from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import BusReads, Reads, Stored
 from nodeward.config import Settings
 from nodeward.durations import format_age
-from nodeward.views import Row, View, data, decoded, records, registered
+from nodeward.views import (
+    Cell,
+    Column,
+    MarkHeld,
+    Row,
+    Shown,
+    Table,
+    View,
+    data,
+    decoded,
+    records,
+    registered,
+)
 from schemas import DecodeError, decode
 from schemas.common import K8sName, PodRef
 from schemas.energy import EnergyNode
 from schemas.gpu import GpuHealth, GpuHeartbeat, HealthReason, HealthState, MigInstance
-from schemas.remediation import Outcome, Remediation
+from schemas.remediation import Remediation
 from schemas.state.breaker import SHARED, BreakerState
-from schemas.state.cordon import BREAKER, NODES, NodeRecord
-from schemas.state.culler import SESSIONS, SessionRecord
 from schemas.state.energy import TOTALS, EnergyTotals
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState
-from schemas.state.marks import FALCO_MARKS, MarkIntent, intents
-from schemas.state.recovery import RECOVERIES, RecoveryRecord, Step
 from schemas.tokens import token
-
-M = TypeVar("M", bound=BaseModel)
 
 HEALTH_ORDER = ("failed", "degraded", "unknown", "healthy")
 AGENT_KINDS = ("gpu", "energy", "idle")
 AgentKind = Literal["gpu", "energy", "idle"]
 AgentState = Literal["live", "stale", "quiet", "never"]
-ISOLATE = "isolate"
-UNDO_ACTIONS = frozenset({"release", "unisolate", "lift"})
-"""Actions on an isolated pod that end its isolation, when applied (or any undone one)."""
-HELD = frozenset({"applying", "applied", "releasing"})
+SEVERITY_ORDER = ("critical", "warning", "info", "ok")
+ON_DEMAND = frozenset({"idle"})
+"""Agent kinds that publish only while their node has something for them (the idle agent:
+sessions): silent, they are quiet unless a view `expects` them on the node."""
+
 HEARTBEATS_FRESH = 3
 """A heartbeat younger than this many of its intervals bounds the read of its node's GPU
 changes (those stored since); an older one's node is read from its last change per GPU."""
@@ -61,18 +65,6 @@ SILENT_FILTERS = 256
 and every GPU's last change is read."""
 NODE_ACTIONS_SCANNED = 5000
 """How far back the audit trail is read for one node's recent actions (`--node`)."""
-
-
-class Quarantined(BaseModel):
-    reason: str
-    rule: str
-    gpus: list[str]
-    since: datetime
-    age_s: float
-    phase: str
-    dry_run: bool
-    cordoned: bool
-    taints: list[str]
 
 
 class AgentSeen(BaseModel):
@@ -91,61 +83,6 @@ class AgentSeen(BaseModel):
     )
 
 
-class MarkHeld(BaseModel):
-    """A nodeward owner's marks on the node (NodeMarks' intent in the owner's bucket)."""
-
-    owner: str = Field(description="quarantine, falco or maintenance")
-    phase: str
-    incident: str
-    cordon: bool
-    taints: list[str]
-    since: datetime | None = None
-
-
-class RecoveryView(BaseModel):
-    """Where services.recovery stands with the node: a recovery under way, or the node given
-    up to a human (escalated: it stays quarantined until an operator releases it)."""
-
-    step: str
-    plan: str
-    incident: str
-    since: datetime = Field(description="when it entered this step")
-    why: str = Field(description="what the step's last entry in its history says")
-    attempts: int = 0
-    held: bool = Field(description="recovery's release hold is on the node")
-
-    @property
-    def escalated(self) -> bool:
-        return self.step == Step.ESCALATED.value
-
-
-class MaintenanceView(BaseModel):
-    maintenance_id: str
-    phase: str
-    active: bool = Field(description="not done or failed yet")
-    reason: str
-    requested_by: str | None
-    requested_at: datetime
-    start_at: datetime
-    started_at: datetime | None
-    deadline_at: datetime | None
-    finished_at: datetime | None
-    cordoned: bool = Field(description="nodeward cordoned the node for it")
-    dry_run: bool
-    pods: dict[str, str] = Field(description="namespace/pod -> its plan's status")
-    failures: list[str]
-    error: str | None
-
-
-class IsolatedPod(BaseModel):
-    pod: str = Field(description="namespace/name")
-    node: str | None
-    since: datetime
-    rule: str | None = Field(description="the Falco rule")
-    reason: str
-    dry_run: bool
-
-
 class EnergyView(BaseModel):
     """The node's last `energy.node` interval and its totals."""
 
@@ -160,20 +97,12 @@ class EnergyView(BaseModel):
     degraded: list[str]
 
 
-class SessionView(BaseModel):
-    pod: str = Field(description="namespace/name")
-    node: str | None
-    state: Literal["warned", "stopped", "watched"]
-    reason: str | None
-    idle_since: datetime | None
-    warned_at: datetime | None
-    deadline: datetime | None = Field(description="when it is stopped unless used again")
-    dry_run: bool
-    stopped_at: datetime | None
-    stop_outcome: str | None
-
-
 class NodeStatus(BaseModel):
+    """One node as the picture shows it. Open: each view's data about the node (`Shown.parts`)
+    is held under the view's own keys (`quarantine`, `sessions`...), in `--json` beside these."""
+
+    model_config = ConfigDict(extra="allow")
+
     name: str
     health: str = Field(description="the worst state among the node's GPUs, or unknown")
     gpus: dict[str, str] = Field(default_factory=dict, description="GPU key -> state")
@@ -191,15 +120,15 @@ class NodeStatus(BaseModel):
         description="the node's clock against the bus: the largest of its agents' offsets "
         "(the most promptly published message says the least about delays)",
     )
-    quarantine: Quarantined | None = None
-    last_decision: str | None = None
-    maintenance: MaintenanceView | None = None
-    recovery: RecoveryView | None = None
-    marks: list[MarkHeld] = Field(default_factory=list)
-    isolated: list[IsolatedPod] = Field(default_factory=list)
+    marks: list[MarkHeld] = Field(default_factory=list, description="the owners' marks held")
     energy: EnergyView | None = None
-    sessions: list[SessionView] = Field(default_factory=list)
     rows: list[Row] = Field(default_factory=list, description="what the services' views say of it")
+    cells: list[Cell] = Field(
+        default_factory=list, description="the views' words in its cells (marks, pods, badges)"
+    )
+    pods: list[str] = Field(
+        default_factory=list, description="the pods on it the views know (namespace/name)"
+    )
     attention: list[str] = Field(
         default_factory=list, description="why it needs a look, most serious first; [] if none"
     )
@@ -208,6 +137,21 @@ class NodeStatus(BaseModel):
     @property
     def cordoned(self) -> bool:
         return any(m.cordon for m in self.marks)
+
+    def part(self, key: str) -> Any:
+        """A view's data about the node under `key`; None if no view gave it."""
+        return (self.__pydantic_extra__ or {}).get(key)
+
+    def said(self, column: Column) -> list[Cell]:
+        """The views' cells of one column, the most severe first (else in the views' order)."""
+        cells = [c for c in self.cells if c.column == column]
+        return sorted(cells, key=lambda c: SEVERITY_ORDER.index(c.severity))
+
+    def badges(self) -> list[str]:
+        """The words on its console cell, each once; `cordoned` last (any owner's cordon)."""
+        said = list(dict.fromkeys(c.text for c in self.said("badge")))
+        cordoned = self.cordoned or "cordoned" in said
+        return [b for b in said if b != "cordoned"] + (["cordoned"] if cordoned else [])
 
 
 class BreakerStatus(BaseModel):
@@ -238,12 +182,11 @@ class FleetStatus(BaseModel):
     rows: list[Row] = Field(
         default_factory=list, description="what the services' views say of the fleet"
     )
+    tables: list[Table] = Field(
+        default_factory=list, description="the services' views' tables under the fleet"
+    )
     missing: list[str] = Field(default_factory=list, description="streams or buckets not found")
     notes: list[str] = Field(default_factory=list, description="where the picture is partial")
-
-    @property
-    def quarantined(self) -> list[NodeStatus]:
-        return [n for n in self.nodes if n.quarantine is not None]
 
     def needing_attention(self) -> list[NodeStatus]:
         """Nodes with something to see, most serious first."""
@@ -257,6 +200,9 @@ class NodeReport(BaseModel):
     at: datetime
     node: NodeStatus
     recent_actions: list[ActionSummary] = Field(description="on the node or its pods, newest first")
+    tables: list[Table] = Field(
+        default_factory=list, description="the services' views' tables about the node"
+    )
     missing: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
@@ -335,24 +281,16 @@ class GpuSeen:
 class Seen:
     """What was read, before it is assembled into a picture (the reads' product)."""
 
-    records: dict[str, NodeRecord] = field(default_factory=dict)
     breaker: BreakerState | None = None
     health: list[GpuSeen] = field(default_factory=list)
     agents: dict[str, dict[str, datetime]] = field(default_factory=dict)
     """node -> agent kind -> store time of its newest message."""
     clocks: dict[str, dict[str, float]] = field(default_factory=dict)
     """node -> agent kind -> its newest message's own time minus its store time (seconds)."""
-    maintenances: dict[str, MaintenanceState] = field(default_factory=dict)
-    recoveries: dict[str, RecoveryRecord] = field(default_factory=dict)
-    marks: dict[str, dict[str, MarkIntent]] = field(default_factory=dict)
-    """owner -> node -> intent."""
-    isolations: list[IsolatedPod] = field(default_factory=list)
     energy: dict[str, EnergyNode] = field(default_factory=dict)
     totals: dict[str, EnergyTotals] = field(default_factory=dict)
-    sessions: dict[str, SessionRecord] = field(default_factory=dict)
-    """namespace/pod -> the culler's record."""
-    rows: list[Row] = field(default_factory=list)
-    """What the services' views read (`nodeward.views`)."""
+    shown: list[Shown] = field(default_factory=list)
+    """What each service's view read (`nodeward.views`), in the views' order."""
     dlq: dict[str, int] = field(default_factory=dict)
     actions: list[tuple[datetime, Remediation]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
@@ -368,12 +306,63 @@ class Seen:
             self.clocks.setdefault(node, {})[kind] = offset
         kinds[kind] = newest
 
+    @property
+    def rows(self) -> list[Row]:
+        return [row for s in self.shown for row in s.rows]
+
+
+@dataclass
+class _Said:
+    """What the views said, gathered by node."""
+
+    rows: dict[str, list[Row]] = field(default_factory=dict)
+    cells: dict[str, list[Cell]] = field(default_factory=dict)
+    marks: dict[str, list[MarkHeld]] = field(default_factory=dict)
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, list[str]] = field(default_factory=dict)
+    gpus: dict[str, dict[str, str]] = field(default_factory=dict)
+    expects: dict[str, set[str]] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, shown: Iterable[Shown]) -> _Said:
+        said = cls()
+        for s in shown:
+            for row in s.rows:
+                if row.node is not None:
+                    said.rows.setdefault(row.node, []).append(row)
+            for cell in s.cells:
+                said.cells.setdefault(cell.node, []).append(cell)
+            for mark in s.marks:
+                said.marks.setdefault(mark.node, []).append(mark)
+            for node, parts in s.parts.items():
+                said.parts.setdefault(node, {}).update(parts)
+            for node, pods in s.pods.items():
+                said.pods.setdefault(node, []).extend(pods)
+            for node, states in s.gpus.items():
+                said.gpus.setdefault(node, {}).update(states)
+            for node, kinds in s.expects.items():
+                said.expects.setdefault(node, set()).update(kinds)
+            said.defaults.update(s.defaults)
+        for key in list(said.defaults):
+            if key in NodeStatus.model_fields:
+                del said.defaults[key]  # a view's key may not hide the runtime's own
+        return said
+
+    def names(self) -> set[str]:
+        return {*self.rows, *self.cells, *self.marks, *self.parts, *self.pods, *self.gpus}
+
+    def parts_of(self, node: str) -> dict[str, Any]:
+        parts = self.parts.get(node)
+        if not parts:
+            return self.defaults
+        return self.defaults | {k: v for k, v in parts.items() if k not in NodeStatus.model_fields}
+
 
 def assemble(
     *,
     nats_url: str,
     now: datetime,
-    records: dict[str, NodeRecord],
     breaker: BreakerState | None,
     health: Iterable[GpuHealth | GpuSeen],
     telemetry: dict[str, datetime],
@@ -388,8 +377,8 @@ def assemble(
     """One fleet picture from what was read: pure, so it is tested without a server.
 
     `telemetry` is the GPU agent's newest message per node; `seen` carries everything else
-    (maintenance, marks, isolations, energy, sessions, the views' rows, other agents). A node
-    whose clock is off by more than `clock_skew` (`bus.max_clock_skew`) needs a look."""
+    (energy, other agents, what the services' views read). A node whose clock is off by
+    more than `clock_skew` (`bus.max_clock_skew`) needs a look."""
     s = seen or Seen()
     gpus: dict[str, dict[str, str]] = {}
     agents: dict[str, dict[str, datetime]] = {n: dict(k) for n, k in s.agents.items()}
@@ -404,49 +393,21 @@ def assemble(
             saw(h.node, "gpu", h.observed_at)
     for reporting, at in telemetry.items():
         saw(reporting, "gpu", at)
-    sessions_by_node: dict[str, list[SessionView]] = {}
-    for key, rec in s.sessions.items():
-        view = _session_view(key, rec)
-        sessions_by_node.setdefault(rec.node or "", []).append(view)
-    rows_by_node: dict[str, list[Row]] = {}
-    for row in s.rows:
-        if row.node is not None:
-            rows_by_node.setdefault(row.node, []).append(row)
-    isolated_by_node: dict[str, list[IsolatedPod]] = {}
-    for iso in s.isolations:
-        isolated_by_node.setdefault(iso.node or "", []).append(iso)
-    marks_by_node: dict[str, list[MarkHeld]] = {}
-    for owner, by_node in sorted(s.marks.items()):
-        for held_node, intent in by_node.items():
-            if intent.phase in HELD and not intent.operator_released:
-                marks_by_node.setdefault(held_node, []).append(_mark_held(owner, intent))
-    names = (
-        set(records)
-        | set(gpus)
-        | set(agents)
-        | set(s.maintenances)
-        | set(marks_by_node)
-        | set(s.energy)
-        | set(s.totals)
-        | {n for n in sessions_by_node if n}
-        | {n for n in isolated_by_node if n}
-        | set(rows_by_node)
-    )
+    said = _Said.of(s.shown)
+    names = set(gpus) | set(agents) | set(s.energy) | set(s.totals) | said.names()
+    names.discard("")
     nodes = []
     for name in sorted(names):
-        record = records.get(name, NodeRecord())
-        states = gpus.get(name) or {k: g.state.value for k, g in record.gpus.items()}
-        quarantine = _quarantined(record, now)
-        sessions = sorted(sessions_by_node.get(name, []), key=lambda v: (v.deadline or now, v.pod))
-        pending = any(v.state == "warned" for v in sessions)
+        states = gpus.get(name) or said.gpus.get(name) or {}
         seen_at = agents.get(name, {})
         clocks = s.clocks.get(name, {})
+        expected = said.expects.get(name, ())
         liveness = {
             kind: _agent(
                 seen_at.get(kind),
                 now,
                 agent_timeout,
-                quiet=kind == "idle" and not pending,
+                quiet=kind in ON_DEMAND and kind not in expected,
                 clock=clocks.get(kind),
             )
             for kind in AGENT_KINDS
@@ -459,19 +420,22 @@ def assemble(
             agent_live=liveness["gpu"].state == "live",
             agents=liveness,
             clock_offset_s=round(max(clocks.values()), 3) if clocks else None,
-            quarantine=quarantine,
-            last_decision=record.last_decision,
-            maintenance=_maintenance(s.maintenances.get(name)),
-            recovery=_recovery(s.recoveries.get(name), record),
-            marks=marks_by_node.get(name, []),
-            isolated=sorted(isolated_by_node.get(name, []), key=lambda i: i.pod),
+            marks=said.marks.get(name, []),
             energy=_energy(s.energy.get(name), s.totals.get(name)),
-            sessions=sessions,
-            rows=rows_by_node.get(name, []),
+            rows=said.rows.get(name, []),
+            cells=said.cells.get(name, []),
+            pods=said.pods.get(name, []),
+            **said.parts_of(name),
         )
-        rank, attention = _attention(node, now, clock_skew)
-        nodes.append(node.model_copy(update={"rank": rank, "attention": attention}))
-    b = breaker or s.breaker or BreakerState()
+        node.rank, node.attention = _attention(node, now, clock_skew)
+        nodes.append(node)
+    b = (
+        breaker
+        or next((v.breaker for v in s.shown if v.breaker), None)
+        or s.breaker
+        or next((v.breaker_before for v in s.shown if v.breaker_before), None)
+        or BreakerState()
+    )
     return FleetStatus(
         nats_url=nats_url,
         at=now,
@@ -486,7 +450,8 @@ def assemble(
         dlq=dict(sorted(dlq.items())),
         recent_actions=[_action(t, r) for t, r in actions],
         rows=[row for row in s.rows if row.node is None],
-        missing=sorted(missing),
+        tables=[t for v in s.shown for t in v.tables],
+        missing=sorted(set(missing)),
         notes=list(notes),
     )
 
@@ -519,77 +484,6 @@ def _agent(
         return AgentSeen(last_at=at, age_s=age, clock_offset_s=offset, state="live")
     state: AgentState = "quiet" if quiet else "stale"
     return AgentSeen(last_at=at, age_s=age, clock_offset_s=offset, state=state)
-
-
-def _quarantined(record: NodeRecord, now: datetime) -> Quarantined | None:
-    q = record.quarantine
-    if q is None:
-        return None
-    since = _aware(q.started_at)
-    return Quarantined(
-        reason=q.reason,
-        rule=q.rule,
-        gpus=q.gpus,
-        since=since,
-        age_s=max((now - since).total_seconds(), 0.0),
-        phase=q.phase,
-        dry_run=q.dry_run,
-        cordoned=q.cordoned,
-        taints=q.taints,
-    )
-
-
-def _mark_held(owner: str, intent: MarkIntent) -> MarkHeld:
-    return MarkHeld(
-        owner=owner,
-        phase=intent.phase,
-        incident=intent.incident,
-        cordon=intent.entry.cordon or intent.spec.cordon,
-        taints=intent.entry.taints or intent.spec.taints,
-        since=datetime.fromtimestamp(intent.updated_at, UTC) if intent.updated_at else None,
-    )
-
-
-def _maintenance(state: MaintenanceState | None) -> MaintenanceView | None:
-    if state is None:
-        return None
-    return MaintenanceView(
-        maintenance_id=state.maintenance_id,
-        phase=state.phase.value,
-        active=not state.terminal,
-        reason=state.reason,
-        requested_by=state.requested_by,
-        requested_at=_aware(state.requested_at),
-        start_at=_aware(state.start_at),
-        started_at=state.started_at,
-        deadline_at=state.deadline_at(),
-        finished_at=state.finished_at,
-        cordoned=state.cordoned,
-        dry_run=state.dry_run,
-        pods={key: plan.status for key, plan in sorted(state.pods.items())},
-        failures=state.failures,
-        error=state.error,
-    )
-
-
-def _recovery(record: RecoveryRecord | None, node: NodeRecord) -> RecoveryView | None:
-    """A recovery under way, or an escalation the node is still quarantined for; None once
-    it is over (released, gone) or its quarantine was released."""
-    if record is None or record.step in (Step.RELEASED, Step.GONE):
-        return None
-    q = node.quarantine
-    if record.step == Step.ESCALATED and (q is None or q.incident != record.incident):
-        return None  # an operator released that quarantine: the escalation is over
-    said = record.history[-1].split(": ", 1)[-1] if record.history else record.reason
-    return RecoveryView(
-        step=record.step.value,
-        plan=record.plan.value,
-        incident=record.incident,
-        since=datetime.fromtimestamp(record.updated_at, UTC),
-        why=said,
-        attempts=record.attempts,
-        held=record.held,
-    )
 
 
 def _energy(event: EnergyNode | None, totals: EnergyTotals | None) -> EnergyView | None:
@@ -633,28 +527,11 @@ def _energy(event: EnergyNode | None, totals: EnergyTotals | None) -> EnergyView
     )
 
 
-def _session_view(key: str, rec: SessionRecord) -> SessionView:
-    state: Literal["warned", "stopped", "watched"] = (
-        "stopped" if rec.stopped_at is not None else "warned" if rec.pending else "watched"
-    )
-    return SessionView(
-        pod=key,
-        node=rec.node,
-        state=state,
-        reason=rec.reason,
-        idle_since=rec.idle_since,
-        warned_at=rec.warned_at,
-        deadline=rec.deadline,
-        dry_run=rec.dry_run,
-        stopped_at=rec.stopped_at,
-        stop_outcome=rec.stop_outcome,
-    )
-
-
 def _attention(
     n: NodeStatus, now: datetime, clock_skew: timedelta = timedelta(seconds=5)
 ) -> tuple[int, list[str]]:
-    """Why `n` needs a look (most serious first) and its rank (0 most serious, 9 none)."""
+    """Why `n` needs a look (most serious first) and its rank (0 most serious, 9 none):
+    what the runtime reads itself, ranked with the views' rows' attention."""
     found: list[tuple[int, str]] = []
     skew = clock_skew.total_seconds()
     if (offset := n.clock_offset_s) is not None and abs(offset) > skew:
@@ -666,37 +543,14 @@ def _attention(
     if n.health in ("failed", "degraded"):
         bad = [k for k, s in n.gpus.items() if s == n.health]
         found.append((0 if n.health == "failed" else 2, f"GPU {', '.join(bad)} {n.health}"))
-    if (r := n.recovery) is not None and r.escalated:
-        found.append((0, f"escalated to a human: {r.why}"))
-    if (q := n.quarantine) is not None:
-        found.append((0, f"quarantined ({'dry run, ' if q.dry_run else ''}{q.phase})"))
-    if r is not None and not r.escalated:
-        found.append((1, f"recovery ({r.plan}) {r.step}"))
-    for mark in n.marks:
-        if mark.owner == "quarantine" and n.quarantine is not None:
-            continue  # said above
-        if mark.owner == "maintenance" and n.maintenance is not None and n.maintenance.active:
-            continue  # said below, with its phase
-        what = "cordoned" if mark.cordon else "marked"
-        found.append((0 if mark.owner == "falco" else 1, f"{what} by {mark.owner} ({mark.phase})"))
-    if (m := n.maintenance) is not None:
-        if m.active:
-            found.append((1, f"maintenance {m.phase}{' (dry run)' if m.dry_run else ''}"))
-        elif m.phase == "failed":
-            found.append((1, f"maintenance failed: {m.error or '; '.join(m.failures) or '?'}"))
-    if n.isolated:
-        found.append((0, f"{len(n.isolated)} pod(s) isolated by Falco"))
     for kind, seen in n.agents.items():
         if seen.state == "stale":
             found.append((2, f"{kind} agent silent {format_age(seen.age_s or 0)}"))
     if n.health == "unknown" and n.agents.get("gpu", AgentSeen(state="never")).state == "never":
         found.append((3, "no GPU health reported"))
-    warned = [v for v in n.sessions if v.state == "warned"]
-    if warned:
-        found.append((3, f"{len(warned)} idle session(s) warned"))
+    found.extend((row.rank, row.attention) for row in n.rows if row.attention)
     if n.energy is not None and n.energy.degraded:
         found.append((3, f"energy degraded: {'; '.join(n.energy.degraded)}"))
-    found.extend((row.rank, row.attention) for row in n.rows if row.attention)
     found.sort(key=lambda f: f[0])
     return (found[0][0] if found else 9), [why for _, why in found]
 
@@ -714,17 +568,16 @@ def node_of(tok: str) -> str:
 # -- reading -----------------------------------------------------------------------------
 
 
+# -- reading -----------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Buckets:
-    """The KV buckets status reads: each writer's declared name unless its settings rename it."""
+    """The KV buckets the runtime reads itself (the services' views read their own): each
+    declared name unless the settings rename it."""
 
-    cordon: str = NODES.name
     breaker: str = SHARED.name
-    maintenance: str = MAINTENANCES.name
-    falco_marks: str = FALCO_MARKS.name
-    culler: str = SESSIONS.name
     energy: str = TOTALS.name
-    recovery: str = RECOVERIES.name
 
 
 AUDIT_SUBJECTS = "remediation.>"
@@ -734,17 +587,10 @@ def watched(buckets: Buckets, views: Mapping[str, View] | None = None) -> list[W
     """What `read_fleet` reads (with `views`), as mirrors that can answer it: the buckets and the audit
     trail tell their changes; GPU states (the console follows them itself), heartbeats,
     telemetry, energy and sessions arrive all the time and are read when something else
-    changed, or on the next periodic drawing."""
-    kv = (
-        buckets.cordon,
-        buckets.breaker,
-        buckets.maintenance,
-        buckets.falco_marks,
-        buckets.recovery,
-    )
-    return [
-        *(Watched.bucket(b) for b in dict.fromkeys(kv)),
-        Watched.bucket(buckets.culler),
+    changed, or on the next periodic drawing. One mirror per stream: a view's that names
+    a stream already watched is the same."""
+    own = [
+        Watched.bucket(buckets.breaker),
         Watched.bucket(buckets.energy, tell=False),
         Watched("AUDIT", (AUDIT_SUBJECTS,)),
         Watched("GPU", ("gpu.health.>",), tell=False),
@@ -752,8 +598,15 @@ def watched(buckets: Buckets, views: Mapping[str, View] | None = None) -> list[W
         Watched("TELEMETRY", ("gpu.telemetry.*",), headers_only=True, tell=False),
         Watched("SESSIONS", ("session.*.*.>",), headers_only=True, tell=False),
         Watched("ENERGY", ("energy.node.*", "energy.pod.>"), tell=False),
-        *(w for view in (views or {}).values() for w in view.watched()),
     ]
+    streams = {w.stream for w in own}
+    theirs = {
+        w.stream: w
+        for view in (views or {}).values()
+        for w in view.watched()
+        if w.stream not in streams
+    }
+    return [*theirs.values(), *own]
 
 
 def _claimed(m: Stored) -> datetime | None:
@@ -774,17 +627,9 @@ class _Reader:
         self.reads = reads
         self.seen = seen
 
-    async def kv(
-        self, bucket: str, prefixes: Sequence[str], *, noted: bool = False
-    ) -> dict[str, bytes]:
-        """The bucket's entries; a missing bucket is empty (its service has not run here),
-        and `noted` in `missing`."""
-        raw = await self.reads.kv(bucket, prefixes)
-        if raw is None:
-            if noted:
-                self.seen.missing.append(f"KV {bucket}")
-            return {}
-        return raw
+    async def kv(self, bucket: str, prefixes: Sequence[str]) -> dict[str, bytes]:
+        """The bucket's entries; a missing bucket is empty (nothing wrote it here yet)."""
+        return await self.reads.kv(bucket, prefixes) or {}
 
     async def last(
         self, stream: str, filters: Sequence[str], *, headers_only: bool = False
@@ -796,50 +641,9 @@ class _Reader:
         return got
 
 
-async def _cordon(r: _Reader, bucket: str, node: str | None) -> None:
-    raw = await r.kv(
-        bucket,
-        [NODES.key(node) if node else NODES.prefix, BREAKER.prefix, _marks(node)],
-        noted=True,
-    )
-    r.seen.records = records(NODES, raw)
-    r.seen.breaker = records(BREAKER, raw).get("")
-    r.seen.marks["quarantine"] = records(intents(bucket), raw)
-
-
-def _marks(node: str | None) -> str:
-    return f"marks.{node}" if node else "marks."
-
-
 async def _shared_breaker(r: _Reader, bucket: str) -> BreakerState | None:
     raw = await r.reads.kv(bucket, [SHARED.prefix])
     return records(SHARED, raw or {}).get("")
-
-
-async def _maintenance_kv(r: _Reader, bucket: str, node: str | None) -> None:
-    prefix = MAINTENANCES.key(node) if node else MAINTENANCES.prefix
-    raw = await r.kv(bucket, [prefix, _marks(node)])
-    r.seen.maintenances = {s.node: s for s in records(MAINTENANCES, raw).values()}
-    r.seen.marks["maintenance"] = records(intents(bucket), raw)
-
-
-async def _recoveries(r: _Reader, bucket: str, node: str | None) -> None:
-    raw = await r.kv(bucket, [RECOVERIES.key(node) if node else RECOVERIES.prefix])
-    r.seen.recoveries = {rec.node: rec for rec in records(RECOVERIES, raw).values()}
-
-
-async def _falco_marks(r: _Reader, bucket: str, node: str | None) -> None:
-    r.seen.marks["falco"] = records(intents(bucket), await r.kv(bucket, [_marks(node)]))
-
-
-async def _sessions(r: _Reader, bucket: str) -> None:
-    held = records(SESSIONS, await r.kv(bucket, [SESSIONS.prefix]))
-    # The key is `<ns token>.<pod token>`: a namespace has no dot, a pod name's became `_`.
-    r.seen.sessions = {
-        f"{k.split('.', 1)[0]}/{node_of(k.split('.', 1)[1])}": v
-        for k, v in held.items()
-        if "." in k
-    }
 
 
 async def _energy_reads(r: _Reader, bucket: str, tok: str) -> None:
@@ -1008,52 +812,6 @@ async def _idle_agents(r: _Reader, tok: str) -> None:
         r.seen.saw(node_of(m.subject.split(".")[2]), "idle", m.time, _claimed(m))
 
 
-def _another_pod(isolation: Remediation, later: Remediation) -> bool:
-    """`later` is about another pod of the isolated one's name (another uid): a successor
-    (a StatefulSet's, a pod made again), not the pod that was isolated."""
-    was, now = isolation.details.get("pod_uid"), later.details.get("pod_uid")
-    return bool(was and now and was != now)
-
-
-async def _isolations(r: _Reader) -> None:
-    """Pods whose newest isolate decision was applied, unless a later decision on the same
-    pod undid it or was about another pod of its name (another `pod_uid`).
-
-    The falco service keeps the newest decision true: when an isolated pod is gone from the
-    API, replaced, ended or unlabelled by someone else, it audits the end on the same
-    subject (outcome skipped, guard `pod_gone` or `label_removed`)."""
-    isolated: dict[str, tuple[Stored, Remediation]] = {}
-    for m, event in decoded(await r.last("AUDIT", [f"remediation.{ISOLATE}.>"])):
-        data = event.data
-        if isinstance(data, Remediation) and data.outcome in (Outcome.APPLIED, Outcome.DRY_RUN):
-            isolated[m.subject.split(".", 2)[2]] = (m, data)
-    if isolated:
-        later = await r.last("AUDIT", [f"remediation.*.{t}" for t in sorted(isolated)])
-        for m, event in decoded(later):
-            t = m.subject.split(".", 2)[2]
-            data = event.data
-            if t not in isolated or not isinstance(data, Remediation):
-                continue
-            if m.seq > isolated[t][0].seq and (
-                data.outcome == Outcome.UNDONE
-                or (data.action in UNDO_ACTIONS and data.outcome == Outcome.APPLIED)
-                or _another_pod(isolated[t][1], data)
-            ):
-                del isolated[t]
-    for m, data in isolated.values():
-        node = data.details.get("node") or data.details.get("hostname")
-        r.seen.isolations.append(
-            IsolatedPod(
-                pod=_pod(data.target.namespace, data.target.name),
-                node=str(node) if node else None,
-                since=m.time,
-                rule=data.details.get("falco_rule") or data.policy,
-                reason=data.reason,
-                dry_run=data.outcome == Outcome.DRY_RUN,
-            )
-        )
-
-
 async def _dlq(r: _Reader) -> None:
     counts = await r.reads.counts("DLQ", "dlq.>")
     if counts is None:
@@ -1097,26 +855,20 @@ async def read_fleet(
         gpu(),
         _shared_breaker(r, buckets.breaker),
         asyncio.gather(
-            _cordon(r, buckets.cordon, node),
-            _maintenance_kv(r, buckets.maintenance, node),
-            _recoveries(r, buckets.recovery, node),
-            _falco_marks(r, buckets.falco_marks, node),
-            _sessions(r, buckets.culler),
             _energy_reads(r, buckets.energy, tok),
             _idle_agents(r, tok),
-            _isolations(r),
             _dlq(r),
             _recent(r, NODE_ACTIONS_SCANNED if node else actions),
         ),
         asyncio.gather(*(v.read(r.reads, node=node, now=now) for v in (views or {}).values())),
     )
-    for said in shown:  # in the views' order, whichever answered first
-        r.seen.rows.extend(said.rows)
+    r.seen.shown = list(shown)  # in the views' order, whichever answered first
+    for said in shown:
         r.seen.missing.extend(said.missing)
     r.seen.health = health
     for n, at in telemetry.items():
         r.seen.saw(n, "gpu", at)
-    r.seen.breaker = shared or r.seen.breaker
+    r.seen.breaker = shared
     return r.seen
 
 
@@ -1142,22 +894,17 @@ async def gather_status(
     nats_url: str,
     actions: int = 10,
     agent_timeout: timedelta = timedelta(seconds=90),
-    bucket: str = NODES.name,
-    breaker_bucket: str = SHARED.name,
     buckets: Buckets | None = None,
     clock_skew: timedelta = timedelta(seconds=5),
     views: Mapping[str, View] | None = None,
 ) -> FleetStatus:
-    """The whole fleet from KV and the streams (`bucket` and `breaker_bucket` rename the
-    cordon service's buckets, `buckets` any of them) and the services' `views` (default:
-    every registered one, with default settings)."""
-    b = buckets or Buckets(cordon=bucket, breaker=breaker_bucket)
+    """The whole fleet from KV and the streams (`buckets`: the runtime's own) and the
+    services' `views` (default: every registered one, with default settings)."""
     views = registered(Settings()) if views is None else views
-    seen = await read_fleet(nc, actions=actions, buckets=b, views=views)
+    seen = await read_fleet(nc, actions=actions, buckets=buckets or Buckets(), views=views)
     return assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),
-        records=seen.records,
         breaker=None,
         health=seen.health,
         telemetry={},
@@ -1189,7 +936,6 @@ async def gather_node(
     fleet = assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),
-        records=seen.records,
         breaker=None,
         health=seen.health,
         telemetry={},
@@ -1209,20 +955,25 @@ async def gather_node(
         at=fleet.at,
         node=shown,
         recent_actions=[_action(t, r) for t, r in actions_on(shown, seen.actions)][:actions],
+        tables=[t for t in (_about(t, node) for t in fleet.tables) if t is not None],
         missing=fleet.missing,
         notes=fleet.notes,
     )
 
 
+def _about(table: Table, node: str) -> Table | None:
+    """The table's rows about `node`, or its word for none (None: nothing to show)."""
+    rows = [r for r in table.rows if r.node == node]
+    if rows or table.empty:
+        return table.model_copy(update={"rows": rows})
+    return None
+
+
 def actions_on(
     node: NodeStatus, actions: Iterable[tuple[datetime, Remediation]]
 ) -> list[tuple[datetime, Remediation]]:
-    """The decisions about `node` itself or a pod nodeward knows on it, in the given order."""
-    pods = (
-        {s.pod for s in node.sessions}
-        | {i.pod for i in node.isolated}
-        | set(node.maintenance.pods if node.maintenance else ())
-    )
+    """The decisions about `node` itself or a pod the views know on it, in the given order."""
+    pods = set(node.pods)
     out = []
     for t, r in actions:
         ref = r.target

@@ -8,6 +8,15 @@ words and the rank for the node's attention list. The runtime assembles the rows
 registered view with what it reads itself (GPU health, agents, marks, the breaker, the DLQ,
 the audit trail) and shows them without knowing whose they are.
 
+Beyond rows a view may give (`Shown`): a word or two in a node's cells (`Cell`: the fleet
+table's `marks` and `pods` columns, the console's `badge`s), the kernel marks its owner holds
+(`MarkHeld`, read with `marks_held` from the owner's bucket), tables (`Table`: the fleet's,
+or one node's), the GPU states it last acted on (shown where no agent reported), the agent
+kinds whose silence matters on a node because of what it holds (`expects`), and its data
+about each node (`parts`: shown under its own keys in `status --json`'s node, and read by
+the console's pages), with the pods on the node it concerns. The runtime ranks every row's
+attention with its own and draws all of it without knowing whose it is.
+
 The reads are those of `nodeward.bus.snapshot.Reads`; `records`, `decoded` and `data` read
 its messages with the writers' own types.
 """
@@ -15,7 +24,7 @@ its messages with the writers' own types.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,6 +35,8 @@ from nodeward.config import Settings
 from nodeward.plugin import services
 from schemas import DecodeError, Event, EventData, decode
 from schemas.state import Bucket
+from schemas.state.breaker import BreakerState
+from schemas.state.marks import MarkIntent, intents
 
 Severity = Literal["ok", "info", "warning", "critical"]
 
@@ -36,7 +47,7 @@ class Row(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     section: str = Field(description="the heading it is shown under, e.g. `credentials`")
-    text: str
+    text: str = Field(default="", description="what is shown; empty: only its attention counts")
     node: str | None = None
     severity: Severity = "info"
     attention: str | None = Field(
@@ -45,11 +56,113 @@ class Row(BaseModel):
     rank: int = Field(default=9, ge=0, le=9, description="the attention's: 0 most serious")
 
 
+Column = Literal["marks", "pods", "badge"]
+
+
+class Cell(BaseModel):
+    """A word or two about a node in one of its cells: the fleet table's `marks` or `pods`
+    column, or a `badge` on its console cell (`quarantined`, `cordoned`...). In a cell the
+    most severe come first, else in the views' order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    column: Column
+    text: str
+    severity: Severity = "info"
+
+
+class MarkHeld(BaseModel):
+    """An owner's marks on a node: its kernel intent (`schemas.state.marks`) while held."""
+
+    node: str
+    owner: str = Field(description="who holds them, as the kernel's intent names it")
+    phase: str
+    incident: str
+    cordon: bool
+    taints: list[str]
+    since: datetime | None = None
+
+
+HELD = frozenset({"applying", "applied", "releasing"})
+"""The intent phases in which an owner holds its marks."""
+
+
+def marks_held(bucket: str, raw: Mapping[str, bytes]) -> list[MarkHeld]:
+    """The marks an owner holds, from the intents among its bucket's entries (read with
+    `intents(bucket).prefix`, or `.key(node)`): one that an operator took back is not held."""
+    out = []
+    for node, intent in records(intents(bucket), raw).items():
+        if intent.phase in HELD and not intent.operator_released:
+            out.append(_held(node, intent))
+    return out
+
+
+def _held(node: str, intent: MarkIntent) -> MarkHeld:
+    return MarkHeld(
+        node=node,
+        owner=intent.owner,
+        phase=intent.phase,
+        incident=intent.incident,
+        cordon=intent.entry.cordon or intent.spec.cordon,
+        taints=intent.entry.taints or intent.spec.taints,
+        since=datetime.fromtimestamp(intent.updated_at, UTC) if intent.updated_at else None,
+    )
+
+
+class TableRow(BaseModel):
+    cells: list[str]
+    node: str | None = Field(default=None, description="the node it is about, if one")
+    severity: Severity = "info"
+
+
+class Table(BaseModel):
+    """A table a view shows under the fleet, or in one node's detail (its rows' `node`)."""
+
+    section: str
+    title: str
+    columns: list[str]
+    rows: list[TableRow] = Field(default_factory=list)
+    empty: str | None = Field(default=None, description="said instead when it has no row")
+    more: str | None = Field(default=None, description="said under it (rows left out)")
+
+
 class Shown(BaseModel):
-    """What one view read: its rows, and the streams or buckets it did not find."""
+    """What one view read: its rows, and the streams or buckets it did not find; and what
+    else it adds to nodes (see the module)."""
 
     rows: list[Row] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
+    cells: list[Cell] = Field(default_factory=list)
+    marks: list[MarkHeld] = Field(default_factory=list)
+    tables: list[Table] = Field(default_factory=list)
+    gpus: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="node -> GPU key -> the state it last acted on (where no agent reported)",
+    )
+    expects: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="node -> agent kinds whose silence matters there because of what it holds",
+    )
+    parts: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="node -> key -> its data about the node (JSON)"
+    )
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="key -> its value on a node it says nothing of"
+    )
+    pods: dict[str, list[str]] = Field(
+        default_factory=dict, description="node -> the pods on it it concerns (namespace/name)"
+    )
+    breaker: BreakerState | None = Field(
+        default=None,
+        description="the shared circuit breaker, read from the bucket its settings name in "
+        "place of the declared one: the one shown",
+    )
+    breaker_before: BreakerState | None = Field(
+        default=None,
+        description="an older record of the circuit breaker it keeps: shown when no shared "
+        "one is found",
+    )
 
 
 class View(Protocol):

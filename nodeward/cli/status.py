@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 
@@ -14,14 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nodeward.bus.snapshot import SnapshotError
-from nodeward.cli.common import (
-    Fitted,
-    bucket_name,
-    connect_nats,
-    echo_json,
-    fail,
-    table_console,
-)
+from nodeward.cli.common import Fitted, connect_nats, echo_json, fail, table_console
 from nodeward.config import Settings
 from nodeward.durations import format_age
 from nodeward.endpoints import DEFAULT_STATE_DIR
@@ -30,20 +23,15 @@ from nodeward.fleet_status import (
     ActionSummary,
     Buckets,
     FleetStatus,
-    IsolatedPod,
     NodeReport,
     NodeStatus,
-    SessionView,
     gather_node,
     gather_status,
 )
-from nodeward.views import Row, registered
+from nodeward.views import Column, Row, registered
+from nodeward.views import Table as ViewTable
 from schemas.state.breaker import SHARED
-from schemas.state.cordon import NODES, TAINT_KEY
-from schemas.state.culler import SESSIONS
 from schemas.state.energy import TOTALS
-from schemas.state.maintenance import MAINTENANCES
-from schemas.state.marks import FALCO_MARKS
 
 _HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
     {"failed": "bold red", "degraded": "yellow", "unknown": "dim", "healthy": "green"}
@@ -52,7 +40,6 @@ _HEALTH_STYLE: Mapping[str, str] = MappingProxyType(
 
 QUIET_LISTED = 12
 """With more nodes than this with nothing to see, the table sums them up in one line."""
-SESSIONS_LISTED = 20
 
 
 async def status(
@@ -109,22 +96,11 @@ async def status(
 
 
 def buckets_for(settings: Settings) -> Buckets:
-    """The buckets each writer is configured with (the declared names by default)."""
-
-    def setting(section: str, key: str, default: str) -> str:
-        found = (settings.services.get(section) or {}).get(key)
-        return str(found or default)
-
-    breaker = ((settings.services.get("cordon") or {}).get("breaker") or {}).get("bucket")
+    """The buckets the runtime reads itself, as configured (the declared names by default):
+    the energy agent's totals (a service whose settings rename the shared circuit breaker's
+    bucket reads it in its view)."""
     energy = (settings.agents.get("energy") or {}).get("bucket")
-    return Buckets(
-        cordon=bucket_name(settings, "cordon", NODES),
-        breaker=str(breaker or SHARED.name),
-        maintenance=bucket_name(settings, "checkpoint", MAINTENANCES),
-        falco_marks=setting("falco", "marks_bucket", FALCO_MARKS.name),
-        culler=bucket_name(settings, "culler", SESSIONS),
-        energy=str(energy or TOTALS.name),
-    )
+    return Buckets(breaker=SHARED.name, energy=str(energy or TOTALS.name))
 
 
 IDENTIFYING = ("node", "pod", "session", "GPU", "target")
@@ -144,9 +120,9 @@ def _whole(parts: list[RenderableType]) -> Group:
 
 
 def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
-    """Nodes needing attention first (then the rest, or one line for them), quarantines,
-    maintenances, isolated pods, idle sessions, energy, what the services' views say of the
-    fleet, the breaker, the DLQ and recent actions."""
+    """Nodes needing attention first (then the rest, or one line for them), the services'
+    views' tables, energy, what the views say of the fleet, the breaker, the DLQ and recent
+    actions."""
     parts: list[RenderableType] = []
     attention = fleet.needing_attention()
     quiet = [n for n in fleet.nodes if not n.attention]
@@ -163,7 +139,7 @@ def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
             Text(n.health, style=_HEALTH_STYLE.get(n.health, "")),
             gpu_summary(n.gpus),
             marks_cell(n),
-            pods_cell(n, fleet.at),
+            pods_cell(n),
             power_cell(n),
             agents_cell(n),
         )
@@ -178,10 +154,8 @@ def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
                 style="green",
             )
         )
-    parts.extend(_quarantines(fleet.quarantined))
-    parts.extend(_maintenances(fleet))
-    parts.extend(_isolations(fleet))
-    parts.extend(_sessions(fleet))
+    for table in fleet.tables:
+        parts.extend(table_parts(table))
     parts.append(energy_line(fleet.nodes))
     parts.extend(rows_text(fleet.rows))
     b = fleet.breaker
@@ -205,7 +179,7 @@ def render(fleet: FleetStatus, *, show_all: bool = False) -> RenderableType:
 
 
 def render_node(report: NodeReport) -> RenderableType:
-    """One node: its GPUs, marks, quarantine, maintenance, isolated pods, sessions, energy,
+    """One node: its GPUs, marks, the services' views' tables and rows about it, energy,
     agents and the recent actions on it."""
     n, at = report.node, report.at
     parts: list[RenderableType] = [
@@ -228,64 +202,19 @@ def render_node(report: NodeReport) -> RenderableType:
         gpus.add_row("-", "no GPU health reported")
     parts.append(gpus)
     parts.append(Text(f"marks: {marks_text(n) or 'none'}"))
-    parts.extend(_quarantines([n] if n.quarantine else []))
-    if (m := n.maintenance) is not None:
-        parts.append(
-            Text(
-                f"maintenance {m.maintenance_id}: {m.phase}"
-                + (" (dry run)" if m.dry_run else "")
-                + f", requested {_ago(m.requested_at, at)} by {m.requested_by or '?'}"
-                + (f": {m.reason}" if m.reason else "")
-                + (
-                    f"; pods out by {_clock(m.deadline_at, at)}"
-                    if m.active and m.deadline_at
-                    else f"; finished {_ago(m.finished_at, at)}"
-                    if m.finished_at
-                    else ""
-                )
-                + ("; nodeward cordoned the node" if m.cordoned else ""),
-                style="yellow" if m.active or m.cordoned else "",
-            )
-        )
-        for pod, plan in m.pods.items():
-            parts.append(Text(f"  {pod}: {plan}"))
-        for failure in m.failures:
-            parts.append(Text(f"  failure: {failure}", style="red"))
-    else:
-        parts.append(Text("maintenance: none", style="dim"))
-    if n.isolated:
-        parts.extend(_isolated_table(n.isolated, at))
-    else:
-        parts.append(Text("isolated pods: none", style="dim"))
-    if n.sessions:
-        parts.append(_session_table(n.sessions, at, f"sessions on {n.name}"))
-    else:
-        parts.append(Text("sessions: none the culler holds", style="dim"))
+    for table in report.tables:
+        parts.extend(table_parts(table))
+    parts.extend(rows_text(n.rows))
     parts.append(Text(f"energy: {energy_text(n) or 'none reported'}"))
     parts.append(Text(f"agents: {agents_cell(n).plain}"))
-    parts.extend(rows_text(n.rows))
     parts.append(_actions(report.recent_actions, at, on=n.name))
     parts.extend(_footer(report.notes, report.missing))
     return _whole(parts)
 
 
 def marks_text(n: NodeStatus) -> str:
-    """Who holds the node: quarantine, maintenance phase, Falco, each in a word or two."""
-    out = []
-    if (q := n.quarantine) is not None:
-        out.append(f"quarantine {'DRY-RUN ' if q.dry_run else ''}{q.phase} {format_age(q.age_s)}")
-    if (m := n.maintenance) is not None and (m.active or m.phase == "failed"):
-        out.append(f"maintenance {m.phase}")
-    for mark in n.marks:
-        if mark.owner == "quarantine" and q is not None:
-            continue
-        if mark.owner == "maintenance" and m is not None and m.active:
-            out.extend(["cordoned"] if mark.cordon else [])
-            continue
-        word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
-        after = f" (maintenance {m.phase})" if mark.owner == "maintenance" and m else ""
-        out.append(f"{word} by {mark.owner}{after}")
-    return ", ".join(out)
+    """Who holds the node, each in a word or two (the views' `marks` cells)."""
+    return ", ".join(c.text for c in n.said("marks"))
 
 
 def marks_cell(n: NodeStatus) -> Text:
@@ -293,21 +222,41 @@ def marks_cell(n: NodeStatus) -> Text:
     return Text(text, style="red" if n.rank == 0 else "yellow") if text else Text("-", style="dim")
 
 
-def pods_cell(n: NodeStatus, now: datetime) -> Text:
-    out = []
-    if n.isolated:
-        out.append((f"{len(n.isolated)} isolated", "bold red"))
-    warned = [s for s in n.sessions if s.state == "warned"]
-    if warned:
-        first = min((s.deadline for s in warned if s.deadline), default=None)
-        when = f", stop in {format_age((first - now).total_seconds())}" if first else ""
-        out.append((f"{len(warned)} idle{when}", "yellow"))
-    if not out:
+_CELL_STYLE: Mapping[str, str] = MappingProxyType(
+    {"ok": "green", "info": "", "warning": "yellow", "critical": "bold red"}
+)
+
+
+def cells_text(n: NodeStatus, column: Column) -> Text:
+    """The views' cells of one column, `; ` between, each in its severity's style."""
+    cells = n.said(column)
+    if not cells:
         return Text("-", style="dim")
     text = Text()
-    for i, (words, style) in enumerate(out):
-        text.append(("; " if i else "") + words, style=style)
+    for i, cell in enumerate(cells):
+        text.append(("; " if i else "") + cell.text, style=_CELL_STYLE[cell.severity])
     return text
+
+
+def pods_cell(n: NodeStatus) -> Text:
+    return cells_text(n, "pods")
+
+
+def table_parts(table: ViewTable) -> list[RenderableType]:
+    """A view's table (its first column in its row's severity), the line under it; or its
+    word for none."""
+    if not table.rows:
+        return [Text(table.empty, style="dim")] if table.empty else []
+    drawn = Table(title=table.title, title_justify="left")
+    for col in table.columns:
+        drawn.add_column(col)
+    for row in table.rows:
+        first, *rest = row.cells
+        drawn.add_row(Text(first, style=_CELL_STYLE[row.severity]), *rest)
+    out: list[RenderableType] = [drawn]
+    if table.more:
+        out.append(Text(table.more))
+    return out
 
 
 def energy_text(n: NodeStatus) -> str:
@@ -371,106 +320,6 @@ def energy_line(nodes: list[NodeStatus]) -> Text:
     )
 
 
-def _quarantines(quarantined: list[NodeStatus]) -> list[RenderableType]:
-    if not quarantined:
-        return []
-    table = Table(title="quarantines", title_justify="left")
-    for col in ("node", "age", "rule", "reason", "marks"):
-        table.add_column(col)
-    for node in quarantined:
-        q = node.quarantine
-        assert q is not None
-        marks = ", ".join(
-            [
-                *(f"taint {TAINT_KEY}:{t}" for t in q.taints),
-                *(["cordoned"] if q.cordoned else []),
-            ]
-        )
-        table.add_row(node.name, format_age(q.age_s), q.rule, q.reason, marks or q.phase)
-    return [table]
-
-
-def _maintenances(fleet: FleetStatus) -> list[RenderableType]:
-    shown = [n for n in fleet.nodes if n.maintenance and (n.maintenance.active or n.attention)]
-    if not shown:
-        return []
-    table = Table(title="maintenance", title_justify="left")
-    for col in ("node", "phase", "requested", "pods out by", "pods", "reason"):
-        table.add_column(col)
-    for n in shown:
-        m = n.maintenance
-        assert m is not None
-        table.add_row(
-            n.name,
-            m.phase + (" (dry run)" if m.dry_run else "") + (", cordoned" if m.cordoned else ""),
-            f"{_ago(m.requested_at, fleet.at)} by {m.requested_by or '?'}",
-            (
-                f"finished {_ago(m.finished_at, fleet.at)}"
-                if not m.active
-                else _clock(m.deadline_at, fleet.at)
-            ),
-            str(len(m.pods)),
-            m.reason,
-        )
-    return [table]
-
-
-def _isolated_table(isolated: list[IsolatedPod], now: datetime) -> list[RenderableType]:
-    table = Table(title="pods isolated by Falco", title_justify="left")
-    for col in ("pod", "node", "since", "rule"):
-        table.add_column(col)
-    for i in isolated:
-        table.add_row(
-            Text(i.pod, style="bold red"),
-            i.node or "?",
-            _ago(i.since, now) + (" (dry run)" if i.dry_run else ""),
-            i.rule or "-",
-        )
-    return [table]
-
-
-def _isolations(fleet: FleetStatus) -> list[RenderableType]:
-    isolated = [i for n in fleet.nodes for i in n.isolated]
-    return _isolated_table(isolated, fleet.at) if isolated else []
-
-
-def _session_table(sessions: list[SessionView], now: datetime, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("session", "node", "state", "idle since", "warned", "stop at"):
-        table.add_column(col)
-    for s in sessions:
-        if s.state == "stopped":
-            stop = Text(f"stopped {_ago(s.stopped_at, now)} ({s.stop_outcome or '?'})", style="dim")
-        elif s.deadline is not None:
-            stop = Text(_clock(s.deadline, now), style="yellow")
-        else:
-            stop = Text("-", style="dim")
-        table.add_row(
-            s.pod,
-            s.node or "?",
-            s.state + (" (dry run)" if s.dry_run else "") + (f": {s.reason}" if s.reason else ""),
-            _ago(s.idle_since, now) if s.idle_since else "-",
-            _ago(s.warned_at, now) if s.warned_at else "-",
-            stop,
-        )
-    return table
-
-
-def _sessions(fleet: FleetStatus) -> list[RenderableType]:
-    warned = sorted(
-        (s for n in fleet.nodes for s in n.sessions if s.state == "warned"),
-        key=lambda s: (s.deadline or fleet.at, s.pod),
-    )
-    if not warned:
-        return [Text("idle sessions: none warned", style="dim")]
-    out: list[RenderableType] = [
-        _session_table(warned[:SESSIONS_LISTED], fleet.at, "idle sessions warned, soonest first")
-    ]
-    if len(warned) > SESSIONS_LISTED:
-        out.append(Text(f"... and {len(warned) - SESSIONS_LISTED} more warned session(s)"))
-    return out
-
-
 _SEVERITY_STYLE: Mapping[str, str] = MappingProxyType(
     {"ok": "green", "info": "", "warning": "yellow", "critical": "red"}
 )
@@ -478,10 +327,12 @@ _SEVERITY_STYLE: Mapping[str, str] = MappingProxyType(
 
 def rows_text(rows: list[Row]) -> list[RenderableType]:
     """The services' rows: `section: text` for a section's first, indented below it the
-    rest, each in its severity's colour."""
+    rest, each in its severity's colour (a row with no text only asks for attention)."""
     out: list[RenderableType] = []
     said: set[str] = set()
     for row in rows:
+        if not row.text:
+            continue
         style = _SEVERITY_STYLE[row.severity]
         if row.section in said:
             out.append(Text(f"  {row.text}", style=style))
@@ -514,19 +365,6 @@ def _footer(notes: list[str], missing: list[str]) -> list[RenderableType]:
     if missing:
         parts.append(Text(f"not found on this server: {', '.join(missing)}", style="dim"))
     return parts
-
-
-def _ago(t: datetime | None, now: datetime) -> str:
-    return "-" if t is None else f"{format_age((now - t).total_seconds())} ago"
-
-
-def _clock(t: datetime | None, now: datetime) -> str:
-    """`18:42:05 (in 4m12s)`, or `(4m12s ago)` once past."""
-    if t is None:
-        return "-"
-    delta = (t - now).total_seconds()
-    when = f"in {format_age(delta)}" if delta >= 0 else f"{format_age(-delta)} ago"
-    return f"{t.astimezone(UTC):%H:%M:%S} ({when})"
 
 
 def format_power(watts: float) -> str:

@@ -1,6 +1,7 @@
 """The console's one picture of the fleet, shared by every viewer.
 
-Drawn as `nodeward status` draws it (`nodeward.fleet_status.read_fleet` and `assemble`),
+Drawn as `nodeward status` draws it (`nodeward.fleet_status.read_fleet` and `assemble`,
+with every registered service's view),
 with the capacity snapshot and the newest audit records, Falco alerts and dead letters; but
 what it reads comes from mirrors (`nodeward.bus.mirror`): one long-lived ordered consumer
 per stream and bucket it reads, which hold each subject's newest message. Watched, not
@@ -35,7 +36,6 @@ from nodeward.fleet_status import (
     Buckets,
     FleetStatus,
     GpuSeen,
-    IsolatedPod,
     NodeStatus,
     assemble,
     read_fleet,
@@ -64,18 +64,9 @@ class Viewer:
 
 
 def marks_of(node: NodeStatus) -> list[str]:
-    """The marks a node's cell shows: quarantined, falco, maintenance, cordoned."""
-    out = []
-    if node.quarantine is not None:
-        out.append("quarantined")
-    owners = {m.owner for m in node.marks}
-    if "falco" in owners or node.isolated:
-        out.append("falco")
-    if "maintenance" in owners or (node.maintenance is not None and node.maintenance.active):
-        out.append("maintenance")
-    if node.cordoned or (node.quarantine is not None and node.quarantine.cordoned):
-        out.append("cordoned")
-    return out
+    """The marks a node's cell shows: the services' views' badges (quarantined, falco,
+    maintenance), and cordoned."""
+    return node.badges()
 
 
 def row_of(node: NodeStatus, model: str) -> Message:
@@ -115,8 +106,9 @@ def alert_row(at: datetime, a: FalcoAlert) -> Message:
     }
 
 
-def isolated_row(i: IsolatedPod) -> Message:
-    """A pod Falco isolated, as the Security page lists it (sent when it appears)."""
+def isolated_row(i: Any) -> Message:
+    """A pod Falco isolated (a node's `isolated` part), as the Security page lists it (sent
+    when it appears)."""
     return {
         "t": "isolated",
         "pod": i.pod + (" (dry run)" if i.dry_run else ""),
@@ -369,7 +361,6 @@ class Live:
         fleet = assemble(
             nats_url="",
             now=now,
-            records=seen.records,
             breaker=None,
             health=seen.health,
             telemetry={},
@@ -415,7 +406,7 @@ class Live:
         self.read_s = time.monotonic() - began
         self._read_seconds.set(self.read_s)
         rows = {n.name: row_of(n, self.model(n.name)) for n in fleet.nodes}
-        isolated = {i.pod: isolated_row(i) for n in fleet.nodes for i in n.isolated}
+        isolated = {i.pod: isolated_row(i) for n in fleet.nodes for i in n.part("isolated") or []}
         said = [r.model_dump(include={"section", "text", "severity"}) for r in fleet.rows]
         if not first:
             if said != self._said:

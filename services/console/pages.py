@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from nodeward.fleet_status import HEALTH_ORDER, GpuSeen, NodeStatus, SessionView, worst
+from nodeward.fleet_status import HEALTH_ORDER, GpuSeen, NodeStatus, worst
 from schemas.gpu import GpuHealth, GpuXid
 from schemas.remediation import Outcome, Remediation
 from services.console.live import marks_of
@@ -182,10 +182,10 @@ def choices(actions: Iterable[tuple[datetime, Remediation]]) -> tuple[list[str],
     return sorted({r.action for _, r in seen}), sorted({r.outcome.value for _, r in seen})
 
 
-def sessions(nodes: Iterable[NodeStatus]) -> list[SessionView]:
+def sessions(nodes: Iterable[NodeStatus]) -> list[Any]:
     """Every session the culler watches, warned ones first, soonest deadline first."""
     rank = {"warned": 0, "watched": 1, "stopped": 2}
-    every = [s for n in nodes for s in n.sessions]
+    every = [s for n in nodes for s in n.part("sessions") or []]
     return sorted(
         every, key=lambda s: (rank[s.state], s.deadline.timestamp() if s.deadline else 0, s.pod)
     )
@@ -251,8 +251,8 @@ def escalation(
     it), or its quarantine is a later one.
 
     An escalation older than the audit records kept is read from the node's recovery
-    record (`node.recovery`)."""
-    q = node.quarantine
+    record (the node's `recovery` part)."""
+    q = node.part("quarantine")
     if q is None:
         return None
     held = {m.incident for m in node.marks if m.owner == "quarantine" and m.incident}
@@ -281,7 +281,7 @@ def escalation(
 def _recorded(node: NodeStatus, held: set[str]) -> Escalation | None:
     """The escalation the node's recovery record says it is under (older than the audit
     records kept, or from before the console started)."""
-    r, q = node.recovery, node.quarantine
+    r, q = node.part("recovery"), node.part("quarantine")
     if q is None or r is None or not r.escalated or (held and r.incident not in held):
         return None
     return Escalation(

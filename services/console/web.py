@@ -325,7 +325,7 @@ class Console:
     async def security(self, request: web.Request) -> web.Response:
         await self._picture()
         nodes = list(self.live.nodes.values())
-        isolated = sorted((i for n in nodes for i in n.isolated), key=lambda i: i.pod)
+        isolated = sorted((i for n in nodes for i in n.part("isolated") or []), key=lambda i: i.pod)
         marked = [(n, m) for n in nodes for m in n.marks if m.owner == "falco"]
         return self._page(
             request,

@@ -5,5 +5,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="cordon",
     package=__name__,
+    view="view:view",
     commands={"breaker": "cli:breaker_app", "quarantine": "cli:quarantine_app"},
 )

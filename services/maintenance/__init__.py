@@ -5,5 +5,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="checkpoint",
     package=__name__,
+    view="view:view",
     commands={"maintenance": "cli:maintenance_app"},
 )

@@ -6,5 +6,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="recovery",
     package=__name__,
+    view="view:view",
     commands={"recovery": "cli:recovery_app"},
 )

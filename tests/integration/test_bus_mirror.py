@@ -15,8 +15,9 @@ from nodeward.bus import Bus
 from nodeward.bus.mirror import Mirrors, Watched, covers
 from nodeward.bus.server import EmbeddedNats
 from nodeward.bus.snapshot import BusReads, Stored
-from nodeward.config import BusSettings
+from nodeward.config import BusSettings, Settings
 from nodeward.fleet_status import Buckets
+from nodeward.views import registered
 from schemas.state.cordon import NODES, NodeRecord
 from services.console.live import Live
 from services.console.settings import ConsoleSettings
@@ -157,7 +158,7 @@ async def test_the_console_draws_every_change_and_makes_no_consumer_for_it(
 
     sub = await nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.CREATED.>", cb=advisory)
     nodes = await own_bus.kv(NODES.name)
-    live = Live(nc, ConsoleSettings(settle_s=0.05), buckets=Buckets())
+    live = Live(nc, ConsoleSettings(settle_s=0.05), buckets=Buckets(), views=registered(Settings()))
     await live.start()
     keeping = asyncio.create_task(live.keep())
     try:

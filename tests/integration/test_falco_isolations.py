@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from nodeward.bus.snapshot import kv_entries
-from nodeward.fleet_status import Buckets, gather_status
+from nodeward.fleet_status import gather_status
 from schemas.control import ControlRequest, ControlStatus
 from schemas.falco import ISOLATE_LABEL
 from schemas.remediation import Outcome, Remediation
 from services.falco.state import ISOLATIONS, IsolationRecord, isolation_key
+from services.falco.view import FalcoView
 from tests.conftest import wait_for
 from tests.integration.falco_fixtures import DROP_AND_EXECUTE, EnvFactory, FalcoEnv
 
@@ -57,7 +58,7 @@ async def record(env: FalcoEnv, namespace: str, pod: str) -> IsolationRecord | N
 async def status_isolated(env: FalcoEnv, namespace: str) -> set[str]:
     """The pods of `namespace` that `nodeward status` counts as isolated."""
     fleet = await gather_status(
-        env.bus.nc, nats_url="nats://test", buckets=Buckets(falco_marks=bucket(env))
+        env.bus.nc, nats_url="nats://test", views={"falco": FalcoView(marks_bucket=bucket(env))}
     )
     return {i.pod for n in fleet.nodes for i in n.isolated if i.pod.startswith(f"{namespace}/")}
 

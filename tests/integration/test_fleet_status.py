@@ -22,6 +22,7 @@ from nodeward.config import BusSettings
 from nodeward.durations import format_age
 from nodeward.fleet_status import gather_status
 from nodeward.kube.nodes import taints_of
+from nodeward.views import registered
 from schemas import example_event, make_event
 from schemas.common import ObjectRef
 from schemas.credentials import CredentialFailed, CredentialKind, CredentialRenewed
@@ -153,10 +154,9 @@ async def test_status_shows_the_quarantine_the_cordon_service_wrote(
 
     written = await wait_for(applied, timeout=10, what="the service's quarantine record")
     assert written.quarantine is not None
-    breaker = env.settings.services["cordon"]["breaker"]["bucket"]  # this test's own window
-    fleet = await gather_status(
-        env.bus.nc, nats_url=nats_url, bucket=bucket, breaker_bucket=breaker
-    )
+    assert env.settings.services["cordon"]["breaker"]["bucket"]  # this test's own window
+    # The views as the services are configured: the cordon service's bucket and breaker.
+    fleet = await gather_status(env.bus.nc, nats_url=nats_url, views=registered(env.settings))
     shown = next(n for n in fleet.nodes if n.name == name)
     q = shown.quarantine
     assert q is not None

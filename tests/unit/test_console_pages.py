@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from nodeward.fleet_status import GpuSeen, MarkHeld, NodeStatus, Quarantined, RecoveryView
+from nodeward.fleet_status import GpuSeen, NodeStatus, Seen, assemble
+from nodeward.views import MarkHeld
 from schemas.common import ObjectRef, PodRef
 from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, GpuXid, HealthState, RecommendedAction
 from schemas.remediation import Outcome, Remediation
+from schemas.state.cordon import NodeRecord, Quarantine
 from services.console.pages import ActionFilter, bars, escalation, fleet_page, gpu_rows
 from services.console.settings import ConsoleSettings, loopback
 from services.console.web import ConsoleError, check, environment
+from services.cordon import view as cordon_view
+from services.cordon.view import Quarantined
+from services.recovery.view import RecoveryView
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -58,21 +63,29 @@ def test_past_the_limit_quiet_nodes_are_one_cell_and_the_others_keep_their_gpus(
 
 
 def test_filters_by_name_state_mark_and_model() -> None:
-    marked = _node("gpu-q", "healthy").model_copy(
-        update={
-            "quarantine": Quarantined(
-                reason="r",
-                rule="x",
-                gpus=["0"],
-                since=NOW,
-                age_s=1,
-                phase="applied",
-                dry_run=False,
-                cordoned=True,
-                taints=[],
-            )
-        }
+    record = NodeRecord(
+        quarantine=Quarantine(
+            incident="e1",
+            reason="r",
+            rule="x",
+            gpus=["0"],
+            started_at=NOW,
+            phase="applied",
+            cordoned=True,
+        )
     )
+    marked = assemble(  # as the cordon service's view draws it
+        nats_url="",
+        now=NOW,
+        breaker=None,
+        health=[],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=Seen(shown=[cordon_view.shown({"gpu-q": record}, [], NOW)]),
+    ).nodes[0]
+    marked = marked.model_copy(update={"gpus": {"0": "healthy"}, "health": "healthy"})
     nodes = [
         _node("gpu-a", "healthy"),
         _node("gpu-b", "degraded"),
@@ -84,7 +97,8 @@ def test_filters_by_name_state_mark_and_model() -> None:
     assert names(fleet_page(nodes, models, query="GPU-")) == ["gpu-a", "gpu-b", "gpu-q"]
     assert names(fleet_page(nodes, models, state="degraded")) == ["gpu-b"]
     assert names(fleet_page(nodes, models, state="marked")) == ["gpu-q"]
-    assert names(fleet_page(nodes, models, state="attention")) == ["cpu-x", "gpu-b"]
+    # gpu-q is quarantined: it needs a look as well.
+    assert names(fleet_page(nodes, models, state="attention")) == ["cpu-x", "gpu-b", "gpu-q"]
     assert names(fleet_page(nodes, models, model="H100")) == ["gpu-a"]
     tiles = {t.name: t for g in fleet_page(nodes, models).groups for t in g.tiles}
     assert tiles["gpu-q"].marks == ["quarantined", "cordoned"]
@@ -191,7 +205,12 @@ def _quarantined(
     since: datetime = datetime(2026, 11, 30, 11, 57, tzinfo=UTC), incident: str | None = INCIDENT
 ) -> NodeStatus:
     held = MarkHeld(
-        owner="quarantine", phase="applied", incident=incident or "", cordon=True, taints=[]
+        node="gpu-q",
+        owner="quarantine",
+        phase="applied",
+        incident=incident or "",
+        cordon=True,
+        taints=[],
     )
     marks = [] if incident is None else [held]
     return _node("gpu-q", "healthy", "failed").model_copy(
@@ -266,7 +285,7 @@ def test_an_escalation_ends_with_its_quarantine() -> None:
 
 
 def test_an_escalation_the_picture_records_is_told_past_the_kept_audit() -> None:
-    """The node's recovery record (`NodeStatus.recovery`) tells an escalation whose audit
+    """The node's recovery record (the node's `recovery` part) tells an escalation whose audit
     record is no longer among those kept."""
     why = "the fault grew: row remapping failed. RMA suggested for GPU 1 (XID 64)"
     recovery = RecoveryView(

@@ -8,14 +8,22 @@ from rich.console import Console
 
 from nodeward.cli.status import format_age, gpu_summary, render
 from nodeward.fleet_status import GpuSeen, Seen, assemble, worst
+from nodeward.views import Shown
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import BREAKER, NODES, GpuRecord, NodeRecord, Quarantine
 from schemas.state.culler import SessionRecord
+from services.cordon import view as cordon_view
+from services.culler import view as culler_view
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+
+
+def _cordon(records: dict[str, NodeRecord]) -> Seen:
+    """What the cordon service's view reads from its records."""
+    return Seen(shown=[cordon_view.shown(records, [], NOW)])
 
 
 def _health(node: str, index: int, state: str, at: datetime) -> GpuHealth:
@@ -71,8 +79,8 @@ def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={"gpu-a": _quarantined_record()},
         breaker=BreakerState(admitted={"Node/gpu-a": 1.0}),
+        seen=_cordon({"gpu-a": _quarantined_record()}),
         health=[
             _health("gpu-a", 0, "failed", NOW - timedelta(seconds=10)),
             _health("gpu-a", 1, "healthy", NOW - timedelta(seconds=10)),
@@ -92,7 +100,7 @@ def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
     assert a.agent_live and not by_name["gpu-b"].agent_live and by_name["gpu-c"].agent_live
     assert by_name["gpu-c"].health == "unknown"
     assert fleet.breaker.open is False and fleet.breaker.admitted == 1
-    assert [n.name for n in fleet.quarantined] == ["gpu-a"]
+    assert [n.name for n in fleet.nodes if n.quarantine] == ["gpu-a"]
 
     console = Console(width=200, record=True, color_system=None)
     console.print(render(fleet))
@@ -110,7 +118,6 @@ def test_a_tripped_breaker_is_shown_open_with_its_reason() -> None:
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={},
         breaker=BreakerState(tripped_at=NOW.timestamp(), trip_reason="2 of 8 nodes", trips=1),
         health=[],
         telemetry={},
@@ -159,8 +166,8 @@ def test_a_thousand_quiet_nodes_are_one_line_and_those_needing_attention_come_fi
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={"gpu-0300": _quarantined_record()},
         breaker=None,
+        seen=_cordon({"gpu-0300": _quarantined_record()}),
         health=health,
         telemetry={},
         dlq={},
@@ -193,18 +200,16 @@ def test_an_idle_agent_with_no_session_to_report_is_quiet_not_stale() -> None:
     """The idle agent publishes only while its node has sessions: its silence is stale only
     while the culler holds a warned session on that node."""
     old = NOW - timedelta(minutes=10)
+    sessions = {
+        "user-b/nb": SessionRecord(node="gpu-b", warned_at=old, deadline=NOW + timedelta(minutes=5))
+    }
     seen = Seen(
         agents={"gpu-a": {"idle": old}, "gpu-b": {"idle": old}},
-        sessions={
-            "user-b/nb": SessionRecord(
-                node="gpu-b", warned_at=old, deadline=NOW + timedelta(minutes=5)
-            )
-        },
+        shown=[culler_view.shown(sessions, NOW)],
     )
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={},
         breaker=None,
         health=[_health(n, 0, "healthy", NOW) for n in ("gpu-a", "gpu-b")],
         telemetry={},
@@ -262,7 +267,6 @@ def test_a_node_whose_clock_is_off_says_so_and_by_how_much() -> None:
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records={},
         breaker=None,
         health=[],
         telemetry={},
@@ -291,7 +295,7 @@ def test_at_80_columns_node_names_are_whole_and_other_columns_wrap() -> None:
     fleet = assemble(
         nats_url="nats://x:4222",
         now=NOW,
-        records=records,
+        seen=_cordon(records),
         breaker=BreakerState(),
         health=[_health(name, 0, "failed", NOW - timedelta(seconds=10)) for name in names],
         telemetry={},
@@ -328,24 +332,27 @@ def test_a_views_rows_join_their_node_and_its_attention_by_rank() -> None:
     from nodeward.views import Row
 
     seen = Seen(
-        rows=[
-            Row(section="probe", text="fleet-wide line", severity="ok"),
-            Row(
-                section="probe",
-                text="gpu-x needs a look",
-                node="gpu-x",
-                severity="critical",
-                attention="probe says gpu-x is on fire",
-                rank=0,
-            ),
-            Row(section="probe", text="gpu-y is fine", node="gpu-y"),
+        shown=[
+            Shown(
+                rows=[
+                    Row(section="probe", text="fleet-wide line", severity="ok"),
+                    Row(
+                        section="probe",
+                        text="gpu-x needs a look",
+                        node="gpu-x",
+                        severity="critical",
+                        attention="probe says gpu-x is on fire",
+                        rank=0,
+                    ),
+                    Row(section="probe", text="gpu-y is fine", node="gpu-y"),
+                ]
+            )
         ]
     )
     health = [_health("gpu-y", 0, "degraded", NOW)]
     fleet = assemble(
         nats_url="nats://x",
         now=NOW,
-        records={},
         breaker=None,
         health=health,
         telemetry={},
@@ -372,3 +379,60 @@ def test_a_views_rows_join_their_node_and_its_attention_by_rank() -> None:
     text = console.export_text()
     assert "probe: gpu-x needs a look" in text
     assert "attention: probe says gpu-x is on fire" in text
+
+
+def test_several_services_views_share_a_node_most_severe_first() -> None:
+    """A node quarantined, then drained for its recovery (the maintenance's cordon held):
+    each service's view says its part; the marks cell and the console's badges put the
+    quarantine first, whichever view was read first, and cordoned last."""
+    from nodeward.views import MarkHeld
+    from schemas.maintenance import MaintenancePhase
+    from schemas.state.maintenance import MaintenanceState
+    from services.console.live import marks_of
+    from services.maintenance import view as maintenance_view
+
+    drained = MaintenanceState(
+        maintenance_id="m-1",
+        node="gpu-a",
+        phase=MaintenancePhase.DRAINING,
+        requested_at=NOW - timedelta(minutes=1),
+        trigger_id="t",
+        start_at=NOW - timedelta(minutes=1),
+        deadline_s=600,
+        cordoned=True,
+    )
+    cordon = MarkHeld(
+        node="gpu-a", owner="maintenance", phase="applied", incident="m-1", cordon=True, taints=[]
+    )
+    seen = Seen(
+        shown=[  # the views in their registered order: the maintenance's daemon is `checkpoint`
+            maintenance_view.shown({"gpu-a": drained}, [cordon], NOW),
+            cordon_view.shown({"gpu-a": _quarantined_record()}, [], NOW),
+        ]
+    )
+    fleet = assemble(
+        nats_url="nats://x",
+        now=NOW,
+        breaker=None,
+        health=[_health("gpu-a", 0, "failed", NOW)],
+        telemetry={},
+        dlq={},
+        actions=[],
+        agent_timeout=timedelta(seconds=90),
+        seen=seen,
+    )
+    (node,) = fleet.nodes
+    assert [c.text for c in node.said("marks")] == [
+        "quarantine applied 3m05s",
+        "maintenance draining",
+        "cordoned",
+    ]
+    assert marks_of(node) == ["quarantined", "maintenance", "cordoned"]
+    assert node.attention == ["GPU 0 failed", "quarantined (applied)", "maintenance draining"]
+    assert node.quarantine is not None and node.maintenance.phase == "draining"
+    assert fleet.model_dump(mode="json")["nodes"][0]["maintenance"]["maintenance_id"] == "m-1"
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render(fleet))
+    text = console.export_text()
+    assert "quarantine applied 3m05s, maintenance draining, cordoned" in text
+    assert text.index("draining, cordoned") < text.index("circuit breaker")

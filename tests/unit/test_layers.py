@@ -109,12 +109,6 @@ SHARED_STATE = frozenset({"breaker", "dedup", "encoding", "energy", "lease", "ma
 bucket the runtime provisions: an agent may create nothing); the others are one service's
 records."""
 
-RUNTIME_DEBT = frozenset({"nodeward/cli/status.py", "nodeward/fleet_status.py"})
-"""The runtime's modules that still name services: the fleet picture's typed parts
-(quarantine, maintenance, recovery, Falco's isolations and marks, the culler's sessions,
-energy) that `status` and the console draw. Each is to move into its service's view
-(`nodeward.views`), as the credentials' part did; none may be added."""
-
 
 def _docstrings(tree: ast.AST) -> set[int]:
     """The ids of the module's, classes' and functions' docstring constants."""
@@ -155,8 +149,8 @@ def _naming(path: Path, names: set[str], modules: set[str]) -> list[str]:
 
 def test_the_runtime_names_no_service() -> None:
     """The runtime (`nodeward/`) names no registered service, none of their buckets and
-    none of their own records, but in the modules `RUNTIME_DEBT` lists; a module added to
-    it, or a service added that an old module names, fails here."""
+    none of their own records: a module that does, or a service added that an old module
+    names, fails here. (The fleet picture's services' parts are their views.)"""
     from launch.access import GRANTS
 
     names = {p.name for p in services()} | {p.package.rsplit(".", 1)[1] for p in services()}
@@ -170,7 +164,4 @@ def test_the_runtime_names_no_service() -> None:
     for path in sorted((ROOT / "nodeward").rglob("*.py")):
         if found := _naming(path, names, owned):
             naming[str(path.relative_to(ROOT))] = found
-    assert set(naming) <= RUNTIME_DEBT, {k: v for k, v in naming.items() if k not in RUNTIME_DEBT}
-    assert set(naming) == RUNTIME_DEBT, (
-        f"paid off, take it out of RUNTIME_DEBT: {RUNTIME_DEBT - set(naming)}"
-    )
+    assert naming == {}
