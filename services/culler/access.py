@@ -1,16 +1,13 @@
 """What the culler may do: its Kubernetes operations and its NATS grants.
 
 The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/culler.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+`deploy/rbac/culler.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
+grants are derived from its handler declarations (`services.culler.service:app`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from schemas.state.culler import SESSIONS
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
     "culler",
@@ -23,11 +20,4 @@ ACCESS = Access(
             "notebooks.patch",
         }
     ),
-)
-
-GRANTS = ServiceGrants(
-    consumers=(("SESSIONS", "culler"),),
-    buckets=(SESSIONS.name,),
-    publish=PUBLISHES,
-    partitioned=("culler",),  # per pod across replicas with bus.partitions > 1
 )

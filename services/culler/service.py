@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,14 +34,12 @@ from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Settings, section
-from nodeward.daemon import Daemon
 from nodeward.durations import Duration, format_duration
+from nodeward.handlers import Runtime, Service, setting
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
 from nodeward.kube.objects import PodView
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
@@ -63,6 +61,7 @@ from services.kernel import (
     per_action,
     tell_owner,
 )
+from services.kernel.access import PUBLISHES
 from services.kernel.severities import QUIET
 
 NAME = "culler"
@@ -79,7 +78,7 @@ class CullerSettings(CullPolicy):
     """`services.culler` in the config file."""
 
     dry_run: bool = False
-    consumer: str = "culler"
+    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
     bucket: str = SESSIONS.name
     concurrency: int = Field(default=8, ge=1)
@@ -107,6 +106,16 @@ class CullerSettings(CullPolicy):
         default=timedelta(seconds=60),
         description="how long a namespace's policy annotations and labels are cached",
     )
+
+
+app = Service(
+    NAME,
+    settings=CullerSettings,
+    access=ACCESS,
+    buckets=(SESSIONS.name,),
+    publishes=PUBLISHES,
+    source=ACTOR,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,23 +199,23 @@ class CullerService:
         self.log = structlog.get_logger().bind(service=NAME)
         self._namespaces: dict[str, tuple[float, Obj | None]] = {}
 
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="SESSIONS",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({SessionIdle.TYPE, SessionActivity.TYPE}),
-            concurrency=self.settings.concurrency,
-            order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
-            retry_delays=(1.0, 5.0, 15.0, 30.0),
-            max_deliver=8,
-            # session.*.<node>.<ns>.<pod>: a node speaks only of its own pods.
-            identity=(
-                ConsumerSpec.bind(SessionIdle, "node", "namespace", "pod"),
-                ConsumerSpec.bind(SessionActivity, "node", "namespace", "pod"),
-            ),
-        )
-
+    @app.consumes(
+        "SESSIONS",
+        subjects=setting("subjects"),
+        types=(SessionIdle, SessionActivity),
+        concurrency=setting("concurrency"),
+        order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
+        retry_delays=(1.0, 5.0, 15.0, 30.0),
+        max_deliver=8,
+        # session.*.<node>.<ns>.<pod>: a node speaks only of its own pods.
+        identity=(
+            ConsumerSpec.bind(SessionIdle, "node", "namespace", "pod"),
+            ConsumerSpec.bind(SessionActivity, "node", "namespace", "pod"),
+        ),
+        # Per pod across replicas with bus.partitions > 1 (leases in its bucket).
+        leases=lambda culler: culler.records.kv,
+        lease_ttl=setting("lease_ttl"),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         data: SessionIdle | SessionActivity = event.data
         with structlog.contextvars.bound_contextvars(
@@ -710,25 +719,12 @@ class CullerService:
             )
 
 
-async def build(settings: Settings) -> Daemon:
-    """The culler's daemon: a consumer on `session.>`.
-
-    `settings.cluster` must authenticate as the culler's ServiceAccount.
-    """
-    config: CullerSettings = section(settings, "services", NAME, CullerSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
-    kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
-    service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
-
-    spec = service.consumer_spec()
-    if settings.bus.partitions > 1:  # per pod across replicas (leases in its bucket)
-        spec = replace(spec, partitions=settings.bus.partitions, lease_ttl=config.lease_ttl)
-
-    async def consume() -> None:
-        await bus.consume(spec, service.handle, leases=kv)
-
-    daemon.add_task(consume, name="consume")
-    return daemon
+@app.setup
+async def setup(rt: Runtime[CullerSettings]) -> CullerService:
+    """The culler over its bucket; `settings.cluster` must authenticate as its ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=5, ttl_s=rt.config.record_ttl.total_seconds())
+    return CullerService(rt.bus, rt.acting, records=TypedKV(kv, SessionRecord), settings=rt.config)
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

@@ -1,0 +1,363 @@
+"""A service declared once: handlers registered by decorator, one call builds its daemon.
+
+A service states what it is in one `Service` object in its `service.py`: its name, settings
+section, Kubernetes access, the KV buckets it owns and the subjects it publishes. Its
+handlers are plain async functions (or methods) registered on it by decorator, as kopf's
+`@kopf.on.event` are:
+
+    app = Service("culler", settings=CullerSettings, access=ACCESS, buckets=(SESSIONS.name,))
+
+    @app.setup
+    async def setup(rt: Runtime[CullerSettings]) -> CullerService: ...
+
+    @app.consumes("SESSIONS", subjects=setting("subjects"), types=[SessionIdle, ...],
+                  order_key=lambda e: e.data.pod, retry_delays=(1.0, 5.0), max_deliver=8)
+    async def on_session(culler: CullerService, event, delivery) -> None: ...
+
+    @app.control("release")             # control.<service>.release
+    @app.task("watch-nodes")            # a long-lived task
+    @app.ready("counted")               # a readiness check
+
+    component, standalone = app.daemon()
+
+`app.build(settings)` makes the daemon (its bus, its cluster port when it declares access),
+runs `setup` once for the object the handlers act on, starts a durable consumer per
+declaration (per lane for laned ones), answers the controls, runs the tasks and adds the
+readiness checks; a daemon is ready once every declared consumer is bound. The durable names,
+and from them the NATS grants (`grants()`: consumers, buckets, outputs, controls, partitioned
+durables), come from the declarations evaluated on the settings' defaults, so a consumer
+name is written in one place: the durable is the section's `consumer` (the service's name if
+it has none) and the declaration's `suffix`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
+
+from nats.js.kv import KeyValue
+
+from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.config import Section, Settings, section
+from nodeward.daemon import Daemon, TaskFactory
+from nodeward.kube import Access, Cluster
+from nodeward.nats_auth import ServiceGrants
+from nodeward.platform import Component, Standalone, UpContext, acting_daemon, bus_daemon
+from schemas.base import Event
+from schemas.control import ControlReply, ControlRequest
+
+C = TypeVar("C", bound=Section)
+T = TypeVar("T")
+
+EventHandler = Callable[[Any, Event[Any], Delivery], Awaitable[None]]
+"""`async def handler(service, event, delivery)`: `service` is what `setup` returned."""
+ControlAnswer = Callable[[Any, ControlRequest], Awaitable[ControlReply]]
+TaskBody = Callable[[Any], Awaitable[Any]]
+Lanes = Callable[[str, Any], list[tuple[str, list[str]]]]
+"""(base durable, settings section) -> (durable, subjects) per lane (`nodeward.bus.lanes`)."""
+
+
+@dataclass(frozen=True)
+class FromSettings(Generic[T]):
+    """A declared value read from the service's settings section when the daemon is built."""
+
+    read: Callable[[Any], T]
+
+
+def setting(name: str) -> FromSettings[Any]:
+    """The section's field `name` (a list is given as a tuple)."""
+
+    def read(config: Any) -> Any:
+        value = getattr(config, name)
+        return tuple(value) if isinstance(value, list) else value
+
+    return FromSettings(read)
+
+
+def _value(value: Any, config: Any) -> Any:
+    return value.read(config) if isinstance(value, FromSettings) else value
+
+
+@dataclass(frozen=True)
+class Consumes:
+    """One declared consumer: what it takes, how it retries, who handles it."""
+
+    handler: EventHandler
+    stream: str
+    subjects: tuple[str, ...] | FromSettings[Any]
+    types: frozenset[str]
+    suffix: str | None = None
+    """The durable is `<base>-<suffix>`; `<base>` itself without one."""
+    lanes: Lanes | None = None
+    leases: Callable[[Any], KeyValue] | None = None
+    """Partitioned across replicas when `bus.partitions` > 1, its leases in this bucket."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """`ConsumerSpec` fields, each a value or `setting(...)`."""
+
+    def durable(self, base: str) -> str:
+        return base if self.suffix is None else f"{base}-{self.suffix}"
+
+    def specs(self, base: str, config: Any) -> list[ConsumerSpec]:
+        """Its consumers under `config`: one, or one per lane."""
+        subjects = list(_value(self.subjects, config))
+        found = (
+            self.lanes(self.durable(base), config)
+            if self.lanes is not None
+            else [(self.durable(base), subjects)]
+        )
+        options = {k: _value(v, config) for k, v in self.options.items()}
+        return [
+            ConsumerSpec(
+                name=name, stream=self.stream, subjects=tuple(lane), types=self.types, **options
+            )
+            for name, lane in found
+        ]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    body: TaskBody
+    graceful: bool = False
+
+
+@dataclass
+class Runtime(Generic[C]):
+    """What `setup` builds the service from: its settings, daemon, bus and cluster."""
+
+    name: str
+    settings: Settings
+    config: C
+    daemon: Daemon
+    bus: Bus
+    cluster: Cluster | None
+    up: UpContext | None = None
+    """The `nodeward up` context, when `up` builds it."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """What the caller of `build` passed besides the settings."""
+
+    @property
+    def acting(self) -> Cluster:
+        """The cluster port (a service that declares `access` has one)."""
+        if self.cluster is None:
+            raise RuntimeError(f"{self.name} declares no Kubernetes access")
+        return self.cluster
+
+    async def kv(self, bucket: str, *, history: int = 5, ttl_s: float | None = None) -> KeyValue:
+        return await self.bus.kv(bucket, history=history, ttl_s=ttl_s)
+
+
+@dataclass(frozen=True)
+class Built(Generic[T]):
+    """A built daemon and the object its handlers act on."""
+
+    daemon: Daemon
+    service: T
+
+
+class Service(Generic[C]):
+    """One service's declarations (see the module's docstring). Decorators only register:
+    the functions are returned as they are, so a method can be declared in its class."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: type[C],
+        access: Access | None = None,
+        buckets: Sequence[str] = (),
+        publishes: Sequence[str] = (),
+        source: str | None = None,
+    ) -> None:
+        self.name = name
+        self.settings_model = settings
+        self.access = access
+        self.buckets = tuple(buckets)
+        self.publishes = tuple(publishes)
+        self.source = source or f"service/{name}"
+        self._setup: Callable[[Runtime[C]], Awaitable[Any]] | None = None
+        self.consumers: list[Consumes] = []
+        self.controls: dict[str, ControlAnswer] = {}
+        self.tasks: list[Task] = []
+        self.checks: dict[str, Callable[[Any], bool]] = {}
+
+    # -- declaring ------------------------------------------------------------------------
+
+    def setup(
+        self, fn: Callable[[Runtime[C]], Awaitable[T]]
+    ) -> Callable[[Runtime[C]], Awaitable[T]]:
+        """`async def setup(rt) -> service`: the object every handler gets first."""
+        self._setup = fn
+        return fn
+
+    def consumes(
+        self,
+        stream: str,
+        *,
+        subjects: Sequence[str] | FromSettings[Any],
+        types: Iterable[str | type[Any]],
+        suffix: str | None = None,
+        lanes: Lanes | None = None,
+        leases: Callable[[Any], KeyValue] | None = None,
+        **options: Any,
+    ) -> Callable[[EventHandler], EventHandler]:
+        """Declare a durable consumer on `stream` handled by the decorated function.
+
+        `types`: event types (or event data models, their `TYPE`); `options`: any other
+        `ConsumerSpec` field (`order_key`, `retry_delays`, `max_deliver`, `concurrency`,
+        `ack_wait`, `identity`, ...), each a value or `setting(name)`."""
+        known = ConsumerSpec.__dataclass_fields__
+        unknown = sorted(
+            set(options) - set(known) | ({"name", "stream", "subjects"} & set(options))
+        )
+        if unknown:
+            raise TypeError(f"{self.name}: not consumer options: {', '.join(unknown)}")
+        names = frozenset(t if isinstance(t, str) else str(t.TYPE) for t in types)
+        fixed = subjects if isinstance(subjects, FromSettings) else tuple(subjects)
+
+        def register(fn: EventHandler) -> EventHandler:
+            self.consumers.append(
+                Consumes(fn, stream, fixed, names, suffix, lanes, leases, dict(options))
+            )
+            return fn
+
+        return register
+
+    def control(self, verb: str) -> Callable[[ControlAnswer], ControlAnswer]:
+        """Answer `control.<service>.<verb>` (`nodeward.bus.control`)."""
+
+        def register(fn: ControlAnswer) -> ControlAnswer:
+            self.controls[verb] = fn
+            return fn
+
+        return register
+
+    def task(self, name: str, *, graceful: bool = False) -> Callable[[TaskBody], TaskBody]:
+        """Run the decorated `async def task(service)` for the daemon's life."""
+
+        def register(fn: TaskBody) -> TaskBody:
+            self.tasks.append(Task(name, fn, graceful))
+            return fn
+
+        return register
+
+    def ready(self, name: str) -> Callable[[Callable[[Any], bool]], Callable[[Any], bool]]:
+        """A readiness check, `def check(service) -> bool`."""
+
+        def register(fn: Callable[[Any], bool]) -> Callable[[Any], bool]:
+            self.checks[name] = fn
+            return fn
+
+        return register
+
+    # -- derived --------------------------------------------------------------------------
+
+    def base(self, config: Any) -> str:
+        """The durables' base name: the section's `consumer`, else the service's name."""
+        return str(getattr(config, "consumer", None) or self.name)
+
+    def specs(self, config: C) -> list[tuple[Consumes, ConsumerSpec]]:
+        base = self.base(config)
+        return [(c, spec) for c in self.consumers for spec in c.specs(base, config)]
+
+    def grants(self) -> ServiceGrants:
+        """Its NATS grants, from the declarations on the settings' defaults."""
+        specs = self.specs(self.settings_model())
+        return ServiceGrants(
+            consumers=tuple(dict.fromkeys((s.stream, s.name) for _, s in specs)),
+            buckets=self.buckets,
+            publish=self.publishes,
+            controls=tuple(self.controls),
+            partitioned=tuple(dict.fromkeys(s.name for c, s in specs if c.leases is not None)),
+        )
+
+    # -- building -------------------------------------------------------------------------
+
+    async def assemble(
+        self, settings: Settings, *, up: UpContext | None = None, **options: Any
+    ) -> Built[Any]:
+        """The daemon with every declaration wired, and the service object."""
+        if self._setup is None:
+            raise TypeError(f"{self.name}: no @setup declared")
+        config: C = section(settings, "services", self.name, self.settings_model)
+        specs = self.specs(config)
+        cluster: Cluster | None = None
+        if self.access is not None:
+            daemon, bus, cluster = await acting_daemon(
+                self.name, settings, source=self.source, access=self.access, consumers=len(specs)
+            )
+        else:
+            daemon, bus = await bus_daemon(
+                self.name, settings, source=self.source, consumers=len(specs)
+            )
+        runtime = Runtime(self.name, settings, config, daemon, bus, cluster, up, options)
+        try:
+            service = await self._setup(runtime)
+            for verb, answer in self.controls.items():
+                await bus.control(self.name, verb, _bound(answer, service))
+        except BaseException:
+            await daemon.stop()  # closes what it opened: the bus, the cluster port
+            raise
+        for declared, spec in specs:
+            daemon.add_task(
+                _consume(bus, declared, spec, service, settings.bus.partitions),
+                name=f"consume-{spec.name}",
+            )
+        for task in self.tasks:
+            daemon.add_task(_run(task.body, service), name=task.name, graceful=task.graceful)
+        for name, check in self.checks.items():
+            daemon.add_readiness_check(name, _check(check, service))
+        return Built(daemon, service)
+
+    async def build(self, settings: Settings, **options: Any) -> Daemon:
+        """What `nodeward service NAME` runs."""
+        return (await self.assemble(settings, **options)).daemon
+
+    def daemon(self) -> tuple[Component, Standalone]:
+        """Its component (`nodeward up` builds it under its own ServiceAccount, with the up
+        context) and its standalone."""
+
+        async def for_up(context: UpContext) -> list[Daemon]:
+            built = await self.assemble(context.settings_for(self.name), up=context)
+            return [built.daemon]
+
+        return Component(self.name, for_up), Standalone(self.build)
+
+
+def _bound(
+    answer: ControlAnswer, service: Any
+) -> Callable[[ControlRequest], Awaitable[ControlReply]]:
+    async def handler(request: ControlRequest) -> ControlReply:
+        return await answer(service, request)
+
+    return handler
+
+
+def _consume(
+    bus: Bus, declared: Consumes, spec: ConsumerSpec, service: Any, partitions: int
+) -> TaskFactory:
+    """The task that starts one consumer: partitioned across replicas when it declares
+    its leases and `bus.partitions` > 1."""
+    leases = declared.leases(service) if declared.leases is not None else None
+    if leases is not None and partitions > 1:
+        spec = replace(spec, partitions=partitions)
+
+    async def handle(event: Event[Any], delivery: Delivery) -> None:
+        await declared.handler(service, event, delivery)
+
+    async def consume() -> None:
+        await bus.consume(spec, handle, leases=leases if spec.partitions > 1 else None)
+
+    return consume
+
+
+def _run(body: TaskBody, service: Any) -> TaskFactory:
+    async def run() -> Any:
+        return await body(service)
+
+    return run
+
+
+def _check(check: Callable[[Any], bool], service: Any) -> Callable[[], bool]:
+    return lambda: check(service)
