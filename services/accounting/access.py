@@ -2,24 +2,12 @@
 
 It reads a pod (its `nodeward.io/owner-email` annotation) and a node (its GPU model label);
 it changes nothing in the cluster. `deploy/rbac/accounting.yaml` grants exactly these
-(`tests/unit/test_rbac_roles.py`), and the chart's NATS permissions are generated from
-`GRANTS` (`launch.access`).
+(`tests/unit/test_rbac_roles.py`). Its NATS grants are derived from its handler declarations
+(`services.accounting.service:app`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from services.accounting.state import BUCKET
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access("accounting", frozenset({"pods.get", "nodes.get"}))
-
-CONSUMERS = (
-    ("ENERGY", "accounting-energy"),
-    ("SESSIONS", "accounting-sessions"),
-    ("AUDIT", "accounting-audit"),
-    ("NODES", "accounting-findings"),
-)
-
-GRANTS = ServiceGrants(consumers=CONSUMERS, buckets=(BUCKET,), publish=PUBLISHES)
