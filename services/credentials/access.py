@@ -1,16 +1,13 @@
 """What the credentials service may do: its Kubernetes operations and its NATS grants.
 
 The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/credentials.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+`deploy/rbac/credentials.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
+grants are derived from its handler declarations (`services.credentials.service:app`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from services.credentials.state import LOCKS
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
     "credentials",
@@ -24,10 +21,4 @@ ACCESS = Access(
             "leases.hold",
         }
     ),
-)
-
-GRANTS = ServiceGrants(
-    consumers=(("CREDENTIALS", "credentials"),),
-    buckets=(LOCKS.name,),
-    publish=("credentials.>", *PUBLISHES),
 )

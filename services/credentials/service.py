@@ -43,9 +43,9 @@ from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
 from nodeward.bus.kv import Lease, TypedKV
-from nodeward.config import Section, Settings, section
-from nodeward.daemon import Daemon
+from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.handlers import Runtime, Service, setting
 from nodeward.kube import (
     Cluster,
     Conflict,
@@ -56,7 +56,6 @@ from nodeward.kube import (
 )
 from nodeward.kube.base import Obj, copied
 from nodeward.kube.secrets import decode
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.credentials import (
     CredentialDue,
@@ -90,6 +89,7 @@ from services.credentials.secret import (
 )
 from services.credentials.state import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
 from services.kernel import OwnerNotice, Proposal, acting, per_action, table, tell_owner
+from services.kernel.access import PUBLISHES
 from services.kernel.severities import FAILURE_WARNS, QUIET
 
 NAME = "credentials"
@@ -154,7 +154,7 @@ class CredentialsSettings(Section):
     """`services.credentials` in the config file."""
 
     dry_run: bool = False
-    consumer: str = "credentials"
+    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["credentials.due.>"], min_length=1)
     bucket: str = LOCKS.name
     concurrency: int = Field(default=16, ge=1)
@@ -209,6 +209,16 @@ def scrub(text: str, cred: Credential) -> str:
     return text
 
 
+app = Service(
+    NAME,
+    settings=CredentialsSettings,
+    access=ACCESS,
+    buckets=(LOCKS.name,),
+    publishes=("credentials.>", *PUBLISHES),
+    source=ACTOR,
+)
+
+
 class CredentialsService:
     """One replica: the renewer (handle) and the scheduler (run_scheduler)."""
 
@@ -248,20 +258,6 @@ class CredentialsService:
             registry=registry,
         )
 
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="CREDENTIALS",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({CredentialDue.TYPE}),
-            concurrency=self.settings.concurrency,
-            retry_delays=tuple(self.settings.retry_delays),
-            max_deliver=self.settings.max_deliver,
-            ack_wait=timedelta(seconds=60),
-            # credentials.due.<ns>.<secret>: the secret named in its subject.
-            identity=(ConsumerSpec.bind(CredentialDue, "namespace", "secret"),),
-        )
-
     # timing -----------------------------------------------------------------------------
     async def timing(self, cred: Credential) -> Timing:
         if cred.kind == CredentialKind.KERBEROS:
@@ -285,6 +281,17 @@ class CredentialsService:
         )
 
     # the renewer ------------------------------------------------------------------------
+    @app.consumes(
+        "CREDENTIALS",
+        subjects=setting("subjects"),
+        types=(CredentialDue,),
+        concurrency=setting("concurrency"),
+        retry_delays=setting("retry_delays"),
+        max_deliver=setting("max_deliver"),
+        ack_wait=timedelta(seconds=60),
+        # credentials.due.<ns>.<secret>: the secret named in its subject.
+        identity=(ConsumerSpec.bind(CredentialDue, "namespace", "secret"),),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         due: CredentialDue = event.data
         with structlog.contextvars.bound_contextvars(
@@ -701,33 +708,28 @@ class CredentialsService:
         )
 
 
-async def build(settings: Settings) -> Daemon:
-    """The credentials daemon: the scheduler loop and a consumer on `credentials.due.>`.
-
-    `settings.cluster` must authenticate as the credentials ServiceAccount.
-    """
-    config: CredentialsSettings = section(settings, "services", NAME, CredentialsSettings)
-    if config.krb5_config:
-        os.environ["KRB5_CONFIG"] = config.krb5_config
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
-    locks = await bus.kv(config.bucket, history=1)
+@app.setup
+async def setup(rt: Runtime[CredentialsSettings]) -> CredentialsService:
+    """The renewer over its locks; `settings.cluster` must authenticate as its
+    ServiceAccount."""
+    if rt.config.krb5_config:
+        os.environ["KRB5_CONFIG"] = rt.config.krb5_config
+    locks = await rt.kv(rt.config.bucket, history=1)
     service = CredentialsService(
-        bus, cluster, locks=locks, settings=config, registry=daemon.metrics.registry
+        rt.bus, rt.acting, locks=locks, settings=rt.config, registry=rt.daemon.metrics.registry
     )
-
-    async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
-
-    async def schedule() -> None:
-        try:
-            await service.scheduler.run()
-        finally:
-            await service.scheduler.release()
-
-    daemon.add_task(consume, name="consume")
-    daemon.add_task(schedule, name="schedule")
-    daemon.add_shutdown_hook(service.http.aclose)
-    return daemon
+    rt.daemon.add_shutdown_hook(service.http.aclose)
+    return service
 
 
-component, standalone = one_daemon(NAME, build)
+@app.task("schedule")
+async def schedule(service: CredentialsService) -> None:
+    """The scheduler, while this replica holds its lease; the lease is given back on stop."""
+    try:
+        await service.scheduler.run()
+    finally:
+        await service.scheduler.release()
+
+
+build = app.build
+component, standalone = app.daemon()
