@@ -7,6 +7,9 @@ handlers are plain async functions (or methods) registered on it by decorator, a
 
     app = Service("culler", settings=CullerSettings, access=ACCESS, buckets=(SESSIONS.name,))
 
+    @app.prepare                        # optional: checks before anything is connected
+    async def prepare(config: CullerSettings) -> Policy: ...
+
     @app.setup
     async def setup(rt: Runtime[CullerSettings]) -> CullerService: ...
 
@@ -136,6 +139,8 @@ class Runtime(Generic[C]):
     """The `nodeward up` context, when `up` builds it."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """What the caller of `build` passed besides the settings."""
+    prepared: Any = None
+    """What `@prepare` returned (None without one)."""
 
     @property
     def acting(self) -> Cluster:
@@ -177,6 +182,7 @@ class Service(Generic[C]):
         self.publishes = tuple(publishes)
         self.source = source or f"service/{name}"
         self._setup: Callable[[Runtime[C]], Awaitable[Any]] | None = None
+        self._prepare: Callable[[C], Awaitable[Any]] | None = None
         self.consumers: list[Consumes] = []
         self.controls: dict[str, ControlAnswer] = {}
         self.tasks: list[Task] = []
@@ -189,6 +195,13 @@ class Service(Generic[C]):
     ) -> Callable[[Runtime[C]], Awaitable[T]]:
         """`async def setup(rt) -> service`: the object every handler gets first."""
         self._setup = fn
+        return fn
+
+    def prepare(self, fn: Callable[[C], Awaitable[T]]) -> Callable[[C], Awaitable[T]]:
+        """`async def prepare(config) -> anything`, run before anything is connected: a
+        setting that cannot work fails here in one line (`ConfigError`), with nothing to
+        close; `setup` finds its result in `rt.prepared`."""
+        self._prepare = fn
         return fn
 
     def consumes(
@@ -282,6 +295,7 @@ class Service(Generic[C]):
             raise TypeError(f"{self.name}: no @setup declared")
         config: C = section(settings, "services", self.name, self.settings_model)
         specs = self.specs(config)
+        prepared = await self._prepare(config) if self._prepare is not None else None
         cluster: Cluster | None = None
         if self.access is not None:
             daemon, bus, cluster = await acting_daemon(
@@ -291,7 +305,7 @@ class Service(Generic[C]):
             daemon, bus = await bus_daemon(
                 self.name, settings, source=self.source, consumers=len(specs)
             )
-        runtime = Runtime(self.name, settings, config, daemon, bus, cluster, up, options)
+        runtime = Runtime(self.name, settings, config, daemon, bus, cluster, up, options, prepared)
         try:
             service = await self._setup(runtime)
             for verb, answer in self.controls.items():
