@@ -9,5 +9,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="falco",
     package=__name__,
+    handlers="service:app",
     commands={"falco": "cli:falco_app"},
 )

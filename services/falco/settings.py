@@ -26,7 +26,7 @@ class FalcoSettings(Section):
     """`services.falco` in the config file."""
 
     dry_run: bool = False
-    consumer: str = "falco"
+    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
     urgent_from: FalcoPriority = Field(
         default=FalcoPriority.WARNING,
