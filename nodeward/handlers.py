@@ -5,21 +5,21 @@ section, Kubernetes access, the KV buckets it owns and the subjects it publishes
 handlers are plain async functions (or methods) registered on it by decorator, as kopf's
 `@kopf.on.event` are:
 
-    app = Service("culler", settings=CullerSettings, access=ACCESS, buckets=(SESSIONS.name,))
+    app = Service("sweeper", settings=SweeperSettings, access=ACCESS, buckets=("sweeper",))
 
     @app.prepare                        # optional: checks before anything is connected
-    async def prepare(config: CullerSettings) -> Policy: ...
+    async def prepare(config: SweeperSettings) -> Policy: ...
 
     @app.setup
-    async def setup(rt: Runtime[CullerSettings]) -> CullerService: ...
+    async def setup(rt: Runtime[SweeperSettings]) -> Sweeper: ...
 
-    @app.consumes("SESSIONS", subjects=setting("subjects"), types=[SessionIdle, ...],
+    @app.consumes("SESSIONS", subjects=setting("subjects"), types=[SessionIdle],
                   order_key=lambda e: e.data.pod, retry_delays=(1.0, 5.0), max_deliver=8)
-    async def on_session(culler: CullerService, event, delivery) -> None: ...
+    async def on_idle(sweeper: Sweeper, event, delivery) -> None: ...
 
-    @app.control("release")             # control.<service>.release
-    @app.task("watch-nodes")            # a long-lived task
-    @app.ready("counted")               # a readiness check
+    @app.control("release")             # answers control.sweeper.release
+    @app.task("sweep")                  # a long-lived task: async def sweep(sweeper)
+    @app.ready("swept")                 # a readiness check: def swept(sweeper) -> bool
 
     component, standalone = app.daemon()
 
@@ -30,7 +30,11 @@ readiness checks; a daemon is ready once every declared consumer is bound. The d
 and from them the NATS grants (`grants()`: consumers, buckets, outputs, controls, partitioned
 durables), come from the declarations evaluated on the settings' defaults, so a consumer
 name is written in one place: the durable is the section's `consumer` (the service's name if
-it has none) and the declaration's `suffix`.
+it has none) and the declaration's `suffix`. A service's plugin names its declarations
+(`ServicePlugin(handlers="service:app")`) and `launch.access` takes its grants from them. The
+metrics follow the declarations too: each consumer's are labelled with its derived durable
+(`nodeward.bus`), and each control's answers are counted per verb and reply status
+(`nodeward_control_answers_total`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from nats.js.kv import KeyValue
+from prometheus_client import Counter
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.config import Section, Settings, section
@@ -308,8 +313,14 @@ class Service(Generic[C]):
         runtime = Runtime(self.name, settings, config, daemon, bus, cluster, up, options, prepared)
         try:
             service = await self._setup(runtime)
+            answered = Counter(
+                "nodeward_control_answers",
+                "Operator control requests answered, per verb and reply status",
+                ["verb", "status"],
+                registry=daemon.metrics.registry,
+            )
             for verb, answer in self.controls.items():
-                await bus.control(self.name, verb, _bound(answer, service))
+                await bus.control(self.name, verb, _bound(answer, service, answered.labels))
         except BaseException:
             await daemon.stop()  # closes what it opened: the bus, the cluster port
             raise
@@ -340,10 +351,12 @@ class Service(Generic[C]):
 
 
 def _bound(
-    answer: ControlAnswer, service: Any
+    answer: ControlAnswer, service: Any, count: Callable[..., Counter]
 ) -> Callable[[ControlRequest], Awaitable[ControlReply]]:
     async def handler(request: ControlRequest) -> ControlReply:
-        return await answer(service, request)
+        reply = await answer(service, request)
+        count(request.verb, reply.status.value).inc()
+        return reply
 
     return handler
 

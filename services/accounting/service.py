@@ -30,7 +30,7 @@ from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
-from nodeward.handlers import Runtime, Service, setting
+from nodeward.handlers import EventHandler, Runtime, Service, setting
 from nodeward.kube import Cluster, NotFound
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
@@ -109,13 +109,24 @@ class AccountingSettings(Section):
 
 
 app = Service(
-    NAME,
-    settings=AccountingSettings,
-    access=ACCESS,
-    buckets=(BUCKET,),
-    publishes=PUBLISHES,
-    source=ACTOR,
+    NAME, settings=AccountingSettings, access=ACCESS, buckets=(BUCKET,), publishes=PUBLISHES
 )
+
+
+def _consumes(
+    stream: str, what: str, subjects: str, types: tuple[type[Any], ...], **options: Any
+) -> Callable[[EventHandler], EventHandler]:
+    """The durable `<consumer>-<what>` on the section's field `subjects`."""
+    declared: dict[str, Any] = {"concurrency": setting("concurrency")} | options
+    return app.consumes(stream, suffix=what, subjects=setting(subjects), types=types, **declared)
+
+
+def _per_node_pod(e: Event[Any]) -> str:
+    return f"{e.data.node}/{getattr(e.data, 'pod', '')}"
+
+
+def _per_pod(e: Event[Any]) -> str:
+    return f"{e.data.namespace}/{e.data.pod}"
 
 
 class _Metrics:
@@ -245,13 +256,8 @@ class AccountingService:
         return UsageCell(hour=hour, node=node, namespace=ns, pod=pod, owner=c.owner, model=c.model)
 
     # handlers -------------------------------------------------------------------------
-    @app.consumes(
-        "ENERGY",
-        suffix="energy",
-        subjects=setting("energy_subjects"),
-        types=(EnergyPod, EnergyNode),
-        concurrency=setting("concurrency"),
-        order_key=lambda e: f"{e.data.node}/{getattr(e.data, 'pod', '')}",
+    @_consumes(
+        "ENERGY", "energy", "energy_subjects", (EnergyPod, EnergyNode), order_key=_per_node_pod
     )
     async def handle_energy(self, event: Event[Any], delivery: Delivery) -> None:
         data: EnergyPod | EnergyNode = event.data
@@ -293,13 +299,12 @@ class AccountingService:
             if added and seconds > covered:
                 self.metrics.uncovered.labels(data.node).inc(seconds - covered)
 
-    @app.consumes(
+    @_consumes(
         "SESSIONS",
-        suffix="sessions",
-        subjects=setting("session_subjects"),
-        types=(SessionActivity, SessionIdle),
-        concurrency=setting("concurrency"),
-        order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
+        "sessions",
+        "session_subjects",
+        (SessionActivity, SessionIdle),
+        order_key=_per_pod,
     )
     async def handle_session(self, event: Event[Any], delivery: Delivery) -> None:
         data: SessionActivity | SessionIdle = event.data
@@ -327,13 +332,7 @@ class AccountingService:
             if now > was:
                 self.metrics.idle.labels(data.namespace).inc(now - was)
 
-    @app.consumes(
-        "AUDIT",
-        suffix="audit",
-        subjects=setting("audit_subjects"),
-        types=(Remediation,),
-        concurrency=setting("concurrency"),
-    )
+    @_consumes("AUDIT", "audit", "audit_subjects", (Remediation,))
     async def handle_audit(self, event: Event[Any], delivery: Delivery) -> None:
         data: Remediation = event.data
         if (
@@ -358,11 +357,11 @@ class AccountingService:
             if await self._add(key, cell, lambda x: add_session_action(x, event.id, action)):
                 self.metrics.sessions.labels(ns, "warned" if action == "warn" else "stopped").inc()
 
-    @app.consumes(
+    @_consumes(
         "NODES",
-        suffix="findings",
-        subjects=setting("finding_subjects"),
-        types=(NodeFinding,),
+        "findings",
+        "finding_subjects",
+        (NodeFinding,),
         concurrency=1,
         order_key=lambda e: e.data.node,
         # node.finding.<node>.<check>: a node speaks only of itself.

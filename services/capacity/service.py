@@ -74,7 +74,6 @@ app = Service(
     settings=CapacitySettings,
     access=ACCESS,
     buckets=(SNAPSHOT.name,),
-    source=ACTOR,
     publishes=("capacity.>",),
 )
 _IN_ORDER: dict[str, Any] = {

@@ -215,7 +215,6 @@ app = Service(
     access=ACCESS,
     buckets=(LOCKS.name,),
     publishes=("credentials.>", *PUBLISHES),
-    source=ACTOR,
 )
 
 

@@ -109,12 +109,7 @@ class CullerSettings(CullPolicy):
 
 
 app = Service(
-    NAME,
-    settings=CullerSettings,
-    access=ACCESS,
-    buckets=(SESSIONS.name,),
-    publishes=PUBLISHES,
-    source=ACTOR,
+    NAME, settings=CullerSettings, access=ACCESS, buckets=(SESSIONS.name,), publishes=PUBLISHES
 )
 
 

@@ -102,7 +102,6 @@ app = Service(
     access=ACCESS,
     buckets=(FALCO.name, FALCO_MARKS.name, SHARED.name),
     publishes=("falco.>", *PUBLISHES),
-    source=ACTOR,
 )
 
 

@@ -210,7 +210,6 @@ app = Service(
     # Refused notices are audited and told to on-call (`speakers`, and the runtime's
     # identity check): the security audit and on-call's security notice, nothing else.
     publishes=("remediation.identity_mismatch.>", "notify.critical.security"),
-    source=SOURCE,
 )
 """Its owner lookups connect the cluster only when `owner_lookup` is on (`setup`)."""
 
