@@ -45,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
+from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.config import Section, Settings, section
@@ -64,6 +65,16 @@ ControlAnswer = Callable[[Any, ControlRequest], Awaitable[ControlReply]]
 TaskBody = Callable[[Any], Awaitable[Any]]
 Lanes = Callable[[str, Any], list[tuple[str, list[str]]]]
 """(base durable, settings section) -> (durable, subjects) per lane (`nodeward.bus.lanes`)."""
+
+
+class Consuming(Section):
+    """The base of a settings section whose service declares consumers."""
+
+    consumer: str | None = Field(
+        default=None,
+        description="the durable consumers' base name (`<consumer>`, `<consumer>-<suffix>`, "
+        "per lane `<consumer>-urgent`); the service's name if unset",
+    )
 
 
 @dataclass(frozen=True)

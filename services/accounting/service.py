@@ -83,10 +83,11 @@ class AccountingSettings(Section):
     """`services.accounting` in the config file."""
 
     bucket: str = BUCKET
-    consumer: str = Field(
-        default=NAME,
+    consumer: str | None = Field(
+        default=None,
         validation_alias=AliasChoices("consumer", "consumer_prefix"),
-        description="durable consumers <consumer>-energy, -sessions, -audit, -findings",
+        description="durable consumers <consumer>-energy, -sessions, -audit, -findings; "
+        "the service's name if unset",
     )
     energy_subjects: list[str] = Field(default_factory=lambda: ["energy.>"], min_length=1)
     session_subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)

@@ -1,10 +1,5 @@
-"""What the capacity service may do: its Kubernetes operations and its NATS grants.
-
-It only reads: it lists and watches nodes, pods and (DRA) ResourceSlices. The port refuses any other operation
-(`nodeward.kube.access.Guard`); `deploy/rbac/capacity.yaml` grants exactly these
-(`tests/unit/test_rbac_roles.py`). Its NATS grants are derived from its handler declarations
-(`services.capacity.service:app`).
-"""
+"""What the capacity service may do in the cluster: list and watch nodes, pods and (DRA)
+ResourceSlices, nothing more. Its NATS grants are its handlers' (`service:app`)."""
 
 from __future__ import annotations
 

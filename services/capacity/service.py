@@ -22,9 +22,8 @@ from pydantic import Field, ValidationError
 
 from nodeward.bus import Bus, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section
 from nodeward.durations import Duration
-from nodeward.handlers import Runtime, Service, setting
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError, WatchEvent
 from nodeward.kube.base import Listing
 from schemas.base import Event, make_event
@@ -46,10 +45,9 @@ NAME = "capacity"
 ACTOR = "service/capacity"
 
 
-class CapacitySettings(Section):
+class CapacitySettings(Consuming):
     """`services.capacity` in the config file."""
 
-    consumer: str = Field(default=NAME, description="durable name on GPU and on MAINTENANCE")
     health_subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
     maintenance_subjects: list[str] = Field(default_factory=lambda: ["maintenance.>"], min_length=1)
     bucket: str = SNAPSHOT.name

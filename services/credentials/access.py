@@ -1,9 +1,5 @@
-"""What the credentials service may do: its Kubernetes operations and its NATS grants.
-
-The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/credentials.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
-grants are derived from its handler declarations (`services.credentials.service:app`).
-"""
+"""What the credentials service may do in the cluster. Its NATS grants are its handlers'
+(`service:app`)."""
 
 from __future__ import annotations
 
@@ -11,14 +7,7 @@ from nodeward.kube.access import Access
 
 ACCESS = Access(
     "credentials",
-    frozenset(
-        {
-            "secrets.get",
-            "secrets.list",
-            "secrets.replace",
-            "secrets.patch",
-            "events.create",
-            "leases.hold",
-        }
-    ),
+    # The Secrets it renews, the Events it tells of them, and its scheduler's Lease.
+    frozenset({"secrets.get", "secrets.list", "secrets.replace", "secrets.patch"})
+    | {"events.create", "leases.hold"},
 )

@@ -43,9 +43,8 @@ from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
 from nodeward.bus.kv import Lease, TypedKV
-from nodeward.config import Section
 from nodeward.durations import Duration
-from nodeward.handlers import Runtime, Service, setting
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import (
     Cluster,
     Conflict,
@@ -88,7 +87,15 @@ from services.credentials.secret import (
     stamp,
 )
 from services.credentials.state import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
-from services.kernel import OwnerNotice, Proposal, acting, per_action, table, tell_owner
+from services.kernel import (
+    ActingSettings,
+    OwnerNotice,
+    Proposal,
+    acting,
+    per_action,
+    table,
+    tell_owner,
+)
 from services.kernel.access import PUBLISHES
 from services.kernel.severities import FAILURE_WARNS, QUIET
 
@@ -150,11 +157,9 @@ def _kerberos() -> Any:
     return credentials_kerberos
 
 
-class CredentialsSettings(Section):
+class CredentialsSettings(ActingSettings, Consuming):
     """`services.credentials` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["credentials.due.>"], min_length=1)
     bucket: str = LOCKS.name
     concurrency: int = Field(default=16, ge=1)

@@ -1,9 +1,5 @@
-"""What the culler may do: its Kubernetes operations and its NATS grants.
-
-The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/culler.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
-grants are derived from its handler declarations (`services.culler.service:app`).
-"""
+"""What the culler may do in the cluster: read a session's pod, notebook and namespace, stop
+the notebook or delete the pod. Its NATS grants are its handlers' (`service:app`)."""
 
 from __future__ import annotations
 
@@ -11,13 +7,5 @@ from nodeward.kube.access import Access
 
 ACCESS = Access(
     "culler",
-    frozenset(
-        {
-            "namespaces.get",
-            "pods.get",
-            "pods.delete",
-            "notebooks.get",
-            "notebooks.patch",
-        }
-    ),
+    frozenset({"namespaces.get", "pods.get", "pods.delete", "notebooks.get", "notebooks.patch"}),
 )

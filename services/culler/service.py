@@ -35,7 +35,7 @@ from pydantic import Field
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
 from nodeward.durations import Duration, format_duration
-from nodeward.handlers import Runtime, Service, setting
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
@@ -50,6 +50,7 @@ from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
 from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
+    ActingSettings,
     DedupWindow,
     GuardChain,
     OwnerNotice,
@@ -74,11 +75,9 @@ SEVERITIES = per_action((QUIET, ("warn", "stop", "cancel", "ignore")))
 NEW_PERIOD_SLACK = timedelta(seconds=5)
 
 
-class CullerSettings(CullPolicy):
+class CullerSettings(CullPolicy, ActingSettings, Consuming):
     """`services.culler` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
     bucket: str = SESSIONS.name
     concurrency: int = Field(default=8, ge=1)

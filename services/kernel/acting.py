@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import Field
+
 from nodeward.bus import Bus
+from nodeward.config import Section
 from services.kernel.audit import Auditor
 from services.kernel.control import ControlSettings, operator_limit
 from services.kernel.exemptions import Exemptions, NamespaceLabels
@@ -13,6 +16,14 @@ from services.kernel.proposal import Guard
 from services.kernel.runner import ActionRunner
 from services.kernel.severities import Severities
 from services.kernel.tally import Tally, TallySettings
+
+
+class ActingSettings(Section):
+    """The base of an acting service's settings section."""
+
+    dry_run: bool = Field(
+        default=False, description="decide, audit and tell as if acting; change nothing"
+    )
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from nodeward.bus import (
 )
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.lanes import lanes as bus_lanes
-from nodeward.config import ConfigError, Section
+from nodeward.config import ConfigError
 from nodeward.durations import Duration
-from nodeward.handlers import FromSettings, Runtime, Service, setting
+from nodeward.handlers import Consuming, FromSettings, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
@@ -93,13 +93,12 @@ def _default_channels() -> dict[str, Any]:
     return {"outbox": OutboxSettings()}
 
 
-class NotifierSettings(Section):
+class NotifierSettings(Consuming):
     """`services.notifier` in the config file."""
 
     dry_run: bool = Field(
         default=False, description="render and write the outbox; send nothing external"
     )
-    consumer: str = NAME
     subjects: list[str] = Field(default_factory=lambda: ["notify.>"], min_length=1)
     bucket: str = SETTLED.name
     routes_file: Path | None = Field(default=None, description="None: the shipped default")
@@ -475,10 +474,10 @@ class NotifierService:
         dl = dead_letter_event(
             entry.delivery.msg,
             stream="NOTIFY",
-            consumer=self.settings.consumer,
+            consumer=app.base(self.settings),
             reason=why,
             error=reason,
-            source=f"{SOURCE}/{self.settings.consumer}",
+            source=f"{SOURCE}/{app.base(self.settings)}",
             extra_key=(channel,),
         )
         try:
@@ -499,7 +498,7 @@ def lanes(settings: NotifierSettings) -> list[tuple[str, list[str]]]:
     `<consumer>-critical`, the others on `<consumer>`; one consumer for subjects whose
     severity cannot be told apart."""
     return bus_lanes(
-        settings.consumer,
+        app.base(settings),
         settings.subjects,
         prefix="notify",
         urgent=[Severity.CRITICAL.value],
