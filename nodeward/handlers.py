@@ -157,6 +157,8 @@ class Runtime(Generic[C]):
     """What the caller of `build` passed besides the settings."""
     prepared: Any = None
     """What `@prepare` returned (None without one)."""
+    source: str = ""
+    """Its events' source and its audits' actor: `service/<name>`."""
 
     @property
     def acting(self) -> Cluster:
@@ -321,7 +323,9 @@ class Service(Generic[C]):
             daemon, bus = await bus_daemon(
                 self.name, settings, source=self.source, consumers=len(specs)
             )
-        runtime = Runtime(self.name, settings, config, daemon, bus, cluster, up, options, prepared)
+        runtime = Runtime(
+            self.name, settings, config, daemon, bus, cluster, up, options, prepared, self.source
+        )
         try:
             service = await self._setup(runtime)
             answered = Counter(

@@ -31,7 +31,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration
 from nodeward.handlers import EventHandler, Runtime, Service, setting
-from nodeward.kube import Cluster, NotFound
+from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
 from schemas.common import ObjectRef
@@ -66,7 +66,7 @@ from services.accounting.state import (
     pod_key,
     usage_key,
 )
-from services.kernel import Proposal, acting
+from services.kernel import Proposal, acting_for
 from services.kernel.access import PUBLISHES
 
 NAME = "accounting"
@@ -174,19 +174,15 @@ class _Metrics:
 
 
 class AccountingService:
-    def __init__(
-        self, bus: Bus, cluster: Cluster, kv: Any, *, settings: AccountingSettings
-    ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.settings = settings
+    def __init__(self, rt: Runtime[AccountingSettings], kv: Any) -> None:
+        self.bus, self.cluster, self.settings = rt.bus, rt.acting, rt.config
         self.cells: TypedKV[UsageCell] = TypedKV(kv, UsageCell)
         self.nodes: TypedKV[NodeHour] = TypedKV(kv, NodeHour)
         self.idle: TypedKV[IdlePeriod] = TypedKV(kv, IdlePeriod)
         self.charges: TypedKV[PodCharge] = TypedKV(kv, PodCharge)
         self.findings: TypedKV[FindingRecord] = TypedKV(kv, FindingRecord)
-        self.metrics = _Metrics(bus)
-        self.runner = acting(bus, actor=ACTOR, topic=TOPIC).runner
+        self.metrics = _Metrics(rt.bus)
+        self.runner = acting_for(rt, topic=TOPIC).runner
         self.log = structlog.get_logger().bind(service=NAME)
         self._models: dict[str, tuple[float, str | None]] = {}
 
@@ -416,7 +412,7 @@ async def setup(rt: Runtime[AccountingSettings]) -> AccountingService:
     """Accounting over its bucket; `settings.cluster` must authenticate as its
     ServiceAccount."""
     kv = await rt.kv(rt.config.bucket, history=1, ttl_s=rt.config.retention.total_seconds())
-    return AccountingService(rt.bus, rt.acting, kv, settings=rt.config)
+    return AccountingService(rt, kv)
 
 
 build = app.build

@@ -38,15 +38,13 @@ from typing import Any
 
 import httpx
 import structlog
-from prometheus_client import CollectorRegistry
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
+from nodeward.bus import ConsumerSpec, Delivery, RetryableError
 from nodeward.bus.kv import Lease, TypedKV
 from nodeward.durations import Duration
 from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import (
-    Cluster,
     Conflict,
     NotFound,
     ServerError,
@@ -91,7 +89,7 @@ from services.kernel import (
     ActingSettings,
     OwnerNotice,
     Proposal,
-    acting,
+    acting_for,
     per_action,
     table,
     tell_owner,
@@ -227,25 +225,14 @@ class CredentialsService:
     """One replica: the renewer (handle) and the scheduler (run_scheduler)."""
 
     def __init__(
-        self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        locks: Any,
-        settings: CredentialsSettings,
-        holder: str | None = None,
-        registry: CollectorRegistry | None = None,
+        self, rt: Runtime[CredentialsSettings], locks: Any, *, holder: str | None = None
     ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.locks = locks
+        bus, cluster, settings = rt.bus, rt.acting, rt.config
+        self.bus, self.cluster, self.settings, self.locks = bus, cluster, settings, locks
         self.records: TypedKV[CredentialRecord] = TypedKV(locks, CredentialRecord)
-        self.settings = settings
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # Every decision is audited through the runner: the service never calls the auditor.
-        self.runner = acting(
-            bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES, dry_run=settings.dry_run
-        ).runner
+        self.runner = acting_for(rt, topic=TOPIC, severities=SEVERITIES).runner
         self.log = structlog.get_logger().bind(service=NAME, replica=self.holder)
         self.http = httpx.AsyncHTTPTransport(retries=1)
         self.scheduler = Scheduler(
@@ -259,7 +246,7 @@ class CredentialsService:
             source=ACTOR,
             timing_of=self.timing,
             due_of=self.due_at,
-            registry=registry,
+            registry=rt.daemon.metrics.registry,
         )
 
     # timing -----------------------------------------------------------------------------
@@ -719,9 +706,7 @@ async def setup(rt: Runtime[CredentialsSettings]) -> CredentialsService:
     if rt.config.krb5_config:
         os.environ["KRB5_CONFIG"] = rt.config.krb5_config
     locks = await rt.kv(rt.config.bucket, history=1)
-    service = CredentialsService(
-        rt.bus, rt.acting, locks=locks, settings=rt.config, registry=rt.daemon.metrics.registry
-    )
+    service = CredentialsService(rt, locks)
     rt.daemon.add_shutdown_hook(service.http.aclose)
     return service
 

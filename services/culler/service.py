@@ -32,11 +32,11 @@ from typing import Any
 import structlog
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
 from nodeward.durations import Duration, format_duration
 from nodeward.handlers import Consuming, Runtime, Service, setting
-from nodeward.kube import Cluster, NotFound
+from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
 from nodeward.kube.objects import PodView
@@ -58,7 +58,7 @@ from services.kernel import (
     RateLimiter,
     RateLimitSettings,
     Staleness,
-    acting,
+    acting_for,
     per_action,
     tell_owner,
 )
@@ -162,26 +162,12 @@ def _ago(delta: timedelta) -> str:
 
 
 class CullerService:
-    def __init__(
-        self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        records: TypedKV[SessionRecord],
-        settings: CullerSettings,
-    ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.records = records
-        self.settings = settings
+    def __init__(self, rt: Runtime[CullerSettings], records: TypedKV[SessionRecord]) -> None:
+        self.bus, self.cluster, self.settings = rt.bus, rt.acting, rt.config
+        settings, self.records = rt.config, records
         # Every decision is audited through the runner: the service never calls the auditor.
-        kernel = acting(
-            bus,
-            actor=ACTOR,
-            topic=TOPIC,
-            severities=SEVERITIES,
-            dry_run=settings.dry_run,
-            namespace_labels=self._namespace_labels,
+        kernel = acting_for(
+            rt, topic=TOPIC, severities=SEVERITIES, namespace_labels=self._namespace_labels
         )
         self.runner, self.exemptions = kernel.runner, kernel.exemptions
         self.limiter = RateLimiter(settings.rate_limit)
@@ -717,7 +703,7 @@ class CullerService:
 async def setup(rt: Runtime[CullerSettings]) -> CullerService:
     """The culler over its bucket; `settings.cluster` must authenticate as its ServiceAccount."""
     kv = await rt.kv(rt.config.bucket, history=5, ttl_s=rt.config.record_ttl.total_seconds())
-    return CullerService(rt.bus, rt.acting, records=TypedKV(kv, SessionRecord), settings=rt.config)
+    return CullerService(rt, TypedKV(kv, SessionRecord))
 
 
 build = app.build

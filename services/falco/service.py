@@ -43,12 +43,12 @@ import structlog
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import ConsumerSpec, Delivery
 from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import ConfigError, Settings
 from nodeward.daemon import Daemon
 from nodeward.handlers import Runtime, Service, setting
-from nodeward.kube import Cluster, NotFound
+from nodeward.kube import NotFound
 from nodeward.platform import Component, Standalone, UpContext
 from schemas.base import Event
 from schemas.common import ObjectRef, dns_label, dns_subdomain
@@ -65,7 +65,7 @@ from services.falco.alerts import Target, dedup_key, describe, node_ref, severit
 from services.falco.ingest import Ingest, IngestError
 from services.falco.isolations import Isolations
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
-from services.falco.settings import ACTOR, NAME, FalcoSettings
+from services.falco.settings import NAME, FalcoSettings
 from services.falco.state import IsolationRecord
 from services.kernel import (
     ActionRunner,
@@ -76,7 +76,7 @@ from services.kernel import (
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
-    acting,
+    acting_for,
 )
 from services.kernel.access import PUBLISHES
 from services.kernel.breaker import node_breaker
@@ -108,27 +108,19 @@ app = Service(
 class FalcoService:
     def __init__(
         self,
-        bus: Bus,
-        cluster: Cluster,
+        rt: Runtime[FalcoSettings],
         *,
-        settings: FalcoSettings,
-        policy: Policy,
         dedup: DedupWindow,
-        registry: CollectorRegistry | None = None,
         breaker: CircuitBreaker | None = None,
         isolation_kv: KeyValue | None = None,
     ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.settings = settings
-        self.policy = policy
+        bus, cluster, settings = rt.bus, rt.acting, rt.config
+        self.bus, self.cluster, self.settings, self.policy = bus, cluster, settings, rt.prepared
         # An operator's release: exemptions and the operator's rate limit (never the breaker).
-        kernel = acting(
-            bus,
-            actor=ACTOR,
+        kernel = acting_for(
+            rt,
             topic=settings.topic,
             tally=settings.tally,
-            dry_run=settings.dry_run,
             namespace_labels=cluster.namespaces.labels,
             controls=settings.controls,
         )
@@ -165,7 +157,7 @@ class FalcoService:
             if isolation_kv is not None
             else None
         )
-        self.metrics = Metrics(registry)
+        self.metrics = Metrics(rt.daemon.metrics.registry)
         # Notices step aside, at each action, while a Warning or worse is in hand.
         self.gate = UrgentFirst()
         self.ingest: Ingest | None = None
@@ -544,12 +536,8 @@ async def setup(rt: Runtime[FalcoSettings]) -> FalcoService:
     # The cordon action's intents and the isolation records: no TTL (NodeMarks' history).
     marks_kv = await rt.kv(config.marks_bucket, history=5)
     service = FalcoService(
-        bus,
-        cluster,
-        settings=config,
-        policy=rt.prepared,
+        rt,
         dedup=DedupWindow(kv, config.dedup_window, prefix="dedup"),
-        registry=daemon.metrics.registry,
         breaker=breaker,
         isolation_kv=marks_kv,
     )

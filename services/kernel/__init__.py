@@ -17,7 +17,7 @@ a service's severity table is composed from the presets in `severities`.
 """
 
 from schemas.state.breaker import BreakerState
-from services.kernel.acting import Acting, ActingSettings, acting
+from services.kernel.acting import Acting, ActingSettings, acting, acting_for
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
@@ -69,6 +69,7 @@ __all__ = [
     "TallySettings",
     "Verdict",
     "acting",
+    "acting_for",
     "blockers",
     "drain",
     "hold_note",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -18,6 +18,7 @@ from pydantic import Field
 
 from nodeward.bus import Bus, Delivery
 from nodeward.bus.control import request
+from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, ConfigError, DaemonSettings, Section, Settings
 from nodeward.handlers import FromSettings, Runtime, Service, setting
 from nodeward.nats_auth import ServiceGrants
@@ -37,6 +38,7 @@ class ToySettings(Section):
 
 @dataclass
 class Toy:
+    kv: Any = None
     seen: list[tuple[str, str]] = field(default_factory=list)
     ticks: int = 0
     released: list[str] = field(default_factory=list)
@@ -56,7 +58,7 @@ def declare(name: str) -> Service[ToySettings]:
         assert rt.prepared == "prepared"
         if rt.config.broken:
             raise RuntimeError("setup failed")
-        return Toy()
+        return Toy(kv=await rt.kv(name, history=1))
 
     @app.consumes(
         "SESSIONS",
@@ -65,6 +67,8 @@ def declare(name: str) -> Service[ToySettings]:
         concurrency=setting("concurrency"),
         order_key=lambda e: e.data.pod,
         retry_delays=FromSettings(lambda c: (0.1,)),
+        leases=lambda toy: toy.kv,
+        lease_ttl=FromSettings(lambda c: timedelta(seconds=3)),
     )
     async def on_activity(toy: Toy, event: Event[Any], delivery: Delivery) -> None:
         toy.seen.append((event.data.pod, event.id))
@@ -115,6 +119,7 @@ def test_the_grants_are_the_declarations() -> None:
         buckets=("toy",),
         publish=("toy.>",),
         controls=("release",),
+        partitioned=("toy",),
     )
     [(_, spec)] = app.specs(ToySettings(consumer="other", subjects=["session.activity.n1.>"]))
     assert (spec.name, spec.subjects, spec.concurrency, spec.retry_delays) == (
@@ -202,3 +207,26 @@ async def test_a_failing_setup_closes_the_bus(bus_settings: BusSettings) -> None
         with pytest.raises(RuntimeError, match="setup failed"):
             await declare(name).build(_settings(bus_settings, name, broken=True))
     assert [b.nc.is_closed for b in opened] == [True]
+
+
+async def test_with_partitions_a_declared_lease_partitions_the_consumer(
+    own_nats: EmbeddedNats, node: str
+) -> None:
+    """`bus.partitions` > 1: the consumer that declares its leases is partitioned (one
+    durable per partition, claimed in the service's bucket), and still handles everything."""
+    name = f"toy-{uuid.uuid4().hex[:8]}"
+    bus_settings = BusSettings(url=own_nats.url, partitions=2)
+    built = await declare(name).assemble(_settings(bus_settings, name))
+    daemon, toy = built.daemon, built.service
+    await daemon.start()
+    publisher = await Bus.connect(bus_settings, source="test/toy")
+    try:
+        await wait_for(lambda: _ready(daemon.url), what="ready")
+        sent = [_activity(node, f"pod-{i}") for i in range(4)]
+        await publisher.publish_many(sent)
+        await wait_for(lambda: len(toy.seen) == 4, what="all handled")
+        infos = [await publisher.js.consumer_info("SESSIONS", f"{name}-c-p{i}") for i in (0, 1)]
+        assert all(i.config.durable_name for i in infos)
+    finally:
+        await publisher.close(grace=1)
+        await daemon.stop()
