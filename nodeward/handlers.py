@@ -47,7 +47,8 @@ from nats.js.kv import KeyValue
 from prometheus_client import Counter
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
+from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon, TaskFactory
 from nodeward.kube import Access, Cluster
@@ -113,12 +114,17 @@ class Consumes:
     """Partitioned across replicas when `bus.partitions` > 1, its leases in this bucket."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """`ConsumerSpec` fields, each a value or `setting(...)`."""
+    when: bool | FromSettings[Any] = True
+    """Whether it runs (e.g. `setting("xids_enabled")`); granted either way."""
 
     def durable(self, base: str) -> str:
         return base if self.suffix is None else f"{base}-{self.suffix}"
 
-    def specs(self, base: str, config: Any) -> list[ConsumerSpec]:
-        """Its consumers under `config`: one, or one per lane."""
+    def specs(self, base: str, config: Any, *, every: bool = False) -> list[ConsumerSpec]:
+        """Its consumers under `config`: one, or one per lane; none when it is off, unless
+        `every` (what may run: its grants)."""
+        if not every and not _value(self.when, config):
+            return []
         subjects = list(_value(self.subjects, config))
         found = (
             self.lanes(self.durable(base), config)
@@ -192,8 +198,14 @@ class Service(Generic[C]):
         buckets: Sequence[str] = (),
         publishes: Sequence[str] = (),
         source: str | None = None,
+        one_lease: bool = False,
     ) -> None:
+        """`one_lease`: with `bus.partitions` > 1, its consumers that declare leases are
+        claimed together, partition i of each by one replica (one lease group named after
+        its durables' base), e.g. a node's changes and heartbeats in one place."""
         self.name = name
+        self.one_lease = one_lease
+        self._claimed: Callable[[Any, PartitionedConsumer], None] | None = None
         self.settings_model = settings
         self.access = access
         self.buckets = tuple(buckets)
@@ -222,6 +234,14 @@ class Service(Generic[C]):
         self._prepare = fn
         return fn
 
+    def claimed(
+        self, fn: Callable[[Any, PartitionedConsumer], None]
+    ) -> Callable[[Any, PartitionedConsumer], None]:
+        """`def claimed(service, group)`: told the lease group once it runs (`one_lease`),
+        to ask it which keys this replica owns."""
+        self._claimed = fn
+        return fn
+
     def consumes(
         self,
         stream: str,
@@ -231,6 +251,7 @@ class Service(Generic[C]):
         suffix: str | None = None,
         lanes: Lanes | None = None,
         leases: Callable[[Any], KeyValue] | None = None,
+        when: bool | FromSettings[Any] = True,
         **options: Any,
     ) -> Callable[[EventHandler], EventHandler]:
         """Declare a durable consumer on `stream` handled by the decorated function.
@@ -249,7 +270,7 @@ class Service(Generic[C]):
 
         def register(fn: EventHandler) -> EventHandler:
             self.consumers.append(
-                Consumes(fn, stream, fixed, names, suffix, lanes, leases, dict(options))
+                Consumes(fn, stream, fixed, names, suffix, lanes, leases, dict(options), when)
             )
             return fn
 
@@ -288,13 +309,14 @@ class Service(Generic[C]):
         """The durables' base name: the section's `consumer`, else the service's name."""
         return str(getattr(config, "consumer", None) or self.name)
 
-    def specs(self, config: C) -> list[tuple[Consumes, ConsumerSpec]]:
+    def specs(self, config: C, *, every: bool = False) -> list[tuple[Consumes, ConsumerSpec]]:
+        """The consumers that run under `config` (`every`: all that may run)."""
         base = self.base(config)
-        return [(c, spec) for c in self.consumers for spec in c.specs(base, config)]
+        return [(c, s) for c in self.consumers for s in c.specs(base, config, every=every)]
 
     def grants(self) -> ServiceGrants:
         """Its NATS grants, from the declarations on the settings' defaults."""
-        specs = self.specs(self.settings_model())
+        specs = self.specs(self.settings_model(), every=True)
         return ServiceGrants(
             consumers=tuple(dict.fromkeys((s.stream, s.name) for _, s in specs)),
             buckets=self.buckets,
@@ -313,15 +335,21 @@ class Service(Generic[C]):
             raise TypeError(f"{self.name}: no @setup declared")
         config: C = section(settings, "services", self.name, self.settings_model)
         specs = self.specs(config)
+        partitions = settings.bus.partitions
+        together = [
+            (d, s) for d, s in specs if self.one_lease and partitions > 1 and d.leases is not None
+        ]
+        alone = [(d, s) for d, s in specs if (d, s) not in together]
+        consumers = len(alone) + (1 if together else 0)
         prepared = await self._prepare(config) if self._prepare is not None else None
         cluster: Cluster | None = None
         if self.access is not None:
             daemon, bus, cluster = await acting_daemon(
-                self.name, settings, source=self.source, access=self.access, consumers=len(specs)
+                self.name, settings, source=self.source, access=self.access, consumers=consumers
             )
         else:
             daemon, bus = await bus_daemon(
-                self.name, settings, source=self.source, consumers=len(specs)
+                self.name, settings, source=self.source, consumers=consumers
             )
         runtime = Runtime(
             self.name, settings, config, daemon, bus, cluster, up, options, prepared, self.source
@@ -339,11 +367,22 @@ class Service(Generic[C]):
         except BaseException:
             await daemon.stop()  # closes what it opened: the bus, the cluster port
             raise
-        for declared, spec in specs:
+        for declared, spec in alone:
             daemon.add_task(
-                _consume(bus, declared, spec, service, settings.bus.partitions),
-                name=f"consume-{spec.name}",
+                _consume(bus, declared, spec, service, partitions), name=f"consume-{spec.name}"
             )
+        if together:
+            group = self.base(config)
+            parts = [(replace(s, partitions=partitions), _handler(d, service)) for d, s in together]
+            leases = together[0][0].leases
+
+            async def consume_together() -> None:
+                assert leases is not None
+                claimed = await bus.consume_partitioned(group, parts, leases(service))
+                if self._claimed is not None:
+                    self._claimed(service, claimed)
+
+            daemon.add_task(consume_together, name="consume")
         for task in self.tasks:
             daemon.add_task(_run(task.body, service), name=task.name, graceful=task.graceful)
         for name, check in self.checks.items():
@@ -354,15 +393,17 @@ class Service(Generic[C]):
         """What `nodeward service NAME` runs."""
         return (await self.assemble(settings, **options)).daemon
 
-    def daemon(self) -> tuple[Component, Standalone]:
+    def daemon(
+        self, admin: Mapping[str, Callable[[Settings], Awaitable[str]]] | None = None
+    ) -> tuple[Component, Standalone]:
         """Its component (`nodeward up` builds it under its own ServiceAccount, with the up
-        context) and its standalone."""
+        context) and its standalone, with its one-shot `admin` commands."""
 
         async def for_up(context: UpContext) -> list[Daemon]:
             built = await self.assemble(context.settings_for(self.name), up=context)
             return [built.daemon]
 
-        return Component(self.name, for_up), Standalone(self.build)
+        return Component(self.name, for_up), Standalone(self.build, admin=dict(admin or {}))
 
 
 def _bound(
@@ -385,13 +426,19 @@ def _consume(
     if leases is not None and partitions > 1:
         spec = replace(spec, partitions=partitions)
 
-    async def handle(event: Event[Any], delivery: Delivery) -> None:
-        await declared.handler(service, event, delivery)
+    handle = _handler(declared, service)
 
     async def consume() -> None:
         await bus.consume(spec, handle, leases=leases if spec.partitions > 1 else None)
 
     return consume
+
+
+def _handler(declared: Consumes, service: Any) -> Handler:
+    async def handle(event: Event[Any], delivery: Delivery) -> None:
+        await declared.handler(service, event, delivery)
+
+    return handle
 
 
 def _run(body: TaskBody, service: Any) -> TaskFactory:

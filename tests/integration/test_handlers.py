@@ -18,13 +18,14 @@ from pydantic import Field
 
 from nodeward.bus import Bus, Delivery
 from nodeward.bus.control import request
+from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, ConfigError, DaemonSettings, Section, Settings
 from nodeward.handlers import FromSettings, Runtime, Service, setting
 from nodeward.nats_auth import ServiceGrants
 from schemas import Event, make_event
 from schemas.control import ControlReply, ControlRequest, ControlStatus
-from schemas.session import ActivityState, SessionActivity, SessionKind
+from schemas.session import ActivityState, SessionActivity, SessionIdle, SessionKind
 from tests.conftest import wait_for
 
 
@@ -42,10 +43,13 @@ class Toy:
     seen: list[tuple[str, str]] = field(default_factory=list)
     ticks: int = 0
     released: list[str] = field(default_factory=list)
+    group: PartitionedConsumer | None = None
 
 
-def declare(name: str) -> Service[ToySettings]:
-    app = Service(name, settings=ToySettings, buckets=(name,), publishes=("toy.>",))
+def declare(name: str, *, one_lease: bool = False) -> Service[ToySettings]:
+    app = Service(
+        name, settings=ToySettings, buckets=(name,), publishes=("toy.>",), one_lease=one_lease
+    )
 
     @app.prepare
     async def prepare(config: ToySettings) -> str:
@@ -72,6 +76,23 @@ def declare(name: str) -> Service[ToySettings]:
     )
     async def on_activity(toy: Toy, event: Event[Any], delivery: Delivery) -> None:
         toy.seen.append((event.data.pod, event.id))
+
+    if one_lease:
+
+        @app.consumes(
+            "SESSIONS",
+            suffix="idle",
+            subjects=["session.idle.>"],
+            types=(SessionIdle,),
+            leases=lambda toy: toy.kv,
+            lease_ttl=timedelta(seconds=3),
+        )
+        async def on_idle(toy: Toy, event: Event[Any], delivery: Delivery) -> None:
+            toy.seen.append((event.data.pod, event.id))
+
+        @app.claimed
+        def claimed(toy: Toy, group: PartitionedConsumer) -> None:
+            toy.group = group
 
     @app.control("release")
     async def release(toy: Toy, req: ControlRequest) -> ControlReply:
@@ -128,6 +149,19 @@ def test_the_grants_are_the_declarations() -> None:
         4,
         (0.1,),
     )
+
+
+def test_a_consumer_that_is_off_runs_not_but_is_granted() -> None:
+    app = declare("toy")
+
+    @app.consumes(
+        "NODES", suffix="extra", subjects=["node.finding.>"], types=(), when=setting("broken")
+    )
+    async def extra(toy: Toy, event: Event[Any], delivery: Delivery) -> None: ...
+
+    assert [s.name for _, s in app.specs(ToySettings())] == ["toy"]
+    assert [s.name for _, s in app.specs(ToySettings(broken=True))] == ["toy", "toy-extra"]
+    assert app.grants().consumers == (("SESSIONS", "toy"), ("NODES", "toy-extra"))
 
 
 def test_an_unknown_consumer_option_is_refused_where_it_is_declared() -> None:
@@ -227,6 +261,30 @@ async def test_with_partitions_a_declared_lease_partitions_the_consumer(
         await wait_for(lambda: len(toy.seen) == 4, what="all handled")
         infos = [await publisher.js.consumer_info("SESSIONS", f"{name}-c-p{i}") for i in (0, 1)]
         assert all(i.config.durable_name for i in infos)
+    finally:
+        await publisher.close(grace=1)
+        await daemon.stop()
+
+
+async def test_with_one_lease_the_partitioned_consumers_are_claimed_together(
+    own_nats: EmbeddedNats, node: str
+) -> None:
+    """`one_lease`: partition i of each leased consumer is claimed by one replica, as one
+    lease group the service is told of; the daemon is ready once the group is bound."""
+    name = f"toy-{uuid.uuid4().hex[:8]}"
+    bus_settings = BusSettings(url=own_nats.url, partitions=2)
+    built = await declare(name, one_lease=True).assemble(_settings(bus_settings, name))
+    daemon, toy = built.daemon, built.service
+    await daemon.start()
+    publisher = await Bus.connect(bus_settings, source="test/toy")
+    try:
+        await wait_for(lambda: _ready(daemon.url), what="ready")
+        assert isinstance(toy.group, PartitionedConsumer)
+        assert toy.group.owns("any-key")  # the one replica holds every partition
+        await publisher.publish_many([_activity(node, f"pod-{i}") for i in range(4)])
+        await wait_for(lambda: len(toy.seen) == 4, what="all handled")
+        for durable in (f"{name}-c-p0", f"{name}-c-p1", f"{name}-c-idle-p0", f"{name}-c-idle-p1"):
+            assert (await publisher.js.consumer_info("SESSIONS", durable)).config.durable_name
     finally:
         await publisher.close(grace=1)
         await daemon.stop()
