@@ -7,7 +7,9 @@ and its checks pass; a setting refused by `@prepare` connects nothing, and a fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +23,7 @@ from nodeward.bus.control import request
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings, ConfigError, DaemonSettings, Section, Settings
+from nodeward.daemon import Daemon
 from nodeward.handlers import FromSettings, Runtime, Service, setting
 from nodeward.nats_auth import ServiceGrants
 from schemas import Event, make_event
@@ -172,38 +175,50 @@ def test_an_unknown_consumer_option_is_refused_where_it_is_declared() -> None:
 
 async def test_one_call_builds_the_declared_daemon(bus_settings: BusSettings, node: str) -> None:
     name = f"toy-{uuid.uuid4().hex[:8]}"
-    app = declare(name)
     subjects = [f"session.activity.{node}.>"]
-    built = await app.assemble(_settings(bus_settings, name, subjects=subjects))
+    try:
+        async with running(declare(name), bus_settings, subjects=subjects) as (daemon, toy, pub):
+            sent = [_activity(node, f"pod-{i % 2}") for i in range(6)]
+            await pub.publish_many(sent)
+            await wait_for(lambda: len(toy.seen) == 6, what="all handled")
+            for pod in ("pod-0", "pod-1"):  # in order per key
+                assert [i for p, i in toy.seen if p == pod] == [
+                    e.id for e in sent if e.data.pod == pod
+                ]
+            reply = await request(
+                pub.nc,
+                ControlRequest(service=name, verb="release", operator="ann", target="team-a/p"),
+                timeout=5,
+            )
+            assert (reply.status, reply.message, toy.released) == (
+                ControlStatus.OK,
+                "released team-a/p",
+                ["team-a/p"],
+            )
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"{daemon.url}/metrics")).text
+            assert 'nodeward_control_answers_total{status="ok",verb="release"} 1.0' in metrics
+            assert f"{name}:tick" in {t.get_name() for t in asyncio.all_tasks()}
+    finally:
+        await _forget(bus_settings, f"{name}-c")
+
+
+@contextlib.asynccontextmanager
+async def running(
+    app: Service[ToySettings], bus_settings: BusSettings, **section: Any
+) -> AsyncIterator[tuple[Daemon, Toy, Bus]]:
+    """The declared daemon started and ready, its service, and a publisher."""
+    built = await app.assemble(_settings(bus_settings, app.name, **section))
     daemon, toy = built.daemon, built.service
     assert isinstance(toy, Toy)
     await daemon.start()
     publisher = await Bus.connect(bus_settings, source="test/toy")
     try:
         await wait_for(lambda: _ready(daemon.url), what="ready")
-        sent = [_activity(node, f"pod-{i % 2}") for i in range(6)]
-        await publisher.publish_many(sent)
-        await wait_for(lambda: len(toy.seen) == 6, what="all handled")
-        for pod in ("pod-0", "pod-1"):  # in order per key
-            assert [i for p, i in toy.seen if p == pod] == [e.id for e in sent if e.data.pod == pod]
-        reply = await request(
-            publisher.nc,
-            ControlRequest(service=name, verb="release", operator="ann", target="team-a/p"),
-            timeout=5,
-        )
-        assert (reply.status, reply.message, toy.released) == (
-            ControlStatus.OK,
-            "released team-a/p",
-            ["team-a/p"],
-        )
-        async with httpx.AsyncClient() as http:
-            metrics = (await http.get(f"{daemon.url}/metrics")).text
-        assert 'nodeward_control_answers_total{status="ok",verb="release"} 1.0' in metrics
-        assert f"{name}:tick" in {t.get_name() for t in asyncio.all_tasks()}
+        yield daemon, toy, publisher
     finally:
         await publisher.close(grace=1)
         await daemon.stop()
-        await _forget(bus_settings, f"{name}-c")
 
 
 async def _ready(url: str) -> bool:
@@ -250,20 +265,11 @@ async def test_with_partitions_a_declared_lease_partitions_the_consumer(
     durable per partition, claimed in the service's bucket), and still handles everything."""
     name = f"toy-{uuid.uuid4().hex[:8]}"
     bus_settings = BusSettings(url=own_nats.url, partitions=2)
-    built = await declare(name).assemble(_settings(bus_settings, name))
-    daemon, toy = built.daemon, built.service
-    await daemon.start()
-    publisher = await Bus.connect(bus_settings, source="test/toy")
-    try:
-        await wait_for(lambda: _ready(daemon.url), what="ready")
-        sent = [_activity(node, f"pod-{i}") for i in range(4)]
-        await publisher.publish_many(sent)
+    async with running(declare(name), bus_settings) as (_, toy, publisher):
+        await publisher.publish_many([_activity(node, f"pod-{i}") for i in range(4)])
         await wait_for(lambda: len(toy.seen) == 4, what="all handled")
         infos = [await publisher.js.consumer_info("SESSIONS", f"{name}-c-p{i}") for i in (0, 1)]
         assert all(i.config.durable_name for i in infos)
-    finally:
-        await publisher.close(grace=1)
-        await daemon.stop()
 
 
 async def test_with_one_lease_the_partitioned_consumers_are_claimed_together(
@@ -273,18 +279,10 @@ async def test_with_one_lease_the_partitioned_consumers_are_claimed_together(
     lease group the service is told of; the daemon is ready once the group is bound."""
     name = f"toy-{uuid.uuid4().hex[:8]}"
     bus_settings = BusSettings(url=own_nats.url, partitions=2)
-    built = await declare(name, one_lease=True).assemble(_settings(bus_settings, name))
-    daemon, toy = built.daemon, built.service
-    await daemon.start()
-    publisher = await Bus.connect(bus_settings, source="test/toy")
-    try:
-        await wait_for(lambda: _ready(daemon.url), what="ready")
+    async with running(declare(name, one_lease=True), bus_settings) as (_, toy, publisher):
         assert isinstance(toy.group, PartitionedConsumer)
         assert toy.group.owns("any-key")  # the one replica holds every partition
         await publisher.publish_many([_activity(node, f"pod-{i}") for i in range(4)])
         await wait_for(lambda: len(toy.seen) == 4, what="all handled")
         for durable in (f"{name}-c-p0", f"{name}-c-p1", f"{name}-c-idle-p0", f"{name}-c-idle-p1"):
             assert (await publisher.js.consumer_info("SESSIONS", durable)).config.durable_name
-    finally:
-        await publisher.close(grace=1)
-        await daemon.stop()
