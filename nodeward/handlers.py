@@ -367,10 +367,12 @@ class Service(Generic[C]):
         except BaseException:
             await daemon.stop()  # closes what it opened: the bus, the cluster port
             raise
+        durables = [s.name for _, s in alone]
         for declared, spec in alone:
-            daemon.add_task(
-                _consume(bus, declared, spec, service, partitions), name=f"consume-{spec.name}"
-            )
+            # One durable name on two streams (one per stream): the task names the stream.
+            shared = durables.count(spec.name) > 1
+            name = f"consume-{spec.name}" + (f"-{spec.stream.lower()}" if shared else "")
+            daemon.add_task(_consume(bus, declared, spec, service, partitions), name=name)
         if together:
             group = self.base(config)
             parts = [(replace(s, partitions=partitions), _handler(d, service)) for d, s in together]
