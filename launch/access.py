@@ -59,7 +59,21 @@ DECLARED: tuple[Access, ...] = (
 ACCOUNTS: dict[str, Access] = by_account(DECLARED)
 """Per ServiceAccount, what its role must grant: the union of its daemons' declarations."""
 
-GRANTS: dict[str, ServiceGrants] = {s.ACCESS.account: s.GRANTS for s in _SERVICES}
+
+def _service_grants() -> dict[str, ServiceGrants]:
+    """Per service, its grants: derived from its handler declarations (`nodeward.handlers`)
+    where its plugin names them, else its access module's `GRANTS`."""
+    found = {}
+    for p in services():
+        if p.access is None:
+            continue
+        module = resolve(p.ref(p.access))
+        declared = p.load(p.handlers).grants() if p.handlers is not None else module.GRANTS
+        found[module.ACCESS.account] = declared
+    return found
+
+
+GRANTS: dict[str, ServiceGrants] = _service_grants()
 """Per service, its NATS grants (the user `nodeward-<service>`)."""
 
 AGENT_GRANTS: tuple[AgentGrants, ...] = (INJECTIONS, *(m.GRANTS for m in _AGENTS))

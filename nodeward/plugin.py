@@ -10,6 +10,8 @@ where it is needed, so `nodeward --help` loads no daemon code:
 - `access`: the module declaring its Kubernetes operations (`ACCESS`) and NATS grants
   (`GRANTS`), from which its RBAC role and NATS user are made; None for a service that only
   reads the bus;
+- `handlers`: its declarations (`nodeward.handlers.Service`), when it is declared with them:
+  its NATS grants are then derived from them (`Service.grants()`), not written in `GRANTS`;
 - `commands`: the operators' commands it mounts on `nodeward` (`nodeward.cli.plugins`);
 - `view`: what it adds to `nodeward status` and the console (`nodeward.views`).
 
@@ -38,6 +40,7 @@ class ServicePlugin:
     component: str = "service:component"
     standalone: str = "service:standalone"
     access: str | None = "access"
+    handlers: str | None = None
     commands: Mapping[str, str] = field(default_factory=dict)
     view: str | None = None
 

@@ -5,5 +5,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="accounting",
     package=__name__,
+    handlers="service:app",
     commands={"report": "cli:report"},
 )

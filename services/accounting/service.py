@@ -24,15 +24,14 @@ from typing import Any
 
 import structlog
 from prometheus_client import Counter
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section, Settings, section
-from nodeward.daemon import Daemon
+from nodeward.config import Section
 from nodeward.durations import Duration
-from nodeward.kube import Cluster, NotFound
-from nodeward.platform import acting_daemon, one_daemon
+from nodeward.handlers import EventHandler, Runtime, Service, setting
+from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
 from schemas.common import ObjectRef
@@ -67,7 +66,8 @@ from services.accounting.state import (
     pod_key,
     usage_key,
 )
-from services.kernel import Proposal, acting
+from services.kernel import Proposal, acting_for
+from services.kernel.access import PUBLISHES
 
 NAME = "accounting"
 ACTOR = "service/accounting"
@@ -83,8 +83,11 @@ class AccountingSettings(Section):
     """`services.accounting` in the config file."""
 
     bucket: str = BUCKET
-    consumer_prefix: str = Field(
-        default=NAME, description="durable consumers <prefix>-energy, -sessions, -audit, -findings"
+    consumer: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("consumer", "consumer_prefix"),
+        description="durable consumers <consumer>-energy, -sessions, -audit, -findings; "
+        "the service's name if unset",
     )
     energy_subjects: list[str] = Field(default_factory=lambda: ["energy.>"], min_length=1)
     session_subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
@@ -104,6 +107,27 @@ class AccountingSettings(Section):
     node_cache: Duration = Field(
         default=timedelta(minutes=10), description="how long a node's GPU model is cached"
     )
+
+
+app = Service(
+    NAME, settings=AccountingSettings, access=ACCESS, buckets=(BUCKET,), publishes=PUBLISHES
+)
+
+
+def _consumes(
+    stream: str, what: str, subjects: str, types: tuple[type[Any], ...], **options: Any
+) -> Callable[[EventHandler], EventHandler]:
+    """The durable `<consumer>-<what>` on the section's field `subjects`."""
+    declared: dict[str, Any] = {"concurrency": setting("concurrency")} | options
+    return app.consumes(stream, suffix=what, subjects=setting(subjects), types=types, **declared)
+
+
+def _per_node_pod(e: Event[Any]) -> str:
+    return f"{e.data.node}/{getattr(e.data, 'pod', '')}"
+
+
+def _per_pod(e: Event[Any]) -> str:
+    return f"{e.data.namespace}/{e.data.pod}"
 
 
 class _Metrics:
@@ -150,73 +174,17 @@ class _Metrics:
 
 
 class AccountingService:
-    def __init__(
-        self, bus: Bus, cluster: Cluster, kv: Any, *, settings: AccountingSettings
-    ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.settings = settings
+    def __init__(self, rt: Runtime[AccountingSettings], kv: Any) -> None:
+        self.bus, self.cluster, self.settings = rt.bus, rt.acting, rt.config
         self.cells: TypedKV[UsageCell] = TypedKV(kv, UsageCell)
         self.nodes: TypedKV[NodeHour] = TypedKV(kv, NodeHour)
         self.idle: TypedKV[IdlePeriod] = TypedKV(kv, IdlePeriod)
         self.charges: TypedKV[PodCharge] = TypedKV(kv, PodCharge)
         self.findings: TypedKV[FindingRecord] = TypedKV(kv, FindingRecord)
-        self.metrics = _Metrics(bus)
-        self.runner = acting(bus, actor=ACTOR, topic=TOPIC).runner
+        self.metrics = _Metrics(rt.bus)
+        self.runner = acting_for(rt, topic=TOPIC).runner
         self.log = structlog.get_logger().bind(service=NAME)
         self._models: dict[str, tuple[float, str | None]] = {}
-
-    # consumers ------------------------------------------------------------------------
-    def consumer_specs(self) -> list[tuple[ConsumerSpec, Any]]:
-        s, prefix = self.settings, self.settings.consumer_prefix
-        per_pod = lambda e: f"{e.data.namespace}/{e.data.pod}"  # noqa: E731
-        return [
-            (
-                ConsumerSpec(
-                    name=f"{prefix}-energy",
-                    stream="ENERGY",
-                    subjects=tuple(s.energy_subjects),
-                    types=frozenset({EnergyPod.TYPE, EnergyNode.TYPE}),
-                    concurrency=s.concurrency,
-                    order_key=lambda e: f"{e.data.node}/{getattr(e.data, 'pod', '')}",
-                ),
-                self.handle_energy,
-            ),
-            (
-                ConsumerSpec(
-                    name=f"{prefix}-sessions",
-                    stream="SESSIONS",
-                    subjects=tuple(s.session_subjects),
-                    types=frozenset({SessionActivity.TYPE, SessionIdle.TYPE}),
-                    concurrency=s.concurrency,
-                    order_key=per_pod,
-                ),
-                self.handle_session,
-            ),
-            (
-                ConsumerSpec(
-                    name=f"{prefix}-audit",
-                    stream="AUDIT",
-                    subjects=tuple(s.audit_subjects),
-                    types=frozenset({Remediation.TYPE}),
-                    concurrency=s.concurrency,
-                ),
-                self.handle_audit,
-            ),
-            (
-                ConsumerSpec(
-                    name=f"{prefix}-findings",
-                    stream="NODES",
-                    subjects=tuple(s.finding_subjects),
-                    types=frozenset({NodeFinding.TYPE}),
-                    concurrency=1,
-                    order_key=lambda e: e.data.node,
-                    # node.finding.<node>.<check>: a node speaks only of itself.
-                    identity=(ConsumerSpec.bind(NodeFinding, "node", "check"),),
-                ),
-                self.handle_finding,
-            ),
-        ]
 
     # who pays -------------------------------------------------------------------------
     async def _model(self, node: str) -> str | None:
@@ -285,6 +253,9 @@ class AccountingService:
         return UsageCell(hour=hour, node=node, namespace=ns, pod=pod, owner=c.owner, model=c.model)
 
     # handlers -------------------------------------------------------------------------
+    @_consumes(
+        "ENERGY", "energy", "energy_subjects", (EnergyPod, EnergyNode), order_key=_per_node_pod
+    )
     async def handle_energy(self, event: Event[Any], delivery: Delivery) -> None:
         data: EnergyPod | EnergyNode = event.data
         with structlog.contextvars.bound_contextvars(event_id=event.id, node=data.node):
@@ -325,6 +296,13 @@ class AccountingService:
             if added and seconds > covered:
                 self.metrics.uncovered.labels(data.node).inc(seconds - covered)
 
+    @_consumes(
+        "SESSIONS",
+        "sessions",
+        "session_subjects",
+        (SessionActivity, SessionIdle),
+        order_key=_per_pod,
+    )
     async def handle_session(self, event: Event[Any], delivery: Delivery) -> None:
         data: SessionActivity | SessionIdle = event.data
         with structlog.contextvars.bound_contextvars(
@@ -351,6 +329,7 @@ class AccountingService:
             if now > was:
                 self.metrics.idle.labels(data.namespace).inc(now - was)
 
+    @_consumes("AUDIT", "audit", "audit_subjects", (Remediation,))
     async def handle_audit(self, event: Event[Any], delivery: Delivery) -> None:
         data: Remediation = event.data
         if (
@@ -375,6 +354,16 @@ class AccountingService:
             if await self._add(key, cell, lambda x: add_session_action(x, event.id, action)):
                 self.metrics.sessions.labels(ns, "warned" if action == "warn" else "stopped").inc()
 
+    @_consumes(
+        "NODES",
+        "findings",
+        "finding_subjects",
+        (NodeFinding,),
+        concurrency=1,
+        order_key=lambda e: e.data.node,
+        # node.finding.<node>.<check>: a node speaks only of itself.
+        identity=(ConsumerSpec.bind(NodeFinding, "node", "check"),),
+    )
     async def handle_finding(self, event: Event[Any], delivery: Delivery) -> None:
         """Tell on-call of a node finding once per change: a new finding, a different one,
         or one cleared; a node that starts clear, or repeats itself, says nothing new."""
@@ -418,24 +407,13 @@ class AccountingService:
         await self.findings.put(key, record)
 
 
-async def build(settings: Settings) -> Daemon:
-    """The accounting daemon: four consumers and the `accounting` bucket.
-
-    `settings.cluster` must authenticate as the accounting ServiceAccount.
-    """
-    config: AccountingSettings = section(settings, "services", NAME, AccountingSettings)
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=4
-    )
-    kv = await bus.kv(config.bucket, history=1, ttl_s=config.retention.total_seconds())
-    service = AccountingService(bus, cluster, kv, settings=config)
-    for spec, handler in service.consumer_specs():
-
-        async def consume(spec: ConsumerSpec = spec, handler: Any = handler) -> None:
-            await bus.consume(spec, handler)
-
-        daemon.add_task(consume, name=f"consume-{spec.name}")
-    return daemon
+@app.setup
+async def setup(rt: Runtime[AccountingSettings]) -> AccountingService:
+    """Accounting over its bucket; `settings.cluster` must authenticate as its
+    ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=1, ttl_s=rt.config.retention.total_seconds())
+    return AccountingService(rt, kv)
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

@@ -5,5 +5,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="capacity",
     package=__name__,
+    handlers="service:app",
     commands={"capacity": "cli:capacity"},
 )

@@ -20,14 +20,12 @@ import structlog
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import Field, ValidationError
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section, Settings, section
-from nodeward.daemon import Daemon
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError, WatchEvent
 from nodeward.kube.base import Listing
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.capacity import STATES, CapacityChanged, GpuCounts
 from schemas.gpu import GpuHealth, HealthState
@@ -47,10 +45,9 @@ NAME = "capacity"
 ACTOR = "service/capacity"
 
 
-class CapacitySettings(Section):
+class CapacitySettings(Consuming):
     """`services.capacity` in the config file."""
 
-    consumer: str = Field(default=NAME, description="durable name on GPU and on MAINTENANCE")
     health_subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
     maintenance_subjects: list[str] = Field(default_factory=lambda: ["maintenance.>"], min_length=1)
     bucket: str = SNAPSHOT.name
@@ -68,6 +65,21 @@ class CapacitySettings(Section):
         description="DRA drivers whose ResourceSlices publish GPUs (counted on nodes without"
         " a GPU extended resource)",
     )
+
+
+app = Service(
+    NAME,
+    settings=CapacitySettings,
+    access=ACCESS,
+    buckets=(SNAPSHOT.name,),
+    publishes=("capacity.>",),
+)
+_IN_ORDER: dict[str, Any] = {
+    "concurrency": 4,
+    "order_key": lambda e: str(e.data.node),
+    "retry_delays": (0.5, 2.0, 10.0),
+}
+"""Both consumers (one durable name on GPU and on MAINTENANCE): in order per node."""
 
 
 class CapacityService:
@@ -106,6 +118,7 @@ class CapacityService:
         self.log = structlog.get_logger().bind(service=NAME)
 
     @property
+    @app.ready("counted")
     def ready(self) -> bool:
         """Both lists read and the first snapshot written."""
         return all(self.synced.values()) and self.last is not None
@@ -125,28 +138,7 @@ class CapacityService:
             self.published[(total.model, total.profile)] = total.counts
 
     # the bus --------------------------------------------------------------------------
-    def consumer_specs(self) -> list[ConsumerSpec]:
-        common: dict[str, Any] = {
-            "name": self.settings.consumer,
-            "concurrency": 4,
-            "order_key": lambda e: str(e.data.node),
-            "retry_delays": (0.5, 2.0, 10.0),
-        }
-        return [
-            ConsumerSpec(
-                stream="GPU",
-                subjects=tuple(self.settings.health_subjects),
-                types=frozenset({GpuHealth.TYPE}),
-                **common,
-            ),
-            ConsumerSpec(
-                stream="MAINTENANCE",
-                subjects=tuple(self.settings.maintenance_subjects),
-                types=frozenset({Maintenance.TYPE}),
-                **common,
-            ),
-        ]
-
+    @app.consumes("GPU", subjects=setting("health_subjects"), types=(GpuHealth,), **_IN_ORDER)
     async def on_health(self, event: Event[Any], delivery: Delivery) -> None:
         health: GpuHealth = event.data
         failed = self.seen.setdefault(health.node, BusView()).failed
@@ -160,6 +152,9 @@ class CapacityService:
             self.log.info("capacity.gpu_health", node=health.node, gpu=key, state=health.state)
             self.changed.set()
 
+    @app.consumes(
+        "MAINTENANCE", subjects=setting("maintenance_subjects"), types=(Maintenance,), **_IN_ORDER
+    )
     async def on_maintenance(self, event: Event[Any], delivery: Delivery) -> None:
         m: Maintenance = event.data
         view = self.seen.setdefault(m.node, BusView())
@@ -235,6 +230,7 @@ class CapacityService:
         else:
             self.slices[name] = (node, gpus)
 
+    @app.task("watch-resourceslices")
     async def follow_slices(self) -> None:
         """ResourceSlices, where the cluster serves them (DRA); else nothing to follow."""
         version = None
@@ -271,6 +267,7 @@ class CapacityService:
         else:
             self.pods[uid] = (node, gpus)
 
+    @app.task("watch-nodes")
     async def follow_nodes(self) -> None:
         await self.follow(
             "nodes",
@@ -280,6 +277,7 @@ class CapacityService:
             self._apply_node,
         )
 
+    @app.task("watch-pods")
     async def follow_pods(self) -> None:
         await self.follow(
             "pods",
@@ -355,6 +353,7 @@ class CapacityService:
             for state in STATES:
                 self.gpus.labels(model, profile, state).set(counts.of(state))
 
+    @app.task("count")
     async def publish_loop(self) -> None:
         """Count after each burst of changes: once `debounce` is quiet, or `max_delay` on."""
         debounce = self.settings.debounce.total_seconds()
@@ -379,34 +378,17 @@ class CapacityService:
                 await asyncio.sleep(debounce)
 
 
-async def build(settings: Settings) -> Daemon:
-    """The capacity service's daemon: the node and pod watches, the two consumers, the
-    counting loop. `settings.cluster` must authenticate as its ServiceAccount."""
-    config: CapacitySettings = section(settings, "services", NAME, CapacitySettings)
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=2
-    )
-    kv = await bus.kv(config.bucket, history=1)
+@app.setup
+async def setup(rt: Runtime[CapacitySettings]) -> CapacityService:
+    """The counting over its snapshot, restored; `settings.cluster` must authenticate as its
+    ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=1)
     service = CapacityService(
-        bus, cluster, TypedKV(kv, CapacitySnapshot), config, daemon.metrics.registry
+        rt.bus, rt.acting, TypedKV(kv, CapacitySnapshot), rt.config, rt.daemon.metrics.registry
     )
     await service.restore()
-    daemon.add_readiness_check("counted", lambda: service.ready)
-    health, maintenance = service.consumer_specs()
-
-    async def consume_health() -> None:
-        await bus.consume(health, service.on_health)
-
-    async def consume_maintenance() -> None:
-        await bus.consume(maintenance, service.on_maintenance)
-
-    daemon.add_task(consume_health, name="consume-health")
-    daemon.add_task(consume_maintenance, name="consume-maintenance")
-    daemon.add_task(service.follow_nodes, name="watch-nodes")
-    daemon.add_task(service.follow_pods, name="watch-pods")
-    daemon.add_task(service.follow_slices, name="watch-resourceslices")
-    daemon.add_task(service.publish_loop, name="count")
-    return daemon
+    return service
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

@@ -5,5 +5,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="credentials",
     package=__name__,
+    handlers="service:app",
     view="view:view",
 )

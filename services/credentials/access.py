@@ -1,33 +1,13 @@
-"""What the credentials service may do: its Kubernetes operations and its NATS grants.
-
-The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/credentials.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
-"""
+"""What the credentials service may do in the cluster. Its NATS grants are its handlers'
+(`service:app`)."""
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from services.credentials.state import LOCKS
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
     "credentials",
-    frozenset(
-        {
-            "secrets.get",
-            "secrets.list",
-            "secrets.replace",
-            "secrets.patch",
-            "events.create",
-            "leases.hold",
-        }
-    ),
-)
-
-GRANTS = ServiceGrants(
-    consumers=(("CREDENTIALS", "credentials"),),
-    buckets=(LOCKS.name,),
-    publish=("credentials.>", *PUBLISHES),
+    # The Secrets it renews, the Events it tells of them, and its scheduler's Lease.
+    frozenset({"secrets.get", "secrets.list", "secrets.replace", "secrets.patch"})
+    | {"events.create", "leases.hold"},
 )

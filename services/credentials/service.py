@@ -38,16 +38,13 @@ from typing import Any
 
 import httpx
 import structlog
-from prometheus_client import CollectorRegistry
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, RetryableError
+from nodeward.bus import ConsumerSpec, Delivery, RetryableError
 from nodeward.bus.kv import Lease, TypedKV
-from nodeward.config import Section, Settings, section
-from nodeward.daemon import Daemon
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import (
-    Cluster,
     Conflict,
     NotFound,
     ServerError,
@@ -56,7 +53,6 @@ from nodeward.kube import (
 )
 from nodeward.kube.base import Obj, copied
 from nodeward.kube.secrets import decode
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.credentials import (
     CredentialDue,
@@ -89,7 +85,16 @@ from services.credentials.secret import (
     stamp,
 )
 from services.credentials.state import CREDENTIALS, LOCKS, CredentialRecord, Status, lock_name
-from services.kernel import OwnerNotice, Proposal, acting, per_action, table, tell_owner
+from services.kernel import (
+    ActingSettings,
+    OwnerNotice,
+    Proposal,
+    acting_for,
+    per_action,
+    table,
+    tell_owner,
+)
+from services.kernel.access import PUBLISHES
 from services.kernel.severities import FAILURE_WARNS, QUIET
 
 NAME = "credentials"
@@ -150,11 +155,9 @@ def _kerberos() -> Any:
     return credentials_kerberos
 
 
-class CredentialsSettings(Section):
+class CredentialsSettings(ActingSettings, Consuming):
     """`services.credentials` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = "credentials"
     subjects: list[str] = Field(default_factory=lambda: ["credentials.due.>"], min_length=1)
     bucket: str = LOCKS.name
     concurrency: int = Field(default=16, ge=1)
@@ -209,29 +212,27 @@ def scrub(text: str, cred: Credential) -> str:
     return text
 
 
+app = Service(
+    NAME,
+    settings=CredentialsSettings,
+    access=ACCESS,
+    buckets=(LOCKS.name,),
+    publishes=("credentials.>", *PUBLISHES),
+)
+
+
 class CredentialsService:
     """One replica: the renewer (handle) and the scheduler (run_scheduler)."""
 
     def __init__(
-        self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        locks: Any,
-        settings: CredentialsSettings,
-        holder: str | None = None,
-        registry: CollectorRegistry | None = None,
+        self, rt: Runtime[CredentialsSettings], locks: Any, *, holder: str | None = None
     ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.locks = locks
+        bus, cluster, settings = rt.bus, rt.acting, rt.config
+        self.bus, self.cluster, self.settings, self.locks = bus, cluster, settings, locks
         self.records: TypedKV[CredentialRecord] = TypedKV(locks, CredentialRecord)
-        self.settings = settings
         self.holder = holder or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # Every decision is audited through the runner: the service never calls the auditor.
-        self.runner = acting(
-            bus, actor=ACTOR, topic=TOPIC, severities=SEVERITIES, dry_run=settings.dry_run
-        ).runner
+        self.runner = acting_for(rt, topic=TOPIC, severities=SEVERITIES).runner
         self.log = structlog.get_logger().bind(service=NAME, replica=self.holder)
         self.http = httpx.AsyncHTTPTransport(retries=1)
         self.scheduler = Scheduler(
@@ -245,21 +246,7 @@ class CredentialsService:
             source=ACTOR,
             timing_of=self.timing,
             due_of=self.due_at,
-            registry=registry,
-        )
-
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="CREDENTIALS",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({CredentialDue.TYPE}),
-            concurrency=self.settings.concurrency,
-            retry_delays=tuple(self.settings.retry_delays),
-            max_deliver=self.settings.max_deliver,
-            ack_wait=timedelta(seconds=60),
-            # credentials.due.<ns>.<secret>: the secret named in its subject.
-            identity=(ConsumerSpec.bind(CredentialDue, "namespace", "secret"),),
+            registry=rt.daemon.metrics.registry,
         )
 
     # timing -----------------------------------------------------------------------------
@@ -285,6 +272,17 @@ class CredentialsService:
         )
 
     # the renewer ------------------------------------------------------------------------
+    @app.consumes(
+        "CREDENTIALS",
+        subjects=setting("subjects"),
+        types=(CredentialDue,),
+        concurrency=setting("concurrency"),
+        retry_delays=setting("retry_delays"),
+        max_deliver=setting("max_deliver"),
+        ack_wait=timedelta(seconds=60),
+        # credentials.due.<ns>.<secret>: the secret named in its subject.
+        identity=(ConsumerSpec.bind(CredentialDue, "namespace", "secret"),),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         due: CredentialDue = event.data
         with structlog.contextvars.bound_contextvars(
@@ -701,33 +699,26 @@ class CredentialsService:
         )
 
 
-async def build(settings: Settings) -> Daemon:
-    """The credentials daemon: the scheduler loop and a consumer on `credentials.due.>`.
-
-    `settings.cluster` must authenticate as the credentials ServiceAccount.
-    """
-    config: CredentialsSettings = section(settings, "services", NAME, CredentialsSettings)
-    if config.krb5_config:
-        os.environ["KRB5_CONFIG"] = config.krb5_config
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
-    locks = await bus.kv(config.bucket, history=1)
-    service = CredentialsService(
-        bus, cluster, locks=locks, settings=config, registry=daemon.metrics.registry
-    )
-
-    async def consume() -> None:
-        await bus.consume(service.consumer_spec(), service.handle)
-
-    async def schedule() -> None:
-        try:
-            await service.scheduler.run()
-        finally:
-            await service.scheduler.release()
-
-    daemon.add_task(consume, name="consume")
-    daemon.add_task(schedule, name="schedule")
-    daemon.add_shutdown_hook(service.http.aclose)
-    return daemon
+@app.setup
+async def setup(rt: Runtime[CredentialsSettings]) -> CredentialsService:
+    """The renewer over its locks; `settings.cluster` must authenticate as its
+    ServiceAccount."""
+    if rt.config.krb5_config:
+        os.environ["KRB5_CONFIG"] = rt.config.krb5_config
+    locks = await rt.kv(rt.config.bucket, history=1)
+    service = CredentialsService(rt, locks)
+    rt.daemon.add_shutdown_hook(service.http.aclose)
+    return service
 
 
-component, standalone = one_daemon(NAME, build)
+@app.task("schedule")
+async def schedule(service: CredentialsService) -> None:
+    """The scheduler, while this replica holds its lease; the lease is given back on stop."""
+    try:
+        await service.scheduler.run()
+    finally:
+        await service.scheduler.release()
+
+
+build = app.build
+component, standalone = app.daemon()

@@ -6,4 +6,5 @@ SERVICE = ServicePlugin(
     name="culler",
     package=__name__,
     view="view:view",
+    handlers="service:app",
 )

@@ -25,23 +25,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Settings, section
-from nodeward.daemon import Daemon
 from nodeward.durations import Duration, format_duration
-from nodeward.kube import Cluster, NotFound
+from nodeward.handlers import Consuming, Runtime, Service, setting
+from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.notebooks import STOP_ANNOTATION
 from nodeward.kube.objects import PodView
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
@@ -52,6 +50,7 @@ from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
 from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
 from services.kernel import (
+    ActingSettings,
     DedupWindow,
     GuardChain,
     OwnerNotice,
@@ -59,10 +58,11 @@ from services.kernel import (
     RateLimiter,
     RateLimitSettings,
     Staleness,
-    acting,
+    acting_for,
     per_action,
     tell_owner,
 )
+from services.kernel.access import PUBLISHES
 from services.kernel.severities import QUIET
 
 NAME = "culler"
@@ -75,11 +75,9 @@ SEVERITIES = per_action((QUIET, ("warn", "stop", "cancel", "ignore")))
 NEW_PERIOD_SLACK = timedelta(seconds=5)
 
 
-class CullerSettings(CullPolicy):
+class CullerSettings(CullPolicy, ActingSettings, Consuming):
     """`services.culler` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = "culler"
     subjects: list[str] = Field(default_factory=lambda: ["session.>"], min_length=1)
     bucket: str = SESSIONS.name
     concurrency: int = Field(default=8, ge=1)
@@ -107,6 +105,11 @@ class CullerSettings(CullPolicy):
         default=timedelta(seconds=60),
         description="how long a namespace's policy annotations and labels are cached",
     )
+
+
+app = Service(
+    NAME, settings=CullerSettings, access=ACCESS, buckets=(SESSIONS.name,), publishes=PUBLISHES
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,26 +162,12 @@ def _ago(delta: timedelta) -> str:
 
 
 class CullerService:
-    def __init__(
-        self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        records: TypedKV[SessionRecord],
-        settings: CullerSettings,
-    ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.records = records
-        self.settings = settings
+    def __init__(self, rt: Runtime[CullerSettings], records: TypedKV[SessionRecord]) -> None:
+        self.bus, self.cluster, self.settings = rt.bus, rt.acting, rt.config
+        settings, self.records = rt.config, records
         # Every decision is audited through the runner: the service never calls the auditor.
-        kernel = acting(
-            bus,
-            actor=ACTOR,
-            topic=TOPIC,
-            severities=SEVERITIES,
-            dry_run=settings.dry_run,
-            namespace_labels=self._namespace_labels,
+        kernel = acting_for(
+            rt, topic=TOPIC, severities=SEVERITIES, namespace_labels=self._namespace_labels
         )
         self.runner, self.exemptions = kernel.runner, kernel.exemptions
         self.limiter = RateLimiter(settings.rate_limit)
@@ -190,23 +179,23 @@ class CullerService:
         self.log = structlog.get_logger().bind(service=NAME)
         self._namespaces: dict[str, tuple[float, Obj | None]] = {}
 
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="SESSIONS",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({SessionIdle.TYPE, SessionActivity.TYPE}),
-            concurrency=self.settings.concurrency,
-            order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
-            retry_delays=(1.0, 5.0, 15.0, 30.0),
-            max_deliver=8,
-            # session.*.<node>.<ns>.<pod>: a node speaks only of its own pods.
-            identity=(
-                ConsumerSpec.bind(SessionIdle, "node", "namespace", "pod"),
-                ConsumerSpec.bind(SessionActivity, "node", "namespace", "pod"),
-            ),
-        )
-
+    @app.consumes(
+        "SESSIONS",
+        subjects=setting("subjects"),
+        types=(SessionIdle, SessionActivity),
+        concurrency=setting("concurrency"),
+        order_key=lambda e: f"{e.data.namespace}/{e.data.pod}",
+        retry_delays=(1.0, 5.0, 15.0, 30.0),
+        max_deliver=8,
+        # session.*.<node>.<ns>.<pod>: a node speaks only of its own pods.
+        identity=(
+            ConsumerSpec.bind(SessionIdle, "node", "namespace", "pod"),
+            ConsumerSpec.bind(SessionActivity, "node", "namespace", "pod"),
+        ),
+        # Per pod across replicas with bus.partitions > 1 (leases in its bucket).
+        leases=lambda culler: culler.records.kv,
+        lease_ttl=setting("lease_ttl"),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         data: SessionIdle | SessionActivity = event.data
         with structlog.contextvars.bound_contextvars(
@@ -710,25 +699,12 @@ class CullerService:
             )
 
 
-async def build(settings: Settings) -> Daemon:
-    """The culler's daemon: a consumer on `session.>`.
-
-    `settings.cluster` must authenticate as the culler's ServiceAccount.
-    """
-    config: CullerSettings = section(settings, "services", NAME, CullerSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
-    kv = await bus.kv(config.bucket, history=5, ttl_s=config.record_ttl.total_seconds())
-    service = CullerService(bus, cluster, records=TypedKV(kv, SessionRecord), settings=config)
-
-    spec = service.consumer_spec()
-    if settings.bus.partitions > 1:  # per pod across replicas (leases in its bucket)
-        spec = replace(spec, partitions=settings.bus.partitions, lease_ttl=config.lease_ttl)
-
-    async def consume() -> None:
-        await bus.consume(spec, service.handle, leases=kv)
-
-    daemon.add_task(consume, name="consume")
-    return daemon
+@app.setup
+async def setup(rt: Runtime[CullerSettings]) -> CullerService:
+    """The culler over its bucket; `settings.cluster` must authenticate as its ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=5, ttl_s=rt.config.record_ttl.total_seconds())
+    return CullerService(rt, TypedKV(kv, SessionRecord))
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

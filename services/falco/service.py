@@ -43,17 +43,21 @@ import structlog
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import ConsumerSpec, Delivery
 from nodeward.bus.lanes import UrgentFirst
-from nodeward.config import ConfigError, Settings, section
+from nodeward.config import ConfigError, Settings
 from nodeward.daemon import Daemon
-from nodeward.kube import Cluster, NotFound
-from nodeward.platform import Component, Standalone, UpContext, acting_daemon
+from nodeward.handlers import Runtime, Service, setting
+from nodeward.kube import NotFound
+from nodeward.platform import Component, Standalone, UpContext
 from schemas.base import Event
 from schemas.common import ObjectRef, dns_label, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.falco import ISOLATE_LABEL, FalcoAlert
 from schemas.remediation import Outcome, Remediation
+from schemas.state.breaker import SHARED
+from schemas.state.dedup import FALCO
+from schemas.state.marks import FALCO_MARKS
 from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
 from services.falco.actions.isolate import isolated, isolation_of, lift
@@ -61,7 +65,7 @@ from services.falco.alerts import Target, dedup_key, describe, node_ref, severit
 from services.falco.ingest import Ingest, IngestError
 from services.falco.isolations import Isolations
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
-from services.falco.settings import ACTOR, NAME, FalcoSettings
+from services.falco.settings import NAME, FalcoSettings
 from services.falco.state import IsolationRecord
 from services.kernel import (
     ActionRunner,
@@ -72,8 +76,9 @@ from services.kernel import (
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
-    acting,
+    acting_for,
 )
+from services.kernel.access import PUBLISHES
 from services.kernel.breaker import node_breaker
 from services.kernel.control import operator_proposal, refuse, reply_for
 
@@ -91,30 +96,31 @@ class Metrics:
         )
 
 
+app = Service(
+    NAME,
+    settings=FalcoSettings,
+    access=ACCESS,
+    buckets=(FALCO.name, FALCO_MARKS.name, SHARED.name),
+    publishes=("falco.>", *PUBLISHES),
+)
+
+
 class FalcoService:
     def __init__(
         self,
-        bus: Bus,
-        cluster: Cluster,
+        rt: Runtime[FalcoSettings],
         *,
-        settings: FalcoSettings,
-        policy: Policy,
         dedup: DedupWindow,
-        registry: CollectorRegistry | None = None,
         breaker: CircuitBreaker | None = None,
         isolation_kv: KeyValue | None = None,
     ) -> None:
-        self.bus = bus
-        self.cluster = cluster
-        self.settings = settings
-        self.policy = policy
+        bus, cluster, settings = rt.bus, rt.acting, rt.config
+        self.bus, self.cluster, self.settings, self.policy = bus, cluster, settings, rt.prepared
         # An operator's release: exemptions and the operator's rate limit (never the breaker).
-        kernel = acting(
-            bus,
-            actor=ACTOR,
+        kernel = acting_for(
+            rt,
             topic=settings.topic,
             tally=settings.tally,
-            dry_run=settings.dry_run,
             namespace_labels=cluster.namespaces.labels,
             controls=settings.controls,
         )
@@ -151,33 +157,30 @@ class FalcoService:
             if isolation_kv is not None
             else None
         )
-        self.metrics = Metrics(registry)
+        self.metrics = Metrics(rt.daemon.metrics.registry)
         # Notices step aside, at each action, while a Warning or worse is in hand.
         self.gate = UrgentFirst()
+        self.ingest: Ingest | None = None
+        """The HTTP ingest, when enabled (`setup` starts it)."""
         self.log = structlog.get_logger().bind(service=NAME)
 
-    def consumer_specs(self) -> list[ConsumerSpec]:
-        """A consumer per lane: a Critical alert is never fetched behind a flood of Notices."""
-        return [self.consumer_spec(name, subjects) for name, subjects in self.settings.lanes()]
-
-    def consumer_spec(self, name: str, subjects: list[str]) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=name,
-            stream="SECURITY",
-            subjects=tuple(subjects),
-            types=frozenset({FalcoAlert.TYPE}),
-            concurrency=self.settings.concurrency,
-            # Identical alerts in order (the first acts, the rest are duplicates); others,
-            # for the same pod too, in parallel: every action is idempotent.
-            order_key=lambda e: dedup_key(e.data),
-            retry_delays=(0.5, 2.0, 10.0, 30.0),
-            max_deliver=6,
-            ack_wait=self.settings.ack_wait,
-            # falco.<priority>.<rule> names no node or pod: nothing to bind.
-            identity=(ConsumerSpec.bind(FalcoAlert),),
-        )
-
     # one alert --------------------------------------------------------------------------
+    @app.consumes(
+        "SECURITY",
+        subjects=setting("subjects"),
+        types=(FalcoAlert,),
+        # A consumer per lane: a Critical alert is never fetched behind a flood of Notices.
+        lanes=lambda _, config: config.lanes(),
+        concurrency=setting("concurrency"),
+        # Identical alerts in order (the first acts, the rest are duplicates); others,
+        # for the same pod too, in parallel: every action is idempotent.
+        order_key=lambda e: dedup_key(e.data),
+        retry_delays=(0.5, 2.0, 10.0, 30.0),
+        max_deliver=6,
+        ack_wait=setting("ack_wait"),
+        # falco.<priority>.<rule> names no node or pod: nothing to bind.
+        identity=(ConsumerSpec.bind(FalcoAlert),),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         alert: FalcoAlert = event.data
         with structlog.contextvars.bound_contextvars(
@@ -420,6 +423,7 @@ class FalcoService:
         return decision
 
     # operator controls -----------------------------------------------------------------
+    @app.control("release")
     async def release_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward falco release NAMESPACE/POD`: lift an isolation nodeward applied, and
         none that someone else applied (the label without nodeward's record stays)."""
@@ -491,49 +495,49 @@ class Assembled:
     ingest: Ingest | None
 
 
-async def assemble(settings: Settings) -> Assembled:
-    """The daemon (consumer on `falco.>`), the service and its HTTP ingest (already bound).
-
-    `settings.cluster` must authenticate as the falco ServiceAccount (context
-    `nodeward-falco` of the `nodeward up` kubeconfig).
-    """
-    config: FalcoSettings = section(settings, "services", NAME, FalcoSettings)
+@app.prepare
+async def prepare(config: FalcoSettings) -> Policy:
+    """The rules, and the ingest's settings checked: a bad one is one line, and nothing is
+    connected."""
     try:
         policy = load_policy(config.rules_file)
     except RulesError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
     if config.ingest.enabled:
-        try:  # before connecting anything: a bad ingest setting is one line, and nothing else
+        try:
             Ingest.check(config.ingest)
         except IngestError as exc:
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=len(config.lanes())
-    )
-    ingest: Ingest | None = None
+    return policy
+
+
+@app.setup
+async def setup(rt: Runtime[FalcoSettings]) -> FalcoService:
+    """The service over its buckets and breaker, its HTTP ingest started (already bound).
+
+    `settings.cluster` must authenticate as the falco ServiceAccount (context
+    `nodeward-falco` of the `nodeward up` kubeconfig).
+    """
+    config, bus, cluster, daemon = rt.config, rt.bus, rt.acting, rt.daemon
+    started: list[Ingest] = []
 
     async def stop_ingest() -> None:
-        if ingest is not None:
+        for ingest in started:
             await ingest.stop()
 
     # Hooks run last-added first: the ingest stops before the bus and the cluster close.
     daemon.add_shutdown_hook(stop_ingest)
-    kv = await bus.kv(
+    kv = await rt.kv(
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
-
     breaker = await node_breaker(
         bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
     )
     # The cordon action's intents and the isolation records: no TTL (NodeMarks' history).
-    marks_kv = await bus.kv(config.marks_bucket, history=5)
+    marks_kv = await rt.kv(config.marks_bucket, history=5)
     service = FalcoService(
-        bus,
-        cluster,
-        settings=config,
-        policy=policy,
+        rt,
         dedup=DedupWindow(kv, config.dedup_window, prefix="dedup"),
-        registry=daemon.metrics.registry,
         breaker=breaker,
         isolation_kv=marks_kv,
     )
@@ -548,35 +552,34 @@ async def assemble(settings: Settings) -> Assembled:
             info = await bus.js.consumer_info("SECURITY", bulk, timeout=2)
             return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
+        ingest = Ingest(
+            config.ingest,
+            publish,
+            registry=daemon.metrics.registry,
+            backlog=backlog,
+            urgent=config.urgent,
+            gate=service.gate,
+        )
         try:
-            ingest = Ingest(
-                config.ingest,
-                publish,
-                registry=daemon.metrics.registry,
-                backlog=backlog,
-                urgent=config.urgent,
-                gate=service.gate,
-            )
             await ingest.start()
         except IngestError as exc:
-            await bus.close(grace=1)
-            await cluster.close()
             raise ConfigError(f"services.{NAME}.ingest: {exc}") from None
+        started.append(ingest)
+        service.ingest = ingest
+    return service
 
-    async def consume() -> None:
-        for spec in service.consumer_specs():
-            await bus.consume(spec, service.handle)
 
-    daemon.add_task(consume, name="consume")
-    isolations = service.isolations
-    assert isolations is not None
+@app.task("isolations")
+async def check_isolations(service: FalcoService) -> None:
+    """Keep the isolation records true to the API."""
+    assert service.isolations is not None
+    await service.isolations.loop(service.settings.isolation_check_interval.total_seconds())
 
-    async def check_isolations() -> None:
-        await isolations.loop(config.isolation_check_interval.total_seconds())
 
-    daemon.add_task(check_isolations, name="isolations")
-    await bus.control(NAME, "release", service.release_control)
-    return Assembled(daemon, service, ingest)
+async def assemble(settings: Settings, *, up: UpContext | None = None) -> Assembled:
+    """The daemon (consumers on `falco.>`), the service and its HTTP ingest (already bound)."""
+    built = await app.assemble(settings, up=up)
+    return Assembled(built.daemon, built.service, built.service.ingest)
 
 
 async def build(settings: Settings) -> Daemon:
@@ -605,7 +608,7 @@ async def _build_for_up(context: UpContext) -> list[Daemon]:
         ingest["token_file"] = str(ensure_token(context.state_dir / TOKEN_FILE))
     raw["ingest"] = ingest
     settings = settings.model_copy(update={"services": {**settings.services, NAME: raw}})
-    assembled = await assemble(settings)
+    assembled = await assemble(settings, up=context)
     if assembled.ingest is not None:
         context.endpoints["falco_ingest_url"] = assembled.ingest.url
         token = assembled.ingest.settings.token_file

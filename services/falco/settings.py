@@ -8,13 +8,13 @@ from pathlib import Path
 from pydantic import Field
 
 from nodeward.bus.lanes import lanes
-from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming
 from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.state.dedup import FALCO
 from schemas.state.marks import FALCO_MARKS
 from services.falco.ingest import IngestSettings
-from services.kernel import BreakerSettings, RateLimitSettings, TallySettings
+from services.kernel import ActingSettings, BreakerSettings, RateLimitSettings, TallySettings
 from services.kernel.control import ControlSettings
 
 NAME = "falco"
@@ -22,11 +22,9 @@ ACTOR = "service/falco"
 TOPIC = "security"
 
 
-class FalcoSettings(Section):
+class FalcoSettings(ActingSettings, Consuming):
     """`services.falco` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = "falco"
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
     urgent_from: FalcoPriority = Field(
         default=FalcoPriority.WARNING,
@@ -91,5 +89,9 @@ class FalcoSettings(Section):
         levels = [p.value.lower() for p in FalcoPriority]
         cut = self.urgent_from.rank + 1
         return lanes(
-            self.consumer, self.subjects, prefix="falco", urgent=levels[:cut], other=levels[cut:]
+            self.consumer or NAME,
+            self.subjects,
+            prefix="falco",
+            urgent=levels[:cut],
+            other=levels[cut:],
         )

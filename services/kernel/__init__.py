@@ -21,7 +21,7 @@ unfinished workflow as a task.
 
 from schemas.state.breaker import BreakerState
 from schemas.state.workflow import FlowState
-from services.kernel.acting import Acting, acting
+from services.kernel.acting import Acting, ActingSettings, acting, acting_for
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
@@ -50,6 +50,7 @@ __all__ = [
     "HOLD_ANNOTATION",
     "MARKS_ANNOTATION",
     "Acting",
+    "ActingSettings",
     "ActionRunner",
     "Auditor",
     "BreakerSettings",
@@ -89,6 +90,7 @@ __all__ = [
     "Verdict",
     "Workflow",
     "acting",
+    "acting_for",
     "blockers",
     "drain",
     "hold_note",

@@ -4,8 +4,12 @@ exemptions and the guards of its operator controls."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
 
 from nodeward.bus import Bus
+from nodeward.config import Section
 from services.kernel.audit import Auditor
 from services.kernel.control import ControlSettings, operator_limit
 from services.kernel.exemptions import Exemptions, NamespaceLabels
@@ -13,6 +17,17 @@ from services.kernel.proposal import Guard
 from services.kernel.runner import ActionRunner
 from services.kernel.severities import Severities
 from services.kernel.tally import Tally, TallySettings
+
+if TYPE_CHECKING:
+    from nodeward.handlers import Runtime
+
+
+class ActingSettings(Section):
+    """The base of an acting service's settings section."""
+
+    dry_run: bool = Field(
+        default=False, description="decide, audit and tell as if acting; change nothing"
+    )
 
 
 @dataclass(frozen=True)
@@ -53,3 +68,26 @@ def acting(
         (exemptions, operator_limit(controls.rate_limit)) if controls is not None else ()
     )
     return Acting(ActionRunner(auditor, dry_run=dry_run), exemptions, control_guards)
+
+
+def acting_for(
+    rt: Runtime[Any],
+    *,
+    topic: str,
+    severities: Severities | None = None,
+    tally: TallySettings | None = None,
+    namespace_labels: NamespaceLabels | None = None,
+    controls: ControlSettings | None = None,
+) -> Acting:
+    """`acting` for a service declared with `nodeward.handlers`: it acts on its bus as its
+    source (`service/<name>`), dry-running as its section says (`ActingSettings.dry_run`)."""
+    return acting(
+        rt.bus,
+        actor=rt.source,
+        topic=topic,
+        severities=severities,
+        tally=tally,
+        dry_run=bool(getattr(rt.config, "dry_run", False)),
+        namespace_labels=namespace_labels,
+        controls=controls,
+    )

@@ -5,4 +5,5 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="notifier",
     package=__name__,
+    handlers="service:app",
 )

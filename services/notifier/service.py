@@ -16,7 +16,6 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,10 @@ from nodeward.bus import (
 )
 from nodeward.bus.dlq import dead_letter_event, one_line
 from nodeward.bus.lanes import lanes as bus_lanes
-from nodeward.config import ConfigError, Section, Settings, section
-from nodeward.daemon import Daemon
+from nodeward.config import ConfigError
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming, FromSettings, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError
-from nodeward.platform import Component, Standalone, UpContext, bus_daemon
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification, Severity
@@ -95,13 +93,12 @@ def _default_channels() -> dict[str, Any]:
     return {"outbox": OutboxSettings()}
 
 
-class NotifierSettings(Section):
+class NotifierSettings(Consuming):
     """`services.notifier` in the config file."""
 
     dry_run: bool = Field(
         default=False, description="render and write the outbox; send nothing external"
     )
-    consumer: str = "notifier"
     subjects: list[str] = Field(default_factory=lambda: ["notify.>"], min_length=1)
     bucket: str = SETTLED.name
     routes_file: Path | None = Field(default=None, description="None: the shipped default")
@@ -205,6 +202,17 @@ class Settled:
         )
 
 
+app = Service(
+    NAME,
+    settings=NotifierSettings,
+    buckets=(SETTLED.name,),
+    # Refused notices are audited and told to on-call (`speakers`, and the runtime's
+    # identity check): the security audit and on-call's security notice, nothing else.
+    publishes=("remediation.identity_mismatch.>", "notify.critical.security"),
+)
+"""Its owner lookups connect the cluster only when `owner_lookup` is on (`setup`)."""
+
+
 class NotifierService:
     def __init__(
         self,
@@ -241,32 +249,26 @@ class NotifierService:
         metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)
 
-    def consumer_specs(self) -> list[ConsumerSpec]:
-        """A consumer per lane: pages are never fetched behind a backlog of info notices."""
-        return [self.consumer_spec(name, subjects) for name, subjects in lanes(self.settings)]
-
-    def consumer_spec(self, name: str | None = None, subjects: Sequence[str] = ()) -> ConsumerSpec:
-        s = self.settings
-        return ConsumerSpec(
-            name=name or s.consumer,
-            stream="NOTIFY",
-            subjects=tuple(subjects or s.subjects),
-            types=frozenset({Notification.TYPE}),
-            concurrency=s.max_in_flight,
-            batch=min(64, s.max_in_flight),
-            max_ack_pending=s.max_in_flight + min(64, s.max_in_flight),
-            # The runtime sends in_progress every ack_wait/3 while a notice waits in its
-            # group, so the wait may be longer than ack_wait.
-            ack_wait=s.ack_wait,
-            retry_delays=(5.0, 30.0, 120.0, 600.0),
-            max_deliver=8,
-            # A notice's severity and topic are its subject's (`speakers`): a publisher
-            # allowed only `notify.*.power-limit` cannot send a `security` notice.
-            identity=(ConsumerSpec.bind(Notification, "severity", "topic"),),
-            identity_notice_window=s.refused_notice_window,
-        )
-
     # one notice -------------------------------------------------------------------------
+    @app.consumes(
+        "NOTIFY",
+        subjects=setting("subjects"),
+        types=(Notification,),
+        # A consumer per lane: pages are never fetched behind a backlog of info notices.
+        lanes=lambda _, config: lanes(config),
+        concurrency=setting("max_in_flight"),
+        batch=FromSettings(lambda c: min(64, c.max_in_flight)),
+        max_ack_pending=FromSettings(lambda c: c.max_in_flight + min(64, c.max_in_flight)),
+        # The runtime sends in_progress every ack_wait/3 while a notice waits in its
+        # group, so the wait may be longer than ack_wait.
+        ack_wait=setting("ack_wait"),
+        retry_delays=(5.0, 30.0, 120.0, 600.0),
+        max_deliver=8,
+        # A notice's severity and topic are its subject's (`speakers`): a publisher
+        # allowed only `notify.*.power-limit` cannot send a `security` notice.
+        identity=(ConsumerSpec.bind(Notification, "severity", "topic"),),
+        identity_notice_window=setting("refused_notice_window"),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         note: Notification = event.data
         with structlog.contextvars.bound_contextvars(
@@ -472,10 +474,10 @@ class NotifierService:
         dl = dead_letter_event(
             entry.delivery.msg,
             stream="NOTIFY",
-            consumer=self.settings.consumer,
+            consumer=app.base(self.settings),
             reason=why,
             error=reason,
-            source=f"{SOURCE}/{self.settings.consumer}",
+            source=f"{SOURCE}/{app.base(self.settings)}",
             extra_key=(channel,),
         )
         try:
@@ -496,7 +498,7 @@ def lanes(settings: NotifierSettings) -> list[tuple[str, list[str]]]:
     `<consumer>-critical`, the others on `<consumer>`; one consumer for subjects whose
     severity cannot be told apart."""
     return bus_lanes(
-        settings.consumer,
+        app.base(settings),
         settings.subjects,
         prefix="notify",
         urgent=[Severity.CRITICAL.value],
@@ -524,33 +526,40 @@ def load_parts(
     return routes, templates, directory
 
 
-async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon:
-    """The notifier's daemon: a consumer on `notify.>` that groups and delivers notices.
-
-    `settings.cluster` must authenticate as the notifier ServiceAccount (context
-    `nodeward-notifier` of the `nodeward up` kubeconfig) when `owner_lookup` is on.
-    `outbox_dir` is where outbox channels without a `dir` write (`nodeward up`: its state dir).
-    """
-    config: NotifierSettings = section(settings, "services", NAME, NotifierSettings)
+@app.prepare
+async def prepare(config: NotifierSettings) -> tuple[Routes, Templates, dict[str, str]]:
+    """Routes, templates and owner directory, checked before anything is connected."""
     routes, templates, directory = load_parts(config)
     try:
         await templates.check()
     except TemplateConfigError as exc:
         raise ConfigError(f"services.{NAME}: {exc}") from None
+    return routes, templates, directory
+
+
+@app.setup
+async def setup(rt: Runtime[NotifierSettings]) -> NotifierService:
+    """The notifier over its channels. `settings.cluster` must authenticate as the notifier
+    ServiceAccount (context `nodeward-notifier` of the `nodeward up` kubeconfig) when
+    `owner_lookup` is on. Outbox channels without a `dir` write to `outbox_dir` (a `build`
+    option), else `<state-dir>/outbox` under `nodeward up`, else `.nodeward/outbox`."""
+    config, bus = rt.config, rt.bus
+    routes, templates, directory = rt.prepared
     cluster: Cluster | None = None
     if config.owner_lookup:
         try:
-            cluster = Cluster.connect(settings.cluster, access=ACCESS)
+            cluster = Cluster.connect(rt.settings.cluster, access=ACCESS)
         except KubeError as exc:
             raise ConfigError(
                 f"services.{NAME}.owner_lookup needs the cluster ({exc}); "
                 "set owner_lookup: false to use the owner directory only"
             ) from None
-    daemon, bus = await bus_daemon(NAME, settings, source=SOURCE, consumers=len(lanes(config)))
     http = httpx.AsyncClient(timeout=config.retry.timeout.total_seconds())
-    grace = settings.daemon.shutdown_timeout.total_seconds() / 2
-    kv = await bus.kv(config.bucket, history=1, ttl_s=config.settled_ttl.total_seconds())
-    outbox = outbox_dir if outbox_dir is not None else DEFAULT_OUTBOX
+    grace = rt.settings.daemon.shutdown_timeout.total_seconds() / 2
+    kv = await rt.kv(config.bucket, history=1, ttl_s=config.settled_ttl.total_seconds())
+    outbox = rt.options.get("outbox_dir") or (
+        rt.up.state_dir / "outbox" if rt.up is not None else DEFAULT_OUTBOX
+    )
     channels = {
         name: make_channel(name, ch, http=http, outbox_dir=outbox)
         for name, ch in config.channels.items()
@@ -563,7 +572,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
         templates=templates,
         owners=Owners(cluster, directory, ttl=config.owner_cache_ttl.total_seconds()),
         settled=Settled(kv),
-        metrics=NotifierMetrics(daemon.metrics.registry),
+        metrics=NotifierMetrics(rt.daemon.metrics.registry),
         dedup=DedupWindow(kv, config.grouping.dedup_window, prefix="said"),
     )
 
@@ -578,13 +587,7 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
         if cluster is not None:
             await cluster.close()
 
-    daemon.add_shutdown_hook(close)
-
-    async def consume() -> None:
-        for spec in service.consumer_specs():
-            await bus.consume(spec, service.handle)
-
-    daemon.add_task(consume, name="consume")
+    rt.daemon.add_shutdown_hook(close)
     service.log.info(
         "notifier.configured",
         channels={n: type(c).__name__ for n, c in channels.items()},
@@ -592,19 +595,9 @@ async def build(settings: Settings, *, outbox_dir: Path | None = None) -> Daemon
         dry_run=config.dry_run,
         outbox=str(outbox),
     )
-    return daemon
+    return service
 
 
-async def _build_for_up(context: UpContext) -> list[Daemon]:
-    """The notifier under its own ServiceAccount; outboxes default to `<state-dir>/outbox`."""
-    return [await build(context.settings_for(NAME), outbox_dir=context.state_dir / "outbox")]
-
-
-component = Component(NAME, _build_for_up)
-
-
-async def _standalone(settings: Settings) -> Daemon:
-    return await build(settings)
-
-
-standalone = Standalone(_standalone)
+build = app.build
+component, standalone = app.daemon()
+_build_for_up = component.build

@@ -26,8 +26,7 @@ from schemas.common import ObjectRef
 from schemas.energy import CarbonBasis, CarbonIntensity, EnergyNode, EnergyPod, Interval
 from schemas.remediation import Outcome, Remediation
 from schemas.session import IdleEvidence, SessionActivity, SessionIdle, SessionKind
-from services.accounting.access import CONSUMERS
-from services.accounting.service import build
+from services.accounting.service import app, build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, PodSeed, Seed
 from tests.integration.simkube import RunsService, stop_env
@@ -169,7 +168,7 @@ class AccountingEnv(RunsService):
 
     async def settled(self) -> bool:
         """True once every consumer of the service has handled everything published."""
-        for stream, durable in CONSUMERS:
+        for stream, durable in app.grants().consumers:
             name = durable.replace("accounting", self.prefix, 1)
             try:
                 info = await self.bus.js.consumer_info(stream, name)
@@ -181,7 +180,7 @@ class AccountingEnv(RunsService):
 
     async def forget_consumers(self) -> None:
         """Delete the durable consumers: the next start reads every stream from its start."""
-        for stream, durable in CONSUMERS:
+        for stream, durable in app.grants().consumers:
             await self.bus.js.delete_consumer(stream, durable.replace("accounting", self.prefix, 1))
 
     async def report(self, *args: str) -> tuple[int, str, str]:
