@@ -593,7 +593,9 @@ class CordonService:
                     if q.dry_run
                     else proposal.reason
                 )
-                await self.runner.record(proposal, outcome, reason, details=applied_details(q))
+                await self.runner.record(
+                    proposal, outcome, reason, details=applied_details(q), once=True
+                )
                 return
             if gpu in q.gpus:
                 flap = self._flapping(record, gpu)
@@ -675,7 +677,12 @@ class CordonService:
                 f"{outcome.value}/{guard or ''}"
             )
 
-        result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
+        # Resumed: an earlier run's intent holds the node under this incident (cut short
+        # before or after its audit: audited once either way).
+        resumed = (
+            isinstance(opened.intent, MarkIntent) and opened.intent.incident == opened.incident
+        )
+        result = await self.runner.run(proposal, act, self.guards, repeat=repeat, resumed=resumed)
         if result.outcome == Outcome.APPLIED and done:
             await self._record_applied(name, *done[-1], fold=fold)
         elif result.outcome == Outcome.DRY_RUN:
