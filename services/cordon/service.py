@@ -478,8 +478,16 @@ class CordonService:
             if record.devices:
                 await self.devices.handle(event, health, decision, record)
             return  # recorded; nothing to quarantine or release: no Kubernetes call
+        intent: MarkIntent | Unread | None = UNREAD
         try:  # the one read of the node this event makes
-            node = await self.cluster.nodes.get(health.node)
+            if decision.action == PolicyAction.QUARANTINE and record.quarantine is None:
+                # A quarantine to open (or one a crash cut short): the node and the kernel's
+                # intent read together, one round trip.
+                node, intent = await asyncio.gather(
+                    self.cluster.nodes.get(health.node), self.marks.intent(health.node)
+                )
+            else:
+                node = await self.cluster.nodes.get(health.node)
         except NotFound:
             self.log.warning("cordon.node_unknown")
             return
@@ -503,6 +511,7 @@ class CordonService:
                 prior_gpu=prior_gpu,
                 node=node,
                 fold=fold,
+                intent=intent,
             )
         elif health.state == HealthState.HEALTHY and record.quarantine is not None:
             await self._maybe_release(health.node, record)
@@ -558,13 +567,14 @@ class CordonService:
         prior_gpu: GpuRecord | None,
         node: Obj,
         fold: Fold | None,
+        intent: MarkIntent | Unread | None = UNREAD,
     ) -> None:
         name, gpu = health.node, health.gpu_key()
         q = record.quarantine
         # A quarantine cut short is finished under its own incident, so its audit id is the
         # same whichever event finishes it: one `applied` per incident. The kernel's intent
         # is its one book; the record holds a quarantine only once it was applied.
-        opened = await self._cut_short(name, q, event)
+        opened = await self._cut_short(name, q, event, intent)
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
@@ -701,13 +711,19 @@ class CordonService:
                 ),
             )
 
-    async def _cut_short(self, name: str, q: Quarantine | None, event: Event[Any]) -> Opened:
+    async def _cut_short(
+        self,
+        name: str,
+        q: Quarantine | None,
+        event: Event[Any],
+        read: MarkIntent | Unread | None = UNREAD,
+    ) -> Opened:
         """The incident a quarantine decision acts under: the one a restart cut short (the
         kernel's intent holds the node under it, not yet recorded here), else a new one
-        opened by `event`."""
+        opened by `event`. `read`: the intent as the caller read it (else read here)."""
         if q is not None:
             return Opened(event.id, event.time)
-        intent = await self.marks.intent(name)
+        intent = await self.marks.intent(name) if isinstance(read, Unread) else read
         if (
             intent is not None
             and intent.phase in ("applying", "applied")
