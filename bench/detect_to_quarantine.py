@@ -89,6 +89,15 @@ async def sim_cluster(names: list[str], workdir: Path, *, in_process: bool) -> A
         await proc.wait()
 
 
+async def _acked(bus: Bus) -> None:
+    """Until the cordon consumer has nothing pending (every event handled and acked)."""
+    for _ in range(600):
+        info = await bus.js.consumer_info("GPU", "cordon")
+        if info.num_ack_pending == 0 and info.num_pending == 0:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def run(nodes: int, interval: float, in_process: bool) -> None:
     names = [f"bench-gpu-{i:04d}" for i in range(nodes)]
     seen: dict[str, float] = {}
@@ -122,6 +131,7 @@ async def run(nodes: int, interval: float, in_process: bool) -> None:
             watcher = asyncio.create_task(watch())
             await asyncio.sleep(0.5)  # let the watch establish (bench setup, not a test)
             events = [xid79(n) for n in names]
+            cpu = time.process_time()
             start = time.perf_counter()
             for name, event in zip(names, events, strict=True):
                 sent[name] = time.perf_counter()
@@ -132,6 +142,8 @@ async def run(nodes: int, interval: float, in_process: bool) -> None:
             except TimeoutError:
                 print(f"only {len(seen)} of {len(names)} quarantined within 60 s")
             total = time.perf_counter() - start
+            await _acked(bus)  # the writes after the taint (the audit, the record) too
+            cpu = time.process_time() - cpu
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -148,7 +160,11 @@ async def run(nodes: int, interval: float, in_process: bool) -> None:
         f"detect->taint ms: p50={pct(lat, 50):.1f} p90={pct(lat, 90):.1f} "
         f"p99={pct(lat, 99):.1f} max={max(lat):.1f} mean={statistics.fmean(lat):.1f}"
     )
-    print(f"p99 target < 250 ms: {'met' if pct(lat, 99) < 250 else 'MISSED'}")
+    print(
+        f"CPU of this process (the cordon service, the injector, the watch), every event "
+        f"acked: {cpu * 1000 / len(names):.2f} ms per injection"
+    )
+    print(f"p99 target < 100 ms (issue 32): {'met' if pct(lat, 99) < 100 else 'MISSED'}")
 
 
 def main() -> None:

@@ -440,7 +440,7 @@ class Story:
         q = record.quarantine
         if q is None:
             self.applied.pop(node, None)
-        elif q.phase == "applied" and self.applied.get(node) != q.incident:
+        elif self.applied.get(node) != q.incident:  # recorded once applied
             self.applied[node] = q.incident
             self._add(at, "CORDON", cordon_line(node, record, at), "critical", q.incident)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from schemas.gpu import GpuHealth, HealthState
 from schemas.state import Bucket
@@ -76,19 +76,22 @@ def first_of_gpu(key: str, keys: Iterable[str]) -> str | None:
 
 
 class Quarantine(BaseModel):
-    """One incident: what nodeward did to the node, so it undoes only that."""
+    """One incident the cordon service holds a node under: what it decides from (its GPUs,
+    rule, flapping, when it was applied) and what it did, so it undoes only that.
+
+    Written once the quarantine is applied and audited (or dry-run): the action's progress
+    (applying, applied, releasing) is the kernel's write-ahead intent alone (`MarkIntent`,
+    key `marks.<node>`), never restated here."""
 
     incident: str = Field(description="id of the event that opened it")
     rule: str
     reason: str
     gpus: list[str]
     started_at: datetime
-    phase: Literal["pending", "applied"] = "pending"
     dry_run: bool = False
     prior_unschedulable: bool = False
     cordoned: bool = False
     taints: list[str] = Field(default_factory=list, description="effects of our taint we added")
-    event_recorded: bool = False
     applied_at: float | None = None
     operator_released: bool = False
     flapping: str | None = Field(
@@ -154,6 +157,15 @@ class NodeRecord(BaseModel):
     last_decision: str | None = Field(
         default=None, description="`outcome/guard` of the last audited non-quarantine decision"
     )
+
+    @field_validator("quarantine", mode="before")
+    @classmethod
+    def _not_pending(cls, value: Any) -> Any:
+        """A quarantine an old version recorded `pending` (cut short) is not one held: the
+        kernel's intent, if the marks were started, finishes it under its incident."""
+        if isinstance(value, dict) and value.get("phase") == "pending":
+            return None
+        return value
 
     def failed_gpus(self) -> set[str]:
         """The physical GPUs (`physical_gpu`) with a key in state failed."""

@@ -11,7 +11,7 @@ from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
 from schemas.state.breaker import SHARED
 from schemas.state.cordon import NODES
-from services.kernel.access import PUBLISHES
+from services.kernel.access import AUDIT_READ, PUBLISHES
 
 ACCESS = Access(
     "cordon",
@@ -41,7 +41,8 @@ GRANTS = ServiceGrants(
     consumers=(("GPU", "cordon"), ("GPU", "cordon-xids"), ("HEARTBEATS", "cordon-heartbeats")),
     # `breaker`: the one circuit breaker every service that removes nodes shares.
     buckets=(NODES.name, SHARED.name),
-    publish=("maintenance.requested.*", *PUBLISHES),
+    # AUDIT_READ: a quarantine resumed after a restart is audited once (`Auditor.stored`).
+    publish=("maintenance.requested.*", *PUBLISHES, AUDIT_READ),
     # `nodeward quarantine release`, `nodeward breaker reset`.
     controls=("release", "reset-breaker"),
     # Per node across replicas with bus.partitions > 1 (one lease group: services.cordon).

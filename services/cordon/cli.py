@@ -49,7 +49,7 @@ def quarantine_lines(held: dict[str, NodeRecord]) -> list[str]:
             marks = ", ".join(
                 [*(f"taint {e}" for e in q.taints), *(["cordoned"] if q.cordoned else [])]
             )
-            state: str = "dry run" if q.dry_run else q.phase
+            state: str = "dry run" if q.dry_run else "applied"
             if q.operator_released:
                 state += ", taken back by hand"
             lines.append(

@@ -376,11 +376,13 @@ class CordonService:
                 continue
             q, released = record.quarantine, record.operator_release
             # Its physical GPU held under any of its keys (a MIG instance joins its GPU's).
-            held = q is not None and q.holds(key) and (q.phase == "applied" or q.dry_run)
+            held = q is not None and q.holds(key)
             ex = record.devices.get(key) or joined_exclusion(record, key)
             held = held or (ex is not None and (ex.phase == "applied" or ex.dry_run))
             if held or (released and first_of_gpu(key, released.gpus) is not None):
-                continue  # a quarantine cut short (pending) is finished the change's way
+                continue
+            # A quarantine cut short is not recorded yet: its change is redelivered and
+            # finished from the kernel's intent.
             if self.policy.decide(beat.health(gpu)).action == PolicyAction.QUARANTINE:
                 out.append(gpu)  # refused or skipped before: the guards are asked again
         return out
@@ -476,8 +478,16 @@ class CordonService:
             if record.devices:
                 await self.devices.handle(event, health, decision, record)
             return  # recorded; nothing to quarantine or release: no Kubernetes call
+        intent: MarkIntent | Unread | None = UNREAD
         try:  # the one read of the node this event makes
-            node = await self.cluster.nodes.get(health.node)
+            if decision.action == PolicyAction.QUARANTINE and record.quarantine is None:
+                # A quarantine to open (or one a crash cut short): the node and the kernel's
+                # intent read together, one round trip.
+                node, intent = await asyncio.gather(
+                    self.cluster.nodes.get(health.node), self.marks.intent(health.node)
+                )
+            else:
+                node = await self.cluster.nodes.get(health.node)
         except NotFound:
             self.log.warning("cordon.node_unknown")
             return
@@ -501,6 +511,7 @@ class CordonService:
                 prior_gpu=prior_gpu,
                 node=node,
                 fold=fold,
+                intent=intent,
             )
         elif health.state == HealthState.HEALTHY and record.quarantine is not None:
             await self._maybe_release(health.node, record)
@@ -556,13 +567,14 @@ class CordonService:
         prior_gpu: GpuRecord | None,
         node: Obj,
         fold: Fold | None,
+        intent: MarkIntent | Unread | None = UNREAD,
     ) -> None:
         name, gpu = health.node, health.gpu_key()
         q = record.quarantine
         # A quarantine cut short is finished under its own incident, so its audit id is the
         # same whichever event finishes it: one `applied` per incident. The kernel's intent
-        # is its book (a record `pending` is one an earlier version cut short).
-        opened = await self._cut_short(name, q, event)
+        # is its one book; the record holds a quarantine only once it was applied.
+        opened = await self._cut_short(name, q, event, intent)
         proposal = Proposal(
             action="quarantine",
             target=_target(name),
@@ -581,7 +593,7 @@ class CordonService:
                 name, q, f"finishing the release of quarantine {q.incident} after a restart"
             )
             q = None
-        if q is not None and q.phase == "applied" and not q.operator_released:
+        if q is not None and not q.operator_released:
             if q.incident == event.id:
                 # This very event opened the quarantine: a redelivery after a restart between
                 # the act and its audit. Re-publish the audit (same id: stored at most once).
@@ -591,7 +603,9 @@ class CordonService:
                     if q.dry_run
                     else proposal.reason
                 )
-                await self.runner.record(proposal, outcome, reason, details=applied_details(q))
+                await self.runner.record(
+                    proposal, outcome, reason, details=applied_details(q), once=True
+                )
                 return
             if gpu in q.gpus:
                 flap = self._flapping(record, gpu)
@@ -646,8 +660,10 @@ class CordonService:
                 )
             return
 
+        done: list[tuple[Quarantine, MarkIntent]] = []
+
         async def act() -> dict[str, Any]:
-            return await self._apply(
+            details, applied, intent = await self._apply(
                 name,
                 gpu,
                 opened,
@@ -655,8 +671,9 @@ class CordonService:
                 reason=proposal.reason,
                 node=node,
                 record=record,
-                fold=fold,
             )
+            done.append((applied, intent))
+            return details
 
         # A failure of a physical GPU whose other key (its GPU, a MIG instance of it)
         # failed before: the same incident, whose decision is already audited.
@@ -670,8 +687,15 @@ class CordonService:
                 f"{outcome.value}/{guard or ''}"
             )
 
-        result = await self.runner.run(proposal, act, self.guards, repeat=repeat)
-        if result.outcome == Outcome.DRY_RUN:
+        # Resumed: an earlier run's intent holds the node under this incident (cut short
+        # before or after its audit: audited once either way).
+        resumed = (
+            isinstance(opened.intent, MarkIntent) and opened.intent.incident == opened.incident
+        )
+        result = await self.runner.run(proposal, act, self.guards, repeat=repeat, resumed=resumed)
+        if result.outcome == Outcome.APPLIED and done:
+            await self._record_applied(name, *done[-1], fold=fold)
+        elif result.outcome == Outcome.DRY_RUN:
             await self._remember(name, event, decision, gpu, proposal.reason, fold=fold)
         elif result.outcome != Outcome.APPLIED:
             last = f"{result.outcome.value}/{result.guard or ''}"
@@ -687,15 +711,19 @@ class CordonService:
                 ),
             )
 
-    async def _cut_short(self, name: str, q: Quarantine | None, event: Event[Any]) -> Opened:
+    async def _cut_short(
+        self,
+        name: str,
+        q: Quarantine | None,
+        event: Event[Any],
+        read: MarkIntent | Unread | None = UNREAD,
+    ) -> Opened:
         """The incident a quarantine decision acts under: the one a restart cut short (the
-        kernel holds the node under it, or a record of an earlier version says `pending`),
-        else a new one opened by `event`."""
-        if q is not None and q.phase == "pending" and not q.dry_run:
-            return Opened(q.incident, q.started_at)
+        kernel's intent holds the node under it, not yet recorded here), else a new one
+        opened by `event`. `read`: the intent as the caller read it (else read here)."""
         if q is not None:
             return Opened(event.id, event.time)
-        intent = await self.marks.intent(name)
+        intent = await self.marks.intent(name) if isinstance(read, Unread) else read
         if (
             intent is not None
             and intent.phase in ("applying", "applied")
@@ -762,7 +790,7 @@ class CordonService:
     ) -> None:
         """A dry run's quarantine: recorded (with no marks) as if applied."""
         q = self._new_quarantine(Opened(event.id, event.time), decision, gpu, reason).model_copy(
-            update={"phase": "applied", "applied_at": time.time(), "dry_run": True}
+            update={"applied_at": time.time(), "dry_run": True}
         )
         await self.records.update(
             node_key(name),
@@ -779,20 +807,13 @@ class CordonService:
         reason: str,
         node: Obj,
         record: NodeRecord,
-        fold: Fold | None,
-    ) -> dict[str, Any]:
-        """Put the quarantine's marks on through the kernel (its write-ahead intent is the
-        action's one book), then record the incident in the node's record: one write,
-        carrying the event's GPU state too (`fold`)."""
-        key = node_key(name)
-        held = record.quarantine
-        planned = self._new_quarantine(incident, decision, gpu, reason)
-        if held is not None and held.incident == incident.incident:
-            # Cut short by an earlier version (`pending`): what it planned, this GPU added.
-            gpus = held.gpus if gpu in held.gpus else [*held.gpus, gpu]
-            planned = held.model_copy(update={"gpus": gpus})
-        else:
-            planned = planned.model_copy(update={"flapping": self._flapping(record, gpu)})
+    ) -> tuple[dict[str, Any], Quarantine, MarkIntent]:
+        """Put the quarantine's marks on through the kernel, whose write-ahead intent is
+        the action's one book (left `applying`: `_record_applied` settles it after the
+        audit). The audit's details, the quarantine to record, the intent."""
+        planned = self._new_quarantine(incident, decision, gpu, reason).model_copy(
+            update={"flapping": self._flapping(record, gpu)}
+        )
         spec = spec_for(
             planned,
             cordon=self.settings.cordon,
@@ -811,11 +832,12 @@ class CordonService:
             obj=node,
             started_at=incident.at,
             read=incident.intent,
+            settle=False,
         )
         q = with_entry(planned, intent.entry) if intent.incident == incident.incident else planned
         details = applied_details(q)
         if decision.drain or self.settings.drain.enabled:
-            # Before the quarantine is recorded: a restart mid-drain drains again.
+            # Before the audit: a restart mid-drain drains again.
             result = await drain(self.cluster, name, self.settings.drain, self.exemptions)
             details["drain"] = result.to_json()
             if not result.complete:
@@ -830,22 +852,30 @@ class CordonService:
                     details=result.to_json(),
                 )
                 await self.runner.fail(blocked)
-        applied = q.model_copy(
-            update={"phase": "applied", "event_recorded": True, "applied_at": time.time()}
-        )
+        if decision.maintenance:
+            details["maintenance"] = await self._request_maintenance(name, q)
+        return details, q.model_copy(update={"applied_at": time.time()}), intent
+
+    async def _record_applied(
+        self, name: str, applied: Quarantine, intent: MarkIntent, *, fold: Fold | None
+    ) -> None:
+        """After the audit: the kernel's intent `applied` (an operator's change is noticed
+        from now on), then the incident in the node's record, in one write with the
+        event's GPU state (`fold`). A restart before either finds the intent `applying`
+        or `applied`, finishes the marks (nothing to send: they are on) and audits again
+        under the same id, which the audit stream stores once."""
+        self.marks.failpoints.hit("cordon.quarantine.audited")
+        await self.marks.settle(intent)
 
         def done(current: NodeRecord | None) -> NodeRecord | None:
             record = current or NodeRecord()
             now = record.quarantine
-            if now is not None and now.incident == applied.incident and now.phase == "applied":
+            if now is not None and now.incident == applied.incident:
                 return None
             return record.model_copy(update={"quarantine": applied, "operator_release": None})
 
-        await self.records.update(key, folded(fold, done))
+        await self.records.update(node_key(name), folded(fold, done))
         self.marks.failpoints.hit("cordon.quarantine.applied")
-        if decision.maintenance:
-            details["maintenance"] = await self._request_maintenance(name, q)
-        return details
 
     async def _request_maintenance(self, name: str, q: Quarantine) -> str:
         """Ask services.checkpoint to checkpoint and drain the quarantined node (its id is
@@ -909,7 +939,7 @@ class CordonService:
     async def _check_operator(self, name: str, record: NodeRecord, node: Obj) -> NodeRecord:
         """Notice an operator's manual uncordon (or removal of our taint) and respect it."""
         q = record.quarantine
-        if q is None or q.phase != "applied" or q.dry_run or q.operator_released:
+        if q is None or q.dry_run or q.operator_released:
             return record
         if await self._adopt_legacy(name, q):
             node = await self.cluster.nodes.get(name)
@@ -959,7 +989,7 @@ class CordonService:
     # release ----------------------------------------------------------------------------
     async def _maybe_release(self, name: str, record: NodeRecord) -> None:
         q = record.quarantine
-        if q is None:  # pending too: a quarantine cut short whose GPU recovered meanwhile
+        if q is None:
             return
         healthy = record.healthy_for(datetime.now(UTC))
         if healthy is None or healthy < self.settings.healthy_period.total_seconds():
@@ -974,7 +1004,7 @@ class CordonService:
     async def _adopt_legacy(self, name: str, q: Quarantine) -> bool:
         """A quarantine applied before NodeMarks (no intent in KV): hand its marks over.
         True if it did (the node changed: read it again)."""
-        if q.phase != "applied" or q.dry_run or await self.marks.intent(name) is not None:
+        if q.dry_run or await self.marks.intent(name) is not None:
             return False
         spec = spec_for(q, cordon=q.cordoned, no_execute="NoExecute" in q.taints)
         entry = MarkEntry(
@@ -991,7 +1021,7 @@ class CordonService:
 
     async def _releasing(self, name: str, q: Quarantine) -> bool:
         """True if NodeMarks has started (or finished) the release of this quarantine."""
-        if q.phase != "applied" or q.dry_run:
+        if q.dry_run:
             return False
         intent = await self.marks.intent(name)
         return (
@@ -1106,7 +1136,7 @@ class CordonService:
                     return ControlReply.refused(f"no node named {name} in the cluster")
                 current = await self.records.get(node_key(name))
                 q = current.value.quarantine if current else None
-                if q is not None and q.phase == "applied":
+                if q is not None:
                     what = f"release of {name} from quarantine {q.incident} ({q.rule})"
                     decided = await self._release(
                         name, q, what, guards=self.control_guards, by=request, obj=node
@@ -1124,9 +1154,10 @@ class CordonService:
                     what=f"release of {name}",
                     obj=node,
                 )
-                if q is not None:
+                intent = await self.marks.intent(name)
+                if intent is not None and intent.phase == "applying":
                     why = (
-                        f"refused: the quarantine of {name} ({q.incident}) is still being "
+                        f"refused: the quarantine of {name} ({intent.incident}) is still being "
                         "applied; try again in a moment"
                     )
                     return await refuse(self.runner, proposal, guard="pending", reason=why)

@@ -54,7 +54,7 @@ def quarantined(record: NodeRecord, now: datetime) -> Quarantined | None:
         gpus=q.gpus,
         since=since,
         age_s=max((now - since).total_seconds(), 0.0),
-        phase=q.phase,
+        phase="applied",  # recorded once applied; its progress is the kernel's intent
         dry_run=q.dry_run,
         cordoned=q.cordoned,
         taints=q.taints,

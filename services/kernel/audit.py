@@ -9,10 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
+from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
 from nodeward.bus import Bus
 from schemas.base import Event, make_event, utcnow
+from schemas.cloudevents import MSG_ID
 from schemas.ids import new_id, stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
@@ -103,9 +105,14 @@ class Auditor:
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
         admitted: bool = False,
+        once: bool = False,
     ) -> Remediation:
         """Publish the audit record of a decision, then its notification; or, for one the
-        tally counts, build it and count it (`admitted`: the tally was asked already)."""
+        tally counts, build it and count it (`admitted`: the tally was asked already).
+
+        `once`: the decision resumes one a restart cut short, whose audit may be stored
+        already, longer ago than the stream's duplicate window: not published again if
+        the last record on its subject is it (`stored`)."""
         if not admitted:
             counted = await self.counted(proposal, outcome, reason, guard, details)
             if counted is not None:
@@ -117,6 +124,11 @@ class Auditor:
             notify_id = stable_id(proposal.trigger_time, proposal.trigger_id, "notify", *key)
         else:
             audit_id, notify_id = new_id(), new_id()
+        if once and await self.stored(remediation.nats_subject(), audit_id):
+            structlog.get_logger().info(
+                "action.audited_before", action=proposal.action, audit_id=audit_id
+            )
+            return remediation
         now = utcnow()
         audit = make_event(remediation, source=self.actor, id=audit_id, time=now)
         severity = proposal.severity or self.severity(proposal.action, outcome)
@@ -148,6 +160,14 @@ class Auditor:
             audit_id=audit_id,
         )
         return remediation
+
+    async def stored(self, subject: str, audit_id: str) -> bool:
+        """True if the last audit record on `subject` is the one with id `audit_id`."""
+        try:
+            last = await self.bus.js.get_last_msg(Remediation.STREAM, subject)
+        except NotFoundError:
+            return False
+        return (last.headers or {}).get(MSG_ID) == audit_id
 
     # the tally's windows ------------------------------------------------------------------
     async def counted(

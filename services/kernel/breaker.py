@@ -68,10 +68,14 @@ def limit_for(settings: BreakerSettings, population: int) -> int:
 def decide(
     state: BreakerState | None, settings: BreakerSettings, target: str, population: int, now: float
 ) -> tuple[BreakerState, bool]:
-    """The new state and whether `target` is admitted. Pure: used inside a KV update."""
-    state = (state or BreakerState()).model_copy(deep=True)
+    """The new state and whether `target` is admitted. Pure: used inside a KV update
+    (`state` is not changed: the new one is a shallow copy with a window of its own, not a
+    deep copy, which made a batch of admissions quadratic in the window's size)."""
+    state = state or BreakerState()
     horizon = now - settings.window.total_seconds()
-    state.admitted = {t: at for t, at in state.admitted.items() if at >= horizon}
+    state = state.model_copy(
+        update={"admitted": {t: at for t, at in state.admitted.items() if at >= horizon}}
+    )
     if (
         state.tripped_at is not None
         and settings.calm_period is not None

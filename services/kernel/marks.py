@@ -380,6 +380,7 @@ class NodeMarks:
         obj: Obj | None = None,
         started_at: datetime | None = None,
         read: MarkIntent | Unread | None = UNREAD,
+        settle: bool = True,
     ) -> MarkIntent:
         """Put `spec` on `node` for `incident`; idempotent, and finishes a cut-short attempt.
 
@@ -391,6 +392,12 @@ class NodeMarks:
         `started_at`: when the incident's trigger happened, kept in the intent. `read`:
         the intent as the caller read it just before (`intent`), not read again. Returns
         the intent as it now stands.
+
+        `settle=False`: the marks are put on (PATCH, condition, Event) but the intent is
+        left `applying`; the caller audits, then calls `settle`. The intent's `applied`
+        is then no write before the audit: a restart in between finds `applying`, whose
+        redo is a PATCH that finds every mark there (nothing sent), and audits again
+        under the same id (stored once).
         """
         intent = await self.intent(node) if isinstance(read, Unread) else read
         if intent is not None and intent.phase == "releasing":
@@ -433,11 +440,18 @@ class NodeMarks:
             await self._condition(node, recorded.condition, "apply.condition", current=written)
             if recorded.event is not None:
                 await self._event(written, recorded.event, "apply.event")
-            intent = await self._save(
-                intent.model_copy(update={"phase": "applied", "event_recorded": True}),
-                "apply.done",
-            )
+            if settle:
+                intent = await self.settle(intent)
         return intent
+
+    async def settle(self, intent: MarkIntent) -> MarkIntent:
+        """Record an intent whose marks are on (`put_on(settle=False)`) as `applied`: from
+        now on a missing mark is an operator's act. Idempotent."""
+        if intent.phase != "applying":
+            return intent
+        return await self._save(
+            intent.model_copy(update={"phase": "applied", "event_recorded": True}), "apply.done"
+        )
 
     async def adopt(
         self,

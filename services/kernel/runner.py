@@ -41,6 +41,7 @@ class ActionRunner:
         *,
         repeat: Repeat | None = None,
         retry: bool = True,
+        resumed: bool = False,
     ) -> Remediation:
         """The guard chain (in the kernel's order, whatever order `guards` are given in);
         the first objection is audited and ends it. Then act or dry-run.
@@ -50,6 +51,8 @@ class ActionRunner:
         is returned instead. A guard objection with `retry_after` is audited and raised the
         same way. `repeat(outcome, guard)` True marks an objection or dry run that only
         restates one already audited (a heartbeat): it is logged, not published again.
+        `resumed`: the act finishes one a restart cut short; its `applied` audit is not
+        published again if it was stored before the restart (`Auditor.record(once=...)`).
         """
         log = structlog.get_logger().bind(action=proposal.action, target=proposal.target.key())
         objection = await self.screen(proposal, guards, repeat=repeat)
@@ -78,7 +81,12 @@ class ActionRunner:
             raise RetryableError(f"{proposal.action} failed: {exc}") from exc
         log.info("action.applied", **{k: v for k, v in details.items() if k != "event"})
         return await self._audit(
-            proposal, Outcome.APPLIED, proposal.reason, details=details, admitted=True
+            proposal,
+            Outcome.APPLIED,
+            proposal.reason,
+            details=details,
+            admitted=True,
+            once=resumed,
         )
 
     async def screen(
@@ -141,11 +149,13 @@ class ActionRunner:
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
         publish: bool = True,
+        once: bool = False,
     ) -> Remediation:
         """Audit a decision the service took without an act of the runner's: a withdrawn
         warning (its effect is the service's own state), or the audit of an act done before
-        a restart, re-published under the same id. `reason` defaults to the proposal's.
-        `publish=False` builds the record without publishing it (it restates one audited)."""
+        a restart, re-published under the same id (`once`: not if it is stored already).
+        `reason` defaults to the proposal's. `publish=False` builds the record without
+        publishing it (it restates one audited)."""
         structlog.get_logger().info(
             "action.recorded",
             action=proposal.action,
@@ -160,6 +170,7 @@ class ActionRunner:
             guard=guard,
             details=details,
             publish=publish,
+            once=once,
         )
 
     async def _objection(
@@ -185,11 +196,12 @@ class ActionRunner:
         details: Mapping[str, Any] | None = None,
         publish: bool = True,
         admitted: bool = False,
+        once: bool = False,
     ) -> Remediation:
         if not publish:
             return self.auditor.build(proposal, outcome, reason, guard=guard, details=details)
         return await self.auditor.record(
-            proposal, outcome, reason, guard=guard, details=details, admitted=admitted
+            proposal, outcome, reason, guard=guard, details=details, admitted=admitted, once=once
         )
 
 

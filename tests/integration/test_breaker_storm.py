@@ -71,3 +71,24 @@ async def test_a_turn_cancelled_mid_write_leaves_the_others_decided(bus: Bus) ->
     results = await asyncio.wait_for(asyncio.gather(*tasks[1:]), 5)
     assert [ok for ok, _ in results] == [True, True]
     assert sorted((await breaker.state()).admitted) == ["node/gpu-b", "node/gpu-c"]
+
+
+async def test_two_replicas_in_a_storm_never_admit_past_the_limit(bus: Bus) -> None:
+    """Two replicas (two breakers on one window, each starting from its own last write)
+    admit different nodes at once, interleaved: exactly the limit is admitted in all, and
+    the window lists each admitted node."""
+    settings = BreakerSettings(max_nodes=7, max_percent=100)
+
+    async def population() -> int:
+        return 5000
+
+    kv = await bus.kv(f"b{uuid.uuid4().hex[:8]}")
+    one, two = (CircuitBreaker(kv, settings, population) for _ in range(2))
+    nodes = [f"node/gpu-{i}" for i in range(40)]
+    results = await asyncio.gather(*((one if i % 2 else two).admit(n) for i, n in enumerate(nodes)))
+    admitted = [n for n, (ok, _) in zip(nodes, results, strict=True) if ok]
+    assert len(admitted) == 7
+    assert sorted((await one.state()).admitted) == sorted(admitted)
+    # A node admitted by one replica is admitted again by the other (not counted twice).
+    assert (await two.admit(admitted[0]))[0] and (await one.admit(admitted[-1]))[0]
+    assert len((await two.state()).admitted) == 7

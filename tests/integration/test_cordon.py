@@ -690,9 +690,7 @@ async def test_a_quarantine_from_before_node_marks_is_released(cordon_env: EnvFa
     env = await cordon_env()
     name = env.nodes[4]
     event = failed(name)
-    await _recorded_applied(
-        env, name, event, reason="applied before NodeMarks", event_recorded=True
-    )
+    await _recorded_applied(env, name, event, reason="applied before NodeMarks")
     await env.admin.nodes.mark(
         name,
         add_taints=[(TAINT_KEY, "NoSchedule")],
@@ -816,7 +814,6 @@ async def _recorded_applied(env: Any, name: str, event: Any, **quarantine: Any) 
         rule="xid-node-action",
         gpus=["0"],
         started_at=event.time,
-        phase="applied",
         cordoned=True,
         taints=["NoSchedule"],
         **quarantine,

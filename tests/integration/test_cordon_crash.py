@@ -23,6 +23,7 @@ from nodeward.kube.nodes import condition_of, taints_of
 from schemas.gpu import HealthState
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY, NodeRecord, node_key
+from schemas.state.marks import MarkIntent, marks_key
 from services.cordon.marks import HEALTH_LABEL
 from services.kernel.marks import MARKS_ANNOTATION
 from tests.conftest import wait_for
@@ -37,6 +38,7 @@ APPLY_POINTS = [
     "marks.apply.patched",
     "marks.apply.condition",
     "marks.apply.event",
+    "cordon.quarantine.audited",
     "marks.apply.done",
     "cordon.quarantine.applied",
 ]
@@ -117,6 +119,12 @@ async def record(env: CordonEnv, name: str) -> NodeRecord | None:
     return current.value if current else None
 
 
+async def intent(env: CordonEnv, name: str) -> MarkIntent | None:
+    kv = TypedKV(await env.bus.kv(env.settings.services["cordon"]["bucket"]), MarkIntent)
+    current = await kv.get(marks_key(name))
+    return current.value if current else None
+
+
 def count(records: list[Any], action: str, outcome: Outcome) -> int:
     return sum(1 for r in records if r.action == action and r.outcome == outcome)
 
@@ -144,11 +152,12 @@ async def test_quarantine_killed_at_each_step_is_finished_after_restart(
 
     async def done() -> bool:
         rec = await record(env, name)
-        return bool(rec and rec.quarantine and rec.quarantine.phase == "applied") and await settled(
+        held = await intent(env, name)
+        return bool(rec and rec.quarantine and held and held.phase == "applied") and await settled(
             env
         )
 
-    await wait_for(done, timeout=20, what="the quarantine recorded applied, the event acked")
+    await wait_for(done, timeout=20, what="the quarantine recorded, its intent applied, acked")
     records = await wait_for(
         lambda: _with(env, name, "quarantine", Outcome.APPLIED), timeout=5, what="audit"
     )

@@ -26,12 +26,19 @@ from tests.integration.cordon_fixtures import (
     health,
     heartbeat,
     read_stream,
+    settled,
 )
 from tests.integration.test_cordon import tainted
 
 
 def _config(env: CordonEnv) -> CordonSettings:
     return section(env.settings, "services", "cordon", CordonSettings)
+
+
+async def _changes_done(env: CordonEnv) -> None:
+    """Wait until the change consumer has acknowledged every change published."""
+    consumer = _config(env).consumer
+    await wait_for(lambda: settled(env.bus, "GPU", consumer), timeout=10, what="every change acked")
 
 
 async def _heartbeats_done(env: CordonEnv, count: int) -> None:
@@ -93,6 +100,7 @@ async def test_heartbeats_settle_without_kubernetes_or_kv_writes(cordon_env: Env
     await env.publish(failed(name), health(name, HealthState.HEALTHY, gpu=1))
     await wait_for(lambda: audits(env.bus, name, "quarantine"), timeout=5, what="quarantined")
     config = _config(env)
+    await _changes_done(env)  # the record is written after the audit, before the ack
     revision = await _revision(env.bus, config, name)
     before = len(_cordon_requests(env))
     states = {0: HealthState.FAILED, 1: HealthState.HEALTHY}
@@ -139,6 +147,7 @@ async def test_a_change_its_heartbeat_restated_first_is_not_audited_as_stale(
     # quarantined, the change was handled).
     await env.publish(health(name, HealthState.HEALTHY, seq=1, at=ago), failed(name, seq=2))
     await wait_for(lambda: audits(env.bus, name, "quarantine"), timeout=5, what="the barrier")
+    await _changes_done(env)
     found = await audits(env.bus, name)
     assert [(a.action, a.guard) for a in found] == [("quarantine", None)]
     assert await _revision(env.bus, config, name) > revision

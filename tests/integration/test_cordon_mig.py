@@ -124,7 +124,7 @@ async def test_a_mig_gpus_xid_154_is_one_quarantine_whose_recovery_is_a_reset(
     assert applied.details["gpus"] == ["3"]
     assert tainted(await env.node(name))
     record = await record_of(env, name)
-    assert record.quarantine is not None and record.quarantine.phase == "applied"
+    assert record.quarantine is not None
     assert record.quarantine.gpus == KEYS  # the instances joined the GPU's incident
     # services.recovery reads that audit: the driver's action, a GPU reset, never RMA.
     decision = decide(

@@ -282,3 +282,36 @@ async def test_dedup_window_opens_anew_for_new_content_and_marks_only_when_told(
     assert not first and record.repeats == 1
     now[0] += 601
     assert await window.repeat_of(key, content="released") is None
+
+
+async def test_a_resumed_act_is_audited_once_whatever_the_duplicate_window(
+    bus: Bus, node: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An act a restart cut short after its audit is finished again (`resumed`): its
+    audit is not published a second time, however long the restart took (JetStream's
+    duplicate window would let it in after 2 minutes); one cut short before its audit
+    is audited."""
+    p = proposal(node)
+    acts: list[str] = []
+
+    async def act() -> dict[str, Any]:
+        acts.append("act")
+        return {"done": True}
+
+    r = runner(bus)
+    await r.run(p, act, resumed=True)  # nothing audited before: published
+    first = await exactly_one(bus, node)
+    published: list[int] = []
+    real = bus.publish_many
+
+    async def counting(events: Any, **kw: Any) -> Any:
+        published.append(len(events))
+        return await real(events, **kw)
+
+    monkeypatch.setattr(bus, "publish_many", counting)
+    again = await r.run(p, act, resumed=True)
+    assert acts == ["act", "act"]  # the act itself is redone (it is idempotent)
+    assert published == []  # the audit and its notice not sent again
+    assert again.outcome == Outcome.APPLIED and await exactly_one(bus, node) == first
+    await r.run(p, act)  # not resumed: published (the window dedups it here)
+    assert published == [2]

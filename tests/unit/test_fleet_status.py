@@ -46,7 +46,6 @@ def _quarantined_record() -> NodeRecord:
             reason="GPU 0 failed: XID 79",
             gpus=["0"],
             started_at=NOW - timedelta(minutes=3, seconds=5),
-            phase="applied",
             cordoned=True,
             taints=["NoSchedule"],
         ),

@@ -70,7 +70,6 @@ def applied(incident: str) -> bytes:
         reason="GPU 0 failed",
         gpus=["0"],
         started_at=T0,
-        phase="applied",
         cordoned=True,
         taints=["NoSchedule"],
     )
