@@ -10,8 +10,8 @@ from __future__ import annotations
 from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
 from schemas.state.breaker import SHARED
-from schemas.state.maintenance import MAINTENANCES
 from services.kernel.access import PUBLISHES
+from services.maintenance.state import MAINTENANCES
 
 ACCESS = Access(
     "checkpoint",

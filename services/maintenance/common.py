@@ -24,7 +24,6 @@ from schemas.base import Event, make_event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState, PodPlan
 from services.kernel import (
     ActionRunner,
     BreakerSettings,
@@ -44,6 +43,7 @@ from services.kernel.control import ControlSettings
 from services.kernel.marks import NodeMarks
 from services.kernel.severities import LOUD, QUIET, SKIP_WARNS
 from services.maintenance.plan import Notice
+from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 
 NAME = "checkpoint"
 ACTOR = "service/checkpoint"

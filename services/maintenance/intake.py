@@ -16,7 +16,6 @@ from nodeward.kube import NotFound
 from schemas.base import Event, make_event
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.state.maintenance import MaintenanceState, state_key
 from services.maintenance.common import (
     ACTOR,
     MAINTENANCE_ANNOTATION,
@@ -24,6 +23,7 @@ from services.maintenance.common import (
     Kit,
     now,
 )
+from services.maintenance.state import MaintenanceState, state_key
 
 
 class Intake:

@@ -19,7 +19,7 @@ before the work starts).
 The service is three parts over one `Kit` (`common`): the intake (`intake`: requests and the
 node annotation), the workflow's steps (`steps`, on the kernel's durable workflow engine) and
 the operator controls (`controls`). The workflow lives in KV (`node.<node>`,
-`schemas.state.maintenance.MaintenanceState`), moved on by one revision-checked write per
+`services.maintenance.state.MaintenanceState`), moved on by one revision-checked write per
 phase and saved after each container's checkpoint, so a restart resumes from the last
 phase: a container whose archive is recorded is never checkpointed again, and nothing is
 evicted before every opted-in pod's checkpoint is recorded. A stopping service finishes
@@ -45,7 +45,6 @@ from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.platform import acting_daemon, one_daemon
-from schemas.state.maintenance import MaintenanceState
 from services.kernel import CircuitBreaker
 from services.kernel.breaker import node_breaker
 from services.maintenance.access import ACCESS
@@ -64,6 +63,7 @@ from services.maintenance.common import (
 )
 from services.maintenance.controls import Controls, done_so_far
 from services.maintenance.intake import Intake
+from services.maintenance.state import MaintenanceState
 from services.maintenance.steps import MaintenanceWorkflow
 
 __all__ = [

@@ -11,8 +11,8 @@ from nodeward.kube.access import Access
 from nodeward.nats_auth import ServiceGrants
 from schemas.control import control_subject
 from schemas.state.breaker import SHARED
-from schemas.state.recovery import BUCKET
 from services.kernel.access import PUBLISHES
+from services.recovery.state import BUCKET
 
 ACCESS = Access(
     "recovery",

@@ -21,13 +21,6 @@ from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
 from schemas.state.cordon import TAINT_KEY
-from schemas.state.recovery import (
-    BUCKET,
-    Plan,
-    RecoveryCounts,
-    RecoveryRecord,
-    count_key,
-)
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
     ActionRunner,
@@ -52,6 +45,13 @@ from services.recovery.policy import (
 )
 from services.recovery.remediators import (
     Tools,
+)
+from services.recovery.state import (
+    BUCKET,
+    Plan,
+    RecoveryCounts,
+    RecoveryRecord,
+    count_key,
 )
 
 NAME = "recovery"

@@ -14,12 +14,6 @@ from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome, Remediation
-from schemas.state.recovery import (
-    Plan,
-    RecoveryRecord,
-    Step,
-    node_key,
-)
 from services.kernel import (
     Proposal,
 )
@@ -28,6 +22,12 @@ from services.recovery.policy import (
     Kind,
     decide,
     gpu_indices,
+)
+from services.recovery.state import (
+    Plan,
+    RecoveryRecord,
+    Step,
+    node_key,
 )
 from services.recovery.steps import RecoverySteps
 

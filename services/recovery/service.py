@@ -3,7 +3,7 @@ XID catalog says a GPU reset or a node reboot cures its fault.
 
 A durable consumer on cordon's audit records (`remediation.quarantine.>`, applied) decides
 from the fault (`policy.decide`): a reset or a reboot starts a recovery, an RMA fault goes
-to on-call at once. A recovery is one record in KV (`schemas.state.recovery`) that a loop
+to on-call at once. A recovery is one record in KV (`services.recovery.state`) that a loop
 drives step by step, saving before each, so a restart resumes it where it stood:
 
 draining (maintenance requested as cordon's `maintenance: true` does: checkpoints first,
@@ -33,7 +33,6 @@ from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.platform import acting_daemon, one_daemon
-from schemas.state.recovery import RecoveryCounts, RecoveryRecord
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import CircuitBreaker
 from services.kernel.breaker import node_breaker
@@ -51,6 +50,7 @@ from services.recovery.common import (
 )
 from services.recovery.controls import Controls
 from services.recovery.intake import Intake
+from services.recovery.state import RecoveryCounts, RecoveryRecord
 from services.recovery.steps import RecoverySteps
 
 __all__ = [

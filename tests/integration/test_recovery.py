@@ -24,9 +24,9 @@ from schemas.control import ControlRequest
 from schemas.falco import ISOLATE_LABEL
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Remediation
-from schemas.state.maintenance import MaintenanceState, state_key
-from schemas.state.recovery import RecoveryRecord, Step
 from services.kernel.holds import hold_of
+from services.maintenance.state import MaintenanceState, state_key
+from services.recovery.state import RecoveryRecord, Step
 from sim.cluster.seed import PdbSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
