@@ -15,8 +15,8 @@ from pydantic import Field
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.errors import CheckpointFailed, Forbidden
@@ -25,6 +25,7 @@ from schemas.common import ObjectRef
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from services.kernel import (
+    ActingSettings,
     ActionRunner,
     BreakerSettings,
     CircuitBreaker,
@@ -69,11 +70,9 @@ SEVERITIES = per_action(
 )
 
 
-class CheckpointSettings(Section):
+class CheckpointSettings(ActingSettings, Consuming):
     """`services.checkpoint` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = "checkpoint"
     subjects: list[str] = Field(default_factory=lambda: ["maintenance.requested.>"], min_length=1)
     bucket: str = MAINTENANCES.name
     parallelism: int = Field(default=4, ge=1, description="checkpoint calls at once")

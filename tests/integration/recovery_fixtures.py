@@ -150,9 +150,9 @@ async def recovery_platform(
                     "breaker": breaker,
                 },
                 "recovery": {
+                    # durables recovery-<uid>-quarantines and recovery-<uid>-maintenance
                     "consumer": f"recovery-{uid}",
                     "subjects": [f"remediation.quarantine.{node}"],
-                    "maintenance_consumer": f"recovery-mnt-{uid}",
                     "maintenance_subjects": [
                         f"maintenance.{p}.{node}" for p in ("done", "failed", "cancelled")
                     ],
