@@ -46,8 +46,8 @@ from schemas.session import (  # noqa: E402
     SessionIdle,
     SessionKind,
 )
-from schemas.state.culler import SessionRecord, session_key  # noqa: E402
 from services.culler.service import build  # noqa: E402
+from services.culler.state import SessionRecord, session_key  # noqa: E402
 from sim.cluster import SimCluster  # noqa: E402
 from sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed  # noqa: E402
 

@@ -239,7 +239,7 @@ async def run_case(args: argparse.Namespace, replicas: int, tree: Path, label: s
     from nodeward.kube import Cluster
     from nodeward.kube.client import KubeClient
     from schemas.state.cordon import NODES
-    from schemas.state.culler import SESSIONS
+    from services.culler.state import SESSIONS
     from tests.helpers.nats_cluster import start_cluster
 
     case = Case(replicas, label)

@@ -81,9 +81,9 @@ from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, GpuTelemetry, HealthS
 from schemas.remediation import Outcome, Remediation  # noqa: E402
 from schemas.session import SessionActivity  # noqa: E402
 from schemas.state.cordon import NODES, GpuRecord, NodeRecord  # noqa: E402
-from schemas.state.culler import SESSIONS, SessionRecord  # noqa: E402
 from schemas.state.energy import TOTALS, EnergyTotals  # noqa: E402
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState  # noqa: E402
+from services.culler.state import SESSIONS, SessionRecord  # noqa: E402
+from services.maintenance.state import MAINTENANCES, MaintenanceState  # noqa: E402
 
 GPUS = 8
 BEAT_S = 20

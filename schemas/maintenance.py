@@ -1,5 +1,5 @@
 """Maintenance of a node: checkpoint stateful pods, then drain. The checkpoint service's KV
-records are in `schemas.state.maintenance`."""
+records are in `services.maintenance.state`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""services.culler: idle sessions warned, then stopped. `policy` (pure), `service` (the handlers), its KV records in `schemas.state.culler`."""
+"""services.culler: idle sessions warned, then stopped. `policy` (pure), `service` (the handlers), `state` (its KV records), `view`."""
 
 from nodeward.plugin import ServicePlugin
 

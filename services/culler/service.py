@@ -46,9 +46,9 @@ from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.remediation import Outcome
 from schemas.session import ActivityState, SessionActivity, SessionIdle
-from schemas.state.culler import SESSIONS, Reason, SessionRecord, session_key
 from services.culler.access import ACCESS
 from services.culler.policy import KEEP_UNTIL, CullPolicy, Limits, keep_until
+from services.culler.state import SESSIONS, Reason, SessionRecord, session_key
 from services.kernel import (
     ActingSettings,
     DedupWindow,

@@ -18,7 +18,7 @@ from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import ago, clock, format_age
 from nodeward.views import Cell, Row, Shown, Table, TableRow, records
-from schemas.state.culler import SESSIONS, SessionRecord
+from services.culler.state import SESSIONS, SessionRecord
 
 SECTION = "idle sessions"
 LISTED = 20

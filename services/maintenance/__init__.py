@@ -1,4 +1,4 @@
-"""services.maintenance: checkpoint, then drain, before node maintenance (the daemon keeps the name `checkpoint`). `plan` (pure), `service` (the workflow)."""
+"""services.maintenance: checkpoint, then drain, before node maintenance (the daemon keeps the name `checkpoint`). `plan` (pure), `service` (its declared handlers), `intake`, `steps`, `controls`, `state` (its KV records), `view`."""
 
 from nodeward.plugin import ServicePlugin
 
@@ -6,5 +6,6 @@ SERVICE = ServicePlugin(
     name="checkpoint",
     package=__name__,
     view="view:view",
+    handlers="service:app",
     commands={"maintenance": "cli:maintenance_app"},
 )

@@ -1,17 +1,14 @@
-"""What the maintenance (checkpoint) service may do: its Kubernetes operations and its NATS grants.
+"""What the maintenance (checkpoint) service may do in the cluster.
 
 The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/checkpoint.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+`deploy/rbac/checkpoint.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
+grants are its handlers' (`service:app`): the chart's NATS permissions are generated from
+them (`launch.access`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from schemas.state.breaker import SHARED
-from schemas.state.maintenance import MAINTENANCES
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
     "checkpoint",
@@ -30,12 +27,4 @@ ACCESS = Access(
             "leases.hold",
         }
     ),
-)
-
-GRANTS = ServiceGrants(
-    consumers=(("MAINTENANCE", "checkpoint"),),
-    buckets=(MAINTENANCES.name, SHARED.name),
-    publish=("maintenance.>", *PUBLISHES),
-    controls=("cancel", "finish"),  # `nodeward maintenance cancel|finish NODE`
-    partitioned=("checkpoint",),  # per node across replicas with bus.partitions > 1
 )

@@ -6,7 +6,7 @@ plugin (`services.maintenance.SERVICE`).
 the cluster when a kubeconfig is at hand, else among the nodes whose agents speak on the
 bus) before it publishes `maintenance.requested`, and waits a little for the
 checkpoint service to take it or refuse it. `status` and `restore` read the service's
-records in KV as it declares them (`schemas.state.maintenance`); `restore` prints the plan
+records in KV as it declares them (`services.maintenance.state`); `restore` prints the plan
 (`services.maintenance.restore.restore_plan`) to turn a pod's checkpoint archives into images
 and run the pod elsewhere (it executes nothing). `finish` and `cancel` are operator
 controls (`nodeward.cli.controls`): requests the checkpoint service answers and audits.
@@ -42,7 +42,7 @@ from nodeward.endpoints import DEFAULT_STATE_DIR, Endpoints
 if TYPE_CHECKING:  # the bus, the schemas, nats and yaml load when a command runs
     from nodeward.bus import Bus
     from nodeward.config import Settings
-    from schemas.state.maintenance import MaintenanceState, PodPlan
+    from services.maintenance.state import MaintenanceState, PodPlan
 
 maintenance_app = typer.Typer(
     help="Node maintenance: warn owners, cordon, checkpoint opted-in pods, drain; restore plans.",
@@ -69,7 +69,7 @@ def parse_at(value: str | None, now: datetime) -> datetime | None:
 
 
 def _bucket(settings: Settings) -> str:
-    from schemas.state.maintenance import MAINTENANCES
+    from services.maintenance.state import MAINTENANCES
 
     return bucket_name(settings, "checkpoint", MAINTENANCES)
 
@@ -125,7 +125,7 @@ async def _check_node_on_bus(bus: Bus, node: str) -> None:
 async def _state(bus: Bus, bucket: str, node: str) -> MaintenanceState | None:
     from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
-    from schemas.state.maintenance import MAINTENANCES
+    from services.maintenance.state import MAINTENANCES
 
     try:
         kv = await bus.js.key_value(bucket)
@@ -308,7 +308,7 @@ async def status(settings: Settings, node: str, as_json: bool) -> None:
 
 async def _states(bus: Bus, bucket: str) -> list[MaintenanceState]:
     """Every maintenance in the bucket: the running ones and the finished."""
-    from schemas.state.maintenance import HISTORY, MAINTENANCES
+    from services.maintenance.state import HISTORY, MAINTENANCES
 
     return [state for _, state in await kv_records(bus.nc, bucket, [MAINTENANCES, HISTORY])]
 

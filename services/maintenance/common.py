@@ -15,8 +15,8 @@ from pydantic import Field
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.errors import CheckpointFailed, Forbidden
@@ -24,8 +24,8 @@ from schemas.base import Event, make_event
 from schemas.common import ObjectRef
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState, PodPlan
 from services.kernel import (
+    ActingSettings,
     ActionRunner,
     BreakerSettings,
     CircuitBreaker,
@@ -44,6 +44,7 @@ from services.kernel.control import ControlSettings
 from services.kernel.marks import NodeMarks
 from services.kernel.severities import LOUD, QUIET, SKIP_WARNS
 from services.maintenance.plan import Notice
+from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 
 NAME = "checkpoint"
 ACTOR = "service/checkpoint"
@@ -69,11 +70,9 @@ SEVERITIES = per_action(
 )
 
 
-class CheckpointSettings(Section):
+class CheckpointSettings(ActingSettings, Consuming):
     """`services.checkpoint` in the config file."""
 
-    dry_run: bool = False
-    consumer: str = "checkpoint"
     subjects: list[str] = Field(default_factory=lambda: ["maintenance.requested.>"], min_length=1)
     bucket: str = MAINTENANCES.name
     parallelism: int = Field(default=4, ge=1, description="checkpoint calls at once")

@@ -13,11 +13,11 @@ from nodeward.kube.base import Obj
 from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
-from schemas.state.maintenance import MaintenanceState, history_key, state_key
 from services.kernel import Gone, Proposal, Workflow
 from services.kernel.control import operator_proposal, refuse, reply_for
 from services.maintenance.common import ENDED, Kit, node_ref, now
 from services.maintenance.plan import cancellation
+from services.maintenance.state import MaintenanceState, history_key, state_key
 
 
 class Controls:

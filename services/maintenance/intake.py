@@ -11,12 +11,11 @@ from typing import Any
 import structlog
 
 from nodeward.aio import within
-from nodeward.bus import ConsumerSpec, Delivery, PermanentError
+from nodeward.bus import Delivery, PermanentError
 from nodeward.kube import NotFound
 from schemas.base import Event, make_event
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
-from schemas.state.maintenance import MaintenanceState, state_key
 from services.maintenance.common import (
     ACTOR,
     MAINTENANCE_ANNOTATION,
@@ -24,6 +23,7 @@ from services.maintenance.common import (
     Kit,
     now,
 )
+from services.maintenance.state import MaintenanceState, state_key
 
 
 class Intake:
@@ -31,20 +31,6 @@ class Intake:
 
     def __init__(self, kit: Kit) -> None:
         self.kit = kit
-
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.kit.settings.consumer,
-            stream="MAINTENANCE",
-            subjects=tuple(self.kit.settings.subjects),
-            types=frozenset({Maintenance.TYPE}),
-            concurrency=4,
-            order_key=lambda e: str(e.data.node),
-            retry_delays=(1.0, 5.0, 15.0, 30.0),
-            max_deliver=6,
-            # maintenance.<phase>.<node>: the request is about the node in its subject.
-            identity=(ConsumerSpec.bind(Maintenance, "node"),),
-        )
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         """A `maintenance.requested`: recorded in KV for the workflow loop (one per node)."""

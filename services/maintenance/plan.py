@@ -13,13 +13,13 @@ from typing import Any
 
 from nodeward.kube.base import Obj
 from schemas.notify import Severity
-from schemas.state.maintenance import (
+from services.kernel.drain import keep_reason
+from services.maintenance.state import (
     CUDA_CHECKPOINT_LABEL,
     MaintenanceState,
     PodPlan,
     PodStatus,
 )
-from services.kernel.drain import keep_reason
 
 CHECKPOINT_LABEL = "nodeward.io/checkpoint"
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")

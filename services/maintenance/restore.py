@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.state.maintenance import CUDA_CHECKPOINT_LABEL, MaintenanceState, PodPlan
+from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState, PodPlan
 
 CHECKPOINT_NAME_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
 

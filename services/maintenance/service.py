@@ -19,7 +19,7 @@ before the work starts).
 The service is three parts over one `Kit` (`common`): the intake (`intake`: requests and the
 node annotation), the workflow's steps (`steps`, on the kernel's durable workflow engine) and
 the operator controls (`controls`). The workflow lives in KV (`node.<node>`,
-`schemas.state.maintenance.MaintenanceState`), moved on by one revision-checked write per
+`services.maintenance.state.MaintenanceState`), moved on by one revision-checked write per
 phase and saved after each container's checkpoint, so a restart resumes from the last
 phase: a container whose archive is recorded is never checkpointed again, and nothing is
 evicted before every opted-in pod's checkpoint is recorded. A stopping service finishes
@@ -29,24 +29,31 @@ Every action (announce, cordon, checkpoint, drain) goes through the shared path
 (exemptions, rate limit on starts, dry-run, audit, on-call notice). Operators end a
 maintenance through controls it answers: `finish` (after done: nodeward's cordon comes
 off) and `cancel` (before the drain: it ends `cancelled`), on `control.checkpoint.<verb>`.
+
+Declared once (`nodeward.handlers`): the request consumer (`checkpoint`, per node across
+replicas with `bus.partitions` > 1, its leases in its bucket), the workflow and annotation
+loops (graceful: the calls in flight finish on shutdown) and the two controls; its NATS
+grants derive from these.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from dataclasses import replace
+from typing import Any
 
 from nats.js.kv import KeyValue
 
-from nodeward.bus import Bus
+from nodeward.bus import ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Settings, section
-from nodeward.daemon import Daemon
-from nodeward.kube import Cluster
-from nodeward.platform import acting_daemon, one_daemon
-from schemas.state.maintenance import MaintenanceState
+from nodeward.handlers import Runtime, Service, setting
+from schemas.base import Event
+from schemas.control import ControlReply, ControlRequest
+from schemas.maintenance import Maintenance
+from schemas.state.breaker import SHARED
 from services.kernel import CircuitBreaker
+from services.kernel.access import PUBLISHES
 from services.kernel.breaker import node_breaker
 from services.maintenance.access import ACCESS
 from services.maintenance.common import (
@@ -64,6 +71,7 @@ from services.maintenance.common import (
 )
 from services.maintenance.controls import Controls, done_so_far
 from services.maintenance.intake import Intake
+from services.maintenance.state import MAINTENANCES, MaintenanceState
 from services.maintenance.steps import MaintenanceWorkflow
 
 __all__ = [
@@ -78,11 +86,20 @@ __all__ = [
     "TOPIC",
     "CheckpointService",
     "CheckpointSettings",
+    "app",
     "build",
     "component",
     "done_so_far",
     "standalone",
 ]
+
+app = Service(
+    NAME,
+    settings=CheckpointSettings,
+    access=ACCESS,
+    buckets=(MAINTENANCES.name, SHARED.name),
+    publishes=("maintenance.>", *PUBLISHES),
+)
 
 
 class CheckpointService:
@@ -90,61 +107,75 @@ class CheckpointService:
 
     def __init__(
         self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        states: TypedKV[MaintenanceState],
-        kv: KeyValue,
-        settings: CheckpointSettings,
-        holder: str,
-        breaker: CircuitBreaker | None = None,
+        kit: Kit,
+        stopping: asyncio.Event,
     ) -> None:
-        self.kit = Kit(bus, cluster, states, kv, settings, holder, breaker)
-        self.intake = Intake(self.kit)
-        self.workflow = MaintenanceWorkflow(self.kit)
-        self.controls = Controls(self.kit, self.workflow.flow)
+        self.kit = kit
+        self.stopping = stopping
+        self.intake = Intake(kit)
+        self.workflow = MaintenanceWorkflow(kit)
+        self.controls = Controls(kit, self.workflow.flow)
+
+    @property
+    def kv(self) -> KeyValue:
+        return self.kit.kv
 
 
-async def build(settings: Settings) -> Daemon:
-    """The checkpoint service's daemon: a consumer on `maintenance.requested.>` and the
-    workflow loop. `settings.cluster` must authenticate as its ServiceAccount."""
-    config: CheckpointSettings = section(settings, "services", NAME, CheckpointSettings)
-    daemon, bus, cluster = await acting_daemon(NAME, settings, source=ACTOR, access=ACCESS)
-    kv = await bus.kv(config.bucket, history=5)
-    holder = f"{socket.gethostname()}-{os.getpid()}-{id(daemon):x}"
+@app.consumes(
+    "MAINTENANCE",
+    subjects=setting("subjects"),
+    types=(Maintenance,),
+    concurrency=4,
+    order_key=lambda e: str(e.data.node),
+    retry_delays=(1.0, 5.0, 15.0, 30.0),
+    max_deliver=6,
+    # maintenance.<phase>.<node>: the request is about the node in its subject.
+    identity=(ConsumerSpec.bind(Maintenance, "node"),),
+    # Per node across replicas with bus.partitions > 1 (leases in its bucket).
+    leases=lambda service: service.kv,
+    lease_ttl=setting("lease_ttl"),
+)
+async def on_request(service: CheckpointService, event: Event[Any], delivery: Delivery) -> None:
+    """`maintenance.requested`: a workflow stored in KV (`Intake.handle`)."""
+    await service.intake.handle(event, delivery)
 
-    breaker = await node_breaker(
-        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
+
+@app.task("workflows", graceful=True)
+async def workflows(service: CheckpointService) -> None:
+    """Drive every maintenance in KV while this replica holds the workflow lease."""
+    await service.workflow.run(service.stopping)
+
+
+@app.task("annotations", graceful=True)
+async def annotations(service: CheckpointService) -> None:
+    """Nodes annotated `nodeward.io/maintenance=requested` turned into requests."""
+    await service.intake.watch_annotations(service.stopping)
+
+
+@app.control("cancel")
+async def cancel(service: CheckpointService, request: ControlRequest) -> ControlReply:
+    """`nodeward maintenance cancel NODE`."""
+    return await service.controls.cancel_control(request)
+
+
+@app.control("finish")
+async def finish(service: CheckpointService, request: ControlRequest) -> ControlReply:
+    """`nodeward maintenance finish NODE`."""
+    return await service.controls.finish_control(request)
+
+
+@app.setup
+async def setup(rt: Runtime[CheckpointSettings]) -> CheckpointService:
+    """The service over its bucket and the shared breaker. `settings.cluster` must
+    authenticate as its ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=5)
+    holder = f"{socket.gethostname()}-{os.getpid()}-{id(rt.daemon):x}"
+    breaker: CircuitBreaker = await node_breaker(
+        rt.bus, rt.acting, rt.config.breaker, registry=rt.daemon.metrics.registry, daemon=rt.daemon
     )
-    service = CheckpointService(
-        bus,
-        cluster,
-        states=TypedKV(kv, MaintenanceState),
-        kv=kv,
-        settings=config,
-        holder=holder,
-        breaker=breaker,
-    )
-
-    spec = service.intake.consumer_spec()
-    if settings.bus.partitions > 1:  # per node across replicas (leases in its bucket)
-        spec = replace(spec, partitions=settings.bus.partitions, lease_ttl=config.lease_ttl)
-
-    async def consume() -> None:
-        await bus.consume(spec, service.intake.handle, leases=kv)
-
-    async def workflows() -> None:
-        await service.workflow.run(daemon.stopping)
-
-    async def annotations() -> None:
-        await service.intake.watch_annotations(daemon.stopping)
-
-    daemon.add_task(consume, name="consume")
-    daemon.add_task(workflows, name="workflows", graceful=True)
-    daemon.add_task(annotations, name="annotations", graceful=True)
-    await bus.control(NAME, "cancel", service.controls.cancel_control)
-    await bus.control(NAME, "finish", service.controls.finish_control)
-    return daemon
+    kit = Kit(rt.bus, rt.acting, TypedKV(kv, MaintenanceState), kv, rt.config, holder, breaker)
+    return CheckpointService(kit, rt.daemon.stopping)
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

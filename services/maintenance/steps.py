@@ -29,12 +29,6 @@ from nodeward.kube.errors import CheckpointFailed
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord, MaintenancePhase
 from schemas.remediation import Outcome
-from schemas.state.maintenance import (
-    MaintenanceState,
-    PodPlan,
-    history_key,
-    state_key,
-)
 from schemas.state.marks import EventSpec, MarkEntry, MarkSpec
 from services.kernel import (
     DrainSettings,
@@ -64,6 +58,12 @@ from services.maintenance.plan import (
     merge_drain,
     plan_pods,
     when,
+)
+from services.maintenance.state import (
+    MaintenanceState,
+    PodPlan,
+    history_key,
+    state_key,
 )
 
 WORKFLOW = "maintenance"

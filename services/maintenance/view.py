@@ -17,8 +17,8 @@ from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import ago, clock
 from nodeward.views import Cell, MarkHeld, Row, Shown, Table, TableRow, marks_held, records
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState
 from schemas.state.marks import intents
+from services.maintenance.state import MAINTENANCES, MaintenanceState
 
 SECTION = "maintenance"
 DEFAULTS = {"maintenance": None}

@@ -1,18 +1,14 @@
-"""What the recovery service may do: its Kubernetes operations and its NATS grants.
+"""What the recovery service may do in the cluster.
 
 The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/recovery.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+`deploy/rbac/recovery.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
+grants are its handlers' (`service:app`): the chart's NATS permissions are generated from
+them (`launch.access`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from schemas.control import control_subject
-from schemas.state.breaker import SHARED
-from schemas.state.recovery import BUCKET
-from services.kernel.access import PUBLISHES
 
 ACCESS = Access(
     "recovery",
@@ -28,22 +24,4 @@ ACCESS = Access(
             "namespaces.get",  # a pod's namespace exemption
         }
     ),
-)
-
-GRANTS = ServiceGrants(
-    consumers=(("AUDIT", "recovery-quarantines"), ("MAINTENANCE", "recovery-maintenance")),
-    buckets=(BUCKET, SHARED.name),
-    publish=(
-        "maintenance.requested.*",  # the drain before a reset or reboot
-        "agent.gpu.reset.*",  # request/reply to a node's GPU agent
-        "agent.gpu.validate.*",
-        # The owners' release paths, asked as `service/recovery` (audited by them); `cancel`:
-        # its own maintenance taken back when the quarantine ended without recovery.
-        control_subject("checkpoint", "finish"),
-        control_subject("checkpoint", "cancel"),
-        control_subject("cordon", "release"),
-        *PUBLISHES,
-    ),
-    # `nodeward recovery force-drain`.
-    controls=("force-drain",),
 )

@@ -15,21 +15,15 @@ from pydantic import Field
 from nodeward.aio import KeyedLocks
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Section
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming
 from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
 from schemas.state.cordon import TAINT_KEY
-from schemas.state.recovery import (
-    BUCKET,
-    Plan,
-    RecoveryCounts,
-    RecoveryRecord,
-    count_key,
-)
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
+    ActingSettings,
     ActionRunner,
     BreakerSettings,
     CircuitBreaker,
@@ -53,6 +47,13 @@ from services.recovery.policy import (
 from services.recovery.remediators import (
     Tools,
 )
+from services.recovery.state import (
+    BUCKET,
+    Plan,
+    RecoveryCounts,
+    RecoveryRecord,
+    count_key,
+)
 
 NAME = "recovery"
 ACTOR = "service/recovery"
@@ -71,14 +72,12 @@ SEVERITIES = per_action(
 BACKOFF_CAP_S = 600.0
 
 
-class RecoverySettings(Section):
-    """`services.recovery` in the config file."""
+class RecoverySettings(ActingSettings, Consuming):
+    """`services.recovery` in the config file: its durables are `<consumer>-quarantines` and
+    `<consumer>-maintenance` (`consumer`: `recovery` unless set)."""
 
-    dry_run: bool = False
     bucket: str = BUCKET
-    consumer: str = "recovery-quarantines"
     subjects: list[str] = Field(default_factory=lambda: ["remediation.quarantine.>"], min_length=1)
-    maintenance_consumer: str = "recovery-maintenance"
     maintenance_subjects: list[str] = Field(
         default_factory=lambda: [
             "maintenance.done.>",

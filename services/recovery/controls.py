@@ -12,10 +12,6 @@ from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
 from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
-from schemas.state.recovery import (
-    Step,
-    node_key,
-)
 from services.kernel import (
     blockers,
 )
@@ -26,6 +22,10 @@ from services.kernel.control import (
 )
 from services.kernel.drain import EVIDENCE
 from services.recovery.common import Kit, target
+from services.recovery.state import (
+    Step,
+    node_key,
+)
 
 
 class Controls:

@@ -9,17 +9,11 @@ from typing import Any
 
 import structlog
 
-from nodeward.bus import ConsumerSpec, Delivery
+from nodeward.bus import Delivery
 from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome, Remediation
-from schemas.state.recovery import (
-    Plan,
-    RecoveryRecord,
-    Step,
-    node_key,
-)
 from services.kernel import (
     Proposal,
 )
@@ -28,6 +22,12 @@ from services.recovery.policy import (
     Kind,
     decide,
     gpu_indices,
+)
+from services.recovery.state import (
+    Plan,
+    RecoveryRecord,
+    Step,
+    node_key,
 )
 from services.recovery.steps import RecoverySteps
 
@@ -38,28 +38,6 @@ class Intake:
     def __init__(self, kit: Kit, steps: RecoverySteps) -> None:
         self.kit = kit
         self.steps = steps
-
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.kit.settings.consumer,
-            stream="AUDIT",
-            subjects=tuple(self.kit.settings.subjects),
-            types=frozenset({Remediation.TYPE}),
-            concurrency=4,
-            order_key=lambda e: e.data.target.name,
-            max_deliver=6,
-        )
-
-    def maintenance_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.kit.settings.maintenance_consumer,
-            stream="MAINTENANCE",
-            subjects=tuple(self.kit.settings.maintenance_subjects),
-            types=frozenset({Maintenance.TYPE}),
-            concurrency=4,
-            order_key=lambda e: str(e.data.node),
-            max_deliver=6,
-        )
 
     async def handle_quarantine(self, event: Event[Any], delivery: Delivery) -> None:
         """A quarantine cordon applied: recover the node if its fault calls for it."""

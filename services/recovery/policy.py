@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from schemas.gpu import RecommendedAction
-from schemas.state.recovery import Plan
 from schemas.xid import RECOVERY_ACTION_XID, XidCatalog
+from services.recovery.state import Plan
 
 RESET_ACTIONS = frozenset({RecommendedAction.RESET_GPU, RecommendedAction.DRAIN_AND_RESET})
 REBOOT_ACTIONS = frozenset({RecommendedAction.REBOOT_NODE})

@@ -29,8 +29,8 @@ from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
 from schemas.recovery import RESET, ResetReply, ResetRequest, agent_subject
 from schemas.state.marks import MarkSpec
-from schemas.state.recovery import Plan, RecoveryRecord
 from services.kernel.marks import NodeMarks
+from services.recovery.state import Plan, RecoveryRecord
 
 REBOOT_LABEL = "nodeward.io/reboot-required"
 REBOOT_ANNOTATION = "nodeward.io/reboot-request"

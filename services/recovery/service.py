@@ -3,7 +3,7 @@ XID catalog says a GPU reset or a node reboot cures its fault.
 
 A durable consumer on cordon's audit records (`remediation.quarantine.>`, applied) decides
 from the fault (`policy.decide`): a reset or a reboot starts a recovery, an RMA fault goes
-to on-call at once. A recovery is one record in KV (`schemas.state.recovery`) that a loop
+to on-call at once. A recovery is one record in KV (`services.recovery.state`) that a loop
 drives step by step, saving before each, so a restart resumes it where it stood:
 
 draining (maintenance requested as cordon's `maintenance: true` does: checkpoints first,
@@ -18,7 +18,10 @@ on-call (critical, "RMA suggested") and leaves the node quarantined.
 
 The service is three parts over one `Kit` (`common`): the intake (`intake`: the two
 consumers), the workflow's steps (`steps`, on the kernel's durable workflow engine) and the
-operator control (`controls`: `force-drain`).
+operator control (`controls`: `force-drain`). They are declared once here
+(`nodeward.handlers`): the durables `recovery-quarantines` and `recovery-maintenance` (the
+section's `consumer`, else `recovery`, and a suffix), the control, and the recoveries loop
+(graceful: a step in flight finishes on shutdown); its NATS grants derive from these.
 
 Every step is a kernel proposal (audited on `remediation.>`, notified, dry-run
 respected); starting one passes the exemptions, a per-node retry limit and the circuit
@@ -27,15 +30,19 @@ breaker.
 
 from __future__ import annotations
 
-from nodeward.bus import Bus
+import asyncio
+from typing import Any
+
+from nodeward.bus import Delivery
 from nodeward.bus.kv import TypedKV
-from nodeward.config import Settings, section
-from nodeward.daemon import Daemon
-from nodeward.kube import Cluster
-from nodeward.platform import acting_daemon, one_daemon
-from schemas.state.recovery import RecoveryCounts, RecoveryRecord
-from schemas.xid import XidCatalog, load_catalog
-from services.kernel import CircuitBreaker
+from nodeward.handlers import Runtime, Service, setting
+from schemas.base import Event
+from schemas.control import ControlReply, ControlRequest, control_subject
+from schemas.maintenance import Maintenance
+from schemas.remediation import Remediation
+from schemas.state.breaker import SHARED
+from schemas.xid import load_catalog
+from services.kernel.access import PUBLISHES
 from services.kernel.breaker import node_breaker
 from services.kernel.marks import NodeMarks
 from services.recovery.access import ACCESS
@@ -51,6 +58,7 @@ from services.recovery.common import (
 )
 from services.recovery.controls import Controls
 from services.recovery.intake import Intake
+from services.recovery.state import BUCKET, RecoveryCounts, RecoveryRecord
 from services.recovery.steps import RecoverySteps
 
 __all__ = [
@@ -62,70 +70,102 @@ __all__ = [
     "RecoveryService",
     "RecoverySettings",
     "RetryLimit",
+    "app",
     "build",
     "component",
     "standalone",
 ]
 
+app = Service(
+    NAME,
+    settings=RecoverySettings,
+    access=ACCESS,
+    buckets=(BUCKET, SHARED.name),
+    publishes=(
+        "maintenance.requested.*",  # the drain before a reset or reboot
+        "agent.gpu.reset.*",  # request/reply to a node's GPU agent
+        "agent.gpu.validate.*",
+        # The owners' release paths, asked as `service/recovery` (audited by them); `cancel`:
+        # its own maintenance taken back when the quarantine ended without recovery.
+        control_subject("checkpoint", "finish"),
+        control_subject("checkpoint", "cancel"),
+        control_subject("cordon", "release"),
+        *PUBLISHES,
+    ),
+)
+
 
 class RecoveryService:
     """The service's three parts over one kit: `intake`, `steps`, `controls`."""
 
-    def __init__(
-        self,
-        bus: Bus,
-        cluster: Cluster,
-        *,
-        records: TypedKV[RecoveryRecord],
-        counts: TypedKV[RecoveryCounts],
-        marks: NodeMarks,
-        breaker: CircuitBreaker,
-        settings: RecoverySettings,
-        catalog: XidCatalog | None = None,
-    ) -> None:
-        self.kit = Kit(
-            bus, cluster, records, counts, marks, breaker, settings, catalog or load_catalog()
-        )
-        self.steps = RecoverySteps(self.kit)
-        self.intake = Intake(self.kit, self.steps)
-        self.controls = Controls(self.kit)
+    def __init__(self, kit: Kit, stopping: asyncio.Event) -> None:
+        self.kit = kit
+        self.stopping = stopping
+        self.steps = RecoverySteps(kit)
+        self.intake = Intake(kit, self.steps)
+        self.controls = Controls(kit)
 
 
-async def build(settings: Settings) -> Daemon:
-    """The recovery service's daemon: consumers on cordon's quarantines and on maintenance
-    ends, and the loop. `settings.cluster` must authenticate as its ServiceAccount."""
-    config: RecoverySettings = section(settings, "services", NAME, RecoverySettings)
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=2
-    )
-    kv = await bus.kv(config.bucket, history=5)
+@app.consumes(
+    "AUDIT",
+    suffix="quarantines",
+    subjects=setting("subjects"),
+    types=(Remediation,),
+    concurrency=4,
+    order_key=lambda e: e.data.target.name,
+    max_deliver=6,
+)
+async def on_quarantine(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
+    """A quarantine cordon applied or grew (`Intake.handle_quarantine`)."""
+    await service.intake.handle_quarantine(event, delivery)
+
+
+@app.consumes(
+    "MAINTENANCE",
+    suffix="maintenance",
+    subjects=setting("maintenance_subjects"),
+    types=(Maintenance,),
+    concurrency=4,
+    order_key=lambda e: str(e.data.node),
+    max_deliver=6,
+)
+async def on_maintenance(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
+    """A maintenance ended: a draining recovery moves on (`Intake.handle_maintenance`)."""
+    await service.intake.handle_maintenance(event, delivery)
+
+
+@app.control("force-drain")
+async def force_drain(service: RecoveryService, request: ControlRequest) -> ControlReply:
+    """`nodeward recovery force-drain NODE`."""
+    return await service.controls.force_drain_control(request)
+
+
+@app.task("recoveries", graceful=True)
+async def recoveries(service: RecoveryService) -> None:
+    """Drive every recovery under way until the daemon stops."""
+    await service.steps.run(service.stopping)
+
+
+@app.setup
+async def setup(rt: Runtime[RecoverySettings]) -> RecoveryService:
+    """The service over its bucket and the shared breaker. `settings.cluster` must
+    authenticate as its ServiceAccount."""
+    kv = await rt.kv(rt.config.bucket, history=5)
     breaker = await node_breaker(
-        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
+        rt.bus, rt.acting, rt.config.breaker, registry=rt.daemon.metrics.registry, daemon=rt.daemon
     )
-    service = RecoveryService(
-        bus,
-        cluster,
-        records=TypedKV(kv, RecoveryRecord),
-        counts=TypedKV(kv, RecoveryCounts),
-        marks=NodeMarks(cluster, kv, OWNER),
-        breaker=breaker,
-        settings=config,
+    kit = Kit(
+        rt.bus,
+        rt.acting,
+        TypedKV(kv, RecoveryRecord),
+        TypedKV(kv, RecoveryCounts),
+        NodeMarks(rt.acting, kv, OWNER),
+        breaker,
+        rt.config,
+        load_catalog(),
     )
-
-    async def consume() -> None:
-        await bus.consume(service.intake.consumer_spec(), service.intake.handle_quarantine)
-
-    async def consume_maintenance() -> None:
-        await bus.consume(service.intake.maintenance_spec(), service.intake.handle_maintenance)
-
-    async def loop() -> None:
-        await service.steps.run(daemon.stopping)
-
-    await bus.control(NAME, "force-drain", service.controls.force_drain_control)
-    daemon.add_task(consume, name="consume")
-    daemon.add_task(consume_maintenance, name="consume-maintenance")
-    daemon.add_task(loop, name="recoveries", graceful=True)
-    return daemon
+    return RecoveryService(kit, rt.daemon.stopping)
 
 
-component, standalone = one_daemon(NAME, build)
+build = app.build
+component, standalone = app.daemon()

@@ -36,11 +36,6 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.recovery import VALIDATE, ValidateRequest, ValidationReport, agent_subject
 from schemas.remediation import Outcome
-from schemas.state.recovery import (
-    RecoveryRecord,
-    Step,
-    node_key,
-)
 from services.kernel import (
     HOLD_ANNOTATION,
     DrainSettings,
@@ -71,6 +66,11 @@ from services.recovery.remediators import (
     REMEDIATORS,
     RemediatorError,
     boot_id,
+)
+from services.recovery.state import (
+    RecoveryRecord,
+    Step,
+    node_key,
 )
 
 

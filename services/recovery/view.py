@@ -20,7 +20,7 @@ from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.views import Row, Shown, records
 from schemas.state.cordon import NODES, NodeRecord
-from schemas.state.recovery import RECOVERIES, RecoveryRecord, Step
+from services.recovery.state import RECOVERIES, RecoveryRecord, Step
 
 SECTION = "recovery"
 DEFAULTS = {"recovery": None}

@@ -19,9 +19,9 @@ from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, make_event
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Notification
-from schemas.state.maintenance import CUDA_CHECKPOINT_LABEL, MaintenanceState, state_key
 from services.maintenance.plan import CHECKPOINT_LABEL
 from services.maintenance.service import build
+from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState, state_key
 from sim.cluster import SimCluster
 from sim.cluster.seed import (
     CheckpointFailure,

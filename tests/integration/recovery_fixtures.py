@@ -19,10 +19,10 @@ from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube.client import Backoff, KubeClient
 from schemas.remediation import Remediation
-from schemas.state.recovery import RecoveryRecord, node_key
 from services.cordon.service import build as build_cordon
 from services.maintenance.service import build as build_checkpoint
 from services.recovery.service import build as build_recovery
+from services.recovery.state import RecoveryRecord, node_key
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, Seed
 from sim.reboot import SimRebootOperator
@@ -150,9 +150,9 @@ async def recovery_platform(
                     "breaker": breaker,
                 },
                 "recovery": {
+                    # durables recovery-<uid>-quarantines and recovery-<uid>-maintenance
                     "consumer": f"recovery-{uid}",
                     "subjects": [f"remediation.quarantine.{node}"],
-                    "maintenance_consumer": f"recovery-mnt-{uid}",
                     "maintenance_subjects": [
                         f"maintenance.{p}.{node}" for p in ("done", "failed", "cancelled")
                     ],

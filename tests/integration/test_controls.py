@@ -21,8 +21,8 @@ from schemas.gpu import HealthState
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY
-from schemas.state.maintenance import MaintenanceState
 from services.falco.actions.isolate import ISOLATION_ANNOTATION
+from services.maintenance.state import MaintenanceState
 from sim.falco_samples import DROP_AND_EXECUTE
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (

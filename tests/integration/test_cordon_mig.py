@@ -22,9 +22,9 @@ from nodeward.bus.kv import TypedKV
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState, MigInstance
 from schemas.state.cordon import NodeRecord, node_key
-from schemas.state.recovery import Plan
 from schemas.xid import load_catalog
 from services.recovery.policy import Kind, decide
+from services.recovery.state import Plan
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import (
     H100,

@@ -46,11 +46,11 @@ from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import NODES, TAINT_KEY, NodeRecord, Quarantine
-from schemas.state.culler import SESSIONS, SessionRecord
 from schemas.state.lease import LeaseRecord
-from schemas.state.maintenance import MAINTENANCES, MaintenanceState, PodPlan
 from schemas.state.marks import MarkEntry, MarkIntent, MarkSpec, intents
 from services.credentials.state import LOCKS
+from services.culler.state import SESSIONS, SessionRecord
+from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 from tests.conftest import wait_for
 from tests.e2e.test_cli import run
 from tests.integration.cordon_fixtures import EnvFactory, failed

@@ -24,9 +24,9 @@ from schemas.control import ControlRequest
 from schemas.falco import ISOLATE_LABEL
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Remediation
-from schemas.state.maintenance import MaintenanceState, state_key
-from schemas.state.recovery import RecoveryRecord, Step
 from services.kernel.holds import hold_of
+from services.maintenance.state import MaintenanceState, state_key
+from services.recovery.state import RecoveryRecord, Step
 from sim.cluster.seed import PdbSeed, PodSeed
 from sim.inject import InjectRequest, request_injection
 from sim.reboot import SimRebootOperator
@@ -161,7 +161,7 @@ async def test_a_recovery_killed_at_each_step_is_finished_after_restart(
 
 
 async def _consuming(env: RecoveryEnv) -> bool:
-    consumer = f"recovery-{env.bucket.removeprefix('recovery-')}"
+    consumer = f"{env.bucket}-quarantines"  # the section's consumer is the bucket's name
     try:
         await env.bus.js.consumer_info("AUDIT", consumer)
     except Exception:  # noqa: BLE001 - not there yet
@@ -248,7 +248,7 @@ async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboo
     await wait_for(joined, "GPU 5 added to the quarantine")
 
     async def acked() -> bool:  # recovery has decided on cordon's audit of GPU 5
-        info = await env.bus.js.consumer_info("AUDIT", env.bucket)
+        info = await env.bus.js.consumer_info("AUDIT", f"{env.bucket}-quarantines")
         return info.num_ack_pending == 0 and info.num_pending == 0
 
     await wait_for(acked, "recovery done with the audit")
@@ -379,7 +379,7 @@ async def test_a_dry_running_recovery_audits_and_does_nothing(recovery_env: Any)
     assert decision.outcome.value == "dry_run" and decision.dry_run
 
     async def trigger_acked() -> bool:  # the handler is done with it: acked, nothing pending
-        info = await env.bus.js.consumer_info("AUDIT", env.bucket)  # consumer named as bucket
+        info = await env.bus.js.consumer_info("AUDIT", f"{env.bucket}-quarantines")
         return info.num_ack_pending == 0 and info.num_pending == 0
 
     await wait_for(trigger_acked, "the quarantine's audit record acknowledged")

@@ -235,8 +235,8 @@ async def _settle(env: RecoveryEnv, timeout: float) -> None:
     consumers = [
         ("GPU", f"cordon-{uid}"),
         ("MAINTENANCE", f"checkpoint-{uid}"),
-        ("AUDIT", f"recovery-{uid}"),
-        ("MAINTENANCE", f"recovery-mnt-{uid}"),
+        ("AUDIT", f"recovery-{uid}-quarantines"),
+        ("MAINTENANCE", f"recovery-{uid}-maintenance"),
     ]
     polls = time.monotonic() + 0.6
 

@@ -21,10 +21,10 @@ from pydantic import BaseModel, Field
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
 from nodeward.failpoints import Failpoints
-from schemas.state.maintenance import MaintenanceState
-from schemas.state.recovery import RecoveryRecord
 from schemas.state.workflow import FlowState
 from services.kernel.workflow import Cancelled, Driver, Retry, Step, Workflow, flow_of
+from services.maintenance.state import MaintenanceState
+from services.recovery.state import RecoveryRecord
 from tests.conftest import wait_for
 
 KEY = "job.j1"

@@ -24,12 +24,12 @@ from schemas.state.cordon import (
     first_of_gpu,
     physical_gpu,
 )
-from schemas.state.recovery import Plan
 from schemas.xid import XidCatalog, load_catalog
 from services.cordon.devices import joined_exclusion
 from services.cordon.policy import PolicyAction, load_policy, speaks_for
 from services.cordon.service import fault_details
 from services.recovery.policy import Kind, decide
+from services.recovery.state import Plan
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CATALOG = load_catalog()

@@ -14,9 +14,9 @@ from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import BREAKER, NODES, GpuRecord, NodeRecord, Quarantine
-from schemas.state.culler import SessionRecord
 from services.cordon import view as cordon_view
 from services.culler import view as culler_view
+from services.culler.state import SessionRecord
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -386,9 +386,9 @@ def test_several_services_views_share_a_node_most_severe_first() -> None:
     quarantine first, whichever view was read first, and cordoned last."""
     from nodeward.views import MarkHeld
     from schemas.maintenance import MaintenancePhase
-    from schemas.state.maintenance import MaintenanceState
     from services.console.live import marks_of
     from services.maintenance import view as maintenance_view
+    from services.maintenance.state import MaintenanceState
 
     drained = MaintenanceState(
         maintenance_id="m-1",

@@ -9,10 +9,10 @@ import typer
 
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord
-from schemas.state.maintenance import MaintenanceState, PodPlan, PodStatus
 from services.maintenance.cli import parse_at, render_restore
 from services.maintenance.plan import gpus_of
 from services.maintenance.restore import restorable, restore_plan
+from services.maintenance.state import MaintenanceState, PodPlan, PodStatus
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from schemas.gpu import RecommendedAction
-from schemas.state.recovery import Plan
 from schemas.xid import load_catalog
 from services.recovery.policy import (
     AfterFailure,
@@ -16,6 +15,7 @@ from services.recovery.policy import (
     gpu_indices,
     within_limit,
 )
+from services.recovery.state import Plan
 
 CATALOG = load_catalog()
 
