@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import threading
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from agents.gpu import amd_health
@@ -97,14 +98,53 @@ class GpuBackend:
         return False
 
 
-class NvmlBackend(GpuBackend):
+class _SourceBackend(GpuBackend):
+    """A backend whose per-GPU calls are one `agents.sources` module's functions of the library.
+
+    `nvml` and `amdsmi` share these functions' names and signatures; a backend names its
+    module and adds the calls that differ.
+    """
+
+    source: ModuleType
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+
+    def identify(self, lane: Lane, index: int) -> GpuIdentity:
+        return self.source.identify(self.lib, lane, index)  # type: ignore[no-any-return]
+
+    def sample_health(self, lane: Lane, gpu: GpuIdentity) -> Any:
+        return self.source.sample_health(self.lib, lane, gpu)
+
+    def sample_telemetry(self, lane: Lane, gpu: GpuIdentity) -> TelemetrySample:
+        return self.source.sample_telemetry(self.lib, lane, gpu)  # type: ignore[no-any-return]
+
+    def is_lost(self, exc: BaseException) -> bool:
+        return self.source.is_lost(exc)  # type: ignore[no-any-return]
+
+    def wait_events(
+        self,
+        events: Any,
+        deliver: Callable[[Any], None],
+        failed: Callable[[str], None],
+        stop: threading.Event,
+        timeout_ms: int,
+    ) -> None:
+        self.source.wait_events(self.lib, events, deliver, failed, stop, timeout_ms=timeout_ms)
+
+    def device_key(self, handle: Any) -> int:
+        return self.source.handle_key(handle)  # type: ignore[no-any-return]
+
+
+class NvmlBackend(_SourceBackend):
     """NVIDIA GPUs through nvidia-ml-py (`pynvml`, or a `SimNvml`)."""
 
     name = "nvml"
+    source = nvml
     errors = (pynvml.NVMLError,)
 
     def __init__(self, lib: Any, limits: Limits | None = None) -> None:
-        self.lib = lib
+        super().__init__(lib)
         self.limits = limits or Limits()
 
     def init(self) -> None:
@@ -122,48 +162,24 @@ class NvmlBackend(GpuBackend):
     def close_events(self, events: Any) -> None:
         self.lib.nvmlEventSetFree(events)
 
-    def identify(self, lane: Lane, index: int) -> GpuIdentity:
-        return nvml.identify(self.lib, lane, index)
-
     def register_events(self, lane: Lane, gpu: GpuIdentity, events: Any) -> None:
         nvml.register_events(self.lib, lane, gpu, events)
 
-    def sample_health(self, lane: Lane, gpu: GpuIdentity) -> Any:
-        return nvml.sample_health(self.lib, lane, gpu)
-
     def findings(self, sample: Any) -> list[Finding]:
         return nvml_findings(sample, self.limits)
-
-    def sample_telemetry(self, lane: Lane, gpu: GpuIdentity) -> TelemetrySample:
-        return nvml.sample_telemetry(self.lib, lane, gpu)
-
-    def is_lost(self, exc: BaseException) -> bool:
-        return nvml.is_lost(exc)
-
-    def wait_events(
-        self,
-        events: Any,
-        deliver: Callable[[Any], None],
-        failed: Callable[[str], None],
-        stop: threading.Event,
-        timeout_ms: int,
-    ) -> None:
-        nvml.wait_events(self.lib, events, deliver, failed, stop, timeout_ms=timeout_ms)
-
-    def device_key(self, handle: Any) -> int:
-        return nvml.handle_key(handle)
 
     def processes(self, gpu: GpuIdentity) -> list[Any]:
         return list(self.lib.nvmlDeviceGetComputeRunningProcesses(gpu.handle) or [])
 
 
-class AmdSmiBackend(GpuBackend):
+class AmdSmiBackend(_SourceBackend):
     """AMD GPUs through AMD SMI (the `amdsmi` module, or a `SimAmdSmi`)."""
 
     name = "amdsmi"
+    source = amd
 
     def __init__(self, lib: Any, limits: AmdLimits | None = None) -> None:
-        self.lib = lib
+        super().__init__(lib)
         self.limits = limits or AmdLimits()
         self.errors = (lib.AmdSmiException,)
 
@@ -182,36 +198,11 @@ class AmdSmiBackend(GpuBackend):
     def close_events(self, events: Any) -> None:
         amd.close_readers(self.lib, events)
 
-    def identify(self, lane: Lane, index: int) -> GpuIdentity:
-        return amd.identify(self.lib, lane, index)
-
     def register_events(self, lane: Lane, gpu: GpuIdentity, events: Any) -> None:
         events.extend(amd.open_readers(self.lib, lane, [gpu]))
 
-    def sample_health(self, lane: Lane, gpu: GpuIdentity) -> Any:
-        return amd.sample_health(self.lib, lane, gpu)
-
     def findings(self, sample: Any) -> list[Finding]:
         return amd_health.sample_findings(sample, self.limits)
-
-    def sample_telemetry(self, lane: Lane, gpu: GpuIdentity) -> TelemetrySample:
-        return amd.sample_telemetry(self.lib, lane, gpu)
-
-    def is_lost(self, exc: BaseException) -> bool:
-        return amd.is_lost(exc)
-
-    def wait_events(
-        self,
-        events: Any,
-        deliver: Callable[[Any], None],
-        failed: Callable[[str], None],
-        stop: threading.Event,
-        timeout_ms: int,
-    ) -> None:
-        amd.wait_events(self.lib, events, deliver, failed, stop, timeout_ms=timeout_ms)
-
-    def device_key(self, handle: Any) -> int:
-        return amd.handle_key(handle)
 
     def event_findings(self, held: Sequence[EventSeen]) -> list[Finding]:
         return amd_health.event_findings(held, self.limits)

@@ -16,14 +16,9 @@ from nodeward.config import BusSettings
 from schemas import Event
 
 
-async def main(url: str, durable: str, subject: str, marker: Path) -> None:
-    bus = await Bus.connect(BusSettings(url=url), source="test/hanging")
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        marker.write_text(f"{event.id} {delivery.attempt}\n")
-        await asyncio.Event().wait()  # never returns: the test kills us here
-
-    spec = ConsumerSpec(
+def crash_spec(durable: str, subject: str) -> ConsumerSpec:
+    """The durable this process and the test that kills it share: one at a time, a 1 s ack wait."""
+    return ConsumerSpec(
         name=durable,
         stream="GPU",
         subjects=(subject,),
@@ -32,7 +27,16 @@ async def main(url: str, durable: str, subject: str, marker: Path) -> None:
         batch=1,
         max_ack_pending=8,
     )
-    await bus.consume(spec, handler)
+
+
+async def main(url: str, durable: str, subject: str, marker: Path) -> None:
+    bus = await Bus.connect(BusSettings(url=url), source="test/hanging")
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        marker.write_text(f"{event.id} {delivery.attempt}\n")
+        await asyncio.Event().wait()  # never returns: the test kills us here
+
+    await bus.consume(crash_spec(durable, subject), handler)
     await asyncio.Event().wait()
 
 

@@ -7,16 +7,34 @@ import os
 import shutil
 import signal
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, PublishError
+from nodeward.bus import Bus, Delivery, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from schemas import Event, make_event
 from schemas.gpu import GpuHealth
 from tests.conftest import REPO, wait_for
+from tests.helpers.hanging_consumer import crash_spec
+from tests.helpers.health import Sequences, health_event, health_events, health_spec
+
+
+async def _own_bus(own_nats: EmbeddedNats, source: str) -> Bus:
+    """A bus on `own_nats` that retries its publishes through a server restart."""
+    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
+    return await Bus.connect(settings, source=source)
+
+
+async def _restart(own_nats: EmbeddedNats, *, empty: bool = False) -> None:
+    """SIGKILL the server (no clean shutdown of the store) and start it on the same port;
+    `empty`: without its JetStream state."""
+    port = own_nats.port
+    await own_nats.kill()
+    if empty:
+        shutil.rmtree(own_nats.store_dir / "jetstream")
+    own_nats.port = port
+    await own_nats.start()
 
 
 async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(
@@ -56,16 +74,7 @@ async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(
     async def handler(e: Event[Any], delivery: Delivery) -> None:
         got.append((e.id, delivery.attempt))
 
-    spec = ConsumerSpec(
-        name=durable,
-        stream="GPU",
-        subjects=(subject,),
-        ack_wait=timedelta(seconds=1),
-        concurrency=1,
-        batch=1,
-        max_ack_pending=8,
-    )
-    await bus.consume(spec, handler)
+    await bus.consume(crash_spec(durable, subject), handler)
     await wait_for(lambda: got, timeout=10, what="redelivery after SIGKILL")
     assert got[0] == (event.id, 2)
 
@@ -73,8 +82,7 @@ async def test_sigkill_mid_handler_redelivers_to_a_new_consumer(
 async def test_restarted_server_loses_no_acknowledged_event(
     own_nats: EmbeddedNats, node: str
 ) -> None:
-    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
-    bus = await Bus.connect(settings, source="test/publisher")
+    bus = await _own_bus(own_nats, "test/publisher")
     acked: list[str] = []
     failed: list[str] = []
     stop = asyncio.Event()
@@ -94,11 +102,8 @@ async def test_restarted_server_loses_no_acknowledged_event(
     task = asyncio.create_task(publisher())
     try:
         await wait_for(lambda: len(acked) >= 200, what="publishing under way")
-        port = own_nats.port
-        await own_nats.kill()  # SIGKILL: no clean shutdown of the store
         before_restart = len(acked)
-        own_nats.port = port
-        await own_nats.start()
+        await _restart(own_nats)
         await wait_for(
             lambda: len(acked) >= before_restart + 200, timeout=30, what="publishing resumed"
         )
@@ -126,65 +131,35 @@ async def test_restarted_server_loses_no_acknowledged_event(
 
 async def test_consumer_resumes_after_server_restart(own_nats: EmbeddedNats, node: str) -> None:
     """Pull requests die with the connection; the consumer notices and asks again."""
-    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
-    bus = await Bus.connect(settings, source="test/consumer")
-    seen: set[int] = set()
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        seen.add(event.data.sequence)
-
-    base = GpuHealth.example().model_copy(update={"node": node})
+    bus = await _own_bus(own_nats, "test/consumer")
+    handled = Sequences()
     try:
-        spec = ConsumerSpec(
-            name=f"resume-{node}",
-            stream="GPU",
-            subjects=(f"gpu.health.{node}.>",),
-            batch=16,
-            concurrency=2,
-            max_ack_pending=64,
-        )
-        await bus.consume(spec, handler)
-        await bus.publish_many(
-            [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(10)]
-        )
-        await wait_for(lambda: len(seen) == 10, what="first ten handled")
-        port = own_nats.port
-        await own_nats.kill()
-        own_nats.port = port
-        await own_nats.start()
-        await bus.publish_many(
-            [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(10, 20)]
-        )
+        await bus.consume(health_spec(f"resume-{node}", node), handled)
+        await bus.publish_many(health_events(node, range(10)))
+        await wait_for(lambda: len(handled.seen) == 10, what="first ten handled")
+        await _restart(own_nats)
+        await bus.publish_many(health_events(node, range(10, 20)))
         await wait_for(
-            lambda: len(seen) == 20, timeout=20, what="the next ten handled after the restart"
+            lambda: len(handled.seen) == 20,
+            timeout=20,
+            what="the next ten handled after the restart",
         )
-        assert seen == set(range(20))
+        assert handled.seen == set(range(20))
     finally:
         await bus.close(grace=1)
 
 
 async def test_deleted_consumer_is_recreated(bus: Bus, node: str) -> None:
-    seen: set[int] = set()
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        seen.add(event.data.sequence)
-
-    base = GpuHealth.example().model_copy(update={"node": node})
+    handled = Sequences()
     name = f"recreate-{node}"
-    spec = ConsumerSpec(
-        name=name,
-        stream="GPU",
-        subjects=(f"gpu.health.{node}.>",),
-        batch=16,
-        concurrency=2,
-        max_ack_pending=64,
-    )
-    consumer = await bus.consume(spec, handler)
-    await bus.publish(make_event(base.model_copy(update={"sequence": 1}), source="t"))
-    await wait_for(lambda: 1 in seen, what="first handled")
+    consumer = await bus.consume(health_spec(name, node), handled)
+    await bus.publish(health_event(node, 1))
+    await wait_for(lambda: 1 in handled.seen, what="first handled")
     await bus.js.delete_consumer("GPU", name)  # an operator, or a lost JetStream state
-    await bus.publish(make_event(base.model_copy(update={"sequence": 2}), source="t"))
-    await wait_for(lambda: 2 in seen, timeout=15, what="handled after the consumer was recreated")
+    await bus.publish(health_event(node, 2))
+    await wait_for(
+        lambda: 2 in handled.seen, timeout=15, what="handled after the consumer was recreated"
+    )
     assert consumer.bound
 
 
@@ -193,34 +168,16 @@ async def test_consumer_rebinds_after_a_restart_on_an_empty_store(
 ) -> None:
     """A server back on the same port without its JetStream state: no responders to the pull
     requests, so the consumer re-creates its stream and itself, and handles what comes next."""
-    settings = BusSettings(url=own_nats.url, publish_timeout="1s", publish_retries=20)  # type: ignore[arg-type]
-    bus = await Bus.connect(settings, source="test/consumer")
-    seen: set[int] = set()
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        seen.add(event.data.sequence)
-
-    base = GpuHealth.example().model_copy(update={"node": node})
+    bus = await _own_bus(own_nats, "test/consumer")
+    handled = Sequences()
     try:
-        spec = ConsumerSpec(
-            name=f"rebind-{node}",
-            stream="GPU",
-            subjects=(f"gpu.health.{node}.>",),
-            batch=16,
-            concurrency=2,
-            max_ack_pending=64,
-        )
-        consumer = await bus.consume(spec, handler)
-        await bus.publish(make_event(base.model_copy(update={"sequence": 1}), source="t"))
-        await wait_for(lambda: 1 in seen, what="first handled")
-        port = own_nats.port
-        await own_nats.kill()
-        shutil.rmtree(own_nats.store_dir / "jetstream")
-        own_nats.port = port
-        await own_nats.start()
+        consumer = await bus.consume(health_spec(f"rebind-{node}", node), handled)
+        await bus.publish(health_event(node, 1))
+        await wait_for(lambda: 1 in handled.seen, what="first handled")
+        await _restart(own_nats, empty=True)
         # Published once the consumer has put the stream back (the publisher retries).
-        await bus.publish(make_event(base.model_copy(update={"sequence": 2}), source="t"))
-        await wait_for(lambda: 2 in seen, timeout=20, what="handled after the re-bind")
+        await bus.publish(health_event(node, 2))
+        await wait_for(lambda: 2 in handled.seen, timeout=20, what="handled after the re-bind")
         assert consumer.bound
         assert "GPU" in [s.config.name for s in await bus.js.streams_info()]
     finally:

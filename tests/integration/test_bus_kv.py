@@ -9,13 +9,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, Delivery
 from nodeward.bus.kv import Lease, TypedKV
-from schemas import Event, make_event
+from schemas import Event
 from schemas.capacity import GpuCounts
-from schemas.gpu import GpuHealth
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot, NodeCapacity
 from tests.conftest import wait_for
+from tests.helpers.health import health_events, health_spec
 
 
 class Counter(BaseModel):
@@ -183,19 +183,9 @@ async def test_shutdown_finishes_in_flight_and_returns_the_rest(
         await asyncio.sleep(0.3)
         finished.append(event.data.sequence)
 
-    base = GpuHealth.example().model_copy(update={"node": node})
-    await bus.publish_many(
-        [make_event(base.model_copy(update={"sequence": i}), source="t") for i in range(5)]
-    )
+    await bus.publish_many(health_events(node, range(5)))
     name = f"shut-{node}"
-    spec = ConsumerSpec(
-        name=name,
-        stream="GPU",
-        subjects=(f"gpu.health.{node}.>",),
-        concurrency=1,
-        batch=5,
-        max_ack_pending=16,
-    )
+    spec = health_spec(name, node, concurrency=1, batch=5, max_ack_pending=16)
     other = await Bus.connect(bus_settings, source="test/other")
     consumer = await other.consume(spec, slow)
     await asyncio.wait_for(started.wait(), 5)

@@ -23,6 +23,7 @@ from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed
 from sim.inject import InjectRequest, request_injection, serve_injections
 from sim.nvml import SimNvml
 from tests.conftest import wait_for
+from tests.helpers.sim_cli import sim_inject
 
 FAST = GpuAgentSettings(
     heartbeat_interval="0.2s",  # type: ignore[arg-type]
@@ -306,20 +307,7 @@ async def test_a_load_injection_drives_power_into_telemetry(rig: Rig) -> None:
 
 async def test_cli_inject_round_trip(rig: Rig, nats_url: str) -> None:
     async def cli(*args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "launch",
-            "sim",
-            "inject",
-            "--nats",
-            nats_url,
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        return proc.returncode or 0, out.decode(), err.decode()
+        return await sim_inject(nats_url, *args)
 
     code, out, err = await cli("--node", rig.node, "--gpu", "0", "--xid", "79")
     assert code == 0, err

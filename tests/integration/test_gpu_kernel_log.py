@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agents.gpu.agent import GpuAgent
 from agents.gpu.settings import GpuAgentSettings
@@ -23,6 +22,7 @@ from sim.inject import InjectRequest, request_injection, serve_injections
 from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 from tests.conftest import wait_for
+from tests.helpers.sim_cli import sim_inject
 from tests.integration.cordon_fixtures import EnvFactory, audits, read_stream
 
 
@@ -198,13 +198,7 @@ async def test_cli_injects_through_the_kernel_log(
     bus: Bus, node: str, tmp_path: Path, nats_url: str
 ) -> None:
     async with running_agent(bus, node, tmp_path) as n:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "launch",
-            "sim",
-            "inject",
-            "--nats",
+        code, out, err = await sim_inject(
             nats_url,
             "--node",
             node,
@@ -216,35 +210,17 @@ async def test_cli_injects_through_the_kernel_log(
             "kmsg",
             "--driver",
             "r470",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await proc.communicate()
-        assert proc.returncode == 0, err.decode()
-        assert out.decode().strip() == f"{node} gpu 0: XID 79 via kmsg injected"
+        assert code == 0, err
+        assert out.strip() == f"{node} gpu 0: XID 79 via kmsg injected"
         failed = await n.state(0, "failed")
         assert _xid_reasons(failed["reasons"], 79)[0]["detectors"] == ["kmsg"]
         assert n.sim.gpus[0].lost is False
-        bad = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "launch",
-            "sim",
-            "inject",
-            "--nats",
-            nats_url,
-            "--node",
-            node,
-            "--fault",
-            "thermal",
-            "--via",
-            "kmsg",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        code, _, err = await sim_inject(
+            nats_url, "--node", node, "--fault", "thermal", "--via", "kmsg"
         )
-        _, err = await bad.communicate()
-        assert bad.returncode == 2 and err.decode().count("\n") == 1  # a usage error
-        assert "--via and --driver go with --xid only" in err.decode()
+        assert code == 2 and err.count("\n") == 1  # a usage error
+        assert "--via and --driver go with --xid only" in err
 
 
 async def test_a_driver_line_for_an_unknown_gpu_is_counted_not_attributed(
@@ -275,40 +251,39 @@ async def _applied(env: Any, name: str) -> list[Any]:
     ]
 
 
-async def test_an_xid_seen_only_in_kmsg_quarantines_the_node(
-    cordon_env: EnvFactory, tmp_path: Path
-) -> None:
+@asynccontextmanager
+async def quarantined_by(
+    cordon_env: EnvFactory, tmp_path: Path, gpu: int, via: Literal["kmsg", "both"]
+) -> AsyncIterator[tuple[Any, str, Node, list[Any]]]:
+    """The cordon env and one node's agent once an XID 79 on `gpu` `via` its detector(s) has
+    tainted and cordoned the node in the API and its `applied` audit is published."""
     env = await cordon_env()
     await env.start()
     name = env.nodes[0]
     async with running_agent(env.bus, name, tmp_path) as n:
-        reply = await request_injection(env.bus.nc, name, InjectRequest(gpu=1, xid=79, via="kmsg"))
+        reply = await request_injection(env.bus.nc, name, InjectRequest(gpu=gpu, xid=79, via=via))
         assert reply.ok, reply.error
 
         async def quarantined() -> bool:
             return _quarantined(await env.node(name))
 
         await wait_for(quarantined, timeout=5, what="taint and cordon in the API")
-        assert n.sim.gpus[1].lost is False  # NVML never said anything
         applied = await wait_for(lambda: _applied(env, name), timeout=5, what="audit")
+        yield env, name, n, applied
+
+
+async def test_an_xid_seen_only_in_kmsg_quarantines_the_node(
+    cordon_env: EnvFactory, tmp_path: Path
+) -> None:
+    async with quarantined_by(cordon_env, tmp_path, gpu=1, via="kmsg") as (_, _, n, applied):
+        assert n.sim.gpus[1].lost is False  # NVML never said anything
         assert len(applied) == 1
 
 
 async def test_kmsg_and_nvml_for_one_xid_quarantine_once_with_one_gpu_xid(
     cordon_env: EnvFactory, tmp_path: Path
 ) -> None:
-    env = await cordon_env()
-    await env.start()
-    name = env.nodes[0]
-    async with running_agent(env.bus, name, tmp_path) as n:
-        reply = await request_injection(env.bus.nc, name, InjectRequest(gpu=0, xid=79, via="both"))
-        assert reply.ok, reply.error
-
-        async def quarantined() -> bool:
-            return _quarantined(await env.node(name))
-
-        await wait_for(quarantined, timeout=5, what="taint and cordon in the API")
-        await wait_for(lambda: _applied(env, name), timeout=5, what="audit")
+    async with quarantined_by(cordon_env, tmp_path, gpu=0, via="both") as (env, name, n, _):
 
         async def xid_events() -> list[Any]:
             return await read_stream(env.bus, "GPU", f"gpu.xid.{name}.>")
