@@ -147,7 +147,7 @@ async def workflows(service: CheckpointService) -> None:
 
 
 @app.task("annotations", graceful=True)
-async def annotations(service: CheckpointService) -> None:
+async def annotated_nodes(service: CheckpointService) -> None:
     """Nodes annotated `nodeward.io/maintenance=requested` turned into requests."""
     await service.intake.watch_annotations(service.stopping)
 
