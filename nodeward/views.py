@@ -158,6 +158,32 @@ class Shown(BaseModel):
         description="the shared circuit breaker, read from the bucket its settings name in "
         "place of the declared one: the one shown",
     )
+
+    def held(
+        self, mark: MarkHeld, section: str, severity: Severity, rank: int, after: str = ""
+    ) -> None:
+        """A mark its owner holds, said as every view says one: the marks cell (`cordoned by
+        OWNER`) and the node's attention (`cordoned by OWNER (PHASE)`)."""
+        word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
+        self.cells.append(
+            Cell(
+                node=mark.node,
+                column="marks",
+                text=f"{word} by {mark.owner}{after}",
+                severity=severity,
+            )
+        )
+        what = "cordoned" if mark.cordon else "marked"
+        self.rows.append(
+            Row(
+                section=section,
+                node=mark.node,
+                severity=severity,
+                attention=f"{what} by {mark.owner} ({mark.phase})",
+                rank=rank,
+            )
+        )
+
     breaker_before: BreakerState | None = Field(
         default=None,
         description="an older record of the circuit breaker it keeps: shown when no shared "

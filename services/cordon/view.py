@@ -61,10 +61,6 @@ def quarantined(record: NodeRecord, now: datetime) -> Quarantined | None:
     )
 
 
-def _word(mark: MarkHeld) -> str:
-    return "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
-
-
 def shown(
     nodes: Mapping[str, NodeRecord],
     marks: Sequence[MarkHeld],
@@ -113,24 +109,7 @@ def shown(
         out.marks.append(mark)
         if nodes.get(mark.node, NodeRecord()).quarantine is not None:
             continue  # said with the quarantine
-        what = "cordoned" if mark.cordon else "marked"
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=mark.node,
-                severity="warning",
-                attention=f"{what} by {mark.owner} ({mark.phase})",
-                rank=1,
-            )
-        )
-        out.cells.append(
-            Cell(
-                node=mark.node,
-                column="marks",
-                text=f"{_word(mark)} by {mark.owner}",
-                severity="warning",
-            )
-        )
+        out.held(mark, SECTION, "warning", rank=1)
     if table.rows:
         out.tables.append(table)
     return out

@@ -149,22 +149,7 @@ def shown(
     for mark in marks:
         out.marks.append(mark)
         out.cells.append(Cell(node=mark.node, column="badge", text="falco", severity="critical"))
-        word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
-        out.cells.append(
-            Cell(
-                node=mark.node, column="marks", text=f"{word} by {mark.owner}", severity="critical"
-            )
-        )
-        what = "cordoned" if mark.cordon else "marked"
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=mark.node,
-                severity="critical",
-                attention=f"{what} by {mark.owner} ({mark.phase})",
-                rank=0,
-            )
-        )
+        out.held(mark, SECTION, "critical", rank=0)
     ordered = [i for name, pods in by_node.items() if name for i in pods]
     if ordered:
         out.tables.append(_table(ordered, now))

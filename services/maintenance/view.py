@@ -179,26 +179,8 @@ def shown(
                     Cell(node=mark.node, column="marks", text="cordoned", severity="warning")
                 )
             continue  # its attention is the maintenance's, with its phase
-        word = "cordoned" if mark.cordon else "tainted" if mark.taints else "marked"
         after = f" (maintenance {held.phase})" if held is not None else ""
-        out.cells.append(
-            Cell(
-                node=mark.node,
-                column="marks",
-                text=f"{word} by {mark.owner}{after}",
-                severity="warning",
-            )
-        )
-        what = "cordoned" if mark.cordon else "marked"
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=mark.node,
-                severity="warning",
-                attention=f"{what} by {mark.owner} ({mark.phase})",
-                rank=1,
-            )
-        )
+        out.held(mark, SECTION, "warning", rank=1, after=after)
     if node is not None:
         mine = views.get(node)
         if mine is not None:
