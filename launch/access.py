@@ -1,9 +1,9 @@
 """Every daemon's declared access, collected where all of them are visible.
 
 Each service and node agent declares what it may do in its own package (`access.py`):
-`ACCESS` (its Kubernetes operations; a node agent that calls no API has none) and `GRANTS`
-(a service's NATS consumers, buckets and outputs; a node agent's subjects, with `{node}` for
-its node). The RBAC test, the sim cluster's fallback roles, the chart's NATS permissions file
+`ACCESS` (its Kubernetes operations; a node agent that calls no API has none); a node agent
+also `GRANTS` (its subjects, with `{node}` for its node). A service's NATS grants (consumers,
+buckets, outputs, controls) are derived from its handler declarations (`Service.grants()`). The RBAC test, the sim cluster's fallback roles, the chart's NATS permissions file
 and the node users of the tests are built from these.
 
 `python -m launch.access nats-permissions FILE` writes the chart's copy
@@ -61,15 +61,16 @@ ACCOUNTS: dict[str, Access] = by_account(DECLARED)
 
 
 def _service_grants() -> dict[str, ServiceGrants]:
-    """Per service, its grants: derived from its handler declarations (`nodeward.handlers`)
-    where its plugin names them, else its access module's `GRANTS`."""
+    """Per service, its grants: derived from its handler declarations (`nodeward.handlers`),
+    which its plugin names."""
     found = {}
     for p in services():
         if p.access is None:
             continue
+        if p.handlers is None:
+            raise TypeError(f"service {p.name}: declares access but no handlers to grant")
         module = resolve(p.ref(p.access))
-        declared = p.load(p.handlers).grants() if p.handlers is not None else module.GRANTS
-        found[module.ACCESS.account] = declared
+        found[module.ACCESS.account] = p.load(p.handlers).grants()
     return found
 
 

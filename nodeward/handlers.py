@@ -86,10 +86,13 @@ class FromSettings(Generic[T]):
 
 
 def setting(name: str) -> FromSettings[Any]:
-    """The section's field `name` (a list is given as a tuple)."""
+    """The section's field `name`, a dotted path into a nested section (`xid_repeats.enabled`);
+    a list is given as a tuple."""
 
     def read(config: Any) -> Any:
-        value = getattr(config, name)
+        value = config
+        for part in name.split("."):
+            value = getattr(value, part)
         return tuple(value) if isinstance(value, list) else value
 
     return FromSettings(read)

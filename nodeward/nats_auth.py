@@ -9,9 +9,10 @@ receive only on `_INBOX_<service>` (and its own operator controls,
 `control.<service>.<verb>`, which it answers). Operators get one read-only user
 (`operator`): every stream and bucket to read, the controls to send.
 
-The runtime names no service's or agent's subject: each declares its grants in its own
-package (`GRANTS` in `services/<name>/access.py`, a `ServiceGrants`; in
-`agents/<name>/access.py`, an `AgentGrants` with `{node}` for its node), and the composition
+The runtime names no service's or agent's subject: a service's grants (a `ServiceGrants`)
+are derived from its handler declarations (`nodeward.handlers.Service.grants()`), an agent
+declares its own in its package (`agents/<name>/access.py`, an `AgentGrants` with `{node}`
+for its node), and the composition
 root (`launch.access`) collects them and hands them to `node_agent`, `operator` and
 `permissions_document`. The Helm chart reads them from
 `deploy/helm/nodeward/files/nats-permissions.json`, which `permissions_document()`
@@ -69,7 +70,7 @@ MAX_PARTITIONS = 16
 class ServiceGrants:
     """What one service uses on the bus: its durable consumers, KV buckets and outputs.
 
-    Each service declares its own in its package (`services/<name>/access.py`, `GRANTS`).
+    Derived from each service's handler declarations (`Service.grants()`).
     """
 
     consumers: tuple[tuple[str, str], ...]  # (stream, durable)

@@ -135,21 +135,6 @@ class Standalone:
     admin: Mapping[str, Callable[[Settings], Awaitable[str]]] = field(default_factory=dict)
 
 
-def one_daemon(
-    name: str,
-    build: Callable[[Settings], Awaitable[Daemon]],
-    admin: Mapping[str, Callable[[Settings], Awaitable[str]]] | None = None,
-) -> tuple[Component, Standalone]:
-    """The component and standalone of a service that is one daemon built from its settings:
-    `up` builds it with its own ServiceAccount's credentials (`UpContext.settings_for`),
-    `nodeward service NAME` with the settings given."""
-
-    async def for_up(context: UpContext) -> list[Daemon]:
-        return [await build(context.settings_for(name))]
-
-    return Component(name, for_up), Standalone(build, admin=dict(admin or {}))
-
-
 def standalone_names(kind: Literal["agent", "service"]) -> list[str]:
     if kind == "service":
         return names()

@@ -7,11 +7,10 @@ where it is needed, so `nodeward --help` loads no daemon code:
 
 - `component`: what `nodeward up` runs (`nodeward.platform.Component`);
 - `standalone`: what `nodeward service NAME` runs (`nodeward.platform.Standalone`);
-- `access`: the module declaring its Kubernetes operations (`ACCESS`) and NATS grants
-  (`GRANTS`), from which its RBAC role and NATS user are made; None for a service that only
-  reads the bus;
-- `handlers`: its declarations (`nodeward.handlers.Service`), when it is declared with them:
-  its NATS grants are then derived from them (`Service.grants()`), not written in `GRANTS`;
+- `access`: the module declaring its Kubernetes operations (`ACCESS`), from which its RBAC
+  role is made; None for a service that only reads the bus;
+- `handlers`: its declarations (`nodeward.handlers.Service`), from which its NATS user's
+  grants are derived (`Service.grants()`); every service with `access` has them;
 - `commands`: the operators' commands it mounts on `nodeward` (`nodeward.cli.plugins`);
 - `view`: what it adds to `nodeward status` and the console (`nodeward.views`).
 

@@ -1,17 +1,13 @@
-"""What the cordon service (GPU quarantine) may do: its Kubernetes operations and its NATS grants.
+"""What the cordon service (GPU quarantine) may do in Kubernetes.
 
 The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/cordon.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`), and the
-chart's NATS permissions are generated from `GRANTS` (`launch.access`).
+`deploy/rbac/cordon.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
+grants are derived from its declarations (`services.cordon.service.app`).
 """
 
 from __future__ import annotations
 
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
-from schemas.state.breaker import SHARED
-from schemas.state.cordon import NODES
-from services.kernel.access import AUDIT_READ, PUBLISHES
 
 ACCESS = Access(
     "cordon",
@@ -34,17 +30,4 @@ ACCESS = Access(
             "devicetaintrules.delete",
         }
     ),
-)
-
-# A quarantine rule with `maintenance: true` asks the checkpoint service for the node's maintenance.
-GRANTS = ServiceGrants(
-    consumers=(("GPU", "cordon"), ("GPU", "cordon-xids"), ("HEARTBEATS", "cordon-heartbeats")),
-    # `breaker`: the one circuit breaker every service that removes nodes shares.
-    buckets=(NODES.name, SHARED.name),
-    # AUDIT_READ: a quarantine resumed after a restart is audited once (`Auditor.stored`).
-    publish=("maintenance.requested.*", *PUBLISHES, AUDIT_READ),
-    # `nodeward quarantine release`, `nodeward breaker reset`.
-    controls=("release", "reset-breaker"),
-    # Per node across replicas with bus.partitions > 1 (one lease group: services.cordon).
-    partitioned=("cordon", "cordon-xids", "cordon-heartbeats"),
 )

@@ -30,26 +30,27 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from nats.js.kv import KeyValue
 from pydantic import Field
 
 from nodeward.aio import KeyedLocks
-from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
+from nodeward.bus import Bus, ConsumerSpec, Delivery
 from nodeward.bus.kv import TypedKV
+from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.snapshot import kv_entries
-from nodeward.config import Section, Settings, section
-from nodeward.daemon import Daemon
+from nodeward.config import Settings, section
 from nodeward.durations import Duration
+from nodeward.handlers import Consuming, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
-from nodeward.platform import acting_daemon, one_daemon
 from schemas.base import Event, make_event
 from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
-from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, HealthState
+from schemas.gpu import GpuHealth, GpuHeartbeat, GpuState, GpuXid, HealthState
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome, Remediation
-from schemas.state.breaker import BREAKER_KEY
+from schemas.state.breaker import BREAKER_KEY, SHARED
 from schemas.state.cordon import (
     NODES,
     TAINT_KEY,
@@ -102,6 +103,7 @@ from services.kernel import (
     drain,
     per_action,
 )
+from services.kernel.access import AUDIT_READ, PUBLISHES
 from services.kernel.breaker import node_breaker
 from services.kernel.control import (
     ControlSettings,
@@ -123,11 +125,11 @@ SEVERITIES = per_action(
 )
 
 
-class CordonSettings(Section):
-    """`services.cordon` in the config file."""
+class CordonSettings(Consuming):
+    """`services.cordon` in the config file. Its durables: `<consumer>` (changes),
+    `<consumer>-heartbeats`, `<consumer>-xids`."""
 
     dry_run: bool = False
-    consumer: str = "cordon"
     subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
     bucket: str = NODES.name
     concurrency: int = Field(default=16, ge=1)
@@ -155,7 +157,6 @@ class CordonSettings(Section):
         "quarantine is one incident that nothing releases but an operator",
     )
     reconcile_interval: Duration = timedelta(seconds=15)
-    heartbeat_consumer: str = "cordon-heartbeats"
     heartbeat_subjects: list[str] = Field(default_factory=lambda: ["gpu.heartbeat.>"], min_length=1)
     heartbeat_grace: Duration = Field(
         default=timedelta(minutes=2),
@@ -186,6 +187,26 @@ class CordonSettings(Section):
     drain: DrainSettings = DrainSettings()
     controls: ControlSettings = ControlSettings()
     devices: DeviceSettings = DeviceSettings()
+
+
+app: Service[CordonSettings] = Service(
+    NAME,
+    settings=CordonSettings,
+    access=ACCESS,
+    # `breaker`: the one circuit breaker every service that removes nodes shares.
+    buckets=(NODES.name, SHARED.name),
+    # A rule with `maintenance: true` asks the checkpoint service for the node's maintenance;
+    # AUDIT_READ: a quarantine resumed after a restart is audited once (`Auditor.stored`).
+    publishes=("maintenance.requested.*", *PUBLISHES, AUDIT_READ),
+    source=ACTOR,
+    # With bus.partitions > 1, partition i of changes, heartbeats and XIDs is one lease: one
+    # replica acts on a node.
+    one_lease=True,
+)
+
+
+def _leases(service: CordonService) -> KeyValue:
+    return service.records.kv
 
 
 def _target(node: str) -> ObjectRef:
@@ -313,45 +334,60 @@ class CordonService:
         # With partitions: whether this replica holds a node's partition (it alone acts on
         # the node: its changes, heartbeats, XIDs and reconcile); None: one replica.
         self.owns: Callable[[str], bool] | None = None
+        # Repeated XIDs (`gpu.xid.>`), reported to on-call and the pods' owners.
+        self.xids = (
+            XidReports(
+                bus,
+                TypedKV(records.kv, XidRepeats),
+                self.runner,
+                settings.xid_repeats,
+                actor=ACTOR,
+                topic=TOPIC,
+            )
+            if settings.xid_repeats.enabled
+            else None
+        )
         self.log = structlog.get_logger().bind(service=NAME)
 
-    # consumer ---------------------------------------------------------------------------
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="GPU",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({GpuHealth.TYPE}),
-            concurrency=self.settings.concurrency,
-            order_key=lambda e: str(e.data.node),
-            retry_delays=(0.5, 2.0, 10.0, 30.0),
-            max_deliver=8,
-            # gpu.health.<node>.<gpu>: a node speaks only of itself (checked by the runtime).
-            identity=(ConsumerSpec.bind(GpuHealth, "node"),),
-            ack_wait=self.settings.ack_wait,
-        )
-
-    def heartbeat_spec(self) -> ConsumerSpec:
-        """Heartbeats on their own durable consumer: never in front of a change."""
-        return ConsumerSpec(
-            name=self.settings.heartbeat_consumer,
-            stream="HEARTBEATS",
-            subjects=tuple(self.settings.heartbeat_subjects),
-            types=frozenset({GpuHeartbeat.TYPE}),
-            concurrency=self.settings.concurrency,
-            order_key=lambda e: str(e.data.node),
-            retry_delays=(0.5, 2.0, 10.0),
-            max_deliver=4,
-            identity=(ConsumerSpec.bind(GpuHeartbeat, "node"),),
-            ack_wait=self.settings.ack_wait,
-        )
-
+    # consumers --------------------------------------------------------------------------
+    @app.consumes(
+        "GPU",
+        subjects=setting("subjects"),
+        types=[GpuHealth],
+        concurrency=setting("concurrency"),
+        order_key=lambda e: str(e.data.node),
+        retry_delays=(0.5, 2.0, 10.0, 30.0),
+        max_deliver=8,
+        # gpu.health.<node>.<gpu>: a node speaks only of itself (checked by the runtime).
+        identity=(ConsumerSpec.bind(GpuHealth, "node"),),
+        ack_wait=setting("ack_wait"),
+        leases=_leases,
+        lease_ttl=setting("lease_ttl"),
+    )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         health: GpuHealth = event.data
         with structlog.contextvars.bound_contextvars(node=health.node, gpu=health.gpu_key()):
             async with self.node_lock(health.node):
                 self._known.pop(health.node, None)
                 await self._handle(event, health)
+
+    @app.consumes(
+        "GPU",
+        suffix="xids",
+        subjects=setting("xid_repeats.subjects"),
+        types=[GpuXid],
+        when=setting("xid_repeats.enabled"),
+        order_key=lambda e: f"{e.data.node}/{e.data.gpu_index}",
+        identity=(ConsumerSpec.bind(GpuXid, "node"),),
+        retry_delays=(0.5, 2.0, 10.0),
+        max_deliver=6,
+        leases=_leases,
+        lease_ttl=setting("lease_ttl"),
+    )
+    async def handle_xid(self, event: Event[Any], delivery: Delivery) -> None:
+        """A repeated XID is reported (`services/cordon/xids.py`)."""
+        assert self.xids is not None  # declared `when` xid_repeats are enabled
+        await self.xids.handle(event, delivery)
 
     # heartbeats ---------------------------------------------------------------------------
     def _unsettled(self, record: NodeRecord | None, beat: GpuHeartbeat) -> list[GpuState]:
@@ -387,6 +423,21 @@ class CordonService:
                 out.append(gpu)  # refused or skipped before: the guards are asked again
         return out
 
+    @app.consumes(
+        "HEARTBEATS",
+        # Heartbeats on their own durable consumer: never in front of a change.
+        suffix="heartbeats",
+        subjects=setting("heartbeat_subjects"),
+        types=[GpuHeartbeat],
+        concurrency=setting("concurrency"),
+        order_key=lambda e: str(e.data.node),
+        retry_delays=(0.5, 2.0, 10.0),
+        max_deliver=4,
+        identity=(ConsumerSpec.bind(GpuHeartbeat, "node"),),
+        ack_wait=setting("ack_wait"),
+        leases=_leases,
+        lease_ttl=setting("lease_ttl"),
+    )
     async def handle_heartbeat(self, event: Event[Any], delivery: Delivery) -> None:
         """Settle a node's heartbeat from memory, else from its KV record; only what the
         record does not account for goes the change's way (`_unsettled`)."""
@@ -1120,6 +1171,7 @@ class CordonService:
         return decided
 
     # operator controls ------------------------------------------------------------------
+    @app.control("release")
     async def release_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward quarantine release NODE`: undo nodeward's quarantine of the node, and
         nothing else (a node cordoned by hand, with no quarantine of ours, stays cordoned)."""
@@ -1168,6 +1220,7 @@ class CordonService:
                 )
                 return await refuse(self.runner, proposal, guard="not_ours", reason=why)
 
+    @app.control("reset-breaker")
     async def reset_breaker_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward breaker reset`: close a tripped circuit breaker (shared by every service
         that removes nodes from service) and forget its window."""
@@ -1236,6 +1289,7 @@ class CordonService:
                     record = await self._check_operator(name, record, node)
                     await self._maybe_release(name, record)
 
+    @app.task("reconcile")
     async def reconcile_loop(self) -> None:
         interval = self.settings.reconcile_interval.total_seconds()
         while True:
@@ -1281,75 +1335,47 @@ async def reset_breaker(bus: Bus, config: CordonSettings) -> None:
     await CircuitBreaker(kv, config.breaker, no_population).reset()
 
 
-async def build(settings: Settings) -> Daemon:
-    """The cordon service's daemon: consumers on `gpu.health.>` (changes) and
-    `gpu.heartbeat.>`, plus the reconcile loop.
+@app.prepare
+async def prepare(config: CordonSettings) -> Policy:
+    """The policy, loaded before anything is connected."""
+    return load_policy(config.policy_file)
+
+
+@app.setup
+async def setup(rt: Runtime[CordonSettings]) -> CordonService:
+    """The service over its node records and the shared breaker.
 
     `settings.cluster` must authenticate as the cordon ServiceAccount (context
     `nodeward-cordon` of the `nodeward up` kubeconfig).
     """
-    config: CordonSettings = section(settings, "services", NAME, CordonSettings)
-    policy = load_policy(config.policy_file)
-    xids_on = config.xid_repeats.enabled
-    partitions = settings.bus.partitions
-    consumers = 1 if partitions > 1 else 3 if xids_on else 2
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=ACTOR, access=ACCESS, consumers=consumers
-    )
-    kv = await bus.kv(config.bucket, history=5)
+    config, cluster = rt.config, rt.acting
+    kv = await rt.kv(config.bucket, history=5)
     records: TypedKV[NodeRecord] = TypedKV(kv, NodeRecord, remember=config.remembered_nodes)
     breaker = await node_breaker(
-        bus,
+        rt.bus,
         cluster,
         config.breaker,
-        registry=daemon.metrics.registry,
+        registry=rt.daemon.metrics.registry,
         ttl=config.node_count_ttl.total_seconds(),
-        daemon=daemon,
+        daemon=rt.daemon,
     )
     service = CordonService(
-        bus, cluster, records=records, breaker=breaker, settings=config, policy=policy
+        rt.bus, cluster, records=records, breaker=breaker, settings=config, policy=rt.prepared
     )
-
-    xids = (
-        XidReports(
-            bus,
-            TypedKV(kv, XidRepeats),
-            service.runner,
-            config.xid_repeats,
-            actor=ACTOR,
-            topic=TOPIC,
-        )
-        if xids_on
-        else None
-    )
-    pairs: list[tuple[str, ConsumerSpec, Handler]] = [
-        ("consume", service.consumer_spec(), service.handle),
-        ("consume-heartbeats", service.heartbeat_spec(), service.handle_heartbeat),
-    ]
-    if xids is not None:
-        pairs.append(("consume-xids", xids.consumer_spec(), xids.handle))
-    if partitions > 1:
-        # Partition i of changes, heartbeats and XIDs is one lease: one replica per node.
-        ttl = config.lease_ttl
-        parts = [(replace(s, partitions=partitions, lease_ttl=ttl), h) for _, s, h in pairs]
+    if rt.settings.bus.partitions > 1:
         service.owns = lambda _: False  # until the partitions are claimed
+    return service
 
-        async def consume_partitions() -> None:
-            group = await bus.consume_partitioned(config.consumer, parts, kv)
-            service.owns = lambda node: group.owns(token(node))
 
-        daemon.add_task(consume_partitions, name="consume")
-    else:
-        for task, spec, handler in pairs:
+@app.claimed
+def claimed(service: CordonService, group: PartitionedConsumer) -> None:
+    """This replica acts on the nodes whose partitions it holds."""
+    service.owns = lambda node: group.owns(token(node))
 
-            async def consume(spec: ConsumerSpec = spec, handler: Handler = handler) -> None:
-                await bus.consume(spec, handler)
 
-            daemon.add_task(consume, name=task)
-    daemon.add_task(service.reconcile_loop, name="reconcile")
-    await bus.control(NAME, "release", service.release_control)
-    await bus.control(NAME, "reset-breaker", service.reset_breaker_control)
-    return daemon
+build = app.build
+"""What `nodeward service cordon` runs: the consumers on `gpu.health.>` (changes),
+`gpu.heartbeat.>` and `gpu.xid.>`, the reconcile loop and the controls."""
 
 
 async def _reset_breaker_command(settings: Settings) -> str:
@@ -1363,4 +1389,4 @@ async def _reset_breaker_command(settings: Settings) -> str:
     return f"cordon: circuit breaker reset (KV {config.breaker.bucket}/breaker)"
 
 
-component, standalone = one_daemon(NAME, build, admin={"reset-breaker": _reset_breaker_command})
+component, standalone = app.daemon(admin={"reset-breaker": _reset_breaker_command})

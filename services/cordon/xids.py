@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from pydantic import Field
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery
+from nodeward.bus import Bus, Delivery
 from nodeward.bus.kv import TypedKV
 from nodeward.config import Section
 from nodeward.durations import Duration, format_duration
@@ -41,7 +41,6 @@ class XidRepeatSettings(Section):
         default_factory=lambda: ["application"],
         description="the catalog classes counted (others fail the GPU through its health)",
     )
-    consumer: str = "cordon-xids"
     subjects: list[str] = Field(default_factory=lambda: ["gpu.xid.>"], min_length=1)
 
 
@@ -105,18 +104,6 @@ class XidReports:
         self.topic = topic
         self.clock = clock
         self.log = structlog.get_logger().bind(service="cordon", handler="xids")
-
-    def consumer_spec(self) -> ConsumerSpec:
-        return ConsumerSpec(
-            name=self.settings.consumer,
-            stream="GPU",
-            subjects=tuple(self.settings.subjects),
-            types=frozenset({GpuXid.TYPE}),
-            order_key=lambda e: f"{e.data.node}/{e.data.gpu_index}",
-            identity=(ConsumerSpec.bind(GpuXid, "node"),),
-            retry_delays=(0.5, 2.0, 10.0),
-            max_deliver=6,
-        )
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         xid: GpuXid = event.data

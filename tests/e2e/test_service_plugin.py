@@ -26,50 +26,86 @@ PACKAGES = ("schemas", "nodeward", "agents", "services", "sim", "launch")
 
 THROWAWAY = {
     "__init__.py": '''
-"""A throw-away service: counts the cluster's nodes into its bucket."""
+"""A throw-away service: counts the cluster's nodes, and the nodes it hears heartbeats from."""
 
 from nodeward.plugin import ServicePlugin
 
 SERVICE = ServicePlugin(
-    name="throwaway", package=__name__, view="view:view", commands={"throwaway": "cli:hello"}
+    name="throwaway",
+    package=__name__,
+    handlers="service:app",
+    view="view:view",
+    commands={"throwaway": "cli:throwaway_app"},
 )
 ''',
     "access.py": """
 from nodeward.kube.access import Access
-from nodeward.nats_auth import ServiceGrants
 
 ACCESS = Access("throwaway", frozenset({"nodes.list"}))
-GRANTS = ServiceGrants(consumers=(), buckets=("throwaway",), publish=())
 """,
     "service.py": """
 import json
 
-from nodeward.config import Settings
-from nodeward.daemon import Daemon
-from nodeward.platform import acting_daemon, one_daemon
+from pydantic import Field
+
+from nodeward.bus import Delivery
+from nodeward.handlers import Consuming, Runtime, Service, setting
+from schemas.base import Event
+from schemas.control import ControlReply, ControlRequest
+from schemas.gpu import GpuHeartbeat
 from services.throwaway.access import ACCESS
 
 NAME = "throwaway"
 
 
-async def build(settings: Settings) -> Daemon:
-    daemon, bus, cluster = await acting_daemon(
-        NAME, settings, source=f"service/{NAME}", access=ACCESS, consumers=0
+class ThrowawaySettings(Consuming):
+    bucket: str = "throwaway"
+    subjects: list[str] = Field(default_factory=lambda: ["gpu.heartbeat.>"])
+
+
+app = Service(NAME, settings=ThrowawaySettings, access=ACCESS, buckets=("throwaway",))
+
+
+class Throwaway:
+    def __init__(self, rt: Runtime[ThrowawaySettings], kv) -> None:
+        self.cluster, self.kv = rt.acting, kv
+        self.nodes: int | None = None
+        self.heard: set[str] = set()
+
+    async def save(self) -> None:
+        said = {"nodes": self.nodes, "heard": len(self.heard)}
+        await self.kv.put("nodes", json.dumps(said).encode())
+
+    @app.consumes(
+        "HEARTBEATS",
+        subjects=setting("subjects"),
+        types=[GpuHeartbeat],
+        order_key=lambda e: e.data.node,
     )
-    counted = []
+    async def heard_from(self, event: Event[GpuHeartbeat], delivery: Delivery) -> None:
+        self.heard.add(event.data.node)
+        await self.save()
 
-    async def count() -> None:
-        kv = await bus.kv("throwaway", history=1)
-        nodes = await cluster.nodes.list()
-        await kv.put("nodes", json.dumps({"nodes": len(nodes)}).encode())
-        counted.append(len(nodes))
+    @app.task("count")
+    async def count(self) -> None:
+        self.nodes = len(await self.cluster.nodes.list())
+        await self.save()
 
-    daemon.add_task(count, name="count")
-    daemon.add_readiness_check("counted", lambda: bool(counted))
-    return daemon
+    @app.ready("counted")
+    def counted(self) -> bool:
+        return self.nodes is not None
+
+    @app.control("hello")
+    async def hello(self, request: ControlRequest) -> ControlReply:
+        return ControlReply.ok(f"hello {request.operator}: {self.nodes} nodes")
 
 
-component, standalone = one_daemon(NAME, build)
+@app.setup
+async def setup(rt: Runtime[ThrowawaySettings]) -> Throwaway:
+    return Throwaway(rt, await rt.kv(rt.config.bucket, history=1))
+
+
+component, standalone = app.daemon()
 """,
     "view.py": """
 import json
@@ -97,10 +133,15 @@ def view(settings) -> Counted:
     "cli.py": '''
 import typer
 
+from nodeward.cli.controls import control
 
+throwaway_app = typer.Typer(help="The throw-away service.", no_args_is_help=True)
+
+
+@throwaway_app.command("hello")
+@control("throwaway", "hello")
 def hello() -> None:
-    """Say that the throw-away service is mounted."""
-    typer.echo("throwaway here")
+    """Ask the throw-away service how many nodes it counted."""
 ''',
 }
 
@@ -172,12 +213,15 @@ def test_it_is_granted_its_nats_user_and_its_role(tree: Path) -> None:
     users = json.dumps(said["doc"])
     assert "nodeward-throwaway" in users
     assert "$KV.throwaway.>" in users
+    # Derived from its one consumer declaration and its control: written nowhere else.
+    assert "$JS.API.CONSUMER.CREATE.HEARTBEATS.throwaway" in users
+    assert "control.throwaway.hello" in users
 
 
 def test_its_command_is_mounted(tree: Path) -> None:
-    got = _run(tree, *NODEWARD, "throwaway")
+    got = _run(tree, *NODEWARD, "throwaway", "--help")
     assert got.returncode == 0, got.stderr[-2000:]
-    assert got.stdout == "throwaway here\n"
+    assert "hello" in got.stdout and "how many nodes it counted" in got.stdout
 
 
 def test_up_runs_it_and_status_shows_it(tree: Path, tmp_path: Path) -> None:
@@ -190,6 +234,12 @@ def test_up_runs_it_and_status_shows_it(tree: Path, tmp_path: Path) -> None:
             return got.returncode == 0 and "throwaway: counted 11 nodes" in got.stdout
 
         wait_until(shown, timeout=30, what="status shows the throwaway's row")
+        hello = _run(
+            tree, *NODEWARD, "throwaway", "hello", "--reason", "e2e", "--operator", "ada",
+            "--state-dir", str(up.state), timeout=60,
+        )  # fmt: skip
+        assert hello.returncode == 0, hello.stderr[-2000:]
+        assert hello.stdout == "hello ada: 11 nodes\n"
         got = _run(tree, *NODEWARD, "status", "--json", "--nats", url, timeout=60)
         rows = json.loads(got.stdout)["rows"]
         assert {"section": "throwaway", "text": "counted 11 nodes"}.items() <= next(

@@ -260,7 +260,6 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             "consumer": f"cordon-{uid}",
             "bucket": f"cordon-{uid}",
             "subjects": [f"gpu.health.{n}.>" for n in names],
-            "heartbeat_consumer": f"cordon-heartbeats-{uid}",
             "heartbeat_subjects": [f"gpu.heartbeat.{n}" for n in names],
             "healthy_period": "0.5s",
             "cooldown": "0s",
@@ -273,7 +272,6 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             },
             "rate_limit": {"per_minute": 60000, "burst": 1000},
             "xid_repeats": {
-                "consumer": f"cordon-xids-{uid}",
                 "subjects": [f"gpu.xid.{n}.>" for n in names],
             }
             | cordon.pop("xid_repeats", {}),

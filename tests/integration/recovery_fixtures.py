@@ -133,7 +133,6 @@ async def recovery_platform(
                     "consumer": f"cordon-{uid}",
                     "bucket": f"cordon-{uid}",
                     "subjects": [f"gpu.health.{node}.>"],
-                    "heartbeat_consumer": f"cordon-heartbeats-{uid}",
                     "heartbeat_subjects": [f"gpu.heartbeat.{node}"],
                     "healthy_period": "1h",  # no passive release: recovery's to do
                     "breaker": breaker,

@@ -719,7 +719,7 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
     from tests.integration.cordon_fixtures import read_stream
 
     env = await cordon_env(xid_repeats={"count": 3, "window": "10m"})
-    consumer = env.settings.services["cordon"]["xid_repeats"]["consumer"]
+    consumer = env.settings.services["cordon"]["consumer"] + "-xids"
     await env.start()
     node = env.nodes[0]
     pod = PodRef(namespace="user-alice", name=f"train-{node}")

@@ -272,7 +272,7 @@ async def test_heartbeats_restating_an_excluded_gpu_change_nothing(cordon_env: E
         heartbeat(name, {6: HealthState.FAILED, 0: HealthState.HEALTHY}, seq=1) for _ in range(3)
     ]
     await env.publish(*beats)
-    consumer = env.settings.services["cordon"]["heartbeat_consumer"]
+    consumer = env.settings.services["cordon"]["consumer"] + "-heartbeats"
 
     await wait_for(
         lambda: settled(env.bus, "HEARTBEATS", consumer, delivered=3),

@@ -47,7 +47,7 @@ async def _heartbeats_done(env: CordonEnv, count: int) -> None:
 
     async def done() -> bool:
         try:
-            info = await env.bus.js.consumer_info("HEARTBEATS", config.heartbeat_consumer)
+            info = await env.bus.js.consumer_info("HEARTBEATS", f"{config.consumer}-heartbeats")
         except NotFoundError:
             return False  # the service has not created its consumer yet
         return bool(
@@ -180,7 +180,7 @@ async def test_a_node_cannot_speak_for_another_in_a_heartbeat(cordon_env: EnvFac
     ago = datetime.now(UTC) - timedelta(minutes=1)
     wire = encode(heartbeat(victim, {0: HealthState.FAILED}, changed_at=ago))
     await env.bus.js.publish(f"gpu.heartbeat.{publisher}", wire.body, headers=wire.headers)
-    consumer = _config(env).heartbeat_consumer
+    consumer = f"{_config(env).consumer}-heartbeats"
 
     async def dead() -> list[Any]:
         return await read_stream(env.bus, "DLQ", f"dlq.HEARTBEATS.{consumer}")

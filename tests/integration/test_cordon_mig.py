@@ -160,7 +160,7 @@ async def test_a_mig_gpus_xid_154_is_one_quarantine_whose_recovery_is_a_reset(
         agent_boot_id="boot-1",
     )
     await env.publish(make_event(beat, source=f"agent/gpu/{name}"))
-    consumer = env.settings.services["cordon"]["heartbeat_consumer"]
+    consumer = env.settings.services["cordon"]["consumer"] + "-heartbeats"
 
     await wait_for(
         lambda: settled(env.bus, "HEARTBEATS", consumer, delivered=1),
