@@ -245,9 +245,7 @@ class DeviceExclusions:
         if age > self.max_event_age.total_seconds():
             return False  # the node path audits it as too old
         held = record.devices.get(gpu)
-        if held is not None and held.phase == "applied" and held.incident == event.id:
-            # This very event excluded it: redelivered after a restart between the act and
-            # its audit. Re-publish the audit (same id: stored at most once).
+        if held is not None and (held.phase == "applied" or held.dry_run):
             proposal = self._proposal(
                 health,
                 decision=decision,
@@ -256,23 +254,17 @@ class DeviceExclusions:
                 incident=held.incident,
                 node=None,
             )
-            outcome = Outcome.DRY_RUN if held.dry_run else Outcome.APPLIED
-            reason = (
-                f"dry run: would {proposal.action}: {proposal.reason}" if held.dry_run else None
-            )
-            await self.runner.record(proposal, outcome, reason, details=_applied(held))
-            return True
-        if held is not None and (held.phase == "applied" or held.dry_run):
-            if not health.heartbeat:
+            if held.phase == "applied" and held.incident == event.id:
+                # This very event excluded it: redelivered after a restart between the act
+                # and its audit. Re-publish the audit (same id: stored at most once).
+                outcome = Outcome.DRY_RUN if held.dry_run else Outcome.APPLIED
+                reason = (
+                    f"dry run: would {proposal.action}: {proposal.reason}" if held.dry_run else None
+                )
+                await self.runner.record(proposal, outcome, reason, details=_applied(held))
+            elif not health.heartbeat:
                 await self.runner.skip(
-                    self._proposal(
-                        health,
-                        decision=decision,
-                        event=event,
-                        kind=held.kind,
-                        incident=held.incident,
-                        node=None,
-                    ),
+                    proposal,
                     guard="manual_untaint" if held.operator_released else "already_excluded",
                     reason=(
                         f"not re-tainted: an operator removed {held.taint_rule} in incident "

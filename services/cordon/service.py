@@ -209,6 +209,20 @@ def _leases(service: CordonService) -> KeyValue:
     return service.records.kv
 
 
+def _per_node(kind: type[Any]) -> dict[str, Any]:
+    """What the consumers of changes and heartbeats share: in order per node, a node
+    speaking only of itself (`gpu.health.<node>.<gpu>`: checked by the runtime), one lease
+    group with the XIDs' across replicas."""
+    return {
+        "concurrency": setting("concurrency"),
+        "order_key": lambda e: str(e.data.node),
+        "identity": (ConsumerSpec.bind(kind, "node"),),
+        "ack_wait": setting("ack_wait"),
+        "leases": _leases,
+        "lease_ttl": setting("lease_ttl"),
+    }
+
+
 def _target(node: str) -> ObjectRef:
     return ObjectRef(kind="Node", name=node, api_version="v1")
 
@@ -354,15 +368,9 @@ class CordonService:
         "GPU",
         subjects=setting("subjects"),
         types=[GpuHealth],
-        concurrency=setting("concurrency"),
-        order_key=lambda e: str(e.data.node),
         retry_delays=(0.5, 2.0, 10.0, 30.0),
         max_deliver=8,
-        # gpu.health.<node>.<gpu>: a node speaks only of itself (checked by the runtime).
-        identity=(ConsumerSpec.bind(GpuHealth, "node"),),
-        ack_wait=setting("ack_wait"),
-        leases=_leases,
-        lease_ttl=setting("lease_ttl"),
+        **_per_node(GpuHealth),
     )
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         health: GpuHealth = event.data
@@ -429,14 +437,9 @@ class CordonService:
         suffix="heartbeats",
         subjects=setting("heartbeat_subjects"),
         types=[GpuHeartbeat],
-        concurrency=setting("concurrency"),
-        order_key=lambda e: str(e.data.node),
         retry_delays=(0.5, 2.0, 10.0),
         max_deliver=4,
-        identity=(ConsumerSpec.bind(GpuHeartbeat, "node"),),
-        ack_wait=setting("ack_wait"),
-        leases=_leases,
-        lease_ttl=setting("lease_ttl"),
+        **_per_node(GpuHeartbeat),
     )
     async def handle_heartbeat(self, event: Event[Any], delivery: Delivery) -> None:
         """Settle a node's heartbeat from memory, else from its KV record; only what the
