@@ -20,7 +20,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -154,37 +154,27 @@ def is_ours(rule: Obj | None, ex: DeviceExclusion) -> bool:
     return ex.uid is None or meta.get("uid") == ex.uid
 
 
+@dataclass(eq=False)
 class DeviceExclusions:
     """Exclude and release single GPUs for the cordon service (its KV records, its runner)."""
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        records: TypedKV[NodeRecord],
-        runner: ActionRunner,
-        guards: list[Guard],
-        *,
-        exclusion: Exclusion,
-        settings: DeviceSettings,
-        no_execute: bool,
-        healthy_period: timedelta,
-        max_event_age: timedelta,
-        describe: Callable[[GpuHealth], str],
-        failpoints: Failpoints,
-    ) -> None:
-        self.cluster = cluster
-        self.records = records
-        self.runner = runner
-        self.guards = guards
-        self.exclusion = exclusion
-        self.settings = settings
-        self.no_execute = no_execute
-        self.healthy_period = healthy_period
-        self.max_event_age = max_event_age
-        self.describe = describe
-        self.failpoints = failpoints
-        self._versions: tuple[float, str | None, str | None] | None = None
-        self.log = structlog.get_logger().bind(service="cordon", part="devices")
+    cluster: Cluster
+    records: TypedKV[NodeRecord]
+    runner: ActionRunner
+    guards: list[Guard]
+    _: KW_ONLY
+    exclusion: Exclusion
+    settings: DeviceSettings
+    no_execute: bool
+    healthy_period: timedelta
+    max_event_age: timedelta
+    describe: Callable[[GpuHealth], str]
+    failpoints: Failpoints
+    _versions: tuple[float, str | None, str | None] | None = field(default=None, init=False)
+    log: Any = field(
+        default_factory=lambda: structlog.get_logger().bind(service="cordon", part="devices"),
+        init=False,
+    )
 
     # discovery --------------------------------------------------------------------------
     async def versions(self) -> tuple[str | None, str | None]:
