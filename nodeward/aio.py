@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -19,6 +19,17 @@ async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
     """
     async with asyncio.timeout(timeout):
         return await awaitable
+
+
+async def any_set(events: Iterable[asyncio.Event]) -> None:
+    """Return once any of `events` is set (at once if one is already)."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
 
 
 class KeyedLocks:
