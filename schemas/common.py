@@ -15,7 +15,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, StringConstraints
 
-from schemas.base import Model
+from schemas.base import EventData, Model
+from schemas.tokens import subject
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -83,3 +84,19 @@ class ObjectRef(Model):
         """`kind/namespace/name`, or `kind/name` for cluster-scoped objects."""
         parts = [self.kind.lower(), self.namespace, self.name]
         return "/".join(p for p in parts if p)
+
+
+class PodEventData(EventData):
+    """Base of an event about one pod on one node: published on `SUBJECT_PATTERN`, which
+    ends `.<node>.<ns>.<pod>`; its CloudEvents subject is `pod/<ns>/<pod>`."""
+
+    namespace: Namespace
+    pod: PodName
+    node: NodeName
+
+    def nats_subject(self) -> str:
+        prefix = self.SUBJECT_PATTERN.removesuffix(".<node>.<ns>.<pod>")
+        return subject(prefix, self.node, self.namespace, self.pod)
+
+    def about(self) -> str:
+        return f"pod/{self.namespace}/{self.pod}"

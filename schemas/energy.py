@@ -9,7 +9,7 @@ from typing import ClassVar, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from schemas.base import EventData, Model
-from schemas.common import K8sName, Namespace, NonNegFloat
+from schemas.common import K8sName, NonNegFloat, PodEventData
 from schemas.tokens import subject
 
 
@@ -155,7 +155,7 @@ class EnergyNode(EventData):
         return f"node/{self.node}"
 
 
-class EnergyPod(EventData):
+class EnergyPod(PodEventData):
     """Energy attributed to one pod over an interval."""
 
     TYPE: ClassVar[str] = "energy.pod.v1"
@@ -164,9 +164,6 @@ class EnergyPod(EventData):
     SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<node>.<ns>.<pod>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
-    namespace: Namespace
-    pod: K8sName
-    node: K8sName
     interval: Interval
     cpu_energy_j: NonNegFloat = 0.0
     gpu_energy_j: NonNegFloat = 0.0
@@ -217,9 +214,3 @@ class EnergyPod(EventData):
             ]
         }
     )
-
-    def nats_subject(self) -> str:
-        return subject("energy.pod", self.node, self.namespace, self.pod)
-
-    def about(self) -> str:
-        return f"pod/{self.namespace}/{self.pod}"
