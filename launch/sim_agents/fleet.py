@@ -79,7 +79,6 @@ from schemas.gpu import (
     GpuSample,
     GpuState,
     GpuTelemetry,
-    GpuXid,
     HealthState,
     MigInstance,
     RecommendedAction,
@@ -381,18 +380,13 @@ class Fleet:
         seen_at = time.monotonic()
         incident = Incident(0, gpu.index, xid, seen_at, list(detectors))
         gpu.xids.append(XidSeen(xid, seen_at, {"event_data": xid}, incident))
-        record = GpuXid(
-            node=node.name,
-            gpu_index=gpu.index,
-            gpu_uuid=gpu.uuid,
-            xid=xid,
-            name=info.name,
-            category=info.category,
-            catalog_action=info.action,
-            application=info.is_application,
+        record = info.seen(
+            node.name,
+            gpu.index,
+            gpu.uuid,
+            utcnow(),
             pods=gpu.pods,
             detectors=list(detectors),
-            observed_at=utcnow(),
             agent_boot_id=node.boot_id,
         )
         return [make_event(record, source=node.gpu_source), *self._evaluate(node, gpu)]
