@@ -54,18 +54,24 @@ class MigInstance(Model):
     uuid: str | None = None
 
 
-class GpuHealth(EventData):
-    """The health state of one GPU (or MIG instance) on a node: a change, or a heartbeat."""
+class _GpuEvent(EventData):
+    """What the GPU agent says of one GPU on stream GPU: which GPU, and when it saw it."""
 
-    TYPE: ClassVar[str] = "gpu.health.v1"
     STREAM: ClassVar[str] = "GPU"
     OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
-    SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
     node: K8sName
     gpu_index: int = Field(ge=0)
     gpu_uuid: str = Field(min_length=1)
+
+
+class GpuHealth(_GpuEvent):
+    """The health state of one GPU (or MIG instance) on a node: a change, or a heartbeat."""
+
+    TYPE: ClassVar[str] = "gpu.health.v1"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
+
     mig: MigInstance | None = None
     model: str | None = None
     pci_bus_id: str | None = None
@@ -215,7 +221,7 @@ class GpuProcess(Model):
     gpu_instance_id: int | None = Field(default=None, ge=0)
 
 
-class GpuXid(EventData):
+class GpuXid(_GpuEvent):
     """One XID the driver reported on a GPU, whatever its class: the record of it happening.
 
     Health changes (`gpu.health.v1`) say what an XID means for the GPU; this says that it
@@ -224,14 +230,8 @@ class GpuXid(EventData):
     """
 
     TYPE: ClassVar[str] = "gpu.xid.v1"
-    STREAM: ClassVar[str] = "GPU"
-    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.xid.<node>.<gpu>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
-    node: K8sName
-    gpu_index: int = Field(ge=0)
-    gpu_uuid: str = Field(min_length=1)
     xid: int = Field(ge=0)
     name: str = Field(description="the catalog's name of the XID")
     category: str = Field(description="the catalog's class: application, hardware, driver, ...")
