@@ -392,32 +392,22 @@ class Fleet:
         return [make_event(record, source=node.gpu_source), *self._evaluate(node, gpu)]
 
     def _heartbeat(self, node: _Node) -> list[Event[Any]]:
-        gpus = [
-            GpuState(
+        def stated(g: _Gpu, unit: _Gpu | _Mig, mig: MigInstance | None = None) -> GpuState:
+            """GPU `g` (or its MIG instance `unit`), as restated: its state since `unit`'s
+            last change."""
+            return GpuState(
                 gpu_index=g.index,
                 gpu_uuid=g.uuid,
+                mig=mig,
                 state=g.state,
                 reasons=list(g.reasons),
                 recommended_action=g.action,
-                sequence=g.sequence,
-                changed_at=g.changed_at,
+                sequence=unit.sequence,
+                changed_at=unit.changed_at,
             )
-            for g in node.gpus
-        ]
-        gpus += [
-            GpuState(
-                gpu_index=g.index,
-                gpu_uuid=g.uuid,
-                mig=m.mig,
-                state=g.state,
-                reasons=list(g.reasons),
-                recommended_action=g.action,
-                sequence=m.sequence,
-                changed_at=m.changed_at,
-            )
-            for g in node.gpus
-            for m in g.migs
-        ]
+
+        gpus = [stated(g, g) for g in node.gpus]
+        gpus += [stated(g, m, m.mig) for g in node.gpus for m in g.migs]
         data = GpuHeartbeat(
             node=node.name,
             gpus=gpus,
