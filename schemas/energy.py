@@ -63,13 +63,18 @@ class Interval(Model):
         return self
 
 
-class EnergyNode(EventData):
+class _EnergyEvent(EventData):
+    """What the energy agent publishes on stream ENERGY."""
+
+    STREAM: ClassVar[str] = "ENERGY"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
+
+
+class EnergyNode(_EnergyEvent):
     """A node's measured energy over an interval."""
 
     TYPE: ClassVar[str] = "energy.node.v1"
-    STREAM: ClassVar[str] = "ENERGY"
     SUBJECT_PATTERN: ClassVar[str] = "energy.node.<node>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
     node: K8sName
     interval: Interval
@@ -155,14 +160,12 @@ class EnergyNode(EventData):
         return f"node/{self.node}"
 
 
-class EnergyPod(PodEventData):
+class EnergyPod(_EnergyEvent, PodEventData):
     """Energy attributed to one pod over an interval."""
 
     TYPE: ClassVar[str] = "energy.pod.v1"
-    STREAM: ClassVar[str] = "ENERGY"
     # The node token lets an agent's NATS user publish only its own node's pods.
     SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
     interval: Interval
     cpu_energy_j: NonNegFloat = 0.0

@@ -35,7 +35,11 @@ class KernelActivity(Model):
 
 
 class _SessionEvent(PodEventData):
-    """What every event about a session says first: which pod, where, and what kind."""
+    """What every event about a session says first: which pod, where, and what kind (the
+    idleness agent's, on stream SESSIONS)."""
+
+    STREAM: ClassVar[str] = "SESSIONS"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
     kind: SessionKind
     uid: str | None = Field(default=None, description="the pod's UID")
@@ -45,10 +49,8 @@ class SessionActivity(_SessionEvent):
     """One sample of a session's GPU, CPU and kernel activity."""
 
     TYPE: ClassVar[str] = "session.activity.v1"
-    STREAM: ClassVar[str] = "SESSIONS"
     OBSERVED: ClassVar[tuple[str, ...]] = ("sampled_at",)
     SUBJECT_PATTERN: ClassVar[str] = "session.activity.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
     state: ActivityState = Field(
         default=ActivityState.UNKNOWN,
@@ -108,9 +110,7 @@ class SessionIdle(_SessionEvent):
     """A session that has been idle on every signal, with how long and the evidence."""
 
     TYPE: ClassVar[str] = "session.idle.v1"
-    STREAM: ClassVar[str] = "SESSIONS"
     SUBJECT_PATTERN: ClassVar[str] = "session.idle.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
     idle_since: datetime
     idle_for_s: float = Field(ge=0)

@@ -55,16 +55,19 @@ class XidInfo:
     ) -> GpuXid:
         """The `gpu.xid.v1` of this XID seen on a GPU, with the catalog's name, class and
         action; `more`: its other fields (pods, detectors, `agent_boot_id`, ...)."""
+        said = {
+            "xid": self.xid,
+            "name": self.name,
+            "category": self.category,
+            "catalog_action": self.action,
+            "application": self.is_application,
+        }
         return GpuXid(
             node=node,
             gpu_index=gpu_index,
             gpu_uuid=gpu_uuid,
-            xid=self.xid,
-            name=self.name,
-            category=self.category,
-            catalog_action=self.action,
-            application=self.is_application,
             observed_at=observed_at,
+            **said,
             **more,
         )
 
