@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from agents.sources.power import PowerSample
 from schemas.energy import CarbonBasis, CarbonIntensity, EnergyReading, PowerSource
@@ -93,6 +93,17 @@ class IntervalEnergy:
     def uncovered_s(self) -> float:
         """The part of the interval the node's energy does not cover (unknown energy)."""
         return max(0.0, self.duration_s - self.covered_s)
+
+    def reported(self) -> dict[str, Any]:
+        """The measurement as `energy.node.v1` says it: the fields of the same names."""
+        return {
+            "readings": self.readings,
+            "energy_j": self.energy_j,
+            "avg_power_w": self.avg_power_w,
+            "min_power_w": self.min_power_w,
+            "max_power_w": self.max_power_w,
+            "covered_s": self.covered_s,
+        }
 
 
 def node_basis(components: Iterable[str]) -> str:

@@ -93,6 +93,17 @@ class PodEnergy:
     def attribution(self) -> str:
         return "+".join(sorted(self.methods))
 
+    def reported(self) -> dict[str, Any]:
+        """The share as `energy.pod.v1` says it: the fields of the same names."""
+        return {
+            "cpu_energy_j": self.cpu_energy_j,
+            "gpu_energy_j": self.gpu_energy_j,
+            "energy_j": self.energy_j,
+            "gpus": self.gpus,
+            "gpu_utilization_pct": self.gpu_utilization_pct,
+            "attribution": self.attribution,
+        }
+
 
 @dataclass
 class CpuTimes:

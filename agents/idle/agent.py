@@ -323,12 +323,15 @@ class IdleAgent:
     ) -> None:
         values = {r.signal: r.value for r in readings}
         log = self.log.bind(namespace=session.namespace, pod=session.name)
+        which: dict[str, Any] = {  # the session, as both events name it
+            "namespace": session.namespace,
+            "pod": session.name,
+            "node": self.node,
+            "kind": session.kind,
+            "uid": session.uid,
+        }
         activity = SessionActivity(
-            namespace=session.namespace,
-            pod=session.name,
-            node=self.node,
-            kind=session.kind,
-            uid=session.uid,
+            **which,
             state=verdict.state,
             idle_since=verdict.idle_since,
             unknown=verdict.unknown,
@@ -346,11 +349,7 @@ class IdleAgent:
         if idle_for < self.settings.idle_after.total_seconds():
             return
         idle = SessionIdle(
-            namespace=session.namespace,
-            pod=session.name,
-            node=self.node,
-            kind=session.kind,
-            uid=activity.uid,
+            **which,
             idle_since=verdict.idle_since,
             idle_for_s=round(idle_for, 1),
             evidence=verdict.evidence,
