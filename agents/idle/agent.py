@@ -45,7 +45,7 @@ from nodeward.daemon import Daemon
 from nodeward.kube.objects import PodView
 from nodeward.logs import get_logger
 from schemas.base import make_event
-from schemas.session import ActivityState, SessionActivity, SessionIdle, SessionKind
+from schemas.session import ActivityState, SessionIdle, SessionKind
 from schemas.tokens import subject
 
 MAX_UNSENT = 1_000
@@ -321,7 +321,6 @@ class IdleAgent:
         verdict: Verdict,
         now: datetime,
     ) -> None:
-        values = {r.signal: r.value for r in readings}
         log = self.log.bind(namespace=session.namespace, pod=session.name)
         which: dict[str, Any] = {  # the session, as both events name it
             "namespace": session.namespace,
@@ -330,17 +329,7 @@ class IdleAgent:
             "kind": session.kind,
             "uid": session.uid,
         }
-        activity = SessionActivity(
-            **which,
-            state=verdict.state,
-            idle_since=verdict.idle_since,
-            unknown=verdict.unknown,
-            gpu_utilization_pct=values.get("gpu"),
-            gpu_uuids=list(devices),
-            cpu_cores=values.get("cpu"),
-            last_activity=verdict.last_activity,
-            sampled_at=now,
-        )
+        activity = verdict.activity(readings, devices, now, **which)
         self._outbox.put(make_event(activity, source=self.source, time=now))
         if verdict.state != ActivityState.IDLE or verdict.idle_since is None:
             log.debug("session judged", state=verdict.state.value, unknown=verdict.unknown)

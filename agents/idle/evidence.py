@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from agents.sources.activity import DeviceUtilization, KernelsReading
-from schemas.session import ActivityState, IdleEvidence
+from schemas.session import ActivityState, IdleEvidence, SessionActivity
 
 BUSY_KERNEL_STATES = frozenset({"busy"})
 STARTING_GRACE = timedelta(minutes=2)
@@ -57,6 +57,24 @@ class Verdict:
     last_activity: datetime | None
     evidence: list[IdleEvidence]
     unknown: list[str]
+
+    def activity(
+        self, readings: Sequence[Reading], gpu_uuids: Iterable[str], now: datetime, **which: Any
+    ) -> SessionActivity:
+        """The `session.activity.v1` of this verdict on `readings`, sampled `now`, for the
+        session `which` names (namespace, pod, node, kind, uid) holding `gpu_uuids`."""
+        values = {r.signal: r.value for r in readings}
+        return SessionActivity(
+            **which,
+            state=self.state,
+            idle_since=self.idle_since,
+            unknown=self.unknown,
+            gpu_utilization_pct=values.get("gpu"),
+            gpu_uuids=list(gpu_uuids),
+            cpu_cores=values.get("cpu"),
+            last_activity=self.last_activity,
+            sampled_at=now,
+        )
 
 
 @dataclass

@@ -83,7 +83,7 @@ from schemas.gpu import (
     MigInstance,
     RecommendedAction,
 )
-from schemas.session import KernelActivity, SessionActivity, SessionIdle, SessionKind
+from schemas.session import KernelActivity, SessionIdle, SessionKind
 from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.tokens import token
 from schemas.xid import XidCatalog, load_catalog
@@ -568,37 +568,16 @@ class Fleet:
             if kind == SessionKind.NOTEBOOK:
                 readings.append(kernel_reading(self._kernels(session, now), now))
             verdict = session.tracker.judge(readings, now)
-            values = {r.signal: r.value for r in readings}
-            out.append(
-                make_event(
-                    SessionActivity(
-                        namespace=pod.namespace,
-                        pod=pod.name,
-                        node=node.name,
-                        kind=kind,
-                        state=verdict.state,
-                        idle_since=verdict.idle_since,
-                        unknown=verdict.unknown,
-                        gpu_utilization_pct=values.get("gpu"),
-                        gpu_uuids=[d.device for d in held],
-                        cpu_cores=values.get("cpu"),
-                        last_activity=verdict.last_activity,
-                        sampled_at=now,
-                    ),
-                    source=source,
-                    time=now,
-                )
-            )
+            which = {"namespace": pod.namespace, "pod": pod.name, "node": node.name, "kind": kind}
+            activity = verdict.activity(readings, [d.device for d in held], now, **which)
+            out.append(make_event(activity, source=source, time=now))
             if verdict.idle_since is None or not verdict.evidence or verdict.unknown:
                 continue
             idle_for = max((now - verdict.idle_since).total_seconds(), 0.0)
             if idle_for < self.idle.idle_after.total_seconds():
                 continue
             idle = SessionIdle(
-                namespace=pod.namespace,
-                pod=pod.name,
-                node=node.name,
-                kind=kind,
+                **which,
                 idle_since=verdict.idle_since,
                 idle_for_s=round(idle_for, 1),
                 evidence=verdict.evidence,
