@@ -377,13 +377,8 @@ class Daemon:
 def local_url(host: str, port: int) -> str:
     """The URL a client on this machine reaches a server listening on `host`:`port` by
     (a wildcard address as loopback, an IPv6 address in brackets), without a path."""
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}"
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def serve(daemons: Sequence[Daemon], *, handle_signals: bool = True) -> None:

@@ -253,29 +253,6 @@ class GpuSeen:
     model: str | None = None
     mig: MigInstance | None = None
 
-    @classmethod
-    def told(
-        cls, by: GpuHealth | _Heartbeat, gpu: GpuHealth | _GpuStated, stored: datetime
-    ) -> GpuSeen:
-        """`gpu` as `by` told it (a change: `gpu` is `by`; a heartbeat: one of its GPUs, with
-        no pods or model), stored at `stored`."""
-        seen = cls(
-            node=by.node,
-            key=gpu.gpu_key(),
-            gpu_index=gpu.gpu_index,
-            gpu_uuid=gpu.gpu_uuid,
-            state=gpu.state,
-            observed_at=by.observed_at,
-            stored=stored,
-            agent_boot_id=by.agent_boot_id,
-            sequence=gpu.sequence,
-            reasons=gpu.reasons,
-            mig=gpu.mig,
-        )
-        if isinstance(gpu, GpuHealth):
-            seen.pods, seen.model = gpu.pods, gpu.model
-        return seen
-
     def gpu_key(self) -> str:
         return self.key
 
@@ -762,7 +739,21 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
         if (now - m.time).total_seconds() <= HEARTBEATS_FRESH * beat.interval_s:
             fresh[token(beat.node)] = m.time
         for g in beat.gpus:
-            take(GpuSeen.told(beat, g, m.time))
+            take(
+                GpuSeen(
+                    node=beat.node,
+                    key=g.gpu_key(),
+                    gpu_index=g.gpu_index,
+                    gpu_uuid=g.gpu_uuid,
+                    state=g.state,
+                    observed_at=beat.observed_at,
+                    stored=m.time,
+                    agent_boot_id=beat.agent_boot_id,
+                    sequence=g.sequence,
+                    reasons=g.reasons,
+                    mig=g.mig,
+                )
+            )
     silent = sorted({subj.split(".")[2] for subj in listed or {}} - set(fresh))
     reads = []
     if fresh:
@@ -775,7 +766,23 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     for got in await asyncio.gather(*reads):
         for m, h in data(got or [], GpuHealth):
             r.seen.saw(h.node, "gpu", m.time, _claimed(m))
-            take(GpuSeen.told(h, h, m.time))
+            take(
+                GpuSeen(
+                    node=h.node,
+                    key=h.gpu_key(),
+                    gpu_index=h.gpu_index,
+                    gpu_uuid=h.gpu_uuid,
+                    state=h.state,
+                    observed_at=h.observed_at,
+                    stored=m.time,
+                    agent_boot_id=h.agent_boot_id,
+                    sequence=h.sequence,
+                    reasons=h.reasons,
+                    pods=h.pods,
+                    model=h.model,
+                    mig=h.mig,
+                )
+            )
     return list(said.values()), set(fresh)
 
 

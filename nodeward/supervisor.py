@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from nodeward.aio import any_set
+from nodeward.aio import any_set, cancel_all
 from nodeward.config import RestartSettings
 from nodeward.daemon import Daemon, DaemonError, install_signal_handlers
 from schemas.common import ObjectRef
@@ -212,9 +212,7 @@ class Supervisor:
             ]
             await any_set([*(d.stopping for d in self.core), signalled])
         finally:
-            for watcher in watchers:
-                watcher.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+            await cancel_all(watchers)
             await asyncio.gather(*(d.stop() for d in self.daemons))
             remove()
         failed = [d for d in self.core if d.failure is not None]

@@ -65,6 +65,10 @@ class KubeNodePods:
         return out
 
 
+# The fields of `energy.pod.v1` a `PodEnergy` fills, by their names.
+_SAID = ("cpu_energy_j", "gpu_energy_j", "energy_j", "gpus", "gpu_utilization_pct", "attribution")
+
+
 @dataclass
 class PodEnergy:
     pod: PodRef
@@ -94,15 +98,8 @@ class PodEnergy:
         return "+".join(sorted(self.methods))
 
     def reported(self) -> dict[str, Any]:
-        """The share as `energy.pod.v1` says it: the fields of the same names."""
-        return {
-            "cpu_energy_j": self.cpu_energy_j,
-            "gpu_energy_j": self.gpu_energy_j,
-            "energy_j": self.energy_j,
-            "gpus": self.gpus,
-            "gpu_utilization_pct": self.gpu_utilization_pct,
-            "attribution": self.attribution,
-        }
+        """What `energy.pod.v1` says of the share (`_SAID`, by the same names)."""
+        return {name: getattr(self, name) for name in _SAID}
 
 
 @dataclass

@@ -113,15 +113,11 @@ class Bus:
             partitions=self.settings.partitions,
         )
         # Agents' buckets allow direct get (a node's NATS user may read its own key only).
+        js, replicas = self.js, self.settings.stream_replicas
         for buckets, direct in ((AGENT_BUCKETS, True), (SHARED_BUCKETS, False)):
-            for bucket, (history, description) in buckets.items():
+            for name, (history, about) in buckets.items():
                 await ensure_kv(
-                    self.js,
-                    bucket,
-                    history=history,
-                    replicas=self.settings.stream_replicas,
-                    description=description,
-                    direct=direct,
+                    js, name, history=history, replicas=replicas, description=about, direct=direct
                 )
         return done
 
