@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from agents.sources.activity import DeviceUtilization, KernelsReading
-from schemas.session import ActivityState, IdleEvidence, SessionActivity
+from schemas.session import ActivityState, IdleEvidence, SessionActivity, SessionIdle
 
 BUSY_KERNEL_STATES = frozenset({"busy"})
 STARTING_GRACE = timedelta(minutes=2)
@@ -74,6 +74,24 @@ class Verdict:
             cpu_cores=values.get("cpu"),
             last_activity=self.last_activity,
             sampled_at=now,
+        )
+
+    def idle(
+        self, now: datetime, idle_after: timedelta, gpus_held: int, **which: Any
+    ) -> SessionIdle | None:
+        """The `session.idle.v1` this verdict makes `now` of the session `which` names: one
+        idle on every signal for at least `idle_after`; None for any other."""
+        if self.state != ActivityState.IDLE or self.idle_since is None:
+            return None
+        idle_for = max((now - self.idle_since).total_seconds(), 0.0)
+        if idle_for < idle_after.total_seconds():
+            return None
+        return SessionIdle(
+            **which,
+            idle_since=self.idle_since,
+            idle_for_s=round(idle_for, 1),
+            evidence=self.evidence,
+            gpus_held=gpus_held,
         )
 
 

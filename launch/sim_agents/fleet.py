@@ -83,7 +83,7 @@ from schemas.gpu import (
     MigInstance,
     RecommendedAction,
 )
-from schemas.session import KernelActivity, SessionIdle, SessionKind
+from schemas.session import KernelActivity, SessionKind
 from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.tokens import token
 from schemas.xid import XidCatalog, load_catalog
@@ -571,19 +571,9 @@ class Fleet:
             which = {"namespace": pod.namespace, "pod": pod.name, "node": node.name, "kind": kind}
             activity = verdict.activity(readings, [d.device for d in held], now, **which)
             out.append(make_event(activity, source=source, time=now))
-            if verdict.idle_since is None or not verdict.evidence or verdict.unknown:
-                continue
-            idle_for = max((now - verdict.idle_since).total_seconds(), 0.0)
-            if idle_for < self.idle.idle_after.total_seconds():
-                continue
-            idle = SessionIdle(
-                **which,
-                idle_since=verdict.idle_since,
-                idle_for_s=round(idle_for, 1),
-                evidence=verdict.evidence,
-                gpus_held=len(held),
-            )
-            out.append(make_event(idle, source=source, time=now))
+            idle = verdict.idle(now, self.idle.idle_after, len(held), **which)
+            if idle is not None:
+                out.append(make_event(idle, source=source, time=now))
         return out
 
     @staticmethod
