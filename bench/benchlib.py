@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -19,6 +20,7 @@ import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +39,32 @@ def exported(ref: str) -> Iterator[Path]:
             tar.extractall(tmp, filter="data")
         _metadata(Path(tmp))
         yield Path(tmp)
+
+
+def module_at(rev: str, path: str, name: str) -> ModuleType:
+    """The module `path` (e.g. `nodeward/fleet_status.py`) as it was at git revision `rev`,
+    loaded as a module of its own called `name`."""
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:{path}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pydantic look their module up
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
+    return module
+
+
+def sim_cluster_command(seed_file: Path, kubeconfig: Path, *more: str) -> list[str]:
+    """The command that serves the sim cluster of `seed_file` and writes its `kubeconfig`
+    (it prints `kubeconfig:` once it serves); `more`: further options."""
+    return [
+        *(sys.executable, "-m", "launch", "sim", "cluster"),
+        *("--seed", str(seed_file), "--kubeconfig", str(kubeconfig), *more),
+    ]
 
 
 def _metadata(tree: Path) -> None:

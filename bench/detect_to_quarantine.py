@@ -39,7 +39,7 @@ from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, Seed
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import wide_cordon, xid79
+from benchlib import sim_cluster_command, wide_cordon, xid79
 
 
 def pct(values: list[float], p: float) -> float:
@@ -65,18 +65,7 @@ async def sim_cluster(names: list[str], workdir: Path, *, in_process: bool) -> A
     seed_file = workdir / "seed.yaml"
     seed_file.write_text(yaml.safe_dump(seed.model_dump(by_alias=True, exclude_defaults=True)))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "launch",
-        "sim",
-        "cluster",
-        "--seed",
-        str(seed_file),
-        "--port",
-        "0",
-        "--kubeconfig",
-        str(kubeconfig),
-        stdout=asyncio.subprocess.PIPE,
+        *sim_cluster_command(seed_file, kubeconfig, "--port", "0"), stdout=asyncio.subprocess.PIPE
     )
     try:
         assert proc.stdout is not None

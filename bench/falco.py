@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import shutil
@@ -29,6 +30,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,49 +161,77 @@ async def ready(daemon_url: str, proc: asyncio.subprocess.Process) -> None:
     raise RuntimeError("nodeward service falco not ready within 60 s")
 
 
-async def one_run(count: int, priority: str, concurrency: int, log_level: str) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="falco-bench-"))
-    uid = "bench"
+@dataclass
+class Stage:
+    """What a falco bench runs against: a scratch folder holding the ingest's bearer token
+    (`TOKEN`), a NATS server, the sim cluster of `uid`'s sample seed, and a bus client."""
+
+    tmp: Path
+    uid: str
+    server: EmbeddedNats
+    sim: SimCluster
+    bus: Bus
+
+    @property
+    def token(self) -> Path:
+        return self.tmp / "token"
+
+    async def spawn_falco(
+        self, falco: dict[str, Any], daemon_port: int, log_level: str
+    ) -> asyncio.subprocess.Process:
+        """The falco service with settings `falco`, its daemon on `daemon_port`, in a
+        process of its own, as its Deployment runs it."""
+        config = self.tmp / "config.yaml"
+        daemon = {"host": "127.0.0.1", "port": daemon_port}
+        config.write_text(json.dumps({"daemon": daemon, "services": {"falco": falco}}))
+        kubeconfig = self.sim.write_kubeconfig(self.tmp / "kubeconfig", identity="falco")
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "launch", "--log-level", log_level, "service", "falco",
+            "--nats", self.server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def staged(prefix: str, uid: str) -> AsyncIterator[Stage]:
+    """A `Stage` for one run, all of it stopped and removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     server = EmbeddedNats(tmp / "nats")
     await server.start()
     sim = SimCluster(sample_seed(uid), port=0)
     await sim.start()
     bus = await Bus.connect(BusSettings(url=server.url), source="bench")
+    stage = Stage(tmp, uid, server, sim, bus)
+    stage.token.write_text(TOKEN)
     try:
-        batch = alerts(count, priority, uid)
-        base_s, base_lat = await baseline(bus, batch)
-        await bus.js.purge_stream("SECURITY")
-        token = tmp / "token"
-        token.write_text(TOKEN)
-        limit = {"per_minute": 1e9, "burst": 1_000_000}
-        config = tmp / "config.yaml"
-        ingest_port, daemon_port = free_port(), free_port()
-        falco = {
-            "rate_limit_per_pod": limit,
-            "rate_limit_per_rule": limit,
-            "ingest": {"host": "127.0.0.1", "port": ingest_port, "token_file": str(token)},
-        }
-        daemon = {"host": "127.0.0.1", "port": daemon_port}
-        config.write_text(json.dumps({"daemon": daemon, "services": {"falco": falco}}))
-        kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
-        # The service in a process of its own, as its Deployment runs it.
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "launch", "--log-level", log_level, "service", "falco",
-            "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            await ready(f"http://127.0.0.1:{daemon_port}", proc)
-            url = f"http://127.0.0.1:{ingest_port}/"
-            falco_s, answered_s, falco_lat = await through_falco(bus, url, batch, concurrency)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
+        yield stage
     finally:
         await bus.close()
         await sim.stop()
         await server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def one_run(count: int, priority: str, concurrency: int, log_level: str) -> dict[str, Any]:
+    async with staged("falco-bench-", "bench") as stage:
+        batch = alerts(count, priority, stage.uid)
+        base_s, base_lat = await baseline(stage.bus, batch)
+        await stage.bus.js.purge_stream("SECURITY")
+        limit = {"per_minute": 1e9, "burst": 1_000_000}
+        ingest_port, daemon_port = free_port(), free_port()
+        falco = {
+            "rate_limit_per_pod": limit,
+            "rate_limit_per_rule": limit,
+            "ingest": {"host": "127.0.0.1", "port": ingest_port, "token_file": str(stage.token)},
+        }
+        proc = await stage.spawn_falco(falco, daemon_port, log_level)
+        try:
+            await ready(f"http://127.0.0.1:{daemon_port}", proc)
+            url = f"http://127.0.0.1:{ingest_port}/"
+            falco_s, answered_s, falco_lat = await through_falco(stage.bus, url, batch, concurrency)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
     return {
         "base_rate": count / base_s,
         "base_p50": pct(base_lat, 0.5),

@@ -33,11 +33,9 @@ import asyncio
 import contextlib
 import copy
 import json
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,14 +45,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import PeakRss
-from falco import TOKEN, alerts, free_port, pct, ready
+from falco import TOKEN, alerts, free_port, pct, ready, staged
 
 from nodeward.bus import Bus
-from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from nodeward.logs import configure_logging
-from sim.cluster import SimCluster
-from sim.falco_samples import sample_seed, sidekick_subject
+from sim.falco_samples import sidekick_subject
 
 CASES = {
     "lanes": {},
@@ -108,78 +104,59 @@ async def criticals(
 
 
 async def one_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="falco-flood-"))
-    uid = "flood"
-    server = EmbeddedNats(tmp / "nats")
-    await server.start()
-    sim = SimCluster(sample_seed(uid), port=0)
-    await sim.start()
-    bus = await Bus.connect(BusSettings(url=server.url), source="bench")
-    clock = Clock()
-    sub = await bus.nc.subscribe("remediation.>", cb=clock.on_audit)
-    try:
-        token = tmp / "token"
-        token.write_text(TOKEN)
-        ingest_port, daemon_port = free_port(), free_port()
-        overrides: dict[str, Any] = copy.deepcopy(CASES[case])
-        falco = {
-            **overrides,
-            "ingest": {
-                "host": "127.0.0.1",
-                "port": ingest_port,
-                "token_file": str(token),
-                **overrides.get("ingest", {}),
-            },
-        }
-        config = tmp / "config.yaml"
-        daemon = {"host": "127.0.0.1", "port": daemon_port}
-        config.write_text(json.dumps({"daemon": daemon, "services": {"falco": falco}}))
-        kubeconfig = sim.write_kubeconfig(tmp / "kubeconfig", identity="falco")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "launch", "--log-level", "info", "service", "falco",
-            "--nats", server.url, "--kubeconfig", str(kubeconfig), "--config", str(config),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        assert server.proc is not None
-        pids = {"falco": proc.pid, "nats": server.proc.pid}
+    async with staged("falco-flood-", "flood") as stage:
+        uid, server, bus = stage.uid, stage.server, stage.bus
+        clock = Clock()
+        sub = await bus.nc.subscribe("remediation.>", cb=clock.on_audit)
         try:
-            await ready(f"http://127.0.0.1:{daemon_port}", proc)
-            url = f"http://127.0.0.1:{ingest_port}/"
-            limits = httpx.Limits(max_connections=args.concurrency + 4)
-            async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-                alone_ids = await criticals(
-                    client, url, alerts(args.criticals, "critical", uid, "a"), 0.2, clock
-                )
-                alone = await clock.latencies(alone_ids, 60)
-                memory = PeakRss(pids)
-                memory.start()
-                began = time.monotonic()
-                flooder = await asyncio.create_subprocess_exec(
-                    sys.executable, __file__, "--flood-worker", url, "--notices",
-                    str(args.notices), "--concurrency", str(args.concurrency), "--uid", uid,
-                    *(["--nats", server.url] if args.via == "nats" else []),
-                    stdout=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                await asyncio.sleep(args.delay)
-                batch = alerts(args.criticals, "critical", uid, "f")
-                flood_ids = await criticals(client, url, batch, args.spacing, clock)
-                out, _ = await flooder.communicate()
-                last = out.decode().strip().splitlines()[-1]  # after any log line
-                codes = {int(k): v for k, v in json.loads(last).items()}
-                posted_s = time.monotonic() - began
-                behind = await clock.latencies(flood_ids, 900)
-                await drained(bus)
-                drained_s = time.monotonic() - began
-                await memory.stop()
+            ingest_port, daemon_port = free_port(), free_port()
+            overrides: dict[str, Any] = copy.deepcopy(CASES[case])
+            falco = {
+                **overrides,
+                "ingest": {
+                    "host": "127.0.0.1",
+                    "port": ingest_port,
+                    "token_file": str(stage.token),
+                    **overrides.get("ingest", {}),
+                },
+            }
+            proc = await stage.spawn_falco(falco, daemon_port, "info")
+            assert server.proc is not None
+            pids = {"falco": proc.pid, "nats": server.proc.pid}
+            try:
+                await ready(f"http://127.0.0.1:{daemon_port}", proc)
+                url = f"http://127.0.0.1:{ingest_port}/"
+                limits = httpx.Limits(max_connections=args.concurrency + 4)
+                async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+                    alone_ids = await criticals(
+                        client, url, alerts(args.criticals, "critical", uid, "a"), 0.2, clock
+                    )
+                    alone = await clock.latencies(alone_ids, 60)
+                    memory = PeakRss(pids)
+                    memory.start()
+                    began = time.monotonic()
+                    flooder = await asyncio.create_subprocess_exec(
+                        sys.executable, __file__, "--flood-worker", url, "--notices",
+                        str(args.notices), "--concurrency", str(args.concurrency), "--uid", uid,
+                        *(["--nats", server.url] if args.via == "nats" else []),
+                        stdout=asyncio.subprocess.PIPE,
+                    )  # fmt: skip
+                    await asyncio.sleep(args.delay)
+                    batch = alerts(args.criticals, "critical", uid, "f")
+                    flood_ids = await criticals(client, url, batch, args.spacing, clock)
+                    out, _ = await flooder.communicate()
+                    last = out.decode().strip().splitlines()[-1]  # after any log line
+                    codes = {int(k): v for k, v in json.loads(last).items()}
+                    posted_s = time.monotonic() - began
+                    behind = await clock.latencies(flood_ids, 900)
+                    await drained(bus)
+                    drained_s = time.monotonic() - began
+                    await memory.stop()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                await proc.wait()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            await proc.wait()
-    finally:
-        await sub.unsubscribe()
-        await bus.close()
-        await sim.stop()
-        await server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+            await sub.unsubscribe()
     return {
         "alone": alone,
         "behind": behind,

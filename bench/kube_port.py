@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchlib import module_at, sim_cluster_command  # noqa: E402 - bench/, as python runs it
+
 from nodeward.config import ClusterSettings  # noqa: E402
 from nodeward.kube import Cluster  # noqa: E402
 from nodeward.kube.client import KubeClient  # noqa: E402
@@ -47,19 +48,7 @@ TAINT = "nodeward.io/bench-quarantine"
 
 def baseline(rev: str) -> ModuleType:
     """`nodeward/kube/client.py` as it was at git revision `rev`, as a module of its own."""
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{rev}:nodeward/kube/client.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    name = "kube_client_baseline"
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    exec(compile(source, f"{rev}:nodeward/kube/client.py", "exec"), module.__dict__)
-    return module
+    return module_at(rev, "nodeward/kube/client.py", "kube_client_baseline")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -145,17 +134,7 @@ def main() -> None:
         seed_file.write_text(yaml.safe_dump(seed.model_dump(mode="json", exclude_none=True)))
         kubeconfig = Path(tmp) / "kubeconfig"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launch",
-                "sim",
-                "cluster",
-                "--seed",
-                str(seed_file),
-                "--kubeconfig",
-                str(kubeconfig),
-            ],
+            sim_cluster_command(seed_file, kubeconfig),
             cwd=REPO,
             stdout=subprocess.PIPE,
             text=True,

@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import inspect
 import os
 import shutil
@@ -66,6 +65,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchlib import module_at  # noqa: E402 - bench/, as python runs it
 from nats.js.errors import NoKeysError, NotFoundError  # noqa: E402 - after the path is set
 
 from nodeward.bus import Bus  # noqa: E402
@@ -240,18 +240,7 @@ async def per_node_reads(nc: Any, actions: int = 10) -> int:
 
 def baseline(rev: str) -> ModuleType:
     """`nodeward/fleet_status.py` as it was at git revision `rev`, as a module of its own."""
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{rev}:nodeward/fleet_status.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    name = "fleet_status_baseline"
-    spec = importlib.util.spec_from_loader(name, loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pydantic look their module up
-    exec(compile(source, f"{rev}:nodeward/fleet_status.py", "exec"), module.__dict__)
+    module = module_at(rev, "nodeward/fleet_status.py", "fleet_status_baseline")
     gather = module.gather_status
     own_parts = hasattr(module, "Quarantined")  # it drew the quarantines itself then
     if own_parts and "views" in inspect.signature(gather).parameters:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -19,6 +19,23 @@ async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
     """
     async with asyncio.timeout(timeout):
         return await awaitable
+
+
+async def cancel_all(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel `tasks` and wait until every one has ended (how, it does not say)."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def any_set(events: Iterable[asyncio.Event]) -> None:
+    """Return once any of `events` is set (at once if one is already)."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_all(waiters)
 
 
 class KeyedLocks:

@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from prometheus_client.exposition import choose_encoder
 
-from nodeward.aio import within
+from nodeward.aio import any_set, within
 from nodeward.config import DaemonSettings
 from nodeward.health import LoopMonitor, Readiness, ReadinessCheck, ReadinessReport
 from nodeward.logs import get_logger
@@ -163,14 +163,7 @@ class Daemon:
     @property
     def url(self) -> str:
         """Base URL of the HTTP endpoints, e.g. `http://127.0.0.1:40123`."""
-        host = self.settings.host
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return local_url(self.settings.host, self.port)
 
     @property
     def failure(self) -> BaseException | None:
@@ -381,6 +374,13 @@ class Daemon:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
 
+def local_url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches a server listening on `host`:`port` by
+    (a wildcard address as loopback, an IPv6 address in brackets), without a path."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def serve(daemons: Sequence[Daemon], *, handle_signals: bool = True) -> None:
     """Run several daemons in this loop until SIGTERM/SIGINT or until any of them stops.
 
@@ -399,14 +399,7 @@ async def serve(daemons: Sequence[Daemon], *, handle_signals: bool = True) -> No
             if not daemon.started:
                 await daemon.start()
             started.append(daemon)
-        waiters = [asyncio.ensure_future(d.stopping.wait()) for d in started]
-        waiters.append(asyncio.ensure_future(signalled.wait()))
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+        await any_set([*(d.stopping for d in started), signalled])
     finally:
         await asyncio.gather(*(d.stop() for d in started))
         remove()

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from nodeward.aio import any_set, cancel_all
 from nodeward.config import RestartSettings
 from nodeward.daemon import Daemon, DaemonError, install_signal_handlers
 from schemas.common import ObjectRef
@@ -209,18 +210,9 @@ class Supervisor:
             watchers = [
                 asyncio.create_task(self._watch(u), name=f"supervise:{u.name}") for u in self.units
             ]
-            waiters = [asyncio.ensure_future(d.stopping.wait()) for d in self.core]
-            waiters.append(asyncio.ensure_future(signalled.wait()))
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
-                await asyncio.gather(*waiters, return_exceptions=True)
+            await any_set([*(d.stopping for d in self.core), signalled])
         finally:
-            for watcher in watchers:
-                watcher.cancel()
-            await asyncio.gather(*watchers, return_exceptions=True)
+            await cancel_all(watchers)
             await asyncio.gather(*(d.stop() for d in self.daemons))
             remove()
         failed = [d for d in self.core if d.failure is not None]

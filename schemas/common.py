@@ -15,7 +15,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, StringConstraints
 
-from schemas.base import Model
+from schemas.base import EventData, Model
+from schemas.tokens import subject
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -23,24 +24,26 @@ _LABEL = re.compile(DNS_LABEL_PATTERN)
 _SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 
+def _kubernetes_name(value: str, most: int, rule: re.Pattern[str], says: str) -> str:
+    """`value` if it has at most `most` characters and matches `rule`, else ValueError."""
+    if len(value) <= most and rule.match(value):
+        return value
+    raise ValueError(f"{value[:80]!r} is not a Kubernetes name (RFC 1123 {says})")
+
+
 def dns_label(value: str) -> str:
     """`value` if it is an RFC 1123 DNS label (a Kubernetes namespace), else ValueError."""
-    if len(value) <= 63 and _LABEL.match(value):
-        return value
-    raise ValueError(
-        f"{value[:80]!r} is not a Kubernetes name (RFC 1123 label: at most 63 of a-z, 0-9 "
-        "and '-', starting and ending with a letter or digit)"
-    )
+    says = "label: at most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit"
+    return _kubernetes_name(value, 63, _LABEL, says)
 
 
 def dns_subdomain(value: str) -> str:
     """`value` if it is an RFC 1123 DNS subdomain (a node or pod name), else ValueError."""
-    if len(value) <= 253 and _SUBDOMAIN.match(value):
-        return value
-    raise ValueError(
-        f"{value[:80]!r} is not a Kubernetes name (RFC 1123 subdomain: at most 253 of a-z, "
-        "0-9, '-' and '.', each dot-separated part starting and ending with a letter or digit)"
+    says = (
+        "subdomain: at most 253 of a-z, 0-9, '-' and '.', each dot-separated part starting "
+        "and ending with a letter or digit"
     )
+    return _kubernetes_name(value, 253, _SUBDOMAIN, says)
 
 
 # Validated with a one-line message; the JSON Schema carries the same rule as a pattern.
@@ -83,3 +86,19 @@ class ObjectRef(Model):
         """`kind/namespace/name`, or `kind/name` for cluster-scoped objects."""
         parts = [self.kind.lower(), self.namespace, self.name]
         return "/".join(p for p in parts if p)
+
+
+class PodEventData(EventData):
+    """Base of an event about one pod on one node: published on `SUBJECT_PATTERN`, which
+    ends `.<node>.<ns>.<pod>`; its CloudEvents subject is `pod/<ns>/<pod>`."""
+
+    namespace: Namespace
+    pod: PodName
+    node: NodeName
+
+    def nats_subject(self) -> str:
+        prefix = self.SUBJECT_PATTERN.removesuffix(".<node>.<ns>.<pod>")
+        return subject(prefix, self.node, self.namespace, self.pod)
+
+    def about(self) -> str:
+        return f"pod/{self.namespace}/{self.pod}"

@@ -9,7 +9,7 @@ from typing import ClassVar, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from schemas.base import EventData, Model
-from schemas.common import K8sName, Namespace, NonNegFloat
+from schemas.common import K8sName, NonNegFloat, PodEventData
 from schemas.tokens import subject
 
 
@@ -63,13 +63,18 @@ class Interval(Model):
         return self
 
 
-class EnergyNode(EventData):
+class _EnergyEvent(EventData):
+    """What the energy agent publishes on stream ENERGY."""
+
+    STREAM: ClassVar[str] = "ENERGY"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
+
+
+class EnergyNode(_EnergyEvent):
     """A node's measured energy over an interval."""
 
     TYPE: ClassVar[str] = "energy.node.v1"
-    STREAM: ClassVar[str] = "ENERGY"
     SUBJECT_PATTERN: ClassVar[str] = "energy.node.<node>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
     node: K8sName
     interval: Interval
@@ -155,18 +160,13 @@ class EnergyNode(EventData):
         return f"node/{self.node}"
 
 
-class EnergyPod(EventData):
+class EnergyPod(_EnergyEvent, PodEventData):
     """Energy attributed to one pod over an interval."""
 
     TYPE: ClassVar[str] = "energy.pod.v1"
-    STREAM: ClassVar[str] = "ENERGY"
     # The node token lets an agent's NATS user publish only its own node's pods.
     SUBJECT_PATTERN: ClassVar[str] = "energy.pod.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/energy/gpu-node-07"
 
-    namespace: Namespace
-    pod: K8sName
-    node: K8sName
     interval: Interval
     cpu_energy_j: NonNegFloat = 0.0
     gpu_energy_j: NonNegFloat = 0.0
@@ -217,9 +217,3 @@ class EnergyPod(EventData):
             ]
         }
     )
-
-    def nats_subject(self) -> str:
-        return subject("energy.pod", self.node, self.namespace, self.pod)
-
-    def about(self) -> str:
-        return f"pod/{self.namespace}/{self.pod}"

@@ -54,18 +54,30 @@ class MigInstance(Model):
     uuid: str | None = None
 
 
-class GpuHealth(EventData):
-    """The health state of one GPU (or MIG instance) on a node: a change, or a heartbeat."""
+class _GpuAgentEvent(EventData):
+    """What the GPU agent publishes about its node."""
 
-    TYPE: ClassVar[str] = "gpu.health.v1"
-    STREAM: ClassVar[str] = "GPU"
-    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
-    SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
     EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
     node: K8sName
+
+
+class _GpuEvent(_GpuAgentEvent):
+    """What the GPU agent says of one GPU on stream GPU: which GPU, and when it saw it."""
+
+    STREAM: ClassVar[str] = "GPU"
+    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
+
     gpu_index: int = Field(ge=0)
     gpu_uuid: str = Field(min_length=1)
+
+
+class GpuHealth(_GpuEvent):
+    """The health state of one GPU (or MIG instance) on a node: a change, or a heartbeat."""
+
+    TYPE: ClassVar[str] = "gpu.health.v1"
+    SUBJECT_PATTERN: ClassVar[str] = "gpu.health.<node>.<gpu>"
+
     mig: MigInstance | None = None
     model: str | None = None
     pci_bus_id: str | None = None
@@ -142,7 +154,7 @@ class GpuState(Model):
         return f"{self.gpu_index}-mig{self.mig.gpu_instance_id}-{self.mig.compute_instance_id}"
 
 
-class GpuHeartbeat(EventData):
+class GpuHeartbeat(_GpuAgentEvent):
     """Every GPU of a node restated, once per heartbeat interval: routine, never a change.
 
     Changes travel as `gpu.health.v1` on their own subjects and stream, so a fault never
@@ -154,9 +166,7 @@ class GpuHeartbeat(EventData):
     STREAM: ClassVar[str] = "HEARTBEATS"
     OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.heartbeat.<node>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
-    node: K8sName
     gpus: list[GpuState]
     interval_s: float = Field(gt=0, description="the next heartbeat is due this much later")
     observed_at: datetime
@@ -187,17 +197,11 @@ class GpuHeartbeat(EventData):
     def health(self, gpu: GpuState) -> GpuHealth:
         """`gpu` as the `gpu.health.v1` heartbeat that restates it (`heartbeat: true`)."""
         return GpuHealth(
+            **gpu.model_dump(exclude={"changed_at"}),
             node=self.node,
-            gpu_index=gpu.gpu_index,
-            gpu_uuid=gpu.gpu_uuid,
-            mig=gpu.mig,
-            state=gpu.state,
-            reasons=gpu.reasons,
-            recommended_action=gpu.recommended_action,
             heartbeat=True,
             observed_at=self.observed_at,
             agent_boot_id=self.agent_boot_id,
-            sequence=gpu.sequence,
         )
 
     def nats_subject(self) -> str:
@@ -215,7 +219,7 @@ class GpuProcess(Model):
     gpu_instance_id: int | None = Field(default=None, ge=0)
 
 
-class GpuXid(EventData):
+class GpuXid(_GpuEvent):
     """One XID the driver reported on a GPU, whatever its class: the record of it happening.
 
     Health changes (`gpu.health.v1`) say what an XID means for the GPU; this says that it
@@ -224,14 +228,8 @@ class GpuXid(EventData):
     """
 
     TYPE: ClassVar[str] = "gpu.xid.v1"
-    STREAM: ClassVar[str] = "GPU"
-    OBSERVED: ClassVar[tuple[str, ...]] = ("observed_at",)
     SUBJECT_PATTERN: ClassVar[str] = "gpu.xid.<node>.<gpu>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
-    node: K8sName
-    gpu_index: int = Field(ge=0)
-    gpu_uuid: str = Field(min_length=1)
     xid: int = Field(ge=0)
     name: str = Field(description="the catalog's name of the XID")
     category: str = Field(description="the catalog's class: application, hardware, driver, ...")
@@ -301,15 +299,13 @@ class GpuSample(Model):
     memory_clock_mhz: int | None = Field(default=None, ge=0)
 
 
-class GpuTelemetry(EventData):
+class GpuTelemetry(_GpuAgentEvent):
     """Sampled utilisation, memory, temperature, power and clocks of every GPU on a node."""
 
     TYPE: ClassVar[str] = "gpu.telemetry.v1"
     STREAM: ClassVar[str] = "TELEMETRY"
     SUBJECT_PATTERN: ClassVar[str] = "gpu.telemetry.<node>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/gpu/gpu-node-07"
 
-    node: K8sName
     interval_s: float = Field(gt=0)
     samples: list[GpuSample]
 

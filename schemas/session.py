@@ -8,9 +8,8 @@ from typing import ClassVar
 
 from pydantic import ConfigDict, Field
 
-from schemas.base import EventData, Model
-from schemas.common import K8sName, Namespace
-from schemas.tokens import subject
+from schemas.base import Model
+from schemas.common import PodEventData
 
 
 class SessionKind(StrEnum):
@@ -35,20 +34,24 @@ class KernelActivity(Model):
     connections: int = Field(default=0, ge=0)
 
 
-class SessionActivity(EventData):
+class _SessionEvent(PodEventData):
+    """What every event about a session says first: which pod, where, and what kind (the
+    idleness agent's, on stream SESSIONS)."""
+
+    STREAM: ClassVar[str] = "SESSIONS"
+    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
+
+    kind: SessionKind
+    uid: str | None = Field(default=None, description="the pod's UID")
+
+
+class SessionActivity(_SessionEvent):
     """One sample of a session's GPU, CPU and kernel activity."""
 
     TYPE: ClassVar[str] = "session.activity.v1"
-    STREAM: ClassVar[str] = "SESSIONS"
     OBSERVED: ClassVar[tuple[str, ...]] = ("sampled_at",)
     SUBJECT_PATTERN: ClassVar[str] = "session.activity.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
-    namespace: Namespace
-    pod: K8sName
-    node: K8sName
-    kind: SessionKind
-    uid: str | None = Field(default=None, description="the pod's UID")
     state: ActivityState = Field(
         default=ActivityState.UNKNOWN,
         description="active if any signal is active; idle only if every signal is measured idle",
@@ -96,12 +99,6 @@ class SessionActivity(EventData):
         }
     )
 
-    def nats_subject(self) -> str:
-        return subject("session.activity", self.node, self.namespace, self.pod)
-
-    def about(self) -> str:
-        return f"pod/{self.namespace}/{self.pod}"
-
 
 class IdleEvidence(Model):
     signal: str = Field(description="gpu, cpu or kernel")
@@ -109,19 +106,12 @@ class IdleEvidence(Model):
     detail: str = ""
 
 
-class SessionIdle(EventData):
+class SessionIdle(_SessionEvent):
     """A session that has been idle on every signal, with how long and the evidence."""
 
     TYPE: ClassVar[str] = "session.idle.v1"
-    STREAM: ClassVar[str] = "SESSIONS"
     SUBJECT_PATTERN: ClassVar[str] = "session.idle.<node>.<ns>.<pod>"
-    EXAMPLE_SOURCE: ClassVar[str] = "agent/idle/gpu-node-07"
 
-    namespace: Namespace
-    pod: K8sName
-    node: K8sName
-    kind: SessionKind
-    uid: str | None = Field(default=None, description="the pod's UID")
     idle_since: datetime
     idle_for_s: float = Field(ge=0)
     evidence: list[IdleEvidence]
@@ -159,9 +149,3 @@ class SessionIdle(EventData):
             ]
         }
     )
-
-    def nats_subject(self) -> str:
-        return subject("session.idle", self.node, self.namespace, self.pod)
-
-    def about(self) -> str:
-        return f"pod/{self.namespace}/{self.pod}"

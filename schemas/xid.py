@@ -11,10 +11,12 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 from importlib import resources
+from typing import Any
 
-from schemas.gpu import RecommendedAction
+from schemas.gpu import GpuXid, RecommendedAction
 
 APPLICATION = "application"
 RECOVERY_ACTION_XID = 154
@@ -47,6 +49,27 @@ class XidInfo:
     def is_application(self) -> bool:
         """An application fault: it never fails a GPU."""
         return self.category == APPLICATION
+
+    def seen(
+        self, node: str, gpu_index: int, gpu_uuid: str, observed_at: datetime, **more: Any
+    ) -> GpuXid:
+        """The `gpu.xid.v1` of this XID seen on a GPU, with the catalog's name, class and
+        action; `more`: its other fields (pods, detectors, `agent_boot_id`, ...)."""
+        said = {
+            "xid": self.xid,
+            "name": self.name,
+            "category": self.category,
+            "catalog_action": self.action,
+            "application": self.is_application,
+        }
+        return GpuXid(
+            node=node,
+            gpu_index=gpu_index,
+            gpu_uuid=gpu_uuid,
+            observed_at=observed_at,
+            **said,
+            **more,
+        )
 
     @property
     def description(self) -> str:

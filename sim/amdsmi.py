@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from sim.gpus import SimGpus
+
 # amdsmi_wrapper.AMDSMI_STATUS_* (amdsmi.h: amdsmi_status_t)
 AMDSMI_STATUS_SUCCESS = 0
 AMDSMI_STATUS_INVAL = 1
@@ -318,17 +320,15 @@ class _Notice:
     message: str
 
 
-class SimAmdSmi:
+class SimAmdSmi(SimGpus[SimAmdGpu]):
     """One node's simulated AMD SMI library. Thread-safe; no process-wide state."""
+
+    FAULTS = FAULTS
 
     def __init__(
         self, node: str, gpus: list[SimAmdGpu], *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.node = node
-        self.gpus = gpus
-        self.clock = clock
-        self._lock = threading.RLock()
-        self._initialised = 0
+        super().__init__(node, gpus, clock=clock)
         self._masks: dict[int, int] = {}  # GPU index -> notification mask
         self._notices: deque[_Notice] = deque()
         self._arrived = threading.Condition(self._lock)
@@ -362,20 +362,13 @@ class SimAmdSmi:
 
     # -- fault injection ---------------------------------------------------------------
 
-    def _gpu(self, index: int) -> SimAmdGpu:
-        if not 0 <= index < len(self.gpus):
-            raise ValueError(f"node {self.node} has no GPU {index} (it has {len(self.gpus)})")
-        return self.gpus[index]
-
     def _count(self, gpu: SimAmdGpu, block: AmdSmiGpuBlock, kind: int, n: int) -> None:
         counts = gpu.ecc.setdefault(int(block), [0, 0, 0])
         counts[kind] += n
 
     def inject_fault(self, index: int, fault: str) -> None:
         """Apply a named fault (see `FAULTS`) to GPU `index`."""
-        gpu = self._gpu(index)
-        if fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
+        gpu = self._faulty(index, fault)
         evt = AmdSmiEvtNotificationType
         with self._lock:
             if fault == "ecc-uncorrectable":
@@ -402,10 +395,7 @@ class SimAmdSmi:
             elif fault == "thermal":
                 gpu.hotspot_c = gpu.model.critical_c + 3
                 self._notify(gpu, evt.THERMAL_THROTTLE, "2:1")
-            elif fault == "fallen-off-bus":
-                gpu.lost = True
-            elif fault == "hang" and gpu.hang is None:
-                gpu.hang = threading.Event()
+            self._lose_or_hang(gpu, fault)
 
     def inject_xid(self, index: int, xid: int, **_: Any) -> None:
         """AMD GPUs report no XIDs: refused, naming the faults there are."""
@@ -421,9 +411,7 @@ class SimAmdSmi:
 
     def set_load(self, index: int, utilization_pct: float) -> None:
         """Set GPU `index`'s graphics activity; its power follows (idle to the limit)."""
-        if not 0 <= utilization_pct <= 100:
-            raise ValueError(f"utilisation must be 0..100 %, got {utilization_pct}")
-        gpu = self._gpu(index)
+        gpu = self._loaded(index, utilization_pct)
         with self._lock:
             self._integrate(gpu)
             gpu.gfx_activity = round(utilization_pct)
@@ -432,8 +420,7 @@ class SimAmdSmi:
         """GPU reset: counters since load cleared, pending pages retired, faults gone."""
         gpu = self._gpu(index)
         with self._lock:
-            hang, gpu.hang = gpu.hang, None
-            gpu.lost = False
+            hang = self._clear_faults(gpu)
             gpu.hotspot_c = 45
             gpu.ecc.clear()
             gpu.bad_pages = [
@@ -444,14 +431,6 @@ class SimAmdSmi:
             self._notify(gpu, AmdSmiEvtNotificationType.GPU_POST_RESET, "1")
         if hang is not None:
             hang.set()
-
-    def close(self) -> None:
-        """Release every hung call (so threads stuck in this sim end)."""
-        with self._lock:
-            for gpu in self.gpus:
-                hang, gpu.hang = gpu.hang, None
-                if hang is not None:
-                    hang.set()
 
     def _notify(self, gpu: SimAmdGpu, event: AmdSmiEvtNotificationType, message: str) -> None:
         if self._masks.get(gpu.index, 0) & (1 << (int(event) - 1)):
@@ -482,10 +461,7 @@ class SimAmdSmi:
         gpu = next((g for g in self.gpus if g.handle.value == handle.value), None)
         if gpu is None:
             raise AmdSmiLibraryException(AMDSMI_STATUS_INVAL)
-        hang = gpu.hang
-        if hang is not None:
-            hang.wait()
-        if gpu.lost:
+        if self._lost(gpu):
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
         return gpu
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import pynvml
 
+from sim.gpus import SimGpus
+
 # The recovery-action values the simulated driver reports, as nvml.h defines them
 # (nvmlGpuRecoveryAction_t's NONE, the GpuRecoveryAction event type, its field id), with
 # pynvml's names. The simulator stands for the driver, which has them compiled in; it does not
@@ -209,20 +211,17 @@ def pci_bus_id(index: int) -> str:
     return f"00000000:{0x18 + index * 0x10:02X}:00.0"
 
 
-class SimNvml:
+class SimNvml(SimGpus[SimGpu]):
     """One node's simulated NVML driver. Thread-safe; no process-wide state."""
 
     MAX_MIG_DEVICES = 7
+    FAULTS = FAULTS
 
     def __init__(
         self, node: str, gpus: list[SimGpu], *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.node = node
-        self.gpus = gpus
-        self.clock = clock
-        self._lock = threading.RLock()
+        super().__init__(node, gpus, clock=clock)
         self._sets: list[SimEventSet] = []
-        self._initialised = 0
         self._gpm: dict[int, tuple[Any, SimGpmSample | None]] = {}  # address -> buffer, sample
         now = clock()
         for gpu in gpus:
@@ -274,11 +273,6 @@ class SimNvml:
 
     # -- fault injection ---------------------------------------------------------------
 
-    def _gpu(self, index: int) -> SimGpu:
-        if not 0 <= index < len(self.gpus):
-            raise ValueError(f"node {self.node} has no GPU {index} (it has {len(self.gpus)})")
-        return self.gpus[index]
-
     def inject_xid(self, index: int, xid: int, *, gpu_instance_id: int | None = None) -> None:
         """Raise XID `xid` on GPU `index` (an XID critical-error event)."""
         gpu = self._gpu(index)
@@ -287,9 +281,7 @@ class SimNvml:
 
     def inject_fault(self, index: int, fault: str) -> None:
         """Apply a named fault (see `FAULTS`) to GPU `index`."""
-        gpu = self._gpu(index)
-        if fault not in FAULTS:
-            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(sorted(FAULTS))}")
+        gpu = self._faulty(index, fault)
         with self._lock:
             if fault == "ecc-dbe-burst":
                 for counter in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
@@ -312,7 +304,6 @@ class SimNvml:
                 self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 63)
             elif fault == "fallen-off-bus":
                 self._emit(gpu, pynvml.nvmlEventTypeXidCriticalError, 79)
-                gpu.lost = True
             elif fault == "thermal":
                 gpu.temperature_c = gpu.model.slowdown_c + 3
                 gpu.clock_reasons |= (
@@ -330,8 +321,7 @@ class SimNvml:
                         )
             elif fault == "pcie-replay":
                 gpu.pcie_replay += 5000
-            elif fault == "hang" and gpu.hang is None:
-                gpu.hang = threading.Event()
+            self._lose_or_hang(gpu, fault)
 
     def _integrate(self, gpu: SimGpu) -> None:
         """Bring the energy counter up to now at the power held since the last update."""
@@ -351,9 +341,7 @@ class SimNvml:
 
     def set_load(self, index: int, utilization_pct: float) -> None:
         """Set GPU `index`'s utilisation; its power follows (idle to the power limit)."""
-        if not 0 <= utilization_pct <= 100:
-            raise ValueError(f"utilisation must be 0..100 %, got {utilization_pct}")
-        gpu = self._gpu(index)
+        gpu = self._loaded(index, utilization_pct)
         with self._lock:
             self._integrate(gpu)
             self._integrate_activity(gpu)
@@ -363,9 +351,7 @@ class SimNvml:
     def set_mig_load(self, index: int, gpu_instance_id: int, utilization_pct: float) -> None:
         """Set one MIG instance's graphics activity (GPM reads it); the GPU's power follows
         its instances' load, weighted by their slices."""
-        if not 0 <= utilization_pct <= 100:
-            raise ValueError(f"utilisation must be 0..100 %, got {utilization_pct}")
-        gpu = self._gpu(index)
+        gpu = self._loaded(index, utilization_pct)
         mig = next((m for m in gpu.migs if m.gpu_instance_id == gpu_instance_id), None)
         if mig is None:
             have = ", ".join(str(m.gpu_instance_id) for m in gpu.migs) or "none"
@@ -425,8 +411,7 @@ class SimNvml:
         """GPU reset: clear every fault and volatile counter; recovery action back to none."""
         gpu = self._gpu(index)
         with self._lock:
-            hang, gpu.hang = gpu.hang, None
-            gpu.lost = False
+            hang = self._clear_faults(gpu)
             gpu.temperature_c = 45
             gpu.clock_reasons = pynvml.nvmlClocksEventReasonNone
             for key in list(gpu.ecc):
@@ -442,14 +427,6 @@ class SimNvml:
         if hang is not None:
             hang.set()
 
-    def close(self) -> None:
-        """Release every hung call (so threads stuck in this sim end)."""
-        with self._lock:
-            for gpu in self.gpus:
-                hang, gpu.hang = gpu.hang, None
-                if hang is not None:
-                    hang.set()
-
     def _emit(self, gpu: SimGpu, kind: int, data: int, gi: int | None = None) -> None:
         event = SimEvent(gpu.handle, kind, data, 0xFFFFFFFF if gi is None else gi)
         for es in self._sets:
@@ -463,10 +440,7 @@ class SimNvml:
         if self._initialised <= 0:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         gpu = handle.gpu
-        hang = gpu.hang
-        if hang is not None:
-            hang.wait()
-        if gpu.lost:
+        if self._lost(gpu):
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
         return gpu
 

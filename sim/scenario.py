@@ -44,16 +44,8 @@ class Step(BaseModel):
     driver: str = "r550"
 
     def request(self) -> InjectRequest:
-        return InjectRequest(
-            gpu=self.gpu,
-            xid=self.xid,
-            fault=self.fault,
-            recover=self.recover,
-            recovery_action=self.recovery_action,
-            load=self.load,
-            via=self.via,
-            driver=self.driver,
-        )
+        """The step's injection (its fields but when and where), validated as one."""
+        return InjectRequest.model_validate(self.model_dump(exclude={"after", "node"}))
 
 
 def load_scenario(path: Path) -> list[Step]:

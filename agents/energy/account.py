@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from agents.sources.power import PowerSample
 from schemas.energy import CarbonBasis, CarbonIntensity, EnergyReading, PowerSource
@@ -71,6 +71,10 @@ class _Track:
     watts_now: float | None = None  # power over the last segment
 
 
+# The fields of `energy.node.v1` an `IntervalEnergy` fills, by their names.
+_SAID = ("readings", "energy_j", "avg_power_w", "min_power_w", "max_power_w", "covered_s")
+
+
 @dataclass(frozen=True)
 class IntervalEnergy:
     """What one interval measured."""
@@ -93,6 +97,10 @@ class IntervalEnergy:
     def uncovered_s(self) -> float:
         """The part of the interval the node's energy does not cover (unknown energy)."""
         return max(0.0, self.duration_s - self.covered_s)
+
+    def reported(self) -> dict[str, Any]:
+        """What `energy.node.v1` says of the measurement (`_SAID`, by the same names)."""
+        return {name: getattr(self, name) for name in _SAID}
 
 
 def node_basis(components: Iterable[str]) -> str:

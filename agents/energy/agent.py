@@ -97,6 +97,17 @@ def _samples(name: str, got: object) -> list[PowerSample]:
     return got
 
 
+def _cumulative(totals: EnergyTotals | None) -> dict[str, float]:
+    """`energy.node.v1`'s running totals: `totals` (none while KV was not read)."""
+    if totals is None:
+        return {}
+    return {
+        "energy_total_j": totals.energy_j,
+        "co2e_total_g": totals.co2e_g,
+        "uncovered_total_s": totals.uncovered_s,
+    }
+
+
 class EnergyAgent:
     """Samples `sources` and publishes one node's energy; see the module docstring."""
 
@@ -351,17 +362,10 @@ class EnergyAgent:
         data = EnergyNode(
             node=self.node,
             interval=interval,
-            readings=measured.readings,
-            energy_j=measured.energy_j,
-            avg_power_w=measured.avg_power_w,
-            min_power_w=measured.min_power_w,
-            max_power_w=measured.max_power_w,
-            covered_s=measured.covered_s,
+            **measured.reported(),
             carbon=carbon,
             co2e_g=co2e,
-            energy_total_j=totals.energy_j if totals else None,
-            co2e_total_g=totals.co2e_g if totals else None,
-            uncovered_total_s=totals.uncovered_s if totals else None,
+            **_cumulative(totals),
             degraded=degraded,
         )
         self._enqueue(make_event(data, source=self.source))
@@ -476,12 +480,7 @@ class EnergyAgent:
                 pod=share.pod.name,
                 node=self.node,
                 interval=interval,
-                cpu_energy_j=share.cpu_energy_j,
-                gpu_energy_j=share.gpu_energy_j,
-                energy_j=share.energy_j,
-                gpus=share.gpus,
-                gpu_utilization_pct=share.gpu_utilization_pct,
-                attribution=share.attribution,
+                **share.reported(),
                 carbon=carbon,
                 co2e_g=co2e,
             )

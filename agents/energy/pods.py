@@ -65,6 +65,10 @@ class KubeNodePods:
         return out
 
 
+# The fields of `energy.pod.v1` a `PodEnergy` fills, by their names.
+_SAID = ("cpu_energy_j", "gpu_energy_j", "energy_j", "gpus", "gpu_utilization_pct", "attribution")
+
+
 @dataclass
 class PodEnergy:
     pod: PodRef
@@ -92,6 +96,10 @@ class PodEnergy:
     @property
     def attribution(self) -> str:
         return "+".join(sorted(self.methods))
+
+    def reported(self) -> dict[str, Any]:
+        """What `energy.pod.v1` says of the share (`_SAID`, by the same names)."""
+        return {name: getattr(self, name) for name in _SAID}
 
 
 @dataclass

@@ -745,21 +745,16 @@ class GpuAgent:
             or self._pods_now.get(uuid_)
             or (self._pods_now.get(str(watch.index), []))
         )
-        data = GpuXid(
-            node=self.node,
-            gpu_index=watch.index,
-            gpu_uuid=uuid_,
-            xid=report.xid,
-            name=info.name,
-            category=info.category,
-            catalog_action=info.action,
-            application=info.is_application,
+        data = info.seen(
+            self.node,
+            watch.index,
+            uuid_,
+            at,
             gpu_instance_id=instance,
             pods=list(pods),
             processes=await self._processes(watch, instance),
             detectors=list(report.incident.detectors),
             driver_message=report.driver_message,
-            observed_at=at,
             agent_boot_id=self.boot_id,
         )
         return make_event(data, source=self.source)

@@ -285,26 +285,20 @@ def thermal_findings(
     if sensor is not None:
         evidence["sensor"] = sensor
         where = f"{sensor} "
-    if temp is not None and shutdown_c is not None and temp >= shutdown_c:
-        return [
-            Finding(
-                "thermal_shutdown",
-                HealthState.FAILED,
-                RecommendedAction.DRAIN_AND_RMA,
-                f"{where}{temp} °C at or above the {names[1]} threshold {shutdown_c} °C",
-                evidence=evidence,
-            )
-        ]
-    if temp is not None and slowdown_c is not None and temp >= slowdown_c:
-        return [
-            Finding(
-                "thermal_slowdown",
-                HealthState.DEGRADED,
-                RecommendedAction.NONE,
-                f"{where}{temp} °C at or above the {names[0]} threshold {slowdown_c} °C",
-                evidence=evidence,
-            )
-        ]
+    thresholds = (  # the worse first
+        (
+            "thermal_shutdown",
+            shutdown_c,
+            names[1],
+            HealthState.FAILED,
+            RecommendedAction.DRAIN_AND_RMA,
+        ),
+        ("thermal_slowdown", slowdown_c, names[0], HealthState.DEGRADED, RecommendedAction.NONE),
+    )
+    for code, limit_c, name, state, action in thresholds:
+        if temp is not None and limit_c is not None and temp >= limit_c:
+            message = f"{where}{temp} °C at or above the {name} threshold {limit_c} °C"
+            return [Finding(code, state, action, message, evidence=evidence)]
     return []
 
 

@@ -45,7 +45,7 @@ from nodeward.daemon import Daemon
 from nodeward.kube.objects import PodView
 from nodeward.logs import get_logger
 from schemas.base import make_event
-from schemas.session import ActivityState, SessionActivity, SessionIdle, SessionKind
+from schemas.session import ActivityState, SessionKind
 from schemas.tokens import subject
 
 MAX_UNSENT = 1_000
@@ -321,41 +321,22 @@ class IdleAgent:
         verdict: Verdict,
         now: datetime,
     ) -> None:
-        values = {r.signal: r.value for r in readings}
         log = self.log.bind(namespace=session.namespace, pod=session.name)
-        activity = SessionActivity(
-            namespace=session.namespace,
-            pod=session.name,
-            node=self.node,
-            kind=session.kind,
-            uid=session.uid,
-            state=verdict.state,
-            idle_since=verdict.idle_since,
-            unknown=verdict.unknown,
-            gpu_utilization_pct=values.get("gpu"),
-            gpu_uuids=list(devices),
-            cpu_cores=values.get("cpu"),
-            last_activity=verdict.last_activity,
-            sampled_at=now,
-        )
+        which: dict[str, Any] = {  # the session, as both events name it
+            "namespace": session.namespace,
+            "pod": session.name,
+            "node": self.node,
+            "kind": session.kind,
+            "uid": session.uid,
+        }
+        activity = verdict.activity(readings, devices, now, **which)
         self._outbox.put(make_event(activity, source=self.source, time=now))
-        if verdict.state != ActivityState.IDLE or verdict.idle_since is None:
+        if verdict.state != ActivityState.IDLE:
             log.debug("session judged", state=verdict.state.value, unknown=verdict.unknown)
+        idle = verdict.idle(now, self.settings.idle_after, len(devices), **which)
+        if idle is None:
             return
-        idle_for = max((now - verdict.idle_since).total_seconds(), 0.0)
-        if idle_for < self.settings.idle_after.total_seconds():
-            return
-        idle = SessionIdle(
-            namespace=session.namespace,
-            pod=session.name,
-            node=self.node,
-            kind=session.kind,
-            uid=activity.uid,
-            idle_since=verdict.idle_since,
-            idle_for_s=round(idle_for, 1),
-            evidence=verdict.evidence,
-            gpus_held=len(devices),
-        )
         self._outbox.put(make_event(idle, source=self.source, time=now))
         self.metrics.idle_reports.inc()
-        log.info("session idle", idle_for_s=round(idle_for), since=verdict.idle_since.isoformat())
+        idle_for = max((now - idle.idle_since).total_seconds(), 0.0)
+        log.info("session idle", idle_for_s=round(idle_for), since=idle.idle_since.isoformat())

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from agents.sources.activity import DeviceUtilization, KernelsReading
-from schemas.session import ActivityState, IdleEvidence
+from schemas.session import ActivityState, IdleEvidence, SessionActivity, SessionIdle
 
 BUSY_KERNEL_STATES = frozenset({"busy"})
 STARTING_GRACE = timedelta(minutes=2)
@@ -57,6 +57,42 @@ class Verdict:
     last_activity: datetime | None
     evidence: list[IdleEvidence]
     unknown: list[str]
+
+    def activity(
+        self, readings: Sequence[Reading], gpu_uuids: Iterable[str], now: datetime, **which: Any
+    ) -> SessionActivity:
+        """The `session.activity.v1` of this verdict on `readings`, sampled `now`, for the
+        session `which` names (namespace, pod, node, kind, uid) holding `gpu_uuids`."""
+        values = {r.signal: r.value for r in readings}
+        return SessionActivity(
+            **which,
+            state=self.state,
+            idle_since=self.idle_since,
+            unknown=self.unknown,
+            gpu_utilization_pct=values.get("gpu"),
+            gpu_uuids=list(gpu_uuids),
+            cpu_cores=values.get("cpu"),
+            last_activity=self.last_activity,
+            sampled_at=now,
+        )
+
+    def idle(
+        self, now: datetime, idle_after: timedelta, gpus_held: int, **which: Any
+    ) -> SessionIdle | None:
+        """The `session.idle.v1` this verdict makes `now` of the session `which` names: one
+        idle on every signal for at least `idle_after`; None for any other."""
+        if self.state != ActivityState.IDLE or self.idle_since is None:
+            return None
+        idle_for = max((now - self.idle_since).total_seconds(), 0.0)
+        if idle_for < idle_after.total_seconds():
+            return None
+        return SessionIdle(
+            **which,
+            idle_since=self.idle_since,
+            idle_for_s=round(idle_for, 1),
+            evidence=self.evidence,
+            gpus_held=gpus_held,
+        )
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 import httpx
 import structlog
@@ -127,11 +127,34 @@ class _EmLatest(BaseModel):
     is_estimated: bool = Field(default=False, alias="isEstimated")
 
 
-class ElectricityMaps:
+class _HttpProvider:
+    """A provider read with one GET of `PATH` from its `BASE` URL (or the configured one)."""
+
+    name: str
+    BASE: ClassVar[str]
+    PATH: ClassVar[str]
+
+    def __init__(self, http: httpx.AsyncClient, *, base: str | None, timeout: float) -> None:
+        self.http, self.timeout = http, timeout
+        self.url = f"{(base or self.BASE).rstrip('/')}{self.PATH}"
+
+    async def _get(
+        self,
+        *,
+        params: dict[str, str | int] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> object:
+        return await _get_json(
+            self.http, self.name, self.url, params=params, headers=headers, timeout=self.timeout
+        )
+
+
+class ElectricityMaps(_HttpProvider):
     """Electricity Maps' latest carbon intensity for a zone (header `auth-token`)."""
 
     name = "electricitymaps"
     BASE = "https://api.electricitymap.org"
+    PATH = "/v3/carbon-intensity/latest"
 
     def __init__(
         self,
@@ -142,20 +165,13 @@ class ElectricityMaps:
         base: str | None,
         timeout: float,
     ) -> None:
-        self.http, self.zone, self._token, self.timeout = http, zone, token, timeout
-        self.url = f"{(base or self.BASE).rstrip('/')}/v3/carbon-intensity/latest"
+        super().__init__(http, base=base, timeout=timeout)
+        self.zone, self._token = zone, token
 
     async def fetch(self) -> CarbonIntensity:
         if not self._token:
             raise ProviderError(f"{self.name}: no auth token configured (token or token_file)")
-        data = await _get_json(
-            self.http,
-            self.name,
-            self.url,
-            params={"zone": self.zone},
-            headers={"auth-token": self._token},
-            timeout=self.timeout,
-        )
+        data = await self._get(params={"zone": self.zone}, headers={"auth-token": self._token})
         em = _parse(self.name, _EmLatest, data)
         return CarbonIntensity(
             g_per_kwh=em.carbon_intensity,
@@ -183,31 +199,23 @@ class _OdreRecords(BaseModel):
     results: list[_OdreRecord]
 
 
-class RteEco2mix:
+class RteEco2mix(_HttpProvider):
     """RTE éCO2mix national real-time `taux_co2` (gCO2/kWh, production-based) via ODRÉ."""
 
     name = "rte-eco2mix"
     BASE = "https://odre.opendatasoft.com"
     PATH = "/api/explore/v2.1/catalog/datasets/eco2mix-national-tr/records"
 
-    def __init__(self, http: httpx.AsyncClient, *, base: str | None, timeout: float) -> None:
-        self.http, self.timeout = http, timeout
-        self.url = f"{(base or self.BASE).rstrip('/')}{self.PATH}"
-
     async def fetch(self) -> CarbonIntensity:
         # The real-time dataset carries rows without taux_co2 yet: ask for filled ones,
         # and skip empty ones anyway.
-        data = await _get_json(
-            self.http,
-            self.name,
-            self.url,
+        data = await self._get(
             params={
                 "select": "date_heure,taux_co2",
                 "where": "taux_co2 >= 0",
                 "order_by": "date_heure desc",
                 "limit": 4,
-            },
-            timeout=self.timeout,
+            }
         )
         records = _parse(self.name, _OdreRecords, data).results
         latest = next((r for r in records if r.taux_co2 is not None), None)
@@ -237,18 +245,15 @@ class _UkAnswer(BaseModel):
     data: list[_UkPeriod] = Field(min_length=1)
 
 
-class UkNeso:
+class UkNeso(_HttpProvider):
     """The UK Carbon Intensity API's current half-hour (national; `actual`, else forecast)."""
 
     name = "uk-neso"
     BASE = "https://api.carbonintensity.org.uk"
-
-    def __init__(self, http: httpx.AsyncClient, *, base: str | None, timeout: float) -> None:
-        self.http, self.timeout = http, timeout
-        self.url = f"{(base or self.BASE).rstrip('/')}/intensity"
+    PATH = "/intensity"
 
     async def fetch(self) -> CarbonIntensity:
-        data = await _get_json(self.http, self.name, self.url, timeout=self.timeout)
+        data = await self._get()
         period = _parse(self.name, _UkAnswer, data).data[0]
         value = period.intensity.actual
         estimated = value is None  # `actual` is null until the half-hour closes

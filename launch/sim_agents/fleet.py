@@ -79,12 +79,11 @@ from schemas.gpu import (
     GpuSample,
     GpuState,
     GpuTelemetry,
-    GpuXid,
     HealthState,
     MigInstance,
     RecommendedAction,
 )
-from schemas.session import KernelActivity, SessionActivity, SessionIdle, SessionKind
+from schemas.session import KernelActivity, SessionKind
 from schemas.state.energy import TOTALS, EnergyTotals
 from schemas.tokens import token
 from schemas.xid import XidCatalog, load_catalog
@@ -381,49 +380,34 @@ class Fleet:
         seen_at = time.monotonic()
         incident = Incident(0, gpu.index, xid, seen_at, list(detectors))
         gpu.xids.append(XidSeen(xid, seen_at, {"event_data": xid}, incident))
-        record = GpuXid(
-            node=node.name,
-            gpu_index=gpu.index,
-            gpu_uuid=gpu.uuid,
-            xid=xid,
-            name=info.name,
-            category=info.category,
-            catalog_action=info.action,
-            application=info.is_application,
+        record = info.seen(
+            node.name,
+            gpu.index,
+            gpu.uuid,
+            utcnow(),
             pods=gpu.pods,
             detectors=list(detectors),
-            observed_at=utcnow(),
             agent_boot_id=node.boot_id,
         )
         return [make_event(record, source=node.gpu_source), *self._evaluate(node, gpu)]
 
     def _heartbeat(self, node: _Node) -> list[Event[Any]]:
-        gpus = [
-            GpuState(
+        def stated(g: _Gpu, unit: _Gpu | _Mig, mig: MigInstance | None = None) -> GpuState:
+            """GPU `g` (or its MIG instance `unit`), as restated: its state since `unit`'s
+            last change."""
+            return GpuState(
                 gpu_index=g.index,
                 gpu_uuid=g.uuid,
+                mig=mig,
                 state=g.state,
                 reasons=list(g.reasons),
                 recommended_action=g.action,
-                sequence=g.sequence,
-                changed_at=g.changed_at,
+                sequence=unit.sequence,
+                changed_at=unit.changed_at,
             )
-            for g in node.gpus
-        ]
-        gpus += [
-            GpuState(
-                gpu_index=g.index,
-                gpu_uuid=g.uuid,
-                mig=m.mig,
-                state=g.state,
-                reasons=list(g.reasons),
-                recommended_action=g.action,
-                sequence=m.sequence,
-                changed_at=m.changed_at,
-            )
-            for g in node.gpus
-            for m in g.migs
-        ]
+
+        gpus = [stated(g, g) for g in node.gpus]
+        gpus += [stated(g, m, m.mig) for g in node.gpus for m in g.migs]
         data = GpuHeartbeat(
             node=node.name,
             gpus=gpus,
@@ -584,43 +568,12 @@ class Fleet:
             if kind == SessionKind.NOTEBOOK:
                 readings.append(kernel_reading(self._kernels(session, now), now))
             verdict = session.tracker.judge(readings, now)
-            values = {r.signal: r.value for r in readings}
-            out.append(
-                make_event(
-                    SessionActivity(
-                        namespace=pod.namespace,
-                        pod=pod.name,
-                        node=node.name,
-                        kind=kind,
-                        state=verdict.state,
-                        idle_since=verdict.idle_since,
-                        unknown=verdict.unknown,
-                        gpu_utilization_pct=values.get("gpu"),
-                        gpu_uuids=[d.device for d in held],
-                        cpu_cores=values.get("cpu"),
-                        last_activity=verdict.last_activity,
-                        sampled_at=now,
-                    ),
-                    source=source,
-                    time=now,
-                )
-            )
-            if verdict.idle_since is None or not verdict.evidence or verdict.unknown:
-                continue
-            idle_for = max((now - verdict.idle_since).total_seconds(), 0.0)
-            if idle_for < self.idle.idle_after.total_seconds():
-                continue
-            idle = SessionIdle(
-                namespace=pod.namespace,
-                pod=pod.name,
-                node=node.name,
-                kind=kind,
-                idle_since=verdict.idle_since,
-                idle_for_s=round(idle_for, 1),
-                evidence=verdict.evidence,
-                gpus_held=len(held),
-            )
-            out.append(make_event(idle, source=source, time=now))
+            which = {"namespace": pod.namespace, "pod": pod.name, "node": node.name, "kind": kind}
+            activity = verdict.activity(readings, [d.device for d in held], now, **which)
+            out.append(make_event(activity, source=source, time=now))
+            idle = verdict.idle(now, self.idle.idle_after, len(held), **which)
+            if idle is not None:
+                out.append(make_event(idle, source=source, time=now))
         return out
 
     @staticmethod

@@ -112,23 +112,13 @@ class Bus:
             replicas=self.settings.stream_replicas,
             partitions=self.settings.partitions,
         )
-        for bucket, (history, description) in AGENT_BUCKETS.items():
-            await ensure_kv(
-                self.js,
-                bucket,
-                history=history,
-                replicas=self.settings.stream_replicas,
-                description=description,
-                direct=True,
-            )
-        for bucket, (history, description) in SHARED_BUCKETS.items():
-            await ensure_kv(
-                self.js,
-                bucket,
-                history=history,
-                replicas=self.settings.stream_replicas,
-                description=description,
-            )
+        # Agents' buckets allow direct get (a node's NATS user may read its own key only).
+        js, replicas = self.js, self.settings.stream_replicas
+        for buckets, direct in ((AGENT_BUCKETS, True), (SHARED_BUCKETS, False)):
+            for name, (history, about) in buckets.items():
+                await ensure_kv(
+                    js, name, history=history, replicas=replicas, description=about, direct=direct
+                )
         return done
 
     # publishing ------------------------------------------------------------------------

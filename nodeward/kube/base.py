@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from nodeward.kube.access import Guard
-from nodeward.kube.client import KubeClient
+from nodeward.kube.client import MERGE_PATCH, KubeClient
 from nodeward.kube.errors import Conflict
 
 Obj = dict[str, Any]
@@ -37,6 +37,16 @@ class Area:
         self._client = client
         self._guard = guard
         self._conflict_retries = conflict_retries
+
+    async def _merge_metadata(
+        self, path: str, field: Literal["labels", "annotations"], values: Mapping[str, str | None]
+    ) -> Obj:
+        """Merge `values` into the labels or annotations of the object at `path` (a None
+        value removes its key); the object as patched."""
+        result: Obj = await self._client.request(
+            "PATCH", path, body={"metadata": {field: dict(values)}}, content_type=MERGE_PATCH
+        )
+        return result
 
     async def _on_conflict_retry(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` (which re-reads and re-applies) again on each 409, a bounded number of times."""

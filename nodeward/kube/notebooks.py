@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 from nodeward.kube.access import operation
 from nodeward.kube.base import Area, Obj, group_path
-from nodeward.kube.client import MERGE_PATCH
 
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 
@@ -24,10 +23,5 @@ class Notebooks(Area):
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> Obj:
         """Set annotations (None removes one), e.g. `kubeflow-resource-stopped` to stop a notebook."""
-        result: Obj = await self._client.request(
-            "PATCH",
-            group_path("kubeflow.org", "v1", "notebooks", name, namespace),
-            body={"metadata": {"annotations": dict(annotations)}},
-            content_type=MERGE_PATCH,
-        )
-        return result
+        path = group_path("kubeflow.org", "v1", "notebooks", name, namespace)
+        return await self._merge_metadata(path, "annotations", annotations)

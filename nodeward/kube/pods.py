@@ -9,7 +9,7 @@ from typing import Any
 
 from nodeward.kube.access import operation
 from nodeward.kube.base import Area, Listing, Obj, core
-from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH
+from nodeward.kube.client import STRATEGIC_PATCH
 from nodeward.kube.errors import (
     EvictionBlocked,
     MultipleBudgets,
@@ -128,26 +128,14 @@ class Pods(Area):
 
     @operation("pods.patch")
     async def set_labels(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> Obj:
-        result: Obj = await self._client.request(
-            "PATCH",
-            core("pods", name, namespace),
-            body={"metadata": {"labels": dict(labels)}},
-            content_type=MERGE_PATCH,
-        )
-        return result
+        return await self._merge_metadata(core("pods", name, namespace), "labels", labels)
 
     @operation("pods.patch")
     async def set_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> Obj:
         """Set annotations; a None value removes the annotation."""
-        result: Obj = await self._client.request(
-            "PATCH",
-            core("pods", name, namespace),
-            body={"metadata": {"annotations": dict(annotations)}},
-            content_type=MERGE_PATCH,
-        )
-        return result
+        return await self._merge_metadata(core("pods", name, namespace), "annotations", annotations)
 
     @operation("pods.delete")
     async def delete(

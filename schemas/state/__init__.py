@@ -33,6 +33,11 @@ class Bucket(Generic[M]):
     key: Callable[..., str]
     description: str = ""
 
+    @classmethod
+    def one(cls, name: str, record: type[M], key: str, description: str = "") -> Bucket[M]:
+        """A kind of record kept under one key, `key`, alone."""
+        return cls(name, record, prefix=key, key=lambda: key, description=description)
+
     def holds(self, key: str) -> bool:
         """Whether `key` is a key of this kind."""
         return key.startswith(self.prefix)

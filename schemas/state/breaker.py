@@ -22,15 +22,9 @@ class BreakerState(BaseModel):
     trips: int = 0
 
 
-def breaker_key() -> str:
-    """The breaker's one key."""
-    return BREAKER_KEY
-
-
-SHARED: Bucket[BreakerState] = Bucket(
+SHARED: Bucket[BreakerState] = Bucket.one(
     BUCKET,
     BreakerState,
-    prefix=BREAKER_KEY,
-    key=breaker_key,
-    description="the circuit breaker every service that removes nodes from service shares",
+    BREAKER_KEY,
+    "the circuit breaker every service that removes nodes from service shares",
 )

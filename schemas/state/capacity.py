@@ -94,16 +94,8 @@ def matches_model(product: str, wanted: str | None) -> bool:
     return wanted is None or wanted.lower() in product.lower()
 
 
-def snapshot_key() -> str:
-    return SNAPSHOT_KEY
-
-
-SNAPSHOT: Bucket[CapacitySnapshot] = Bucket(
-    BUCKET,
-    CapacitySnapshot,
-    prefix=SNAPSHOT_KEY,
-    key=snapshot_key,
-    description="every node's GPUs by profile and state",
+SNAPSHOT: Bucket[CapacitySnapshot] = Bucket.one(
+    BUCKET, CapacitySnapshot, SNAPSHOT_KEY, "every node's GPUs by profile and state"
 )
 
 __all__ = [

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from schemas.gpu import GpuHealth, HealthState
 from schemas.state import Bucket
-from schemas.state.breaker import BREAKER_KEY, BreakerState, breaker_key
+from schemas.state.breaker import BREAKER_KEY, BreakerState
 
 BUCKET = "cordon"
 TAINT_KEY = "nodeward.io/gpu-unhealthy"
@@ -205,9 +205,7 @@ def node_key(node: str) -> str:
 NODES: Bucket[NodeRecord] = Bucket(
     BUCKET, NodeRecord, prefix="node.", key=node_key, description="per node: GPUs, quarantine"
 )
-BREAKER: Bucket[BreakerState] = Bucket(
-    BUCKET, BreakerState, prefix=BREAKER_KEY, key=breaker_key, description="the circuit breaker"
-)
+BREAKER: Bucket[BreakerState] = Bucket.one(BUCKET, BreakerState, BREAKER_KEY, "the circuit breaker")
 
 
 class XidRepeats(BaseModel):

@@ -904,6 +904,22 @@ class SimCluster:
             except yaml.YAMLError:
                 raise bad_request("the body of the request could not be decoded") from None
 
+    def _replace(
+        self, request: web.Request, route: _Route, body: Obj, *, dry: bool
+    ) -> web.Response:
+        """Store `body` (decoded) as the new state of `route`'s object, answered as `update`
+        and `patch` answer (the object as stored)."""
+        updated = self.store.update(
+            self._storage(route),
+            route.namespace or "",
+            route.name or "",
+            self._in(route, body),
+            subresource=route.subresource,
+            dry_run=dry,
+            fields=self._tracked(request, route),
+        )
+        return _json(self._out(route, updated))
+
     async def _serve(self, request: web.Request, route: _Route, verb: str) -> web.StreamResponse:
         rt, store_rt = route.rt, self._storage(route)
         ns = route.namespace or ""
@@ -970,16 +986,7 @@ class SimCluster:
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
             body, warned = await self._decode(request, route, body, "UpdateOptions")
-            updated = self.store.update(
-                store_rt,
-                ns,
-                route.name or "",
-                self._in(route, body),
-                subresource=route.subresource,
-                dry_run=dry,
-                fields=self._tracked(request, route),
-            )
-            return self._warned(_json(self._out(route, updated)), warned)
+            return self._warned(self._replace(request, route, body, dry=dry), warned)
         if verb == "patch" and _is_apply(request):
             return await self._apply(request, route, dry)
         if verb == "patch":
@@ -1002,16 +1009,7 @@ class SimCluster:
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
             patched, warned = await self._decode(request, route, patched, "PatchOptions")
-            updated = self.store.update(
-                store_rt,
-                ns,
-                route.name or "",
-                self._in(route, patched),
-                subresource=route.subresource,
-                dry_run=dry,
-                fields=self._tracked(request, route),
-            )
-            return self._warned(_json(self._out(route, updated)), warned)
+            return self._warned(self._replace(request, route, patched, dry=dry), warned)
         if verb == "delete":
             body = await self._body(request) or {}
             options = _delete_options(request, body)
