@@ -21,9 +21,15 @@ unfinished workflow as a task.
 
 from schemas.state.breaker import BreakerState
 from schemas.state.workflow import FlowState
-from services.kernel.acting import Acting, ActingSettings, acting, acting_for
+from services.kernel.acting import (
+    Acting,
+    ActingSettings,
+    acting,
+    acting_controlled,
+    acting_for,
+)
 from services.kernel.audit import Auditor
-from services.kernel.breaker import BreakerSettings, CircuitBreaker
+from services.kernel.breaker import BreakerSettings, CircuitBreaker, breaker_for
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
@@ -90,8 +96,10 @@ __all__ = [
     "Verdict",
     "Workflow",
     "acting",
+    "acting_controlled",
     "acting_for",
     "blockers",
+    "breaker_for",
     "drain",
     "hold_note",
     "hold_of",
