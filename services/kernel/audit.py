@@ -104,15 +104,19 @@ class Auditor:
         *,
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
+        publish: bool = True,
         admitted: bool = False,
         once: bool = False,
     ) -> Remediation:
         """Publish the audit record of a decision, then its notification; or, for one the
         tally counts, build it and count it (`admitted`: the tally was asked already).
+        `publish=False` only builds it (it restates one audited: logged, not published).
 
         `once`: the decision resumes one a restart cut short, whose audit may be stored
         already, longer ago than the stream's duplicate window: not published again if
         the last record on its subject is it (`stored`)."""
+        if not publish:
+            return self.build(proposal, outcome, reason, guard=guard, details=details)
         if not admitted:
             counted = await self.counted(proposal, outcome, reason, guard, details)
             if counted is not None:

@@ -62,7 +62,7 @@ class ActionRunner:
             log.info("action.dry_run")
             reason = f"dry run: would {proposal.action}: {proposal.reason}"
             quiet = await _restates(repeat, Outcome.DRY_RUN, None)
-            return await self._audit(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
+            return await self.auditor.record(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
         # A restatement the tally counts is not acted on again (its first of the window was).
         counted = await self.auditor.counted(proposal, Outcome.APPLIED, proposal.reason)
         if counted is not None:
@@ -73,14 +73,14 @@ class ActionRunner:
         except KubeError as exc:
             log.warning("action.failed", error=str(exc))
             self.auditor.tally.reopen(proposal, Outcome.APPLIED, None)
-            failed = await self._audit(
+            failed = await self.auditor.record(
                 proposal, Outcome.FAILED, f"{proposal.reason}; failed: {exc}", details={}
             )
             if not retry:
                 return failed
             raise RetryableError(f"{proposal.action} failed: {exc}") from exc
         log.info("action.applied", **{k: v for k, v in details.items() if k != "event"})
-        return await self._audit(
+        return await self.auditor.record(
             proposal,
             Outcome.APPLIED,
             proposal.reason,
@@ -163,7 +163,7 @@ class ActionRunner:
             outcome=outcome.value,
             guard=guard,
         )
-        return await self._audit(
+        return await self.auditor.record(
             proposal,
             outcome,
             proposal.reason if reason is None else reason,
@@ -177,31 +177,13 @@ class ActionRunner:
         self, proposal: Proposal, verdict: Verdict, repeat: Repeat | None
     ) -> Remediation:
         quiet = verdict.quiet or await _restates(repeat, verdict.outcome, verdict.guard)
-        return await self._audit(
+        return await self.auditor.record(
             proposal,
             verdict.outcome,
             verdict.reason,
             guard=verdict.guard,
             details=verdict.details or None,
             publish=not quiet,
-        )
-
-    async def _audit(
-        self,
-        proposal: Proposal,
-        outcome: Outcome,
-        reason: str,
-        *,
-        guard: str | None = None,
-        details: Mapping[str, Any] | None = None,
-        publish: bool = True,
-        admitted: bool = False,
-        once: bool = False,
-    ) -> Remediation:
-        if not publish:
-            return self.auditor.build(proposal, outcome, reason, guard=guard, details=details)
-        return await self.auditor.record(
-            proposal, outcome, reason, guard=guard, details=details, admitted=admitted, once=once
         )
 
 
