@@ -55,6 +55,14 @@ from nodeward.failpoints import Failpoints
 from schemas.state.workflow import FlowState
 
 
+def terminal_of(record: BaseModel) -> bool:
+    """Whether a record's workflow has ended (its property `terminal`)."""
+    terminal = getattr(record, "terminal", None)
+    if not isinstance(terminal, bool):
+        raise TypeError(f"{type(record).__name__} has no `terminal: bool` property")
+    return terminal
+
+
 def flow_of(record: BaseModel) -> FlowState:
     """The engine's part of a record (its field `flow`)."""
     flow = getattr(record, "flow", None)
@@ -120,7 +128,8 @@ class Workflow(Generic[R]):
     """The steps of one kind of workflow over its records in one bucket (`prefix` keys).
 
     `step_of`/`with_step`: where the record keeps its current step; `identity`: what tells
-    one workflow from the next under the same key; `terminal`: ended; `cancelled`: ended by
+    one workflow from the next under the same key; `terminal`: ended (by default the
+    record's property `terminal`); `cancelled`: ended by
     a cancel (`on_cancelled` then takes back what is left); `errors`: failures expected of
     a step (logged as warnings, others with their traceback), both retried.
     """
@@ -134,7 +143,7 @@ class Workflow(Generic[R]):
     identity: Callable[[R], str]
     step_of: Callable[[R], str]
     with_step: Callable[[R, str], R]
-    terminal: Callable[[R], bool]
+    terminal: Callable[[R], bool] = terminal_of
     cancelled: Callable[[R], bool] = lambda r: flow_of(r).cancel_requested is not None
     on_cancelled: Callable[[R], Awaitable[None]] | None = None
     errors: tuple[type[BaseException], ...] = ()
