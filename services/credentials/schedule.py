@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import KW_ONLY, InitVar, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,29 +64,37 @@ def due_at(
     return at
 
 
-@dataclass(eq=False)
 class Scheduler:
     """Lists opted-in Secrets while holding the Lease, and publishes `credentials.due.v1`
     for each one due. A credential already announced for the same expiry is announced again
     only after `republish_after` (its event may have been dead-lettered)."""
 
-    bus: Bus
-    cluster: Cluster
-    _: KW_ONLY
-    holder: str
-    lease: str
-    lease_s: int
-    interval: float
-    republish_after: float
-    source: str
-    timing_of: Callable[[Credential], Awaitable[Timing]]
-    due_of: Callable[[Credential, Timing], datetime]
-    registry: InitVar[CollectorRegistry | None] = None
-    sent: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict, init=False)
-    scans: Counter = field(init=False)
-    log: Any = field(init=False, repr=False)
-
-    def __post_init__(self, registry: CollectorRegistry | None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        cluster: Cluster,
+        *,
+        holder: str,
+        lease: str,
+        lease_s: int,
+        interval: float,
+        republish_after: float,
+        source: str,
+        timing_of: Callable[[Credential], Awaitable[Timing]],
+        due_of: Callable[[Credential, Timing], datetime],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.bus = bus
+        self.cluster = cluster
+        self.holder = holder
+        self.lease = lease
+        self.lease_s = lease_s
+        self.interval = interval
+        self.republish_after = republish_after
+        self.source = source
+        self.timing_of = timing_of
+        self.due_of = due_of
+        self.sent: dict[tuple[str, str], tuple[str, float]] = {}
         self.scans = Counter(
             "nodeward_credential_scans",
             "Passes of the scheduler over the opted-in Secrets (only the lease holder scans)",

@@ -31,6 +31,14 @@ DEFAULT_SEVERITY: Mapping[Outcome, Severity] = {
 }
 
 
+def decision_log(proposal: Proposal, outcome: Outcome, guard: str | None) -> Any:
+    """The logger bound to a decision as the kernel logs each: its action, target, outcome
+    and guard."""
+    return structlog.get_logger().bind(
+        action=proposal.action, target=proposal.target.key(), outcome=outcome.value, guard=guard
+    )
+
+
 class Auditor:
     """Publishes the audit record of a decision, then the notification that points at it.
 
@@ -155,14 +163,7 @@ class Auditor:
         await self.bus.publish_many(
             [audit, make_event(note, source=self.actor, id=notify_id, time=now)]
         )
-        structlog.get_logger().info(
-            "action.audited",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-            audit_id=audit_id,
-        )
+        decision_log(proposal, outcome, guard).info("action.audited", audit_id=audit_id)
         return remediation
 
     async def stored(self, subject: str, audit_id: str) -> bool:
@@ -191,13 +192,7 @@ class Auditor:
             return None
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
         self._tallied.labels(proposal.action, outcome.value, guard or "").inc()
-        structlog.get_logger().debug(
-            "action.tallied",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-        )
+        decision_log(proposal, outcome, guard).debug("action.tallied")
         self._flush_later()
         return self.build(proposal, outcome, reason, guard=guard, details=details)
 

@@ -13,7 +13,7 @@ import structlog
 from nodeward.bus import RetryableError
 from nodeward.kube import KubeError
 from schemas.remediation import Outcome, Remediation
-from services.kernel.audit import Auditor
+from services.kernel.audit import Auditor, decision_log
 from services.kernel.guards import GuardChain
 from services.kernel.proposal import Guard, Proposal, Verdict
 
@@ -101,13 +101,7 @@ class ActionRunner:
         verdict = await GuardChain.of(guards).check(proposal)
         if verdict is None:
             return None
-        structlog.get_logger().info(
-            "action.blocked",
-            action=proposal.action,
-            target=proposal.target.key(),
-            guard=verdict.guard,
-            outcome=verdict.outcome.value,
-        )
+        decision_log(proposal, verdict.outcome, verdict.guard).info("action.blocked")
         audit = await self._objection(proposal, verdict, repeat)
         if verdict.retry_after is not None:
             raise RetryableError(verdict.reason, delay=verdict.retry_after)
@@ -156,13 +150,7 @@ class ActionRunner:
         a restart, re-published under the same id (`once`: not if it is stored already).
         `reason` defaults to the proposal's. `publish=False` builds the record without
         publishing it (it restates one audited)."""
-        structlog.get_logger().info(
-            "action.recorded",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-        )
+        decision_log(proposal, outcome, guard).info("action.recorded")
         return await self.auditor.record(
             proposal,
             outcome,

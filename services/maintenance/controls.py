@@ -6,6 +6,7 @@ through the kernel (exemptions, the operator's rate limit, audit)."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from nodeward.kube import KubeError, NotFound
@@ -20,12 +21,12 @@ from services.maintenance.plan import cancellation
 from services.maintenance.state import MaintenanceState, history_key, state_key
 
 
+@dataclass(frozen=True)
 class Controls:
     """`cancel` and `finish`, answered by any replica (the workflow reads KV each step)."""
 
-    def __init__(self, kit: Kit, flow: Workflow[MaintenanceState]) -> None:
-        self.kit = kit
-        self.flow = flow
+    kit: Kit
+    flow: Workflow[MaintenanceState]
 
     async def _target(
         self, request: ControlRequest, action: str, what: str

@@ -16,7 +16,6 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -214,24 +213,28 @@ app = Service(
 """Its owner lookups connect the cluster only when `owner_lookup` is on (`setup`)."""
 
 
-@dataclass(eq=False)
 class NotifierService:
-    bus: Bus
-    _: KW_ONLY
-    settings: NotifierSettings
-    routes: Routes
-    channels: dict[str, Channel]
-    templates: Templates
-    owners: Owners
-    settled: Settled
-    metrics: NotifierMetrics
-    dedup: InitVar[DedupWindow | None] = None
-    recent: SharedRecentSends = field(init=False)
-    grouper: Grouper = field(init=False)
-    log: Any = field(init=False, repr=False)
-
-    def __post_init__(self, dedup: DedupWindow | None) -> None:
-        settings = self.settings
+    def __init__(
+        self,
+        bus: Bus,
+        *,
+        settings: NotifierSettings,
+        routes: Routes,
+        channels: dict[str, Channel],
+        templates: Templates,
+        owners: Owners,
+        settled: Settled,
+        metrics: NotifierMetrics,
+        dedup: DedupWindow | None = None,
+    ) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.routes = routes
+        self.channels = channels
+        self.templates = templates
+        self.owners = owners
+        self.settled = settled
+        self.metrics = metrics
         # Repeats are recognised across replicas when `dedup` (KV) is given.
         self.recent = SharedRecentSends(
             RecentSends(settings.grouping.dedup_window.total_seconds()), dedup
@@ -243,7 +246,7 @@ class NotifierService:
             on_error=self._flush_failed,
             capacity=max(1, settings.max_in_flight * 9 // 10),
         )
-        self.metrics.waiting.set_function(lambda: self.grouper.waiting)
+        metrics.waiting.set_function(lambda: self.grouper.waiting)
         self.log = structlog.get_logger().bind(service=NAME)
 
     # one notice -------------------------------------------------------------------------

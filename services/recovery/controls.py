@@ -4,6 +4,7 @@ is blocked; audited as the operator's proposal through the kernel."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -28,11 +29,11 @@ from services.recovery.state import (
 )
 
 
+@dataclass(frozen=True)
 class Controls:
     """`force-drain`, answered by any replica under the node's lock."""
 
-    def __init__(self, kit: Kit) -> None:
-        self.kit = kit
+    kit: Kit
 
     async def force_drain_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward recovery force-drain NODE`: the operator's word to delete the pods a
