@@ -86,9 +86,8 @@ class Auditor:
         proposal: Proposal,
         outcome: Outcome,
         reason: str,
-        *,
-        guard: str | None = None,
-        details: Mapping[str, Any] | None = None,
+        guard: str | None,
+        details: Mapping[str, Any] | None,
     ) -> Remediation:
         """The audit record of a decision, not published."""
         return Remediation(
@@ -124,12 +123,12 @@ class Auditor:
         already, longer ago than the stream's duplicate window: not published again if
         the last record on its subject is it (`stored`)."""
         if not publish:
-            return self.build(proposal, outcome, reason, guard=guard, details=details)
+            return self.build(proposal, outcome, reason, guard, details)
         if not admitted:
             counted = await self.counted(proposal, outcome, reason, guard, details)
             if counted is not None:
                 return counted
-        remediation = self.build(proposal, outcome, reason, guard=guard, details=details)
+        remediation = self.build(proposal, outcome, reason, guard, details)
         key = (self.actor, proposal.action, outcome.value, guard or "", proposal.target.key())
         if proposal.trigger_id is not None and proposal.trigger_time is not None:
             audit_id = stable_id(proposal.trigger_time, proposal.trigger_id, *key)
@@ -194,7 +193,7 @@ class Auditor:
         self._tallied.labels(proposal.action, outcome.value, guard or "").inc()
         decision_log(proposal, outcome, guard).debug("action.tallied")
         self._flush_later()
-        return self.build(proposal, outcome, reason, guard=guard, details=details)
+        return self.build(proposal, outcome, reason, guard, details)
 
     async def flush(self, *, everything: bool = False) -> int:
         """Audit the windows that have closed (all, with `everything`): one aggregate
