@@ -12,7 +12,8 @@ them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evide
 `blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
 service drives, or handed to a human, from being released automatically. The auditor's
 `Tally` counts restatements (noisy skips) per window instead of auditing each. `acting` builds
-what a service acts with (its runner and auditor, exemptions, operator controls' guards), and
+what a service acts with (its runner and auditor, exemptions, operator controls' guards;
+`acting_for` and `acting_controlled` for a declared service, `breaker_for` its breaker), and
 a service's severity table is composed from the presets in `severities`. `Workflow` is the
 durable step engine (named steps over a KV record, revision-checked, resumable after a crash,
 per-step deadlines and retries, cancel) maintenance and recovery run on; `Driver` runs each

@@ -11,11 +11,10 @@ from typing import Any
 
 from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
-from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
 from services.kernel import Gone, Proposal, Workflow
-from services.kernel.control import operator_proposal, refuse, reply_for
+from services.kernel.control import named_node, operator_proposal, refuse, reply_for
 from services.maintenance.common import ENDED, Kit, node_ref, now
 from services.maintenance.plan import cancellation
 from services.maintenance.state import MaintenanceState, history_key, state_key
@@ -34,11 +33,9 @@ class Controls:
         """The node a control names (an error reply when it is no node name), the node as
         read, its maintenance, and the operator's proposal of `action` (the `what` of
         maintenance <id> of <node>)."""
-        node = request.target or ""
-        try:
-            dns_subdomain(node)
-        except ValueError as exc:
-            return ControlReply.error(f"{request.verb}: {exc}")
+        node = named_node(request)
+        if isinstance(node, ControlReply):
+            return node
         try:
             obj: Obj | None = await self.kit.cluster.nodes.get(node)
         except NotFound:

@@ -11,12 +11,12 @@ import structlog
 
 from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
-from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from services.kernel import (
     blockers,
 )
 from services.kernel.control import (
+    named_node,
     operator_proposal,
     refuse,
     reply_for,
@@ -39,11 +39,9 @@ class Controls:
         """`nodeward recovery force-drain NODE`: the operator's word to delete the pods a
         PodDisruptionBudget keeps on a node whose recovery is blocked (nodeward never does
         on its own). Exempt pods and Falco's evidence stay: each needs its own act."""
-        node = request.target or ""
-        try:
-            dns_subdomain(node)
-        except ValueError as exc:
-            return ControlReply.error(f"force-drain: {exc}")
+        node = named_node(request)
+        if isinstance(node, ControlReply):
+            return node
         with structlog.contextvars.bound_contextvars(node=node):
             async with self.kit.node_lock(node):
                 return await self._force_drain(request, node)
