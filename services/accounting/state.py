@@ -19,12 +19,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from pydantic import BaseModel, Field
 
 from schemas.state import Bucket
 from schemas.tokens import token
+
+M = TypeVar("M", bound=BaseModel)
 
 BUCKET = "accounting"
 HOUR = timedelta(hours=1)
@@ -39,6 +43,12 @@ def hour_of(at: datetime) -> datetime:
 
 def hour_token(hour: datetime) -> str:
     return hour.astimezone(UTC).strftime("%Y%m%d%H")
+
+
+def _kind(record: type[M], prefix: str, key: Callable[..., str], what: str) -> Bucket[M]:
+    """A kind of record in the accounting bucket (`what`: its description; the key layouts
+    are the module's docstring's)."""
+    return Bucket(BUCKET, record, prefix=prefix, key=key, description=f"accounting: {what}")
 
 
 class Counted(BaseModel):
@@ -168,38 +178,8 @@ def finding_key(node: str, check: str) -> str:
     return f"finding.{token(node)}.{token(check)}"
 
 
-USAGE: Bucket[UsageCell] = Bucket(
-    BUCKET,
-    UsageCell,
-    prefix="usage.",
-    key=usage_key,
-    description="accounting: a pod's hour on a node, key usage.<hour>.<node>.<ns>.<pod>",
-)
-NODE_HOURS: Bucket[NodeHour] = Bucket(
-    BUCKET,
-    NodeHour,
-    prefix="node.",
-    key=node_hour_key,
-    description="accounting: a node's energy coverage per hour, key node.<hour>.<node>",
-)
-IDLE: Bucket[IdlePeriod] = Bucket(
-    BUCKET,
-    IdlePeriod,
-    prefix="idle.",
-    key=idle_key,
-    description="accounting: a session's idle period, key idle.<ns>.<pod>.<period>",
-)
-PODS: Bucket[PodCharge] = Bucket(
-    BUCKET,
-    PodCharge,
-    prefix="pod.",
-    key=pod_key,
-    description="accounting: who a pod is charged to, key pod.<ns>.<pod>",
-)
-FINDINGS: Bucket[FindingRecord] = Bucket(
-    BUCKET,
-    FindingRecord,
-    prefix="finding.",
-    key=finding_key,
-    description="accounting: the last node finding told to on-call, key finding.<node>.<check>",
-)
+USAGE = _kind(UsageCell, "usage.", usage_key, "a pod's hour on a node")
+NODE_HOURS = _kind(NodeHour, "node.", node_hour_key, "a node's energy coverage per hour")
+IDLE = _kind(IdlePeriod, "idle.", idle_key, "a session's idle period")
+PODS = _kind(PodCharge, "pod.", pod_key, "who a pod is charged to")
+FINDINGS = _kind(FindingRecord, "finding.", finding_key, "the last node finding told to on-call")

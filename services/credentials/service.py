@@ -362,20 +362,14 @@ class CredentialsService:
             expires_at = datetime.fromisoformat(result.details["expires_at"])
             until = result.details.get("renewable_until")
             renewable_until = datetime.fromisoformat(until) if until else None
-            await self.bus.publish(
-                make_event(
-                    CredentialRenewed(
-                        namespace=cred.namespace,
-                        secret=cred.name,
-                        kind=cred.kind,
-                        principal=result.details.get("principal"),
-                        expires_at=expires_at,
-                        renewable_until=renewable_until,
-                        resource_version=result.details.get("resource_version"),
-                        rotated=bool(result.details.get("rotated")),
-                    ),
-                    source=ACTOR,
-                )
+            await self._publish(
+                CredentialRenewed,
+                cred,
+                principal=result.details.get("principal"),
+                expires_at=expires_at,
+                renewable_until=renewable_until,
+                resource_version=result.details.get("resource_version"),
+                rotated=bool(result.details.get("rotated")),
             )
             # The status record last: the outcome event is the fact, the record its summary.
             await self._record(
@@ -386,6 +380,16 @@ class CredentialsService:
                 renewable_until=renewable_until,
                 renewed=True,
             )
+
+    async def _publish(
+        self,
+        outcome: type[CredentialRenewed] | type[CredentialFailed],
+        cred: Credential,
+        **fields: Any,
+    ) -> None:
+        """Publish a renewal's outcome event for `cred` (its namespace, secret and kind)."""
+        data = outcome(namespace=cred.namespace, secret=cred.name, kind=cred.kind, **fields)
+        await self.bus.publish(make_event(data, source=ACTOR))
 
     async def _renew_and_write(self, cred: Credential, timing: Timing) -> dict[str, Any]:
         now = datetime.now(UTC)
@@ -560,19 +564,13 @@ class CredentialsService:
             expires_at=expires,
             error=f"{code}: {message}",
         )
-        await self.bus.publish(
-            make_event(
-                CredentialFailed(
-                    namespace=cred.namespace,
-                    secret=cred.name,
-                    kind=cred.kind,
-                    principal=timing.principal if timing else None,
-                    error=f"{code}: {message}"[:500],
-                    retryable=False,
-                    expires_at=expires,
-                ),
-                source=ACTOR,
-            )
+        await self._publish(
+            CredentialFailed,
+            cred,
+            principal=timing.principal if timing else None,
+            error=f"{code}: {message}"[:500],
+            retryable=False,
+            expires_at=expires,
         )
         proposal = Proposal(
             action="renew",
@@ -649,20 +647,14 @@ class CredentialsService:
             expires_at=timing.expires_at,
             error=message,
         )
-        await self.bus.publish(
-            make_event(
-                CredentialFailed(
-                    namespace=cred.namespace,
-                    secret=cred.name,
-                    kind=cred.kind,
-                    principal=timing.principal,
-                    error=message[:500],
-                    retryable=True,
-                    attempt=attempt,
-                    expires_at=timing.expires_at,
-                ),
-                source=ACTOR,
-            )
+        await self._publish(
+            CredentialFailed,
+            cred,
+            principal=timing.principal,
+            error=message[:500],
+            retryable=True,
+            attempt=attempt,
+            expires_at=timing.expires_at,
         )
         if near or attempt == 1:
             paged = Proposal(

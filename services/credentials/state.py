@@ -28,11 +28,7 @@ def lock_key(namespace: str, secret: str) -> str:
 
 
 LOCKS: Bucket[LeaseRecord] = Bucket(
-    BUCKET,
-    LeaseRecord,
-    prefix="lease.",
-    key=lock_key,
-    description="per credential: its renewal lock",
+    BUCKET, LeaseRecord, prefix="lease.", key=lock_key, description="a credential's renewal lock"
 )
 
 Status = Literal["ok", "needs-user", "invalid", "retrying"]
@@ -61,9 +57,5 @@ def record_key(namespace: str, secret: str) -> str:
 
 
 CREDENTIALS: Bucket[CredentialRecord] = Bucket(
-    BUCKET,
-    CredentialRecord,
-    prefix="secret.",
-    key=record_key,
-    description="per credential: its last renewal and outcome",
+    BUCKET, CredentialRecord, prefix="secret.", key=record_key, description="a credential's outcome"
 )

@@ -590,6 +590,23 @@ class CullerService:
             notice_id=notice_id,
         )
 
+    async def _news(
+        self,
+        session: Session,
+        occasion: tuple[datetime, str, str],
+        *,
+        title: str,
+        body: str,
+        why: str,
+        steps: list[str] | None = None,
+    ) -> None:
+        """Tell the owner what became of their session (info, no deadline); the notice's id
+        is stable per (when, what, instance) of the session."""
+        at, what, instance = occasion
+        notice_id = stable_id(at, what, session.namespace, session.name, instance)
+        notice = OwnerNotice(Severity.INFO, title, body, why, steps or [], None)
+        await self._notify_user(session, notice_id, notice)
+
     async def _cancel(
         self,
         event: Event[Any],
@@ -613,20 +630,12 @@ class CullerService:
         # Its effect is the record just saved (and the notice): nothing for the runner to act.
         await self.runner.record(proposal, Outcome.APPLIED)
         if not was_dry and record.warn_sent:
-            notice_id = stable_id(
-                now, "cancel", session.namespace, session.name, record.warn_id or ""
-            )
-            await self._notify_user(
+            await self._news(
                 session,
-                notice_id,
-                OwnerNotice(
-                    severity=Severity.INFO,
-                    title=f"Your session {session.namespace}/{session.name} will not be stopped",
-                    body=f"The stop announced for {_when(record.deadline or now)} is withdrawn: {why}.",
-                    why="nodeward stops only sessions that stay idle after a warning.",
-                    steps=[],
-                    deadline=None,
-                ),
+                (now, "cancel", record.warn_id or ""),
+                title=f"Your session {session.namespace}/{session.name} will not be stopped",
+                body=f"The stop announced for {_when(record.deadline or now)} is withdrawn: {why}.",
+                why="nodeward stops only sessions that stay idle after a warning.",
             )
         self.log.info("culler.cancelled", why=why)
         return cancelled
@@ -681,21 +690,14 @@ class CullerService:
             record.model_copy(update={"stopped_at": now, "stop_outcome": result.outcome.value}),
         )
         if result.outcome == Outcome.APPLIED:
-            notice_id = stable_id(
-                now, "stopped", session.namespace, session.name, session.uid or ""
-            )
-            await self._notify_user(
+            await self._news(
                 session,
-                notice_id,
-                OwnerNotice(
-                    severity=Severity.INFO,
-                    title=f"Your session {session.namespace}/{session.name} was stopped",
-                    body=f"{target.kind} {target.name} in namespace {session.namespace} was stopped "
-                    f"at {_when(now)}: {why}.",
-                    why="It stayed idle after the warning nodeward sent.",
-                    steps=self._restart_steps(session),
-                    deadline=None,
-                ),
+                (now, "stopped", session.uid or ""),
+                title=f"Your session {session.namespace}/{session.name} was stopped",
+                body=f"{target.kind} {target.name} in namespace {session.namespace} was stopped "
+                f"at {_when(now)}: {why}.",
+                why="It stayed idle after the warning nodeward sent.",
+                steps=self._restart_steps(session),
             )
 
 

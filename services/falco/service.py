@@ -76,10 +76,10 @@ from services.kernel import (
     KeyedRateLimiter,
     Proposal,
     SkippedNamespaces,
-    acting_for,
+    acting_controlled,
+    breaker_for,
 )
 from services.kernel.access import PUBLISHES
-from services.kernel.breaker import node_breaker
 from services.kernel.control import operator_proposal, refuse, reply_for
 
 TOKEN_FILE = "falco-token"  # noqa: S105 - the name of the file the token is kept in
@@ -117,13 +117,7 @@ class FalcoService:
         bus, cluster, settings = rt.bus, rt.acting, rt.config
         self.bus, self.cluster, self.settings, self.policy = bus, cluster, settings, rt.prepared
         # An operator's release: exemptions and the operator's rate limit (never the breaker).
-        kernel = acting_for(
-            rt,
-            topic=settings.topic,
-            tally=settings.tally,
-            namespace_labels=cluster.namespaces.labels,
-            controls=settings.controls,
-        )
+        kernel = acting_controlled(rt, topic=settings.topic, tally=settings.tally)
         self.runner, self.exemptions = kernel.runner, kernel.exemptions
         self.control_guards = kernel.control_guards
         # Identical alerts: the first of a window acts; a redelivery of that very message
@@ -518,7 +512,7 @@ async def setup(rt: Runtime[FalcoSettings]) -> FalcoService:
     `settings.cluster` must authenticate as the falco ServiceAccount (context
     `nodeward-falco` of the `nodeward up` kubeconfig).
     """
-    config, bus, cluster, daemon = rt.config, rt.bus, rt.acting, rt.daemon
+    config, bus, daemon = rt.config, rt.bus, rt.daemon
     started: list[Ingest] = []
 
     async def stop_ingest() -> None:
@@ -530,9 +524,7 @@ async def setup(rt: Runtime[FalcoSettings]) -> FalcoService:
     kv = await rt.kv(
         config.bucket, history=1, ttl_s=max(config.dedup_window.total_seconds() * 2, 60)
     )
-    breaker = await node_breaker(
-        bus, cluster, config.breaker, registry=daemon.metrics.registry, daemon=daemon
-    )
+    breaker = await breaker_for(rt)
     # The cordon action's intents and the isolation records: no TTL (NodeMarks' history).
     marks_kv = await rt.kv(config.marks_bucket, history=5)
     service = FalcoService(

@@ -12,7 +12,8 @@ them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evide
 `blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
 service drives, or handed to a human, from being released automatically. The auditor's
 `Tally` counts restatements (noisy skips) per window instead of auditing each. `acting` builds
-what a service acts with (its runner and auditor, exemptions, operator controls' guards), and
+what a service acts with (its runner and auditor, exemptions, operator controls' guards;
+`acting_for` and `acting_controlled` for a declared service, `breaker_for` its breaker), and
 a service's severity table is composed from the presets in `severities`. `Workflow` is the
 durable step engine (named steps over a KV record, revision-checked, resumable after a crash,
 per-step deadlines and retries, cancel) maintenance and recovery run on; `Driver` runs each
@@ -21,9 +22,15 @@ unfinished workflow as a task.
 
 from schemas.state.breaker import BreakerState
 from schemas.state.workflow import FlowState
-from services.kernel.acting import Acting, ActingSettings, acting, acting_for
+from services.kernel.acting import (
+    Acting,
+    ActingSettings,
+    acting,
+    acting_controlled,
+    acting_for,
+)
 from services.kernel.audit import Auditor
-from services.kernel.breaker import BreakerSettings, CircuitBreaker
+from services.kernel.breaker import BreakerSettings, CircuitBreaker, breaker_for
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
@@ -90,8 +97,10 @@ __all__ = [
     "Verdict",
     "Workflow",
     "acting",
+    "acting_controlled",
     "acting_for",
     "blockers",
+    "breaker_for",
     "drain",
     "hold_note",
     "hold_of",

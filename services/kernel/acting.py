@@ -91,3 +91,23 @@ def acting_for(
         namespace_labels=namespace_labels,
         controls=controls,
     )
+
+
+def acting_controlled(
+    rt: Runtime[Any],
+    *,
+    topic: str,
+    severities: Severities | None = None,
+    tally: TallySettings | None = None,
+) -> Acting:
+    """`acting_for` a service with operator controls on its cluster: its exemptions read
+    the cluster's namespace labels, and its controls' guards take the rate limit of its
+    section's `controls` (`ControlSettings`)."""
+    return acting_for(
+        rt,
+        topic=topic,
+        severities=severities,
+        tally=tally,
+        namespace_labels=rt.acting.namespaces.labels,
+        controls=rt.config.controls,
+    )

@@ -31,6 +31,14 @@ DEFAULT_SEVERITY: Mapping[Outcome, Severity] = {
 }
 
 
+def decision_log(proposal: Proposal, outcome: Outcome, guard: str | None) -> Any:
+    """The logger bound to a decision as the kernel logs each: its action, target, outcome
+    and guard."""
+    return structlog.get_logger().bind(
+        action=proposal.action, target=proposal.target.key(), outcome=outcome.value, guard=guard
+    )
+
+
 class Auditor:
     """Publishes the audit record of a decision, then the notification that points at it.
 
@@ -78,9 +86,8 @@ class Auditor:
         proposal: Proposal,
         outcome: Outcome,
         reason: str,
-        *,
-        guard: str | None = None,
-        details: Mapping[str, Any] | None = None,
+        guard: str | None,
+        details: Mapping[str, Any] | None,
     ) -> Remediation:
         """The audit record of a decision, not published."""
         return Remediation(
@@ -104,20 +111,24 @@ class Auditor:
         *,
         guard: str | None = None,
         details: Mapping[str, Any] | None = None,
+        publish: bool = True,
         admitted: bool = False,
         once: bool = False,
     ) -> Remediation:
         """Publish the audit record of a decision, then its notification; or, for one the
         tally counts, build it and count it (`admitted`: the tally was asked already).
+        `publish=False` only builds it (it restates one audited: logged, not published).
 
         `once`: the decision resumes one a restart cut short, whose audit may be stored
         already, longer ago than the stream's duplicate window: not published again if
         the last record on its subject is it (`stored`)."""
+        if not publish:
+            return self.build(proposal, outcome, reason, guard, details)
         if not admitted:
             counted = await self.counted(proposal, outcome, reason, guard, details)
             if counted is not None:
                 return counted
-        remediation = self.build(proposal, outcome, reason, guard=guard, details=details)
+        remediation = self.build(proposal, outcome, reason, guard, details)
         key = (self.actor, proposal.action, outcome.value, guard or "", proposal.target.key())
         if proposal.trigger_id is not None and proposal.trigger_time is not None:
             audit_id = stable_id(proposal.trigger_time, proposal.trigger_id, *key)
@@ -151,14 +162,7 @@ class Auditor:
         await self.bus.publish_many(
             [audit, make_event(note, source=self.actor, id=notify_id, time=now)]
         )
-        structlog.get_logger().info(
-            "action.audited",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-            audit_id=audit_id,
-        )
+        decision_log(proposal, outcome, guard).info("action.audited", audit_id=audit_id)
         return remediation
 
     async def stored(self, subject: str, audit_id: str) -> bool:
@@ -187,15 +191,9 @@ class Auditor:
             return None
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
         self._tallied.labels(proposal.action, outcome.value, guard or "").inc()
-        structlog.get_logger().debug(
-            "action.tallied",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-        )
+        decision_log(proposal, outcome, guard).debug("action.tallied")
         self._flush_later()
-        return self.build(proposal, outcome, reason, guard=guard, details=details)
+        return self.build(proposal, outcome, reason, guard, details)
 
     async def flush(self, *, everything: bool = False) -> int:
         """Audit the windows that have closed (all, with `everything`): one aggregate

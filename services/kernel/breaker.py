@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from nats.js.kv import KeyValue
@@ -31,6 +32,9 @@ from nodeward.kube import Cluster
 from schemas.remediation import Outcome
 from schemas.state.breaker import BREAKER_KEY, SHARED, BreakerState
 from services.kernel.proposal import Proposal, Stage, Verdict
+
+if TYPE_CHECKING:
+    from nodeward.handlers import Runtime
 
 GPU_NODE_SELECTORS = (
     "nvidia.com/gpu.present=true",  # NVIDIA's GPU feature discovery
@@ -314,4 +318,12 @@ async def node_breaker(
         population.prime()
     return CircuitBreaker(
         await bus.kv(settings.bucket, history=5), settings, population, registry=registry
+    )
+
+
+async def breaker_for(rt: Runtime[Any]) -> CircuitBreaker:
+    """`node_breaker` for a service declared with `nodeward.handlers`: its section's
+    `breaker` settings, its cluster's nodes counted by a task of its daemon."""
+    return await node_breaker(
+        rt.bus, rt.acting, rt.config.breaker, registry=rt.daemon.metrics.registry, daemon=rt.daemon
     )

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from nodeward.config import Section
-from schemas.common import ObjectRef
+from schemas.common import ObjectRef, dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.notify import Severity
 from schemas.remediation import Outcome, Remediation
@@ -35,6 +35,17 @@ class ControlSettings(Section):
         default_factory=lambda: RateLimitSettings(per_minute=30, burst=10),
         description="per operator: a script in a loop cannot undo the fleet",
     )
+
+
+def named_node(request: ControlRequest) -> str | ControlReply:
+    """The node a control names (its `target`), or the error reply when that is no node
+    name."""
+    node = request.target or ""
+    try:
+        dns_subdomain(node)
+    except ValueError as exc:
+        return ControlReply.error(f"{request.verb}: {exc}")
+    return node
 
 
 def operator_limit(settings: RateLimitSettings) -> KeyedRateLimiter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 
 from pydantic import Field
@@ -91,6 +92,7 @@ def refusal(settings: RateLimitSettings, action: str) -> str:
 LastAction = Callable[[Proposal], Awaitable[float | None]]
 
 
+@dataclass(eq=False)
 class Cooldown:
     """A guard against flapping: no second action on a target within `period` of the last.
 
@@ -102,20 +104,12 @@ class Cooldown:
     name = "cooldown"
     stage = Stage.COOLDOWN
 
-    def __init__(
-        self,
-        period: timedelta,
-        *,
-        last: LastAction | None = None,
-        applies: Callable[[Proposal], bool] | None = None,
-        retry: bool = True,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.period = period
-        self.last = last
-        self.applies = applies
-        self.retry = retry
-        self.clock = clock
+    period: timedelta
+    _: KW_ONLY
+    last: LastAction | None = None
+    applies: Callable[[Proposal], bool] | None = None
+    retry: bool = True
+    clock: Callable[[], float] = time.time
 
     def remaining(self, last_action_at: float | None, now: float) -> float:
         """Seconds left in the cooldown (0 when the target may be acted on)."""
@@ -141,6 +135,7 @@ class Cooldown:
         )
 
 
+@dataclass(eq=False)
 class KeyedRateLimiter:
     """A guard: one token bucket per key (a pod, a rule, ...), so one noisy key cannot use
     up everyone's actions. Over the limit an action is refused (audited) at once, without
@@ -152,25 +147,15 @@ class KeyedRateLimiter:
 
     stage = Stage.RATE_LIMIT
 
-    def __init__(
-        self,
-        name: str,
-        settings: RateLimitSettings,
-        key: Callable[[Proposal], str | None],
-        *,
-        what: str,
-        clock: Callable[[], float] = time.monotonic,
-        max_keys: int = 10_000,
-        applies: Callable[[Proposal], bool] = lambda p: p.protective,
-    ) -> None:
-        self.name = name
-        self.applies = applies
-        self.settings = settings
-        self.key = key
-        self.what = what
-        self.clock = clock
-        self.max_keys = max_keys
-        self._buckets: dict[str, RateLimiter] = {}
+    name: str
+    settings: RateLimitSettings
+    key: Callable[[Proposal], str | None]
+    _: KW_ONLY
+    what: str
+    clock: Callable[[], float] = time.monotonic
+    max_keys: int = 10_000
+    applies: Callable[[Proposal], bool] = lambda p: p.protective
+    _buckets: dict[str, RateLimiter] = field(default_factory=dict, init=False, repr=False)
 
     def _bucket(self, key: str) -> RateLimiter:
         bucket = self._buckets.get(key)

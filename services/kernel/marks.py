@@ -347,6 +347,16 @@ class NodeMarks:
         current = await self.store.get(marks_key(node))
         return current.value if current else None
 
+    async def _intend(
+        self, act: str, node: str, incident: str, spec: MarkSpec, entry: MarkEntry, **rest: Any
+    ) -> MarkIntent:
+        """This owner's new intent for `node` (`rest`: its phase and what else it records),
+        saved before the act (`<act>.intent`) begins."""
+        intent = MarkIntent(
+            owner=self.owner, node=node, incident=incident, spec=spec, entry=entry, **rest
+        )
+        return await self._save(intent, f"{act}.intent")
+
     async def _save(self, intent: MarkIntent, point: str) -> MarkIntent:
         intent = intent.model_copy(update={"updated_at": self.clock()})
         await self.store.put(marks_key(intent.node), intent)
@@ -419,16 +429,9 @@ class NodeMarks:
                 )
                 notes = sorted({*entry.annotations, *spec.annotations})
                 entry = entry.model_copy(update={"annotations": notes})
-            intent = MarkIntent(
-                owner=self.owner,
-                node=node,
-                incident=incident,
-                phase="applying",
-                spec=spec,
-                entry=entry,
-                started_at=started_at,
+            intent = await self._intend(
+                "apply", node, incident, spec, entry, phase="applying", started_at=started_at
             )
-            intent = await self._save(intent, "apply.intent")
         if intent.phase == "applying":
             entry, recorded = intent.entry, intent.spec
 
@@ -465,17 +468,16 @@ class NodeMarks:
         """Take over marks put on before NodeMarks kept an intent (an upgrade): record them
         as `applied` and write this owner's entry on the node, adding no mark, so that
         they are released (and an operator's act noticed) like any other."""
-        intent = MarkIntent(
-            owner=self.owner,
-            node=node,
-            incident=incident,
+        intent = await self._intend(
+            "adopt",
+            node,
+            incident,
+            spec,
+            entry,
             phase="applied",
-            spec=spec,
-            entry=entry,
             operator_released=operator_released,
             event_recorded=True,
         )
-        intent = await self._save(intent, "adopt.intent")
         recorded = held(intent)
 
         def build(obj: Obj) -> Obj | None:

@@ -13,7 +13,7 @@ import structlog
 from nodeward.bus import RetryableError
 from nodeward.kube import KubeError
 from schemas.remediation import Outcome, Remediation
-from services.kernel.audit import Auditor
+from services.kernel.audit import Auditor, decision_log
 from services.kernel.guards import GuardChain
 from services.kernel.proposal import Guard, Proposal, Verdict
 
@@ -62,7 +62,7 @@ class ActionRunner:
             log.info("action.dry_run")
             reason = f"dry run: would {proposal.action}: {proposal.reason}"
             quiet = await _restates(repeat, Outcome.DRY_RUN, None)
-            return await self._audit(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
+            return await self.auditor.record(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
         # A restatement the tally counts is not acted on again (its first of the window was).
         counted = await self.auditor.counted(proposal, Outcome.APPLIED, proposal.reason)
         if counted is not None:
@@ -73,14 +73,14 @@ class ActionRunner:
         except KubeError as exc:
             log.warning("action.failed", error=str(exc))
             self.auditor.tally.reopen(proposal, Outcome.APPLIED, None)
-            failed = await self._audit(
+            failed = await self.auditor.record(
                 proposal, Outcome.FAILED, f"{proposal.reason}; failed: {exc}", details={}
             )
             if not retry:
                 return failed
             raise RetryableError(f"{proposal.action} failed: {exc}") from exc
         log.info("action.applied", **{k: v for k, v in details.items() if k != "event"})
-        return await self._audit(
+        return await self.auditor.record(
             proposal,
             Outcome.APPLIED,
             proposal.reason,
@@ -101,13 +101,7 @@ class ActionRunner:
         verdict = await GuardChain.of(guards).check(proposal)
         if verdict is None:
             return None
-        structlog.get_logger().info(
-            "action.blocked",
-            action=proposal.action,
-            target=proposal.target.key(),
-            guard=verdict.guard,
-            outcome=verdict.outcome.value,
-        )
+        decision_log(proposal, verdict.outcome, verdict.guard).info("action.blocked")
         audit = await self._objection(proposal, verdict, repeat)
         if verdict.retry_after is not None:
             raise RetryableError(verdict.reason, delay=verdict.retry_after)
@@ -156,14 +150,8 @@ class ActionRunner:
         a restart, re-published under the same id (`once`: not if it is stored already).
         `reason` defaults to the proposal's. `publish=False` builds the record without
         publishing it (it restates one audited)."""
-        structlog.get_logger().info(
-            "action.recorded",
-            action=proposal.action,
-            target=proposal.target.key(),
-            outcome=outcome.value,
-            guard=guard,
-        )
-        return await self._audit(
+        decision_log(proposal, outcome, guard).info("action.recorded")
+        return await self.auditor.record(
             proposal,
             outcome,
             proposal.reason if reason is None else reason,
@@ -177,31 +165,13 @@ class ActionRunner:
         self, proposal: Proposal, verdict: Verdict, repeat: Repeat | None
     ) -> Remediation:
         quiet = verdict.quiet or await _restates(repeat, verdict.outcome, verdict.guard)
-        return await self._audit(
+        return await self.auditor.record(
             proposal,
             verdict.outcome,
             verdict.reason,
             guard=verdict.guard,
             details=verdict.details or None,
             publish=not quiet,
-        )
-
-    async def _audit(
-        self,
-        proposal: Proposal,
-        outcome: Outcome,
-        reason: str,
-        *,
-        guard: str | None = None,
-        details: Mapping[str, Any] | None = None,
-        publish: bool = True,
-        admitted: bool = False,
-        once: bool = False,
-    ) -> Remediation:
-        if not publish:
-            return self.auditor.build(proposal, outcome, reason, guard=guard, details=details)
-        return await self.auditor.record(
-            proposal, outcome, reason, guard=guard, details=details, admitted=admitted, once=once
         )
 
 

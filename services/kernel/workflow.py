@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, TypeVar
 
 import structlog
@@ -53,6 +53,14 @@ from nodeward.aio import within
 from nodeward.bus.kv import TypedKV
 from nodeward.failpoints import Failpoints
 from schemas.state.workflow import FlowState
+
+
+def terminal_of(record: BaseModel) -> bool:
+    """Whether a record's workflow has ended (its property `terminal`)."""
+    terminal = getattr(record, "terminal", None)
+    if not isinstance(terminal, bool):
+        raise TypeError(f"{type(record).__name__} has no `terminal: bool` property")
+    return terminal
 
 
 def flow_of(record: BaseModel) -> FlowState:
@@ -115,48 +123,36 @@ class Stepped(Generic[R]):
     wait_s: float | None = None
 
 
+@dataclass(eq=False)
 class Workflow(Generic[R]):
     """The steps of one kind of workflow over its records in one bucket (`prefix` keys).
 
     `step_of`/`with_step`: where the record keeps its current step; `identity`: what tells
-    one workflow from the next under the same key; `terminal`: ended; `cancelled`: ended by
+    one workflow from the next under the same key; `terminal`: ended (by default the
+    record's property `terminal`); `cancelled`: ended by
     a cancel (`on_cancelled` then takes back what is left); `errors`: failures expected of
     a step (logged as warnings, others with their traceback), both retried.
     """
 
-    def __init__(
-        self,
-        name: str,
-        store: TypedKV[R],
-        steps: Mapping[str, Step[R]],
-        *,
-        prefix: str,
-        key_of: Callable[[R], str],
-        identity: Callable[[R], str],
-        step_of: Callable[[R], str],
-        with_step: Callable[[R, str], R],
-        terminal: Callable[[R], bool],
-        cancelled: Callable[[R], bool] = lambda r: flow_of(r).cancel_requested is not None,
-        on_cancelled: Callable[[R], Awaitable[None]] | None = None,
-        errors: tuple[type[BaseException], ...] = (),
-        failpoints: Failpoints | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.name = name
-        self.store = store
-        self.steps = steps
-        self.prefix = prefix
-        self.key_of = key_of
-        self.identity = identity
-        self.step_of = step_of
-        self.with_step = with_step
-        self.terminal = terminal
-        self.cancelled = cancelled
-        self.on_cancelled = on_cancelled
-        self.errors = errors
-        self.failpoints = failpoints or Failpoints.from_env()
-        self.clock = clock
-        self.log = structlog.get_logger().bind(workflow=name)
+    name: str
+    store: TypedKV[R]
+    steps: Mapping[str, Step[R]]
+    _: KW_ONLY
+    prefix: str
+    key_of: Callable[[R], str]
+    identity: Callable[[R], str]
+    step_of: Callable[[R], str]
+    with_step: Callable[[R, str], R]
+    terminal: Callable[[R], bool] = terminal_of
+    cancelled: Callable[[R], bool] = lambda r: flow_of(r).cancel_requested is not None
+    on_cancelled: Callable[[R], Awaitable[None]] | None = None
+    errors: tuple[type[BaseException], ...] = ()
+    failpoints: Failpoints = field(default_factory=Failpoints.from_env)
+    clock: Callable[[], float] = time.time
+    log: Any = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.log = structlog.get_logger().bind(workflow=self.name)
 
     # the record -------------------------------------------------------------------------
     async def get(self, key: str) -> R | None:

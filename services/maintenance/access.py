@@ -1,10 +1,6 @@
-"""What the maintenance (checkpoint) service may do in the cluster.
-
-The port refuses an operation not in `ACCESS` (`nodeward.kube.access.Guard`);
-`deploy/rbac/checkpoint.yaml` grants exactly these (`tests/unit/test_rbac_roles.py`). Its NATS
-grants are its handlers' (`service:app`): the chart's NATS permissions are generated from
-them (`launch.access`).
-"""
+"""What the maintenance (checkpoint) service may do in the cluster
+(`deploy/rbac/checkpoint.yaml` grants exactly these). Its NATS grants are its handlers'
+(`service:app`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -25,6 +25,7 @@ from schemas.common import ObjectRef
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from services.kernel import (
+    Acting,
     ActingSettings,
     ActionRunner,
     BreakerSettings,
@@ -35,7 +36,6 @@ from services.kernel import (
     Proposal,
     RateLimiter,
     RateLimitSettings,
-    acting,
     per_action,
     table,
     tell_owner,
@@ -136,6 +136,8 @@ class Kit:
     kv: KeyValue
     settings: CheckpointSettings
     holder: str
+    acting: InitVar[Acting]
+    """Its runner, exemptions and controls' guards (`acting_controlled`)."""
     breaker: CircuitBreaker | None = None
     runner: ActionRunner = field(init=False)
     exemptions: Exemptions = field(init=False)
@@ -149,20 +151,11 @@ class Kit:
     """True while this replica holds the workflow lease: it alone drives workflows and
     turns node annotations into requests."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, acting: Acting) -> None:
         # Every decision, acted on or not, is audited through the runner (the kernel).
         # An operator's finish or cancel: exemptions and the operator's rate limit.
-        kernel = acting(
-            self.bus,
-            actor=ACTOR,
-            topic=TOPIC,
-            severities=SEVERITIES,
-            dry_run=self.settings.dry_run,
-            namespace_labels=self.cluster.namespaces.labels,
-            controls=self.settings.controls,
-        )
-        self.runner, self.exemptions = kernel.runner, kernel.exemptions
-        self.control_guards = kernel.control_guards
+        self.runner, self.exemptions = acting.runner, acting.exemptions
+        self.control_guards = acting.control_guards
         self.limiter = RateLimiter(self.settings.rate_limit)
         self.marks = NodeMarks(self.cluster, self.kv, OWNER)
         self.log = structlog.get_logger().bind(service=NAME)

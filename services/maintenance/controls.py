@@ -6,81 +6,68 @@ through the kernel (exemptions, the operator's rate limit, audit)."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
-from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
 from services.kernel import Gone, Proposal, Workflow
-from services.kernel.control import operator_proposal, refuse, reply_for
+from services.kernel.control import named_node, operator_proposal, refuse, reply_for
 from services.maintenance.common import ENDED, Kit, node_ref, now
 from services.maintenance.plan import cancellation
 from services.maintenance.state import MaintenanceState, history_key, state_key
 
 
+@dataclass(frozen=True)
 class Controls:
     """`cancel` and `finish`, answered by any replica (the workflow reads KV each step)."""
 
-    def __init__(self, kit: Kit, flow: Workflow[MaintenanceState]) -> None:
-        self.kit = kit
-        self.flow = flow
+    kit: Kit
+    flow: Workflow[MaintenanceState]
 
-    async def _control_target(
-        self, request: ControlRequest
-    ) -> tuple[str, Obj | None, MaintenanceState | None] | ControlReply:
-        node = request.target or ""
-        try:
-            dns_subdomain(node)
-        except ValueError as exc:
-            return ControlReply.error(f"{request.verb}: {exc}")
+    async def _target(
+        self, request: ControlRequest, action: str, what: str
+    ) -> tuple[str, Obj | None, MaintenanceState | None, Proposal] | ControlReply:
+        """The node a control names (an error reply when it is no node name), the node as
+        read, its maintenance, and the operator's proposal of `action` (the `what` of
+        maintenance <id> of <node>)."""
+        node = named_node(request)
+        if isinstance(node, ControlReply):
+            return node
         try:
             obj: Obj | None = await self.kit.cluster.nodes.get(node)
         except NotFound:
             obj = None
         current = await self.kit.states.get(state_key(node))
-        return node, obj, current.value if current else None
-
-    def _control_proposal(
-        self,
-        request: ControlRequest,
-        action: str,
-        *,
-        node: str,
-        obj: Obj | None,
-        state: MaintenanceState | None,
-        what: str,
-    ) -> Proposal:
+        state = current.value if current else None
         details: dict[str, Any] = {"node": node}
         if state is not None:
             details |= {"maintenance": state.maintenance_id, "phase": state.phase.value}
-        return operator_proposal(
+        proposal = operator_proposal(
             request,
             action=action,
             target=node_ref(node),
-            what=what,
+            what=(
+                f"{what} of maintenance {state.maintenance_id} of {node}"
+                if state
+                else f"{what} of a maintenance of {node}"
+            ),
             obj=obj,
             policy=f"maintenance/{state.maintenance_id}" if state else None,
             details=details,
             resolves=True,
         )
+        return node, obj, state, proposal
 
     async def cancel_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward maintenance cancel NODE`: stop a maintenance before its drain (the
         cordon nodeward put on comes off); once the drain began, say what was done."""
-        found = await self._control_target(request)
+        found = await self._target(request, "cancel", "cancellation")
         if isinstance(found, ControlReply):
             return found
-        node, obj, state = found
-        what = (
-            f"cancellation of maintenance {state.maintenance_id} of {node}"
-            if state
-            else f"cancellation of a maintenance of {node}"
-        )
-        proposal = self._control_proposal(
-            request, "cancel", node=node, obj=obj, state=state, what=what
-        )
+        node, _, state, proposal = found
         if state is None:
             why = f"refused: no maintenance of {node} by nodeward; nothing to cancel"
             return await refuse(self.kit.runner, proposal, guard="not_ours", reason=why)
@@ -162,18 +149,10 @@ class Controls:
     async def finish_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward maintenance finish NODE`: the work is over; take nodeward's cordon off
         (a node cordoned before the maintenance stays cordoned)."""
-        found = await self._control_target(request)
+        found = await self._target(request, "finish", "finish")
         if isinstance(found, ControlReply):
             return found
-        node, obj, state = found
-        what = (
-            f"finish of maintenance {state.maintenance_id} of {node}"
-            if state
-            else f"finish of a maintenance of {node}"
-        )
-        proposal = self._control_proposal(
-            request, "finish", node=node, obj=obj, state=state, what=what
-        )
+        node, obj, state, proposal = found
         cordoned = bool(obj and (obj.get("spec") or {}).get("unschedulable"))
         stays = " (it stays cordoned)" if cordoned else ""
         if state is None or not await self.kit.marks.holds(node):

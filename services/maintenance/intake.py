@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,11 +27,11 @@ from services.maintenance.common import (
 from services.maintenance.state import MaintenanceState, state_key
 
 
+@dataclass(frozen=True)
 class Intake:
     """Requests in: each accepted one is a workflow stored in KV (the workflow loop is woken)."""
 
-    def __init__(self, kit: Kit) -> None:
-        self.kit = kit
+    kit: Kit
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         """A `maintenance.requested`: recorded in KV for the workflow loop (one per node)."""

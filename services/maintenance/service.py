@@ -52,9 +52,8 @@ from schemas.base import Event
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import Maintenance
 from schemas.state.breaker import SHARED
-from services.kernel import CircuitBreaker
+from services.kernel import acting_controlled, breaker_for
 from services.kernel.access import PUBLISHES
-from services.kernel.breaker import node_breaker
 from services.maintenance.access import ACCESS
 from services.maintenance.common import (
     ACTOR,
@@ -170,10 +169,9 @@ async def setup(rt: Runtime[CheckpointSettings]) -> CheckpointService:
     authenticate as its ServiceAccount."""
     kv = await rt.kv(rt.config.bucket, history=5)
     holder = f"{socket.gethostname()}-{os.getpid()}-{id(rt.daemon):x}"
-    breaker: CircuitBreaker = await node_breaker(
-        rt.bus, rt.acting, rt.config.breaker, registry=rt.daemon.metrics.registry, daemon=rt.daemon
-    )
-    kit = Kit(rt.bus, rt.acting, TypedKV(kv, MaintenanceState), kv, rt.config, holder, breaker)
+    acting = acting_controlled(rt, topic=TOPIC, severities=SEVERITIES)
+    states = TypedKV(kv, MaintenanceState)
+    kit = Kit(rt.bus, rt.acting, states, kv, rt.config, holder, acting, await breaker_for(rt))
     return CheckpointService(kit, rt.daemon.stopping)
 
 

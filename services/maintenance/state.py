@@ -9,6 +9,7 @@ only by the service, with revision checks; read by `nodeward maintenance status|
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -122,18 +123,10 @@ def history_key(node: str, maintenance_id: str) -> str:
 
 
 MAINTENANCES: Bucket[MaintenanceState] = Bucket(
-    BUCKET,
-    MaintenanceState,
-    prefix="node.",
-    key=state_key,
-    description="a node's latest maintenance",
+    BUCKET, MaintenanceState, prefix="node.", key=state_key, description="a node's last maintenance"
 )
-HISTORY: Bucket[MaintenanceState] = Bucket(
-    BUCKET,
-    MaintenanceState,
-    prefix="history.",
-    key=history_key,
-    description="a finished maintenance, after the next one replaced it",
+HISTORY: Bucket[MaintenanceState] = replace(
+    MAINTENANCES, prefix="history.", key=history_key, description="a maintenance the next replaced"
 )
 
 LEASES: Bucket[LeaseRecord] = Bucket(

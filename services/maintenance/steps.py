@@ -103,7 +103,6 @@ class MaintenanceWorkflow:
             identity=lambda s: s.maintenance_id,
             step_of=lambda s: s.phase.value,
             with_step=lambda s, to: s.model_copy(update={"phase": MaintenancePhase(to)}),
-            terminal=lambda s: s.terminal,
             cancelled=lambda s: s.phase == MaintenancePhase.CANCELLED,
             on_cancelled=self._cancelled,
             errors=(RetryableError, KubeError),

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
 
 import aiosmtplib
 import httpx
@@ -111,6 +111,9 @@ ChannelSettings = Annotated[
     OutboxSettings | EmailSettings | ChatSettings | WebhookSettings | AlertmanagerSettings,
     Field(discriminator="type"),
 ]
+
+
+S = TypeVar("S", bound=_Channel)
 
 
 @dataclass(frozen=True)
@@ -273,14 +276,18 @@ class EmailChannel:
             ) from None
 
 
-class ChatChannel:
+class _HttpChannel(Generic[S]):
+    """A channel that posts to an external service over the notifier's HTTP client."""
+
     external = True
 
-    def __init__(self, name: str, settings: ChatSettings, http: httpx.AsyncClient) -> None:
+    def __init__(self, name: str, settings: S, http: httpx.AsyncClient) -> None:
         self.name = name
         self.settings = settings
         self.http = http
 
+
+class ChatChannel(_HttpChannel[ChatSettings]):
     async def send(self, out: Outgoing) -> None:
         try:
             url = self.settings.url.get_secret_value()
@@ -294,14 +301,7 @@ def notice_json(item: Item) -> list[dict[str, Any]]:
     return [e.event.model_dump(mode="json") for e in item.entries]
 
 
-class WebhookChannel:
-    external = True
-
-    def __init__(self, name: str, settings: WebhookSettings, http: httpx.AsyncClient) -> None:
-        self.name = name
-        self.settings = settings
-        self.http = http
-
+class WebhookChannel(_HttpChannel[WebhookSettings]):
     async def send(self, out: Outgoing) -> None:
         s = self.settings
         headers = {}
@@ -400,17 +400,10 @@ def resolved(active: dict[str, Any], now: datetime) -> dict[str, Any]:
     }
 
 
-class AlertmanagerChannel:
+class AlertmanagerChannel(_HttpChannel[AlertmanagerSettings]):
     """Fires an alert per notice; a notice that ends its incident (`resolves`) fires none
     and ends every active alert of that incident instead (labels as Alertmanager lists them,
     `endsAt` now)."""
-
-    external = True
-
-    def __init__(self, name: str, settings: AlertmanagerSettings, http: httpx.AsyncClient) -> None:
-        self.name = name
-        self.settings = settings
-        self.http = http
 
     @property
     def api(self) -> str:

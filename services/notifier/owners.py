@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +47,23 @@ def _annotation(obj: dict[str, Any]) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
+@dataclass(eq=False)
 class Owners:
     """Finds the owner's address of `<namespace>/<name>` (None when nobody is on record)."""
 
-    def __init__(
-        self,
-        cluster: Cluster | None,
-        directory: dict[str, str],
-        *,
-        ttl: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.cluster = cluster
-        self.directory = directory
-        self.ttl = ttl
-        self.clock = clock
-        self._cache: dict[tuple[str, str], tuple[float, str | None]] = {}
-        self.log = structlog.get_logger().bind(component="notify.owners")
+    cluster: Cluster | None
+    directory: dict[str, str]
+    _: KW_ONLY
+    ttl: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[tuple[str, str], tuple[float, str | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    log: Any = field(
+        default_factory=lambda: structlog.get_logger().bind(component="notify.owners"),
+        init=False,
+        repr=False,
+    )
 
     async def _read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         assert self.cluster is not None

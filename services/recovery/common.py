@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +23,7 @@ from schemas.common import ObjectRef
 from schemas.state.cordon import TAINT_KEY
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
+    Acting,
     ActingSettings,
     ActionRunner,
     BreakerSettings,
@@ -32,7 +33,6 @@ from services.kernel import (
     Proposal,
     Stage,
     Verdict,
-    acting,
     per_action,
     table,
 )
@@ -203,6 +203,8 @@ class Kit:
     marks: NodeMarks
     breaker: CircuitBreaker
     settings: RecoverySettings
+    acting: InitVar[Acting]
+    """Its runner, exemptions and controls' guards (`acting_controlled`)."""
     catalog: XidCatalog = field(default_factory=load_catalog)
     runner: ActionRunner = field(init=False)
     exemptions: Exemptions = field(init=False)
@@ -216,18 +218,9 @@ class Kit:
     """One node's recovery stepped one at a time."""
     log: Any = field(init=False)
 
-    def __post_init__(self) -> None:
-        kernel = acting(
-            self.bus,
-            actor=ACTOR,
-            topic=TOPIC,
-            severities=SEVERITIES,
-            dry_run=self.settings.dry_run,
-            namespace_labels=self.cluster.namespaces.labels,
-            controls=self.settings.controls,
-        )
-        self.runner, self.exemptions = kernel.runner, kernel.exemptions
-        self.control_guards = kernel.control_guards
+    def __post_init__(self, acting: Acting) -> None:
+        self.runner, self.exemptions = acting.runner, acting.exemptions
+        self.control_guards = acting.control_guards
         self.retry_limit = RetryLimit(self.counts, self.settings)
         self.start_guards = [self.exemptions, self.retry_limit, self.breaker]
         self.tools = Tools(

@@ -4,18 +4,19 @@ is blocked; audited as the operator's proposal through the kernel."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
-from schemas.common import dns_subdomain
 from schemas.control import ControlReply, ControlRequest
 from services.kernel import (
     blockers,
 )
 from services.kernel.control import (
+    named_node,
     operator_proposal,
     refuse,
     reply_for,
@@ -28,21 +29,19 @@ from services.recovery.state import (
 )
 
 
+@dataclass(frozen=True)
 class Controls:
     """`force-drain`, answered by any replica under the node's lock."""
 
-    def __init__(self, kit: Kit) -> None:
-        self.kit = kit
+    kit: Kit
 
     async def force_drain_control(self, request: ControlRequest) -> ControlReply:
         """`nodeward recovery force-drain NODE`: the operator's word to delete the pods a
         PodDisruptionBudget keeps on a node whose recovery is blocked (nodeward never does
         on its own). Exempt pods and Falco's evidence stay: each needs its own act."""
-        node = request.target or ""
-        try:
-            dns_subdomain(node)
-        except ValueError as exc:
-            return ControlReply.error(f"force-drain: {exc}")
+        node = named_node(request)
+        if isinstance(node, ControlReply):
+            return node
         with structlog.contextvars.bound_contextvars(node=node):
             async with self.kit.node_lock(node):
                 return await self._force_drain(request, node)

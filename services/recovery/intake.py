@@ -4,6 +4,7 @@ and the ends of maintenances (a draining recovery moves on, or escalates)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,12 +33,12 @@ from services.recovery.state import (
 from services.recovery.steps import RecoverySteps
 
 
+@dataclass(frozen=True)
 class Intake:
     """The two consumers' handlers; each takes the node's lock the loop steps it under."""
 
-    def __init__(self, kit: Kit, steps: RecoverySteps) -> None:
-        self.kit = kit
-        self.steps = steps
+    kit: Kit
+    steps: RecoverySteps
 
     async def handle_quarantine(self, event: Event[Any], delivery: Delivery) -> None:
         """A quarantine cordon applied: recover the node if its fault calls for it."""

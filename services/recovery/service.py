@@ -42,8 +42,8 @@ from schemas.maintenance import Maintenance
 from schemas.remediation import Remediation
 from schemas.state.breaker import SHARED
 from schemas.xid import load_catalog
+from services.kernel import acting_controlled, breaker_for
 from services.kernel.access import PUBLISHES
-from services.kernel.breaker import node_breaker
 from services.kernel.marks import NodeMarks
 from services.recovery.access import ACCESS
 from services.recovery.common import (
@@ -151,17 +151,15 @@ async def setup(rt: Runtime[RecoverySettings]) -> RecoveryService:
     """The service over its bucket and the shared breaker. `settings.cluster` must
     authenticate as its ServiceAccount."""
     kv = await rt.kv(rt.config.bucket, history=5)
-    breaker = await node_breaker(
-        rt.bus, rt.acting, rt.config.breaker, registry=rt.daemon.metrics.registry, daemon=rt.daemon
-    )
     kit = Kit(
         rt.bus,
         rt.acting,
         TypedKV(kv, RecoveryRecord),
         TypedKV(kv, RecoveryCounts),
         NodeMarks(rt.acting, kv, OWNER),
-        breaker,
+        await breaker_for(rt),
         rt.config,
+        acting_controlled(rt, topic=TOPIC, severities=SEVERITIES),
         load_catalog(),
     )
     return RecoveryService(kit, rt.daemon.stopping)

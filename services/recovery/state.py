@@ -101,9 +101,5 @@ RECOVERIES: Bucket[RecoveryRecord] = Bucket(
     BUCKET, RecoveryRecord, prefix="node.", key=node_key, description="per node: its recovery"
 )
 COUNTS: Bucket[RecoveryCounts] = Bucket(
-    BUCKET,
-    RecoveryCounts,
-    prefix="count.",
-    key=count_key,
-    description="per node: recoveries started in the retry window",
+    BUCKET, RecoveryCounts, prefix="count.", key=count_key, description="per node: its recoveries"
 )

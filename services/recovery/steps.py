@@ -114,7 +114,6 @@ class RecoverySteps:
             identity=lambda r: r.incident,
             step_of=lambda r: r.step.value,
             with_step=lambda r, to: r.model_copy(update={"step": Step(to)}),
-            terminal=lambda r: r.terminal,
             errors=(KubeError, NatsError, TimeoutError),
             failpoints=self.kit.marks.failpoints,
         )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
-from nodeward.views import Row, Shown, records
+from nodeward.views import Row, Severity, Shown, records
 from schemas.state.cordon import NODES, NodeRecord
 from services.recovery.state import RECOVERIES, RecoveryRecord, Step
 
@@ -71,23 +71,14 @@ def shown(recoveries: Mapping[str, RecoveryRecord], nodes: Mapping[str, NodeReco
         if r is None:
             continue
         out.parts[name] = {"recovery": r}
-        if r.escalated:
-            row = Row(
-                section=SECTION,
-                node=name,
-                severity="critical",
-                attention=f"escalated to a human: {r.why}",
-                rank=0,
-            )
-        else:
-            row = Row(
-                section=SECTION,
-                node=name,
-                severity="warning",
-                attention=f"recovery ({r.plan}) {r.step}",
-                rank=1,
-            )
-        out.rows.append(row)
+        severity: Severity = "critical" if r.escalated else "warning"
+        attention = (
+            f"escalated to a human: {r.why}" if r.escalated else f"recovery ({r.plan}) {r.step}"
+        )
+        rank = 0 if r.escalated else 1
+        out.rows.append(
+            Row(section=SECTION, node=name, severity=severity, attention=attention, rank=rank)
+        )
     return out
 
 
