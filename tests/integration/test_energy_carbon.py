@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,9 @@ import pytest_asyncio
 from aiohttp import web
 
 from agents.sources.carbon import CarbonSettings, CarbonSource, co2e_grams
+from nodeward.bus.server import free_port
 from schemas.energy import CarbonBasis
+from tests.helpers.net import served
 
 TOKEN = "em-secret-token-123"
 WALL = datetime(2026, 11, 29, 21, 0, tzinfo=UTC)
@@ -101,13 +102,8 @@ def _app(peer: Peer) -> web.Application:
 @pytest_asyncio.fixture
 async def provider() -> AsyncIterator[tuple[str, Peer]]:
     peer = Peer()
-    runner = web.AppRunner(_app(peer), shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", peer
-    await runner.cleanup()
+    async with served(_app(peer), shutdown_timeout=0.1) as url:
+        yield url, peer
 
 
 @pytest_asyncio.fixture
@@ -122,12 +118,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(**kw: object) -> CarbonSettings:
@@ -275,7 +265,7 @@ async def test_failure_keeps_last_value_stale_then_static(
 
 
 async def test_outage_without_a_good_value_is_static(http: httpx.AsyncClient) -> None:
-    cfg = settings(provider="uk-neso", url=f"http://127.0.0.1:{closed_port()}")
+    cfg = settings(provider="uk-neso", url=f"http://127.0.0.1:{free_port()}")
     ci = await source(cfg, http, Clock()).current()
     assert ci.provider == "static" and ci.g_per_kwh == 50.0
 
@@ -287,7 +277,7 @@ async def test_outage_after_a_good_value_is_stale(
     clock = Clock()
     src = source(settings(provider="rte-eco2mix", url=url, refresh="1m"), http, clock)
     assert (await src.current()).g_per_kwh == 27
-    src.provider.url = src.provider.url.replace(url, f"http://127.0.0.1:{closed_port()}")  # type: ignore[union-attr]
+    src.provider.url = src.provider.url.replace(url, f"http://127.0.0.1:{free_port()}")  # type: ignore[union-attr]
     clock.now += 120
     ci = await src.current()
     assert ci.stale and ci.age_s == pytest.approx(120.0) and ci.g_per_kwh == 27

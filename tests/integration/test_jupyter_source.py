@@ -16,7 +16,9 @@ from aiohttp import web
 
 from agents.sources.activity import KernelsReading
 from agents.sources.jupyter import JupyterKernels, JupyterSettings
-from tests.integration.jupyter_peer import JupyterPeer, free_port, start_jupyter, stop_jupyter
+from nodeward.bus.server import free_port
+from tests.helpers.net import served
+from tests.integration.jupyter_peer import JupyterPeer, start_jupyter, stop_jupyter
 
 pytestmark = pytest.mark.peer("jupyter")
 
@@ -165,14 +167,9 @@ async def odd_server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/{case}/api/kernels", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    yield f"http://127.0.0.1:{port}"
-    release.set()
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url
+        release.set()
 
 
 def annotated(url: str) -> dict[str, Any]:
