@@ -715,7 +715,7 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
     of the pod holding the GPU; a fourth changes nothing, another GPU's XIDs count apart."""
     from schemas.base import make_event
     from schemas.common import PodRef
-    from schemas.gpu import GpuXid, RecommendedAction
+    from tests.helpers.records import app_xid
     from tests.integration.cordon_fixtures import read_stream
 
     env = await cordon_env(xid_repeats={"count": 3, "window": "10m"})
@@ -726,17 +726,13 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
 
     def xid(gpu: int, n: int) -> Any:
         return make_event(
-            GpuXid(
-                node=node,
-                gpu_index=gpu,
-                gpu_uuid=f"GPU-{node}-{gpu}",
-                xid=13,
+            app_xid(
+                node,
+                gpu,
+                f"GPU-{node}-{gpu}",
+                [pod],
+                datetime.now(UTC) - timedelta(seconds=10 - n),
                 name="ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
-                category="application",
-                catalog_action=RecommendedAction.RESTART_APP,
-                application=True,
-                pods=[pod],
-                observed_at=datetime.now(UTC) - timedelta(seconds=10 - n),
             ),
             source=f"agent/gpu/{node}",
         )

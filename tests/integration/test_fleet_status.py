@@ -53,6 +53,7 @@ from services.culler.state import SESSIONS, SessionRecord
 from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 from tests.conftest import wait_for
 from tests.e2e.test_cli import run
+from tests.helpers.records import node_action
 from tests.integration.cordon_fixtures import EnvFactory, failed
 
 
@@ -104,13 +105,7 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
     for i in range(3):
         await own_bus.publish(
             make_event(
-                Remediation(
-                    action="quarantine",
-                    target=ObjectRef(kind="Node", name=f"gpu-{i}"),
-                    outcome=Outcome.APPLIED,
-                    reason=f"action {i}",
-                    actor="service/cordon",
-                ),
+                node_action("quarantine", f"gpu-{i}", f"action {i}"),
                 source="service/cordon",
             )
         )

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from schemas import make_event
-from schemas.common import ObjectRef
 from schemas.notify import Notification, Severity
 from services.notifier.channels import (
     Attempted,
@@ -41,33 +40,7 @@ from services.notifier.routing import (
     load_routes,
 )
 from tests.conftest import wait_for
-
-
-def note(
-    title: str = "t",
-    *,
-    severity: Severity = Severity.CRITICAL,
-    topic: str = "gpu-health",
-    node: str | None = None,
-    namespace: str | None = None,
-    dedup_key: str | None = None,
-    audience: str = "oncall",
-    body: str = "",
-) -> Notification:
-    targets = []
-    if node:
-        targets.append(ObjectRef(kind="Node", name=node))
-    if namespace:
-        targets.append(ObjectRef(kind="Pod", name="p", namespace=namespace))
-    return Notification(
-        severity=severity,
-        topic=topic,
-        title=title,
-        body=body,
-        targets=targets,
-        dedup_key=dedup_key,
-        audience=audience,
-    )
+from tests.helpers.notices import note
 
 
 def facts(n: Notification) -> Facts:

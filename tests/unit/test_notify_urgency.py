@@ -12,12 +12,12 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import make_event
-from schemas.common import ObjectRef
 from schemas.notify import Notification, Severity
 from services.notifier.channels import matcher, resolved
 from services.notifier.grouping import Entry, Group, Grouper, GroupingSettings, RateLimitSettings
 from services.notifier.routing import Audience, Facts, Route, RoutingError, load_routes
 from services.notifier.service import NotifierSettings, lanes
+from tests.helpers.notices import note
 
 
 def notice(
@@ -31,12 +31,11 @@ def notice(
     decision: str | None = None,
     resolves: bool = False,
 ) -> Entry:
-    targets = [ObjectRef(kind="Node", name=node)] if node else []
-    data = Notification(
-        severity=severity,
+    data = note(
+        title,
+        severity,
         topic=topic,
-        title=title,
-        targets=targets,
+        node=node,
         incident=incident,
         decision=decision,
         resolves=resolves,
