@@ -236,6 +236,11 @@ class NotifierEnv:
     async def publish(self, *events: Event[Any]) -> None:
         await self.bus.publish_many(list(events))
 
+    async def first_chat(self, receiver: Receiver, event: Event[Any]) -> None:
+        """`event` published and its chat message received."""
+        await self.publish(event)
+        await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+
     def outbox_files(self) -> list[Path]:
         return sorted(self.outbox.glob("*.txt")) if self.outbox.exists() else []
 
@@ -314,9 +319,3 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
 async def chat_env(notifier_env: EnvFactory, receiver: Receiver) -> NotifierEnv:
     """A notifier, not started yet, whose one route (oncall) posts to the receiver's /chat."""
     return await notifier_env(channels={"chat": receiver.chat()}, routes=oncall("chat"))
-
-
-async def first_chat(env: NotifierEnv, receiver: Receiver, event: Event[Any]) -> None:
-    """`event` published and its chat message received."""
-    await env.publish(event)
-    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")

@@ -20,7 +20,6 @@ from tests.integration.notifier_peers import (
     NotifierEnv,
     Receiver,
     SmtpServer,
-    first_chat,
     oncall,
 )
 
@@ -224,9 +223,7 @@ async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
 ) -> None:
     env = chat_env
     await env.start()
-    await first_chat(
-        env, receiver, env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15")
-    )
+    await env.first_chat(receiver, env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
     await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
     await _repeat_suppressed(env, "the repeat recorded")
     # Something new about the same node is sent.
@@ -240,9 +237,7 @@ async def test_another_replica_knows_what_was_sent_within_the_dedup_window(
 ) -> None:
     env = chat_env
     first = await env.start()
-    await first_chat(
-        env, receiver, env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17")
-    )
+    await env.first_chat(receiver, env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
     await wait_for(env.settled, timeout=5, what="acked")
     # Another replica (or this one restarted): its memory is empty, KV is not.
     await first.stop()

@@ -28,7 +28,6 @@ from tests.integration.notifier_peers import (
     NotifierEnv,
     Receiver,
     SmtpServer,
-    first_chat,
     oncall,
 )
 
@@ -174,7 +173,7 @@ async def test_redelivered_notice_is_not_sent_twice(
     env = chat_env
     await env.start()
     event = env.notice("gpu-once quarantined")
-    await first_chat(env, receiver, event)
+    await env.first_chat(receiver, event)
     await wait_for(env.settled, timeout=5, what="acked")
     # The same event again as JetStream would redeliver it (a new message id gets past the
     # stream's duplicate window, as a redelivery after a lost ack would).

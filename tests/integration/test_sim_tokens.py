@@ -604,44 +604,19 @@ async def test_the_official_client_requests_and_reviews_tokens(
 async def test_kubectl_create_token(sim: SimCluster, tmp_path: Path) -> None:
     async with sim_http(sim) as http:
         pod = await _make_pod(http, "agent")
-    rc, out, err = await run_kubectl(sim, tmp_path, "create", "token", "default", "-n", NS)
+
+    async def create_token(*flags: str) -> tuple[int, str, str]:
+        return await run_kubectl(sim, tmp_path, "create", "token", "default", "-n", NS, *flags)
+
+    rc, out, err = await create_token()
     assert rc == 0, err
     plain = _claims(out.strip())
-    rc, out, err = await run_kubectl(
-        sim,
-        tmp_path,
-        "create",
-        "token",
-        "default",
-        "-n",
-        NS,
-        "--duration",
-        "20m",
-        "--audience",
-        "nats",
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        "agent",
-    )
+    bound_to = ("--bound-object-kind", "Pod", "--bound-object-name")
+    rc, out, err = await create_token("--duration", "20m", "--audience", "nats", *bound_to, "agent")
     assert rc == 0, err
     bound = _claims(out.strip())
-    too_short = await run_kubectl(
-        sim, tmp_path, "create", "token", "default", "-n", NS, "--duration", "5m"
-    )
-    ghost = await run_kubectl(
-        sim,
-        tmp_path,
-        "create",
-        "token",
-        "default",
-        "-n",
-        NS,
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        "ghost",
-    )
+    too_short = await create_token("--duration", "5m")
+    ghost = await create_token(*bound_to, "ghost")
     assert plain["aud"] == [tokens.ISSUER] and plain["exp"] - plain["iat"] == 3600
     assert bound["aud"] == ["nats"] and bound["exp"] - bound["iat"] == 1200
     assert bound["kubernetes.io"]["pod"] == {"name": "agent", "uid": pod["metadata"]["uid"]}
