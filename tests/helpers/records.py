@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas.common import ObjectRef, PodRef
-from schemas.gpu import GpuXid, RecommendedAction
+from schemas.gpu import GpuHealth, GpuXid, HealthState, RecommendedAction
 from schemas.remediation import Outcome, Remediation
 from schemas.session import IdleEvidence, SessionIdle, SessionKind
 
@@ -67,3 +67,10 @@ def app_xid(
         observed_at=at,
         **more,
     )
+
+
+def gpu_health(
+    node: str, gpu: int, uuid: str, state: HealthState, at: datetime, **more: Any
+) -> GpuHealth:
+    """GPU `gpu` (`uuid`) of `node` in `state` at `at` (`more`: reasons, pods, sequence...)."""
+    return GpuHealth(node=node, gpu_index=gpu, gpu_uuid=uuid, state=state, observed_at=at, **more)

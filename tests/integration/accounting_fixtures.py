@@ -30,7 +30,7 @@ from services.accounting.service import app, build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, PodSeed, Seed
 from tests.helpers.records import notebook_idle
-from tests.integration.simkube import RunsService, stop_env
+from tests.integration.simkube import RunsService, service_settings, stop_env
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -256,12 +256,7 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
             "finding_subjects": [f"node.finding.{n}.>" for n in (h100, a100)],
             "culler_actor": actor,
         }
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"accounting": service},
-        )
+        settings = service_settings(nats_url, kubeconfig, "accounting", service)
         config = tmp_path / f"config-{uid}.yaml"
         config.write_text(
             yaml.safe_dump(

@@ -311,8 +311,7 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
 
     yield make
     for env in made:
-        for d in env.daemons:
-            await d.stop()
+        await env.stop()
 
 
 @pytest.fixture

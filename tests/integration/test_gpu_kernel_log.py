@@ -5,7 +5,6 @@ hangs; the same XID from both detectors is one incident."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from sim.inject import InjectRequest, request_injection, serve_injections
 from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 from tests.conftest import wait_for
+from tests.helpers.agents import agent_running
 from tests.helpers.sim_cli import sim_inject
 from tests.integration.cordon_fixtures import EnvFactory, audits, read_stream
 
@@ -83,19 +83,12 @@ async def running_agent(bus: Bus, name: str, tmp_path: Path) -> AsyncIterator[No
         await bus.nc.subscribe(f"gpu.*.{name}", cb=collect),
         await serve_injections(bus.nc, sim, kmsg),
     ]
-    task = asyncio.create_task(agent.run())
-    try:
+    async with agent_running(agent, sim, subs):
         await wait_for(
             lambda: agent.ready and agent._kernel_log is not None, timeout=5, what="ready"
         )
         await node.state(0, "healthy")
         yield node
-    finally:
-        sim.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        for s in subs:
-            await s.unsubscribe()
 
 
 def _xid_reasons(reasons: list[dict[str, Any]], xid: int) -> list[dict[str, Any]]:

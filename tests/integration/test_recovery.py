@@ -47,11 +47,14 @@ async def recovery_env(
         yield make
 
 
-async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=gpu, fault="fallen-off-bus")
-    )
+async def _inject(env: RecoveryEnv, gpu: int, fault: str) -> None:
+    """`fault` injected into GPU `gpu` of the env's node by its sim agent; it said yes."""
+    reply = await request_injection(env.bus.nc, env.node, InjectRequest(gpu=gpu, fault=fault))
     assert reply.ok, reply.error
+
+
+async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
+    await _inject(env, gpu, "fallen-off-bus")
 
 
 def _has_taint(node: dict[str, Any]) -> bool:
@@ -175,10 +178,7 @@ async def test_an_uncorrectable_ecc_burst_is_drained_reset_by_the_agent_and_rele
     # XID 48 with double-bit ECC errors: the catalog says reset_gpu; no reboot.
     env: RecoveryEnv = await recovery_env()
     boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=5, fault="ecc-dbe-burst")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 5, "ecc-dbe-burst")
 
     async def ended() -> RecoveryRecord | None:
         record = await env.record()
@@ -203,10 +203,7 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     # XID 64 (reset_gpu) comes first and starts a reset plan; the row-remap failure the agent
     # reports next (drain_and_rma) reaches recovery as cordon's `already_quarantined`.
     env: RecoveryEnv = await recovery_env()
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 1, "row-remap-failure")
 
     async def escalated() -> list[Remediation]:
         return [a for a in await env.audits() if a.action == "escalate"]
@@ -228,10 +225,7 @@ async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboo
     # then GPU 5 falls off the bus. Cordon adds GPU 5 to the quarantine; recovery must not
     # start a reboot of its own that would release the node behind on-call's back.
     env: RecoveryEnv = await recovery_env()
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 1, "row-remap-failure")
     escalated = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
     await _fall_off_the_bus(env, gpu=5)
 

@@ -27,6 +27,7 @@ from kubernetes import client, config
 from sim.cluster import SimCluster, tokens
 from sim.cluster.kubelet import EXITS_AFTER
 from tests.conftest import wait_for
+from tests.helpers.kube import manifest
 from tests.integration.simkube import run_kubectl, sim_http
 
 T = TypeVar("T")
@@ -364,17 +365,17 @@ async def test_a_pods_own_token_is_its_account_against_the_api(sim: SimCluster) 
                 "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                 json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
             )
-            binding = {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "agent-delegates"},
-                "roleRef": {
+            binding = manifest(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRoleBinding",
+                "agent-delegates",
+                roleRef={
                     "apiGroup": "rbac.authorization.k8s.io",
                     "kind": "ClusterRole",
                     "name": "system:auth-delegator",
                 },
-                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
-            }
+                subjects=[{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
+            )
             granted = await http.post(
                 "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", json=binding
             )

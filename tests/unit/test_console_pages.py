@@ -21,7 +21,7 @@ from services.cordon import view as cordon_view
 from services.cordon.view import Quarantined
 from services.recovery.view import RecoveryView
 from tests.helpers.fleet import fleet_of
-from tests.helpers.records import app_xid, node_action
+from tests.helpers.records import app_xid, gpu_health, node_action
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -285,14 +285,9 @@ def test_an_escalation_the_picture_records_is_told_past_the_kept_audit() -> None
 
 
 def _change(gpu: int, at: datetime, *pods: str, heartbeat: bool = False) -> GpuHealth:
-    return GpuHealth(
-        node="gpu-q",
-        gpu_index=gpu,
-        gpu_uuid=f"GPU-{gpu}",
-        state=HealthState.HEALTHY,
-        pods=[PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods],
-        heartbeat=heartbeat,
-        observed_at=at,
+    refs = [PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods]
+    return gpu_health(
+        "gpu-q", gpu, f"GPU-{gpu}", HealthState.HEALTHY, at, pods=refs, heartbeat=heartbeat
     )
 
 

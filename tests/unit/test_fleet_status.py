@@ -16,7 +16,7 @@ from services.cordon import view as cordon_view
 from services.culler import view as culler_view
 from services.culler.state import SessionRecord
 from tests.helpers.fleet import fleet_of
-from tests.helpers.records import node_action
+from tests.helpers.records import gpu_health, node_action
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -27,13 +27,7 @@ def _cordon(records: dict[str, NodeRecord]) -> Seen:
 
 
 def _health(node: str, index: int, state: str, at: datetime) -> GpuHealth:
-    return GpuHealth(
-        node=node,
-        gpu_index=index,
-        gpu_uuid=f"GPU-{node}-{index}",
-        state=HealthState(state),
-        observed_at=at,
-    )
+    return gpu_health(node, index, f"GPU-{node}-{index}", HealthState(state), at)
 
 
 def _quarantined_record() -> NodeRecord:

@@ -18,7 +18,7 @@ from schemas.gpu import GpuHealth, HealthReason, HealthState
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import NodeRecord, Quarantine
-from tests.helpers.records import node_action, notebook_idle
+from tests.helpers.records import gpu_health, node_action, notebook_idle
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -49,17 +49,17 @@ class Clock:
 
 
 def health(state: HealthState, previous: HealthState | None, heartbeat: bool = False) -> GpuHealth:
-    return GpuHealth(
-        node="gpu-a",
-        gpu_index=0,
-        gpu_uuid="GPU-0",
-        state=state,
+    xid = HealthReason(code="xid", xid=79, message="fallen off the bus")
+    reasons = [xid] if state == HealthState.FAILED else []
+    return gpu_health(
+        "gpu-a",
+        0,
+        "GPU-0",
+        state,
+        T0,
         previous_state=previous,
         heartbeat=heartbeat,
-        reasons=[HealthReason(code="xid", xid=79, message="fallen off the bus")]
-        if state == HealthState.FAILED
-        else [],
-        observed_at=T0,
+        reasons=reasons,
     )
 
 
