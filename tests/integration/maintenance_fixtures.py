@@ -31,6 +31,7 @@ from sim.cluster.seed import (
     PodSeed,
     Seed,
 )
+from tests.helpers.kube import daemonset_pod
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.simkube import SimServiceEnv, fast_admin_client, stop_env
 
@@ -116,13 +117,7 @@ def standard_pods(node: str) -> list[PodSeed]:
         pod("ssh-0", node, opted_in=True),
         pod("web-0", node, labels={"app": "web"}),
         pod("web-1", node, labels={"app": "web"}),
-        PodSeed(
-            name="agent-x",
-            namespace="nodeward",
-            node=node,
-            role="daemon",
-            owner=Owner(kind="DaemonSet", name="nodeward-agent"),
-        ),
+        daemonset_pod("agent-x", "nodeward", node, "nodeward-agent"),
     ]
 
 

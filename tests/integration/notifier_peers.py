@@ -305,9 +305,10 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
             daemon={"shutdown_timeout": "4s"},
             services={"notifier": service},
         )
-        env = NotifierEnv(bus, topic, service["consumer"], tmp_path / f"outbox-{uid}", settings)
-        made.append(env)
-        return env
+        made.append(
+            NotifierEnv(bus, topic, service["consumer"], tmp_path / f"outbox-{uid}", settings)
+        )
+        return made[-1]
 
     yield make
     for env in made:

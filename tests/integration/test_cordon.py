@@ -26,8 +26,9 @@ from schemas.state.cordon import TAINT_KEY
 from services.cordon.marks import HEALTH_LABEL, QUARANTINE_ANNOTATION
 from services.cordon.service import CordonSettings, reset_breaker
 from services.kernel import BreakerState
-from sim.cluster.seed import Owner, PdbSeed, PodSeed
+from sim.cluster.seed import PdbSeed, PodSeed
 from tests.conftest import wait_for
+from tests.helpers.kube import daemonset_pod
 from tests.integration.cordon_fixtures import (
     EnvFactory,
     audits,
@@ -46,6 +47,18 @@ def tainted(node: dict[str, Any]) -> bool:
 
 def label(node: dict[str, Any]) -> str | None:
     return (node["metadata"].get("labels") or {}).get(HEALTH_LABEL)
+
+
+def cordoned_failed(node: dict[str, Any]) -> bool:
+    """Tainted (NoSchedule), cordoned, its GPUHealthy condition False and labelled failed."""
+    cond = condition_of(node, "GPUHealthy")
+    return bool(
+        tainted(node)
+        and node["spec"].get("unschedulable")
+        and cond is not None
+        and cond["status"] == "False"
+        and label(node) == "failed"
+    )
 
 
 def quarantine_note(node: dict[str, Any]) -> dict[str, Any] | None:
@@ -71,15 +84,7 @@ async def test_failed_gpu_quarantines_node(cordon_env: EnvFactory) -> None:
 
     async def quarantined() -> bool:
         node = await env.node(name)
-        cond = condition_of(node, "GPUHealthy")
-        return bool(
-            tainted(node)
-            and node["spec"].get("unschedulable")
-            and cond is not None
-            and cond["status"] == "False"
-            and label(node) == "failed"
-            and quarantine_note(node)
-        )
+        return cordoned_failed(node) and bool(quarantine_note(node))
 
     await wait_for(quarantined, timeout=20, what="taint, cordon, condition, label, annotation")
     applied = await wait_for(lambda: _applied(env.bus, name), timeout=20, what="audit")
@@ -415,13 +420,7 @@ async def test_drain_evicts_only_what_it_may_and_honours_budgets(
         return {
             "pods": [
                 PodSeed(name="train-0", namespace="ml-a", node=node, gpus=1),
-                PodSeed(
-                    name="agent-x",
-                    namespace="ml-a",
-                    node=node,
-                    role="daemon",
-                    owner=Owner(kind="DaemonSet", name="agent"),
-                ),
+                daemonset_pod("agent-x", "ml-a", node, "agent"),
                 PodSeed(
                     name="pinned",
                     namespace="ml-a",

@@ -135,6 +135,12 @@ def source(cfg: CarbonSettings, http: httpx.AsyncClient, clock: Clock) -> Carbon
     return CarbonSource(cfg, http, clock=clock, wall=lambda: WALL)
 
 
+def clocked(http: httpx.AsyncClient, **cfg: object) -> tuple[CarbonSource, Clock]:
+    """A source with `cfg`'s settings, and the clock it reads (the test moves it)."""
+    clock = Clock()
+    return source(settings(**cfg), http, clock), clock
+
+
 def test_co2e_grams_hand_computed() -> None:
     assert co2e_grams(3.6e6, 50) == pytest.approx(50.0)  # 1 kWh at 50 g/kWh
     assert co2e_grams(840.0, 50) == pytest.approx(0.011666667)  # 420 W x 2 s
@@ -191,8 +197,7 @@ async def test_uk_neso_forecast_then_actual(
     provider: tuple[str, Peer], http: httpx.AsyncClient
 ) -> None:
     url, peer = provider
-    clock = Clock()
-    src = source(settings(provider="uk-neso", url=url, refresh="30m"), http, clock)
+    src, clock = clocked(http, provider="uk-neso", url=url, refresh="30m")
     ci = await src.current()
     assert (ci.g_per_kwh, ci.zone, ci.basis, ci.estimated) == (181, "GB", "operational", True)
     assert ci.observed_at == datetime(2026, 11, 29, 20, 30, tzinfo=UTC)
@@ -274,8 +279,7 @@ async def test_outage_after_a_good_value_is_stale(
     provider: tuple[str, Peer], http: httpx.AsyncClient
 ) -> None:
     url, _ = provider
-    clock = Clock()
-    src = source(settings(provider="rte-eco2mix", url=url, refresh="1m"), http, clock)
+    src, clock = clocked(http, provider="rte-eco2mix", url=url, refresh="1m")
     assert (await src.current()).g_per_kwh == 27
     src.provider.url = src.provider.url.replace(url, f"http://127.0.0.1:{free_port()}")  # type: ignore[union-attr]
     clock.now += 120

@@ -191,18 +191,9 @@ async def test_cli_injects_through_the_kernel_log(
     bus: Bus, node: str, tmp_path: Path, nats_url: str
 ) -> None:
     async with running_agent(bus, node, tmp_path) as n:
+        xid_79 = ("--gpu", "0", "--xid", "79")
         code, out, err = await sim_inject(
-            nats_url,
-            "--node",
-            node,
-            "--gpu",
-            "0",
-            "--xid",
-            "79",
-            "--via",
-            "kmsg",
-            "--driver",
-            "r470",
+            nats_url, "--node", node, *xid_79, "--via", "kmsg", "--driver", "r470"
         )
         assert code == 0, err
         assert out.strip() == f"{node} gpu 0: XID 79 via kmsg injected"

@@ -57,6 +57,11 @@ async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
     await _inject(env, gpu, "fallen-off-bus")
 
 
+async def _escalations(env: RecoveryEnv) -> list[Remediation]:
+    """The env's audits of an escalation to on-call."""
+    return [a for a in await env.audits() if a.action == "escalate"]
+
+
 def _has_taint(node: dict[str, Any]) -> bool:
     return any(t.get("key") == TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
@@ -205,10 +210,7 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     env: RecoveryEnv = await recovery_env()
     await _inject(env, 1, "row-remap-failure")
 
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (escalation,) = await wait_for(escalated, "the escalation")
+    (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "RMA suggested" in escalation.reason and "drain_and_rma" in escalation.reason
     # The page goes out first, then the record is saved escalated.
     record = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
@@ -320,10 +322,7 @@ async def test_the_per_node_retry_limit_leaves_a_second_quarantine_to_on_call(
     assert refusal.guard == "retry_limit" and "stays quarantined" in refusal.reason
 
     # On-call is paged, and the node is held: no automatic release puts it back.
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (page,) = await wait_for(escalated, "the escalation")
+    (page,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "needs a human" in page.reason and "started 1 recoveries within" in page.reason
     assert "RMA" not in page.reason
     record = await env.record()
@@ -347,10 +346,7 @@ async def test_a_gpu_that_fails_again_after_its_recovery_is_handed_to_on_call_as
     first = await wait_for(released, "the first recovery")
     await _fall_off_the_bus(env)  # the same GPU, within the flap window
 
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (page,) = await wait_for(escalated, "the flapping GPU escalated")
+    (page,) = await wait_for(lambda: _escalations(env), "the flapping GPU escalated")
     assert "turned failed 2 times" in page.reason and "flapping" in page.reason
     assert "RMA" not in page.reason
     record = await env.record()
@@ -522,10 +518,7 @@ async def test_an_exempt_pod_is_never_rebooted_the_node_is_held_for_a_human_unti
     before = _nodeward_marks(await env.node_obj())
     await _fall_off_the_bus(env)
 
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (escalation,) = await wait_for(escalated, "the escalation")
+    (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "ml-a/pinned" in escalation.reason and "exempt" in escalation.reason
     assert "RMA" not in escalation.reason and "stays quarantined" in escalation.reason
     (page,) = await wait_for(lambda: _notices(env, "needs a human"), "the page")

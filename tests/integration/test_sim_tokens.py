@@ -503,24 +503,24 @@ async def test_discovery_lists_the_token_subresource_and_tokenreviews(sim: SimCl
     async with sim_http(sim) as http:
         core = (await http.get("/api/v1")).json()["resources"]
         authn = (await http.get("/apis/authentication.k8s.io/v1")).json()["resources"]
-    token = next(r for r in core if r["name"] == "serviceaccounts/token")
-    assert token == {
-        "name": "serviceaccounts/token",
-        "singularName": "",
-        "namespaced": True,
-        "group": "authentication.k8s.io",
-        "version": "v1",
-        "kind": "TokenRequest",
-        "verbs": ["create"],
-    }
-    review = next(r for r in authn if r["name"] == "tokenreviews")
-    assert review == {
-        "name": "tokenreviews",
-        "singularName": "tokenreview",
-        "namespaced": False,
-        "kind": "TokenReview",
-        "verbs": ["create"],
-    }
+
+    def listed(resources: list[dict[str, Any]], name: str) -> dict[str, Any]:
+        return next(r for r in resources if r["name"] == name)
+
+    def create_only(name: str, singular: str, kind: str, **more: Any) -> dict[str, Any]:
+        return {"name": name, "singularName": singular, "kind": kind, "verbs": ["create"], **more}
+
+    assert listed(core, "serviceaccounts/token") == create_only(
+        "serviceaccounts/token",
+        "",
+        "TokenRequest",
+        namespaced=True,
+        group="authentication.k8s.io",
+        version="v1",
+    )
+    assert listed(authn, "tokenreviews") == create_only(
+        "tokenreviews", "tokenreview", "TokenReview", namespaced=False
+    )
 
 
 @pytest.mark.sim_cluster(kube_version="1.29")

@@ -129,8 +129,7 @@ def test_the_kernels_lines_in_every_text_form_are() -> None:
 
 
 def test_kmsg_reader_passes_only_the_kernels_records(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("")
+    path = _written(tmp_path / "kmsg", "")
     reader = KmsgReader(path)
     try:
         _append(
@@ -166,6 +165,12 @@ def test_a_probe_head_without_its_tail_is_forgotten() -> None:
     assert parser.feed("NVRM: fallen off the bus and is not responding to commands.") == []
 
 
+def _written(path: Path, text: str) -> Path:
+    """`path`, holding `text` (what was logged before the test)."""
+    path.write_text(text)
+    return path
+
+
 def _append(path: Path, *texts: str) -> None:
     """`texts` written to the end of `path`, as a logger would."""
     with path.open("a") as f:
@@ -173,8 +178,7 @@ def _append(path: Path, *texts: str) -> None:
 
 
 def test_kmsg_reader_reads_only_what_is_logged_after_it_opens(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("6,1,1,-;old record\n")
+    path = _written(tmp_path / "kmsg", "6,1,1,-;old record\n")
     reader = KmsgReader(path)
     try:
         assert reader.read() == []
@@ -195,8 +199,7 @@ def test_kmsg_reader_reads_only_what_is_logged_after_it_opens(tmp_path: Path) ->
 
 
 def test_kmsg_reader_can_start_at_the_oldest_record(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("6,1,1,-;first\n6,2,2,-;second\n")
+    path = _written(tmp_path / "kmsg", "6,1,1,-;first\n6,2,2,-;second\n")
     reader = KmsgReader(path, from_start=True)
     try:
         assert [r.message for r in reader.read()] == ["first", "second"]
@@ -249,8 +252,7 @@ async def test_dev_kmsg_wakes_the_loop_with_one_record_per_read() -> None:
 
 
 def test_file_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> None:
-    path = tmp_path / "kern.log"
-    path.write_text("before\n")
+    path = _written(tmp_path / "kern.log", "before\n")
     tail = FileTail(path)
     try:
         assert tail.read() == []
