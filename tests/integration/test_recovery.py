@@ -346,7 +346,10 @@ async def test_a_gpu_that_fails_again_after_its_recovery_is_handed_to_on_call_as
     first = await wait_for(released, "the first recovery")
     await _fall_off_the_bus(env)  # the same GPU, within the flap window
 
-    (page,) = await wait_for(lambda: _escalations(env), "the flapping GPU escalated")
+    async def escalated() -> list[Remediation]:
+        return [a for a in await env.audits() if a.action == "escalate"]
+
+    (page,) = await wait_for(escalated, "the flapping GPU escalated")
     assert "turned failed 2 times" in page.reason and "flapping" in page.reason
     assert "RMA" not in page.reason
     record = await env.record()
