@@ -20,29 +20,11 @@ from services.notifier.service import NotifierSettings, lanes
 from tests.helpers.notices import note
 
 
-def notice(
-    title: str,
-    severity: Severity,
-    *,
-    node: str | None = None,
-    incident: str | None = None,
-    audience: str = "oncall",
-    topic: str = "gpu-health",
-    decision: str | None = None,
-    resolves: bool = False,
-) -> Entry:
-    data = note(
-        title,
-        severity,
-        topic=topic,
-        node=node,
-        incident=incident,
-        decision=decision,
-        resolves=resolves,
-        dedup_key=f"{title}/{node}",
-        audience=audience,
-    )
-    return Entry(make_event(data, source="test"), Audience.parse(audience), ("outbox",))
+def notice(title: str, severity: Severity, *, node: str | None = None, **fields: Any) -> Entry:
+    """A notice about `node` keyed by its title and node, as an outbox entry; `fields`: its
+    incident, audience, topic, decision, resolves..."""
+    data = note(title, severity, node=node, dedup_key=f"{title}/{node}", **fields)
+    return Entry(make_event(data, source="test"), Audience.parse(data.audience), ("outbox",))
 
 
 class Sent:
