@@ -119,3 +119,11 @@ async def own_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest_asyncio.fixture
+async def own_bus(own_nats: EmbeddedNats) -> AsyncIterator[Bus]:
+    """A bus on a server of its own: its buckets and streams hold only this test's data."""
+    b = await Bus.connect(BusSettings(url=own_nats.url), source="test/own-bus")
+    yield b
+    await b.close(grace=2)

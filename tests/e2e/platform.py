@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, Output, wait_until
+from tests.e2e.test_cli import Output, spawn, wait_until
 
 
 def ready(url: str) -> bool:
@@ -64,14 +63,7 @@ def running_up(
         | {"PYTHONPATH": path}
         | dict(env or {})
     )
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    proc = spawn("up", "--state-dir", str(state), *args, cwd=tmp_path, env=env)
     output = Output(proc)
     try:
         wait_until((state / "endpoints.json").exists, timeout=timeout, what="nodeward up")

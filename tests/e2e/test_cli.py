@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -56,6 +56,20 @@ class Output:
             reader.join(timeout=timeout)
 
 
+def spawn(
+    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`nodeward ARGS` started in `cwd`, its output piped as text."""
+    return subprocess.Popen(
+        [*NODEWARD, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
+
+
 def wait_until(condition, timeout: float = 20.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not condition():
@@ -67,13 +81,7 @@ def wait_until(condition, timeout: float = 20.0, what: str = "") -> None:  # typ
 @pytest.fixture
 def embedded_bus(tmp_path: Path) -> Iterator[str]:
     """`nodeward bus --port 0` as a user runs it; yields the URL it prints."""
-    proc = subprocess.Popen(
-        [*NODEWARD, "bus", "--state-dir", str(tmp_path / "state"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    proc = spawn("bus", "--state-dir", str(tmp_path / "state"), "--port", "0")
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()
     assert url.startswith("nats://127.0.0.1:"), proc.stderr.read() if proc.stderr else url
@@ -264,13 +272,7 @@ def test_bad_config_file_is_one_line(tmp_path: Path) -> None:
 
 def test_up_runs_the_platform_and_stops_cleanly(tmp_path: Path) -> None:
     state = tmp_path / ".nodeward"  # the default state dir, relative to where it runs
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state), "--scenario", "none"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    proc = spawn("up", "--state-dir", str(state), "--scenario", "none")
     try:
         endpoints_file = state / "endpoints.json"
         wait_until(endpoints_file.exists, what="endpoints.json")
@@ -337,13 +339,8 @@ async def _inject(url: str, node: str, request: dict[str, object]) -> dict[str, 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_injected_xid_quarantines_the_node_within_two_seconds(tmp_path: Path) -> None:
     """The whole path through `nodeward up`: sim GPU agent → bus → cordon → sim cluster."""
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--scenario", "none"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=os.environ | {"PYTHONPATH": str(REPO)},
+    proc = spawn(
+        "up", "--scenario", "none", cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(REPO)}
     )
     try:
         endpoints_file = tmp_path / ".nodeward" / "endpoints.json"
@@ -438,34 +435,21 @@ def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
 
 def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path) -> None:
     """`nodeward service cordon` as its Deployment runs it, with its own kubeconfig context."""
-    sim = subprocess.Popen(
-        [*NODEWARD, "sim", "cluster", "--kubeconfig", str(tmp_path / "kc")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    sim = spawn("sim", "cluster", "--kubeconfig", str(tmp_path / "kc"))
     cfg = tmp_path / "cordon.yaml"
     cfg.write_text("daemon:\n  port: 0\n")
     svc = None
     try:
         wait_until((tmp_path / "kc").exists, what="sim kubeconfig")
-        svc = subprocess.Popen(
-            [
-                *NODEWARD,
-                "--log-level",
-                "info",
-                "service",
-                "cordon",
-                "--kubeconfig",
-                str(tmp_path / "kc"),
-                "--config",
-                str(cfg),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
+        svc = spawn(
+            "--log-level",
+            "info",
+            "service",
+            "cordon",
+            "--kubeconfig",
+            str(tmp_path / "kc"),
+            "--config",
+            str(cfg),
             env=os.environ
             | {"NODEWARD_NATS_URL": embedded_bus, "NODEWARD_CLUSTER__CONTEXT": "nodeward-cordon"},
         )
@@ -490,13 +474,7 @@ def test_service_runs_alone_and_becomes_ready(embedded_bus: str, tmp_path: Path)
 def test_service_with_its_port_in_use_says_so_in_one_line(
     embedded_bus: str, tmp_path: Path
 ) -> None:
-    sim = subprocess.Popen(
-        [*NODEWARD, "sim", "cluster", "--kubeconfig", str(tmp_path / "kc")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    sim = spawn("sim", "cluster", "--kubeconfig", str(tmp_path / "kc"))
     taken = socket.socket()
     try:
         taken.bind(("127.0.0.1", 0))
@@ -529,11 +507,11 @@ def test_up_plays_a_scenario(tmp_path: Path) -> None:
         "up", "--scenario", str(tmp_path / "missing.yaml"), "--state-dir", str(tmp_path / "s")
     )
     assert bad.returncode == 1 and "cannot read scenario" in bad.stderr
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--scenario", "scenario.yaml", "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "up",
+        "--scenario",
+        "scenario.yaml",
+        "--quiet",
         cwd=tmp_path,
         env=os.environ | {"PYTHONPATH": str(REPO)},
     )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, Output, run, wait_until
+from tests.e2e.test_cli import Output, run, spawn, wait_until
 
 STEPS = ("GPU", "DECISION", "CORDON", "RELEASE")
 
@@ -38,22 +37,16 @@ def test_up_tells_the_story_and_status_and_replay_show_it(tmp_path: Path) -> Non
         "NODEWARD_SERVICES__CORDON__COOLDOWN": "1s",
         "NODEWARD_SERVICES__CORDON__RECONCILE_INTERVAL": "1s",
     }
-    proc = subprocess.Popen(
-        [
-            *NODEWARD,
-            "up",
-            "--state-dir",
-            str(state),
-            "--nats-port",
-            "0",
-            "--nodes",
-            "3",
-            "--scenario",
-            str(scenario),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "up",
+        "--state-dir",
+        str(state),
+        "--nats-port",
+        "0",
+        "--nodes",
+        "3",
+        "--scenario",
+        str(scenario),
         cwd=tmp_path,
         env=env,
     )

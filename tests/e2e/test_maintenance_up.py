@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.test_cli import NODEWARD, wait_until
+from tests.e2e.test_cli import NODEWARD, spawn, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,14 +57,7 @@ def test_up_maintenance_start_ends_done_with_checkpoints_and_the_node_drained(
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODEWARD_")} | {
         "PYTHONPATH": str(REPO)
     }
-    proc = subprocess.Popen(
-        [*NODEWARD, "up", "--state-dir", str(state), "--scenario", "none"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    proc = spawn("up", "--state-dir", str(state), "--scenario", "none", cwd=tmp_path, env=env)
     err: list[str] = []
     readers = [
         threading.Thread(target=lambda: list(proc.stdout or []), daemon=True),

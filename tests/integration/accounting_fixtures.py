@@ -29,7 +29,8 @@ from schemas.session import IdleEvidence, SessionActivity, SessionIdle, SessionK
 from services.accounting.service import app, build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, PodSeed, Seed
-from tests.integration.simkube import RunsService, stop_env
+from tests.helpers.records import notebook_idle
+from tests.integration.simkube import RunsService, service_settings, stop_env
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -116,16 +117,8 @@ class AccountingEnv(RunsService):
         self, node: str, ns: str, pod: str, since: datetime, idle_for_s: float, gpus: int
     ) -> Event[SessionIdle]:
         at = since + timedelta(seconds=idle_for_s)
-        data = SessionIdle(
-            namespace=ns,
-            pod=pod,
-            node=node,
-            kind=SessionKind.NOTEBOOK,
-            idle_since=since,
-            idle_for_s=idle_for_s,
-            evidence=[IdleEvidence(signal="gpu", idle_since=since, detail="0% SM")],
-            gpus_held=gpus,
-        )
+        gpu = IdleEvidence(signal="gpu", idle_since=since, detail="0% SM")
+        data = notebook_idle(ns, pod, node, since, idle_for_s, gpu, gpus_held=gpus)
         return make_event(data, source=f"agent/idle/{node}", time=at)
 
     def activity(self, node: str, ns: str, pod: str, at: datetime, pct: float) -> Event[Any]:
@@ -263,12 +256,7 @@ async def accounting_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterat
             "finding_subjects": [f"node.finding.{n}.>" for n in (h100, a100)],
             "culler_actor": actor,
         }
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"accounting": service},
-        )
+        settings = service_settings(nats_url, kubeconfig, "accounting", service)
         config = tmp_path / f"config-{uid}.yaml"
         config.write_text(
             yaml.safe_dump(

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeward.bus import Bus
-from nodeward.config import ClusterSettings, Settings
-from nodeward.daemon import Daemon
+from nodeward.config import Settings
 from nodeward.kube import Cluster
-from nodeward.kube.client import Backoff, KubeClient
 from schemas.capacity import GpuCounts
 from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
 from services.capacity.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed, Seed
-from tests.integration.simkube import RunsService, stop_env
+from tests.integration.simkube import SimServiceEnv, fast_admin_client, service_settings, stop_env
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -29,16 +27,12 @@ NS = "ml-team"
 
 
 @dataclass
-class CapacityEnv(RunsService):
+class CapacityEnv(SimServiceEnv):
     """Nodes `h100-a`, `h100-b`, `a100`, `mig` and `cpu` (suffixed by `uid`), and the
     capacity service's settings (its own consumer, bucket and subjects)."""
 
-    sim: SimCluster
-    admin: Cluster
-    bus: Bus
     uid: str
     settings: Settings
-    daemons: list[Daemon] = field(default_factory=list)
 
     build = staticmethod(build)
 
@@ -65,6 +59,23 @@ class CapacityEnv(RunsService):
             if n.node == self.node(short):
                 return n.profiles.get(profile)
         return None
+
+
+def capacity_settings(
+    nats_url: str, kubeconfig: Path, uid: str, nodes: list[str], **service: Any
+) -> Settings:
+    """The capacity service's settings with a consumer and bucket of its own (`uid`),
+    watching `nodes`; `service`: its settings that differ."""
+    config = {
+        "consumer": f"capacity-{uid}",
+        "bucket": f"capacity-{uid}",
+        "health_subjects": [f"gpu.health.{n}.>" for n in nodes],
+        "maintenance_subjects": [f"maintenance.*.{n}" for n in nodes],
+        "debounce": "0.2s",
+        "max_delay": "1s",
+        "relist_delay": "0.2s",
+    }
+    return service_settings(nats_url, kubeconfig, "capacity", config | service)
 
 
 def capacity_seed(uid: str) -> Seed:
@@ -125,27 +136,9 @@ async def capacity_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
         sim = SimCluster(capacity_seed(uid), port=0, bookmark_interval=0.2)
         await sim.start()
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-cap-{uid}", identity="capacity")
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        admin_client = fast_admin_client(sim, tmp_path, uid)
         nodes = [f"{n}-{uid}" for n in ("h100-a", "h100-b", "a100", "mig", "cpu")]
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={
-                "capacity": {
-                    "consumer": f"capacity-{uid}",
-                    "bucket": f"capacity-{uid}",
-                    "health_subjects": [f"gpu.health.{n}.>" for n in nodes],
-                    "maintenance_subjects": [f"maintenance.*.{n}" for n in nodes],
-                    "debounce": "0.2s",
-                    "max_delay": "1s",
-                    "relist_delay": "0.2s",
-                }
-                | service
-            },
-        )
+        settings = capacity_settings(nats_url, kubeconfig, uid, nodes, **service)
         env = CapacityEnv(sim, Cluster(admin_client), bus, uid, settings)
         made.append(env)
         return env

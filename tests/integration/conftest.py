@@ -10,6 +10,7 @@ from tests.integration.jupyter_peer import jupyter_kernel, jupyter_peer  # noqa:
 from tests.integration.maintenance_fixtures import maintenance_env  # noqa: F401
 from tests.integration.notifier_peers import (  # noqa: F401
     alertmanager,
+    chat_env,
     notifier_env,
     receiver,
     smtp_server,

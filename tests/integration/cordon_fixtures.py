@@ -15,10 +15,9 @@ import nats.js.errors
 import pytest
 
 from nodeward.bus import Bus
-from nodeward.config import ClusterSettings, Settings
+from nodeward.config import Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
-from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, decode, make_event
 from schemas.cloudevents import DecodeError
 from schemas.gpu import (
@@ -34,6 +33,7 @@ from schemas.remediation import Remediation
 from services.cordon.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, Seed
+from tests.integration.simkube import fast_admin_client, service_settings
 
 
 def failed(
@@ -253,9 +253,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
         sims.append(sim)
         names = [n.name for n in seed.nodes]
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-cordon-{uid}", identity="cordon")
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        admin_client = fast_admin_client(sim, tmp_path, uid)
         service: dict[str, Any] = {
             "consumer": f"cordon-{uid}",
             "bucket": f"cordon-{uid}",
@@ -276,11 +274,12 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             }
             | cordon.pop("xid_repeats", {}),
         } | cordon
-        settings = Settings(
+        settings = service_settings(
+            nats_url,
+            kubeconfig,
+            "cordon",
+            service,
             bus={"url": nats_url, "publish_timeout": "2s"} | (bus_extra or {}),
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"cordon": service},
         )
         env = CordonEnv(sim, Cluster(admin_client), bus, names, settings)
         made.append(env)

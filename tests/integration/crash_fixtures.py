@@ -8,11 +8,20 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from nodeward.failpoints import ENV as FAILPOINT_ENV
+
+
+class _HasSettings(Protocol):
+    settings: Any  # its `Settings`
+
+
+E = TypeVar("E", bound=_HasSettings)
 
 
 @dataclass
@@ -87,3 +96,24 @@ class ServiceProcess:
             return ""
         text = self.logs[-1].read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+@asynccontextmanager
+async def processes_of(
+    name: str, make_env: Callable[..., Awaitable[E]], workdir: Path, nats_url: str
+) -> AsyncIterator[Callable[..., Awaitable[tuple[E, ServiceProcess]]]]:
+    """A factory of (env, the service `name` as its own process) pairs, the env made by
+    `make_env`; every process it made is killed on the way out."""
+    made: list[ServiceProcess] = []
+
+    async def make(**service: Any) -> tuple[E, ServiceProcess]:
+        env = await make_env(**service)
+        proc = ServiceProcess.of(name, env.settings, workdir, nats_url)
+        made.append(proc)
+        return env, proc
+
+    try:
+        yield make
+    finally:
+        for proc in made:
+            proc.kill()

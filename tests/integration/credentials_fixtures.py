@@ -7,9 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import random
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -20,11 +18,11 @@ from typing import Any
 import pytest
 
 from nodeward.bus import Bus
-from nodeward.config import ClusterSettings, Settings
+from nodeward.config import Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
 from nodeward.kube.base import core
-from nodeward.kube.client import Backoff, KubeClient
+from nodeward.kube.client import KubeClient
 from schemas.credentials import CredentialFailed, CredentialRenewed
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -32,26 +30,11 @@ from services.credentials.secret import LABEL
 from services.credentials.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Seed
+from sim.kerberos import KDC_BINARIES, _free_base
 from sim.oauth2 import IdP, serve
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
-from tests.integration.simkube import stop_env
-
-KDC_BINARIES = ("krb5kdc", "kdb5_util", "kadmin.local", "kinit")
-
-
-def _free_base() -> int:
-    """A port base with ten free ports after it (k5test uses a fixed block)."""
-    for _ in range(50):
-        base = random.randrange(20000, 59000, 10)
-        try:
-            for port in range(base, base + 10):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ten ports")
+from tests.integration.simkube import fast_admin_client, service_settings, stop_env
 
 
 @pytest.fixture(scope="module")
@@ -264,9 +247,7 @@ async def creds_env(
         kubeconfig = sim.write_kubeconfig(
             tmp_path / f"kubeconfig-creds-{uid}", identity="credentials"
         )
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        client.backoff = Backoff(base=0.01, cap=0.05)
+        client = fast_admin_client(sim, tmp_path, uid)
         if service.get("krb5_config"):
             monkeypatch.setenv("KRB5_CONFIG", service["krb5_config"])
         config: dict[str, Any] = {
@@ -279,12 +260,7 @@ async def creds_env(
             "retry_delays": [0.3, 0.5, 1.0],
             "jitter": 0.0,
         } | service
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"credentials": config},
-        )
+        settings = service_settings(nats_url, kubeconfig, "credentials", config)
         env = CredsEnv(sim, Cluster(client), client, bus, ns, settings, tmp_path)
         made.append(env)
         return env

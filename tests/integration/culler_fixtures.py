@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 from nodeward.bus import Bus
-from nodeward.config import ClusterSettings, Settings
+from nodeward.config import Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
-from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, make_event
 from schemas.notify import Notification
 from schemas.remediation import Remediation
@@ -30,7 +29,7 @@ from services.culler.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, NotebookSeed, Owner, PodSeed, Seed
 from tests.integration.cordon_fixtures import read_stream
-from tests.integration.simkube import RunsService, stop_env
+from tests.integration.simkube import RunsService, fast_admin_client, service_settings, stop_env
 
 
 @dataclass
@@ -193,9 +192,7 @@ async def culler_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
         sim = SimCluster(seed, port=0, bookmark_interval=0.2)
         await sim.start()
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-culler-{uid}", identity="culler")
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        admin_client = fast_admin_client(sim, tmp_path, uid)
         admin = Cluster(admin_client)
         pods = {p["metadata"]["name"]: p for p in await admin.pods.list(ns)}
         service: dict[str, Any] = {
@@ -206,12 +203,7 @@ async def culler_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
             "cull_after": "3s",
             "rate_limit": {"per_minute": 60000, "burst": 1000},
         } | culler
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"culler": service},
-        )
+        settings = service_settings(nats_url, kubeconfig, "culler", service)
         env = CullerEnv(sim, admin, bus, node, ns, settings, pods, seed)
         made.append(env)
         return env

@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from nodeward.bus import Bus
-from nodeward.config import ClusterSettings, Settings
+from nodeward.config import Settings
 from nodeward.kube import Cluster
-from nodeward.kube.client import Backoff, KubeClient
 from schemas.remediation import Remediation
 from schemas.tokens import token
 from services.falco.service import Assembled, assemble
@@ -37,6 +36,7 @@ from sim.falco_samples import (
     sidekick_subject,
 )
 from tests.integration.cordon_fixtures import read_stream
+from tests.integration.simkube import fast_admin_client, service_settings
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -161,9 +161,7 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
         sim = SimCluster(seed, port=0, bookmark_interval=0.2)
         await sim.start()
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-falco-{uid}", identity="falco")
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        admin_client = fast_admin_client(sim, tmp_path, uid)
         token_file = tmp_path / f"falco-token-{uid}"
         token_file.write_text(TOKEN + "\n")
         service: dict[str, Any] = {
@@ -188,12 +186,7 @@ async def falco_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[En
         if "breaker" in falco:  # this test's own window, whatever the limits
             falco = {**falco, "breaker": {"bucket": f"breaker-{uid}", **falco["breaker"]}}
         service |= falco
-        settings = Settings(
-            bus={"url": nats_url, "publish_timeout": "2s"},
-            cluster={"kubeconfig": kubeconfig, "retries": 1},
-            daemon={"shutdown_timeout": "4s"},
-            services={"falco": service},
-        )
+        settings = service_settings(nats_url, kubeconfig, "falco", service)
         env = FalcoEnv(uid, sim, Cluster(admin_client), bus, settings, token_file)
         made.append(env)
         return env

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,16 +31,11 @@ import pytest
 import pytest_asyncio
 
 from nodeward.aio import within
+from nodeward.bus.server import free_port
 from tests.conftest import wait_for
 
 NAMESPACE, NAME = "jupyter-peer", "nb-peer"
 START_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,8 @@ import pytest
 
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
-from nodeward.config import ClusterSettings, Settings
-from nodeward.daemon import Daemon
+from nodeward.config import Settings
 from nodeward.kube import Cluster
-from nodeward.kube.client import Backoff, KubeClient
 from schemas import Event, make_event
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Notification
@@ -33,23 +31,20 @@ from sim.cluster.seed import (
     PodSeed,
     Seed,
 )
+from tests.helpers.kube import daemonset_pod
 from tests.integration.cordon_fixtures import read_stream
-from tests.integration.simkube import RunsService, stop_env
+from tests.integration.simkube import SimServiceEnv, fast_admin_client, stop_env
 
 NS = "ml-team"
 
 
 @dataclass
-class MaintenanceEnv(RunsService):
+class MaintenanceEnv(SimServiceEnv):
     """One sim node `node` with pods in namespace `ns`, and the checkpoint service's settings."""
 
-    sim: SimCluster
-    admin: Cluster
-    bus: Bus
     node: str
     settings: Settings
     bucket: str
-    daemons: list[Daemon] = field(default_factory=list)
 
     build = staticmethod(build)
 
@@ -122,13 +117,7 @@ def standard_pods(node: str) -> list[PodSeed]:
         pod("ssh-0", node, opted_in=True),
         pod("web-0", node, labels={"app": "web"}),
         pod("web-1", node, labels={"app": "web"}),
-        PodSeed(
-            name="agent-x",
-            namespace="nodeward",
-            node=node,
-            role="daemon",
-            owner=Owner(kind="DaemonSet", name="nodeward-agent"),
-        ),
+        daemonset_pod("agent-x", "nodeward", node, "nodeward-agent"),
     ]
 
 
@@ -171,9 +160,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         kubeconfig = sim.write_kubeconfig(
             tmp_path / f"kubeconfig-ckpt-{uid}", identity="checkpoint"
         )
-        admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
-        admin_client = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
-        admin_client.backoff = Backoff(base=0.01, cap=0.05)
+        admin_client = fast_admin_client(sim, tmp_path, uid)
         bucket = f"checkpoint-{uid}"
         settings = Settings(
             bus={"url": nats_url, "publish_timeout": "2s"},

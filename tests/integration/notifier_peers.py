@@ -3,9 +3,7 @@ and a way to run the notifier against them with its own consumer and topic."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -22,6 +20,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from nodeward.bus import Bus
+from nodeward.bus.server import free_port
 from nodeward.config import Settings
 from nodeward.daemon import Daemon
 from schemas import Event, make_event
@@ -30,14 +29,9 @@ from schemas.notify import Notification, Severity
 from services.notifier.service import build
 from sim.cluster.tls import make_serving_cert
 from tests.conftest import wait_for
+from tests.helpers.net import served, terminate
 
 SMTP_USER, SMTP_PASSWORD = "nodeward", "s3cret-smtp-pw"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -74,6 +68,17 @@ class SmtpServer:
     ca_file: Path
     mails: list[Mail]
     logins: list[str]
+
+    def channel(self, **more: Any) -> dict[str, Any]:
+        """An email channel to this server, signing in as SMTP_USER (`more`: its password,
+        sender, recipients...)."""
+        base = {
+            "type": "email",
+            "port": self.port,
+            "tls_ca_file": str(self.ca_file),
+            "username": SMTP_USER,
+        }
+        return base | more
 
 
 @pytest.fixture
@@ -120,6 +125,19 @@ class Receiver:
     def at(self, path: str) -> list[Any]:
         return self.posts.setdefault(path, [])
 
+    def chat(self, path: str = "/chat") -> dict[str, Any]:
+        """A chat channel posting to `path` here."""
+        return {"type": "chat", "url": f"{self.url}{path}"}
+
+    def webhook(self, path: str) -> dict[str, Any]:
+        """A JSON webhook channel posting to `path` here."""
+        return {"type": "webhook", "url": f"{self.url}{path}"}
+
+
+def oncall(*channels: str) -> list[dict[str, Any]]:
+    """One route, `oncall`, taking every notice to `channels`."""
+    return [{"name": "oncall", "channels": list(channels)}]
+
 
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
@@ -131,14 +149,8 @@ async def receiver() -> AsyncIterator[Receiver]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", keep)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    received.url = f"http://127.0.0.1:{port}"
-    yield received
-    await runner.cleanup()
+    async with served(app) as received.url:
+        yield received
 
 
 @pytest.fixture
@@ -177,11 +189,7 @@ async def alertmanager(tmp_path: Path) -> AsyncIterator[str]:
         await wait_for(ready, timeout=20, interval=0.1, what="alertmanager ready")
         yield url
     finally:
-        proc.terminate()
-        try:
-            await asyncio.to_thread(proc.wait, 10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        await terminate(proc, 10)
         log.close()
 
 
@@ -227,6 +235,11 @@ class NotifierEnv:
 
     async def publish(self, *events: Event[Any]) -> None:
         await self.bus.publish_many(list(events))
+
+    async def first_chat(self, receiver: Receiver, event: Event[Any]) -> None:
+        """`event` published and its chat message received."""
+        await self.publish(event)
+        await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
 
     def outbox_files(self) -> list[Path]:
         return sorted(self.outbox.glob("*.txt")) if self.outbox.exists() else []
@@ -292,11 +305,17 @@ async def notifier_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator
             daemon={"shutdown_timeout": "4s"},
             services={"notifier": service},
         )
-        env = NotifierEnv(bus, topic, service["consumer"], tmp_path / f"outbox-{uid}", settings)
-        made.append(env)
-        return env
+        made.append(
+            NotifierEnv(bus, topic, service["consumer"], tmp_path / f"outbox-{uid}", settings)
+        )
+        return made[-1]
 
     yield make
     for env in made:
-        for d in env.daemons:
-            await d.stop()
+        await env.stop()
+
+
+@pytest.fixture
+async def chat_env(notifier_env: EnvFactory, receiver: Receiver) -> NotifierEnv:
+    """A notifier, not started yet, whose one route (oncall) posts to the receiver's /chat."""
+    return await notifier_env(channels={"chat": receiver.chat()}, routes=oncall("chat"))

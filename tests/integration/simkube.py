@@ -8,13 +8,15 @@ import shutil
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 
 from launch.access import ACCOUNTS
+from nodeward.bus import Bus
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon
 from nodeward.kube import Cluster
@@ -49,6 +51,28 @@ async def run_kubectl(
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     return proc.returncode or 0, out.decode(), err.decode()
+
+
+def fast_admin_client(sim: SimCluster, tmp_path: Path, uid: str) -> KubeClient:
+    """A client of `sim` as admin (a kubeconfig of its own), retrying without delay."""
+    path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
+    client = KubeClient.from_settings(ClusterSettings(kubeconfig=path))
+    client.backoff = Backoff(base=0.01, cap=0.05)
+    return client
+
+
+def service_settings(
+    nats_url: str, kubeconfig: Path, service: str, config: dict[str, Any], **more: Any
+) -> Settings:
+    """`service`'s settings as the service fixtures run it (a 2 s publish timeout, one
+    retry of the cluster, 4 s to shut down); `more`: other sections, or these replaced."""
+    sections: dict[str, Any] = {
+        "bus": {"url": nats_url, "publish_timeout": "2s"},
+        "cluster": {"kubeconfig": kubeconfig, "retries": 1},
+        "daemon": {"shutdown_timeout": "4s"},
+        "services": {service: config},
+    }
+    return Settings(**(sections | more))
 
 
 async def stop_env(
@@ -155,3 +179,14 @@ class RunsService:
     async def stop(self, daemon: Daemon) -> None:
         await daemon.stop()
         self.daemons.remove(daemon)
+
+
+@dataclass
+class SimServiceEnv(RunsService):
+    """A service fixture's env: the sim cluster, an admin's client of it and the bus, and
+    (by keyword) the daemons it runs."""
+
+    sim: SimCluster
+    admin: Cluster
+    bus: Bus
+    daemons: list[Daemon] = field(default_factory=list, kw_only=True)

@@ -9,7 +9,7 @@ energy)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -54,10 +54,19 @@ async def sim_energy_agents(env: AccountingEnv, tmp_path: Path) -> AsyncIterator
             await daemon.stop()
 
 
-async def _rows(env: AccountingEnv) -> dict[str, dict[str, str]]:
+Rows = dict[str, dict[str, str]]
+
+
+async def _rows(env: AccountingEnv) -> Rows:
     """`nodeward report --by namespace --format csv` over the last few minutes."""
     now = datetime.now(UTC)
     return await env.csv_rows(now - timedelta(minutes=5), now, "namespace")
+
+
+async def _rows_once(env: AccountingEnv, ok: Callable[[Rows], bool]) -> Rows | None:
+    """The report's rows by namespace if `ok` says they are what the test waits for."""
+    rows = await _rows(env)
+    return rows if ok(rows) else None
 
 
 async def test_a_busy_training_pod_has_its_gpu_utilisation_in_the_csv(
@@ -65,15 +74,18 @@ async def test_a_busy_training_pod_has_its_gpu_utilisation_in_the_csv(
 ) -> None:
     env = await accounting_env()
     await env.start()
-    rows: dict[str, dict[str, str]] = {}
-
-    async def measured() -> bool:
-        rows.clear()
-        rows.update(await _rows(env))
-        return all(rows.get(ns, {}).get("gpu_util_pct") for ns in (env.ns1, env.ns2))
 
     async with sim_energy_agents(env, tmp_path):
-        await wait_for(measured, timeout=60, interval=0.5, what="a GPU utilisation per namespace")
+
+        def measured(rows: Rows) -> bool:  # each namespace's GPU utilisation
+            return all(rows.get(ns, {}).get("gpu_util_pct") for ns in (env.ns1, env.ns2))
+
+        rows = await wait_for(
+            lambda: _rows_once(env, measured),
+            timeout=60,
+            interval=0.5,
+            what="a GPU utilisation per namespace",
+        )
     # ns2: pod-c, a training pod on two A100s at the seed's training load (30 %): NVML's rate.
     assert float(rows[env.ns2]["gpu_util_pct"]) == pytest.approx(30.0)
     assert float(rows[env.ns2]["gpu_kwh_per_busy_gpu_hour"]) > 0
@@ -86,11 +98,8 @@ async def test_a_user_namespaces_cpu_only_pod_is_billed_until_it_is_gone(
 ) -> None:
     env = await accounting_env()
     await env.start()
-    rows: dict[str, dict[str, str]] = {}
 
-    async def billed() -> bool:
-        rows.clear()
-        rows.update(await _rows(env))
+    def billed(rows: Rows) -> bool:
         return float(rows.get(env.user_ns, {}).get("cpu_energy_kwh") or 0) > 0
 
     seen: list[dict[str, Any]] = []
@@ -104,7 +113,12 @@ async def test_a_user_namespaces_cpu_only_pod_is_billed_until_it_is_gone(
     )
     try:
         async with sim_energy_agents(env, tmp_path):
-            await wait_for(billed, timeout=60, interval=0.5, what=f"a row for {env.user_ns}")
+            rows = await wait_for(
+                lambda: _rows_once(env, billed),
+                timeout=60,
+                interval=0.5,
+                what=f"a row for {env.user_ns}",
+            )
             row = rows[env.user_ns]
             assert float(row["energy_kwh"]) == float(row["cpu_energy_kwh"]) > 0
             assert float(row["gpu_hours"]) == 0 and row["gpu_util_pct"] == ""

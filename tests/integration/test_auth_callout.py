@@ -34,6 +34,7 @@ from nodeward.nats_auth import (
 from schemas.tokens import token
 from sim.cluster import SimCluster
 from tests.conftest import wait_for
+from tests.helpers.kube import manifest
 from tests.integration.simkube import sim_http
 
 NAMESPACE = "nodeward"  # the sim's namespace of nodeward's ServiceAccounts (nodeward-<name>)
@@ -47,16 +48,16 @@ class Env:
     tmp: Path
 
     async def pod(self, name: str, node: str, account: str = "nodeward-agent") -> dict[str, Any]:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
+        body = manifest(
+            "v1",
+            "Pod",
+            name,
+            spec={
                 "serviceAccountName": account,
                 "nodeName": node,
                 "containers": [{"name": "agent", "image": "nodeward:test"}],
             },
-        }
+        )
         async with sim_http(self.sim) as http:
             made = await http.post(f"/api/v1/namespaces/{NAMESPACE}/pods", json=body)
             assert made.status_code == 201, made.text
@@ -252,11 +253,7 @@ async def env(
     async with sim_http(sim) as http:
         made = await http.post(
             f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
-            json={
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": "nodeward-provision"},
-            },
+            json=manifest("v1", "ServiceAccount", "nodeward-provision"),
         )
         assert made.status_code == 201, made.text
     admin = await Bus.connect(

@@ -14,11 +14,12 @@ from nodeward.bus import Bus
 from nodeward.bus.clock import ClockProbe, reading
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-from nodeward.nats_auth import admin, agent_inbox, node_agent, render_authorization
+from nodeward.nats_auth import node_agent
 from schemas import make_event
 from schemas.base import utcnow
 from schemas.gpu import GpuHeartbeat
 from schemas.streams import stream_spec
+from tests.helpers.node_a import admin_bus, agent_a, auth_conf
 
 
 def beat(node: str, *, ahead: timedelta = timedelta(0)) -> object:
@@ -29,26 +30,10 @@ def beat(node: str, *, ahead: timedelta = timedelta(0)) -> object:
 async def test_an_agent_reads_back_only_its_own_heartbeat_and_says_its_clock_is_ahead(
     tmp_path: Path,
 ) -> None:
-    conf = tmp_path / "auth.conf"
-    users = [
-        admin("admin-pw"),
-        node_agent("gpu-node-a", "a-pw", AGENT_GRANTS),
-        node_agent("gpu-node-b", "b", AGENT_GRANTS),
-    ]
-    conf.write_text(render_authorization(users))
+    conf = auth_conf(tmp_path, node_agent("gpu-node-b", "b", AGENT_GRANTS))
     async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
-        operator = await Bus.connect(BusSettings(url=url), source="test/admin")
-        agent = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                user="agent-gpu-node-a",
-                password="a-pw",  # type: ignore[arg-type]
-                inbox_prefix=agent_inbox("gpu-node-a"),
-                provision=False,
-            ),
-            source="agent/gpu/gpu-node-a",
-        )
+        operator = await admin_bus(server)
+        agent = await Bus.connect(agent_a(server.url), source="agent/gpu/gpu-node-a")
         try:
             probe = ClockProbe(agent, "gpu.heartbeat.gpu-node-a")
             assert await probe.read() is None  # nothing of ours stored yet

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from nodeward.bus import Bus, ConsumerSpec, Delivery, PermanentError, PublishError
+from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler, PermanentError, PublishError
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from schemas import Event, decode, encode, make_event
@@ -59,6 +59,16 @@ async def dead_letters(bus: Bus, consumer: str) -> list[Event[DeadLetter]]:
     finally:
         await psub.unsubscribe()
     return out
+
+
+def failing(attempts: list[int], error: Exception) -> Handler:
+    """A handler that notes each delivery's attempt in `attempts` and raises `error`."""
+
+    async def handler(event: Event[Any], delivery: Delivery) -> None:
+        attempts.append(delivery.attempt)
+        raise error
+
+    return handler
 
 
 async def test_invalid_payload_is_dead_lettered_and_consumer_keeps_going(
@@ -123,10 +133,7 @@ async def _acked(bus: Bus, name: str) -> bool:
 
 async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus, node: str) -> None:
     attempts: list[int] = []
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        attempts.append(delivery.attempt)
-        raise RuntimeError("database is down")
+    handler = failing(attempts, RuntimeError("database is down"))
 
     event = health(node)
     await bus.publish(event)
@@ -143,10 +150,7 @@ async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus, node: str
 
 async def test_permanent_error_dead_letters_at_once(bus: Bus, node: str) -> None:
     attempts: list[int] = []
-
-    async def handler(event: Event[Any], delivery: Delivery) -> None:
-        attempts.append(delivery.attempt)
-        raise PermanentError("node gpu-node-99 does not exist")
+    handler = failing(attempts, PermanentError("node gpu-node-99 does not exist"))
 
     await bus.publish(health(node))
     name = f"perm-{node}"
@@ -164,10 +168,7 @@ async def test_dlq_write_is_acked_before_the_original(own_nats: EmbeddedNats, no
     try:
         await bus.js.delete_stream("DLQ")
         attempts: list[int] = []
-
-        async def handler(event: Event[Any], delivery: Delivery) -> None:
-            attempts.append(delivery.attempt)
-            raise PermanentError("bad target")
+        handler = failing(attempts, PermanentError("bad target"))
 
         await bus.publish(health(node))
         name = f"dlqdown-{node}"

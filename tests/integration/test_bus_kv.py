@@ -69,6 +69,17 @@ class CountingReads:
         return getattr(self.kv, name)
 
 
+async def remembering_and_not(
+    bus: Bus, remember: int
+) -> tuple[CountingReads, TypedKV[Counter], TypedKV[Counter]]:
+    """A fresh bucket counting its reads, a writer remembering up to `remember` values of it,
+    and another writer that remembers nothing."""
+    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
+    counted = CountingReads(bucket)
+    mine = TypedKV(counted, Counter, remember=remember)  # type: ignore[arg-type]
+    return counted, mine, TypedKV(bucket, Counter)
+
+
 def add(name: str) -> Any:
     """A change that counts one more write, by `name`."""
     return lambda cur: Counter(
@@ -79,10 +90,7 @@ def add(name: str) -> Any:
 async def test_remembering_skips_the_read_and_never_loses_another_writers_value(
     bus: Bus,
 ) -> None:
-    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
-    counted = CountingReads(bucket)
-    mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
-    other = TypedKV(bucket, Counter)
+    counted, mine, other = await remembering_and_not(bus, remember=100)
 
     await mine.update("c", add("a"))
     reads = counted.reads
@@ -117,9 +125,7 @@ async def test_remembering_confirms_a_change_that_writes_nothing_on_a_fresh_read
 
 
 async def test_remembering_is_bounded(bus: Bus) -> None:
-    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
-    counted = CountingReads(bucket)
-    mine = TypedKV(counted, Counter, remember=2)  # type: ignore[arg-type]
+    counted, mine, _ = await remembering_and_not(bus, remember=2)
     for key in ("a", "b", "c"):
         await mine.update(key, lambda cur: Counter(value=1))
     reads = counted.reads
@@ -133,10 +139,7 @@ async def test_remembering_is_bounded(bus: Bus) -> None:
 async def test_a_key_read_as_absent_is_created_without_a_read_and_never_over_another(
     bus: Bus,
 ) -> None:
-    bucket = await bus.kv(f"t{uuid.uuid4().hex[:8]}")
-    counted = CountingReads(bucket)
-    mine = TypedKV(counted, Counter, remember=100)  # type: ignore[arg-type]
-    other = TypedKV(bucket, Counter)
+    counted, mine, other = await remembering_and_not(bus, remember=100)
 
     assert await mine.get("x") is None
     reads = counted.reads

@@ -5,11 +5,8 @@ picture again after every change, makes no consumer once it has started."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import pytest_asyncio
 
 from nodeward.bus import Bus
 from nodeward.bus.mirror import Mirrors, Watched, covers
@@ -22,13 +19,6 @@ from schemas.state.cordon import NODES, NodeRecord
 from services.console.live import Live
 from services.console.settings import ConsoleSettings
 from tests.conftest import wait_for
-
-
-@pytest_asyncio.fixture
-async def own_bus(own_nats: EmbeddedNats) -> AsyncIterator[Bus]:
-    b = await Bus.connect(BusSettings(url=own_nats.url), source="test/mirror")
-    yield b
-    await b.close(grace=2)
 
 
 def _said(stored: list[Stored] | None) -> list[tuple[str, bytes, int]]:

@@ -3,103 +3,21 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nodeward.bus import BusError
 from nodeward.bus.connection import connect_nats
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
-
-
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _issue(
-    common: str,
-    usage: x509.ObjectIdentifier,
-    ca: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
-) -> tuple[bytes, bytes]:
-    """A certificate for `common` (and 127.0.0.1) signed by the CA, for `usage`."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
-
-
-@dataclass
-class Pki:
-    ca: Path
-    server: tuple[Path, Path]
-    client: tuple[Path, Path]
-
-
-def _pki(tmp: Path) -> Pki:
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name("nats-ca"))
-        .issuer_name(_name("nats-ca"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (tmp / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths = {}
-    for who, usage in (
-        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
-    ):
-        cert, key = _issue(f"nodeward-{who}", usage, ca, ca_key)
-        (tmp / f"{who}.crt").write_bytes(cert)
-        (tmp / f"{who}.key").write_bytes(key)
-        (tmp / f"{who}.key").chmod(0o600)
-        paths[who] = (tmp / f"{who}.crt", tmp / f"{who}.key")
-    return Pki(tmp / "ca.crt", paths["server"], paths["client"])
+from tests.helpers.pki import Pki, write_pki
 
 
 @pytest.fixture
 async def tls_nats(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, Pki]]:
-    pki = _pki(tmp_path)
+    pki = write_pki(tmp_path, "nodeward")
     conf = tmp_path / "nats.conf"
     cert, key = pki.server
     conf.write_text(

@@ -25,13 +25,12 @@ from services.falco.actions.isolate import ISOLATION_ANNOTATION
 from services.maintenance.state import MaintenanceState
 from sim.falco_samples import DROP_AND_EXECUTE
 from tests.conftest import wait_for
+from tests.integration import cordon_fixtures
 from tests.integration.cordon_fixtures import (
     CordonEnv,
     EnvFactory,
     audits,
     failed,
-    health,
-    notifications,
     read_stream,
 )
 from tests.integration.falco_fixtures import EnvFactory as FalcoFactory
@@ -135,7 +134,7 @@ async def test_quarantine_release_undoes_ours_and_refuses_a_hand_cordon(
     assert release.details["operator"] == "alice"
     assert release.details["operator_reason"] == "GPU reseated"
     assert "asked by operator alice: GPU reseated" in release.reason
-    notes = await notifications(env.bus, ours)
+    notes = await cordon_fixtures.notifications(env.bus, ours)
     assert any(n.title == f"{ours}: release applied" for n in notes)
 
     # The GPU has not recovered: its next report does not quarantine it again ...
@@ -149,7 +148,7 @@ async def test_quarantine_release_undoes_ours_and_refuses_a_hand_cordon(
     await wait_for(respected, timeout=5, what="the operator's release respected")
     assert not tainted(await env.node(ours))
     # ... and once it has recovered, a new failure does.
-    await env.publish(health(ours, HealthState.HEALTHY, seq=3), failed(ours, seq=4))
+    await env.publish(cordon_fixtures.health(ours, HealthState.HEALTHY, seq=3), failed(ours, seq=4))
 
     async def requarantined() -> bool:
         return tainted(await env.node(ours))

@@ -26,8 +26,9 @@ from schemas.state.cordon import TAINT_KEY
 from services.cordon.marks import HEALTH_LABEL, QUARANTINE_ANNOTATION
 from services.cordon.service import CordonSettings, reset_breaker
 from services.kernel import BreakerState
-from sim.cluster.seed import Owner, PdbSeed, PodSeed
+from sim.cluster.seed import PdbSeed, PodSeed
 from tests.conftest import wait_for
+from tests.helpers.kube import daemonset_pod
 from tests.integration.cordon_fixtures import (
     EnvFactory,
     audits,
@@ -46,6 +47,18 @@ def tainted(node: dict[str, Any]) -> bool:
 
 def label(node: dict[str, Any]) -> str | None:
     return (node["metadata"].get("labels") or {}).get(HEALTH_LABEL)
+
+
+def cordoned_failed(node: dict[str, Any]) -> bool:
+    """Tainted (NoSchedule), cordoned, its GPUHealthy condition False and labelled failed."""
+    cond = condition_of(node, "GPUHealthy")
+    return bool(
+        tainted(node)
+        and node["spec"].get("unschedulable")
+        and cond is not None
+        and cond["status"] == "False"
+        and label(node) == "failed"
+    )
 
 
 def quarantine_note(node: dict[str, Any]) -> dict[str, Any] | None:
@@ -71,15 +84,7 @@ async def test_failed_gpu_quarantines_node(cordon_env: EnvFactory) -> None:
 
     async def quarantined() -> bool:
         node = await env.node(name)
-        cond = condition_of(node, "GPUHealthy")
-        return bool(
-            tainted(node)
-            and node["spec"].get("unschedulable")
-            and cond is not None
-            and cond["status"] == "False"
-            and label(node) == "failed"
-            and quarantine_note(node)
-        )
+        return cordoned_failed(node) and bool(quarantine_note(node))
 
     await wait_for(quarantined, timeout=20, what="taint, cordon, condition, label, annotation")
     applied = await wait_for(lambda: _applied(env.bus, name), timeout=20, what="audit")
@@ -415,13 +420,7 @@ async def test_drain_evicts_only_what_it_may_and_honours_budgets(
         return {
             "pods": [
                 PodSeed(name="train-0", namespace="ml-a", node=node, gpus=1),
-                PodSeed(
-                    name="agent-x",
-                    namespace="ml-a",
-                    node=node,
-                    role="daemon",
-                    owner=Owner(kind="DaemonSet", name="agent"),
-                ),
+                daemonset_pod("agent-x", "ml-a", node, "agent"),
                 PodSeed(
                     name="pinned",
                     namespace="ml-a",
@@ -715,7 +714,7 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
     of the pod holding the GPU; a fourth changes nothing, another GPU's XIDs count apart."""
     from schemas.base import make_event
     from schemas.common import PodRef
-    from schemas.gpu import GpuXid, RecommendedAction
+    from tests.helpers.records import app_xid
     from tests.integration.cordon_fixtures import read_stream
 
     env = await cordon_env(xid_repeats={"count": 3, "window": "10m"})
@@ -726,17 +725,13 @@ async def test_a_repeated_application_xid_is_reported_once_to_on_call_and_the_ow
 
     def xid(gpu: int, n: int) -> Any:
         return make_event(
-            GpuXid(
-                node=node,
-                gpu_index=gpu,
-                gpu_uuid=f"GPU-{node}-{gpu}",
-                xid=13,
+            app_xid(
+                node,
+                gpu,
+                f"GPU-{node}-{gpu}",
+                [pod],
+                datetime.now(UTC) - timedelta(seconds=10 - n),
                 name="ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
-                category="application",
-                catalog_action=RecommendedAction.RESTART_APP,
-                application=True,
-                pods=[pod],
-                observed_at=datetime.now(UTC) - timedelta(seconds=10 - n),
             ),
             source=f"agent/gpu/{node}",
         )

@@ -29,7 +29,8 @@ from services.kernel.marks import MARKS_ANNOTATION
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import CordonEnv, EnvFactory, audits, failed, health
 from tests.integration.cordon_fixtures import settled as cordon_settled
-from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.crash_fixtures import ServiceProcess, processes_of
+from tests.integration.test_cordon import cordoned_failed
 
 KILLS = int(os.environ.get("NODEWARD_CRASH_KILLS", "50"))
 APPLY_POINTS = [
@@ -58,14 +59,8 @@ def _tainted(node: dict[str, Any]) -> bool:
 
 
 def quarantined(node: dict[str, Any]) -> bool:
-    cond = condition_of(node, "GPUHealthy")
-    return bool(
-        _tainted(node)
-        and node["spec"].get("unschedulable")
-        and cond is not None
-        and cond["status"] == "False"
-        and (node["metadata"].get("labels") or {}).get(HEALTH_LABEL) == "failed"
-    )
+    """Tainted, cordoned, its condition False and labelled failed: as test_cordon checks."""
+    return cordoned_failed(node)
 
 
 def released(node: dict[str, Any]) -> bool:
@@ -87,17 +82,27 @@ ProcFactory = Callable[..., Awaitable[tuple[CordonEnv, ServiceProcess]]]
 async def cordon_process(
     cordon_env: EnvFactory, nats_url: str, tmp_path: Path
 ) -> AsyncIterator[ProcFactory]:
-    made: list[ServiceProcess] = []
+    def make_env(**cordon: Any) -> Awaitable[CordonEnv]:
+        return cordon_env(ack_wait="1s", **cordon)
 
-    async def make(**cordon: Any) -> tuple[CordonEnv, ServiceProcess]:
-        env = await cordon_env(ack_wait="1s", **cordon)
-        proc = ServiceProcess.of("cordon", env.settings, tmp_path, nats_url)
-        made.append(proc)
-        return env, proc
+    async with processes_of("cordon", make_env, tmp_path, nats_url) as make:
+        yield make
 
-    yield make
-    for proc in made:
-        proc.kill()
+
+async def _started(env: CordonEnv, proc: ServiceProcess, failpoint: str | None = None) -> None:
+    """The cordon process started (to die at `failpoint`, if given) and its consumer bound."""
+    proc.start(failpoint=failpoint)
+    await wait_for(lambda: bound(env), timeout=30, what="the consumer")
+
+
+async def _at_failpoint(
+    cordon_process: ProcFactory, point: str, node: int
+) -> tuple[CordonEnv, ServiceProcess, str]:
+    """A cordon process started to die at `point`, its consumer bound, and the name of the
+    env's node number `node` (the one the test fails)."""
+    env, proc = await cordon_process()
+    await _started(env, proc, failpoint=point)
+    return env, proc, env.nodes[node]
 
 
 async def bound(env: CordonEnv) -> bool:
@@ -137,10 +142,7 @@ def no_operator(records: list[Any]) -> bool:
 async def test_quarantine_killed_at_each_step_is_finished_after_restart(
     cordon_process: ProcFactory, point: str
 ) -> None:
-    env, proc = await cordon_process()
-    name = env.nodes[1]
-    proc.start(failpoint=point)
-    await wait_for(lambda: bound(env), timeout=30, what="the consumer")
+    env, proc, name = await _at_failpoint(cordon_process, point, node=1)
     await env.publish(failed(name))
     assert await proc.exited() == -9, proc.tail()
     proc.start()
@@ -183,10 +185,7 @@ async def _with(env: CordonEnv, name: str, action: str, outcome: Outcome) -> lis
 async def test_release_killed_at_each_step_is_finished_not_read_as_an_operator(
     cordon_process: ProcFactory, point: str
 ) -> None:
-    env, proc = await cordon_process()
-    name = env.nodes[2]
-    proc.start(failpoint=point)
-    await wait_for(lambda: bound(env), timeout=30, what="the consumer")
+    env, proc, name = await _at_failpoint(cordon_process, point, node=2)
     await env.publish(failed(name, seq=1))
     await wait_for(lambda: _quarantined(env, name), timeout=20, what="quarantined")
     await env.publish(health(name, HealthState.HEALTHY, seq=2))
@@ -218,8 +217,7 @@ async def test_fifty_random_kills_around_releases_leave_every_node_schedulable(
     # them from the third round on; this test is about crashes around releases.
     env, proc = await cordon_process(healthy_period="0.2s", flap_threshold=10**6)
     rng = random.Random(15)
-    proc.start()
-    await wait_for(lambda: bound(env), timeout=30, what="the consumer")
+    await _started(env, proc)
     seq = 0
     kills = 0
     began = time.monotonic()

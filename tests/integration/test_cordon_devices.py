@@ -19,6 +19,7 @@ from schemas.state.capacity import SNAPSHOT
 from services.capacity.service import build as build_capacity
 from sim.nvml import gpu_uuid
 from tests.conftest import wait_for
+from tests.integration.capacity_fixtures import capacity_settings
 from tests.integration.cordon_fixtures import (
     H100,
     CordonEnv,
@@ -65,21 +66,8 @@ async def rules(env: CordonEnv) -> list[dict[str, Any]]:
 async def start_capacity(env: CordonEnv, tmp_path: Path, node: str) -> Settings:
     uid = env.nodes[0].split("-")[1]
     kubeconfig = env.sim.write_kubeconfig(tmp_path / f"kc-capacity-{uid}", identity="capacity")
-    settings = Settings(
-        bus={"url": env.settings.bus.url, "publish_timeout": "2s"},
-        cluster={"kubeconfig": kubeconfig, "retries": 1},
-        daemon={"shutdown_timeout": "4s"},
-        services={
-            "capacity": {
-                "consumer": f"capacity-{uid}",
-                "bucket": f"capacity-{uid}",
-                "health_subjects": [f"gpu.health.{node}.>"],
-                "maintenance_subjects": [f"maintenance.*.{node}"],
-                "debounce": "0.1s",
-                "max_delay": "0.5s",
-                "relist_delay": "0.2s",
-            }
-        },
+    settings = capacity_settings(
+        env.settings.bus.url, kubeconfig, uid, [node], debounce="0.1s", max_delay="0.5s"
     )
     daemon = await build_capacity(settings)
     await daemon.start()
@@ -99,6 +87,17 @@ async def counts(env: CordonEnv, settings: Settings, node: str) -> dict[str, int
             c = n.profiles["gpu"]
             return {"free": c.free, "unhealthy": c.unhealthy, "quarantined": c.quarantined}
     return None
+
+
+async def _taint_audited(
+    env: CordonEnv, name: str, outcome: tuple[str, str], timeout: float, what: str
+) -> None:
+    """Wait until a `device_taint` audit of `name` has `outcome` (outcome, guard)."""
+
+    async def seen() -> bool:
+        return outcome in outcomes(await audits(env.bus, name, "device_taint"))
+
+    await wait_for(seen, timeout=timeout, what=what)
 
 
 async def test_one_failed_gpu_on_a_dra_node_taints_that_device_only(
@@ -150,12 +149,7 @@ async def test_one_failed_gpu_on_a_dra_node_taints_that_device_only(
     # A redelivered or repeated failure makes no second rule.
     await env.publish(on_gpu(failed(name, gpu=3, seq=2)))
 
-    async def already() -> bool:
-        return ("skipped", "already_excluded") in outcomes(
-            await audits(env.bus, name, "device_taint")
-        )
-
-    await wait_for(already, timeout=5, what="the repeat skipped")
+    await _taint_audited(env, name, ("skipped", "already_excluded"), 5, "the repeat skipped")
     assert len(await rules(env)) == 1
 
     # Recovery: healthy for healthy_period (0.5s) and the rule is gone.
@@ -295,19 +289,13 @@ async def test_an_operator_deleting_the_rule_is_respected_and_audited(
     (rule,) = await wait_for(lambda: rules(env), timeout=10, what="the rule")
     await env.admin.client.request("DELETE", f"{RULES}/{rule['metadata']['name']}")
 
-    async def undone() -> bool:
-        return ("undone", "manual_untaint") in outcomes(await audits(env.bus, name, "device_taint"))
-
-    await wait_for(undone, timeout=10, what="the operator's act audited")
+    await _taint_audited(env, name, ("undone", "manual_untaint"), 10, "the operator's act audited")
     # The same failure restated is not re-tainted while the incident lasts.
     await env.publish(on_gpu(failed(name, gpu=7, seq=2)))
 
-    async def skipped() -> bool:
-        return ("skipped", "manual_untaint") in outcomes(
-            await audits(env.bus, name, "device_taint")
-        )
-
-    await wait_for(skipped, timeout=10, what="the restated failure handled")
+    await _taint_audited(
+        env, name, ("skipped", "manual_untaint"), 10, "the restated failure handled"
+    )
     assert await rules(env) == []
     # Recovery ends the incident without touching anything.
     await env.publish(on_gpu(health(name, HealthState.HEALTHY, gpu=7, seq=3)))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,9 @@ import pytest_asyncio
 from aiohttp import web
 
 from agents.sources.carbon import CarbonSettings, CarbonSource, co2e_grams
+from nodeward.bus.server import free_port
 from schemas.energy import CarbonBasis
+from tests.helpers.net import served
 
 TOKEN = "em-secret-token-123"
 WALL = datetime(2026, 11, 29, 21, 0, tzinfo=UTC)
@@ -101,13 +102,8 @@ def _app(peer: Peer) -> web.Application:
 @pytest_asyncio.fixture
 async def provider() -> AsyncIterator[tuple[str, Peer]]:
     peer = Peer()
-    runner = web.AppRunner(_app(peer), shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", peer
-    await runner.cleanup()
+    async with served(_app(peer), shutdown_timeout=0.1) as url:
+        yield url, peer
 
 
 @pytest_asyncio.fixture
@@ -124,12 +120,6 @@ class Clock:
         return self.now
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def settings(**kw: object) -> CarbonSettings:
     base: dict[str, object] = {
         "static_g_per_kwh": 50.0,
@@ -143,6 +133,12 @@ def settings(**kw: object) -> CarbonSettings:
 
 def source(cfg: CarbonSettings, http: httpx.AsyncClient, clock: Clock) -> CarbonSource:
     return CarbonSource(cfg, http, clock=clock, wall=lambda: WALL)
+
+
+def clocked(http: httpx.AsyncClient, **cfg: object) -> tuple[CarbonSource, Clock]:
+    """A source with `cfg`'s settings, and the clock it reads (the test moves it)."""
+    clock = Clock()
+    return source(settings(**cfg), http, clock), clock
 
 
 def test_co2e_grams_hand_computed() -> None:
@@ -201,8 +197,7 @@ async def test_uk_neso_forecast_then_actual(
     provider: tuple[str, Peer], http: httpx.AsyncClient
 ) -> None:
     url, peer = provider
-    clock = Clock()
-    src = source(settings(provider="uk-neso", url=url, refresh="30m"), http, clock)
+    src, clock = clocked(http, provider="uk-neso", url=url, refresh="30m")
     ci = await src.current()
     assert (ci.g_per_kwh, ci.zone, ci.basis, ci.estimated) == (181, "GB", "operational", True)
     assert ci.observed_at == datetime(2026, 11, 29, 20, 30, tzinfo=UTC)
@@ -275,7 +270,7 @@ async def test_failure_keeps_last_value_stale_then_static(
 
 
 async def test_outage_without_a_good_value_is_static(http: httpx.AsyncClient) -> None:
-    cfg = settings(provider="uk-neso", url=f"http://127.0.0.1:{closed_port()}")
+    cfg = settings(provider="uk-neso", url=f"http://127.0.0.1:{free_port()}")
     ci = await source(cfg, http, Clock()).current()
     assert ci.provider == "static" and ci.g_per_kwh == 50.0
 
@@ -284,10 +279,9 @@ async def test_outage_after_a_good_value_is_stale(
     provider: tuple[str, Peer], http: httpx.AsyncClient
 ) -> None:
     url, _ = provider
-    clock = Clock()
-    src = source(settings(provider="rte-eco2mix", url=url, refresh="1m"), http, clock)
+    src, clock = clocked(http, provider="rte-eco2mix", url=url, refresh="1m")
     assert (await src.current()).g_per_kwh == 27
-    src.provider.url = src.provider.url.replace(url, f"http://127.0.0.1:{closed_port()}")  # type: ignore[union-attr]
+    src.provider.url = src.provider.url.replace(url, f"http://127.0.0.1:{free_port()}")  # type: ignore[union-attr]
     clock.now += 120
     ci = await src.current()
     assert ci.stale and ci.age_s == pytest.approx(120.0) and ci.g_per_kwh == 27

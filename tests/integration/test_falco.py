@@ -20,6 +20,7 @@ from schemas.falco import ISOLATE_LABEL
 from schemas.remediation import Outcome, Remediation
 from services.falco.actions.isolate import ISOLATE_POLICY
 from tests.conftest import wait_for
+from tests.helpers.pki import write_pki
 from tests.integration.falco_fixtures import (
     DROP_AND_EXECUTE,
     NODE,
@@ -436,67 +437,6 @@ async def test_one_alert_from_falcosidekick_and_the_ingest_is_acted_on_once(
     assert len(await env.audits(env.ns("user-bob"), BOB, "checkpoint")) == 1
 
 
-def _pki(tmp: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = dt.datetime.now(dt.UTC)
-
-    def name(cn: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("falco-test-ca"))
-        .issuer_name(name("falco-test-ca"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=1))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    out = {"ca": tmp / "ca.pem"}
-    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    for who, usage in (
-        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
-    ):
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(name(f"falco-{who}"))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=1))
-            .not_valid_after(now + dt.timedelta(hours=1))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if who == "server":
-            san = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        out[f"{who}_cert"] = tmp / f"{who}.pem"
-        out[f"{who}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        out[f"{who}_key"] = tmp / f"{who}-key.pem"
-        out[f"{who}_key"].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    return out
-
-
 async def test_mtls_alone_lets_a_client_certificate_in_and_nobody_else(
     falco_env: EnvFactory, tmp_path: Path
 ) -> None:
@@ -504,24 +444,24 @@ async def test_mtls_alone_lets_a_client_certificate_in_and_nobody_else(
 
     import httpx
 
-    pki = _pki(tmp_path)
+    pki = write_pki(tmp_path, "falco")
     env = await falco_env()
     ingest = {
         "host": "127.0.0.1",
         "port": 0,
-        "tls_cert_file": str(pki["server_cert"]),
-        "tls_key_file": str(pki["server_key"]),
-        "client_ca_file": str(pki["ca"]),
+        "tls_cert_file": str(pki.server[0]),
+        "tls_key_file": str(pki.server[1]),
+        "client_ca_file": str(pki.ca),
     }
     await env.start(ingest=ingest)
     assert env.url.startswith("https://")
     alert = env.alert(DROP_AND_EXECUTE)
-    with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
-    with_cert.load_cert_chain(str(pki["client_cert"]), str(pki["client_key"]))
+    with_cert = ssl.create_default_context(cafile=str(pki.ca))
+    with_cert.load_cert_chain(str(pki.client[0]), str(pki.client[1]))
     async with httpx.AsyncClient(verify=with_cert) as client:
         answer = await client.post(env.url, json=alert, timeout=5)
     assert answer.status_code == 200, answer.text
-    without = ssl.create_default_context(cafile=str(pki["ca"]))
+    without = ssl.create_default_context(cafile=str(pki.ca))
     with pytest.raises(httpx.HTTPError):
         async with httpx.AsyncClient(verify=without) as client:
             await client.post(env.url, json=alert, timeout=5)

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest_asyncio
 from rich.console import Console
 
 from nodeward.bus import Bus
@@ -53,15 +51,8 @@ from services.culler.state import SESSIONS, SessionRecord
 from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 from tests.conftest import wait_for
 from tests.e2e.test_cli import run
+from tests.helpers.records import node_action
 from tests.integration.cordon_fixtures import EnvFactory, failed
-
-
-@pytest_asyncio.fixture
-async def own_bus(own_nats: EmbeddedNats) -> AsyncIterator[Bus]:
-    """A bus on a server of its own: the `cordon` bucket and streams hold only this test's data."""
-    b = await Bus.connect(BusSettings(url=own_nats.url), source="test/status")
-    yield b
-    await b.close(grace=2)
 
 
 def _health(node: str, index: int, state: HealthState, heartbeat: bool = False) -> GpuHealth:
@@ -104,13 +95,7 @@ async def test_status_reads_kv_streams_dlq_and_audit(own_bus: Bus, own_nats: Emb
     for i in range(3):
         await own_bus.publish(
             make_event(
-                Remediation(
-                    action="quarantine",
-                    target=ObjectRef(kind="Node", name=f"gpu-{i}"),
-                    outcome=Outcome.APPLIED,
-                    reason=f"action {i}",
-                    actor="service/cordon",
-                ),
+                node_action("quarantine", f"gpu-{i}", f"action {i}"),
                 source="service/cordon",
             )
         )

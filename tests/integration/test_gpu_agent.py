@@ -23,6 +23,7 @@ from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed
 from sim.inject import InjectRequest, request_injection, serve_injections
 from sim.nvml import SimNvml
 from tests.conftest import wait_for
+from tests.helpers.agents import agent_running
 from tests.helpers.sim_cli import sim_inject
 
 FAST = GpuAgentSettings(
@@ -94,19 +95,14 @@ async def rig(bus_settings: BusSettings, node: str) -> AsyncIterator[Rig]:
     registry = CollectorRegistry()
     agent = GpuAgent(sim, bus, FAST, node=node, registry=registry)
     injections = await serve_injections(bus.nc, sim)
-    task = asyncio.create_task(agent.run())
     r = Rig(node, sim, agent, seen, bus, registry)
     try:
-        await wait_for(lambda: agent.ready, timeout=5, what="agent ready")
-        await r.state(0, "healthy")
-        await r.state(1, "healthy")
-        yield r
+        async with agent_running(agent, sim, (sub, sub2, injections)):
+            await wait_for(lambda: agent.ready, timeout=5, what="agent ready")
+            await r.state(0, "healthy")
+            await r.state(1, "healthy")
+            yield r
     finally:
-        sim.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        for s in (sub, sub2, injections):
-            await s.unsubscribe()
         await bus.close(grace=1)
 
 

@@ -5,7 +5,6 @@ hangs; the same XID from both detectors is one incident."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from sim.inject import InjectRequest, request_injection, serve_injections
 from sim.kmsg import SimKmsg
 from sim.nvml import SimNvml
 from tests.conftest import wait_for
+from tests.helpers.agents import agent_running
 from tests.helpers.sim_cli import sim_inject
 from tests.integration.cordon_fixtures import EnvFactory, audits, read_stream
 
@@ -83,19 +83,12 @@ async def running_agent(bus: Bus, name: str, tmp_path: Path) -> AsyncIterator[No
         await bus.nc.subscribe(f"gpu.*.{name}", cb=collect),
         await serve_injections(bus.nc, sim, kmsg),
     ]
-    task = asyncio.create_task(agent.run())
-    try:
+    async with agent_running(agent, sim, subs):
         await wait_for(
             lambda: agent.ready and agent._kernel_log is not None, timeout=5, what="ready"
         )
         await node.state(0, "healthy")
         yield node
-    finally:
-        sim.close()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        for s in subs:
-            await s.unsubscribe()
 
 
 def _xid_reasons(reasons: list[dict[str, Any]], xid: int) -> list[dict[str, Any]]:
@@ -198,18 +191,9 @@ async def test_cli_injects_through_the_kernel_log(
     bus: Bus, node: str, tmp_path: Path, nats_url: str
 ) -> None:
     async with running_agent(bus, node, tmp_path) as n:
+        xid_79 = ("--gpu", "0", "--xid", "79")
         code, out, err = await sim_inject(
-            nats_url,
-            "--node",
-            node,
-            "--gpu",
-            "0",
-            "--xid",
-            "79",
-            "--via",
-            "kmsg",
-            "--driver",
-            "r470",
+            nats_url, "--node", node, *xid_79, "--via", "kmsg", "--driver", "r470"
         )
         assert code == 0, err
         assert out.strip() == f"{node} gpu 0: XID 79 via kmsg injected"

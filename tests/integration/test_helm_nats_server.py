@@ -49,15 +49,21 @@ async def _connect(url: str, errors: Errors | None = None, **auth: Any) -> Clien
     )
 
 
-async def _own_and_others(url: str, agent_auth: dict[str, Any], admin: Client) -> None:
-    """Node A publishes its own health (delivered) and B's (refused, not delivered)."""
+async def _subjects_seen(admin: Client, subject: str) -> list[str]:
+    """The subjects of what the admin receives on `subject` from now on (the list fills)."""
     seen: list[str] = []
 
     async def record(msg: Any) -> None:
         seen.append(msg.subject)
 
-    await admin.subscribe("gpu.health.>", cb=record)
+    await admin.subscribe(subject, cb=record)
     await admin.flush()
+    return seen
+
+
+async def _own_and_others(url: str, agent_auth: dict[str, Any], admin: Client) -> None:
+    """Node A publishes its own health (delivered) and B's (refused, not delivered)."""
+    seen = await _subjects_seen(admin, "gpu.health.>")
     errors = Errors()
     agent = await _connect(url, errors, inbox_prefix=agent_inbox(NODE_A), **agent_auth)
     try:
@@ -82,13 +88,7 @@ async def _own_and_others(url: str, agent_auth: dict[str, Any], admin: Client) -
 async def _operator_publishes_no_event(
     url: str, operator_auth: dict[str, Any], admin: Client
 ) -> None:
-    seen: list[str] = []
-
-    async def record(msg: Any) -> None:
-        seen.append(msg.subject)
-
-    await admin.subscribe("gpu.health.*.9", cb=record)
-    await admin.flush()
+    seen = await _subjects_seen(admin, "gpu.health.*.9")
     errors = Errors()
     operator = await _connect(url, errors, inbox_prefix=OPERATOR_INBOX, **operator_auth)
     try:

@@ -16,7 +16,9 @@ from aiohttp import web
 
 from agents.sources.activity import KernelsReading
 from agents.sources.jupyter import JupyterKernels, JupyterSettings
-from tests.integration.jupyter_peer import JupyterPeer, free_port, start_jupyter, stop_jupyter
+from nodeward.bus.server import free_port
+from tests.helpers.net import served
+from tests.integration.jupyter_peer import JupyterPeer, start_jupyter, stop_jupyter
 
 pytestmark = pytest.mark.peer("jupyter")
 
@@ -25,15 +27,19 @@ def source(token_file: Path | None, **kw: Any) -> JupyterKernels:
     return JupyterKernels(JupyterSettings(token_file=token_file, **kw))
 
 
+async def read_once(kernels: JupyterKernels, pod: dict[str, Any]) -> KernelsReading:
+    """One reading of `pod`'s kernels; `kernels` closed after it."""
+    try:
+        return await kernels.kernels(pod)
+    finally:
+        await kernels.aclose()
+
+
 async def test_an_idle_kernel_is_known_with_its_last_activity(
     jupyter_peer: JupyterPeer, jupyter_kernel: str
 ) -> None:
-    kernels = source(jupyter_peer.token_file)
-    try:
-        # Found as Kubeflow runs it: pod IP, the `notebook-port` port and NB_PREFIX.
-        reading = await kernels.kernels(jupyter_peer.pod())
-    finally:
-        await kernels.aclose()
+    # Found as Kubeflow runs it: pod IP, the `notebook-port` port and NB_PREFIX.
+    reading = await read_once(source(jupyter_peer.token_file), jupyter_peer.pod())
     assert reading.known, reading.error
     assert reading.error is None
     assert reading.kernels is not None
@@ -72,11 +78,7 @@ def test_no_kernels_is_known_and_a_stopped_server_is_unknown(tmp_path: Path) -> 
     peer = start_jupyter(tmp_path)
 
     async def read() -> KernelsReading:
-        kernels = source(peer.token_file)
-        try:
-            return await kernels.kernels(peer.pod())
-        finally:
-            await kernels.aclose()
+        return await read_once(source(peer.token_file), peer.pod())
 
     try:
         empty = asyncio.run(read())
@@ -98,11 +100,7 @@ async def test_a_refused_token_is_unknown_and_the_token_stays_out_of_the_error(
     if token is not None:
         token_file = tmp_path / "token"
         token_file.write_text(token)
-    kernels = source(token_file)
-    try:
-        reading = await kernels.kernels(jupyter_peer.pod())
-    finally:
-        await kernels.aclose()
+    reading = await read_once(source(token_file), jupyter_peer.pod())
     assert not reading.known
     assert reading.error is not None
     assert "HTTP 403" in reading.error
@@ -114,11 +112,7 @@ async def test_a_refused_token_is_unknown_and_the_token_stays_out_of_the_error(
 async def test_a_stopped_server_is_unknown(jupyter_peer: JupyterPeer) -> None:
     pod = jupyter_peer.pod()
     pod["spec"]["containers"][0]["ports"][0]["containerPort"] = free_port()  # nothing listens
-    kernels = source(jupyter_peer.token_file)
-    try:
-        reading = await kernels.kernels(pod)
-    finally:
-        await kernels.aclose()
+    reading = await read_once(source(jupyter_peer.token_file), pod)
     assert not reading.known
     assert reading.error is not None
     assert "cannot connect" in reading.error
@@ -126,11 +120,7 @@ async def test_a_stopped_server_is_unknown(jupyter_peer: JupyterPeer) -> None:
 
 
 async def test_a_missing_token_file_is_unknown(jupyter_peer: JupyterPeer, tmp_path: Path) -> None:
-    kernels = source(tmp_path / "absent")
-    try:
-        reading = await kernels.kernels(jupyter_peer.pod())
-    finally:
-        await kernels.aclose()
+    reading = await read_once(source(tmp_path / "absent"), jupyter_peer.pod())
     assert not reading.known
     assert reading.error is not None
     assert "token file" in reading.error
@@ -165,14 +155,9 @@ async def odd_server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/{case}/api/kernels", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    yield f"http://127.0.0.1:{port}"
-    release.set()
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url
+        release.set()
 
 
 def annotated(url: str) -> dict[str, Any]:
@@ -202,11 +187,9 @@ async def test_an_answer_that_is_not_a_kernel_list_is_unknown(
     odd_server: str, case: str, says: str
 ) -> None:
     # Only the slow case is about the timeout: the others have time for a loaded machine.
-    kernels = source(None, timeout="0.3s" if case == "slow" else "10s")
-    try:
-        reading = await kernels.kernels(annotated(f"{odd_server}/{case}"))
-    finally:
-        await kernels.aclose()
+    reading = await read_once(
+        source(None, timeout="0.3s" if case == "slow" else "10s"), annotated(f"{odd_server}/{case}")
+    )
     assert not reading.known
     assert reading.kernels is None
     assert reading.error is not None
@@ -217,10 +200,6 @@ async def test_an_answer_that_is_not_a_kernel_list_is_unknown(
 
 async def test_the_odd_server_does_answer_a_valid_empty_list(odd_server: str) -> None:
     """The control: the same server's valid answer is known (so the cases above are real)."""
-    kernels = source(None)
-    try:
-        reading = await kernels.kernels(annotated(f"{odd_server}/valid"))
-    finally:
-        await kernels.aclose()
+    reading = await read_once(source(None), annotated(f"{odd_server}/valid"))
     assert reading.known
     assert reading.kernels == []

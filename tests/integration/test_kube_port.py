@@ -33,6 +33,7 @@ from services.culler.access import ACCESS as CULLER
 from sim.cluster import SimCluster
 from sim.cluster.kubelet import EXITS_AFTER
 from sim.cluster.resources import require
+from tests.helpers.kube import manifest
 from tests.integration.simkube import PortFactory
 
 TAINT = "nodeward.io/gpu-unhealthy"
@@ -294,15 +295,15 @@ async def test_eviction_with_two_budgets_is_reported(admin: Cluster) -> None:
     await admin.client.request(
         "POST",
         "/apis/policy/v1/namespaces/ml-robotics/poddisruptionbudgets",
-        body={
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "second"},
-            "spec": {
+        body=manifest(
+            "policy/v1",
+            "PodDisruptionBudget",
+            "second",
+            spec={
                 "maxUnavailable": 1,
                 "selector": {"matchLabels": {"training.kubeflow.org/job-name": "sim-rl"}},
             },
-        },
+        ),
     )
     with pytest.raises(MultipleBudgets, match="more than one PodDisruptionBudget"):
         await admin.pods.evict("ml-robotics", "sim-rl-worker-0", deadline=2)

@@ -23,7 +23,7 @@ from services.kernel.marks import entries
 from services.maintenance.service import CORDON_ANNOTATION
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import audits
-from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.crash_fixtures import ServiceProcess, processes_of
 from tests.integration.maintenance_fixtures import EnvFactory, MaintenanceEnv
 
 POINTS = [
@@ -41,17 +41,11 @@ ProcFactory = Callable[..., Awaitable[tuple[MaintenanceEnv, ServiceProcess]]]
 async def checkpoint_process(
     maintenance_env: EnvFactory, nats_url: str, tmp_path: Path
 ) -> AsyncIterator[ProcFactory]:
-    made: list[ServiceProcess] = []
+    def make_env(**service: Any) -> Awaitable[MaintenanceEnv]:
+        return maintenance_env(pods=lambda node: [], lease_ttl="1s", **service)
 
-    async def make(**service: Any) -> tuple[MaintenanceEnv, ServiceProcess]:
-        env = await maintenance_env(pods=lambda node: [], lease_ttl="1s", **service)
-        proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
-        made.append(proc)
-        return env, proc
-
-    yield make
-    for proc in made:
-        proc.kill()
+    async with processes_of("checkpoint", make_env, tmp_path, nats_url) as make:
+        yield make
 
 
 @pytest.mark.parametrize("point", POINTS)

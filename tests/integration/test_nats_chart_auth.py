@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,74 @@ def _decode_secret(doc: dict[str, Any], key: str) -> str:
 def _auth_layout(tmp: Path, docs: list[dict[str, Any]]) -> Path:
     """nats.conf and the auth file laid out as the NATS pod sees them; returns nats.conf."""
     return nats_server_layout(tmp, docs)
+
+
+@asynccontextmanager
+async def _two_node_nats(
+    tmp: Path, node_a: str, node_b: str
+) -> AsyncIterator[tuple[EmbeddedNats, Bus, Path, list[dict[str, Any]]]]:
+    """Node A's seed made by `agent keygen`, node B's key made here, the chart rendered for
+    both and run by a nats-server whose streams the admin user provisioned: (the server,
+    the admin's bus, A's seed file, the chart's documents). The admin's bus closes last."""
+    seed_file = tmp / "agent-a.nk"
+    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
+    assert keygen.returncode == 0, keygen.stderr
+    _, key_b = new_nkey()
+    docs = render(tmp, representative_values({node_a: keygen.stdout.strip(), node_b: key_b}))
+    conf = _auth_layout(tmp, docs)
+    async with EmbeddedNats(tmp / "nats", config_file=conf) as server:
+        # The admin user creates the streams, as the chart's provision Job does.
+        admin = await _provisioned(server, _admin_password(docs))
+        try:
+            yield server, admin, seed_file, docs
+        finally:
+            await admin.close(grace=1)
+
+
+def _admin_password(docs: list[dict[str, Any]]) -> str:
+    return _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+
+
+async def _agent_bus(url: str, seed_file: Path, node: str, agent: str, *, fail_fast: bool) -> Bus:
+    """Node `node`'s `agent` agent on the bus with its own seed; `fail_fast`: a refused
+    publish fails at once (a short publish timeout and no retry)."""
+    quick: dict[str, Any] = {"publish_timeout": "500ms", "publish_retries": 0} if fail_fast else {}
+    settings = BusSettings(
+        url=url,
+        nkey_seed_file=seed_file,
+        inbox_prefix=agent_inbox(node),
+        provision=False,
+        **quick,
+    )
+    return await Bus.connect(settings, source=f"agent/{agent}/{node}")
+
+
+def _service_settings(
+    url: str, secret: dict[str, Any], service: str, *, fail_fast: bool = False
+) -> BusSettings:
+    """A service's bus settings as its chart user (the user and password of `secret`)."""
+    quick: dict[str, Any] = {"publish_timeout": "500ms", "publish_retries": 0} if fail_fast else {}
+    return BusSettings(
+        url=url,
+        user=_decode_secret(secret, "user"),
+        password=_decode_secret(secret, "password"),  # type: ignore[arg-type]
+        inbox_prefix=service_inbox(service),
+        provision=False,
+        **quick,
+    )
+
+
+async def _stored(admin: Bus, stream: str, subject: str, n: int) -> list[Event[Any]] | None:
+    """The first `n` events on `subject` of `stream`, once it holds that many; else None."""
+    info = await admin.js.stream_info(stream, subjects_filter=subject)
+    if sum((info.state.subjects or {}).values()) < n:
+        return None
+    psub = await admin.js.pull_subscribe(subject, stream=stream)
+    try:
+        msgs = await psub.fetch(n, timeout=2)
+        return [decode(m.subject, m.headers, m.data) for m in msgs]
+    finally:
+        await psub.unsubscribe()
 
 
 async def _raw(url: str, seed_file: Path, inbox: str, errors: Errors) -> Client:
@@ -96,53 +166,15 @@ def test_agent_keygen_writes_a_private_seed_and_prints_its_key(tmp_path: Path) -
 
 
 async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Path) -> None:
-    seed_file = tmp_path / "agent-a.nk"
-    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
-    assert keygen.returncode == 0, keygen.stderr
-    key_a = keygen.stdout.strip()
-    _, key_b = new_nkey()
     node_a, node_b = "gpu-node-a", "gpu-node-b.example"
-    docs = render(tmp_path, representative_values({node_a: key_a, node_b: key_b}))
-    conf = _auth_layout(tmp_path, docs)
-    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
-    cordon = named(docs, "Secret", "nw-nats-cordon")
-
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        # The admin user creates the streams, as the chart's provision Job does.
-        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
-        provision = await asyncio.to_thread(
-            _nodeward, "streams", "--provision", "--json", "--nats", server.url, env=admin_env
-        )
-        assert provision.returncode == 0, provision.stderr
-        rows = {row["stream"]: row for row in json.loads(provision.stdout)}
-        assert not rows["GPU"].get("missing") and not rows["AUDIT"].get("missing")
-        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
-        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
-
+    async with _two_node_nats(tmp_path, node_a, node_b) as (server, admin, seed_file, docs):
+        cordon = named(docs, "Secret", "nw-nats-cordon")
         # Node A's agent signs in with its own seed through nodeward's bus settings.
-        agent = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                nkey_seed_file=seed_file,
-                inbox_prefix=agent_inbox(node_a),
-                provision=False,
-                publish_timeout="500ms",  # type: ignore[arg-type]
-                publish_retries=0,
-            ),
-            source=f"agent/gpu/{node_a}",
-        )
+        agent = await _agent_bus(server.url, seed_file, node_a, "gpu", fail_fast=True)
         errors = Errors()
         raw = await _raw(server.url, seed_file, agent_inbox(node_a), errors)
         service = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                user=_decode_secret(cordon, "user"),
-                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
-                inbox_prefix=service_inbox("cordon"),
-                provision=False,
-                publish_timeout="500ms",  # type: ignore[arg-type]
-                publish_retries=0,
-            ),
+            _service_settings(server.url, cordon, "cordon", fail_fast=True),
             source="service/cordon",
         )
         try:
@@ -201,7 +233,6 @@ async def test_chart_users_enforce_per_node_and_per_service_rights(tmp_path: Pat
             await raw.close()
             await service.close(grace=1)
             await agent.close(grace=1)
-            await admin.close(grace=1)
 
 
 async def test_a_missing_seed_file_is_one_clear_error(tmp_path: Path) -> None:
@@ -220,36 +251,12 @@ async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_pat
     on `gpu.health.<A>.0`, and does, a failure of node B. The cordon user's consumer never
     hands it to the handler; with its own rights it dead-letters it (`identity_mismatch`),
     audits it and tells on-call once for the burst."""
-    seed_file = tmp_path / "agent-a.nk"
-    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
-    assert keygen.returncode == 0, keygen.stderr
-    _, key_b = new_nkey()
     node_a, node_b = "gpu-h100-01", "gpu-h100-02"
-    docs = render(tmp_path, representative_values({node_a: keygen.stdout.strip(), node_b: key_b}))
-    conf = _auth_layout(tmp_path, docs)
-    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
-    cordon = named(docs, "Secret", "nw-nats-cordon")
-
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        admin = await _provisioned(server, admin_pw)
-        agent = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                nkey_seed_file=seed_file,
-                inbox_prefix=agent_inbox(node_a),
-                provision=False,
-            ),
-            source=f"agent/gpu/{node_a}",
-        )
+    async with _two_node_nats(tmp_path, node_a, node_b) as (server, admin, seed_file, docs):
+        cordon = named(docs, "Secret", "nw-nats-cordon")
+        agent = await _agent_bus(server.url, seed_file, node_a, "gpu", fail_fast=False)
         service = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                user=_decode_secret(cordon, "user"),
-                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
-                inbox_prefix=service_inbox("cordon"),
-                provision=False,
-            ),
-            source="service/cordon",
+            _service_settings(server.url, cordon, "cordon"), source="service/cordon"
         )
         try:
             burst = 3
@@ -271,28 +278,19 @@ async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_pat
                 identity=(ConsumerSpec.bind(GpuHealth, "node"),),
             )
             await service.consume(spec, handle)
-
-            async def stored(stream: str, subject: str, n: int) -> list[Event[Any]] | None:
-                info = await admin.js.stream_info(stream, subjects_filter=subject)
-                if sum((info.state.subjects or {}).values()) < n:
-                    return None
-                psub = await admin.js.pull_subscribe(subject, stream=stream)
-                try:
-                    msgs = await psub.fetch(n, timeout=2)
-                    return [decode(m.subject, m.headers, m.data) for m in msgs]
-                finally:
-                    await psub.unsubscribe()
-
-            dead = await wait_for(lambda: stored("DLQ", "dlq.GPU.cordon", burst), what="DLQ")
+            dead = await wait_for(
+                lambda: _stored(admin, "DLQ", "dlq.GPU.cordon", burst), what="DLQ"
+            )
             assert {e.data.reason for e in dead} == {"identity_mismatch"}
             assert all(node_a in e.data.error and node_b in e.data.error for e in dead)
             audits = await wait_for(
-                lambda: stored("AUDIT", f"remediation.identity_mismatch.{node_b}", burst),
+                lambda: _stored(admin, "AUDIT", f"remediation.identity_mismatch.{node_b}", burst),
                 what="security audits",
             )
             assert {e.data.details["publisher"] for e in audits} == {node_a}
             notes = await wait_for(
-                lambda: stored("NOTIFY", "notify.critical.security", 1), what="on-call notice"
+                lambda: _stored(admin, "NOTIFY", "notify.critical.security", 1),
+                what="on-call notice",
             )
 
             async def settled() -> bool:
@@ -307,7 +305,6 @@ async def test_a_node_forging_another_node_on_its_own_subject_is_refused(tmp_pat
         finally:
             await service.close(grace=1)
             await agent.close(grace=1)
-            await admin.close(grace=1)
 
 
 def _notice(**fields: Any) -> Notification:
@@ -331,32 +328,14 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
     security-topic notice to a user are not delivered: both are dead-lettered
     (`identity_mismatch`) and audited as security events. Its genuine power-cap notice to
     on-call still is delivered. The notifier runs with the chart's notifier user."""
-    seed_file = tmp_path / "agent-a.nk"
-    keygen = _nodeward("agent", "keygen", "--out", str(seed_file))
-    assert keygen.returncode == 0, keygen.stderr
-    _, key_b = new_nkey()
     node_a, node_b = "gpu-h100-01", "gpu-h100-02"
-    docs = render(tmp_path, representative_values({node_a: keygen.stdout.strip(), node_b: key_b}))
-    conf = _auth_layout(tmp_path, docs)
-    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
-    notifier_secret = named(docs, "Secret", "nw-nats-notifier")
     directory = tmp_path / "owners.yaml"
     directory.write_text("ml-nlp: bob@example.org\n")  # were it delivered, Bob would get it
     outbox = tmp_path / "outbox"
 
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        admin = await _provisioned(server, admin_pw)
-        agent = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                nkey_seed_file=seed_file,
-                inbox_prefix=agent_inbox(node_a),
-                provision=False,
-                publish_timeout="500ms",  # type: ignore[arg-type]
-                publish_retries=0,  # its refused publish fails at once
-            ),
-            source=f"agent/energy/{node_a}",
-        )
+    async with _two_node_nats(tmp_path, node_a, node_b) as (server, admin, seed_file, docs):
+        notifier_secret = named(docs, "Secret", "nw-nats-notifier")
+        agent = await _agent_bus(server.url, seed_file, node_a, "energy", fail_fast=True)
         settings = Settings(
             bus={
                 "url": server.url,
@@ -403,20 +382,8 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
             )
             assert genuine.nats_subject == subject
             await agent.publish(genuine)
-
-            async def stored(stream: str, subj: str, n: int) -> list[Event[Any]] | None:
-                info = await admin.js.stream_info(stream, subjects_filter=subj)
-                if sum((info.state.subjects or {}).values()) < n:
-                    return None
-                psub = await admin.js.pull_subscribe(subj, stream=stream)
-                try:
-                    msgs = await psub.fetch(n, timeout=2)
-                    return [decode(m.subject, m.headers, m.data) for m in msgs]
-                finally:
-                    await psub.unsubscribe()
-
             dead = await wait_for(
-                lambda: stored("DLQ", "dlq.NOTIFY.notifier", 2), timeout=15, what="DLQ"
+                lambda: _stored(admin, "DLQ", "dlq.NOTIFY.notifier", 2), timeout=15, what="DLQ"
             )
             by_id = {e.data.original_headers.get("ce-id"): e.data for e in dead}
             assert set(by_id) == {forged_user.id, forged_security.id}
@@ -425,7 +392,7 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
             assert "'security'" in by_id[forged_security.id].error
             assert "'power-limit'" in by_id[forged_security.id].error
             audits = await wait_for(
-                lambda: stored("AUDIT", "remediation.identity_mismatch.>", 2),
+                lambda: _stored(admin, "AUDIT", "remediation.identity_mismatch.>", 2),
                 timeout=15,
                 what="security audits",
             )
@@ -471,7 +438,6 @@ async def test_a_node_cannot_speak_to_users_nor_on_another_topic(tmp_path: Path)
         finally:
             await daemon.stop()
             await agent.close(grace=1)
-            await admin.close(grace=1)
 
 
 async def _provisioned(server: EmbeddedNats, admin_pw: str) -> Bus:
@@ -479,9 +445,11 @@ async def _provisioned(server: EmbeddedNats, admin_pw: str) -> Bus:
     connected as that user."""
     admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
     provision = await asyncio.to_thread(
-        _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
+        _nodeward, "streams", "--provision", "--json", "--nats", server.url, env=admin_env
     )
     assert provision.returncode == 0, provision.stderr
+    rows = {row["stream"]: row for row in json.loads(provision.stdout)}
+    assert not rows["GPU"].get("missing") and not rows["AUDIT"].get("missing")
     admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
     return await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
 
@@ -498,7 +466,7 @@ async def test_the_operator_user_reads_everything_sends_controls_and_changes_not
     values["natsAuth"]["passwords"]["operator"] = "operator-test-pw"
     docs = render(tmp_path, values)
     conf = _auth_layout(tmp_path, docs)
-    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    admin_pw = _admin_password(docs)
     secret = named(docs, "Secret", "nw-nats-operator")
     assert _decode_secret(secret, "user") == OPERATOR_USER
     cordon = named(docs, "Secret", "nw-nats-cordon")
@@ -544,14 +512,7 @@ async def test_the_operator_user_reads_everything_sends_controls_and_changes_not
 
         # A control request, answered by a service connected as the chart's cordon user.
         service = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                user=_decode_secret(cordon, "user"),
-                password=_decode_secret(cordon, "password"),  # type: ignore[arg-type]
-                inbox_prefix=service_inbox("cordon"),
-                provision=False,
-            ),
-            source="service/cordon",
+            _service_settings(server.url, cordon, "cordon"), source="service/cordon"
         )
         asked: list[ControlRequest] = []
 
@@ -627,33 +588,19 @@ async def test_the_capacity_service_runs_as_its_chart_user_and_publishes_only_ca
     _, key = new_nkey()
     docs = render(tmp_path, representative_values({"gpu-node-a": key}))
     conf = _auth_layout(tmp_path, docs)
-    admin_pw = _decode_secret(named(docs, "Secret", "nw-nats-admin"), "password")
+    admin_pw = _admin_password(docs)
     secret = named(docs, "Secret", "nw-nats-capacity")
     async with (
         EmbeddedNats(tmp_path / "nats", config_file=conf) as server,
         SimCluster(capacity_seed("auth"), port=0, bookmark_interval=0.2) as sim,
     ):
-        admin_env = {"NODEWARD_BUS__USER": "nodeward-admin", "NODEWARD_BUS__PASSWORD": admin_pw}
-        provision = await asyncio.to_thread(
-            _nodeward, "streams", "--provision", "--nats", server.url, env=admin_env
-        )
-        assert provision.returncode == 0, provision.stderr
-        bus = BusSettings(
-            url=server.url,
-            user=_decode_secret(secret, "user"),
-            password=_decode_secret(secret, "password"),  # type: ignore[arg-type]
-            inbox_prefix=service_inbox("capacity"),
-            provision=False,
-            publish_timeout="500ms",  # type: ignore[arg-type]
-            publish_retries=0,
-        )
+        admin = await _provisioned(server, admin_pw)
+        bus = _service_settings(server.url, secret, "capacity", fail_fast=True)
         settings = Settings(
             bus=bus,
             cluster={"kubeconfig": sim.write_kubeconfig(tmp_path / "kc", identity="capacity")},
             daemon={"shutdown_timeout": "4s"},
         )
-        admin_url = server.url.replace("nats://", f"nats://nodeward-admin:{admin_pw}@")
-        admin = await Bus.connect(BusSettings(url=admin_url, provision=False), source="test/admin")
         daemon = await build(settings)
         await daemon.start()
         other = await Bus.connect(bus, source="service/capacity")

@@ -7,35 +7,18 @@ from pathlib import Path
 import pytest
 from nats.js.errors import NotFoundError
 
-from launch.access import AGENT_GRANTS
 from nodeward.bus import Bus, PublishError
 from nodeward.bus.server import EmbeddedNats
-from nodeward.config import BusSettings
-from nodeward.nats_auth import admin, agent_inbox, node_agent, render_authorization
 from schemas import make_event
 from schemas.gpu import GpuHealth
 from schemas.session import SessionIdle
+from tests.helpers.node_a import admin_bus, agent_a, auth_conf
 
 
 async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
-    conf = tmp_path / "auth.conf"
-    conf.write_text(
-        render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw", AGENT_GRANTS)])
-    )
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
-        operator = await Bus.connect(
-            BusSettings(url=url), source="test/admin"
-        )  # provisions streams
-        agent_settings = BusSettings(
-            url=server.url,
-            user="agent-gpu-node-a",
-            password="a-pw",  # type: ignore[arg-type]
-            inbox_prefix=agent_inbox("gpu-node-a"),
-            provision=False,
-            publish_timeout="500ms",  # type: ignore[arg-type]
-            publish_retries=0,
-        )
+    async with EmbeddedNats(tmp_path / "nats", config_file=auth_conf(tmp_path)) as server:
+        operator = await admin_bus(server)  # provisions streams
+        agent_settings = agent_a(server.url, publish_timeout="500ms", publish_retries=0)
         agent = await Bus.connect(agent_settings, source="agent/gpu/gpu-node-a")
         try:
             own = make_event(
@@ -77,23 +60,10 @@ async def test_agent_may_publish_only_its_own_node(tmp_path: Path) -> None:
 async def test_agent_reads_and_writes_only_its_own_energy_totals(tmp_path: Path) -> None:
     """The energy agent keeps its totals in KV `energy`, key `node.<node>`: its NATS user may
     put and get that key (direct get) and no other node's, and may not create the bucket."""
-    conf = tmp_path / "auth.conf"
-    conf.write_text(
-        render_authorization([admin("admin-pw"), node_agent("gpu-node-a", "a-pw", AGENT_GRANTS)])
-    )
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
-        operator = await Bus.connect(BusSettings(url=url), source="test/admin")  # + the bucket
+    async with EmbeddedNats(tmp_path / "nats", config_file=auth_conf(tmp_path)) as server:
+        operator = await admin_bus(server)  # + the bucket
         agent = await Bus.connect(
-            BusSettings(
-                url=server.url,
-                user="agent-gpu-node-a",
-                password="a-pw",  # type: ignore[arg-type]
-                inbox_prefix=agent_inbox("gpu-node-a"),
-                provision=False,
-                publish_timeout="500ms",  # type: ignore[arg-type]
-            ),
-            source="agent/energy/gpu-node-a",
+            agent_a(server.url, publish_timeout="500ms"), source="agent/energy/gpu-node-a"
         )
         try:
             kv = await agent.kv("energy")  # bound, not created: the operator provisioned it

@@ -17,8 +17,10 @@ from tests.integration.notifier_peers import (
     SMTP_PASSWORD,
     SMTP_USER,
     EnvFactory,
+    NotifierEnv,
     Receiver,
     SmtpServer,
+    oncall,
 )
 
 
@@ -32,19 +34,15 @@ async def test_email_over_starttls_with_auth_reaches_oncall(
     password_file.write_text(SMTP_PASSWORD + "\n")
     env = await notifier_env(
         channels={
-            "mail": {
-                "type": "email",
-                "port": smtp_server.port,
-                "tls": "starttls",
-                "tls_ca_file": str(smtp_server.ca_file),
-                "username": SMTP_USER,
-                "password_file": str(password_file),
-                "sender": "nodeward <nodeward@example.org>",
-                "reply_to": "ml-platform@example.org",
-                "to": ["oncall@example.org"],
-            }
+            "mail": smtp_server.channel(
+                tls="starttls",
+                password_file=str(password_file),
+                sender="nodeward <nodeward@example.org>",
+                reply_to="ml-platform@example.org",
+                to=["oncall@example.org"],
+            )
         },
-        routes=[{"name": "oncall", "channels": ["mail"]}],
+        routes=oncall("mail"),
     )
     await env.start()
     event = env.notice(
@@ -116,10 +114,10 @@ async def test_chat_and_json_webhooks_receive_the_notice(
 ) -> None:
     env = await notifier_env(
         channels={
-            "chat": {"type": "chat", "url": f"{receiver.url}/hooks/chat"},
-            "hook": {"type": "webhook", "url": f"{receiver.url}/hooks/json"},
+            "chat": receiver.chat("/hooks/chat"),
+            "hook": receiver.webhook("/hooks/json"),
         },
-        routes=[{"name": "oncall", "channels": ["chat", "hook"]}],
+        routes=oncall("chat", "hook"),
     )
     await env.start()
     event = env.notice("gpu-node-11 quarantined", node="gpu-node-11", severity=Severity.WARNING)
@@ -195,10 +193,10 @@ async def test_dry_run_writes_the_outbox_and_sends_nothing_external(
 ) -> None:
     env = await notifier_env(
         channels={
-            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
+            "chat": receiver.chat(),
             "outbox": {"type": "outbox"},
         },
-        routes=[{"name": "oncall", "channels": ["chat", "outbox"]}],
+        routes=oncall("chat", "outbox"),
         dry_run=True,
     )
     await env.start()
@@ -210,23 +208,24 @@ async def test_dry_run_writes_the_outbox_and_sends_nothing_external(
     assert env.metric("nodeward_notifications_sent_total", channel="chat", route="oncall") == 0
 
 
-async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
-    notifier_env: EnvFactory, receiver: Receiver
-) -> None:
-    env = await notifier_env(
-        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
-        routes=[{"name": "oncall", "channels": ["chat"]}],
-    )
-    await env.start()
-    await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
-    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
-    await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
+async def _repeat_suppressed(env: NotifierEnv, what: str) -> None:
+    """One repeat recorded as suppressed on the oncall route, and everything acked."""
     await wait_for(
         lambda: env.metric("nodeward_notifications_suppressed_total", route="oncall") == 1,
         timeout=10,
-        what="the repeat recorded",
+        what=what,
     )
     await wait_for(env.settled, timeout=5, what="acked")
+
+
+async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
+    chat_env: NotifierEnv, receiver: Receiver
+) -> None:
+    env = chat_env
+    await env.start()
+    await env.first_chat(receiver, env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
+    await env.publish(env.notice("gpu-node-15 quarantined", dedup_key="q/gpu-node-15"))
+    await _repeat_suppressed(env, "the repeat recorded")
     # Something new about the same node is sent.
     await env.publish(env.notice("gpu-node-15 released", dedup_key="q/gpu-node-15"))
     await wait_for(lambda: len(receiver.at("/chat")) == 2, timeout=10, what="the release")
@@ -234,27 +233,18 @@ async def test_identical_repeat_within_the_dedup_window_is_recorded_not_resent(
 
 
 async def test_another_replica_knows_what_was_sent_within_the_dedup_window(
-    notifier_env: EnvFactory, receiver: Receiver
+    chat_env: NotifierEnv, receiver: Receiver
 ) -> None:
-    env = await notifier_env(
-        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
-        routes=[{"name": "oncall", "channels": ["chat"]}],
-    )
+    env = chat_env
     first = await env.start()
-    await env.publish(env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
-    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+    await env.first_chat(receiver, env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
     await wait_for(env.settled, timeout=5, what="acked")
     # Another replica (or this one restarted): its memory is empty, KV is not.
     await first.stop()
     env.daemons.remove(first)
     await env.start()
     await env.publish(env.notice("gpu-node-17 quarantined", dedup_key="q/gpu-node-17"))
-    await wait_for(
-        lambda: env.metric("nodeward_notifications_suppressed_total", route="oncall") == 1,
-        timeout=10,
-        what="the repeat recognised by the other replica",
-    )
-    await wait_for(env.settled, timeout=5, what="acked")
+    await _repeat_suppressed(env, "the repeat recognised by the other replica")
     assert len(receiver.at("/chat")) == 1
 
 

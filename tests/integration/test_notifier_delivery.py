@@ -5,13 +5,13 @@ redelivered notice is not sent twice, and a user's notice reaches its owner."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from nodeward.bus.server import free_port
 from nodeward.config import ClusterSettings
 from nodeward.kube import Cluster
 from nodeward.kube.client import MERGE_PATCH, KubeClient
@@ -24,18 +24,12 @@ from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.notifier_peers import (
     SMTP_PASSWORD,
-    SMTP_USER,
     EnvFactory,
+    NotifierEnv,
     Receiver,
     SmtpServer,
+    oncall,
 )
-
-
-def closed_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def dead_letters(env: Any) -> list[DeadLetter]:
@@ -52,8 +46,8 @@ async def test_storm_of_300_sends_one_digest_per_route_and_pages_over_the_limit_
     env = await notifier_env(
         channels={
             "outbox": {"type": "outbox"},
-            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
-            "hook": {"type": "webhook", "url": f"{receiver.url}/hook"},
+            "chat": receiver.chat(),
+            "hook": receiver.webhook("/hook"),
         },
         routes=[
             {"name": "critical", "match": {"severity": ["critical"]}, "channels": ["chat"]},
@@ -105,11 +99,12 @@ async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
 ) -> None:
     env = await notifier_env(
         channels={
+            # A port bound, then released: nothing listens on it.
+            "pager": {"type": "webhook", "url": f"http://127.0.0.1:{free_port()}/hook"},
+            "chat": receiver.chat(),
             "outbox": {"type": "outbox"},
-            "chat": {"type": "chat", "url": f"{receiver.url}/chat"},
-            "pager": {"type": "webhook", "url": f"http://127.0.0.1:{closed_port()}/hook"},
         },
-        routes=[{"name": "oncall", "channels": ["pager", "chat", "outbox"]}],
+        routes=oncall("pager", "chat", "outbox"),
     )
     await env.start()
     incident = "gpu-health/rack/r-dead"  # one incident: one message
@@ -173,16 +168,12 @@ async def test_bad_input_goes_to_the_dlq_and_the_notifier_keeps_going(
 
 
 async def test_redelivered_notice_is_not_sent_twice(
-    notifier_env: EnvFactory, receiver: Receiver
+    chat_env: NotifierEnv, receiver: Receiver
 ) -> None:
-    env = await notifier_env(
-        channels={"chat": {"type": "chat", "url": f"{receiver.url}/chat"}},
-        routes=[{"name": "oncall", "channels": ["chat"]}],
-    )
+    env = chat_env
     await env.start()
     event = env.notice("gpu-once quarantined")
-    await env.publish(event)
-    await wait_for(lambda: receiver.at("/chat"), timeout=10, what="the first send")
+    await env.first_chat(receiver, event)
     await wait_for(env.settled, timeout=5, what="acked")
     # The same event again as JetStream would redeliver it (a new message id gets past the
     # stream's duplicate window, as a redelivery after a lost ack would).
@@ -235,13 +226,7 @@ async def test_users_notice_is_mailed_to_the_owner_kindly(
         password.write_text(SMTP_PASSWORD)
         env = await notifier_env(
             channels={
-                "mail": {
-                    "type": "email",
-                    "port": smtp_server.port,
-                    "tls_ca_file": str(smtp_server.ca_file),
-                    "username": SMTP_USER,
-                    "password_file": str(password),
-                },
+                "mail": smtp_server.channel(password_file=str(password)),
                 "outbox": {"type": "outbox"},
             },
             routes=[
@@ -302,13 +287,7 @@ async def test_owner_from_the_directory_and_nobody_on_record_dead_letters_the_ma
     directory.write_text("ml-carol: carol@example.org\n")
     env = await notifier_env(
         channels={
-            "mail": {
-                "type": "email",
-                "port": smtp_server.port,
-                "tls_ca_file": str(smtp_server.ca_file),
-                "username": SMTP_USER,
-                "password": SMTP_PASSWORD,
-            },
+            "mail": smtp_server.channel(password=SMTP_PASSWORD),
             "outbox": {"type": "outbox"},
         },
         routes=[{"name": "users", "to_owner": True, "channels": ["mail", "outbox"]}],

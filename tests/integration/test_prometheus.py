@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,20 +14,16 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from nodeward.bus.server import free_port
 from nodeward.config import BusSettings, DaemonSettings, Settings
 from nodeward.platform import bus_daemon
 from tests.conftest import wait_for
+from tests.helpers.net import terminate
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="Debian `prometheus` is not installed (scripts/system-deps.sh)"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest_asyncio.fixture
@@ -80,11 +74,7 @@ async def prometheus(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
             await wait_for(ready, timeout=30, interval=0.1, what="prometheus /-/ready")
         yield url, targets
     finally:
-        proc.terminate()
-        try:
-            await asyncio.to_thread(proc.wait, 15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        await terminate(proc, 15)
 
 
 async def test_prometheus_scrapes_a_daemons_bus_metric(

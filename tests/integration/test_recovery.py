@@ -47,11 +47,19 @@ async def recovery_env(
         yield make
 
 
-async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=gpu, fault="fallen-off-bus")
-    )
+async def _inject(env: RecoveryEnv, gpu: int, fault: str) -> None:
+    """`fault` injected into GPU `gpu` of the env's node by its sim agent; it said yes."""
+    reply = await request_injection(env.bus.nc, env.node, InjectRequest(gpu=gpu, fault=fault))
     assert reply.ok, reply.error
+
+
+async def _fall_off_the_bus(env: RecoveryEnv, gpu: int = 3) -> None:
+    await _inject(env, gpu, "fallen-off-bus")
+
+
+async def _escalations(env: RecoveryEnv) -> list[Remediation]:
+    """The env's audits of an escalation to on-call."""
+    return [a for a in await env.audits() if a.action == "escalate"]
 
 
 def _has_taint(node: dict[str, Any]) -> bool:
@@ -175,10 +183,7 @@ async def test_an_uncorrectable_ecc_burst_is_drained_reset_by_the_agent_and_rele
     # XID 48 with double-bit ECC errors: the catalog says reset_gpu; no reboot.
     env: RecoveryEnv = await recovery_env()
     boot_before = (await env.node_obj())["status"]["nodeInfo"]["bootID"]
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=5, fault="ecc-dbe-burst")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 5, "ecc-dbe-burst")
 
     async def ended() -> RecoveryRecord | None:
         record = await env.record()
@@ -203,15 +208,9 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     # XID 64 (reset_gpu) comes first and starts a reset plan; the row-remap failure the agent
     # reports next (drain_and_rma) reaches recovery as cordon's `already_quarantined`.
     env: RecoveryEnv = await recovery_env()
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 1, "row-remap-failure")
 
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (escalation,) = await wait_for(escalated, "the escalation")
+    (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "RMA suggested" in escalation.reason and "drain_and_rma" in escalation.reason
     # The page goes out first, then the record is saved escalated.
     record = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
@@ -228,10 +227,7 @@ async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboo
     # then GPU 5 falls off the bus. Cordon adds GPU 5 to the quarantine; recovery must not
     # start a reboot of its own that would release the node behind on-call's back.
     env: RecoveryEnv = await recovery_env()
-    reply = await request_injection(
-        env.bus.nc, env.node, InjectRequest(gpu=1, fault="row-remap-failure")
-    )
-    assert reply.ok, reply.error
+    await _inject(env, 1, "row-remap-failure")
     escalated = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
     await _fall_off_the_bus(env, gpu=5)
 
@@ -326,10 +322,7 @@ async def test_the_per_node_retry_limit_leaves_a_second_quarantine_to_on_call(
     assert refusal.guard == "retry_limit" and "stays quarantined" in refusal.reason
 
     # On-call is paged, and the node is held: no automatic release puts it back.
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (page,) = await wait_for(escalated, "the escalation")
+    (page,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "needs a human" in page.reason and "started 1 recoveries within" in page.reason
     assert "RMA" not in page.reason
     record = await env.record()
@@ -532,10 +525,7 @@ async def test_an_exempt_pod_is_never_rebooted_the_node_is_held_for_a_human_unti
     before = _nodeward_marks(await env.node_obj())
     await _fall_off_the_bus(env)
 
-    async def escalated() -> list[Remediation]:
-        return [a for a in await env.audits() if a.action == "escalate"]
-
-    (escalation,) = await wait_for(escalated, "the escalation")
+    (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "ml-a/pinned" in escalation.reason and "exempt" in escalation.reason
     assert "RMA" not in escalation.reason and "stays quarantined" in escalation.reason
     (page,) = await wait_for(lambda: _notices(env, "needs a human"), "the page")

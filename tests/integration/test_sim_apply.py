@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from sim.cluster import SimCluster
+from tests.helpers.kube import manifest
 from tests.integration.simkube import run_kubectl, sim_http
 
 NS = "ml-nlp"
@@ -117,15 +118,15 @@ async def test_apply_needs_a_field_manager_and_force_needs_apply(sim: SimCluster
 
 
 async def test_a_keyed_list_is_owned_item_by_item(sim: SimCluster) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "applied"},
-        "spec": {
+    pod = manifest(
+        "v1",
+        "Pod",
+        "applied",
+        spec={
             "nodeName": "gpu-h100-01",
             "containers": [{"name": "main", "image": "busybox:1.36"}],
         },
-    }
+    )
     async with sim_http(sim) as http:
         made = await http.patch(
             f"/api/v1/namespaces/{NS}/pods/applied",

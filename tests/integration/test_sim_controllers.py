@@ -20,6 +20,7 @@ from nodeward.kube.base import core, group_path
 from nodeward.kube.client import MERGE_PATCH
 from sim.cluster import SimCluster
 from tests.conftest import wait_for
+from tests.helpers.kube import manifest
 
 NS = "ml-vision"
 DEPLOYMENTS = group_path("apps", "v1", "deployments", namespace=NS)
@@ -61,16 +62,16 @@ async def _deployment(admin: Cluster, name: str, replicas: int, template: dict[s
     await admin.client.request(
         "POST",
         DEPLOYMENTS,
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name},
-            "spec": {
+        body=manifest(
+            "apps/v1",
+            "Deployment",
+            name,
+            spec={
                 "replicas": replicas,
                 "selector": {"matchLabels": {"app": name}},
                 "template": template,
             },
-        },
+        ),
     )
 
 
@@ -217,11 +218,11 @@ async def test_a_statefulset_pod_comes_back_under_its_name_once_the_old_is_gone(
     await admin.client.request(
         "POST",
         STATEFULSETS,
-        body={
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "lab"},
-            "spec": {
+        body=manifest(
+            "apps/v1",
+            "StatefulSet",
+            "lab",
+            spec={
                 "replicas": 2,
                 "serviceName": "lab",
                 "selector": {"matchLabels": {"app": "lab"}},
@@ -233,7 +234,7 @@ async def test_a_statefulset_pod_comes_back_under_its_name_once_the_old_is_gone(
                     },
                 },
             },
-        },
+        ),
     )
     pods = await _running(admin, "lab", 2)
     assert sorted(p["metadata"]["name"] for p in pods) == ["lab-0", "lab-1"]
@@ -275,29 +276,29 @@ async def test_a_jobs_pods_are_replaced_and_its_selector_generated(admin: Cluste
         await admin.client.request(
             "POST",
             JOBS,
-            body={
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {"name": "bad"},
-                "spec": {
+            body=manifest(
+                "batch/v1",
+                "Job",
+                "bad",
+                spec={
                     "selector": {"matchLabels": {"app": "bad"}},
                     "template": _template("bad", restartPolicy="Never"),
                 },
-            },
+            ),
         )
     job = await admin.client.request(
         "POST",
         JOBS,
-        body={
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": "eval"},
-            "spec": {
+        body=manifest(
+            "batch/v1",
+            "Job",
+            "eval",
+            spec={
                 "parallelism": 2,
                 "completions": 4,
                 "template": _template("eval", restartPolicy="Never"),
             },
-        },
+        ),
     )
     uid = job["metadata"]["uid"]
     assert job["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
@@ -374,12 +375,12 @@ async def test_a_service_gets_its_defaults_and_a_cluster_ip(admin: Cluster) -> N
     svc = await admin.client.request(
         "POST",
         core("services", namespace=NS),
-        body={
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "lab"},
-            "spec": {"selector": {"app": "lab"}, "ports": [{"port": 8888}]},
-        },
+        body=manifest(
+            "v1",
+            "Service",
+            "lab",
+            spec={"selector": {"app": "lab"}, "ports": [{"port": 8888}]},
+        ),
     )
     spec = svc["spec"]
     assert spec["type"] == "ClusterIP" and spec["clusterIP"].startswith("10.96.")

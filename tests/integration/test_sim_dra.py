@@ -5,6 +5,8 @@ the version to use through discovery."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from nodeward.kube import Cluster, Conflict, Forbidden, Invalid, NotFound
@@ -98,19 +100,24 @@ async def test_the_dra_node_publishes_its_gpus_as_the_nvidia_driver_does(admin: 
     assert await admin.devices.slices_on("v1", "gpu-h100-01") == []
 
 
-async def test_device_taint_rules_are_validated(admin: Cluster) -> None:
-    rule = device_taint_rule(
-        "bad",
+def _gpu0_rule(name: str, value: str, effect: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A v1 DeviceTaintRule named `name` tainting gpu-0 of the DRA node unhealthy."""
+    return device_taint_rule(
+        name,
         api_version="v1",
         driver="gpu.nvidia.com",
         pool=DRA_NODE,
         device="gpu-0",
         key="nodeward.io/gpu-unhealthy",
-        value="x",
-        effect="Sometimes",
-        labels={},
+        value=value,
+        effect=effect,
+        labels=labels,
         annotations={},
     )
+
+
+async def test_device_taint_rules_are_validated(admin: Cluster) -> None:
+    rule = _gpu0_rule("bad", "x", "Sometimes", {})
     with pytest.raises(Invalid, match=r"spec\.taint\.effect"):
         await admin.devices.create_taint_rule("v1", rule)
     rule["spec"]["taint"].pop("key")
@@ -125,17 +132,11 @@ async def test_cordon_may_create_get_and_delete_rules_and_nothing_more(
     port_for: PortFactory,
 ) -> None:
     cordon = port_for("cordon")
-    rule = device_taint_rule(
+    rule = _gpu0_rule(
         "nodeward-test-gpu-0",
-        api_version="v1",
-        driver="gpu.nvidia.com",
-        pool=DRA_NODE,
-        device="gpu-0",
-        key="nodeward.io/gpu-unhealthy",
-        value="failed-gpu",
-        effect="NoSchedule",
-        labels={"app.kubernetes.io/managed-by": "nodeward"},
-        annotations={},
+        "failed-gpu",
+        "NoSchedule",
+        {"app.kubernetes.io/managed-by": "nodeward"},
     )
     created = await cordon.devices.create_taint_rule("v1", rule)
     assert created["spec"]["taint"]["timeAdded"]

@@ -267,23 +267,13 @@ async def test_mig_instances_and_idle_sessions_are_published_as_their_agents_wou
         mig=Mig(devices={"1g.10gb": 14}),
     )
     plain = NodeSeed(name=f"{prefix}-1", gpu=Gpu(count=1))
+
+    def one_gpu(name: str, node: str, role: str, **more: Any) -> PodSeed:
+        return PodSeed(name=name, namespace="ml", node=node, gpus=1, role=role, **more)
+
     pods = [
-        PodSeed(
-            name="nb-0",
-            namespace="ml",
-            node=mig_node.name,
-            gpus=1,
-            role="notebook",
-            gpu_resource="nvidia.com/mig-1g.10gb",
-        ),
-        PodSeed(
-            name="ssh-0",
-            namespace="ml",
-            node=plain.name,
-            gpus=1,
-            role="ssh",
-            annotations={"sim.nodeward.io/cpu": "2"},
-        ),
+        one_gpu("nb-0", mig_node.name, "notebook", gpu_resource="nvidia.com/mig-1g.10gb"),
+        one_gpu("ssh-0", plain.name, "ssh", annotations={"sim.nodeward.io/cpu": "2"}),
     ]
     seen: list[tuple[str, dict[str, Any]]] = []
 

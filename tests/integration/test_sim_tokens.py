@@ -27,6 +27,7 @@ from kubernetes import client, config
 from sim.cluster import SimCluster, tokens
 from sim.cluster.kubelet import EXITS_AFTER
 from tests.conftest import wait_for
+from tests.helpers.kube import manifest
 from tests.integration.simkube import run_kubectl, sim_http
 
 T = TypeVar("T")
@@ -364,17 +365,17 @@ async def test_a_pods_own_token_is_its_account_against_the_api(sim: SimCluster) 
                 "/apis/authentication.k8s.io/v1/selfsubjectreviews",
                 json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
             )
-            binding = {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "agent-delegates"},
-                "roleRef": {
+            binding = manifest(
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRoleBinding",
+                "agent-delegates",
+                roleRef={
                     "apiGroup": "rbac.authorization.k8s.io",
                     "kind": "ClusterRole",
                     "name": "system:auth-delegator",
                 },
-                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
-            }
+                subjects=[{"kind": "ServiceAccount", "name": "default", "namespace": NS}],
+            )
             granted = await http.post(
                 "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", json=binding
             )
@@ -502,24 +503,24 @@ async def test_discovery_lists_the_token_subresource_and_tokenreviews(sim: SimCl
     async with sim_http(sim) as http:
         core = (await http.get("/api/v1")).json()["resources"]
         authn = (await http.get("/apis/authentication.k8s.io/v1")).json()["resources"]
-    token = next(r for r in core if r["name"] == "serviceaccounts/token")
-    assert token == {
-        "name": "serviceaccounts/token",
-        "singularName": "",
-        "namespaced": True,
-        "group": "authentication.k8s.io",
-        "version": "v1",
-        "kind": "TokenRequest",
-        "verbs": ["create"],
-    }
-    review = next(r for r in authn if r["name"] == "tokenreviews")
-    assert review == {
-        "name": "tokenreviews",
-        "singularName": "tokenreview",
-        "namespaced": False,
-        "kind": "TokenReview",
-        "verbs": ["create"],
-    }
+
+    def listed(resources: list[dict[str, Any]], name: str) -> dict[str, Any]:
+        return next(r for r in resources if r["name"] == name)
+
+    def create_only(name: str, singular: str, kind: str, **more: Any) -> dict[str, Any]:
+        return {"name": name, "singularName": singular, "kind": kind, "verbs": ["create"], **more}
+
+    assert listed(core, "serviceaccounts/token") == create_only(
+        "serviceaccounts/token",
+        "",
+        "TokenRequest",
+        namespaced=True,
+        group="authentication.k8s.io",
+        version="v1",
+    )
+    assert listed(authn, "tokenreviews") == create_only(
+        "tokenreviews", "tokenreview", "TokenReview", namespaced=False
+    )
 
 
 @pytest.mark.sim_cluster(kube_version="1.29")
@@ -604,44 +605,19 @@ async def test_the_official_client_requests_and_reviews_tokens(
 async def test_kubectl_create_token(sim: SimCluster, tmp_path: Path) -> None:
     async with sim_http(sim) as http:
         pod = await _make_pod(http, "agent")
-    rc, out, err = await run_kubectl(sim, tmp_path, "create", "token", "default", "-n", NS)
+
+    async def create_token(*flags: str) -> tuple[int, str, str]:
+        return await run_kubectl(sim, tmp_path, "create", "token", "default", "-n", NS, *flags)
+
+    rc, out, err = await create_token()
     assert rc == 0, err
     plain = _claims(out.strip())
-    rc, out, err = await run_kubectl(
-        sim,
-        tmp_path,
-        "create",
-        "token",
-        "default",
-        "-n",
-        NS,
-        "--duration",
-        "20m",
-        "--audience",
-        "nats",
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        "agent",
-    )
+    bound_to = ("--bound-object-kind", "Pod", "--bound-object-name")
+    rc, out, err = await create_token("--duration", "20m", "--audience", "nats", *bound_to, "agent")
     assert rc == 0, err
     bound = _claims(out.strip())
-    too_short = await run_kubectl(
-        sim, tmp_path, "create", "token", "default", "-n", NS, "--duration", "5m"
-    )
-    ghost = await run_kubectl(
-        sim,
-        tmp_path,
-        "create",
-        "token",
-        "default",
-        "-n",
-        NS,
-        "--bound-object-kind",
-        "Pod",
-        "--bound-object-name",
-        "ghost",
-    )
+    too_short = await create_token("--duration", "5m")
+    ghost = await create_token(*bound_to, "ghost")
     assert plain["aud"] == [tokens.ISSUER] and plain["exp"] - plain["iat"] == 3600
     assert bound["aud"] == ["nats"] and bound["exp"] - bound["iat"] == 1200
     assert bound["kubernetes.io"]["pod"] == {"name": "agent", "uid": pod["metadata"]["uid"]}

@@ -4,13 +4,9 @@ those stored since a time, and a stream's subjects with their counts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import pytest_asyncio
-
 from nodeward.bus import Bus
-from nodeward.bus.server import EmbeddedNats
 from nodeward.bus.snapshot import (
     kv_entries,
     last_per_subject,
@@ -18,14 +14,6 @@ from nodeward.bus.snapshot import (
     stored_since,
     subject_counts,
 )
-from nodeward.config import BusSettings
-
-
-@pytest_asyncio.fixture
-async def own_bus(own_nats: EmbeddedNats) -> AsyncIterator[Bus]:
-    b = await Bus.connect(BusSettings(url=own_nats.url), source="test/snapshot")
-    yield b
-    await b.close(grace=2)
 
 
 async def test_the_last_message_of_each_matching_subject(own_bus: Bus) -> None:

@@ -18,11 +18,11 @@ from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
 from nodeward.config import BusSettings
 from schemas import make_event
-from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthReason, HealthState
-from schemas.remediation import Outcome, Remediation
+from schemas.remediation import Remediation
 from schemas.state.cordon import NODES
 from tests.conftest import wait_for
+from tests.helpers.records import node_action
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,14 +67,7 @@ def failed() -> GpuHealth:
 
 
 def decision(trigger: str) -> Remediation:
-    return Remediation(
-        action="quarantine",
-        target=ObjectRef(kind="Node", name=NODE),
-        outcome=Outcome.APPLIED,
-        reason="GPU 1 failed",
-        actor="service/cordon",
-        trigger_event_id=trigger,
-    )
+    return node_action("quarantine", NODE, "GPU 1 failed", trigger_event_id=trigger)
 
 
 async def test_a_decision_on_a_quiet_bus_is_told_once_the_other_sources_are_asked(

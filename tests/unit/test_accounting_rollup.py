@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from schemas.energy import EnergyNode, Interval
-from schemas.session import IdleEvidence, SessionIdle, SessionKind
+from schemas.session import IdleEvidence, SessionIdle
 from services.accounting.report import Window, build, to_csv
 from services.accounting.rollup import add_node_interval, extend_idle, node_hours
 from services.accounting.state import IdlePeriod, NodeHour, UsageCell
+from tests.helpers.records import notebook_idle
 
 H = datetime(2026, 11, 30, 14, tzinfo=UTC)
 MIN = timedelta(minutes=1)
@@ -44,16 +45,8 @@ def test_a_node_interval_counts_once() -> None:
 
 def test_an_idle_period_keeps_its_longest_report() -> None:
     def idle(for_s: float) -> SessionIdle:
-        return SessionIdle(
-            namespace="ns",
-            pod="p",
-            node="n1",
-            kind=SessionKind.NOTEBOOK,
-            idle_since=H,
-            idle_for_s=for_s,
-            evidence=[IdleEvidence(signal="gpu", idle_since=H)],
-            gpus_held=2,
-        )
+        gpu = IdleEvidence(signal="gpu", idle_since=H)
+        return notebook_idle("ns", "p", "n1", H, for_s, gpu, gpus_held=2)
 
     period = extend_idle(None, idle(600), "ns", None)
     assert period is not None

@@ -15,12 +15,11 @@ import pytest
 
 from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus.token import expiry
-from nodeward.callout import jwt, xkey
+from nodeward.callout import identities, jwt, xkey
 from nodeward.callout.identities import (
     NODE_NAME,
     POD_NAME,
     POD_UID,
-    PermissionsDocument,
     Refused,
     Reviewed,
     Rules,
@@ -44,7 +43,7 @@ def _payload(text: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def rules() -> Rules:
-    document = PermissionsDocument.model_validate(
+    document = identities.PermissionsDocument.model_validate(
         permissions_document(GRANTS, AGENT_GRANTS, READERS)
     )
     return Rules(document, namespace="gpu-ops", release="nw")

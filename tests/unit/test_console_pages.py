@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeward.fleet_status import GpuSeen, NodeStatus, Seen, assemble
+from nodeward.fleet_status import GpuSeen, NodeStatus, Seen
 from nodeward.views import MarkHeld
-from schemas.common import ObjectRef, PodRef
+from schemas.common import PodRef
 from schemas.falco import FalcoAlert
-from schemas.gpu import GpuHealth, GpuXid, HealthState, RecommendedAction
+from schemas.gpu import GpuHealth, GpuXid, HealthState
 from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import NodeRecord, Quarantine
 from services.console.pages import ActionFilter, bars, escalation, fleet_page, gpu_rows
@@ -20,6 +20,8 @@ from services.console.web import ConsoleError, check, environment
 from services.cordon import view as cordon_view
 from services.cordon.view import Quarantined
 from services.recovery.view import RecoveryView
+from tests.helpers.fleet import fleet_of
+from tests.helpers.records import app_xid, gpu_health, node_action
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -74,16 +76,8 @@ def test_filters_by_name_state_mark_and_model() -> None:
             cordoned=True,
         )
     )
-    marked = assemble(  # as the cordon service's view draws it
-        nats_url="",
-        now=NOW,
-        breaker=None,
-        health=[],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-        seen=Seen(shown=[cordon_view.shown({"gpu-q": record}, [], NOW)]),
+    marked = fleet_of(
+        NOW, nats_url="", seen=Seen(shown=[cordon_view.shown({"gpu-q": record}, [], NOW)])
     ).nodes[0]
     marked = marked.model_copy(update={"gpus": {"0": "healthy"}, "health": "healthy"})
     nodes = [
@@ -155,16 +149,7 @@ def test_bars_scale_to_the_largest() -> None:
 
 
 def test_action_filter() -> None:
-    from schemas.common import ObjectRef
-    from schemas.remediation import Outcome, Remediation
-
-    r = Remediation(
-        action="quarantine",
-        target=ObjectRef(kind="Node", name="gpu-1"),
-        outcome=Outcome.APPLIED,
-        reason="XID 79",
-        actor="service/cordon",
-    )
+    r = node_action("quarantine", "gpu-1", "XID 79")
     assert ActionFilter().admits(r)
     assert ActionFilter(action="quarantine", outcome="applied", actor="cordon", text="xid").admits(
         r
@@ -234,13 +219,8 @@ def _quarantined(
 def _audit(
     action: str, outcome: str = "applied", reason: str = "r", **details: object
 ) -> Remediation:
-    return Remediation(
-        action=action,
-        target=ObjectRef(kind="Node", name="gpu-q"),
-        outcome=Outcome(outcome),
-        reason=reason,
-        actor="service/recovery",
-        details=details,
+    return node_action(
+        action, "gpu-q", reason, actor="service/recovery", outcome=Outcome(outcome), details=details
     )
 
 
@@ -305,30 +285,16 @@ def test_an_escalation_the_picture_records_is_told_past_the_kept_audit() -> None
 
 
 def _change(gpu: int, at: datetime, *pods: str, heartbeat: bool = False) -> GpuHealth:
-    return GpuHealth(
-        node="gpu-q",
-        gpu_index=gpu,
-        gpu_uuid=f"GPU-{gpu}",
-        state=HealthState.HEALTHY,
-        pods=[PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods],
-        heartbeat=heartbeat,
-        observed_at=at,
+    refs = [PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods]
+    return gpu_health(
+        "gpu-q", gpu, f"GPU-{gpu}", HealthState.HEALTHY, at, pods=refs, heartbeat=heartbeat
     )
 
 
 def _xid(gpu: int, at: datetime, *pods: str, instance: int | None = None) -> GpuXid:
-    return GpuXid(
-        node="gpu-q",
-        gpu_index=gpu,
-        gpu_uuid=f"GPU-{gpu}",
-        xid=13,
-        name="GR exception",
-        category="application",
-        catalog_action=RecommendedAction.RESTART_APP,
-        application=True,
-        gpu_instance_id=instance,
-        pods=[PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods],
-        observed_at=at,
+    refs = [PodRef(namespace=p.split("/")[0], name=p.split("/")[1]) for p in pods]
+    return app_xid(
+        "gpu-q", gpu, f"GPU-{gpu}", refs, at, name="GR exception", gpu_instance_id=instance
     )
 
 

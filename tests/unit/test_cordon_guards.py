@@ -12,6 +12,7 @@ from schemas.state.cordon import GpuRecord, NodeRecord
 from services.cordon.policy import PolicyAction, PolicyError, is_stale, load_policy, restates
 from services.kernel import BreakerSettings, Cooldown, RateLimiter, RateLimitSettings, is_exempt
 from services.kernel.breaker import decide, limit_for
+from tests.helpers.records import gpu_health
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -19,16 +20,7 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 def gpu(
     state: HealthState, *, seq: int = 1, boot: str | None = "b1", at: datetime = T0, **kw: object
 ) -> GpuHealth:
-    return GpuHealth(
-        node="n1",
-        gpu_index=0,
-        gpu_uuid="GPU-1",
-        state=state,
-        observed_at=at,
-        agent_boot_id=boot,
-        sequence=seq,
-        **kw,  # type: ignore[arg-type]
-    )
+    return gpu_health("n1", 0, "GPU-1", state, at, agent_boot_id=boot, sequence=seq, **kw)
 
 
 @pytest.mark.parametrize(

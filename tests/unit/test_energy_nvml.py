@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pynvml
 import pytest
 
@@ -11,6 +9,7 @@ from agents.sources.nvml_energy import NvmlEnergyReader
 from agents.sources.power import PowerSample, SourceError
 from schemas.energy import PowerSource
 from sim.nvml import SimNvml
+from tests.helpers.timing import median_us
 
 
 class Clock:
@@ -110,14 +109,9 @@ def test_close_releases_its_nvml_init() -> None:
 def test_read_cost_with_eight_gpus() -> None:
     """One read of 8 simulated GPUs (the reader's own overhead) stays far below 1 ms."""
     reader = NvmlEnergyReader(SimNvml.build("n1", count=8))
-    times = []
-    for _ in range(500):
-        t0 = time.perf_counter()
-        reader.read()
-        times.append(time.perf_counter() - t0)
-    median_us = sorted(times)[len(times) // 2] * 1e6
-    print(f"NvmlEnergyReader.read median {median_us:.1f} us for 8 sim GPUs")
-    assert median_us < 5000
+    median = median_us(reader.read, 500)
+    print(f"NvmlEnergyReader.read median {median:.1f} us for 8 sim GPUs")
+    assert median < 5000
 
 
 def test_a_node_without_the_nvidia_driver_has_no_nvml_source() -> None:

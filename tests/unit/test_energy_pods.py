@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agents.energy.pods import CpuTimes, attribute
+from agents.energy.pods import CpuTimes, PodEnergy, attribute
 from agents.sources.cgroups import read_cpu_usage
 from schemas.common import PodRef
 from schemas.energy import EnergyReading, PowerSource
@@ -44,6 +45,22 @@ def test_cpu_usage_is_read_per_pod_uid(tmp_path: Path) -> None:
     assert pods == {UID_A: 3_000_000, UID_B: 1_000_000}
 
 
+def _two_gpus_shared(readings: list[EnergyReading], node_j: float, **usage: Any) -> list[PodEnergy]:
+    """`attribute` on a node whose GPU 0 (3000 J) Alice holds and whose GPU 1 (2000 J, in MIG
+    mode) Alice and Bob share an instance each, with `readings` besides the GPUs'."""
+    gpus = [
+        EnergyReading(source=PowerSource.NVML, component="gpu-0", energy_j=3000, avg_power_w=300),
+        EnergyReading(source=PowerSource.NVML, component="gpu-1", energy_j=2000, avg_power_w=200),
+    ]
+    return attribute(
+        [*readings, *gpus],
+        node_j,
+        gpu_devices={"0": ["GPU-aaa", "0"], "1": ["GPU-bbb", "1", "MIG-b1", "MIG-b2"]},
+        by_device={"GPU-aaa": [ALICE], "MIG-b1": [ALICE], "MIG-b2": [BOB]},
+        **usage,
+    )
+
+
 def test_gpu_and_cpu_energy_are_shared_among_pods(tmp_path: Path) -> None:
     times = CpuTimes()
     cgroup_tree(tmp_path, node=10_000_000, a=3_000_000, b=1_000_000)
@@ -52,19 +69,11 @@ def test_gpu_and_cpu_energy_are_shared_among_pods(tmp_path: Path) -> None:
     cgroup_tree(tmp_path, node=18_000_000, a=7_000_000, b=2_000_000)
     node_us, pod_us = times.delta(*read_cpu_usage(tmp_path))
     assert (node_us, pod_us) == (8_000_000, {UID_A: 4_000_000, UID_B: 1_000_000})
-    readings = [
-        EnergyReading(source=PowerSource.RAPL, component="package-0", energy_j=800, avg_power_w=80),
-        EnergyReading(source=PowerSource.NVML, component="gpu-0", energy_j=3000, avg_power_w=300),
-        EnergyReading(source=PowerSource.NVML, component="gpu-1", energy_j=2000, avg_power_w=200),
-    ]
-    shares = attribute(
-        readings,
-        6000.0,
-        gpu_devices={"0": ["GPU-aaa", "0"], "1": ["GPU-bbb", "1", "MIG-b1", "MIG-b2"]},
-        by_device={"GPU-aaa": [ALICE], "MIG-b1": [ALICE], "MIG-b2": [BOB]},
-        node_pods=[ALICE, BOB],
-        cpu_node_us=node_us,
-        cpu_pod_us=pod_us,
+    package = EnergyReading(
+        source=PowerSource.RAPL, component="package-0", energy_j=800, avg_power_w=80
+    )
+    shares = _two_gpus_shared(
+        [package], 6000.0, node_pods=[ALICE, BOB], cpu_node_us=node_us, cpu_pod_us=pod_us
     )
     got = {s.pod.name: s for s in shares}
     assert got["train-a"].gpu_energy_j == pytest.approx(3000 + 1000)  # GPU 0, half of GPU 1
@@ -120,19 +129,8 @@ def test_a_pods_gpu_utilisation_is_the_mean_of_the_devices_it_holds() -> None:
     means = busy.close()
     assert means == {"GPU-aaa": 30.0, "0": 30.0, "MIG-b1": 80.0}
     assert busy.close() == {}  # the next interval starts empty
-    readings = [
-        EnergyReading(source=PowerSource.NVML, component="gpu-0", energy_j=3000, avg_power_w=300),
-        EnergyReading(source=PowerSource.NVML, component="gpu-1", energy_j=2000, avg_power_w=200),
-    ]
-    shares = attribute(
-        readings,
-        5000.0,
-        gpu_devices={"0": ["GPU-aaa", "0"], "1": ["GPU-bbb", "1", "MIG-b1", "MIG-b2"]},
-        by_device={"GPU-aaa": [ALICE], "MIG-b1": [ALICE], "MIG-b2": [BOB]},
-        node_pods=[],
-        cpu_node_us=0,
-        cpu_pod_us={},
-        gpu_util=means,
+    shares = _two_gpus_shared(
+        [], 5000.0, node_pods=[], cpu_node_us=0, cpu_pod_us={}, gpu_util=means
     )
     got = {s.pod.name: s for s in shares}
     # Alice: GPU 0 (30 %) whole, half of GPU 1 through MIG-b1 (80 %): (30 + 0.5 x 80) / 1.5.

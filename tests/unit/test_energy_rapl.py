@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from agents.sources.power import SourceError
 from agents.sources.rapl import RaplReader, RaplSettings
 from schemas.energy import PowerSource
+from tests.helpers.timing import median_us
 
 MAX_UJ = 262143328850  # a real package zone's max_energy_range_uj
 
@@ -173,11 +173,6 @@ def test_unreadable_counter_as_nobody() -> None:
 def test_read_cost(tree: dict[str, Path]) -> None:
     """A read of three zones stays well under a millisecond (median of 200)."""
     reader = RaplReader(RaplSettings(root=tree["root"]))
-    times = []
-    for _ in range(200):
-        t0 = time.perf_counter()
-        reader.read()
-        times.append(time.perf_counter() - t0)
-    median_us = sorted(times)[len(times) // 2] * 1e6
-    print(f"RaplReader.read median {median_us:.1f} us for 3 zones")
-    assert median_us < 5000
+    median = median_us(reader.read, 200)
+    print(f"RaplReader.read median {median:.1f} us for 3 zones")
+    assert median < 5000

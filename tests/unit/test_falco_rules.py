@@ -226,6 +226,19 @@ def test_duplicates_ignore_the_time_prefix_only() -> None:
 # Falcosidekick's `/test` event as each generation of its test handler wrote it (handlers.go),
 # after its own processing (default source `syscalls` from 2.25, `internal` for the test rule
 # from 2.29), and as its NATS output and webhook forward it.
+def _sidekick_test(time: str, **more: Any) -> dict[str, Any]:
+    """The test event from 2.25 on: the same fields, `time` and `more` apart."""
+    return {
+        "output": "This is a test from falcosidekick",
+        "priority": "Debug",
+        "hostname": "falcosidekick",
+        "rule": "Test rule",
+        "time": time,
+        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
+        **more,
+    }
+
+
 SIDEKICK_TESTS = {
     "before-2.25": {
         "output": "This is a test from falcosidekick",
@@ -234,37 +247,18 @@ SIDEKICK_TESTS = {
         "time": "2021-03-01T10:00:00Z",
         "outputfields": {"proc.name": "falcosidekick"},
     },
-    "2.25-syscalls": {
-        "output": "This is a test from falcosidekick",
-        "priority": "Debug",
-        "hostname": "falcosidekick",
-        "rule": "Test rule",
-        "time": "2022-06-01T10:00:00Z",
-        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
-        "source": "syscalls",
-        "tags": ["example", "test"],
-        "uuid": "6f1d0c3e-8a2b-4c7d-9e10-2b3a4c5d6e71",
-    },
-    "2.29-internal": {
-        "output": "This is a test from falcosidekick",
-        "priority": "Debug",
-        "hostname": "falcosidekick",
-        "rule": "Test rule",
-        "time": "2024-06-01T10:00:00Z",
-        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
-        "source": "internal",
-        "tags": ["example", "test"],
-    },
-    "2.31-debug-body": {
-        "output": "This is a test from falcosidekick",
-        "source": "debug",
-        "priority": "Debug",
-        "hostname": "falcosidekick",
-        "rule": "Test rule",
-        "time": "2025-06-01T10:00:00Z",
-        "output_fields": {"proc.name": "falcosidekick", "user.name": "falcosidekick"},
-        "tags": ["test", "example"],
-    },
+    "2.25-syscalls": _sidekick_test(
+        "2022-06-01T10:00:00Z",
+        source="syscalls",
+        tags=["example", "test"],
+        uuid="6f1d0c3e-8a2b-4c7d-9e10-2b3a4c5d6e71",
+    ),
+    "2.29-internal": _sidekick_test(
+        "2024-06-01T10:00:00Z", source="internal", tags=["example", "test"]
+    ),
+    "2.31-debug-body": _sidekick_test(
+        "2025-06-01T10:00:00Z", source="debug", tags=["test", "example"]
+    ),
 }
 
 

@@ -7,16 +7,16 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from nodeward.cli.status import format_age, gpu_summary, render
-from nodeward.fleet_status import GpuSeen, Seen, assemble, worst
+from nodeward.fleet_status import GpuSeen, Seen, worst
 from nodeward.views import Shown
-from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
-from schemas.remediation import Outcome, Remediation
 from schemas.state.breaker import BreakerState
 from schemas.state.cordon import BREAKER, NODES, GpuRecord, NodeRecord, Quarantine
 from services.cordon import view as cordon_view
 from services.culler import view as culler_view
 from services.culler.state import SessionRecord
+from tests.helpers.fleet import fleet_of
+from tests.helpers.records import gpu_health, node_action
 
 NOW = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -27,13 +27,7 @@ def _cordon(records: dict[str, NodeRecord]) -> Seen:
 
 
 def _health(node: str, index: int, state: str, at: datetime) -> GpuHealth:
-    return GpuHealth(
-        node=node,
-        gpu_index=index,
-        gpu_uuid=f"GPU-{node}-{index}",
-        state=HealthState(state),
-        observed_at=at,
-    )
+    return gpu_health(node, index, f"GPU-{node}-{index}", HealthState(state), at)
 
 
 def _quarantined_record() -> NodeRecord:
@@ -68,16 +62,9 @@ def test_status_reads_the_bucket_as_the_cordon_service_declares_it() -> None:
 
 
 def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
-    action = Remediation(
-        action="quarantine",
-        target=ObjectRef(kind="Node", name="gpu-a"),
-        outcome=Outcome.APPLIED,
-        reason="GPU 0 failed: XID 79",
-        actor="service/cordon",
-    )
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
+    action = node_action("quarantine", "gpu-a", "GPU 0 failed: XID 79")
+    fleet = fleet_of(
+        NOW,
         breaker=BreakerState(admitted={"Node/gpu-a": 1.0}),
         seen=_cordon({"gpu-a": _quarantined_record()}),
         health=[
@@ -88,7 +75,6 @@ def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
         telemetry={"gpu-c": NOW - timedelta(seconds=5)},
         dlq={"dlq.GPU.cordon": 2},
         actions=[(NOW - timedelta(minutes=3), action)],
-        agent_timeout=timedelta(seconds=90),
     )
     by_name = {n.name: n for n in fleet.nodes}
     assert list(by_name) == ["gpu-a", "gpu-b", "gpu-c"]
@@ -114,15 +100,9 @@ def test_status_lists_the_quarantine_with_reason_age_and_live_agents() -> None:
 
 
 def test_a_tripped_breaker_is_shown_open_with_its_reason() -> None:
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
+    fleet = fleet_of(
+        NOW,
         breaker=BreakerState(tripped_at=NOW.timestamp(), trip_reason="2 of 8 nodes", trips=1),
-        health=[],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
         missing=["stream AUDIT"],
     )
     assert fleet.breaker.open and fleet.breaker.tripped_at == NOW
@@ -162,17 +142,7 @@ def test_a_thousand_quiet_nodes_are_one_line_and_those_needing_attention_come_fi
     health[2 * 700] = _health("gpu-0700", 0, "degraded", NOW - timedelta(seconds=5))
     silent = _health("gpu-0900", 0, "healthy", NOW - timedelta(minutes=5))
     health[2 * 900 : 2 * 900 + 2] = [silent, silent.model_copy(update={"gpu_index": 1})]
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
-        breaker=None,
-        seen=_cordon({"gpu-0300": _quarantined_record()}),
-        health=health,
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-    )
+    fleet = fleet_of(NOW, seen=_cordon({"gpu-0300": _quarantined_record()}), health=health)
     assert [n.name for n in fleet.needing_attention()] == [
         "gpu-0300",  # quarantined, GPU 0 failed (its record)
         "gpu-0500",  # GPU 0 failed
@@ -206,16 +176,8 @@ def test_an_idle_agent_with_no_session_to_report_is_quiet_not_stale() -> None:
         agents={"gpu-a": {"idle": old}, "gpu-b": {"idle": old}},
         shown=[culler_view.shown(sessions, NOW)],
     )
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
-        breaker=None,
-        health=[_health(n, 0, "healthy", NOW) for n in ("gpu-a", "gpu-b")],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-        seen=seen,
+    fleet = fleet_of(
+        NOW, health=[_health(n, 0, "healthy", NOW) for n in ("gpu-a", "gpu-b")], seen=seen
     )
     a, b = fleet.nodes
     assert a.agents["idle"].state == "quiet" and a.attention == []
@@ -263,18 +225,7 @@ def test_a_node_whose_clock_is_off_says_so_and_by_how_much() -> None:
     # promptly published one speaks for the clock.
     seen.saw("late", "gpu", stored, stored + timedelta(milliseconds=2))
     seen.saw("late", "idle", stored, stored - timedelta(minutes=9))
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
-        breaker=None,
-        health=[],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-        seen=seen,
-        clock_skew=timedelta(seconds=5),
-    )
+    fleet = fleet_of(NOW, seen=seen, clock_skew=timedelta(seconds=5))
     nodes = {n.name: n for n in fleet.nodes}
     assert nodes["ahead"].clock_offset_s == 3601.0
     assert nodes["ahead"].agents["gpu"].clock_offset_s == 3600.0
@@ -291,16 +242,11 @@ def test_at_80_columns_node_names_are_whole_and_other_columns_wrap() -> None:
     apart: the identifying columns are never cut."""
     names = [f"gpu-a100-mig-{i:02d}.rack-17.example.org" for i in range(3)]
     records = {name: _quarantined_record() for name in names}
-    fleet = assemble(
-        nats_url="nats://x:4222",
-        now=NOW,
+    fleet = fleet_of(
+        NOW,
         seen=_cordon(records),
         breaker=BreakerState(),
         health=[_health(name, 0, "failed", NOW - timedelta(seconds=10)) for name in names],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
     )
     console = Console(width=80, record=True, color_system=None)
     console.print(render(fleet))
@@ -349,17 +295,7 @@ def test_a_views_rows_join_their_node_and_its_attention_by_rank() -> None:
         ]
     )
     health = [_health("gpu-y", 0, "degraded", NOW)]
-    fleet = assemble(
-        nats_url="nats://x",
-        now=NOW,
-        breaker=None,
-        health=health,
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-        seen=seen,
-    )
+    fleet = fleet_of(NOW, nats_url="nats://x", health=health, seen=seen)
     nodes = {n.name: n for n in fleet.nodes}
     assert set(nodes) == {"gpu-x", "gpu-y"}
     assert [r.text for r in nodes["gpu-x"].rows] == ["gpu-x needs a look"]
@@ -409,16 +345,8 @@ def test_several_services_views_share_a_node_most_severe_first() -> None:
             cordon_view.shown({"gpu-a": _quarantined_record()}, [], NOW),
         ]
     )
-    fleet = assemble(
-        nats_url="nats://x",
-        now=NOW,
-        breaker=None,
-        health=[_health("gpu-a", 0, "failed", NOW)],
-        telemetry={},
-        dlq={},
-        actions=[],
-        agent_timeout=timedelta(seconds=90),
-        seen=seen,
+    fleet = fleet_of(
+        NOW, nats_url="nats://x", health=[_health("gpu-a", 0, "failed", NOW)], seen=seen
     )
     (node,) = fleet.nodes
     assert [c.text for c in node.said("marks")] == [

@@ -44,38 +44,18 @@ DEFAULTS = (C, W, C, N, C, W)
 # Each service's severities per action, as its hand-written table had them.
 PINNED: dict[str, dict[str, tuple[Severity, ...]]] = {
     "cordon": {
-        "device_taint": (W, W, C, N, C, W),
-        "device_untaint": (N, N, C, N, C, W),
-        "gpu_exclude": (W, W, C, N, C, W),
-        "gpu_include": (N, N, C, N, C, W),
-        "release": (N, N, C, N, C, W),
+        **dict.fromkeys(("device_taint", "gpu_exclude"), (W, W, C, N, C, W)),
+        **dict.fromkeys(("device_untaint", "gpu_include", "release"), (N, N, C, N, C, W)),
     },
-    "credentials": {
-        "renew": (N, N, W, N, W, N),
-    },
-    "culler": {
-        "cancel": (N, N, W, N, C, N),
-        "ignore": (N, N, W, N, C, N),
-        "stop": (N, N, W, N, C, N),
-        "warn": (N, N, W, N, C, N),
-    },
+    "credentials": {"renew": (N, N, W, N, W, N)},
+    "culler": dict.fromkeys(("cancel", "ignore", "stop", "warn"), (N, N, W, N, C, N)),
     "maintenance": {
-        "announce": (N, N, W, W, C, N),
-        "checkpoint": (N, N, W, W, C, N),
-        "complete": (N, N, W, W, C, N),
-        "cordon": (W, N, W, W, C, N),
-        "drain": (W, N, W, W, C, N),
-        "evict-held": (W, N, W, W, C, N),
-        "fail": (N, N, W, W, C, N),
+        **dict.fromkeys(("announce", "checkpoint", "complete", "fail"), (N, N, W, W, C, N)),
+        **dict.fromkeys(("cordon", "drain", "evict-held"), (W, N, W, W, C, N)),
     },
-    "recovery": {
-        "drain": (N, N, C, N, W, W),
-        "reboot": (N, N, C, N, W, W),
-        "recover": (N, N, C, N, W, W),
-        "release": (N, N, C, N, W, W),
-        "reset": (N, N, C, N, W, W),
-        "validate": (N, N, C, N, W, W),
-    },
+    "recovery": dict.fromkeys(
+        ("drain", "reboot", "recover", "release", "reset", "validate"), (N, N, C, N, W, W)
+    ),
 }
 TABLES = {
     "cordon": cordon.SEVERITIES,

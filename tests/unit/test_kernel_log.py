@@ -129,13 +129,14 @@ def test_the_kernels_lines_in_every_text_form_are() -> None:
 
 
 def test_kmsg_reader_passes_only_the_kernels_records(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("")
+    path = _written(tmp_path / "kmsg", "")
     reader = KmsgReader(path)
     try:
-        with path.open("a") as f:
-            f.write("12,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, forged by a process\n")
-            f.write("3,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, the driver\n")
+        _append(
+            path,
+            "12,1,1,-;NVRM: Xid (PCI:0000:3b:00): 79, forged by a process\n",
+            "3,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, the driver\n",
+        )
         assert reader.messages() == ["NVRM: Xid (PCI:0000:3b:00): 79, the driver"]
     finally:
         reader.close()
@@ -164,21 +165,33 @@ def test_a_probe_head_without_its_tail_is_forgotten() -> None:
     assert parser.feed("NVRM: fallen off the bus and is not responding to commands.") == []
 
 
+def _written(path: Path, text: str) -> Path:
+    """`path`, holding `text` (what was logged before the test)."""
+    path.write_text(text)
+    return path
+
+
+def _append(path: Path, *texts: str) -> None:
+    """`texts` written to the end of `path`, as a logger would."""
+    with path.open("a") as f:
+        f.writelines(texts)
+
+
 def test_kmsg_reader_reads_only_what_is_logged_after_it_opens(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("6,1,1,-;old record\n")
+    path = _written(tmp_path / "kmsg", "6,1,1,-;old record\n")
     reader = KmsgReader(path)
     try:
         assert reader.read() == []
-        with path.open("a") as f:
-            f.write("4,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n")
-            f.write(" SUBSYSTEM=pci\n")
-            f.write("4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 4")  # cut short
+        _append(
+            path,
+            "4,2,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n",
+            " SUBSYSTEM=pci\n",
+            "4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 4",  # cut short
+        )
         records = reader.read()
         assert [r.sequence for r in records] == [2]
         assert records[0].dictionary == {"SUBSYSTEM": "pci"}
-        with path.open("a") as f:
-            f.write("3, pid=1, x\n")
+        _append(path, "3, pid=1, x\n")
         assert [r.message for r in reader.read()] == ["NVRM: Xid (PCI:0000:3b:00): 43, pid=1, x"]
         assert reader.read() == []
     finally:
@@ -186,8 +199,7 @@ def test_kmsg_reader_reads_only_what_is_logged_after_it_opens(tmp_path: Path) ->
 
 
 def test_kmsg_reader_can_start_at_the_oldest_record(tmp_path: Path) -> None:
-    path = tmp_path / "kmsg"
-    path.write_text("6,1,1,-;first\n6,2,2,-;second\n")
+    path = _written(tmp_path / "kmsg", "6,1,1,-;first\n6,2,2,-;second\n")
     reader = KmsgReader(path, from_start=True)
     try:
         assert [r.message for r in reader.read()] == ["first", "second"]
@@ -240,23 +252,19 @@ async def test_dev_kmsg_wakes_the_loop_with_one_record_per_read() -> None:
 
 
 def test_file_tail_follows_appends_truncation_and_rotation(tmp_path: Path) -> None:
-    path = tmp_path / "kern.log"
-    path.write_text("before\n")
+    path = _written(tmp_path / "kern.log", "before\n")
     tail = FileTail(path)
     try:
         assert tail.read() == []
-        with path.open("a") as f:
-            f.write("one\ntw")
+        _append(path, "one\ntw")
         assert tail.read() == ["one"]
-        with path.open("a") as f:
-            f.write("o\n")
+        _append(path, "o\n")
         assert tail.read() == ["two"]
         path.write_text("")  # truncated (copytruncate)
         assert tail.read() == []
         path.write_text("three\n")
         assert tail.read() == ["three"]
-        with path.open("a") as f:
-            f.write("last of the old\n")
+        _append(path, "last of the old\n")
         os.rename(path, tmp_path / "kern.log.1")
         path.write_text("first of the new\n")
         assert tail.read() == ["last of the old", "first of the new"]

@@ -12,38 +12,19 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import make_event
-from schemas.common import ObjectRef
 from schemas.notify import Notification, Severity
 from services.notifier.channels import matcher, resolved
 from services.notifier.grouping import Entry, Group, Grouper, GroupingSettings, RateLimitSettings
 from services.notifier.routing import Audience, Facts, Route, RoutingError, load_routes
 from services.notifier.service import NotifierSettings, lanes
+from tests.helpers.notices import note
 
 
-def notice(
-    title: str,
-    severity: Severity,
-    *,
-    node: str | None = None,
-    incident: str | None = None,
-    audience: str = "oncall",
-    topic: str = "gpu-health",
-    decision: str | None = None,
-    resolves: bool = False,
-) -> Entry:
-    targets = [ObjectRef(kind="Node", name=node)] if node else []
-    data = Notification(
-        severity=severity,
-        topic=topic,
-        title=title,
-        targets=targets,
-        incident=incident,
-        decision=decision,
-        resolves=resolves,
-        dedup_key=f"{title}/{node}",
-        audience=audience,
-    )
-    return Entry(make_event(data, source="test"), Audience.parse(audience), ("outbox",))
+def notice(title: str, severity: Severity, *, node: str | None = None, **fields: Any) -> Entry:
+    """A notice about `node` keyed by its title and node, as an outbox entry; `fields`: its
+    incident, audience, topic, decision, resolves..."""
+    data = note(title, severity, node=node, dedup_key=f"{title}/{node}", **fields)
+    return Entry(make_event(data, source="test"), Audience.parse(data.audience), ("outbox",))
 
 
 class Sent:

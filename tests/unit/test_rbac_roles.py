@@ -18,25 +18,14 @@ from launch.access import ACCOUNTS, DECLARED, GRANTS, READERS
 from nodeward.kube import access
 from nodeward.plugin import services
 from sim.cluster import rbac
+from tests.helpers.rbac import by_resource
 
 RBAC_DIR = Path(__file__).resolve().parents[2] / "deploy" / "rbac"
 
 
 @pytest.fixture(scope="module")
 def objects() -> dict[str, list[dict[str, Any]]]:
-    docs = rbac.load_manifests([RBAC_DIR])
-    out: dict[str, list[dict[str, Any]]] = {}
-    kinds = {
-        "ClusterRole": "clusterroles",
-        "ClusterRoleBinding": "clusterrolebindings",
-        "Role": "roles",
-        "RoleBinding": "rolebindings",
-        "ServiceAccount": "serviceaccounts",
-        "Namespace": "namespaces",
-    }
-    for doc in docs:
-        out.setdefault(kinds[doc["kind"]], []).append(doc)
-    return out
+    return by_resource(rbac.load_manifests([RBAC_DIR]))
 
 
 def _identity(service: str) -> rbac.Identity:
@@ -176,17 +165,7 @@ def test_roles_built_from_the_table_equal_the_deploy_files(
     objects: dict[str, list[dict[str, Any]]],
 ) -> None:
     """What the sim cluster uses when deploy/rbac is not at hand grants exactly the same."""
-    built: dict[str, list[dict[str, Any]]] = {}
-    kinds = {
-        "ClusterRole": "clusterroles",
-        "ClusterRoleBinding": "clusterrolebindings",
-        "Role": "roles",
-        "RoleBinding": "rolebindings",
-        "ServiceAccount": "serviceaccounts",
-        "Namespace": "namespaces",
-    }
-    for doc in rbac.manifests_from_access(DECLARED):
-        built.setdefault(kinds[doc["kind"]], []).append(doc)
+    built = by_resource(rbac.manifests_from_access(DECLARED))
     probes = [
         rbac.Request(verb, group, resource, sub, ns, "")
         for group, resource, sub in (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.cluster.protobuf import UndecodableError, decode
+from tests.helpers.kube import request_body
 
 # `kubectl auth can-i patch nodes` (kubectl v1.37.1, context namespace "nodeward")
 CAN_I_PATCH_NODES = bytes.fromhex(
@@ -16,14 +17,13 @@ CAN_I_PATCH_NODES = bytes.fromhex(
 
 
 def test_self_subject_access_review_from_kubectl() -> None:
-    assert decode(CAN_I_PATCH_NODES) == {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectAccessReview",
-        "metadata": {},
-        "spec": {
+    assert decode(CAN_I_PATCH_NODES) == request_body(
+        "authorization.k8s.io/v1",
+        "SelfSubjectAccessReview",
+        spec={
             "resourceAttributes": {"namespace": "nodeward", "verb": "patch", "resource": "nodes"}
         },
-    }
+    )
 
 
 def test_other_bodies_are_not_decoded() -> None:
@@ -55,17 +55,15 @@ CAN_I_GET_API = bytes.fromhex(
 
 
 def test_the_other_reviews_kubectl_sends() -> None:
-    assert decode(CAN_I_LIST) == {
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SelfSubjectRulesReview",
-        "metadata": {},
-        "spec": {"namespace": "nodeward"},
-    }
-    assert decode(WHOAMI) == {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "SelfSubjectReview",
-        "metadata": {},
-    }
+    assert decode(CAN_I_LIST) == request_body(
+        "authorization.k8s.io/v1",
+        "SelfSubjectRulesReview",
+        spec={"namespace": "nodeward"},
+    )
+    assert decode(WHOAMI) == request_body(
+        "authentication.k8s.io/v1",
+        "SelfSubjectReview",
+    )
     assert decode(CAN_I_GET_API)["spec"] == {
         "nonResourceAttributes": {"path": "/api", "verb": "get"}
     }

@@ -6,22 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from sim.cluster import rbac
+from tests.helpers.rbac import by_resource
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _objects(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    plural = {
-        "ClusterRole": "clusterroles",
-        "ClusterRoleBinding": "clusterrolebindings",
-        "Role": "roles",
-        "RoleBinding": "rolebindings",
-    }
-    out: dict[str, list[dict[str, Any]]] = {}
-    for doc in docs:
-        if doc.get("kind") in plural:
-            out.setdefault(plural[doc["kind"]], []).append(doc)
-    return out
+    return by_resource(docs, ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"))
 
 
 def test_the_source_trees_deploy_rbac_is_the_default() -> None:

@@ -21,6 +21,7 @@ from sim.cluster.resources import require
 from sim.cluster.seed import apply_seed
 from sim.cluster.store import Store
 from sim.cluster.tokens import CACHE_TTL, ISSUER, Refused, Tokens
+from tests.helpers.kube import request_body
 
 PODS = require("", "v1", "pods")
 NS = "ml-nlp"
@@ -134,16 +135,15 @@ def test_what_is_not_this_issuers_token_is_none(store: Store) -> None:
 
 
 def test_kubectls_protobuf_token_request() -> None:
-    assert decode(CREATE_TOKEN) == {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "metadata": {},
-        "spec": {
+    assert decode(CREATE_TOKEN) == request_body(
+        "authentication.k8s.io/v1",
+        "TokenRequest",
+        spec={
             "audiences": ["nats", "b"],
             "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "agent", "uid": "u-1"},
             "expirationSeconds": 1200,
         },
-    }
+    )
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -157,9 +157,8 @@ def test_a_protobuf_token_review() -> None:
     review = _field(1, b"") + _field(2, spec)
     type_meta = _field(1, b"authentication.k8s.io/v1") + _field(2, b"TokenReview")
     body = b"k8s\x00" + _field(1, type_meta) + _field(2, review)
-    assert decode(body) == {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenReview",
-        "metadata": {},
-        "spec": {"token": "a.b.c", "audiences": ["nats", "other"]},
-    }
+    assert decode(body) == request_body(
+        "authentication.k8s.io/v1",
+        "TokenReview",
+        spec={"token": "a.b.c", "audiences": ["nats", "other"]},
+    )

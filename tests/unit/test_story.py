@@ -18,6 +18,7 @@ from schemas.gpu import GpuHealth, HealthReason, HealthState
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import NodeRecord, Quarantine
+from tests.helpers.records import gpu_health, node_action, notebook_idle
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 
@@ -48,17 +49,17 @@ class Clock:
 
 
 def health(state: HealthState, previous: HealthState | None, heartbeat: bool = False) -> GpuHealth:
-    return GpuHealth(
-        node="gpu-a",
-        gpu_index=0,
-        gpu_uuid="GPU-0",
-        state=state,
+    xid = HealthReason(code="xid", xid=79, message="fallen off the bus")
+    reasons = [xid] if state == HealthState.FAILED else []
+    return gpu_health(
+        "gpu-a",
+        0,
+        "GPU-0",
+        state,
+        T0,
         previous_state=previous,
         heartbeat=heartbeat,
-        reasons=[HealthReason(code="xid", xid=79, message="fallen off the bus")]
-        if state == HealthState.FAILED
-        else [],
-        observed_at=T0,
+        reasons=reasons,
     )
 
 
@@ -78,14 +79,7 @@ def applied(incident: str) -> bytes:
 
 def quarantine_decision(trigger: str, at: datetime) -> Any:
     return make_event(
-        Remediation(
-            action="quarantine",
-            target=ObjectRef(kind="Node", name="gpu-a"),
-            outcome=Outcome.APPLIED,
-            reason="GPU 0 failed",
-            actor="service/cordon",
-            trigger_event_id=trigger,
-        ),
+        node_action("quarantine", "gpu-a", "GPU 0 failed", trigger_event_id=trigger),
         source="service/cordon",
     ).model_copy(update={"time": at})
 
@@ -195,13 +189,7 @@ def test_a_notice_whose_decision_never_came_is_still_told() -> None:
 def test_a_release_is_its_own_step() -> None:
     lines: list[str] = []
     story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
-    release = Remediation(
-        action="release",
-        target=ObjectRef(kind="Node", name="gpu-a"),
-        outcome=Outcome.APPLIED,
-        reason="every GPU healthy for 15s",
-        actor="service/cordon",
-    )
+    release = node_action("release", "gpu-a", "every GPU healthy for 15s")
     story.on_event(wire(release, T0), T0)  # type: ignore[arg-type]
     story.flush(everything=True)
     assert lines[0].startswith("RELEASE ") and "every GPU healthy for 15s" in lines[0]
@@ -258,22 +246,15 @@ async def test_the_outbox_watch_tells_new_files_only(tmp_path: Path) -> None:
 
 
 def test_an_idle_session_is_told_once_per_idle_period() -> None:
-    from schemas.session import IdleEvidence, SessionIdle, SessionKind
+    from schemas.session import IdleEvidence, SessionIdle
 
     lines: list[str] = []
     clock = Clock()
     story = Story(emit=lambda line, _sev: lines.append(line), hold=0.4, clock=clock)
 
     def idle(since: datetime, idle_for: float) -> SessionIdle:
-        return SessionIdle(
-            namespace="ml-a",
-            pod="nb-0",
-            node="gpu-a",
-            kind=SessionKind.NOTEBOOK,
-            idle_since=since,
-            idle_for_s=idle_for,
-            evidence=[IdleEvidence(signal="cpu", idle_since=since, detail="0.01 cores")],
-        )
+        cpu = IdleEvidence(signal="cpu", idle_since=since, detail="0.01 cores")
+        return notebook_idle("ml-a", "nb-0", "gpu-a", since, idle_for, cpu)
 
     for i in range(3):  # the agent restates the same idle period every interval
         at = T0 + timedelta(seconds=30 * i)
@@ -373,13 +354,7 @@ def test_each_step_of_a_recovery_is_told() -> None:
         ("release", "gpu-a back in service"),
     ]
     for i, (action, reason) in enumerate(steps):
-        step = Remediation(
-            action=action,
-            target=ObjectRef(kind="Node", name="gpu-a"),
-            outcome=Outcome.APPLIED,
-            reason=reason,
-            actor="service/recovery",
-        )
+        step = node_action(action, "gpu-a", reason, actor="service/recovery")
         story.on_event(wire(step, T0 + timedelta(seconds=i)), T0 + timedelta(seconds=i))
     story.flush(everything=True)
     assert [line.split()[0] for line in lines] == ["RECOVERY"] * 4 + ["RELEASE"]
