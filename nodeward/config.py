@@ -19,16 +19,18 @@ from nodeward.durations import Duration
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A section of the config file: an unknown key is refused. A field's description is the
+    string under it (pydantic's `use_attribute_docstrings`), or its `Field(description=...)`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class BusSettings(Section):
     """How a daemon reaches NATS."""
 
     url: str = "nats://127.0.0.1:4222"
-    name: str | None = Field(
-        default=None, description="client connection name; defaults to the daemon's"
-    )
+    name: str | None = None
+    """client connection name; defaults to the daemon's"""
     user: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
@@ -42,16 +44,16 @@ class BusSettings(Section):
         description="with token_file: from this long before the token in use ends, "
         "reconnect as soon as the file holds a newer one",
     )
-    creds_file: Path | None = Field(default=None, description="NATS .creds (JWT + nkey seed)")
+    creds_file: Path | None = None
+    """NATS .creds (JWT + nkey seed)"""
     nkey_seed_file: Path | None = None
-    inbox_prefix: str | None = Field(
-        default=None, description="e.g. _INBOX_<node> for per-node ACLs"
-    )
+    inbox_prefix: str | None = None
+    """e.g. _INBOX_<node> for per-node ACLs"""
     tls_ca_file: Path | None = None
-    tls_cert_file: Path | None = Field(
-        default=None, description="a client certificate (PEM) for a server that verifies them"
-    )
-    tls_key_file: Path | None = Field(default=None, description="the client certificate's key")
+    tls_cert_file: Path | None = None
+    """a client certificate (PEM) for a server that verifies them"""
+    tls_key_file: Path | None = None
+    """the client certificate's key"""
     connect_timeout: Duration = timedelta(seconds=2)
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
@@ -66,9 +68,8 @@ class BusSettings(Section):
         description="a daemon is not ready once the server has not answered a ping, "
         "acknowledged a publish or fed its consumers for this long",
     )
-    ping_interval: Duration = Field(
-        default=timedelta(seconds=1), description="how often a daemon pings the server"
-    )
+    ping_interval: Duration = timedelta(seconds=1)
+    """how often a daemon pings the server"""
     stream_replicas: int = Field(default=1, ge=1, le=5)
     partitions: int = Field(
         default=1,
@@ -78,15 +79,15 @@ class BusSettings(Section):
         " per partition, claimed by a service's replicas with KV leases); every daemon of a"
         " deployment must say the same",
     )
-    provision: bool = Field(
-        default=True, description="create/update streams on start (needs $JS.API rights)"
-    )
+    provision: bool = True
+    """create/update streams on start (needs $JS.API rights)"""
 
 
 class ClusterSettings(Section):
     """How services reach Kubernetes."""
 
-    kubeconfig: Path | None = Field(default=None, description="None: in-cluster config")
+    kubeconfig: Path | None = None
+    """None: in-cluster config"""
     context: str | None = None
     request_timeout: Duration = timedelta(seconds=10)
     retries: int = Field(default=5, ge=0)
@@ -137,15 +138,19 @@ class AuthCalloutSettings(Section):
         description="the account users are placed in: its name (server config accounts), "
         "or its public key A... (operator mode, where the issuer is its signing key)",
     )
-    namespace: str = Field(default="nodeward", description="where nodeward's pods run")
-    release: str = Field(default="nodeward", description="ServiceAccounts are <release>-<name>")
-    audience: str = Field(default="nats", description="the audience tokens must be for")
+    namespace: str = "nodeward"
+    """where nodeward's pods run"""
+    release: str = "nodeward"
+    """ServiceAccounts are <release>-<name>"""
+    audience: str = "nats"
+    """the audience tokens must be for"""
     user_ttl: Duration = Field(
         default=timedelta(hours=1),
         description="how long a grant lasts for a token that does not end (one that does: "
         "until it ends; the daemon reconnects with its rotated token before then)",
     )
-    queue: str = Field(default="nodeward-auth-callout", description="replicas share requests")
+    queue: str = "nodeward-auth-callout"
+    """replicas share requests"""
 
 
 class LogSettings(Section):

@@ -34,30 +34,28 @@ class PowerCapSettings(Section):
     node: PowerCap | None = None
     racks: dict[str, PowerCap] = Field(default_factory=dict, description="rack name -> cap")
     rack_label: str = "topology.kubernetes.io/rack"
-    rack: str | None = Field(
-        default=None, description="this node's rack; None: read the node's `rack_label` once"
-    )
+    rack: str | None = None
+    """this node's rack; None: read the node's `rack_label` once"""
 
 
 class EnergySettings(Section):
     """`agents.energy`."""
 
-    node: str | None = Field(default=None, description="None: NODE_NAME, else the host name")
+    node: str | None = None
+    """None: NODE_NAME, else the host name"""
     interval: Duration = timedelta(seconds=60)
-    sample_every: Duration = Field(
-        default=timedelta(seconds=1), description="how often power sources are read"
-    )
-    read_timeout: Duration = Field(
-        default=timedelta(seconds=3),
-        description="a source read that takes longer is reported degraded (the loop goes on)",
-    )
+    sample_every: Duration = timedelta(seconds=1)
+    """how often power sources are read"""
+    read_timeout: Duration = timedelta(seconds=3)
+    """a source read that takes longer is reported degraded (the loop goes on)"""
     max_gap: Duration | None = Field(
         default=None,
         description="readings further apart are not integrated (the time is reported as "
         "uncovered), nor are readings with a failed read between them; None: two sampling "
         "periods plus read_timeout (a slow read is not a gap)",
     )
-    bucket: str = Field(default=TOTALS.name, description="KV bucket of the cumulative totals")
+    bucket: str = TOTALS.name
+    """KV bucket of the cumulative totals"""
     ipmi: IpmiSettings = IpmiSettings()
     rapl: RaplSettings = RaplSettings()
     nvml: NvmlEnergySettings = NvmlEnergySettings()

@@ -33,11 +33,13 @@ class CpufreqSettings(Section):
 
     enabled: bool = True
     root: Path = Path("/sys/devices/system/cpu")
-    governor: str = Field(default="performance", description="the governor GPU nodes should use")
+    governor: str = "performance"
+    """the governor GPU nodes should use"""
     spread_bound_pct: float = Field(
         default=25.0, gt=0, le=100, description="a larger (max - min) / max is a finding"
     )
-    every: Duration = Field(default=timedelta(minutes=5), description="how often to check")
+    every: Duration = timedelta(minutes=5)
+    """how often to check"""
     samples: int = Field(default=3, ge=1, le=20, description="frequency reads per check")
     sample_gap: Duration = Field(default=timedelta(milliseconds=200))
 

@@ -17,15 +17,12 @@ from schemas.session import SessionKind
 class IdleSettings(Section):
     """The idleness agent. Env overrides: `NODEWARD_AGENTS__IDLE__<KEY>`."""
 
-    node: str | None = Field(default=None, description="None: $NODE_NAME, else the hostname")
-    interval: Duration = Field(
-        default=timedelta(seconds=30),
-        description="how often each session's evidence is judged and session.activity published",
-    )
-    gpu_sample_every: Duration = Field(
-        default=timedelta(seconds=5),
-        description="GPU utilisation is read this often; the interval's maximum is judged",
-    )
+    node: str | None = None
+    """None: $NODE_NAME, else the hostname"""
+    interval: Duration = timedelta(seconds=30)
+    """how often each session's evidence is judged and session.activity published"""
+    gpu_sample_every: Duration = timedelta(seconds=5)
+    """GPU utilisation is read this often; the interval's maximum is judged"""
     idle_after: Duration = Field(
         default=timedelta(seconds=30),
         description="a session idle on every signal this long is reported (session.idle), "

@@ -88,17 +88,17 @@ class CarbonSettings(Section):
     provider: Literal["static", "electricitymaps", "rte-eco2mix", "uk-neso"] = "static"
     static_g_per_kwh: float = Field(default=0.0, ge=0)
     static_basis: Literal["lifecycle", "operational"] = "operational"
-    zone: str = Field(default="FR", description="Electricity Maps zone / label for others")
-    url: str | None = Field(default=None, description="override the provider's base URL")
-    token: SecretStr | None = Field(default=None, description="Electricity Maps auth-token")
+    zone: str = "FR"
+    """Electricity Maps zone / label for others"""
+    url: str | None = None
+    """override the provider's base URL"""
+    token: SecretStr | None = None
+    """Electricity Maps auth-token"""
     token_file: Path | None = None
-    refresh: Duration = Field(
-        default=timedelta(minutes=15), description="how long a reading is reused"
-    )
-    stale_after: Duration = Field(
-        default=timedelta(hours=2),
-        description="a failed provider's last value is used (marked stale) this long, then static",
-    )
+    refresh: Duration = timedelta(minutes=15)
+    """how long a reading is reused"""
+    stale_after: Duration = timedelta(hours=2)
+    """a failed provider's last value is used (marked stale) this long, then static"""
     timeout: Duration = timedelta(seconds=10)
 
 

@@ -63,16 +63,15 @@ class IpmiSettings(Section):
     """The node's BMC: in-band (`/dev/ipmi0`) without a host, else over the LAN."""
 
     enabled: bool = True
-    host: str | None = Field(default=None, description="None: in-band through /dev/ipmi0")
+    host: str | None = None
+    """None: in-band through /dev/ipmi0"""
     port: int = Field(default=623, ge=1, le=65535)
     user: str | None = None
     password: SecretStr | None = None
-    password_file: Path | None = Field(
-        default=None, description="read at start; wins over password"
-    )
-    interface: Literal["lanplus", "lan"] = Field(
-        default="lanplus", description="RMCP+ (IPMI 2.0); `lan` for BMCs with RMCP only"
-    )
+    password_file: Path | None = None
+    """read at start; wins over password"""
+    interface: Literal["lanplus", "lan"] = "lanplus"
+    """RMCP+ (IPMI 2.0); `lan` for BMCs with RMCP only"""
     timeout: Duration = timedelta(seconds=5)
     sensors: list[str] = Field(
         default_factory=list,

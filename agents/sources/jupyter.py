@@ -40,17 +40,15 @@ class JupyterSettings(Section):
         "else the first port whose name starts with `http`",
     )
     timeout: Duration = timedelta(seconds=3)
-    token_file: Path | None = Field(
-        default=None, description="file holding the servers' API token (sent, never logged)"
-    )
+    token_file: Path | None = None
+    """file holding the servers' API token (sent, never logged)"""
     url: str | None = Field(
         default=None,
         description="template of the server's base URL for every pod, with {ip} {port} "
         "{prefix} {namespace} {name}; default " + DEFAULT_URL,
     )
-    url_annotation: str = Field(
-        default=URL_ANNOTATION, description="pod annotation that gives the base URL itself"
-    )
+    url_annotation: str = URL_ANNOTATION
+    """pod annotation that gives the base URL itself"""
 
 
 class NoServerUrl(ValueError):

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from pydantic import Field
 
 from agents.sources.power import PowerSample, SourceError
 from nodeward.config import Section
@@ -28,7 +27,8 @@ _PERMISSION_HINT = (
 
 class RaplSettings(Section):
     enabled: bool = True
-    root: Path = Field(default=Path("/sys/class/powercap"), description="the powercap sysfs root")
+    root: Path = Path("/sys/class/powercap")
+    """the powercap sysfs root"""
 
 
 @dataclass

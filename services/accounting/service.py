@@ -95,18 +95,15 @@ class AccountingSettings(Section):
         default_factory=lambda: ["remediation.warn.>", "remediation.stop.>"], min_length=1
     )
     finding_subjects: list[str] = Field(default_factory=lambda: ["node.finding.>"], min_length=1)
-    culler_actor: str = Field(
-        default="service/culler", description="whose warn and stop audits count as sessions"
-    )
+    culler_actor: str = "service/culler"
+    """whose warn and stop audits count as sessions"""
     owner_annotation: str = OWNER_ANNOTATION
     model_label: str = MODEL_LABEL
     concurrency: int = Field(default=8, ge=1)
-    retention: Duration = Field(
-        default=timedelta(days=400), description="a rollup is kept this long after its last change"
-    )
-    node_cache: Duration = Field(
-        default=timedelta(minutes=10), description="how long a node's GPU model is cached"
-    )
+    retention: Duration = timedelta(days=400)
+    """a rollup is kept this long after its last change"""
+    node_cache: Duration = timedelta(minutes=10)
+    """how long a node's GPU model is cached"""
 
 
 app = Service(

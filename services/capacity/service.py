@@ -51,15 +51,12 @@ class CapacitySettings(Consuming):
     health_subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
     maintenance_subjects: list[str] = Field(default_factory=lambda: ["maintenance.>"], min_length=1)
     bucket: str = SNAPSHOT.name
-    debounce: Duration = Field(
-        default=timedelta(seconds=0.5), description="count once changes pause this long"
-    )
-    max_delay: Duration = Field(
-        default=timedelta(seconds=2), description="count at least this soon after a change"
-    )
-    relist_delay: Duration = Field(
-        default=timedelta(seconds=2), description="wait before listing again after a watch fails"
-    )
+    debounce: Duration = timedelta(seconds=0.5)
+    """count once changes pause this long"""
+    max_delay: Duration = timedelta(seconds=2)
+    """count at least this soon after a change"""
+    relist_delay: Duration = timedelta(seconds=2)
+    """wait before listing again after a watch fails"""
     dra_drivers: list[str] = Field(
         default_factory=lambda: ["gpu.nvidia.com"],
         description="DRA drivers whose ResourceSlices publish GPUs (counted on nodes without"

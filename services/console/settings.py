@@ -13,12 +13,11 @@ from nodeward.config import Section
 class ConsoleSettings(Section):
     """Where the console listens, who may read it, and how much of the feeds it keeps."""
 
-    host: str = Field(default="127.0.0.1", description="loopback by default; elsewhere a token")
+    host: str = "127.0.0.1"
+    """loopback by default; elsewhere a token"""
     port: int = Field(default=8480, ge=0, le=65535, description="0 picks a free port")
-    token_file: Path | None = Field(
-        default=None,
-        description="the viewers' token (one line, at least 16 characters); required off loopback",
-    )
+    token_file: Path | None = None
+    """the viewers' token (one line, at least 16 characters); required off loopback"""
     actions: int = Field(default=500, ge=10, description="audit records kept for the Actions view")
     alerts: int = Field(default=200, ge=10, description="Falco alerts kept for the Security view")
     dead_letters: int = Field(default=50, ge=1, description="newest dead letters shown")

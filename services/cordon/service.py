@@ -133,23 +133,20 @@ class CordonSettings(Consuming):
     subjects: list[str] = Field(default_factory=lambda: ["gpu.health.>"], min_length=1)
     bucket: str = NODES.name
     concurrency: int = Field(default=16, ge=1)
-    policy_file: Path | None = Field(default=None, description="None: the shipped default")
-    cordon: bool = Field(default=True, description="also mark the node unschedulable")
-    no_execute: bool = Field(default=False, description="also taint NoExecute (evicts pods)")
-    healthy_period: Duration = Field(
-        default=timedelta(minutes=10), description="every GPU healthy this long before release"
-    )
-    cooldown: Duration = Field(
-        default=timedelta(minutes=5), description="a quarantine is held at least this long"
-    )
-    max_event_age: Duration = Field(
-        default=timedelta(minutes=15),
-        description="older failures (a replay on cold start) are recorded, never acted on",
-    )
-    flap_window: Duration = Field(
-        default=timedelta(minutes=30),
-        description="turns to failed of one GPU counted this long (flap damping)",
-    )
+    policy_file: Path | None = None
+    """None: the shipped default"""
+    cordon: bool = True
+    """also mark the node unschedulable"""
+    no_execute: bool = False
+    """also taint NoExecute (evicts pods)"""
+    healthy_period: Duration = timedelta(minutes=10)
+    """every GPU healthy this long before release"""
+    cooldown: Duration = timedelta(minutes=5)
+    """a quarantine is held at least this long"""
+    max_event_age: Duration = timedelta(minutes=15)
+    """older failures (a replay on cold start) are recorded, never acted on"""
+    flap_window: Duration = timedelta(minutes=30)
+    """turns to failed of one GPU counted this long (flap damping)"""
     flap_threshold: int = Field(
         default=3,
         ge=2,
@@ -163,10 +160,8 @@ class CordonSettings(Consuming):
         description="a change a heartbeat restates, not handled this long after it happened,"
         " is taken from the heartbeat (it was lost, or the change path is that far behind)",
     )
-    ack_wait: Duration = Field(
-        default=timedelta(seconds=30),
-        description="an event held by a crashed replica is redelivered after this long",
-    )
+    ack_wait: Duration = timedelta(seconds=30)
+    """an event held by a crashed replica is redelivered after this long"""
     node_count_ttl: Duration = timedelta(seconds=30)
     remembered_nodes: int = Field(
         default=10_000,

@@ -36,7 +36,8 @@ class XidRepeatSettings(Section):
 
     enabled: bool = True
     count: int = Field(default=3, ge=2, description="this many of one XID on one GPU ...")
-    window: Duration = Field(default=timedelta(minutes=10), description="... within this")
+    window: Duration = timedelta(minutes=10)
+    """... within this"""
     categories: list[str] = Field(
         default_factory=lambda: ["application"],
         description="the catalog classes counted (others fail the GPU through its health)",

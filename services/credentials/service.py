@@ -163,42 +163,30 @@ class CredentialsSettings(ActingSettings, Consuming):
     concurrency: int = Field(default=16, ge=1)
     lease: str = "nodeward-credentials-scheduler"
     lease_duration: Duration = timedelta(seconds=15)
-    scan_interval: Duration = Field(
-        default=timedelta(seconds=30), description="how often the scheduler lists Secrets"
-    )
-    republish_after: Duration = Field(
-        default=timedelta(minutes=5),
-        description="a credential still due this long after its announcement is announced again",
-    )
+    scan_interval: Duration = timedelta(seconds=30)
+    """how often the scheduler lists Secrets"""
+    republish_after: Duration = timedelta(minutes=5)
+    """a credential still due this long after its announcement is announced again"""
     renew_when_left: float = Field(
         default=0.3, gt=0, lt=1, description="renew once this share of the lifetime is left"
     )
     jitter: float = Field(
         default=0.1, ge=0, lt=0.5, description="renew up to this share of the lifetime earlier"
     )
-    default_lead: Duration = Field(
-        default=timedelta(minutes=10),
-        description="how long before expiry to renew when the lifetime is unknown",
-    )
-    user_notice_before: Duration = Field(
-        default=timedelta(days=1),
-        description="warn the owner this long before a ticket's renewable life ends",
-    )
-    page_when_left: Duration = Field(
-        default=timedelta(minutes=30),
-        description="a failing renewal pages on-call only when expiry is this close",
-    )
+    default_lead: Duration = timedelta(minutes=10)
+    """how long before expiry to renew when the lifetime is unknown"""
+    user_notice_before: Duration = timedelta(days=1)
+    """warn the owner this long before a ticket's renewable life ends"""
+    page_when_left: Duration = timedelta(minutes=30)
+    """a failing renewal pages on-call only when expiry is this close"""
     lock_ttl: Duration = timedelta(seconds=60)
     retry_delays: list[float] = Field(default_factory=lambda: [2.0, 5.0, 15.0, 30.0, 60.0])
     max_deliver: int = Field(default=30, ge=1)
     http_timeout: Duration = timedelta(seconds=10)
-    verify_service: str | None = Field(
-        default=None,
-        description="GSSAPI host-based name (service@host) a renewed ticket must reach",
-    )
-    krb5_config: str | None = Field(
-        default=None, description="krb5.conf for the KDCs (KRB5_CONFIG); the system's if unset"
-    )
+    verify_service: str | None = None
+    """GSSAPI host-based name (service@host) a renewed ticket must reach"""
+    krb5_config: str | None = None
+    """krb5.conf for the KDCs (KRB5_CONFIG); the system's if unset"""
 
 
 def _when(at: datetime) -> str:

@@ -55,15 +55,12 @@ class Limits:
 class CullPolicy(Section):
     """The part of `services.culler` that says when."""
 
-    warn_after: Duration = Field(
-        default=timedelta(hours=2), description="idle this long: the owner is warned"
-    )
-    cull_after: Duration = Field(
-        default=timedelta(hours=3), description="idle this long (and warned): the session stops"
-    )
-    max_age: Duration | None = Field(
-        default=None, description="stop sessions older than this even if active (warned first)"
-    )
+    warn_after: Duration = timedelta(hours=2)
+    """idle this long: the owner is warned"""
+    cull_after: Duration = timedelta(hours=3)
+    """idle this long (and warned): the session stops"""
+    max_age: Duration | None = None
+    """stop sessions older than this even if active (warned first)"""
     kinds: dict[str, KindPolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -86,10 +86,8 @@ class CullerSettings(CullPolicy, ActingSettings, Consuming):
         default_factory=lambda: ["StatefulSet", "ReplicaSet"],
         description="a plain session pod is deleted only if one of these controls it",
     )
-    max_event_age: Duration = Field(
-        default=timedelta(minutes=10),
-        description="older events (a replay) are recorded, never acted on",
-    )
+    max_event_age: Duration = timedelta(minutes=10)
+    """older events (a replay) are recorded, never acted on"""
     lease_ttl: Duration = Field(
         default=timedelta(seconds=20),
         description="with bus.partitions > 1: a replica's partitions are taken over this long"
@@ -101,10 +99,8 @@ class CullerSettings(CullPolicy, ActingSettings, Consuming):
         description="a session's record (warning, stop) is forgotten this long after its "
         "last change, so records of pods long gone do not pile up",
     )
-    namespace_ttl: Duration = Field(
-        default=timedelta(seconds=60),
-        description="how long a namespace's policy annotations and labels are cached",
-    )
+    namespace_ttl: Duration = timedelta(seconds=60)
+    """how long a namespace's policy annotations and labels are cached"""
 
 
 app = Service(

@@ -79,14 +79,12 @@ class IngestSettings(Section):
     enabled: bool = True
     host: str = "0.0.0.0"  # Falco runs on every node; the NetworkPolicy narrows who reaches it
     port: int = Field(default=2803, ge=0, le=65535, description="0 picks a free port")
-    token_file: Path | None = Field(
-        default=None, description="the bearer token (one line); `nodeward up` generates one"
-    )
+    token_file: Path | None = None
+    """the bearer token (one line); `nodeward up` generates one"""
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
-    client_ca_file: Path | None = Field(
-        default=None, description="mTLS: clients must present a certificate this CA signed"
-    )
+    client_ca_file: Path | None = None
+    """mTLS: clients must present a certificate this CA signed"""
     max_body_bytes: int = Field(default=64 * 1024, ge=1024)
     max_alerts: int = Field(default=100, ge=1, description="alerts in one JSON array body")
     max_backlog: int = Field(
@@ -98,12 +96,10 @@ class IngestSettings(Section):
     resume_below: float = Field(
         default=0.8, gt=0, le=1, description="... until the backlog is under this share of it"
     )
-    retry_after: Duration = Field(
-        default=timedelta(seconds=10), description="the 429's Retry-After"
-    )
-    backlog_check: Duration = Field(
-        default=timedelta(milliseconds=500), description="how often the server is asked"
-    )
+    retry_after: Duration = timedelta(seconds=10)
+    """the 429's Retry-After"""
+    backlog_check: Duration = timedelta(milliseconds=500)
+    """how often the server is asked"""
 
 
 def read_token(path: Path) -> str:

@@ -38,25 +38,21 @@ class FalcoSettings(ActingSettings, Consuming):
         "counted and audited as one record when the window closes (None: each one in full)",
     )
     tally: TallySettings = TallySettings()
-    bucket: str = Field(default=FALCO.name, description="KV bucket of the duplicate window")
-    marks_bucket: str = Field(
-        default=FALCO_MARKS.name,
-        description="what the cordon action put on each node and the prior state (NodeMarks)",
-    )
+    bucket: str = FALCO.name
+    """KV bucket of the duplicate window"""
+    marks_bucket: str = FALCO_MARKS.name
+    """what the cordon action put on each node and the prior state (NodeMarks)"""
     breaker: BreakerSettings = Field(
         default_factory=BreakerSettings,
         description="the circuit breaker shared with GPU quarantine: guards the cordon action",
     )
-    ack_wait: Duration = Field(
-        default=timedelta(seconds=90),
-        description="an alert held by a crashed replica is redelivered after this long",
-    )
+    ack_wait: Duration = timedelta(seconds=90)
+    """an alert held by a crashed replica is redelivered after this long"""
     concurrency: int = Field(default=16, ge=1)
-    rules_file: Path | None = Field(default=None, description="None: the shipped default")
-    dedup_window: Duration = Field(
-        default=timedelta(minutes=10),
-        description="identical alerts within this window are acted on once",
-    )
+    rules_file: Path | None = None
+    """None: the shipped default"""
+    dedup_window: Duration = timedelta(minutes=10)
+    """identical alerts within this window are acted on once"""
     rate_limit_per_pod: RateLimitSettings = RateLimitSettings(per_minute=10, burst=10)
     rate_limit_per_rule: RateLimitSettings = RateLimitSettings(per_minute=60, burst=30)
     skip_namespaces: list[str] = Field(

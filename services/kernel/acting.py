@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
 from nodeward.bus import Bus
 from nodeward.config import Section
 from services.kernel.audit import Auditor
@@ -25,9 +23,8 @@ if TYPE_CHECKING:
 class ActingSettings(Section):
     """The base of an acting service's settings section."""
 
-    dry_run: bool = Field(
-        default=False, description="decide, audit and tell as if acting; change nothing"
-    )
+    dry_run: bool = False
+    """decide, audit and tell as if acting; change nothing"""
 
 
 @dataclass(frozen=True)

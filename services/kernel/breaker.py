@@ -47,16 +47,13 @@ class BreakerSettings(Section):
     """Each service that removes nodes from service configures it; they share one window
     (KV `bucket`/`breaker`), so give them the same limits."""
 
-    bucket: str = Field(
-        default=SHARED.name, description="KV bucket of the shared window (key `breaker`)"
-    )
+    bucket: str = SHARED.name
+    """KV bucket of the shared window (key `breaker`)"""
     max_percent: float = Field(default=20.0, gt=0, le=100)
     max_nodes: int = Field(default=5, ge=1)
     window: Duration = timedelta(minutes=10)
-    calm_period: Duration | None = Field(
-        default=timedelta(minutes=30),
-        description="a tripped breaker closes by itself this long after tripping; None: only by reset",
-    )
+    calm_period: Duration | None = timedelta(minutes=30)
+    """a tripped breaker closes by itself this long after tripping; None: only by reset"""
     node_selector: str | list[str] | None = Field(
         default_factory=lambda: list(GPU_NODE_SELECTORS),
         description="the nodes the percentage is of (a list: nodes matching any of them)",

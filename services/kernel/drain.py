@@ -33,7 +33,8 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 class DrainSettings(Section):
-    enabled: bool = Field(default=False, description="drain on every quarantine (else per rule)")
+    enabled: bool = False
+    """drain on every quarantine (else per rule)"""
     deadline: Duration = timedelta(minutes=5)
     grace_period: int | None = Field(default=None, ge=0, description="None: each pod's own")
     skip_namespaces: list[str] = Field(default_factory=lambda: ["kube-system", "nodeward"])

@@ -21,10 +21,8 @@ class RateLimitSettings(Section):
 
     per_minute: float = Field(default=30.0, gt=0)
     burst: int = Field(default=10, ge=1)
-    max_wait: Duration = Field(
-        default=timedelta(seconds=5),
-        description="how long an action waits for a token before it is refused and retried",
-    )
+    max_wait: Duration = timedelta(seconds=5)
+    """how long an action waits for a token before it is refused and retried"""
 
 
 class RateLimiter:

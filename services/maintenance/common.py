@@ -76,33 +76,22 @@ class CheckpointSettings(ActingSettings, Consuming):
     subjects: list[str] = Field(default_factory=lambda: ["maintenance.requested.>"], min_length=1)
     bucket: str = MAINTENANCES.name
     parallelism: int = Field(default=4, ge=1, description="checkpoint calls at once")
-    call_timeout: Duration = Field(
-        default=timedelta(minutes=2), description="per checkpoint call (the kubelet's default)"
-    )
-    deadline: Duration = Field(
-        default=timedelta(minutes=30), description="a request without --deadline gets this"
-    )
-    evict_timeout: Duration = Field(
-        default=timedelta(minutes=2),
-        description="how long the evictions at the deadline wait on PodDisruptionBudgets",
-    )
+    call_timeout: Duration = timedelta(minutes=2)
+    """per checkpoint call (the kubelet's default)"""
+    deadline: Duration = timedelta(minutes=30)
+    """a request without --deadline gets this"""
+    evict_timeout: Duration = timedelta(minutes=2)
+    """how long the evictions at the deadline wait on PodDisruptionBudgets"""
     grace_period: int | None = Field(default=None, ge=0, description="None: each pod's own")
     skip_namespaces: list[str] = Field(default_factory=lambda: ["kube-system", "nodeward"])
-    tick: Duration = Field(
-        default=timedelta(seconds=1), description="how often a waiting workflow looks again"
-    )
-    rescan: Duration = Field(
-        default=timedelta(seconds=15),
-        description="how often KV is read for workflows to resume (a new request wakes it)",
-    )
-    annotation_interval: Duration | None = Field(
-        default=timedelta(seconds=10),
-        description="how often nodes are read for nodeward.io/maintenance=requested (None: off)",
-    )
-    max_request_age: Duration = Field(
-        default=timedelta(minutes=10),
-        description="older requests (a replay of the stream) are logged, never acted on",
-    )
+    tick: Duration = timedelta(seconds=1)
+    """how often a waiting workflow looks again"""
+    rescan: Duration = timedelta(seconds=15)
+    """how often KV is read for workflows to resume (a new request wakes it)"""
+    annotation_interval: Duration | None = timedelta(seconds=10)
+    """how often nodes are read for nodeward.io/maintenance=requested (None: off)"""
+    max_request_age: Duration = timedelta(minutes=10)
+    """older requests (a replay of the stream) are logged, never acted on"""
     rate_limit: RateLimitSettings = RateLimitSettings(per_minute=6, burst=3)
     breaker: BreakerSettings = Field(
         default_factory=BreakerSettings,

@@ -48,7 +48,8 @@ class RetrySettings(Section):
     attempts: int = Field(default=5, ge=1)
     initial: Duration = timedelta(seconds=1)
     max: Duration = timedelta(seconds=30)
-    timeout: Duration = Field(default=timedelta(seconds=10), description="per attempt")
+    timeout: Duration = timedelta(seconds=10)
+    """per attempt"""
 
     def delay(self, attempt: int) -> float:
         return float(
@@ -57,16 +58,16 @@ class RetrySettings(Section):
 
 
 class _Channel(Section):
-    retry: RetrySettings | None = Field(default=None, description="None: the notifier's `retry`")
+    retry: RetrySettings | None = None
+    """None: the notifier's `retry`"""
 
 
 class OutboxSettings(_Channel):
     """One text file per message in `dir` (`<state-dir>/outbox` under `nodeward up`)."""
 
     type: Literal["outbox"] = "outbox"
-    dir: Path | None = Field(
-        default=None, description="None: <state-dir>/outbox or .nodeward/outbox"
-    )
+    dir: Path | None = None
+    """None: <state-dir>/outbox or .nodeward/outbox"""
 
 
 class EmailSettings(_Channel):
@@ -79,7 +80,8 @@ class EmailSettings(_Channel):
     password: SecretStr | None = None
     password_file: Path | None = None
     sender: str = "nodeward <nodeward@localhost>"
-    reply_to: str | None = Field(default=None, description="e.g. the platform team's address")
+    reply_to: str | None = None
+    """e.g. the platform team's address"""
     to: list[str] = Field(default_factory=list, description="on-call addresses")
 
 
@@ -101,9 +103,8 @@ class WebhookSettings(_Channel):
 class AlertmanagerSettings(_Channel):
     type: Literal["alertmanager"] = "alertmanager"
     url: str = Field(description="base URL, e.g. http://alertmanager:9093")
-    resolve_after: Duration = Field(
-        default=timedelta(hours=1), description="endsAt: how long an alert stays active"
-    )
+    resolve_after: Duration = timedelta(hours=1)
+    """endsAt: how long an alert stays active"""
     labels: dict[str, str] = Field(default_factory=dict, description="added to every alert")
 
 

@@ -57,21 +57,14 @@ MAX_CRITICAL_WAIT = timedelta(seconds=1)
 
 
 class GroupingSettings(Section):
-    group_wait: Duration = Field(
-        default=timedelta(seconds=10), description="a new group waits this long for company"
-    )
-    group_interval: Duration = Field(
-        default=timedelta(minutes=2),
-        description="the least time between two messages of one route to one recipient",
-    )
-    dedup_window: Duration = Field(
-        default=timedelta(minutes=10),
-        description="a notice identical to one sent this recently is recorded, not re-sent",
-    )
-    critical_wait: Duration = Field(
-        default=timedelta(milliseconds=500),
-        description="a critical notice waits this long (at most 1s) for its own incident's",
-    )
+    group_wait: Duration = timedelta(seconds=10)
+    """a new group waits this long for company"""
+    group_interval: Duration = timedelta(minutes=2)
+    """the least time between two messages of one route to one recipient"""
+    dedup_window: Duration = timedelta(minutes=10)
+    """a notice identical to one sent this recently is recorded, not re-sent"""
+    critical_wait: Duration = timedelta(milliseconds=500)
+    """a critical notice waits this long (at most 1s) for its own incident's"""
 
     @field_validator("critical_wait")
     @classmethod

@@ -96,21 +96,18 @@ def _default_channels() -> dict[str, Any]:
 class NotifierSettings(Consuming):
     """`services.notifier` in the config file."""
 
-    dry_run: bool = Field(
-        default=False, description="render and write the outbox; send nothing external"
-    )
+    dry_run: bool = False
+    """render and write the outbox; send nothing external"""
     subjects: list[str] = Field(default_factory=lambda: ["notify.>"], min_length=1)
     bucket: str = SETTLED.name
-    routes_file: Path | None = Field(default=None, description="None: the shipped default")
-    templates_dir: Path | None = Field(
-        default=None, description="templates here replace the shipped ones of the same name"
-    )
-    owner_directory: Path | None = Field(
-        default=None, description="YAML: namespace -> owner email, after the annotations"
-    )
-    owner_lookup: bool = Field(
-        default=True, description="read owner annotations from the cluster (pods, namespaces get)"
-    )
+    routes_file: Path | None = None
+    """None: the shipped default"""
+    templates_dir: Path | None = None
+    """templates here replace the shipped ones of the same name"""
+    owner_directory: Path | None = None
+    """YAML: namespace -> owner email, after the annotations"""
+    owner_lookup: bool = True
+    """read owner annotations from the cluster (pods, namespaces get)"""
     owner_cache_ttl: Duration = timedelta(seconds=60)
     support_contact: str = "your platform team"
     max_lines: int = Field(default=25, ge=1, description="notices listed in one message")
@@ -124,13 +121,10 @@ class NotifierSettings(Consuming):
         description="notices held unacked while their groups collect; at 90% every group is sent",
     )
     ack_wait: Duration = timedelta(seconds=30)
-    settled_ttl: Duration = Field(
-        default=timedelta(days=7), description="how long sent marks are kept (>= NOTIFY max age)"
-    )
-    refused_notice_window: Duration = Field(
-        default=timedelta(minutes=15),
-        description="on-call hears of refused notices from one publisher once per window",
-    )
+    settled_ttl: Duration = timedelta(days=7)
+    """how long sent marks are kept (>= NOTIFY max age)"""
+    refused_notice_window: Duration = timedelta(minutes=15)
+    """on-call hears of refused notices from one publisher once per window"""
 
 
 class NotifierMetrics:

@@ -90,49 +90,39 @@ class RecoverySettings(ActingSettings, Consuming):
         default_factory=lambda: {Plan.RESET: "gpu-reset", Plan.REBOOT: "reboot-annotation"},
         description="the remediator per plan: gpu-reset, reboot-annotation, webhook",
     )
-    webhook_url: str | None = Field(default=None, description="for the `webhook` remediator")
-    max_trigger_age: Duration = Field(
-        default=timedelta(minutes=15),
-        description="an older quarantine (a replay on a new consumer) starts no recovery",
-    )
-    drain_deadline: Duration = Field(
-        default=timedelta(minutes=10), description="the maintenance's deadline for every pod"
-    )
-    drain_timeout: Duration = Field(
-        default=timedelta(minutes=30),
-        description="the node not drained (no `maintenance.done`, or pods left) by then: escalate",
-    )
-    evict_retry: Duration = Field(
-        default=timedelta(seconds=30),
-        description="how often the pods a drain left are evicted again (budgets honoured)",
-    )
-    retry_backoff: Duration = Field(
-        default=timedelta(seconds=30),
-        description="the wait before the next reset or reboot after a failed one (doubling)",
-    )
+    webhook_url: str | None = None
+    """for the `webhook` remediator"""
+    max_trigger_age: Duration = timedelta(minutes=15)
+    """an older quarantine (a replay on a new consumer) starts no recovery"""
+    drain_deadline: Duration = timedelta(minutes=10)
+    """the maintenance's deadline for every pod"""
+    drain_timeout: Duration = timedelta(minutes=30)
+    """the node not drained (no `maintenance.done`, or pods left) by then: escalate"""
+    evict_retry: Duration = timedelta(seconds=30)
+    """how often the pods a drain left are evicted again (budgets honoured)"""
+    retry_backoff: Duration = timedelta(seconds=30)
+    """the wait before the next reset or reboot after a failed one (doubling)"""
     skip_namespaces: list[str] = Field(
         default_factory=lambda: ["kube-system", "nodeward"],
         description="namespaces whose pods may stay on a node that is reset or rebooted",
     )
-    reboot_timeout: Duration = Field(
-        default=timedelta(minutes=20), description="no new bootID by then: a failed attempt"
-    )
-    validate_timeout: Duration = Field(
-        default=timedelta(minutes=5),
-        description="the GPU agent does not answer (still booting) this long: a failed attempt",
-    )
-    request_timeout: Duration = Field(
-        default=timedelta(seconds=30), description="one request to an agent or a service"
-    )
+    reboot_timeout: Duration = timedelta(minutes=20)
+    """no new bootID by then: a failed attempt"""
+    validate_timeout: Duration = timedelta(minutes=5)
+    """the GPU agent does not answer (still booting) this long: a failed attempt"""
+    request_timeout: Duration = timedelta(seconds=30)
+    """one request to an agent or a service"""
     dcgm_level: int = Field(default=1, ge=1, le=4, description="`dcgmi diag -r LEVEL`")
-    burn_in: Duration = Field(default=timedelta(0), description="0: no GPU burn-in")
+    burn_in: Duration = timedelta(0)
+    """0: no GPU burn-in"""
     max_validation_failures: int = Field(default=2, ge=1)
     max_attempts: int = Field(
         default=3, ge=1, description="reset/reboot requests per recovery before escalating"
     )
     retry_limit: int = Field(default=3, ge=1, description="recoveries per node per window")
     retry_window: Duration = timedelta(hours=24)
-    interval: Duration = Field(default=timedelta(seconds=2), description="the loop's pass")
+    interval: Duration = timedelta(seconds=2)
+    """the loop's pass"""
     breaker: BreakerSettings = BreakerSettings()
     controls: ControlSettings = ControlSettings()
 
