@@ -16,7 +16,6 @@ records; Prometheus counters per namespace count what was added.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -66,7 +65,7 @@ from services.accounting.state import (
     pod_key,
     usage_key,
 )
-from services.kernel import Proposal, acting_for
+from services.kernel import Proposal, TtlCache, acting_for
 from services.kernel.access import PUBLISHES
 
 NAME = "accounting"
@@ -184,14 +183,13 @@ class AccountingService:
         self.metrics = _Metrics(rt.bus)
         self.runner = acting_for(rt, topic=TOPIC).runner
         self.log = structlog.get_logger().bind(service=NAME)
-        self._models: dict[str, tuple[float, str | None]] = {}
+        self._models = TtlCache[str, str | None](self.settings.node_cache.total_seconds())
 
     # who pays -------------------------------------------------------------------------
     async def _model(self, node: str) -> str | None:
-        now = time.monotonic()
-        cached = self._models.get(node)
-        if cached is not None and now - cached[0] < self.settings.node_cache.total_seconds():
-            return cached[1]
+        return await self._models.get(node, self._read_model)
+
+    async def _read_model(self, node: str) -> str | None:
         try:
             obj = await self.cluster.nodes.get(node)
         except NotFound:
@@ -199,9 +197,6 @@ class AccountingService:
         else:
             labels = (obj.get("metadata") or {}).get("labels") or {}
             model = labels.get(self.settings.model_label) or labels.get(AMD_PRODUCT_LABEL)
-        if len(self._models) > 10_000:
-            self._models.clear()
-        self._models[node] = (now, model)
         return model
 
     async def charge(self, namespace: str, pod: str, node: str | None) -> PodCharge:

@@ -17,7 +17,7 @@ what a service acts with (its runner and auditor, exemptions, operator controls'
 a service's severity table is composed from the presets in `severities`. `Workflow` is the
 durable step engine (named steps over a KV record, revision-checked, resumable after a crash,
 per-step deadlines and retries, cancel) maintenance and recovery run on; `Driver` runs each
-unfinished workflow as a task.
+unfinished workflow as a task. `TtlCache` keeps answers read from the API a while.
 """
 
 from schemas.state.breaker import BreakerState
@@ -31,6 +31,7 @@ from services.kernel.acting import (
 )
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker, breaker_for
+from services.kernel.cache import TtlCache
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
@@ -94,6 +95,7 @@ __all__ = [
     "Table",
     "Tally",
     "TallySettings",
+    "TtlCache",
     "Verdict",
     "Workflow",
     "acting",
