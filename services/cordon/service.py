@@ -233,9 +233,9 @@ def _ending(
     """A proposal that ends quarantine `q` of node `name` (not protective: it resolves it)."""
     return Proposal(
         action=action,
-        target=_target(name),
         reason=reason,
         policy=q.rule,
+        target=_target(name),
         trigger_id=q.incident,
         trigger_time=q.started_at,
         protective=False,
