@@ -33,7 +33,6 @@ from nodeward.handlers import EventHandler, Runtime, Service, setting
 from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
-from schemas.common import ObjectRef
 from schemas.energy import EnergyNode, EnergyPod
 from schemas.node import FindingState, NodeFinding
 from schemas.notify import Severity
@@ -65,7 +64,7 @@ from services.accounting.state import (
     pod_key,
     usage_key,
 )
-from services.kernel import Proposal, TtlCache, acting_for
+from services.kernel import Proposal, TtlCache, acting_for, node_ref
 from services.kernel.access import PUBLISHES
 
 NAME = "accounting"
@@ -373,7 +372,7 @@ class AccountingService:
             cleared = data.state == FindingState.OK
             proposal = Proposal(
                 action="finding",
-                target=ObjectRef(kind="Node", name=data.node, api_version="v1"),
+                target=node_ref(data.node),
                 reason=data.summary if not cleared else f"{data.summary} (cleared)",
                 policy=data.check,
                 trigger_id=event.id,

@@ -34,12 +34,11 @@ from nodeward.kube import AlreadyExists, Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.devices import device_taint_rule
 from schemas.base import Event
-from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY, DeviceExclusion, NodeRecord, node_key, physical_gpu
 from services.cordon.policy import Decision, Exclusion, PolicyAction, Scope
-from services.kernel import ActionRunner, Guard, Proposal
+from services.kernel import ActionRunner, Guard, Proposal, node_ref
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OWNER_VALUE = "nodeward"
@@ -339,7 +338,7 @@ class DeviceExclusions:
         what = "taint its DRA device" if kind == "device_taint" else "exclude the GPU"
         return Proposal(
             action="device_taint" if kind == "device_taint" else "gpu_exclude",
-            target=ObjectRef(kind="Node", name=health.node, api_version="v1"),
+            target=node_ref(health.node),
             reason=f"{health.node}: {self.describe(health)}; {what}, the node stays in service",
             policy=decision.rule,
             trigger_id=incident,
@@ -425,7 +424,7 @@ class DeviceExclusions:
         self.log.warning("cordon.device_taint_removed", rule=ex.taint_rule, gpu=ex.gpu)
         proposal = Proposal(
             action="device_taint",
-            target=ObjectRef(kind="Node", name=node, api_version="v1"),
+            target=node_ref(node),
             reason=f"an operator removed DeviceTaintRule {ex.taint_rule} (GPU {ex.gpu} of "
             f"{node}); nodeward respects it and will not re-create it for incident {ex.incident}",
             policy=ex.rule,
@@ -472,7 +471,7 @@ class DeviceExclusions:
         )
         proposal = Proposal(
             action="device_untaint" if ex.kind == "device_taint" else "gpu_include",
-            target=ObjectRef(kind="Node", name=node, api_version="v1"),
+            target=node_ref(node),
             reason=f"{why}; {what} (incident {ex.incident})",
             policy=ex.rule,
             trigger_id=ex.incident,

@@ -101,6 +101,7 @@ from services.kernel import (
     TallySettings,
     acting,
     drain,
+    node_ref,
     per_action,
 )
 from services.kernel.access import AUDIT_READ, PUBLISHES
@@ -223,10 +224,6 @@ def _per_node(kind: type[Any]) -> dict[str, Any]:
     }
 
 
-def _target(node: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=node, api_version="v1")
-
-
 def _ending(
     action: str, name: str, q: Quarantine, reason: str, details: dict[str, Any]
 ) -> Proposal:
@@ -235,7 +232,7 @@ def _ending(
         action=action,
         reason=reason,
         policy=q.rule,
-        target=_target(name),
+        target=node_ref(name),
         trigger_id=q.incident,
         trigger_time=q.started_at,
         protective=False,
@@ -618,7 +615,7 @@ class CordonService:
             return
         proposal = Proposal(
             action="ignore",
-            target=_target(health.node),
+            target=node_ref(health.node),
             reason=reason,
             trigger_id=event.id,
             trigger_time=event.time,
@@ -656,7 +653,7 @@ class CordonService:
         opened = await self._cut_short(name, q, event, intent)
         proposal = Proposal(
             action="quarantine",
-            target=_target(name),
+            target=node_ref(name),
             reason=f"{name}: {describe(health)}",
             policy=decision.rule,
             trigger_id=opened.incident,
@@ -916,7 +913,7 @@ class CordonService:
             if not result.complete:
                 blocked = Proposal(
                     action="drain",
-                    target=_target(name),
+                    target=node_ref(name),
                     reason=f"drain of {name} incomplete at its deadline: "
                     + "; ".join(f"{p}: {why}" for p, why in result.incomplete().items()),
                     policy=decision.rule,
@@ -1124,7 +1121,7 @@ class CordonService:
             proposal = operator_proposal(
                 by,
                 action="release",
-                target=_target(name),
+                target=node_ref(name),
                 what=reason,
                 obj=obj,
                 policy=q.rule,
@@ -1210,7 +1207,7 @@ class CordonService:
                 proposal = operator_proposal(
                     request,
                     action="release",
-                    target=_target(name),
+                    target=node_ref(name),
                     what=f"release of {name}",
                     obj=node,
                 )

@@ -39,7 +39,7 @@ from services.kernel.holds import HOLD_ANNOTATION, Flapping, ReleaseHold, hold_n
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
-from services.kernel.proposal import Guard, Proposal, Stage, Verdict
+from services.kernel.proposal import Guard, Proposal, Stage, Verdict, node_ref
 from services.kernel.runner import ActionRunner
 from services.kernel.severities import Severities, Table, per_action, table
 from services.kernel.tally import Tally, TallySettings
@@ -107,6 +107,7 @@ __all__ = [
     "hold_note",
     "hold_of",
     "is_exempt",
+    "node_ref",
     "per_action",
     "table",
     "tell_owner",
