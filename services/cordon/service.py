@@ -86,6 +86,7 @@ from services.cordon.policy import (
     restates,
     speaks_for,
 )
+from services.cordon.proposals import ending
 from services.cordon.xids import XidRepeatSettings, XidReports
 from services.kernel import (
     BreakerSettings,
@@ -222,23 +223,6 @@ def _per_node(kind: type[Any]) -> dict[str, Any]:
         "leases": _leases,
         "lease_ttl": setting("lease_ttl"),
     }
-
-
-def _ending(
-    action: str, name: str, q: Quarantine, reason: str, details: dict[str, Any]
-) -> Proposal:
-    """A proposal that ends quarantine `q` of node `name` (not protective: it resolves it)."""
-    return Proposal(
-        action=action,
-        reason=reason,
-        policy=q.rule,
-        target=node_ref(name),
-        trigger_id=q.incident,
-        trigger_time=q.started_at,
-        protective=False,
-        resolves=True,
-        details=details,
-    )
 
 
 @dataclass(frozen=True)
@@ -1036,7 +1020,7 @@ class CordonService:
                 update={"quarantine": rec.quarantine.model_copy(update={"operator_released": True})}
             )
 
-        proposal = _ending(
+        proposal = ending(
             "quarantine",
             name,
             q,
@@ -1116,7 +1100,7 @@ class CordonService:
             "applied_at": q.applied_at,
         } | ({"flapping": q.flapping} if q.flapping else {})
         if by is None:
-            proposal = _ending("release", name, q, reason, details)
+            proposal = ending("release", name, q, reason, details)
         else:
             proposal = operator_proposal(
                 by,
