@@ -40,22 +40,17 @@ class SessionView(BaseModel):
     stop_outcome: str | None
 
 
+OWN = frozenset({"pod", "state"})
+"""The fields of a `SessionView` that are not its record's."""
+
+
 def session_view(key: str, rec: SessionRecord) -> SessionView:
     state: Literal["warned", "stopped", "watched"] = (
         "stopped" if rec.stopped_at is not None else "warned" if rec.pending else "watched"
     )
-    return SessionView(
-        pod=key,
-        node=rec.node,
-        state=state,
-        reason=rec.reason,
-        idle_since=rec.idle_since,
-        warned_at=rec.warned_at,
-        deadline=rec.deadline,
-        dry_run=rec.dry_run,
-        stopped_at=rec.stopped_at,
-        stop_outcome=rec.stop_outcome,
-    )
+    # Every other field is the record's own, as it is.
+    copied = {name: getattr(rec, name) for name in SessionView.model_fields if name not in OWN}
+    return SessionView(pod=key, state=state, **copied)
 
 
 def by_pod(held: Mapping[str, SessionRecord]) -> dict[str, SessionRecord]:
