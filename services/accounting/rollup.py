@@ -106,20 +106,8 @@ def add_node_interval(
     with_carbon = data.energy_j is not None and data.co2e_g is not None
     co2e = (data.co2e_g or 0.0) * share if with_carbon else 0.0
     carbon_energy = energy if with_carbon else 0.0
-    if record is None:
-        return NodeHour(
-            counted=[event_id],
-            hour=hour,
-            node=data.node,
-            model=model,
-            first_start=start,
-            last_end=end,
-            interval_s=seconds,
-            covered_s=covered_s,
-            energy_j=energy,
-            co2e_g=co2e,
-            carbon_energy_j=carbon_energy,
-        )
+    if record is None:  # the hour's first: counted from nothing
+        record = NodeHour(hour=hour, node=data.node, first_start=start, last_end=end)
     return record.model_copy(
         update={
             "counted": [*record.counted, event_id],
