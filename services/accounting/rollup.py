@@ -123,21 +123,16 @@ def add_node_interval(
     )
 
 
+IDLE_FIELDS = ("node", "namespace", "pod", "idle_since", "idle_for_s", "gpus_held")
+"""What an idle period takes from its first `SessionIdle`."""
+
+
 def extend_idle(
     record: IdlePeriod | None, data: SessionIdle, owner: str, model: str | None
 ) -> IdlePeriod | None:
     """The idle period with the longest idle time yet reported (idempotent: a maximum)."""
-    if record is None:
-        return IdlePeriod(
-            node=data.node,
-            namespace=data.namespace,
-            pod=data.pod,
-            owner=owner,
-            model=model,
-            idle_since=data.idle_since,
-            idle_for_s=data.idle_for_s,
-            gpus_held=data.gpus_held,
-        )
+    if record is None:  # the session's and its idleness's fields, as the event says them
+        return IdlePeriod(owner=owner, model=model, **data.model_dump(include=set(IDLE_FIELDS)))
     if data.idle_for_s <= record.idle_for_s and data.gpus_held <= record.gpus_held:
         return None
     return record.model_copy(
