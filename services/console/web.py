@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.snapshot import Reads
-from nodeward.daemon import listen
+from nodeward.daemon import listen, local_url
 from nodeward.durations import format_age
 from nodeward.fleet_status import GpuSeen, actions_on
 from schemas import DecodeError, decode
@@ -174,14 +174,7 @@ class Console:
     def url(self) -> str:
         if self._port is None:
             raise ConsoleError("the console is not started")
-        host = self.settings.host
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self._port}/"
+        return f"{local_url(self.settings.host, self._port)}/"
 
     # -- who may look ---------------------------------------------------------------------
 
