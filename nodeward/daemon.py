@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -209,22 +210,10 @@ class Daemon:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=_HTTP_CLOSE_TIMEOUT
-        )
-        await runner.setup()
-        host = self.settings.host
         port = self.settings.port if port is None else port
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise DaemonError(
-                f"{self.name}: cannot listen on {host}:{port}: {exc.strerror or exc}"
-            ) from exc
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        self._runner, self._port = await listen(
+            app, self.settings.host, port, lambda why: DaemonError(f"{self.name}: {why}")
+        )
         self._monitor_task = asyncio.create_task(self._monitor.run(), name=f"{self.name}:heartbeat")
         for entry in self._factories:
             self._spawn(*entry)
@@ -372,6 +361,31 @@ class Daemon:
         else:
             body, content_type = generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST
         return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def listen(
+    app: web.Application,
+    host: str,
+    port: int,
+    fail: Callable[[str], Exception],
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Serve `app` on `host`:`port` (0: a free port): its runner, and the port it bound.
+
+    Raises `fail("cannot listen on HOST:PORT: WHY")`, the runner cleaned up, when it cannot.
+    """
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=_HTTP_CLOSE_TIMEOUT
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return runner, int(runner.addresses[0][1])
 
 
 def local_url(host: str, port: int) -> str:

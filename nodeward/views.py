@@ -23,7 +23,8 @@ its messages with the writers' own types.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -174,14 +175,16 @@ class Shown(BaseModel):
             )
         )
         what = "cordoned" if mark.cordon else "marked"
+        self.needs_look(
+            section, mark.node, severity, f"{what} by {mark.owner} ({mark.phase})", rank
+        )
+
+    def needs_look(
+        self, section: str, node: str, severity: Severity, attention: str, rank: int
+    ) -> None:
+        """A row that says only why `node` needs a look (`attention`, ranked `rank`)."""
         self.rows.append(
-            Row(
-                section=section,
-                node=mark.node,
-                severity=severity,
-                attention=f"{what} by {mark.owner} ({mark.phase})",
-                rank=rank,
-            )
+            Row(section=section, node=node, severity=severity, attention=attention, rank=rank)
         )
 
     breaker_before: BreakerState | None = Field(
@@ -212,6 +215,43 @@ def registered(settings: Settings) -> dict[str, View]:
             make: Callable[[Settings], View] = plugin.load(plugin.view)
             out[plugin.name] = make(settings)
     return out
+
+
+def configured(settings: Settings, section: str, default: str, key: str = "bucket") -> str:
+    """The bucket a service's settings `section` names under `key`, else its `default`."""
+    return str((settings.services.get(section) or {}).get(key) or default)
+
+
+BucketReader = Callable[[Reads, str, str | None, datetime], Awaitable[Shown]]
+"""Reads a view's bucket: (reads, the bucket, the node or None, now) -> its part."""
+
+
+@dataclass(frozen=True)
+class BucketView:
+    """A view of one bucket (the one its service is configured with), read by `reader`;
+    `also` names the other streams and buckets the reader reads."""
+
+    bucket: str
+    reader: BucketReader
+    also: tuple[Watched, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        section: str,
+        default: str,
+        reader: BucketReader,
+        also: tuple[Watched, ...] = (),
+    ) -> BucketView:
+        """The view of the bucket the service's settings `section` names (else `default`)."""
+        return cls(configured(settings, section, default), reader, also)
+
+    def watched(self) -> Sequence[Watched]:
+        return [Watched.bucket(self.bucket), *self.also]
+
+    async def read(self, reads: Reads, *, node: str | None, now: datetime) -> Shown:
+        return await self.reader(reads, self.bucket, node, now)
 
 
 M = TypeVar("M", bound=BaseModel)

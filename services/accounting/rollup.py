@@ -106,20 +106,8 @@ def add_node_interval(
     with_carbon = data.energy_j is not None and data.co2e_g is not None
     co2e = (data.co2e_g or 0.0) * share if with_carbon else 0.0
     carbon_energy = energy if with_carbon else 0.0
-    if record is None:
-        return NodeHour(
-            counted=[event_id],
-            hour=hour,
-            node=data.node,
-            model=model,
-            first_start=start,
-            last_end=end,
-            interval_s=seconds,
-            covered_s=covered_s,
-            energy_j=energy,
-            co2e_g=co2e,
-            carbon_energy_j=carbon_energy,
-        )
+    if record is None:  # the hour's first: counted from nothing
+        record = NodeHour(hour=hour, node=data.node, first_start=start, last_end=end)
     return record.model_copy(
         update={
             "counted": [*record.counted, event_id],
@@ -135,21 +123,16 @@ def add_node_interval(
     )
 
 
+IDLE_FIELDS = ("node", "namespace", "pod", "idle_since", "idle_for_s", "gpus_held")
+"""What an idle period takes from its first `SessionIdle`."""
+
+
 def extend_idle(
     record: IdlePeriod | None, data: SessionIdle, owner: str, model: str | None
 ) -> IdlePeriod | None:
     """The idle period with the longest idle time yet reported (idempotent: a maximum)."""
-    if record is None:
-        return IdlePeriod(
-            node=data.node,
-            namespace=data.namespace,
-            pod=data.pod,
-            owner=owner,
-            model=model,
-            idle_since=data.idle_since,
-            idle_for_s=data.idle_for_s,
-            gpus_held=data.gpus_held,
-        )
+    if record is None:  # the session's and its idleness's fields, as the event says them
+        return IdlePeriod(owner=owner, model=model, **data.model_dump(include=set(IDLE_FIELDS)))
     if data.idle_for_s <= record.idle_for_s and data.gpus_held <= record.gpus_held:
         return None
     return record.model_copy(

@@ -16,7 +16,6 @@ records; Prometheus counters per namespace count what was added.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -34,7 +33,6 @@ from nodeward.handlers import EventHandler, Runtime, Service, setting
 from nodeward.kube import NotFound
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
-from schemas.common import ObjectRef
 from schemas.energy import EnergyNode, EnergyPod
 from schemas.node import FindingState, NodeFinding
 from schemas.notify import Severity
@@ -66,7 +64,7 @@ from services.accounting.state import (
     pod_key,
     usage_key,
 )
-from services.kernel import Proposal, acting_for
+from services.kernel import Proposal, TtlCache, acting_for, node_ref
 from services.kernel.access import PUBLISHES
 
 NAME = "accounting"
@@ -181,14 +179,13 @@ class AccountingService:
         self.metrics = _Metrics(rt.bus)
         self.runner = acting_for(rt, topic=TOPIC).runner
         self.log = structlog.get_logger().bind(service=NAME)
-        self._models: dict[str, tuple[float, str | None]] = {}
+        self._models = TtlCache[str, str | None](self.settings.node_cache.total_seconds())
 
     # who pays -------------------------------------------------------------------------
     async def _model(self, node: str) -> str | None:
-        now = time.monotonic()
-        cached = self._models.get(node)
-        if cached is not None and now - cached[0] < self.settings.node_cache.total_seconds():
-            return cached[1]
+        return await self._models.get(node, self._read_model)
+
+    async def _read_model(self, node: str) -> str | None:
         try:
             obj = await self.cluster.nodes.get(node)
         except NotFound:
@@ -196,9 +193,6 @@ class AccountingService:
         else:
             labels = (obj.get("metadata") or {}).get("labels") or {}
             model = labels.get(self.settings.model_label) or labels.get(AMD_PRODUCT_LABEL)
-        if len(self._models) > 10_000:
-            self._models.clear()
-        self._models[node] = (now, model)
         return model
 
     async def charge(self, namespace: str, pod: str, node: str | None) -> PodCharge:
@@ -375,7 +369,7 @@ class AccountingService:
             cleared = data.state == FindingState.OK
             proposal = Proposal(
                 action="finding",
-                target=ObjectRef(kind="Node", name=data.node, api_version="v1"),
+                target=node_ref(data.node),
                 reason=data.summary if not cleared else f"{data.summary} (cleared)",
                 policy=data.check,
                 trigger_id=event.id,

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from nodeward.aio import within
 from nodeward.bus.snapshot import Reads
+from nodeward.daemon import listen, local_url
 from nodeward.durations import format_age
 from nodeward.fleet_status import GpuSeen, actions_on
 from schemas import DecodeError, decode
@@ -156,21 +157,12 @@ class Console:
         return app
 
     async def start(self) -> None:
-        runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0
+        self._runner, self._port = await listen(
+            self.app(),
+            self.settings.host,
+            self.settings.port,
+            lambda why: ConsoleError(f"the console {why}"),
         )
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise ConsoleError(
-                f"the console cannot listen on {self.settings.host}:{self.settings.port}: "
-                f"{exc.strerror or exc}"
-            ) from None
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
         self.log.info("console.listening", url=self.url, token=self.token is not None)
 
     async def stop(self) -> None:
@@ -182,14 +174,7 @@ class Console:
     def url(self) -> str:
         if self._port is None:
             raise ConsoleError("the console is not started")
-        host = self.settings.host
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "::1"
-        if ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self._port}/"
+        return f"{local_url(self.settings.host, self._port)}/"
 
     # -- who may look ---------------------------------------------------------------------
 

@@ -34,12 +34,12 @@ from nodeward.kube import AlreadyExists, Cluster, KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.devices import device_taint_rule
 from schemas.base import Event
-from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthState
 from schemas.remediation import Outcome
 from schemas.state.cordon import TAINT_KEY, DeviceExclusion, NodeRecord, node_key, physical_gpu
 from services.cordon.policy import Decision, Exclusion, PolicyAction, Scope
-from services.kernel import ActionRunner, Guard, Proposal
+from services.cordon.proposals import ending
+from services.kernel import ActionRunner, Guard, Proposal, node_ref
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OWNER_VALUE = "nodeward"
@@ -339,7 +339,7 @@ class DeviceExclusions:
         what = "taint its DRA device" if kind == "device_taint" else "exclude the GPU"
         return Proposal(
             action="device_taint" if kind == "device_taint" else "gpu_exclude",
-            target=ObjectRef(kind="Node", name=health.node, api_version="v1"),
+            target=node_ref(health.node),
             reason=f"{health.node}: {self.describe(health)}; {what}, the node stays in service",
             policy=decision.rule,
             trigger_id=incident,
@@ -423,16 +423,14 @@ class DeviceExclusions:
     async def _operator_released(self, node: str, ex: DeviceExclusion) -> None:
         """The rule is gone (or replaced): an operator's act, audited and respected."""
         self.log.warning("cordon.device_taint_removed", rule=ex.taint_rule, gpu=ex.gpu)
-        proposal = Proposal(
-            action="device_taint",
-            target=ObjectRef(kind="Node", name=node, api_version="v1"),
-            reason=f"an operator removed DeviceTaintRule {ex.taint_rule} (GPU {ex.gpu} of "
+        proposal = ending(
+            "device_taint",
+            node,
+            ex,
+            f"an operator removed DeviceTaintRule {ex.taint_rule} (GPU {ex.gpu} of "
             f"{node}); nodeward respects it and will not re-create it for incident {ex.incident}",
-            policy=ex.rule,
-            trigger_id=ex.incident,
-            trigger_time=ex.started_at,
-            protective=False,
-            details={"by": "operator", "incident": ex.incident, "gpu": ex.gpu},
+            {"by": "operator", "incident": ex.incident, "gpu": ex.gpu},
+            resolves=False,
         )
         # Audit first: a restart before the record says so detects it again (same audit id).
         await self.runner.record(proposal, Outcome.UNDONE, guard="manual_untaint")
@@ -470,16 +468,13 @@ class DeviceExclusions:
             if ex.kind == "device_taint"
             else "ending its exclusion"
         )
-        proposal = Proposal(
-            action="device_untaint" if ex.kind == "device_taint" else "gpu_include",
-            target=ObjectRef(kind="Node", name=node, api_version="v1"),
-            reason=f"{why}; {what} (incident {ex.incident})",
-            policy=ex.rule,
-            trigger_id=ex.incident,
-            trigger_time=ex.started_at,
-            protective=False,
+        proposal = ending(
+            "device_untaint" if ex.kind == "device_taint" else "gpu_include",
+            node,
+            ex,
+            f"{why}; {what} (incident {ex.incident})",
+            {"gpu": ex.gpu, "gpu_uuid": ex.gpu_uuid, "incident": ex.incident},
             resolves=resolves,
-            details={"gpu": ex.gpu, "gpu_uuid": ex.gpu_uuid, "incident": ex.incident},
         )
 
         async def act() -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -86,6 +86,7 @@ from services.cordon.policy import (
     restates,
     speaks_for,
 )
+from services.cordon.proposals import ending
 from services.cordon.xids import XidRepeatSettings, XidReports
 from services.kernel import (
     BreakerSettings,
@@ -101,6 +102,7 @@ from services.kernel import (
     TallySettings,
     acting,
     drain,
+    node_ref,
     per_action,
 )
 from services.kernel.access import AUDIT_READ, PUBLISHES
@@ -216,10 +218,6 @@ def _per_node(kind: type[Any]) -> dict[str, Any]:
         "leases": _leases,
         "lease_ttl": setting("lease_ttl"),
     }
-
-
-def _target(node: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=node, api_version="v1")
 
 
 @dataclass(frozen=True)
@@ -596,7 +594,7 @@ class CordonService:
             return
         proposal = Proposal(
             action="ignore",
-            target=_target(health.node),
+            target=node_ref(health.node),
             reason=reason,
             trigger_id=event.id,
             trigger_time=event.time,
@@ -604,6 +602,14 @@ class CordonService:
             details={"gpu": health.gpu_key(), **details},
         )
         await self.runner.skip(proposal, guard=guard)
+
+    async def _skip_once(
+        self, health: GpuHealth, gpus: Iterable[str], proposal: Proposal, guard: str, reason: str
+    ) -> None:
+        """Audit `proposal` skipped, by the one key of `gpus` that speaks for the health's
+        physical GPU, and never for a heartbeat (it restates state)."""
+        if not health.heartbeat and speaks_for(health.gpu_key(), gpus):
+            await self.runner.skip(proposal, guard=guard, reason=reason)
 
     # quarantine -------------------------------------------------------------------------
     async def _quarantine(
@@ -626,7 +632,7 @@ class CordonService:
         opened = await self._cut_short(name, q, event, intent)
         proposal = Proposal(
             action="quarantine",
-            target=_target(name),
+            target=node_ref(name),
             reason=f"{name}: {describe(health)}",
             policy=decision.rule,
             trigger_id=opened.incident,
@@ -662,14 +668,15 @@ class CordonService:
                     await self._damp(name, q, proposal, flap)
                     return
                 # Said once per physical GPU: its other keys (its MIG instances) are quiet.
-                if not health.heartbeat and speaks_for(gpu, q.gpus):
-                    # services.recovery reads it for the fault: the same fault is counted,
-                    # another one is audited in full.
-                    await self.runner.skip(
-                        replace(proposal, tally=fault_key(name, gpu, proposal.details)),
-                        guard="already_quarantined",
-                        reason=f"already quarantined: {proposal.reason}",
-                    )
+                # services.recovery reads it for the fault: the same fault is counted,
+                # another one is audited in full.
+                await self._skip_once(
+                    health,
+                    q.gpus,
+                    replace(proposal, tally=fault_key(name, gpu, proposal.details)),
+                    "already_quarantined",
+                    f"already quarantined: {proposal.reason}",
+                )
                 return
             if q.holds(gpu):
                 # Another key of a GPU the incident holds (a MIG instance of it, or the GPU
@@ -678,35 +685,28 @@ class CordonService:
                 return
             await self._add_gpu(name, gpu, proposal)
             return
-        if (
-            q is not None
-            and q.operator_released
-            and q.holds(gpu)
-            and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
-        ):
-            if not health.heartbeat and speaks_for(gpu, q.gpus):
-                await self.runner.skip(
-                    proposal,
-                    guard="manual_uncordon",
-                    reason=f"not re-quarantined: an operator released {name} from incident "
-                    f"{q.incident}",
-                )
+        recovered = prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY
+        if q is not None and q.operator_released and q.holds(gpu) and not recovered:
+            why = f"an operator released {name} from incident {q.incident}"
+            await self._skip_once(
+                health, q.gpus, proposal, "manual_uncordon", f"not re-quarantined: {why}"
+            )
             return
         released = record.operator_release
         if (
             q is None
             and released is not None
             and first_of_gpu(gpu, released.gpus) is not None
-            and not (prior_gpu is not None and prior_gpu.state == HealthState.HEALTHY)
+            and not recovered
         ):
-            if not health.heartbeat and speaks_for(gpu, released.gpus):
-                await self.runner.skip(
-                    proposal,
-                    guard="operator_released",
-                    reason=f"not re-quarantined: operator {released.operator} released {name} "
-                    f"from incident {released.incident}; only a failure after the GPU has "
-                    "recovered quarantines it again",
-                )
+            why = (
+                f"operator {released.operator} released {name} from incident "
+                f"{released.incident}; only a failure after the GPU has recovered quarantines "
+                "it again"
+            )
+            await self._skip_once(
+                health, released.gpus, proposal, "operator_released", f"not re-quarantined: {why}"
+            )
             return
 
         done: list[tuple[Quarantine, MarkIntent]] = []
@@ -892,7 +892,7 @@ class CordonService:
             if not result.complete:
                 blocked = Proposal(
                     action="drain",
-                    target=_target(name),
+                    target=node_ref(name),
                     reason=f"drain of {name} incomplete at its deadline: "
                     + "; ".join(f"{p}: {why}" for p, why in result.incomplete().items()),
                     policy=decision.rule,
@@ -1015,17 +1015,13 @@ class CordonService:
                 update={"quarantine": rec.quarantine.model_copy(update={"operator_released": True})}
             )
 
-        proposal = Proposal(
-            action="quarantine",
-            target=_target(name),
-            reason=f"an operator {what} {name}; nodeward respects it and will not re-quarantine "
+        proposal = ending(
+            "quarantine",
+            name,
+            q,
+            f"an operator {what} {name}; nodeward respects it and will not re-quarantine "
             f"it for incident {q.incident}",
-            policy=q.rule,
-            trigger_id=q.incident,
-            trigger_time=q.started_at,
-            protective=False,
-            details={"by": "operator", "incident": q.incident},
-            resolves=True,
+            {"by": "operator", "incident": q.incident},
         )
         # Audit first: a restart before NodeMarks records it detects it again and
         # re-publishes the same audit id, which JetStream stores once.
@@ -1099,22 +1095,12 @@ class CordonService:
             "applied_at": q.applied_at,
         } | ({"flapping": q.flapping} if q.flapping else {})
         if by is None:
-            proposal = Proposal(
-                action="release",
-                target=_target(name),
-                reason=reason,
-                policy=q.rule,
-                trigger_id=q.incident,
-                trigger_time=q.started_at,
-                protective=False,
-                resolves=True,
-                details=details,
-            )
+            proposal = ending("release", name, q, reason, details)
         else:
             proposal = operator_proposal(
                 by,
                 action="release",
-                target=_target(name),
+                target=node_ref(name),
                 what=reason,
                 obj=obj,
                 policy=q.rule,
@@ -1200,7 +1186,7 @@ class CordonService:
                 proposal = operator_proposal(
                     request,
                     action="release",
-                    target=_target(name),
+                    target=node_ref(name),
                     what=f"release of {name}",
                     obj=node,
                 )

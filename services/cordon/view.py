@@ -17,7 +17,7 @@ from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import format_age
-from nodeward.views import Cell, MarkHeld, Row, Shown, Table, TableRow, marks_held, records
+from nodeward.views import Cell, MarkHeld, Shown, Table, TableRow, marks_held, records
 from schemas.state.breaker import SHARED, BreakerState
 from schemas.state.cordon import BREAKER, NODES, TAINT_KEY, NodeRecord
 from schemas.state.marks import intents
@@ -82,15 +82,7 @@ def shown(
         if q is None:
             continue
         dry = "dry run, " if q.dry_run else ""
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=name,
-                severity="critical",
-                attention=f"quarantined ({dry}{q.phase})",
-                rank=0,
-            )
-        )
+        out.needs_look(SECTION, name, "critical", f"quarantined ({dry}{q.phase})", 0)
         word = f"quarantine {'DRY-RUN ' if q.dry_run else ''}{q.phase} {format_age(q.age_s)}"
         out.cells.append(Cell(node=name, column="marks", text=word, severity="critical"))
         out.cells.append(Cell(node=name, column="badge", text="quarantined", severity="critical"))

@@ -28,7 +28,7 @@ from schemas.gpu import GpuXid
 from schemas.ids import stable_id
 from schemas.notify import Severity
 from schemas.state.cordon import XIDS, XidRepeats
-from services.kernel import ActionRunner, OwnerNotice, Proposal, tell_owner
+from services.kernel import ActionRunner, OwnerNotice, Proposal, node_ref, tell_owner
 
 
 class XidRepeatSettings(Section):
@@ -143,7 +143,7 @@ class XidReports:
         )
         proposal = Proposal(
             action="report",
-            target=ObjectRef(kind="Node", name=xid.node, api_version="v1"),
+            target=node_ref(xid.node),
             reason=reason,
             policy="xid-repeats",
             trigger_id=event.id,

@@ -6,8 +6,6 @@ Light to import (`nodeward status` loads it): the schemas and the runtime's view
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -17,7 +15,7 @@ from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import format_age
-from nodeward.views import Row, Shown, decoded, records
+from nodeward.views import BucketView, Row, Shown, decoded, records
 from schemas.credentials import CredentialFailed, CredentialRenewed
 from schemas.state.lease import LeaseRecord
 from services.credentials.state import LOCKS
@@ -104,23 +102,15 @@ def rows(creds: list[Credential], now: datetime) -> list[Row]:
     return out
 
 
-@dataclass(frozen=True)
-class CredentialsView:
-    """The view: fleet rows only (a credential belongs to no node)."""
-
-    bucket: str = LOCKS.name
-
-    def watched(self) -> Sequence[Watched]:
-        return [Watched.bucket(self.bucket), Watched("CREDENTIALS", OUTCOMES)]
-
-    async def read(self, reads: Reads, *, node: str | None, now: datetime) -> Shown:
-        if node is not None:
-            return Shown()
-        creds, missing = await credentials(reads, self.bucket, now.astimezone(UTC))
-        return Shown(rows=rows(creds, now), missing=missing)
+async def read(reads: Reads, bucket: str, node: str | None, now: datetime) -> Shown:
+    """Fleet rows only (a credential belongs to no node)."""
+    if node is not None:
+        return Shown()
+    creds, missing = await credentials(reads, bucket, now.astimezone(UTC))
+    return Shown(rows=rows(creds, now), missing=missing)
 
 
-def view(settings: Settings) -> CredentialsView:
+def view(settings: Settings) -> BucketView:
     """Its view, reading the locks bucket the service is configured with."""
-    configured = (settings.services.get("credentials") or {}).get("bucket")
-    return CredentialsView(bucket=str(configured or LOCKS.name))
+    outcomes = Watched("CREDENTIALS", OUTCOMES)
+    return BucketView.of(settings, "credentials", LOCKS.name, read, also=(outcomes,))

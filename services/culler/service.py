@@ -24,7 +24,6 @@ pod that no longer exists, or about an earlier pod of the same name, changes not
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -58,6 +57,7 @@ from services.kernel import (
     RateLimiter,
     RateLimitSettings,
     Staleness,
+    TtlCache,
     acting_for,
     per_action,
     tell_owner,
@@ -173,7 +173,7 @@ class CullerService:
         # replica sees them.
         self.stale_seen = DedupWindow(records.kv, settings.max_event_age, prefix="stale")
         self.log = structlog.get_logger().bind(service=NAME)
-        self._namespaces: dict[str, tuple[float, Obj | None]] = {}
+        self._namespaces = TtlCache[str, Obj | None](settings.namespace_ttl.total_seconds())
 
     @app.consumes(
         "SESSIONS",
@@ -255,17 +255,13 @@ class CullerService:
     # reading the session ----------------------------------------------------------------
     async def _namespace(self, name: str) -> Obj | None:
         """The namespace object (its policy annotations, its labels), cached briefly."""
-        now = time.monotonic()
-        cached = self._namespaces.get(name)
-        if cached is not None and now - cached[0] < self.settings.namespace_ttl.total_seconds():
-            return cached[1]
+        return await self._namespaces.get(name, self._read_namespace)
+
+    async def _read_namespace(self, name: str) -> Obj | None:
         try:
             obj: Obj | None = await self.cluster.namespaces.get(name)
         except NotFound:
             obj = None
-        if len(self._namespaces) > 10_000:
-            self._namespaces.clear()
-        self._namespaces[name] = (now, obj)
         return obj
 
     async def _namespace_labels(self, name: str) -> dict[str, str]:

@@ -7,17 +7,15 @@ Light to import (`nodeward status` loads it): the schemas and the runtime's view
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import ago, clock, format_age
-from nodeward.views import Cell, Row, Shown, Table, TableRow, records
+from nodeward.views import BucketView, Cell, Shown, Table, TableRow, records
 from services.culler.state import SESSIONS, SessionRecord
 
 SECTION = "idle sessions"
@@ -42,22 +40,17 @@ class SessionView(BaseModel):
     stop_outcome: str | None
 
 
+OWN = frozenset({"pod", "state"})
+"""The fields of a `SessionView` that are not its record's."""
+
+
 def session_view(key: str, rec: SessionRecord) -> SessionView:
     state: Literal["warned", "stopped", "watched"] = (
         "stopped" if rec.stopped_at is not None else "warned" if rec.pending else "watched"
     )
-    return SessionView(
-        pod=key,
-        node=rec.node,
-        state=state,
-        reason=rec.reason,
-        idle_since=rec.idle_since,
-        warned_at=rec.warned_at,
-        deadline=rec.deadline,
-        dry_run=rec.dry_run,
-        stopped_at=rec.stopped_at,
-        stop_outcome=rec.stop_outcome,
-    )
+    # Every other field is the record's own, as it is.
+    copied = {name: getattr(rec, name) for name in SessionView.model_fields if name not in OWN}
+    return SessionView(pod=key, state=state, **copied)
 
 
 def by_pod(held: Mapping[str, SessionRecord]) -> dict[str, SessionRecord]:
@@ -123,15 +116,7 @@ def shown(
         if not warned:
             continue
         out.expects[name] = [IDLE_AGENT]
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=name,
-                severity="warning",
-                attention=f"{len(warned)} idle session(s) warned",
-                rank=3,
-            )
-        )
+        out.needs_look(SECTION, name, "warning", f"{len(warned)} idle session(s) warned", 3)
         first = min((s.deadline for s in warned if s.deadline), default=None)
         when = f", stop in {format_age((first - now).total_seconds())}" if first else ""
         out.cells.append(
@@ -164,20 +149,12 @@ def shown(
     return out
 
 
-@dataclass(frozen=True)
-class CullerView:
+async def read(reads: Reads, bucket: str, node: str | None, now: datetime) -> Shown:
+    """The culler's part, from its sessions in `bucket`."""
+    raw = await reads.kv(bucket, [SESSIONS.prefix])
+    return shown(by_pod(records(SESSIONS, raw or {})), now.astimezone(UTC), node=node)
+
+
+def view(settings: Settings) -> BucketView:
     """The view, reading the bucket the culler is configured with."""
-
-    bucket: str = SESSIONS.name
-
-    def watched(self) -> Sequence[Watched]:
-        return [Watched.bucket(self.bucket)]
-
-    async def read(self, reads: Reads, *, node: str | None, now: datetime) -> Shown:
-        raw = await reads.kv(self.bucket, [SESSIONS.prefix])
-        return shown(by_pod(records(SESSIONS, raw or {})), now.astimezone(UTC), node=node)
-
-
-def view(settings: Settings) -> CullerView:
-    configured = (settings.services.get("culler") or {}).get("bucket")
-    return CullerView(bucket=str(configured or SESSIONS.name))
+    return BucketView.of(settings, "culler", SESSIONS.name, read)

@@ -13,6 +13,7 @@ from schemas.falco import FalcoAlert, FalcoPriority
 from schemas.notify import Severity
 from schemas.state.dedup import FALCO
 from schemas.tokens import falco_rule_token
+from services.kernel.proposal import node_ref
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,6 @@ class Target:
                 kind="Pod", name=meta["name"], namespace=meta["namespace"], api_version="v1"
             )
         return node_ref(self.node or "unknown")
-
-
-def node_ref(name: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=name, api_version="v1")
 
 
 def where(alert: FalcoAlert) -> str:

@@ -60,6 +60,7 @@ from pydantic import Field, ValidationError
 
 from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import Section
+from nodeward.daemon import listen
 from nodeward.durations import Duration
 from schemas.base import Event, make_event
 from schemas.cloudevents import one_line
@@ -315,19 +316,13 @@ class Ingest:
         app = web.Application(client_max_size=self.settings.max_body_bytes)
         app.router.add_post("/", self._post)
         app.router.add_post("/falco", self._post)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self.settings.host, self.settings.port, ssl_context=self.ssl)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise IngestError(
-                f"the Falco ingest cannot listen on {self.settings.host}:{self.settings.port}: "
-                f"{exc.strerror or exc}"
-            ) from None
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        self._runner, self._port = await listen(
+            app,
+            self.settings.host,
+            self.settings.port,
+            lambda why: IngestError(f"the Falco ingest {why}"),
+            ssl_context=self.ssl,
+        )
         self.log.info(
             "falco.ingest_listening", url=self.url, mtls=self.settings.client_ca_file is not None
         )

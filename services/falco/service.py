@@ -61,7 +61,7 @@ from schemas.state.marks import FALCO_MARKS
 from services.falco.access import ACCESS
 from services.falco.actions import ACTIONS, DONE_WORDS, ActionContext
 from services.falco.actions.isolate import isolated, isolation_of, lift
-from services.falco.alerts import Target, dedup_key, describe, node_ref, severity_of, where
+from services.falco.alerts import Target, dedup_key, describe, severity_of, where
 from services.falco.ingest import Ingest, IngestError
 from services.falco.isolations import Isolations
 from services.falco.rules import ActionKind, ActionSpec, Policy, Rule, RulesError, load_policy
@@ -78,6 +78,7 @@ from services.kernel import (
     SkippedNamespaces,
     acting_controlled,
     breaker_for,
+    node_ref,
 )
 from services.kernel.access import PUBLISHES
 from services.kernel.control import operator_proposal, refuse, reply_for

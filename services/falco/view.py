@@ -16,7 +16,7 @@ from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads, Stored
 from nodeward.config import Settings
 from nodeward.durations import ago
-from nodeward.views import Cell, MarkHeld, Row, Shown, Table, TableRow, decoded, marks_held
+from nodeward.views import Cell, MarkHeld, Shown, Table, TableRow, decoded, marks_held
 from schemas.remediation import Outcome, Remediation
 from schemas.state.marks import FALCO_MARKS, intents
 
@@ -133,15 +133,7 @@ def shown(
             continue  # on no node it names: not shown
         out.parts[name] = {"isolated": pods}
         out.pods[name] = [i.pod for i in pods]
-        out.rows.append(
-            Row(
-                section=SECTION,
-                node=name,
-                severity="critical",
-                attention=f"{len(pods)} pod(s) isolated by Falco",
-                rank=0,
-            )
-        )
+        out.needs_look(SECTION, name, "critical", f"{len(pods)} pod(s) isolated by Falco", 0)
         out.cells.append(
             Cell(node=name, column="pods", text=f"{len(pods)} isolated", severity="critical")
         )

@@ -17,7 +17,7 @@ what a service acts with (its runner and auditor, exemptions, operator controls'
 a service's severity table is composed from the presets in `severities`. `Workflow` is the
 durable step engine (named steps over a KV record, revision-checked, resumable after a crash,
 per-step deadlines and retries, cancel) maintenance and recovery run on; `Driver` runs each
-unfinished workflow as a task.
+unfinished workflow as a task. `TtlCache` keeps answers read from the API a while.
 """
 
 from schemas.state.breaker import BreakerState
@@ -31,6 +31,7 @@ from services.kernel.acting import (
 )
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker, breaker_for
+from services.kernel.cache import TtlCache
 from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
@@ -38,7 +39,7 @@ from services.kernel.holds import HOLD_ANNOTATION, Flapping, ReleaseHold, hold_n
 from services.kernel.limits import Cooldown, KeyedRateLimiter, RateLimiter, RateLimitSettings
 from services.kernel.marks import MARKS_ANNOTATION, NodeMarks
 from services.kernel.owner_notice import OwnerNotice, tell_owner
-from services.kernel.proposal import Guard, Proposal, Stage, Verdict
+from services.kernel.proposal import Guard, Proposal, Stage, Verdict, node_ref
 from services.kernel.runner import ActionRunner
 from services.kernel.severities import Severities, Table, per_action, table
 from services.kernel.tally import Tally, TallySettings
@@ -94,6 +95,7 @@ __all__ = [
     "Table",
     "Tally",
     "TallySettings",
+    "TtlCache",
     "Verdict",
     "Workflow",
     "acting",
@@ -105,6 +107,7 @@ __all__ = [
     "hold_note",
     "hold_of",
     "is_exempt",
+    "node_ref",
     "per_action",
     "table",
     "tell_owner",

@@ -13,6 +13,11 @@ from schemas.notify import Severity
 from schemas.remediation import Outcome
 
 
+def node_ref(name: str) -> ObjectRef:
+    """The target of an action on node `name`."""
+    return ObjectRef(kind="Node", name=name, api_version="v1")
+
+
 @dataclass(frozen=True)
 class Proposal:
     """What a policy wants done, to what, and why."""

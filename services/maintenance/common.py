@@ -36,6 +36,7 @@ from services.kernel import (
     Proposal,
     RateLimiter,
     RateLimitSettings,
+    node_ref,
     per_action,
     table,
     tell_owner,
@@ -105,10 +106,6 @@ class CheckpointSettings(ActingSettings, Consuming):
 
 def pod_ref(plan: PodPlan) -> ObjectRef:
     return ObjectRef(kind="Pod", name=plan.name, namespace=plan.namespace, api_version="v1")
-
-
-def node_ref(node: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=node, api_version="v1")
 
 
 def now() -> datetime:

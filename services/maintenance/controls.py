@@ -13,9 +13,9 @@ from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
-from services.kernel import Gone, Proposal, Workflow
+from services.kernel import Gone, Proposal, Workflow, node_ref
 from services.kernel.control import named_node, operator_proposal, refuse, reply_for
-from services.maintenance.common import ENDED, Kit, node_ref, now
+from services.maintenance.common import ENDED, Kit, now
 from services.maintenance.plan import cancellation
 from services.maintenance.state import MaintenanceState, history_key, state_key
 

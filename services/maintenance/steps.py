@@ -38,6 +38,7 @@ from services.kernel import (
     Step,
     Workflow,
     drain,
+    node_ref,
 )
 from services.maintenance.common import (
     ACTOR,
@@ -46,7 +47,6 @@ from services.maintenance.common import (
     FINAL_CHECKPOINT_ERRORS,
     MAINTENANCE_ANNOTATION,
     Kit,
-    node_ref,
     now,
     pod_ref,
 )

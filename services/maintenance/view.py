@@ -7,16 +7,24 @@ Light to import (`nodeward status` loads it): the schemas and the runtime's view
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
 from nodeward.durations import ago, clock
-from nodeward.views import Cell, MarkHeld, Row, Shown, Table, TableRow, marks_held, records
+from nodeward.views import (
+    BucketView,
+    Cell,
+    MarkHeld,
+    Row,
+    Shown,
+    Table,
+    TableRow,
+    marks_held,
+    records,
+)
 from schemas.state.marks import intents
 from services.maintenance.state import MAINTENANCES, MaintenanceState
 
@@ -119,26 +127,10 @@ def shown(
         out.pods[name] = list(m.pods)
         if m.active:
             dry = " (dry run)" if m.dry_run else ""
-            out.rows.append(
-                Row(
-                    section=SECTION,
-                    node=name,
-                    severity="warning",
-                    attention=f"maintenance {m.phase}{dry}",
-                    rank=1,
-                )
-            )
+            out.needs_look(SECTION, name, "warning", f"maintenance {m.phase}{dry}", 1)
         elif m.phase == "failed":
             why = m.error or "; ".join(m.failures) or "?"
-            out.rows.append(
-                Row(
-                    section=SECTION,
-                    node=name,
-                    severity="critical",
-                    attention=f"maintenance failed: {why}",
-                    rank=1,
-                )
-            )
+            out.needs_look(SECTION, name, "critical", f"maintenance failed: {why}", 1)
         if m.active or m.phase == "failed":
             out.cells.append(
                 Cell(node=name, column="marks", text=f"maintenance {m.phase}", severity="warning")
@@ -194,27 +186,19 @@ def shown(
     return out
 
 
-@dataclass(frozen=True)
-class MaintenanceBoard:
-    """The view, reading the bucket the service is configured with."""
-
-    bucket: str = MAINTENANCES.name
-
-    def watched(self) -> Sequence[Watched]:
-        return [Watched.bucket(self.bucket)]
-
-    async def read(self, reads: Reads, *, node: str | None, now: datetime) -> Shown:
-        marks = intents(self.bucket)
-        wanted = [
-            MAINTENANCES.key(node) if node else MAINTENANCES.prefix,
-            marks.key(node) if node else marks.prefix,
-        ]
-        raw = await reads.kv(self.bucket, wanted) or {}
-        states = {s.node: s for s in records(MAINTENANCES, raw).values()}
-        return shown(states, marks_held(self.bucket, raw), now.astimezone(UTC), node=node)
+async def read(reads: Reads, bucket: str, node: str | None, now: datetime) -> Shown:
+    """The service's part, from its maintenances and marks in `bucket`."""
+    marks = intents(bucket)
+    wanted = [
+        MAINTENANCES.key(node) if node else MAINTENANCES.prefix,
+        marks.key(node) if node else marks.prefix,
+    ]
+    raw = await reads.kv(bucket, wanted) or {}
+    states = {s.node: s for s in records(MAINTENANCES, raw).values()}
+    return shown(states, marks_held(bucket, raw), now.astimezone(UTC), node=node)
 
 
-def view(settings: Settings) -> MaintenanceBoard:
-    """Its view: the service's settings section is `checkpoint`, its daemon's name."""
-    configured = (settings.services.get("checkpoint") or {}).get("bucket")
-    return MaintenanceBoard(bucket=str(configured or MAINTENANCES.name))
+def view(settings: Settings) -> BucketView:
+    """Its view, reading the bucket the service is configured with: the service's settings
+    section is `checkpoint`, its daemon's name."""
+    return BucketView.of(settings, "checkpoint", MAINTENANCES.name, read)

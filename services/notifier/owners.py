@@ -20,6 +20,7 @@ from nodeward.bus import RetryableError
 from nodeward.kube import Cluster, NotFound
 from nodeward.kube.errors import Forbidden, KubeError
 from nodeward.yamlfile import read_yaml
+from services.kernel.cache import TtlCache
 
 OWNER_ANNOTATION = "nodeward.io/owner-email"
 
@@ -56,14 +57,15 @@ class Owners:
     _: KW_ONLY
     ttl: float = 60.0
     clock: Callable[[], float] = time.monotonic
-    _cache: dict[tuple[str, str], tuple[float, str | None]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _cache: TtlCache[tuple[str, str], str | None] = field(init=False, repr=False)
     log: Any = field(
         default_factory=lambda: structlog.get_logger().bind(component="notify.owners"),
         init=False,
         repr=False,
     )
+
+    def __post_init__(self) -> None:
+        self._cache = TtlCache(self.ttl, clock=self.clock)
 
     async def _read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         assert self.cluster is not None
@@ -82,15 +84,11 @@ class Owners:
     async def lookup(self, namespace: str, name: str) -> tuple[str | None, str]:
         """(address, where it came from): `pod`, `namespace`, `directory` or `nowhere`."""
         key = (namespace, name)
-        cached = self._cache.get(key)
+        if (cached := self._cache.fresh(key)) is not None:
+            return cached[0], "cache"
         now = self.clock()
-        if cached is not None and now - cached[0] < self.ttl:
-            return cached[1], "cache"
         address, where = await self._find(namespace, name)
-        self._cache[key] = (now, address)
-        if len(self._cache) > 10_000:  # bounded: forget the oldest answers
-            for old in sorted(self._cache, key=lambda k: self._cache[k][0])[:1000]:
-                del self._cache[old]
+        self._cache.put(key, address, now)
         return address, where
 
     async def _find(self, namespace: str, name: str) -> tuple[str | None, str]:

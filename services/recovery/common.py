@@ -19,7 +19,6 @@ from nodeward.durations import Duration
 from nodeward.handlers import Consuming
 from nodeward.kube import Cluster
 from nodeward.kube.base import Obj
-from schemas.common import ObjectRef
 from schemas.state.cordon import TAINT_KEY
 from schemas.xid import XidCatalog, load_catalog
 from services.kernel import (
@@ -125,10 +124,6 @@ class RecoverySettings(ActingSettings, Consuming):
     """the loop's pass"""
     breaker: BreakerSettings = BreakerSettings()
     controls: ControlSettings = ControlSettings()
-
-
-def target(node: str) -> ObjectRef:
-    return ObjectRef(kind="Node", name=node, api_version="v1")
 
 
 def has_quarantine(node: Obj) -> bool:

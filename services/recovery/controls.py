@@ -14,6 +14,7 @@ from nodeward.kube.base import Obj
 from schemas.control import ControlReply, ControlRequest
 from services.kernel import (
     blockers,
+    node_ref,
 )
 from services.kernel.control import (
     named_node,
@@ -22,7 +23,7 @@ from services.kernel.control import (
     reply_for,
 )
 from services.kernel.drain import EVIDENCE
-from services.recovery.common import Kit, target
+from services.recovery.common import Kit
 from services.recovery.state import (
     Step,
     node_key,
@@ -56,7 +57,7 @@ class Controls:
         proposal = operator_proposal(
             request,
             action="force-drain",
-            target=target(node),
+            target=node_ref(node),
             what=f"forced drain of {node} past its pods' disruption budgets",
             obj=obj,
             policy=record.plan.value if record else None,

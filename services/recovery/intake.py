@@ -17,8 +17,9 @@ from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from services.kernel import (
     Proposal,
+    node_ref,
 )
-from services.recovery.common import CORDON_ACTOR, Kit, RetryLimit, target
+from services.recovery.common import CORDON_ACTOR, Kit, RetryLimit
 from services.recovery.policy import (
     Kind,
     decide,
@@ -136,7 +137,7 @@ class Intake:
             return
         proposal = Proposal(
             action="recover" if kind == Kind.RECOVER else "escalate",
-            target=target(node),
+            target=node_ref(node),
             reason=reason,
             policy=plan.value if plan else "rma",
             trigger_id=incident,

@@ -45,6 +45,7 @@ from services.kernel import (
     drain,
     hold_note,
     hold_of,
+    node_ref,
 )
 from services.kernel.holds import release_command
 from services.kernel.workflow import Gone, Retry
@@ -56,7 +57,6 @@ from services.recovery.common import (
     Kit,
     expected_gpus,
     has_quarantine,
-    target,
 )
 from services.recovery.policy import (
     AfterFailure,
@@ -578,7 +578,7 @@ class RecoverySteps:
         cure = f"RMA suggested for GPU {gpus} (XID {xids})" if rma else f"GPU {gpus} (XID {xids})"
         proposal = Proposal(
             action="escalate",
-            target=target(record.node),
+            target=node_ref(record.node),
             reason=f"{record.node} needs a human: {why}. {cure}; the node stays quarantined "
             f"until an operator releases it ({release_command(record.node)})",
             policy=record.plan.value,
@@ -634,7 +634,7 @@ class RecoverySteps:
     ) -> Proposal:
         return Proposal(
             action=action,
-            target=target(record.node),
+            target=node_ref(record.node),
             reason=reason,
             policy=record.plan.value,
             trigger_id=record.attempt_id(action),

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from nodeward.bus.mirror import Watched
 from nodeward.bus.snapshot import Reads
 from nodeward.config import Settings
-from nodeward.views import Row, Severity, Shown, records
+from nodeward.views import Severity, Shown, configured, records
 from schemas.state.cordon import NODES, NodeRecord
 from services.recovery.state import RECOVERIES, RecoveryRecord, Step
 
@@ -76,9 +76,7 @@ def shown(recoveries: Mapping[str, RecoveryRecord], nodes: Mapping[str, NodeReco
             f"escalated to a human: {r.why}" if r.escalated else f"recovery ({r.plan}) {r.step}"
         )
         rank = 0 if r.escalated else 1
-        out.rows.append(
-            Row(section=SECTION, node=name, severity=severity, attention=attention, rank=rank)
-        )
+        out.needs_look(SECTION, name, severity, attention, rank)
     return out
 
 
@@ -102,9 +100,7 @@ class RecoveryBoard:
 
 
 def view(settings: Settings) -> RecoveryBoard:
-    def bucket(section: str, default: str) -> str:
-        return str((settings.services.get(section) or {}).get("bucket") or default)
-
     return RecoveryBoard(
-        bucket=bucket("recovery", RECOVERIES.name), quarantines=bucket("cordon", NODES.name)
+        bucket=configured(settings, "recovery", RECOVERIES.name),
+        quarantines=configured(settings, "cordon", NODES.name),
     )
