@@ -9,8 +9,9 @@ where it is needed, so `nodeward --help` loads no daemon code:
 - `standalone`: what `nodeward service NAME` runs (`nodeward.platform.Standalone`);
 - `access`: the module declaring its Kubernetes operations (`ACCESS`), from which its RBAC
   role is made; None for a service that only reads the bus;
-- `handlers`: its declarations (`nodeward.handlers.Service`), from which its NATS user's
-  grants are derived (`Service.grants()`); every service with `access` has them;
+- `handlers`: its declarations (`nodeward.handlers.Service`; default `service:app`), from
+  which its NATS user's grants are derived (`Service.grants()`); every service with
+  `access` has them (None for one that declares none, as the console);
 - `commands`: the operators' commands it mounts on `nodeward` (`nodeward.cli.plugins`);
 - `view`: what it adds to `nodeward status` and the console (`nodeward.views`).
 
@@ -39,7 +40,7 @@ class ServicePlugin:
     component: str = "service:component"
     standalone: str = "service:standalone"
     access: str | None = "access"
-    handlers: str | None = None
+    handlers: str | None = "service:app"
     commands: Mapping[str, str] = field(default_factory=dict)
     view: str | None = None
 

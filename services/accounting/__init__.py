@@ -5,6 +5,5 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="accounting",
     package=__name__,
-    handlers="service:app",
     commands={"report": "cli:report"},
 )

@@ -5,6 +5,5 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="capacity",
     package=__name__,
-    handlers="service:app",
     commands={"capacity": "cli:capacity"},
 )

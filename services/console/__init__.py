@@ -6,5 +6,6 @@ SERVICE = ServicePlugin(
     name="console",
     package=__name__,
     access=None,
+    handlers=None,
     commands={"console": "cli:console"},
 )

@@ -6,6 +6,5 @@ SERVICE = ServicePlugin(
     name="cordon",
     package=__name__,
     view="view:view",
-    handlers="service:app",
     commands={"breaker": "cli:breaker_app", "quarantine": "cli:quarantine_app"},
 )

@@ -5,6 +5,5 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="credentials",
     package=__name__,
-    handlers="service:app",
     view="view:view",
 )

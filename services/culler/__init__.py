@@ -6,5 +6,4 @@ SERVICE = ServicePlugin(
     name="culler",
     package=__name__,
     view="view:view",
-    handlers="service:app",
 )

@@ -10,6 +10,5 @@ SERVICE = ServicePlugin(
     name="falco",
     package=__name__,
     view="view:view",
-    handlers="service:app",
     commands={"falco": "cli:falco_app"},
 )

@@ -6,6 +6,5 @@ SERVICE = ServicePlugin(
     name="checkpoint",
     package=__name__,
     view="view:view",
-    handlers="service:app",
     commands={"maintenance": "cli:maintenance_app"},
 )

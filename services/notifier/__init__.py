@@ -5,5 +5,4 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="notifier",
     package=__name__,
-    handlers="service:app",
 )

@@ -7,6 +7,5 @@ SERVICE = ServicePlugin(
     name="recovery",
     package=__name__,
     view="view:view",
-    handlers="service:app",
     commands={"recovery": "cli:recovery_app"},
 )

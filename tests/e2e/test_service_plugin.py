@@ -33,7 +33,6 @@ from nodeward.plugin import ServicePlugin
 SERVICE = ServicePlugin(
     name="throwaway",
     package=__name__,
-    handlers="service:app",
     view="view:view",
     commands={"throwaway": "cli:throwaway_app"},
 )
