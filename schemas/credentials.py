@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from schemas.base import EventData
 from schemas.common import K8sName, Namespace
+from schemas.examples import alice_kerberos
 from schemas.tokens import subject
 
 
@@ -53,10 +54,7 @@ class CredentialDue(_CredentialEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "namespace": "user-alice",
-                    "secret": "krb5-alice",
-                    "kind": "kerberos",
-                    "principal": "alice@CERN.CH",
+                    **alice_kerberos(),
                     "expires_at": "2026-08-21T00:00:00Z",
                     "renew_by": "2026-08-20T22:00:00Z",
                     "renewable_until": "2026-08-27T00:00:00Z",
@@ -117,10 +115,7 @@ class CredentialFailed(_CredentialEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "namespace": "user-alice",
-                    "secret": "krb5-alice",
-                    "kind": "kerberos",
-                    "principal": "alice@CERN.CH",
+                    **alice_kerberos(),
                     "error": "ticket not renewable past its renew_till",
                     "retryable": False,
                     "attempt": 3,

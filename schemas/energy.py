@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from schemas.base import EventData, Model
 from schemas.common import K8sName, NonNegFloat, PodEventData
+from schemas.examples import alice_notebook, carbon_ch
 from schemas.tokens import subject
 
 
@@ -140,13 +141,7 @@ class EnergyNode(_EnergyEvent):
                     ],
                     "energy_j": 231000.0,
                     "avg_power_w": 3850.0,
-                    "carbon": {
-                        "g_per_kwh": 21.0,
-                        "zone": "CH",
-                        "provider": "electricitymaps",
-                        "basis": "lifecycle",
-                        "observed_at": "2026-08-20T14:00:00Z",
-                    },
+                    "carbon": carbon_ch(),
                     "co2e_g": 1.3475,
                 }
             ]
@@ -195,9 +190,7 @@ class EnergyPod(_EnergyEvent, PodEventData):
         json_schema_extra={
             "examples": [
                 {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
+                    **alice_notebook(),
                     "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
                     "cpu_energy_j": 1250.0,
                     "gpu_energy_j": 36744.0,
@@ -205,13 +198,7 @@ class EnergyPod(_EnergyEvent, PodEventData):
                     "gpus": 1.0,
                     "gpu_utilization_pct": 87.5,
                     "attribution": "cpu-time-ratio+gpu-exclusive",
-                    "carbon": {
-                        "g_per_kwh": 21.0,
-                        "zone": "CH",
-                        "provider": "electricitymaps",
-                        "basis": "lifecycle",
-                        "observed_at": "2026-08-20T14:00:00Z",
-                    },
+                    "carbon": carbon_ch(),
                     "co2e_g": 0.2216,
                 }
             ]

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from schemas.base import EventData, Model
 from schemas.common import K8sName, NonNegFloat, PodRef
+from schemas.examples import gpu_3
 from schemas.tokens import subject
 
 
@@ -95,9 +96,7 @@ class GpuHealth(_GpuEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "node": "gpu-node-07",
-                    "gpu_index": 3,
-                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
+                    **gpu_3(),
                     "model": "NVIDIA H100 80GB HBM3",
                     "pci_bus_id": "00000000:4E:00.0",
                     "state": "failed",
@@ -258,9 +257,7 @@ class GpuXid(_GpuEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "node": "gpu-node-07",
-                    "gpu_index": 3,
-                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
+                    **gpu_3(),
                     "xid": 13,
                     "name": "ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
                     "category": "application",

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 from schemas.base import Model
 from schemas.common import PodEventData
+from schemas.examples import alice_notebook
 
 
 class SessionKind(StrEnum):
@@ -73,9 +74,7 @@ class SessionActivity(_SessionEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
+                    **alice_notebook(),
                     "kind": "notebook",
                     "uid": "3f2a1b4c-5d6e-4f70-8a9b-0c1d2e3f4a5b",
                     "state": "idle",
@@ -121,9 +120,7 @@ class SessionIdle(_SessionEvent):
         json_schema_extra={
             "examples": [
                 {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
+                    **alice_notebook(),
                     "kind": "notebook",
                     "idle_since": "2026-08-20T11:58:02Z",
                     "idle_for_s": 7438.0,
