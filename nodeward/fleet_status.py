@@ -714,15 +714,15 @@ def _gpu_seen(g: _GpuStated | GpuHealth, said: _Heartbeat | GpuHealth, stored: d
         key=g.gpu_key(),
         gpu_index=g.gpu_index,
         gpu_uuid=g.gpu_uuid,
+        mig=g.mig,
         state=g.state,
+        reasons=g.reasons,
+        pods=change.pods if change else [],
+        model=change.model if change else None,
         observed_at=said.observed_at,
         stored=stored,
         agent_boot_id=said.agent_boot_id,
         sequence=g.sequence,
-        reasons=g.reasons,
-        pods=change.pods if change else [],
-        model=change.model if change else None,
-        mig=g.mig,
     )
 
 
