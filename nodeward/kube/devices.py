@@ -92,10 +92,7 @@ class Devices(Area):
         selector = f"spec.nodeName={node}"
         if driver:
             selector += f",spec.driver={driver}"
-        reply: Obj = await self._client.request(
-            "GET", group_path(GROUP, version, SLICES), query={"fieldSelector": selector}
-        )
-        return list(reply.get("items") or [])
+        return await self._items(group_path(GROUP, version, SLICES), {"fieldSelector": selector})
 
     @operation("resourceslices.watch")
     async def slice_listing(self, version: str) -> Listing:

@@ -40,12 +40,8 @@ class Nodes(Area):
     async def list(
         self, *, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[Obj]:
-        listing = await self._client.request(
-            "GET",
-            core("nodes"),
-            query={"labelSelector": label_selector, "fieldSelector": field_selector},
-        )
-        return list(listing.get("items") or [])
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        return await self._items(core("nodes"), query)
 
     @operation("nodes.list")
     async def count(self, *, label_selector: str | None = None) -> int:
