@@ -43,6 +43,10 @@ class Area:
         listing = await self._client.request("GET", path, query=query)
         return list(listing.get("items") or [])
 
+    async def _listing(self, path: str, query: Mapping[str, str | None] | None = None) -> Listing:
+        """The list at `path` and the version to watch it from."""
+        return Listing.of(await self._client.request("GET", path, query=query))
+
     async def _merge_metadata(
         self, path: str, field: Literal["labels", "annotations"], values: Mapping[str, str | None]
     ) -> Obj:

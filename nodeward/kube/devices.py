@@ -97,8 +97,7 @@ class Devices(Area):
     @operation("resourceslices.watch")
     async def slice_listing(self, version: str) -> Listing:
         """Every ResourceSlice and the version to watch from."""
-        reply = await self._client.request("GET", group_path(GROUP, version, SLICES))
-        return Listing.of(reply)
+        return await self._listing(group_path(GROUP, version, SLICES))
 
     @operation("resourceslices.watch")
     async def slice_watch(

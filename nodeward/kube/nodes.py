@@ -58,10 +58,7 @@ class Nodes(Area):
     @operation("nodes.watch")
     async def listing(self, *, label_selector: str | None = None) -> Listing:
         """Every node and the version to watch from (`watch(resource_version=...)`)."""
-        reply = await self._client.request(
-            "GET", core("nodes"), query={"labelSelector": label_selector}
-        )
-        return Listing.of(reply)
+        return await self._listing(core("nodes"), {"labelSelector": label_selector})
 
     @operation("nodes.watch")
     async def watch(

@@ -52,10 +52,7 @@ class Pods(Area):
     @operation("pods.watch")
     async def listing(self, *, field_selector: str | None = None) -> Listing:
         """Every pod in every namespace and the version to watch from."""
-        reply = await self._client.request(
-            "GET", core("pods"), query={"fieldSelector": field_selector}
-        )
-        return Listing.of(reply)
+        return await self._listing(core("pods"), {"fieldSelector": field_selector})
 
     @operation("pods.watch")
     async def watch(
