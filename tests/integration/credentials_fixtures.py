@@ -7,9 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import random
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -32,26 +30,11 @@ from services.credentials.secret import LABEL
 from services.credentials.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Seed
+from sim.kerberos import KDC_BINARIES, free_port_base
 from sim.oauth2 import IdP, serve
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
 from tests.integration.simkube import stop_env
-
-KDC_BINARIES = ("krb5kdc", "kdb5_util", "kadmin.local", "kinit")
-
-
-def _free_base() -> int:
-    """A port base with ten free ports after it (k5test uses a fixed block)."""
-    for _ in range(50):
-        base = random.randrange(20000, 59000, 10)
-        try:
-            for port in range(base, base + 10):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ten ports")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +52,7 @@ def kdc() -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", os.environ["PATH"] + ":/usr/sbin")  # krb5kdc, kdb5_util
         realm = k5test.K5Realm(
-            portbase=_free_base(),
+            portbase=free_port_base(),
             kdc_conf={"realms": {"$realm": {"max_renewable_life": "1h", "max_life": "1h"}}},
             krb5_conf={"libdefaults": {"renew_lifetime": "1h"}},
         )
