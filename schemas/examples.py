@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ConfigDict
+
 
 def alice_notebook() -> dict[str, Any]:
     """Alice's notebook pod and the node it runs on."""
@@ -38,3 +40,8 @@ def carbon_ch() -> dict[str, Any]:
         "basis": "lifecycle",
         "observed_at": "2026-08-20T14:00:00Z",
     }
+
+
+def example(data: dict[str, Any]) -> ConfigDict:
+    """A model config whose JSON schema shows `data` as its one example."""
+    return ConfigDict(json_schema_extra={"examples": [data]})
