@@ -36,7 +36,6 @@ from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
 from agents.energy.pods import CpuTime, CpuTimes, GpuBusy, NodePods, StaticPodList, attribute
 from agents.energy.settings import EnergySettings
 from agents.energy.tuning import judge, sample
-from agents.metrics import Declare
 from agents.sources.activity import DeviceUtilization, GpuUtilization
 from agents.sources.carbon import co2e_grams
 from agents.sources.cgroups import CgroupCpu
@@ -49,6 +48,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event
 from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval, PowerSource

@@ -51,7 +51,6 @@ from agents.gpu.health import (
     xid_findings,
 )
 from agents.gpu.settings import GpuAgentSettings
-from agents.metrics import Declare
 from agents.sources.kmsg import (
     DriverLineParser,
     DriverXid,
@@ -70,6 +69,7 @@ from nodeward.bus.clock import ClockProbe
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef

@@ -32,7 +32,6 @@ from agents.idle.evidence import (
     kernel_reading,
 )
 from agents.idle.settings import IdleSettings
-from agents.metrics import Declare
 from agents.sources.activity import (
     CpuUsage,
     DeviceUtilization,
@@ -45,6 +44,7 @@ from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.kube.objects import PodView
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from schemas.base import make_event
 from schemas.session import ActivityState, SessionKind
 from schemas.tokens import subject
