@@ -12,7 +12,6 @@ Usage: python bench/accounting.py [--pods 200] [--intervals 30] [--runs 3]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -21,6 +20,8 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from benchlib import options
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,9 +129,6 @@ async def main(pods: int, intervals: int, runs: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=200)
-    parser.add_argument("--intervals", type=int, default=30)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = options(__doc__.splitlines()[0], pods=200, intervals=30, runs=3)
     args = parser.parse_args()
     asyncio.run(main(args.pods, args.intervals, args.runs))

@@ -13,7 +13,6 @@ Usage: python bench/auth_callout.py [--sequential 50] [--herd 200] [--rounds 3]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -28,6 +27,8 @@ import nats
 import nkeys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import options
 
 from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus.server import EmbeddedNats
@@ -170,10 +171,7 @@ async def one_round(tmp: Path, sequential: int, herd: int) -> dict[str, dict[str
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequential", type=int, default=50)
-    parser.add_argument("--herd", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = options(__doc__.splitlines()[0], sequential=50, herd=200, rounds=3)
     args = parser.parse_args()
     configure_logging("error")
     rounds = []

@@ -4,6 +4,7 @@ memory of processes under load, and `nodeward up` launched from a checkout."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.util
@@ -24,6 +25,15 @@ from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def options(description: str, **numbers: float) -> argparse.ArgumentParser:
+    """A bench's command line: one `--name` option per number (`_` read `-`), of the type
+    of its default."""
+    parser = argparse.ArgumentParser(description=description)
+    for name, default in numbers.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    return parser
 
 
 @contextlib.contextmanager

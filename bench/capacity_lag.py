@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import options
 from pressure_up import REPO, Platform, platform
 
 from nodeward.config import ClusterSettings
@@ -156,7 +157,6 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = options(__doc__, rounds=3)
     parser.add_argument("--no-load", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchlib import options
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -539,9 +541,7 @@ def _report(run: Run, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--gpus", type=int, default=8)
+    parser = options(__doc__.splitlines()[0], nodes=5000, gpus=8)
     parser.add_argument("--quick", action="store_true", help="200 nodes, 20 faults, breaker 12")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--faults", type=int, default=None, help="default: 1 %% of the nodes")

@@ -26,7 +26,7 @@ from typing import Any
 import nats
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import launched_up
+from benchlib import launched_up, options
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,8 +63,6 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = options(__doc__.split("\n\n")[0], seconds=60.0, rounds=3)
     parser.add_argument("--baseline", action="append", default=[], help="another checkout")
     asyncio.run(main(parser.parse_args()))

@@ -29,6 +29,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchlib import options
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -186,7 +188,5 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--secrets", type=int, default=2000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = options(__doc__.splitlines()[0], secrets=2000, runs=3)
     asyncio.run(main(parser.parse_args()))

@@ -31,6 +31,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchlib import options
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -202,8 +204,5 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = options(__doc__.splitlines()[0], sessions=200, events=5000, runs=3)
     asyncio.run(main(parser.parse_args()))

@@ -18,7 +18,6 @@ first counts). Prints medians over the runs and the ratio falco / baseline.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import copy
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from benchlib import options
 
 from nodeward.bus import Bus, ConsumerSpec
 from nodeward.bus.server import EmbeddedNats
@@ -265,10 +265,7 @@ async def main(count: int, runs: int, concurrency: int, priority: str, log_level
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--alerts", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser = options(__doc__, alerts=500, runs=3, concurrency=16)
     parser.add_argument("--priority", choices=sorted(RULES), default="notice")
     parser.add_argument(
         "--log-level", default="info", help="the service's (info: a line per action, as deployed)"

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import PeakRss
+from benchlib import PeakRss, options
 from falco import TOKEN, alerts, free_port, pct, ready, staged
 
 from nodeward.bus import Bus
@@ -252,13 +252,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--notices", type=int, default=20000)
-    parser.add_argument("--criticals", type=int, default=10)
-    parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--delay", type=float, default=5.0)
-    parser.add_argument("--spacing", type=float, default=1.0)
+    parser = options(
+        __doc__, notices=20000, criticals=10, runs=1, concurrency=50, delay=5.0, spacing=1.0
+    )
     parser.add_argument("--cases", default=",".join(CASES), help="which cases, comma-separated")
     parser.add_argument("--flood-worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--uid", default="flood", help=argparse.SUPPRESS)

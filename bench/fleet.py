@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import fleet_split
-from benchlib import exported
+from benchlib import exported, options
 from fleetlib import REPO, TAINT, cpu_seconds, group, lease_holders
 
 WIDE_BREAKER = {
@@ -328,8 +328,7 @@ def _report(r: Result, args: argparse.Namespace) -> list[str]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=256)
+    parser = options(__doc__.splitlines()[0], nodes=256)
     parser.add_argument("--watch", type=float, default=60.0, help="seconds of lag sampling")
     parser.add_argument("--injections", type=int, default=5)
     parser.add_argument(

@@ -17,7 +17,6 @@ Usage: python bench/kube_port.py [--nodes 500] [--concurrency 64] [--rounds 5]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -34,7 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchlib import module_at, sim_cluster_command  # noqa: E402 - bench/, as python runs it
+from benchlib import module_at, options, sim_cluster_command  # noqa: E402 - bench/, as python runs it
 
 from nodeward.config import ClusterSettings  # noqa: E402
 from nodeward.kube import Cluster  # noqa: E402
@@ -117,10 +116,7 @@ async def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser = options(__doc__.split("\n\n")[0], nodes=500, concurrency=64, rounds=5)
     parser.add_argument("--baseline", default="e6d5841", help="git revision of 'before'")
     parser.add_argument(
         "--pool", type=int, nargs="+", default=[32], help="now's cluster.concurrency (each)"

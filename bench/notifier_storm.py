@@ -12,7 +12,6 @@ Prints medians over the runs and the intake ratio notifier / baseline (1.0 = no 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import statistics
@@ -20,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import options
 
 from nodeward.bus import Bus, ConsumerSpec
 from nodeward.bus.server import EmbeddedNats
@@ -122,9 +123,6 @@ async def main(notices: int, group_wait: float, runs: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--notices", type=int, default=3000)
-    parser.add_argument("--group-wait", type=float, default=2.0)
-    parser.add_argument("--runs", type=int, default=5)
+    parser = options(__doc__, notices=3000, group_wait=2.0, runs=5)
     args = parser.parse_args()
     asyncio.run(main(args.notices, args.group_wait, args.runs))

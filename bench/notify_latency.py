@@ -20,7 +20,6 @@ side, with the storm/quiet ratio; target: storm p99 under 2 s.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from benchlib import options
 
 from nodeward.bus import Bus
 from nodeward.bus.server import EmbeddedNats
@@ -246,8 +246,6 @@ async def main(trials: int, size: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--storm", type=int, default=2000)
+    parser = options(__doc__, trials=20, storm=2000)
     args = parser.parse_args()
     asyncio.run(main(args.trials, args.storm))

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchlib import options
 from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,9 +169,5 @@ if __name__ == "__main__":
         url, name, bucket, partitions, mode = sys.argv[2:7]
         asyncio.run(replica(url, name, bucket, int(partitions), mode))
     else:
-        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-        parser.add_argument("--events", type=int, default=20000)
-        parser.add_argument("--nodes", type=int, default=2000)
-        parser.add_argument("--partitions", type=int, default=4)
-        parser.add_argument("--runs", type=int, default=3)
+        parser = options(__doc__.splitlines()[0], events=20000, nodes=2000, partitions=4, runs=3)
         asyncio.run(main(parser.parse_args()))

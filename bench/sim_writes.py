@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchlib import options
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -97,10 +99,7 @@ def _child(tree: Path, nodes: int, writes: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=200)
-    parser.add_argument("--writes", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = options(__doc__.splitlines()[0], nodes=200, writes=300, rounds=3)
     parser.add_argument("--baseline", default="63c7f99")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import launched_up
+from benchlib import launched_up, options
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,8 +58,6 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--after", type=float, default=12.0)
+    parser = options(__doc__.split("\n\n")[0], rounds=3, after=12.0)
     parser.add_argument("--no-load", action="store_true")
     asyncio.run(main(parser.parse_args()))

@@ -15,7 +15,7 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -705,6 +705,27 @@ def _beats(stored: Iterable[Stored]) -> list[tuple[Stored, _Heartbeat]]:
     return out
 
 
+def _gpu_seen(g: _GpuStated | GpuHealth, said: _Heartbeat | GpuHealth, stored: datetime) -> GpuSeen:
+    """GPU `g` as `said` (its heartbeat, or the change itself) stated it, stored at `stored`;
+    a change's pods and model with it (a heartbeat names none)."""
+    change = g if isinstance(g, GpuHealth) else None
+    return GpuSeen(
+        node=said.node,
+        key=g.gpu_key(),
+        gpu_index=g.gpu_index,
+        gpu_uuid=g.gpu_uuid,
+        mig=g.mig,
+        state=g.state,
+        reasons=g.reasons,
+        pods=change.pods if change else [],
+        model=change.model if change else None,
+        observed_at=said.observed_at,
+        stored=stored,
+        agent_boot_id=said.agent_boot_id,
+        sequence=g.sequence,
+    )
+
+
 async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     """Each GPU's state: a node's last heartbeat (every GPU restated, one message) and the
     changes stored since; a node without a recent heartbeat from its last change per GPU.
@@ -739,21 +760,7 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
         if (now - m.time).total_seconds() <= HEARTBEATS_FRESH * beat.interval_s:
             fresh[token(beat.node)] = m.time
         for g in beat.gpus:
-            take(
-                GpuSeen(
-                    node=beat.node,
-                    key=g.gpu_key(),
-                    gpu_index=g.gpu_index,
-                    gpu_uuid=g.gpu_uuid,
-                    state=g.state,
-                    observed_at=beat.observed_at,
-                    stored=m.time,
-                    agent_boot_id=beat.agent_boot_id,
-                    sequence=g.sequence,
-                    reasons=g.reasons,
-                    mig=g.mig,
-                )
-            )
+            take(_gpu_seen(g, beat, m.time))
     silent = sorted({subj.split(".")[2] for subj in listed or {}} - set(fresh))
     reads = []
     if fresh:
@@ -766,23 +773,7 @@ async def _gpu_reads(r: _Reader, tok: str) -> tuple[list[GpuSeen], set[str]]:
     for got in await asyncio.gather(*reads):
         for m, h in data(got or [], GpuHealth):
             r.seen.saw(h.node, "gpu", m.time, _claimed(m))
-            take(
-                GpuSeen(
-                    node=h.node,
-                    key=h.gpu_key(),
-                    gpu_index=h.gpu_index,
-                    gpu_uuid=h.gpu_uuid,
-                    state=h.state,
-                    observed_at=h.observed_at,
-                    stored=m.time,
-                    agent_boot_id=h.agent_boot_id,
-                    sequence=h.sequence,
-                    reasons=h.reasons,
-                    pods=h.pods,
-                    model=h.model,
-                    mig=h.mig,
-                )
-            )
+            take(_gpu_seen(h, h, m.time))
     return list(said.values()), set(fresh)
 
 
@@ -888,65 +879,66 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-async def gather_status(
+RECENT_ACTIONS = 10
+"""How many recent actions status lists by default."""
+
+
+class GatherOptions(TypedDict, total=False):
+    """How `gather_status` and `gather_node` read: `buckets` the runtime's own (default:
+    the default names), `views` the services' (default: every registered one, with default
+    settings)."""
+
+    nats_url: Required[str]
+    actions: int
+    agent_timeout: timedelta
+    buckets: Buckets | None
+    clock_skew: timedelta
+    views: Mapping[str, View] | None
+
+
+async def _gather(
     nc: Any,
+    node: str | None,
     *,
     nats_url: str,
-    actions: int = 10,
+    actions: int = RECENT_ACTIONS,
     agent_timeout: timedelta = timedelta(seconds=90),
     buckets: Buckets | None = None,
     clock_skew: timedelta = timedelta(seconds=5),
     views: Mapping[str, View] | None = None,
-) -> FleetStatus:
-    """The whole fleet from KV and the streams (`buckets`: the runtime's own) and the
-    services' `views` (default: every registered one, with default settings)."""
-    views = registered(Settings()) if views is None else views
-    seen = await read_fleet(nc, actions=actions, buckets=buckets or Buckets(), views=views)
-    return assemble(
-        nats_url=nats_url,
-        now=datetime.now(UTC),
-        breaker=None,
-        health=seen.health,
-        telemetry={},
-        dlq=seen.dlq,
-        actions=seen.actions,
-        agent_timeout=agent_timeout,
-        missing=seen.missing,
-        notes=seen.notes,
-        seen=seen,
-        clock_skew=clock_skew,
-    )
-
-
-async def gather_node(
-    nc: Any,
-    node: str,
-    *,
-    nats_url: str,
-    actions: int = 10,
-    agent_timeout: timedelta = timedelta(seconds=90),
-    buckets: Buckets | None = None,
-    clock_skew: timedelta = timedelta(seconds=5),
-    views: Mapping[str, View] | None = None,
-) -> NodeReport | None:
-    """One node in detail, or None if nothing nodeward reads knows it."""
+) -> tuple[Seen, FleetStatus]:
+    """What nodeward holds (of one `node`, or all) and the fleet status assembled from it;
+    one node's status lists no DLQ nor actions (its report lists its own)."""
     views = registered(Settings()) if views is None else views
     b = buckets or Buckets()
     seen = await read_fleet(nc, actions=actions, buckets=b, node=node, views=views)
-    fleet = assemble(
+    whole = node is None
+    return seen, assemble(
         nats_url=nats_url,
         now=datetime.now(UTC),
         breaker=None,
         health=seen.health,
         telemetry={},
-        dlq={},
-        actions=[],
+        dlq=seen.dlq if whole else {},
+        actions=seen.actions if whole else [],
         agent_timeout=agent_timeout,
         missing=seen.missing,
         notes=seen.notes,
         seen=seen,
         clock_skew=clock_skew,
     )
+
+
+async def gather_status(nc: Any, **options: Unpack[GatherOptions]) -> FleetStatus:
+    """The whole fleet from KV and the streams and the services' views."""
+    return (await _gather(nc, None, **options))[1]
+
+
+async def gather_node(nc: Any, node: str, **options: Unpack[GatherOptions]) -> NodeReport | None:
+    """One node in detail, or None if nothing nodeward reads knows it."""
+    seen, fleet = await _gather(nc, node, **options)
+    actions = options.get("actions", RECENT_ACTIONS)
+    nats_url = options["nats_url"]
     shown = next((n for n in fleet.nodes if n.name == node), None)
     if shown is None:
         return None

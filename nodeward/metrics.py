@@ -5,74 +5,71 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
+class Declare:
+    """Makes a daemon's metrics on its `registry`, each with its labels, one line each."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
+        return Gauge(name, documentation, labels, registry=self.registry)
+
+    def counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, labels, registry=self.registry)
+
+
 class Metrics:
     """The bus and handler metrics every daemon exposes on /metrics."""
 
     def __init__(self, daemon: str, registry: CollectorRegistry | None = None) -> None:
         self.daemon = daemon
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.published = Counter(
-            "nodeward_events_published",
-            "Events published and acknowledged by JetStream",
-            ["type"],
-            registry=r,
+        m = Declare(self.registry)
+        self.published = m.counter(
+            "nodeward_events_published", "Events published and acknowledged by JetStream", "type"
         )
-        self.publish_failures = Counter(
-            "nodeward_publish_failures",
-            "Publishes that failed after all retries",
-            ["type"],
-            registry=r,
+        self.publish_failures = m.counter(
+            "nodeward_publish_failures", "Publishes that failed after all retries", "type"
         )
-        self.handled = Counter(
+        self.handled = m.counter(
             "nodeward_events_handled",
             "Messages handled by a consumer, by outcome",
-            ["consumer", "type", "outcome"],
-            registry=r,
+            "consumer",
+            "type",
+            "outcome",
         )
-        self.dead_lettered = Counter(
-            "nodeward_events_dead_lettered",
-            "Messages sent to the DLQ",
-            ["consumer", "reason"],
-            registry=r,
+        self.dead_lettered = m.counter(
+            "nodeward_events_dead_lettered", "Messages sent to the DLQ", "consumer", "reason"
         )
         self.handler_seconds = Histogram(
             "nodeward_handler_seconds",
             "Handler latency",
             ["consumer"],
-            registry=r,
+            registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
-        self.consumer_pending = Gauge(
+        self.consumer_pending = m.gauge(
             "nodeward_consumer_pending",
             "Messages in the stream not yet delivered to the consumer (lag)",
-            ["stream", "consumer"],
-            registry=r,
+            "stream",
+            "consumer",
         )
-        self.consumer_ack_pending = Gauge(
+        self.consumer_ack_pending = m.gauge(
             "nodeward_consumer_ack_pending",
             "Messages delivered but not yet acknowledged",
-            ["stream", "consumer"],
-            registry=r,
+            "stream",
+            "consumer",
         )
-        self.in_flight = Gauge(
-            "nodeward_handlers_in_flight", "Handlers running now", ["consumer"], registry=r
-        )
-        self.bus_connected = Gauge(
-            "nodeward_bus_connected", "1 while connected to NATS", registry=r
-        )
-        self.bus_responsive = Gauge(
+        self.in_flight = m.gauge("nodeward_handlers_in_flight", "Handlers running now", "consumer")
+        self.bus_connected = m.gauge("nodeward_bus_connected", "1 while connected to NATS")
+        self.bus_responsive = m.gauge(
             "nodeward_bus_responsive",
             "1 while the bus answers pings, acknowledges publishes and feeds the consumers",
-            registry=r,
         )
-        self.clock_offset = Gauge(
+        self.clock_offset = m.gauge(
             "nodeward_clock_offset_seconds",
             "This host's clock minus the bus's, from its own newest message on `subject` read"
             " back (nodeward.bus.clock)",
-            ["subject"],
-            registry=r,
+            "subject",
         )
-        self.bus_reconnects = Counter(
-            "nodeward_bus_reconnects", "Reconnections to NATS", registry=r
-        )
+        self.bus_reconnects = m.counter("nodeward_bus_reconnects", "Reconnections to NATS")

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData, Model
+from schemas.examples import example
 from schemas.tokens import subject
 
 WHOLE_GPU = "gpu"
@@ -80,17 +81,13 @@ class CapacityChanged(EventData):
         default_factory=dict, description="nodes with free ones, and how many"
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": "NVIDIA-H100-80GB-HBM3",
-                    "profile": "gpu",
-                    "counts": {"free": 3, "used": 26, "quarantined": 2, "unhealthy": 1},
-                    "previous": {"free": 6, "used": 26},
-                    "free_by_node": {"gpu-node-07": 1, "gpu-node-09": 2},
-                }
-            ]
+    model_config = example(
+        {
+            "model": "NVIDIA-H100-80GB-HBM3",
+            "profile": "gpu",
+            "counts": {"free": 3, "used": 26, "quarantined": 2, "unhealthy": 1},
+            "previous": {"free": 6, "used": 26},
+            "free_by_node": {"gpu-node-07": 1, "gpu-node-09": 2},
         }
     )
 

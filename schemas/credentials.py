@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData
 from schemas.common import K8sName, Namespace
+from schemas.examples import alice_kerberos, example
 from schemas.tokens import subject
 
 
@@ -49,20 +50,13 @@ class CredentialDue(_CredentialEvent):
     renewable_until: datetime | None = None
     attempt: int = Field(default=1, ge=1)
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "namespace": "user-alice",
-                    "secret": "krb5-alice",
-                    "kind": "kerberos",
-                    "principal": "alice@CERN.CH",
-                    "expires_at": "2026-08-21T00:00:00Z",
-                    "renew_by": "2026-08-20T22:00:00Z",
-                    "renewable_until": "2026-08-27T00:00:00Z",
-                    "attempt": 1,
-                }
-            ]
+    model_config = example(
+        {
+            **alice_kerberos(),
+            "expires_at": "2026-08-21T00:00:00Z",
+            "renew_by": "2026-08-20T22:00:00Z",
+            "renewable_until": "2026-08-27T00:00:00Z",
+            "attempt": 1,
         }
     )
 
@@ -81,19 +75,15 @@ class CredentialRenewed(_CredentialEvent):
     )
     rotated: bool = Field(default=False, description="a new refresh token replaced the old one")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "namespace": "user-alice",
-                    "secret": "oauth-alice",
-                    "kind": "oauth2",
-                    "principal": "kubeflow-notebooks",
-                    "expires_at": "2026-08-20T15:02:11Z",
-                    "resource_version": "48213",
-                    "rotated": True,
-                }
-            ]
+    model_config = example(
+        {
+            "namespace": "user-alice",
+            "secret": "oauth-alice",
+            "kind": "oauth2",
+            "principal": "kubeflow-notebooks",
+            "expires_at": "2026-08-20T15:02:11Z",
+            "resource_version": "48213",
+            "rotated": True,
         }
     )
 
@@ -113,19 +103,12 @@ class CredentialFailed(_CredentialEvent):
     def concern(self) -> str:
         return "warning"
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "namespace": "user-alice",
-                    "secret": "krb5-alice",
-                    "kind": "kerberos",
-                    "principal": "alice@CERN.CH",
-                    "error": "ticket not renewable past its renew_till",
-                    "retryable": False,
-                    "attempt": 3,
-                    "expires_at": "2026-08-21T00:00:00Z",
-                }
-            ]
+    model_config = example(
+        {
+            **alice_kerberos(),
+            "error": "ticket not renewable past its renew_till",
+            "retryable": False,
+            "attempt": 3,
+            "expires_at": "2026-08-21T00:00:00Z",
         }
     )

@@ -7,9 +7,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData
+from schemas.examples import example
 from schemas.tokens import subject
 
 
@@ -52,26 +53,22 @@ class DeadLetter(EventData):
         "the server's max_payload; size and sha256 describe the whole body",
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "stream": "GPU",
-                    "consumer": "cordon",
-                    "original_subject": "gpu.health.gpu-node-07.3",
-                    "stream_sequence": 1042,
-                    "deliveries": 1,
-                    "reason": "invalid",
-                    "error": "gpu.health.v1: state: Input should be 'healthy', 'degraded', 'failed' or 'unknown'",
-                    "error_type": "DecodeError",
-                    "original_headers": {"ce-type": "gpu.health.v1", "ce-id": "x"},
-                    "payload_b64": "eyJzdGF0ZSI6ICJvbi1maXJlIn0=",
-                    "failed_at": "2026-08-20T14:02:12Z",
-                    "payload_size": 20,
-                    "payload_sha256": "9ee9f5d63be255bcf1e174129c1e9bdffb55f8cb35999ce55d8d24cfdb6f2f53",
-                    "truncated": False,
-                }
-            ]
+    model_config = example(
+        {
+            "stream": "GPU",
+            "consumer": "cordon",
+            "original_subject": "gpu.health.gpu-node-07.3",
+            "stream_sequence": 1042,
+            "deliveries": 1,
+            "reason": "invalid",
+            "error": "gpu.health.v1: state: Input should be 'healthy', 'degraded', 'failed' or 'unknown'",
+            "error_type": "DecodeError",
+            "original_headers": {"ce-type": "gpu.health.v1", "ce-id": "x"},
+            "payload_b64": "eyJzdGF0ZSI6ICJvbi1maXJlIn0=",
+            "failed_at": "2026-08-20T14:02:12Z",
+            "payload_size": 20,
+            "payload_sha256": "9ee9f5d63be255bcf1e174129c1e9bdffb55f8cb35999ce55d8d24cfdb6f2f53",
+            "truncated": False,
         }
     )
 

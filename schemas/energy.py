@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from schemas.base import EventData, Model
 from schemas.common import K8sName, NonNegFloat, PodEventData
+from schemas.examples import alice_notebook, carbon_ch, example
 from schemas.tokens import subject
 
 
@@ -112,44 +113,34 @@ class EnergyNode(_EnergyEvent):
         description="sources that could not be read this interval, one line each (source: why)",
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
+            "readings": [
                 {
-                    "node": "gpu-node-07",
-                    "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
-                    "readings": [
-                        {
-                            "source": "ipmi_sdr",
-                            "component": "system",
-                            "energy_j": 231000.0,
-                            "avg_power_w": 3850.0,
-                        },
-                        {
-                            "source": "rapl",
-                            "component": "package-0",
-                            "energy_j": 16200.0,
-                            "avg_power_w": 270.0,
-                        },
-                        {
-                            "source": "nvml",
-                            "component": "gpu-0",
-                            "energy_j": 36744.0,
-                            "avg_power_w": 612.4,
-                        },
-                    ],
+                    "source": "ipmi_sdr",
+                    "component": "system",
                     "energy_j": 231000.0,
                     "avg_power_w": 3850.0,
-                    "carbon": {
-                        "g_per_kwh": 21.0,
-                        "zone": "CH",
-                        "provider": "electricitymaps",
-                        "basis": "lifecycle",
-                        "observed_at": "2026-08-20T14:00:00Z",
-                    },
-                    "co2e_g": 1.3475,
-                }
-            ]
+                },
+                {
+                    "source": "rapl",
+                    "component": "package-0",
+                    "energy_j": 16200.0,
+                    "avg_power_w": 270.0,
+                },
+                {
+                    "source": "nvml",
+                    "component": "gpu-0",
+                    "energy_j": 36744.0,
+                    "avg_power_w": 612.4,
+                },
+            ],
+            "energy_j": 231000.0,
+            "avg_power_w": 3850.0,
+            "carbon": carbon_ch(),
+            "co2e_g": 1.3475,
         }
     )
 
@@ -191,29 +182,17 @@ class EnergyPod(_EnergyEvent, PodEventData):
     carbon: CarbonIntensity | None = None
     co2e_g: NonNegFloat | None = None
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
-                    "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
-                    "cpu_energy_j": 1250.0,
-                    "gpu_energy_j": 36744.0,
-                    "energy_j": 37994.0,
-                    "gpus": 1.0,
-                    "gpu_utilization_pct": 87.5,
-                    "attribution": "cpu-time-ratio+gpu-exclusive",
-                    "carbon": {
-                        "g_per_kwh": 21.0,
-                        "zone": "CH",
-                        "provider": "electricitymaps",
-                        "basis": "lifecycle",
-                        "observed_at": "2026-08-20T14:00:00Z",
-                    },
-                    "co2e_g": 0.2216,
-                }
-            ]
+    model_config = example(
+        {
+            **alice_notebook(),
+            "interval": {"start": "2026-08-20T14:00:00Z", "end": "2026-08-20T14:01:00Z"},
+            "cpu_energy_j": 1250.0,
+            "gpu_energy_j": 36744.0,
+            "energy_j": 37994.0,
+            "gpus": 1.0,
+            "gpu_utilization_pct": 87.5,
+            "attribution": "cpu-time-ratio+gpu-exclusive",
+            "carbon": carbon_ch(),
+            "co2e_g": 0.2216,
         }
     )

@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from schemas.base import EventData
+from schemas.examples import example
 from schemas.ids import stable_id
 from schemas.tokens import falco_rule_token
 
@@ -76,28 +77,24 @@ class FalcoAlert(EventData):
     tags: list[str] = Field(default_factory=list)
     hostname: str | None = None
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "uuid": "6f1d0c3e-8a2b-4c7d-9e10-2b3a4c5d6e71",
-                    "output": "14:02:11.318274915: Notice A shell was spawned in a container with an attached terminal | user=root process=bash k8s_pod_name=jupyter-alice-0 k8s_ns_name=user-alice",
-                    "priority": "Notice",
-                    "rule": "Terminal shell in container",
-                    "time": "2026-08-20T14:02:11.318274915Z",
-                    "output_fields": {
-                        "container.id": "3f9c2a7d81be",
-                        "container.name": "notebook",
-                        "k8s.ns.name": "user-alice",
-                        "k8s.pod.name": "jupyter-alice-0",
-                        "proc.name": "bash",
-                        "user.name": "root",
-                    },
-                    "source": "syscall",
-                    "tags": ["T1059", "container", "maturity_stable", "mitre_execution", "shell"],
-                    "hostname": "gpu-node-07",
-                }
-            ]
+    model_config = example(
+        {
+            "uuid": "6f1d0c3e-8a2b-4c7d-9e10-2b3a4c5d6e71",
+            "output": "14:02:11.318274915: Notice A shell was spawned in a container with an attached terminal | user=root process=bash k8s_pod_name=jupyter-alice-0 k8s_ns_name=user-alice",
+            "priority": "Notice",
+            "rule": "Terminal shell in container",
+            "time": "2026-08-20T14:02:11.318274915Z",
+            "output_fields": {
+                "container.id": "3f9c2a7d81be",
+                "container.name": "notebook",
+                "k8s.ns.name": "user-alice",
+                "k8s.pod.name": "jupyter-alice-0",
+                "proc.name": "bash",
+                "user.name": "root",
+            },
+            "source": "syscall",
+            "tags": ["T1059", "container", "maturity_stable", "mitre_execution", "shell"],
+            "hostname": "gpu-node-07",
         }
     )
 

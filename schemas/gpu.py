@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData, Model
 from schemas.common import K8sName, NonNegFloat, PodRef
+from schemas.examples import example, gpu_3
 from schemas.tokens import subject
 
 
@@ -91,33 +92,27 @@ class GpuHealth(_GpuEvent):
     agent_boot_id: str | None = Field(default=None, description="changes when the agent restarts")
     sequence: int = Field(default=0, ge=0, description="per-GPU counter within one agent boot")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            **gpu_3(),
+            "model": "NVIDIA H100 80GB HBM3",
+            "pci_bus_id": "00000000:4E:00.0",
+            "state": "failed",
+            "previous_state": "healthy",
+            "reasons": [
                 {
-                    "node": "gpu-node-07",
-                    "gpu_index": 3,
-                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
-                    "model": "NVIDIA H100 80GB HBM3",
-                    "pci_bus_id": "00000000:4E:00.0",
-                    "state": "failed",
-                    "previous_state": "healthy",
-                    "reasons": [
-                        {
-                            "code": "xid",
-                            "xid": 79,
-                            "message": "GPU has fallen off the bus",
-                            "evidence": {"pid": 0, "event_data": 0},
-                            "action": "reboot_node",
-                        }
-                    ],
-                    "recommended_action": "reboot_node",
-                    "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
-                    "observed_at": "2026-08-20T14:02:11.318Z",
-                    "agent_boot_id": "b6a1",
-                    "sequence": 42,
+                    "code": "xid",
+                    "xid": 79,
+                    "message": "GPU has fallen off the bus",
+                    "evidence": {"pid": 0, "event_data": 0},
+                    "action": "reboot_node",
                 }
-            ]
+            ],
+            "recommended_action": "reboot_node",
+            "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
+            "observed_at": "2026-08-20T14:02:11.318Z",
+            "agent_boot_id": "b6a1",
+            "sequence": 42,
         }
     )
 
@@ -172,25 +167,21 @@ class GpuHeartbeat(_GpuAgentEvent):
     observed_at: datetime
     agent_boot_id: str | None = Field(default=None, description="changes when the agent restarts")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "gpus": [
                 {
-                    "node": "gpu-node-07",
-                    "gpus": [
-                        {
-                            "gpu_index": 0,
-                            "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
-                            "state": "healthy",
-                            "sequence": 1,
-                            "changed_at": "2026-08-20T14:00:02Z",
-                        }
-                    ],
-                    "interval_s": 30,
-                    "observed_at": "2026-08-20T14:02:32Z",
-                    "agent_boot_id": "b6a1",
+                    "gpu_index": 0,
+                    "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
+                    "state": "healthy",
+                    "sequence": 1,
+                    "changed_at": "2026-08-20T14:00:02Z",
                 }
-            ]
+            ],
+            "interval_s": 30,
+            "observed_at": "2026-08-20T14:02:32Z",
+            "agent_boot_id": "b6a1",
         }
     )
 
@@ -254,27 +245,21 @@ class GpuXid(_GpuEvent):
     observed_at: datetime
     agent_boot_id: str | None = None
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "node": "gpu-node-07",
-                    "gpu_index": 3,
-                    "gpu_uuid": "GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d",
-                    "xid": 13,
-                    "name": "ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
-                    "category": "application",
-                    "catalog_action": "restart_app",
-                    "application": True,
-                    "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
-                    "processes": [{"pid": 41233, "used_memory_bytes": 8589934592}],
-                    "detectors": ["nvml", "kmsg"],
-                    "driver_message": "NVRM: Xid (PCI:0000:3b:00): 13, pid=41233, "
-                    "name=python3, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): "
-                    "Out Of Range Address",
-                    "observed_at": "2026-08-20T14:02:11Z",
-                }
-            ]
+    model_config = example(
+        {
+            **gpu_3(),
+            "xid": 13,
+            "name": "ROBUST_CHANNEL_GR_EXCEPTION (Graphics Engine Exception)",
+            "category": "application",
+            "catalog_action": "restart_app",
+            "application": True,
+            "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
+            "processes": [{"pid": 41233, "used_memory_bytes": 8589934592}],
+            "detectors": ["nvml", "kmsg"],
+            "driver_message": "NVRM: Xid (PCI:0000:3b:00): 13, pid=41233, "
+            "name=python3, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): "
+            "Out Of Range Address",
+            "observed_at": "2026-08-20T14:02:11Z",
         }
     )
 
@@ -309,29 +294,25 @@ class GpuTelemetry(_GpuAgentEvent):
     interval_s: float = Field(gt=0)
     samples: list[GpuSample]
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "interval_s": 15,
+            "samples": [
                 {
-                    "node": "gpu-node-07",
-                    "interval_s": 15,
-                    "samples": [
-                        {
-                            "gpu_index": 0,
-                            "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
-                            "utilization_gpu_pct": 87.0,
-                            "utilization_memory_pct": 41.0,
-                            "memory_used_bytes": 61203283968,
-                            "memory_total_bytes": 85520809984,
-                            "temperature_c": 64,
-                            "power_w": 612.4,
-                            "energy_mj": 918273645,
-                            "sm_clock_mhz": 1980,
-                            "memory_clock_mhz": 2619,
-                        }
-                    ],
+                    "gpu_index": 0,
+                    "gpu_uuid": "GPU-1a2b3c4d-0000-4a7b-9c6d-0e1f2a3b4c5d",
+                    "utilization_gpu_pct": 87.0,
+                    "utilization_memory_pct": 41.0,
+                    "memory_used_bytes": 61203283968,
+                    "memory_total_bytes": 85520809984,
+                    "temperature_c": 64,
+                    "power_w": 612.4,
+                    "energy_mj": 918273645,
+                    "sm_clock_mhz": 1980,
+                    "memory_clock_mhz": 2619,
                 }
-            ]
+            ],
         }
     )
 

@@ -7,10 +7,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData, Model
 from schemas.common import K8sName, PodRef
+from schemas.examples import example
 from schemas.tokens import subject
 
 
@@ -65,27 +66,23 @@ class Maintenance(EventData):
         description="pods not checkpointed (failed or not checkpointable) or not evicted, and why",
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "phase": "checkpointed",
+            "maintenance_id": "mnt-20260820-gpu-node-07",
+            "reason": "firmware update",
+            "requested_by": "operator/jdoe",
+            "checkpoints": [
                 {
-                    "node": "gpu-node-07",
-                    "phase": "checkpointed",
-                    "maintenance_id": "mnt-20260820-gpu-node-07",
-                    "reason": "firmware update",
-                    "requested_by": "operator/jdoe",
-                    "checkpoints": [
-                        {
-                            "pod": {
-                                "namespace": "user-alice",
-                                "name": "jupyter-alice-0",
-                                "container": "notebook",
-                            },
-                            "path": "/var/lib/kubelet/checkpoints/checkpoint-jupyter-alice-0_user-alice-notebook-2026-08-20T14:05:00Z.tar",
-                        }
-                    ],
+                    "pod": {
+                        "namespace": "user-alice",
+                        "name": "jupyter-alice-0",
+                        "container": "notebook",
+                    },
+                    "path": "/var/lib/kubelet/checkpoints/checkpoint-jupyter-alice-0_user-alice-notebook-2026-08-20T14:05:00Z.tar",
                 }
-            ]
+            ],
         }
     )
 

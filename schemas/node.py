@@ -5,10 +5,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData
 from schemas.common import K8sName, NonNegFloat
+from schemas.examples import example
 from schemas.tokens import subject
 
 
@@ -49,24 +50,20 @@ class NodeFinding(EventData):
     )
     spread_bound_pct: NonNegFloat | None = None
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "node": "gpu-node-07",
-                    "check": "cpufreq",
-                    "state": "finding",
-                    "summary": "gpu-node-07: 64 of 64 CPUs use governor powersave, not performance",
-                    "problems": ["64 of 64 CPUs use governor powersave, not performance"],
-                    "cpus": 64,
-                    "governors": {"powersave": 64},
-                    "expected_governor": "performance",
-                    "freq_min_khz": 1200000.0,
-                    "freq_max_khz": 3400000.0,
-                    "spread_pct": 64.7,
-                    "spread_bound_pct": 25.0,
-                }
-            ]
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "check": "cpufreq",
+            "state": "finding",
+            "summary": "gpu-node-07: 64 of 64 CPUs use governor powersave, not performance",
+            "problems": ["64 of 64 CPUs use governor powersave, not performance"],
+            "cpus": 64,
+            "governors": {"powersave": 64},
+            "expected_governor": "performance",
+            "freq_min_khz": 1200000.0,
+            "freq_max_khz": 3400000.0,
+            "spread_pct": 64.7,
+            "spread_bound_pct": 25.0,
         }
     )
 

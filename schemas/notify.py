@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData
 from schemas.common import ObjectRef
+from schemas.examples import example
 from schemas.tokens import subject
 
 
@@ -69,21 +70,17 @@ class Notification(EventData):
         default=None, description="when the announced action happens if nothing changes"
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "severity": "critical",
-                    "topic": "gpu-health",
-                    "title": "gpu-node-07 quarantined: GPU 3 fell off the bus (XID 79)",
-                    "body": "Tainted nodeward.io/gpu-unhealthy:NoSchedule and cordoned. Pods affected: user-alice/jupyter-alice-0.",
-                    "audience": "oncall",
-                    "targets": [{"kind": "Node", "name": "gpu-node-07"}],
-                    "dedup_key": "quarantine/gpu-node-07",
-                    "incident": "gpu-health/node/gpu-node-07",
-                    "audit_event_id": "01920000-0000-7000-8000-000000000002",
-                }
-            ]
+    model_config = example(
+        {
+            "severity": "critical",
+            "topic": "gpu-health",
+            "title": "gpu-node-07 quarantined: GPU 3 fell off the bus (XID 79)",
+            "body": "Tainted nodeward.io/gpu-unhealthy:NoSchedule and cordoned. Pods affected: user-alice/jupyter-alice-0.",
+            "audience": "oncall",
+            "targets": [{"kind": "Node", "name": "gpu-node-07"}],
+            "dedup_key": "quarantine/gpu-node-07",
+            "incident": "gpu-health/node/gpu-node-07",
+            "audit_event_id": "01920000-0000-7000-8000-000000000002",
         }
     )
 

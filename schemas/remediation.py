@@ -5,10 +5,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import EventData
 from schemas.common import ObjectRef
+from schemas.examples import example
 from schemas.tokens import subject
 
 
@@ -40,21 +41,17 @@ class Remediation(EventData):
     trigger_event_id: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "action": "quarantine",
-                    "target": {"kind": "Node", "name": "gpu-node-07"},
-                    "outcome": "applied",
-                    "reason": "GPU 3 failed: XID 79 (fallen off the bus)",
-                    "policy": "xid-reboot-node",
-                    "dry_run": False,
-                    "actor": "service/cordon",
-                    "trigger_event_id": "01920000-0000-7000-8000-000000000001",
-                    "details": {"taint": "nodeward.io/gpu-unhealthy:NoSchedule", "cordoned": True},
-                }
-            ]
+    model_config = example(
+        {
+            "action": "quarantine",
+            "target": {"kind": "Node", "name": "gpu-node-07"},
+            "outcome": "applied",
+            "reason": "GPU 3 failed: XID 79 (fallen off the bus)",
+            "policy": "xid-reboot-node",
+            "dry_run": False,
+            "actor": "service/cordon",
+            "trigger_event_id": "01920000-0000-7000-8000-000000000001",
+            "details": {"taint": "nodeward.io/gpu-unhealthy:NoSchedule", "cordoned": True},
         }
     )
 

@@ -6,10 +6,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from schemas.base import Model
 from schemas.common import PodEventData
+from schemas.examples import alice_notebook, example
 
 
 class SessionKind(StrEnum):
@@ -69,33 +70,27 @@ class SessionActivity(_SessionEvent):
     last_activity: datetime | None = None
     sampled_at: datetime
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            **alice_notebook(),
+            "kind": "notebook",
+            "uid": "3f2a1b4c-5d6e-4f70-8a9b-0c1d2e3f4a5b",
+            "state": "idle",
+            "idle_since": "2026-08-20T11:59:00Z",
+            "gpu_utilization_pct": 0.0,
+            "gpu_uuids": ["GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d"],
+            "cpu_cores": 0.02,
+            "kernels": [
                 {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
-                    "kind": "notebook",
-                    "uid": "3f2a1b4c-5d6e-4f70-8a9b-0c1d2e3f4a5b",
-                    "state": "idle",
-                    "idle_since": "2026-08-20T11:59:00Z",
-                    "gpu_utilization_pct": 0.0,
-                    "gpu_uuids": ["GPU-5d3c1b2a-8f4e-4a7b-9c6d-0e1f2a3b4c5d"],
-                    "cpu_cores": 0.02,
-                    "kernels": [
-                        {
-                            "id": "9f8e7d6c-5b4a-3210-fedc-ba9876543210",
-                            "name": "python3",
-                            "execution_state": "idle",
-                            "last_activity": "2026-08-20T11:58:02Z",
-                            "connections": 0,
-                        }
-                    ],
+                    "id": "9f8e7d6c-5b4a-3210-fedc-ba9876543210",
+                    "name": "python3",
+                    "execution_state": "idle",
                     "last_activity": "2026-08-20T11:58:02Z",
-                    "sampled_at": "2026-08-20T14:02:00Z",
+                    "connections": 0,
                 }
-            ]
+            ],
+            "last_activity": "2026-08-20T11:58:02Z",
+            "sampled_at": "2026-08-20T14:02:00Z",
         }
     )
 
@@ -117,35 +112,29 @@ class SessionIdle(_SessionEvent):
     evidence: list[IdleEvidence]
     gpus_held: int = Field(default=0, ge=0)
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
+    model_config = example(
+        {
+            **alice_notebook(),
+            "kind": "notebook",
+            "idle_since": "2026-08-20T11:58:02Z",
+            "idle_for_s": 7438.0,
+            "evidence": [
                 {
-                    "namespace": "user-alice",
-                    "pod": "jupyter-alice-0",
-                    "node": "gpu-node-07",
-                    "kind": "notebook",
+                    "signal": "gpu",
+                    "idle_since": "2026-08-20T11:58:30Z",
+                    "detail": "0% SM for 2h03m",
+                },
+                {
+                    "signal": "cpu",
+                    "idle_since": "2026-08-20T11:59:00Z",
+                    "detail": "<0.05 cores",
+                },
+                {
+                    "signal": "kernel",
                     "idle_since": "2026-08-20T11:58:02Z",
-                    "idle_for_s": 7438.0,
-                    "evidence": [
-                        {
-                            "signal": "gpu",
-                            "idle_since": "2026-08-20T11:58:30Z",
-                            "detail": "0% SM for 2h03m",
-                        },
-                        {
-                            "signal": "cpu",
-                            "idle_since": "2026-08-20T11:59:00Z",
-                            "detail": "<0.05 cores",
-                        },
-                        {
-                            "signal": "kernel",
-                            "idle_since": "2026-08-20T11:58:02Z",
-                            "detail": "1 kernel idle, 0 connections",
-                        },
-                    ],
-                    "gpus_held": 1,
-                }
-            ]
+                    "detail": "1 kernel idle, 0 connections",
+                },
+            ],
+            "gpus_held": 1,
         }
     )

@@ -47,7 +47,7 @@ def missing() -> list[str]:
     return lacking
 
 
-def _free_base() -> int:
+def free_port_base() -> int:
     """A port base with ten free ports after it (k5test uses a fixed block)."""
     for _ in range(50):
         base = random.randrange(20000, 59000, 10)  # noqa: S311 - a port, not a secret
@@ -85,7 +85,7 @@ class Realm:
         try:
             k5 = k5test.K5Realm(
                 realm=REALM,
-                portbase=_free_base(),
+                portbase=free_port_base(),
                 get_creds=False,
                 kdc_conf={"realms": {"$realm": {"max_renewable_life": life, "max_life": "1d"}}},
                 krb5_conf={"libdefaults": {"renew_lifetime": life}},

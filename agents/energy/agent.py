@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from agents.energy.account import Accumulator, CarbonProvider, IntervalEnergy
 from agents.energy.caps import TOPIC, CapWatch, cap_notice, cap_watches
@@ -48,6 +48,7 @@ from nodeward.bus.kv import TypedKV
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event
 from schemas.energy import CarbonIntensity, EnergyNode, EnergyPod, Interval, PowerSource
@@ -65,28 +66,25 @@ def node_name(settings: EnergySettings) -> str:
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.power = Gauge(
-            "nodeward_node_power_watts", "Node mean power over the last interval", registry=r
-        )
-        self.energy = Counter(
+        m = Declare(registry)
+        self.power = m.gauge("nodeward_node_power_watts", "Node mean power over the last interval")
+        self.energy = m.counter(
             "nodeward_energy_joules",
             "Energy measured, per source (source=node: the whole node)",
-            ["source"],
-            registry=r,
+            "source",
         )
-        self.co2e = Counter("nodeward_co2e_grams", "CO2e of the node's energy", registry=r)
-        self.pod_energy = Counter(
+        self.co2e = m.counter("nodeward_co2e_grams", "CO2e of the node's energy")
+        self.pod_energy = m.counter(
             "nodeward_pod_energy_joules",
             "Energy attributed to a pod (CPU share estimated)",
-            ["namespace", "pod"],
-            registry=r,
+            "namespace",
+            "pod",
         )
-        self.pod_co2e = Counter(
-            "nodeward_pod_co2e_grams", "CO2e attributed to a pod", ["namespace", "pod"], registry=r
+        self.pod_co2e = m.counter(
+            "nodeward_pod_co2e_grams", "CO2e attributed to a pod", "namespace", "pod"
         )
-        self.degraded = Counter(
-            "nodeward_energy_source_failures", "Failed or hung source reads", ["source"], registry=r
+        self.degraded = m.counter(
+            "nodeward_energy_source_failures", "Failed or hung source reads", "source"
         )
 
 

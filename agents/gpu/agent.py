@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from agents.gpu.amd_health import EventSeen
 from agents.gpu.backends import GpuBackend, NvmlBackend
@@ -69,6 +69,7 @@ from nodeward.bus.clock import ClockProbe
 from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from nodeward.watchdog import CallTimeout, Lane, LaneBusy
 from schemas.base import Event, make_event, utcnow
 from schemas.common import PodRef
@@ -149,46 +150,33 @@ class _XidReport:
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.state = Gauge(
-            "nodeward_gpu_health_state",
-            "0 healthy, 1 degraded, 2 failed, 3 unknown",
-            ["gpu", "uuid"],
-            registry=r,
+        m = Declare(registry)
+        self.state = m.gauge(
+            "nodeward_gpu_health_state", "0 healthy, 1 degraded, 2 failed, 3 unknown", "gpu", "uuid"
         )
-        self.xids = Counter(
-            "nodeward_gpu_xid_events", "XID events seen", ["gpu", "xid"], registry=r
+        self.xids = m.counter("nodeward_gpu_xid_events", "XID events seen", "gpu", "xid")
+        self.hangs = m.counter(
+            "nodeward_gpu_nvml_hangs", "NVML calls that missed their deadline", "gpu"
         )
-        self.hangs = Counter(
-            "nodeward_gpu_nvml_hangs", "NVML calls that missed their deadline", ["gpu"], registry=r
-        )
-        self.temperature = Gauge(
-            "nodeward_gpu_temperature_celsius", "GPU temperature", ["gpu"], registry=r
-        )
-        self.power = Gauge("nodeward_gpu_power_watts", "GPU power draw", ["gpu"], registry=r)
-        self.energy = Gauge(
-            "nodeward_gpu_energy_millijoules", "NVML energy counter", ["gpu"], registry=r
-        )
-        self.util = Gauge("nodeward_gpu_utilization_ratio", "GPU utilisation", ["gpu"], registry=r)
-        self.memory = Gauge(
-            "nodeward_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r
-        )
-        self.ecc = Gauge("nodeward_gpu_ecc_errors", "ECC error counts", ["gpu", "kind"], registry=r)
-        self.sightings = Counter(
+        self.temperature = m.gauge("nodeward_gpu_temperature_celsius", "GPU temperature", "gpu")
+        self.power = m.gauge("nodeward_gpu_power_watts", "GPU power draw", "gpu")
+        self.energy = m.gauge("nodeward_gpu_energy_millijoules", "NVML energy counter", "gpu")
+        self.util = m.gauge("nodeward_gpu_utilization_ratio", "GPU utilisation", "gpu")
+        self.memory = m.gauge("nodeward_gpu_memory_used_bytes", "GPU memory in use", "gpu")
+        self.ecc = m.gauge("nodeward_gpu_ecc_errors", "ECC error counts", "gpu", "kind")
+        self.sightings = m.counter(
             "nodeward_gpu_xid_sightings",
             "XID reports per detector (an incident seen by two detectors counts twice)",
-            ["gpu", "detector"],
-            registry=r,
+            "gpu",
+            "detector",
         )
-        self.unattributed = Counter(
+        self.unattributed = m.counter(
             "nodeward_gpu_kernel_log_unattributed",
             "driver XID lines for a PCI address no known GPU has",
-            registry=r,
         )
-        self.kmsg_lost = Counter(
+        self.kmsg_lost = m.counter(
             "nodeward_gpu_kernel_log_overruns",
             "times kernel-log records were overwritten before the agent read them",
-            registry=r,
         )
 
 

@@ -8,6 +8,7 @@ correlated with 63/64, XID 45 alone with other XIDs, and the driver's recovery a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,7 +382,7 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
     out: list[Finding] = []
     for xid, (seen, count) in sorted(latest.items()):
         info = catalog.get(xid)
-        seen_by = seen.detectors
+        found = functools.partial(Finding, "xid", xid=xid, detectors=seen.detectors)
         evidence = {
             **seen.data,
             "count": count,
@@ -391,16 +392,13 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
         if xid == 154:
             continue  # followed through the recovery action it announces
         if xid == 48:
-            remap = near(seen, {63, 64})
-            if remap:
+            if remap := near(seen, {63, 64}):
+                with_remap = f"with XID {', '.join(map(str, remap))}: drain, then reset the GPU"
                 out.append(
-                    Finding(
-                        "xid",
+                    found(
                         HealthState.FAILED,
                         RecommendedAction.DRAIN_AND_RESET,
-                        f"XID 48 {info.name} with XID {', '.join(map(str, remap))}: drain, then reset the GPU",
-                        xid=48,
-                        detectors=seen_by,
+                        f"XID 48 {info.name} {with_remap}",
                         evidence={
                             **evidence,
                             "correlated_xids": remap,
@@ -411,28 +409,21 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
                 )
             else:
                 out.append(
-                    Finding(
-                        "xid",
+                    found(
                         HealthState.FAILED,
                         RecommendedAction.RESET_GPU,
                         f"XID 48 {info.name} alone: reset the GPU",
-                        xid=48,
-                        detectors=seen_by,
                         evidence={**evidence, "nvidia_action": "RESET_GPU"},
                     )
                 )
             continue
         if xid == 45:
-            others = near(seen)
-            if not others:
+            if not near(seen):
                 out.append(
-                    Finding(
-                        "xid",
+                    found(
                         HealthState.DEGRADED,
                         RecommendedAction.NONE,
                         f"XID 45 {info.name} alone: restart Fabric Manager",
-                        xid=45,
-                        detectors=seen_by,
                         evidence={**evidence, "nvidia_action": "RESTART_FM"},
                         variant="solo",
                     )
@@ -443,15 +434,5 @@ def xid_findings(history: list[XidSeen], catalog: XidCatalog, window: float) -> 
         ):
             continue
         state = HealthState.FAILED if info.action in _FAILING_ACTIONS else HealthState.DEGRADED
-        out.append(
-            Finding(
-                "xid",
-                state,
-                info.action,
-                f"XID {xid} {info.name}",
-                xid=xid,
-                evidence=evidence,
-                detectors=seen_by,
-            )
-        )
+        out.append(found(state, info.action, f"XID {xid} {info.name}", evidence=evidence))
     return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from agents.idle.evidence import (
     Reading,
@@ -44,6 +44,7 @@ from nodeward.bus.outbox import Outbox
 from nodeward.daemon import Daemon
 from nodeward.kube.objects import PodView
 from nodeward.logs import get_logger
+from nodeward.metrics import Declare
 from schemas.base import make_event
 from schemas.session import ActivityState, SessionKind
 from schemas.tokens import subject
@@ -96,20 +97,17 @@ class KubeSessionPods:
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.sessions = Gauge(
-            "nodeward_sessions",
-            "Session pods on this node by their last verdict",
-            ["state"],
-            registry=registry,
+        m = Declare(registry)
+        self.sessions = m.gauge(
+            "nodeward_sessions", "Session pods on this node by their last verdict", "state"
         )
-        self.idle_reports = Counter(
-            "nodeward_session_idle_reports", "session.idle events published", registry=registry
+        self.idle_reports = m.counter(
+            "nodeward_session_idle_reports", "session.idle events published"
         )
-        self.source_failures = Counter(
+        self.source_failures = m.counter(
             "nodeward_idle_source_failures",
             "Reads of a source that failed (the signal is then unknown)",
-            ["source"],
-            registry=registry,
+            "source",
         )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.sources.nvml import GpuIdentity, TelemetrySample
+from agents.sources.nvml import GpuIdentity, LibraryReader, TelemetrySample
 from nodeward.watchdog import Lane
 
 # amdsmi_wrapper.AMDSMI_STATUS_* (the same in every amdsmi release)
@@ -54,24 +54,21 @@ def _number(value: Any) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-class _Reader:
-    """Makes named amdsmi calls on one lane: NOT_SUPPORTED and other errors become None."""
+class _Reader(LibraryReader):
+    """amdsmi calls: NOT_SUPPORTED and other errors become None."""
 
-    def __init__(self, smi: Any, lane: Lane) -> None:
-        self.smi = smi
-        self.lane = lane
-        self.errors: dict[str, str] = {}
+    def failure(self) -> type[Exception]:
+        error: type[Exception] = self.lib.AmdSmiLibraryException
+        return error
 
-    def __call__(self, name: str, *args: Any) -> Any:
-        self.lane.mark(name)
-        try:
-            return getattr(self.smi, name)(*args)
-        except self.smi.AmdSmiLibraryException as exc:
-            if is_lost(exc):
-                raise
-            if error_code(exc) != STATUS_NOT_SUPPORTED:
-                self.errors[name] = str(exc).replace("\n\t", " ")
-            return None
+    def lost(self, exc: Exception) -> bool:
+        return is_lost(exc)
+
+    def unsupported(self, exc: Exception) -> bool:
+        return error_code(exc) == STATUS_NOT_SUPPORTED
+
+    def said(self, exc: Exception) -> str:
+        return str(exc).replace("\n\t", " ")
 
 
 def processor_handles(smi: Any) -> list[Any]:

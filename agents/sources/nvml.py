@@ -51,24 +51,52 @@ def handle_key(handle: Any) -> int:
         return id(handle)
 
 
-class _Reader:
-    """Makes named NVML calls on one lane: NotSupported and other errors become None."""
+class LibraryReader:
+    """Makes named calls of a GPU library `lib` on one lane: the library's errors become
+    None, noted in `errors` unless the call is not supported; a lost GPU's are raised."""
 
-    def __init__(self, nvml: Any, lane: Lane) -> None:
-        self.nvml = nvml
+    def __init__(self, lib: Any, lane: Lane) -> None:
+        self.lib = lib
         self.lane = lane
         self.errors: dict[str, str] = {}
 
     def __call__(self, name: str, *args: Any) -> Any:
         self.lane.mark(name)
         try:
-            return getattr(self.nvml, name)(*args)
-        except pynvml.NVMLError as exc:
-            if is_lost(exc):
+            return getattr(self.lib, name)(*args)
+        except self.failure() as exc:
+            if self.lost(exc):
                 raise
-            if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
-                self.errors[name] = str(exc)
+            if not self.unsupported(exc):
+                self.errors[name] = self.said(exc)
             return None
+
+    def failure(self) -> type[Exception]:
+        """The library's error type."""
+        raise NotImplementedError
+
+    def lost(self, exc: Exception) -> bool:
+        raise NotImplementedError
+
+    def unsupported(self, exc: Exception) -> bool:
+        raise NotImplementedError
+
+    def said(self, exc: Exception) -> str:
+        return str(exc)
+
+
+class _Reader(LibraryReader):
+    """NVML calls: NotSupported and other errors become None."""
+
+    def failure(self) -> type[Exception]:
+        error: type[Exception] = pynvml.NVMLError
+        return error
+
+    def lost(self, exc: Exception) -> bool:
+        return is_lost(exc)
+
+    def unsupported(self, exc: Exception) -> bool:
+        return bool(getattr(exc, "value", None) == pynvml.NVML_ERROR_NOT_SUPPORTED)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from nodeward.fleet_status import (
     ActionSummary,
     Buckets,
     FleetStatus,
+    GatherOptions,
     NodeReport,
     NodeStatus,
     gather_node,
@@ -53,30 +54,19 @@ async def status(
     show_all: bool = False,
 ) -> None:
     nc = await connect_nats(settings, "cli/status", state_dir)
-    buckets = buckets_for(settings)
-    views = registered(settings)
+    options: GatherOptions = {
+        "nats_url": settings.bus.url,
+        "actions": actions,
+        "agent_timeout": agent_timeout,
+        "buckets": buckets_for(settings),
+        "clock_skew": settings.bus.max_clock_skew,
+        "views": registered(settings),
+    }
     try:
         if node is not None:
-            report = await gather_node(
-                nc,
-                node,
-                nats_url=settings.bus.url,
-                actions=actions,
-                agent_timeout=agent_timeout,
-                buckets=buckets,
-                clock_skew=settings.bus.max_clock_skew,
-                views=views,
-            )
+            report = await gather_node(nc, node, **options)
         else:
-            fleet = await gather_status(
-                nc,
-                nats_url=settings.bus.url,
-                actions=actions,
-                agent_timeout=agent_timeout,
-                buckets=buckets,
-                clock_skew=settings.bus.max_clock_skew,
-                views=views,
-            )
+            fleet = await gather_status(nc, **options)
     except SnapshotError as exc:
         fail(str(exc))
     finally:

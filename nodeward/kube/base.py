@@ -38,6 +38,15 @@ class Area:
         self._guard = guard
         self._conflict_retries = conflict_retries
 
+    async def _items(self, path: str, query: Mapping[str, str | None]) -> list[Obj]:
+        """The items of the list at `path` (a None query value is not sent)."""
+        listing = await self._client.request("GET", path, query=query)
+        return list(listing.get("items") or [])
+
+    async def _listing(self, path: str, query: Mapping[str, str | None] | None = None) -> Listing:
+        """The list at `path` and the version to watch it from."""
+        return Listing.of(await self._client.request("GET", path, query=query))
+
     async def _merge_metadata(
         self, path: str, field: Literal["labels", "annotations"], values: Mapping[str, str | None]
     ) -> Obj:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 import urllib3
 
@@ -74,6 +74,16 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.cap, self.base * 2**attempt) * random.uniform(0.5, 1.0))  # noqa: S311
+
+
+class _Request(TypedDict):
+    """One request's query, body and how long it may take (a watch: connect and read)."""
+
+    query: Sequence[tuple[str, str]]
+    body: Any
+    content_type: str
+    timeout: float | tuple[float, float | None] | None
+    accept: NotRequired[str]
 
 
 class KubeClient:
@@ -146,51 +156,25 @@ class KubeClient:
 
     # --- requests ------------------------------------------------------------------------
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]],
-        body: Any,
-        content_type: str,
-        timeout: float | tuple[float, float | None] | None,
-        accept: str = "application/json",
-    ) -> Any:
-        headers = {"Accept": accept}
-        if body is not None:
-            headers["Content-Type"] = content_type
+    def _send(self, method: str, path: str, **request: Unpack[_Request]) -> Any:
+        headers = {"Accept": request.get("accept", "application/json")}
+        if request["body"] is not None:
+            headers["Content-Type"] = request["content_type"]
         req = self._api.param_serialize(
             method,
             path,
-            query_params=list(query),
+            query_params=list(request["query"]),
             header_params=headers,
-            body=body,
+            body=request["body"],
             auth_settings=["BearerToken"],
         )
-        return self._api.call_api(*req, _request_timeout=timeout)
+        return self._api.call_api(*req, _request_timeout=request["timeout"])
 
     def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]],
-        body: Any,
-        content_type: str,
-        timeout: float,
-        accept: str = "application/json",
+        self, method: str, path: str, **request: Unpack[_Request]
     ) -> tuple[int, Any, Mapping[str, str]]:
         try:
-            resp = self._send(
-                method,
-                path,
-                query=query,
-                body=body,
-                content_type=content_type,
-                timeout=timeout,
-                accept=accept,
-            )
+            resp = self._send(method, path, **request)
             raw = resp.read()
         except ApiException as exc:
             return int(exc.status or 0), exc.body or "", dict(exc.headers or {})

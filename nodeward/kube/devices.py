@@ -92,16 +92,12 @@ class Devices(Area):
         selector = f"spec.nodeName={node}"
         if driver:
             selector += f",spec.driver={driver}"
-        reply: Obj = await self._client.request(
-            "GET", group_path(GROUP, version, SLICES), query={"fieldSelector": selector}
-        )
-        return list(reply.get("items") or [])
+        return await self._items(group_path(GROUP, version, SLICES), {"fieldSelector": selector})
 
     @operation("resourceslices.watch")
     async def slice_listing(self, version: str) -> Listing:
         """Every ResourceSlice and the version to watch from."""
-        reply = await self._client.request("GET", group_path(GROUP, version, SLICES))
-        return Listing.of(reply)
+        return await self._listing(group_path(GROUP, version, SLICES))
 
     @operation("resourceslices.watch")
     async def slice_watch(

@@ -113,15 +113,18 @@ class UndeclaredOperation(KubeError):
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {
-    400: BadRequest,
-    401: Unauthorized,
-    403: Forbidden,
-    404: NotFound,
-    409: Conflict,
-    410: Gone,
-    415: UnsupportedMediaType,
-    422: Invalid,
-    429: TooManyRequests,
+    error.status: error
+    for error in (
+        BadRequest,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        Conflict,
+        Gone,
+        UnsupportedMediaType,
+        Invalid,
+        TooManyRequests,
+    )
 }
 
 

@@ -40,12 +40,8 @@ class Nodes(Area):
     async def list(
         self, *, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[Obj]:
-        listing = await self._client.request(
-            "GET",
-            core("nodes"),
-            query={"labelSelector": label_selector, "fieldSelector": field_selector},
-        )
-        return list(listing.get("items") or [])
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        return await self._items(core("nodes"), query)
 
     @operation("nodes.list")
     async def count(self, *, label_selector: str | None = None) -> int:
@@ -62,10 +58,7 @@ class Nodes(Area):
     @operation("nodes.watch")
     async def listing(self, *, label_selector: str | None = None) -> Listing:
         """Every node and the version to watch from (`watch(resource_version=...)`)."""
-        reply = await self._client.request(
-            "GET", core("nodes"), query={"labelSelector": label_selector}
-        )
-        return Listing.of(reply)
+        return await self._listing(core("nodes"), {"labelSelector": label_selector})
 
     @operation("nodes.watch")
     async def watch(

@@ -32,12 +32,8 @@ class Pods(Area):
     @operation("pods.list")
     async def on_node(self, node: str, *, label_selector: str | None = None) -> list[Obj]:
         """Every pod bound to `node`, in all namespaces."""
-        listing = await self._client.request(
-            "GET",
-            core("pods"),
-            query={"fieldSelector": f"spec.nodeName={node}", "labelSelector": label_selector},
-        )
-        return list(listing.get("items") or [])
+        query = {"fieldSelector": f"spec.nodeName={node}", "labelSelector": label_selector}
+        return await self._items(core("pods"), query)
 
     @operation("pods.list")
     async def list(
@@ -50,20 +46,13 @@ class Pods(Area):
     ) -> list[Obj]:
         """Pods in `namespace` (all if None); `node` adds the `spec.nodeName` field selector."""
         fields = [f for f in (f"spec.nodeName={node}" if node else None, field_selector) if f]
-        listing = await self._client.request(
-            "GET",
-            core("pods", namespace=namespace or ""),
-            query={"labelSelector": label_selector, "fieldSelector": ",".join(fields) or None},
-        )
-        return list(listing.get("items") or [])
+        query = {"labelSelector": label_selector, "fieldSelector": ",".join(fields) or None}
+        return await self._items(core("pods", namespace=namespace or ""), query)
 
     @operation("pods.watch")
     async def listing(self, *, field_selector: str | None = None) -> Listing:
         """Every pod in every namespace and the version to watch from."""
-        reply = await self._client.request(
-            "GET", core("pods"), query={"fieldSelector": field_selector}
-        )
-        return Listing.of(reply)
+        return await self._listing(core("pods"), {"fieldSelector": field_selector})
 
     @operation("pods.watch")
     async def watch(

@@ -75,12 +75,8 @@ class Secrets(Area):
         self, namespace: str | None = None, *, label_selector: str | None = None
     ) -> list[Obj]:
         """Secrets in `namespace` (all namespaces if None) matching `label_selector`."""
-        listing = await self._client.request(
-            "GET",
-            core("secrets", namespace=namespace or ""),
-            query={"labelSelector": label_selector},
-        )
-        return list(listing.get("items") or [])
+        query = {"labelSelector": label_selector}
+        return await self._items(core("secrets", namespace=namespace or ""), query)
 
     @operation("secrets.replace")
     async def write(self, secret: Obj) -> Obj:

@@ -41,7 +41,7 @@ from typing import Any
 
 from nodeward.logs import get_logger
 from sim.cluster.errors import ApiError
-from sim.cluster.resources import require
+from sim.cluster.resources import ResourceType, require
 from sim.cluster.selectors import match_label_selector_object
 from sim.cluster.store import Change, Obj, Store, now
 
@@ -353,6 +353,11 @@ class ControlPlane:
 
     # --- pods of a workload ---------------------------------------------------------------
 
+    def _live(self, rt: ResourceType, namespace: str, name: str) -> Obj | None:
+        """The object, unless there is none or it is being deleted."""
+        obj = self.store.find(rt, namespace, name)
+        return None if obj is None or obj["metadata"].get("deletionTimestamp") else obj
+
     def _owned(self, namespace: str, uid: str) -> list[Obj]:
         return [
             p
@@ -405,8 +410,8 @@ class ControlPlane:
         }
 
     def _replicaset(self, namespace: str, name: str) -> None:
-        rs = self.store.find(REPLICASETS, namespace, name)
-        if rs is None or rs["metadata"].get("deletionTimestamp"):
+        rs = self._live(REPLICASETS, namespace, name)
+        if rs is None:
             return
         spec = rs.get("spec") or {}
         want = int(spec.get("replicas", 1))
@@ -432,8 +437,8 @@ class ControlPlane:
         self._set_status(REPLICASETS, rs, status)
 
     def _deployment(self, namespace: str, name: str) -> None:
-        deploy = self.store.find(DEPLOYMENTS, namespace, name)
-        if deploy is None or deploy["metadata"].get("deletionTimestamp"):
+        deploy = self._live(DEPLOYMENTS, namespace, name)
+        if deploy is None:
             return
         spec = deploy.get("spec") or {}
         template = copy.deepcopy(spec.get("template") or {})
@@ -497,8 +502,8 @@ class ControlPlane:
         self._set_status(DEPLOYMENTS, deploy, status)
 
     def _statefulset(self, namespace: str, name: str) -> None:
-        sts = self.store.find(STATEFULSETS, namespace, name)
-        if sts is None or sts["metadata"].get("deletionTimestamp"):
+        sts = self._live(STATEFULSETS, namespace, name)
+        if sts is None:
             return
         spec = sts.get("spec") or {}
         want = int(spec.get("replicas", 1))
@@ -546,8 +551,8 @@ class ControlPlane:
         self._set_status(STATEFULSETS, sts, status)
 
     def _job(self, namespace: str, name: str) -> None:
-        job = self.store.find(JOBS, namespace, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
+        job = self._live(JOBS, namespace, name)
+        if job is None:
             return
         spec, status = job.get("spec") or {}, job.get("status") or {}
         if any(

@@ -139,30 +139,27 @@ _BODY = _fields(
     },
     extensions=6,
 )
-_QUERY = _fields(
-    {
-        "required": _bool(1),
-        "in": _string(2),
-        "description": _string(3),
-        "name": _string(4),
-        "type": _string(6),
-        "format": _string(7),
-        "uniqueItems": _bool(20),
-    },
-    extensions=23,
-)
-_PATH = _fields(
-    {
-        "required": _bool(1),
-        "in": _string(2),
-        "description": _string(3),
-        "name": _string(4),
-        "type": _string(5),
-        "format": _string(6),
-        "uniqueItems": _bool(19),
-    },
-    extensions=22,
-)
+
+
+def _non_body(allow_empty: int) -> Encoder:
+    """`QueryParameterSubSchema` (`allow_empty` 1) or `PathParameterSubSchema` (0): alike,
+    but a query's `allowEmptyValue` (5) numbers every later field one more."""
+    return _fields(
+        {
+            "required": _bool(1),
+            "in": _string(2),
+            "description": _string(3),
+            "name": _string(4),
+            "type": _string(5 + allow_empty),
+            "format": _string(6 + allow_empty),
+            "uniqueItems": _bool(19 + allow_empty),
+        },
+        extensions=22 + allow_empty,
+    )
+
+
+_QUERY = _non_body(1)
+_PATH = _non_body(0)
 
 
 def _parameter(param: dict[str, Any]) -> bytes:

@@ -290,53 +290,30 @@ def resource_entry(rt: ResourceType) -> dict[str, Any]:
     return entry
 
 
+def _sub_entry(
+    name: str, namespaced: bool, kind: str, verbs: list[str], group: str = ""
+) -> dict[str, Any]:
+    """A subresource's discovery entry; `group` names another group's kind (its v1)."""
+    entry: dict[str, Any] = {"name": name, "singularName": "", "namespaced": namespaced}
+    if group:
+        entry |= {"group": group, "version": "v1"}
+    return entry | {"kind": kind, "verbs": verbs}
+
+
 def sub_entries(rt: ResourceType) -> list[dict[str, Any]]:
     out = []
     for sub in rt.subresources:
         if sub == "status":
-            out.append(
-                {
-                    "name": f"{rt.resource}/status",
-                    "singularName": "",
-                    "namespaced": rt.namespaced,
-                    "kind": rt.kind,
-                    "verbs": ["get", "patch", "update"],
-                }
-            )
+            verbs = ["get", "patch", "update"]
+            out.append(_sub_entry(f"{rt.resource}/status", rt.namespaced, rt.kind, verbs))
         elif sub == "eviction":
-            out.append(
-                {
-                    "name": "pods/eviction",
-                    "singularName": "",
-                    "namespaced": True,
-                    "group": "policy",
-                    "version": "v1",
-                    "kind": "Eviction",
-                    "verbs": ["create"],
-                }
-            )
+            out.append(_sub_entry("pods/eviction", True, "Eviction", ["create"], "policy"))
         elif sub == "token":
-            out.append(
-                {
-                    "name": "serviceaccounts/token",
-                    "singularName": "",
-                    "namespaced": True,
-                    "group": "authentication.k8s.io",
-                    "version": "v1",
-                    "kind": "TokenRequest",
-                    "verbs": ["create"],
-                }
-            )
+            group = "authentication.k8s.io"
+            out.append(_sub_entry("serviceaccounts/token", True, "TokenRequest", ["create"], group))
         elif sub == "proxy":
-            out.append(
-                {
-                    "name": "nodes/proxy",
-                    "singularName": "",
-                    "namespaced": False,
-                    "kind": "NodeProxyOptions",
-                    "verbs": ["create", "delete", "get", "patch", "update"],
-                }
-            )
+            verbs = ["create", "delete", "get", "patch", "update"]
+            out.append(_sub_entry("nodes/proxy", False, "NodeProxyOptions", verbs))
     return out
 
 

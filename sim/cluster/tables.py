@@ -10,66 +10,62 @@ from sim.cluster.resources import ResourceType
 
 Column = tuple[str, str, str, str, int]  # name, type, format, description, priority
 
+
+def _text(name: str, description: str, *, wide: bool = False) -> Column:
+    """A string column; `wide` ones (priority 1) only `-o wide` shows."""
+    return (name, "string", "", description, 1 if wide else 0)
+
+
 _NAME: Column = ("Name", "string", "name", "Name must be unique within a namespace.", 0)
-_AGE: Column = (
+_AGE: Column = _text(
     "Age",
-    "string",
-    "",
     "CreationTimestamp is a timestamp representing the server time when this object was created.",
-    0,
 )
 NODE_COLUMNS: list[Column] = [
     _NAME,
-    ("Status", "string", "", "The status of the node", 0),
-    ("Roles", "string", "", "The roles of the node", 0),
+    _text("Status", "The status of the node"),
+    _text("Roles", "The roles of the node"),
     _AGE,
-    ("Version", "string", "", "Kubelet Version reported by the node.", 0),
-    ("Internal-IP", "string", "", "List of addresses reachable to the node.", 1),
-    ("External-IP", "string", "", "List of addresses reachable to the node.", 1),
-    ("OS-Image", "string", "", "OS Image reported by the node from /etc/os-release.", 1),
-    ("Kernel-Version", "string", "", "Kernel Version reported by the node from 'uname -r'.", 1),
-    ("Container-Runtime", "string", "", "Container Runtime Version reported by the node.", 1),
+    _text("Version", "Kubelet Version reported by the node."),
+    _text("Internal-IP", "List of addresses reachable to the node.", wide=True),
+    _text("External-IP", "List of addresses reachable to the node.", wide=True),
+    _text("OS-Image", "OS Image reported by the node from /etc/os-release.", wide=True),
+    _text("Kernel-Version", "Kernel Version reported by the node from 'uname -r'.", wide=True),
+    _text("Container-Runtime", "Container Runtime Version reported by the node.", wide=True),
 ]
 POD_COLUMNS: list[Column] = [
     _NAME,
-    ("Ready", "string", "", "The aggregate readiness state of this pod for accepting traffic.", 0),
-    ("Status", "string", "", "The aggregate status of the containers in this pod.", 0),
-    (
+    _text("Ready", "The aggregate readiness state of this pod for accepting traffic."),
+    _text("Status", "The aggregate status of the containers in this pod."),
+    _text(
         "Restarts",
-        "string",
-        "",
         "The number of times the containers in this pod have been restarted "
         "and when the last container in this pod has restarted.",
-        0,
     ),
     _AGE,
-    (
-        "IP",
-        "string",
-        "",
-        "IP address allocated to the pod. Routable at least within the cluster.",
-        1,
+    _text(
+        "IP", "IP address allocated to the pod. Routable at least within the cluster.", wide=True
     ),
-    ("Node", "string", "", "Name of the Node the pod is assigned to.", 1),
-    ("Nominated Node", "string", "", "Nominated node name of the pod.", 1),
-    ("Readiness Gates", "string", "", "Readiness gates of the pod.", 1),
+    _text("Node", "Name of the Node the pod is assigned to.", wide=True),
+    _text("Nominated Node", "Nominated node name of the pod.", wide=True),
+    _text("Readiness Gates", "Readiness gates of the pod.", wide=True),
 ]
 EVENT_COLUMNS: list[Column] = [
-    ("Last Seen", "string", "", "Time when last this event was seen.", 0),
-    ("Type", "string", "", "Type of this event (Normal, Warning).", 0),
-    ("Reason", "string", "", "Why the action was taken.", 0),
-    ("Object", "string", "", "The object this Event is about.", 0),
-    ("Subobject", "string", "", "The field of the object this Event is about.", 1),
-    ("Source", "string", "", "The component reporting this event.", 1),
-    ("Message", "string", "", "A human-readable description of the status of this operation.", 0),
-    ("First Seen", "string", "", "The time at which the event was first recorded.", 1),
-    ("Count", "string", "", "The number of times this event has occurred.", 1),
+    _text("Last Seen", "Time when last this event was seen."),
+    _text("Type", "Type of this event (Normal, Warning)."),
+    _text("Reason", "Why the action was taken."),
+    _text("Object", "The object this Event is about."),
+    _text("Subobject", "The field of the object this Event is about.", wide=True),
+    _text("Source", "The component reporting this event.", wide=True),
+    _text("Message", "A human-readable description of the status of this operation."),
+    _text("First Seen", "The time at which the event was first recorded.", wide=True),
+    _text("Count", "The number of times this event has occurred.", wide=True),
     ("Name", "string", "name", "Name must be unique within a namespace.", 1),
 ]
 PDB_COLUMNS: list[Column] = [
     _NAME,
-    ("Min Available", "string", "", "The minimum number of pods that must be available.", 0),
-    ("Max Unavailable", "string", "", "The maximum number of pods that may be unavailable.", 0),
+    _text("Min Available", "The minimum number of pods that must be available."),
+    _text("Max Unavailable", "The maximum number of pods that may be unavailable."),
     (
         "Allowed Disruptions",
         "integer",
@@ -81,28 +77,16 @@ PDB_COLUMNS: list[Column] = [
 ]
 NAMESPACE_COLUMNS: list[Column] = [
     _NAME,
-    ("Status", "string", "", "The status of the namespace", 0),
+    _text("Status", "The status of the namespace"),
     _AGE,
 ]
 DEFAULT_COLUMNS: list[Column] = [_NAME, _AGE]
 # The API server's printer for resource.k8s.io ResourceSlices (pkg/printers/internalversion).
 RESOURCE_SLICE_COLUMNS: list[Column] = [
     _NAME,
-    (
-        "Node",
-        "string",
-        "",
-        "NodeName identifies the node which provides the resources in this pool.",
-        0,
-    ),
-    (
-        "Driver",
-        "string",
-        "",
-        "Driver identifies the DRA driver providing the capacity information.",
-        0,
-    ),
-    ("Pool", "string", "", "Pool describes the pool that this ResourceSlice belongs to.", 0),
+    _text("Node", "NodeName identifies the node which provides the resources in this pool."),
+    _text("Driver", "Driver identifies the DRA driver providing the capacity information."),
+    _text("Pool", "Pool describes the pool that this ResourceSlice belongs to."),
     _AGE,
 ]
 

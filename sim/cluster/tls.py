@@ -32,19 +32,29 @@ class ServingCert:
         return ctx
 
 
+def _for_a_year(
+    now: datetime.datetime, subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
+    """A certificate of `subject`'s `key` from `issuer`, valid from just before `now` for a
+    year."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+    )
+
+
 def make_serving_cert(host: str) -> ServingCert:
     """A CA and a certificate for `host`, `localhost` and `127.0.0.1`, valid for a year."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodeward-sim-ca")])
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
+        _for_a_year(now, ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -74,14 +84,9 @@ def make_serving_cert(host: str) -> ServingCert:
     except ValueError:
         if host != "localhost":
             names.append(x509.DNSName(host))
+    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
+        _for_a_year(now, server_name, ca_name, key.public_key())
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False

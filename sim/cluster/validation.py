@@ -33,6 +33,14 @@ def _qualified_name(key: str) -> bool:
     return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
 
 
+def _key_causes(field: str, key: str) -> list[Cause]:
+    """Why `key` of the labels or annotations (`field`) is not a qualified name, if it is not."""
+    if _qualified_name(key):
+        return []
+    why = "name part must consist of alphanumeric characters, '-', '_' or '.'"
+    return [(field, "FieldValueInvalid", f'Invalid value: "{key}": {why}')]
+
+
 def _path_segment_name(name: str) -> str:
     """Why `name` is not a valid path segment (the rule for RBAC names: `system:basic-user`
     is one), or ""."""
@@ -70,15 +78,7 @@ def _metadata(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
             )
         )
     for key, value in (meta.get("labels") or {}).items():
-        if not _qualified_name(key):
-            causes.append(
-                (
-                    "metadata.labels",
-                    "FieldValueInvalid",
-                    f'Invalid value: "{key}": name part must '
-                    "consist of alphanumeric characters, '-', '_' or '.'",
-                )
-            )
+        causes += _key_causes("metadata.labels", key)
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
             causes.append(
                 (
@@ -90,15 +90,7 @@ def _metadata(rt: ResourceType, obj: dict[str, Any]) -> list[Cause]:
                 )
             )
     for key, value in (meta.get("annotations") or {}).items():
-        if not _qualified_name(key):
-            causes.append(
-                (
-                    "metadata.annotations",
-                    "FieldValueInvalid",
-                    f'Invalid value: "{key}": name part '
-                    "must consist of alphanumeric characters, '-', '_' or '.'",
-                )
-            )
+        causes += _key_causes("metadata.annotations", key)
         if not isinstance(value, str):
             causes.append(
                 (

@@ -30,7 +30,7 @@ from services.credentials.secret import LABEL
 from services.credentials.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Seed
-from sim.kerberos import KDC_BINARIES, _free_base
+from sim.kerberos import KDC_BINARIES, free_port_base
 from sim.oauth2 import IdP, serve
 from tests.conftest import wait_for
 from tests.integration.cordon_fixtures import read_stream
@@ -52,7 +52,7 @@ def kdc() -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", os.environ["PATH"] + ":/usr/sbin")  # krb5kdc, kdb5_util
         realm = k5test.K5Realm(
-            portbase=_free_base(),
+            portbase=free_port_base(),
             kdc_conf={"realms": {"$realm": {"max_renewable_life": "1h", "max_life": "1h"}}},
             krb5_conf={"libdefaults": {"renew_lifetime": "1h"}},
         )
