@@ -34,16 +34,12 @@ class BusSettings(Section):
     user: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
-    token_file: Path | None = Field(
-        default=None,
-        description="a token read again at every (re)connect: a projected ServiceAccount "
-        "token, which the kubelet rotates, for NATS auth callout (docs/deploying.md)",
-    )
-    token_refresh_before: Duration = Field(
-        default=timedelta(minutes=5),
-        description="with token_file: from this long before the token in use ends, "
-        "reconnect as soon as the file holds a newer one",
-    )
+    token_file: Path | None = None
+    """a token read again at every (re)connect: a projected ServiceAccount token, which the kubelet
+    rotates, for NATS auth callout (docs/deploying.md)"""
+    token_refresh_before: Duration = timedelta(minutes=5)
+    """with token_file: from this long before the token in use ends, reconnect as soon as the file
+    holds a newer one"""
     creds_file: Path | None = None
     """NATS .creds (JWT + nkey seed)"""
     nkey_seed_file: Path | None = None
@@ -58,16 +54,12 @@ class BusSettings(Section):
     reconnect_wait_max: Duration = timedelta(seconds=10)
     publish_timeout: Duration = timedelta(seconds=5)
     publish_retries: int = Field(default=5, ge=0)
-    max_clock_skew: Duration = Field(
-        default=timedelta(seconds=5),
-        description="an event whose time (or observation time) is further ahead of when the "
-        "bus stored it is refused: dead-lettered as `future`, audited, on-call told",
-    )
-    ready_deadline: Duration = Field(
-        default=timedelta(seconds=5),
-        description="a daemon is not ready once the server has not answered a ping, "
-        "acknowledged a publish or fed its consumers for this long",
-    )
+    max_clock_skew: Duration = timedelta(seconds=5)
+    """an event whose time (or observation time) is further ahead of when the bus stored it is
+    refused: dead-lettered as `future`, audited, on-call told"""
+    ready_deadline: Duration = timedelta(seconds=5)
+    """a daemon is not ready once the server has not answered a ping, acknowledged a publish or fed
+    its consumers for this long"""
     ping_interval: Duration = timedelta(seconds=1)
     """how often a daemon pings the server"""
     stream_replicas: int = Field(default=1, ge=1, le=5)
@@ -118,37 +110,27 @@ class DaemonSettings(Section):
 class AuthCalloutSettings(Section):
     """How the auth callout signs, what it grants, and whose tokens it takes."""
 
-    issuer_seed_file: Path | None = Field(
-        default=None,
-        description="the account nkey seed (SA...) whose public key is the server's "
-        "auth_callout.issuer; it signs every answer",
-    )
-    xkey_seed_file: Path | None = Field(
-        default=None,
-        description="a curve seed (SX...) whose public key is the server's auth_callout.xkey: "
-        "requests (which carry tokens) and answers are then sealed",
-    )
-    permissions_file: Path | None = Field(
-        default=None,
-        description="the grants (`python -m launch.access nats-permissions`); "
-        "the chart's files/nats-permissions.json",
-    )
-    account: str = Field(
-        default="NODEWARD",
-        description="the account users are placed in: its name (server config accounts), "
-        "or its public key A... (operator mode, where the issuer is its signing key)",
-    )
+    issuer_seed_file: Path | None = None
+    """the account nkey seed (SA...) whose public key is the server's auth_callout.issuer; it signs
+    every answer"""
+    xkey_seed_file: Path | None = None
+    """a curve seed (SX...) whose public key is the server's auth_callout.xkey: requests (which
+    carry tokens) and answers are then sealed"""
+    permissions_file: Path | None = None
+    """the grants (`python -m launch.access nats-permissions`); the chart's
+    files/nats-permissions.json"""
+    account: str = "NODEWARD"
+    """the account users are placed in: its name (server config accounts), or its public key A...
+    (operator mode, where the issuer is its signing key)"""
     namespace: str = "nodeward"
     """where nodeward's pods run"""
     release: str = "nodeward"
     """ServiceAccounts are <release>-<name>"""
     audience: str = "nats"
     """the audience tokens must be for"""
-    user_ttl: Duration = Field(
-        default=timedelta(hours=1),
-        description="how long a grant lasts for a token that does not end (one that does: "
-        "until it ends; the daemon reconnects with its rotated token before then)",
-    )
+    user_ttl: Duration = timedelta(hours=1)
+    """how long a grant lasts for a token that does not end (one that does: until it ends; the
+    daemon reconnects with its rotated token before then)"""
     queue: str = "nodeward-auth-callout"
     """replicas share requests"""
 

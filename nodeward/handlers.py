@@ -45,7 +45,6 @@ from typing import Any, Generic, TypeVar
 
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
-from pydantic import Field
 
 from nodeward.bus import Bus, ConsumerSpec, Delivery, Handler
 from nodeward.bus.partitions import PartitionedConsumer
@@ -71,11 +70,9 @@ Lanes = Callable[[str, Any], list[tuple[str, list[str]]]]
 class Consuming(Section):
     """The base of a settings section whose service declares consumers."""
 
-    consumer: str | None = Field(
-        default=None,
-        description="the durable consumers' base name (`<consumer>`, `<consumer>-<suffix>`, "
-        "per lane `<consumer>-urgent`); the service's name if unset",
-    )
+    consumer: str | None = None
+    """the durable consumers' base name (`<consumer>`, `<consumer>-<suffix>`, per lane
+    `<consumer>-urgent`); the service's name if unset"""
 
 
 @dataclass(frozen=True)

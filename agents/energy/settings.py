@@ -48,12 +48,10 @@ class EnergySettings(Section):
     """how often power sources are read"""
     read_timeout: Duration = timedelta(seconds=3)
     """a source read that takes longer is reported degraded (the loop goes on)"""
-    max_gap: Duration | None = Field(
-        default=None,
-        description="readings further apart are not integrated (the time is reported as "
-        "uncovered), nor are readings with a failed read between them; None: two sampling "
-        "periods plus read_timeout (a slow read is not a gap)",
-    )
+    max_gap: Duration | None = None
+    """readings further apart are not integrated (the time is reported as uncovered), nor are
+    readings with a failed read between them; None: two sampling periods plus read_timeout (a slow
+    read is not a gap)"""
     bucket: str = TOTALS.name
     """KV bucket of the cumulative totals"""
     ipmi: IpmiSettings = IpmiSettings()

@@ -23,22 +23,18 @@ class IdleSettings(Section):
     """how often each session's evidence is judged and session.activity published"""
     gpu_sample_every: Duration = timedelta(seconds=5)
     """GPU utilisation is read this often; the interval's maximum is judged"""
-    idle_after: Duration = Field(
-        default=timedelta(seconds=30),
-        description="a session idle on every signal this long is reported (session.idle), "
-        "then again every interval while it stays idle; the culler decides what to do",
-    )
+    idle_after: Duration = timedelta(seconds=30)
+    """a session idle on every signal this long is reported (session.idle), then again every
+    interval while it stays idle; the culler decides what to do"""
     gpu_floor_pct: float = Field(
         default=5.0, ge=0, le=100, description="GPU utilisation above this is activity"
     )
     cpu_floor_cores: float = Field(
         default=0.1, ge=0, description="CPU use above this many cores is activity"
     )
-    unmeasurable_gpu: Literal["ignore", "unknown"] = Field(
-        default="ignore",
-        description="a GPU whose utilisation cannot be read (MIG without GPM): `ignore` judges "
-        "the session on its CPU and kernels; `unknown` never reports such a session idle",
-    )
+    unmeasurable_gpu: Literal["ignore", "unknown"] = "ignore"
+    """a GPU whose utilisation cannot be read (MIG without GPM): `ignore` judges the session on its
+    CPU and kernels; `unknown` never reports such a session idle"""
     selectors: dict[SessionKind, str] = Field(
         default_factory=lambda: {
             SessionKind.NOTEBOOK: "notebook-name",

@@ -157,11 +157,9 @@ class CordonSettings(Consuming):
     )
     reconcile_interval: Duration = timedelta(seconds=15)
     heartbeat_subjects: list[str] = Field(default_factory=lambda: ["gpu.heartbeat.>"], min_length=1)
-    heartbeat_grace: Duration = Field(
-        default=timedelta(minutes=2),
-        description="a change a heartbeat restates, not handled this long after it happened,"
-        " is taken from the heartbeat (it was lost, or the change path is that far behind)",
-    )
+    heartbeat_grace: Duration = timedelta(minutes=2)
+    """a change a heartbeat restates, not handled this long after it happened, is taken from the
+    heartbeat (it was lost, or the change path is that far behind)"""
     ack_wait: Duration = timedelta(seconds=30)
     """an event held by a crashed replica is redelivered after this long"""
     node_count_ttl: Duration = timedelta(seconds=30)
@@ -171,12 +169,10 @@ class CordonSettings(Consuming):
         description="node records kept in memory to start updates from; every write is"
         " still revision-checked (`TypedKV`)",
     )
-    lease_ttl: Duration = Field(
-        default=timedelta(seconds=20),
-        description="with bus.partitions > 1: a replica's partitions are taken over this long"
-        " after it dies; a replica that cannot renew for half of it stops its own, so keep it"
-        " above twice nats-server's longest election (9 s) of the bucket's leader",
-    )
+    lease_ttl: Duration = timedelta(seconds=20)
+    """with bus.partitions > 1: a replica's partitions are taken over this long after it dies; a
+    replica that cannot renew for half of it stops its own, so keep it above twice nats-server's
+    longest election (9 s) of the bucket's leader"""
     breaker: BreakerSettings = BreakerSettings()
     tally: TallySettings = TallySettings()
     xid_repeats: XidRepeatSettings = XidRepeatSettings()

@@ -88,17 +88,13 @@ class CullerSettings(CullPolicy, ActingSettings, Consuming):
     )
     max_event_age: Duration = timedelta(minutes=10)
     """older events (a replay) are recorded, never acted on"""
-    lease_ttl: Duration = Field(
-        default=timedelta(seconds=20),
-        description="with bus.partitions > 1: a replica's partitions are taken over this long"
-        " after it dies; a replica that cannot renew for half of it stops its own, so keep it"
-        " above twice nats-server's longest election (9 s) of the bucket's leader",
-    )
-    record_ttl: Duration = Field(
-        default=timedelta(days=14),
-        description="a session's record (warning, stop) is forgotten this long after its "
-        "last change, so records of pods long gone do not pile up",
-    )
+    lease_ttl: Duration = timedelta(seconds=20)
+    """with bus.partitions > 1: a replica's partitions are taken over this long after it dies; a
+    replica that cannot renew for half of it stops its own, so keep it above twice nats-server's
+    longest election (9 s) of the bucket's leader"""
+    record_ttl: Duration = timedelta(days=14)
+    """a session's record (warning, stop) is forgotten this long after its last change, so records
+    of pods long gone do not pile up"""
     namespace_ttl: Duration = timedelta(seconds=60)
     """how long a namespace's policy annotations and labels are cached"""
 

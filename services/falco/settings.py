@@ -26,17 +26,13 @@ class FalcoSettings(ActingSettings, Consuming):
     """`services.falco` in the config file."""
 
     subjects: list[str] = Field(default_factory=lambda: ["falco.>"], min_length=1)
-    urgent_from: FalcoPriority = Field(
-        default=FalcoPriority.WARNING,
-        description="alerts of this priority and above have a consumer of their own "
-        "(`<consumer>-urgent`): never queued behind a flood of lower ones",
-    )
-    tally_below: FalcoPriority | None = Field(
-        default=FalcoPriority.WARNING,
-        description="an alert below this priority whose action only tells (notify) is "
-        "audited and told in full once per Falco rule, node and `tally.window`; the rest are "
-        "counted and audited as one record when the window closes (None: each one in full)",
-    )
+    urgent_from: FalcoPriority = FalcoPriority.WARNING
+    """alerts of this priority and above have a consumer of their own (`<consumer>-urgent`): never
+    queued behind a flood of lower ones"""
+    tally_below: FalcoPriority | None = FalcoPriority.WARNING
+    """an alert below this priority whose action only tells (notify) is audited and told in full
+    once per Falco rule, node and `tally.window`; the rest are counted and audited as one record
+    when the window closes (None: each one in full)"""
     tally: TallySettings = TallySettings()
     bucket: str = FALCO.name
     """KV bucket of the duplicate window"""
@@ -60,11 +56,9 @@ class FalcoSettings(ActingSettings, Consuming):
         description="pods here are never acted on (alerts about them only notify)",
     )
     checkpoint_timeout: Duration = timedelta(seconds=60)
-    isolation_check_interval: Duration = Field(
-        default=timedelta(seconds=5),
-        description="how often the recorded isolations are checked against the API (one "
-        "read per isolated pod): a pod gone, replaced or unlabelled is no longer isolated",
-    )
+    isolation_check_interval: Duration = timedelta(seconds=5)
+    """how often the recorded isolations are checked against the API (one read per isolated pod): a
+    pod gone, replaced or unlabelled is no longer isolated"""
     support_contact: str = "the platform's security team"
     topic: str = Field(default=TOPIC, min_length=1, description="the notices' topic")
     ingest: IngestSettings = IngestSettings()
