@@ -149,12 +149,9 @@ class CordonSettings(Consuming):
     """older failures (a replay on cold start) are recorded, never acted on"""
     flap_window: Duration = timedelta(minutes=30)
     """turns to failed of one GPU counted this long (flap damping)"""
-    flap_threshold: int = Field(
-        default=3,
-        ge=2,
-        description="this many turns to failed within flap_window: the GPU flaps, and its "
-        "quarantine is one incident that nothing releases but an operator",
-    )
+    flap_threshold: int = Field(default=3, ge=2)
+    """this many turns to failed within flap_window: the GPU flaps, and its quarantine is one
+    incident that nothing releases but an operator"""
     reconcile_interval: Duration = timedelta(seconds=15)
     heartbeat_subjects: list[str] = Field(default_factory=lambda: ["gpu.heartbeat.>"], min_length=1)
     heartbeat_grace: Duration = timedelta(minutes=2)
@@ -163,12 +160,9 @@ class CordonSettings(Consuming):
     ack_wait: Duration = timedelta(seconds=30)
     """an event held by a crashed replica is redelivered after this long"""
     node_count_ttl: Duration = timedelta(seconds=30)
-    remembered_nodes: int = Field(
-        default=10_000,
-        ge=0,
-        description="node records kept in memory to start updates from; every write is"
-        " still revision-checked (`TypedKV`)",
-    )
+    remembered_nodes: int = Field(default=10_000, ge=0)
+    """node records kept in memory to start updates from; every write is still
+    revision-checked (`TypedKV`)"""
     lease_ttl: Duration = timedelta(seconds=20)
     """with bus.partitions > 1: a replica's partitions are taken over this long after it dies; a
     replica that cannot renew for half of it stops its own, so keep it above twice nats-server's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -83,28 +84,22 @@ def decide(
     return record.model_copy(update={"reported_at": now, "reported_by": event_id}), True
 
 
+@dataclass(eq=False)
 class XidReports:
     """The `gpu.xid.>` handler of the cordon service."""
 
-    def __init__(
-        self,
-        bus: Bus,
-        records: TypedKV[XidRepeats],
-        runner: ActionRunner,
-        settings: XidRepeatSettings,
-        *,
-        actor: str,
-        topic: str,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.bus = bus
-        self.records = records
-        self.runner = runner
-        self.settings = settings
-        self.actor = actor
-        self.topic = topic
-        self.clock = clock
-        self.log = structlog.get_logger().bind(service="cordon", handler="xids")
+    bus: Bus
+    records: TypedKV[XidRepeats]
+    runner: ActionRunner
+    settings: XidRepeatSettings
+    _: KW_ONLY
+    actor: str
+    topic: str
+    clock: Callable[[], float] = time.time
+    log: Any = field(
+        default_factory=lambda: structlog.get_logger().bind(service="cordon", handler="xids"),
+        init=False,
+    )
 
     async def handle(self, event: Event[Any], delivery: Delivery) -> None:
         xid: GpuXid = event.data

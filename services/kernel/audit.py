@@ -122,13 +122,9 @@ class Auditor:
         `once`: the decision resumes one a restart cut short, whose audit may be stored
         already, longer ago than the stream's duplicate window: not published again if
         the last record on its subject is it (`stored`)."""
-        if not publish:
-            return self.build(proposal, outcome, reason, guard, details)
-        if not admitted:
-            counted = await self.counted(proposal, outcome, reason, guard, details)
-            if counted is not None:
-                return counted
         remediation = self.build(proposal, outcome, reason, guard, details)
+        if not publish or (not admitted and await self.tallied(proposal, outcome, reason, guard)):
+            return remediation
         key = (self.actor, proposal.action, outcome.value, guard or "", proposal.target.key())
         if proposal.trigger_id is not None and proposal.trigger_time is not None:
             audit_id = stable_id(proposal.trigger_time, proposal.trigger_id, *key)
@@ -174,26 +170,21 @@ class Auditor:
         return (last.headers or {}).get(MSG_ID) == audit_id
 
     # the tally's windows ------------------------------------------------------------------
-    async def counted(
-        self,
-        proposal: Proposal,
-        outcome: Outcome,
-        reason: str,
-        guard: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> Remediation | None:
-        """The decision's record, built and counted, when the tally takes it and its window
-        has had its first already; None when it is to be audited (and acted on) in full."""
+    async def tallied(
+        self, proposal: Proposal, outcome: Outcome, reason: str, guard: str | None = None
+    ) -> bool:
+        """Whether the tally counts the decision (its window has had its first already): then
+        it is not audited (nor acted on) on its own; else it is, in full."""
         if not self.tally.applies(proposal, outcome, guard):
-            return None
+            return False
         await self.flush()
         if self.tally.admit(proposal, outcome, reason, guard):
-            return None
+            return False
         self.decisions.labels(proposal.action, outcome.value, guard or "").inc()
         self._tallied.labels(proposal.action, outcome.value, guard or "").inc()
         decision_log(proposal, outcome, guard).debug("action.tallied")
         self._flush_later()
-        return self.build(proposal, outcome, reason, guard, details)
+        return True
 
     async def flush(self, *, everything: bool = False) -> int:
         """Audit the windows that have closed (all, with `everything`): one aggregate

@@ -64,10 +64,9 @@ class ActionRunner:
             quiet = await _restates(repeat, Outcome.DRY_RUN, None)
             return await self.auditor.record(proposal, Outcome.DRY_RUN, reason, publish=not quiet)
         # A restatement the tally counts is not acted on again (its first of the window was).
-        counted = await self.auditor.counted(proposal, Outcome.APPLIED, proposal.reason)
-        if counted is not None:
+        if await self.auditor.tallied(proposal, Outcome.APPLIED, proposal.reason):
             log.debug("action.counted")
-            return counted
+            return self.auditor.build(proposal, Outcome.APPLIED, proposal.reason, None, None)
         try:
             details = await act()
         except KubeError as exc:

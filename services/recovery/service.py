@@ -31,7 +31,9 @@ breaker.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
 from nodeward.bus import Delivery
 from nodeward.bus.kv import TypedKV
@@ -106,14 +108,18 @@ class RecoveryService:
         self.controls = Controls(kit)
 
 
+DELIVERY: Final[Mapping[str, Any]] = MappingProxyType({"concurrency": 4, "max_deliver": 6})
+"""Both consumers: four nodes' events at a time, in order per node; six deliveries, then
+the DLQ."""
+
+
 @app.consumes(
     "AUDIT",
     suffix="quarantines",
     subjects=setting("subjects"),
     types=(Remediation,),
-    concurrency=4,
     order_key=lambda e: e.data.target.name,
-    max_deliver=6,
+    **DELIVERY,
 )
 async def on_quarantine(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
     """A quarantine cordon applied or grew (`Intake.handle_quarantine`)."""
@@ -125,9 +131,8 @@ async def on_quarantine(service: RecoveryService, event: Event[Any], delivery: D
     suffix="maintenance",
     subjects=setting("maintenance_subjects"),
     types=(Maintenance,),
-    concurrency=4,
     order_key=lambda e: str(e.data.node),
-    max_deliver=6,
+    **DELIVERY,
 )
 async def on_maintenance(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
     """A maintenance ended: a draining recovery moves on (`Intake.handle_maintenance`)."""
