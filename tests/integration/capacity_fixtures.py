@@ -19,7 +19,13 @@ from schemas.state.capacity import SNAPSHOT, CapacitySnapshot
 from services.capacity.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, Mig, NodeSeed, PodSeed, Seed
-from tests.integration.simkube import SimServiceEnv, fast_admin_client, service_settings, stop_env
+from tests.integration.simkube import (
+    SimServiceEnv,
+    fast_admin_client,
+    own,
+    service_settings,
+    stop_env,
+)
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -67,8 +73,7 @@ def capacity_settings(
     """The capacity service's settings with a consumer and bucket of its own (`uid`),
     watching `nodes`; `service`: its settings that differ."""
     config = {
-        "consumer": f"capacity-{uid}",
-        "bucket": f"capacity-{uid}",
+        **own("capacity", uid),
         "health_subjects": [f"gpu.health.{n}.>" for n in nodes],
         "maintenance_subjects": [f"maintenance.*.{n}" for n in nodes],
         "debounce": "0.2s",

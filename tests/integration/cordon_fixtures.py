@@ -33,7 +33,7 @@ from schemas.remediation import Remediation
 from services.cordon.service import build
 from sim.cluster import SimCluster
 from sim.cluster.seed import NodeSeed, Seed
-from tests.integration.simkube import fast_admin_client, service_settings
+from tests.integration.simkube import fast_admin_client, own, service_settings
 
 
 def failed(
@@ -255,8 +255,7 @@ async def cordon_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncIterator[E
         kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-cordon-{uid}", identity="cordon")
         admin_client = fast_admin_client(sim, tmp_path, uid)
         service: dict[str, Any] = {
-            "consumer": f"cordon-{uid}",
-            "bucket": f"cordon-{uid}",
+            **own("cordon", uid),
             "subjects": [f"gpu.health.{n}.>" for n in names],
             "heartbeat_subjects": [f"gpu.heartbeat.{n}" for n in names],
             "healthy_period": "0.5s",

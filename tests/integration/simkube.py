@@ -61,6 +61,11 @@ def fast_admin_client(sim: SimCluster, tmp_path: Path, uid: str) -> KubeClient:
     return client
 
 
+def own(service: str, uid: str) -> dict[str, str]:
+    """A test's own durable consumers and bucket for `service` (`<service>-<uid>`)."""
+    return {"consumer": f"{service}-{uid}", "bucket": f"{service}-{uid}"}
+
+
 def service_settings(
     nats_url: str, kubeconfig: Path, service: str, config: dict[str, Any], **more: Any
 ) -> Settings:
