@@ -129,9 +129,9 @@ class Workflow(Generic[R]):
 
     `step_of`/`with_step`: where the record keeps its current step; `identity`: what tells
     one workflow from the next under the same key; `terminal`: ended (by default the
-    record's property `terminal`); `cancelled`: ended by
-    a cancel (`on_cancelled` then takes back what is left); `errors`: failures expected of
-    a step (logged as warnings, others with their traceback), both retried.
+    record's property `terminal`); `cancelled`: ended by a cancel (`on_cancelled` then takes
+    back what is left); `errors`: failures expected of a step (logged as warnings, others
+    with their traceback), both retried.
     """
 
     name: str
