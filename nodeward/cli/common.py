@@ -238,9 +238,13 @@ def defer_websocket_client() -> None:
     """
     if "nats" in sys.modules or "aiohttp" in sys.modules:
         return
-    if importlib.util.find_spec("aiohttp") is None:
+    spec = importlib.util.find_spec("aiohttp")
+    if spec is None:
         return  # nats-py runs without it (no websocket transport)
     stand_in = types.ModuleType("aiohttp", "aiohttp, imported on first use")
+    # Where it lives, said without loading it: `inspect.getmodule` (pydantic reading a
+    # class's attribute docstrings) asks every module in sys.modules for its `__file__`.
+    stand_in.__file__ = spec.origin
 
     def load(attr: str) -> Any:
         if sys.modules.get("aiohttp") is stand_in:

@@ -527,14 +527,17 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def _defined_metrics() -> set[str]:
-    """Every metric name the code defines (prometheus-client adds _total to counters)."""
+    """Every metric name the code defines, directly or through `nodeward.metrics.Declare`
+    (`m.counter(...)`, `m.gauge(...)`); prometheus-client adds _total to counters."""
     names: set[str] = set()
-    pattern = re.compile(r"(Counter|Gauge|Histogram)\(\s*\"(nodeward_[a-z0-9_]+)\"", re.S)
+    pattern = re.compile(
+        r"(Counter|Gauge|Histogram|\.counter|\.gauge)\(\s*\"(nodeward_[a-z0-9_]+)\"", re.S
+    )
     for folder in ("nodeward", "agents", "services"):
         for path in (ROOT / folder).rglob("*.py"):
             for kind, name in pattern.findall(path.read_text()):
                 names.add(name)
-                if kind == "Counter":
+                if kind in ("Counter", ".counter"):
                     names.add(f"{name}_total")
     return names
 
