@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import structlog
@@ -151,11 +151,13 @@ async def run_up(
     fleet_above: int = FLEET_ABOVE,
     announce: Callable[[Endpoints], None],
     story: Callable[[Endpoints], Awaitable[None]] | None = None,
+    registries: Iterable[str] = (),
 ) -> None:
     """The whole platform in this process until SIGINT/SIGTERM.
 
     Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
-    is written to `<state-dir>/kubeconfig`. Simulated agents run in this process for up to
+    is written to `<state-dir>/kubeconfig`; its nodes' checkpoint archives under
+    `<state-dir>/nodes/<node>/`, and its kubelets pull from the `registries` hosts. Simulated agents run in this process for up to
     `fleet_above` GPU nodes; for more, the fleet simulator runs them in a process of its own
     (`nodeward sim fleet`). `story(endpoints)` runs as a task of the
     platform daemon once everything has started (it must not raise). A daemon that dies is
@@ -187,7 +189,13 @@ async def run_up(
         if settings.cluster.kubeconfig is None:
             seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
             cluster = await stack.enter_async_context(
-                embedded_cluster(state_dir, seed=seed_data, access=DECLARED)
+                embedded_cluster(
+                    state_dir,
+                    seed=seed_data,
+                    access=DECLARED,
+                    archive_root=state_dir / "nodes",
+                    registries=registries,
+                )
             )
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url

@@ -51,12 +51,24 @@ async def embedded_cluster(
     port: int = 0,
     rbac_dirs: list[Path] | None = None,
     access: Iterable[Access] = (),
+    archive_root: Path | None = None,
+    registries: Iterable[str] = (),
 ) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
-    context per service); stop it on exit. `seed`: a file, a loaded seed, or the default. Raises `SeedError` for a bad seed and `OSError`
-    if the port cannot be bound."""
+    context per service); stop it on exit. `seed`: a file, a loaded seed, or the default.
+    `archive_root`: where the nodes' checkpoint archives are written (`<root>/<node>/...`);
+    `registries`: the registry hosts the kubelets pull from (see `SimCluster`). Raises
+    `SeedError` for a bad seed and `OSError` if the port cannot be bound."""
     seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
-    sim = SimCluster(seed_data, host=host, port=port, rbac_dirs=rbac_dirs, access=access)
+    sim = SimCluster(
+        seed_data,
+        host=host,
+        port=port,
+        rbac_dirs=rbac_dirs,
+        access=access,
+        archive_root=archive_root,
+        registries=registries,
+    )
     await sim.start()
     try:
         path = sim.write_kubeconfig(Path(state_dir) / KUBECONFIG_NAME)

@@ -29,6 +29,7 @@ from nodeward.aio import within
 from nodeward.logs import get_logger
 from sim.cluster import (
     apply,
+    checkpoints,
     convert,
     decoding,
     disruption,
@@ -81,6 +82,8 @@ class Checkpoint:
     path: str
     timeout: int | None
     time: str
+    file: Path | None = None
+    """The archive written on this machine (`archive_root/<node>/<path>`), if the sim writes them."""
 
 
 @dataclass
@@ -227,13 +230,20 @@ class SimCluster:
         kube_version: str | None = None,
         enabled: Iterable[str] | None = None,
         token_cache_ttl: float = tokens.CACHE_TTL,
+        archive_root: Path | None = None,
+        registries: Iterable[str] = (),
     ) -> None:
         """`kube_version`: the release claimed (`1.33`; default `$NODEWARD_SIM_KUBE_VERSION`,
         else the client models' release), which decides the group-versions served, with the
         feature gates and runtime-config group-versions `enabled` (default
         `versions.DEFAULT_ENABLED`). ValueError for a release the sim cannot claim.
         `token_cache_ttl`: how long a ServiceAccount token that authenticated stays so without
-        being checked again (kube-apiserver's 10 s; 0: checked every time)."""
+        being checked again (kube-apiserver's 10 s; 0: checked every time).
+        `archive_root`: the nodes' filesystems (`<archive_root>/<node>/`); each checkpoint
+        then writes its archive there, as CRI-O does (`sim.cluster.checkpoints`).
+        `registries`: the registry hosts (`127.0.0.1:5000`, plain HTTP) the kubelets pull
+        from; a pod whose image is on one of them is started after its manifest is read,
+        and restored if it is a checkpoint image (`sim.cluster.kubelet`)."""
         claimed = kube_version or os.environ.get(KUBE_VERSION_ENV)
         self.apis = versions.Apis(versions.parse_version(claimed) if claimed else None, enabled)
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
@@ -244,6 +254,9 @@ class SimCluster:
         self.tokens = tokens.Tokens(self.store, self.apis.minor, cache_ttl=token_cache_ttl)
         """ServiceAccount tokens: TokenRequest, TokenReview, bearer authentication."""
         self.checkpoints: list[Checkpoint] = []
+        self.archive_root = Path(archive_root) if archive_root is not None else None
+        self.kubelets = Kubelets(self.store, registries=registries)
+        """The nodes' kubelets; `kubelets.restores` lists the containers restored."""
         self.checkpoint_delay = 0.0  # seconds each checkpoint takes, as CRIU dumping memory does
         # (identity, method, path, status) of the latest requests, for tests and debugging
         self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
@@ -271,7 +284,7 @@ class SimCluster:
         `rbac_dirs`, else the source tree's deploy/rbac, else the same roles built from
         the daemons' declared `access`."""
         disruption.watch_pods(self.store)
-        Kubelets(self.store).install()
+        self.kubelets.install()
         ControlPlane(self.store).install()
         default = rbac.default_rbac_dir()
         try:
@@ -327,6 +340,7 @@ class SimCluster:
 
     async def stop(self) -> None:
         self._closing.set()
+        await self.kubelets.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -337,6 +351,12 @@ class SimCluster:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    def archives(self, node: str | None = None) -> list[Path]:
+        """The checkpoint archives written on this machine (of `node`, or every node's)."""
+        if self.archive_root is None:
+            return []
+        return checkpoints.archives(self.archive_root, node)
 
     def fail_next(
         self,
@@ -1466,6 +1486,11 @@ class SimCluster:
         stamp = now()
         path = f"/var/lib/kubelet/checkpoints/checkpoint-{pod_name}_{ns}-{container}-{stamp}.tar"
         timeout = request.query.get("timeout")
+        file = None
+        if self.archive_root is not None:
+            file = checkpoints.local_path(self.archive_root, node, path)
+            data = checkpoints.archive_bytes(pod, container, node, stamp, time.time())
+            await asyncio.to_thread(checkpoints.write_archive, file, data)
         self.checkpoints.append(
             Checkpoint(
                 node,
@@ -1475,6 +1500,7 @@ class SimCluster:
                 path,
                 int(timeout) if timeout and timeout.isdigit() else None,
                 stamp,
+                file,
             )
         )
         return _json({"items": [path]})
