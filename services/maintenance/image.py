@@ -28,7 +28,7 @@ import shutil
 import stat
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -264,7 +264,20 @@ async def build_storage(settings: ImageSettings) -> AsyncIterator[Path]:
     try:
         yield root
     finally:
-        await asyncio.to_thread(shutil.rmtree, root, True)
+        await asyncio.to_thread(remove_tree, root)
+
+
+def remove_tree(root: Path) -> None:
+    """Remove buildah's storage, also as non-root: an image's root directory is read-only
+    (0555) in vfs storage, so a parent is made writable where removal is refused."""
+
+    def writable_parent(func: Callable[[str], object], path: str, _exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), stat.S_IRWXU)
+            func(path)
+
+    if root.exists():
+        shutil.rmtree(root, onerror=writable_parent)
 
 
 def _buildah(settings: ImageSettings, root: Path | None) -> _Buildah:

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from launch.registry import RegistryUnavailable, run_registry
-from services.maintenance.image import CHECKPOINT_DIR, ImageSettings, node_path
+from services.maintenance.image import CHECKPOINT_DIR, ImageSettings, node_path, remove_tree
 
 
 def buildah_unusable(binary: str = "buildah") -> str | None:
@@ -30,7 +30,9 @@ def buildah_unusable(binary: str = "buildah") -> str | None:
     no user namespaces for a non-root user); None when it can."""
     if shutil.which(binary) is None:
         return "buildah not found (Debian package buildah; scripts/system-deps.sh)"
-    with tempfile.TemporaryDirectory(prefix="nodeward-buildah-probe-") as root:
+    with tempfile.TemporaryDirectory(
+        prefix="nodeward-buildah-probe-", ignore_cleanup_errors=True
+    ) as root:
         base = [binary, "--root", f"{root}/root", "--runroot", f"{root}/run"]
         base += ["--storage-driver", "vfs"]
         made = subprocess.run(
@@ -40,10 +42,22 @@ def buildah_unusable(binary: str = "buildah") -> str | None:
             timeout=60,
             check=False,
         )
+        if made.returncode == 0:  # and add a root-owned tar, as the kubelet's archives are
+            tar_path = Path(root) / "probe.tar"
+            with tarfile.open(tar_path, "w") as tar:
+                tar.addfile(tarfile.TarInfo("config.dump"), io.BytesIO())
+            made = subprocess.run(
+                [*base, "add", "probe", str(tar_path), "/"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            subprocess.run([*base, "rm", "probe"], capture_output=True, timeout=60, check=False)
+        remove_tree(Path(root))
         if made.returncode != 0:
             lines = [ln for ln in made.stderr.splitlines() if ln.strip()]
             return f"buildah cannot run here: {lines[-1] if lines else made.returncode}"
-        subprocess.run([*base, "rm", "probe"], capture_output=True, timeout=60, check=False)
     return None
 
 
