@@ -16,6 +16,9 @@ NEEDED=(
   "krb5-user:kinit"
   "libkrb5-dev:krb5-config"
   "chromium:chromium"   # the console's browser tests (Playwright drives it; never a downloaded browser)
+  "buildah:buildah"                   # checkpoint images (services/maintenance/image.py)
+  "docker-registry:docker-registry"   # the registry they are pushed to (launch/registry.py)
+  "skopeo:skopeo"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do

@@ -1,5 +1,6 @@
 """Fixtures of the integration tests. The sim cluster's live in `simkube.py`."""
 
+from tests.helpers.registry import auth_registry, registry  # noqa: F401
 from tests.integration.accounting_fixtures import accounting_env  # noqa: F401
 from tests.integration.capacity_fixtures import capacity_env  # noqa: F401
 from tests.integration.cordon_fixtures import cordon_env  # noqa: F401
