@@ -84,17 +84,19 @@ async def run_registry(
     host: str = "127.0.0.1",
     htpasswd: Path | None = None,
     startup_timeout: float = 15.0,
+    dies_with_parent: bool = False,
 ) -> AsyncIterator[str]:
     """docker-registry serving `state_dir`/storage on `host:port` (0: a free port) until the
     block ends; yields its `host:port`. `RegistryUnavailable` when it is missing or does not
-    start."""
+    start. `dies_with_parent`: as `EmbeddedNats`'s, for `nodeward up`."""
     binary = find_registry()
     log = structlog.get_logger().bind(component="docker-registry")
     log_file = state_dir / "registry.log"
     tries = 1 if port else 3  # a free port taken by someone else before the registry binds it
     for attempt in range(tries):
         address = f"{host}:{port or free_port(host)}"
-        proc = await asyncio.to_thread(_spawn, binary, state_dir, address, htpasswd)
+        config = await asyncio.to_thread(_write_config, state_dir, address, htpasswd)
+        proc = _spawn(binary, config, log_file, dies_with_parent)
         try:
             await _ready(proc, f"http://{address}/v2/", startup_timeout)
         except RegistryUnavailable as exc:
@@ -111,22 +113,27 @@ async def run_registry(
         log.info("registry.stopped", address=address)
 
 
-def _spawn(
-    binary: str, state_dir: Path, address: str, htpasswd: Path | None
-) -> subprocess.Popen[bytes]:
-    """Write the config (JSON is YAML) and start the registry, its output in registry.log."""
+def _write_config(state_dir: Path, address: str, htpasswd: Path | None) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     config = state_dir / "config.yml"
-    config.write_text(
+    config.write_text(  # JSON is YAML
         json.dumps(registry_config(state_dir / "storage", address, htpasswd=htpasswd))
     )
-    with (state_dir / "registry.log").open("ab") as sink:
+    return config
+
+
+def _spawn(
+    binary: str, config: Path, log_file: Path, dies_with_parent: bool
+) -> subprocess.Popen[bytes]:
+    """Start the registry, its output in `log_file`. `dies_with_parent`: SIGTERM when the
+    thread that started it ends (util-linux setpriv), so call it on the loop's thread."""
+    args = [binary, "serve", str(config)]
+    setpriv = shutil.which("setpriv") if dies_with_parent else None
+    if setpriv:
+        args = [setpriv, "--pdeathsig", "TERM", "--", *args]
+    with log_file.open("ab") as sink:
         return subprocess.Popen(
-            [binary, "serve", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=sink,
-            start_new_session=True,
+            args, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True
         )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 
 from launch.access import DECLARED
+from launch.registry import RegistryUnavailable, run_registry
 from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
@@ -140,6 +141,18 @@ async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> lis
     return units
 
 
+async def _registry(stack: contextlib.AsyncExitStack, state_dir: Path) -> str | None:
+    """The local registry checkpoint images are pushed to (`<state>/registry`), or None with
+    a warning where docker-registry is missing or does not start."""
+    try:
+        return await stack.enter_async_context(
+            run_registry(state_dir / "registry", dies_with_parent=True)
+        )
+    except RegistryUnavailable as exc:
+        structlog.get_logger().warning("up.no_registry", error=str(exc))
+        return None
+
+
 async def run_up(
     settings: Settings,
     state_dir: Path,
@@ -199,6 +212,7 @@ async def run_up(
             )
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
+        registry = await _registry(stack, state_dir)
         # The platform daemon goes first: its bus provisions the streams the others use.
         platform, platform_bus = await _platform_daemon(settings)
         context = UpContext(
@@ -231,6 +245,7 @@ async def run_up(
             outbox=outbox,
             kubeconfig=settings.cluster.kubeconfig,
             kube_api=kube_api,
+            registry=registry,
             metrics={d.name: d.url for d in supervisor.daemons},
             **context.endpoints,
         )

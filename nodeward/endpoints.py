@@ -27,6 +27,9 @@ class Endpoints(BaseModel):
         default=None, description="the local OAuth2 provider's token endpoint, with the sim cluster"
     )
     console_url: str | None = Field(default=None, description="the read-only web console")
+    registry: str | None = Field(
+        default=None, description="host:port of the local registry checkpoint images go to"
+    )
     pid: int = Field(default_factory=os.getpid)
     started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
