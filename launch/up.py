@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -141,6 +141,16 @@ async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> lis
     return units
 
 
+def _push_to(settings: Settings, registry: str, nodes: Path) -> None:
+    """The checkpoint service pushes moved pods' images to `up`'s registry and reads the sim
+    nodes' archives under `nodes`, unless the config says otherwise."""
+    section = settings.services.setdefault("checkpoint", {})
+    images = section.setdefault("images", {})
+    if not images.get("registry"):
+        images.update(registry=f"{registry}/nodeward-checkpoints", insecure=True)
+    images.setdefault("node_root", f"{nodes}/{{node}}")
+
+
 async def _registry(stack: contextlib.AsyncExitStack, state_dir: Path) -> str | None:
     """The local registry checkpoint images are pushed to (`<state>/registry`), or None with
     a warning where docker-registry is missing or does not start."""
@@ -164,13 +174,14 @@ async def run_up(
     fleet_above: int = FLEET_ABOVE,
     announce: Callable[[Endpoints], None],
     story: Callable[[Endpoints], Awaitable[None]] | None = None,
-    registries: Iterable[str] = (),
 ) -> None:
     """The whole platform in this process until SIGINT/SIGTERM.
 
     Without a kubeconfig in `settings.cluster` the sim cluster runs too, and its kubeconfig
-    is written to `<state-dir>/kubeconfig`; its nodes' checkpoint archives under
-    `<state-dir>/nodes/<node>/`, and its kubelets pull from the `registries` hosts. Simulated agents run in this process for up to
+    is written to `<state-dir>/kubeconfig`, with a registry (docker-registry, where
+    installed) that the checkpoint service pushes moved pods' images to and the sim nodes'
+    kubelets restore them from; the nodes' checkpoint archives are under
+    `<state-dir>/nodes/<node>/`. Simulated agents run in this process for up to
     `fleet_above` GPU nodes; for more, the fleet simulator runs them in a process of its own
     (`nodeward sim fleet`). `story(endpoints)` runs as a task of the
     platform daemon once everything has started (it must not raise). A daemon that dies is
@@ -199,20 +210,23 @@ async def run_up(
         kube_api: str | None = None
         cluster: EmbeddedCluster | None = None
         seed_data: Seed | None = None
+        registry: str | None = None
         if settings.cluster.kubeconfig is None:
             seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
+            registry = await _registry(stack, state_dir)
             cluster = await stack.enter_async_context(
                 embedded_cluster(
                     state_dir,
                     seed=seed_data,
                     access=DECLARED,
                     archive_root=state_dir / "nodes",
-                    registries=registries,
+                    registries=(registry,) if registry else (),
                 )
             )
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
-        registry = await _registry(stack, state_dir)
+            if registry:
+                _push_to(settings, registry, state_dir / "nodes")
         # The platform daemon goes first: its bus provisions the streams the others use.
         platform, platform_bus = await _platform_daemon(settings)
         context = UpContext(

@@ -20,6 +20,7 @@ class MaintenancePhase(StrEnum):
     NOTIFIED = "notified"
     CHECKPOINTING = "checkpointing"
     CHECKPOINTED = "checkpointed"
+    MOVING = "moving"  # `--move`: opted-in pods restored on another node from their images
     DRAINING = "draining"
     DONE = "done"
     FAILED = "failed"
@@ -33,6 +34,26 @@ class CheckpointRecord(Model):
     node: str | None = Field(default=None, description="the node holding the archive")
     image: str | None = Field(default=None, description="the container's image when checkpointed")
     at: datetime | None = Field(default=None, description="when the checkpoint was taken")
+    checkpoint_image: str | None = Field(
+        default=None,
+        description="the OCI checkpoint image built from the archive, `REPO@DIGEST`, once the "
+        "registry confirmed it (a move)",
+    )
+    archive_deleted: bool = Field(
+        default=False, description="the archive was deleted from the node after the push"
+    )
+
+
+class MovedPod(Model):
+    """A pod a maintenance moved: stopped on the node, restored on another from its images."""
+
+    pod: PodRef
+    from_node: str
+    to_node: str | None = Field(default=None, description="None: the move failed")
+    images: dict[str, str] = Field(
+        default_factory=dict, description="container -> checkpoint image `REPO@DIGEST`"
+    )
+    error: str | None = None
 
 
 class Maintenance(EventData):
@@ -60,6 +81,15 @@ class Maintenance(EventData):
         gt=0,
         description="seconds after the start by which every pod must be gone (held pods are "
         "evicted then); None: the service's default",
+    )
+    move: bool = Field(
+        default=False,
+        description="move the opted-in pods (label nodeward.io/checkpoint=true and annotation "
+        "nodeward.io/move=true on the pod or its namespace) to other nodes instead of "
+        "evicting them",
+    )
+    moved: list[MovedPod] = Field(
+        default_factory=list, description="pods moved, or whose move failed (phase `moving`)"
     )
     failures: list[str] = Field(
         default_factory=list,

@@ -54,6 +54,7 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "pods.list": _p("pods", "list"),
     "pods.watch": _p("pods", "list", "watch"),
     "pods.patch": _p("pods", "get", "patch"),
+    "pods.create": _p("pods", "create"),
     "pods.delete": _p("pods", "delete"),
     "pods.evict": _p("pods/eviction", "create"),
     "events.create": _p("events", "create", group="events.k8s.io"),

@@ -1,4 +1,4 @@
-"""Pods: list on a node, get, patch, delete, evict (PodDisruptionBudget-aware), watch."""
+"""Pods: list on a node, get, create, patch, delete, evict (PodDisruptionBudget-aware), watch."""
 
 from __future__ import annotations
 
@@ -105,6 +105,14 @@ class Pods(Area):
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+    @operation("pods.create")
+    async def create(self, namespace: str, pod: Obj) -> Obj:
+        """Create `pod` in `namespace` (`AlreadyExists` when its name is taken)."""
+        result: Obj = await self._client.request(
+            "POST", core("pods", namespace=namespace), body=pod
+        )
+        return result
 
     @operation("pods.patch")
     async def patch(

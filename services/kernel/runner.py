@@ -42,13 +42,15 @@ class ActionRunner:
         repeat: Repeat | None = None,
         retry: bool = True,
         resumed: bool = False,
+        fails: tuple[type[Exception], ...] = (),
     ) -> Remediation:
         """The guard chain (in the kernel's order, whatever order `guards` are given in);
         the first objection is audited and ends it. Then act or dry-run.
 
         A failed act is audited and raised as `RetryableError`, so the message is redelivered
         and the (idempotent) act tried again; with `retry=False` the failure's audit record
-        is returned instead. A guard objection with `retry_after` is audited and raised the
+        is returned instead. `fails`: what else an act raises when it failed (beside
+        `KubeError`), handled the same way. A guard objection with `retry_after` is audited and raised the
         same way. `repeat(outcome, guard)` True marks an objection or dry run that only
         restates one already audited (a heartbeat): it is logged, not published again.
         `resumed`: the act finishes one a restart cut short; its `applied` audit is not
@@ -67,9 +69,10 @@ class ActionRunner:
         if await self.auditor.tallied(proposal, Outcome.APPLIED, proposal.reason):
             log.debug("action.counted")
             return self.auditor.build(proposal, Outcome.APPLIED, proposal.reason, None, None)
+        failures: tuple[type[Exception], ...] = (KubeError, *fails)
         try:
             details = await act()
-        except KubeError as exc:
+        except failures as exc:
             log.warning("action.failed", error=str(exc))
             self.auditor.tally.reopen(proposal, Outcome.APPLIED, None)
             failed = await self.auditor.record(

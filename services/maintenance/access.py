@@ -18,6 +18,7 @@ ACCESS = Access(
             "pods.get",
             "pods.list",
             "pods.patch",
+            "pods.create",
             "pods.evict",
             "events.create",
             "leases.hold",

@@ -176,6 +176,7 @@ async def start(  # noqa: PLR0917 - the command's options
     as_json: bool,
     *,
     requested_by: str,
+    move: bool = False,
 ) -> None:
     """Validate, publish `maintenance.requested` as asked by `requested_by` (the operator,
     named as the operator controls name them), and wait a little for the answer."""
@@ -211,6 +212,7 @@ async def start(  # noqa: PLR0917 - the command's options
             requested_by=requested_by,
             start_at=start_at,
             deadline_s=deadline_s,
+            move=move,
         )
     except ValidationError as exc:
         fail(f"invalid request: {one_line(exc)}")
@@ -254,9 +256,17 @@ async def _await_answer(bus: Bus, bucket: str, node: str, maintenance_id: str, w
 
 
 def _pod_line(plan: PodPlan) -> str:
-    archives = ", ".join(c.path or "?" for c in plan.checkpoints)
+    archives = ", ".join(c.checkpoint_image or c.path or "?" for c in plan.checkpoints)
     detail = archives or plan.reason or ""
-    return f"  {plan.key:<48} {plan.status:<19} {detail}"
+    status: str = plan.status
+    if plan.move is not None and plan.status == "checkpointed":
+        move = plan.move
+        status = {"running": f"moved to {move.target}", "failed": "not moved"}.get(
+            move.stage, f"moving ({move.stage})"
+        )
+        if move.stage == "failed":
+            detail = move.reason or detail
+    return f"  {plan.key:<48} {status:<19} {detail}"
 
 
 def render_status(state: MaintenanceState) -> list[str]:
@@ -381,13 +391,22 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
             "~/.kube/config; without any, the node must have agents on the bus)",
         ),
     ] = None,
+    move: Annotated[
+        bool,
+        typer.Option(
+            "--move",
+            help="restore the opted-in pods (annotation nodeward.io/move=true on the pod or "
+            "its namespace) on other nodes instead of evicting them",
+        ),
+    ] = False,
     operator: OperatorOpt = None,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonObjectOpt = False,
 ) -> None:
-    """Request a node's maintenance: owners warned, cordon, checkpoints, drain."""
+    """Request a node's maintenance: owners warned, cordon, checkpoints (and with --move
+    a restore elsewhere), drain."""
     asyncio.run(
         start(
             settings_for(config, nats, state_dir),
@@ -400,6 +419,7 @@ def start_command(  # noqa: PLR0917 - typer maps parameters to options
             state_dir,
             as_json,
             requested_by=operator_name(operator),
+            move=move,
         )
     )
 

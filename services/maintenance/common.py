@@ -44,6 +44,7 @@ from services.kernel import (
 from services.kernel.control import ControlSettings
 from services.kernel.marks import NodeMarks
 from services.kernel.severities import LOUD, QUIET, SKIP_WARNS
+from services.maintenance.image import ImageSettings
 from services.maintenance.plan import Notice
 from services.maintenance.state import MAINTENANCES, MaintenanceState, PodPlan
 
@@ -66,8 +67,8 @@ FINAL_CHECKPOINT_ERRORS = (CheckpointFailed, NotFound, Forbidden)
 # and so does taking the node out of service (cordon, drain); a failure pages.
 _QUIET = table(QUIET, SKIP_WARNS)
 SEVERITIES = per_action(
-    (_QUIET, ("announce", "checkpoint", "complete", "fail")),
-    (table(_QUIET, LOUD), ("cordon", "drain", "evict-held")),
+    (_QUIET, ("announce", "checkpoint", "push-image", "complete", "fail")),
+    (table(_QUIET, LOUD), ("cordon", "drain", "evict-held", "stop", "restore")),
 )
 
 
@@ -102,6 +103,12 @@ class CheckpointSettings(ActingSettings, Consuming):
     # nats-server's longest election (9 s) of the bucket's leader, as cordon's.
     lease_ttl: Duration = timedelta(seconds=20)
     controls: ControlSettings = ControlSettings()
+    images: ImageSettings = ImageSettings()
+    """where the checkpoint images of moved pods go (a maintenance with --move)"""
+    stop_timeout: Duration = timedelta(minutes=5)
+    """how long a pod that moves may take to terminate on its node"""
+    restore_timeout: Duration = timedelta(minutes=10)
+    """how long its replacement may take to run (pull, restore) on the target"""
 
 
 def pod_ref(plan: PodPlan) -> ObjectRef:

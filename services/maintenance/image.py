@@ -56,10 +56,11 @@ _ARCHIVE_STAMP = re.compile(
 
 
 class ImageSettings(Section):
-    """How checkpoint archives become images in a registry (`services.checkpoint.image`)."""
+    """How checkpoint archives become images in a registry (`services.checkpoint.images`)."""
 
-    registry: str = "127.0.0.1:5000/nodeward-checkpoints"
-    """host[:port][/prefix] images are pushed under: <registry>/<namespace>/<pod>-<container>"""
+    registry: str = ""
+    """host[:port][/prefix] images are pushed under: <registry>/<namespace>/<pod>-<container>;
+    empty: none, so a maintenance's moves fail and its pods are evicted as without --move"""
     insecure: bool = False
     """HTTPS without verification, or plain HTTP (buildah --tls-verify=false)"""
     authfile: Path | None = None

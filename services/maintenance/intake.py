@@ -62,6 +62,7 @@ class Intake:
                 start_at=data.start_at or event.time,
                 deadline_s=data.deadline_s or self.kit.settings.deadline.total_seconds(),
                 dry_run=self.kit.settings.dry_run,
+                move=data.move,
                 updated_at=now(),
             )
 

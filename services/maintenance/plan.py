@@ -17,11 +17,15 @@ from services.kernel.drain import keep_reason
 from services.maintenance.state import (
     CUDA_CHECKPOINT_LABEL,
     MaintenanceState,
+    MovePlan,
     PodPlan,
     PodStatus,
 )
 
 CHECKPOINT_LABEL = "nodeward.io/checkpoint"
+MOVE_ANNOTATION = "nodeward.io/move"
+"""`true` on a pod or its namespace: a maintenance with --move moves the pod (it must also
+opt into checkpoints) instead of evicting it."""
 GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu")
 
 
@@ -56,9 +60,42 @@ def when(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def plan_pods(node: Obj, pods: list[Obj], skip_namespaces: list[str]) -> dict[str, PodPlan]:
+def wants_move(pod: Obj, moving_namespaces: frozenset[str]) -> bool:
+    """The pod (annotation) or its namespace (in `moving_namespaces`) asked to be moved."""
+    meta = pod.get("metadata") or {}
+    said = str((meta.get("annotations") or {}).get(MOVE_ANNOTATION, "")).lower()
+    return said == "true" or meta.get("namespace") in moving_namespaces
+
+
+def move_plan(pod: Obj) -> MovePlan:
+    """How the pod moves: a pod no controller owns is stopped and created again under its
+    name; one a controller owns would race that controller, which recreates it from its
+    own template, so it is not moved (checkpointed and evicted as without --move)."""
+    owner = next(
+        (o for o in (pod["metadata"].get("ownerReferences") or []) if o.get("controller")), None
+    )
+    if owner is None:
+        return MovePlan()
+    return MovePlan(
+        stage="failed",
+        owner=str(owner.get("kind")),
+        reason=f"owned by {owner.get('kind')} {owner.get('name')}, which recreates it from its "
+        "own template: moving through the owner is not supported yet; checkpointed and "
+        "evicted instead",
+    )
+
+
+def plan_pods(
+    node: Obj,
+    pods: list[Obj],
+    skip_namespaces: list[str],
+    *,
+    move: bool = False,
+    moving_namespaces: frozenset[str] = frozenset(),
+) -> dict[str, PodPlan]:
     """A plan for every pod a drain would move: opted-in ones pending their checkpoint (or
-    not checkpointable: GPUs on a node without CUDA checkpoint support), the others not."""
+    not checkpointable: GPUs on a node without CUDA checkpoint support), the others not.
+    With `move`, an opted-in pod that also asked to move (`wants_move`) gets a move plan."""
     cuda = cuda_checkpoint(node)
     plans: dict[str, PodPlan] = {}
     for pod in pods:
@@ -88,6 +125,14 @@ def plan_pods(node: Obj, pods: list[Obj], skip_namespaces: list[str]) -> dict[st
             spec=dict(pod.get("spec") or {}) if wants else {},
             labels=dict(meta.get("labels") or {}) if wants else {},
         )
+        if move and status == "pending" and wants_move(pod, moving_namespaces):
+            plan = plan.model_copy(
+                update={
+                    "move": move_plan(pod),
+                    "annotations": dict(meta.get("annotations") or {}),
+                    "owners": list(meta.get("ownerReferences") or []),
+                }
+            )
         plans[plan.key] = plan
     return plans
 
@@ -151,7 +196,15 @@ def announcement(state: MaintenanceState, plan: PodPlan) -> Notice:
         "Save your work before then; files on persistent volumes are kept.",
         "Its controller (if any) starts a fresh pod on another node after it is evicted.",
     ]
-    if plan.status == "pending":
+    if plan.status == "pending" and plan.move is not None and plan.move.stage == "planned":
+        what = (
+            f"At {start} nodeward checkpoints every container of {plan.key} (memory and "
+            "files, through the kubelet), stores the checkpoint as an image, stops the pod "
+            "and restores it under the same name on another node: your session goes on "
+            "there after a short pause. You are told where it went."
+        )
+        steps = ["Nothing to do; files on persistent volumes move with the pod."]
+    elif plan.status == "pending":
         what = (
             f"At {start} nodeward checkpoints every container of {plan.key} (memory and "
             "files, through the kubelet), records the archive, then evicts the pod. "
@@ -220,4 +273,51 @@ def checkpoint_failed(state: MaintenanceState, plan: PodPlan, deadline: datetime
             "Ask the platform team whether the node's runtime supports checkpoints "
             "(CRIU; for GPU pods, CUDA checkpoint).",
         ],
+    )
+
+
+def moved(state: MaintenanceState, plan: PodPlan, images: dict[str, str]) -> Notice:
+    """The pod was restored on another node."""
+    target = plan.move.target if plan.move else None
+    return Notice(
+        kind="moved",
+        severity=Severity.INFO,
+        title=f"Your pod {plan.key} moved from {state.node} to {target}",
+        body=(
+            f"Before the maintenance of {state.node}, {plan.key} was checkpointed, stopped "
+            f"and restored on {target} from its checkpoint "
+            f"({', '.join(sorted(images.values()))}). Its processes go on from the "
+            "checkpoint; what changed in memory after it was taken is lost."
+        ),
+        why=_why(state),
+        deadline=state.start_at,
+        steps=[f"kubectl get pod {plan.name} -n {plan.namespace} -o wide"],
+    )
+
+
+def move_failed(state: MaintenanceState, plan: PodPlan, reason: str, *, stopped: bool) -> Notice:
+    """The pod could not be moved: evicted with the drain, or (stopped already) waiting to
+    be restored by hand from its images."""
+    if stopped:
+        body = (
+            f"{plan.key} was stopped on {state.node} to move, but its restore failed: "
+            f"{reason}. Its checkpoint images are kept in the registry."
+        )
+        steps = [
+            f"An operator can restore it: nodeward maintenance restore {plan.key} --to NODE",
+        ]
+    else:
+        body = (
+            f"{plan.key} could not be moved off {state.node}: {reason}. It is evicted with "
+            "the drain; its checkpoint is kept."
+        )
+        steps = ["Save your work now (write results to a persistent volume)."]
+    return Notice(
+        kind="move-failed",
+        severity=Severity.CRITICAL,
+        title=f"Your pod {plan.key} could not be moved before maintenance",
+        body=body,
+        why=_why(state),
+        deadline=state.deadline_at() or state.start_at,
+        steps=steps,
     )

@@ -33,6 +33,22 @@ PodStatus = Literal[
 ]
 
 
+MoveStage = Literal["planned", "imaged", "stopped", "created", "running", "failed"]
+
+
+class MovePlan(Model):
+    """Where a moved pod goes and how far its move got: `planned` (checkpointed) -> `imaged`
+    (every container's image confirmed in the registry, its archive deleted) -> `stopped`
+    (the pod deleted on the node, gone from the API) -> `created` (its replacement, same
+    name, on `target`) -> `running` (restored); `failed` keeps `reason`."""
+
+    stage: MoveStage = "planned"
+    owner: str = Field(default="pod", description="how it moves: its owner kind, or `pod`")
+    target: str | None = Field(default=None, description="the node chosen, once chosen")
+    uid: str | None = Field(default=None, description="the replacement pod's uid")
+    reason: str | None = None
+
+
 class PodPlan(Model):
     """What a maintenance does with one pod on the node, and what came of it."""
 
@@ -48,8 +64,17 @@ class PodPlan(Model):
         default_factory=dict, description="the pod's spec when planned (opted-in pods only)"
     )
     labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="the pod's annotations (pods that move only)"
+    )
+    owners: list[dict[str, Any]] = Field(
+        default_factory=list, description="the pod's owner references (pods that move only)"
+    )
     annotated: bool = False
     notified: bool = False
+    move: MovePlan | None = Field(
+        default=None, description="a maintenance with --move: this pod moves (opted in)"
+    )
 
     @property
     def key(self) -> str:
@@ -82,6 +107,7 @@ class MaintenanceState(Model):
     prior_unschedulable: bool | None = None
     cordoned: bool = False
     cuda_checkpoint: bool = False
+    move: bool = Field(default=False, description="opted-in pods move instead of being evicted")
     pods: dict[str, PodPlan] = Field(default_factory=dict)
     drain: dict[str, Any] | None = None
     failures: list[str] = Field(default_factory=list)

@@ -3,7 +3,7 @@
 requested -> notified (every pod's owner told) -> checkpointing (at the start time: the node
 cordoned, then every opted-in pod's containers checkpointed, one pod at a time per slot of
 `parallelism`, each pod recorded done in the step's durable cursor) -> checkpointed ->
-draining (the shared drain; held pods until the deadline) -> done, or failed (the node gone
+moving (`--move` only: `services.maintenance.moving`) -> draining (the shared drain; held pods until the deadline) -> done, or failed (the node gone
 or exempt before the work starts); `cancelled` is the controls'. Each step moves the record
 on in one revision-checked write with what it decided; each act is a kernel proposal whose
 audit and event ids derive from the maintenance, so a step re-run after a SIGKILL repeats
@@ -50,6 +50,7 @@ from services.maintenance.common import (
     now,
     pod_ref,
 )
+from services.maintenance.moving import Mover, moving
 from services.maintenance.plan import (
     announcement,
     checkpoint_failed,
@@ -57,6 +58,7 @@ from services.maintenance.plan import (
     hold,
     merge_drain,
     plan_pods,
+    wants_move,
     when,
 )
 from services.maintenance.state import (
@@ -68,6 +70,10 @@ from services.maintenance.state import (
 
 WORKFLOW = "maintenance"
 """The workflow's name: its engine's failpoints are `maintenance.<phase>` (after each move)."""
+
+
+def _moved(state: MaintenanceState) -> int:
+    return sum(1 for p in state.pods.values() if p.move is not None and p.move.stage == "running")
 
 
 def _with_checkpoint(record: CheckpointRecord) -> Callable[[PodPlan], PodPlan]:
@@ -96,6 +102,7 @@ class MaintenanceWorkflow:
                 phase.NOTIFIED: Step(self._start, retry=retry),
                 phase.CHECKPOINTING: Step(self._checkpoint_all, retry=retry),
                 phase.CHECKPOINTED: Step(self._to_draining, retry=retry),
+                phase.MOVING: Step(self._move_all, retry=retry),
                 phase.DRAINING: Step(self._drain, retry=retry),
             },
             prefix="node.",
@@ -241,7 +248,13 @@ class MaintenanceWorkflow:
                 for pod in await self.kit.cluster.pods.on_node(state.node)
                 if await self.kit.exemptions.exempt_reason(pod) is None
             ]
-            plans = plan_pods(node, moving, self.kit.settings.skip_namespaces)
+            plans = plan_pods(
+                node,
+                moving,
+                self.kit.settings.skip_namespaces,
+                move=state.move,
+                moving_namespaces=await self._moving_namespaces(state, moving),
+            )
         state = await self._save(
             state,
             lambda s: s.model_copy(
@@ -282,6 +295,21 @@ class MaintenanceWorkflow:
         await self.kit.runner.run(proposal, tell_owners, [])
         await self._advance(state, MaintenancePhase.NOTIFIED)
         return None
+
+    async def _moving_namespaces(self, state: MaintenanceState, pods: list[Obj]) -> frozenset[str]:
+        """The namespaces of `pods` annotated `nodeward.io/move=true` (a --move only)."""
+        if not state.move:
+            return frozenset()
+        names = {p["metadata"]["namespace"] for p in pods}
+        out = set()
+        for name in sorted(names):
+            try:
+                ns = await self.kit.cluster.namespaces.get(name)
+            except NotFound:
+                continue
+            if wants_move(ns, frozenset()):
+                out.add(name)
+        return frozenset(out)
 
     # notified -> checkpointing ----------------------------------------------------------
     async def _start(self, state: MaintenanceState) -> float | None:
@@ -544,7 +572,44 @@ class MaintenanceWorkflow:
 
     # checkpointed -> draining -> done -----------------------------------------------------
     async def _to_draining(self, state: MaintenanceState) -> float | None:
-        await self._advance(state, MaintenancePhase.DRAINING)
+        if moving(state):
+            await self._advance(state, MaintenancePhase.MOVING)
+        else:
+            await self._advance(state, MaintenancePhase.DRAINING)
+        return None
+
+    # moving -> draining ---------------------------------------------------------------
+    async def _move_all(self, state: MaintenanceState) -> float | None:
+        async def save(key: str, change: Callable[[PodPlan], PodPlan]) -> PodPlan:
+            return await self._update_pod(state, key, change)
+
+        mover = Mover(self.kit, state, save)
+
+        async def one(key: str) -> bool:
+            current = await self.kit.states.get(state_key(state.node))
+            plan = (current.value if current else state).pods[key]
+            await mover.move(plan)
+            return True
+
+        await self.flow.each(
+            state, moving(state), one, parallelism=self.kit.settings.parallelism, halt=self.halt
+        )
+        current = await self.kit.states.get(state_key(state.node))
+        if current is None:
+            return None
+        state = current.value
+        if moving(state):
+            return None  # stopped before every pod was done: the next holder goes on
+        failures = list(state.failures) + [
+            f"{p.key}: not moved: {p.move.reason}"
+            for p in state.pods.values()
+            if p.move is not None and p.move.stage == "failed" and p.status == "checkpointed"
+        ]
+        await self._advance(
+            state,
+            MaintenancePhase.DRAINING,
+            lambda s: s.model_copy(update={"failures": failures}),
+        )
         return None
 
     async def _drain(self, state: MaintenanceState) -> float | None:
@@ -642,7 +707,7 @@ class MaintenanceWorkflow:
         summary = (
             f"maintenance {state.maintenance_id} of {state.node} done: "
             f"{sum(1 for p in state.pods.values() if p.status == 'checkpointed')} pod(s) "
-            f"checkpointed, {len(evicted)} evicted"
+            f"checkpointed, {_moved(state)} moved, {len(evicted)} evicted"
             + (f"; {len(failures)} failure(s): " + "; ".join(failures) if failures else "")
         )
         await self.kit.runner.record(

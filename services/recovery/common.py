@@ -94,6 +94,9 @@ class RecoverySettings(ActingSettings, Consuming):
     max_trigger_age: Duration = timedelta(minutes=15)
     """an older quarantine (a replay on a new consumer) starts no recovery"""
     drain_deadline: Duration = timedelta(minutes=10)
+    move_sessions: bool = True
+    """the drain moves opted-in stateful sessions (annotation nodeward.io/move=true) to other
+    nodes first, when the fault leaves the GPU's memory sound (`policy.allows_move`)"""
     """the maintenance's deadline for every pod"""
     drain_timeout: Duration = timedelta(minutes=30)
     """the node not drained (no `maintenance.done`, or pods left) by then: escalate"""

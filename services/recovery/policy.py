@@ -59,6 +59,30 @@ def decide(
     return Decision(Kind.NONE, why=f"recommended {said}{on}: no reset or reboot needed")
 
 
+MOVABLE_CATEGORIES = frozenset({"application", "nvlink", "thermal"})
+"""Faults after which the GPU still answers and its memory holds what the program wrote:
+an application's error, an NVLink error, a thermal event."""
+MOVABLE_XIDS = frozenset({63, 92})
+"""Memory events whose data was corrected: a page retirement recorded (63), many corrected
+single-bit errors (92)."""
+
+
+def allows_move(xids: Iterable[int], catalog: XidCatalog) -> tuple[bool, str]:
+    """Whether the fault leaves the GPU's memory readable and sound, so that its stateful
+    sessions may be checkpointed (CUDA checkpoint copies device memory to the host) and moved
+    before the drain; and why. Never for a GPU off the bus (79), an uncorrectable memory
+    error (48, 64, 94, 95), a hung engine, driver or GSP (46, 62, 109, 119, 120), hardware,
+    or a fault no XID names."""
+    named = sorted(set(xids) - {RECOVERY_ACTION_XID})
+    if not named:
+        return False, "no XID says the GPU's memory is sound"
+    for xid in named:
+        info = catalog.get(xid)
+        if xid not in MOVABLE_XIDS and info.category not in MOVABLE_CATEGORIES:
+            return False, f"XID {xid} ({info.category}): the GPU's memory cannot be trusted"
+    return True, f"XID {', '.join(map(str, named))}: the GPU's memory is sound"
+
+
 def within_limit(started: Iterable[float], now: float, *, limit: int, window_s: float) -> bool:
     """True if a node that started recoveries at `started` (unix times) may start another:
     fewer than `limit` within the last `window_s`."""

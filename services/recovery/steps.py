@@ -61,6 +61,7 @@ from services.recovery.common import (
 from services.recovery.policy import (
     AfterFailure,
     after_validation_failure,
+    allows_move,
 )
 from services.recovery.remediators import (
     REMEDIATORS,
@@ -323,9 +324,13 @@ class RecoverySteps:
         if time.time() >= self._drain_deadline(record) or "draining: requested" in record.history:
             return  # past drain_timeout: the engine escalates it
         mid = record.maintenance_id or f"mnt-recovery-{record.incident}"
+        movable, why_move = allows_move(record.xids, self.kit.catalog)
+        move = movable and self.kit.settings.move_sessions
+        first = "checkpoints and moves of opted-in sessions" if move else "checkpoints"
         proposal = self._proposal(record, "drain", f"maintenance {mid} of {record.node}: "
-                                  "checkpoints first, then the drain, before the "
-                                  f"{record.plan.value}")  # fmt: skip
+                                  f"{first} first, then the drain, before the "
+                                  f"{record.plan.value}", move=move,
+                                  move_reason=why_move)  # fmt: skip
 
         async def act() -> dict[str, Any]:
             request = Maintenance(
@@ -335,6 +340,7 @@ class RecoverySteps:
                 reason=f"GPU recovery ({record.plan.value}): {record.reason}"[:1024],
                 requested_by=ACTOR,
                 deadline_s=self.kit.settings.drain_deadline.total_seconds(),
+                move=move,
             )
             at = datetime.fromtimestamp(record.started_at, UTC)
             await self.kit.bus.publish(
@@ -630,7 +636,13 @@ class RecoverySteps:
 
     # helpers ----------------------------------------------------------------------------
     def _proposal(
-        self, record: RecoveryRecord, action: str, reason: str, *, resolves: bool = False
+        self,
+        record: RecoveryRecord,
+        action: str,
+        reason: str,
+        *,
+        resolves: bool = False,
+        **details: Any,
     ) -> Proposal:
         return Proposal(
             action=action,
@@ -641,7 +653,7 @@ class RecoverySteps:
             trigger_time=datetime.fromtimestamp(record.started_at, UTC),
             protective=False,
             resolves=resolves,
-            details={"incident": record.incident, "step": record.step.value},
+            details={"incident": record.incident, "step": record.step.value, **details},
         )
 
     async def _record(

@@ -49,7 +49,12 @@ class MaintenanceEnv(SimServiceEnv):
     build = staticmethod(build)
 
     def request(
-        self, *, node: str | None = None, deadline_s: float = 5.0, mid: str | None = None
+        self,
+        *,
+        node: str | None = None,
+        deadline_s: float = 5.0,
+        mid: str | None = None,
+        move: bool = False,
     ) -> Event[Maintenance]:
         target = node or self.node
         return make_event(
@@ -60,6 +65,7 @@ class MaintenanceEnv(SimServiceEnv):
                 reason="firmware update",
                 requested_by="test",
                 deadline_s=deadline_s,
+                move=move,
             ),
             source="test/maintenance",
         )
@@ -136,6 +142,9 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         fail: tuple[str, ...] = (),
         pdb: dict[str, Any] | None = None,
         node_labels: dict[str, str] | None = None,
+        spare_labels: dict[str, str] | None = None,
+        archive_root: Path | None = None,
+        registries: tuple[str, ...] = (),
         **service: Any,
     ) -> MaintenanceEnv:
         uid = uuid.uuid4().hex[:8]
@@ -143,7 +152,10 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         labels = ({CUDA_CHECKPOINT_LABEL: "true"} if cuda else {}) | (node_labels or {})
         seed = Seed(
             namespaces=[NS, "nodeward"],
-            nodes=[NodeSeed(name=node, labels=labels), NodeSeed(name=f"{node}-spare")],
+            nodes=[
+                NodeSeed(name=node, labels=labels),
+                NodeSeed(name=f"{node}-spare", labels=spare_labels or {}),
+            ],
             pods=pods(node),
             pdbs=[
                 PdbSeed.model_validate(
@@ -155,7 +167,13 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
                 fail=[CheckpointFailure(namespace=NS, pod=name) for name in fail]
             ),
         )
-        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
+        sim = SimCluster(
+            seed,
+            port=0,
+            bookmark_interval=0.2,
+            archive_root=archive_root,
+            registries=registries,
+        )
         await sim.start()
         kubeconfig = sim.write_kubeconfig(
             tmp_path / f"kubeconfig-ckpt-{uid}", identity="checkpoint"

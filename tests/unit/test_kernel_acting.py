@@ -50,8 +50,10 @@ PINNED: dict[str, dict[str, tuple[Severity, ...]]] = {
     "credentials": {"renew": (N, N, W, N, W, N)},
     "culler": dict.fromkeys(("cancel", "ignore", "stop", "warn"), (N, N, W, N, C, N)),
     "maintenance": {
-        **dict.fromkeys(("announce", "checkpoint", "complete", "fail"), (N, N, W, W, C, N)),
-        **dict.fromkeys(("cordon", "drain", "evict-held"), (W, N, W, W, C, N)),
+        **dict.fromkeys(
+            ("announce", "checkpoint", "push-image", "complete", "fail"), (N, N, W, W, C, N)
+        ),
+        **dict.fromkeys(("cordon", "drain", "evict-held", "stop", "restore"), (W, N, W, W, C, N)),
     },
     "recovery": dict.fromkeys(
         ("drain", "reboot", "recover", "release", "reset", "validate"), (N, N, C, N, W, W)

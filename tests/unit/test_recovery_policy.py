@@ -11,6 +11,7 @@ from services.recovery.policy import (
     AfterFailure,
     Kind,
     after_validation_failure,
+    allows_move,
     decide,
     gpu_indices,
     within_limit,
@@ -73,3 +74,27 @@ def test_the_second_failed_validation_escalates() -> None:
 
 def test_gpu_indices_from_cordon_keys() -> None:
     assert gpu_indices(["3", "3-mig1-0", "0", "", "x"]) == [0, 3]
+
+
+@pytest.mark.parametrize(
+    ("xids", "allowed"),
+    [
+        ([13], True),  # an application's error: the memory is sound
+        ([136], True),  # NVLink training failed
+        ([92], True),  # corrected single-bit errors
+        ([13, 154], True),  # XID 154 only names the action
+        ([79], False),  # fallen off the bus: nothing to read
+        ([48], False),  # an uncorrectable double-bit error
+        ([95], False),  # an uncontained memory error
+        ([119], False),  # the GSP does not answer
+        ([13, 48], False),  # one bad fault is enough
+        ([], False),  # no XID says the memory is sound
+        ([9999], False),  # not in the catalog
+    ],
+)
+def test_a_move_before_the_drain_only_when_the_gpus_memory_is_sound(
+    xids: list[int], allowed: bool
+) -> None:
+    ok, why = allows_move(xids, load_catalog())
+    assert ok is allowed, why
+    assert why

@@ -1,0 +1,394 @@
+"""The `moving` step of a maintenance with `--move`: each checkpointed pod that asked to
+move is restored on another node, one stage at a time, each a kernel proposal.
+
+    planned             a target chosen as the scheduler would (`placement`), recorded
+    planned -> imaged   every container's archive built into an OCI checkpoint image,
+                        pushed, its digest read back from the registry, then the archive
+                        deleted from the node (`push-image`)
+    imaged -> stopped   the target checked again, then the pod evicted (its budget
+                        honoured) and gone from the API (`stop`)
+    stopped -> created  the replacement, same name, created pinned to the target (`restore`)
+    created -> running  the kubelet restored it (`Running`); its owner is told where it went
+
+Every stage is saved (revision-checked) before the next starts, so a SIGKILL anywhere
+resumes at the stage it reached: a push repeated before its digest was saved, an eviction
+of a pod already gone, a create that finds its own replacement, never a second copy and
+never a checkpoint lost (the archive goes only once the image is confirmed). A pod that
+cannot move (no registry, no node fits, a budget, a failed restore) is `failed` with the
+reason; before it stopped it stays for the drain (evicted, its checkpoint kept), after it
+stopped its images stay in the registry for `nodeward maintenance restore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nodeward.bus import RetryableError
+from nodeward.kube import NotFound
+from nodeward.kube.base import Obj
+from nodeward.kube.errors import AlreadyExists, BadRequest, EvictionBlocked, Forbidden, Invalid
+from schemas.common import PodRef
+from schemas.maintenance import CheckpointRecord, MaintenancePhase, MovedPod
+from schemas.remediation import Outcome
+from services.maintenance import image
+from services.maintenance.common import Kit, now, pod_ref
+from services.maintenance.placement import choose_target, replacement, restored_by
+from services.maintenance.plan import move_failed, moved
+from services.maintenance.state import MaintenanceState, MovePlan, PodPlan
+
+FAILED_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerError",
+        "CreateContainerConfigError",
+        "RunContainerError",
+    }
+)
+"""A replacement container waiting for one of these did not restore."""
+REFUSED = (Invalid, BadRequest, Forbidden)
+"""The API server refused the replacement: trying again changes nothing."""
+
+Save = Callable[[str, Callable[[PodPlan], PodPlan]], Any]
+
+
+def _images(plan: PodPlan) -> dict[str, str]:
+    return {
+        c.pod.container or "": c.checkpoint_image for c in plan.checkpoints if c.checkpoint_image
+    }
+
+
+def _staged(plan: PodPlan, stage: str, **fields: Any) -> PodPlan:
+    assert plan.move is not None
+    return plan.model_copy(update={"move": plan.move.model_copy(update={"stage": stage, **fields})})
+
+
+class Mover:
+    """Moves the pods of one maintenance; `save(key, change)` stores a pod's plan."""
+
+    def __init__(self, kit: Kit, state: MaintenanceState, save: Save) -> None:
+        self.kit, self.state, self._save = kit, state, save
+
+    async def save(self, plan: PodPlan, change: Callable[[PodPlan], PodPlan]) -> PodPlan:
+        saved: PodPlan = await self._save(plan.key, change)
+        return saved
+
+    async def move(self, plan: PodPlan) -> None:
+        """Take the pod's move as far as it goes now; raise to be tried again next tick."""
+        assert plan.move is not None
+        log = self.kit.log.bind(pod=plan.key)
+        if not self.kit.settings.images.registry:
+            plan = await self.fail(plan, "no registry is configured (services.checkpoint.images)")
+        if plan.move is not None and plan.move.stage in ("planned", "imaged"):
+            plan = await self._place(plan)
+        if plan.move is not None and plan.move.stage == "planned":
+            plan = await self._image(plan)
+        if plan.move is not None and plan.move.stage == "imaged":
+            plan = await self._stop(plan)
+        if plan.move is not None and plan.move.stage == "stopped":
+            plan = await self._restore(plan)
+        if plan.move is not None and plan.move.stage == "created":
+            plan = await self._running(plan)
+        log.info("move.stage", stage=plan.move.stage if plan.move else None)
+
+    def _failpoint(self, name: str) -> None:
+        self.kit.marks.failpoints.hit(name)
+
+    def _gives_up(self, cause: BaseException) -> bool:
+        """A failure that will not pass (`ImageError.final`), or the maintenance's deadline
+        is past: the move fails instead of being tried again."""
+        if getattr(cause, "final", False):
+            return True
+        deadline = self.state.deadline_at()
+        return deadline is not None and now() >= deadline
+
+    async def fail(self, plan: PodPlan, reason: str) -> PodPlan:
+        stopped = plan.move is not None and plan.move.stage in ("stopped", "created")
+        failed = await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
+        await self.kit.notify_owner(
+            self.state, failed, move_failed(self.state, failed, reason, stopped=stopped)
+        )
+        await self._publish(failed, None, reason)
+        return failed
+
+    async def _publish(self, plan: PodPlan, to: str | None, error: str | None) -> None:
+        record = MovedPod(
+            pod=PodRef(namespace=plan.namespace, name=plan.name, uid=plan.uid),
+            from_node=self.state.node,
+            to_node=to,
+            images=_images(plan),
+            error=error,
+        )
+        await self.kit.bus.publish(
+            self.kit.phase_event(self.state, MaintenancePhase.MOVING, plan.key, moved=[record])
+        )
+
+    # the target: chosen before the images are built, checked again before the stop ----
+    async def _place(self, plan: PodPlan) -> PodPlan:
+        """Record the node the pod goes to: the one chosen before, while it still fits
+        (the fleet changes while images are built), else the best that fits now; none
+        fits: the move fails before the pod is touched."""
+        assert plan.move is not None
+        nodes = await self.kit.cluster.nodes.list()
+        pods = await self.kit.cluster.pods.list()
+        chosen = plan.move.target
+        if chosen is not None:
+            fits, _ = choose_target(
+                plan,
+                [n for n in nodes if n["metadata"]["name"] in (chosen, self.state.node)],
+                pods,
+                source=self.state.node,
+            )
+            if fits == chosen:
+                return plan
+        target, why = choose_target(plan, nodes, pods, source=self.state.node)
+        if target is None:
+            return await self.fail(
+                plan, "no node can take it: " + ("; ".join(why) or "no other node")
+            )
+        stage = plan.move.stage
+        return await self.save(plan, lambda p: _staged(p, stage, target=target))
+
+    # planned -> imaged ----------------------------------------------------------------
+    async def _image(self, plan: PodPlan) -> PodPlan:
+        settings = self.kit.settings.images
+        proposal = self.kit.proposal(
+            "push-image",
+            self.state,
+            pod_ref(plan),
+            f"build the checkpoint images of {plan.key} and push them to {settings.registry}",
+            containers=sorted(c.pod.container or "" for c in plan.checkpoints),
+        )
+
+        async def act() -> dict[str, Any]:
+            current = plan
+            for record in list(current.checkpoints):
+                current = await self._one_image(current, record)
+            return {"images": _images(current)}
+
+        try:
+            result = await self.kit.runner.run(
+                proposal, act, [self.kit.exemptions], fails=(image.ImageError,)
+            )
+        except RetryableError as exc:
+            cause = exc.__cause__ or exc
+            if not self._gives_up(cause):
+                raise  # the registry or buildah may come back: tried again next tick
+            return await self.fail(plan, str(cause))
+        if result.outcome != Outcome.APPLIED:
+            return await self.fail(plan, result.reason)
+        return await self.save(plan, lambda p: _staged(p, "imaged"))
+
+    async def _one_image(self, plan: PodPlan, record: CheckpointRecord) -> PodPlan:
+        settings = self.kit.settings.images
+        container = record.pod.container or ""
+        if record.checkpoint_image is None:
+            if not record.path:
+                raise image.ImageError(f"{plan.key}/{container}: no archive recorded")
+            archive = image.node_path(settings.node_root, self.state.node, record.path)
+            ref = image.image_ref(
+                settings.registry, plan.namespace, plan.name, container, record.at or now()
+            )
+            labels = image.checkpoint_annotations(
+                container,
+                pod=plan.name,
+                namespace=plan.namespace,
+                node=self.state.node,
+                image=record.image,
+                checkpointed_at=record.at,
+            )
+            async with image.build_storage(settings) as root:
+                await image.build_image(archive, container, ref, settings, root=root, labels=labels)
+                self._failpoint("move.built")
+                digest = await image.push_image(ref, settings, root=root)
+            self._failpoint("move.pushed")
+            pinned = f"{ref.rsplit(':', 1)[0]}@{digest}"
+            plan = await self.save(plan, _with_record(container, checkpoint_image=pinned))
+            self.kit.log.info("move.pushed", container=container, image=pinned)
+            record = next(c for c in plan.checkpoints if c.pod.container == container)
+        if not record.archive_deleted and record.path:
+            await image.delete_archive(settings.node_root, self.state.node, record.path)
+            self._failpoint("move.archive_deleted")
+            plan = await self.save(plan, _with_record(container, archive_deleted=True))
+        return plan
+
+    # imaged -> stopped ----------------------------------------------------------------
+    async def _stop(self, plan: PodPlan) -> PodPlan:
+        assert plan.move is not None
+        try:
+            pod: Obj | None = await self.kit.cluster.pods.get(plan.namespace, plan.name)
+        except NotFound:
+            pod = None
+        if pod is not None and pod["metadata"].get("uid") != plan.uid:
+            if restored_by(pod, self.state.maintenance_id):
+                return await self.save(
+                    plan, lambda p: _staged(p, "created", uid=pod["metadata"]["uid"])
+                )
+            return await self.fail(plan, f"another pod named {plan.key} took its place")
+        proposal = self.kit.proposal(
+            "stop",
+            self.state,
+            pod_ref(plan),
+            f"stop {plan.key} on {self.state.node}: it restores on {plan.move.target} from its "
+            "checkpoint images",
+            obj=pod,
+            to=plan.move.target,
+        )
+        settings = self.kit.settings
+
+        async def act() -> dict[str, Any]:
+            if pod is not None:
+                await self.kit.cluster.pods.evict(
+                    plan.namespace,
+                    plan.name,
+                    deadline=settings.evict_timeout.total_seconds(),
+                    grace_period=settings.grace_period,
+                    uid=plan.uid,
+                )
+            gone = await self.kit.cluster.pods.wait_gone(
+                plan.namespace, plan.name, plan.uid, within=settings.stop_timeout.total_seconds()
+            )
+            if not gone:
+                raise TimeoutError(f"{plan.key} still terminating after {settings.stop_timeout}")
+            self._failpoint("move.stopped")
+            return {"stopped": True}
+
+        guards = [self.kit.exemptions] if pod is not None else []
+        try:
+            result = await self.kit.runner.run(proposal, act, guards, fails=(TimeoutError,))
+        except RetryableError as exc:
+            cause = exc.__cause__ or exc
+            if not isinstance(cause, EvictionBlocked | TimeoutError) and not self._gives_up(cause):
+                raise
+            return await self.fail(plan, f"not stopped: {cause}")
+        if result.outcome != Outcome.APPLIED:
+            return await self.fail(plan, result.reason)
+        return await self.save(plan, lambda p: _staged(p, "stopped"))
+
+    # stopped -> created ---------------------------------------------------------------
+    async def _restore(self, plan: PodPlan) -> PodPlan:
+        assert plan.move is not None and plan.move.target is not None
+        target = plan.move.target
+        at = min((c.at for c in plan.checkpoints if c.at), default=None)
+        manifest = replacement(
+            plan,
+            _images(plan),
+            target,
+            node=self.state.node,
+            maintenance_id=self.state.maintenance_id,
+            checkpointed_at=at.isoformat() if at else None,
+        )
+        proposal = self.kit.proposal(
+            "restore",
+            self.state,
+            pod_ref(plan),
+            f"restore {plan.key} on {target} from its checkpoint images",
+            to=target,
+            images=_images(plan),
+        )
+
+        async def act() -> dict[str, Any]:
+            try:
+                created = await self.kit.cluster.pods.create(plan.namespace, manifest)
+            except AlreadyExists:
+                created = await self.kit.cluster.pods.get(plan.namespace, plan.name)
+                if not restored_by(created, self.state.maintenance_id):
+                    raise
+            self._failpoint("move.created")
+            return {"uid": created["metadata"]["uid"], "to": target}
+
+        try:
+            result = await self.kit.runner.run(proposal, act, [])
+        except RetryableError as exc:
+            cause = exc.__cause__ or exc
+            if isinstance(cause, AlreadyExists):
+                return await self.fail(plan, f"another pod named {plan.key} took its place")
+            if isinstance(cause, REFUSED) or self._gives_up(cause):
+                return await self.fail(plan, f"its replacement was refused: {cause}")
+            raise
+        if result.outcome != Outcome.APPLIED:
+            return await self.fail(plan, result.reason)
+        uid = str(result.details.get("uid"))
+        return await self.save(plan, lambda p: _staged(p, "created", uid=uid))
+
+    # created -> running ---------------------------------------------------------------
+    async def _running(self, plan: PodPlan) -> PodPlan:
+        assert plan.move is not None
+        settings = self.kit.settings
+        deadline = time.monotonic() + settings.restore_timeout.total_seconds()
+        while True:
+            try:
+                pod = await self.kit.cluster.pods.get(plan.namespace, plan.name)
+            except NotFound:
+                return await self.fail(plan, "its replacement was deleted before it ran")
+            if pod["metadata"].get("uid") != plan.move.uid:
+                return await self.fail(plan, f"another pod named {plan.key} took its place")
+            status = pod.get("status") or {}
+            waiting = [
+                (s.get("state") or {}).get("waiting") or {}
+                for s in status.get("containerStatuses") or []
+            ]
+            bad = next((w for w in waiting if w.get("reason") in FAILED_WAITING), None)
+            if bad is not None:
+                return await self.fail(
+                    plan, f"restore failed: {bad.get('reason')}: {bad.get('message', '')}"
+                )
+            if status.get("phase") == "Running":
+                break
+            if time.monotonic() >= deadline:
+                return await self.fail(
+                    plan,
+                    f"not running after {settings.restore_timeout} (phase {status.get('phase')})",
+                )
+            await asyncio.sleep(settings.tick.total_seconds())
+        assert plan.move.target is not None
+        done = await self.save(plan, lambda p: _staged(p, "running"))
+        await self.kit.notify_owner(self.state, done, moved(self.state, done, _images(done)))
+        await self._publish(done, plan.move.target, None)
+        await self._prune(done)
+        return done
+
+    async def _prune(self, plan: PodPlan) -> None:
+        """Retention: the pod's checkpoint images beyond `keep` or older than `max_age`
+        leave the registry (the ones just pushed are the newest: kept)."""
+        settings = self.kit.settings.images
+        for record in plan.checkpoints:
+            if not record.checkpoint_image:
+                continue
+            repo = record.checkpoint_image.split("@", 1)[0]
+            try:
+                deleted = await image.prune(repo, settings)
+            except image.ImageError as exc:
+                self.kit.log.warning("move.prune_failed", repository=repo, error=str(exc))
+                continue
+            if deleted:
+                self.kit.log.info("move.pruned", repository=repo, deleted=deleted)
+
+
+def _with_record(container: str, **fields: Any) -> Callable[[PodPlan], PodPlan]:
+    def change(plan: PodPlan) -> PodPlan:
+        records = [
+            c.model_copy(update=fields) if c.pod.container == container else c
+            for c in plan.checkpoints
+        ]
+        return plan.model_copy(update={"checkpoints": records})
+
+    return change
+
+
+def moving(state: MaintenanceState) -> list[str]:
+    """The pods whose move is not over (neither running elsewhere nor failed)."""
+    return [
+        p.key
+        for p in state.pods.values()
+        if p.status == "checkpointed"
+        and p.move is not None
+        and p.move.stage not in ("running", "failed")
+    ]
+
+
+__all__ = ["MovePlan", "Mover", "moving"]
