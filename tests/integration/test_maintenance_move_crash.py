@@ -1,0 +1,116 @@
+"""A maintenance with --move survives a SIGKILL of the checkpoint service at every stage of
+the move: built, pushed, the archive deleted, the old pod stopped, the new one created, and
+the workflow's own steps around them.
+
+The service runs as its own process, killed at one failpoint by `NODEWARD_FAILPOINT`, then
+restarted without it. After `done`: exactly one running copy of the session, on the spare
+node, restored from the very image the registry holds; no checkpoint lost (the archive left
+the node only because its image is in the registry); one `applied` audit of each of `stop`
+and `restore`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schemas.maintenance import MaintenancePhase
+from schemas.remediation import Outcome
+from sim.cluster.kubelet import RESTORED
+from tests.conftest import wait_for
+from tests.helpers.registry import LocalRegistry
+from tests.integration.crash_fixtures import ServiceProcess
+from tests.integration.maintenance_fixtures import NS, EnvFactory
+from tests.integration.test_maintenance_move import _env, _manifest, audits, bare
+
+POINTS = [
+    "maintenance.checkpointed",  # checkpointed, the move not begun
+    "move.built",  # the image built, not pushed
+    "move.pushed",  # pushed, its digest not saved
+    "move.archive_deleted",  # the archive gone from the node, not recorded
+    "move.stopped",  # the old pod gone, the stage not saved
+    "move.created",  # the replacement created, not audited
+    "maintenance.moving",  # every move over, the workflow not advanced
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_checkpoint(
+    maintenance_env: EnvFactory,
+    registry: LocalRegistry,
+    nats_url: str,
+    tmp_path: Path,
+    point: str,
+) -> None:
+    env = await _env(
+        maintenance_env,
+        registry,
+        tmp_path,
+        pods=lambda node: [bare("session-0", node)],
+        lease_ttl="1s",
+    )
+    before = (await env.pods())["session-0"]
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    try:
+        proc.start(failpoint=point)
+        await env.bus.publish(env.request(deadline_s=20, move=True))
+        assert await proc.exited(timeout=60) == -9, proc.tail()
+        proc.start()
+        done = await wait_for(
+            lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="the maintenance done"
+        )
+    finally:
+        proc.kill()
+    spare = f"{env.node}-spare"
+
+    # The move is over: the session runs on the spare node.
+    plan = done.pods[f"{NS}/session-0"]
+    assert plan.move is not None and plan.move.stage == "running", plan.move
+    assert plan.move.target == spare
+
+    # Exactly one copy: the name is unique in a namespace, and nothing of it is left on the
+    # old node (no pod of the session there, the one there is the replacement).
+    moved = await env.admin.pods.get(NS, "session-0")
+    assert moved["metadata"]["uid"] != before["metadata"]["uid"]
+    assert moved["metadata"]["uid"] == plan.move.uid
+    assert moved["spec"]["nodeName"] == spare and moved["status"]["phase"] == "Running"
+    on_node = [
+        p["metadata"]["name"]
+        for p in (await env.admin.pods.list())
+        if p["spec"].get("nodeName") == env.node
+    ]
+    assert "session-0" not in on_node
+    images = {c["name"]: c["image"] for c in moved["spec"]["containers"]}
+    restored = {r["container"]: r for r in json.loads(moved["metadata"]["annotations"][RESTORED])}
+
+    # No lost checkpoint: every container's image recorded, held by the registry, and the
+    # one the kubelet restored.
+    assert plan.checkpoints
+    for record in plan.checkpoints:
+        container = record.pod.container or ""
+        pinned = record.checkpoint_image
+        assert pinned, record
+        assert pinned.startswith(f"{registry.address}/ckpt/{NS}/session-0-{container}@sha256:")
+        assert images[container] == pinned
+        digest, _ = _manifest(registry, pinned)
+        assert pinned.endswith(f"@{digest}")
+        assert restored[container]["digest"] == digest
+        assert record.archive_deleted
+    # The archive left the node (only once its image was confirmed, above).
+    assert not [p for p in env.sim.archives(env.node) if "session-0" in p.name]
+
+    # One applied `stop` and one applied `restore`, whatever the restart repeated.
+    for action in ("stop", "restore"):
+        found = [r for r in await audits(env.bus, action) if r.details.get("node") == env.node]
+        assert [(r.target.name, r.outcome) for r in found] == [("session-0", Outcome.APPLIED)], (
+            action,
+            found,
+        )
+    # `push-image`: at least one applied. A push the kill cut short before its digest was
+    # saved (`move.built`, `move.pushed`) is done again after the restart, and may be
+    # audited again: allowed, the state records the one digest that was saved.
+    pushed = [r for r in await audits(env.bus, "push-image") if r.details.get("node") == env.node]
+    assert any(r.outcome == Outcome.APPLIED for r in pushed), pushed
+    assert all(r.target.name == "session-0" for r in pushed)
