@@ -39,11 +39,23 @@ class ControlRequest(BaseModel):
     operator: str = Field(min_length=1, max_length=253, description="who asks (--operator)")
     reason: str = Field(default="", max_length=1024, description="why (--reason)")
     target: str | None = Field(default=None, max_length=317, description="node, or ns/pod")
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="the verb's own options, e.g. `to` of `maintenance restore`",
+    )
 
     @field_validator("operator", "reason")
     @classmethod
     def _single_line(cls, value: str) -> str:
         return _one_line(value)
+
+    @field_validator("options")
+    @classmethod
+    def _short_lines(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(len(k) > 63 or len(v) > 317 for k, v in value.items()):
+            raise ValueError("an option's name is at most 63 characters, its value 317")
+        return {k: _one_line(v) for k, v in value.items()}
 
     @property
     def subject(self) -> str:

@@ -115,8 +115,10 @@ async def send(  # noqa: PLR0917 - one control, all its parts
     timeout: float,
     as_json: bool,
     state_dir: Path = DEFAULT_STATE_DIR,
+    options: dict[str, str] | None = None,
 ) -> ControlReply:
-    """Send one control request, print the service's answer; exit 1 unless it is ok."""
+    """Send one control request (with the verb's `options`), print the service's answer;
+    exit 1 unless it is ok."""
     from pydantic import ValidationError
 
     from nodeward.bus.control import request
@@ -131,6 +133,7 @@ async def send(  # noqa: PLR0917 - one control, all its parts
             operator=operator_name(operator),
             reason=reason,
             target=target,
+            options=options or {},
         )
     except ValidationError as exc:
         fail(f"invalid request: {one_line(exc)}")

@@ -29,11 +29,15 @@ from nodeward.cli.common import bucket_name, echo_json, fail, settings_for
 from nodeward.cli.controls import (
     NodeArg,
     OperatorOpt,
+    TimeoutOpt,
     checked_pod,
     connect_bus,
     control,
     kv_records,
+    node_name,
     operator_name,
+    require_reason,
+    send,
 )
 from nodeward.cli.options import ConfigOpt, JsonObjectOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
@@ -258,15 +262,9 @@ async def _await_answer(bus: Bus, bucket: str, node: str, maintenance_id: str, w
 def _pod_line(plan: PodPlan) -> str:
     archives = ", ".join(c.checkpoint_image or c.path or "?" for c in plan.checkpoints)
     detail = archives or plan.reason or ""
-    status: str = plan.status
-    if plan.move is not None and plan.status == "checkpointed":
-        move = plan.move
-        status = {"running": f"moved to {move.target}", "failed": "not moved"}.get(
-            move.stage, f"moving ({move.stage})"
-        )
-        if move.stage == "failed":
-            detail = move.reason or detail
-    return f"  {plan.key:<48} {status:<19} {detail}"
+    if plan.move is not None and plan.move.stage == "failed" and plan.status == "checkpointed":
+        detail = plan.move.reason or detail
+    return f"  {plan.key:<48} {plan.shown:<19} {detail}"
 
 
 def render_status(state: MaintenanceState) -> list[str]:
@@ -439,16 +437,49 @@ def status_command(
 @maintenance_app.command("restore")
 def restore_command(  # noqa: PLR0917 - typer maps parameters to options
     pod: Annotated[str, typer.Argument(metavar="POD", help="NAMESPACE/NAME")],
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="the node to restore it on (default: where it fits)"),
+    ] = None,
+    plan: Annotated[
+        bool,
+        typer.Option("--plan", help="print the restore plan (image builds, manifest); do nothing"),
+    ] = False,
     registry: Annotated[
-        str, typer.Option("--registry", help="where the checkpoint images are pushed")
+        str, typer.Option("--registry", help="with --plan: where the images are pushed")
     ] = "localhost/checkpoints",
+    reason: Annotated[str, typer.Option("--reason", help="why (required unless --plan)")] = "",
+    operator: OperatorOpt = None,
+    timeout: TimeoutOpt = 600.0,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     nats: NatsOpt = None,
     config: ConfigOpt = None,
     as_json: JsonObjectOpt = False,
 ) -> None:
-    """Print the restore plan of a checkpointed pod (image builds and the pod manifest)."""
-    asyncio.run(restore(settings_for(config, nats, state_dir), pod, registry, as_json))
+    """Run a checkpointed pod again from its newest checkpoint images (built and pushed
+    first if need be), on --to NODE or where it fits, through the checkpoint service;
+    --plan prints the plan instead."""
+    settings = settings_for(config, nats, state_dir)
+    if plan:
+        asyncio.run(restore(settings, pod, registry, as_json))
+        return
+    checked_pod(pod, "POD")
+    if to is not None:
+        node_name(to)
+    asyncio.run(
+        send(
+            settings,
+            "checkpoint",
+            "restore",
+            pod,
+            operator,
+            require_reason(reason),
+            timeout,
+            as_json,
+            state_dir,
+            options={"to": to} if to else None,
+        )
+    )
 
 
 @maintenance_app.command("finish")

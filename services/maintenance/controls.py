@@ -1,23 +1,39 @@
 """The maintenance service's operator controls (`control.checkpoint.<verb>`): `cancel` (before
-the drain, or by its requester mid-drain: it ends `cancelled`, nodeward's cordon comes off)
-and `finish` (after done: nodeward's cordon comes off). Each is an operator's proposal
+the drain, or by its requester mid-drain: it ends `cancelled`, nodeward's cordon comes off),
+`finish` (after done: nodeward's cordon comes off) and `restore` (a checkpointed pod run again
+from its images, on a node of the operator's choice or where it fits). Each is an operator's proposal
 through the kernel (exemptions, the operator's rate limit, audit)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nats.js.errors import NoKeysError
+
 from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
+from schemas.common import ObjectRef
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
 from services.kernel import Gone, Proposal, Workflow, node_ref
 from services.kernel.control import named_node, operator_proposal, refuse, reply_for
 from services.maintenance.common import ENDED, Kit, now
+from services.maintenance.moving import Mover
+from services.maintenance.placement import restored_by
 from services.maintenance.plan import cancellation
-from services.maintenance.state import MaintenanceState, history_key, state_key
+from services.maintenance.restore import restorable
+from services.maintenance.state import (
+    HISTORY,
+    MAINTENANCES,
+    MaintenanceState,
+    MovePlan,
+    PodPlan,
+    history_key,
+    state_key,
+)
 
 
 @dataclass(frozen=True)
@@ -196,6 +212,109 @@ class Controls:
         return reply_for(
             decided, done=f"finished maintenance {state.maintenance_id} of {node}; {cordon}"
         )
+
+    async def restore_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward maintenance restore NS/POD [--to NODE]`: run a pod again from its
+        newest recorded checkpoint, on NODE or where it fits (as a move chooses): its
+        images built and pushed if they are not yet, then its replacement created and
+        waited for. A pod of that name still running is never restored twice; a repeat
+        after a crash goes on from the stage it reached."""
+        key = request.target or ""
+        namespace, _, name = key.partition("/")
+        to = request.options.get("to") or None
+        ref = ObjectRef(kind="Pod", name=name or key, namespace=namespace or None, api_version="v1")
+        found = await self._restorable(key)
+        mid = found[1].maintenance_id if not isinstance(found, str) else None
+        proposal = operator_proposal(
+            request,
+            action="restore",
+            target=ref,
+            what=f"restore of {key}" + (f" on {to}" if to else ""),
+            policy=f"maintenance/{mid}" if mid else None,
+            details={"maintenance": mid, "to": to},
+        )
+        if isinstance(found, str):
+            return await refuse(self.kit.runner, proposal, guard="no_checkpoint", reason=found)
+        record_key, state, plan = found
+        if plan.move is not None and plan.move.stage == "running":
+            why = f"refused: {key} was moved to {plan.move.target} already"
+            return await refuse(self.kit.runner, proposal, guard="restored", reason=why)
+        if not all(
+            c.checkpoint_image or (c.path and not c.archive_deleted) for c in plan.checkpoints
+        ):
+            why = f"refused: {key}'s checkpoint has neither an image nor an archive left"
+            return await refuse(self.kit.runner, proposal, guard="no_checkpoint", reason=why)
+        try:
+            live: Obj | None = await self.kit.cluster.pods.get(namespace, name)
+        except NotFound:
+            live = None
+        ours = live is not None and restored_by(live, state.maintenance_id)
+        if live is not None and not (ours and (live.get("status") or {}).get("phase") != "Running"):
+            where = (live.get("spec") or {}).get("nodeName") or "no node yet"
+            why = (
+                f"refused: a pod {key} exists ({where}); restoring would run the session "
+                "twice: delete it first"
+            )
+            return await refuse(self.kit.runner, proposal, guard="running", reason=why)
+        objection = await self.kit.runner.screen(proposal, self.kit.control_guards)
+        if objection is not None:
+            return reply_for(objection)
+        if live is not None:  # nodeward's own replacement that did not run: it goes
+            await self.kit.cluster.pods.delete(namespace, name, uid=live["metadata"]["uid"])
+            await self.kit.cluster.pods.wait_gone(namespace, name, live["metadata"]["uid"])
+        imaged = all(c.checkpoint_image for c in plan.checkpoints)
+        stage = "imaged" if imaged else "planned"
+        start = plan.model_copy(update={"move": MovePlan(stage=stage, target=to)})
+
+        async def save(_: str, change: Callable[[PodPlan], PodPlan]) -> PodPlan:
+            def apply(current: MaintenanceState | None) -> MaintenanceState | None:
+                if current is None or current.maintenance_id != state.maintenance_id:
+                    return None
+                pods = {**current.pods, key: change(current.pods[key])}
+                return current.model_copy(update={"pods": pods, "updated_at": now()})
+
+            stored = await self.kit.states.update(record_key, apply)
+            if stored is None or stored.value.maintenance_id != state.maintenance_id:
+                raise Gone(f"maintenance {state.maintenance_id} is no longer at {record_key}")
+            return stored.value.pods[key]
+
+        await save(key, lambda _: start)
+        asked = state.model_copy(update={"trigger_id": request.id, "requested_at": request.time})
+        mover = Mover(
+            self.kit,
+            asked,
+            save,
+            pinned=to is not None,
+            absent=True,
+            details={"operator": request.operator, "asked": proposal.reason},
+        )
+        await mover.move(start)
+        stored = await self.kit.states.get(record_key)
+        final = stored.value.pods[key].move if stored else None
+        if final is not None and final.stage == "running":
+            return ControlReply.ok(f"restored {key} on {final.target} from its checkpoint")
+        reason = final.reason if final else "its record is gone"
+        return ControlReply.error(f"{key} not restored: {reason}")
+
+    async def _restorable(self, key: str) -> tuple[str, MaintenanceState, PodPlan] | str:
+        """The KV key, maintenance and plan of the newest checkpoint of `key`, or why none."""
+        try:
+            keys = await self.kit.kv.keys()
+        except NoKeysError:
+            keys = []
+        records: list[tuple[str, MaintenanceState]] = []
+        for k in keys:
+            if k.startswith((MAINTENANCES.prefix, HISTORY.prefix)):
+                got = await self.kit.states.get(k)
+                if got is not None:
+                    records.append((k, got.value))
+        found = restorable([state for _, state in records], key)
+        if isinstance(found, str):
+            return f"refused: {found}"
+        state, plan = found
+        mine = [k for k, s in records if s.maintenance_id == state.maintenance_id]
+        live = state_key(state.node)
+        return (live if live in mine else mine[0]), state, plan
 
 
 def done_so_far(state: MaintenanceState) -> str:

@@ -33,9 +33,16 @@ from nodeward.kube.errors import AlreadyExists, BadRequest, EvictionBlocked, For
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord, MaintenancePhase, MovedPod
 from schemas.remediation import Outcome
+from services.kernel import Proposal
 from services.maintenance import image
 from services.maintenance.common import Kit, now, pod_ref
-from services.maintenance.placement import choose_target, replacement, restored_by
+from services.maintenance.placement import (
+    choose_target,
+    replacement,
+    requests_on,
+    restored_by,
+    unfit,
+)
 from services.maintenance.plan import move_failed, moved
 from services.maintenance.state import MaintenanceState, MovePlan, PodPlan
 
@@ -70,8 +77,27 @@ def _staged(plan: PodPlan, stage: str, **fields: Any) -> PodPlan:
 class Mover:
     """Moves the pods of one maintenance; `save(key, change)` stores a pod's plan."""
 
-    def __init__(self, kit: Kit, state: MaintenanceState, save: Save) -> None:
+    def __init__(
+        self,
+        kit: Kit,
+        state: MaintenanceState,
+        save: Save,
+        *,
+        pinned: bool = False,
+        absent: bool = False,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        """`pinned`: the recorded target is an operator's choice: if it does not fit the
+        move fails, no other node is chosen. `absent`: the pod was gone before (a restore
+        of an evicted pod): there is nothing to stop. `details`: added to every proposal's
+        (the operator who asked)."""
         self.kit, self.state, self._save = kit, state, save
+        self.pinned, self.absent, self.details = pinned, absent, details or {}
+
+    def _proposal(self, action: str, plan: PodPlan, reason: str, **details: Any) -> Proposal:
+        return self.kit.proposal(
+            action, self.state, pod_ref(plan), reason, **{**self.details, **details}
+        )
 
     async def save(self, plan: PodPlan, change: Callable[[PodPlan], PodPlan]) -> PodPlan:
         saved: PodPlan = await self._save(plan.key, change)
@@ -136,6 +162,16 @@ class Mover:
         nodes = await self.kit.cluster.nodes.list()
         pods = await self.kit.cluster.pods.list()
         chosen = plan.move.target
+        if chosen is not None and self.pinned:
+            node = next((n for n in nodes if n["metadata"]["name"] == chosen), None)
+            unfits = (
+                "no such node"
+                if node is None
+                else unfit(plan, node, requests_on(pods, chosen), source=None)
+            )
+            if unfits:
+                return await self.fail(plan, f"it cannot go to {chosen}: {unfits}")
+            return plan
         if chosen is not None:
             fits, _ = choose_target(
                 plan,
@@ -156,10 +192,9 @@ class Mover:
     # planned -> imaged ----------------------------------------------------------------
     async def _image(self, plan: PodPlan) -> PodPlan:
         settings = self.kit.settings.images
-        proposal = self.kit.proposal(
+        proposal = self._proposal(
             "push-image",
-            self.state,
-            pod_ref(plan),
+            plan,
             f"build the checkpoint images of {plan.key} and push them to {settings.registry}",
             containers=sorted(c.pod.container or "" for c in plan.checkpoints),
         )
@@ -223,16 +258,17 @@ class Mover:
             pod: Obj | None = await self.kit.cluster.pods.get(plan.namespace, plan.name)
         except NotFound:
             pod = None
+        if pod is None and self.absent:
+            return await self.save(plan, lambda p: _staged(p, "stopped"))
         if pod is not None and pod["metadata"].get("uid") != plan.uid:
             if restored_by(pod, self.state.maintenance_id):
                 return await self.save(
                     plan, lambda p: _staged(p, "created", uid=pod["metadata"]["uid"])
                 )
             return await self.fail(plan, f"another pod named {plan.key} took its place")
-        proposal = self.kit.proposal(
+        proposal = self._proposal(
             "stop",
-            self.state,
-            pod_ref(plan),
+            plan,
             f"stop {plan.key} on {self.state.node}: it restores on {plan.move.target} from its "
             "checkpoint images",
             obj=pod,
@@ -259,7 +295,11 @@ class Mover:
 
         guards = [self.kit.exemptions] if pod is not None else []
         try:
-            result = await self.kit.runner.run(proposal, act, guards, fails=(TimeoutError,))
+            # `resumed`: a stop audited before a SIGKILL (its stage not saved) is not
+            # audited again when the restart finds the pod gone.
+            result = await self.kit.runner.run(
+                proposal, act, guards, fails=(TimeoutError,), resumed=True
+            )
         except RetryableError as exc:
             cause = exc.__cause__ or exc
             if not isinstance(cause, EvictionBlocked | TimeoutError) and not self._gives_up(cause):
@@ -267,6 +307,7 @@ class Mover:
             return await self.fail(plan, f"not stopped: {cause}")
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
+        self._failpoint("move.stop.audited")
         return await self.save(plan, lambda p: _staged(p, "stopped"))
 
     # stopped -> created ---------------------------------------------------------------
@@ -282,10 +323,9 @@ class Mover:
             maintenance_id=self.state.maintenance_id,
             checkpointed_at=at.isoformat() if at else None,
         )
-        proposal = self.kit.proposal(
+        proposal = self._proposal(
             "restore",
-            self.state,
-            pod_ref(plan),
+            plan,
             f"restore {plan.key} on {target} from its checkpoint images",
             to=target,
             images=_images(plan),
@@ -302,7 +342,7 @@ class Mover:
             return {"uid": created["metadata"]["uid"], "to": target}
 
         try:
-            result = await self.kit.runner.run(proposal, act, [])
+            result = await self.kit.runner.run(proposal, act, [], resumed=True)
         except RetryableError as exc:
             cause = exc.__cause__ or exc
             if isinstance(cause, AlreadyExists):
@@ -313,6 +353,7 @@ class Mover:
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
         uid = str(result.details.get("uid"))
+        self._failpoint("move.restore.audited")
         return await self.save(plan, lambda p: _staged(p, "created", uid=uid))
 
     # created -> running ---------------------------------------------------------------

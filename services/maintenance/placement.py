@@ -149,15 +149,7 @@ def unfit(
     return None
 
 
-def choose_target(
-    plan: PodPlan,
-    nodes: Iterable[Obj],
-    pods: Iterable[Obj],
-    *,
-    source: str,
-) -> tuple[str | None, list[str]]:
-    """The node the pod moves to (None if none fits) and why each other node did not."""
-    nodes = list(nodes)
+def _requests_by_node(pods: Iterable[Obj]) -> dict[str, dict[str, float]]:
     used: dict[str, dict[str, float]] = {}
     for pod in pods:
         spec = pod.get("spec") or {}
@@ -168,6 +160,24 @@ def choose_target(
         into = used.setdefault(bound, {})
         for resource, value in requests_of(spec).items():
             into[resource] = into.get(resource, 0.0) + value
+    return used
+
+
+def requests_on(pods: Iterable[Obj], node: str) -> dict[str, float]:
+    """What the live pods bound to `node` request."""
+    return _requests_by_node(pods).get(node, {})
+
+
+def choose_target(
+    plan: PodPlan,
+    nodes: Iterable[Obj],
+    pods: Iterable[Obj],
+    *,
+    source: str,
+) -> tuple[str | None, list[str]]:
+    """The node the pod moves to (None if none fits) and why each other node did not."""
+    nodes = list(nodes)
+    used = _requests_by_node(pods)
     by_name = {n["metadata"]["name"]: n for n in nodes}
     wants = requests_of(plan.spec)
     fits: list[tuple[float, str]] = []

@@ -157,6 +157,12 @@ async def cancel(service: CheckpointService, request: ControlRequest) -> Control
     return await service.controls.cancel_control(request)
 
 
+@app.control("restore")
+async def restore(service: CheckpointService, request: ControlRequest) -> ControlReply:
+    """`nodeward maintenance restore NS/POD [--to NODE]`."""
+    return await service.controls.restore_control(request)
+
+
 @app.control("finish")
 async def finish(service: CheckpointService, request: ControlRequest) -> ControlReply:
     """`nodeward maintenance finish NODE`."""

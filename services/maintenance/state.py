@@ -81,6 +81,16 @@ class PodPlan(Model):
         return f"{self.namespace}/{self.name}"
 
     @property
+    def shown(self) -> str:
+        """Its status as `status` shows it: a move's outcome or stage where it moves."""
+        if self.move is None or self.status != "checkpointed":
+            return self.status
+        stage = self.move.stage
+        if stage == "running":
+            return f"moved to {self.move.target}"
+        return "not moved" if stage == "failed" else f"moving ({stage})"
+
+    @property
     def held(self) -> bool:
         """Opted in but not checkpointed: kept on the node until the deadline."""
         return self.opted_in and self.status in ("failed", "not_checkpointable")

@@ -641,8 +641,8 @@ class MaintenanceWorkflow:
         )
 
         async def act() -> dict[str, Any]:
-            stop = asyncio.Event()
-            watch = asyncio.create_task(self._until_cancelled(state, stop))
+            stop, finished = asyncio.Event(), asyncio.Event()
+            watch = asyncio.create_task(self._until_cancelled(state, stop, finished))
             try:
                 result = await drain(
                     self.kit.cluster,
@@ -653,6 +653,9 @@ class MaintenanceWorkflow:
                     stop=stop,
                 )
             finally:
+                # Set as well as cancelled: a cancel that lands as a KV read completes can
+                # be lost (asyncio.wait_for in nats-py), and the loop must still end.
+                finished.set()
                 watch.cancel()
             return result.to_json() | ({"stopped": True} if stop.is_set() else {})
 
@@ -667,10 +670,12 @@ class MaintenanceWorkflow:
             return None
         return await self._finish(state, merged)
 
-    async def _until_cancelled(self, state: MaintenanceState, stop: asyncio.Event) -> None:
+    async def _until_cancelled(
+        self, state: MaintenanceState, stop: asyncio.Event, finished: asyncio.Event
+    ) -> None:
         """Set `stop` once the maintenance is cancelled (read from KV each tick: any replica
-        may have answered the cancellation)."""
-        while True:
+        may have answered the cancellation), until the drain has `finished`."""
+        while not finished.is_set():
             try:
                 current = await self.kit.states.get(state_key(state.node))
             except Exception as exc:  # noqa: BLE001 - a bus hiccup: look again next tick

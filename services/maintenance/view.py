@@ -48,7 +48,9 @@ class MaintenanceView(BaseModel):
     finished_at: datetime | None
     cordoned: bool = Field(description="nodeward cordoned the node for it")
     dry_run: bool
-    pods: dict[str, str] = Field(description="namespace/pod -> its plan's status")
+    pods: dict[str, str] = Field(
+        description="namespace/pod -> its plan's status, or its move's (`moved to NODE`)"
+    )
     failures: list[str]
     error: str | None
 
@@ -71,7 +73,7 @@ def maintenance(state: MaintenanceState) -> MaintenanceView:
         finished_at=state.finished_at,
         cordoned=state.cordoned,
         dry_run=state.dry_run,
-        pods={key: plan.status for key, plan in sorted(state.pods.items())},
+        pods={key: plan.shown for key, plan in sorted(state.pods.items())},
         failures=state.failures,
         error=state.error,
     )

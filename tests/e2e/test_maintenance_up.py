@@ -1,6 +1,7 @@
-"""With `nodeward up` running, `nodeward maintenance start gpu-a100-03 --deadline 30s` ends in
-`done` within two minutes: every opted-in pod's checkpoint on the stream, the node drained
-as kubectl shows it, and the restore plan printed."""
+"""With `nodeward up` running, `nodeward maintenance start gpu-a100-03 --move --deadline 30s`
+ends in `done` within two minutes: every opted-in pod's checkpoint on the stream, the
+JupyterHub notebook that asked to move running on gpu-a100-01 restored from its checkpoint
+image in up's registry, the node drained as kubectl shows it, and the restore plan printed."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from tests.e2e.test_cli import NODEWARD, spawn, wait_until
 pytestmark = pytest.mark.timeout(240)
 
 NODE = "gpu-a100-03"
-OPTED_IN = {"sim-rl-worker-0", "sim-rl-worker-1"}  # nodeward.io/checkpoint=true in the seed
+OPTED_IN = {"sim-rl-worker-0", "sim-rl-worker-1", "jupyter-erin"}  # in the seed
+MOVED, TARGET = "jupyter-erin", "gpu-a100-01"  # nodeward.io/move=true; CUDA checkpoint there
 
 
 def _kubectl(kubeconfig: Path, *args: str) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def test_up_maintenance_start_ends_done_with_checkpoints_and_the_node_drained(
         wait_until((state / "endpoints.json").exists, timeout=60, what="nodeward up")
         kubeconfig = state / "kubeconfig"
         began = time.monotonic()
-        started = _cli(state, env, "maintenance", "start", NODE, "--deadline", "30s",
+        started = _cli(state, env, "maintenance", "start", NODE, "--move", "--deadline", "30s",
                        "--reason", "firmware update", "--wait", "30",
                        "--kubeconfig", str(kubeconfig))  # fmt: skip
         assert started.returncode == 0, started.stderr
@@ -113,7 +115,21 @@ def test_up_maintenance_start_ends_done_with_checkpoints_and_the_node_drained(
         assert node["spec"].get("unschedulable") is True
         assert node["metadata"]["annotations"]["nodeward.io/maintenance"] == "done"
 
-        plan = _cli(state, env, "maintenance", "restore", "ml-robotics/sim-rl-worker-0")
+        # The notebook runs on gpu-a100-01 under its name, restored from its image.
+        moved = _kubectl(kubeconfig, "get", "pod", MOVED, "-n", "ml-robotics")
+        assert moved["spec"]["nodeName"] == TARGET and moved["status"]["phase"] == "Running"
+        image = moved["spec"]["containers"][0]["image"]
+        registry = json.loads((state / "endpoints.json").read_text())["registry"]
+        assert image.startswith(f"{registry}/nodeward-checkpoints/ml-robotics/{MOVED}-notebook@")
+        restored = json.loads(moved["metadata"]["annotations"]["sim.nodeward.io/restored"])
+        assert image.endswith(restored[0]["digest"])
+        origin = json.loads(moved["metadata"]["annotations"]["nodeward.io/restored-from"])
+        assert origin["node"] == NODE
+        shown = _cli(state, env, "maintenance", "status", NODE)
+        assert f"moved to {TARGET}" in shown.stdout, shown.stdout
+
+        plan = _cli(state, env, "maintenance", "restore", "ml-robotics/sim-rl-worker-0",
+                    "--plan")  # fmt: skip
         assert plan.returncode == 0, plan.stderr
         assert "io.kubernetes.cri-o.annotations.checkpoint.name=pytorch" in plan.stdout
         assert "nodeward.io/cuda-checkpoint: 'true'" in plan.stdout  # a GPU pod needs one

@@ -158,7 +158,7 @@ async def test_get_cordon_taint_label(kubectl: Kubectl, sim: SimCluster) -> None
     pods = (await kubectl("get", "pods", "-A")).out.strip().splitlines()
     assert pods[0].split()[:3] == ["NAMESPACE", "NAME", "READY"]
     assert (
-        len(pods) - 1 == 41
+        len(pods) - 1 == 42
     )  # the seed's pods, the three agent pods of the AMD and DRA nodes included
     assert {line.split()[0] for line in pods[1:]} == {
         "ml-vision",
@@ -196,8 +196,15 @@ async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimC
     before = (
         await kubectl("get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03")
     ).out
-    assert len(before.strip().splitlines()) - 1 == 7
-    drained = await kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s")
+    assert len(before.strip().splitlines()) - 1 == 8
+    # JupyterHub's bare notebook pod: kubectl drains it only when told to (--force).
+    refused = await kubectl(
+        "drain", "gpu-a100-03", "--ignore-daemonsets", "--timeout=30s", check=False
+    )
+    assert refused.rc != 0 and "--force" in refused.err and "jupyter-erin" in refused.err
+    drained = await kubectl(
+        "drain", "gpu-a100-03", "--ignore-daemonsets", "--force", "--timeout=30s"
+    )
     last = drained.out.strip().splitlines()[-1]
     assert last in ("node/gpu-a100-03 drained", "node/gpu-a100-03 evicted"), (
         last
@@ -213,7 +220,7 @@ async def test_drain_evicts_and_skips_daemonset_pods(kubectl: Kubectl, sim: SimC
         kubectl.minor
     ):  # kubectl before 1.22 evicts through policy/v1beta1, later ones through policy/v1
         assert versions == {"policy/v1beta1" if kubectl.minor < 22 else "policy/v1"}
-    assert len(sim.evictions) == 6
+    assert len(sim.evictions) == 7
 
 
 async def test_drain_of_a_node_with_a_budget_protected_pod(
@@ -326,7 +333,9 @@ async def test_server_side_dry_run_changes_nothing(edge_kubectl: Kubectl, sim: S
     out = await newest_kubectl("cordon", "gpu-h100-01", "--dry-run=server")
     assert "(server dry run)" in out.out
     await newest_kubectl("label", "node", "gpu-h100-01", "a=b", "--dry-run=server")
-    await newest_kubectl("drain", "gpu-a100-03", "--ignore-daemonsets", "--dry-run=server")
+    await newest_kubectl(
+        "drain", "gpu-a100-03", "--ignore-daemonsets", "--force", "--dry-run=server"
+    )
     await newest_kubectl("delete", "pod", "-n", "ml-nlp", "bob-jupyter-0", "--dry-run=server")
     assert sim.store.resource_version == rv
     assert (
@@ -335,7 +344,7 @@ async def test_server_side_dry_run_changes_nothing(edge_kubectl: Kubectl, sim: S
     listed = await newest_kubectl(
         "get", "pods", "-A", "--field-selector", "spec.nodeName=gpu-a100-03"
     )
-    assert len(listed.out.strip().splitlines()) - 1 == 7
+    assert len(listed.out.strip().splitlines()) - 1 == 8
     assert sim.evictions == []
 
 

@@ -465,7 +465,7 @@ async def test_cli_start_status_restore_and_clear_errors(
     assert f"{NS}/train-0" in out and "checkpointed" in out
 
     code, out, err = await _cli(
-        "maintenance", "restore", f"{NS}/train-0", "--registry", "reg.example/ckpt",
+        "maintenance", "restore", f"{NS}/train-0", "--plan", "--registry", "reg.example/ckpt",
         "--config", str(config), *common,
     )  # fmt: skip
     assert code == 0, err
@@ -480,12 +480,12 @@ async def test_cli_start_status_restore_and_clear_errors(
         lambda: _is_done(env, later.data.maintenance_id), timeout=10, what="the later one done"
     )
     code, again, err = await _cli(
-        "maintenance", "restore", f"{NS}/train-0", "--registry", "reg.example/ckpt",
+        "maintenance", "restore", f"{NS}/train-0", "--plan", "--registry", "reg.example/ckpt",
         "--config", str(config), *common,
     )  # fmt: skip
     assert code == 0 and again == out, err
     code, out, err = await _cli(
-        "maintenance", "restore", f"{NS}/web-0", "--config", str(config), *common
+        "maintenance", "restore", f"{NS}/web-0", "--plan", "--config", str(config), *common
     )
     assert code == 1 and err.strip() == (
         f"nodeward: error: pod {NS}/web-0 has no recorded checkpoint: it did not opt in "

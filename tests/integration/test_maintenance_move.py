@@ -11,7 +11,9 @@ from typing import Any
 
 import httpx
 
+from nodeward.bus.control import request as control_request
 from nodeward.kube import NotFound
+from schemas.control import ControlReply, ControlRequest, ControlStatus
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from services.maintenance.placement import RESTORED_ANNOTATION
@@ -180,3 +182,54 @@ async def test_no_node_fits_the_session_stays_and_is_evicted_with_its_checkpoint
         pass
     warned = [n for n in await env.notices() if "could not be moved" in n.title]
     assert warned and "evicted with the drain" in warned[0].body
+
+
+async def _restore(env: MaintenanceEnv, pod: str, to: str | None = None) -> ControlReply:
+    ask = ControlRequest(
+        service="checkpoint",
+        verb="restore",
+        operator="ada",
+        reason="the session is needed again",
+        target=f"{NS}/{pod}",
+        options={"to": to} if to else {},
+    )
+    return await control_request(env.bus.nc, ask, timeout=60)
+
+
+async def test_an_operator_restores_an_evicted_checkpoint_on_the_node_named(
+    maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
+) -> None:
+    env = await _env(
+        maintenance_env, registry, tmp_path, pods=lambda node: [bare("session-0", node)]
+    )
+    await env.start()
+    await env.bus.publish(env.request(deadline_s=20))  # no --move: checkpointed, evicted
+    await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="done")
+    spare = f"{env.node}-spare"
+
+    # A node that cannot take it is refused with why; the cordoned node too.
+    refused = await _restore(env, "session-0", to=env.node)
+    assert refused.status == ControlStatus.ERROR and "cordoned" in refused.message
+
+    reply = await _restore(env, "session-0", to=spare)
+    assert reply.status == ControlStatus.OK, reply.message
+    assert reply.message == f"restored {NS}/session-0 on {spare} from its checkpoint"
+    pod = await env.admin.pods.get(NS, "session-0")
+    assert pod["spec"]["nodeName"] == spare and pod["status"]["phase"] == "Running"
+    restored = json.loads(pod["metadata"]["annotations"][RESTORED])
+    assert pod["spec"]["containers"][0]["image"].endswith(restored[0]["digest"])
+    # Its images were built from the archive left on the node, which then went.
+    assert not [p for p in env.sim.archives(env.node) if "session-0" in p.name]
+    applied = [
+        r
+        for r in await audits(env.bus, "restore")
+        if r.outcome == Outcome.APPLIED and r.details.get("node") == env.node
+    ]
+    assert [r.details.get("operator") for r in applied] == ["ada"]
+
+    # Running: a second restore would run the session twice.
+    again = await _restore(env, "session-0")
+    assert again.status == ControlStatus.REFUSED and "delete it first" in again.message
+    missing = await _restore(env, "nothing-0")
+    assert missing.status == ControlStatus.REFUSED
+    assert "no checkpoint recorded for pod" in missing.message

@@ -31,7 +31,9 @@ POINTS = [
     "move.pushed",  # pushed, its digest not saved
     "move.archive_deleted",  # the archive gone from the node, not recorded
     "move.stopped",  # the old pod gone, the stage not saved
+    "move.stop.audited",  # its stop audited, the stage not saved
     "move.created",  # the replacement created, not audited
+    "move.restore.audited",  # its restore audited, the stage not saved
     "maintenance.moving",  # every move over, the workflow not advanced
 ]
 

@@ -31,7 +31,7 @@ async def test_embedded_cluster_writes_kubeconfig_with_every_identity(tmp_path: 
             with pytest.raises(Forbidden):
                 await unguarded.nodes.get("gpu-h100-01")
         async with Cluster.connect(embedded.settings_for()) as admin:
-            assert len(await admin.pods.list()) == 41
+            assert len(await admin.pods.list()) == 42
         with pytest.raises(KeyError):
             embedded.settings_for("nope")
 
