@@ -263,11 +263,12 @@ class Registry:
         response = await self._send("GET", "/v2/", {})
         return response.status_code in (200, 401)
 
-    async def digest(self, repository: str, reference: str) -> str | None:
-        """The manifest digest a tag (or digest) resolves to (`Docker-Content-Digest` of a
-        HEAD); None when there is no such manifest."""
+    async def _manifest(
+        self, method: str, repository: str, reference: str
+    ) -> httpx.Response | None:
+        """`method` on the manifest of `repository:reference`; None when there is none."""
         response = await self.request(
-            "HEAD",
+            method,
             f"/v2/{repository}/manifests/{reference}",
             repository=repository,
             headers={"Accept": ACCEPT},
@@ -275,22 +276,23 @@ class Registry:
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise self._fail(f"HEAD {repository}:{reference}", response)
+            raise self._fail(f"{method} manifest {repository}:{reference}", response)
+        return response
+
+    async def digest(self, repository: str, reference: str) -> str | None:
+        """The manifest digest a tag (or digest) resolves to (`Docker-Content-Digest` of a
+        HEAD); None when there is no such manifest."""
+        response = await self._manifest("HEAD", repository, reference)
+        if response is None:
+            return None
         held = response.headers.get("Docker-Content-Digest")
         return str(held) if held else None
 
     async def manifest(self, repository: str, reference: str) -> dict[str, Any] | None:
         """The manifest (OCI or docker v2) as JSON; None when there is none."""
-        response = await self.request(
-            "GET",
-            f"/v2/{repository}/manifests/{reference}",
-            repository=repository,
-            headers={"Accept": ACCEPT},
-        )
-        if response.status_code == 404:
+        response = await self._manifest("GET", repository, reference)
+        if response is None:
             return None
-        if response.status_code != 200:
-            raise self._fail(f"GET manifest {repository}:{reference}", response)
         body = response.json()
         if not isinstance(body, dict):
             raise RegistryError(

@@ -18,7 +18,7 @@ from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome, Remediation
 from services.maintenance.placement import RESTORED_ANNOTATION
 from services.maintenance.plan import MOVE_ANNOTATION
-from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState
+from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState, PodPlan
 from sim.cluster.kubelet import RESTORED
 from sim.cluster.seed import PodSeed
 from tests.conftest import wait_for
@@ -78,6 +78,22 @@ def _manifest(registry: LocalRegistry, pinned: str) -> tuple[str, dict[str, Any]
     return got.headers["Docker-Content-Digest"], got.json()
 
 
+async def moved_session(
+    env: MaintenanceEnv, done: MaintenanceState, before: dict[str, Any]
+) -> tuple[PodPlan, dict[str, Any]]:
+    """session-0's plan and pod: moved, under its name, Running on the spare node (its
+    replacement: the uid the move recorded)."""
+    plan = done.pods[f"{NS}/session-0"]
+    assert plan.move is not None and plan.move.stage == "running", plan.move
+    assert plan.move.target == f"{env.node}-spare"
+    moved = await env.admin.pods.get(NS, "session-0")
+    assert moved["metadata"]["uid"] != before["metadata"]["uid"]
+    assert moved["metadata"]["uid"] == plan.move.uid
+    assert moved["spec"]["nodeName"] == plan.move.target
+    assert moved["status"]["phase"] == "Running"
+    return plan, moved
+
+
 async def test_a_move_restores_the_session_on_the_spare_node_from_its_images(
     maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
 ) -> None:
@@ -92,12 +108,7 @@ async def test_a_move_restores_the_session_on_the_spare_node_from_its_images(
     spare = f"{env.node}-spare"
 
     # The session runs on the spare node, under its name, restored from its images.
-    plan = done.pods[f"{NS}/session-0"]
-    assert plan.move is not None and plan.move.stage == "running", plan.move
-    assert plan.move.target == spare
-    moved = await env.admin.pods.get(NS, "session-0")
-    assert moved["metadata"]["uid"] != before["metadata"]["uid"]
-    assert moved["spec"]["nodeName"] == spare and moved["status"]["phase"] == "Running"
+    plan, moved = await moved_session(env, done, before)
     images = {c["name"]: c["image"] for c in moved["spec"]["containers"]}
     assert set(images) == {"main", "sidecar"}
     restored = {r["container"]: r for r in json.loads(moved["metadata"]["annotations"][RESTORED])}

@@ -23,7 +23,7 @@ from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
 from tests.integration.crash_fixtures import ServiceProcess
 from tests.integration.maintenance_fixtures import NS, EnvFactory
-from tests.integration.test_maintenance_move import _env, _manifest, audits, bare
+from tests.integration.test_maintenance_move import _env, _manifest, audits, bare, moved_session
 
 POINTS = [
     "maintenance.checkpointed",  # checkpointed, the move not begun
@@ -65,19 +65,10 @@ async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_ch
         )
     finally:
         proc.kill()
-    spare = f"{env.node}-spare"
 
-    # The move is over: the session runs on the spare node.
-    plan = done.pods[f"{NS}/session-0"]
-    assert plan.move is not None and plan.move.stage == "running", plan.move
-    assert plan.move.target == spare
-
-    # Exactly one copy: the name is unique in a namespace, and nothing of it is left on the
-    # old node (no pod of the session there, the one there is the replacement).
-    moved = await env.admin.pods.get(NS, "session-0")
-    assert moved["metadata"]["uid"] != before["metadata"]["uid"]
-    assert moved["metadata"]["uid"] == plan.move.uid
-    assert moved["spec"]["nodeName"] == spare and moved["status"]["phase"] == "Running"
+    # The move is over, with exactly one copy: the name is unique in a namespace, and the
+    # one pod of that name is the replacement, running on the spare node.
+    plan, moved = await moved_session(env, done, before)
     on_node = [
         p["metadata"]["name"]
         for p in (await env.admin.pods.list())
