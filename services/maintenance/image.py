@@ -85,11 +85,16 @@ class ImageSettings(Section):
 
 class ImageError(Exception):
     """A checkpoint image that could not be built, pushed or confirmed. `str()` is one line,
-    without credentials."""
+    without credentials. `final`: trying again will not help (a registry that does not
+    answer may come back; a build that failed will fail again)."""
+
+    final = False
 
 
 class BuildFailed(ImageError):
     """buildah could not build the image (or is missing)."""
+
+    final = True
 
 
 class PushFailed(ImageError):
@@ -99,10 +104,14 @@ class PushFailed(ImageError):
 class PushUnconfirmed(PushFailed):
     """The registry does not hold what was pushed (another digest, or none)."""
 
+    final = True
+
 
 class ArchiveRefused(ImageError):
     """An archive path `delete_archive` will not remove (outside the checkpoint directory, a
     symlink, not a file)."""
+
+    final = True
 
 
 def _separator(m: re.Match[str]) -> str:

@@ -107,7 +107,7 @@ class Mover:
         """Take the pod's move as far as it goes now; raise to be tried again next tick."""
         assert plan.move is not None
         log = self.kit.log.bind(pod=plan.key)
-        if not self.kit.settings.images.registry:
+        if plan.move.stage == "planned" and not self.kit.settings.images.registry:
             plan = await self.fail(plan, "no registry is configured (services.checkpoint.images)")
         if plan.move is not None and plan.move.stage in ("planned", "imaged"):
             plan = await self._place(plan)
@@ -126,7 +126,7 @@ class Mover:
 
     def _gives_up(self, cause: BaseException) -> bool:
         """A failure that will not pass (`ImageError.final`), or the maintenance's deadline
-        is past: the move fails instead of being tried again."""
+        is past: the move fails instead of being tried again each tick."""
         if getattr(cause, "final", False):
             return True
         deadline = self.state.deadline_at()

@@ -244,3 +244,29 @@ async def test_an_operator_restores_an_evicted_checkpoint_on_the_node_named(
     missing = await _restore(env, "nothing-0")
     assert missing.status == ControlStatus.REFUSED
     assert "no checkpoint recorded for pod" in missing.message
+
+
+async def test_a_build_that_fails_ends_the_move_at_once_and_keeps_the_archive(
+    maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
+) -> None:
+    broken = registry.settings.model_copy(update={"buildah": str(tmp_path / "no-buildah")})
+    env = await _env(
+        maintenance_env,
+        LocalRegistry(registry.address, broken, registry.state),
+        tmp_path,
+        pods=lambda node: [bare("session-0", node)],
+    )
+    await env.start()
+    await env.bus.publish(env.request(deadline_s=60, move=True))
+    # Well before the deadline: a build that failed is not tried again each tick.
+    done: MaintenanceState = await wait_for(
+        lambda: env.phase_is(MaintenancePhase.DONE),
+        timeout=30,
+        what="maintenance done before its deadline",
+    )
+    plan = done.pods[f"{NS}/session-0"]
+    assert plan.move is not None and plan.move.stage == "failed"
+    assert "buildah" in (plan.move.reason or "") and "cannot run" in (plan.move.reason or "")
+    assert [p for p in env.sim.archives(env.node) if "session-0" in p.name]
+    pushes = [r for r in await audits(env.bus, "push-image") if r.details.get("node") == env.node]
+    assert [r.outcome for r in pushes] == [Outcome.FAILED]
