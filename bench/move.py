@@ -194,14 +194,9 @@ async def measure(
             await nc.flush()
             kv = TypedKV(await bus.kv(f"checkpoint-{uid}"), MaintenanceState)
             request = make_event(
-                Maintenance(
-                    node=node,
-                    phase=MaintenancePhase.REQUESTED,
-                    maintenance_id=f"bench-{uid}",
-                    reason="bench",
-                    requested_by="bench",
-                    deadline_s=900,
-                    move=move,
+                Maintenance.model_validate(
+                    {"node": node, "phase": "requested", "maintenance_id": f"bench-{uid}"}
+                    | {"reason": "bench", "requested_by": "bench", "deadline_s": 900, "move": move}
                 ),
                 source="bench/move",
             )

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the bus, the schemas and nats load when a command runs
 
     from nodeward.bus import Bus
     from nodeward.config import Settings
-    from schemas.control import ControlReply
+    from schemas.control import ControlReply, ControlRequest
     from schemas.state import Bucket
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -105,38 +105,15 @@ async def connect_bus(settings: Settings) -> Bus:
         fail(str(exc))
 
 
-async def send(  # noqa: PLR0917 - one control, all its parts
-    settings: Settings,
-    service: str,
-    verb: str,
-    target: str | None,
-    operator: str | None,
-    reason: str,
-    timeout: float,
-    as_json: bool,
-    state_dir: Path = DEFAULT_STATE_DIR,
-    options: dict[str, str] | None = None,
+async def send(
+    settings: Settings, req: ControlRequest, timeout: float, as_json: bool, state_dir: Path
 ) -> ControlReply:
-    """Send one control request (with the verb's `options`), print the service's answer;
-    exit 1 unless it is ok."""
-    from pydantic import ValidationError
-
+    """Send one control request, print the service's answer; exit 1 unless it is ok."""
     from nodeward.bus.control import request
     from nodeward.bus.errors import BusError
-    from schemas.cloudevents import one_line
-    from schemas.control import ControlRequest, ControlStatus
+    from schemas.control import ControlStatus
 
-    try:
-        req = ControlRequest(
-            service=service,
-            verb=verb,
-            operator=operator_name(operator),
-            reason=reason,
-            target=target,
-            options=options or {},
-        )
-    except ValidationError as exc:
-        fail(f"invalid request: {one_line(exc)}")
+    service, verb = req.service, req.verb
     nc = await connect_nats(settings, f"cli/nodeward/{verb}", state_dir)
     try:
         reply = await request(nc, req, timeout=timeout)
@@ -169,22 +146,28 @@ def ask(
     state_dir: Path,
     nats: str | None,
     config: Path | None,
+    options: dict[str, str] | None = None,
 ) -> None:
-    """What each control command does with its options: `send` the request to `service`."""
+    """What each control command does with its options (and the verb's own `options`):
+    `send` the request to `service`."""
+    from pydantic import ValidationError
+
+    from schemas.cloudevents import one_line
+    from schemas.control import ControlRequest
+
     settings = settings_for(config, nats, state_dir)
-    asyncio.run(
-        send(
-            settings,
-            service,
-            verb,
-            target,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
+    try:
+        req = ControlRequest(
+            service=service,
+            verb=verb,
+            operator=operator_name(operator),
+            reason=require_reason(reason),
+            target=target,
+            options=options or {},
         )
-    )
+    except ValidationError as exc:
+        fail(f"invalid request: {one_line(exc)}")
+    asyncio.run(send(settings, req, timeout, as_json, state_dir))
 
 
 def control(

@@ -30,14 +30,13 @@ from nodeward.cli.controls import (
     NodeArg,
     OperatorOpt,
     TimeoutOpt,
+    ask,
     checked_pod,
     connect_bus,
     control,
     kv_records,
     node_name,
     operator_name,
-    require_reason,
-    send,
 )
 from nodeward.cli.options import ConfigOpt, JsonObjectOpt, NatsOpt, StateDirOpt
 from nodeward.durations import parse_duration
@@ -434,21 +433,25 @@ def status_command(
     asyncio.run(status(settings_for(config, nats, state_dir), node, as_json))
 
 
+ToOpt = Annotated[
+    str | None, typer.Option("--to", help="the node to restore it on (default: where it fits)")
+]
+PlanOpt = Annotated[
+    bool, typer.Option("--plan", help="print the restore plan (image builds, manifest); do nothing")
+]
+RegistryOpt = Annotated[
+    str, typer.Option("--registry", help="with --plan: where the images are pushed")
+]
+ReasonUnlessPlanOpt = Annotated[str, typer.Option("--reason", help="why (required unless --plan)")]
+
+
 @maintenance_app.command("restore")
 def restore_command(  # noqa: PLR0917 - typer maps parameters to options
     pod: Annotated[str, typer.Argument(metavar="POD", help="NAMESPACE/NAME")],
-    to: Annotated[
-        str | None,
-        typer.Option("--to", help="the node to restore it on (default: where it fits)"),
-    ] = None,
-    plan: Annotated[
-        bool,
-        typer.Option("--plan", help="print the restore plan (image builds, manifest); do nothing"),
-    ] = False,
-    registry: Annotated[
-        str, typer.Option("--registry", help="with --plan: where the images are pushed")
-    ] = "localhost/checkpoints",
-    reason: Annotated[str, typer.Option("--reason", help="why (required unless --plan)")] = "",
+    to: ToOpt = None,
+    plan: PlanOpt = False,
+    registry: RegistryOpt = "localhost/checkpoints",
+    reason: ReasonUnlessPlanOpt = "",
     operator: OperatorOpt = None,
     timeout: TimeoutOpt = 600.0,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
@@ -459,27 +462,15 @@ def restore_command(  # noqa: PLR0917 - typer maps parameters to options
     """Run a checkpointed pod again from its newest checkpoint images (built and pushed
     first if need be), on --to NODE or where it fits, through the checkpoint service;
     --plan prints the plan instead."""
-    settings = settings_for(config, nats, state_dir)
     if plan:
-        asyncio.run(restore(settings, pod, registry, as_json))
+        asyncio.run(restore(settings_for(config, nats, state_dir), pod, registry, as_json))
         return
     checked_pod(pod, "POD")
     if to is not None:
         node_name(to)
-    asyncio.run(
-        send(
-            settings,
-            "checkpoint",
-            "restore",
-            pod,
-            operator,
-            require_reason(reason),
-            timeout,
-            as_json,
-            state_dir,
-            options={"to": to} if to else None,
-        )
-    )
+    ask("checkpoint", "restore", pod, reason=reason, operator=operator, timeout=timeout,
+        as_json=as_json, state_dir=state_dir, nats=nats, config=config,
+        options={"to": to} if to else None)  # fmt: skip
 
 
 @maintenance_app.command("finish")

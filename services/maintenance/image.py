@@ -334,7 +334,7 @@ async def push_image(ref: str, settings: ImageSettings, *, root: Path | None = N
     buildah = _buildah(settings, root)
     host, repo, reference = split_reference(ref)
     try:  # fail fast: buildah takes seconds to give up on a registry that is not there
-        async with Registry(host, insecure=settings.insecure) as reg:
+        async with contextlib.aclosing(Registry(host, insecure=settings.insecure)) as reg:
             await reg.ping()
     except RegistryError as exc:
         raise PushFailed(f"cannot push {ref}: {exc}") from None
@@ -352,7 +352,9 @@ async def push_image(ref: str, settings: ImageSettings, *, root: Path | None = N
     finally:
         await asyncio.to_thread(shutil.rmtree, digest_dir, True)
     try:
-        async with Registry(host, insecure=settings.insecure, authfile=settings.authfile) as reg:
+        async with contextlib.aclosing(
+            Registry(host, insecure=settings.insecure, authfile=settings.authfile)
+        ) as reg:
             held = await reg.digest(repo, reference)
     except RegistryError as exc:
         raise PushFailed(f"pushed {ref} but could not confirm it: {exc}") from None
@@ -429,7 +431,9 @@ async def prune(repo: str, settings: ImageSettings, now: datetime | None = None)
     Returns the tags removed."""
     host, _, path = repo.partition("/")
     at = now or datetime.now(UTC)
-    async with Registry(host, insecure=settings.insecure, authfile=settings.authfile) as reg:
+    async with contextlib.aclosing(
+        Registry(host, insecure=settings.insecure, authfile=settings.authfile)
+    ) as reg:
         tags = await reg.tags(path)
         records = [ImageRecord(t, when) for t in tags if (when := tag_time(t)) is not None]
         gone = expired(records, settings.keep, settings.max_age, at)

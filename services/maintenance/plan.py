@@ -312,12 +312,6 @@ def move_failed(state: MaintenanceState, plan: PodPlan, reason: str, *, stopped:
             "the drain; its checkpoint is kept."
         )
         steps = ["Save your work now (write results to a persistent volume)."]
-    return Notice(
-        kind="move-failed",
-        severity=Severity.CRITICAL,
-        title=f"Your pod {plan.key} could not be moved before maintenance",
-        body=body,
-        why=_why(state),
-        deadline=state.deadline_at() or state.start_at,
-        steps=steps,
-    )
+    title = f"Your pod {plan.key} could not be moved before maintenance"
+    deadline = state.deadline_at() or state.start_at
+    return Notice("move-failed", Severity.CRITICAL, title, body, _why(state), deadline, steps)

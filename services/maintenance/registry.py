@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -137,7 +136,7 @@ class Registry:
     """One registry host. `insecure`: HTTPS without verification, or plain HTTP where the
     registry speaks no TLS (as `buildah --tls-verify=false`).
 
-    Use as `async with Registry(...) as registry:`; tokens are cached per scope for the
+    Use as `async with contextlib.aclosing(Registry(...)) as registry:`; tokens are cached per scope for the
     client's life.
     """
 
@@ -158,17 +157,6 @@ class Registry:
         self._scheme = "https"
         self._probed = not insecure  # an insecure registry may be plain HTTP: found out once
         self._auth: dict[str, str] = {}  # scope -> Authorization header
-
-    async def __aenter__(self) -> Registry:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -329,8 +329,8 @@ class RecoverySteps:
         first = "checkpoints and moves of opted-in sessions" if move else "checkpoints"
         proposal = self._proposal(record, "drain", f"maintenance {mid} of {record.node}: "
                                   f"{first} first, then the drain, before the "
-                                  f"{record.plan.value}", move=move,
-                                  move_reason=why_move)  # fmt: skip
+                                  f"{record.plan.value}")  # fmt: skip
+        proposal.details.update(move=move, move_reason=why_move)
 
         async def act() -> dict[str, Any]:
             request = Maintenance(
@@ -636,13 +636,7 @@ class RecoverySteps:
 
     # helpers ----------------------------------------------------------------------------
     def _proposal(
-        self,
-        record: RecoveryRecord,
-        action: str,
-        reason: str,
-        *,
-        resolves: bool = False,
-        **details: Any,
+        self, record: RecoveryRecord, action: str, reason: str, *, resolves: bool = False
     ) -> Proposal:
         return Proposal(
             action=action,
@@ -653,7 +647,7 @@ class RecoverySteps:
             trigger_time=datetime.fromtimestamp(record.started_at, UTC),
             protective=False,
             resolves=resolves,
-            details={"incident": record.incident, "step": record.step.value, **details},
+            details={"incident": record.incident, "step": record.step.value},
         )
 
     async def _record(

@@ -136,8 +136,8 @@ class LocalRegistry:
     address: str
     settings: ImageSettings
     state: Path
-    user: str | None = None
-    password: str | None = None
+    login: tuple[str, str] | None = None
+    """user and password, behind htpasswd auth"""
 
 
 def _needs_tools() -> None:
@@ -176,6 +176,6 @@ async def auth_registry(tmp_path: Path) -> AsyncIterator[LocalRegistry]:
             settings = ImageSettings(
                 registry=f"{address}/ckpt", insecure=True, retries=0, authfile=authfile
             )
-            yield LocalRegistry(address, settings, state, user, password)
+            yield LocalRegistry(address, settings, state, (user, password))
     except RegistryUnavailable as exc:
         pytest.skip(str(exc))

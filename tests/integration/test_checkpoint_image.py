@@ -3,6 +3,7 @@ docker-registry), built and pushed by a real buildah; retention deletes from tha
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -45,7 +46,7 @@ async def test_archive_pushed_as_a_checkpoint_image_the_registry_confirms(
 
     host, repo, tag = split_reference(ref)
     assert repo == "ckpt/team-a/trainer-0-worker" and tag == "20260304122030"
-    async with Registry(host, insecure=True) as reg:
+    async with contextlib.aclosing(Registry(host, insecure=True)) as reg:
         assert await reg.digest(repo, tag) == digest
         assert await reg.tags(repo) == [tag]
         manifest = await reg.manifest(repo, tag)
@@ -73,13 +74,16 @@ async def test_authfile_protected_registry_takes_the_push_only_with_the_authfile
 
     digest = await publish(archive, ref, auth_registry.settings, container="worker")
     host, repo, tag = split_reference(ref)
-    async with Registry(host, insecure=True, authfile=auth_registry.settings.authfile) as reg:
+    async with contextlib.aclosing(
+        Registry(host, insecure=True, authfile=auth_registry.settings.authfile)
+    ) as reg:
         assert await reg.digest(repo, tag) == digest
-    async with Registry(host, insecure=True) as reg:  # no credentials: 401, not the digest
+    # No credentials: 401, not the digest.
+    async with contextlib.aclosing(Registry(host, insecure=True)) as reg:
         response = await reg.request("HEAD", f"/v2/{repo}/manifests/{tag}", repository=repo)
         assert response.status_code == 401
-    assert auth_registry.password is not None
-    assert auth_registry.password not in str(refused.value)
+    assert auth_registry.login is not None
+    assert auth_registry.login[1] not in str(refused.value)
 
 
 async def test_push_to_a_dead_registry_fails_in_one_line(tmp_path: Path) -> None:
@@ -137,7 +141,7 @@ async def test_retention_deletes_the_oldest_beyond_keep_from_the_registry(
     removed = await prune(f"{host}/{repo}", settings, now=times[-1])
 
     assert removed == ["20260304122030"]
-    async with Registry(host, insecure=True) as reg:
+    async with contextlib.aclosing(Registry(host, insecure=True)) as reg:
         assert sorted(await reg.tags(repo)) == ["20260304122130", "20260304122230"]
         assert await reg.manifest(repo, digests[0]) is None  # GET by digest: 404
         assert await reg.digest(repo, "20260304122230") == digests[2]

@@ -7,6 +7,7 @@ Sources: see `sim.cluster.checkpoints`, `sim.cluster.images` and `sim.cluster.ku
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import socket
 import subprocess
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,24 @@ async def _running(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
 # --- archives --------------------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def _pulling(host: str) -> AsyncIterator[tuple[SimCluster, Any]]:
+    """The sim cluster whose kubelets pull from the registry at `host`, and a client."""
+    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+        yield sim, http
+
+
+@contextlib.asynccontextmanager
+async def _restoring(
+    registry: tuple[str, Push], repo: str
+) -> AsyncIterator[tuple[SimCluster, Any, str]]:
+    """As `_pulling`, with a checkpoint image of container `main` pushed as `repo`."""
+    host, push = registry
+    image = push(_synthetic(), repo, "main")
+    async with _pulling(host) as (sim, http):
+        yield sim, http, image
+
+
 async def test_a_checkpoint_writes_the_archive_crio_exports(tmp_path: Path) -> None:
     root = tmp_path / "nodes"
     async with SimCluster(_seed(), archive_root=root) as sim, sim_http(sim) as http:
@@ -282,7 +301,7 @@ async def test_a_checkpoint_image_restores_the_session(
 async def test_a_plain_registry_image_starts_fresh(registry: tuple[str, Push]) -> None:
     host, push = registry
     image = push(None, "plain/app:1", None)
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _pulling(host) as (sim, http):
         await http.post(PODS, json=_pod("fresh", image, "gpu-plain"))
         pod = await _running(http, "fresh")
     assert RESTORED not in (pod["metadata"].get("annotations") or {})
@@ -294,7 +313,7 @@ async def test_a_missing_image_waits_errimagepull_then_backoff_then_starts(
 ) -> None:
     host, push = registry
     image = f"{host}/ckpt/late:7"
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _pulling(host) as (sim, http):
         sim.kubelets.pull_backoff = 0.2
         await http.post(PODS, json=_pod("late", image, "gpu-dst"))
         pod = await _waiting(http, "late", "ErrImagePull")
@@ -319,7 +338,7 @@ async def test_a_checkpoint_with_mounts_the_new_container_lacks_is_not_created(
 ) -> None:
     host, push = registry
     image = push(_synthetic("trainer", ["/data"]), "ckpt/foreign:1", "trainer")
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _pulling(host) as (sim, http):
         await http.post(PODS, json=_pod("foreign", image, "gpu-dst"))
         pod = await _waiting(http, "foreign", "CreateContainerError")
         # the same checkpoint restores into a container with that mount, whatever its name:
@@ -337,9 +356,7 @@ async def test_a_checkpoint_with_mounts_the_new_container_lacks_is_not_created(
 async def test_a_node_whose_runtime_cannot_restore_fails_the_start(
     registry: tuple[str, Push],
 ) -> None:
-    host, push = registry
-    image = push(_synthetic(), "ckpt/norestore:1", "main")
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _restoring(registry, "ckpt/norestore:1") as (sim, http, image):
         await http.post(PODS, json=_pod("nr", image, "gpu-norestore"))
         pod = await _waiting(http, "nr", "RunContainerError")
     message = pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
@@ -351,9 +368,7 @@ async def test_a_node_whose_runtime_cannot_restore_fails_the_start(
 async def test_a_gpu_checkpoint_needs_a_node_with_cuda_checkpoint(
     registry: tuple[str, Push],
 ) -> None:
-    host, push = registry
-    image = push(_synthetic(), "ckpt/gpu:1", "main")
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _restoring(registry, "ckpt/gpu:1") as (sim, http, image):
         await http.post(PODS, json=_pod("gpu-plain", image, "gpu-plain", gpus=1))
         await http.post(PODS, json=_pod("gpu-dst", image, "gpu-dst", gpus=1))
         pod = await _waiting(http, "gpu-plain", "RunContainerError")
@@ -368,7 +383,7 @@ async def test_a_checkpoint_image_without_its_dumps_is_not_created(
 ) -> None:
     host, push = registry
     image = push(None, "ckpt/empty:1", "main")
-    async with SimCluster(_seed(), registries=[host]) as sim, sim_http(sim) as http:
+    async with _pulling(host) as (_sim, http):
         await http.post(PODS, json=_pod("empty", image, "gpu-dst"))
         pod = await _waiting(http, "empty", "CreateContainerError")
     message = pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]

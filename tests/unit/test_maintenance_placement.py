@@ -66,6 +66,13 @@ def plan(gpus: int = 0, **spec: Any) -> PodPlan:
     )
 
 
+def in_zone(zone: str) -> dict[str, Any]:
+    """A required node affinity to nodes labelled `zone=<zone>`."""
+    term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": [zone]}]}
+    required = {"nodeSelectorTerms": [term]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
 def test_the_node_with_most_room_wins_and_the_source_never() -> None:
     nodes = [node("src"), node("a"), node("b")]
     pods = [bound("a", 6), bound("b", 2)]
@@ -90,15 +97,7 @@ def test_cordoned_tainted_and_unselected_nodes_are_filtered_with_reasons() -> No
 def test_a_tolerated_taint_and_a_required_affinity_are_honoured() -> None:
     taint = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
     tolerate = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
-    affinity = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]}
-                ]
-            }
-        }
-    }
+    affinity = in_zone("z2")
     nodes = [
         node("src"),
         node("z1", labels={"zone": "z1"}, taints=[taint]),
@@ -128,17 +127,7 @@ def test_a_gpu_pod_needs_cuda_checkpoint_the_same_model_and_free_gpus() -> None:
 
 
 def test_the_replacement_keeps_the_pod_swaps_images_and_is_pinned() -> None:
-    p = plan(
-        affinity={
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}
-                    ]
-                }
-            }
-        }
-    ).model_copy(
+    p = plan(affinity=in_zone("z")).model_copy(
         update={"owners": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "c-1"}]}
     )
     images = {"main": "127.0.0.1:5000/ml/session-0-main@sha256:" + "a" * 64}
