@@ -28,6 +28,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 RESTORED_ANNOTATION = "nodeward.io/restored-from"
 """On a replacement: JSON {node, pod uid, maintenance, checkpoint time, images}."""
+_SET_BY_THE_SERVER = ("nodeName", "priority", "ephemeralContainers")
 _DROPPED_ANNOTATIONS = ("nodeward.io/checkpoint-archive", RESTORED_ANNOTATION)
 _UNITS = {
     "m": 1e-3,
@@ -214,7 +215,10 @@ def replacement(
     """The pod that replaces `plan`'s on `target`: the same pod, its containers' images the
     checkpoint images (`images`: container -> `REPO@DIGEST`), pinned to `target`."""
     spec = copy.deepcopy(plan.spec)
-    for key in ("nodeName",):
+    # What the API server sets or refuses at create: the binding, the priority the Priority
+    # admission computes from the class (a stale value is Forbidden), ephemeral containers
+    # (only through their subresource).
+    for key in _SET_BY_THE_SERVER:
         spec.pop(key, None)
     for c in spec.get("containers") or []:
         if c.get("name") in images:

@@ -208,7 +208,8 @@ def announcement(state: MaintenanceState, plan: PodPlan) -> Notice:
         what = (
             f"At {start} nodeward checkpoints every container of {plan.key} (memory and "
             "files, through the kubelet), records the archive, then evicts the pod. "
-            f"`nodeward maintenance restore {plan.key}` gives the plan to restore it."
+            "An operator can run it again on another node from that checkpoint "
+            f"(`nodeward maintenance restore {plan.key}`)."
         )
     elif plan.status == "not_checkpointable":
         what = (

@@ -127,7 +127,9 @@ def test_a_gpu_pod_needs_cuda_checkpoint_the_same_model_and_free_gpus() -> None:
 
 
 def test_the_replacement_keeps_the_pod_swaps_images_and_is_pinned() -> None:
-    p = plan(affinity=in_zone("z")).model_copy(
+    p = plan(
+        affinity=in_zone("z"), priority=1000, ephemeralContainers=[{"name": "dbg"}]
+    ).model_copy(
         update={"owners": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "c-1"}]}
     )
     images = {"main": "127.0.0.1:5000/ml/session-0-main@sha256:" + "a" * 64}
@@ -139,6 +141,8 @@ def test_the_replacement_keeps_the_pod_swaps_images_and_is_pinned() -> None:
     assert meta["labels"] == {"app": "session"}
     assert meta["ownerReferences"][0]["uid"] == "c-1"
     assert "nodeName" not in spec and spec["containers"][0]["image"] == images["main"]
+    # Set by the API server at create (a stale priority or ephemeral containers: refused).
+    assert "priority" not in spec and "ephemeralContainers" not in spec
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
