@@ -18,6 +18,7 @@ from nodeward.kube.base import Obj
 from schemas.common import ObjectRef
 from schemas.control import ControlReply, ControlRequest
 from schemas.maintenance import MaintenancePhase
+from schemas.remediation import Outcome
 from services.kernel import Gone, Proposal, Workflow, node_ref
 from services.kernel.control import named_node, operator_proposal, refuse, reply_for
 from services.maintenance.common import ENDED, Kit, now
@@ -227,7 +228,7 @@ class Controls:
         mid = found[1].maintenance_id if not isinstance(found, str) else None
         proposal = operator_proposal(
             request,
-            action="restore",
+            action="restore-request",
             target=ref,
             what=f"restore of {key}" + (f" on {to}" if to else ""),
             policy=f"maintenance/{mid}" if mid else None,
@@ -256,12 +257,25 @@ class Controls:
                 "twice: delete it first"
             )
             return await refuse(self.kit.runner, proposal, guard="running", reason=why)
-        objection = await self.kit.runner.screen(proposal, self.kit.control_guards)
-        if objection is not None:
-            return reply_for(objection)
-        if live is not None:  # nodeward's own replacement that did not run: it goes
-            await self.kit.cluster.pods.delete(namespace, name, uid=live["metadata"]["uid"])
-            await self.kit.cluster.pods.wait_gone(namespace, name, live["metadata"]["uid"])
+
+        async def accept() -> dict[str, Any]:
+            """The operator's request taken (guards passed, not a dry run): nodeward's own
+            replacement that did not run is deleted first, then the stages run as a move's."""
+            if live is None:
+                return {}
+            uid = live["metadata"]["uid"]
+            # Evicted, not deleted (the role has no pods delete): a pod that never ran
+            # counts against no disruption budget.
+            await self.kit.cluster.pods.evict(namespace, name, uid=uid)
+            if not await self.kit.cluster.pods.wait_gone(namespace, name, uid):
+                raise TimeoutError(f"nodeward's failed replacement {key} is still terminating")
+            return {"deleted_replacement": uid}
+
+        accepted = await self.kit.runner.run(
+            proposal, accept, self.kit.control_guards, retry=False, fails=(TimeoutError,)
+        )
+        if accepted.outcome != Outcome.APPLIED:
+            return reply_for(accepted)  # refused by a guard, a dry run, or the delete failed
         imaged = all(c.checkpoint_image for c in plan.checkpoints)
         stage = "imaged" if imaged else "planned"
         start = plan.model_copy(update={"move": MovePlan(stage=stage, target=to)})

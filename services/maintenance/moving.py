@@ -133,13 +133,16 @@ class Mover:
         return deadline is not None and now() >= deadline
 
     async def fail(self, plan: PodPlan, reason: str) -> PodPlan:
+        """End the pod's move `failed`: its owner told and the event out first (their ids
+        derive from the move: a restart repeats them, deduplicated), then the stage saved,
+        so a SIGKILL between never loses the notice."""
         stopped = plan.move is not None and plan.move.stage in ("stopped", "created")
-        failed = await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
+        failed = _staged(plan, "failed", reason=reason)
         await self.kit.notify_owner(
             self.state, failed, move_failed(self.state, failed, reason, stopped=stopped)
         )
         await self._publish(failed, None, reason)
-        return failed
+        return await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
 
     async def _publish(self, plan: PodPlan, to: str | None, error: str | None) -> None:
         record = MovedPod(
@@ -214,6 +217,8 @@ class Mover:
             if not self._gives_up(cause):
                 raise  # the registry or buildah may come back: tried again next tick
             return await self.fail(plan, str(cause))
+        if result.outcome == Outcome.DRY_RUN:
+            return plan  # audited as what it would do; nothing changes, nobody is told
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
         return await self.save(plan, lambda p: _staged(p, "imaged"))
@@ -305,6 +310,8 @@ class Mover:
             if not isinstance(cause, EvictionBlocked | TimeoutError) and not self._gives_up(cause):
                 raise
             return await self.fail(plan, f"not stopped: {cause}")
+        if result.outcome == Outcome.DRY_RUN:
+            return plan  # audited as what it would do; nothing changes, nobody is told
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
         self._failpoint("move.stop.audited")
@@ -350,6 +357,8 @@ class Mover:
             if isinstance(cause, REFUSED) or self._gives_up(cause):
                 return await self.fail(plan, f"its replacement was refused: {cause}")
             raise
+        if result.outcome == Outcome.DRY_RUN:
+            return plan  # audited as what it would do; nothing changes, nobody is told
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
         uid = str(result.details.get("uid"))
@@ -387,9 +396,12 @@ class Mover:
                 )
             await asyncio.sleep(settings.tick.total_seconds())
         assert plan.move.target is not None
+        # Told and published before the stage is saved (ids derive from the move: a repeat
+        # after a SIGKILL is deduplicated), so the owner always hears where it went.
+        running = _staged(plan, "running")
+        await self.kit.notify_owner(self.state, running, moved(self.state, running, _images(plan)))
+        await self._publish(running, plan.move.target, None)
         done = await self.save(plan, lambda p: _staged(p, "running"))
-        await self.kit.notify_owner(self.state, done, moved(self.state, done, _images(done)))
-        await self._publish(done, plan.move.target, None)
         await self._prune(done)
         return done
 

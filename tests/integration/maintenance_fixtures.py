@@ -143,6 +143,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         pdb: dict[str, Any] | None = None,
         node_labels: dict[str, str] | None = None,
         spare_labels: dict[str, str] | None = None,
+        spare_annotations: dict[str, str] | None = None,
         archive_root: Path | None = None,
         registries: tuple[str, ...] = (),
         **service: Any,
@@ -154,7 +155,11 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
             namespaces=[NS, "nodeward"],
             nodes=[
                 NodeSeed(name=node, labels=labels),
-                NodeSeed(name=f"{node}-spare", labels=spare_labels or {}),
+                NodeSeed(
+                    name=f"{node}-spare",
+                    labels=spare_labels or {},
+                    annotations=spare_annotations or {},
+                ),
             ],
             pods=pods(node),
             pdbs=[

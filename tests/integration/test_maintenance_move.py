@@ -19,7 +19,7 @@ from schemas.remediation import Outcome, Remediation
 from services.maintenance.placement import RESTORED_ANNOTATION
 from services.maintenance.plan import MOVE_ANNOTATION
 from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState, PodPlan
-from sim.cluster.kubelet import RESTORED
+from sim.cluster.kubelet import RESTORED, RUNTIME_RESTORE
 from sim.cluster.seed import PodSeed
 from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
@@ -66,6 +66,40 @@ async def _env(
         images=images,
         **kwargs,
     )
+
+
+async def _one_session(
+    maintenance_env: EnvFactory,
+    registry: LocalRegistry,
+    tmp_path: Path,
+    *,
+    gpus: int = 0,
+    start: bool = True,
+    **kwargs: Any,
+) -> MaintenanceEnv:
+    """`_env` with one bare session, `session-0`, that asked to move; its service started
+    in this process unless `start` is False."""
+    env = await _env(
+        maintenance_env,
+        registry,
+        tmp_path,
+        pods=lambda node: [bare("session-0", node, gpus=gpus)],
+        **kwargs,
+    )
+    if start:
+        await env.start()
+    return env
+
+
+async def _done(
+    env: MaintenanceEnv, *, move: bool = True, deadline_s: float = 20, timeout: float = 60
+) -> MaintenanceState:
+    """Request the node's maintenance (with --move unless `move` is False); once done."""
+    await env.bus.publish(env.request(deadline_s=deadline_s, move=move))
+    done: MaintenanceState = await wait_for(
+        lambda: env.phase_is(MaintenancePhase.DONE), timeout=timeout, what="maintenance done"
+    )
+    return done
 
 
 def _manifest(registry: LocalRegistry, pinned: str) -> tuple[str, dict[str, Any]]:
@@ -166,19 +200,9 @@ async def test_a_move_restores_the_session_on_the_spare_node_from_its_images(
 async def test_no_node_fits_the_session_stays_and_is_evicted_with_its_checkpoint(
     maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
 ) -> None:
-    env = await _env(
-        maintenance_env,
-        registry,
-        tmp_path,
-        pods=lambda node: [bare("session-0", node, gpus=1)],
-        spare_labels={},  # the spare node has no CUDA checkpoint support
-    )
-    await env.start()
-    request = env.request(deadline_s=20, move=True)
-    await env.bus.publish(request)
-    done: MaintenanceState = await wait_for(
-        lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="maintenance done"
-    )
+    # the spare node has no CUDA checkpoint support
+    env = await _one_session(maintenance_env, registry, tmp_path, gpus=1, spare_labels={})
+    done = await _done(env)
     plan = done.pods[f"{NS}/session-0"]
     assert plan.move is not None and plan.move.stage == "failed"
     assert "does not advertise CUDA checkpoint support" in (plan.move.reason or "")
@@ -210,12 +234,8 @@ async def _restore(env: MaintenanceEnv, pod: str, to: str | None = None) -> Cont
 async def test_an_operator_restores_an_evicted_checkpoint_on_the_node_named(
     maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
 ) -> None:
-    env = await _env(
-        maintenance_env, registry, tmp_path, pods=lambda node: [bare("session-0", node)]
-    )
-    await env.start()
-    await env.bus.publish(env.request(deadline_s=20))  # no --move: checkpointed, evicted
-    await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="done")
+    env = await _one_session(maintenance_env, registry, tmp_path)
+    await _done(env, move=False)  # checkpointed, evicted
     spare = f"{env.node}-spare"
 
     # A node that cannot take it is refused with why; the cordoned node too.
@@ -250,23 +270,46 @@ async def test_a_build_that_fails_ends_the_move_at_once_and_keeps_the_archive(
     maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
 ) -> None:
     broken = registry.settings.model_copy(update={"buildah": str(tmp_path / "no-buildah")})
-    env = await _env(
-        maintenance_env,
-        LocalRegistry(registry.address, broken, registry.state),
-        tmp_path,
-        pods=lambda node: [bare("session-0", node)],
-    )
-    await env.start()
-    await env.bus.publish(env.request(deadline_s=60, move=True))
+    broken_registry = LocalRegistry(registry.address, broken, registry.state)
+    env = await _one_session(maintenance_env, broken_registry, tmp_path)
     # Well before the deadline: a build that failed is not tried again each tick.
-    done: MaintenanceState = await wait_for(
-        lambda: env.phase_is(MaintenancePhase.DONE),
-        timeout=30,
-        what="maintenance done before its deadline",
-    )
+    done = await _done(env, deadline_s=60, timeout=30)
     plan = done.pods[f"{NS}/session-0"]
     assert plan.move is not None and plan.move.stage == "failed"
     assert "buildah" in (plan.move.reason or "") and "cannot run" in (plan.move.reason or "")
     assert [p for p in env.sim.archives(env.node) if "session-0" in p.name]
     pushes = [r for r in await audits(env.bus, "push-image") if r.details.get("node") == env.node]
     assert [r.outcome for r in pushes] == [Outcome.FAILED]
+
+
+async def test_a_restore_that_failed_on_its_node_is_run_again_where_it_can(
+    maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
+) -> None:
+    # The spare node's runtime cannot restore.
+    cannot = {RUNTIME_RESTORE: "false"}
+    env = await _one_session(maintenance_env, registry, tmp_path, spare_annotations=cannot)
+    done = await _done(env, deadline_s=30)
+    plan = done.pods[f"{NS}/session-0"]
+    assert plan.move is not None and plan.move.stage == "failed"
+    assert "RunContainerError" in (plan.move.reason or "")
+    failed = await env.admin.pods.get(NS, "session-0")  # nodeward's replacement, not running
+    assert failed["status"]["phase"] != "Running"
+    told = [n for n in await env.notices() if "could not be moved" in n.title]
+    assert told and "nodeward maintenance restore" in " ".join(told[0].what_you_can_do)
+
+    # The node's runtime is fixed; the operator runs the session again there.
+    spare = f"{env.node}-spare"
+    await env.admin.nodes.set_annotations(spare, {RUNTIME_RESTORE: None})
+    reply = await _restore(env, "session-0", to=spare)
+    assert reply.status == ControlStatus.OK, reply.message
+    pod = await env.admin.pods.get(NS, "session-0")
+    assert pod["metadata"]["uid"] != failed["metadata"]["uid"]
+    assert pod["spec"]["nodeName"] == spare and pod["status"]["phase"] == "Running"
+    asked = [
+        r
+        for r in await audits(env.bus, "restore-request")
+        if r.details.get("maintenance") == done.maintenance_id
+    ]
+    assert [(r.outcome, r.details.get("deleted_replacement")) for r in asked] == [
+        (Outcome.APPLIED, failed["metadata"]["uid"])
+    ]

@@ -23,7 +23,12 @@ from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
 from tests.integration.crash_fixtures import ServiceProcess
 from tests.integration.maintenance_fixtures import NS, EnvFactory
-from tests.integration.test_maintenance_move import _env, _manifest, audits, bare, moved_session
+from tests.integration.test_maintenance_move import (
+    _manifest,
+    _one_session,
+    audits,
+    moved_session,
+)
 
 POINTS = [
     "maintenance.checkpointed",  # checkpointed, the move not begun
@@ -46,13 +51,7 @@ async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_ch
     tmp_path: Path,
     point: str,
 ) -> None:
-    env = await _env(
-        maintenance_env,
-        registry,
-        tmp_path,
-        pods=lambda node: [bare("session-0", node)],
-        lease_ttl="1s",
-    )
+    env = await _one_session(maintenance_env, registry, tmp_path, start=False, lease_ttl="1s")
     before = (await env.pods())["session-0"]
     proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
     try:

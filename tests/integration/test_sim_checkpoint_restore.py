@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import socket
 import subprocess
 import tarfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +22,7 @@ from sim.cluster import SimCluster, checkpoints
 from sim.cluster.kubelet import RESTORED, RUNTIME_RESTORE
 from sim.cluster.seed import ContainerSeed, NodeSeed, PodSeed, Seed
 from tests.conftest import wait_for
+from tests.helpers.registry import LocalRegistry
 from tests.integration.simkube import sim_http
 
 NS = "ml-nlp"
@@ -36,81 +33,37 @@ Push = Callable[[bytes | None, str, str | None], str]
 """push(archive or None, "repo:tag", checkpoint annotation or None) -> image reference"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture
+def registry(registry: LocalRegistry, tmp_path: Path) -> tuple[str, Push]:
+    """The shared registry (`tests.helpers.registry`: skipped, with the reason, without
+    docker-registry or a usable buildah) and a way to push any image to it with buildah,
+    a checkpoint image from an archive or a plain one."""
+    host, base = registry.address, tmp_path / "buildah"
+    buildah = ["buildah", "--storage-driver", "vfs", "--root", str(base / "root")]
+    buildah += ["--runroot", str(base / "runroot")]
+    count = iter(range(1_000_000))
 
+    def run(*args: str) -> str:
+        done = subprocess.run([*buildah, *args], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"buildah {args[0]}: {done.stderr}"
+        return done.stdout.strip()
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Push]]:
-    """A registry on a random port and a way to push an image built with buildah (as root,
-    vfs storage) from a checkpoint archive; skipped without them."""
-    for tool in ("docker-registry", "buildah"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    if os.geteuid() != 0:
-        pytest.skip("buildah runs as root here (vfs storage, no user namespace)")
-    base = tmp_path_factory.mktemp("registry")
-    host = f"127.0.0.1:{_free_port()}"
-    config = base / "config.yml"
-    config.write_text(
-        "version: 0.1\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n"
-        "  delete:\n    enabled: true\n"
-        f"http:\n  addr: {host}\n"
-    )
-    log = (base / "registry.log").open("wb")
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:  # ready once /v2/ answers {}
-            try:
-                if httpx.get(f"http://{host}/v2/", timeout=1).json() == {}:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.skip(f"docker-registry did not start: {(base / 'registry.log').read_text()}")
-            time.sleep(0.05)
-        buildah = [
-            "buildah",
-            "--storage-driver",
-            "vfs",
-            "--root",
-            str(base / "root"),
-            "--runroot",
-            str(base / "runroot"),
-        ]
-        count = iter(range(1_000_000))
+    def push(archive: bytes | None, name: str, annotation: str | None) -> str:
+        work = run("from", "scratch")
+        if archive is not None:
+            path = tmp_path / f"archive-{next(count)}.tar"
+            path.write_bytes(archive)
+            run("add", work, str(path), "/")
+        if annotation is not None:
+            run("config", f"--annotation={CHECKPOINT_ANNOTATION}={annotation}", work)
+        local = f"localhost/{name}"
+        run("commit", "-q", work, local)
+        run("rm", work)
+        image = f"{host}/{name}"
+        run("push", "-q", "--tls-verify=false", local, f"docker://{image}")
+        return image
 
-        def run(*args: str) -> str:
-            done = subprocess.run([*buildah, *args], capture_output=True, text=True, check=False)
-            assert done.returncode == 0, f"buildah {args[0]}: {done.stderr}"
-            return done.stdout.strip()
-
-        def push(archive: bytes | None, name: str, annotation: str | None) -> str:
-            work = run("from", "scratch")
-            if archive is not None:
-                path = base / f"archive-{next(count)}.tar"
-                path.write_bytes(archive)
-                run("add", work, str(path), "/")
-            if annotation is not None:
-                run("config", f"--annotation={CHECKPOINT_ANNOTATION}={annotation}", work)
-            local = f"localhost/{name}"
-            run("commit", "-q", work, local)
-            run("rm", work)
-            image = f"{host}/{name}"
-            run("push", "-q", "--tls-verify=false", local, f"docker://{image}")
-            return image
-
-        yield host, push
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
+    return host, push
 
 
 def _seed() -> Seed:
