@@ -16,6 +16,7 @@ from nodeward.kube.notebooks import Notebooks
 from nodeward.kube.pods import Pods
 from nodeward.kube.reviews import TokenReviews
 from nodeward.kube.secrets import Secrets
+from nodeward.kube.workloads import StatefulSets
 
 
 class Cluster:
@@ -31,6 +32,7 @@ class Cluster:
         self.events = Events(client, guard)
         self.secrets = Secrets(client, guard)
         self.notebooks = Notebooks(client, guard)
+        self.statefulsets = StatefulSets(client, guard)
         self.network_policies = NetworkPolicies(client, guard)
         self.leases = Leases(client, guard)
         self.checkpoints = Checkpoints(client, guard)

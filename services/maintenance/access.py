@@ -20,6 +20,11 @@ ACCESS = Access(
             "pods.patch",
             "pods.create",
             "pods.evict",
+            "statefulsets.get",
+            "statefulsets.create",
+            "statefulsets.delete",
+            "notebooks.get",
+            "notebooks.patch",
             "events.create",
             "leases.hold",
         }

@@ -68,7 +68,10 @@ FINAL_CHECKPOINT_ERRORS = (CheckpointFailed, NotFound, Forbidden)
 _QUIET = table(QUIET, SKIP_WARNS)
 SEVERITIES = per_action(
     (_QUIET, ("announce", "checkpoint", "push-image", "complete", "fail")),
-    (table(_QUIET, LOUD), ("cordon", "drain", "evict-held", "stop", "restore")),
+    (
+        table(_QUIET, LOUD),
+        ("cordon", "drain", "evict-held", "release", "stop", "restore", "give-back"),
+    ),
 )
 
 

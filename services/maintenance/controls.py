@@ -240,6 +240,14 @@ class Controls:
         if plan.move is not None and plan.move.stage == "running":
             why = f"refused: {key} was moved to {plan.move.target} already"
             return await refuse(self.kit.runner, proposal, guard="restored", reason=why)
+        owner = next((o for o in plan.owners if o.get("controller")), None)
+        if owner is not None:
+            why = (
+                f"refused: {key} is owned by {owner.get('kind')} {owner.get('name')}, which runs "
+                "it from its template; a controller's pod moves only with its owner "
+                "(maintenance start --move)"
+            )
+            return await refuse(self.kit.runner, proposal, guard="owned", reason=why)
         if not all(
             c.checkpoint_image or (c.path and not c.archive_deleted) for c in plan.checkpoints
         ):

@@ -1,22 +1,28 @@
 """The `moving` step of a maintenance with `--move`: each checkpointed pod that asked to
 move is restored on another node, one stage at a time, each a kernel proposal.
 
-    planned             a target chosen as the scheduler would (`placement`), recorded
-    planned -> imaged   every container's archive built into an OCI checkpoint image,
-                        pushed, its digest read back from the registry, then the archive
-                        deleted from the node (`push-image`)
-    imaged -> stopped   the target checked again, then the pod evicted (its budget
-                        honoured) and gone from the API (`stop`)
-    stopped -> created  the replacement, same name, created pinned to the target (`restore`)
-    created -> running  the kubelet restored it (`Running`); its owner is told where it went
+    planned              a target chosen as the scheduler would (`placement`), recorded
+    planned -> imaged    every container's archive built into an OCI checkpoint image,
+                         pushed, its digest read back from the registry, then the archive
+                         deleted from the node (`push-image`)
+    imaged -> released   a StatefulSet's (a Notebook's) pod only: its owner lets it go,
+                         how it does recorded first (`release`, `owners`)
+    -> stopped           the target checked again, then the pod evicted (its budget
+                         honoured) and gone from the API (`stop`)
+    stopped -> created   the replacement, same name, created pinned to the target (`restore`)
+    created -> restored  the kubelet restored it (`Running`)
+    restored -> running  its owner keeps it again (`give-back`; a bare pod has none), and
+                         its owner is told where it went
 
 Every stage is saved (revision-checked) before the next starts, so a SIGKILL anywhere
 resumes at the stage it reached: a push repeated before its digest was saved, an eviction
-of a pod already gone, a create that finds its own replacement, never a second copy and
-never a checkpoint lost (the archive goes only once the image is confirmed). A pod that
-cannot move (no registry, no node fits, a budget, a failed restore) is `failed` with the
-reason; before it stopped it stays for the drain (evicted, its checkpoint kept), after it
-stopped its images stay in the registry for `nodeward maintenance restore`.
+of a pod already gone, a create that finds its own replacement, a release or give-back
+that finds itself done, never a second copy and never a checkpoint lost (the archive goes
+only once the image is confirmed). A pod that cannot move (no registry, no node fits, a
+budget, a failed restore) is `failed` with the reason; before it stopped it stays for the
+drain (evicted, its checkpoint kept); a bare pod stopped already keeps its images in the
+registry for `nodeward maintenance restore`; an owner's pod whose restore failed is
+deleted and its owner given back, which starts it afresh from its template.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from schemas.remediation import Outcome
 from services.kernel import Proposal
 from services.maintenance import image
 from services.maintenance.common import Kit, now, pod_ref
+from services.maintenance.owners import OwnerRefused, Owners
 from services.maintenance.placement import (
     choose_target,
     replacement,
@@ -93,6 +100,9 @@ class Mover:
         (the operator who asked)."""
         self.kit, self.state, self._save = kit, state, save
         self.pinned, self.absent, self.details = pinned, absent, details or {}
+        self.owners = Owners(
+            kit.cluster, state.maintenance_id, within=kit.settings.stop_timeout.total_seconds()
+        )
 
     def _proposal(self, action: str, plan: PodPlan, reason: str, **details: Any) -> Proposal:
         return self.kit.proposal(
@@ -113,12 +123,16 @@ class Mover:
             plan = await self._place(plan)
         if plan.move is not None and plan.move.stage == "planned":
             plan = await self._image(plan)
-        if plan.move is not None and plan.move.stage == "imaged":
+        if plan.move is not None and plan.move.stage == "imaged" and plan.move.through_owner:
+            plan = await self._release(plan)
+        if plan.move is not None and plan.move.stage in ("imaged", "released"):
             plan = await self._stop(plan)
         if plan.move is not None and plan.move.stage == "stopped":
             plan = await self._restore(plan)
         if plan.move is not None and plan.move.stage == "created":
             plan = await self._running(plan)
+        if plan.move is not None and plan.move.stage == "restored":
+            plan = await self._give_back(plan)
         log.info("move.stage", stage=plan.move.stage if plan.move else None)
 
     def _failpoint(self, name: str) -> None:
@@ -136,11 +150,15 @@ class Mover:
         """End the pod's move `failed`: its owner told and the event out first (their ids
         derive from the move: a restart repeats them, deduplicated), then the stage saved,
         so a SIGKILL between never loses the notice."""
-        stopped = plan.move is not None and plan.move.stage in ("stopped", "created")
+        assert plan.move is not None
+        stopped = plan.move.stage in ("stopped", "created")
+        restarted = None
+        if plan.move.through_owner and plan.move.stage in ("released", "stopped", "created"):
+            await self._abandon(plan)
+            restarted = f"{plan.move.owner} {plan.move.owner_name}"
         failed = _staged(plan, "failed", reason=reason)
-        await self.kit.notify_owner(
-            self.state, failed, move_failed(self.state, failed, reason, stopped=stopped)
-        )
+        notice = move_failed(self.state, failed, reason, stopped=stopped, restarted_by=restarted)
+        await self.kit.notify_owner(self.state, failed, notice)
         await self._publish(failed, None, reason)
         return await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
 
@@ -282,7 +300,8 @@ class Mover:
         settings = self.kit.settings
 
         async def act() -> dict[str, Any]:
-            if pod is not None:
+            # A pod its owner is deleting already (a stopped Notebook's) is waited for.
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
                 await self.kit.cluster.pods.evict(
                     plan.namespace,
                     plan.name,
@@ -329,6 +348,7 @@ class Mover:
             node=self.state.node,
             maintenance_id=self.state.maintenance_id,
             checkpointed_at=at.isoformat() if at else None,
+            controller=plan.move.owner_record if plan.move.via == "notebook" else None,
         )
         proposal = self._proposal(
             "restore",
@@ -395,7 +415,13 @@ class Mover:
                     f"not running after {settings.restore_timeout} (phase {status.get('phase')})",
                 )
             await asyncio.sleep(settings.tick.total_seconds())
-        assert plan.move.target is not None
+        if plan.move.through_owner:
+            return await self.save(plan, lambda p: _staged(p, "restored"))
+        return await self._arrived(plan)
+
+    async def _arrived(self, plan: PodPlan) -> PodPlan:
+        """The move is over: `running`, its owner told where it went."""
+        assert plan.move is not None and plan.move.target is not None
         # Told and published before the stage is saved (ids derive from the move: a repeat
         # after a SIGKILL is deduplicated), so the owner always hears where it went.
         running = _staged(plan, "running")
@@ -404,6 +430,120 @@ class Mover:
         done = await self.save(plan, lambda p: _staged(p, "running"))
         await self._prune(done)
         return done
+
+    # imaged -> released, restored -> running: a StatefulSet's (Notebook's) pod ------------
+    async def _release(self, plan: PodPlan) -> PodPlan:
+        """Its owner lets it go: how, decided and saved first (the set's manifest is the
+        only copy once it is deleted), then done as one kernel decision."""
+        assert plan.move is not None
+        if plan.move.via is None:
+            try:
+                via, record = await self.owners.decide(plan)
+            except OwnerRefused as exc:
+                return await self.fail(plan, f"not released: {exc}")
+            plan = await self.save(
+                plan, lambda p: _staged(p, "imaged", via=via, owner_record=record)
+            )
+        move = plan.move
+        assert move is not None
+        how = (
+            f"delete StatefulSet {move.owner_name} leaving its pods, to create it again "
+            "once the replacement runs"
+            if move.via == "statefulset"
+            else f"stop Notebook {(move.owner_record or {}).get('name')} until the replacement runs"
+        )
+        proposal = self._proposal(
+            "release",
+            plan,
+            f"{how}: {plan.key} moves to {move.target}",
+            owner=f"{move.owner}/{move.owner_name}",
+            via=move.via,
+        )
+
+        async def act() -> dict[str, Any]:
+            done = await self.owners.release(plan)
+            self._failpoint("move.released")
+            return done
+
+        try:
+            result = await self.kit.runner.run(
+                proposal,
+                act,
+                [self.kit.exemptions],
+                fails=(TimeoutError, OwnerRefused),
+                resumed=True,
+            )
+        except RetryableError as exc:
+            cause = exc.__cause__ or exc
+            if isinstance(cause, OwnerRefused):
+                return await self.fail(plan, f"not released: {cause}")
+            if not self._gives_up(cause):
+                raise
+            return await self.fail(plan, f"not released: {cause}")
+        if result.outcome == Outcome.DRY_RUN:
+            return plan  # audited as what it would do; nothing changes, nobody is told
+        if result.outcome != Outcome.APPLIED:
+            return await self.fail(plan, result.reason)
+        self._failpoint("move.release.audited")
+        return await self.save(plan, lambda p: _staged(p, "released"))
+
+    async def _give_back(self, plan: PodPlan) -> PodPlan:
+        """Its owner keeps the restored pod again; then the move is over. Tried again each
+        tick until it is done: the session runs meanwhile, and an owner left released would
+        never start the pod again."""
+        assert plan.move is not None
+        proposal = self._proposal(
+            "give-back",
+            plan,
+            f"give {plan.key} back to {plan.move.owner} {plan.move.owner_name}: it runs on "
+            f"{plan.move.target}",
+            owner=f"{plan.move.owner}/{plan.move.owner_name}",
+            via=plan.move.via,
+        )
+
+        async def act() -> dict[str, Any]:
+            done = await self.owners.give_back(plan)
+            self._failpoint("move.given_back")
+            return done
+
+        result = await self.kit.runner.run(proposal, act, [], fails=(TimeoutError,), resumed=True)
+        if result.outcome == Outcome.DRY_RUN:
+            return plan
+        if result.outcome != Outcome.APPLIED:
+            raise RetryableError(f"{plan.key} not given back to its owner: {result.reason}")
+        return await self._arrived(plan)
+
+    async def _abandon(self, plan: PodPlan) -> None:
+        """A move through an owner that failed after its release: nodeward's replacement, if
+        any, deleted (it did not restore), then the owner given back, which starts the pod
+        afresh from its template (or, before the stop, keeps the old one)."""
+        assert plan.move is not None
+        uid = plan.move.uid if plan.move.stage == "created" else None
+        settings = self.kit.settings
+        proposal = self._proposal(
+            "give-back",
+            plan,
+            f"give {plan.key} back to {plan.move.owner} {plan.move.owner_name}: the move failed",
+            owner=f"{plan.move.owner}/{plan.move.owner_name}",
+            via=plan.move.via,
+            replacement=uid,
+        )
+
+        async def act() -> dict[str, Any]:
+            if uid is not None:
+                # Evicted, not deleted (the role has no pods delete): a replacement that
+                # never ran counts against no disruption budget.
+                await self.kit.cluster.pods.evict(plan.namespace, plan.name, uid=uid)
+                gone = await self.kit.cluster.pods.wait_gone(
+                    plan.namespace, plan.name, uid, within=settings.stop_timeout.total_seconds()
+                )
+                if not gone:
+                    raise TimeoutError(f"nodeward's replacement {plan.key} is still terminating")
+            return await self.owners.give_back(plan)
+
+        result = await self.kit.runner.run(proposal, act, [], fails=(TimeoutError,), resumed=True)
+        if result.outcome not in (Outcome.APPLIED, Outcome.DRY_RUN):
+            raise RetryableError(f"{plan.key} not given back to its owner: {result.reason}")
 
     async def _prune(self, plan: PodPlan) -> None:
         """Retention: the pod's checkpoint images beyond `keep` or older than `max_age`

@@ -211,9 +211,12 @@ def replacement(
     node: str,
     maintenance_id: str,
     checkpointed_at: str | None,
+    controller: Obj | None = None,
 ) -> Obj:
     """The pod that replaces `plan`'s on `target`: the same pod, its containers' images the
-    checkpoint images (`images`: container -> `REPO@DIGEST`), pinned to `target`."""
+    checkpoint images (`images`: container -> `REPO@DIGEST`), pinned to `target`. Its
+    owner references are the pod's, but for its controller: `controller` (or none, for
+    the controller to adopt it)."""
     spec = copy.deepcopy(plan.spec)
     # What the API server sets or refuses at create: the binding, the priority the Priority
     # admission computes from the class (a stale value is Forbidden), ephemeral containers
@@ -248,8 +251,11 @@ def replacement(
         "labels": dict(plan.labels),
         "annotations": annotations,
     }
-    if plan.owners:
-        metadata["ownerReferences"] = copy.deepcopy(plan.owners)
+    owners = [copy.deepcopy(o) for o in plan.owners if not o.get("controller")]
+    if controller is not None:
+        owners.append(copy.deepcopy(controller))
+    if owners:
+        metadata["ownerReferences"] = owners
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 

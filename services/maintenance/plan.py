@@ -69,19 +69,25 @@ def wants_move(pod: Obj, moving_namespaces: frozenset[str]) -> bool:
 
 def move_plan(pod: Obj) -> MovePlan:
     """How the pod moves: a pod no controller owns is stopped and created again under its
-    name; one a controller owns would race that controller, which recreates it from its
-    own template, so it is not moved (checkpointed and evicted as without --move)."""
+    name; a StatefulSet's pod (a Kubeflow Notebook's too) moves through its owner
+    (`services.maintenance.owners`); one another controller owns is not moved
+    (checkpointed and evicted as without --move): that controller recreates it from its
+    own template under a new name, so there is no session to take over."""
     owner = next(
         (o for o in (pod["metadata"].get("ownerReferences") or []) if o.get("controller")), None
     )
     if owner is None:
         return MovePlan()
+    kind, name = str(owner.get("kind")), str(owner.get("name"))
+    if kind == "StatefulSet" and str(owner.get("apiVersion", "")).startswith("apps/"):
+        return MovePlan(owner=kind, owner_name=name)
     return MovePlan(
         stage="failed",
-        owner=str(owner.get("kind")),
-        reason=f"owned by {owner.get('kind')} {owner.get('name')}, which recreates it from its "
-        "own template: moving through the owner is not supported yet; checkpointed and "
-        "evicted instead",
+        owner=kind,
+        owner_name=name,
+        reason=f"owned by {kind} {name}, which recreates it from its own template under "
+        "another name: only bare pods and StatefulSets' (Notebooks') pods move; "
+        "checkpointed and evicted instead",
     )
 
 
@@ -124,13 +130,13 @@ def plan_pods(
             reason=reason,
             spec=dict(pod.get("spec") or {}) if wants else {},
             labels=dict(meta.get("labels") or {}) if wants else {},
+            owners=list(meta.get("ownerReferences") or []) if wants else [],
         )
         if move and status == "pending" and wants_move(pod, moving_namespaces):
             plan = plan.model_copy(
                 update={
                     "move": move_plan(pod),
                     "annotations": dict(meta.get("annotations") or {}),
-                    "owners": list(meta.get("ownerReferences") or []),
                 }
             )
         plans[plan.key] = plan
@@ -296,10 +302,24 @@ def moved(state: MaintenanceState, plan: PodPlan, images: dict[str, str]) -> Not
     )
 
 
-def move_failed(state: MaintenanceState, plan: PodPlan, reason: str, *, stopped: bool) -> Notice:
+def move_failed(
+    state: MaintenanceState,
+    plan: PodPlan,
+    reason: str,
+    *,
+    stopped: bool,
+    restarted_by: str | None = None,
+) -> Notice:
     """The pod could not be moved: evicted with the drain, or (stopped already) waiting to
-    be restored by hand from its images."""
-    if stopped:
+    be restored by hand from its images, or (a controller's) started afresh by its owner."""
+    if stopped and restarted_by:
+        body = (
+            f"{plan.key} was stopped on {state.node} to move, but its restore failed: "
+            f"{reason}. Its owner ({restarted_by}) starts it again from its template: the "
+            "session's memory is lost; files on its volumes are kept."
+        )
+        steps = ["Check your work's last saved state when it is running again."]
+    elif stopped:
         body = (
             f"{plan.key} was stopped on {state.node} to move, but its restore failed: "
             f"{reason}. Its checkpoint images are kept in the registry."

@@ -33,20 +33,42 @@ PodStatus = Literal[
 ]
 
 
-MoveStage = Literal["planned", "imaged", "stopped", "created", "running", "failed"]
+MoveStage = Literal[
+    "planned", "imaged", "released", "stopped", "created", "restored", "running", "failed"
+]
+MoveVia = Literal["pod", "statefulset", "notebook"]
 
 
 class MovePlan(Model):
     """Where a moved pod goes and how far its move got: `planned` (checkpointed) -> `imaged`
-    (every container's image confirmed in the registry, its archive deleted) -> `stopped`
-    (the pod deleted on the node, gone from the API) -> `created` (its replacement, same
-    name, on `target`) -> `running` (restored); `failed` keeps `reason`."""
+    (every container's image confirmed in the registry, its archive deleted) -> `released`
+    (a pod a controller owns: its owner no longer keeps it, `services.maintenance.owners`)
+    -> `stopped` (the pod deleted on the node, gone from the API) -> `created` (its
+    replacement, same name, on `target`) -> `restored` (running; its owner not back yet) ->
+    `running` (restored, and its owner keeps it again); `failed` keeps `reason`."""
 
     stage: MoveStage = "planned"
     owner: str = Field(default="pod", description="how it moves: its owner kind, or `pod`")
+    owner_name: str | None = Field(default=None, description="its controller's name")
+    via: MoveVia | None = Field(
+        default=None,
+        description="how its owner lets it go, once decided: `pod` (none), `statefulset` "
+        "(the set deleted leaving its pods, created again after), `notebook` (the Kubeflow "
+        "Notebook stopped, started again after)",
+    )
+    owner_record: dict[str, Any] | None = Field(
+        default=None,
+        description="via `statefulset`: the set as it was, saved before it was deleted, to "
+        "create it again; via `notebook`: the Notebook's reference, the replacement's "
+        "controller until the set takes it",
+    )
     target: str | None = Field(default=None, description="the node chosen, once chosen")
     uid: str | None = Field(default=None, description="the replacement pod's uid")
     reason: str | None = None
+
+    @property
+    def through_owner(self) -> bool:
+        return self.owner != "pod"
 
 
 class PodPlan(Model):
@@ -68,7 +90,7 @@ class PodPlan(Model):
         default_factory=dict, description="the pod's annotations (pods that move only)"
     )
     owners: list[dict[str, Any]] = Field(
-        default_factory=list, description="the pod's owner references (pods that move only)"
+        default_factory=list, description="the pod's owner references (opted-in pods)"
     )
     annotated: bool = False
     notified: bool = False

@@ -18,6 +18,11 @@ controllers whose results nodeward can see.
   `<name>-(replicas-1)`, each created only when the ones before it are Running and Ready, and
   created again under the same name only once the old one is gone (so a drained session
   comes back elsewhere after its pod has terminated); surplus ordinals deleted from the top.
+  Its pods are claimed as `ClaimPods` claims them (`getPodsForStatefulSet`): an orphan named
+  `<set>-<ordinal>` whose labels match the selector, not being deleted, is adopted (so a
+  StatefulSet deleted with `propagationPolicy: Orphan` and created again takes its running
+  pods back); one it owns whose labels no longer match is released; a pod another controller
+  owns is left alone, and its name stays taken (the set's create of it is refused).
 - **Job** (`pkg/controller/job`): keeps `parallelism` pods running until `completions` have
   succeeded; a terminating pod is replaced at once (`podReplacementPolicy:
   TerminatingOrFailed`); more failed pods than `backoffLimit` fail the Job.
@@ -198,6 +203,12 @@ class ControlPlane:
             ref = controller_of(change.obj)
             if ref and ref.get("kind") in _KINDS:
                 self._enqueue((_KINDS[ref["kind"]], ns, ref["name"]))
+            old_ref = controller_of(change.old or {})
+            if old_ref and old_ref.get("kind") in _KINDS and old_ref != ref:
+                self._enqueue((_KINDS[old_ref["kind"]], ns, old_ref["name"]))
+            parent, _, ordinal = name.rpartition("-")
+            if ref is None and parent and ordinal.isdigit():
+                self._enqueue(("sts", ns, parent))  # an orphan its set may adopt
             if change.type != "DELETED" and _waits_for_scheduler(change.obj):
                 self._pending.add((ns, name))
             else:
@@ -509,6 +520,7 @@ class ControlPlane:
         want = int(spec.get("replicas", 1))
         parallel = spec.get("podManagementPolicy") == "Parallel"
         uid = sts["metadata"]["uid"]
+        self._claim(sts)
         by_name = {p["metadata"]["name"]: p for p in self.store.peek(PODS, namespace)}
         for ordinal in range(want):
             pod_name = f"{name}-{ordinal}"
@@ -549,6 +561,38 @@ class ControlPlane:
         status = self._counts(pods, sts["metadata"].get("generation", 1))
         status["currentReplicas"] = status["updatedReplicas"] = status["replicas"]
         self._set_status(STATEFULSETS, sts, status)
+
+    def _claim(self, sts: Obj) -> None:
+        """`ClaimPods` with `isMemberOf`: adopt the set's orphans, release what no longer
+        matches its selector."""
+        meta = sts["metadata"]
+        namespace, uid = meta["namespace"], meta["uid"]
+        selector = (sts.get("spec") or {}).get("selector")
+        for pod in self.store.peek(PODS, namespace):
+            pmeta = pod["metadata"]
+            parent, _, ordinal = pmeta["name"].rpartition("-")
+            member = parent == meta["name"] and ordinal.isdigit()
+            matches = member and match_label_selector_object(selector, pmeta.get("labels"))
+            ref = controller_of(pod)
+            refs = list(pmeta.get("ownerReferences") or [])
+            if ref is None and matches and not pmeta.get("deletionTimestamp"):
+                refs.append(
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "StatefulSet",
+                        "name": meta["name"],
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                )
+            elif ref is not None and ref.get("uid") == uid and not matches:
+                refs = [r for r in refs if r.get("uid") != uid]
+            else:
+                continue
+            new = copy.deepcopy(pod)
+            new["metadata"]["ownerReferences"] = refs
+            self.store.update(PODS, namespace, pmeta["name"], new, check_rv=False)
 
     def _job(self, namespace: str, name: str) -> None:
         job = self._live(JOBS, namespace, name)

@@ -631,6 +631,7 @@ def apply_seed(store: Store, seed: Seed, *, kubelet_version: str = "v1.37.0") ->
         assert pod_rt is not None
         manifest = pod_manifest(p, None, pod_ip, host_ips.get(p.node, "10.0.0.250"))
         if p.owner is not None:
+            manifest["metadata"].setdefault("labels", {}).update(owner_selector(p))
             key = (p.namespace, p.owner.kind, p.owner.name)
             if key not in owner_uids:
                 owner_uids[key] = _ensure_owner(store, p, manifest, owned[key])
@@ -673,6 +674,16 @@ def apply_seed(store: Store, seed: Seed, *, kubelet_version: str = "v1.37.0") ->
         )
 
 
+def owner_selector(p: PodSeed) -> dict[str, str]:
+    """The label selector of the controller the seed makes for `p`'s owner: its pods carry
+    it, as the pods a controller makes from its template do."""
+    assert p.owner is not None
+    selector = {
+        k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")
+    }
+    return selector or {"app": p.owner.name}
+
+
 def _ensure_owner(store: Store, p: PodSeed, manifest: dict[str, Any], pods: int) -> str:
     """Create the pod's controller if the sim serves its kind, with `pods` replicas made
     from the pod's `manifest` (so that what it creates again is the same pod); its uid
@@ -690,10 +701,7 @@ def _ensure_owner(store: Store, p: PodSeed, manifest: dict[str, Any], pods: int)
     existing = store.find(rt, p.namespace, p.owner.name)
     if existing:
         return str(existing["metadata"]["uid"])
-    selector = {
-        k: v for k, v in p.labels.items() if k in ("app", "statefulset", "notebook-name", "name")
-    }
-    selector = selector or {"app": p.owner.name}
+    selector = owner_selector(p)
     template_meta = {
         k: copy.deepcopy(v)
         for k, v in manifest["metadata"].items()
@@ -712,9 +720,21 @@ def _ensure_owner(store: Store, p: PodSeed, manifest: dict[str, Any], pods: int)
         spec |= {"manualSelector": True, "parallelism": pods, "completions": pods}
     elif rt.kind != "DaemonSet":
         spec["replicas"] = pods
-    obj = store.create(
-        rt,
-        p.namespace,
-        {"metadata": {"name": p.owner.name, "namespace": p.namespace}, "spec": spec},
-    )
+    meta: dict[str, Any] = {"name": p.owner.name, "namespace": p.namespace}
+    notebooks = by_kind("kubeflow.org/v1", "Notebook")
+    notebook = store.find(notebooks, p.namespace, p.owner.name) if notebooks else None
+    if rt.kind == "StatefulSet" and notebook is not None:
+        # Kubeflow's notebook controller runs a Notebook as the StatefulSet of its name,
+        # which it controls (`generateStatefulSet`, `SetControllerReference`).
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "Notebook",
+                "name": p.owner.name,
+                "uid": notebook["metadata"]["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    obj = store.create(rt, p.namespace, {"metadata": meta, "spec": spec})
     return str(obj["metadata"]["uid"])

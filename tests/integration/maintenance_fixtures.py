@@ -26,6 +26,7 @@ from sim.cluster.seed import (
     CheckpointSeed,
     ContainerSeed,
     NodeSeed,
+    NotebookSeed,
     Owner,
     PdbSeed,
     PodSeed,
@@ -146,6 +147,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
         spare_annotations: dict[str, str] | None = None,
         archive_root: Path | None = None,
         registries: tuple[str, ...] = (),
+        notebooks: tuple[str, ...] = (),
         **service: Any,
     ) -> MaintenanceEnv:
         uid = uuid.uuid4().hex[:8]
@@ -162,6 +164,7 @@ async def maintenance_env(bus: Bus, nats_url: str, tmp_path: Path) -> AsyncItera
                 ),
             ],
             pods=pods(node),
+            notebooks=[NotebookSeed(name=n, namespace=NS) for n in notebooks],
             pdbs=[
                 PdbSeed.model_validate(
                     {"name": "web", "namespace": NS, "selector": {"app": "web"}}

@@ -42,12 +42,12 @@ def bare(name: str, node: str, **kwargs: Any) -> PodSeed:
 
 
 def moving_pods(node: str) -> list[PodSeed]:
-    """A bare session that moves, a StatefulSet's pod that asked to (not moved: its
-    controller owns it) and a pod that did not ask (evicted)."""
-    sts = pod("db-0", node, opted_in=True)
+    """A bare session that moves, a Job's pod that asked to (not moved: its Job recreates
+    it under another name) and a pod that did not ask (evicted)."""
+    job = pod("db-0", node, opted_in=True, owner="Job")
     return [
         bare("session-0", node, containers=("main", "sidecar")),
-        sts.model_copy(update={"annotations": dict(MOVE)}),
+        job.model_copy(update={"annotations": dict(MOVE)}),
         pod("web-0", node, labels={"app": "web"}),
     ]
 
@@ -167,10 +167,10 @@ async def test_a_move_restores_the_session_on_the_spare_node_from_its_images(
     assert left and all("session-0" not in name for name in left)
     assert any("db-0" in name for name in left)
 
-    # The StatefulSet's pod was checkpointed and evicted, not moved; the other evicted.
+    # The Job's pod was checkpointed and evicted, not moved; the other evicted.
     db = done.pods[f"{NS}/db-0"]
     assert db.move is not None and db.move.stage == "failed"
-    assert "owned by StatefulSet db" in (db.move.reason or "")
+    assert "owned by Job db" in (db.move.reason or "")
     assert db.checkpoints and not db.checkpoints[0].checkpoint_image
     with_names = set(await env.pods())
     assert "db-0" not in with_names and "web-0" not in with_names

@@ -1,6 +1,7 @@
 """A maintenance with --move survives a SIGKILL of the checkpoint service at every stage of
 the move: built, pushed, the archive deleted, the old pod stopped, the new one created, and
-the workflow's own steps around them.
+the workflow's own steps around them; and, for a StatefulSet's or a Notebook's pod, its
+owner let go and given back.
 
 The service runs as its own process, killed at one failpoint by `NODEWARD_FAILPOINT`, then
 restarted without it. After `done`: exactly one running copy of the session, on the spare
@@ -11,6 +12,7 @@ and `restore`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -18,17 +20,21 @@ import pytest
 
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome
+from services.maintenance.owners import MOVING_ANNOTATION
 from sim.cluster.kubelet import RESTORED
+from sim.notebooks import STOP_ANNOTATION, SimNotebookController
 from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
 from tests.integration.crash_fixtures import ServiceProcess
 from tests.integration.maintenance_fixtures import NS, EnvFactory
 from tests.integration.test_maintenance_move import (
+    _env,
     _manifest,
     _one_session,
     audits,
     moved_session,
 )
+from tests.integration.test_maintenance_move_owners import _statefulset, owned
 
 POINTS = [
     "maintenance.checkpointed",  # checkpointed, the move not begun
@@ -106,3 +112,70 @@ async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_ch
     pushed = [r for r in await audits(env.bus, "push-image") if r.details.get("node") == env.node]
     assert any(r.outcome == Outcome.APPLIED for r in pushed), pushed
     assert all(r.target.name == "session-0" for r in pushed)
+
+
+OWNER_POINTS = [
+    ("db-0", "move.released"),  # the set deleted leaving its pods, not audited
+    ("db-0", "move.release.audited"),  # its release audited, the stage not saved
+    ("db-0", "move.stopped"),
+    ("db-0", "move.created"),
+    ("db-0", "move.given_back"),  # the set created again and its pod adopted, not saved
+    ("lab-0", "move.released"),  # the Notebook stopped, not audited
+    ("lab-0", "move.created"),
+    ("lab-0", "move.given_back"),  # the Notebook started, the pod handed to its set
+]
+
+
+@pytest.mark.parametrize(("name", "point"), OWNER_POINTS)
+async def test_a_move_through_its_owner_killed_at_each_stage_ends_with_the_owner_keeping_it(
+    maintenance_env: EnvFactory,
+    registry: LocalRegistry,
+    nats_url: str,
+    tmp_path: Path,
+    name: str,
+    point: str,
+) -> None:
+    notebook = name == "lab-0"
+    labels = {"notebook-name": "lab"} if notebook else {}
+    env = await _env(
+        maintenance_env,
+        registry,
+        tmp_path,
+        pods=lambda node: [owned(name, node, **labels)],
+        notebooks=("lab",) if notebook else (),
+        lease_ttl="1s",
+    )
+    sts_name = name.rsplit("-", 1)[0]
+    controller = asyncio.create_task(SimNotebookController(env.admin.client, interval=0.1).run())
+    before = (await env.pods())[name]
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    try:
+        proc.start(failpoint=point)
+        await env.bus.publish(env.request(deadline_s=30, move=True))
+        assert await proc.exited(timeout=60) == -9, proc.tail()
+        proc.start()
+        done = await wait_for(
+            lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="the maintenance done"
+        )
+    finally:
+        proc.kill()
+        controller.cancel()
+        await asyncio.gather(controller, return_exceptions=True)
+
+    plan = done.pods[f"{NS}/{name}"]
+    assert plan.move is not None and plan.move.stage == "running", plan.move
+    # One copy: the replacement, restored from its image, its set's own.
+    moved = await env.admin.pods.get(NS, name)
+    assert moved["metadata"]["uid"] == plan.move.uid != before["metadata"]["uid"]
+    assert moved["spec"]["containers"][0]["image"] == plan.checkpoints[0].checkpoint_image
+    sts = await _statefulset(env, sts_name)
+    refs = [r for r in moved["metadata"]["ownerReferences"] if r.get("controller")]
+    assert [r["uid"] for r in refs] == [sts["metadata"]["uid"]]
+    assert sts["spec"]["replicas"] == 1
+    if notebook:
+        annotations = (await env.admin.notebooks.get(NS, "lab"))["metadata"].get("annotations")
+        assert not {STOP_ANNOTATION, MOVING_ANNOTATION} & set(annotations or {})
+    # The owner let go and took it back once each, whatever the restart repeated.
+    for action in ("release", "stop", "restore", "give-back"):
+        found = [r for r in await audits(env.bus, action) if r.details.get("node") == env.node]
+        assert [r.outcome for r in found] == [Outcome.APPLIED], (action, found)

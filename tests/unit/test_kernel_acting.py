@@ -53,7 +53,10 @@ PINNED: dict[str, dict[str, tuple[Severity, ...]]] = {
         **dict.fromkeys(
             ("announce", "checkpoint", "push-image", "complete", "fail"), (N, N, W, W, C, N)
         ),
-        **dict.fromkeys(("cordon", "drain", "evict-held", "stop", "restore"), (W, N, W, W, C, N)),
+        **dict.fromkeys(
+            ("cordon", "drain", "evict-held", "release", "stop", "restore", "give-back"),
+            (W, N, W, W, C, N),
+        ),
     },
     "recovery": dict.fromkeys(
         ("drain", "reboot", "recover", "release", "reset", "validate"), (N, N, C, N, W, W)

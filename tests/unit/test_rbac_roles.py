@@ -120,6 +120,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
         pods,
         reviews,
         secrets,
+        workloads,
     )
 
     for module in (
@@ -134,6 +135,7 @@ def test_services_declare_only_known_operations_and_every_operation_is_a_method(
         namespaces,
         devices,
         reviews,
+        workloads,
     ):
         for obj in vars(module).values():
             if isinstance(obj, type):
