@@ -10,10 +10,13 @@ checkpoint service (`services.maintenance`) is built in this process with its de
 (`parallelism`, `tick`) unless given. Each measurement gets a fresh sim cluster and service
 (their own bucket and consumer) on the shared nats-server and registry.
 
-For each N, per run, both modes (their order alternating between runs):
+For each N, per run, each mode (their order rotating between runs):
 
 - move: `maintenance.requested` with `move=true`, timed to every session `Running` on the
   spare node (the last `maintenance.moving.<node>` event naming where a pod went);
+- move-sts (with `--modes`): the same, each pod the one pod of its own StatefulSet, so each
+  moves through its owner (`take-over`: the set deleted leaving its pod; `give-back`: the
+  set created again, adopting the replacement); timed to the last pod given back;
 - evict (the baseline): the same request without `move`, timed to `done` (the state's
   `finished_at`): the pods are checkpointed, then drained.
 
@@ -29,7 +32,7 @@ replacement created, to the moving event once it is `Running`: the kubelet's pul
 seen at the service's tick) and `pod` (the build's start to that event: one pod's whole move).
 
 Usage: PYTHONPATH=$PWD python bench/move.py [--pods 1,8,32] [--runs 3] [--parallelism 4]
-       [--tick 1.0]
+       [--tick 1.0] [--modes move,evict,move-sts]
 """
 
 from __future__ import annotations
@@ -64,14 +67,15 @@ from services.maintenance.plan import CHECKPOINT_LABEL, MOVE_ANNOTATION
 from services.maintenance.service import build
 from services.maintenance.state import CUDA_CHECKPOINT_LABEL, MaintenanceState, state_key
 from sim.cluster import SimCluster
-from sim.cluster.seed import ContainerSeed, NodeSeed, PodSeed, Seed
+from sim.cluster.seed import ContainerSeed, NodeSeed, Owner, PodSeed, Seed
 
 NS = "ml-team"
 CONTAINER = "main"
 STEPS = ("build", "push", "image", "stop", "restore", "pod")
 
 
-def seed(node: str, pods: int) -> Seed:
+def seed(node: str, pods: int, owned: bool = False) -> Seed:
+    """`pods` sessions on `node`: bare, or (`owned`) each its own one-replica StatefulSet's."""
     spare = f"{node}-spare"
     cuda = {CUDA_CHECKPOINT_LABEL: "true"}
     return Seed(
@@ -79,10 +83,11 @@ def seed(node: str, pods: int) -> Seed:
         nodes=[NodeSeed(name=node, labels=cuda), NodeSeed(name=spare, labels=cuda)],
         pods=[
             PodSeed(
-                name=f"session-{i}",
+                name=f"s{i}-0" if owned else f"session-{i}",
                 namespace=NS,
                 node=node,
                 role="notebook",
+                owner=Owner(kind="StatefulSet", name=f"s{i}") if owned else None,
                 labels={CHECKPOINT_LABEL: "true"},
                 annotations={MOVE_ANNOTATION: "true"},
                 containers=[ContainerSeed(name=CONTAINER, image="registry.example.com/main:1")],
@@ -163,15 +168,22 @@ def _ts(when: datetime | None) -> float:
 
 
 async def measure(
-    n: int, move: bool, bus: Bus, nats_url: str, registry: str, shims: Shims, args: Any
+    n: int, mode: str, bus: Bus, nats_url: str, registry: str, shims: Shims, args: Any
 ) -> dict[str, Any]:
-    """One maintenance of a node with `n` opted-in pods; its timings in seconds."""
+    """One maintenance of a node with `n` opted-in pods (`mode`: move, move-sts, evict); its
+    timings in seconds."""
+    move = mode != "evict"
     uid = uuid.uuid4().hex[:8]
     node = f"mv-{uid}"
     shims.clear()
     with tempfile.TemporaryDirectory(prefix="bench-move-") as tmp:
         root = Path(tmp) / "nodes"
-        sim = SimCluster(seed(node, n), port=0, archive_root=root, registries=(registry,))
+        sim = SimCluster(
+            seed(node, n, owned=mode == "move-sts"),
+            port=0,
+            archive_root=root,
+            registries=(registry,),
+        )
         await sim.start()
         nc = await nats.connect(nats_url)
         daemon = None
@@ -292,9 +304,9 @@ def report(results: dict[tuple[int, str], list[dict[str, Any]]], args: Any) -> N
     head += [f"{s}/pod" for s in STEPS]
     rows = []
     for n in args.pod_counts:
-        for mode in ("move", "evict"):
+        for mode in args.mode_list:
             total, evict = median(n, mode, "total"), median(n, "evict", "total")
-            ratio = f"{total / evict:.2f}" if mode == "move" and total and evict else ""
+            ratio = f"{total / evict:.2f}" if mode != "evict" and total and evict else ""
             rows.append(
                 [str(n), mode, _cell(total), ratio]
                 + [_cell(median(n, mode, k)) for k in ("done", "checkpoint", "moving", "drain")]
@@ -329,15 +341,14 @@ async def run(args: Any) -> None:
             try:
                 with shims.installed():
                     if args.warmup:  # imports, buildah's and the registry's first calls
-                        for move in (True, False):
-                            await measure(1, move, bus, server.url, registry, shims, args)
+                        for mode in args.mode_list:
+                            await measure(1, mode, bus, server.url, registry, shims, args)
                     for r in range(args.runs):
                         for n in args.pod_counts:
-                            modes = ("move", "evict") if (r + n) % 2 == 0 else ("evict", "move")
+                            shift = (r + n) % len(args.mode_list)
+                            modes = args.mode_list[shift:] + args.mode_list[:shift]
                             for mode in modes:
-                                got = await measure(
-                                    n, mode == "move", bus, server.url, registry, shims, args
-                                )
+                                got = await measure(n, mode, bus, server.url, registry, shims, args)
                                 results.setdefault((n, mode), []).append(got)
                                 print(
                                     f"run {r + 1} N={n} {mode}: total {got['total']:.2f} s, "
@@ -362,8 +373,14 @@ def main() -> None:
         warmup=1,
     )
     parser.add_argument("--pods", default="1,8,32", help="pods on the node, comma-separated")
+    parser.add_argument(
+        "--modes", default="move,evict", help="move, evict, move-sts; comma-separated"
+    )
     args = parser.parse_args()
     args.pod_counts = [int(p) for p in args.pods.split(",") if p]
+    args.mode_list = [m for m in args.modes.split(",") if m]
+    if not set(args.mode_list) <= {"move", "evict", "move-sts"}:
+        parser.error(f"--modes: {args.modes}: each one of move, evict, move-sts")
     why = missing()
     if why is not None:
         print(f"skipped: {why}")

@@ -70,7 +70,7 @@ SEVERITIES = per_action(
     (_QUIET, ("announce", "checkpoint", "push-image", "complete", "fail")),
     (
         table(_QUIET, LOUD),
-        ("cordon", "drain", "evict-held", "release", "stop", "restore", "give-back"),
+        ("cordon", "drain", "evict-held", "take-over", "stop", "restore", "give-back"),
     ),
 )
 

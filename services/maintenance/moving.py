@@ -6,7 +6,7 @@ move is restored on another node, one stage at a time, each a kernel proposal.
                          pushed, its digest read back from the registry, then the archive
                          deleted from the node (`push-image`)
     imaged -> released   a StatefulSet's (a Notebook's) pod only: its owner lets it go,
-                         how it does recorded first (`release`, `owners`)
+                         how it does recorded first (`take-over`, `owners`)
     -> stopped           the target checked again, then the pod evicted (its budget
                          honoured) and gone from the API (`stop`)
     stopped -> created   the replacement, same name, created pinned to the target (`restore`)
@@ -153,7 +153,14 @@ class Mover:
         assert plan.move is not None
         stopped = plan.move.stage in ("stopped", "created")
         restarted = None
-        if plan.move.through_owner and plan.move.stage in ("released", "stopped", "created"):
+        # From the moment how the owner lets go is saved, it may have let go: given back
+        # (idempotent: an owner never taken over is left as it is).
+        if plan.move.via in ("statefulset", "notebook") and plan.move.stage in (
+            "imaged",
+            "released",
+            "stopped",
+            "created",
+        ):
             await self._abandon(plan)
             restarted = f"{plan.move.owner} {plan.move.owner_name}"
         failed = _staged(plan, "failed", reason=reason)
@@ -453,7 +460,7 @@ class Mover:
             else f"stop Notebook {(move.owner_record or {}).get('name')} until the replacement runs"
         )
         proposal = self._proposal(
-            "release",
+            "take-over",
             plan,
             f"{how}: {plan.key} moves to {move.target}",
             owner=f"{move.owner}/{move.owner_name}",
@@ -462,7 +469,7 @@ class Mover:
 
         async def act() -> dict[str, Any]:
             done = await self.owners.release(plan)
-            self._failpoint("move.released")
+            self._failpoint("move.taken_over")
             return done
 
         try:
@@ -484,7 +491,7 @@ class Mover:
             return plan  # audited as what it would do; nothing changes, nobody is told
         if result.outcome != Outcome.APPLIED:
             return await self.fail(plan, result.reason)
-        self._failpoint("move.release.audited")
+        self._failpoint("move.take_over.audited")
         return await self.save(plan, lambda p: _staged(p, "released"))
 
     async def _give_back(self, plan: PodPlan) -> PodPlan:

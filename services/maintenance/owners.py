@@ -13,7 +13,8 @@ is never a second copy, whatever the order of events.
   creating the set again from the record: the StatefulSet controller adopts the pods named
   after it whose labels match its selector (`ClaimPods`), the replacement among them, with
   its `controller-revision-hash` label unchanged, so nothing rolls. A set created again by
-  someone else meanwhile (a GitOps tool) is left as it is: it adopts the same way.
+  someone else (a GitOps tool) before the stop ends the move (the set keeps its running
+  pod); after the replacement exists, it is left as it is: it adopts the same way.
 - **Kubeflow Notebook** (the set's controller): the notebook controller would create a
   deleted set again at once, so the Notebook is *released* by stopping it
   (`kubeflow-resource-stopped`, as the culler and the UI do, with `nodeward.io/moving` saying
@@ -176,6 +177,8 @@ class Owners:
             left = await _get(self.cluster.statefulsets.get, ns, name)
             if left is not None and left["metadata"]["uid"] == uid:
                 return False
+            if left is not None:  # it would make the pod again the moment it stops
+                raise OwnerRefused(f"StatefulSet {name} was created again by someone else")
             pod = await _get(self.cluster.pods.get, ns, plan.name)
             return pod is None or (controller_ref(pod) or {}).get("uid") != uid
 

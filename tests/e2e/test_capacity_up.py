@@ -44,12 +44,12 @@ def test_capacity_shows_the_seeds_free_gpus_and_a_quarantine_lowers_them(tmp_pat
     with running_up(tmp_path, "--nats-port", "0", "--scenario", "none", env=quiet) as up:
         nats = up.endpoints["nats_url"]
         # The default seed by hand: H100 32, 31 held (one free on gpu-h100-04), and the DRA
-        # node's 8, free; A100 24 whole GPUs, all held but one on gpu-a100-01 (where a moved
-        # notebook can go); the MIG node 28 x 1g.10gb (5
+        # node's 8, free; A100 24 whole GPUs, all held but two on gpu-a100-01 (where moved
+        # notebooks can go); the MIG node 28 x 1g.10gb (5
         # notebooks hold one each) and 12 x 2g.20gb; two MI300X nodes, 16 amd.com/gpu, all free.
         seed = {
             (H100, "gpu"): 9,
-            (A100, "gpu"): 1,
+            (A100, "gpu"): 2,
             (A100, "1g.10gb"): 23,
             (A100, "2g.20gb"): 12,
             (MI300X, "gpu"): 16,

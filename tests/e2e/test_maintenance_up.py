@@ -1,7 +1,9 @@
 """With `nodeward up` running, `nodeward maintenance start gpu-a100-03 --move --deadline 30s`
 ends in `done` within two minutes: every opted-in pod's checkpoint on the stream, the
-JupyterHub notebook that asked to move running on gpu-a100-01 restored from its checkpoint
-image in up's registry, the node drained as kubectl shows it, and the restore plan printed."""
+JupyterHub notebook and the Kubeflow Notebook that asked to move running on gpu-a100-01
+restored from their checkpoint images in up's registry (the Notebook's pod its StatefulSet's
+again, the Notebook running), the node drained as kubectl shows it, and the restore plan
+printed."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from tests.e2e.test_cli import NODEWARD, spawn, wait_until
 pytestmark = pytest.mark.timeout(240)
 
 NODE = "gpu-a100-03"
-OPTED_IN = {"sim-rl-worker-0", "sim-rl-worker-1", "jupyter-erin"}  # in the seed
+OPTED_IN = {"sim-rl-worker-0", "sim-rl-worker-1", "jupyter-erin", "dave-jupyter-0"}  # the seed
 MOVED, TARGET = "jupyter-erin", "gpu-a100-01"  # nodeward.io/move=true; CUDA checkpoint there
+NOTEBOOK = "dave-jupyter"  # a Kubeflow Notebook in ml-robotics whose pod asked to move too
 
 
 def _kubectl(kubeconfig: Path, *args: str) -> dict[str, Any]:
@@ -127,6 +130,16 @@ def test_up_maintenance_start_ends_done_with_checkpoints_and_the_node_drained(
         assert origin["node"] == NODE
         shown = _cli(state, env, "maintenance", "status", NODE)
         assert f"moved to {TARGET}" in shown.stdout, shown.stdout
+
+        # The Notebook's pod moved through its owner: restored there, its StatefulSet's
+        # again, and the Notebook running (no stop left on it).
+        pod = _kubectl(kubeconfig, "get", "pod", f"{NOTEBOOK}-0", "-n", "ml-robotics")
+        assert pod["spec"]["nodeName"] == TARGET and pod["status"]["phase"] == "Running"
+        assert "sim.nodeward.io/restored" in pod["metadata"]["annotations"]
+        owner = [r for r in pod["metadata"]["ownerReferences"] if r.get("controller")]
+        assert [(r["kind"], r["name"]) for r in owner] == [("StatefulSet", NOTEBOOK)]
+        notebook = _kubectl(kubeconfig, "get", "notebook", NOTEBOOK, "-n", "ml-robotics")
+        assert "kubeflow-resource-stopped" not in notebook["metadata"].get("annotations", {})
 
         plan = _cli(state, env, "maintenance", "restore", "ml-robotics/sim-rl-worker-0",
                     "--plan")  # fmt: skip

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from nodeward.kube.base import group_path
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome
-from services.maintenance.owners import MOVING_ANNOTATION
+from services.maintenance.owners import MOVING_ANNOTATION, recorded
 from sim.cluster.kubelet import RESTORED
 from sim.notebooks import STOP_ANNOTATION, SimNotebookController
 from tests.conftest import wait_for
@@ -115,12 +116,12 @@ async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_ch
 
 
 OWNER_POINTS = [
-    ("db-0", "move.released"),  # the set deleted leaving its pods, not audited
-    ("db-0", "move.release.audited"),  # its release audited, the stage not saved
+    ("db-0", "move.taken_over"),  # the set deleted leaving its pods, not audited
+    ("db-0", "move.take_over.audited"),  # its take-over audited, the stage not saved
     ("db-0", "move.stopped"),
     ("db-0", "move.created"),
     ("db-0", "move.given_back"),  # the set created again and its pod adopted, not saved
-    ("lab-0", "move.released"),  # the Notebook stopped, not audited
+    ("lab-0", "move.taken_over"),  # the Notebook stopped, not audited
     ("lab-0", "move.created"),
     ("lab-0", "move.given_back"),  # the Notebook started, the pod handed to its set
 ]
@@ -176,6 +177,45 @@ async def test_a_move_through_its_owner_killed_at_each_stage_ends_with_the_owner
         annotations = (await env.admin.notebooks.get(NS, "lab"))["metadata"].get("annotations")
         assert not {STOP_ANNOTATION, MOVING_ANNOTATION} & set(annotations or {})
     # The owner let go and took it back once each, whatever the restart repeated.
-    for action in ("release", "stop", "restore", "give-back"):
+    for action in ("take-over", "stop", "restore", "give-back"):
         found = [r for r in await audits(env.bus, action) if r.details.get("node") == env.node]
         assert [r.outcome for r in found] == [Outcome.APPLIED], (action, found)
+
+
+async def test_a_set_made_again_by_someone_else_while_nodeward_was_down_keeps_its_pod(
+    maintenance_env: EnvFactory, registry: LocalRegistry, nats_url: str, tmp_path: Path
+) -> None:
+    """Killed once the set was deleted leaving its pod; a GitOps tool creates the set again
+    (it adopts the running pod) before nodeward is back: the move ends, the pod untouched."""
+    env = await _env(
+        maintenance_env, registry, tmp_path, pods=lambda node: [owned("db-0", node)], lease_ttl="1s"
+    )
+    before = (await env.pods())["db-0"]
+    record = recorded(await _statefulset(env, "db"))
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    try:
+        proc.start(failpoint="move.taken_over")
+        await env.bus.publish(env.request(deadline_s=30, move=True))
+        assert await proc.exited(timeout=60) == -9, proc.tail()
+        again = await env.admin.client.request(
+            "POST", group_path("apps", "v1", "statefulsets", namespace=NS), body=record
+        )
+        proc.start()
+
+        async def failed() -> str | None:
+            state = await env.state()
+            plan = state.pods.get(f"{NS}/db-0") if state else None
+            move = plan.move if plan else None
+            return move.reason if move and move.stage == "failed" else None
+
+        reason = await wait_for(failed, timeout=60, what="the move ended")
+    finally:
+        proc.kill()
+    assert "created again by someone else" in reason
+    pod = await env.admin.pods.get(NS, "db-0")
+    assert pod["metadata"]["uid"] == before["metadata"]["uid"]
+    assert not pod["metadata"].get("deletionTimestamp")
+    refs = [r for r in pod["metadata"]["ownerReferences"] if r.get("controller")]
+    assert [r["uid"] for r in refs] == [again["metadata"]["uid"]]
+    stops = [r for r in await audits(env.bus, "stop") if r.details.get("node") == env.node]
+    assert not [r for r in stops if r.outcome == Outcome.APPLIED]

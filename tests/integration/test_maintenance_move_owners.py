@@ -131,7 +131,7 @@ async def test_a_statefulsets_pod_moves_and_its_set_takes_it_back(
         )
     }
     assert at["orphaned"] < at["evicted"] < at["created"] < at["returned"], calls
-    for action in ("release", "stop", "restore", "give-back"):
+    for action in ("take-over", "stop", "restore", "give-back"):
         found = [r for r in await audits(env.bus, action) if r.details.get("node") == env.node]
         assert _applied(found, "db-0") == [("db-0", Outcome.APPLIED)], action
     told = [n for n in await env.notices() if "moved" in n.title and spare in n.title]
@@ -175,7 +175,7 @@ async def test_a_notebooks_pod_moves_while_its_notebook_is_stopped(
     patches = [i for i, (m, p) in enumerate(calls) if m == "PATCH" and "/notebooks/lab" in p]
     created = next(i for i, (m, p) in enumerate(calls) if m == "POST" and p.endswith("/pods"))
     assert len(patches) == 2 and patches[0] < created < patches[1], calls
-    for action in ("release", "restore", "give-back"):
+    for action in ("take-over", "restore", "give-back"):
         found = [r for r in await audits(env.bus, action) if r.details.get("node") == env.node]
         assert _applied(found, "lab-0") == [("lab-0", Outcome.APPLIED)], action
 

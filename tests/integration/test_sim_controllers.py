@@ -386,3 +386,58 @@ async def test_a_service_gets_its_defaults_and_a_cluster_ip(admin: Cluster) -> N
     assert spec["type"] == "ClusterIP" and spec["clusterIP"].startswith("10.96.")
     assert spec["clusterIPs"] == [spec["clusterIP"]]
     assert spec["ports"] == [{"port": 8888, "protocol": "TCP", "targetPort": 8888}]
+
+
+async def test_a_statefulset_deleted_leaving_its_pods_takes_them_back_when_made_again(
+    admin: Cluster,
+) -> None:
+    body = manifest(
+        "apps/v1",
+        "StatefulSet",
+        "keep",
+        spec={
+            "replicas": 1,
+            "serviceName": "keep",
+            "selector": {"matchLabels": {"app": "keep"}},
+            "template": _template("keep"),
+        },
+    )
+    first = await admin.client.request("POST", STATEFULSETS, body=body)
+    pod = (await _running(admin, "keep", 1))[0]
+    await admin.client.request(
+        "DELETE",
+        f"{STATEFULSETS}/keep",
+        body={"propagationPolicy": "Orphan", "preconditions": {"uid": first["metadata"]["uid"]}},
+    )
+    # The pod runs on, no longer the set's (the garbage collector took the reference off).
+    orphan = await admin.client.request("GET", core("pods", "keep-0", NS))
+    assert orphan["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert not orphan["metadata"].get("deletionTimestamp")
+    assert not [r for r in orphan["metadata"].get("ownerReferences") or [] if r.get("controller")]
+
+    again = await admin.client.request("POST", STATEFULSETS, body=body)
+
+    async def adopted() -> dict[str, Any] | None:
+        got = await admin.client.request("GET", core("pods", "keep-0", NS))
+        refs = [r for r in got["metadata"].get("ownerReferences") or [] if r.get("controller")]
+        return got if [r["uid"] for r in refs] == [again["metadata"]["uid"]] else None
+
+    taken = await wait_for(adopted, timeout=10, what="keep-0 adopted by the new set")
+    assert taken["metadata"]["uid"] == pod["metadata"]["uid"]  # the same pod, not a new one
+
+    # Relabelled out of the selector: released by the set, which cannot make a keep-0 of
+    # its own while the name is taken.
+    await admin.client.request(
+        "PATCH",
+        core("pods", "keep-0", NS),
+        body={"metadata": {"labels": {"app": "other"}}},
+        content_type=MERGE_PATCH,
+    )
+
+    async def released() -> bool:
+        got = await admin.client.request("GET", core("pods", "keep-0", NS))
+        return not [r for r in got["metadata"].get("ownerReferences") or [] if r.get("controller")]
+
+    await wait_for(released, timeout=10, what="keep-0 released by its set")
+    left = await admin.client.request("GET", core("pods", "keep-0", NS))
+    assert left["metadata"]["uid"] == pod["metadata"]["uid"]

@@ -54,7 +54,7 @@ PINNED: dict[str, dict[str, tuple[Severity, ...]]] = {
             ("announce", "checkpoint", "push-image", "complete", "fail"), (N, N, W, W, C, N)
         ),
         **dict.fromkeys(
-            ("cordon", "drain", "evict-held", "release", "stop", "restore", "give-back"),
+            ("cordon", "drain", "evict-held", "take-over", "stop", "restore", "give-back"),
             (W, N, W, W, C, N),
         ),
     },

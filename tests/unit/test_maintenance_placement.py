@@ -168,8 +168,30 @@ def test_the_replacement_keeps_the_pod_swaps_images_and_is_pinned() -> None:
     assert p.spec["containers"][0]["image"] == "jupyter:1"  # the plan is not changed
 
 
-def _pod(name: str, *, owner: str | None = None, annotations: dict[str, str] | None = None) -> Any:
-    refs = [{"kind": owner, "name": "o", "uid": "o-1", "controller": True}] if owner else []
+def test_the_replacement_of_a_controllers_pod_has_the_controller_given_or_none() -> None:
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s-1"}
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "c-1"}
+    p = plan().model_copy(update={"owners": [{**sts, "controller": True}, other]})
+    args: dict[str, Any] = {"node": "src", "maintenance_id": "m", "checkpointed_at": None}
+    orphan = replacement(p, {}, "b", **args)
+    assert orphan["metadata"]["ownerReferences"] == [other]  # for the set to adopt
+    holder = {"apiVersion": "kubeflow.org/v1", "kind": "Notebook", "name": "db", "uid": "n-1"}
+    held = replacement(p, {}, "b", **args, controller={**holder, "controller": True})
+    assert held["metadata"]["ownerReferences"] == [other, {**holder, "controller": True}]
+
+
+def _pod(
+    name: str,
+    *,
+    owner: str | None = None,
+    api: str = "apps/v1",
+    annotations: dict[str, str] | None = None,
+) -> Any:
+    refs = (
+        [{"apiVersion": api, "kind": owner, "name": "o", "uid": "o-1", "controller": True}]
+        if owner
+        else []
+    )
     return {
         "metadata": {
             "name": name,
@@ -183,20 +205,26 @@ def _pod(name: str, *, owner: str | None = None, annotations: dict[str, str] | N
     }
 
 
-def test_only_pods_that_asked_move_and_a_controlled_pod_is_not_moved() -> None:
+def test_only_pods_that_asked_move_and_only_a_statefulsets_through_its_owner() -> None:
     src = node("src", labels={CUDA_CHECKPOINT_LABEL: "true"})
     asked = {MOVE_ANNOTATION: "true"}
     pods = [
         _pod("bare", annotations=asked),
         _pod("sts-0", owner="StatefulSet", annotations=asked),
+        _pod("job-x", owner="Job", api="batch/v1", annotations=asked),
         _pod("quiet"),
         _pod("in-ns"),
     ]
     plans = plan_pods(src, pods, [], move=True, moving_namespaces=frozenset())
     assert plans["ml/bare"].move is not None and plans["ml/bare"].move.stage == "planned"
-    controlled = plans["ml/sts-0"].move
+    assert not plans["ml/bare"].move.through_owner
+    owned = plans["ml/sts-0"].move
+    assert owned is not None and owned.stage == "planned" and owned.through_owner
+    assert (owned.owner, owned.owner_name, owned.via) == ("StatefulSet", "o", None)
+    assert plans["ml/sts-0"].owners[0]["uid"] == "o-1"  # kept: the take-over checks it
+    controlled = plans["ml/job-x"].move
     assert controlled is not None and controlled.stage == "failed"
-    assert "owned by StatefulSet o" in (controlled.reason or "")
+    assert "owned by Job o" in (controlled.reason or "")
     assert plans["ml/quiet"].move is None
     by_ns = plan_pods(src, pods, [], move=True, moving_namespaces=frozenset({"ml"}))
     assert by_ns["ml/in-ns"].move is not None

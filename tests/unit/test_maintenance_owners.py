@@ -1,0 +1,64 @@
+"""The pure parts of moving a pod through its owner: the set as it is created again, whether
+its controller has let an ordinal go, the controller reference handed over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.maintenance.owners import _wants, controller_ref, ordinal, recorded, reference
+
+
+def _sts(replicas: int, generation: int = 2, observed: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "db",
+            "namespace": "ml",
+            "uid": "s-1",
+            "resourceVersion": "42",
+            "generation": generation,
+            "creationTimestamp": "2026-12-05T10:00:00Z",
+            "managedFields": [{"manager": "kubectl"}],
+            "labels": {"app": "db"},
+            "annotations": {"team": "ml"},
+        },
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "db"}}},
+        "status": {"observedGeneration": observed, "replicas": replicas},
+    }
+
+
+def test_the_set_is_recorded_without_what_the_server_sets() -> None:
+    kept = recorded(_sts(1))
+    assert kept == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": "db",
+            "namespace": "ml",
+            "labels": {"app": "db"},
+            "annotations": {"team": "ml"},
+        },
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "db"}}},
+    }
+
+
+def test_an_ordinal_is_let_go_only_once_the_controller_saw_the_replicas() -> None:
+    assert _wants(_sts(0, generation=3, observed=2), 0) is None  # not observed yet
+    assert _wants(_sts(0), 0) is False
+    assert _wants(_sts(1), 0) is True
+    assert _wants(_sts(2), 1) is True and _wants(_sts(1), 1) is False
+    assert ordinal("db-0") == 0 and ordinal("my-set-12") == 12
+
+
+def test_the_reference_handed_over_is_a_controller_without_block_owner_deletion() -> None:
+    ref = reference(_sts(1))
+    assert ref == {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "name": "db",
+        "uid": "s-1",
+        "controller": True,
+    }
+    pod = {"metadata": {"ownerReferences": [{"uid": "x"}, ref]}}
+    assert controller_ref(pod) == ref and controller_ref({"metadata": {}}) is None
