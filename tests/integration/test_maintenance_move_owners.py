@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from nodeward.kube.base import group_path
+from schemas.control import ControlStatus
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome
 from services.maintenance.owners import MOVING_ANNOTATION
@@ -27,7 +28,7 @@ from sim.notebooks import STOP_ANNOTATION, SimNotebookController
 from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
 from tests.integration.maintenance_fixtures import NS, EnvFactory, MaintenanceEnv, pod
-from tests.integration.test_maintenance_move import _env, audits
+from tests.integration.test_maintenance_move import _env, _restore, audits
 
 MOVE = {MOVE_ANNOTATION: "true"}
 TEMPLATE_IMAGE = "registry.example.com/main:1"
@@ -250,3 +251,19 @@ async def test_a_stop_its_budget_blocks_leaves_the_session_with_its_set(
         return [r["uid"] for r in refs] == [sts["metadata"]["uid"]]
 
     await wait_for(adopted, timeout=10, what="web-0 adopted by its set, created again")
+
+
+async def test_an_operator_cannot_restore_a_controllers_pod_by_hand(
+    maintenance_env: EnvFactory, registry: LocalRegistry, tmp_path: Path
+) -> None:
+    env = await _env(
+        maintenance_env, registry, tmp_path, pods=lambda node: [pod("db-0", node, opted_in=True)]
+    )
+    await env.start()
+    await env.bus.publish(env.request(deadline_s=5, move=False))  # checkpointed, evicted
+    await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="done")
+    reply = await _restore(env, "db-0")
+    assert reply.status == ControlStatus.REFUSED
+    assert "owned by StatefulSet db" in reply.message and "--move" in reply.message
+    asked = [r for r in await audits(env.bus, "restore-request") if r.target.name == "db-0"]
+    assert [(r.outcome, r.guard) for r in asked] == [(Outcome.SKIPPED, "owned")]
