@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from nodeward.kube.access import operation
 from nodeward.kube.base import Area, Obj, group_path
+from nodeward.kube.client import MERGE_PATCH
 
 STOP_ANNOTATION = "kubeflow-resource-stopped"
 
@@ -20,8 +21,18 @@ class Notebooks(Area):
 
     @operation("notebooks.patch")
     async def set_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
     ) -> Obj:
-        """Set annotations (None removes one), e.g. `kubeflow-resource-stopped` to stop a notebook."""
+        """Set annotations (None removes one), e.g. `kubeflow-resource-stopped` to stop a
+        notebook; with `resource_version`, only if the Notebook is still at it (`Conflict`)."""
         path = group_path("kubeflow.org", "v1", "notebooks", name, namespace)
-        return await self._merge_metadata(path, "annotations", annotations)
+        if resource_version is None:
+            return await self._merge_metadata(path, "annotations", annotations)
+        body = {"metadata": {"annotations": dict(annotations), "resourceVersion": resource_version}}
+        result: Obj = await self._client.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+        return result

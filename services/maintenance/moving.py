@@ -38,7 +38,7 @@ from nodeward.kube.base import Obj
 from nodeward.kube.errors import AlreadyExists, BadRequest, EvictionBlocked, Forbidden, Invalid
 from schemas.common import PodRef
 from schemas.maintenance import CheckpointRecord, MaintenancePhase, MovedPod
-from schemas.remediation import Outcome
+from schemas.remediation import Outcome, Remediation
 from services.kernel import Proposal
 from services.maintenance import image
 from services.maintenance.common import Kit, now, pod_ref
@@ -51,7 +51,7 @@ from services.maintenance.placement import (
     unfit,
 )
 from services.maintenance.plan import move_failed, moved
-from services.maintenance.state import MaintenanceState, MovePlan, PodPlan
+from services.maintenance.state import MaintenanceState, MovePlan, MoveStage, PodPlan
 
 FAILED_WAITING = frozenset(
     {
@@ -169,6 +169,24 @@ class Mover:
         await self._publish(failed, None, reason)
         return await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
 
+    async def _advance(
+        self,
+        plan: PodPlan,
+        result: Remediation,
+        stage: MoveStage,
+        failpoint: str | None = None,
+        **fields: Any,
+    ) -> PodPlan:
+        """After a stage's kernel decision: applied, the next stage saved; a dry run changes
+        nothing and tells no one (it was audited as what it would do); else the move fails."""
+        if result.outcome == Outcome.DRY_RUN:
+            return plan
+        if result.outcome != Outcome.APPLIED:
+            return await self.fail(plan, result.reason)
+        if failpoint:
+            self._failpoint(failpoint)
+        return await self.save(plan, lambda p: _staged(p, stage, **fields))
+
     async def _publish(self, plan: PodPlan, to: str | None, error: str | None) -> None:
         record = MovedPod(
             pod=PodRef(namespace=plan.namespace, name=plan.name, uid=plan.uid),
@@ -242,11 +260,7 @@ class Mover:
             if not self._gives_up(cause):
                 raise  # the registry or buildah may come back: tried again next tick
             return await self.fail(plan, str(cause))
-        if result.outcome == Outcome.DRY_RUN:
-            return plan  # audited as what it would do; nothing changes, nobody is told
-        if result.outcome != Outcome.APPLIED:
-            return await self.fail(plan, result.reason)
-        return await self.save(plan, lambda p: _staged(p, "imaged"))
+        return await self._advance(plan, result, "imaged")
 
     async def _one_image(self, plan: PodPlan, record: CheckpointRecord) -> PodPlan:
         settings = self.kit.settings.images
@@ -336,12 +350,7 @@ class Mover:
             if not isinstance(cause, EvictionBlocked | TimeoutError) and not self._gives_up(cause):
                 raise
             return await self.fail(plan, f"not stopped: {cause}")
-        if result.outcome == Outcome.DRY_RUN:
-            return plan  # audited as what it would do; nothing changes, nobody is told
-        if result.outcome != Outcome.APPLIED:
-            return await self.fail(plan, result.reason)
-        self._failpoint("move.stop.audited")
-        return await self.save(plan, lambda p: _staged(p, "stopped"))
+        return await self._advance(plan, result, "stopped", "move.stop.audited")
 
     # stopped -> created ---------------------------------------------------------------
     async def _restore(self, plan: PodPlan) -> PodPlan:
@@ -384,13 +393,8 @@ class Mover:
             if isinstance(cause, REFUSED) or self._gives_up(cause):
                 return await self.fail(plan, f"its replacement was refused: {cause}")
             raise
-        if result.outcome == Outcome.DRY_RUN:
-            return plan  # audited as what it would do; nothing changes, nobody is told
-        if result.outcome != Outcome.APPLIED:
-            return await self.fail(plan, result.reason)
         uid = str(result.details.get("uid"))
-        self._failpoint("move.restore.audited")
-        return await self.save(plan, lambda p: _staged(p, "created", uid=uid))
+        return await self._advance(plan, result, "created", "move.restore.audited", uid=uid)
 
     # created -> running ---------------------------------------------------------------
     async def _running(self, plan: PodPlan) -> PodPlan:
@@ -482,17 +486,10 @@ class Mover:
             )
         except RetryableError as exc:
             cause = exc.__cause__ or exc
-            if isinstance(cause, OwnerRefused):
-                return await self.fail(plan, f"not released: {cause}")
-            if not self._gives_up(cause):
+            if not isinstance(cause, OwnerRefused) and not self._gives_up(cause):
                 raise
             return await self.fail(plan, f"not released: {cause}")
-        if result.outcome == Outcome.DRY_RUN:
-            return plan  # audited as what it would do; nothing changes, nobody is told
-        if result.outcome != Outcome.APPLIED:
-            return await self.fail(plan, result.reason)
-        self._failpoint("move.take_over.audited")
-        return await self.save(plan, lambda p: _staged(p, "released"))
+        return await self._advance(plan, result, "released", "move.take_over.audited")
 
     async def _give_back(self, plan: PodPlan) -> PodPlan:
         """Its owner keeps the restored pod again; then the move is over. Tried again each
@@ -518,6 +515,11 @@ class Mover:
             return plan
         if result.outcome != Outcome.APPLIED:
             raise RetryableError(f"{plan.key} not given back to its owner: {result.reason}")
+        if result.details.get("stopped_by_someone"):
+            # Not nodeward's to undo: the stop stays, and the restored pod went with it.
+            why = "its Notebook was stopped by someone during the move; the pod stopped with it"
+            await self._publish(_staged(plan, "failed", reason=why), None, why)
+            return await self.save(plan, lambda p: _staged(p, "failed", reason=why))
         return await self._arrived(plan)
 
     async def _abandon(self, plan: PodPlan) -> None:

@@ -45,8 +45,8 @@ from nodeward.kube.notebooks import STOP_ANNOTATION
 from services.maintenance.state import MoveVia, PodPlan
 
 MOVING_ANNOTATION = "nodeward.io/moving"
-"""On a Notebook nodeward stopped to move its pod: the maintenance's id. Only a stop
-carrying it is undone."""
+"""On a Notebook nodeward stopped to move its pod: `<maintenance id>/<the stop's value>`.
+Only a stop carrying it, with that value, is undone."""
 _KEPT_METADATA = ("name", "namespace", "labels", "annotations", "ownerReferences")
 _POLL = 0.1
 
@@ -91,6 +91,13 @@ def recorded(statefulset: Obj) -> Obj:
         "metadata": {k: copy.deepcopy(meta[k]) for k in _KEPT_METADATA if meta.get(k)},
         "spec": copy.deepcopy(statefulset.get("spec") or {}),
     }
+
+
+def stop_of(annotations: dict[str, str], maintenance_id: str) -> str | None:
+    """The value of the stop this maintenance set on a Notebook, if its mark is there."""
+    mark = annotations.get(MOVING_ANNOTATION) or ""
+    owner, _, stamp = mark.partition("/")
+    return stamp if owner == maintenance_id and stamp else None
 
 
 def _wants(statefulset: Obj, index: int) -> bool | None:
@@ -150,9 +157,7 @@ class Owners:
         if notebook is None:
             raise OwnerRefused(f"its Notebook {above['name']} is gone")
         annotations = notebook["metadata"].get("annotations") or {}
-        if STOP_ANNOTATION in annotations and annotations.get(MOVING_ANNOTATION) != (
-            self.maintenance_id
-        ):
+        if STOP_ANNOTATION in annotations and stop_of(annotations, self.maintenance_id) is None:
             raise OwnerRefused(f"its Notebook {above['name']} is being stopped")
         return "notebook", reference(notebook)
 
@@ -190,12 +195,18 @@ class Owners:
         notebook = await _get(self.cluster.notebooks.get, ns, name)
         if notebook is None:
             raise OwnerRefused(f"its Notebook {name} is gone")
-        if (notebook["metadata"].get("annotations") or {}).get(
-            MOVING_ANNOTATION
-        ) != self.maintenance_id:
+        annotations = notebook["metadata"].get("annotations") or {}
+        if stop_of(annotations, self.maintenance_id) is None:
+            if STOP_ANNOTATION in annotations:  # stopped by someone else: theirs to undo
+                raise OwnerRefused(f"its Notebook {name} is being stopped")
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            # Revision-checked: a stop someone sets meanwhile makes this a conflict, tried
+            # again next tick (and then refused above), never overwritten.
             await self.cluster.notebooks.set_annotations(
-                ns, name, {STOP_ANNOTATION: stamp, MOVING_ANNOTATION: self.maintenance_id}
+                ns,
+                name,
+                {STOP_ANNOTATION: stamp, MOVING_ANNOTATION: f"{self.maintenance_id}/{stamp}"},
+                resource_version=notebook["metadata"]["resourceVersion"],
             )
         index = ordinal(plan.name)
         sts_name = str(plan.move.owner_name) if plan.move else name
@@ -242,13 +253,19 @@ class Owners:
         notebook = await _get(self.cluster.notebooks.get, ns, name)
         if notebook is None:
             return {"notebook": name, "gone": True}  # deleted: its pods go with it
-        if (notebook["metadata"].get("annotations") or {}).get(
-            MOVING_ANNOTATION
-        ) == self.maintenance_id:
+        annotations = notebook["metadata"].get("annotations") or {}
+        stamp = stop_of(annotations, self.maintenance_id)
+        if stamp is not None:
+            lift: dict[str, str | None] = {MOVING_ANNOTATION: None}
+            if annotations.get(STOP_ANNOTATION) == stamp:
+                lift[STOP_ANNOTATION] = None
+                annotations = {k: v for k, v in annotations.items() if k != STOP_ANNOTATION}
             await self.cluster.notebooks.set_annotations(
-                ns, name, {STOP_ANNOTATION: None, MOVING_ANNOTATION: None}
+                ns, name, lift, resource_version=notebook["metadata"]["resourceVersion"]
             )
         assert plan.move is not None
+        if STOP_ANNOTATION in annotations:
+            return await self._stopped_meanwhile(plan, notebook_ref)
         sts_name, index = str(plan.move.owner_name), ordinal(plan.name)
         sts: Obj | None = None
 
@@ -274,3 +291,13 @@ class Owners:
             await self.cluster.pods.patch(ns, plan.name, patch, content_type=MERGE_PATCH)
             handed = True
         return {"notebook": name, "started": True, "handed_to": sts_name if handed else None}
+
+    async def _stopped_meanwhile(self, plan: PodPlan, notebook_ref: Obj) -> dict[str, Any]:
+        """Someone stopped the Notebook during the move: their stop stays, and the
+        replacement it still controls goes, as its set would have deleted its pod."""
+        pod = await _get(self.cluster.pods.get, plan.namespace, plan.name)
+        evicted = None
+        if pod is not None and (controller_ref(pod) or {}).get("uid") == notebook_ref["uid"]:
+            evicted = pod["metadata"]["uid"]
+            await self.cluster.pods.evict(plan.namespace, plan.name, uid=evicted)
+        return {"notebook": notebook_ref["name"], "stopped_by_someone": True, "evicted": evicted}

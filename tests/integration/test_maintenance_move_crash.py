@@ -22,12 +22,13 @@ from nodeward.kube.base import group_path
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome
 from services.maintenance.owners import MOVING_ANNOTATION, recorded
+from services.maintenance.state import MaintenanceState
 from sim.cluster.kubelet import RESTORED
 from sim.notebooks import STOP_ANNOTATION, SimNotebookController
 from tests.conftest import wait_for
 from tests.helpers.registry import LocalRegistry
 from tests.integration.crash_fixtures import ServiceProcess
-from tests.integration.maintenance_fixtures import NS, EnvFactory
+from tests.integration.maintenance_fixtures import NS, EnvFactory, MaintenanceEnv
 from tests.integration.test_maintenance_move import (
     _env,
     _manifest,
@@ -50,6 +51,25 @@ POINTS = [
 ]
 
 
+async def _killed_then_done(
+    env: MaintenanceEnv, tmp_path: Path, nats_url: str, point: str
+) -> MaintenanceState:
+    """The service as its own process, SIGKILLed at `point` during a `--move` maintenance,
+    then started again without it; the maintenance once `done`."""
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    try:
+        proc.start(failpoint=point)
+        await env.bus.publish(env.request(deadline_s=30, move=True))
+        assert await proc.exited(timeout=60) == -9, proc.tail()
+        proc.start()
+        done: MaintenanceState = await wait_for(
+            lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="the maintenance done"
+        )
+    finally:
+        proc.kill()
+    return done
+
+
 @pytest.mark.parametrize("point", POINTS)
 async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_checkpoint(
     maintenance_env: EnvFactory,
@@ -60,17 +80,7 @@ async def test_a_move_killed_at_each_stage_ends_with_one_running_copy_and_its_ch
 ) -> None:
     env = await _one_session(maintenance_env, registry, tmp_path, start=False, lease_ttl="1s")
     before = (await env.pods())["session-0"]
-    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
-    try:
-        proc.start(failpoint=point)
-        await env.bus.publish(env.request(deadline_s=20, move=True))
-        assert await proc.exited(timeout=60) == -9, proc.tail()
-        proc.start()
-        done = await wait_for(
-            lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="the maintenance done"
-        )
-    finally:
-        proc.kill()
+    done = await _killed_then_done(env, tmp_path, nats_url, point)
 
     # The move is over, with exactly one copy: the name is unique in a namespace, and the
     # one pod of that name is the replacement, running on the spare node.
@@ -149,17 +159,9 @@ async def test_a_move_through_its_owner_killed_at_each_stage_ends_with_the_owner
     sts_name = name.rsplit("-", 1)[0]
     controller = asyncio.create_task(SimNotebookController(env.admin.client, interval=0.1).run())
     before = (await env.pods())[name]
-    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
     try:
-        proc.start(failpoint=point)
-        await env.bus.publish(env.request(deadline_s=30, move=True))
-        assert await proc.exited(timeout=60) == -9, proc.tail()
-        proc.start()
-        done = await wait_for(
-            lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="the maintenance done"
-        )
+        done = await _killed_then_done(env, tmp_path, nats_url, point)
     finally:
-        proc.kill()
         controller.cancel()
         await asyncio.gather(controller, return_exceptions=True)
 
@@ -219,3 +221,47 @@ async def test_a_set_made_again_by_someone_else_while_nodeward_was_down_keeps_it
     assert [r["uid"] for r in refs] == [again["metadata"]["uid"]]
     stops = [r for r in await audits(env.bus, "stop") if r.details.get("node") == env.node]
     assert not [r for r in stops if r.outcome == Outcome.APPLIED]
+
+
+async def test_a_notebook_someone_stops_during_the_move_stays_stopped(
+    maintenance_env: EnvFactory, registry: LocalRegistry, nats_url: str, tmp_path: Path
+) -> None:
+    """Killed with the replacement created; the Notebook's user stops it meanwhile (their own
+    stop over nodeward's): nodeward takes only its mark off, and the replacement goes."""
+    env = await _env(
+        maintenance_env,
+        registry,
+        tmp_path,
+        pods=lambda node: [owned("lab-0", node, **{"notebook-name": "lab"})],
+        notebooks=("lab",),
+        lease_ttl="1s",
+    )
+    controller = asyncio.create_task(SimNotebookController(env.admin.client, interval=0.1).run())
+    proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
+    theirs = "2030-01-01T00:00:00Z"
+    try:
+        proc.start(failpoint="move.created")
+        await env.bus.publish(env.request(deadline_s=30, move=True))
+        assert await proc.exited(timeout=60) == -9, proc.tail()
+        await env.admin.notebooks.set_annotations(NS, "lab", {STOP_ANNOTATION: theirs})
+        proc.start()
+
+        async def ended() -> str | None:
+            state = await env.state()
+            plan = state.pods.get(f"{NS}/lab-0") if state else None
+            move = plan.move if plan else None
+            return move.reason if move and move.stage == "failed" else None
+
+        reason = await wait_for(ended, timeout=60, what="the move ended")
+
+        async def gone() -> bool:
+            return "lab-0" not in {p["metadata"]["name"] for p in await env.admin.pods.list(NS)}
+
+        await wait_for(gone, timeout=20, what="the replacement gone with the stop")
+    finally:
+        proc.kill()
+        controller.cancel()
+        await asyncio.gather(controller, return_exceptions=True)
+    assert "stopped by someone" in reason
+    annotations = (await env.admin.notebooks.get(NS, "lab"))["metadata"]["annotations"]
+    assert annotations[STOP_ANNOTATION] == theirs and MOVING_ANNOTATION not in annotations

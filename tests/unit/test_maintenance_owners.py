@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.maintenance.owners import _wants, controller_ref, ordinal, recorded, reference
+from services.maintenance.owners import (
+    MOVING_ANNOTATION,
+    _wants,
+    controller_ref,
+    ordinal,
+    recorded,
+    reference,
+    stop_of,
+)
 
 
 def _sts(replicas: int, generation: int = 2, observed: int = 2) -> dict[str, Any]:
@@ -62,3 +70,11 @@ def test_the_reference_handed_over_is_a_controller_without_block_owner_deletion(
     }
     pod = {"metadata": {"ownerReferences": [{"uid": "x"}, ref]}}
     assert controller_ref(pod) == ref and controller_ref({"metadata": {}}) is None
+
+
+def test_only_the_stop_this_maintenance_set_is_its_own() -> None:
+    mark = {MOVING_ANNOTATION: "mnt-1/2026-12-05T10:00:00Z"}
+    assert stop_of(mark, "mnt-1") == "2026-12-05T10:00:00Z"
+    assert stop_of(mark, "mnt-2") is None
+    assert stop_of({MOVING_ANNOTATION: "mnt-1"}, "mnt-1") is None  # no value recorded
+    assert stop_of({}, "mnt-1") is None
