@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeward.kube import NotFound
 from nodeward.kube.base import group_path
 from schemas.maintenance import MaintenancePhase
 from schemas.remediation import Outcome
@@ -188,11 +189,11 @@ async def test_a_set_made_again_by_someone_else_while_nodeward_was_down_keeps_it
     maintenance_env: EnvFactory, registry: LocalRegistry, nats_url: str, tmp_path: Path
 ) -> None:
     """Killed once the set was deleted leaving its pod; a GitOps tool creates the set again
-    (it adopts the running pod) before nodeward is back: the move ends, the pod untouched."""
+    (it adopts the running pod) before nodeward is back: the move ends before any stop, the
+    set is given back nothing, and keeps its pod."""
     env = await _env(
         maintenance_env, registry, tmp_path, pods=lambda node: [owned("db-0", node)], lease_ttl="1s"
     )
-    before = (await env.pods())["db-0"]
     record = recorded(await _statefulset(env, "db"))
     proc = ServiceProcess.of("checkpoint", env.settings, tmp_path, nats_url)
     try:
@@ -211,14 +212,22 @@ async def test_a_set_made_again_by_someone_else_while_nodeward_was_down_keeps_it
             return move.reason if move and move.stage == "failed" else None
 
         reason = await wait_for(failed, timeout=60, what="the move ended")
+        # The maintenance goes on as without --move (its drain evicts the pod).
+        await wait_for(lambda: env.phase_is(MaintenancePhase.DONE), timeout=60, what="done")
     finally:
         proc.kill()
     assert "created again by someone else" in reason
-    pod = await env.admin.pods.get(NS, "db-0")
-    assert pod["metadata"]["uid"] == before["metadata"]["uid"]
-    assert not pod["metadata"].get("deletionTimestamp")
-    refs = [r for r in pod["metadata"]["ownerReferences"] if r.get("controller")]
-    assert [r["uid"] for r in refs] == [again["metadata"]["uid"]]
+    # The move never stopped it, and the set that someone made keeps db-0.
+
+    async def kept() -> bool:
+        try:
+            pod = await env.admin.pods.get(NS, "db-0")
+        except NotFound:
+            return False
+        refs = [r for r in pod["metadata"]["ownerReferences"] if r.get("controller")]
+        return [r["uid"] for r in refs] == [again["metadata"]["uid"]]
+
+    await wait_for(kept, timeout=20, what="db-0 its new set's")
     stops = [r for r in await audits(env.bus, "stop") if r.details.get("node") == env.node]
     assert not [r for r in stops if r.outcome == Outcome.APPLIED]
 
