@@ -152,7 +152,7 @@ class Mover:
         so a SIGKILL between never loses the notice."""
         assert plan.move is not None
         stopped = plan.move.stage in ("stopped", "created")
-        restarted = None
+        restarted = left_stopped = None
         # From the moment how the owner lets go is saved, it may have let go: given back
         # (idempotent: an owner never taken over is left as it is).
         if plan.move.via in ("statefulset", "notebook") and plan.move.stage in (
@@ -161,10 +161,19 @@ class Mover:
             "stopped",
             "created",
         ):
-            await self._abandon(plan)
+            given = await self._abandon(plan)
             restarted = f"{plan.move.owner} {plan.move.owner_name}"
+            if given.get("stopped_by_someone"):  # its Notebook stays stopped: no restart
+                restarted, left_stopped = None, str(given.get("notebook"))
         failed = _staged(plan, "failed", reason=reason)
-        notice = move_failed(self.state, failed, reason, stopped=stopped, restarted_by=restarted)
+        notice = move_failed(
+            self.state,
+            failed,
+            reason,
+            stopped=stopped,
+            restarted_by=restarted,
+            left_stopped=left_stopped,
+        )
         await self.kit.notify_owner(self.state, failed, notice)
         await self._publish(failed, None, reason)
         return await self.save(plan, lambda p: _staged(p, "failed", reason=reason))
@@ -522,7 +531,7 @@ class Mover:
             return await self.save(plan, lambda p: _staged(p, "failed", reason=why))
         return await self._arrived(plan)
 
-    async def _abandon(self, plan: PodPlan) -> None:
+    async def _abandon(self, plan: PodPlan) -> dict[str, Any]:
         """A move through an owner that failed after its release: nodeward's replacement, if
         any, deleted (it did not restore), then the owner given back, which starts the pod
         afresh from its template (or, before the stop, keeps the old one)."""
@@ -553,6 +562,7 @@ class Mover:
         result = await self.kit.runner.run(proposal, act, [], fails=(TimeoutError,), resumed=True)
         if result.outcome not in (Outcome.APPLIED, Outcome.DRY_RUN):
             raise RetryableError(f"{plan.key} not given back to its owner: {result.reason}")
+        return dict(result.details)
 
     async def _prune(self, plan: PodPlan) -> None:
         """Retention: the pod's checkpoint images beyond `keep` or older than `max_age`

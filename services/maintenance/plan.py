@@ -309,10 +309,19 @@ def move_failed(
     *,
     stopped: bool,
     restarted_by: str | None = None,
+    left_stopped: str | None = None,
 ) -> Notice:
     """The pod could not be moved: evicted with the drain, or (stopped already) waiting to
-    be restored by hand from its images, or (a controller's) started afresh by its owner."""
-    if stopped and restarted_by:
+    be restored by hand from its images, or (a controller's) started afresh by its owner
+    (`restarted_by`), or its Notebook stopped meanwhile and left so (`left_stopped`)."""
+    if left_stopped:
+        notebook = left_stopped
+        body = (
+            f"{plan.key} could not be moved off {state.node}: {reason}. Its Notebook "
+            f"{notebook} was stopped meanwhile, and stays stopped."
+        )
+        steps = [f"Start Notebook {notebook} again when you need it."]
+    elif stopped and restarted_by:
         body = (
             f"{plan.key} was stopped on {state.node} to move, but its restore failed: "
             f"{reason}. Its owner ({restarted_by}) starts it again from its template: the "

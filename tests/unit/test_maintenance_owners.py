@@ -3,6 +3,7 @@ its controller has let an ordinal go, the controller reference handed over."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from services.maintenance.owners import (
@@ -14,6 +15,8 @@ from services.maintenance.owners import (
     reference,
     stop_of,
 )
+from services.maintenance.plan import move_failed
+from services.maintenance.state import MaintenanceState, PodPlan
 
 
 def _sts(replicas: int, generation: int = 2, observed: int = 2) -> dict[str, Any]:
@@ -78,3 +81,22 @@ def test_only_the_stop_this_maintenance_set_is_its_own() -> None:
     assert stop_of(mark, "mnt-2") is None
     assert stop_of({MOVING_ANNOTATION: "mnt-1"}, "mnt-1") is None  # no value recorded
     assert stop_of({}, "mnt-1") is None
+
+
+def test_what_the_owner_is_told_when_a_move_through_its_owner_fails() -> None:
+    at = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+    state = MaintenanceState(
+        maintenance_id="mnt-1",
+        node="gpu-1",
+        trigger_id="t-1",
+        requested_at=at,
+        start_at=at,
+        deadline_s=60,
+    )
+    plan = PodPlan(namespace="ml", name="lab-0")
+    fresh = move_failed(state, plan, "RunContainerError", stopped=True, restarted_by="Notebook lab")
+    assert "starts it again from its template" in fresh.body and "memory is lost" in fresh.body
+    assert not any("maintenance restore" in step for step in fresh.steps)
+    stays = move_failed(state, plan, "RunContainerError", stopped=True, left_stopped="lab")
+    assert "stays stopped" in stays.body
+    assert stays.steps == ["Start Notebook lab again when you need it."]
