@@ -1,4 +1,5 @@
-"""A real BMC for tests: OpenIPMI's `ipmi_sim` on loopback, serving power sensors in Watts.
+"""A real BMC for tests: OpenIPMI's `ipmi_sim` on loopback, serving power sensors in Watts,
+and, given a `Machine`, chassis power over a process it runs.
 
 Each sensor is a full SDR threshold sensor (unit Watts, M=10: 10 W per raw count) whose
 raw value `ipmi_sim` polls from a file; `set_watts()` rewrites the file and waits until the
@@ -6,17 +7,62 @@ BMC serves the new value. `ipmi_sim` has no DCMI. Import `ipmi_sim` (module-scop
 or build an `IpmiSim` yourself:
 
     from tests.ipmi_sim import IpmiSim, ipmi_sim  # noqa: F401
+
+Chassis power: `IpmiSim(workdir, machine=Machine(argv))` adds to lan.conf the VM serial
+interface (`serial 15 127.0.0.1 <tcp port> codec VM`, without which chassis control
+answers 0xcc), `startcmd` (a `machine.sh` that records its pid and execs `argv`, where
+`{vm}` becomes that interface's `127.0.0.1:<port>`), `startnow`, `poweroff_wait` and
+`kill_wait`. The `power_bmc` fixture starts one and stops it (and its machine) after the
+test: `bmc = power_bmc(dummy_machine(tmp_path / "boot"))`, or any argv, e.g.
+`python -m launch.sim_node --node N --kubeconfig K --vm {vm}`.
+
+What ipmi_sim 1.0.13 (Debian openipmi 2.0.33) does to the machine, measured with
+`poweroff_wait 2`, `kill_wait 2` (a "linked" machine is connected to the VM interface and
+has claimed power off (0x01) and graceful shutdown (0x20); the dummy machine and
+`launch.sim_node --vm` are):
+- the power is on exactly while the startcmd process exists: chassis status says off
+  only once the process is gone (a machine ignoring SIGTERM reads on until SIGKILLed).
+  `startnow true` starts it with the simulator. The startcmd runs as
+  `/bin/sh -c "exec <startcmd>"` (so `VAR=x cmd` does not work: hence `machine.sh`),
+  a child of ipmi_sim in its process group, with its environment.
+- `power on`: starts the startcmd (cc 0); when already on, nothing happens (still cc 0,
+  no second process).
+- `power off` (hard): unlinked machine: SIGTERM within about a second (0.1 to 1.0 s
+  measured), then SIGKILL about `kill_wait` s later if it is still there. Linked machine:
+  VM command 0x03 (power off) at once; if it is still there SIGTERM after about
+  `poweroff_wait` (1.4 s measured for 2), SIGKILL about `kill_wait` later (2 s). When
+  already off: cc 0, nothing.
+- `soft` (graceful): linked machine: VM command 0x09 and nothing more: no SIGTERM, no
+  deadline; a machine that ignores it stays on (measured for 4 s and more). Unlinked
+  machine, a link without the 0x20 capability, or power already off: completion code
+  0xcc ("Invalid data field in request") and nothing happens.
+- `cycle`: a hard power off as above, then the startcmd again within about a second
+  after the process is gone (0.4 to 1.0 s measured; a new pid; for a machine that ignores
+  everything, after the SIGKILL).
+  When off, it powers on.
+- `status`: as the first point.
+- stopping ipmi_sim (SIGTERM or SIGKILL) leaves the machine running, orphaned: `stop()`
+  ends it too (found by `NODEWARD_IPMI_SIM=<workdir>` in its environment).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +89,46 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The process a BMC with chassis power runs (its `startcmd`): `argv`, where `{vm}`
+    becomes the VM serial interface's `127.0.0.1:<port>`, run in `cwd` with `env` added."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path = REPO
+    startnow: bool = True
+    poweroff_wait: int = 2
+    kill_wait: int = 2
+
+
+MARK = "NODEWARD_IPMI_SIM"  # in the environment of an ipmi_sim and its machine: its workdir
+
+
+def _marked(mark: str) -> list[int]:
+    """The live (not zombie) processes whose environment holds `mark` (`NAME=value`)."""
+    needle = mark.encode() + b"\0"
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            if needle not in (proc / "environ").read_bytes() + b"\0":
+                continue
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                pids.append(int(proc.name))
+    return pids
 
 
 def _sdr(number: int, name: str) -> str:
@@ -91,8 +177,11 @@ class IpmiSim:
         sensors: dict[str, float] | None = None,
         user: str = "ipmiusr",
         password: str = "s3cret-pw",
+        machine: Machine | None = None,
     ) -> None:
         self.workdir = workdir
+        self.machine = machine
+        self.vm_port = 0  # the VM serial interface (TCP), with a machine
         self.user = user
         self.password = password
         self.host = "127.0.0.1"
@@ -119,7 +208,7 @@ set_working_mc 0x20
     allowed_auths_admin {auths}
     guid a123456789abcdefa123456789abcdef
   endlan
-  user 2 true "{self.user}" "{self.password}" admin 10 {auths}
+{self._power_config()}  user 2 true "{self.user}" "{self.password}" admin 10 {auths}
 """
         )
         emu = [
@@ -142,6 +231,45 @@ set_working_mc 0x20
             capture_output=True,
         )
 
+    @property
+    def vm(self) -> str:
+        """The VM serial interface's address, `127.0.0.1:<port>`."""
+        return f"{self.host}:{self.vm_port}"
+
+    @property
+    def mark(self) -> str:
+        """What the environment of this BMC's processes (and its machine's) holds."""
+        return f"{MARK}={self.workdir.resolve()}"
+
+    @property
+    def pid_file(self) -> Path:
+        """Where `machine.sh` writes the machine's pid as it starts."""
+        return self.workdir / "machine.pid"
+
+    def _power_config(self) -> str:
+        m = self.machine
+        if m is None:
+            return ""
+        argv = [a.replace("{vm}", self.vm) for a in m.argv]
+        lines = [
+            "#!/bin/sh",
+            "# the machine ipmi_sim powers: its pid (exec keeps it), then its command",
+            f"echo $$ > {shlex.quote(str(self.pid_file))}",
+            f"cd {shlex.quote(str(m.cwd))} || exit 1",
+            *(f"export {k}={shlex.quote(v)}" for k, v in m.env.items()),
+            f"exec {shlex.join(argv)}",
+        ]
+        script = self.workdir / "machine.sh"
+        script.write_text("\n".join(lines) + "\n")
+        script.chmod(0o755)
+        return (
+            f"  serial 15 {self.host} {self.vm_port} codec VM\n"
+            f'  startcmd "{script}"\n'
+            f"  startnow {'true' if m.startnow else 'false'}\n"
+            f"  poweroff_wait {m.poweroff_wait}\n"
+            f"  kill_wait {m.kill_wait}\n"
+        )
+
     def start(self, timeout: float = 10.0, *, same_port: bool = False) -> None:
         """Start on a free port (or, `same_port`, the one it had: a BMC coming back);
         ready when `ipmitool` reads the first sensor."""
@@ -152,6 +280,7 @@ set_working_mc 0x20
         for _attempt in range(3):
             if not (same_port and self.port):
                 self.port = free_udp_port()
+                self.vm_port = free_tcp_port()
             self._write_config()
             log = (self.workdir / "ipmi_sim.log").open("wb")
             self._proc = subprocess.Popen(
@@ -160,6 +289,7 @@ set_working_mc 0x20
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, MARK: str(self.workdir.resolve())},  # its machine's too
             )
             log.close()
             deadline = time.monotonic() + timeout
@@ -180,6 +310,7 @@ set_working_mc 0x20
         self._proc = None
 
     def stop(self) -> None:
+        """Stop the BMC and whatever machine it started (SIGTERM, then SIGKILL after 5 s)."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
             try:
@@ -188,6 +319,57 @@ set_working_mc 0x20
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
+        if self.machine is not None:
+            self._end_marked()
+
+    def _end_marked(self) -> None:
+        """End what this BMC started and outlives it (its machine): SIGTERM, then SIGKILL."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in _marked(self.mark):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 5
+            while _marked(self.mark) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not _marked(self.mark):
+                return
+
+    @property
+    def pid(self) -> int | None:
+        """The ipmi_sim process (None when stopped): SIGSTOP it for a BMC that never answers."""
+        return self._proc.pid if self._proc is not None else None
+
+    def machine_pid(self) -> int | None:
+        """The machine's pid while it runs (power on), else None."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid in _marked(self.mark) else None
+
+    def wait_machine(
+        self, *, running: bool, other_than: int | None = None, timeout: float = 15.0
+    ) -> int | None:
+        """Wait until a machine runs (one other than `other_than`: it started again) and
+        return its pid, or, `running=False`, until none runs (None)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid = self.machine_pid()
+            if (pid is not None and pid != other_than) if running else pid is None:
+                return pid
+            if time.monotonic() > deadline:
+                want = "a new machine running" if running else f"machine {pid} gone"
+                raise AssertionError(f"ipmi_sim: no {want} within {timeout:g}s")
+            time.sleep(0.02)
+
+    def power_status(self) -> str | None:
+        """`on` or `off` as `ipmitool chassis power status` reads it (None: no answer)."""
+        try:
+            done = self.ipmitool("chassis", "power", "status", timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+        words = done.stdout.split()
+        return words[-1] if done.returncode == 0 and words else None
 
     def ipmitool(self, *args: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
         """Run ipmitool against this BMC over RMCP+ (cipher suite 3, which ipmi_sim has)."""
@@ -242,3 +424,90 @@ def ipmi_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IpmiSim]:
         yield sim
     finally:
         sim.stop()
+
+
+@pytest.fixture
+def power_bmc(tmp_path: Path) -> Iterator[Callable[..., IpmiSim]]:
+    """`power_bmc(machine, **IpmiSim options)`: an `ipmi_sim` with chassis power over
+    `machine`, started (its machine with it unless `startnow=False`), stopped with its
+    machine after the test."""
+    need_ipmi_sim()
+    made: list[IpmiSim] = []
+
+    def start(machine: Machine, **options: Any) -> IpmiSim:
+        workdir = tmp_path / f"bmc-{len(made)}"
+        workdir.mkdir()
+        sim = IpmiSim(workdir, machine=machine, **options)
+        made.append(sim)
+        sim.start()
+        return sim
+
+    try:
+        yield start
+    finally:
+        for sim in made:
+            sim.stop()
+
+
+# -- a machine for power tests ----------------------------------------------------------------
+
+
+def dummy_machine(boot_file: Path, *, link: bool = True, hung: bool = False) -> Machine:
+    """A machine that writes `<pid> <boot uuid>` to `boot_file` once up (and linked to the
+    BMC's VM interface, `link`), and stops on SIGTERM, a VM power off, or a VM graceful
+    shutdown (ignored if `hung`)."""
+    argv = [sys.executable, "-m", "tests.ipmi_sim", "--boot-file", str(boot_file)]
+    return Machine([*argv, *(["--vm", "{vm}"] if link else []), *(["--hung"] if hung else [])])
+
+
+def read_boot(boot_file: Path) -> tuple[int, str] | None:
+    """The dummy machine's last boot: (pid, boot uuid), None before the first."""
+    try:
+        pid, boot = boot_file.read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(pid), boot
+
+
+def wait_boot(
+    boot_file: Path, *, other_than: tuple[int, str] | None = None, timeout: float = 15.0
+) -> tuple[int, str]:
+    """Wait for a boot of the dummy machine other than `other_than`; returns it."""
+    deadline = time.monotonic() + timeout
+    while (boot := read_boot(boot_file)) is None or boot == other_than:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the machine did not boot (again) within {timeout:g}s")
+        time.sleep(0.02)
+    return boot
+
+
+async def _dummy(args: argparse.Namespace) -> int:
+    from launch.sim_node import VmLink, obey_bmc
+    from nodeward.logs import get_logger
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    task = None
+    if args.vm:
+        host, _, port = args.vm.rpartition(":")
+        link = await VmLink.connect(host, int(port))
+        log = get_logger(component="dummy-machine")
+        task = asyncio.create_task(obey_bmc(link, stop, hung=args.hung, log=log))
+    tmp = args.boot_file.with_suffix(".tmp")
+    tmp.write_text(f"{os.getpid()} {uuid.uuid4()}\n")
+    tmp.replace(args.boot_file)
+    await stop.wait()
+    if task is not None:
+        task.cancel()
+    return 0
+
+
+if __name__ == "__main__":
+    cli = argparse.ArgumentParser(
+        prog="python -m tests.ipmi_sim", description=dummy_machine.__doc__
+    )
+    cli.add_argument("--boot-file", type=Path, required=True)
+    cli.add_argument("--vm", default=None)
+    cli.add_argument("--hung", action="store_true")
+    sys.exit(asyncio.run(_dummy(cli.parse_args())))
