@@ -87,6 +87,13 @@ class GpuHealth(_GpuEvent):
     reasons: list[HealthReason] = Field(default_factory=list)
     recommended_action: RecommendedAction = RecommendedAction.NONE
     pods: list[PodRef] = Field(default_factory=list, description="pods holding this GPU")
+    holders: list[PodRef] | None = Field(
+        default=None,
+        description="every pod holding any part of the physical GPU: the GPU whole, one of "
+        "its MIG instances, or a share of it (time-slicing: several pods on one device ID), "
+        "from the kubelet's pod-resources; None: not known (pod-resources did not answer, or "
+        "named claims it does not tie to a device, or an agent older than this field)",
+    )
     heartbeat: bool = Field(default=False, description="periodic restatement, not a change")
     observed_at: datetime
     agent_boot_id: str | None = Field(default=None, description="changes when the agent restarts")
@@ -110,6 +117,7 @@ class GpuHealth(_GpuEvent):
             ],
             "recommended_action": "reboot_node",
             "pods": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
+            "holders": [{"namespace": "user-alice", "name": "jupyter-alice-0"}],
             "observed_at": "2026-08-20T14:02:11.318Z",
             "agent_boot_id": "b6a1",
             "sequence": 42,

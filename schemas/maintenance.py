@@ -88,6 +88,17 @@ class Maintenance(EventData):
         "nodeward.io/move=true on the pod or its namespace) to other nodes instead of "
         "evicting them",
     )
+    pods: list[PodRef] | None = Field(
+        default=None,
+        description="the maintenance's scope: only these pods are checkpointed (moved, with "
+        "`move`) and evicted, e.g. the pods holding a GPU that is to be reset; the node is "
+        "cordoned all the same. None: every pod on the node",
+    )
+    drained: list[str] | None = Field(
+        default=None,
+        description="phase `done`: the pods (`namespace/name`) the drain evicted (gone, or "
+        "still terminating at the deadline) or found gone; None in the other phases",
+    )
     moved: list[MovedPod] = Field(
         default_factory=list, description="pods moved, or whose move failed (phase `moving`)"
     )

@@ -225,6 +225,7 @@ class GpuAgent:
             keep=_is_state_change,
         )
         self._pods_now: Mapping[str, list[PodRef]] = {}
+        self._pods_known = False  # `_pods_now` names every GPU's pods (`PodSource.answered`)
         self._stop_events = threading.Event()
         self._event_set: Any = None
         self._event_thread: threading.Thread | None = None
@@ -273,7 +274,7 @@ class GpuAgent:
         count = await self._control.call(backend.device_count, self._timeout)
         self._event_set = await self._control.call(backend.open_events, self._timeout)
         self.watches = [_Watch(i, Lane(f"{self.node}/gpu{i}")) for i in range(count)]
-        self._pods_now = await self.pods.pods_by_device()
+        await self._refresh_pods()
         await asyncio.gather(*(self._poll(w) for w in self.watches))
         loop = asyncio.get_running_loop()
         self._event_thread = threading.Thread(
@@ -620,15 +621,30 @@ class GpuAgent:
             pods=self._pods_now.get(unit.uuid)
             or ([] if unit.mig else self._pods_now.get(str(watch.index), []))
             or (self._pods_now.get(ident.pci_bus_id or "", []) if ident and not unit.mig else []),
+            holders=self._holders(watch),
             observed_at=unit.changed_at,
             agent_boot_id=self.boot_id,
             sequence=unit.sequence,
         )
         return make_event(data, source=self.source)
 
+    def _holders(self, watch: _Watch) -> list[PodRef] | None:
+        """Every pod holding any part of the physical GPU: under its UUID, index or bus ID
+        (whole, or time-sliced: several pods on one ID), or one of its MIG instances'.
+        None when that is not known: no full pod-resources answer, the GPU not identified."""
+        ident = watch.ident
+        if not self._pods_known or ident is None:
+            return None
+        keys = {ident.uuid, str(watch.index), *(m.uuid for m in ident.migs)}
+        keys |= {u.uuid for u in watch.units} | ({ident.pci_bus_id} if ident.pci_bus_id else set())
+        keys |= {k for k in self._pods_now if k.startswith(f"{watch.index}:")}  # index:MIG
+        held = {(p.namespace, p.name) for key in keys for p in self._pods_now.get(key, [])}
+        return [PodRef(namespace=ns, name=name) for ns, name in sorted(held)]
+
     async def _refresh_pods(self) -> None:
         """Apart from the heartbeat, so a slow kubelet never delays one."""
         self._pods_now = await self.pods.pods_by_device()
+        self._pods_known = self.pods.answered
 
     async def _heartbeat(self) -> None:
         """Every GPU's state since its last change, in one `gpu.heartbeat.v1` for the node."""

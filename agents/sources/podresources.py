@@ -4,7 +4,10 @@
 are read by hand (no generated code); only GPU devices are kept: `nvidia.com/gpu`,
 `nvidia.com/mig-*` and AMD's `amd.com/gpu`. NVIDIA device IDs are GPU or MIG UUIDs (the
 device plugin's default strategy) or indices; AMD's device plugin names each GPU by its
-PCI bus ID (`0000:05:00.0`); a shared-GPU replica suffix (`::<n>`) is dropped.
+PCI bus ID (`0000:05:00.0`); a shared-GPU replica suffix (`::<n>`) is dropped, so the pods
+time-slicing one GPU are all listed under its ID. A pod holding DRA claims
+(`dynamic_resources`) holds devices this map cannot tie to a GPU: such an answer is not a
+full one (`answered` False), so no GPU's holders are claimed known from it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,19 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 
 def is_gpu_resource(name: str) -> bool:
     return name in ("nvidia.com/gpu", "amd.com/gpu") or name.startswith("nvidia.com/mig-")
+
+
+def dynamic_claims(body: bytes) -> int:
+    """How many containers of a ListPodResourcesResponse hold DRA claims
+    (`ContainerResources.dynamic_resources`): devices named by claim, not by device ID."""
+    count = 0
+    for number, pod in fields(body):
+        if number != 1:
+            continue
+        for n, container in fields(pod):
+            if n == 3 and any(k == 5 for k, _ in fields(container)):
+                count += 1
+    return count
 
 
 def parse_list_response(body: bytes) -> dict[str, list[PodRef]]:
@@ -72,10 +88,13 @@ class KubeletPods:
         self.timeout = timeout
         self.log: Any = get_logger(source="pod-resources", socket=str(socket))
         self._channel: Any = None
+        self.answered = False
+        """The last answer named every GPU's pods: the kubelet answered, with no DRA claim."""
 
     async def pods_by_device(self) -> Mapping[str, list[PodRef]]:
         import grpc
 
+        self.answered = False
         if not self.socket.exists():
             self.log.debug("no kubelet pod-resources socket")
             return {}
@@ -86,7 +105,9 @@ class KubeletPods:
         )
         try:
             body = await call(b"", timeout=self.timeout)
-            return parse_list_response(body)
+            found = parse_list_response(body)
+            self.answered = dynamic_claims(body) == 0
+            return found
         except grpc.aio.AioRpcError as exc:
             self.log.warning("pod-resources List failed", code=str(exc.code()), error=exc.details())
             await self.close()

@@ -18,9 +18,17 @@ class PodSource(Protocol):
         """GPU/MIG UUID -> pods holding it now."""
         ...
 
+    @property
+    def answered(self) -> bool:
+        """The last `pods_by_device` named every pod holding a GPU device (False: it could
+        not ask, or some pod holds devices it cannot tie to one GPU, e.g. a DRA claim)."""
+        ...
+
 
 class StaticPods:
     """A fixed device -> pods map."""
+
+    answered: bool = True
 
     def __init__(self, by_device: Mapping[str, list[PodRef]] | None = None) -> None:
         self._by_device = {k: list(v) for k, v in (by_device or {}).items()}

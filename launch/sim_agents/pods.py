@@ -47,6 +47,8 @@ def pod_cores(annotations: Mapping[str, str], role: str | None) -> float:
 class LivePods:
     """A simulated node's device -> pods map that follows the API (a `PodSource`)."""
 
+    answered: bool = True  # the seed's assignment names every GPU's pods
+
     def __init__(self, by_device: Mapping[str, list[PodRef]], cluster: Cluster, node: str) -> None:
         self.by_device = {k: list(v) for k, v in by_device.items()}
         self.cluster = cluster

@@ -246,6 +246,14 @@ def fault_details(health: GpuHealth) -> dict[str, Any]:
     }
 
 
+def holder_details(health: GpuHealth) -> dict[str, Any]:
+    """Which pods hold the failed physical GPU (its index -> `namespace/name`, as its agent
+    read pod-resources), for services.recovery's partial drain; nothing when not known."""
+    if health.holders is None:
+        return {}
+    return {"holders": {str(health.gpu_index): [f"{p.namespace}/{p.name}" for p in health.holders]}}
+
+
 def fault_key(node: str, gpu: str, fault: dict[str, Any]) -> str:
     """What a restated fault of one physical GPU is tallied under: node, GPU, the fault."""
     actions = ",".join(fault.get("recommended_actions") or [])
@@ -628,8 +636,14 @@ class CordonService:
             trigger_id=opened.incident,
             trigger_time=opened.at,
             obj=node,
-            # The fault, for services.recovery (it decides on reset or reboot from these).
-            details={"gpu": gpu, "gpu_uuid": health.gpu_uuid, **fault_details(health)},
+            # The fault, for services.recovery (it decides on reset or reboot from these, and
+            # drains only the failed GPU's holders for a reset when they are known).
+            details={
+                "gpu": gpu,
+                "gpu_uuid": health.gpu_uuid,
+                **fault_details(health),
+                **holder_details(health),
+            },
         )
         if q is not None and await self._releasing(name, q):
             # A release cut short by a restart: finish it before this failure is judged,

@@ -9,7 +9,8 @@ runner's last step. Decisions that are not acts are audited through the runner t
 (`ActionRunner.skip`, `.fail`, `.record`, `.screen`): services never call the `Auditor`.
 `NodeMarks` puts marks on a node (taint, cordon, label, condition, annotation) and takes
 them off again, by owner and crash-safe. `drain` evicts (budgets honoured, evidence kept) and
-`blockers` says what a reset or reboot would still harm; `ReleaseHold` keeps a node another
+`blockers` says what a reset or reboot would still harm (both within a scope of pods,
+`in_scope`, where one is given); `ReleaseHold` keeps a node another
 service drives, or handed to a human, from being released automatically. The auditor's
 `Tally` counts restatements (noisy skips) per window instead of auditing each. `acting` builds
 what a service acts with (its runner and auditor, exemptions, operator controls' guards;
@@ -32,7 +33,7 @@ from services.kernel.acting import (
 from services.kernel.audit import Auditor
 from services.kernel.breaker import BreakerSettings, CircuitBreaker, breaker_for
 from services.kernel.cache import TtlCache
-from services.kernel.drain import DrainResult, DrainSettings, blockers, drain
+from services.kernel.drain import DrainResult, DrainSettings, blockers, drain, in_scope
 from services.kernel.exemptions import EXEMPT_LABEL, Exemptions, SkippedNamespaces, is_exempt
 from services.kernel.guards import Dedup, DedupWindow, GuardChain, Ownership, Staleness
 from services.kernel.holds import HOLD_ANNOTATION, Flapping, ReleaseHold, hold_note, hold_of
@@ -106,6 +107,7 @@ __all__ = [
     "drain",
     "hold_note",
     "hold_of",
+    "in_scope",
     "is_exempt",
     "node_ref",
     "per_action",

@@ -6,7 +6,8 @@ skipped namespaces, and pods the Falco response isolated (evidence) stay. Evicti
 concurrently under one deadline; a pod whose budget still allows no disruption at the
 deadline is reported as blocked, never forced. `blockers` says which pods still stand in
 the way of a GPU reset or a reboot once a drain is over: a drain that left any is not a
-drained node.
+drained node. Both take an optional scope (`only`: `namespace/name` of the pods that count,
+e.g. those holding a GPU to be reset): the same rules, applied to those pods alone.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -106,15 +107,25 @@ def keep_reason(pod: Obj, skip_namespaces: list[str]) -> str | None:
     return excused(pod, skip_namespaces) or (EVIDENCE if is_evidence(pod) else None)
 
 
+def in_scope(pod: Obj, only: Collection[str] | None) -> bool:
+    """The pod counts for a drain of scope `only` (`namespace/name`; None: every pod)."""
+    return only is None or _ref(pod) in only
+
+
 async def blockers(
-    cluster: Cluster, node: str, exemptions: Exemptions, skip_namespaces: list[str]
+    cluster: Cluster,
+    node: str,
+    exemptions: Exemptions,
+    skip_namespaces: list[str],
+    *,
+    only: Collection[str] | None = None,
 ) -> dict[str, str]:
-    """Pods on `node` that a GPU reset or a reboot would destroy: every pod not `excused`,
-    whatever kept it (an exemption, Falco's evidence, a budget, a termination still under
-    way): `namespace/name` -> why it is still there."""
+    """Pods on `node` (of those in `only`, when given) that a GPU reset or a reboot would
+    destroy: every pod not `excused`, whatever kept it (an exemption, Falco's evidence, a
+    budget, a termination still under way): `namespace/name` -> why it is still there."""
     out: dict[str, str] = {}
     for pod in await cluster.pods.on_node(node):
-        if excused(pod, skip_namespaces):
+        if not in_scope(pod, only) or excused(pod, skip_namespaces):
             continue
         meta = pod.get("metadata") or {}
         exempt = await exemptions.exempt_reason(pod)
@@ -140,8 +151,10 @@ async def drain(
     *,
     hold: Hold | None = None,
     stop: asyncio.Event | None = None,
+    only: Collection[str] | None = None,
 ) -> DrainResult:
-    """Evict the node's pods but those `keep_reason` or the exemptions keep.
+    """Evict the node's pods (those in `only`, when given) but those `keep_reason` or the
+    exemptions keep; a pod outside `only` is neither evicted nor reported.
 
     `hold(pod)` returns why a pod is not to be evicted yet (None: evict it); held pods are
     reported in `DrainResult.held`, to be evicted by a later drain. `stop` set: the
@@ -152,6 +165,8 @@ async def drain(
     end = time.monotonic() + settings.deadline.total_seconds()
     todo: list[Obj] = []
     for pod in await cluster.pods.on_node(node):
+        if not in_scope(pod, only):
+            continue
         reason = keep_reason(pod, settings.skip_namespaces) or await exemptions.exempt_reason(pod)
         if reason:
             result.kept[_ref(pod)] = reason

@@ -167,6 +167,7 @@ class Kit:
             requested_by=state.requested_by,
             start_at=state.start_at,
             deadline_s=state.deadline_s,
+            pods=state.scope,
             **fields,
         )
         return make_event(

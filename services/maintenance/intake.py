@@ -63,6 +63,7 @@ class Intake:
                 deadline_s=data.deadline_s or self.kit.settings.deadline.total_seconds(),
                 dry_run=self.kit.settings.dry_run,
                 move=data.move,
+                scope=data.pods,
                 updated_at=now(),
             )
 

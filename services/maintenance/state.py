@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from schemas.base import Model
-from schemas.common import NodeName
+from schemas.common import NodeName, PodRef
 from schemas.maintenance import CheckpointRecord, MaintenancePhase
 from schemas.state import Bucket
 from schemas.state.lease import LeaseRecord, lease_key
@@ -140,6 +140,11 @@ class MaintenanceState(Model):
     cordoned: bool = False
     cuda_checkpoint: bool = False
     move: bool = Field(default=False, description="opted-in pods move instead of being evicted")
+    scope: list[PodRef] | None = Field(
+        default=None,
+        description="only these pods are checkpointed, moved and evicted (e.g. a GPU reset's "
+        "holders); None: every pod on the node",
+    )
     pods: dict[str, PodPlan] = Field(default_factory=dict)
     drain: dict[str, Any] | None = None
     failures: list[str] = Field(default_factory=list)
@@ -168,6 +173,12 @@ class MaintenanceState(Model):
 
     def checkpoints(self) -> list[CheckpointRecord]:
         return [c for p in self.pods.values() for c in p.checkpoints]
+
+    def scope_keys(self) -> frozenset[str] | None:
+        """The scope as `namespace/name` (the drain's `only`); None: the whole node."""
+        if self.scope is None:
+            return None
+        return frozenset(f"{p.namespace}/{p.name}" for p in self.scope)
 
 
 def state_key(node: str) -> str:

@@ -38,6 +38,7 @@ from services.kernel import (
     Step,
     Workflow,
     drain,
+    in_scope,
     node_ref,
 )
 from services.maintenance.common import (
@@ -242,11 +243,13 @@ class MaintenanceWorkflow:
             return await self._fail(state, f"not maintained: {exempt}")
         plans = state.pods
         if not plans:
-            # Exempt pods stay (the drain keeps them too): not planned, not told.
+            # Exempt pods stay (the drain keeps them too), and so do the pods outside its
+            # scope: not planned, not told.
+            scope = state.scope_keys()
             moving = [
                 pod
                 for pod in await self.kit.cluster.pods.on_node(state.node)
-                if await self.kit.exemptions.exempt_reason(pod) is None
+                if in_scope(pod, scope) and await self.kit.exemptions.exempt_reason(pod) is None
             ]
             plans = plan_pods(
                 node,
@@ -627,13 +630,15 @@ class MaintenanceWorkflow:
         )
         hold_for = hold(state) if first else None
         action = "drain" if first else "evict-held"
+        scope = state.scope_keys()
+        which = "every pod but DaemonSets" if scope is None else f"its {len(scope)} pod(s) only"
         proposal = self.kit.proposal(
             action,
             state,
             node_ref(state.node),
             (
-                f"drain {state.node} for maintenance {state.maintenance_id}: every pod but "
-                f"DaemonSets, PDBs honoured, until {when(deadline)}"
+                f"drain {state.node} for maintenance {state.maintenance_id}: {which}, PDBs "
+                f"honoured, until {when(deadline)}"
                 if first
                 else f"deadline {when(deadline)} of maintenance {state.maintenance_id} reached: "
                 f"evicting the pods held on {state.node}"
@@ -651,6 +656,7 @@ class MaintenanceWorkflow:
                     self.kit.exemptions,
                     hold=hold_for,
                     stop=stop,
+                    only=scope,
                 )
             finally:
                 # Set as well as cancelled: a cancel that lands as a KV read completes can
@@ -709,8 +715,11 @@ class MaintenanceWorkflow:
         failures += [
             f"{pod}: evicted, still terminating at the deadline" for pod in sorted(terminating)
         ]
+        scope = state.scope_keys()
         summary = (
-            f"maintenance {state.maintenance_id} of {state.node} done: "
+            f"maintenance {state.maintenance_id} of {state.node}"
+            + ("" if scope is None else f" ({len(scope)} pod(s) in its scope)")
+            + " done: "
             f"{sum(1 for p in state.pods.values() if p.status == 'checkpointed')} pod(s) "
             f"checkpointed, {_moved(state)} moved, {len(evicted)} evicted"
             + (f"; {len(failures)} failure(s): " + "; ".join(failures) if failures else "")
@@ -728,5 +737,6 @@ class MaintenanceWorkflow:
             ),
             checkpoints=state.checkpoints(),
             failures=failures,
+            drained=sorted(evicted),
         )
         return None

@@ -51,6 +51,9 @@ class MaintenanceView(BaseModel):
     pods: dict[str, str] = Field(
         description="namespace/pod -> its plan's status, or its move's (`moved to NODE`)"
     )
+    scope: list[str] | None = Field(
+        default=None, description="the only pods it drains (`namespace/pod`); None: all"
+    )
     failures: list[str]
     error: str | None
 
@@ -74,6 +77,7 @@ def maintenance(state: MaintenanceState) -> MaintenanceView:
         cordoned=state.cordoned,
         dry_run=state.dry_run,
         pods={key: plan.shown for key, plan in sorted(state.pods.items())},
+        scope=sorted(keys) if (keys := state.scope_keys()) is not None else None,
         failures=state.failures,
         error=state.error,
     )

@@ -46,6 +46,7 @@ from services.recovery.policy import (
 from services.recovery.remediators import (
     Tools,
 )
+from services.recovery.scope import DrainScope
 from services.recovery.state import (
     BUCKET,
     Plan,
@@ -94,6 +95,11 @@ class RecoverySettings(ActingSettings, Consuming):
     max_trigger_age: Duration = timedelta(minutes=15)
     """an older quarantine (a replay on a new consumer) starts no recovery"""
     drain_deadline: Duration = timedelta(minutes=10)
+    reset_drains: DrainScope = "gpu"
+    """what a GPU reset drains: `gpu`, the pods holding the failed GPUs (whole, a MIG
+    instance, a time-sliced share), as their agent named them; `node`, every pod, as a
+    reboot does (systems whose GPUs must be reset together, e.g. NVSwitch without Fabric
+    Manager). A node's label `nodeward.io/reset-drains` (`gpu` or `node`) overrides it"""
     move_sessions: bool = True
     """the drain moves opted-in stateful sessions (annotation nodeward.io/move=true) to other
     nodes first, when the fault leaves the GPU's memory sound (`policy.allows_move`)"""

@@ -67,8 +67,12 @@ class Controls:
             where = f" (its recovery is {record.step.value})" if record else ""
             why = f"refused: no recovery of {node} is blocked on its drain{where}"
             return await refuse(self.kit.runner, proposal, guard="not_blocked", reason=why)
-        left = await blockers(
-            self.kit.cluster, node, self.kit.exemptions, self.kit.settings.skip_namespaces
+        left = await blockers(  # of a reset's scope only: the other GPUs' pods run on
+            self.kit.cluster,
+            node,
+            self.kit.exemptions,
+            self.kit.settings.skip_namespaces,
+            only=record.scope(),
         )
         kept = {p: w for p, w in left.items() if w.startswith("exempt") or w == EVIDENCE}
         forced = [p for p in left if p not in kept]

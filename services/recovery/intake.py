@@ -25,6 +25,7 @@ from services.recovery.policy import (
     decide,
     gpu_indices,
 )
+from services.recovery.scope import drain_scope, reset_drains
 from services.recovery.state import (
     Plan,
     RecoveryRecord,
@@ -149,7 +150,9 @@ class Intake:
             # A redelivery (a restart between the record and its audit): the audit again,
             # under the same id, which JetStream stores once.
             if kind == Kind.RECOVER:
-                done = {"plan": current.value.plan.value, "remediator": current.value.remediator}
+                was = current.value
+                done: dict[str, Any] = {"plan": was.plan.value, "remediator": was.remediator}
+                done |= {"drain_pods": was.drain_pods, "drain": was.drain_why}
                 await self.kit.runner.record(proposal, Outcome.APPLIED, details=done)
             return
         if kind == Kind.ESCALATE:
@@ -159,11 +162,18 @@ class Intake:
         assert plan is not None
         remediator = self.kit.settings.remediators[plan]
         record = self._new(node, incident, plan, gpus, xids, reason, remediator=remediator)
+        # A reset drains only the failed GPUs' holders, where the quarantine names them.
+        scope = drain_scope(
+            plan, gpus, audit.details.get("holders"),
+            *reset_drains(obj, self.kit.settings.reset_drains),
+        )  # fmt: skip
+        record = record.model_copy(update={"drain_pods": scope.pods, "drain_why": scope.why})
 
         async def act() -> dict[str, Any]:
             await self.kit.retry_limit.count(node, event.time.timestamp())
             await self.kit.records.put(node_key(node), record)
-            return {"plan": plan.value, "remediator": remediator}
+            done = {"plan": plan.value, "remediator": remediator}
+            return done | {"drain_pods": scope.pods, "drain": scope.why}
 
         decided = await self.kit.runner.run(proposal, act, self.kit.start_guards, retry=False)
         if decided.outcome == Outcome.APPLIED:

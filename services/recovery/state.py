@@ -51,6 +51,12 @@ class RecoveryRecord(BaseModel):
     started_at: float
     updated_at: float
     maintenance_id: str | None = None
+    drain_pods: list[str] | None = Field(
+        default=None,
+        description="a reset's drain scope: the pods (`namespace/name`) holding the failed "
+        "GPUs; None: the whole node (a reboot, or the holders not known)",
+    )
+    drain_why: str = Field(default="", description="why the drain has that scope")
     boot_id: str | None = Field(default=None, description="the node's bootID when asked to reboot")
     asked_at: float | None = Field(default=None, description="when the remediator was asked")
     attempts: int = Field(default=0, description="reset/reboot requests made")
@@ -81,6 +87,11 @@ class RecoveryRecord(BaseModel):
     def attempt_id(self, what: str) -> str:
         """The trigger id of one step's audit within this attempt (distinct per attempt)."""
         return f"{self.incident}/{what}/{self.attempts}"
+
+    def scope(self) -> list[str] | None:
+        """The pods that must be gone before the cure: a reset's `drain_pods`; None (every
+        pod on the node) for a reboot, whatever the drain's scope was."""
+        return self.drain_pods if self.plan == Plan.RESET else None
 
 
 class RecoveryCounts(BaseModel):

@@ -30,6 +30,7 @@ from nodeward.bus.control import ControlTimeout, request
 from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
 from schemas.base import make_event
+from schemas.common import PodRef
 from schemas.control import ControlReply, ControlRequest, ControlStatus
 from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
@@ -122,10 +123,15 @@ class RecoverySteps:
     async def drained(
         self, record: RecoveryRecord, by: str, failures: list[str] | None = None
     ) -> bool:
-        """Move on to the reset or reboot if no pod it would harm is left on the node; else
-        the recovery is blocked (on-call paged once). True when drained."""
+        """Move on to the reset or reboot if no pod it would harm is left on the node (of
+        the reset's scope, `RecoveryRecord.scope`); else the recovery is blocked (on-call
+        paged once). True when drained."""
         left = await blockers(
-            self.kit.cluster, record.node, self.kit.exemptions, self.kit.settings.skip_namespaces
+            self.kit.cluster,
+            record.node,
+            self.kit.exemptions,
+            self.kit.settings.skip_namespaces,
+            only=record.scope(),
         )
         if left:
             for line in failures or []:  # the maintenance's words (the budget) where it has any
@@ -134,10 +140,12 @@ class RecoverySteps:
                     left[pod] = why
             await self._block(record, left)
             return False
+        among = "" if record.scope() is None else " among the pods holding the failed GPU"
         await self._record(
             record,
             "drain",
-            f"{record.node} drained by {by}: no pod left that the {record.plan.value} would harm",
+            f"{record.node} drained by {by}: no pod left{among} that the {record.plan.value} "
+            "would harm",
             what="drained",
         )
         await self.save(record, Step.REMEDIATING, f"drained ({by})")
@@ -172,7 +180,9 @@ class RecoverySteps:
             self._proposal(
                 record,
                 "drain",
-                f"{record.node} is not drained: {len(left)} pod(s) left ({listed}). No "
+                f"{record.node} is not drained: {len(left)} pod(s) left"
+                + ("" if record.scope() is None else " of those holding the failed GPU")
+                + f" ({listed}). No "
                 f"{record.plan.value} while they are there; the node stays quarantined. "
                 "nodeward never forces past a PodDisruptionBudget, an exemption or Falco's "
                 "evidence: free the budget, move the pods, lift the isolation, or release "
@@ -211,6 +221,7 @@ class RecoverySteps:
                 skip_namespaces=self.kit.settings.skip_namespaces,
             ),
             self.kit.exemptions,
+            only=record.scope(),
         )
         # evicted: gone, or terminating (a blocker until it is gone, not a budget's refusal)
         moved = [*result.evicted, *result.gone, *result.terminating]
@@ -327,10 +338,12 @@ class RecoverySteps:
         movable, why_move = allows_move(record.xids, self.kit.catalog)
         move = movable and self.kit.settings.move_sessions
         first = "checkpoints and moves of opted-in sessions" if move else "checkpoints"
+        scope = record.scope()  # a reset's holders; a reboot (even grown from one): the node
+        why = record.drain_why if scope == record.drain_pods else "a reboot drains the whole node"
         proposal = self._proposal(record, "drain", f"maintenance {mid} of {record.node}: "
                                   f"{first} first, then the drain, before the "
-                                  f"{record.plan.value}")  # fmt: skip
-        proposal.details.update(move=move, move_reason=why_move)
+                                  f"{record.plan.value}" + (f"; {why}" if why else ""))  # fmt: skip
+        proposal.details.update(move=move, move_reason=why_move, drain_pods=scope)
 
         async def act() -> dict[str, Any]:
             request = Maintenance(
@@ -341,6 +354,7 @@ class RecoverySteps:
                 requested_by=ACTOR,
                 deadline_s=self.kit.settings.drain_deadline.total_seconds(),
                 move=move,
+                pods=None if scope is None else [_pod_ref(pod) for pod in scope],
             )
             at = datetime.fromtimestamp(record.started_at, UTC)
             await self.kit.bus.publish(
@@ -372,6 +386,7 @@ class RecoverySteps:
                 record.node,
                 self.kit.exemptions,
                 self.kit.settings.skip_namespaces,
+                only=record.scope(),
             )
             if left:
                 await self._block(record, left)
@@ -698,3 +713,9 @@ class _Failed(Exception):
 
 def _reply_line(reply: ControlReply) -> str:
     return f"{reply.status.value}: {reply.message}"
+
+
+def _pod_ref(pod: str) -> PodRef:
+    """`namespace/name` as a maintenance's scope names it."""
+    namespace, _, name = pod.partition("/")
+    return PodRef(namespace=namespace, name=name)

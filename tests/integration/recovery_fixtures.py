@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.sources.pods import PodSource
 from launch.sim_agents.gpu import build_sim_gpu_agent
 from nodeward.bus import Bus
 from nodeward.bus.kv import TypedKV
@@ -25,6 +26,7 @@ from services.recovery.service import build as build_recovery
 from services.recovery.state import RecoveryRecord, node_key
 from sim.cluster import SimCluster
 from sim.cluster.seed import Gpu, NodeSeed, Seed
+from sim.nvml import SimNvml
 from sim.reboot import SimRebootOperator
 from tests.conftest import wait_for as shared_wait_for
 from tests.integration.cordon_fixtures import read_stream
@@ -94,7 +96,8 @@ async def recovery_platform(
     *,
     operator: type[SimRebootOperator] = SimRebootOperator,
 ) -> AsyncIterator[Callable[..., Awaitable[RecoveryEnv]]]:
-    """`make(...)` builds a platform; all are stopped on exit."""
+    """`make(...)` builds a platform; all are stopped on exit. `gpu_pods(sim)`: the agent's
+    pod-resources (by the sim GPUs' UUIDs), else one that says no pod holds a GPU."""
     made: list[RecoveryEnv] = []
 
     async def make(
@@ -103,6 +106,7 @@ async def recovery_platform(
         in_process: bool = True,
         reboot_operator: bool = True,
         workload: Callable[[str], dict[str, Any]] | None = None,
+        gpu_pods: Callable[[SimNvml], PodSource] | None = None,
         cordon: dict[str, Any] | None = None,
         **recovery: Any,
     ) -> RecoveryEnv:
@@ -173,7 +177,10 @@ async def recovery_platform(
         if in_process:
             await env.start(build_recovery, "recovery")
         node_seed = NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=agent_gpus))
-        agent, _, _ = await build_sim_gpu_agent(settings, node_seed)
+        agent, gpu_agent, sim_gpus = await build_sim_gpu_agent(settings, node_seed)
+        if gpu_pods is not None:  # what the node's pod-resources says holds each GPU
+            assert isinstance(sim_gpus, SimNvml)
+            gpu_agent.pods = gpu_pods(sim_gpus)
         await agent.start()
         env.daemons.append(agent)
         await wait_for(lambda: _ready(agent), "the GPU agent watching its GPUs")

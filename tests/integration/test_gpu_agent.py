@@ -331,7 +331,16 @@ async def test_sim_agents_for_seed_nodes(bus_settings: BusSettings, node: str) -
         ),
         NodeSeed(name=f"{node}-cpu", gpu=None),
     ]
-    pods = [PodSeed(name="train-0", namespace="ml", node=f"{node}-h", gpus=1)]
+    pods = [
+        PodSeed(name="train-0", namespace="ml", node=f"{node}-h", gpus=1),
+        PodSeed(
+            name="nb-0",
+            namespace="ml",
+            node=f"{node}-m",
+            gpus=1,
+            gpuResource="nvidia.com/mig-1g.10gb",
+        ),
+    ]
     bus = await Bus.connect(bus_settings, source="test/watch")  # provisions the streams
     daemons = await build_sim_gpu_agents(settings, nodes, pods)
     assert len(daemons) == 2
@@ -342,6 +351,7 @@ async def test_sim_agents_for_seed_nodes(bus_settings: BusSettings, node: str) -
             seen[msg.subject] = json.loads(msg.data)
 
     sub = await bus.nc.subscribe("gpu.health.>", cb=collect)
+    await bus.nc.flush()  # the server has the subscription before the first event
     try:
         for d in daemons:
             await d.start()
@@ -354,6 +364,13 @@ async def test_sim_agents_for_seed_nodes(bus_settings: BusSettings, node: str) -
         }
         await wait_for(lambda: want <= set(seen), what=f"{want - set(seen)}")
         assert seen[f"gpu.health.{node}-h.0"]["pods"] == [{"namespace": "ml", "name": "train-0"}]
+        # Every pod holding any part of the physical GPU: its MIG instances' pods too, on
+        # the GPU's event and each instance's.
+        nb = [{"namespace": "ml", "name": "nb-0"}]
+        assert seen[f"gpu.health.{node}-m.0"]["pods"] == []
+        assert seen[f"gpu.health.{node}-m.0"]["holders"] == nb
+        assert seen[f"gpu.health.{node}-m.0-mig2-0"]["holders"] == nb
+        assert seen[f"gpu.health.{node}-h.1"]["holders"] == []  # known: held by none
         assert seen[f"gpu.health.{node}-m.0-mig1-0"]["mig"]["profile"] == "1g.10gb"
         reply = await request_injection(bus.nc, f"{node}-m", InjectRequest(gpu=0, xid=79))
         assert reply.ok

@@ -88,10 +88,13 @@ async def test_list_over_the_socket(kubelet_socket: Path) -> None:
     finally:
         await pods.close()
     assert got["MIG-ccc"][0].name == "nb-0"
+    assert pods.answered  # every GPU's pods named: no DRA claim among them
 
 
 async def test_missing_socket_is_no_pods(tmp_path: Path) -> None:
-    assert await KubeletPods(tmp_path / "none.sock").pods_by_device() == {}
+    pods = KubeletPods(tmp_path / "none.sock")
+    assert await pods.pods_by_device() == {}
+    assert not pods.answered  # no pods known, not "held by none"
 
 
 async def test_agent_names_the_pods_holding_a_gpu(
@@ -120,6 +123,7 @@ async def test_agent_names_the_pods_holding_a_gpu(
         seen[msg.subject] = json.loads(msg.data)  # type: ignore[attr-defined]
 
     sub = await watcher.nc.subscribe(f"gpu.health.{node}.*", cb=collect)
+    await watcher.nc.flush()  # the server has the subscription before the first event
     try:
         async with await build_gpu_agent(settings, nvml=sim):
             await wait_for(
@@ -129,6 +133,8 @@ async def test_agent_names_the_pods_holding_a_gpu(
             {"namespace": "ml", "name": "train-1", "container": "w"}
         ]
         assert seen[f"gpu.health.{node}.0"]["pods"] == []
+        assert seen[f"gpu.health.{node}.1"]["holders"] == [{"namespace": "ml", "name": "train-1"}]
+        assert seen[f"gpu.health.{node}.0"]["holders"] == []
     finally:
         ANSWER["body"] = RESPONSE
         await sub.unsubscribe()

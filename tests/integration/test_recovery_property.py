@@ -340,6 +340,9 @@ async def _scenario(nats_url: str, tmp_path: Path, sequence: list[tuple[Any, ...
                 retry_backoff="0.2s",
                 reboot_timeout="5s",
                 validate_timeout="3s",
+                # The whole node's rule for resets too: the pods the sequence makes hold no
+                # GPU the agent knows of (a reset's own scope: test_recovery_partial.py).
+                reset_drains="node",
             )
             Reboots.model, Reboots.env = model, env
 
