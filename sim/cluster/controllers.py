@@ -26,9 +26,19 @@ controllers whose results nodeward can see.
 - **Job** (`pkg/controller/job`): keeps `parallelism` pods running until `completions` have
   succeeded; a terminating pod is replaced at once (`podReplacementPolicy:
   TerminatingOrFailed`); more failed pods than `backoffLimit` fail the Job.
-- **Pod GC** (`pkg/controller/podgc`): the pods of a deleted node are deleted.
-- **Taint eviction** (`pkg/controller/tainteviction`): a pod on a node with a `NoExecute`
-  taint it does not tolerate is deleted, at once or after its `tolerationSeconds`.
+- **Pod GC** (`pkg/controller/podgc/gc_controller.go`): the pods of a deleted node are marked
+  `Failed` with `DisruptionTarget` (`DeletionByPodGC`, `PodGC: node no longer exists`) and
+  force-deleted (`gcOrphaned`); a terminating pod on a node that is not Ready and carries the
+  `node.kubernetes.io/out-of-service` taint (any effect) is marked `Failed` and force-deleted
+  (`gcTerminating`, the non-graceful node shutdown). Both at once, where the real controller
+  looks every 20 s (and waits 40 s for a node to stay gone).
+- **Taint eviction** (`pkg/controller/tainteviction/taint_eviction.go`): a pod on a node with
+  a `NoExecute` taint it does not tolerate gets `DisruptionTarget` (`DeletionByTaintManager`,
+  `Taint manager: deleting due to NoExecute taint`) and is deleted, at once, or after the
+  least `tolerationSeconds` of the tolerations it uses (`processPodOnNode`: an eviction
+  scheduled stays as it is; it is cancelled when the node loses its `NoExecute` taints or the
+  pod goes).
+- The node lifecycle controller is `sim.cluster.nodelifecycle`.
 
 Each works on the store directly, in the event loop, after the change that concerns it.
 Their writes are the controllers' own (owner references with `controller: true`, status
@@ -60,6 +70,7 @@ SCHEDULER = "default-scheduler"
 TEMPLATE_HASH = "pod-template-hash"
 _KINDS = {"ReplicaSet": "rs", "StatefulSet": "sts", "Job": "job", "Deployment": "deploy"}
 _UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 Item = tuple[str, str, str]  # (what, namespace, name)
 
@@ -162,6 +173,35 @@ def _no_execute(node: Obj) -> list[Obj]:
     ]
 
 
+def _out_of_service(node: Obj) -> bool:
+    return any(t.get("key") == OUT_OF_SERVICE for t in (node.get("spec") or {}).get("taints") or [])
+
+
+def _node_ready(node: Obj) -> bool:
+    """`nodeutil.IsNodeReady`."""
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
+def _with_condition(status: Obj, cond: Obj, at: str) -> bool:
+    """`UpdatePodCondition`: set `cond` in `status` (its `lastTransitionTime` kept unless its
+    status changes); whether anything changed."""
+    conditions = status.setdefault("conditions", [])
+    old = next((c for c in conditions if c.get("type") == cond["type"]), None)
+    new = {**cond, "lastProbeTime": None, "lastTransitionTime": at}
+    if old is None:
+        conditions.append(new)
+        return True
+    if old.get("status") == new["status"]:
+        new["lastTransitionTime"] = old.get("lastTransitionTime")
+    if all(old.get(k) == new.get(k) for k in ("status", "reason", "message", "lastTransitionTime")):
+        return False
+    conditions[conditions.index(old)] = new
+    return True
+
+
 def template_hash(template: Obj) -> str:
     """A stable short hash of a pod template (the `pod-template-hash` label's role)."""
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
@@ -184,8 +224,11 @@ class ControlPlane:
             "job": self._job,
             "schedule": self._schedule_pending,
             "gc": self._pod_gc,
+            "gcterm": self._gc_terminating,
             "noexecute": self._taint_eviction,
         }
+        # pod -> (uid, its eviction's timer) for the evictions the taint controller schedules
+        self._evictions: dict[tuple[str, str], tuple[str, asyncio.TimerHandle]] = {}
 
     def install(self) -> None:
         self.store.hooks.append(self._hook)
@@ -213,6 +256,15 @@ class ControlPlane:
                 self._pending.add((ns, name))
             else:
                 self._pending.discard((ns, name))
+            if change.type == "DELETED":
+                self._cancel_eviction(ns, name, meta.get("uid"))
+            node_name = (change.obj.get("spec") or {}).get("nodeName")
+            if (
+                node_name
+                and meta.get("deletionTimestamp")
+                and not ((change.old or {}).get("metadata") or {}).get("deletionTimestamp")
+            ):
+                self._enqueue(("gcterm", "", node_name))
             self._enqueue(("schedule", "", ""))
             if change.type == "ADDED" or (change.obj.get("spec") or {}).get("nodeName") != (
                 (change.old or {}).get("spec") or {}
@@ -223,10 +275,13 @@ class ControlPlane:
         elif change.key == NODES.key:
             if change.type == "DELETED":
                 self._enqueue(("gc", "", name))
+                self._enqueue(("noexecute", "", name))  # its scheduled evictions cancelled
             else:
                 self._enqueue(("schedule", "", ""))
                 if _no_execute(change.obj) != _no_execute(change.old or {}):
                     self._enqueue(("noexecute", "", name))
+                if _out_of_service(change.obj):
+                    self._enqueue(("gcterm", "", name))
         elif change.key in (REPLICASETS.key, STATEFULSETS.key, JOBS.key, DEPLOYMENTS.key):
             kind = {
                 REPLICASETS.key: "rs",
@@ -671,58 +726,127 @@ class ControlPlane:
     # --- node lifecycle -----------------------------------------------------------------
 
     def _pod_gc(self, _ns: str, node: str) -> None:
+        """`gcOrphaned`: the pods of a deleted node go."""
         if self.store.find(NODES, "", node) is not None:
             return
         for p in list(self.store.peek(PODS)):
             if (p.get("spec") or {}).get("nodeName") == node:
-                meta = p["metadata"]
-                self.store.delete(PODS, meta["namespace"], meta["name"], grace_period=0)
+                disrupted = {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByPodGC",
+                    "message": "PodGC: node no longer exists",
+                }
+                self._fail_and_force_delete(p, disrupted)
+
+    def _gc_terminating(self, _ns: str, node_name: str) -> None:
+        """`gcTerminating`: the terminating pods of a node that is not Ready and carries the
+        out-of-service taint are force-deleted (the non-graceful node shutdown)."""
+        node = self.store.peek_one(NODES, "", node_name)
+        if node is None or _node_ready(node) or not _out_of_service(node):
+            return
+        terminating = [
+            p
+            for p in self.store.peek(PODS)
+            if (p.get("spec") or {}).get("nodeName") == node_name
+            and p["metadata"].get("deletionTimestamp")
+        ]
+        for p in sorted(
+            terminating, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"])
+        ):
+            self._log.info("pod gc force-deletes", pod=p["metadata"]["name"], node=node_name)
+            self._fail_and_force_delete(p, None)
+
+    def _fail_and_force_delete(self, pod: Obj, cond: Obj | None) -> None:
+        """`markFailedAndDeletePodWithCondition`: `Failed` (with `cond`) unless finished,
+        then deleted with grace 0."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            new = copy.deepcopy(pod)
+            status = new.setdefault("status", {})
+            status["phase"] = "Failed"
+            if cond is not None:
+                _with_condition(status, cond, now())
+            self.store.update(PODS, namespace, name, new, subresource="status", check_rv=False)
+        self.store.delete(PODS, namespace, name, grace_period=0, precondition_uid=meta["uid"])
 
     def _taint_eviction(self, _ns: str, node_name: str) -> None:
-        node = self.store.find(NODES, "", node_name)
-        if node is None:
+        """`handleNodeUpdate`: each pod on the node, by its tolerations of the node's
+        `NoExecute` taints (none: its scheduled eviction cancelled)."""
+        node = self.store.peek_one(NODES, "", node_name)
+        taints = _no_execute(node) if node is not None else []
+        if not taints:  # only the evictions scheduled for its pods to cancel
+            for (namespace, name), (uid, _) in list(self._evictions.items()):
+                pod = self.store.peek_one(PODS, namespace, name)
+                if pod is None or (pod.get("spec") or {}).get("nodeName") == node_name:
+                    self._cancel_eviction(namespace, name, uid)
             return
-        taints = [
-            t
-            for t in (node.get("spec") or {}).get("taints") or []
-            if t.get("effect") == "NoExecute"
-        ]
-        if not taints:
-            return
-        loop = asyncio.get_running_loop()
         for p in list(self.store.peek(PODS)):
-            if (p.get("spec") or {}).get("nodeName") != node_name or not active(p):
+            if (p.get("spec") or {}).get("nodeName") != node_name:
                 continue
-            tolerations = (p.get("spec") or {}).get("tolerations") or []
-            untolerated = [t for t in taints if not tolerates(tolerations, t)]
-            meta = p["metadata"]
-            if untolerated:
-                self.store.delete(PODS, meta["namespace"], meta["name"])
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            seconds = [
-                t.get("tolerationSeconds")
-                for taint in taints
-                for t in tolerations
-                if tolerates([t], taint) and t.get("tolerationSeconds") is not None
-            ]
-            if seconds:
-                loop.call_later(
-                    max(0.0, float(min(seconds))),
-                    self._evict_if_still_tainted,
-                    meta["namespace"],
-                    meta["name"],
-                    meta["uid"],
-                )
+            self._process_pod(p, taints)
 
-    def _evict_if_still_tainted(self, namespace: str, name: str, uid: str) -> None:
-        pod = self.store.find(PODS, namespace, name)
-        if pod is None or pod["metadata"]["uid"] != uid or not active(pod):
+    def _process_pod(self, pod: Obj, taints: list[Obj]) -> None:
+        """`processPodOnNode`."""
+        meta = pod["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        if not taints:
+            self._cancel_eviction(namespace, name, uid)
             return
-        node = self.store.find(NODES, "", (pod.get("spec") or {}).get("nodeName") or "")
-        taints = [
-            t
-            for t in ((node or {}).get("spec") or {}).get("taints") or []
-            if t.get("effect") == "NoExecute"
-        ]
-        if taints:
-            self.store.delete(PODS, namespace, name)
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        used = []  # `GetMatchingTolerations`: the first toleration of each taint
+        for taint in taints:
+            match = next((t for t in tolerations if tolerates([t], taint)), None)
+            if match is None:
+                self._cancel_eviction(namespace, name, uid)
+                self._evict(namespace, name, uid)
+                return
+            used.append(match)
+        seconds = [t.get("tolerationSeconds") for t in used]
+        bounded = [max(0, int(s)) for s in seconds if s is not None]
+        if not bounded:  # `getMinTolerationTime` < 0: tolerated forever
+            self._cancel_eviction(namespace, name, uid)
+            return
+        scheduled = self._evictions.get((namespace, name))
+        if scheduled is not None and scheduled[0] == uid:
+            return  # the eviction already scheduled stands
+        delay = 0.0 if any(s <= 0 for s in bounded) else float(min(bounded))
+        handle = asyncio.get_running_loop().call_later(
+            delay, self._evict_scheduled, namespace, name, uid
+        )
+        self._evictions[(namespace, name)] = (uid, handle)
+
+    def _cancel_eviction(self, namespace: str, name: str, uid: Any) -> None:
+        scheduled = self._evictions.get((namespace, name))
+        if scheduled is not None and scheduled[0] == uid:
+            scheduled[1].cancel()
+            del self._evictions[(namespace, name)]
+
+    def _evict_scheduled(self, namespace: str, name: str, uid: str) -> None:
+        scheduled = self._evictions.get((namespace, name))
+        if scheduled is not None and scheduled[0] == uid:
+            del self._evictions[(namespace, name)]
+        try:
+            self._evict(namespace, name, uid)
+        except ApiError as exc:
+            self._log.info(
+                "sim_control_plane.refused", item=f"evict/{namespace}/{name}", error=exc.message
+            )
+
+    def _evict(self, namespace: str, name: str, uid: str) -> None:
+        """`addConditionAndDeletePod`: `DisruptionTarget`, then a graceful delete."""
+        pod = self.store.find(PODS, namespace, name)
+        if pod is None or pod["metadata"]["uid"] != uid:
+            return
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByTaintManager",
+            "message": "Taint manager: deleting due to NoExecute taint",
+        }
+        if _with_condition(pod.setdefault("status", {}), cond, now()):
+            self.store.update(PODS, namespace, name, pod, subresource="status", check_rv=False)
+        self.store.delete(PODS, namespace, name)

@@ -53,12 +53,20 @@ async def embedded_cluster(
     access: Iterable[Access] = (),
     archive_root: Path | None = None,
     registries: Iterable[str] = (),
+    lease_renew_s: float = 10.0,
+    node_status_report_s: float = 300.0,
+    node_monitor_period_s: float = 5.0,
+    node_monitor_grace_s: float | None = None,
+    node_startup_grace_s: float = 60.0,
+    node_eviction_qps: float = 0.1,
 ) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
     context per service); stop it on exit. `seed`: a file, a loaded seed, or the default.
     `archive_root`: where the nodes' checkpoint archives are written (`<root>/<node>/...`);
-    `registries`: the registry hosts the kubelets pull from (see `SimCluster`). Raises
-    `SeedError` for a bad seed and `OSError` if the port cannot be bound."""
+    `registries`: the registry hosts the kubelets pull from; the `lease_renew_s` ..
+    `node_eviction_qps` timings of the nodes' heartbeats and health, as `SimCluster` takes
+    them (the real components' defaults). Raises `SeedError` for a bad seed and `OSError` if
+    the port cannot be bound."""
     seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
     sim = SimCluster(
         seed_data,
@@ -68,6 +76,12 @@ async def embedded_cluster(
         access=access,
         archive_root=archive_root,
         registries=registries,
+        lease_renew_s=lease_renew_s,
+        node_status_report_s=node_status_report_s,
+        node_monitor_period_s=node_monitor_period_s,
+        node_monitor_grace_s=node_monitor_grace_s,
+        node_startup_grace_s=node_startup_grace_s,
+        node_eviction_qps=node_eviction_qps,
     )
     await sim.start()
     try:

@@ -29,17 +29,47 @@ node without `nodeward.io/cuda-checkpoint=true` (CRIU's CUDA plugin; that messag
 sim's). A restored pod is `Running` and carries the sim's `sim.nodeward.io/restored`
 annotation (a real kubelet writes none; the sim does so that clients can see the restore
 through the API) and the restore is listed in `Kubelets.restores`.
+
+Heartbeats (`pkg/kubelet/nodelease`, `staging/src/k8s.io/component-helpers/apimachinery/lease/
+controller.go`; `pkg/kubelet/kubelet_node_status.go` `tryUpdateNodeStatus`): every
+`lease_renew_s` (the kubelet's 10 s, a quarter of its `nodeLeaseDurationSeconds` 40) each
+node's kubelet renews its Lease `kube-node-lease/<node>` (`spec.renewTime`; created if missing,
+`holderIdentity` the node, owned by the Node), and posts its node status when a condition it
+owns (`Ready`, `MemoryPressure`, `DiskPressure`, `PIDPressure`) is missing or `Unknown`, else
+only every `status_report_s` (the kubelet's `nodeStatusReportFrequency`, 5 min, the first time
+within ±50 %, as `delayAfterNodeStatusChange` jitters it), to keep `lastHeartbeatTime`. The
+sim's kubelet has no runtime to judge by: it keeps the `True`/`False` a condition holds (a
+seed's or a test's `Ready=False` stands for a kubelet reporting its runtime down), and posts its
+healthy default (`Ready=True` `KubeletReady`, no pressure) only for one missing or `Unknown`.
+
+A node annotated `sim.nodeward.io/kubelet: external` has its kubelet outside the sim (a process
+that renews the Lease and posts the status through the API): the sim renews and posts nothing
+for it, and that kubelet counts as down while the node's Lease was last renewed more than
+`grace_s` ago, or its `Ready` condition is missing or `Unknown`. While a node's kubelet is down
+nothing happens on the node: its new pods are not started and its deleted pods are not
+finished (they stay `Terminating`, as on a real cluster until the node is back or
+force-deleted). When it is back (Lease fresh, `Ready` posted) it does what was pending: the
+pods deleted meanwhile are removed, the pending ones started, and the running ones reported
+again: ready again (the node lifecycle controller marked them not ready) if the node kept its
+`bootID`, else restarted as after a reboot (`restartCount` + 1, `lastState` terminated with
+exit code 255, reason `Unknown`, as containerd reports containers a reboot killed; a pod with
+`restartPolicy: Never` is `Failed` instead, as `computePodActions` creates no sandbox for it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 import itertools
 import json
+import random
+import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -53,6 +83,28 @@ from sim.cluster.store import Change, Obj, Store, now
 
 PODS = require("", "v1", "pods")
 NODES = require("", "v1", "nodes")
+LEASES = require("coordination.k8s.io", "v1", "leases")
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_S = 40
+"""The kubelet's `nodeLeaseDurationSeconds` default, written in the Leases it creates."""
+
+KUBELET = "sim.nodeward.io/kubelet"
+"""A node's annotation: `external` when its kubelet is a process outside the sim (the sim then
+neither renews its Lease nor posts its status; see `Kubelets`)."""
+EXTERNAL = "external"
+KUBELET_CONDITIONS: dict[str, tuple[str, str, str]] = {
+    "MemoryPressure": (
+        "False",
+        "KubeletHasSufficientMemory",
+        "kubelet has sufficient memory available",
+    ),
+    "DiskPressure": ("False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    "PIDPressure": ("False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    "Ready": ("True", "KubeletReady", "kubelet is posting ready status"),
+}
+"""The conditions a kubelet owns, with its healthy status, reason and message
+(`pkg/kubelet/nodestatus/setters.go`)."""
+_BATCH = 200  # nodes heartbeaten per turn of the event loop
 
 
 EXITS_AFTER = "sim.nodeward.io/exits-after"
@@ -96,7 +148,8 @@ class _Waiting(Exception):
 
 
 class Kubelets:
-    """Start every new pod bound to a node, and finish every one deleted gracefully;
+    """Start every new pod bound to a node, and finish every one deleted gracefully, while
+    the node's kubelet is up; `heartbeat` renews the nodes' Leases and posts their status;
     `install` hooks them on the store. `exits_after`: how long a pod's containers take to
     stop unless its annotation says otherwise (well-behaved ones: a moment)."""
 
@@ -108,19 +161,32 @@ class Kubelets:
         registries: Iterable[str] = (),
         pull_backoff: float = 1.0,
         pull_backoff_max: float = 30.0,
+        lease_renew_s: float = 10.0,
+        status_report_s: float = 300.0,
+        grace_s: float = 50.0,
     ) -> None:
         """`registries`: the hosts (`127.0.0.1:5000`) whose images are pulled (plain HTTP);
         `pull_backoff`: the first wait after a failed pull (the kubelet's 10 s, shortened),
-        doubled after each failure up to `pull_backoff_max`."""
+        doubled after each failure up to `pull_backoff_max`. `lease_renew_s`: how often
+        `heartbeat` is to be called (the caller's loop calls it); `status_report_s`: how often
+        an unchanged node status is posted; `grace_s`: how stale an external kubelet's Lease
+        may be before that kubelet counts as down (the node lifecycle controller's grace)."""
         self.store = store
         self.exits_after = exits_after
         self.registries = frozenset(registries)
         self.pull_backoff = pull_backoff
         self.pull_backoff_max = pull_backoff_max
+        self.lease_renew_s = lease_renew_s
+        self.status_report_s = status_report_s
+        self.grace_s = grace_s
         self.restores: list[Restore] = []
         self._ips = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
+        self._down: dict[str, str] = {}  # node -> its bootID when its kubelet was seen down
+        self._back: dict[str, bool] = {}  # node back -> rebooted meanwhile, until resumed
+        self._next_report: dict[str, float] = {}  # node -> when its status is next posted
+        self._jitter = random.Random()  # noqa: S311 - report jitter, not a secret
         self._log = get_logger(component="sim-kubelet")
 
     async def close(self) -> None:
@@ -148,39 +214,232 @@ class Kubelets:
         self.store.hooks.append(self._hook)
 
     def _hook(self, change: Change) -> None:
+        if change.key == NODES.key:
+            self._node_changed(change)
+            return
+        if change.key == LEASES.key:
+            name = change.obj["metadata"]["name"]
+            if name in self._down and change.obj["metadata"].get("namespace") == (
+                NODE_LEASE_NAMESPACE
+            ):
+                self._soon(self._check_back, name)
+            return
         if change.key != PODS.key or change.type == "DELETED":
             return
         pod = change.obj
         meta = pod["metadata"]
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop, no kubelet (a store used on its own)
         node = (pod.get("spec") or {}).get("nodeName")
         if change.type == "ADDED" or (
             node and not ((change.old or {}).get("spec") or {}).get("nodeName")
         ):
-            if node and self.registries and self._pulled_images(pod):
-                task = loop.create_task(
-                    self._pull_then_start(meta["namespace"], meta["name"], meta["resourceVersion"])
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            elif node:  # created bound, or just bound by the scheduler
-                loop.call_soon(
-                    self._start, meta["namespace"], meta["name"], meta["resourceVersion"]
-                )
+            if node and self._reachable(node):  # created bound, or just bound by the scheduler
+                self._begin(pod)
             return
         was = (change.old or {}).get("metadata") or {}
         grace = meta.get("deletionGracePeriodSeconds")
-        if meta.get("deletionTimestamp") and grace != was.get("deletionGracePeriodSeconds"):
-            loop.call_later(
-                self._stopping_s(pod, float(grace or 0)),
-                self._finish,
-                meta["namespace"],
-                meta["name"],
-                meta["uid"],
+        if (
+            node
+            and meta.get("deletionTimestamp")
+            and grace != was.get("deletionGracePeriodSeconds")
+            and self._reachable(node)
+        ):
+            self._stop(pod, self._stopping_s(pod, float(grace or 0)))
+
+    @staticmethod
+    def _soon(callback: Any, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # no loop, no kubelet
+            asyncio.get_running_loop().call_soon(callback, *args)
+
+    def _begin(self, pod: Obj) -> None:
+        """Start a pod bound to a node whose kubelet is up (pulling its images first)."""
+        meta = pod["metadata"]
+        loop = asyncio.get_running_loop()
+        if self.registries and self._pulled_images(pod):
+            task = loop.create_task(
+                self._pull_then_start(meta["namespace"], meta["name"], meta["resourceVersion"])
             )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            loop.call_soon(self._start, meta["namespace"], meta["name"], meta["resourceVersion"])
+
+    def _stop(self, pod: Obj, after: float) -> None:
+        meta = pod["metadata"]
+        asyncio.get_running_loop().call_later(
+            after, self._finish, meta["namespace"], meta["name"], meta["uid"]
+        )
+
+    # --- the kubelet up or down -----------------------------------------------------------
+
+    def kubelet_up(self, node: Obj) -> bool:
+        """Whether the node's kubelet runs: always for the sim's own; for an external one,
+        while its Lease is fresher than `grace_s` and its `Ready` condition is posted."""
+        if not external(node):
+            return True
+        ready = condition(node, "Ready")
+        if ready is None or ready.get("status") == "Unknown":
+            return False
+        lease = self.store.peek_one(LEASES, NODE_LEASE_NAMESPACE, node["metadata"]["name"])
+        renewed = parse_time(((lease or {}).get("spec") or {}).get("renewTime"))
+        return renewed is not None and time.time() - renewed <= self.grace_s
+
+    def _reachable(self, name: str) -> bool:
+        """Whether node `name`'s kubelet is up; if not, it is remembered as down, to do what
+        is pending once it is back."""
+        node = self.store.peek_one(NODES, "", name)
+        if node is None:
+            return True  # no node: nothing to wait for (its pods are collected)
+        if self.kubelet_up(node):
+            return True
+        self._down.setdefault(name, boot_id(node))
+        return False
+
+    def _node_changed(self, change: Change) -> None:
+        name = change.obj["metadata"]["name"]
+        if change.type == "DELETED":
+            self._down.pop(name, None)
+            self._next_report.pop(name, None)
+            return
+        before = (condition(change.old or {}, "Ready") or {}).get("status")
+        after = (condition(change.obj, "Ready") or {}).get("status")
+        if after == "Unknown" and before != "Unknown":  # silent: what it does when back
+            self._down.setdefault(name, boot_id(change.old or change.obj))
+        elif name in self._down:
+            self._soon(self._check_back, name)
+
+    def _check_back(self, name: str) -> None:
+        """If node `name`'s kubelet is back, have what waited for it done (with every other
+        node back by then, in one pass over the pods)."""
+        if name not in self._down:
+            return
+        node = self.store.peek_one(NODES, "", name)
+        if node is None:
+            self._down.pop(name, None)
+            return
+        if not self.kubelet_up(node):
+            return
+        rebooted = self._down.pop(name) != boot_id(node)
+        self._log.info("kubelet back", node=name, rebooted=rebooted)
+        if not self._back:
+            self._soon(self._resume)
+        self._back[name] = rebooted
+
+    def _resume(self) -> None:
+        """What a kubelet back does with the pods bound to its node: finishes the deleted
+        ones, starts the pending ones, reports the running ones (restarted if rebooted)."""
+        back, self._back = self._back, {}
+        for pod in list(self.store.peek(PODS)):
+            rebooted = back.get((pod.get("spec") or {}).get("nodeName") or "")
+            if rebooted is None:
+                continue
+            meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase")
+            try:
+                if meta.get("deletionTimestamp"):
+                    grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+                    self._stop(pod, 0.0 if rebooted else self._stopping_s(pod, grace))
+                elif phase == "Pending":
+                    self._begin(pod)
+                elif phase == "Running" and rebooted:
+                    self._report(pod, _rebooted_status(pod, now()))
+                elif phase == "Running" and _marked_not_ready(pod):
+                    self._report(pod, _ready_again(pod, now()))
+            except ApiError as exc:
+                self._log.info("pod status refused", pod=meta["name"], error=exc.message)
+
+    def _report(self, pod: Obj, status: Obj) -> None:
+        meta = pod["metadata"]
+        new = copy.deepcopy(pod)
+        new["status"] = status
+        self.store.update(
+            PODS, meta["namespace"], meta["name"], new, subresource="status", check_rv=False
+        )
+
+    # --- heartbeats ------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """One turn of every sim kubelet's heartbeat: renew its node's Lease (create it if
+        missing), and post its node status if changed or due (`status_report_s`)."""
+        loop = asyncio.get_running_loop()
+        names = [n["metadata"]["name"] for n in self.store.peek(NODES)]
+        for i, name in enumerate(names):
+            if i and i % _BATCH == 0:
+                await asyncio.sleep(0)  # a big fleet's heartbeats do not hold the loop
+            node = self.store.peek_one(NODES, "", name)
+            if node is None or external(node):
+                continue
+            try:
+                self._renew(node)
+                self._post_status(node, loop.time())
+            except ApiError as exc:  # as a kubelet, tries again on its next turn
+                self._log.info("heartbeat refused", node=name, error=exc.message)
+
+    def _renew(self, node: Obj) -> None:
+        """`lease.controller.sync`: renew the Lease (`renewTime` now), or create it."""
+        name = node["metadata"]["name"]
+        stamp = micro_time()
+        lease = self.store.peek_one(LEASES, NODE_LEASE_NAMESPACE, name)
+        if lease is not None:  # (the store copies what it is given)
+            renewed = {**lease, "spec": {**(lease.get("spec") or {}), "renewTime": stamp}}
+            self.store.update(LEASES, NODE_LEASE_NAMESPACE, name, renewed, check_rv=False)
+            return
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+        self.store.create(
+            LEASES,
+            NODE_LEASE_NAMESPACE,
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": NODE_LEASE_NAMESPACE,
+                    "ownerReferences": [owner],
+                },
+                "spec": {
+                    "holderIdentity": name,
+                    "leaseDurationSeconds": LEASE_DURATION_S,
+                    "renewTime": stamp,
+                },
+            },
+        )
+
+    def _post_status(self, node: Obj, at: float) -> None:
+        """`tryUpdateNodeStatus`: its conditions' healthy defaults where one is missing or
+        `Unknown` (posted at once), else only their heartbeats once the report is due."""
+        name = node["metadata"]["name"]
+        due = self._next_report.get(name)
+        if due is None:  # the status was just posted (registered, or seeded)
+            due = self._next_report[name] = at + self._report_delay()
+        posted = {
+            c.get("type"): c.get("status")
+            for c in (node.get("status") or {}).get("conditions") or []
+        }
+        if at < due and all(posted.get(k) in ("True", "False") for k in KUBELET_CONDITIONS):
+            return  # nothing changed, no report due
+        conditions = copy.deepcopy((node.get("status") or {}).get("conditions") or [])
+        stamp = now()
+        changed = False
+        for kind, (status, reason, message) in KUBELET_CONDITIONS.items():
+            current = next((c for c in conditions if c.get("type") == kind), None)
+            if current is None:
+                current = {"type": kind}
+                conditions.append(current)
+            if current.get("status") in (None, "Unknown"):
+                current.update(status=status, reason=reason, message=message)
+                current["lastTransitionTime"] = stamp
+                changed = True
+            current["lastHeartbeatTime"] = stamp
+        if not changed and at < due:
+            return
+        self._next_report[name] = at + (self._report_delay() if changed else self.status_report_s)
+        new = copy.deepcopy(node)
+        new.setdefault("status", {})["conditions"] = conditions
+        self.store.update(NODES, "", name, new, subresource="status", check_rv=False)
+
+    def _report_delay(self) -> float:
+        """`nodeStatusReportFrequency` plus `delayAfterNodeStatusChange`'s jitter."""
+        return self.status_report_s * (1.0 + self._jitter.uniform(-0.5, 0.5))
 
     def _stopping_s(self, pod: Obj, grace: float) -> float:
         said = ((pod["metadata"].get("annotations") or {}).get(EXITS_AFTER)) or ""
@@ -196,6 +455,8 @@ class Kubelets:
         pod = self.store.find(PODS, namespace, name)
         if pod is None or pod["metadata"]["uid"] != uid:
             return
+        if not self._reachable(pod["spec"]["nodeName"]):
+            return  # its kubelet went down: it finishes once back
         self.store.delete(PODS, namespace, name, grace_period=0, precondition_uid=uid)
 
     def _start(self, namespace: str, name: str, created_rv: str) -> None:
@@ -203,8 +464,8 @@ class Kubelets:
         if pod is None or pod["metadata"]["resourceVersion"] != created_rv:
             return  # gone, or reported on already (a seed's status, a test's)
         node = self.store.find(NODES, "", pod["spec"]["nodeName"])
-        if node is None:
-            return
+        if node is None or not self._reachable(pod["spec"]["nodeName"]):
+            return  # no node, or its kubelet down: started once back
         pod["status"] = admission.running_status(pod, _host_ip(node), self._pod_ip(pod), now())
         self.store.update(PODS, namespace, name, pod, subresource="status", check_rv=False)
 
@@ -383,6 +644,90 @@ class Kubelets:
         except ApiError:
             return None
         return str(updated["metadata"]["resourceVersion"])
+
+
+def external(node: Obj) -> bool:
+    """Whether the node's kubelet is outside the sim (annotation `sim.nodeward.io/kubelet`)."""
+    return (node["metadata"].get("annotations") or {}).get(KUBELET) == EXTERNAL
+
+
+def condition(obj: Obj, kind: str) -> Obj | None:
+    """The object's status condition of type `kind`, if any."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def boot_id(node: Obj) -> str:
+    return str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
+
+
+def micro_time() -> str:
+    """Now as a `metav1.MicroTime` (a Lease's `renewTime`)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: Any) -> float | None:
+    """An RFC 3339 time (`Time` or `MicroTime`) as seconds since the epoch; None if unset or
+    not a time."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return stamp.timestamp()
+
+
+def _marked_not_ready(pod: Obj) -> bool:
+    """`Ready=False` with its containers ready: what `MarkPodsNotReady` leaves (the kubelet's
+    status manager posts `Ready=True` again once it syncs)."""
+    ready = condition(pod, "Ready") or {}
+    containers = condition(pod, "ContainersReady") or {}
+    return ready.get("status") == "False" and containers.get("status") == "True"
+
+
+def _ready_again(pod: Obj, at: str) -> Obj:
+    status = copy.deepcopy(pod.get("status") or {})
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            cond.update(status="True", lastTransitionTime=at)
+            cond.pop("reason", None)
+            cond.pop("message", None)
+    return status
+
+
+def _rebooted_status(pod: Obj, at: str) -> Obj:
+    """What the kubelet reports, after a reboot, for a pod that was running: its containers
+    exited (255, `Unknown`, as containerd shows the ones a reboot killed); restarted in a new
+    sandbox unless `restartPolicy: Never`, which leaves the pod `Failed`."""
+    status = copy.deepcopy(pod.get("status") or {})
+    restart = (pod.get("spec") or {}).get("restartPolicy", "Always") != "Never"
+    for c in status.get("containerStatuses") or []:
+        started = ((c.get("state") or {}).get("running") or {}).get("startedAt") or at
+        killed = {"exitCode": 255, "reason": "Unknown", "startedAt": started, "finishedAt": at}
+        if restart:
+            c["lastState"] = {"terminated": killed}
+            c["state"] = {"running": {"startedAt": at}}
+            c["restartCount"] = int(c.get("restartCount") or 0) + 1
+            c["containerID"] = f"containerd://{uuid.uuid4().hex}"
+            c.update(ready=True, started=True)
+        else:
+            c["state"] = {"terminated": {**killed, "containerID": c.get("containerID")}}
+            c.update(ready=False, started=False)
+    for cond in status.get("conditions") or []:
+        kind = cond.get("type")
+        if kind not in ("PodReadyToStartContainers", "Ready", "ContainersReady"):
+            continue
+        cond.pop("reason", None)
+        cond.pop("message", None)
+        cond.update(status="True" if restart else "False", lastTransitionTime=at)
+        if not restart and kind != "PodReadyToStartContainers":
+            cond["reason"] = "PodCompleted"  # `GeneratePodReadyCondition` of a finished pod
+    if not restart:
+        status["phase"] = "Failed"
+    return status
 
 
 def _host_ip(node: Obj) -> str:

@@ -474,20 +474,7 @@ def pod_manifest(p: PodSeed, owner_uid: str | None, pod_ip: str, host_ip: str) -
             "terminationGracePeriodSeconds": 30,
             "dnsPolicy": "ClusterFirst",
             "volumes": volumes,
-            "tolerations": [
-                {
-                    "key": "node.kubernetes.io/not-ready",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-                {
-                    "key": "node.kubernetes.io/unreachable",
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                },
-            ]
+            "tolerations": _node_tolerations(p)
             + (
                 [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
                 if p.gpus
@@ -514,6 +501,27 @@ def pod_manifest(p: PodSeed, owner_uid: str | None, pod_ip: str, host_ip: str) -
             "containerStatuses": statuses,
         },
     }
+
+
+def _node_tolerations(p: PodSeed) -> list[dict[str, Any]]:
+    """A pod's tolerations of the node lifecycle's taints: 300 s of `not-ready` and
+    `unreachable` (admission's `DefaultTolerationSeconds`), or, for a DaemonSet's pod, those
+    and the pressure and `unschedulable` taints for ever, as the DaemonSet controller adds
+    them (`pkg/controller/daemon/util` `AddOrUpdateDaemonPodTolerations`)."""
+    if p.owner is not None and p.owner.kind == "DaemonSet":
+        keys = [
+            ("node.kubernetes.io/not-ready", "NoExecute"),
+            ("node.kubernetes.io/unreachable", "NoExecute"),
+            ("node.kubernetes.io/disk-pressure", "NoSchedule"),
+            ("node.kubernetes.io/memory-pressure", "NoSchedule"),
+            ("node.kubernetes.io/pid-pressure", "NoSchedule"),
+            ("node.kubernetes.io/unschedulable", "NoSchedule"),
+        ]
+        return [{"key": k, "operator": "Exists", "effect": e} for k, e in keys]
+    return [
+        {"key": k, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+        for k in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
 
 
 def _uid(*parts: str) -> str:

@@ -45,6 +45,7 @@ from sim.cluster import (
 from sim.cluster.controllers import ControlPlane
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.kubelet import Kubelets
+from sim.cluster.nodelifecycle import NodeLifecycle, default_grace_s
 from sim.cluster.patch import apply_patch
 from sim.cluster.resources import ResourceType, lookup
 from sim.cluster.seed import Seed, SeedError, apply_seed, load_seed
@@ -232,6 +233,12 @@ class SimCluster:
         token_cache_ttl: float = tokens.CACHE_TTL,
         archive_root: Path | None = None,
         registries: Iterable[str] = (),
+        lease_renew_s: float = 10.0,
+        node_status_report_s: float = 300.0,
+        node_monitor_period_s: float = 5.0,
+        node_monitor_grace_s: float | None = None,
+        node_startup_grace_s: float = 60.0,
+        node_eviction_qps: float = 0.1,
     ) -> None:
         """`kube_version`: the release claimed (`1.33`; default `$NODEWARD_SIM_KUBE_VERSION`,
         else the client models' release), which decides the group-versions served, with the
@@ -243,7 +250,17 @@ class SimCluster:
         then writes its archive there, as CRI-O does (`sim.cluster.checkpoints`).
         `registries`: the registry hosts (`127.0.0.1:5000`, plain HTTP) the kubelets pull
         from; a pod whose image is on one of them is started after its manifest is read,
-        and restored if it is a checkpoint image (`sim.cluster.kubelet`)."""
+        and restored if it is a checkpoint image (`sim.cluster.kubelet`).
+        Nodes' heartbeats and health (`sim.cluster.kubelet`, `sim.cluster.nodelifecycle`):
+        `lease_renew_s`, how often the sim's kubelets renew their node Leases (the kubelet's
+        10 s); `node_status_report_s`, how often they post an unchanged node status (its
+        `nodeStatusReportFrequency`, 5 min); `node_monitor_period_s`, how often the node
+        lifecycle controller checks them (`--node-monitor-period`, 5 s);
+        `node_monitor_grace_s`, how long without a sign before a node is `Unknown`
+        (`--node-monitor-grace-period`; by default the claimed release's, 40 s up to 1.31,
+        50 s from 1.32); `node_startup_grace_s`, the same for a node that never posted `Ready`
+        (60 s); `node_eviction_qps`, the rate per zone of `NoExecute` taints for unhealthy
+        nodes (`--node-eviction-rate`, 0.1)."""
         claimed = kube_version or os.environ.get(KUBE_VERSION_ENV)
         self.apis = versions.Apis(versions.parse_version(claimed) if claimed else None, enabled)
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
@@ -255,8 +272,28 @@ class SimCluster:
         """ServiceAccount tokens: TokenRequest, TokenReview, bearer authentication."""
         self.checkpoints: list[Checkpoint] = []
         self.archive_root = Path(archive_root) if archive_root is not None else None
-        self.kubelets = Kubelets(self.store, registries=registries)
+        grace = (
+            node_monitor_grace_s
+            if node_monitor_grace_s is not None
+            else default_grace_s(self.apis.minor)
+        )
+        self.kubelets = Kubelets(
+            self.store,
+            registries=registries,
+            lease_renew_s=lease_renew_s,
+            status_report_s=node_status_report_s,
+            grace_s=grace,
+        )
         """The nodes' kubelets; `kubelets.restores` lists the containers restored."""
+        self.node_lifecycle = NodeLifecycle(
+            self.store,
+            monitor_period_s=node_monitor_period_s,
+            grace_s=grace,
+            startup_grace_s=node_startup_grace_s,
+            eviction_qps=node_eviction_qps,
+        )
+        """kube-controller-manager's node lifecycle controller."""
+        self._nodes_task: asyncio.Task[None] | None = None
         self.checkpoint_delay = 0.0  # seconds each checkpoint takes, as CRIU dumping memory does
         # (identity, method, path, status) of the latest requests, for tests and debugging
         self.requests: deque[tuple[str, str, str, int]] = deque(maxlen=10000)
@@ -286,6 +323,7 @@ class SimCluster:
         disruption.watch_pods(self.store)
         self.kubelets.install()
         ControlPlane(self.store).install()
+        self.node_lifecycle.install()
         default = rbac.default_rbac_dir()
         try:
             if rbac_dirs is not None:
@@ -336,14 +374,41 @@ class SimCluster:
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls.ssl_context())
         await site.start()
         self.port = int(self._runner.addresses[0][1])
+        self._nodes_task = asyncio.create_task(self._nodes())
         self._log.info("sim cluster listening", url=self.url)
 
     async def stop(self) -> None:
         self._closing.set()
+        if self._nodes_task is not None:
+            self._nodes_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._nodes_task
+            self._nodes_task = None
         await self.kubelets.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _nodes(self) -> None:
+        """The nodes' clock: the kubelets' heartbeats every `lease_renew_s`, the node
+        lifecycle controller's pass every `node_monitor_period_s`; heartbeats first, so that
+        a stalled event loop does not make nodes look silent."""
+        loop = asyncio.get_running_loop()
+        next_beat = next_pass = loop.time()
+        while True:
+            if loop.time() >= next_beat:
+                next_beat = loop.time() + self.kubelets.lease_renew_s
+                try:
+                    await self.kubelets.heartbeat()
+                except Exception:  # noqa: BLE001 - a bug in the sim: logged, the clock goes on
+                    self._log.exception("kubelet heartbeat failed")
+            if loop.time() >= next_pass:
+                next_pass = loop.time() + self.node_lifecycle.monitor_period_s
+                try:
+                    self.node_lifecycle.monitor()
+                except Exception:  # noqa: BLE001 - a bug in the sim: logged, the clock goes on
+                    self._log.exception("node lifecycle pass failed")
+            await asyncio.sleep(max(0.0, min(next_beat, next_pass) - loop.time()))
 
     async def __aenter__(self) -> SimCluster:
         await self.start()
@@ -1282,7 +1347,7 @@ class SimCluster:
         if page.rv is not None and page.rv != self.store.resource_version:
             objects = self.store.snapshot(store_rt, page.rv, route.namespace)
             if objects is None:
-                raise listing.expired(page, self.store.oldest_resumable)
+                raise listing.expired(page, self.store.resumable_from(store_rt.key))
         rv = page.rv if page.rv is not None else self.store.resource_version
         if objects is None:
             objects = self.store.list(store_rt, route.namespace)
@@ -1371,7 +1436,8 @@ class SimCluster:
                     since = int(rv_text)
                 except ValueError:
                     raise bad_request(f"invalid resource version: {rv_text!r}") from None
-                if since < self.store.oldest_resumable:
+                oldest = self.store.resumable_from(store_rt.key)
+                if since < oldest:
                     backlog.append(
                         {
                             "type": "ERROR",
@@ -1380,7 +1446,7 @@ class SimCluster:
                                 "apiVersion": "v1",
                                 "metadata": {},
                                 "status": "Failure",
-                                "message": f"too old resource version: {since} ({self.store.oldest_resumable + 1})",
+                                "message": f"too old resource version: {since} ({oldest + 1})",
                                 "reason": "Expired",
                                 "code": 410,
                             },
