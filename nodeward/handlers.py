@@ -197,10 +197,12 @@ class Service(Generic[C]):
         access: Access | None = None,
         buckets: Sequence[str] = (),
         publishes: Sequence[str] = (),
+        reads: Sequence[str] = (),
         source: str | None = None,
         one_lease: bool = False,
     ) -> None:
-        """`one_lease`: with `bus.partitions` > 1, its consumers that declare leases are
+        """`reads`: streams whose newest messages it reads by direct get (read-only, no
+        consumer; `nodeward.bus.snapshot.last_stored_times`). `one_lease`: with `bus.partitions` > 1, its consumers that declare leases are
         claimed together, partition i of each by one replica (one lease group named after
         its durables' base), e.g. a node's changes and heartbeats in one place."""
         self.name = name
@@ -210,6 +212,7 @@ class Service(Generic[C]):
         self.access = access
         self.buckets = tuple(buckets)
         self.publishes = tuple(publishes)
+        self.reads = tuple(reads)
         self.source = source or f"service/{name}"
         self._setup: Callable[[Runtime[C]], Awaitable[Any]] | None = None
         self._prepare: Callable[[C], Awaitable[Any]] | None = None
@@ -322,6 +325,7 @@ class Service(Generic[C]):
             buckets=self.buckets,
             publish=self.publishes,
             controls=tuple(self.controls),
+            reads=self.reads,
             partitioned=tuple(dict.fromkeys(s.name for c, s in specs if c.leases is not None)),
         )
 

@@ -81,6 +81,9 @@ class ServiceGrants:
     partitioned: tuple[str, ...] = ()
     """Its durables that run partitioned with `bus.partitions` > 1: granted as well as
     `<durable>-p<i>` for every partition up to `MAX_PARTITIONS` (`nodeward.bus.partitions`)."""
+    reads: tuple[str, ...] = ()
+    """Streams whose newest messages it reads by direct get (`$JS.API.DIRECT.GET`): read
+    only, no consumer."""
 
     def durables(self) -> tuple[tuple[str, str], ...]:
         """(stream, durable) of every durable it may use, partitions included."""
@@ -229,6 +232,8 @@ def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser
         publish += _consumer_api(stream, durable)
     for bucket in grants.buckets:
         publish += _bucket_api(bucket)
+    for stream in grants.reads:
+        publish += [f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
     publish += grants.publish
     if grants.consumers:
         publish += [s for s in REFUSALS if not _covered(s, publish)]

@@ -1,13 +1,15 @@
-"""Findings about a node's tuning: what a node check saw that slows or wastes its GPUs' work."""
+"""Findings about a node: what a node check saw that slows or wastes its GPUs' work
+(`NodeFinding`), and whether the node answers at all (`NodeHealth`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import Field
 
-from schemas.base import EventData
+from schemas.base import EventData, Model
 from schemas.common import K8sName, NonNegFloat
 from schemas.examples import example
 from schemas.tokens import subject
@@ -80,6 +82,82 @@ class NodeFinding(EventData):
 
     def nats_subject(self) -> str:
         return subject("node.finding", self.node, self.check)
+
+    def about(self) -> str:
+        return f"node/{self.node}"
+
+
+class Unresponsiveness(StrEnum):
+    """Why a node is judged unresponsive."""
+
+    NOT_READY = "not-ready"
+    """its `Ready` condition `False` or `Unknown` (the kubelet stopped posting) too long"""
+    CONDITION = "condition"
+    """a condition another detector sets (node-problem-detector's `KernelDeadlock`, ...)
+    `True` too long"""
+    AGENTS_SILENT = "agents-silent"
+    """none of its node agents heard past their heartbeat timeout"""
+
+
+class NodeCause(Model):
+    """One reason a node is unresponsive."""
+
+    kind: Unresponsiveness
+    condition: str | None = Field(default=None, description="the node condition's type")
+    status: str | None = Field(default=None, description="the condition's status")
+    reason: str | None = Field(default=None, max_length=256)
+    message: str | None = Field(default=None, max_length=1024)
+    since: datetime = Field(description="since when (the condition's transition, the last heard)")
+
+    def line(self) -> str:
+        if self.kind == Unresponsiveness.AGENTS_SILENT:
+            return f"agents silent since {self.since:%H:%M:%S}"
+        said = f" ({self.reason}: {self.message})" if self.reason or self.message else ""
+        return f"{self.condition}={self.status} since {self.since:%H:%M:%S}{said}"
+
+
+class NodeHealth(EventData):
+    """Whether a node answers, as services.recovery's detector judges it.
+
+    Published when a node turns unresponsive (a cause held past its duration) and when it
+    answers again."""
+
+    TYPE: ClassVar[str] = "node.health.v1"
+    STREAM: ClassVar[str] = "NODES"
+    SUBJECT_PATTERN: ClassVar[str] = "node.health.<node>"
+    EXAMPLE_SOURCE: ClassVar[str] = "service/recovery"
+
+    node: K8sName
+    responsive: bool
+    causes: list[NodeCause] = Field(default_factory=list, description="empty when responsive")
+    since: datetime = Field(description="when it turned (un)responsive: its earliest cause")
+    summary: str = Field(min_length=1, max_length=1024, description="one line for on-call")
+
+    model_config = example(
+        {
+            "node": "gpu-node-07",
+            "responsive": False,
+            "causes": [
+                {
+                    "kind": "not-ready",
+                    "condition": "Ready",
+                    "status": "Unknown",
+                    "reason": "NodeStatusUnknown",
+                    "message": "Kubelet stopped posting node status.",
+                    "since": "2026-08-20T14:05:00Z",
+                }
+            ],
+            "since": "2026-08-20T14:05:00Z",
+            "summary": "gpu-node-07 unresponsive: Ready=Unknown since 14:05:00 "
+            "(NodeStatusUnknown: Kubelet stopped posting node status.)",
+        }
+    )
+
+    def nats_subject(self) -> str:
+        return subject("node.health", self.node)
+
+    def concern(self) -> str:
+        return "info" if self.responsive else "critical"
 
     def about(self) -> str:
         return f"node/{self.node}"

@@ -15,7 +15,7 @@ from schemas.energy import EnergyNode, EnergyPod
 from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, GpuHeartbeat, GpuTelemetry, GpuXid
 from schemas.maintenance import Maintenance
-from schemas.node import NodeFinding
+from schemas.node import NodeFinding, NodeHealth
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionActivity, SessionIdle
@@ -47,6 +47,7 @@ _MODELS: tuple[type[EventData], ...] = (
     SessionActivity,
     SessionIdle,
     NodeFinding,
+    NodeHealth,
     FalcoAlert,
     CredentialDue,
     CredentialRenewed,

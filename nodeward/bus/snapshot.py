@@ -7,6 +7,9 @@ entries are read the same way, deleted and purged keys left out. One request and
 stream of replies, instead of one `get_last_msg` round trip per subject. `newest` reads
 a stream's last messages the same way, `stored_since` those stored after a time, and
 `subject_counts` lists a stream's subjects (one paged `STREAM.INFO`, no message read).
+`last_stored_times` reads when each subject's last message was stored with batched direct
+gets (`multi_last`, nats-server 2.11+): no consumer, so a read-only `DIRECT.GET` grant on
+the one stream is all it needs.
 """
 
 from __future__ import annotations
@@ -205,6 +208,78 @@ async def _read(
         if name is not None:
             with contextlib.suppress(Exception):
                 await js.delete_consumer(stream, name)
+
+
+MULTI_LAST_CHUNK = 400
+"""Filters per batched direct get: the server answers one with at most 1,024 messages
+(`413 Too Many Results` past that), and a node's subject may be stored under a partition."""
+
+
+async def last_stored_times(
+    nc: Any, stream: str, filters: Sequence[str], *, timeout: float = 5.0
+) -> dict[str, datetime]:
+    """When the last message of each subject of `stream` matching one of `filters` was
+    stored (subject -> UTC time), in batched direct gets of `MULTI_LAST_CHUNK` filters; the
+    stream needs `allow_direct`. A chunk the server finds too big is read in halves."""
+    out: dict[str, datetime] = {}
+    pending = [
+        list(filters[i : i + MULTI_LAST_CHUNK]) for i in range(0, len(filters), MULTI_LAST_CHUNK)
+    ]
+    while pending:
+        chunk = pending.pop()
+        got = await _multi_last(nc, stream, chunk, timeout)
+        if got is None:
+            if len(chunk) == 1:
+                raise SnapshotError(f"stream {stream}: {chunk[0]} matches too many subjects")
+            half = len(chunk) // 2
+            pending += [chunk[:half], chunk[half:]]
+            continue
+        out.update(got)
+    return out
+
+
+async def _multi_last(
+    nc: Any, stream: str, filters: list[str], timeout: float
+) -> dict[str, datetime] | None:
+    """One batched direct get; None when the server says it has too many results."""
+    inbox = nc.new_inbox()
+    got: dict[str, datetime] = {}
+    status: list[str] = []
+    done = asyncio.Event()
+
+    async def take(msg: Any) -> None:
+        headers = msg.headers or {}
+        if headers.get("Status"):
+            status.append(str(headers["Status"]))
+            done.set()
+            return
+        subject, stamp = headers.get("Nats-Subject"), headers.get("Nats-Time-Stamp")
+        if subject and stamp:
+            got[str(subject)] = _stamp(str(stamp))
+
+    sub = await nc.subscribe(inbox, cb=take, pending_msgs_limit=4096, pending_bytes_limit=-1)
+    try:
+        body = json.dumps({"multi_last": filters, "batch": 4096}).encode()
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", body, reply=inbox)
+        try:
+            await within(done.wait(), timeout)
+        except TimeoutError as exc:
+            raise SnapshotError(f"stream {stream}: no end of a direct get in {timeout}s") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    if status and status[0] == "413":
+        return None
+    if status and status[0] not in ("204", "404"):  # 404: none of the subjects is stored
+        raise SnapshotError(f"stream {stream}: direct get answered {status[0]}")
+    return got
+
+
+def _stamp(value: str) -> datetime:
+    """A `Nats-Time-Stamp` (RFC 3339 with nanoseconds) as a UTC datetime (microseconds)."""
+    head, _, frac = value.rstrip("Z").partition(".")
+    micros = (frac + "000000")[:6]
+    return datetime.fromisoformat(f"{head}.{micros}+00:00").astimezone(UTC)
 
 
 def kv_filter(bucket: str, prefix: str) -> str:

@@ -59,6 +59,7 @@ OPERATIONS: dict[str, frozenset[Permission]] = {
     "pods.evict": _p("pods/eviction", "create"),
     "events.create": _p("events", "create", group="events.k8s.io"),
     "secrets.get": _p("secrets", "get"),
+    "secrets.get_own": _p("secrets", "get", namespace=SERVICE_NAMESPACE),
     "secrets.list": _p("secrets", "list"),
     "secrets.replace": _p("secrets", "get", "update"),
     "secrets.patch": _p("secrets", "get", "patch"),

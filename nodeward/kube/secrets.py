@@ -25,6 +25,12 @@ class Secrets(Area):
         result: Obj = await self._client.request("GET", core("secrets", name, namespace))
         return result
 
+    @operation("secrets.get_own")
+    async def get_own(self, namespace: str, name: str) -> Obj:
+        """A Secret of nodeward's own namespace (a role there, not cluster-wide)."""
+        result: Obj = await self._client.request("GET", core("secrets", name, namespace))
+        return result
+
     @operation("secrets.replace")
     async def replace(self, namespace: str, name: str, mutate: Callable[[Obj], Obj | None]) -> Obj:
         """Read, `mutate` (a copy), PUT with the read resourceVersion; on 409 read and mutate again.

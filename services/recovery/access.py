@@ -17,6 +17,7 @@ ACCESS = Access(
             "pods.evict",  # the pods a drain left, evicted again (budgets honoured)
             "pods.delete",  # only at an operator's word: `nodeward recovery force-drain`
             "namespaces.get",  # a pod's namespace exemption
+            "secrets.get_own",  # hung nodes' BMC credentials (`hang.bmc_secret`, its namespace)
         }
     ),
 )

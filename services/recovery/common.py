@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import InitVar, dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from nats.js.errors import NoKeysError
 from pydantic import Field
 
 from nodeward.aio import KeyedLocks
@@ -39,7 +40,8 @@ from services.kernel.control import (
     ControlSettings,
 )
 from services.kernel.marks import NodeMarks
-from services.kernel.severities import FAILURE_WARNS, GOOD_NEWS
+from services.kernel.severities import FAILURE_WARNS, GOOD_NEWS, LOUD
+from services.recovery.hang import HangSettings, floor_refusal, judge
 from services.recovery.policy import (
     within_limit,
 )
@@ -49,6 +51,8 @@ from services.recovery.remediators import (
 from services.recovery.scope import DrainScope
 from services.recovery.state import (
     BUCKET,
+    PAUSE_KEY,
+    PauseRecord,
     Plan,
     RecoveryCounts,
     RecoveryRecord,
@@ -66,8 +70,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SEVERITIES = per_action(
     (
         table(GOOD_NEWS, FAILURE_WARNS),
-        ("recover", "drain", "reset", "reboot", "validate", "release"),
-    )
+        ("recover", "drain", "reset", "reboot", "validate", "release", "power-on", "unfence"),
+    ),
+    # a hung node taken out of service by its BMC: worth a look, not a page
+    (table(LOUD, FAILURE_WARNS), ("power-off", "fence")),
 )
 BACKOFF_CAP_S = 600.0
 
@@ -86,6 +92,8 @@ class RecoverySettings(ActingSettings, Consuming):
         ],
         min_length=1,
     )
+    node_subjects: list[str] = Field(default_factory=lambda: ["node.health.>"], min_length=1)
+    """the detector's findings (`<consumer>-nodes`)"""
     remediators: dict[Plan, str] = Field(
         default_factory=lambda: {Plan.RESET: "gpu-reset", Plan.REBOOT: "reboot-annotation"},
         description="the remediator per plan: gpu-reset, reboot-annotation, webhook",
@@ -133,6 +141,8 @@ class RecoverySettings(ActingSettings, Consuming):
     """the loop's pass"""
     breaker: BreakerSettings = BreakerSettings()
     controls: ControlSettings = ControlSettings()
+    hang: HangSettings = HangSettings()
+    """hung nodes: detected, and recovered through their group's ladder and their BMC"""
 
 
 def has_quarantine(node: Obj) -> bool:
@@ -186,6 +196,67 @@ class RetryLimit:
         await self.counts.update(count_key(node), add)
 
 
+class Paused:
+    """A guard: no new remediation while the operators' pause (KV `pause`) is on;
+    `nodeward recovery pause` / `resume`."""
+
+    name = "paused"
+    stage = Stage.EXEMPTIONS
+
+    def __init__(self, pauses: TypedKV[PauseRecord]) -> None:
+        self.pauses = pauses
+
+    async def current(self) -> PauseRecord | None:
+        entry = await self.pauses.get(PAUSE_KEY)
+        return entry.value if entry else None
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        pause = await self.current()
+        if pause is None:
+            return None
+        return Verdict(
+            self.name,
+            f"refused: remediation paused by {pause.by} ({pause.reason}); "
+            "`nodeward recovery resume` lifts it",
+        )
+
+
+class Floor:
+    """A guard: remediating a node of a group (its ladder's selector) must leave at least
+    the ladder's `min_healthy` of its other nodes healthy (Ready, in no recovery)."""
+
+    name = "min_healthy"
+    stage = Stage.BREAKER
+
+    def __init__(
+        self, cluster: Cluster, records: TypedKV[RecoveryRecord], settings: RecoverySettings
+    ) -> None:
+        self.cluster, self.records, self.settings = cluster, records, settings
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        name = proposal.details.get("ladder")
+        ladder = next((x for x in self.settings.hang.ladders if x.name == name), None)
+        if ladder is None:
+            return None
+        group = await self.cluster.nodes.list(label_selector=ladder.selector or None)
+        busy = []
+        try:
+            keys = await self.records.kv.keys()
+        except NoKeysError:
+            keys = []
+        for key in keys:
+            if key.startswith("node."):
+                entry = await self.records.get(key)
+                if entry is not None and not entry.value.terminal:
+                    busy.append(entry.value.node)
+        now = datetime.now(UTC)
+        why = floor_refusal(
+            ladder, group, proposal.target.name, busy,
+            unhealthy=lambda n: bool(judge(n, now, self.settings.hang)),
+        )  # fmt: skip
+        return None if why is None else Verdict(self.name, f"refused: {why}")
+
+
 @dataclass
 class Kit:
     """What the intake, the workflow and the controls act with (one per service)."""
@@ -204,6 +275,8 @@ class Kit:
     exemptions: Exemptions = field(init=False)
     control_guards: tuple[Guard, ...] = field(init=False)
     retry_limit: RetryLimit = field(init=False)
+    pause: Paused = field(init=False)
+    floor: Floor = field(init=False)
     start_guards: list[Guard] = field(init=False)
     tools: Tools = field(init=False)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -216,7 +289,9 @@ class Kit:
         self.runner, self.exemptions = acting.runner, acting.exemptions
         self.control_guards = acting.control_guards
         self.retry_limit = RetryLimit(self.counts, self.settings)
-        self.start_guards = [self.exemptions, self.retry_limit, self.breaker]
+        self.pause = Paused(TypedKV(self.records.kv, PauseRecord))
+        self.floor = Floor(self.cluster, self.records, self.settings)
+        self.start_guards = [self.exemptions, self.pause, self.retry_limit, self.breaker]
         self.tools = Tools(
             nc=self.bus.nc,
             cluster=self.cluster,

@@ -1,9 +1,12 @@
-"""The recovery service's operator control: `force-drain` (`control.recovery.force-drain`),
-the operator's word to delete the pods a PodDisruptionBudget keeps on a node whose recovery
-is blocked; audited as the operator's proposal through the kernel."""
+"""The recovery service's operator controls, each audited as the operator's proposal
+through the kernel: `force-drain` (`control.recovery.force-drain`), the operator's word to
+delete the pods a PodDisruptionBudget keeps on a node whose recovery is blocked; `pause` and
+`resume`, the switch that stops all new remediation at once (KV `pause`: recoveries under
+way wait where they stand, audited once, and go on when it is lifted)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +14,11 @@ import structlog
 
 from nodeward.kube import NotFound
 from nodeward.kube.base import Obj
+from schemas.common import ObjectRef
 from schemas.control import ControlReply, ControlRequest
+from schemas.notify import Severity
 from services.kernel import (
+    Proposal,
     blockers,
     node_ref,
 )
@@ -25,6 +31,8 @@ from services.kernel.control import (
 from services.kernel.drain import EVIDENCE
 from services.recovery.common import Kit
 from services.recovery.state import (
+    PAUSE_KEY,
+    PauseRecord,
     Step,
     node_key,
 )
@@ -98,4 +106,50 @@ class Controls:
         rest = f"; still there: {still}" if still else "; the recovery goes on once they are gone"
         return reply_for(
             decided, done=f"deleted {len(deleted)} pod(s) on {node}: {', '.join(deleted)}{rest}"
+        )
+
+    async def pause_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward recovery pause --reason R`: no new remediation (a recovery's start, a
+        drain, a reset, a reboot, a BMC power off or on, a fence) until `resume`."""
+        proposal = self._switch(request, "pause", "all new remediation paused")
+        current = await self.kit.pause.current()
+        if current is not None:
+            why = f"refused: already paused by {current.by} ({current.reason})"
+            return await refuse(self.kit.runner, proposal, guard="already_paused", reason=why)
+
+        async def act() -> dict[str, Any]:
+            record = PauseRecord(by=request.operator, reason=request.reason, at=time.time())
+            await self.kit.pause.pauses.put(PAUSE_KEY, record)
+            return {"by": request.operator}
+
+        decided = await self.kit.runner.run(proposal, act, self.kit.control_guards, retry=False)
+        return reply_for(
+            decided, done="paused: no new remediation until `nodeward recovery resume`"
+        )
+
+    async def resume_control(self, request: ControlRequest) -> ControlReply:
+        """`nodeward recovery resume --reason R`: the pause lifted; recoveries go on."""
+        proposal = self._switch(request, "resume", "remediation resumed")
+        current = await self.kit.pause.current()
+        if current is None:
+            return await refuse(
+                self.kit.runner, proposal, guard="not_paused", reason="refused: not paused"
+            )
+
+        async def act() -> dict[str, Any]:
+            await self.kit.pause.pauses.delete(PAUSE_KEY)
+            return {"paused_by": current.by, "paused_for_s": round(time.time() - current.at)}
+
+        decided = await self.kit.runner.run(proposal, act, self.kit.control_guards, retry=False)
+        self.kit.wake.set()
+        return reply_for(decided, done=f"resumed (paused by {current.by}: {current.reason})")
+
+    @staticmethod
+    def _switch(request: ControlRequest, action: str, what: str) -> Proposal:
+        return operator_proposal(
+            request,
+            action=action,
+            target=ObjectRef(kind="Service", name="recovery"),
+            what=what,
+            severity=Severity.WARNING,
         )

@@ -16,16 +16,23 @@ NVML, DCGM diagnostics where `dcgmi` exists) -> releasing (the owners' release p
 released. A validation that fails remediates again; the second failure escalates to
 on-call (critical, "RMA suggested") and leaves the node quarantined.
 
-The service is three parts over one `Kit` (`common`): the intake (`intake`: the two
-consumers), the workflow's steps (`steps`, on the kernel's durable workflow engine) and the
-operator control (`controls`: `force-drain`). They are declared once here
-(`nodeward.handlers`): the durables `recovery-quarantines` and `recovery-maintenance` (the
-section's `consumer`, else `recovery`, and a suffix), the control, and the recoveries loop
-(graceful: a step in flight finishes on shutdown); its NATS grants derive from these.
+A hung node (`hang`: `Ready` not `True`, a listed condition, or its agents silent, each
+past its duration) is found by the detector (`detector`), published as `node.health.<node>`
+and, from the recovery's durable on it (`hung_intake`), recovered through its node group's
+escalation ladder (`fencing`): a reboot request, then BMC power off and on, fenced with the
+out-of-service taint only once the BMC says it is off, then validated and released.
+
+The service's parts share one `Kit` (`common`): the intakes (`intake`, `hung_intake`), the
+workflow's steps (`steps`, `fencing`, on the kernel's durable workflow engine), the detector
+and the operator controls (`controls`: `force-drain`, `pause`, `resume`). They are declared
+once here (`nodeward.handlers`): the durables `recovery-quarantines`,
+`recovery-maintenance` and `recovery-nodes` (the section's `consumer`, else `recovery`, and
+a suffix), the controls, the recoveries loop (graceful: a step in flight finishes on
+shutdown) and the detector; its NATS grants derive from these.
 
 Every step is a kernel proposal (audited on `remediation.>`, notified, dry-run
-respected); starting one passes the exemptions, a per-node retry limit and the circuit
-breaker.
+respected); starting one passes the exemptions, the operators' pause, a per-node retry
+limit and the circuit breaker (a hung node's, its group's `min_healthy` floor too).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from nodeward.handlers import Runtime, Service, setting
 from schemas.base import Event
 from schemas.control import ControlReply, ControlRequest, control_subject
 from schemas.maintenance import Maintenance
+from schemas.node import NodeHealth
 from schemas.remediation import Remediation
 from schemas.state.breaker import SHARED
 from schemas.xid import load_catalog
@@ -59,6 +67,8 @@ from services.recovery.common import (
     RetryLimit,
 )
 from services.recovery.controls import Controls
+from services.recovery.detector import HEARTBEAT_STREAM, Detector
+from services.recovery.hung_intake import HungIntake
 from services.recovery.intake import Intake
 from services.recovery.state import BUCKET, RecoveryCounts, RecoveryRecord
 from services.recovery.steps import RecoverySteps
@@ -92,8 +102,10 @@ app = Service(
         control_subject("checkpoint", "finish"),
         control_subject("checkpoint", "cancel"),
         control_subject("cordon", "release"),
+        NodeHealth.SUBJECT_PATTERN.replace("<node>", "*"),  # the detector's findings
         *PUBLISHES,
     ),
+    reads=(HEARTBEAT_STREAM,),  # the detector: each node's newest GPU heartbeat
 )
 
 
@@ -105,6 +117,8 @@ class RecoveryService:
         self.stopping = stopping
         self.steps = RecoverySteps(kit)
         self.intake = Intake(kit, self.steps)
+        self.hung = HungIntake(kit, self.steps)
+        self.detector = Detector(kit)
         self.controls = Controls(kit)
 
 
@@ -137,6 +151,38 @@ async def on_quarantine(service: RecoveryService, event: Event[Any], delivery: D
 async def on_maintenance(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
     """A maintenance ended: a draining recovery moves on (`Intake.handle_maintenance`)."""
     await service.intake.handle_maintenance(event, delivery)
+
+
+@app.consumes(
+    "NODES",
+    suffix="nodes",
+    subjects=setting("node_subjects"),
+    types=(NodeHealth,),
+    order_key=lambda e: str(e.data.node),
+    **DELIVERY,
+)
+async def on_node_health(service: RecoveryService, event: Event[Any], delivery: Delivery) -> None:
+    """A node turned unresponsive: its ladder (`HungIntake.handle`)."""
+    await service.hung.handle(event, delivery)
+
+
+@app.control("pause")
+async def pause(service: RecoveryService, request: ControlRequest) -> ControlReply:
+    """`nodeward recovery pause`."""
+    return await service.controls.pause_control(request)
+
+
+@app.control("resume")
+async def resume(service: RecoveryService, request: ControlRequest) -> ControlReply:
+    """`nodeward recovery resume`."""
+    return await service.controls.resume_control(request)
+
+
+@app.task("detector")
+async def detector(service: RecoveryService) -> None:
+    """Judge every node each `hang.check_interval` until the daemon stops (when enabled)."""
+    if service.kit.settings.hang.enabled:
+        await service.detector.run(service.stopping)
 
 
 @app.control("force-drain")

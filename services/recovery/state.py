@@ -18,6 +18,17 @@ class Plan(StrEnum):
 
     RESET = "reset"  # a GPU reset
     REBOOT = "reboot"  # a node reboot
+    HANG = "hang"  # a node that does not answer: its group's escalation ladder (`hang`)
+
+
+class Power(StrEnum):
+    """Where a ladder's rung stands (`hang.RungAction`); each is saved before it is acted on."""
+
+    ASKED = "asked"  # reboot: the request made; waiting for the new boot
+    OFF_ASKED = "off-asked"  # the BMC asked to power off; waiting for its chassis status
+    OFF = "off"  # the BMC says off: the node may be fenced
+    FENCED = "fenced"  # the out-of-service taint on: its pods move; then powered on
+    ON_ASKED = "on-asked"  # the BMC asked to power on; waiting for the new boot, Ready
 
 
 class Step(StrEnum):
@@ -28,6 +39,7 @@ class Step(StrEnum):
     REMEDIATING = "remediating"  # the remediator is to be asked (reset or reboot)
     REBOOTING = "rebooting"  # asked; waiting for the node's bootID to change
     VALIDATING = "validating"  # asking the node's GPU agent to validate
+    HUNG = "hung"  # a hung node: its ladder's rungs, one after another (`rung`, `power`)
     RELEASING = "releasing"  # validated; the owners' release paths are to be asked
     RELEASED = "released"  # terminal: back in service
     ESCALATED = "escalated"  # terminal: on-call told (RMA suggested); the node stays quarantined
@@ -76,6 +88,19 @@ class RecoveryRecord(BaseModel):
     held: bool = Field(
         default=False, description="recovery's human hold is on the node (after an escalation)"
     )
+    ladder: str | None = Field(default=None, description="a hung node's group's ladder")
+    rung: int = Field(default=0, ge=0, description="the ladder's step under way")
+    rung_started_at: float | None = None
+    power: Power | None = Field(default=None, description="where the rung stands")
+    power_sent: bool = Field(default=False, description="the BMC command of `power` was sent")
+    fenced: bool = Field(
+        default=False, description="nodeward's out-of-service taint is (to be) on the node"
+    )
+    fenced_at: float | None = None
+    waiting: str | None = Field(
+        default=None, description="the guard refusing the rung's act (audited once)"
+    )
+    causes: list[str] = Field(default_factory=list, description="why the node was found hung")
     flow: FlowState = Field(
         default_factory=FlowState, description="the workflow engine's bookkeeping of `step`"
     )
@@ -92,6 +117,17 @@ class RecoveryRecord(BaseModel):
         """The pods that must be gone before the cure: a reset's `drain_pods`; None (every
         pod on the node) for a reboot, whatever the drain's scope was."""
         return self.drain_pods if self.plan == Plan.RESET else None
+
+
+class PauseRecord(BaseModel):
+    """The operators' pause (key `pause`): no new remediation while it is there."""
+
+    by: str
+    reason: str
+    at: float
+
+
+PAUSE_KEY = "pause"
 
 
 class RecoveryCounts(BaseModel):
@@ -113,4 +149,7 @@ RECOVERIES: Bucket[RecoveryRecord] = Bucket(
 )
 COUNTS: Bucket[RecoveryCounts] = Bucket(
     BUCKET, RecoveryCounts, prefix="count.", key=count_key, description="per node: its recoveries"
+)
+PAUSE: Bucket[PauseRecord] = Bucket.one(
+    BUCKET, PauseRecord, PAUSE_KEY, description="the operators' pause of new remediation"
 )

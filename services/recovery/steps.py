@@ -36,10 +36,11 @@ from schemas.ids import stable_id
 from schemas.maintenance import Maintenance, MaintenancePhase
 from schemas.notify import Severity
 from schemas.recovery import VALIDATE, ValidateRequest, ValidationReport, agent_subject
-from schemas.remediation import Outcome
+from schemas.remediation import Outcome, Remediation
 from services.kernel import (
     HOLD_ANNOTATION,
     DrainSettings,
+    Guard,
     Proposal,
     Workflow,
     blockers,
@@ -59,6 +60,7 @@ from services.recovery.common import (
     expected_gpus,
     has_quarantine,
 )
+from services.recovery.fencing import HungSteps
 from services.recovery.policy import (
     AfterFailure,
     after_validation_failure,
@@ -70,6 +72,7 @@ from services.recovery.remediators import (
     boot_id,
 )
 from services.recovery.state import (
+    Plan,
     RecoveryRecord,
     Step,
     node_key,
@@ -81,6 +84,7 @@ class RecoverySteps:
 
     def __init__(self, kit: Kit) -> None:
         self.kit = kit
+        self.hung = HungSteps(self)
         self.flow = self._workflow()
 
     def _workflow(self) -> Workflow[RecoveryRecord]:
@@ -109,6 +113,7 @@ class RecoverySteps:
                     self._rebooting, deadline=self._reboot_deadline, expired=self._no_reboot
                 ),
                 Step.VALIDATING: step(self._validate),
+                Step.HUNG: step(self.hung.hung),
                 Step.RELEASING: step(self._release),
             },
             prefix="node.",
@@ -276,6 +281,8 @@ class RecoverySteps:
                     if current.value.terminal:
                         if current.value.held:
                             await self._lift_hold(current.value)
+                        if current.value.fenced:  # escalated fenced: off once back, Ready
+                            await self.hung.unfence_when_back(current.value)
                         continue
                     await self.step(current.value)
 
@@ -295,7 +302,8 @@ class RecoverySteps:
             except NotFound:
                 await self.save(record, Step.GONE, "the node left the cluster")
                 return None
-            if record.step != Step.RELEASING and not has_quarantine(obj):
+            hung = record.plan == Plan.HANG  # a hung node's ladder needs no quarantine
+            if record.step != Step.RELEASING and not hung and not has_quarantine(obj):
                 await self._ended_elsewhere(record)
                 return None
             await fn(record, obj)
@@ -327,6 +335,8 @@ class RecoverySteps:
 
     async def _no_reboot(self, record: RecoveryRecord, why: str) -> None:
         waited = time.time() - (record.asked_at or record.updated_at)
+        if await self.hung.after_reboot(record, f"no reboot within {waited:.0f}s"):
+            return  # the node hung: its ladder's next rung after a reboot request
         await self._failed_attempt(record, f"no reboot within {waited:.0f}s")
 
     async def _draining(self, record: RecoveryRecord, obj: Obj) -> None:
@@ -362,7 +372,7 @@ class RecoverySteps:
             )
             return {"maintenance": mid}
 
-        decided = await self.kit.runner.run(proposal, act, [self.kit.exemptions], retry=False)
+        decided = await self.guarded(record, proposal, act)
         if decided.outcome == Outcome.APPLIED:
             await self.save(record, Step.DRAINING, "requested", note_only=True)
 
@@ -420,7 +430,7 @@ class RecoverySteps:
             return asked
 
         try:
-            decided = await self.kit.runner.run(proposal, act, [self.kit.exemptions], retry=False)
+            decided = await self.guarded(record, proposal, act)
         except _Failed as exc:
             await self.kit.runner.fail(proposal, reason=f"{proposal.reason}; failed: {exc}")
             await self.update(record, asked_at=None, last_failure=str(exc))
@@ -491,6 +501,10 @@ class RecoverySteps:
         count and the next step are saved in one write (a restart never counts it twice)."""
         failures = record.validation_failures + 1
         proposal = self._proposal(record, "validate", f"validation of {record.node} failed: {why}")
+        if record.plan == Plan.HANG:  # the ladder's next rung, not the same cure again
+            await self.kit.runner.fail(proposal, details=details or {})
+            await self.hung.validation_failed(record, why)
+            return
         await self.kit.runner.fail(
             proposal, details={**(details or {}), "failures_so_far": failures}
         )
@@ -517,7 +531,11 @@ class RecoverySteps:
         self.kit.wake.set()
 
     async def _release(self, record: RecoveryRecord, obj: Obj) -> None:
-        """Through the owners' release paths: the maintenance's cordon, then the quarantine."""
+        """Through the owners' release paths: the maintenance's cordon, then the quarantine
+        (a hung node's out-of-service taint first)."""
+        record = await self.hung.unfence(record)
+        if record.fenced:
+            return  # tried again on the next pass
         reason = f"validated after the {record.plan.value} of incident {record.incident}"
         replies: dict[str, str] = {}
         for service, verb in (("checkpoint", "finish"), ("cordon", "release")):
@@ -597,6 +615,8 @@ class RecoverySteps:
         gpus = ", ".join(map(str, record.gpus)) or "?"
         xids = ", ".join(map(str, record.xids)) or "-"
         cure = f"RMA suggested for GPU {gpus} (XID {xids})" if rma else f"GPU {gpus} (XID {xids})"
+        if record.plan == Plan.HANG and not record.gpus:  # a node hung without a GPU fault
+            cure = "RMA suggested for the node" if rma else "the node hung"
         proposal = Proposal(
             action="escalate",
             target=node_ref(record.node),
@@ -650,6 +670,43 @@ class RecoverySteps:
         await self.save(record, record.step, "hold lifted", note_only=True)
 
     # helpers ----------------------------------------------------------------------------
+    def proposal(self, record: RecoveryRecord, action: str, reason: str) -> Proposal:
+        """A proposal about this recovery's node (the hung-node ladder's acts)."""
+        return self._proposal(record, action, reason)
+
+    async def record_step(
+        self, record: RecoveryRecord, action: str, reason: str, *, what: str = "", **details: Any
+    ) -> None:
+        """An applied step's audit (what the ladder observed or did)."""
+        await self._record(record, action, reason, what=what, **details)
+
+    async def take_back_maintenance(self, record: RecoveryRecord) -> bool:
+        return await self._take_back_maintenance(record)
+
+    async def guarded(
+        self,
+        record: RecoveryRecord,
+        proposal: Proposal,
+        act: Callable[[], Awaitable[dict[str, Any]]],
+        *,
+        floor: bool = False,
+        fails: tuple[type[Exception], ...] = (),
+    ) -> Remediation:
+        """A remediation act through the exemptions and the operators' pause (and, for one
+        that takes a node further out of service, its group's floor). A refusal is audited
+        once per guard (`waiting`); while it lasts it is only logged."""
+        guards: list[Guard] = [self.kit.exemptions, self.kit.pause]
+        if floor:
+            guards.append(self.kit.floor)
+        decided = await self.kit.runner.run(
+            proposal, act, guards, retry=False, fails=fails,
+            repeat=lambda outcome, guard: guard is not None and guard == record.waiting,
+        )  # fmt: skip
+        refused = decided.guard if decided.outcome == Outcome.REFUSED else None
+        if refused != record.waiting and (refused or decided.outcome == Outcome.APPLIED):
+            await self.update(record, waiting=refused)
+        return decided
+
     def _proposal(
         self, record: RecoveryRecord, action: str, reason: str, *, resolves: bool = False
     ) -> Proposal:

@@ -108,21 +108,33 @@ async def recovery_platform(
         workload: Callable[[str], dict[str, Any]] | None = None,
         gpu_pods: Callable[[SimNvml], PodSource] | None = None,
         cordon: dict[str, Any] | None = None,
+        node_annotations: dict[str, str] | None = None,
+        sim_options: dict[str, Any] | None = None,
+        on_cluster: Callable[[SimCluster, Path, str], Awaitable[None]] | None = None,
         **recovery: Any,
     ) -> RecoveryEnv:
+        """`node_annotations`: on the node; `sim_options`: the sim cluster's (its node
+        lifecycle's timings); `on_cluster(sim, admin kubeconfig, node)`: run once the cluster
+        is up, before any service (e.g. the BMC whose machine heartbeats the node)."""
         uid = uuid.uuid4().hex[:8]
         node = f"rcv-{uid}"
         seed = Seed(
             namespaces=["nodeward"],
             nodes=[
-                NodeSeed(name=node, gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=8)),
+                NodeSeed(
+                    name=node,
+                    gpu=Gpu(product="NVIDIA-H100-80GB-HBM3", count=8),
+                    annotations=node_annotations or {},
+                ),
                 *(NodeSeed(name=f"{node}-spare{i}") for i in range(3)),
             ],
             **(workload(node) if workload else {}),
         )
-        sim = SimCluster(seed, port=0, bookmark_interval=0.2)
+        sim = SimCluster(seed, port=0, bookmark_interval=0.2, **(sim_options or {}))
         await sim.start()
         admin_path = sim.write_kubeconfig(tmp_path / f"kubeconfig-admin-{uid}")
+        if on_cluster is not None:
+            await on_cluster(sim, admin_path, node)
         admin = KubeClient.from_settings(ClusterSettings(kubeconfig=admin_path))
         admin.backoff = Backoff(base=0.01, cap=0.05)
         breaker = {"max_percent": 100, "max_nodes": 10, "calm_period": None,

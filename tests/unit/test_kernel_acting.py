@@ -58,9 +58,13 @@ PINNED: dict[str, dict[str, tuple[Severity, ...]]] = {
             (W, N, W, W, C, N),
         ),
     },
-    "recovery": dict.fromkeys(
-        ("drain", "reboot", "recover", "release", "reset", "validate"), (N, N, C, N, W, W)
-    ),
+    "recovery": {
+        **dict.fromkeys(
+            ("drain", "reboot", "recover", "release", "reset", "validate", "power-on", "unfence"),
+            (N, N, C, N, W, W),
+        ),
+        **dict.fromkeys(("power-off", "fence"), (W, W, C, N, W, W)),
+    },
 }
 TABLES = {
     "cordon": cordon.SEVERITIES,
