@@ -43,7 +43,7 @@ def hang_settings(ladder: dict[str, Any], **more: Any) -> dict[str, Any]:
         "check_interval": "0.2s",
         "not_ready_after": "1s",
         "silent_after": "1h",  # the test's GPU agent runs in-process: not the machine's
-        "power_off_timeout": "8s",  # SIGTERM ignored, SIGKILL after kill_wait
+        "power_off_timeout": "15s",  # SIGTERM ignored, SIGKILL after kill_wait
         "fence_wait": "3s",
         "bmc_timeout": "3s",
         "ladders": [ladder],
@@ -56,13 +56,16 @@ class Node:
     def __init__(self) -> None:
         self.bmc: IpmiSim | None = None
         self.boots: list[str] = []
-        self.taint_seen_power: str | None = None  # the BMC's power status when the taint showed
+        self.hung_pid: int | None = None  # the machine hung
+        self.taint_seen_running: bool | None = None
+        """whether the hung machine still ran when the out-of-service taint first showed"""
 
     def hang(self) -> None:
         assert self.bmc is not None
         pid = self.bmc.machine_pid()
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
+        self.hung_pid = pid
 
 
 async def bmc_node(
@@ -137,6 +140,16 @@ async def _booted(admin: KubeClient, name: str, *, other_than: str) -> str | Non
     return None
 
 
+def running(pid: int) -> bool:
+    """The process exists and is no zombie (ipmi_sim's power is on exactly while its
+    machine's process exists)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 async def _watch(env: RecoveryEnv, node: Node) -> None:
     """Each new boot of the node (its simulated GPUs reset with it, as a power cycle resets
     a real node's: the sim GPUs live in this process, not in the machine), and the BMC's
@@ -153,6 +166,8 @@ async def _watch(env: RecoveryEnv, node: Node) -> None:
                         )
                 node.boots.append(boot)
             tainted = any(t["key"] == OUT_OF_SERVICE for t in got["spec"].get("taints", []))
-            if tainted and node.taint_seen_power is None and node.bmc is not None:
-                node.taint_seen_power = await asyncio.to_thread(node.bmc.power_status)
+            if tainted and node.taint_seen_running is None and node.hung_pid is not None:
+                # read after the taint was seen: a machine gone now was gone... or not yet
+                # started again: the power on comes only after the fence
+                node.taint_seen_running = running(node.hung_pid)
         await asyncio.sleep(0.05)

@@ -49,7 +49,7 @@ async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_rel
         platform,
         power_bmc,
         ladder=ladder(
-            ("reboot", "2s"), ("power-off-on", "8s"), ("power-cycle", "15s"), ("oncall", "1s")
+            ("reboot", "2s"), ("power-off-on", "8s"), ("power-cycle", "40s"), ("oncall", "1s")
         ),
     )
     first_boot = node.boots[0]
@@ -85,8 +85,8 @@ async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_rel
     assert acts.index(("unfence", "applied")) < acts.index(("release", "applied"))
     said_off = [a for a in audits if a.action == "power-off" and "is off" in a.reason]
     assert said_off, "the BMC's chassis status confirmed the power off before the fence"
-    # the taint showed only once the BMC said off; it is gone, the node back on a new boot
-    assert node.taint_seen_power == "off"
+    # the taint showed only once the machine was off; it is gone, the node back on a new boot
+    assert node.taint_seen_running is False  # the machine was gone when the taint showed
     got = await env.node_obj()
     assert not any(t["key"] == OUT_OF_SERVICE for t in got["spec"].get("taints", []))
     assert len(node.boots) == 2 and node.boots[0] == first_boot, node.boots
@@ -126,7 +126,7 @@ async def test_a_pause_stops_the_ladder_mid_way_until_resumed(
     env, node = await bmc_node(
         platform,
         power_bmc,
-        ladder=ladder(("reboot", "2s"), ("power-cycle", "20s"), ("oncall", "1s")),
+        ladder=ladder(("reboot", "6s"), ("power-cycle", "40s"), ("oncall", "1s")),
     )
 
     async def ask(verb: str) -> None:
@@ -199,7 +199,7 @@ async def test_a_recovery_killed_at_each_step_resumes_without_a_second_power_cyc
         record = await wait_for(ended, f"the recovery to end; log: {proc.tail()}", timeout=90)
         assert record.step == Step.RELEASED, record.history
         assert len(node.boots) == 2, node.boots  # one power on, whatever the kill
-        assert node.taint_seen_power == "off"
+        assert node.taint_seen_running is False  # the machine was gone when the taint showed
         got = await env.node_obj()
         assert not any(t["key"] == OUT_OF_SERVICE for t in got["spec"].get("taints", []))
     finally:
