@@ -58,7 +58,7 @@ class HungIntake:
                     obj = await self.kit.cluster.nodes.get(node)
                 except NotFound:
                     return
-                ladder = await self.ladder_for(node)
+                ladder = await self.steps.hung.ladder_for(node)
                 if ladder is None:
                     self.kit.log.info("recovery.hung_no_ladder", summary=health.summary)
                     return
@@ -72,18 +72,6 @@ class HungIntake:
                         await self._turn(record, ladder, causes, health.summary)
                     return
                 await self._start(event, health, ladder, causes, obj)
-
-    async def ladder_for(self, node: str) -> Ladder | None:
-        """The first ladder whose selector selects `node` (the API server matches it)."""
-        for ladder in self.kit.settings.hang.ladders:
-            if not ladder.selector:
-                return ladder
-            found = await self.kit.cluster.nodes.list(
-                label_selector=ladder.selector, field_selector=f"metadata.name={node}"
-            )
-            if found:
-                return ladder
-        return None
 
     async def _start(
         self,
