@@ -204,3 +204,38 @@ async def test_a_recovery_killed_at_each_step_resumes_without_a_second_power_cyc
         assert not any(t["key"] == OUT_OF_SERVICE for t in got["spec"].get("taints", []))
     finally:
         proc.stop()
+
+
+async def test_an_out_of_service_taint_someone_else_placed_is_left_to_them(
+    platform: Callable[..., Awaitable[RecoveryEnv]],
+    power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+) -> None:
+    env, node = await bmc_node(
+        platform, power_bmc, ladder=ladder(("power-cycle", "40s"), ("oncall", "1s"))
+    )
+    theirs = {"key": OUT_OF_SERVICE, "value": "by-hand", "effect": "NoSchedule"}
+    got = await env.node_obj()
+    await env.admin.request(
+        "PATCH",
+        f"/api/v1/nodes/{env.node}",
+        body={
+            "metadata": {"resourceVersion": got["metadata"]["resourceVersion"]},
+            "spec": {"taints": [*got["spec"].get("taints", []), theirs]},
+        },
+        content_type="application/merge-patch+json",
+    )
+    node.hang()
+
+    async def released() -> bool:
+        record = await env.record()
+        return record is not None and record.step == Step.RELEASED
+
+    await wait_for(released, "the hung node back in service", timeout=90)
+    record = await env.record()
+    assert record is not None and not record.fenced
+    fence = [a for a in await env.audits() if a.action == "fence"]
+    assert fence and fence[0].details.get("already") == "placed by someone else: left to them"
+    assert not [a for a in await env.audits() if a.action == "unfence"]
+    got = await env.node_obj()
+    left = [t for t in got["spec"].get("taints", []) if t["key"] == OUT_OF_SERVICE]
+    assert [(t["value"], t["effect"]) for t in left] == [("by-hand", "NoSchedule")]
