@@ -64,6 +64,14 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             "(`nodeward sim fleet`) instead of one set per node in this process",
         ),
     ] = 32,
+    bmc_node: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--bmc-node",
+            help="a GPU node whose machine a simulated BMC (ipmi_sim) runs, for "
+            "`sim inject --node N --hang` (repeatable; default gpu-h100-04; none: no BMC)",
+        ),
+    ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="do not tell the story of each remediation")
     ] = False,
@@ -93,15 +101,27 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
         raise CliError(f"kubeconfig {kubeconfig} does not exist")
     if seed is not None and not seed.is_file():
         raise CliError(f"seed {seed} does not exist")
-    if kubeconfig is not None and (nodes is not None or scenario not in ("default", "none")):
+    if kubeconfig is not None and (
+        nodes is not None or scenario not in ("default", "none") or bmc_node
+    ):
         raise CliError(
-            "--nodes and --scenario FILE size and drive the sim cluster; not with --kubeconfig"
+            "--nodes, --scenario FILE and --bmc-node size and drive the sim cluster; "
+            "not with --kubeconfig"
         )
     settings, profile = demo_settings(config, nats, sim=kubeconfig is None)
     if kubeconfig is not None:
         settings.cluster.kubeconfig = kubeconfig
     seed_data = sim_seed(seed, nodes) if kubeconfig is None else None
     steps = load_demo_scenario(scenario, seed_data) if seed_data is not None else []
+    bmc_run: list[str] = []
+    if seed_data is not None:
+        from launch.sim_bmc import chosen
+
+        gpu_nodes = [n.name for n in seed_data.nodes if n.gpu is not None and n.gpu.count > 0]
+        try:
+            bmc_run = chosen(bmc_node, gpu_nodes)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
 
     hint = hint_command(state_dir)
 
@@ -125,6 +145,7 @@ def up(  # noqa: PLR0917 - typer maps parameters to options
             seed=seed_data,
             scenario=steps,
             fleet_above=fleet_above,
+            bmc_nodes_run=bmc_run,
             announce=announce,
             story=story,
         )

@@ -59,6 +59,17 @@ def demo_settings(
     scan = settings.services.get("credentials", {}).get("scan_interval")
     if scan:
         shown += f"; services.credentials scan_interval {scan}"
+    hang = settings.services.get("recovery", {}).get("hang", {})
+    if hang.get("not_ready_after"):
+        rungs = [
+            f"{r['action']} {r['timeout']}"
+            for ladder in hang.get("ladders", [])[:1]
+            for r in ladder.get("steps", [])
+            if "timeout" in r
+        ]
+        shown += f"; services.recovery.hang not_ready_after {hang['not_ready_after']}" + (
+            f", rungs {', '.join(rungs)}" if rungs else ""
+        )
     return settings, f"demo timings: services.cordon {shown} (--config FILE replaces them)"
 
 
@@ -237,6 +248,9 @@ def banner_rows(
     if tried:
         inject = hint("sim", "inject", "--node", tried[0], "--gpu", "0", "--xid", "79")
         rows.append(Line("try it", inject, command=True))
+    for node, address in endpoints.bmcs.items():
+        rows.append(Line("hang it", hint("sim", "inject", "--node", node, "--hang"), command=True))
+        rows.append(Line("", f"({node}'s machine runs under a simulated BMC at {address})"))
     if steps:
         # The first fault is what the story is about (a load step only sets the scene).
         first = next((s for s in steps if s.load is None), steps[0])

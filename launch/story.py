@@ -3,8 +3,9 @@
 GPU event (a `gpu.health` change, not a heartbeat) → DECISION (`remediation.v1`) →
 CORDON (the node's record in KV `cordon` says the marks are applied) → DELIVERED (a file in
 the outbox) → RECOVERY (each step of services.recovery: recover, drain, reset or reboot,
-validate, escalate) → RELEASE; IDLE (a session found idle, once per idle period) before the
-culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs; DLQ when a consumer gives up
+validate, escalate) → RELEASE; NODE (a node unresponsive, or responsive again: `node.health`)
+before a hung node's RECOVERY lines (its ladder: reboot, power-off, fence, power-on, unfence,
+told by step); IDLE (a session found idle, once per idle period) before the culler's DECISIONs; a Falco alert (FALCO) → its DECISIONs; DLQ when a consumer gives up
 on a message; RESTART when `up` restarts a daemon (or its nats-server) that died, or gives
 up on one. The notice a decision's audit sends is told on the decision's line; a NOTIFY
 line is a notice of its own (an owner's warning, a power limit). Lines use `nodeward tail`'s
@@ -40,6 +41,7 @@ from schemas import DecodeError, decode
 from schemas.dlq import DeadLetter
 from schemas.falco import FalcoAlert
 from schemas.gpu import GpuHealth, HealthState
+from schemas.node import NodeHealth
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionIdle
@@ -58,6 +60,7 @@ _SEVERITY_RANK = MappingProxyType({"info": 0, "warning": 1, "critical": 2})
 # stream, filter subject
 EVENT_SOURCES = (
     ("GPU", "gpu.health.>"),
+    ("NODES", "node.health.>"),
     ("SESSIONS", "session.idle.>"),
     ("SECURITY", "falco.>"),
     ("AUDIT", "remediation.>"),
@@ -127,6 +130,12 @@ def health_line(event: Any, subject: str, at: datetime | None = None) -> str | N
     return _label("GPU") + _stamped(event, subject, detail, at)
 
 
+def node_line(event: Any, subject: str, at: datetime | None = None) -> str:
+    """A node turned unresponsive (its causes), or responsive again."""
+    h: NodeHealth = event.data
+    return _label("NODE") + _stamped(event, subject, h.summary, at)
+
+
 def idle_line(event: Any, subject: str, at: datetime | None = None) -> str:
     s: SessionIdle = event.data
     since = s.idle_since.astimezone(UTC).strftime("%H:%M:%S")
@@ -157,12 +166,41 @@ def decision_label(r: Remediation) -> str:
     return "RECOVERY" if r.actor == RECOVERY_ACTOR else "DECISION"
 
 
+HANG_PLAN = "hang"
+_SAID = re.compile(r" \([^()]*\)")
+
+
+def hang_told(r: Remediation) -> tuple[str, str] | None:
+    """A hung node's recovery (policy `hang`) in fewer words: its rule with the ladder's step
+    (`hang, step 3`), and its reason without what the line already says (the node, its
+    causes: the NODE line tells them); None for any other record."""
+    if r.policy != HANG_PLAN or r.actor != RECOVERY_ACTOR:
+        return None
+    node, details, reason = r.target.name, r.details, r.reason
+    rung = details.get("rung")
+    rule = f"{HANG_PLAN}, step {rung + 1}" if isinstance(rung, int) else HANG_PLAN
+    ladder = details.get("ladder")
+    if r.action == "recover" and ": the ladder " in reason:
+        head, _, steps = reason.rpartition(": the ladder ")
+        return rule, f"{_SAID.sub('', head)}: the ladder {steps}"
+    if ladder is not None and isinstance(rung, int):
+        reason = reason.removesuffix(f" (ladder {ladder}, step {rung + 1})")
+        reason = reason.partition(f" of {node}, hung: ")[0]
+        if r.action == "fence" and details.get("taint"):  # node.kubernetes.io/out-of-service=...
+            taint = str(details["taint"]).partition("=")[0].rpartition("/")[2]
+            reason = f"{taint} taint on: {reason}"
+        elif details.get("bmc"):
+            reason = f"{reason} (BMC {details['bmc']})"
+    return rule, reason.removeprefix(f"{r.action} of {node} failed: ")
+
+
 def decision_line(event: Any, subject: str, at: datetime | None = None) -> str:
     r: Remediation = event.data
     label = decision_label(r)
-    rule = f" [{r.policy}]" if r.policy else ""
+    rule, reason = hang_told(r) or (r.policy, r.reason)
+    ruled = f" [{rule}]" if rule else ""
     guard = f" by {r.guard}" if r.guard else ""
-    detail = f"{r.action} {r.target.key()}: {r.outcome.value}{guard}{rule} - {r.reason}"
+    detail = f"{r.action} {r.target.key()}: {r.outcome.value}{guard}{ruled} - {reason}"
     return _label(label) + _stamped(event, subject, detail, at)
 
 
@@ -209,6 +247,7 @@ def cordon_line(node: str, record: NodeRecord, at: datetime) -> str:
 _RANK: Mapping[str, int] = MappingProxyType(
     {
         "GPU": 0,
+        "NODE": 0,
         "IDLE": 0,
         "FALCO": 0,
         "DECISION": 1,
@@ -384,6 +423,8 @@ class Story:
             line = health_line(event, msg.subject, at)
             if line is not None:
                 self._add(at, "GPU", line, severity)
+        elif isinstance(data, NodeHealth):
+            self._add(at, "NODE", node_line(event, msg.subject, at), severity)
         elif isinstance(data, SessionIdle):
             period = (data.namespace, data.pod, data.idle_since)
             if period not in self.idle_told:  # the agent restates it every interval

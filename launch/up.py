@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -16,6 +16,7 @@ from launch.sim_agents import energy as sim_energy
 from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
 from launch.sim_agents.fleet import FLEET_ABOVE, fleet_process
+from launch.sim_bmc import BmcNodes, bmc_nodes
 from nodeward.bus import Bus
 from nodeward.bus.errors import BusError
 from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
@@ -31,7 +32,7 @@ from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from sim.cluster.seed import Seed, load_seed
 from sim.inject import InjectReply
 from sim.notebooks import SimNotebookController
-from sim.reboot import SimRebootOperator
+from sim.reboot import Machines, SimRebootOperator
 from sim.scenario import Step, play
 
 SimAgents = Callable[[UpContext, Seed], Awaitable[list[Daemon]]]
@@ -41,6 +42,11 @@ SIM_AGENTS: tuple[SimAgents, ...] = (
     sim_idle.build_for_up,
 )
 """The simulated node agents `up` runs on each seeded node, beside the services."""
+
+NODE_GRACE_S = 10.0
+"""The sim cluster's node lifecycle controller in `up`: a node whose kubelet stops (a hung
+BMC-run node's machine) is `Ready=Unknown` this long after, not 40-50 s; the sim's kubelets
+renew their Leases every quarter of it, and the controller looks every second."""
 
 
 async def _platform_daemon(settings: Settings) -> tuple[Daemon, Bus]:
@@ -74,13 +80,16 @@ def _play_scenario(
         daemon.add_task(run, name="scenario")
 
 
-def _sim_controllers(daemon: Daemon, bus: Bus, cluster: EmbeddedCluster) -> None:
+def _sim_controllers(
+    daemon: Daemon, bus: Bus, cluster: EmbeddedCluster, machines: Machines | None = None
+) -> None:
     """What a real cluster's other controllers do, as tasks of the platform daemon: the
     simulated reboot operator (Kured's part: it reboots the sim nodes services.recovery
-    asks to reboot) and Kubeflow's notebook controller (a notebook the culler stopped loses
-    its pod, and its GPUs are free)."""
+    asks to reboot; a BMC-run node through its BMC, `machines`) and Kubeflow's notebook
+    controller (a notebook the culler stopped loses its pod, and its GPUs are free)."""
     client = KubeClient.from_settings(cluster.settings_for(None), user_agent="sim-controllers")
-    daemon.add_task(SimRebootOperator(client, bus.nc).run, name="sim-reboot")
+    operator = SimRebootOperator(client, bus.nc, machines=machines)
+    daemon.add_task(operator.run, name="sim-reboot")
     daemon.add_task(SimNotebookController(client).run, name="sim-notebooks")
     daemon.add_shutdown_hook(client.close)
 
@@ -110,9 +119,15 @@ def _teller(daemon: Daemon, bus: Bus) -> Callable[[Remediation], None]:
     return queue.put_nowait
 
 
-async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> list[Unit]:
+async def _units(
+    context: UpContext,
+    seed: Seed | None,
+    fleet_above: int,
+    by_node: dict[str, list[str]] | None = None,
+) -> list[Unit]:
     """What `up` restarts as one when a daemon of it dies: each component, and each
-    simulated agent of each node (or, above `fleet_above` GPU nodes, the fleet process)."""
+    simulated agent of each node (or, above `fleet_above` GPU nodes, the fleet process).
+    `by_node` gets each node's units of simulated agents, by name."""
     units = []
     gpu_nodes = [n for n in seed.nodes if n.gpu is not None and n.gpu.count > 0] if seed else []
     if seed is not None and len(gpu_nodes) > fleet_above:
@@ -132,6 +147,8 @@ async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> lis
                 built = await build()
                 if built:
                     units.append(Unit(", ".join(d.name for d in built), build, built))
+                    if by_node is not None:
+                        by_node.setdefault(node.name, []).append(units[-1].name)
     for component in components():
 
         async def build_component(c: Component = component) -> list[Daemon]:
@@ -139,6 +156,20 @@ async def _units(context: UpContext, seed: Seed | None, fleet_above: int) -> lis
 
         units.append(Unit(component.name, build_component, await build_component()))
     return units
+
+
+def _bmc_run(seed: Seed, asked: Sequence[str], fleet_above: int) -> list[str]:
+    """The nodes a BMC runs: those asked, unless the fleet simulates the agents (a hung
+    machine silences its node's agents, which must then run in this process)."""
+    gpu_nodes = [n for n in seed.nodes if n.gpu is not None and n.gpu.count > 0]
+    if asked and len(gpu_nodes) > fleet_above:
+        structlog.get_logger().warning(
+            "up.no_bmc",
+            nodes=list(asked),
+            why=f"the fleet simulator runs the agents of more than {fleet_above} GPU nodes",
+        )
+        return []
+    return list(asked)
 
 
 def _push_to(settings: Settings, registry: str, nodes: Path) -> None:
@@ -172,6 +203,7 @@ async def run_up(
     seed: Path | Seed | None = None,
     scenario: list[Step] | None = None,
     fleet_above: int = FLEET_ABOVE,
+    bmc_nodes_run: Sequence[str] = (),
     announce: Callable[[Endpoints], None],
     story: Callable[[Endpoints], Awaitable[None]] | None = None,
 ) -> None:
@@ -183,7 +215,9 @@ async def run_up(
     kubelets restore them from; the nodes' checkpoint archives are under
     `<state-dir>/nodes/<node>/`. Simulated agents run in this process for up to
     `fleet_above` GPU nodes; for more, the fleet simulator runs them in a process of its own
-    (`nodeward sim fleet`). `story(endpoints)` runs as a task of the
+    (`nodeward sim fleet`). A simulated BMC runs the machine of each node of `bmc_nodes_run`
+    (`launch.sim_bmc`; with the sim cluster and in-process agents, where `ipmi_sim` is
+    installed, else one warning says why not). `story(endpoints)` runs as a task of the
     platform daemon once everything has started (it must not raise). A daemon that dies is
     restarted with its component (`nodeward.supervisor`); the platform daemon dying stops
     everything.
@@ -208,6 +242,7 @@ async def run_up(
             await stack.enter_async_context(server)
             settings.bus.url = server.url
         kube_api: str | None = None
+        bmcs = BmcNodes()
         cluster: EmbeddedCluster | None = None
         seed_data: Seed | None = None
         registry: str | None = None
@@ -221,10 +256,22 @@ async def run_up(
                     access=DECLARED,
                     archive_root=state_dir / "nodes",
                     registries=(registry,) if registry else (),
+                    lease_renew_s=NODE_GRACE_S / 4,
+                    node_monitor_period_s=1.0,
+                    node_monitor_grace_s=NODE_GRACE_S,
                 )
             )
             settings.cluster = cluster.settings_for(None)
             kube_api = cluster.url
+            bmcs = await stack.enter_async_context(
+                bmc_nodes(
+                    state_dir,
+                    cluster.settings_for(None),
+                    _bmc_run(seed_data, bmc_nodes_run, fleet_above),
+                )
+            )
+            if bmcs.unavailable is not None:
+                log.warning("up.no_bmc", nodes=list(bmc_nodes_run), why=bmcs.unavailable)
             if registry:
                 _push_to(settings, registry, state_dir / "nodes")
         # The platform daemon goes first: its bus provisions the streams the others use.
@@ -232,7 +279,10 @@ async def run_up(
         context = UpContext(
             settings, state_dir, cluster.settings_for if cluster is not None else None
         )
-        units = await _units(context, seed_data, fleet_above)
+        by_node: dict[str, list[str]] = {}
+        units = await _units(context, seed_data, fleet_above, by_node)
+        for name, bmc_node in bmcs.nodes.items():
+            bmc_node.units = by_node.get(name, [])
         tell = _teller(platform, platform_bus)
 
         def restarted(report: Restart) -> None:
@@ -260,6 +310,7 @@ async def run_up(
             kubeconfig=settings.cluster.kubeconfig,
             kube_api=kube_api,
             registry=registry,
+            bmcs=bmcs.addresses,
             metrics={d.name: d.url for d in supervisor.daemons},
             **context.endpoints,
         )
@@ -284,7 +335,8 @@ async def run_up(
             platform.add_task(tell_story, name="story")
         _play_scenario(platform, platform_bus, scenario or [], lambda: supervisor.daemons)
         if cluster is not None:
-            _sim_controllers(platform, platform_bus, cluster)
+            bmcs.attach(platform, platform_bus.nc, supervisor)
+            _sim_controllers(platform, platform_bus, cluster, bmcs if bmcs.nodes else None)
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(

@@ -30,6 +30,11 @@ class Endpoints(BaseModel):
     registry: str | None = Field(
         default=None, description="host:port of the local registry checkpoint images go to"
     )
+    bmcs: dict[str, str] = Field(
+        default_factory=dict,
+        description="node -> host:port of the simulated BMC that runs its machine, with the "
+        "sim cluster",
+    )
     pid: int = Field(default_factory=os.getpid)
     started_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 

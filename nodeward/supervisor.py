@@ -5,7 +5,9 @@ A `Unit` is the daemons one component builds together. When one of them stops on
 unit again (a `Daemon` runs once) and starts the fresh daemons on their predecessors'
 ports. After `limit` restarts within `window` it gives up on that unit, and the rest keep
 running. The `core` daemons are not restarted: one stopping stops everything, as do
-SIGINT and SIGTERM.
+SIGINT and SIGTERM. A unit can be suspended (its daemons stopped, not as a death: nothing
+restarts them) and resumed (built again, started on its old ports): the simulated agents of
+a node whose machine is hung or off.
 """
 
 from __future__ import annotations
@@ -182,6 +184,10 @@ class Supervisor:
         self.clock = clock
         self.given_up: dict[str, str] = {}
         """Unit name -> why its last daemon died."""
+        self.suspended: dict[str, dict[str, int]] = {}
+        """Unit name -> its daemons' ports, while suspended."""
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._running = False
         self.log = structlog.get_logger().bind(component="supervisor")
 
     @property
@@ -202,23 +208,70 @@ class Supervisor:
         remove = (
             install_signal_handlers(lambda _: signalled.set()) if handle_signals else (lambda: None)
         )
-        watchers: list[asyncio.Task[None]] = []
         try:
             for daemon in self.daemons:
                 if not daemon.started:
                     await daemon.start()
-            watchers = [
-                asyncio.create_task(self._watch(u), name=f"supervise:{u.name}") for u in self.units
-            ]
+            self._running = True
+            for unit in self.units:
+                if unit.name not in self.suspended:
+                    self._supervise(unit)
             await any_set([*(d.stopping for d in self.core), signalled])
         finally:
-            await cancel_all(watchers)
+            self._running = False
+            await cancel_all(list(self._watchers.values()))
+            self._watchers.clear()
             await asyncio.gather(*(d.stop() for d in self.daemons))
             remove()
         failed = [d for d in self.core if d.failure is not None]
         if failed:
             d = failed[0]
             raise DaemonError(f"{d.name}: {type(d.failure).__name__}: {d.failure}") from d.failure
+
+    def _supervise(self, unit: Unit) -> None:
+        self._watchers[unit.name] = asyncio.create_task(
+            self._watch(unit), name=f"supervise:{unit.name}"
+        )
+
+    def unit(self, name: str) -> Unit | None:
+        return next((u for u in self.units if u.name == name), None)
+
+    async def suspend(self, name: str) -> bool:
+        """Stop unit `name`'s daemons without restarting them, until `resume(name)`. False
+        when there is no such unit, or it is suspended or given up already."""
+        unit = self.unit(name)
+        if unit is None or name in self.suspended or name in self.given_up:
+            return False
+        watcher = self._watchers.pop(name, None)
+        if watcher is not None:
+            await cancel_all([watcher])
+        self.suspended[name] = {d.name: d.port for d in unit.daemons if _bound(d)}
+        daemons, unit.daemons = unit.daemons, []
+        await asyncio.gather(*(d.stop() for d in daemons))
+        self.log.info("up.suspended", unit=name)
+        return True
+
+    async def resume(self, name: str) -> bool:
+        """Build a suspended unit again and start it on its old ports (where free), watched
+        as before. False when it is not suspended; raises what its build or start raised
+        (it stays suspended then)."""
+        unit = self.unit(name)
+        ports = self.suspended.get(name)
+        if unit is None or ports is None:
+            return False
+        daemons = await unit.build()
+        try:
+            for daemon in daemons:
+                await _start(daemon, ports.get(daemon.name))
+        except BaseException:
+            await asyncio.gather(*(d.stop() for d in daemons), return_exceptions=True)
+            raise
+        unit.daemons = daemons
+        del self.suspended[name]
+        if self._running:
+            self._supervise(unit)
+        self.log.info("up.resumed", unit=name)
+        return True
 
     async def _watch(self, unit: Unit) -> None:
         """Until cancelled: wait for one of the unit's daemons to stop, then restart the unit

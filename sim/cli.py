@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -157,6 +157,14 @@ def inject(  # noqa: PLR0917 - typer options
         float | None,
         typer.Option("--load", help="set the GPU's utilisation % (its power follows)"),
     ] = None,
+    hang: Annotated[
+        bool,
+        typer.Option(
+            "--hang",
+            help="hang the whole node (not a GPU): its BMC-run machine stops (SIGSTOP) and its "
+            "agents fall silent until its BMC powers it off and on (nodeward up's BMC nodes)",
+        ),
+    ] = False,
     via: Annotated[
         str,
         typer.Option(
@@ -189,7 +197,8 @@ def inject(  # noqa: PLR0917 - typer options
 ) -> None:
     """Inject a fault (or a load) into a simulated node's GPU (its GPU agent answers on sim.inject.<node>).
 
-    With --scenario, play a file of timed injections and print one line per step.
+    With --hang, hang the node itself (`nodeward up` answers on sim.hang.<node>). With
+    --scenario, play a file of timed injections and print one line per step.
     Errors are one line on stderr: exit code 2 for wrong options, 1 for the rest.
     """
     from pydantic import ValidationError
@@ -200,7 +209,12 @@ def inject(  # noqa: PLR0917 - typer options
 
     steps: list[Step] = []
     request: InjectRequest | None = None
-    if scenario is not None:
+    if hang:
+        if node is None or scenario is not None:
+            usage("--hang takes --node (and no --scenario)")
+        if xid is not None or fault is not None or recover or load is not None or gpu != 0:
+            usage("--hang hangs the whole node: no --gpu, --xid, --fault, --recover or --load")
+    elif scenario is not None:
         try:
             steps = load_scenario(scenario)
         except ScenarioError as exc:
@@ -210,7 +224,7 @@ def inject(  # noqa: PLR0917 - typer options
             usage("give --node (or --scenario)")
         chosen = [xid is not None, fault is not None, recover, load is not None]
         if sum(chosen) != 1:
-            usage("give exactly one of --xid, --fault, --recover or --load")
+            usage("give exactly one of --xid, --fault, --recover, --load or --hang")
         if xid is None and (via != "nvml" or driver != "r550"):
             usage("--via and --driver go with --xid only")
         try:
@@ -253,6 +267,9 @@ def inject(  # noqa: PLR0917 - typer options
         except Exception as exc:  # noqa: BLE001 - any connection failure is one line
             fail(f"cannot connect to NATS at {bus.url}: {exc or type(exc).__name__}")
         try:
+            if hang:
+                assert node is not None
+                return await _hang(nc, node, timeout)
             if request is None:
                 failures: list[str] = []
 
@@ -282,6 +299,27 @@ def inject(  # noqa: PLR0917 - typer options
             await nc.close()
 
     typer.echo(asyncio.run(run()))
+
+
+async def _hang(nc: Any, node: str, timeout: float) -> str:
+    """`sim inject --hang`: what `nodeward up` did, or one line on why not."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from nodeward.cli.common import fail
+    from sim.hang import request_hang
+
+    try:
+        reply = await request_hang(nc, node, timeout=max(timeout, 5.0))
+    except NoRespondersError:
+        fail(
+            f"nothing answers sim.hang for {node!r}: is `nodeward up` (with the sim cluster) running?"
+        )
+    except NatsTimeout:
+        fail(f"nodeward up did not answer the hang of {node!r} within {max(timeout, 5.0):g}s")
+    if not reply.ok:
+        fail(f"{node}: {reply.error}")
+    return f"{reply.node}: {reply.applied}"
 
 
 if __name__ == "__main__":

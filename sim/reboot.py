@@ -8,13 +8,19 @@ a new boot), and every GPU of its simulated driver is reset over `sim.inject.<no
 reboot clears the injected faults; the agent's XID history goes with the driver's
 recovery action). Like Kured it leaves the label to whoever set it: services.recovery
 takes its request back once it sees the new bootID.
+
+A node whose machine a simulated BMC runs (`Machines`: `nodeward up`'s BMC-run nodes) is
+rebooted through its machine instead: while the machine runs, its BMC power-cycles it (the
+machine posts the new bootID as it boots, and the node's simulated agents start afresh with
+it); while it is hung or off nothing is done, as Kured on a hung host runs nothing, and
+the request is looked at again on the next pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -28,14 +34,36 @@ REBOOT_ANNOTATION = "nodeward.io/reboot-request"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
+class Machines(Protocol):
+    """The nodes whose machine a simulated BMC runs."""
+
+    def runs(self, node: str) -> bool:
+        """Whether a BMC runs `node`'s machine."""
+        ...
+
+    async def reboot(self, node: str) -> str | None:
+        """Reboot `node`'s machine if it runs (its BMC's power cycle); None when done, else
+        why nothing was done (hung, off)."""
+        ...
+
+
 class SimRebootOperator(SimController):
     """Reboots (in simulation) the nodes that ask for it; remembers what it served."""
 
-    def __init__(self, client: KubeClient, nc: Any, *, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        nc: Any,
+        *,
+        interval: float = 1.0,
+        machines: Machines | None = None,
+    ) -> None:
         self.client = client
         self.nc = nc
         self.interval = interval
+        self.machines = machines
         self.served: dict[str, str] = {}  # node -> the request it rebooted for
+        self.skipped: dict[str, str] = {}  # node -> why its request waits (logged once)
         self.log = structlog.get_logger().bind(component="sim-reboot")
 
     async def pass_once(self) -> list[str]:
@@ -50,7 +78,17 @@ class SimRebootOperator(SimController):
             request = (meta.get("annotations") or {}).get(REBOOT_ANNOTATION, "")
             if self.served.get(name) == request:
                 continue
-            await self.reboot(node)
+            if self.machines is not None and self.machines.runs(name):
+                why = await self.machines.reboot(name)
+                if why is not None:
+                    if self.skipped.get(name) != why:
+                        self.log.info("sim_reboot.not_rebooted", node=name, why=why)
+                    self.skipped[name] = why
+                    continue
+                self.skipped.pop(name, None)
+                self.log.info("sim_reboot.power_cycled", node=name)
+            else:
+                await self.reboot(node)
             self.served[name] = request
             done.append(name)
         return done

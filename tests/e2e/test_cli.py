@@ -221,7 +221,13 @@ def test_unknown_fields_are_refused(embedded_bus: str) -> None:
         (
             ["sim", "inject", "--node", "gpu-h100-01"],
             2,
-            "give exactly one of --xid, --fault, --recover or --load",
+            "give exactly one of --xid, --fault, --recover, --load or --hang",
+        ),
+        (["sim", "inject", "--hang"], 2, "--hang takes --node (and no --scenario)"),
+        (
+            ["sim", "inject", "--node", "n", "--hang", "--xid", "79"],
+            2,
+            "--hang hangs the whole node: no --gpu, --xid, --fault, --recover or --load",
         ),
         (
             ["sim", "inject", "--node", "gpu-h100-01", "--recover", "--via", "kmsg"],

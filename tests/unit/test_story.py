@@ -15,6 +15,7 @@ from schemas import make_event
 from schemas.cloudevents import encode
 from schemas.common import ObjectRef
 from schemas.gpu import GpuHealth, HealthReason, HealthState
+from schemas.node import NodeCause, NodeHealth, Unresponsiveness
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.state.cordon import NodeRecord, Quarantine
@@ -359,6 +360,61 @@ def test_each_step_of_a_recovery_is_told() -> None:
     story.flush(everything=True)
     assert [line.split()[0] for line in lines] == ["RECOVERY"] * 4 + ["RELEASE"]
     assert "reboot node/gpu-a: applied" in lines[2] and "bootID a -> b" in lines[2]
+
+
+def test_a_hung_node_is_told_as_node_lines_and_its_ladder_by_step() -> None:
+    lines: list[str] = []
+    story = Story(emit=lambda line, _sev: lines.append(line), hold=0)
+    causes = (
+        "Ready=Unknown since 20:00:00 (NodeStatusUnknown: Kubelet stopped posting node status.)"
+    )
+    hung = f"hung: {causes} (ladder gpu, step 3)"
+    cause = NodeCause(
+        kind=Unresponsiveness.NOT_READY, condition="Ready", status="Unknown",
+        reason="NodeStatusUnknown", message="Kubelet stopped posting node status.", since=T0,
+    )  # fmt: skip
+    down = NodeHealth(
+        node="gpu-a", responsive=False, causes=[cause], since=T0,
+        summary=f"gpu-a unresponsive: {causes}",
+    )  # fmt: skip
+    up = NodeHealth(node="gpu-a", responsive=True, since=T0, summary="gpu-a responsive again")
+    ladder = {"ladder": "gpu"}
+    steps: list[tuple[str, str, Outcome, dict[str, Any]]] = [
+        ("recover", f"gpu-a unresponsive: {causes}: the ladder gpu (reboot, power-cycle, oncall)",
+         Outcome.APPLIED, {}),
+        ("reboot", "reboot of gpu-a failed: not back within 0:00:20", Outcome.FAILED, {"rung": 0}),
+        ("power-off", f"BMC hard power off of gpu-a, {hung}", Outcome.APPLIED,
+         {**ladder, "rung": 2, "bmc": "127.0.0.1:623"}),
+        ("power-off", "gpu-a is off: the BMC's chassis status says so", Outcome.APPLIED, {}),
+        ("fence", f"powered off (the BMC says so): its pods and their volumes may move of gpu-a, {hung}",
+         Outcome.APPLIED, {**ladder, "rung": 2, "taint": "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"}),
+        ("power-on", f"BMC power on of gpu-a, {hung}", Outcome.APPLIED,
+         {**ladder, "rung": 2, "bmc": "127.0.0.1:623"}),
+    ]  # fmt: skip
+    story.on_event(wire(down, T0), T0)
+    for i, (action, reason, outcome, details) in enumerate(steps, start=1):
+        at = T0 + timedelta(seconds=i)
+        step = node_action(
+            action, "gpu-a", reason, actor="service/recovery", outcome=outcome,
+            policy="hang", details=details,
+        )  # fmt: skip
+        story.on_event(wire(step, at), at)
+    story.on_event(wire(up, T0 + timedelta(seconds=9)), T0 + timedelta(seconds=9))
+    story.flush(everything=True)
+    assert [line.split()[0] for line in lines] == ["NODE", *["RECOVERY"] * 6, "NODE"]
+    assert lines[0].endswith(f"CRIT gpu-a unresponsive: {causes}")
+    said = [line.partition(" node/gpu-a: ")[2] for line in lines[1:-1]]
+    assert said == [
+        "applied [hang] - gpu-a unresponsive: Ready=Unknown since 20:00:00: the ladder gpu "
+        "(reboot, power-cycle, oncall)",
+        "failed [hang, step 1] - not back within 0:00:20",
+        "applied [hang, step 3] - BMC hard power off (BMC 127.0.0.1:623)",
+        "applied [hang] - gpu-a is off: the BMC's chassis status says so",
+        "applied [hang, step 3] - out-of-service taint on: powered off (the BMC says so): its "
+        "pods and their volumes may move",
+        "applied [hang, step 3] - BMC power on (BMC 127.0.0.1:623)",
+    ]
+    assert lines[-1].endswith("INFO gpu-a responsive again")
 
 
 def test_a_line_waits_until_every_followed_source_has_delivered_up_to_it() -> None:

@@ -115,3 +115,33 @@ async def test_a_stop_during_the_back_off_ends_at_once() -> None:
         core.request_stop("test over")
         await asyncio.wait_for(running, 10)
     assert len(built) == 1
+
+
+async def test_a_suspended_unit_stays_down_until_resumed_then_runs_on_its_port() -> None:
+    core = Daemon("platform", settings())
+    unit, built = failing_unit("agent-gpu-a", failures=0)
+    unit.daemons = await unit.build()
+    reports: list[Restart] = []
+    supervisor = Supervisor([core], [unit], FAST, on_restart=reports.append)
+    with capture_logs():
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        await wait_until(lambda: built[0].started)
+        port = built[0].port
+        assert await supervisor.suspend("agent-gpu-a")
+        assert not await supervisor.suspend("agent-gpu-a")  # once
+        await asyncio.sleep(0.1)  # no restart: a suspension is not a death
+        assert not built[0].started and len(built) == 1 and not reports
+        assert supervisor.daemons == [core] and supervisor.suspended == {
+            "agent-gpu-a": {"agent-gpu-a": port}
+        }
+        assert await supervisor.resume("agent-gpu-a")
+        assert not await supervisor.resume("agent-gpu-a")
+        fresh = built[1]
+        assert fresh.started and fresh.port == port and supervisor.daemons == [core, fresh]
+        fresh.request_stop("dies")  # watched again: a death is restarted
+        await wait_until(lambda: bool(reports))
+    assert len(built) == 3 and built[2].started
+    assert not await supervisor.suspend("nothing-such")
+    core.request_stop("test over")
+    await asyncio.wait_for(running, 10)
+    assert not built[2].started
