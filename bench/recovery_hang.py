@@ -115,7 +115,7 @@ async def measure_bmc(bus: Bus, url: str, tmp: Path) -> dict[str, float]:
     with bmcs(tmp / "bmcs") as start:
         async with platform(bus, url, tmp) as make:
             env, node = await bmc_node(
-                make, start, ladder=ladder(("power-cycle", "60s"), ("oncall", "1s"))
+                make, start, nats_url=url, ladder=ladder(("power-cycle", "60s"), ("oncall", "1s"))
             )
             await _fault(env)
             t0 = time.time()
@@ -146,7 +146,7 @@ async def measure_reboot(bus: Bus, url: str, tmp: Path) -> dict[str, float]:
     with bmcs(tmp / "bmcs") as start:
         async with platform(bus, url, tmp) as make:
             env, node = await bmc_node(
-                make, start, ladder=ladder(("reboot", "60s"), ("oncall", "1s"))
+                make, start, nats_url=url, ladder=ladder(("reboot", "60s"), ("oncall", "1s"))
             )
             operator = asyncio.create_task(_cooperative_reboots(env, node))
             try:

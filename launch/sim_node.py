@@ -1,9 +1,12 @@
 """A simulated node's "machine": the process a BMC (`ipmi_sim`'s `startcmd`) powers.
 
     python -m launch.sim_node --node N --kubeconfig K [--renew-s 1] [--boot-id-file F]
-                              [--vm HOST:PORT] [--hung]
+                              [--vm HOST:PORT] [--hung] [--nats URL [--gpus 8]]
 
-While it runs the node is up, as its kubelet would report: at start it renews the Lease
+With `--nats`, a boot first resets the node's simulated GPUs (`sim.inject.<N>` recover,
+answered by the node's simulated GPU agent wherever it runs), as a power cycle resets a real
+node's GPUs before its kubelet reports Ready. While it runs the node is up, as its kubelet
+would report: at start it renews the Lease
 `kube-node-lease/<N>` (created if missing, owned by the node), then posts a new boot
 (`status.nodeInfo.bootID`, a fresh uuid4) and `Ready=True` (reason `KubeletReady`) through
 the status subresource, with a strategic merge patch keyed on the condition `type`, so the
@@ -38,11 +41,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import nats
+
 from nodeward.config import ClusterSettings
 from nodeward.kube.base import Obj, core, group_path
 from nodeward.kube.client import MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from nodeward.kube.errors import AlreadyExists, KubeError, NotFound
 from nodeward.logs import configure_logging, get_logger
+from sim.inject import InjectRequest, request_injection
 
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
@@ -264,8 +270,27 @@ def write_atomically(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+async def reset_gpus(nats_url: str, node: str, gpus: int, log: Any) -> None:
+    """A boot resets the node's GPUs: each of its simulated GPUs (answered by the node's
+    simulated GPU agent on `sim.inject.<node>`) recovers, before the boot is posted."""
+    try:
+        nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=0)
+    except Exception as e:  # noqa: BLE001 - no bus: the boot goes on
+        log.warning("sim_node.no_bus", error=str(e))
+        return
+    try:
+        for index in range(gpus):
+            with contextlib.suppress(Exception):  # no agent (yet): nothing to reset
+                await request_injection(nc, node, InjectRequest(gpu=index, recover=True))
+    finally:
+        await nc.close()
+
+
 async def live(sim: SimNode, args: argparse.Namespace) -> None:
-    """Boot (retried until the API takes it), then heartbeat until cancelled."""
+    """Boot (the GPUs reset first, with `--nats`; retried until the API takes it), then
+    heartbeat until cancelled."""
+    if args.nats is not None:
+        await reset_gpus(args.nats, args.node, args.gpus, sim.log)
     while True:
         try:
             await sim.boot()
@@ -342,6 +367,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--boot-id-file", type=Path, default=None)
     p.add_argument("--vm", type=parse_hostport, default=None, help="ipmi_sim's VM serial interface")
     p.add_argument("--hung", action="store_true", help="ignore graceful shutdown requests")
+    p.add_argument("--nats", default=None, help="reset the node's simulated GPUs at boot here")
+    p.add_argument("--gpus", type=int, default=8, help="how many (with --nats)")
     p.add_argument("--log-level", default="info")
     return p
 

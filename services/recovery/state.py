@@ -110,7 +110,10 @@ class RecoveryRecord(BaseModel):
         return self.step in TERMINAL
 
     def attempt_id(self, what: str) -> str:
-        """The trigger id of one step's audit within this attempt (distinct per attempt)."""
+        """The trigger id of one step's audit within this attempt (distinct per attempt, and
+        for a hung node's ladder per rung: a soft and a hard power off are two records)."""
+        if self.plan == Plan.HANG:
+            return f"{self.incident}/{what}/{self.attempts}.{self.rung}"
         return f"{self.incident}/{what}/{self.attempts}"
 
     def scope(self) -> list[str] | None:

@@ -538,7 +538,13 @@ class RecoverySteps:
             return  # tried again on the next pass
         reason = f"validated after the {record.plan.value} of incident {record.incident}"
         replies: dict[str, str] = {}
-        for service, verb in (("checkpoint", "finish"), ("cordon", "release")):
+        owners = [("checkpoint", "finish"), ("cordon", "release")]
+        if record.plan == Plan.HANG:  # a hung node's: only what it holds (no false skips)
+            owners = [
+                o for o, holds in zip(owners, ("draining: requested" in record.history,
+                                                has_quarantine(obj)), strict=True) if holds
+            ]  # fmt: skip
+        for service, verb in owners:
             reply = await self._ask(service, verb, record.node, reason)
             if reply is None:
                 return  # tried again on the next pass

@@ -18,7 +18,6 @@ from nodeward.config import ClusterSettings
 from nodeward.kube.client import KubeClient
 from services.recovery.hang import OUT_OF_SERVICE
 from sim.cluster import SimCluster
-from sim.inject import InjectRequest, request_injection
 from tests.integration.recovery_fixtures import RecoveryEnv, wait_for
 from tests.ipmi_sim import IpmiSim, Machine, need_ipmi_sim
 
@@ -73,6 +72,7 @@ async def bmc_node(
     power_bmc: Callable[..., IpmiSim],
     *,
     ladder: dict[str, Any],
+    nats_url: str,
     password: str | None = None,
     **recovery: Any,
 ) -> tuple[RecoveryEnv, Node]:
@@ -87,7 +87,8 @@ async def bmc_node(
         seeded = (await admin.request("GET", f"/api/v1/nodes/{name}"))["status"]["nodeInfo"]
         machine = Machine(
             [sys.executable, "-m", "launch.sim_node", "--node", name, "--kubeconfig",
-             str(kubeconfig), "--renew-s", "0.3", "--status-s", "1", "--vm", "{vm}"],
+             str(kubeconfig), "--renew-s", "0.3", "--status-s", "1", "--vm", "{vm}",
+             "--nats", nats_url],
         )  # fmt: skip
         bmc = power_bmc(machine)
         node.bmc = bmc
@@ -151,23 +152,16 @@ def running(pid: int) -> bool:
 
 
 async def _watch(env: RecoveryEnv, node: Node) -> None:
-    """Each new boot of the node (its simulated GPUs reset with it, as a power cycle resets
-    a real node's: the sim GPUs live in this process, not in the machine), and the BMC's
-    power status the moment the out-of-service taint first shows."""
+    """Each new boot of the node (the machine resets its simulated GPUs first: `--nats`),
+    and whether the hung machine still ran the moment the out-of-service taint showed."""
     while True:
         with contextlib.suppress(Exception):
             got = await env.node_obj()
             boot = got["status"].get("nodeInfo", {}).get("bootID")
             if boot and (not node.boots or node.boots[-1] != boot):
-                if node.boots:
-                    for gpu in range(8):
-                        await request_injection(
-                            env.bus.nc, env.node, InjectRequest(gpu=gpu, recover=True)
-                        )
                 node.boots.append(boot)
             tainted = any(t["key"] == OUT_OF_SERVICE for t in got["spec"].get("taints", []))
             if tainted and node.taint_seen_running is None and node.hung_pid is not None:
-                # read after the taint was seen: a machine gone now was gone... or not yet
-                # started again: the power on comes only after the fence
+                # read after the taint was seen: a process gone now was gone then
                 node.taint_seen_running = running(node.hung_pid)
         await asyncio.sleep(0.05)

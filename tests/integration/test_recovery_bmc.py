@@ -44,10 +44,12 @@ def _acts(audits: list[Remediation]) -> list[tuple[str, str]]:
 async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_released(
     platform: Callable[..., Awaitable[RecoveryEnv]],
     power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+    nats_url: str,
 ) -> None:
     env, node = await bmc_node(
         platform,
         power_bmc,
+        nats_url=nats_url,
         ladder=ladder(
             ("reboot", "2s"), ("power-off-on", "8s"), ("power-cycle", "40s"), ("oncall", "1s")
         ),
@@ -83,6 +85,8 @@ async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_rel
     for action in ("power-on", "validate", "unfence", "release"):
         assert (action, "applied") in acts[fence:], (action, acts)
     assert acts.index(("unfence", "applied")) < acts.index(("release", "applied"))
+    hard = [a for a in audits if a.action == "power-off" and a.details.get("graceful") is False]
+    assert hard and hard[0].outcome == Outcome.APPLIED, acts  # its own record, after the soft
     said_off = [a for a in audits if a.action == "power-off" and "is off" in a.reason]
     assert said_off, "the BMC's chassis status confirmed the power off before the fence"
     # the taint showed only once the machine was off; it is gone, the node back on a new boot
@@ -95,10 +99,12 @@ async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_rel
 async def test_wrong_bmc_credentials_escalate_in_one_line_and_never_fence(
     platform: Callable[..., Awaitable[RecoveryEnv]],
     power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+    nats_url: str,
 ) -> None:
     env, node = await bmc_node(
         platform,
         power_bmc,
+        nats_url=nats_url,
         ladder=ladder(("power-cycle", "20s"), ("oncall", "1s")),
         password="not-the-password",
     )
@@ -119,6 +125,7 @@ async def test_wrong_bmc_credentials_escalate_in_one_line_and_never_fence(
 async def test_a_pause_stops_the_ladder_mid_way_until_resumed(
     platform: Callable[..., Awaitable[RecoveryEnv]],
     power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+    nats_url: str,
 ) -> None:
     from nodeward.bus.control import request as control_request
     from schemas.control import ControlRequest
@@ -126,6 +133,7 @@ async def test_a_pause_stops_the_ladder_mid_way_until_resumed(
     env, node = await bmc_node(
         platform,
         power_bmc,
+        nats_url=nats_url,
         ladder=ladder(("reboot", "6s"), ("power-cycle", "40s"), ("oncall", "1s")),
     )
 
@@ -182,6 +190,7 @@ async def test_a_recovery_killed_at_each_step_resumes_without_a_second_power_cyc
     env, node = await bmc_node(
         platform,
         power_bmc,
+        nats_url=nats_url,
         ladder=ladder(("power-cycle", "40s"), ("oncall", "1s")),
         in_process=False,
     )
@@ -209,9 +218,13 @@ async def test_a_recovery_killed_at_each_step_resumes_without_a_second_power_cyc
 async def test_an_out_of_service_taint_someone_else_placed_is_left_to_them(
     platform: Callable[..., Awaitable[RecoveryEnv]],
     power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+    nats_url: str,
 ) -> None:
     env, node = await bmc_node(
-        platform, power_bmc, ladder=ladder(("power-cycle", "40s"), ("oncall", "1s"))
+        platform,
+        power_bmc,
+        nats_url=nats_url,
+        ladder=ladder(("power-cycle", "40s"), ("oncall", "1s")),
     )
     theirs = {"key": OUT_OF_SERVICE, "value": "by-hand", "effect": "NoSchedule"}
     got = await env.node_obj()
