@@ -122,7 +122,7 @@ class HungSteps:
             await self.steps.escalate(record, str(exc), rma=False)
         except BmcError as exc:  # unreachable, busy: asked again until the rung's timeout
             self.kit.log.warning("recovery.bmc_failed", error=str(exc))
-            if exc.kind != "refused" or record.last_failure != str(exc):
+            if record.last_failure != str(exc):
                 await self.steps.update(record, last_failure=str(exc))
 
     def ladder(self, record: RecoveryRecord) -> Ladder | None:
