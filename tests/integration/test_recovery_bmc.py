@@ -37,6 +37,13 @@ async def platform(
         yield make
 
 
+async def released(env: RecoveryEnv) -> bool:
+    """The node's recovery released it (an escalation fails the test, with its history)."""
+    record = await env.record()
+    assert record is None or record.step != Step.ESCALATED, record and record.history
+    return record is not None and record.step == Step.RELEASED
+
+
 def _acts(audits: list[Remediation]) -> list[tuple[str, str]]:
     return [(a.action, a.outcome.value) for a in audits]
 
@@ -67,12 +74,7 @@ async def test_a_node_hung_after_xid_79_is_power_cycled_fenced_validated_and_rel
     await wait_for(recovering, "a recovery of the quarantined node")
     node.hang()
 
-    async def released() -> bool:
-        record = await env.record()
-        assert record is None or record.step != Step.ESCALATED, record and record.history
-        return record is not None and record.step == Step.RELEASED
-
-    await wait_for(released, "the hung node back in service", timeout=110)
+    await wait_for(lambda: released(env), "the hung node back in service", timeout=110)
     record = await env.record()
     assert record is not None and record.plan == Plan.HANG and not record.fenced
     audits = await env.audits()
@@ -162,11 +164,7 @@ async def test_a_pause_stops_the_ladder_mid_way_until_resumed(
     assert node.bmc is not None and node.bmc.power_status() == "on"
     await ask("resume")
 
-    async def released() -> bool:
-        record = await env.record()
-        return record is not None and record.step == Step.RELEASED
-
-    await wait_for(released, "the ladder done after the resume", timeout=90)
+    await wait_for(lambda: released(env), "the ladder done after the resume", timeout=90)
     assert len([a for a in await env.audits() if a.guard == "paused"]) == 1  # audited once
 
 
@@ -239,11 +237,7 @@ async def test_an_out_of_service_taint_someone_else_placed_is_left_to_them(
     )
     node.hang()
 
-    async def released() -> bool:
-        record = await env.record()
-        return record is not None and record.step == Step.RELEASED
-
-    await wait_for(released, "the hung node back in service", timeout=90)
+    await wait_for(lambda: released(env), "the hung node back in service", timeout=90)
     record = await env.record()
     assert record is not None and not record.fenced
     fence = [a for a in await env.audits() if a.action == "fence"]
