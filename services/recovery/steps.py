@@ -78,6 +78,9 @@ from services.recovery.state import (
     node_key,
 )
 
+DRY_RUN_WAIT = "dry_run"
+"""`waiting` of a recovery whose act a dry-running service only audited."""
+
 
 class RecoverySteps:
     """The workflow of every node's recovery, and the loop that drives it."""
@@ -700,17 +703,27 @@ class RecoverySteps:
     ) -> Remediation:
         """A remediation act through the exemptions and the operators' pause (and, for one
         that takes a node further out of service, its group's floor). A refusal is audited
-        once per guard (`waiting`); while it lasts it is only logged."""
+        once per guard, a dry run once (`waiting`); while either lasts it is only logged."""
         guards: list[Guard] = [self.kit.exemptions, self.kit.pause]
         if floor:
             guards.append(self.kit.floor)
+
+        def held(outcome: Outcome, guard: str | None) -> str | None:
+            return DRY_RUN_WAIT if outcome == Outcome.DRY_RUN else guard
+
         decided = await self.kit.runner.run(
             proposal, act, guards, retry=False, fails=fails,
-            repeat=lambda outcome, guard: guard is not None and guard == record.waiting,
+            repeat=lambda outcome, guard: (
+                record.waiting is not None and held(outcome, guard) == record.waiting
+            ),
         )  # fmt: skip
-        refused = decided.guard if decided.outcome == Outcome.REFUSED else None
-        if refused != record.waiting and (refused or decided.outcome == Outcome.APPLIED):
-            await self.update(record, waiting=refused)
+        waiting = (
+            held(decided.outcome, decided.guard)
+            if decided.outcome in (Outcome.REFUSED, Outcome.DRY_RUN)
+            else None
+        )
+        if waiting != record.waiting and (waiting or decided.outcome == Outcome.APPLIED):
+            await self.update(record, waiting=waiting)
         return decided
 
     def _proposal(
