@@ -10,7 +10,9 @@ a recovery of plan `hang` on the node's group's ladder, or turn one under way in
 - A recovery waiting for its reboot: that reboot is the ladder's first step already; when
   its `reboot_timeout` passes with the node not Ready, the steps turn it into the ladder's
   next rung (`RecoverySteps._no_reboot`).
-- A recovery already of plan `hang`, or an escalated one: nothing (on-call has it).
+- A recovery already of plan `hang`: nothing. An escalated one of the same episode (the
+  node unresponsive since before it escalated): nothing, on-call has it.
+- A start the retry limit refuses (a node that keeps hanging) escalates: a human's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from schemas.base import Event
 from schemas.node import NodeHealth
 from schemas.remediation import Outcome
 from services.kernel import Guard, Proposal, node_ref
-from services.recovery.common import Kit
+from services.recovery.common import Kit, RetryLimit
 from services.recovery.hang import Ladder
 from services.recovery.state import Plan, RecoveryRecord, Step, node_key
 from services.recovery.steps import RecoverySteps
@@ -65,6 +67,13 @@ class HungIntake:
                 current = await self.kit.records.get(node_key(node))
                 record = current.value if current else None
                 causes = [c.line() for c in health.causes]
+                if (
+                    record is not None
+                    and record.step == Step.ESCALATED
+                    and record.plan == Plan.HANG
+                    and health.since.timestamp() <= record.updated_at
+                ):
+                    return  # the same episode on-call was told of: theirs
                 if record is not None and not record.terminal:
                     if record.incident == f"hang-{event.id}":  # a redelivery after a restart
                         await self._start(event, health, ladder, causes, obj, again=True)
@@ -120,6 +129,9 @@ class HungIntake:
         decided = await self.kit.runner.run(proposal, act, guards, retry=False)
         if decided.outcome == Outcome.APPLIED:
             self.kit.wake.set()
+        elif decided.guard == RetryLimit.name and decided.outcome == Outcome.REFUSED:
+            # A node that keeps hanging is a human's (told once per episode: above).
+            await self.steps.escalate(record, self.kit.retry_limit.why(node), rma=False)
 
     async def _turn(
         self, record: RecoveryRecord, ladder: Ladder, causes: list[str], summary: str
