@@ -20,8 +20,9 @@ where it was asked to go, so a restart never powers a node off a second time in 
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from nodeward.bmc import Bmc, BmcConfigError, BmcError, PowerState, bmc_target
@@ -29,7 +30,7 @@ from nodeward.kube import KubeError, NotFound
 from nodeward.kube.base import Obj
 from nodeward.kube.nodes import taints_of
 from schemas.remediation import Outcome, Remediation
-from services.kernel import Proposal
+from services.kernel import Guard, Proposal, Stage, Verdict, blockers
 from services.kernel.drain import excused
 from services.recovery.common import Kit
 from services.recovery.hang import (
@@ -71,7 +72,38 @@ class Steps(Protocol):
         *,
         floor: bool = False,
         fails: tuple[type[Exception], ...] = (),
+        extra: Sequence[Guard] = (),
     ) -> Remediation: ...
+
+
+class Unharmed:
+    """A guard: no BMC power off of a node whose kubelet still answers (`Ready`) while a pod
+    a reboot would destroy is on it (`services.kernel.drain.blockers`: a budget, an
+    exemption, Falco's evidence, a pod not yet drained). Such a node can be drained: only
+    one that cannot (its kubelet gone) is powered off with its pods, and then fenced."""
+
+    name = "pods_left"
+    stage = Stage.OWNERSHIP
+
+    def __init__(self, kit: Kit) -> None:
+        self.kit = kit
+
+    async def check(self, proposal: Proposal) -> Verdict | None:
+        if proposal.obj is None or not ready(proposal.obj):
+            return None
+        node = proposal.target.name
+        left = await blockers(
+            self.kit.cluster, node, self.kit.exemptions, self.kit.settings.skip_namespaces
+        )
+        if not left:
+            return None
+        listed = "; ".join(f"{pod}: {why}" for pod, why in sorted(left.items()))
+        return Verdict(
+            self.name,
+            f"refused: {node} is Ready (its kubelet answers) with {len(left)} pod(s) a power "
+            f"off would destroy ({listed}); it is powered off only drained, or once it stops "
+            "answering",
+        )
 
 
 class _Escalate(Exception):
@@ -84,6 +116,7 @@ class HungSteps:
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
         self.kit: Kit = steps.kit
+        self.unharmed = Unharmed(self.kit)
 
     # the step ----------------------------------------------------------------------------
     async def hung(self, record: RecoveryRecord, obj: Obj) -> None:
@@ -265,6 +298,7 @@ class HungSteps:
                     return {"bmc": bmc.target.address, "graceful": graceful}
 
                 decided = await self._act(record, ladder, "power-off", f"BMC {how}", off,
+                                          obj=obj, extra=[self.unharmed],
                                           takes_out=True)  # fmt: skip
                 if decided.outcome == Outcome.FAILED:  # the BMC refused it (audited): no use
                     await self.next_rung(record, rung, f"the BMC refused the {how}", audit=False)
@@ -350,15 +384,22 @@ class HungSteps:
         act: Callable[[], Awaitable[dict[str, Any]]],
         *,
         takes_out: bool = False,
+        obj: Obj | None = None,
+        extra: Sequence[Guard] = (),
     ) -> Remediation:
-        """The act as a kernel proposal (`RecoverySteps.guarded`); its audit record."""
+        """The act as a kernel proposal (`RecoverySteps.guarded`) on the node as read
+        (`obj`), with `extra` guards; its audit record."""
         causes = "; ".join(record.causes) or "unresponsive"
         proposal = self.steps.proposal(
             record, action,
             f"{what} of {record.node}, hung: {causes} (ladder {ladder.name}, step {record.rung + 1})",
         )  # fmt: skip
         proposal.details.update(ladder=ladder.name, rung=record.rung)
-        return await self.steps.guarded(record, proposal, act, floor=takes_out, fails=(BmcError,))
+        if obj is not None:
+            proposal = dataclasses.replace(proposal, obj=obj)
+        return await self.steps.guarded(
+            record, proposal, act, floor=takes_out, fails=(BmcError,), extra=extra
+        )
 
     async def _bmc(self, record: RecoveryRecord, obj: Obj) -> Bmc:
         """The node's BMC: its address annotation, the credentials Secret. Either missing or

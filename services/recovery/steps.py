@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -700,11 +700,12 @@ class RecoverySteps:
         *,
         floor: bool = False,
         fails: tuple[type[Exception], ...] = (),
+        extra: Sequence[Guard] = (),
     ) -> Remediation:
         """A remediation act through the exemptions and the operators' pause (and, for one
         that takes a node further out of service, its group's floor). A refusal is audited
         once per guard, a dry run once (`waiting`); while either lasts it is only logged."""
-        guards: list[Guard] = [self.kit.exemptions, self.kit.pause]
+        guards: list[Guard] = [self.kit.exemptions, self.kit.pause, *extra]
         if floor:
             guards.append(self.kit.floor)
 

@@ -74,6 +74,7 @@ async def bmc_node(
     ladder: dict[str, Any],
     nats_url: str,
     password: str | None = None,
+    hang: dict[str, Any] | None = None,
     **recovery: Any,
 ) -> tuple[RecoveryEnv, Node]:
     """A platform (`recovery_platform`'s `make`) whose node is run by a real BMC, started
@@ -123,7 +124,7 @@ async def bmc_node(
         node_annotations={"sim.nodeward.io/kubelet": "external"},
         sim_options=SIM,
         on_cluster=boot,
-        hang=hang_settings(ladder),
+        hang=hang_settings(ladder, **(hang or {})),
         reboot_timeout="3s",
         **recovery,
     )

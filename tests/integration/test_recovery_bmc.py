@@ -11,15 +11,18 @@ request nor the BMC's soft shutdown; only a hard power off (ipmi_sim's SIGKILL) 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeward.bus import Bus
+from nodeward.kube.client import STRATEGIC_PATCH
 from schemas.remediation import Outcome, Remediation
 from services.recovery.hang import OUT_OF_SERVICE
 from services.recovery.state import Plan, Step
+from sim.cluster.seed import PodSeed
 from sim.inject import InjectRequest, request_injection
 from tests.integration.bmc_fixtures import bmc_node, ladder
 from tests.integration.crash_fixtures import ServiceProcess
@@ -246,3 +249,45 @@ async def test_an_out_of_service_taint_someone_else_placed_is_left_to_them(
     got = await env.node_obj()
     left = [t for t in got["spec"].get("taints", []) if t["key"] == OUT_OF_SERVICE]
     assert [(t["value"], t["effect"]) for t in left] == [("by-hand", "NoSchedule")]
+
+
+async def test_a_node_that_still_answers_is_never_powered_off_over_its_pods(
+    platform: Callable[..., Awaitable[RecoveryEnv]],
+    power_bmc: Callable[..., IpmiSim],  # noqa: F811 - the fixture
+    nats_url: str,
+) -> None:
+    """KernelDeadlock on a node whose kubelet still answers (Ready), a user's pod on it: the
+    BMC power off is refused (audited once, with the pod), the machine and the pod stay."""
+
+    def workload(name: str) -> dict[str, Any]:
+        return {"pods": [PodSeed(name="session-0", namespace="ml-a", node=name)]}
+
+    env, node = await bmc_node(
+        platform,
+        power_bmc,
+        nats_url=nats_url,
+        ladder=ladder(("power-cycle", "40s"), ("oncall", "1s")),
+        hang={"conditions": {"KernelDeadlock": "0s"}},
+        workload=workload,
+    )
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    deadlock = {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung",
+                "message": "task docker:7 blocked", "lastTransitionTime": at,
+                "lastHeartbeatTime": at}  # fmt: skip
+    await env.admin.request(
+        "PATCH",
+        f"/api/v1/nodes/{env.node}/status",
+        body={"status": {"conditions": [deadlock]}},
+        content_type=STRATEGIC_PATCH,
+    )
+
+    async def refused() -> list[Remediation]:
+        return [a for a in await env.audits() if a.guard == "pods_left"]
+
+    said = (await wait_for(refused, "the power off refused over the pod", timeout=30))[0]
+    assert said.action == "power-off" and said.outcome == Outcome.REFUSED
+    assert "ml-a/session-0" in said.reason and "is Ready" in said.reason
+    assert node.bmc is not None and node.bmc.power_status() == "on"
+    pod = await env.admin.request("GET", "/api/v1/namespaces/ml-a/pods/session-0")
+    assert not pod["metadata"].get("deletionTimestamp")
+    assert len(await refused()) == 1  # audited once while it lasts
