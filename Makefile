@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@$(BIN)/python -m pip install -q -e '.[kerberos]' || echo "nodeward: Kerberos support not built (it needs libkrb5-dev and a C compiler: scripts/system-deps.sh as root); Kerberos renewal and its tests are left out" >&2
+	@$(BIN)/python -m pip install -q -e '.[ldap]' || echo "nodeward: LDAP support not built (it needs libldap-dev, libsasl2-dev and a C compiler: scripts/system-deps.sh as root); the directory service and its tests are left out" >&2
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -19,11 +19,16 @@ NEEDED=(
   "buildah:buildah"                   # checkpoint images (services/maintenance/image.py)
   "docker-registry:docker-registry"   # the registry they are pushed to (launch/registry.py)
   "skopeo:skopeo"
+  "slapd:slapd"            # the directory service's LDAP peer (tests/integration/ldap_peer.py)
+  "ldap-utils:ldapadd"
+  "libldap-dev:/usr/include/ldap.h"    # bonsai (the [ldap] extra) builds against OpenLDAP
+  "libsasl2-dev:/usr/include/sasl/sasl.h"
 )
 missing=()
 for entry in "${NEEDED[@]}"; do
   pkg=${entry%%:*}; cmd=${entry#*:}
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  if [[ $cmd == /* ]]; then [ -e "$cmd" ] || missing+=("$pkg")  # a header, not a command
+  else command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg"); fi
 done
 # A second kubectl for the sim cluster's kubectl tests: when the kubectl on PATH is not Debian's,
 # unpack Debian's (1.20, which evicts through policy/v1beta1) under .cache/kubectl-debian, so
