@@ -40,6 +40,11 @@ SYNCED_AT = "nodeward.io/directory-synced-at"
 OWNER_LEFT = "nodeward.io/owner-left"
 """annotation: when the directory first found the owner gone (RFC 3339); removed on return"""
 
+DIRECTORY_LABELS = (OWNER_UID, OWNER_GID, GROUP, EXPERIMENT)
+"""the labels the directory owns on a namespace (it writes `OWNER` only where it is missing)"""
+DIRECTORY_ANNOTATIONS = (OWNER_EMAIL, OWNER_NAME, OWNER_GROUPS, SYNCED_AT, OWNER_LEFT)
+"""the annotations the directory owns on a namespace"""
+
 # The admission webhook's opt-in (namespace) and opt-out (pod).
 ADMISSION = "nodeward.io/admission"
 """label: `enabled` on a namespace opts its pods in; `disabled` on a pod opts it out"""
@@ -81,9 +86,35 @@ class NamespaceOwner(Model):
             left=annotations.get(OWNER_LEFT) or None,
         )
 
+    def labels(self) -> dict[str, str | None]:
+        """The directory's labels for this owner (None: a label to remove); `OWNER` only
+        with a login. Values must already be valid label values."""
+        written: dict[str, str | None] = {
+            OWNER_UID: _text(self.uid),
+            OWNER_GID: _text(self.gid),
+            GROUP: self.group,
+            EXPERIMENT: self.experiment,
+        }
+        if self.login:
+            written[OWNER] = self.login
+        return written
+
+    def annotations(self) -> dict[str, str | None]:
+        """The directory's annotations for this owner (None: one to remove); `SYNCED_AT`
+        and `OWNER_LEFT` are the sync's own."""
+        return {
+            OWNER_EMAIL: self.email,
+            OWNER_NAME: self.name,
+            OWNER_GROUPS: self.groups_annotation() or None,
+        }
+
     def groups_annotation(self) -> str:
         """`OWNER_GROUPS`'s value for these groups."""
         return ",".join(f"{name}={gid}" for name, gid in sorted(self.groups.items()))
+
+
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def _number(value: str | None) -> int | None:
