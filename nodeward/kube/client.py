@@ -61,6 +61,10 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 # A list of metadata alone, as client-go's metadata client asks (with plain JSON after it).
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+# Metadata and nothing else (no plain JSON after it: a server that cannot answer so refuses
+# with 406 rather than sending whole objects): a list, and each object of a watch.
+METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -255,9 +259,15 @@ class KubeClient:
     # --- watches -------------------------------------------------------------------------
 
     async def stream(
-        self, path: str, *, query: Mapping[str, str | int | bool | None], read_timeout: float
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str | int | bool | None],
+        read_timeout: float,
+        accept: str = "application/json",
     ) -> AsyncIterator[dict[str, Any]]:
-        """The newline-delimited JSON events of one watch request, until the server ends it."""
+        """The newline-delimited JSON events of one watch request, until the server ends it
+        (`accept`: each object's form, e.g. `METADATA_ONLY`)."""
         params = [(k, _qv(v)) for k, v in query.items() if v is not None]
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -271,6 +281,7 @@ class KubeClient:
                 body=None,
                 content_type="application/json",
                 timeout=(self.timeout, read_timeout),
+                accept=accept,
             )
         except OpenApiException as exc:
             raise errors.KubeError(f"watch {path}: {_one_line(exc)}") from None

@@ -1,13 +1,15 @@
-"""Secrets: get, replace and patch, each guarded by the resourceVersion it read; 409 re-reads."""
+"""Secrets: get, replace and patch, each guarded by the resourceVersion it read; 409 re-reads.
+Their metadata alone, listed and watched, for a reader that must never see a Secret's data."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from nodeward.kube.access import operation
-from nodeward.kube.base import Area, Obj, copied, core
-from nodeward.kube.client import MERGE_PATCH
+from nodeward.kube.base import Area, Listing, Obj, copied, core
+from nodeward.kube.client import MERGE_PATCH, METADATA_ONLY, METADATA_ONLY_LIST
+from nodeward.kube.watch import WatchEvent, watch
 
 
 def decode(secret: Obj) -> dict[str, str]:
@@ -95,3 +97,32 @@ class Secrets(Area):
             "PUT", core("secrets", meta["name"], meta["namespace"]), body=secret
         )
         return result
+
+    @operation("secrets.watch")
+    async def metadata_listing(self, *, label_selector: str | None = None) -> Listing:
+        """Every matching Secret's metadata alone (a PartialObjectMetadataList: no data
+        crosses) and the version to watch from."""
+        reply = await self._client.request(
+            "GET",
+            core("secrets"),
+            query={"labelSelector": label_selector},
+            accept=METADATA_ONLY_LIST,
+        )
+        return Listing.of(reply)
+
+    @operation("secrets.watch")
+    async def watch_metadata(
+        self, *, label_selector: str | None = None, resource_version: str | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes to matching Secrets, each object its metadata alone, from
+        `resource_version` (or now) on; see `nodeward.kube.watch.watch`."""
+        async for event in watch(
+            self._client,
+            core("secrets"),
+            label_selector=label_selector,
+            resource_version=resource_version,
+            relist_on_gone=False,
+            accept=METADATA_ONLY,
+            list_accept=METADATA_ONLY_LIST,
+        ):
+            yield event

@@ -38,6 +38,8 @@ async def watch(
     server_timeout: int = 300,
     relist_on_gone: bool = True,
     bookmarks: list[str] | None = None,
+    accept: str = "application/json",
+    list_accept: str = "application/json",
 ) -> AsyncIterator[WatchEvent]:
     """Yield changes to the collection at `path` from `resource_version` on, forever.
 
@@ -46,7 +48,8 @@ async def watch(
     version seen; bookmarks move that version on (and are appended to `bookmarks` if given).
     A dropped connection is resumed with back-off (`Unavailable` after the client's
     retries in a row). On 410 it relists and yields ADDED (relisted) for every object, unless
-    `relist_on_gone` is False, in which case it raises `Gone`.
+    `relist_on_gone` is False, in which case it raises `Gone`. `accept` and `list_accept`:
+    the form of the watch's objects and of its lists (`client.METADATA_ONLY`, `..._LIST`).
     """
     log = get_logger(component="kube-watch", path=path)
     selectors: dict[str, str | None] = {
@@ -55,7 +58,7 @@ async def watch(
     }
     rv = resource_version
     if rv is None:
-        rv = await _list_version(client, path, selectors)
+        rv = await _list_version(client, path, selectors, list_accept)
     failures = 0
     while True:
         query: Mapping[str, str | int | bool | None] = {
@@ -66,7 +69,9 @@ async def watch(
             "timeoutSeconds": server_timeout,
         }
         try:
-            async for raw in client.stream(path, query=query, read_timeout=server_timeout + 30):
+            async for raw in client.stream(
+                path, query=query, read_timeout=server_timeout + 30, accept=accept
+            ):
                 kind = raw.get("type")
                 obj = raw.get("object") or {}
                 if kind == "ERROR":
@@ -89,12 +94,14 @@ async def watch(
             if not relist_on_gone:
                 raise
             log.info("watch expired; relisting", resource_version=rv)
-            listing = await client.request("GET", path, query=selectors)
+            listing = await client.request("GET", path, query=selectors, accept=list_accept)
             rv = str(listing.get("metadata", {}).get("resourceVersion", ""))
             for item in listing.get("items") or []:
                 yield WatchEvent("ADDED", item, relisted=True)
 
 
-async def _list_version(client: KubeClient, path: str, selectors: Mapping[str, str | None]) -> str:
-    listing = await client.request("GET", path, query={**selectors, "limit": 1})
+async def _list_version(
+    client: KubeClient, path: str, selectors: Mapping[str, str | None], accept: str
+) -> str:
+    listing = await client.request("GET", path, query={**selectors, "limit": 1}, accept=accept)
     return str(listing.get("metadata", {}).get("resourceVersion", ""))
