@@ -143,10 +143,20 @@ class CheckpointSeed(_Model):
     fail: list[CheckpointFailure] = Field(default_factory=list)
 
 
+class NamespaceMeta(_Model):
+    """Labels and annotations a seeded namespace carries (a Kubeflow profile's owner, an
+    opt-in)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
 class Seed(_Model):
     """The whole seed file."""
 
     namespaces: list[str] = Field(default_factory=list)
+    namespace_meta: dict[str, NamespaceMeta] = Field(default_factory=dict)
+    """by namespace name (the namespace is made if no other entry names it)"""
     nodes: list[NodeSeed] = Field(default_factory=list)
     pods: list[PodSeed] = Field(default_factory=list)
     notebooks: list[NotebookSeed] = Field(default_factory=list)
@@ -535,15 +545,19 @@ def apply_seed(store: Store, seed: Seed, *, kubelet_version: str = "v1.37.0") ->
     namespaces += [p.namespace for p in seed.pods] + [b.namespace for b in seed.notebooks]
     namespaces += [b.namespace for b in seed.pdbs] + [s.namespace for s in seed.secrets]
     namespaces += [o.get("metadata", {}).get("namespace", "") for o in seed.objects]
+    namespaces += list(seed.namespace_meta)
     ns_rt = lookup("", "v1", "namespaces")
     assert ns_rt is not None
     for ns in dict.fromkeys(n for n in namespaces if n):
         if store.find(ns_rt, "", ns) is None:
+            meta = seed.namespace_meta.get(ns) or NamespaceMeta()
+            labels = {**meta.labels, "kubernetes.io/metadata.name": ns}
+            annotations = {"annotations": dict(meta.annotations)} if meta.annotations else {}
             store.create(
                 ns_rt,
                 "",
                 {
-                    "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}},
+                    "metadata": {"name": ns, "labels": labels, **annotations},
                     "spec": {"finalizers": ["kubernetes"]},
                     "status": {"phase": "Active"},
                 },
