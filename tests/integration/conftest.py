@@ -8,6 +8,7 @@ from tests.integration.credentials_fixtures import creds_env, kdc, oauth2_idp  #
 from tests.integration.culler_fixtures import culler_env  # noqa: F401
 from tests.integration.falco_fixtures import falco_env  # noqa: F401
 from tests.integration.jupyter_peer import jupyter_kernel, jupyter_peer  # noqa: F401
+from tests.integration.ldap_peer import directory_env, slapd  # noqa: F401
 from tests.integration.maintenance_fixtures import maintenance_env  # noqa: F401
 from tests.integration.notifier_peers import (  # noqa: F401
     alertmanager,
