@@ -38,14 +38,29 @@ def default_account(namespace: str) -> Obj:
 
 def pod(obj: Obj, namespace: str, accounts: dict[str, Obj]) -> None:
     """Default and admit a pod being created (in place); `accounts`: the namespace's
-    ServiceAccounts by name."""
+    ServiceAccounts by name. Idempotent: run again when webhooks are reinvoked."""
     spec = obj.setdefault("spec", {})
     _spec_defaults(spec)
     _service_account(obj, spec, namespace, accounts)
     _tolerations(spec)
     spec.setdefault("priority", 0)
     spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-    obj["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
+
+
+def pod_prepare(obj: Obj) -> None:
+    """The pod strategy's `PrepareForCreate`, after admission (webhooks included): whatever
+    status was sent is dropped; the pod is `Pending`, with its QoS class."""
+    obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj.get("spec") or {})}
+
+
+def scheme_defaults(group: str, kind: str, obj: Obj) -> Obj:
+    """The scheme's defaults of a decoded object, as the API server applies them again to
+    what a mutating webhook returned (pods' and workloads'; in place, and returned)."""
+    if group == "" and kind == "Pod":
+        _spec_defaults(obj.setdefault("spec", {}))
+    elif group in ("apps", "batch") and kind in WORKLOADS:
+        workload(kind, obj)
+    return obj
 
 
 def _spec_defaults(spec: Obj) -> None:

@@ -205,6 +205,21 @@ RESOURCES: tuple[ResourceType, ...] = (
     ),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "roles", "Role", True),
     ResourceType("rbac.authorization.k8s.io", ("v1",), "rolebindings", "RoleBinding", True),
+    # dynamic admission (`sim.cluster.webhooks`): v1 since 1.16
+    ResourceType(
+        "admissionregistration.k8s.io",
+        ("v1",),
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        False,
+    ),
+    ResourceType(
+        "admissionregistration.k8s.io",
+        ("v1",),
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        False,
+    ),
     ResourceType(
         "kubeflow.org", ("v1",), "notebooks", "Notebook", True, (), ("status",), custom=True
     ),

@@ -41,7 +41,9 @@ from sim.cluster import (
     tables,
     tokens,
     versions,
+    webhooks,
 )
+from sim.cluster.admission import scheme_defaults
 from sim.cluster.controllers import ControlPlane
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.kubelet import Kubelets
@@ -55,7 +57,7 @@ from sim.cluster.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from sim.cluster.store import Change, Fields, Obj, Store, now
+from sim.cluster.store import Change, Fields, Obj, Store, clone, now
 from sim.cluster.tls import make_serving_cert
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ CLUSTER_NAME = "nodeward-sim"
 SERVICE_NAMESPACE = "nodeward"
 _PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 _EVENTS_V1 = resources.require("events.k8s.io", "v1", "events")
+_IDENTITY = web.RequestKey("sim_identity", rbac.Identity)  # the request's authenticated identity
 KUBE_VERSION_ENV = "NODEWARD_SIM_KUBE_VERSION"
 UNKNOWN_FIELDS_ENV = "NODEWARD_SIM_UNKNOWN_FIELDS"
 """`fail`: a write that a real API server would store with an `unknown field` warning (its
@@ -239,6 +242,7 @@ class SimCluster:
         node_monitor_grace_s: float | None = None,
         node_startup_grace_s: float = 60.0,
         node_eviction_qps: float = 0.1,
+        webhook_endpoints: Mapping[tuple[str, str], str] | None = None,
     ) -> None:
         """`kube_version`: the release claimed (`1.33`; default `$NODEWARD_SIM_KUBE_VERSION`,
         else the client models' release), which decides the group-versions served, with the
@@ -260,7 +264,10 @@ class SimCluster:
         (`--node-monitor-grace-period`; by default the claimed release's, 40 s up to 1.31,
         50 s from 1.32); `node_startup_grace_s`, the same for a node that never posted `Ready`
         (60 s); `node_eviction_qps`, the rate per zone of `NoExecute` taints for unhealthy
-        nodes (`--node-eviction-rate`, 0.1)."""
+        nodes (`--node-eviction-rate`, 0.1).
+        `webhook_endpoints`: where the backend of a Service an admission webhook names
+        listens, by (namespace, service): `{("nodeward", "nodeward-admission"):
+        "127.0.0.1:8443"}` (the sim has no service network; `sim.cluster.webhooks`)."""
         claimed = kube_version or os.environ.get(KUBE_VERSION_ENV)
         self.apis = versions.Apis(versions.parse_version(claimed) if claimed else None, enabled)
         self.seed = seed if isinstance(seed, Seed) else load_seed(seed)
@@ -283,6 +290,7 @@ class SimCluster:
             lease_renew_s=lease_renew_s,
             status_report_s=node_status_report_s,
             grace_s=grace,
+            archive_root=self.archive_root,
         )
         """The nodes' kubelets; `kubelets.restores` lists the containers restored."""
         self.node_lifecycle = NodeLifecycle(
@@ -312,6 +320,12 @@ class SimCluster:
         self._openapi_build: asyncio.Future[openapi.Documents] | None = None
         self._log = get_logger(component="sim-cluster")
         self.tls = make_serving_cert(host)
+        self.webhook_endpoints: dict[tuple[str, str], str] = dict(webhook_endpoints or {})
+        """Where each webhook Service's backend listens; may be changed while running."""
+        self.webhooks = webhooks.Dispatcher(
+            self.store, self.apis, self._started_fields, self.webhook_endpoints
+        )
+        """The admission webhooks' dispatcher (`webhooks.calls`: every call made)."""
         self._load(list(rbac_dirs) if rbac_dirs is not None else None, tuple(access))
 
     # --- setup ---------------------------------------------------------------------------
@@ -653,6 +667,7 @@ class SimCluster:
             return await self._token_review(request, route)
         if route.rt.resource in resources.REVIEWS:
             return await self._review(request, route, ident)
+        request[_IDENTITY] = ident
         return await self._serve(request, route, verb)
 
     async def _token_request(self, request: web.Request, route: _Route) -> web.Response:
@@ -989,21 +1004,127 @@ class SimCluster:
             except yaml.YAMLError:
                 raise bad_request("the body of the request could not be decoded") from None
 
-    def _replace(
-        self, request: web.Request, route: _Route, body: Obj, *, dry: bool
-    ) -> web.Response:
-        """Store `body` (decoded) as the new state of `route`'s object, answered as `update`
-        and `patch` answer (the object as stored)."""
-        updated = self.store.update(
-            self._storage(route),
+    def _attributes(
+        self,
+        request: web.Request,
+        route: _Route,
+        operation: str,
+        *,
+        obj: Obj | None,
+        old: Obj | None,
+        dry: bool,
+        options: Obj,
+    ) -> webhooks.Attributes:
+        """The request's admission attributes, for its webhooks."""
+        ident = request[_IDENTITY]
+        name = route.name or str(((obj or {}).get("metadata") or {}).get("name") or "")
+        return webhooks.Attributes(
+            operation,
+            route.rt,
+            route.version,
+            route.subresource,
             route.namespace or "",
-            route.name or "",
-            self._in(route, body),
-            subresource=route.subresource,
-            dry_run=dry,
-            fields=self._tracked(request, route),
+            name,
+            obj,
+            old,
+            dry,
+            options,
+            self._user_info(ident),
         )
-        return _json(self._out(route, updated))
+
+    def _webhook_warnings(self, request: web.Request, warned: list[str]) -> list[str]:
+        for text in warned:
+            self.warnings.append((request.method, request.path_qs, text))
+        return warned
+
+    async def _create(
+        self, request: web.Request, route: _Route, body: Obj, *, dry: bool, fields: Fields
+    ) -> tuple[Obj, list[str]]:
+        """A create as the API server runs it: built-in admission, the mutating webhooks,
+        the registry's preparation and validation, the validating webhooks, storage. The
+        object as stored (or would be, under dryRun) and the webhooks' warnings."""
+        store_rt, ns = self._storage(route), route.namespace or ""
+
+        def admitted(obj: Obj) -> Obj:
+            return self._out(route, self.store.admit_create(store_rt, ns, self._in(route, obj)))
+
+        obj = admitted(body)
+        options = webhooks.options("CreateOptions", request.query, dry)
+        attrs = self._attributes(
+            request, route, "CREATE", obj=obj, old=None, dry=dry, options=options
+        )
+        mutated, warned = await self.webhooks.mutate(
+            attrs, lambda o: scheme_defaults(route.rt.group, route.rt.kind, o), admitted
+        )
+        assert mutated is not None
+        prepared = self.store.prepare_create(store_rt, ns, self._in(route, mutated), fields)
+        attrs.obj = self._out(route, clone(prepared))
+        warned += await self.webhooks.validate(attrs)
+        self._webhook_warnings(request, warned)
+        if dry:
+            return self._out(route, prepared), warned
+        return self._out(route, self.store.commit_create(store_rt, ns, prepared)), warned
+
+    async def _update(
+        self, request: web.Request, route: _Route, body: Obj, *, dry: bool, fields: Fields
+    ) -> tuple[Obj, list[str]]:
+        """An update (or patch) as the API server runs it: the mutating webhooks, the
+        registry's preparation and validation, the validating webhooks, storage; tried
+        again, as `GuaranteedUpdate` does, when the object changed meanwhile and the body
+        named no resourceVersion. The object as stored and the webhooks' warnings."""
+        store_rt, ns, name = self._storage(route), route.namespace or "", route.name or ""
+        pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
+        options = webhooks.options("UpdateOptions", request.query, dry)
+        for attempt in range(5):
+            old = self._out(route, self.store.get(store_rt, ns, name))
+            attrs = self._attributes(
+                request, route, "UPDATE", obj=clone(body), old=old, dry=dry, options=options
+            )
+            mutated, warned = await self.webhooks.mutate(
+                attrs, lambda o: scheme_defaults(route.rt.group, route.rt.kind, o), None
+            )
+            assert mutated is not None
+            prepared = self.store.prepare_update(
+                store_rt,
+                ns,
+                name,
+                self._in(route, mutated),
+                subresource=route.subresource,
+                fields=fields,
+            )
+            if not prepared.noop:
+                attrs.obj = self._out(route, clone(prepared.new))
+                warned += await self.webhooks.validate(attrs)
+            self._webhook_warnings(request, warned)
+            if prepared.noop:
+                return self._out(route, clone(prepared.old)), warned
+            if dry:
+                return self._out(route, prepared.new), warned
+            try:
+                stored = self.store.commit_update(store_rt, ns, name, prepared)
+            except ApiError as exc:
+                if exc.reason == "Conflict" and not pinned and attempt < 4:
+                    continue
+                raise
+            return self._out(route, stored), warned
+        raise AssertionError("unreachable")
+
+    async def _delete_admitted(
+        self, request: web.Request, route: _Route, name: str, options: Obj, dry: bool
+    ) -> list[str]:
+        """The webhooks of a delete (object none, the stored one old): their warnings."""
+        store_rt, ns = self._storage(route), route.namespace or ""
+        old = self._out(route, self.store.get(store_rt, ns, name))
+        typed = {"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1", **options}
+        if dry:
+            typed["dryRun"] = ["All"]
+        attrs = self._attributes(
+            request, route, "DELETE", obj=None, old=old, dry=dry, options=typed
+        )
+        attrs.name = name
+        _, warned = await self.webhooks.mutate(attrs, lambda o: o, None)
+        warned += await self.webhooks.validate(attrs)
+        return self._webhook_warnings(request, warned)
 
     async def _serve(self, request: web.Request, route: _Route, verb: str) -> web.StreamResponse:
         rt, store_rt = route.rt, self._storage(route)
@@ -1057,21 +1178,20 @@ class SimCluster:
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
             body, warned = await self._decode(request, route, body, "CreateOptions")
-            created = self.store.create(
-                store_rt,
-                ns,
-                self._in(route, body),
-                dry_run=dry,
-                fields=self._tracked(request, route),
+            created, hooked = await self._create(
+                request, route, body, dry=dry, fields=self._tracked(request, route)
             )
-            return self._warned(_json(self._out(route, created), status=201), warned)
+            return self._warned(_json(created, status=201), warned + hooked)
         if verb == "update":
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise bad_request("the body of the request must be an object")
             self._check_kind(route, body)
             body, warned = await self._decode(request, route, body, "UpdateOptions")
-            return self._warned(self._replace(request, route, body, dry=dry), warned)
+            updated, hooked = await self._update(
+                request, route, body, dry=dry, fields=self._tracked(request, route)
+            )
+            return self._warned(_json(updated), warned + hooked)
         if verb == "patch" and _is_apply(request):
             return await self._apply(request, route, dry)
         if verb == "patch":
@@ -1094,12 +1214,16 @@ class SimCluster:
             if not isinstance(patched, dict):
                 raise bad_request("the patch did not produce an object")
             patched, warned = await self._decode(request, route, patched, "PatchOptions")
-            return self._warned(self._replace(request, route, patched, dry=dry), warned)
+            updated, hooked = await self._update(
+                request, route, patched, dry=dry, fields=self._tracked(request, route)
+            )
+            return self._warned(_json(updated), warned + hooked)
         if verb == "delete":
             body = await self._body(request) or {}
             options = _delete_options(request, body)
             pre = options.get("preconditions") or {}
             dry = dry or "All" in (options.get("dryRun") or [])
+            hooked = await self._delete_admitted(request, route, route.name or "", options, dry)
             gone = self.store.delete(
                 store_rt,
                 ns,
@@ -1114,25 +1238,32 @@ class SimCluster:
             # object for pods (the pod registry's ReturnDeletedObject), else a Status.
             still = self.store.find(store_rt, ns, route.name or "")
             if rt.kind == "Pod" or (still is not None and not dry):
-                return _json(self._out(route, gone))
-            return _json(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Success",
-                    "details": {
-                        "name": route.name,
-                        "group": rt.group,
-                        "kind": rt.resource,
-                        "uid": gone["metadata"]["uid"],
-                    },
-                }
+                return self._warned(_json(self._out(route, gone)), hooked)
+            return self._warned(
+                _json(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "details": {
+                            "name": route.name,
+                            "group": rt.group,
+                            "kind": rt.resource,
+                            "uid": gone["metadata"]["uid"],
+                        },
+                    }
+                ),
+                hooked,
             )
         if verb == "deletecollection":
             items = self._select(request, route, self.store.list(store_rt, route.namespace))
             options = _delete_options(request, await self._body(request) or {})
+            hooked = []
             for item in items:
+                hooked += await self._delete_admitted(
+                    request, route, item["metadata"]["name"], options, dry
+                )
                 self.store.delete(
                     store_rt,
                     item["metadata"].get("namespace", ""),
@@ -1141,7 +1272,7 @@ class SimCluster:
                     grace_period=options.get("gracePeriodSeconds"),
                     propagation=options.get("propagationPolicy"),
                 )
-            return _json(self._list_body(route, items))
+            return self._warned(_json(self._list_body(route, items)), hooked)
         raise ApiError(
             405,
             "MethodNotAllowed",
@@ -1221,21 +1352,11 @@ class SimCluster:
             return managed
 
         if current is None:
-            created = self.store.create(
-                store_rt, ns, self._in(route, merged), dry_run=dry, fields=keep
-            )
-            return self._warned(_json(self._out(route, created), status=201), warned)
+            created, hooked = await self._create(request, route, merged, dry=dry, fields=keep)
+            return self._warned(_json(created, status=201), warned + hooked)
         merged["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        updated = self.store.update(
-            store_rt,
-            ns,
-            name,
-            self._in(route, merged),
-            subresource=route.subresource,
-            dry_run=dry,
-            fields=keep,
-        )
-        return self._warned(_json(self._out(route, updated)), warned)
+        updated, hooked = await self._update(request, route, merged, dry=dry, fields=keep)
+        return self._warned(_json(updated), warned + hooked)
 
     def _started_fields(self) -> decoding.Fields:
         assert self._fields is not None, "the sim cluster is not started"

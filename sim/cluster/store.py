@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from sim.cluster import admission, resources, validation
+from sim.cluster import admission, resources, validation, webhooks
 from sim.cluster.errors import (
     ApiError,
     already_exists,
@@ -78,6 +78,16 @@ class Change:
     type: str  # ADDED, MODIFIED, DELETED
     obj: Obj
     old: Obj | None
+
+
+@dataclass
+class Prepared:
+    """An update checked and ready to store (`Store.prepare_update`): the new object, the
+    stored one it replaces, and whether it changes nothing."""
+
+    new: Obj
+    old: Obj
+    noop: bool = False
 
 
 @dataclass(eq=False)
@@ -243,12 +253,21 @@ class Store:
         dry_run: bool = False,
         fields: Fields | None = None,
     ) -> Obj:
-        """Store a new object; `fields` gives its managedFields (the writer's ownership)."""
+        """Store a new object; `fields` gives its managedFields (the writer's ownership).
+        `admit_create`, `prepare_create` and `commit_create` in one, with no webhooks between
+        them (the sim's own writes)."""
+        prepared = self.prepare_create(rt, namespace, self.admit_create(rt, namespace, obj), fields)
+        if dry_run:
+            return prepared
+        return self.commit_create(rt, namespace, prepared)
+
+    def admit_create(self, rt: ResourceType, namespace: str, obj: Obj) -> Obj:
+        """What the API server does to a new object before its admission webhooks: the
+        request's namespace set, `NamespaceLifecycle` (404 for a missing namespace), the
+        scheme's defaults and the built-in mutating plugins (`sim.cluster.admission`). Run
+        again, on the object the webhooks changed, when they are reinvoked."""
         obj = clone(obj)
         meta = obj.setdefault("metadata", {})
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        name = meta.get("name") or ""
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
                 raise ApiError(
@@ -260,6 +279,41 @@ class Store:
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
+        if rt.namespaced and rt.resource != "namespaces" and namespace not in ("",):
+            ns_table = self._objects.get(("", "namespaces"), {})
+            if ("", namespace) not in ns_table:  # admission's NamespaceLifecycle
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{namespace}" not found',
+                    details={"name": namespace, "kind": "namespaces"},
+                )
+        if rt.kind in admission.WORKLOADS and rt.group in ("apps", "batch"):
+            admission.workload(rt.kind, obj)
+        elif rt.key == _SERVICES:
+            self._service_ips += 1
+            n = self._service_ips
+            admission.service(obj, f"10.96.{n // 250}.{n % 250 + 1}")
+        elif rt.group == webhooks.GROUP:
+            webhooks.default_configuration(obj)
+        if rt.key == _PODS:
+            accounts = {
+                n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
+            }
+            admission.pod(obj, namespace, accounts)
+        return obj
+
+    def prepare_create(
+        self, rt: ResourceType, namespace: str, obj: Obj, fields: Fields | None = None
+    ) -> Obj:
+        """The registry's part of a create before storage (`rest.BeforeCreate`: the name
+        generated, the strategy's `PrepareForCreate`, uid, validation), on an admitted object:
+        the object as it would be stored, or 422/409. Nothing is stored."""
+        obj = clone(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        name = meta.get("name") or ""
         if meta.get("resourceVersion"):
             raise invalid(
                 rt.kind,
@@ -274,43 +328,26 @@ class Store:
                 ],
             )
         table = self._objects.setdefault(rt.key, {})
-        if rt.namespaced and rt.resource != "namespaces" and namespace not in ("",):
-            ns_table = self._objects.get(("", "namespaces"), {})
-            if ("", namespace) not in ns_table:  # admission's NamespaceLifecycle
-                raise ApiError(
-                    404,
-                    "NotFound",
-                    f'namespaces "{namespace}" not found',
-                    details={"name": namespace, "kind": "namespaces"},
-                )
-        if rt.kind in admission.WORKLOADS and rt.group in ("apps", "batch"):
-            admission.workload(rt.kind, obj)
-            if (
-                rt.kind == "Job"
-                and not (obj["spec"].get("manualSelector"))
-                and obj["spec"].get("selector")
-            ):
-                raise invalid(
-                    rt.kind,
-                    name,
-                    rt.group,
-                    [
-                        (
-                            "spec.selector",
-                            "FieldValueInvalid",
-                            "Invalid value: `selector` will be auto-generated",
-                        )
-                    ],
-                )
-        elif rt.key == _SERVICES:
-            self._service_ips += 1
-            n = self._service_ips
-            admission.service(obj, f"10.96.{n // 250}.{n % 250 + 1}")
+        if (
+            rt.kind == "Job"
+            and rt.group == "batch"
+            and not (obj["spec"].get("manualSelector"))
+            and obj["spec"].get("selector")
+        ):
+            raise invalid(
+                rt.kind,
+                name,
+                rt.group,
+                [
+                    (
+                        "spec.selector",
+                        "FieldValueInvalid",
+                        "Invalid value: `selector` will be auto-generated",
+                    )
+                ],
+            )
         if rt.key == _PODS:
-            accounts = {
-                n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
-            }
-            admission.pod(obj, namespace, accounts)
+            admission.pod_prepare(obj)
         elif rt.key == _NAMESPACES:  # namespaceStrategy.PrepareForCreate
             obj["status"] = {"phase": "Active"}
             obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
@@ -330,9 +367,16 @@ class Store:
         meta.pop("managedFields", None)
         if fields is not None:
             meta["managedFields"] = fields(None, obj)
-        if dry_run:
-            return obj
-        meta["resourceVersion"] = self._bump()
+        return obj
+
+    def commit_create(self, rt: ResourceType, namespace: str, obj: Obj) -> Obj:
+        """Store a prepared object (`prepare_create`); 409 if its name was taken meanwhile."""
+        obj = clone(obj)
+        name = obj["metadata"]["name"]
+        table = self._objects.setdefault(rt.key, {})
+        if (namespace if rt.namespaced else "", name) in table:
+            raise already_exists(rt.resource, name, rt.group)
+        obj["metadata"]["resourceVersion"] = self._bump()
         table[(namespace if rt.namespaced else "", name)] = obj
         self._emit(Change(self._rv, rt.key, "ADDED", clone(obj), None))
         if rt.key == _NAMESPACES:
@@ -363,13 +407,36 @@ class Store:
 
         On the main resource, status is kept when the type has a status subresource; on
         `/status`, only status changes. Generation moves when anything but metadata and
-        status changes.
+        status changes. `prepare_update` and `commit_update` in one.
         """
+        prepared = self.prepare_update(
+            rt, namespace, name, new, subresource=subresource, check_rv=check_rv, fields=fields
+        )
+        if prepared.noop:
+            return clone(prepared.old)
+        if dry_run:
+            return prepared.new
+        return self.commit_update(rt, namespace, name, prepared)
+
+    def prepare_update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        new: Obj,
+        *,
+        subresource: str = "",
+        check_rv: bool = True,
+        fields: Fields | None = None,
+    ) -> Prepared:
+        """An update up to storage (`rest.BeforeUpdate`, validation): the object as it would
+        be stored and the one it replaces, or 404/409/422. Nothing is stored."""
         key = (namespace if rt.namespaced else "", name)
         table = self._objects.get(rt.key, {})
         old = table.get(key)
         if old is None:
             raise not_found(rt.resource, name, rt.group)
+        old = clone(old)
         new = clone(new)
         meta = new.setdefault("metadata", {})
         if meta.get("name", name) != name:
@@ -406,6 +473,8 @@ class Store:
             meta["name"] = name
             if rt.namespaced:
                 meta["namespace"] = namespace
+            if rt.group == webhooks.GROUP:
+                webhooks.default_configuration(new)
         new["apiVersion"], new["kind"] = rt.api_version(), rt.kind
         _normalize(rt, new)
         validation.validate(rt, new, old)
@@ -417,14 +486,27 @@ class Store:
             old["metadata"].get("managedFields") or []
         )
         if new == old and owners_same:
-            return clone(old)  # a no-op write does not move resourceVersion
+            return Prepared(new, old, noop=True)  # a no-op write does not move resourceVersion
         if managed is not None:
             new["metadata"]["managedFields"] = managed
-        if dry_run:
-            return new
+        return Prepared(new, old)
+
+    def commit_update(self, rt: ResourceType, namespace: str, name: str, prepared: Prepared) -> Obj:
+        """Store a prepared update (`prepare_update`); 409 Conflict if the object was written
+        since it was prepared (etcd's compare-and-swap)."""
+        key = (namespace if rt.namespaced else "", name)
+        table = self._objects.get(rt.key, {})
+        current = table.get(key)
+        if current is None:
+            raise not_found(rt.resource, name, rt.group)
+        old, new = prepared.old, clone(prepared.new)
+        if current["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"]:
+            raise conflict(rt.resource, name, rt.group)
+        if prepared.noop:
+            return clone(current)
         new["metadata"]["resourceVersion"] = self._bump()
         table[key] = new
-        self._emit(Change(self._rv, rt.key, "MODIFIED", clone(new), clone(old)))
+        self._emit(Change(self._rv, rt.key, "MODIFIED", clone(new), clone(current)))
         meta = new["metadata"]
         if (
             meta.get("deletionTimestamp")
@@ -643,4 +725,4 @@ def _spec_of(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
-__all__ = ["Change", "Key", "Obj", "Store", "Watcher", "now"]
+__all__ = ["Change", "Key", "Obj", "Prepared", "Store", "Watcher", "now"]

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from sim.cluster import webhooks
 from sim.cluster.errors import invalid
 from sim.cluster.resources import ResourceType
 
@@ -376,5 +377,7 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
         causes += _device_taint_rule(obj)
     elif rt.kind in ("Deployment", "ReplicaSet", "StatefulSet", "Job"):
         causes += _workload(rt.kind, obj, old)
+    elif rt.group == webhooks.GROUP:
+        causes += webhooks.validate_configuration(rt.kind, obj)
     if causes:
         raise invalid(rt.kind, (obj.get("metadata") or {}).get("name", ""), rt.group, causes)

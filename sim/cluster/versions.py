@@ -10,7 +10,8 @@ release and one set of enabled names, and makes the discovery documents from it.
 
 Sources, by entry: the API's `zz_generated.prerelease-lifecycle.go` (introduced and removed
 releases) and the release notes' deprecation guide (policy/v1beta1 PodDisruptionBudget
-removed in 1.25; authentication.k8s.io/v1beta1 TokenReview removed in 1.22, its
+removed in 1.25; admissionregistration.k8s.io/v1 webhook configurations GA in 1.16;
+authentication.k8s.io/v1beta1 TokenReview removed in 1.22, its
 SelfSubjectReview off by default from 1.29); DRA's KEP-4381
 (resource.k8s.io/v1 GA and on in 1.34, v1beta1 (1.32) and v1beta2 (1.33) beta and off by
 default) and KEP-5055 (DeviceTaintRule: v1alpha3 from 1.33, v1beta2 from 1.36, both behind
@@ -111,6 +112,13 @@ SERVED: tuple[Served, ...] = (
         "roles",
         "rolebindings",
         since=8,
+    ),
+    *_always(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+        since=16,
     ),
     *_always("kubeflow.org", "v1", "notebooks"),  # a CRD: served wherever it is installed
     *_always("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "selfsubjectrulesreviews"),
