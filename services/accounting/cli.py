@@ -23,7 +23,12 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
         typer.Option("--until", help="a duration back from now or an RFC 3339 time (default: now)"),
     ] = None,
     by: Annotated[
-        str, typer.Option("--by", help="namespace, owner, node or model (GPU model)")
+        str,
+        typer.Option(
+            "--by",
+            help="namespace, owner, node, model (GPU model), group or experiment (the "
+            "namespaces' directory labels; (unknown) without)",
+        ),
     ] = "namespace",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
@@ -31,7 +36,8 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     config: ConfigOpt = None,
 ) -> None:
     """Energy (kWh), CO2e, GPU-hours allocated and idle, sessions warned and stopped, per
-    namespace, owner, node or GPU model, over whole hours; gaps in the readings shown."""
+    namespace, owner, node, GPU model, group or experiment, over whole hours; gaps in the
+    readings shown."""
     import asyncio
     from datetime import UTC, datetime
 
@@ -40,8 +46,10 @@ def report(  # noqa: PLR0917 - typer maps parameters to options
     from services.accounting.show import FORMATS
     from services.accounting.show import report as do_report
 
-    if by not in ("namespace", "owner", "node", "model"):
-        raise typer.BadParameter(f"{by!r}: use namespace, owner, node or model", param_hint="--by")
+    if by not in ("namespace", "owner", "node", "model", "group", "experiment"):
+        raise typer.BadParameter(
+            f"{by!r}: use namespace, owner, node, model, group or experiment", param_hint="--by"
+        )
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r}: use table, csv or json", param_hint="--format")
     now = datetime.now(UTC)

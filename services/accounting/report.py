@@ -1,5 +1,9 @@
-"""What `nodeward report` shows: the accounting rollups summed per namespace, owner, node or
-GPU model over whole hours, with the time no energy reading covers shown as a gap.
+"""What `nodeward report` shows: the accounting rollups summed per namespace, owner, node,
+GPU model, group or experiment over whole hours, with the time no energy reading covers
+shown as a gap. Group and experiment are the namespace's as the directory service keeps them
+on it (`schemas.directory.NamespaceOwner`: its labels `nodeward.io/group` and
+`nodeward.io/experiment`, read when the report runs); a namespace without one is charged to
+`(unknown)`.
 
 Pure: it takes the records `services.accounting` keeps (`services/accounting/state.py`);
 `services.accounting.show` reads them and prints this.
@@ -10,14 +14,20 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from schemas.directory import NamespaceOwner
 from services.accounting.state import HOUR, NO_NODE, IdlePeriod, NodeHour, UsageCell, hour_of
 
-By = Literal["namespace", "owner", "node", "model"]
+By = Literal["namespace", "owner", "node", "model", "group", "experiment"]
+BY: tuple[By, ...] = ("namespace", "owner", "node", "model", "group", "experiment")
+BY_DIRECTORY: tuple[By, ...] = ("group", "experiment")
+"""what is charged by the namespaces' directory labels (read from the cluster)"""
+UNKNOWN = "(unknown)"
+"""the group or experiment of a namespace the directory has not labelled (or is gone)"""
 J_PER_KWH = 3_600_000.0
 SILENT_AFTER = timedelta(minutes=3)
 """A node whose last interval ended longer ago than this is silent: the time since is a gap."""
@@ -173,9 +183,13 @@ COLUMNS = (
 )
 
 
-def _key(by: By, cell: UsageCell | IdlePeriod) -> str:
+def _key(by: By, cell: UsageCell | IdlePeriod, owners: Mapping[str, NamespaceOwner]) -> str:
     if by == "namespace":
         return cell.namespace
+    if by in BY_DIRECTORY:
+        found = owners.get(cell.namespace)
+        value = None if found is None else (found.group if by == "group" else found.experiment)
+        return value or UNKNOWN
     if by == "owner":
         return cell.owner
     if by == "node":
@@ -237,9 +251,12 @@ def build(
     periods: Iterable[IdlePeriod],
     *,
     now: datetime | None = None,
+    owners: Mapping[str, NamespaceOwner] | None = None,
 ) -> list[Row]:
-    """The report's rows, sorted by energy (most first)."""
+    """The report's rows, sorted by energy (most first). `owners`: each namespace's owner
+    as the directory labelled it, for `group` and `experiment`."""
     now = now or datetime.now(UTC)
+    owners = owners or {}
     all_hours = list(hours)
     spans = node_spans(all_hours)
     covered = {(h.node, h.hour): h for h in all_hours}
@@ -248,14 +265,14 @@ def build(
     for cell in cells:
         if not window.start <= cell.hour < window.end:
             continue
-        key = _key(by, cell)
+        key = _key(by, cell, owners)
         rows.setdefault(key, Row(key)).add(cell)
         if cell.node != NO_NODE and (cell.energy_j or cell.gpu_s):
             touched.setdefault(key, set()).add((cell.node, cell.hour))
     for period in periods:
         idle = period.idle_gpu_s(window.start, window.end)
         if idle > 0:
-            key = _key(by, period)
+            key = _key(by, period, owners)
             rows.setdefault(key, Row(key)).idle_gpu_s += idle
     if by == "node":
         # What each node measured in the window, pods or not.

@@ -1,6 +1,8 @@
-"""What `nodeward report` does: energy, CO2e and GPU-hours per namespace, owner, node or GPU
-model, from the accounting service's rollups (KV bucket `accounting`), summed by
-`services.accounting.report`.
+"""What `nodeward report` does: energy, CO2e and GPU-hours per namespace, owner, node, GPU
+model, group or experiment, from the accounting service's rollups (KV bucket `accounting`),
+summed by `services.accounting.report`; group and experiment from the namespaces' directory
+labels, read from the cluster (`--config`'s `cluster`, else the sim cluster of a running
+`nodeward up`).
 
 The command itself is `services.accounting.cli`; this loads nats and the schemas, when the
 command runs."""
@@ -18,8 +20,19 @@ from pydantic import ValidationError
 from nodeward.bus.snapshot import kv_entries
 from nodeward.cli.common import bucket_name, connect_nats, fail, table_console
 from nodeward.config import Settings
+from nodeward.endpoints import Endpoints
+from schemas.directory import NamespaceOwner
 from schemas.state import Bucket
-from services.accounting.report import By, Row, Window, build, gap_text, to_csv, to_json
+from services.accounting.report import (
+    BY_DIRECTORY,
+    By,
+    Row,
+    Window,
+    build,
+    gap_text,
+    to_csv,
+    to_json,
+)
 from services.accounting.state import IDLE, NODE_HOURS, USAGE
 
 FORMATS = ("table", "csv", "json")
@@ -51,6 +64,29 @@ async def read_rollups(
             "(nodeward up runs it; nodeward service accounting alone)"
         )
     return _load(USAGE, entries), _load(NODE_HOURS, entries), _load(IDLE, entries)
+
+
+async def read_owners(settings: Settings, state_dir: Path) -> dict[str, NamespaceOwner]:
+    """Each namespace's owner as the directory labelled it, listed from the cluster: the
+    config's `cluster` (kubeconfig, or in-cluster), else the sim cluster `nodeward up` runs."""
+    from nodeward.kube import Cluster, KubeError
+
+    cluster_settings = settings.cluster
+    running = Endpoints.read(state_dir)
+    if cluster_settings.kubeconfig is None and running is not None and running.kubeconfig:
+        cluster_settings = cluster_settings.model_copy(update={"kubeconfig": running.kubeconfig})
+    try:
+        async with Cluster.connect(cluster_settings) as cluster:
+            namespaces = await cluster.namespaces.list()
+    except (KubeError, OSError, ValueError) as exc:
+        fail(f"cannot read the namespaces' directory labels: {' '.join(str(exc).split())}")
+    owners = {}
+    for ns in namespaces:
+        meta = ns.get("metadata") or {}
+        owners[str(meta.get("name", ""))] = NamespaceOwner.of(
+            meta.get("labels") or {}, meta.get("annotations") or {}
+        )
+    return owners
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -109,8 +145,9 @@ async def report(
     state_dir: Path,
 ) -> None:
     cells, hours, periods = await read_rollups(settings, state_dir)
+    owners = await read_owners(settings, state_dir) if by in BY_DIRECTORY else {}
     window = Window.of(since, until)
-    rows = build(by, window, cells, hours, periods)
+    rows = build(by, window, cells, hours, periods, owners=owners)
     if fmt == "csv":
         typer.echo(to_csv(by, rows), nl=False)
     elif fmt == "json":

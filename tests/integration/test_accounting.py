@@ -174,7 +174,7 @@ async def test_report_refuses_bad_input_in_one_line(accounting_env: EnvFactory) 
     env = await accounting_env()
     code, _, err = await env.report("--since", "7d", "--by", "team")
     assert code == 2
-    assert "namespace, owner, node or model" in err
+    assert "namespace, owner, node, model, group or experiment" in err
     code, _, err = await env.report("--since", "yesterday")
     assert code == 2
     assert "neither a duration" in err
