@@ -17,7 +17,7 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -1066,16 +1066,26 @@ class SimCluster:
         return self._out(route, self.store.commit_create(store_rt, ns, prepared)), warned
 
     async def _update(
-        self, request: web.Request, route: _Route, body: Obj, *, dry: bool, fields: Fields
+        self,
+        request: web.Request,
+        route: _Route,
+        body: Obj,
+        *,
+        dry: bool,
+        fields: Fields,
+        remake: Callable[[], Awaitable[Obj]] | None = None,
     ) -> tuple[Obj, list[str]]:
         """An update (or patch) as the API server runs it: the mutating webhooks, the
         registry's preparation and validation, the validating webhooks, storage; tried
-        again, as `GuaranteedUpdate` does, when the object changed meanwhile and the body
-        named no resourceVersion. The object as stored and the webhooks' warnings."""
+        again, as `GuaranteedUpdate` does, when the object was written while its webhooks
+        ran and the request named no resourceVersion (a patch: `remake` applies it again to
+        the object as it now is). The object as stored and the webhooks' warnings."""
         store_rt, ns, name = self._storage(route), route.namespace or "", route.name or ""
-        pinned = bool((body.get("metadata") or {}).get("resourceVersion"))
+        pinned = remake is None and bool((body.get("metadata") or {}).get("resourceVersion"))
         options = webhooks.options("UpdateOptions", request.query, dry)
         for attempt in range(5):
+            if attempt and remake is not None:
+                body = await remake()
             old = self._out(route, self.store.get(store_rt, ns, name))
             attrs = self._attributes(
                 request, route, "UPDATE", obj=clone(body), old=old, dry=dry, options=options
@@ -1084,29 +1094,30 @@ class SimCluster:
                 attrs, lambda o: scheme_defaults(route.rt.group, route.rt.kind, o), None
             )
             assert mutated is not None
-            prepared = self.store.prepare_update(
-                store_rt,
-                ns,
-                name,
-                self._in(route, mutated),
-                subresource=route.subresource,
-                fields=fields,
-            )
-            if not prepared.noop:
-                attrs.obj = self._out(route, clone(prepared.new))
-                warned += await self.webhooks.validate(attrs)
-            self._webhook_warnings(request, warned)
-            if prepared.noop:
-                return self._out(route, clone(prepared.old)), warned
-            if dry:
-                return self._out(route, prepared.new), warned
             try:
-                stored = self.store.commit_update(store_rt, ns, name, prepared)
+                prepared = self.store.prepare_update(
+                    store_rt,
+                    ns,
+                    name,
+                    self._in(route, mutated),
+                    subresource=route.subresource,
+                    fields=fields,
+                )
+                if not prepared.noop:
+                    attrs.obj = self._out(route, clone(prepared.new))
+                    warned += await self.webhooks.validate(attrs)
+                if prepared.noop:
+                    stored = clone(prepared.old)
+                elif dry:
+                    stored = prepared.new
+                else:
+                    stored = self.store.commit_update(store_rt, ns, name, prepared)
             except ApiError as exc:
+                # written meanwhile (the body's resourceVersion, or the commit's check)
                 if exc.reason == "Conflict" and not pinned and attempt < 4:
                     continue
                 raise
-            return self._out(route, stored), warned
+            return self._out(route, stored), self._webhook_warnings(request, warned)
         raise AssertionError("unreachable")
 
     async def _delete_admitted(
@@ -1203,19 +1214,34 @@ class SimCluster:
                     "Forbidden: may not be specified for non-apply patch",
                 )
             body = await self._body(request)
-            current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
-            patched = apply_patch(
-                current,
-                body,
-                request.headers.get("Content-Type", ""),
-                rt.kind,
-                strategic=not rt.custom,
+            pinned = isinstance(body, dict) and bool(
+                (body.get("metadata") or {}).get("resourceVersion")
             )
-            if not isinstance(patched, dict):
-                raise bad_request("the patch did not produce an object")
-            patched, warned = await self._decode(request, route, patched, "PatchOptions")
+
+            async def patch_now() -> tuple[Obj, list[str]]:
+                current = self._out(route, self.store.get(store_rt, ns, route.name or ""))
+                patched = apply_patch(
+                    current,
+                    body,
+                    request.headers.get("Content-Type", ""),
+                    rt.kind,
+                    strategic=not rt.custom,
+                )
+                if not isinstance(patched, dict):
+                    raise bad_request("the patch did not produce an object")
+                return await self._decode(request, route, patched, "PatchOptions")
+
+            async def remake() -> Obj:
+                return (await patch_now())[0]
+
+            patched, warned = await patch_now()
             updated, hooked = await self._update(
-                request, route, patched, dry=dry, fields=self._tracked(request, route)
+                request,
+                route,
+                patched,
+                dry=dry,
+                fields=self._tracked(request, route),
+                remake=None if pinned else remake,
             )
             return self._warned(_json(updated), warned + hooked)
         if verb == "delete":

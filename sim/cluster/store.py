@@ -40,6 +40,7 @@ _SERVICES: Key = ("", "services")
 _STATUS_KEPT = frozenset({("", "nodes")})
 """Kinds whose status a create may set: a node registers with its status (the kubelet's)."""
 FOREGROUND = "foregroundDeletion"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 Stored = tuple[Key, tuple[str, str], Obj]  # (storage key, (namespace, name), object)
 Fields = Callable[[Obj | None, Obj], "builtins.list[Obj]"]
 """(old object or None, new object) -> the new object's managedFields."""
@@ -296,6 +297,8 @@ class Store:
             admission.service(obj, f"10.96.{n // 250}.{n % 250 + 1}")
         elif rt.group == webhooks.GROUP:
             webhooks.default_configuration(obj)
+        elif rt.key == _NAMESPACES:
+            _namespace_name_label(obj)
         if rt.key == _PODS:
             accounts = {
                 n: o for (ns, n), o in self._objects.get(_ACCOUNTS, {}).items() if ns == namespace
@@ -475,6 +478,8 @@ class Store:
                 meta["namespace"] = namespace
             if rt.group == webhooks.GROUP:
                 webhooks.default_configuration(new)
+            elif rt.key == _NAMESPACES:
+                _namespace_name_label(new)
         new["apiVersion"], new["kind"] = rt.api_version(), rt.kind
         _normalize(rt, new)
         validation.validate(rt, new, old)
@@ -715,6 +720,15 @@ def _normalize(rt: ResourceType, obj: Obj) -> None:
         taint = (obj.get("spec") or {}).get("taint")
         if isinstance(taint, dict) and not taint.get("timeAdded"):
             taint["timeAdded"] = now()
+
+
+def _namespace_name_label(obj: Obj) -> None:
+    """`SetDefaults_Namespace` and the namespace strategy's `Canonicalize`: every named
+    namespace carries `kubernetes.io/metadata.name` with its name (what webhooks'
+    namespaceSelectors and NetworkPolicies select on)."""
+    meta = obj.setdefault("metadata", {})
+    if meta.get("name"):
+        meta["labels"] = {**(meta.get("labels") or {}), NAMESPACE_NAME_LABEL: meta["name"]}
 
 
 def _untimed(entries: builtins.list[Obj]) -> builtins.list[Obj]:

@@ -429,6 +429,8 @@ async def test_selectors_and_rules_decide_which_requests_a_webhook_sees(
                 },
             )
             assert made.status_code == 201
+            # as the server sets it, what charts' namespaceSelectors exclude kube-system by
+            assert made.json()["metadata"]["labels"]["kubernetes.io/metadata.name"] == name
         await register(
             http,
             MUTATING,
@@ -881,3 +883,58 @@ async def test_validating_webhooks_see_updates_and_deletes(
         delete = webhook.seen("guard")[1]
         assert delete["object"] is None and delete["options"]["kind"] == "DeleteOptions"
         assert (await http.get(f"/api/v1/namespaces/{NS}/configmaps/c")).status_code == 200
+
+
+async def test_a_patch_is_applied_again_when_the_object_changed_during_its_webhooks(
+    sim: SimCluster, webhook: Webhook
+) -> None:
+    cms = resources.require("", "v1", "configmaps")
+
+    def meanwhile(review: Obj) -> Obj:
+        if len(webhook.seen("race")) == 1:  # another writer gets in while the webhook runs
+            current = sim.store.get(cms, NS, "race")
+            current["data"]["other"] = current["data"].get("other", "") + "x"
+            sim.store.update(cms, NS, "race", current)
+        return allow(review)
+
+    webhook.answers["race"] = meanwhile
+    rules = [
+        {
+            "operations": ["UPDATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["configmaps"],
+        }
+    ]
+    async with sim_http(sim) as http:
+        cm = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "race"},
+            "data": {"a": "1"},
+        }
+        assert (await http.post(f"/api/v1/namespaces/{NS}/configmaps", json=cm)).status_code == 201
+        await register(
+            http,
+            MUTATING,
+            configuration(
+                "MutatingWebhookConfiguration",
+                "race",
+                hook("race.nodeward.test", url_client(webhook, "race"), rules=rules),
+            ),
+        )
+        patched = await http.patch(
+            f"/api/v1/namespaces/{NS}/configmaps/race",
+            content=json.dumps({"data": {"a": "2"}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert patched.status_code == 200, patched.text
+        # GuaranteedUpdate: the patch applied again to the object as the other writer left it
+        assert patched.json()["data"] == {"a": "2", "other": "x"}
+        assert len(webhook.seen("race")) == 2
+        # an update naming the resourceVersion it read is a conflict instead
+        stale = patched.json()
+        webhook.reviews.clear()
+        stale["data"]["a"] = "3"
+        answer = await http.put(f"/api/v1/namespaces/{NS}/configmaps/race", json=stale)
+        assert answer.status_code == 409, answer.text
