@@ -30,6 +30,17 @@ sim's). A restored pod is `Running` and carries the sim's `sim.nodeward.io/resto
 annotation (a real kubelet writes none; the sim does so that clients can see the restore
 through the API) and the restore is listed in `Kubelets.restores`.
 
+Before it starts a pod's containers the kubelet sets up its Secrets (`sim.cluster.volumes`;
+`pkg/volume/secret`, `pkg/volume/util/atomic_writer.go`, `kubelet_pods.go`): with
+`archive_root`, each `secret` volume (and `projected` secret source) is written on the node
+in the AtomicWriter's layout, each `subPath` mount copied as its bind takes it, each
+container's env (`secretKeyRef`, `envFrom`) resolved and recorded. A Secret that is missing and
+not optional keeps the pod `Pending` (`ContainerCreating` and a `FailedMount` event for a
+volume, `CreateContainerConfigError` for env) until it is made. When a Secret changes, the
+volumes that mount it are written again at once (a real kubelet: at the pod's next sync,
+within its 1 min sync period); subPath copies and env keep what they had. A deleted pod's
+directory is removed once the pod is gone.
+
 Heartbeats (`pkg/kubelet/nodelease`, `staging/src/k8s.io/component-helpers/apimachinery/lease/
 controller.go`; `pkg/kubelet/kubelet_node_status.go` `tryUpdateNodeStatus`): every
 `lease_renew_s` (the kubelet's 10 s, a quarter of its `nodeLeaseDurationSeconds` 40) each
@@ -70,12 +81,13 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from nodeward.logs import get_logger
-from sim.cluster import admission, checkpoints
+from sim.cluster import admission, checkpoints, convert, volumes
 from sim.cluster.errors import ApiError
 from sim.cluster.images import ImageRef, Pulled, PullError, pull
 from sim.cluster.resources import require
@@ -84,6 +96,8 @@ from sim.cluster.store import Change, Obj, Store, now
 PODS = require("", "v1", "pods")
 NODES = require("", "v1", "nodes")
 LEASES = require("coordination.k8s.io", "v1", "leases")
+SECRETS = require("", "v1", "secrets")
+EVENTS = require("events.k8s.io", "v1", "events")
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_S = 40
 """The kubelet's `nodeLeaseDurationSeconds` default, written in the Leases it creates."""
@@ -164,13 +178,16 @@ class Kubelets:
         lease_renew_s: float = 10.0,
         status_report_s: float = 300.0,
         grace_s: float = 50.0,
+        archive_root: Path | None = None,
     ) -> None:
         """`registries`: the hosts (`127.0.0.1:5000`) whose images are pulled (plain HTTP);
         `pull_backoff`: the first wait after a failed pull (the kubelet's 10 s, shortened),
         doubled after each failure up to `pull_backoff_max`. `lease_renew_s`: how often
         `heartbeat` is to be called (the caller's loop calls it); `status_report_s`: how often
         an unchanged node status is posted; `grace_s`: how stale an external kubelet's Lease
-        may be before that kubelet counts as down (the node lifecycle controller's grace)."""
+        may be before that kubelet counts as down (the node lifecycle controller's grace).
+        `archive_root`: the nodes' filesystems (`<archive_root>/<node>/`), where pods' Secret
+        volumes, subPath binds and env are written (`sim.cluster.volumes`); None: none."""
         self.store = store
         self.exits_after = exits_after
         self.registries = frozenset(registries)
@@ -179,7 +196,11 @@ class Kubelets:
         self.lease_renew_s = lease_renew_s
         self.status_report_s = status_report_s
         self.grace_s = grace_s
+        self.archive_root = archive_root
         self.restores: list[Restore] = []
+        self._env: dict[tuple[str, str], dict[str, str]] = {}  # (pod uid, container) -> env
+        self._blocked: set[str] = set()  # uids of pods waiting for a Secret to start
+        self._warned: set[tuple[str, str]] = set()  # (pod uid, message) of events sent
         self._ips = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
@@ -224,7 +245,14 @@ class Kubelets:
             ):
                 self._soon(self._check_back, name)
             return
-        if change.key != PODS.key or change.type == "DELETED":
+        if change.key == SECRETS.key:
+            meta = change.obj["metadata"]
+            self._soon(self._secret_changed, meta.get("namespace") or "", meta["name"])
+            return
+        if change.key == PODS.key and change.type == "DELETED":
+            self._soon(self._forget, change.obj)
+            return
+        if change.key != PODS.key:
             return
         pod = change.obj
         meta = pod["metadata"]
@@ -338,6 +366,8 @@ class Kubelets:
                 continue
             meta, phase = pod["metadata"], (pod.get("status") or {}).get("phase")
             try:
+                if phase == "Running" and not meta.get("deletionTimestamp"):
+                    self._refresh_volumes(pod)  # its sync: Secrets changed meanwhile
                 if meta.get("deletionTimestamp"):
                     grace = float(meta.get("deletionGracePeriodSeconds") or 0)
                     self._stop(pod, 0.0 if rebooted else self._stopping_s(pod, grace))
@@ -345,6 +375,7 @@ class Kubelets:
                     self._begin(pod)
                 elif phase == "Running" and rebooted:
                     self._report(pod, _rebooted_status(pod, now()))
+                    self._refresh_containers(pod)
                 elif phase == "Running" and _marked_not_ready(pod):
                     self._report(pod, _ready_again(pod, now()))
             except ApiError as exc:
@@ -466,8 +497,181 @@ class Kubelets:
         node = self.store.find(NODES, "", pod["spec"]["nodeName"])
         if node is None or not self._reachable(pod["spec"]["nodeName"]):
             return  # no node, or its kubelet down: started once back
+        if not self._set_up(pod, node):
+            return  # waiting for a Secret: tried again when one changes
         pod["status"] = admission.running_status(pod, _host_ip(node), self._pod_ip(pod), now())
         self.store.update(PODS, namespace, name, pod, subresource="status", check_rv=False)
+
+    # --- volumes, subPaths and env --------------------------------------------------------
+
+    def mount_source(self, pod: Obj, container: str, path: str) -> Path:
+        """The file or directory on the node that `container` of `pod` sees at `path` (in a
+        volume mount; through its subPath bind for a `subPath` mount): see
+        `volumes.mount_source`. ValueError without `archive_root`."""
+        if self.archive_root is None:
+            raise ValueError("the sim's nodes have no filesystems (no archive_root)")
+        return volumes.mount_source(self.archive_root, pod, container, path)
+
+    def env(self, pod: Obj, container: str) -> dict[str, str]:
+        """`container`'s environment as resolved when it was started (its Secrets' values
+        then, never updated); KeyError if it was not started by this sim."""
+        return dict(self._env[(pod["metadata"]["uid"], container)])
+
+    def _secrets(self, namespace: str) -> volumes.SecretLookup:
+        def lookup(name: str) -> Obj | None:
+            return self.store.peek_one(SECRETS, namespace, name)
+
+        return lookup
+
+    def _set_up(self, pod: Obj, node: Obj) -> bool:
+        """What the kubelet does before it starts a pod's containers: mount its Secret
+        volumes (`WaitForAttachAndMount`), then per container resolve its env and bind its
+        subPath mounts. If a volume cannot be set up the pod stays `Pending`, its containers
+        `ContainerCreating`, with a `FailedMount` event; if a container's env cannot be
+        resolved, it is waiting `CreateContainerConfigError`. Either way the pod is started
+        again when a Secret of its namespace changes. False if it cannot start."""
+        meta = pod["metadata"]
+        uid, name = meta["uid"], meta["name"]
+        lookup = self._secrets(meta["namespace"])
+        try:
+            volumes.set_up_volumes(self.archive_root, pod, lookup)
+            envs = {
+                str(c.get("name")): volumes.container_env(pod, str(c.get("name")), lookup)
+                for c in (pod.get("spec") or {}).get("containers") or []
+            }
+        except volumes.MountError as exc:
+            self._blocked.add(uid)
+            self._log.info(
+                "volume set-up failed", pod=f"{meta['namespace']}/{name}", error=str(exc)
+            )
+            self._warn(pod, "FailedMount", str(exc))
+            self._report_blocked(pod, _creating_status(pod, _host_ip(node), now()))
+            return False
+        except volumes.EnvError as exc:
+            self._blocked.add(uid)
+            self._warn(pod, "Failed", f"Error: {exc.message}", exc.container)
+            waiting = _Waiting(exc.container, "CreateContainerConfigError", exc.message)
+            status = _waiting_status(pod, _host_ip(node), self._pod_ip(pod), now(), waiting)
+            self._report_blocked(pod, status)
+            return False
+        self._blocked.discard(uid)
+        for container, env in envs.items():
+            self._env[(uid, container)] = env
+            if self.archive_root is not None:
+                volumes.write_env(self.archive_root, pod, container, env)
+                volumes.bind_subpaths(self.archive_root, pod, container)
+        return True
+
+    def _report_blocked(self, pod: Obj, status: Obj) -> None:
+        """Report the pod waiting, unless its containers already wait so (a retry)."""
+        states = [c.get("state") for c in (pod.get("status") or {}).get("containerStatuses") or []]
+        if states != [c.get("state") for c in status["containerStatuses"]]:
+            self._report(pod, status)
+
+    def _secret_changed(self, namespace: str, name: str) -> None:
+        """A Secret changed: start the pods that waited for it, and refresh the volumes of
+        the running pods that mount it (the kubelet's watch-based secret manager sees the
+        change at once; its pod workers project it at their next sync, within the sync
+        period). Env and subPath binds are left as they were."""
+        lookup = self._secrets(namespace)
+        for pod in list(self.store.peek(PODS, namespace)):
+            meta, spec = pod["metadata"], pod.get("spec") or {}
+            node = spec.get("nodeName")
+            if not node or meta.get("deletionTimestamp") or not volumes.uses_secret(pod, name):
+                continue
+            if not self._reachable(node):
+                continue
+            phase = (pod.get("status") or {}).get("phase")
+            if meta["uid"] in self._blocked:
+                if phase == "Pending":
+                    self._start(namespace, meta["name"], meta["resourceVersion"])
+                continue
+            if phase != "Running" or self.archive_root is None:
+                continue
+            try:
+                volumes.set_up_volumes(self.archive_root, pod, lookup, only=name)
+            except volumes.MountError as exc:  # the volume keeps its files
+                self._warn(pod, "FailedMount", str(exc))
+
+    def _refresh_volumes(self, pod: Obj) -> None:
+        """Write the running pod's Secret volumes again where their Secrets changed."""
+        if self.archive_root is None:
+            return
+        try:
+            volumes.set_up_volumes(
+                self.archive_root, pod, self._secrets(pod["metadata"]["namespace"])
+            )
+        except volumes.MountError as exc:  # the volume keeps its files
+            self._warn(pod, "FailedMount", str(exc))
+
+    def _refresh_containers(self, pod: Obj) -> None:
+        """Containers created again (after a reboot): their env and subPaths taken anew."""
+        meta = pod["metadata"]
+        lookup = self._secrets(meta["namespace"])
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            container = str(c.get("name"))
+            try:
+                env = volumes.container_env(pod, container, lookup)
+            except volumes.EnvError:
+                continue
+            self._env[(meta["uid"], container)] = env
+            if self.archive_root is not None:
+                volumes.write_env(self.archive_root, pod, container, env)
+                volumes.bind_subpaths(self.archive_root, pod, container)
+
+    def _forget(self, pod: Obj) -> None:
+        """The pod is gone: its directory removed from its node (volumes torn down)."""
+        uid = pod["metadata"]["uid"]
+        self._blocked.discard(uid)
+        for key in [k for k in self._env if k[0] == uid]:
+            del self._env[key]
+        self._warned = {w for w in self._warned if w[0] != uid}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and self.archive_root is not None:
+            volumes.remove_pod(self.archive_root, node, uid)
+
+    def _warn(self, pod: Obj, reason: str, message: str, container: str = "") -> None:
+        """The kubelet's Warning event about the pod (once per message; a real kubelet
+        repeats it, counted, at each retry). Stored as `events.k8s.io/v1`, so it carries the
+        `eventTime` and `action` that API requires and a kubelet's core event leaves empty."""
+        meta = pod["metadata"]
+        if (meta["uid"], message) in self._warned:
+            return
+        self._warned.add((meta["uid"], message))
+        node = pod["spec"]["nodeName"]
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "resourceVersion": meta["resourceVersion"],
+        }
+        if container:
+            involved["fieldPath"] = f"spec.containers{{{container}}}"
+        stamp = now()
+        event = {
+            "metadata": {
+                "name": f"{meta['name']}.{time.time_ns():x}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "kubelet", "host": node},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "eventTime": micro_time(),
+            "action": reason,
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+        }
+        try:
+            self.store.create(EVENTS, meta["namespace"], convert.from_core_event(event))
+        except ApiError as exc:
+            self._log.info("event refused", pod=meta["name"], error=exc.message)
 
     def _pod_ip(self, pod: Obj) -> str:
         known = (pod.get("status") or {}).get("podIP")
@@ -762,6 +966,30 @@ def _waiting_status(pod: Obj, host_ip: str, pod_ip: str, at: str, waiting: _Wait
     unready = f"containers with unready status: [{' '.join(names)}]"
     for cond in status["conditions"]:
         if cond["type"] in ("Ready", "ContainersReady"):
+            cond.update({"status": "False", "reason": "ContainersNotReady", "message": unready})
+    status["phase"] = "Pending"
+    return status
+
+
+def _creating_status(pod: Obj, host_ip: str, at: str) -> Obj:
+    """The status a kubelet reports for a pod whose volumes are not mounted: no sandbox yet
+    (no pod IP), `Pending`, every container waiting `ContainerCreating`
+    (`convertToAPIContainerStatuses`' default state), not ready."""
+    status = admission.running_status(pod, host_ip, "", at)
+    status["startTime"] = (pod.get("status") or {}).get("startTime") or at
+    for key in ("podIP", "podIPs"):
+        status.pop(key, None)
+    names = []
+    for c in status["containerStatuses"]:
+        c.update({"ready": False, "started": False, "imageID": ""})
+        c.pop("containerID", None)
+        c["state"] = {"waiting": {"reason": "ContainerCreating"}}
+        names.append(c["name"])
+    unready = f"containers with unready status: [{' '.join(names)}]"
+    for cond in status["conditions"]:
+        if cond["type"] == "PodReadyToStartContainers":
+            cond["status"] = "False"
+        elif cond["type"] in ("Ready", "ContainersReady"):
             cond.update({"status": "False", "reason": "ContainersNotReady", "message": unready})
     status["phase"] = "Pending"
     return status
