@@ -158,10 +158,19 @@ SERVICES = (
     "capacity",
     "accounting",
     "recovery",
+    "directory",
 )
 DEFAULT_SERVICES = ("accounting", "capacity", "cordon", "culler", "notifier")
 CONSOLE_TOKEN = "console-test-token-0123456789abcdefghijklmnopqrstuv"
 FALCO_TOKEN = "falco-test-token-0123456789abcdefghijklmnopqrstuvwx"
+DIRECTORY_LDAP = {
+    "url": "ldaps://ldap.example.org:636",
+    "userBase": "ou=people,dc=example,dc=org",
+    "groupBase": "ou=groups,dc=example,dc=org",
+    "bindDN": "cn=nodeward,ou=services,dc=example,dc=org",
+    "bindSecret": "ldap-bind",
+    "caConfigMap": "ldap-ca",
+}
 
 
 def callout_values() -> dict[str, Any]:
@@ -197,6 +206,7 @@ def representative_values(node_keys: dict[str, str], mode: str = "passwords") ->
         natsAuth = nkeys_values([*SERVICES, "admin", "operator", "console"])
     services: dict[str, Any] = {s: {"enabled": True} for s in SERVICES}
     services["falco"]["ingest"] = {"token": FALCO_TOKEN}
+    services["directory"]["ldap"] = DIRECTORY_LDAP
     return {
         "agents": {"nodeKeys": node_keys},
         "services": services,

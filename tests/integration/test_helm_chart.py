@@ -692,3 +692,80 @@ def test_replicas_that_would_lose_order_are_refused(
     tmp_path: Path, values: dict[str, Any], error: str
 ) -> None:
     assert error in refusal(tmp_path, minimal(values))
+
+
+def test_the_directory_reads_ldap_with_its_bind_secret_and_ca_mounted(
+    docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from services.directory.settings import DirectorySettings
+    from tests.integration.helm_chart import DIRECTORY_LDAP
+
+    pod = named(docs, "Deployment", "nw-directory")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    prefix = "NODEWARD_SERVICES__DIRECTORY__"
+    settings = DirectorySettings(
+        **{k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
+    )
+    assert settings.url == DIRECTORY_LDAP["url"] and settings.starttls is False
+    assert settings.user_base == DIRECTORY_LDAP["userBase"]
+    assert settings.group_base == DIRECTORY_LDAP["groupBase"]
+    assert settings.bind_dn == DIRECTORY_LDAP["bindDN"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert settings.bind_password_file is not None and settings.ca_file is not None
+    assert str(settings.bind_password_file.parent) == mounts["directory-bind"]["mountPath"]
+    assert (
+        mounts["directory-bind"]["readOnly"] is True and "subPath" not in mounts["directory-bind"]
+    )
+    assert volumes["directory-bind"]["secret"] == {
+        "secretName": "ldap-bind",
+        "items": [{"key": "password", "path": settings.bind_password_file.name}],
+    }
+    assert str(settings.ca_file.parent) == mounts["directory-ca"]["mountPath"]
+    assert volumes["directory-ca"]["configMap"] == {
+        "name": "ldap-ca",
+        "items": [{"key": "ca.crt", "path": settings.ca_file.name}],
+    }
+    assert not any("password" in str(v).lower() and "/" not in str(v) for v in env.values() if v)
+    policy = named(docs, "NetworkPolicy", "nw-directory-ldap")["spec"]
+    assert policy["podSelector"]["matchLabels"] == pod_labels_subset(
+        named(docs, "Deployment", "nw-directory")
+    )
+    (rule,) = policy["egress"]
+    assert rule["ports"] == [{"port": 389, "protocol": "TCP"}, {"port": 636, "protocol": "TCP"}]
+    # Anonymous, StartTLS, the system's CAs: no Secret, no ConfigMap, no password file.
+    plain = render(
+        tmp_path,
+        minimal(
+            {
+                "services": {
+                    "directory": {
+                        "enabled": True,
+                        "ldap": {"url": "ldap://ldap:389", "starttls": True},
+                    }
+                }
+            }
+        ),
+    )
+    pod = named(plain, "Deployment", "nw-directory")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[f"{prefix}STARTTLS"] == "true"
+    assert f"{prefix}BIND_PASSWORD_FILE" not in env and f"{prefix}CA_FILE" not in env
+    assert not {"directory-bind", "directory-ca"} & {v["name"] for v in pod["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("directory", "said"),
+    [
+        ({}, "services.directory.ldap.url: empty"),
+        ({"ldap": {"url": "ldaps://l", "bindDN": "cn=x"}}, "bindDN needs bindSecret"),
+        ({"replicas": 2, "ldap": {"url": "ldaps://l"}}, "services.directory.replicas"),
+    ],
+)
+def test_a_directory_without_what_it_needs_is_refused(
+    tmp_path: Path, directory: dict[str, Any], said: str
+) -> None:
+    values = minimal({"services": {"directory": {"enabled": True, **directory}}})
+    assert said in refusal(tmp_path, values)

@@ -136,10 +136,12 @@ def _names(doc: dict[str, Any]) -> list[str]:
 def test_every_name_follows_the_release(tmp_path: Path, scenario: str) -> None:
     text = render_text(tmp_path, SCENARIOS[scenario], "prod-gpu", api_versions=[MONITORING_API])
     assert "nodeward-nats-auth" not in text
-    from tests.integration.helm_chart import parse_manifests
+    from tests.integration.helm_chart import DIRECTORY_LDAP, parse_manifests
 
     docs = parse_manifests(text)
     outside = {"nvidia"}  # the runtime class is the cluster's
+    # the directory's LDAP bind Secret and CA ConfigMap are the user's
+    outside |= {DIRECTORY_LDAP["bindSecret"], DIRECTORY_LDAP["caConfigMap"]}
     for doc in docs:
         for name in _names(doc):
             assert name.startswith("prod-gpu-") or name in outside, (
