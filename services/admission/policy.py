@@ -27,6 +27,7 @@ empty patch (`reinvocationPolicy: IfNeeded`).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -132,8 +133,9 @@ class NamespaceView:
     def opted_in(self) -> bool:
         return self.labels.get(ADMISSION) == ENABLED
 
-    @property
+    @functools.cached_property
     def owner(self) -> NamespaceOwner:
+        """Read once per namespace version (the cache keeps the view until it changes)."""
         return NamespaceOwner.of(self.labels, self.annotations)
 
 
@@ -421,9 +423,11 @@ def _credentials(
 ) -> None:
     volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict)]
     names = {v.get("name") for v in volumes}
+    # each credential's volume name and mount path, worked out once
+    mine_at = {c.name: (volume_name(c.name), mount_path(settings, c.name)) for c in creds}
     new_volumes = list(volumes)
     for cred in creds:
-        if volume_name(cred.name) in names:
+        if mine_at[cred.name][0] in names:
             continue
         key = PROJECTED_KEY[cred.kind]
         secret: dict[str, Any] = {
@@ -434,7 +438,7 @@ def _credentials(
             # root-owned files: the owner's group (fsGroup) reads them, or everyone in the pod
             "defaultMode": 0o440 if fs_group else 0o444,
         }
-        new_volumes.append({"name": volume_name(cred.name), "secret": secret})
+        new_volumes.append({"name": mine_at[cred.name][0], "secret": secret})
     plan.list_at("/spec/volumes", _is_list(spec, "volumes"), volumes, new_volumes, "volume")
 
     first = {k: next((c for c in creds if c.kind == k), None) for k in KINDS}
@@ -453,12 +457,10 @@ def _credentials(
         taken_names = {m.get("name") for m in kept_mounts}
         taken_paths = {str(m.get("mountPath", "")).rstrip("/") for m in kept_mounts}
         for cred in creds:
-            path = mount_path(settings, cred.name)
-            if volume_name(cred.name) in taken_names or path in taken_paths:
+            volume, path = mine_at[cred.name]
+            if volume in taken_names or path in taken_paths:
                 continue
-            kept_mounts.append(
-                {"name": volume_name(cred.name), "mountPath": path, "readOnly": True}
-            )
+            kept_mounts.append({"name": volume, "mountPath": path, "readOnly": True})
         set_names = {e.get("name") for e in kept_env}
         referenced = [next(c for c in creds if c.name == r.secret) for r in mine]
         for kind in KINDS:

@@ -159,10 +159,14 @@ SERVICES = (
     "accounting",
     "recovery",
     "directory",
+    "admission",
 )
 DEFAULT_SERVICES = ("accounting", "capacity", "cordon", "culler", "notifier")
 CONSOLE_TOKEN = "console-test-token-0123456789abcdefghijklmnopqrstuv"
 FALCO_TOKEN = "falco-test-token-0123456789abcdefghijklmnopqrstuvwx"
+ADMISSION_CA = "-----BEGIN CERTIFICATE-----\nTk9UIEEgUkVBTCBDQQ==\n-----END CERTIFICATE-----\n"
+"""The admission webhook's caBundle in the representative values (its own Secret: no
+certificate is generated, so renders stay byte-identical)."""
 DIRECTORY_LDAP = {
     "url": "ldaps://ldap.example.org:636",
     "userBase": "ou=people,dc=example,dc=org",
@@ -206,6 +210,10 @@ def representative_values(node_keys: dict[str, str], mode: str = "passwords") ->
         natsAuth = nkeys_values([*SERVICES, "admin", "operator", "console"])
     services: dict[str, Any] = {s: {"enabled": True} for s in SERVICES}
     services["falco"]["ingest"] = {"token": FALCO_TOKEN}
+    services["admission"]["certificate"] = {
+        "secretName": "admission-tls",
+        "caBundle": ADMISSION_CA,
+    }
     services["directory"]["ldap"] = DIRECTORY_LDAP
     return {
         "agents": {"nodeKeys": node_keys},

@@ -26,10 +26,11 @@ from nodeward.kube import Cluster
 from services.admission import certs
 from services.admission.cache import ClusterCache
 from services.admission.server import AdmissionServer
+from services.admission.service import app
 from services.admission.settings import AdmissionSettings
 from services.admission.webhook import configuration
 from sim.cluster import SimCluster
-from tests.integration.simkube import PortFactory
+from tests.integration.simkube import PortFactory, service_settings
 
 ROOT = "/var/run/secrets/nodeward.io"
 
@@ -351,3 +352,51 @@ async def test_the_configuration_names_the_server_and_its_ca(webhook: Webhook) -
     assert hook["clientConfig"]["url"] == webhook.server.url
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == webhook.ca.pem
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+
+
+async def test_the_daemon_is_ready_once_synced_and_serves_metrics_on_its_own_port(
+    sim: SimCluster, nats_url: str, tmp_path: Path
+) -> None:
+
+    ca = certs.authority("daemon CA")
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    certs.serving(ca, ["127.0.0.1"], cert_file, key_file)
+    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig", identity="admission")
+    settings = service_settings(
+        nats_url,
+        kubeconfig,
+        "admission",
+        {
+            "host": "127.0.0.1",
+            "port": 0,
+            "tls_cert_file": str(cert_file),
+            "tls_key_file": str(key_file),
+        },
+        daemon={"port": 0, "shutdown_timeout": "4s"},
+    )
+    built = await app.assemble(settings)
+    daemon = built.daemon
+    await daemon.start()
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url) as plain:
+            await wait_for_status(plain, "/readyz", 200)
+            url = built.service.server.url
+            async with httpx.AsyncClient(
+                verify=ssl.create_default_context(cadata=ca.pem.decode())
+            ) as https:
+                reply = await https.post(url, json=review(pod(), "default"))
+                assert reply.status_code == 200
+                assert reply.json()["response"]["allowed"] is True
+            metrics = (await plain.get("/metrics")).text
+            assert "nodeward_admission_reviews_total" in metrics
+            assert (await plain.get("/healthz")).status_code == 200
+    finally:
+        await daemon.stop()
+
+
+async def wait_for_status(client: httpx.AsyncClient, path: str, status: int) -> None:
+    async def wait() -> None:
+        while (await client.get(path)).status_code != status:
+            await asyncio.sleep(0.05)
+
+    await within(wait(), 15)

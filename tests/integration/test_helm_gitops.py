@@ -139,7 +139,8 @@ def test_every_name_follows_the_release(tmp_path: Path, scenario: str) -> None:
     from tests.integration.helm_chart import DIRECTORY_LDAP, parse_manifests
 
     docs = parse_manifests(text)
-    outside = {"nvidia"}  # the runtime class is the cluster's
+    # the runtime class is the cluster's; the admission webhook's certificate Secret the user's
+    outside = {"nvidia", "admission-tls"}
     # the directory's LDAP bind Secret and CA ConfigMap are the user's
     outside |= {DIRECTORY_LDAP["bindSecret"], DIRECTORY_LDAP["caConfigMap"]}
     for doc in docs:
@@ -159,7 +160,7 @@ def test_the_server_secret_goes_where_nats_runs(tmp_path: Path) -> None:
 
 def test_every_namespaced_object_names_its_namespace(tmp_path: Path) -> None:
     """Argo CD applies manifests as rendered: none may rely on kubectl's current namespace."""
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
     for doc in render(tmp_path, SCENARIOS["callout"], api_versions=[MONITORING_API]):
         if doc["kind"] not in cluster_scoped:
             assert doc["metadata"].get("namespace") == "nodeward", doc["metadata"]["name"]
