@@ -271,7 +271,7 @@ class DirectoryService:
             return
         whom = who.login or who.mail or "?"
         if returned:
-            reason = f"the owner of namespace {name} ({whom}) is in the directory again"
+            reason = f"namespace {name} has its owner ({whom}) in the directory again"
         else:
             reason = (
                 f"the owner of namespace {name} ({whom}) is no longer in the directory "

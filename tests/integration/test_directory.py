@@ -241,3 +241,13 @@ async def test_an_owner_who_left_is_flagged_once_and_cleared_on_return(
     labels, annotations = await env.meta(ns)
     assert labels["team"] == "compilers" and labels[OWNER_UID] == "10007"
     assert annotations[OWNER_NAME] == "Grace Hopper"
+
+
+async def test_without_a_url_it_idles_ready(directory_env: EnvFactory) -> None:
+    """As `nodeward up` runs it until it is given a directory: ready, touching nothing."""
+    env = await directory_env(url=None, bind_dn=None, bind_password_file=None)
+    ns = env.ns("user-alice")
+    await env.create(ns, labels={OWNER: "alice"})
+    daemon = await env.start()
+    await wait_for(lambda: env.ready(daemon), what="ready")
+    assert not await env.labelled(ns, OWNER_UID)
