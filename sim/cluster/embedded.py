@@ -7,7 +7,7 @@ async with embedded_cluster(state_dir) as embedded:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +59,16 @@ async def embedded_cluster(
     node_monitor_grace_s: float | None = None,
     node_startup_grace_s: float = 60.0,
     node_eviction_qps: float = 0.1,
+    webhook_endpoints: Mapping[tuple[str, str], str] | None = None,
 ) -> AsyncIterator[EmbeddedCluster]:
     """Start the sim cluster and write `<state_dir>/kubeconfig` (admin context current, a
     context per service); stop it on exit. `seed`: a file, a loaded seed, or the default.
     `archive_root`: where the nodes' checkpoint archives are written (`<root>/<node>/...`);
     `registries`: the registry hosts the kubelets pull from; the `lease_renew_s` ..
     `node_eviction_qps` timings of the nodes' heartbeats and health, as `SimCluster` takes
-    them (the real components' defaults). Raises `SeedError` for a bad seed and `OSError` if
+    them (the real components' defaults); `webhook_endpoints`: where the Services admission
+    webhooks name listen, by (namespace, service) (also `.sim.webhook_endpoints` later).
+    Raises `SeedError` for a bad seed and `OSError` if
     the port cannot be bound."""
     seed_data = seed if isinstance(seed, Seed) else load_seed(seed)
     sim = SimCluster(
@@ -82,6 +85,7 @@ async def embedded_cluster(
         node_monitor_grace_s=node_monitor_grace_s,
         node_startup_grace_s=node_startup_grace_s,
         node_eviction_qps=node_eviction_qps,
+        webhook_endpoints=webhook_endpoints,
     )
     await sim.start()
     try:

@@ -56,6 +56,7 @@ import json
 import re
 import ssl
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -573,8 +574,8 @@ class Dispatcher:
         self.apis = apis
         self._fields = fields
         self.endpoints = endpoints
-        self.calls: list[tuple[str, str]] = []
-        """(webhook name, operation) of every call made, in order, for tests."""
+        self.calls: deque[tuple[str, str]] = deque(maxlen=10000)
+        """(webhook name, operation) of the latest calls made, in order, for tests."""
         self._log = get_logger(component="sim-cluster-webhooks")
 
     # --- which ---------------------------------------------------------------------------

@@ -479,7 +479,7 @@ async def test_selectors_and_rules_decide_which_requests_a_webhook_sees(
             before = len(sim.webhooks.calls)
             answer = await http.request(method, path, json=body)
             assert answer.status_code < 300, answer.text
-            return [name for name, _ in sim.webhooks.calls[before:]]
+            return [name for name, _ in list(sim.webhooks.calls)[before:]]
 
         assert await called_for("POST", "/api/v1/namespaces/watched/pods", pod("a")) == [
             "ns.nodeward.test"
