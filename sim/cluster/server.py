@@ -1154,18 +1154,32 @@ class SimCluster:
                 (body.get("deleteOptions") or {}).get("dryRun") or []
             ):
                 dry = True
+            hooked: list[str] = []
+            if isinstance(body, dict):  # a CREATE of pods/eviction, its kind policy/v1 Eviction
+                options = webhooks.options("CreateOptions", request.query, dry)
+                attrs = self._attributes(
+                    request, route, "CREATE", obj=body, old=None, dry=dry, options=options
+                )
+                attrs.kind = {"group": "policy", "version": "v1", "kind": "Eviction"}
+                admitted, hooked = await self.webhooks.mutate(attrs, lambda o: o, None)
+                body = admitted if admitted is not None else body
+                hooked += await self.webhooks.validate(attrs)
+                self._webhook_warnings(request, hooked)
             disruption.evict(self.store, store_rt, ns, route.name or "", body, dry_run=dry)
             if not dry:
                 self.evictions.append((ns, route.name or "", str(body.get("apiVersion"))))
-            return _json(
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "metadata": {},
-                    "status": "Success",
-                    "code": 201,
-                },
-                status=201,
+            return self._warned(
+                _json(
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "metadata": {},
+                        "status": "Success",
+                        "code": 201,
+                    },
+                    status=201,
+                ),
+                hooked,
             )
         if verb == "get":
             obj = self._out(route, self.store.get(store_rt, ns, route.name or ""))

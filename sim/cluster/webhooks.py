@@ -490,6 +490,9 @@ class Attributes:
     dry_run: bool
     options: Obj | None
     user: Obj
+    kind: Obj | None = None
+    """The request's kind when it is not the resource's (`pods/eviction`: policy/v1
+    Eviction), as {group, version, kind}."""
 
 
 @dataclass(frozen=True)
@@ -737,14 +740,15 @@ class Dispatcher:
             o.setdefault("metadata", {}).setdefault("creationTimestamp", None)
             return o
 
+        same = (inv.rt, inv.version) == (attrs.rt, attrs.version)
         request: Obj = {
             "uid": uid,
-            "kind": gvk(inv.rt, inv.version),
+            "kind": attrs.kind if attrs.kind and same else gvk(inv.rt, inv.version),
             "resource": gvr(inv.rt, inv.version),
         }
         if attrs.subresource:
             request["subResource"] = attrs.subresource
-        request["requestKind"] = gvk(attrs.rt, attrs.version)
+        request["requestKind"] = attrs.kind or gvk(attrs.rt, attrs.version)
         request["requestResource"] = gvr(attrs.rt, attrs.version)
         if attrs.subresource:
             request["requestSubResource"] = attrs.subresource
@@ -1004,7 +1008,10 @@ class Dispatcher:
             raise internal_error(str(exc)) from None
         if not isinstance(patched, dict):
             raise internal_error("json: cannot unmarshal into Go value of type " + inv.rt.kind)
-        decoded = self._fields().decode(inv.rt.group, inv.version, inv.rt.kind, patched)
+        kind = (inv.rt.group, inv.version, inv.rt.kind)
+        if attrs.kind and (inv.rt, inv.version) == src:
+            kind = (attrs.kind["group"], attrs.kind["version"], attrs.kind["kind"])
+        decoded = self._fields().decode(*kind, patched)
         if decoded.type_error is not None:
             raise internal_error(decoded.type_error)
         back = self._convert(decoded.obj, dst, src)

@@ -938,3 +938,54 @@ async def test_a_patch_is_applied_again_when_the_object_changed_during_its_webho
         stale["data"]["a"] = "3"
         answer = await http.put(f"/api/v1/namespaces/{NS}/configmaps/race", json=stale)
         assert answer.status_code == 409, answer.text
+
+
+async def test_an_eviction_is_admitted_as_a_create_of_pods_eviction(
+    sim: SimCluster, webhook: Webhook
+) -> None:
+    webhook.answers["evict"] = lambda review: deny(
+        review, {"code": 429, "reason": "TooManyRequests", "message": "not now"}
+    )
+    rules = [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods/eviction"],
+        }
+    ]
+    async with sim_http(sim) as http:
+        body = pod("evicted") | {"spec": pod("evicted")["spec"] | {"nodeName": "gpu-h100-01"}}
+        assert (await http.post(f"/api/v1/namespaces/{NS}/pods", json=body)).status_code == 201
+        await register(
+            http,
+            VALIDATING,
+            configuration(
+                "ValidatingWebhookConfiguration",
+                "evict",
+                hook("evict.nodeward.test", url_client(webhook, "evict"), rules=rules),
+            ),
+        )
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": "evicted", "namespace": NS},
+        }
+        answer = await http.post(f"/api/v1/namespaces/{NS}/pods/evicted/eviction", json=eviction)
+        assert answer.status_code == 429
+        assert (
+            answer.json()["message"]
+            == 'admission webhook "evict.nodeward.test" denied the request: not now'
+        )
+        assert (await http.get(f"/api/v1/namespaces/{NS}/pods/evicted")).json()["metadata"].get(
+            "deletionTimestamp"
+        ) is None
+    [request] = webhook.seen("evict")
+    assert request["kind"] == {"group": "policy", "version": "v1", "kind": "Eviction"}
+    assert request["resource"] == {"group": "", "version": "v1", "resource": "pods"}
+    assert (request["subResource"], request["name"], request["operation"]) == (
+        "eviction",
+        "evicted",
+        "CREATE",
+    )
+    assert request["object"]["kind"] == "Eviction"
