@@ -27,6 +27,12 @@ class Endpoints(BaseModel):
         default=None, description="the local OAuth2 provider's token endpoint, with the sim cluster"
     )
     console_url: str | None = Field(default=None, description="the read-only web console")
+    admission_url: str | None = Field(
+        default=None, description="the admission webhook's review URL (HTTPS)"
+    )
+    admission_ca_file: Path | None = Field(
+        default=None, description="the CA that signed the admission webhook's certificate"
+    )
     registry: str | None = Field(
         default=None, description="host:port of the local registry checkpoint images go to"
     )

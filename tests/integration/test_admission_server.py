@@ -26,7 +26,7 @@ from nodeward.kube import Cluster
 from services.admission import certs
 from services.admission.cache import ClusterCache
 from services.admission.server import AdmissionServer
-from services.admission.service import app
+from services.admission.service import app, up_certificate
 from services.admission.settings import AdmissionSettings
 from services.admission.webhook import configuration
 from sim.cluster import SimCluster
@@ -400,3 +400,16 @@ async def wait_for_status(client: httpx.AsyncClient, path: str, status: int) -> 
             await asyncio.sleep(0.05)
 
     await within(wait(), 15)
+
+
+def test_nodeward_up_makes_its_certificate_once(tmp_path: Path) -> None:
+    ca_file, cert_file, key_file = up_certificate(tmp_path)
+    made = cert_file.read_bytes()
+    assert up_certificate(tmp_path) == (ca_file, cert_file, key_file)
+    assert cert_file.read_bytes() == made  # kept across restarts of `up`
+    assert key_file.stat().st_mode & 0o077 == 0
+    ca = x509.load_pem_x509_certificate(ca_file.read_bytes())
+    leaf = x509.load_pem_x509_certificate(made)
+    leaf.verify_directly_issued_by(ca)
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
