@@ -1018,12 +1018,15 @@ class SimCluster:
         """The request's admission attributes, for its webhooks."""
         ident = request[_IDENTITY]
         name = route.name or str(((obj or {}).get("metadata") or {}).get("name") or "")
+        namespace = route.namespace or ""
+        if route.rt.group == "" and route.rt.resource == "namespaces":
+            namespace = name  # as the API server sets it for a Namespace's own requests
         return webhooks.Attributes(
             operation,
             route.rt,
             route.version,
             route.subresource,
-            route.namespace or "",
+            namespace,
             name,
             obj,
             old,

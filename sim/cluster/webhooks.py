@@ -3,8 +3,9 @@
 The webhook configurations (`admissionregistration.k8s.io/v1` MutatingWebhookConfiguration
 and ValidatingWebhookConfiguration) get the API server's defaults (`pkg/apis/
 admissionregistration/v1/defaults.go`) and validation (`pkg/apis/admissionregistration/
-validation`). `Dispatcher` then calls them on every write the sim serves over HTTP, ported
-from `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook`:
+validation`). `Dispatcher` then calls them on the creates, updates, patches, applies,
+deletes and evictions the sim serves over HTTP, ported from
+`staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook`:
 
 - which webhook is called (`generic/webhook.go` `ShouldCallHook`): the configurations in
   name order, each one's webhooks in order; `namespaceSelector` against the namespace's labels
@@ -14,8 +15,8 @@ from `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook`:
   `*`, scope), then under `matchPolicy: Equivalent` the same resource in another served
   version (and core and `events.k8s.io` Events, one storage), the object sent converted;
   configurations themselves are exempt;
-- the request (`request/admissionreview.go`): `admission.k8s.io/v1` (or `v1beta1` where the
-  webhook lists only that) AdmissionReview with a new uid, kind and resource, the request's
+- the request (`request/admissionreview.go`): an `admission.k8s.io` AdmissionReview of the
+  first of `v1` and `v1beta1` the webhook lists, with a new uid, kind and resource, the request's
   own, subresource, name, namespace, operation, the requester's userInfo, object, oldObject,
   dryRun and the operation's options, POSTed with `?timeout=<n>s` over HTTPS, the server
   certificate checked against `caBundle` (the system's roots without one) for the URL's host,
@@ -41,7 +42,7 @@ port (as kube-apiserver's ClusterIP resolver requires, else the call fails), and
 call is refused as a ClusterIP without endpoints refuses it.
 
 Not ported: `matchConditions` are CEL, which the sim cannot evaluate: a configuration with
-them is refused (400) rather than called as a real server would not. Go's error texts for a
+them is refused (400) rather than called where a real server might skip it. Go's error texts for a
 failed call (`dial tcp ...`, `x509: ...`) are the usual ones, not byte for byte those of every
 failure.
 """

@@ -989,3 +989,46 @@ async def test_an_eviction_is_admitted_as_a_create_of_pods_eviction(
         "CREATE",
     )
     assert request["object"]["kind"] == "Eviction"
+
+
+async def test_a_namespace_is_its_own_namespace_for_its_webhooks(
+    sim: SimCluster, webhook: Webhook
+) -> None:
+    webhook.answers["ns"] = lambda review: deny(
+        review, {"code": 403, "reason": "Forbidden", "message": "protected"}
+    )
+    rules = [
+        {
+            "operations": ["DELETE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["namespaces"],
+        }
+    ]
+    async with sim_http(sim) as http:
+        for name, labels in (("protected", {"protect": "yes"}), ("loose", {})):
+            body = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels},
+            }
+            assert (await http.post("/api/v1/namespaces", json=body)).status_code == 201
+        await register(
+            http,
+            VALIDATING,
+            configuration(
+                "ValidatingWebhookConfiguration",
+                "ns",
+                hook(
+                    "ns.nodeward.test",
+                    url_client(webhook, "ns"),
+                    rules=rules,
+                    namespaceSelector={"matchLabels": {"protect": "yes"}},
+                ),
+            ),
+        )
+        answer = await http.delete("/api/v1/namespaces/protected")
+        assert answer.status_code == 403, answer.text
+        assert (await http.delete("/api/v1/namespaces/loose")).status_code == 200
+    [request] = webhook.seen("ns")
+    assert (request["name"], request["namespace"]) == ("protected", "protected")
