@@ -22,7 +22,7 @@ from cryptography import x509
 from prometheus_client import CollectorRegistry
 
 from nodeward.aio import within
-from nodeward.kube import Cluster
+from nodeward.kube import Cluster, Forbidden
 from services.admission import certs
 from services.admission.cache import ClusterCache
 from services.admission.server import AdmissionServer
@@ -413,3 +413,46 @@ def test_nodeward_up_makes_its_certificate_once(tmp_path: Path) -> None:
     leaf.verify_directly_issued_by(ca)
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "localhost" in names.get_values_for_type(x509.DNSName)
+
+
+async def test_the_sim_cluster_calls_it_and_stores_the_pod_as_patched(webhook: Webhook) -> None:
+    """The configuration installed (by URL: the sim's API server runs outside any cluster
+    network), pods created through the API server itself: mutated, refused, left alone."""
+    config = configuration(webhook.ca.pem, url=webhook.server.url)
+    await webhook.admin.client.request(
+        "POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", body=config
+    )
+    ns = webhook.namespace
+    created = await webhook.admin.client.request(
+        "POST", f"/api/v1/namespaces/{ns}/pods", body=pod() | {"metadata": {"name": "train"}}
+    )
+    spec = created["spec"]
+    assert {v["name"] for v in spec["volumes"]} >= {"nodeward-cred-krb", "nodeward-cred-token"}
+    assert spec["securityContext"]["runAsUser"] == 1234
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["KRB5CCNAME"] == f"FILE:{ROOT}/krb/krb5cc"
+    with pytest.raises(Forbidden, match="asks runAsUser 0") as refused:
+        await webhook.admin.client.request(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            body=pod(securityContext={"runAsUser": 0}) | {"metadata": {"name": "root"}},
+        )
+    assert "denied the request" in str(refused.value)
+    opted_out = pod() | {
+        "metadata": {"name": "plain", "labels": {"nodeward.io/admission": "disabled"}}
+    }
+    left = await webhook.admin.client.request(
+        "POST", f"/api/v1/namespaces/{ns}/pods", body=opted_out
+    )
+    assert "volumes" not in left["spec"] or not any(
+        v["name"].startswith("nodeward-cred-") for v in left["spec"]["volumes"]
+    )
+    dry = await webhook.admin.client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        body=pod() | {"metadata": {"name": "dry"}},
+        query={"dryRun": "All"},
+    )
+    assert any(v["name"] == "nodeward-cred-krb" for v in dry["spec"]["volumes"])
+    stored = await webhook.admin.client.request("GET", f"/api/v1/namespaces/{ns}/pods")
+    assert sorted(p["metadata"]["name"] for p in stored["items"]) == ["plain", "train"]
