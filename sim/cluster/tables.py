@@ -81,6 +81,18 @@ NAMESPACE_COLUMNS: list[Column] = [
     _AGE,
 ]
 DEFAULT_COLUMNS: list[Column] = [_NAME, _AGE]
+# The API server's printer for webhook configurations (pkg/printers/internalversion).
+WEBHOOK_CONFIGURATION_COLUMNS: list[Column] = [
+    _NAME,
+    (
+        "Webhooks",
+        "integer",
+        "",
+        "Webhooks indicates the number of webhooks registered in this configuration.",
+        0,
+    ),
+    _AGE,
+]
 # The API server's printer for resource.k8s.io ResourceSlices (pkg/printers/internalversion).
 RESOURCE_SLICE_COLUMNS: list[Column] = [
     _NAME,
@@ -284,6 +296,11 @@ def table(
                 (o.get("status") or {}).get("phase", "Active"),
                 _age(o),
             ],
+        )
+    elif rt.group == "admissionregistration.k8s.io" and rt.kind.endswith("WebhookConfiguration"):
+        columns, row = (
+            WEBHOOK_CONFIGURATION_COLUMNS,
+            lambda o: [o["metadata"]["name"], len(o.get("webhooks") or []), _age(o)],
         )
     else:
         columns, row = DEFAULT_COLUMNS, lambda o: [o["metadata"]["name"], _age(o)]

@@ -270,7 +270,10 @@ async def test_configurations_get_the_api_servers_defaults_and_validation(
         sim, tmp_path, "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations"
     )
     assert rc == 0, err
-    assert "defaults" in out and "svc" in out
+    rows = [line.split()[:2] for line in out.splitlines()]
+    assert ["NAME", "WEBHOOKS"] in rows  # the API server's columns for them
+    assert ["mutatingwebhookconfiguration.admissionregistration.k8s.io/defaults", "1"] in rows
+    assert ["validatingwebhookconfiguration.admissionregistration.k8s.io/svc", "1"] in rows
 
 
 async def test_a_pod_made_with_kubectl_and_with_the_python_client_gets_the_patch(
