@@ -51,10 +51,16 @@ import asyncio
 import copy
 import hashlib
 import json
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any
 
 from nodeward.logs import get_logger
+from sim.cluster import convert
 from sim.cluster.errors import ApiError
 from sim.cluster.resources import ResourceType, require
 from sim.cluster.selectors import match_label_selector_object
@@ -66,6 +72,7 @@ REPLICASETS = require("apps", "v1", "replicasets")
 DEPLOYMENTS = require("apps", "v1", "deployments")
 STATEFULSETS = require("apps", "v1", "statefulsets")
 JOBS = require("batch", "v1", "jobs")
+EVENTS = require("events.k8s.io", "v1", "events")
 SCHEDULER = "default-scheduler"
 TEMPLATE_HASH = "pod-template-hash"
 _KINDS = {"ReplicaSet": "rs", "StatefulSet": "sts", "Job": "job", "Deployment": "deploy"}
@@ -208,11 +215,45 @@ def template_hash(template: Obj) -> str:
     return digest[:10]
 
 
-class ControlPlane:
-    """The scheduler and the controllers; `install` hooks them on the store."""
+@dataclass(frozen=True)
+class ControllerAdmission:
+    """How a controller's pod create reaches the admission webhooks, as every controller's
+    write reaches kube-apiserver's: `matches(namespace, pod, controller)` says whether any
+    webhook is called on it (if none, the pod is stored at once, as before); `create(...)`
+    runs the API server's create with them (an ApiError when refused)."""
 
-    def __init__(self, store: Store) -> None:
+    matches: Callable[[str, Obj, str], bool]
+    create: Callable[[str, Obj, str], Awaitable[Obj]]
+
+
+_CONTROLLER_ACCOUNTS = MappingProxyType(
+    {"ReplicaSet": "replicaset-controller", "StatefulSet": "statefulset-controller",
+     "Job": "job-controller"}
+)  # fmt: skip
+"""The ServiceAccount each controller writes as (`--use-service-account-credentials`)."""
+CREATE_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""How long a controller waits before it tries again a pod create that was refused."""
+
+
+class ControlPlane:
+    """The scheduler and the controllers; `install` hooks them on the store.
+
+    A controller's pod create that an admission webhook would see is made as the API
+    server makes any create (`ControllerAdmission`), asynchronously: until it is answered the
+    pod counts as expected (`ControllerExpectations`), so no second one is made; a refusal
+    is a Warning Event `FailedCreate` on the owner, in the controller's words
+    (`replica_set.go`, `job_controller.go`: `Error creating: ERR`; `stateful_pod_control.go`:
+    `create Pod P in StatefulSet S failed error: ERR`), and the owner is synced again after a
+    growing back-off."""
+
+    def __init__(self, store: Store, *, admission: ControllerAdmission | None = None) -> None:
         self.store = store
+        self.admission = admission
+        self._expected: dict[str, set[str]] = {}
+        """owner uid -> the names (or generateName tokens) of its creates in flight"""
+        self._refusals: dict[str, int] = {}
+        """owner uid -> its creates refused in a row"""
+        self._tasks: set[asyncio.Task[None]] = set()
         self._queue: dict[Item, None] = {}
         self._pending: set[tuple[str, str]] = set()  # pods waiting for the scheduler
         self._scheduled = False
@@ -431,6 +472,9 @@ class ControlPlane:
             if (controller_of(p) or {}).get("uid") == uid
         ]
 
+    def _in_flight(self, owner: Obj) -> set[str]:
+        return self._expected.get(owner["metadata"]["uid"], set())
+
     def _create_pod(self, owner: Obj, kind: str, template: Obj, name: str = "") -> None:
         meta = copy.deepcopy(template.get("metadata") or {})
         meta["namespace"] = owner["metadata"]["namespace"]
@@ -451,7 +495,88 @@ class ControlPlane:
         spec = copy.deepcopy(template.get("spec") or {})
         spec.pop("nodeName", None)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-        self.store.create(PODS, meta["namespace"], pod)
+        controller = _CONTROLLER_ACCOUNTS.get(kind, "generic-controller")
+        if self.admission is None or not self.admission.matches(meta["namespace"], pod, controller):
+            self.store.create(PODS, meta["namespace"], pod)
+            return
+        uid = owner["metadata"]["uid"]
+        token = name or f"pending-{uuid.uuid4().hex[:8]}"
+        self._expected.setdefault(uid, set()).add(token)
+        task = asyncio.get_running_loop().create_task(
+            self._admitted_create(owner, kind, pod, controller, token)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _admitted_create(
+        self, owner: Obj, kind: str, pod: Obj, controller: str, token: str
+    ) -> None:
+        """One create through admission; then the owner is synced again (at once, or after
+        the back-off when refused)."""
+        assert self.admission is not None
+        meta = owner["metadata"]
+        uid, namespace = meta["uid"], meta["namespace"]
+        item: Item = (_KINDS[kind], namespace, meta["name"])
+        delay = 0.0
+        try:
+            await self.admission.create(namespace, pod, controller)
+            self._refusals.pop(uid, None)
+        except ApiError as exc:
+            refused = self._refusals.get(uid, 0)
+            self._refusals[uid] = refused + 1
+            delay = CREATE_BACKOFF_S[min(refused, len(CREATE_BACKOFF_S) - 1)]
+            if kind == "StatefulSet":
+                message = (
+                    f"create Pod {pod['metadata'].get('name')} in StatefulSet {meta['name']} "
+                    f"failed error: {exc.message}"
+                )
+            else:
+                message = f"Error creating: {exc.message}"
+            self._failed_create(owner, kind, message)
+            self._log.info("sim_control_plane.create_refused", owner=f"{namespace}/{meta['name']}",
+                           error=exc.message)  # fmt: skip
+        finally:
+            tokens = self._expected.get(uid, set())
+            tokens.discard(token)
+            if not tokens:
+                self._expected.pop(uid, None)
+        if delay:
+            asyncio.get_running_loop().call_later(delay, self._enqueue, item)
+        else:
+            self._enqueue(item)
+
+    def _failed_create(self, owner: Obj, kind: str, message: str) -> None:
+        """The controller's Warning Event `FailedCreate` on `owner`."""
+        meta = owner["metadata"]
+        at = now()
+        event = {
+            "metadata": {
+                "name": f"{meta['name']}.{time.time_ns():x}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": owner.get("apiVersion", ""),
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": "FailedCreate",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": _CONTROLLER_ACCOUNTS.get(kind, "controller-manager")},
+            "firstTimestamp": at,
+            "lastTimestamp": at,
+            "count": 1,
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "action": "Create",
+            "reportingComponent": "kube-controller-manager",
+            "reportingInstance": "kube-controller-manager-sim",
+        }
+        try:
+            self.store.create(EVENTS, meta["namespace"], convert.from_core_event(event))
+        except ApiError as exc:
+            self._log.info("sim_control_plane.event_refused", error=exc.message)
 
     def _set_status(self, rt: Any, obj: Obj, status: Obj) -> None:
         current = obj.get("status") or {}
@@ -483,7 +608,7 @@ class ControlPlane:
         want = int(spec.get("replicas", 1))
         pods = self._owned(namespace, rs["metadata"]["uid"])
         live = [p for p in pods if active(p)]
-        for _ in range(want - len(live)):
+        for _ in range(want - len(live) - len(self._in_flight(rs))):
             self._create_pod(rs, "ReplicaSet", spec.get("template") or {})
         if len(live) > want:
             ranked = sorted(
@@ -580,6 +705,10 @@ class ControlPlane:
         for ordinal in range(want):
             pod_name = f"{name}-{ordinal}"
             pod = by_name.get(pod_name)
+            if pod is None and pod_name in self._in_flight(sts):
+                if not parallel:
+                    break  # its create is still being admitted
+                continue
             if pod is None:
                 template = copy.deepcopy(spec.get("template") or {})
                 labels = template.setdefault("metadata", {}).setdefault("labels", {})
@@ -709,7 +838,7 @@ class ControlPlane:
         if completions is not None:
             want = min(parallelism, int(completions) - succeeded)
         if not spec.get("suspend"):
-            for _ in range(want - len(live)):
+            for _ in range(want - len(live) - len(self._in_flight(job))):
                 self._create_pod(job, "Job", spec.get("template") or {})
         live = [p for p in self._owned(namespace, job["metadata"]["uid"]) if active(p)]
         terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")]

@@ -44,7 +44,7 @@ from sim.cluster import (
     webhooks,
 )
 from sim.cluster.admission import scheme_defaults
-from sim.cluster.controllers import ControlPlane
+from sim.cluster.controllers import ControllerAdmission, ControlPlane
 from sim.cluster.errors import ApiError, bad_request
 from sim.cluster.kubelet import Kubelets
 from sim.cluster.nodelifecycle import NodeLifecycle, default_grace_s
@@ -336,7 +336,10 @@ class SimCluster:
         the daemons' declared `access`."""
         disruption.watch_pods(self.store)
         self.kubelets.install()
-        ControlPlane(self.store).install()
+        ControlPlane(
+            self.store,
+            admission=ControllerAdmission(self._admitted_by_webhooks, self._create_for_controller),
+        ).install()
         self.node_lifecycle.install()
         default = rbac.default_rbac_dir()
         try:
@@ -1016,7 +1019,23 @@ class SimCluster:
         options: Obj,
     ) -> webhooks.Attributes:
         """The request's admission attributes, for its webhooks."""
-        ident = request[_IDENTITY]
+        user = self._user_info(request[_IDENTITY])
+        return self._attributes_as(
+            user, route, operation, obj=obj, old=old, dry=dry, options=options
+        )
+
+    def _attributes_as(
+        self,
+        user: Obj,
+        route: _Route,
+        operation: str,
+        *,
+        obj: Obj | None,
+        old: Obj | None,
+        dry: bool,
+        options: Obj | None,
+    ) -> webhooks.Attributes:
+        """The admission attributes of `user`'s request."""
         name = route.name or str(((obj or {}).get("metadata") or {}).get("name") or "")
         namespace = route.namespace or ""
         if route.rt.group == "" and route.rt.resource == "namespaces":
@@ -1032,7 +1051,7 @@ class SimCluster:
             old,
             dry,
             options,
-            self._user_info(ident),
+            user,
         )
 
     def _webhook_warnings(self, request: web.Request, warned: list[str]) -> list[str]:
@@ -1046,15 +1065,26 @@ class SimCluster:
         """A create as the API server runs it: built-in admission, the mutating webhooks,
         the registry's preparation and validation, the validating webhooks, storage. The
         object as stored (or would be, under dryRun) and the webhooks' warnings."""
+        options = webhooks.options("CreateOptions", request.query, dry)
+        user = self._user_info(request[_IDENTITY])
+        created, warned = await self._create_as(
+            user, route, body, dry=dry, fields=fields, options=options
+        )
+        self._webhook_warnings(request, warned)
+        return created, warned
+
+    async def _create_as(
+        self, user: Obj, route: _Route, body: Obj, *, dry: bool, fields: Fields | None, options: Obj
+    ) -> tuple[Obj, list[str]]:
+        """`_create` for `user`, with or without an HTTP request (a controller's create)."""
         store_rt, ns = self._storage(route), route.namespace or ""
 
         def admitted(obj: Obj) -> Obj:
             return self._out(route, self.store.admit_create(store_rt, ns, self._in(route, obj)))
 
         obj = admitted(body)
-        options = webhooks.options("CreateOptions", request.query, dry)
-        attrs = self._attributes(
-            request, route, "CREATE", obj=obj, old=None, dry=dry, options=options
+        attrs = self._attributes_as(
+            user, route, "CREATE", obj=obj, old=None, dry=dry, options=options
         )
         mutated, warned = await self.webhooks.mutate(
             attrs, lambda o: scheme_defaults(route.rt.group, route.rt.kind, o), admitted
@@ -1063,10 +1093,51 @@ class SimCluster:
         prepared = self.store.prepare_create(store_rt, ns, self._in(route, mutated), fields)
         attrs.obj = self._out(route, clone(prepared))
         warned += await self.webhooks.validate(attrs)
-        self._webhook_warnings(request, warned)
         if dry:
             return self._out(route, prepared), warned
         return self._out(route, self.store.commit_create(store_rt, ns, prepared)), warned
+
+    def _controller_user(self, controller: str) -> Obj:
+        """A kube-controller-manager controller's identity (its ServiceAccount in
+        kube-system, as `--use-service-account-credentials` runs each)."""
+        return {
+            "username": f"system:serviceaccount:kube-system:{controller}",
+            "groups": [
+                "system:serviceaccounts",
+                "system:serviceaccounts:kube-system",
+                "system:authenticated",
+            ],
+        }
+
+    def _pod_route(self, namespace: str) -> _Route:
+        return self._route(["api", "v1", "namespaces", namespace, "pods"])
+
+    def _admitted_by_webhooks(self, namespace: str, pod: Obj, controller: str) -> bool:
+        """Whether a webhook would be called on this controller's pod create."""
+        attrs = self._attributes_as(
+            self._controller_user(controller),
+            self._pod_route(namespace),
+            "CREATE",
+            obj=pod,
+            old=None,
+            dry=False,
+            options=None,
+        )
+        return self.webhooks.would_call(attrs)
+
+    async def _create_for_controller(self, namespace: str, pod: Obj, controller: str) -> Obj:
+        """A controller's pod create, as the API server admits it (webhooks included)."""
+        route = self._pod_route(namespace)
+        options = webhooks.options("CreateOptions", {}, False)
+        created, _ = await self._create_as(
+            self._controller_user(controller),
+            route,
+            pod,
+            dry=False,
+            fields=None,
+            options=options,
+        )
+        return created
 
     async def _update(
         self,

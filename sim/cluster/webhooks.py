@@ -4,7 +4,8 @@ The webhook configurations (`admissionregistration.k8s.io/v1` MutatingWebhookCon
 and ValidatingWebhookConfiguration) get the API server's defaults (`pkg/apis/
 admissionregistration/v1/defaults.go`) and validation (`pkg/apis/admissionregistration/
 validation`). `Dispatcher` then calls them on the creates, updates, patches, applies,
-deletes and evictions the sim serves over HTTP, ported from
+deletes and evictions the sim serves over HTTP, and on its controllers' pod creates
+(`sim.cluster.controllers.ControllerAdmission`), ported from
 `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook`:
 
 - which webhook is called (`generic/webhook.go` `ShouldCallHook`): the configurations in
@@ -583,6 +584,18 @@ class Dispatcher:
         self._log = get_logger(component="sim-cluster-webhooks")
 
     # --- which ---------------------------------------------------------------------------
+
+    def would_call(self, attrs: Attributes) -> bool:
+        """Whether any mutating or validating webhook is called on `attrs` (a namespace
+        that cannot be read counts: the call would say so)."""
+        for kind in (MUTATING, VALIDATING):
+            for hook in self._hooks(kind):
+                try:
+                    if self._invocation(hook, attrs) is not None:
+                        return True
+                except ApiError:
+                    return True
+        return False
 
     def _hooks(self, kind: str) -> list[_Hook]:
         rt = resources.require(

@@ -1035,3 +1035,114 @@ async def test_a_namespace_is_its_own_namespace_for_its_webhooks(
         assert (await http.delete("/api/v1/namespaces/loose")).status_code == 200
     [request] = webhook.seen("ns")
     assert (request["name"], request["namespace"]) == ("protected", "protected")
+
+
+async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_create_event(
+    sim: SimCluster, webhook: Webhook
+) -> None:
+    """kube-controller-manager creates pods through the API server, so a StatefulSet's and a
+    ReplicaSet's pods meet the webhooks as a user's do, as the controller's ServiceAccount; a
+    refused create is the owner's Warning Event `FailedCreate`, and it is tried again."""
+    refuse = {"on": True}
+
+    def answer(review: Obj) -> Obj:
+        obj = review["request"]["object"]
+        if refuse["on"] and obj["metadata"].get("labels", {}).get("app") == "refused":
+            return deny(review, {"message": "no pods for this app today"})
+        return allow(review, [{"op": "add", "path": "/metadata/annotations", "value": {"x": "1"}}])
+
+    webhook.answers["ctl"] = answer
+    template = {
+        "metadata": {"labels": {"app": "nb"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
+    }
+    async with sim_http(sim) as http:
+        await register(
+            http,
+            MUTATING,
+            configuration(
+                "MutatingWebhookConfiguration",
+                "ctl",
+                hook("ctl.nodeward.test", url_client(webhook, "ctl")),
+            ),
+        )
+        sts = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "nb"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "nb"}},
+                "template": template,
+            },
+        }
+        made = await http.post(f"/apis/apps/v1/namespaces/{NS}/statefulsets", json=sts)
+        assert made.status_code == 201, made.text
+        refused = {**template, "metadata": {"labels": {"app": "refused"}}}
+        rs = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "refused"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "refused"}},
+                "template": refused,
+            },
+        }
+        made = await http.post(f"/apis/apps/v1/namespaces/{NS}/replicasets", json=rs)
+        assert made.status_code == 201, made.text
+
+        async def nb_pod() -> Obj | None:
+            return sim.store.find(PODS, NS, "nb-0")
+
+        found = await _until(nb_pod)
+        assert found["metadata"]["annotations"] == {"x": "1"}
+        request = next(r for r in webhook.seen("ctl") if r["name"] == "nb-0")
+        assert request["userInfo"]["username"] == (
+            "system:serviceaccount:kube-system:statefulset-controller"
+        )
+
+        async def failed_create() -> list[Obj]:
+            listed = await http.get(f"/api/v1/namespaces/{NS}/events")
+            return [
+                e
+                for e in listed.json()["items"]
+                if e["reason"] == "FailedCreate" and e["involvedObject"]["name"] == "refused"
+            ]
+
+        events = await _until(failed_create)
+        assert events[0]["type"] == "Warning"
+        assert events[0]["message"] == (
+            'Error creating: admission webhook "ctl.nodeward.test" denied the request: '
+            "no pods for this app today"
+        )
+        assert not [
+            p for p in sim.store.list(PODS, NS) if p["metadata"]["name"].startswith("refused")
+        ]
+        refuse["on"] = False  # the controller tries again (after its back-off) and succeeds
+
+        async def two() -> bool:
+            pods = [
+                p for p in sim.store.list(PODS, NS) if p["metadata"]["name"].startswith("refused")
+            ]
+            return len(pods) == 2
+
+        await _until(two, timeout=10)
+        # exactly two: no create was made twice while one was being admitted
+        assert (
+            len(
+                [p for p in sim.store.list(PODS, NS) if p["metadata"]["name"].startswith("refused")]
+            )
+            == 2
+        )
+
+
+async def _until(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
