@@ -114,6 +114,13 @@ def _stamped(event: Any, subject: str, detail: str, at: datetime | None) -> str:
     return f"{line} (event time {own.strftime(fmt)})"
 
 
+def story_line(label: str, detail: str, severity: str = "info") -> None:
+    """Print a line `up` tells of itself (not read from the bus: the demo's credential
+    notebook) in the story's format, now."""
+    line = _label(label) + f"{_clock(_now())} {LEVELS[severity]} {short(detail)}"
+    echo_line(fit(line, line_width()), severity)
+
+
 def health_line(event: Any, subject: str, at: datetime | None = None) -> str | None:
     """A GPU state change; None for heartbeats and the first `healthy` an agent reports."""
     h: GpuHealth = event.data

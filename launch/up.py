@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from launch import sim_identity
 from launch.access import DECLARED
 from launch.registry import RegistryUnavailable, run_registry
 from launch.sim_agents import energy as sim_energy
@@ -17,6 +18,7 @@ from launch.sim_agents import gpu as sim_gpu
 from launch.sim_agents import idle as sim_idle
 from launch.sim_agents.fleet import FLEET_ABOVE, fleet_process
 from launch.sim_bmc import BmcNodes, bmc_nodes
+from launch.story import story_line
 from nodeward.bus import Bus
 from nodeward.bus.errors import BusError
 from nodeward.bus.server import EmbeddedNats, ServerRestart, free_port
@@ -24,10 +26,12 @@ from nodeward.config import Settings
 from nodeward.daemon import Daemon, install_signal_handlers
 from nodeward.endpoints import Endpoints
 from nodeward.kube.client import KubeClient
+from nodeward.kube.errors import KubeError
 from nodeward.platform import Component, UpContext, bus_daemon, components
 from nodeward.supervisor import ACTOR, Restart, RestartPolicy, Supervisor, Unit, restart_audit
 from schemas.base import make_event
 from schemas.remediation import Remediation
+from services.admission.webhook import configuration
 from sim.cluster.embedded import EmbeddedCluster, embedded_cluster
 from sim.cluster.seed import Seed, load_seed
 from sim.inject import InjectReply
@@ -92,6 +96,44 @@ def _sim_controllers(
     daemon.add_task(operator.run, name="sim-reboot")
     daemon.add_task(SimNotebookController(client).run, name="sim-notebooks")
     daemon.add_shutdown_hook(client.close)
+
+
+def _admission_in_sim(
+    daemon: Daemon,
+    bus: Bus,
+    cluster: EmbeddedCluster,
+    endpoints: Endpoints,
+    supervisor: Supervisor,
+    *,
+    show: bool,
+) -> None:
+    """Once the admission webhook is ready, register it with the sim cluster (by URL, its CA
+    as `caBundle`); with `show`, then tell the demo's credential story
+    (`launch.sim_identity.show_mounted_credentials`)."""
+    url, ca_file = endpoints.admission_url, endpoints.admission_ca_file
+    if url is None or ca_file is None:
+        return
+    client = KubeClient.from_settings(cluster.settings_for(None), user_agent="sim-admission")
+    daemon.add_shutdown_hook(client.close)
+    log = structlog.get_logger().bind(component="up")
+
+    async def ready() -> bool:
+        webhook = next((d for d in supervisor.daemons if d.name == sim_identity.ADMISSION), None)
+        return webhook is not None and webhook.started and (await webhook.readiness()).ready
+
+    async def register() -> None:
+        await sim_identity.until(ready, float("inf"))
+        ca = await asyncio.to_thread(ca_file.read_bytes)
+        try:
+            await sim_identity.register_webhook(client, configuration(ca, url=url))
+            log.info("up.admission_registered", url=url)
+            if show:
+                nodes = endpoints.state_dir / "nodes"
+                await sim_identity.show_mounted_credentials(client, bus.nc, nodes, story_line)
+        except (KubeError, OSError, ValueError) as exc:  # told, never the platform's end
+            log.warning("up.admission_demo_failed", error=str(exc))
+
+    daemon.add_task(register, name="sim-admission")
 
 
 def _teller(daemon: Daemon, bus: Bus) -> Callable[[Remediation], None]:
@@ -274,6 +316,7 @@ async def run_up(
                 log.warning("up.no_bmc", nodes=list(bmc_nodes_run), why=bmcs.unavailable)
             if registry:
                 _push_to(settings, registry, state_dir / "nodes")
+            await stack.enter_async_context(sim_identity.directory(state_dir, settings))
         # The platform daemon goes first: its bus provisions the streams the others use.
         platform, platform_bus = await _platform_daemon(settings)
         context = UpContext(
@@ -337,6 +380,9 @@ async def run_up(
         if cluster is not None:
             bmcs.attach(platform, platform_bus.nc, supervisor)
             _sim_controllers(platform, platform_bus, cluster, bmcs if bmcs.nodes else None)
+            _admission_in_sim(
+                platform, platform_bus, cluster, endpoints, supervisor, show=story is not None
+            )
         stack.callback(endpoints.remove)
         endpoints.write()
         log.info(

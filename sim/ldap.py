@@ -121,6 +121,9 @@ class Slapd:
     tls_port: int = 0
     root_password: str = field(default_factory=lambda: secrets.token_hex(12))
     bind_password: str = field(default_factory=lambda: secrets.token_hex(12))
+    dies_with_parent: bool = False
+    """slapd is sent SIGTERM when this process ends, even by SIGKILL (`setpriv --pdeathsig`,
+    where installed), as `nodeward up`'s other children are"""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     # where things are -------------------------------------------------------------------
@@ -247,8 +250,12 @@ access to * by users read by * none
     def _launch(self) -> bool:
         urls = f"{self.url}/ {self.ldaps_url}/"
         log = self.log_file.open("ab")
+        argv = [SLAPD, "-d", "0", "-h", urls, "-f", str(self.root / "slapd.conf")]
+        setpriv = shutil.which("setpriv") if self.dies_with_parent else None
+        if setpriv:  # PR_SET_PDEATHSIG survives the exec; no preexec_fn in a threaded process
+            argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
         self._proc = subprocess.Popen(
-            [SLAPD, "-d", "0", "-h", urls, "-f", str(self.root / "slapd.conf")],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

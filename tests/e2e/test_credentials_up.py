@@ -198,3 +198,64 @@ def test_up_without_a_kdc_says_so_in_one_line_and_leaves_the_kerberos_secret(
         assert "krb5cc" not in untouched["raw"]
         assert "nodeward.io/credential" not in (untouched["metadata"].get("labels") or {})
         assert up.endpoints["oauth2_token_url"]  # OAuth2 runs all the same
+
+
+def test_up_mounts_the_owners_credentials_into_a_new_notebook_and_renewals_reach_it(
+    tmp_path: Path,
+) -> None:
+    """The demo's credential story: a notebook created with no credential volume in bob's
+    namespace comes up with his credentials mounted (the admission webhook, called by the sim
+    cluster over TLS) and runs as bob (uid from the directory's LDAP, where slapd is
+    installed); his OAuth2 token's renewal then reaches the file in the pod's volume."""
+    from sim.ldap import missing
+
+    with running_up(tmp_path, "--nodes", "2", "--scenario", "none") as up:
+        out = up.output.out
+
+        def said(label: str, text: str) -> str | None:
+            return next((ln for ln in out if ln.startswith(label) and text in ln), None)
+
+        wait_until(
+            lambda: said("ADMIT ", "created with no credential volume"),
+            timeout=90,
+            what=f"the notebook admitted: {out[-10:]}",
+        )
+        mounted = said("ADMIT ", "created with no credential volume")
+        assert mounted is not None and "bob-oauth" in mounted
+        if missing() is None:
+            wait_until(lambda: said("ADMIT ", "runs as bob (uid 21002"), timeout=5, what="uid")
+        pod = _pod(Path(up.endpoints["kubeconfig"]), "ml-nlp", "bob-kerberos-0")
+        volumes = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
+        assert "bob-oauth" in volumes
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["OAUTH2_TOKEN_FILE"] == "/var/run/secrets/nodeward.io/bob-oauth/access_token"
+        wait_until(
+            lambda: said("MOUNT ", "bob-oauth (oauth2) renewed, and the pod reads the new one"),
+            timeout=120,
+            what=f"bob's renewed token in the pod's volume: {out[-10:]}",
+        )
+
+
+def _pod(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is installed by `make test` (scripts/system-deps.sh)"
+    got = subprocess.run(
+        [
+            kubectl,
+            "--kubeconfig",
+            str(kubeconfig),
+            "-n",
+            namespace,
+            "get",
+            "pod",
+            name,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert got.returncode == 0, got.stderr
+    found: dict[str, Any] = json.loads(got.stdout)
+    return found
