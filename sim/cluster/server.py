@@ -217,6 +217,17 @@ def _wants_metadata(request: web.Request) -> bool:
     )
 
 
+def _wants_partial(request: web.Request) -> bool:
+    """A metadata-only watch or get (client-go's metadata client): each object as a
+    `PartialObjectMetadata`, `application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1`
+    (`handlers/response.go` `transformObject`)."""
+    accept = request.headers.get("Accept", "")
+    return any(
+        "as=PartialObjectMetadata;" in part + ";" and part.strip().startswith("application/json")
+        for part in accept.split(",")
+    )
+
+
 class SimCluster:
     """A Kubernetes API server for the resources nodeward uses, with RBAC, on one port."""
 
@@ -1648,7 +1659,11 @@ class SimCluster:
         as_table = _wants_table(request)
         include = request.query.get("includeObject", "Metadata")
 
+        partial = not as_table and _wants_partial(request)
+
         def encode(ev: dict[str, Any]) -> bytes:
+            if partial and ev["type"] in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                ev = {"type": ev["type"], "object": tables.partial(ev["object"])}
             if as_table and ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
                 obj = ev["object"]
                 ev = {

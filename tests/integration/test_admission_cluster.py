@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from launch.sim_identity import register_webhook
@@ -216,6 +217,8 @@ async def test_kubectl_pod_gets_the_credentials_and_the_owners_identity(
     )
     assert rc == 0, err
     pod = await env.running("nb")
+    # The mutated pod is one the official schemas accept, as stored and served.
+    kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     spec = pod["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     krb = next(

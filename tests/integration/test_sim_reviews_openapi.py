@@ -222,3 +222,46 @@ async def test_a_metadata_only_list_as_client_gos_metadata_client_asks(
         assert await cluster.nodes.count() == len(full["items"])
     finally:
         await cluster.close()
+
+
+async def test_a_metadata_only_watch_sends_no_secret_data(sim: SimCluster, tmp_path: Path) -> None:
+    """A watch with `Accept: application/json;as=PartialObjectMetadata;...` (client-go's
+    metadata informer, the admission webhook's Secret cache) gets each object as its metadata
+    alone, as kube-apiserver transforms watch events: a Secret's data never travels."""
+    from nodeward.config import ClusterSettings
+    from nodeward.kube.client import METADATA_ONLY, KubeClient
+
+    kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig-watch")
+    client = KubeClient.from_settings(ClusterSettings(kubeconfig=kubeconfig))
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "cc", "namespace": "default", "labels": {"k": "v"}},
+        "stringData": {"krb5cc": "the-ticket-itself"},
+    }
+    seen: list[dict[str, Any]] = []
+    try:
+        listed = await client.request("GET", "/api/v1/namespaces/default/secrets")
+        rv = listed["metadata"]["resourceVersion"]
+        await client.request("POST", "/api/v1/namespaces/default/secrets", body=secret)
+        stream = client.stream(
+            "/api/v1/namespaces/default/secrets",
+            query={"watch": "true", "resourceVersion": rv},
+            read_timeout=10,
+            accept=METADATA_ONLY,
+        )
+        async for event in stream:
+            seen.append(event)
+            if event["object"]["metadata"].get("name") == "cc":
+                break
+    finally:
+        await client.close()
+    obj = seen[-1]["object"]
+    assert (seen[-1]["type"], obj["kind"], obj["apiVersion"]) == (
+        "ADDED",
+        "PartialObjectMetadata",
+        "meta.k8s.io/v1",
+    )
+    assert set(obj) == {"kind", "apiVersion", "metadata"}
+    assert obj["metadata"]["labels"] == {"k": "v"}
+    assert "the-ticket-itself" not in str(seen) and "dGhlLXRpY2tldC" not in str(seen)
