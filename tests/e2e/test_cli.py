@@ -431,7 +431,7 @@ def test_service_reset_breaker_and_unknown_names(embedded_bus: str) -> None:
     assert unknown.returncode == 1
     assert (
         unknown.stderr.strip()
-        == "nodeward: error: no service named 'nope' (known: accounting, capacity, checkpoint, console, cordon, credentials, culler, falco, notifier, recovery)"
+        == "nodeward: error: no service named 'nope' (known: accounting, admission, capacity, checkpoint, console, cordon, credentials, culler, directory, falco, notifier, recovery)"
     )
     assert (
         run("agent", "nope", env=env).stderr.strip()
