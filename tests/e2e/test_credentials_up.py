@@ -38,8 +38,8 @@ secrets:
 """
 
 
-def _secret(kubeconfig: Path, namespace: str = NAMESPACE, name: str = SECRET) -> dict[str, Any]:
-    """The Secret as `kubectl get secret -o json` shows it, its data decoded."""
+def _get(kubeconfig: Path, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    """The object as `kubectl get KIND NAME -o json` shows it."""
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl is installed by `make test` (scripts/system-deps.sh)"
     got = subprocess.run(
@@ -50,7 +50,7 @@ def _secret(kubeconfig: Path, namespace: str = NAMESPACE, name: str = SECRET) ->
             "-n",
             namespace,
             "get",
-            "secret",
+            kind,
             name,
             "-o",
             "json",
@@ -60,7 +60,13 @@ def _secret(kubeconfig: Path, namespace: str = NAMESPACE, name: str = SECRET) ->
         timeout=30,
     )
     assert got.returncode == 0, got.stderr
-    secret: dict[str, Any] = json.loads(got.stdout)
+    found: dict[str, Any] = json.loads(got.stdout)
+    return found
+
+
+def _secret(kubeconfig: Path, namespace: str = NAMESPACE, name: str = SECRET) -> dict[str, Any]:
+    """The Secret as `kubectl get secret -o json` shows it, its data decoded."""
+    secret = _get(kubeconfig, namespace, "secret", name)
     secret["raw"] = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
     secret["decoded"] = {k: v.decode(errors="replace") for k, v in secret["raw"].items()}
     return secret
@@ -224,7 +230,7 @@ def test_up_mounts_the_owners_credentials_into_a_new_notebook_and_renewals_reach
         assert mounted is not None and "bob-oauth" in mounted
         if missing() is None:
             wait_until(lambda: said("ADMIT ", "runs as bob (uid 21002"), timeout=5, what="uid")
-        pod = _pod(Path(up.endpoints["kubeconfig"]), "ml-nlp", "bob-kerberos-0")
+        pod = _get(Path(up.endpoints["kubeconfig"]), "ml-nlp", "pod", "bob-kerberos-0")
         volumes = {v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v}
         assert "bob-oauth" in volumes
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
@@ -234,28 +240,3 @@ def test_up_mounts_the_owners_credentials_into_a_new_notebook_and_renewals_reach
             timeout=120,
             what=f"bob's renewed token in the pod's volume: {out[-10:]}",
         )
-
-
-def _pod(kubeconfig: Path, namespace: str, name: str) -> dict[str, Any]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is installed by `make test` (scripts/system-deps.sh)"
-    got = subprocess.run(
-        [
-            kubectl,
-            "--kubeconfig",
-            str(kubeconfig),
-            "-n",
-            namespace,
-            "get",
-            "pod",
-            name,
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert got.returncode == 0, got.stderr
-    found: dict[str, Any] = json.loads(got.stdout)
-    return found
