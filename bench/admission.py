@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402 - after the path is set
 from aiohttp import web  # noqa: E402
 
+from nodeward import certs  # noqa: E402
 from nodeward.logs import configure_logging  # noqa: E402
-from services.admission import certs  # noqa: E402
 from services.admission.cache import ClusterCache  # noqa: E402
 from services.admission.server import AdmissionServer  # noqa: E402
 from services.admission.settings import AdmissionSettings  # noqa: E402

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nodeward import certs
 from nodeward.config import ConfigError
 from nodeward.daemon import Daemon
 from nodeward.handlers import Runtime, Service
 from nodeward.platform import Component, Standalone, UpContext
-from services.admission import certs
 from services.admission.access import ACCESS
 from services.admission.cache import ClusterCache
 from services.admission.server import AdmissionServer, ServerError
@@ -71,7 +71,7 @@ def up_certificate(state_dir: Path) -> tuple[Path, Path, Path]:
     where = state_dir / NAME
     ca_file, cert_file, key_file = where / "ca.pem", where / "tls.crt", where / "tls.key"
     if not (ca_file.exists() and cert_file.exists() and key_file.exists()):
-        ca = certs.authority()
+        ca = certs.authority("nodeward admission CA")
         certs.serving(ca, ["127.0.0.1", "localhost"], cert_file, key_file)
         ca_file.write_bytes(ca.pem)
     return ca_file, cert_file, key_file

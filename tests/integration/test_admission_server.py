@@ -21,9 +21,9 @@ import structlog.testing
 from cryptography import x509
 from prometheus_client import CollectorRegistry
 
+from nodeward import certs
 from nodeward.aio import within
 from nodeward.kube import Cluster, Forbidden
-from services.admission import certs
 from services.admission.cache import ClusterCache
 from services.admission.server import AdmissionServer
 from services.admission.service import app, up_certificate

@@ -1,5 +1,6 @@
-"""A CA and a serving certificate it signs, for `nodeward up` (which has no cert-manager or
-chart to make them) and the tests: PEM files, the key mode 0600."""
+"""A CA and the serving certificates it signs, where no cert-manager or chart makes them:
+the admission webhook under `nodeward up`, the sim cluster's API server, the tests. EC P-256,
+SHA-256; files written whole (by rename), the key mode 0600."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def authority(common: str = "nodeward admission CA", days: int = 365) -> Authority:
+def authority(common: str = "nodeward CA", days: int = 365) -> Authority:
+    """A new self-signed CA, valid from five minutes ago for `days`."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     cert = (
@@ -63,22 +65,22 @@ def authority(common: str = "nodeward admission CA", days: int = 365) -> Authori
     return Authority(cert, key)
 
 
-def serving(
-    ca: Authority, hosts: Sequence[str], cert_file: Path, key_file: Path, days: int = 90
-) -> x509.Certificate:
-    """A serving certificate for `hosts` (DNS names or IP addresses) signed by `ca`, written
-    to `cert_file` and `key_file` (each replaced whole, by rename)."""
+def issue(
+    ca: Authority, hosts: Sequence[str], *, common: str | None = None, days: int = 90
+) -> tuple[bytes, bytes, x509.Certificate]:
+    """A serving certificate for `hosts` (DNS names or IP addresses) signed by `ca`, its
+    subject `common` (else the first host): (certificate PEM, key PEM, certificate)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     names: list[x509.GeneralName] = []
-    for host in hosts:
+    for host in dict.fromkeys(hosts):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
+        .subject_name(_name(common or hosts[0]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -94,8 +96,17 @@ def serving(
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem, cert
+
+
+def serving(
+    ca: Authority, hosts: Sequence[str], cert_file: Path, key_file: Path, days: int = 90
+) -> x509.Certificate:
+    """`issue`'s certificate written to `cert_file` (with the CA after it) and its key to
+    `key_file`, each replaced whole, by rename."""
+    cert_pem, key_pem, cert = issue(ca, hosts, days=days)
     _write(key_file, key_pem, 0o600)
-    _write(cert_file, cert.public_bytes(serialization.Encoding.PEM) + ca.pem, 0o644)
+    _write(cert_file, cert_pem + ca.pem, 0o644)
     return cert
 
 
