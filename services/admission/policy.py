@@ -168,8 +168,23 @@ class Decision:
         return [op["path"] for op in self.patch]
 
 
-def response(uid: str, decision: Decision) -> dict[str, Any]:
-    """The AdmissionReview answering request `uid` with `decision`."""
+WARNING_MOST = 256
+"""A warning is cut here (the API server truncates longer ones)."""
+
+
+def response(uid: str, decision: Decision, *, audit_only: bool = False) -> dict[str, Any]:
+    """The AdmissionReview answering request `uid` with `decision`. `audit_only` (the
+    service's `dry_run`): allowed and unchanged, with a warning the client sees saying what
+    would have been done."""
+    if audit_only:
+        said = {
+            "refused": f"would refuse: {decision.message}",
+            "mutated": f"would set {', '.join(dict.fromkeys(decision.paths))}",
+        }.get(decision.outcome)
+        quiet: dict[str, Any] = {"uid": uid, "allowed": True}
+        if said:
+            quiet["warnings"] = [f"nodeward dry run: {said}"[:WARNING_MOST]]
+        return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": quiet}
     answer: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         answer["status"] = {

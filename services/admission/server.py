@@ -127,7 +127,8 @@ class Metrics:
         self.reviews = Counter(
             "nodeward_admission_reviews",
             "AdmissionReviews answered, per outcome (mutated, unchanged, skipped, refused, "
-            "malformed, not_ready, timeout) and whether the request was a dry run",
+            "malformed, not_ready, timeout) and whether it was a dry run (the request's, or "
+            "the service's dry_run: the outcome it would have had)",
             ["outcome", "dry_run"],
             registry=registry,
         )
@@ -267,7 +268,7 @@ class AdmissionServer:
             self.metrics.reviews.labels("not_ready", dry).inc()
             return _line(503, f"namespace {review.namespace} is not in the cache yet")
         self._account(review, decision)
-        return web.json_response(response(review.uid, decision))
+        return web.json_response(response(review.uid, decision, audit_only=self.settings.dry_run))
 
     def _decide(self, review: ReviewRequest) -> Decision | None:
         name = review.namespace or ""
@@ -284,7 +285,7 @@ class AdmissionServer:
         return _line(400, why)
 
     def _account(self, review: ReviewRequest, decision: Decision) -> None:
-        dry = review.dry_run
+        dry = review.dry_run or self.settings.dry_run
         self.metrics.reviews.labels(decision.outcome, "true" if dry else "false").inc()
         context = {"pod": decision.pod, "review": review.uid, "dry_run": dry}
         if decision.outcome == "refused":

@@ -51,6 +51,9 @@ class AdmissionSettings(Section):
     set_identity: bool = True
     """set runAsUser, runAsGroup, fsGroup and supplementalGroups from the namespace's owner
     where the pod sets none, and refuse another uid"""
+    dry_run: bool = False
+    """audit mode: every pod is admitted as it is; what would have been patched or refused
+    is logged, counted (`dry_run="true"`) and told to the client as a warning"""
     require_owner: bool = False
     """refuse pods in an opted-in namespace the directory has recorded no owner uid on
     (otherwise they are admitted with their credentials mounted and no identity set)"""

@@ -230,12 +230,22 @@ class DirectoryService:
         entry = found.find(who)
         now = _stamp(datetime.now(UTC))
         if entry is None:
+            if self.settings.dry_run:
+                self.log.info("directory.would_flag", namespace=name, owner=who.login or who.mail)
+                return 1
             await self.flag(name, who, annotations, version, now)
             return 1
-        if annotations.get(OWNER_LEFT):
+        if annotations.get(OWNER_LEFT) and not self.settings.dry_run:
             await self._tell(name, who, annotations[OWNER_LEFT], returned=True)
         patch = sync_patch(labels, annotations, owner(entry, found.groups, found.egroups), now=now)
-        if patch:
+        if patch and self.settings.dry_run:
+            self.log.info(
+                "directory.would_write",
+                login=entry.login,
+                labels=patch.labels,
+                annotations=sorted(patch.annotations),
+            )
+        elif patch:
             await self.cluster.namespaces.merge_metadata(
                 name, labels=patch.labels, annotations=patch.annotations
             )

@@ -62,6 +62,10 @@ class DirectorySettings(Section):
     """how often every namespace is synced (a new one at once)"""
     timeout: Duration = timedelta(seconds=30)
     """per LDAP operation (connect, bind, each page)"""
+    dry_run: bool = False
+    """write nothing to the namespaces and tell no one: what would be written, and an
+    owner who would be flagged as gone, are logged (`directory.would_write`,
+    `directory.would_flag`)"""
     retry_initial: Duration = timedelta(seconds=1)
     retry_max: Duration = timedelta(minutes=5)
     """an LDAP server down is retried after retry_initial, doubling up to this"""

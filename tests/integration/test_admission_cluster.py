@@ -85,7 +85,7 @@ class Platform:
         }
         return await self.start(await build_directory(self.settings("directory", config)))
 
-    async def admission(self, failure_policy: str = "Ignore") -> Daemon:
+    async def admission(self, failure_policy: str = "Ignore", *, dry_run: bool = False) -> Daemon:
         """The webhook on loopback, registered with the sim once its cache is in."""
         ca_file, cert, key = up_certificate(self.tmp)
         config = {
@@ -94,6 +94,7 @@ class Platform:
             "tls_cert_file": str(cert),
             "tls_key_file": str(key),
             "failure_policy": failure_policy,
+            "dry_run": dry_run,
         }
         built = await admission_app.assemble(self.settings("admission", config))
         daemon = await self.start(built.daemon)
@@ -344,3 +345,26 @@ async def test_a_renewed_ticket_reaches_the_file_in_the_pods_volume(
     inside = await wait_for(arrived, timeout=20, what="the renewed ticket in the pod's volume")
     # The workload authenticates with what it reads there, past the first ticket's life.
     assert authenticates(kdc, inside, tmp_path) == kdc.user_princ
+
+
+async def test_in_dry_run_pods_are_admitted_as_they_are_and_told_what_would_change(
+    platform: Factory,
+) -> None:
+    env = await platform()
+    await env.secret("bob-krb5", "kerberos", {"krb5cc": b"ticket-1"})
+    owner = {OWNER_UID: str(BOB_UID), "nodeward.io/owner-gid": str(BOB_GID)}  # as the directory
+    await env.admin.namespaces.merge_metadata(env.ns, labels=owner)
+    await env.admission(dry_run=True)
+    rc, _, err = await env.kubectl(
+        "-n", env.ns, "run", "nb", "--image=python:3.12", "--restart=Never"
+    )
+    assert rc == 0, err
+    assert "Warning: nodeward dry run: would set /spec/" in err, err
+    pod = await env.pod("nb")
+    assert not any(v["name"].startswith("nodeward-cred") for v in pod["spec"]["volumes"])
+    rc, _, err = await env.kubectl(
+        "-n", env.ns, "run", "as-root", "--image=python:3.12", "--restart=Never",
+        '--overrides={"spec":{"securityContext":{"runAsUser":0}}}',
+    )  # fmt: skip
+    assert rc == 0, err  # admitted, with the refusal it would have made as a warning
+    assert "Warning: nodeward dry run: would refuse:" in err, err

@@ -251,3 +251,21 @@ async def test_without_a_url_it_idles_ready(directory_env: EnvFactory) -> None:
     daemon = await env.start()
     await wait_for(lambda: env.ready(daemon), what="ready")
     assert not await env.labelled(ns, OWNER_UID)
+
+
+async def test_dry_run_writes_nothing_and_tells_no_one(directory_env: EnvFactory) -> None:
+    env = await directory_env(interval="0.3s", dry_run=True)
+    known, gone = env.ns("user-alice"), env.ns("user-nobody")
+    await env.create(known, labels={OWNER: "alice"})
+    await env.create(gone, labels={OWNER: "nobody-at-all"})
+    with capture_logs() as logs:
+        daemon = await env.start()
+        await wait_for(lambda: env.ready(daemon), what="the first sync")
+        await env.more_syncs(2)
+    labels, annotations = await env.meta(known)
+    assert OWNER_UID not in labels and SYNCED_AT not in annotations
+    assert OWNER_LEFT not in (await env.meta(gone))[1]
+    assert await env.oncall(gone) == []
+    would = said_as(logs, "directory.would_write")
+    assert any(e["labels"].get(OWNER_UID) == "10001" for e in would), would
+    assert [e["namespace"] for e in said_as(logs, "directory.would_flag")][:1] == [gone]

@@ -467,6 +467,20 @@ def test_an_empty_patch_is_no_patch_and_a_refusal_a_403_status() -> None:
     assert refused["response"]["status"]["reason"] == "Forbidden"
 
 
+def test_audit_only_admits_unchanged_and_warns_what_it_would_have_done() -> None:
+    """The service's `dry_run`: nothing patched or refused, the client told in a warning."""
+    mutated = response("u", decide(request(pod()), NS, CREDS, settings()), audit_only=True)
+    body = mutated["response"]
+    assert (body["allowed"], "patch" in body, "status" in body) == (True, False, False)
+    assert body["warnings"][0].startswith("nodeward dry run: would set /spec/")
+    refused = decide(request(pod(securityContext={"runAsUser": 0})), NS, CREDS, settings())
+    body = response("u", refused, audit_only=True)["response"]
+    assert body["allowed"] is True and "status" not in body
+    assert body["warnings"] == [f"nodeward dry run: would refuse: {refused.message}"[:256]]
+    unchanged = decide(request(pod(), operation="DELETE"), NS, CREDS, settings())
+    assert response("u", unchanged, audit_only=True)["response"] == {"uid": "u", "allowed": True}
+
+
 def test_a_pod_is_named_by_generate_name_before_it_has_a_name() -> None:
     obj = pod()
     obj["metadata"] = {"generateName": "job-", "namespace": "team-a"}
