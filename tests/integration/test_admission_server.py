@@ -8,7 +8,7 @@ import base64
 import json
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from services.admission.service import app, up_certificate
 from services.admission.settings import AdmissionSettings
 from services.admission.webhook import configuration
 from sim.cluster import SimCluster
+from tests.conftest import wait_for
 from tests.integration.simkube import PortFactory, service_settings
 
 ROOT = "/var/run/secrets/nodeward.io"
@@ -84,14 +85,6 @@ def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
     assert answer["patchType"] == "JSONPatch"
     found: list[dict[str, Any]] = json.loads(base64.b64decode(answer["patch"]))
     return found
-
-
-async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    async def wait() -> None:
-        while not check():
-            await asyncio.sleep(0.02)
-
-    await within(wait(), timeout)
 
 
 def secret(name: str, namespace: str, kind: str, data: dict[str, str]) -> dict[str, Any]:
@@ -161,7 +154,9 @@ async def webhook(sim: SimCluster, port_for: PortFactory, tmp_path: Path) -> Asy
     http = httpx.AsyncClient(verify=context, timeout=10)
     try:
         await within(cache.wait_synced(), 10)
-        await until(lambda: len(cache.credentials_in(ns)) == 2 and cache.namespace(ns) is not None)
+        await wait_for(
+            lambda: len(cache.credentials_in(ns)) == 2 and cache.namespace(ns) is not None
+        )
         yield Webhook(server, cache, http, ca, registry, admin, ns, tmp_path)
     finally:
         await http.aclose()
@@ -211,14 +206,14 @@ async def test_the_cache_follows_secrets_and_namespaces(webhook: Webhook) -> Non
     await webhook.admin.client.request(
         "POST", f"/api/v1/namespaces/{ns}/secrets", body=secret("aaa", ns, "kerberos", {})
     )
-    await until(
+    await wait_for(
         lambda: [c.name for c in webhook.cache.credentials_in(ns)] == ["aaa", "krb", "token"]
     )
     env = patch_of(await webhook.review(pod()))
     krb5 = next(op for op in env if op["path"] == "/spec/containers/0/env")["value"][0]
     assert krb5 == {"name": "KRB5CCNAME", "value": f"FILE:{ROOT}/aaa/krb5cc"}
     await webhook.admin.client.request("DELETE", f"/api/v1/namespaces/{ns}/secrets/aaa")
-    await until(lambda: len(webhook.cache.credentials_in(ns)) == 2)
+    await wait_for(lambda: len(webhook.cache.credentials_in(ns)) == 2)
     # the namespace opts out: pods are left alone
     await webhook.admin.client.request(
         "PATCH",
@@ -226,7 +221,7 @@ async def test_the_cache_follows_secrets_and_namespaces(webhook: Webhook) -> Non
         body={"metadata": {"labels": {"nodeward.io/admission": "off"}}},
         content_type="application/merge-patch+json",
     )
-    await until(lambda: not webhook.cache.namespaces[ns].opted_in)
+    await wait_for(lambda: not webhook.cache.namespaces[ns].opted_in)
     answer = await webhook.review(pod())
     assert answer["allowed"] is True and "patch" not in answer
 

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from sim.cluster import SimCluster, resources
 from sim.cluster.tls import ServingCert, make_serving_cert
+from tests.conftest import wait_for
 from tests.integration.simkube import fast_admin_client, run_kubectl, sim_http
 
 Obj = dict[str, Any]
@@ -148,6 +149,20 @@ async def register(http: httpx.AsyncClient, path: str, body: Obj) -> Obj:
     return dict(made.json())
 
 
+async def mutating(http: httpx.AsyncClient, name: str, *hooks: Obj) -> Obj:
+    """Register a MutatingWebhookConfiguration `name` of `hooks`; the object made."""
+    return await register(
+        http, MUTATING, configuration("MutatingWebhookConfiguration", name, *hooks)
+    )
+
+
+async def validating(http: httpx.AsyncClient, name: str, *hooks: Obj) -> Obj:
+    """Register a ValidatingWebhookConfiguration `name` of `hooks`; the object made."""
+    return await register(
+        http, VALIDATING, configuration("ValidatingWebhookConfiguration", name, *hooks)
+    )
+
+
 def url_client(server: Webhook, path: str) -> Obj:
     return {"url": server.url(path), "caBundle": server.ca_bundle}
 
@@ -156,15 +171,7 @@ async def test_configurations_get_the_api_servers_defaults_and_validation(
     sim: SimCluster, webhook: Webhook, tmp_path: Path
 ) -> None:
     async with sim_http(sim) as http:
-        made = await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "defaults",
-                hook("a.nodeward.test", url_client(webhook, "a")),
-            ),
-        )
+        made = await mutating(http, "defaults", hook("a.nodeward.test", url_client(webhook, "a")))
         h = made["webhooks"][0]
         assert (h["failurePolicy"], h["matchPolicy"], h["reinvocationPolicy"]) == (
             "Fail",
@@ -174,13 +181,7 @@ async def test_configurations_get_the_api_servers_defaults_and_validation(
         assert (h["timeoutSeconds"], h["namespaceSelector"], h["objectSelector"]) == (10, {}, {})
         assert h["rules"][0]["scope"] == "*"
         service = {"service": {"namespace": "hooks", "name": "x"}}
-        made = await register(
-            http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration", "svc", hook("b.nodeward.test", service)
-            ),
-        )
+        made = await validating(http, "svc", hook("b.nodeward.test", service))
         assert made["webhooks"][0]["clientConfig"]["service"]["port"] == 443
         assert "reinvocationPolicy" not in made["webhooks"][0]
 
@@ -294,15 +295,7 @@ async def test_a_pod_made_with_kubectl_and_with_the_python_client_gets_the_patch
 
     webhook.answers["inject"] = inject
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "inject",
-                hook("inject.nodeward.test", url_client(webhook, "inject")),
-            ),
-        )
+        await mutating(http, "inject", hook("inject.nodeward.test", url_client(webhook, "inject")))
     manifest = tmp_path / "pod.json"
     manifest.write_text(json.dumps(pod("by-kubectl")))
     rc, _, err = await run_kubectl(sim, tmp_path, "create", "-n", NS, "-f", str(manifest))
@@ -361,15 +354,7 @@ async def test_a_denial_is_the_api_servers_answer_and_kubectls_error(
         review, {"code": 409, "reason": "Conflict", "message": "taken"}
     )
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "deny",
-                hook("deny.nodeward.test", url_client(webhook, "deny")),
-            ),
-        )
+        await mutating(http, "deny", hook("deny.nodeward.test", url_client(webhook, "deny")))
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("forbidden"))
         assert answer.status_code == 400
         # `ToStatusErr`: the webhook's status, its code at least 400, no reason given none
@@ -390,14 +375,8 @@ async def test_a_denial_is_the_api_servers_answer_and_kubectls_error(
             '"deny.nodeward.test" denied the request: pods named forbidden are not allowed'
         )
         await http.delete(f"{MUTATING}/deny")
-        await register(
-            http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration",
-                "coded",
-                hook("coded.nodeward.test", url_client(webhook, "deny-coded")),
-            ),
+        await validating(
+            http, "coded", hook("coded.nodeward.test", url_client(webhook, "deny-coded"))
         )
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("forbidden"))
         assert answer.status_code == 409
@@ -434,48 +413,42 @@ async def test_selectors_and_rules_decide_which_requests_a_webhook_sees(
             assert made.status_code == 201
             # as the server sets it, what charts' namespaceSelectors exclude kube-system by
             assert made.json()["metadata"]["labels"]["kubernetes.io/metadata.name"] == name
-        await register(
+        await mutating(
             http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "selectors",
-                hook(
-                    "ns.nodeward.test", see, namespaceSelector={"matchLabels": {"webhooks": "on"}}
-                ),
-                hook(
-                    "obj.nodeward.test",
-                    see,
-                    objectSelector={
-                        "matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]
-                    },
-                ),
-                hook(
-                    "deploy.nodeward.test",
-                    see,
-                    rules=[
-                        {
-                            "operations": ["CREATE"],
-                            "apiGroups": ["apps"],
-                            "apiVersions": ["v1"],
-                            "resources": ["deployments"],
-                        }
-                    ],
-                ),
-                hook(
-                    "status.nodeward.test",
-                    see,
-                    rules=[
-                        {
-                            "operations": ["UPDATE"],
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "resources": ["pods/status"],
-                        }
-                    ],
-                ),
-                hook("cluster.nodeward.test", see, rules=[everything | {"scope": "Cluster"}]),
+            "selectors",
+            hook("ns.nodeward.test", see, namespaceSelector={"matchLabels": {"webhooks": "on"}}),
+            hook(
+                "obj.nodeward.test",
+                see,
+                objectSelector={
+                    "matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]
+                },
             ),
+            hook(
+                "deploy.nodeward.test",
+                see,
+                rules=[
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "resources": ["deployments"],
+                    }
+                ],
+            ),
+            hook(
+                "status.nodeward.test",
+                see,
+                rules=[
+                    {
+                        "operations": ["UPDATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods/status"],
+                    }
+                ],
+            ),
+            hook("cluster.nodeward.test", see, rules=[everything | {"scope": "Cluster"}]),
         )
 
         async def called_for(method: str, path: str, body: Obj | None = None) -> list[str]:
@@ -529,24 +502,10 @@ async def test_failure_policy_when_the_webhook_cannot_be_called(
     await webhook.stop()  # nothing listens on its port any more
     down = url_client(webhook, "down")
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "down",
-                hook("ignored.nodeward.test", down, failurePolicy="Ignore"),
-            ),
-        )
+        await mutating(http, "down", hook("ignored.nodeward.test", down, failurePolicy="Ignore"))
         made = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("goes-on"))
         assert made.status_code == 201, made.text
-        await register(
-            http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration", "down", hook("failing.nodeward.test", down)
-            ),
-        )
+        await validating(http, "down", hook("failing.nodeward.test", down))
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("stopped"))
     assert answer.status_code == 500
     body = answer.json()
@@ -568,14 +527,8 @@ async def test_a_webhook_past_its_timeout_fails_the_call(sim: SimCluster, webhoo
 
     webhook.answers["slow"] = hang
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "slow",
-                hook("slow.nodeward.test", url_client(webhook, "slow"), timeoutSeconds=1),
-            ),
+        await mutating(
+            http, "slow", hook("slow.nodeward.test", url_client(webhook, "slow"), timeoutSeconds=1)
         )
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("late"), timeout=20)
     assert answer.status_code == 500
@@ -591,14 +544,10 @@ async def test_a_certificate_the_ca_bundle_does_not_sign_fails_tls(
     webhook.answers["tls"] = allow
     other_ca = base64.b64encode(make_serving_cert("127.0.0.1").ca_pem).decode()
     async with sim_http(sim) as http:
-        await register(
+        await mutating(
             http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "tls",
-                hook("tls.nodeward.test", {"url": webhook.url("tls"), "caBundle": other_ca}),
-            ),
+            "tls",
+            hook("tls.nodeward.test", {"url": webhook.url("tls"), "caBundle": other_ca}),
         )
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("untrusted"))
     assert answer.status_code == 500
@@ -623,27 +572,17 @@ async def test_a_webhook_if_needed_is_called_again_after_a_later_change(
 
     webhook.answers |= {"first": first, "second": second}
     async with sim_http(sim) as http:
-        await register(
+        await mutating(
             http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "a-first",
-                hook(
-                    "first.nodeward.test",
-                    url_client(webhook, "first"),
-                    reinvocationPolicy="IfNeeded",
-                ),
+            "a-first",
+            hook(
+                "first.nodeward.test",
+                url_client(webhook, "first"),
+                reinvocationPolicy="IfNeeded",
             ),
         )
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "b-second",
-                hook("second.nodeward.test", url_client(webhook, "second")),
-            ),
+        await mutating(
+            http, "b-second", hook("second.nodeward.test", url_client(webhook, "second"))
         )
         made = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("twice", app="x"))
         assert made.status_code == 201, made.text
@@ -667,14 +606,10 @@ async def test_dry_run_asks_webhooks_without_side_effects_only(
         review, [{"op": "add", "path": "/metadata/labels", "value": {"dry": "seen"}}]
     )
     async with sim_http(sim) as http:
-        await register(
+        await mutating(
             http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "dry",
-                hook("dry.nodeward.test", url_client(webhook, "dry"), sideEffects="NoneOnDryRun"),
-            ),
+            "dry",
+            hook("dry.nodeward.test", url_client(webhook, "dry"), sideEffects="NoneOnDryRun"),
         )
         made = await http.post(f"/api/v1/namespaces/{NS}/pods?dryRun=All", json=pod("dry"))
         assert made.status_code == 201, made.text
@@ -722,22 +657,18 @@ async def test_a_patch_that_makes_an_invalid_pod_is_refused_with_422(
         review, [{"op": "add", "path": "/spec/bogus", "value": 1}]
     )
     async with sim_http(sim) as http:
-        await register(
+        await mutating(
             http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "patches",
-                hook(
-                    "break.nodeward.test",
-                    url_client(webhook, "break"),
-                    objectSelector={"matchLabels": {"hook": "break"}},
-                ),
-                hook(
-                    "prune.nodeward.test",
-                    url_client(webhook, "prune"),
-                    objectSelector={"matchLabels": {"hook": "prune"}},
-                ),
+            "patches",
+            hook(
+                "break.nodeward.test",
+                url_client(webhook, "break"),
+                objectSelector={"matchLabels": {"hook": "break"}},
+            ),
+            hook(
+                "prune.nodeward.test",
+                url_client(webhook, "prune"),
+                objectSelector={"matchLabels": {"hook": "prune"}},
             ),
         )
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("broken", hook="break"))
@@ -762,15 +693,7 @@ async def test_an_answer_for_another_request_fails_the_call(
 
     webhook.answers["uid"] = stranger
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "uid",
-                hook("uid.nodeward.test", url_client(webhook, "uid")),
-            ),
-        )
+        await mutating(http, "uid", hook("uid.nodeward.test", url_client(webhook, "uid")))
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("odd"))
     uid = webhook.seen("uid")[0]["uid"]
     assert answer.status_code == 500
@@ -792,13 +715,7 @@ async def test_a_webhook_behind_a_service_as_the_helm_chart_registers_it(
         "caBundle": webhook.ca_bundle,
     }
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration", "service", hook("service.nodeward.test", client)
-            ),
-        )
+        await mutating(http, "service", hook("service.nodeward.test", client))
         # no Service yet: kube-apiserver's ClusterIP resolver finds none
         shown = f"https://{name}.{namespace}.svc:443/mutate?timeout=10s"
         answer = await http.post(f"/api/v1/namespaces/{NS}/pods", json=pod("early"))
@@ -851,14 +768,8 @@ async def test_validating_webhooks_see_updates_and_deletes(
         }
     ]
     async with sim_http(sim) as http:
-        await register(
-            http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration",
-                "guard",
-                hook("guard.nodeward.test", url_client(webhook, "guard"), rules=rules),
-            ),
+        await validating(
+            http, "guard", hook("guard.nodeward.test", url_client(webhook, "guard"), rules=rules)
         )
         cm = {
             "apiVersion": "v1",
@@ -917,14 +828,8 @@ async def test_a_patch_is_applied_again_when_the_object_changed_during_its_webho
             "data": {"a": "1"},
         }
         assert (await http.post(f"/api/v1/namespaces/{NS}/configmaps", json=cm)).status_code == 201
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "race",
-                hook("race.nodeward.test", url_client(webhook, "race"), rules=rules),
-            ),
+        await mutating(
+            http, "race", hook("race.nodeward.test", url_client(webhook, "race"), rules=rules)
         )
         patched = await http.patch(
             f"/api/v1/namespaces/{NS}/configmaps/race",
@@ -960,14 +865,8 @@ async def test_an_eviction_is_admitted_as_a_create_of_pods_eviction(
     async with sim_http(sim) as http:
         body = pod("evicted") | {"spec": pod("evicted")["spec"] | {"nodeName": "gpu-h100-01"}}
         assert (await http.post(f"/api/v1/namespaces/{NS}/pods", json=body)).status_code == 201
-        await register(
-            http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration",
-                "evict",
-                hook("evict.nodeward.test", url_client(webhook, "evict"), rules=rules),
-            ),
+        await validating(
+            http, "evict", hook("evict.nodeward.test", url_client(webhook, "evict"), rules=rules)
         )
         eviction = {
             "apiVersion": "policy/v1",
@@ -1016,18 +915,14 @@ async def test_a_namespace_is_its_own_namespace_for_its_webhooks(
                 "metadata": {"name": name, "labels": labels},
             }
             assert (await http.post("/api/v1/namespaces", json=body)).status_code == 201
-        await register(
+        await validating(
             http,
-            VALIDATING,
-            configuration(
-                "ValidatingWebhookConfiguration",
-                "ns",
-                hook(
-                    "ns.nodeward.test",
-                    url_client(webhook, "ns"),
-                    rules=rules,
-                    namespaceSelector={"matchLabels": {"protect": "yes"}},
-                ),
+            "ns",
+            hook(
+                "ns.nodeward.test",
+                url_client(webhook, "ns"),
+                rules=rules,
+                namespaceSelector={"matchLabels": {"protect": "yes"}},
             ),
         )
         answer = await http.delete("/api/v1/namespaces/protected")
@@ -1057,15 +952,7 @@ async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_creat
         "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]},
     }
     async with sim_http(sim) as http:
-        await register(
-            http,
-            MUTATING,
-            configuration(
-                "MutatingWebhookConfiguration",
-                "ctl",
-                hook("ctl.nodeward.test", url_client(webhook, "ctl")),
-            ),
-        )
+        await mutating(http, "ctl", hook("ctl.nodeward.test", url_client(webhook, "ctl")))
         sts = {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -1095,7 +982,7 @@ async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_creat
         async def nb_pod() -> Obj | None:
             return sim.store.find(PODS, NS, "nb-0")
 
-        found = await _until(nb_pod)
+        found = await wait_for(nb_pod, timeout=5, what="nb-0 admitted")
         assert found["metadata"]["annotations"] == {"x": "1"}
         request = next(r for r in webhook.seen("ctl") if r["name"] == "nb-0")
         assert request["userInfo"]["username"] == (
@@ -1110,7 +997,7 @@ async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_creat
                 if e["reason"] == "FailedCreate" and e["involvedObject"]["name"] == "refused"
             ]
 
-        events = await _until(failed_create)
+        events = await wait_for(failed_create, timeout=5, what="FailedCreate")
         assert events[0]["type"] == "Warning"
         assert events[0]["message"] == (
             'Error creating: admission webhook "ctl.nodeward.test" denied the request: '
@@ -1127,7 +1014,7 @@ async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_creat
             ]
             return len(pods) == 2
 
-        await _until(two, timeout=10)
+        await wait_for(two, timeout=10, what="two pods once allowed")
         # exactly two: no create was made twice while one was being admitted
         assert (
             len(
@@ -1135,14 +1022,3 @@ async def test_a_controllers_pods_are_admitted_and_a_refusal_is_its_failed_creat
             )
             == 2
         )
-
-
-async def _until(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
