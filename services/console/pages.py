@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodeward.fleet_status import HEALTH_ORDER, GpuSeen, NodeStatus, worst
+from schemas.capacity import WHOLE_GPU
 from schemas.gpu import GpuHealth, GpuXid
 from schemas.remediation import Outcome, Remediation
+from services.console.charts import Chart, duration_words, line_chart
+from services.console.history import Held
 from services.console.live import marks_of
+from services.console.trends import RANGES, CapacityTrend, EnergyTrend, Range, SessionTrend
 from services.kernel.holds import release_command
 
 STATE_FILTERS = ("all", "attention", "failed", "degraded", "unknown", "marked")
@@ -353,3 +357,170 @@ def gpu_rows(
             )
         )
     return rows
+
+
+# -- trends --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Note:
+    """One line under a trend: what the history holds, or why part of it is not drawn."""
+
+    text: str
+    warn: bool = False
+
+
+@dataclass(frozen=True)
+class TrendView:
+    """A page's trend over its range: the range chosen, its charts, and the notes."""
+
+    rng: Range
+    charts: list[Chart]
+    notes: list[Note]
+    summary: str = ""
+    ranges: tuple[Range, ...] = RANGES
+
+
+def _utc(t: float, rng: Range) -> str:
+    pattern = "%H:%M UTC" if rng.name == "1h" else "%a %d %b %H:%M UTC"
+    return datetime.fromtimestamp(t, UTC).strftime(pattern)
+
+
+def trend_notes(held: Held, charts: Sequence[Chart], now: float) -> list[Note]:
+    """What the history behind `charts` holds: each stream's retention (and where it is
+    shorter than the range, that nothing before it is drawn), where the drawn history
+    begins, a first read limited to the newest messages, a read under way or failed."""
+    rng = held.rng
+    first, _ = rng.window(now)
+    start = rng.start(first)
+    notes: list[Note] = []
+    for stream, kept in held.kept.items():
+        if kept is None:
+            notes.append(Note(f"No stream {stream} on this server: nothing to draw from it.", True))
+        elif kept.max_age_s and kept.max_age_s < rng.seconds:
+            notes.append(
+                Note(
+                    f"history kept: {duration_words(kept.max_age_s)} (stream {stream}), shorter "
+                    f"than the {rng.label}: nothing before {_utc(now - kept.max_age_s, rng)} "
+                    "is drawn.",
+                    True,
+                )
+            )
+        else:
+            kept_for = duration_words(kept.max_age_s) if kept.max_age_s else "without a limit"
+            notes.append(Note(f"history kept: {kept_for} (stream {stream})."))
+    for stream, since in held.limited.items():
+        notes.append(
+            Note(
+                f"Only the newest messages of {stream} were read "
+                f"(services.console.trend_messages): nothing before "
+                f"{_utc(since.timestamp(), rng)} is drawn.",
+                True,
+            )
+        )
+    drawn = [d.at for c in charts for line in c.lines for d in line.dots]
+    if drawn:
+        begins = datetime.fromisoformat(min(drawn)).timestamp()
+        if begins > start + rng.width:
+            notes.append(
+                Note(
+                    f"history from {_utc(begins, rng)}: {duration_words(now - begins)} of the "
+                    f"{rng.label}; nothing was stored before."
+                )
+            )
+    elif held.read_at is not None:
+        notes.append(Note(f"Nothing stored in the {rng.label}."))
+    if held.reading:
+        notes.append(Note("Reading the stored history: reload for the rest."))
+    if held.error:
+        notes.append(Note(f"The last read failed ({held.error}); a later view reads again.", True))
+    if held.read_at is not None:
+        notes.append(
+            Note(
+                f"Read {held.read_at:%H:%M:%S} UTC; read again after "
+                f"{duration_words(rng.width)} (one point)."
+            )
+        )
+    return notes
+
+
+def energy_trend(held: Held, now: float) -> TrendView:
+    """Fleet power (W) and CO2e (g per bucket) over the range, and their totals."""
+    rng = held.rng
+    window = rng.window(now)
+    trend = held.trend
+    assert isinstance(trend, EnergyTrend)
+    points = trend.points(window)
+    charts = [
+        line_chart(
+            "power",
+            "Fleet power",
+            "W",
+            rng=rng,
+            first=window[0],
+            series=[("power", "s1", [p.power_w for p in points])],
+        ),
+        line_chart(
+            "co2e",
+            f"CO2e per {duration_words(rng.width)}",
+            "g",
+            rng=rng,
+            first=window[0],
+            series=[("CO2e", "s2", [p.co2e_g for p in points])],
+        ),
+    ]
+    kwh = trend.joules(window) / 3.6e6
+    grams = sum(p.co2e_g or 0.0 for p in points)
+    summary = f"Over the {rng.label}: {kwh:,.2f} kWh reported, {grams / 1000:,.3f} kg CO2e."
+    return TrendView(rng, charts, trend_notes(held, charts, now), summary)
+
+
+def capacity_trend(held: Held, now: float) -> TrendView:
+    """Free, used and quarantined GPUs of each model and profile over the range."""
+    rng = held.rng
+    window = rng.window(now)
+    trend = held.trend
+    assert isinstance(trend, CapacityTrend)
+    charts = []
+    for k, ((model, profile), line) in enumerate(trend.points(window).items()):
+        whole = profile == WHOLE_GPU
+        charts.append(
+            line_chart(
+                f"capacity-{k}",
+                model if whole else f"{model} · {profile}",
+                "GPUs" if whole else "MIG slices",
+                rng=rng,
+                first=window[0],
+                series=[
+                    (state, css, [getattr(g, state) if g else None for g in line])
+                    for state, css in (("free", "s1"), ("used", "s3"), ("quarantined", "s4"))
+                ],
+                whole=True,
+                steps=True,
+            )
+        )
+    return TrendView(rng, charts, trend_notes(held, charts, now))
+
+
+def sessions_trend(held: Held, now: float) -> TrendView:
+    """Sessions active, idle and warned over the range."""
+    rng = held.rng
+    window = rng.window(now)
+    trend = held.trend
+    assert isinstance(trend, SessionTrend)
+    points = trend.points(now, window)
+    charts = [
+        line_chart(
+            "sessions",
+            "Sessions",
+            "sessions",
+            rng=rng,
+            first=window[0],
+            series=[
+                (name, css, [getattr(p, name) if p else None for p in points])
+                for name, css in (("active", "s1"), ("idle", "s3"), ("warned", "s4"))
+            ],
+            whole=True,
+        )
+    ]
+    return TrendView(rng, charts, trend_notes(held, charts, now))

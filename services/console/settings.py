@@ -33,6 +33,19 @@ class ConsoleSettings(Section):
         description="past this many nodes shown, quiet nodes are one cell each, not one per GPU",
     )
     viewer_queue: int = Field(default=2000, ge=10, description="updates held for a slow viewer")
+    trend_wait_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="how long a page waits for its trend's read before it is drawn as read so far",
+    )
+    trend_messages: int = Field(
+        default=1_000_000,
+        ge=100,
+        description="past this many stored messages, a trend's first read takes only the newest",
+    )
+    culler_actor: str = Field(
+        default="service/culler", description="whose audited warnings are the sessions warned"
+    )
 
 
 def loopback(host: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from importlib.resources import files
@@ -33,8 +34,10 @@ from schemas import DecodeError, decode
 from schemas.gpu import GpuHealth, GpuXid
 from schemas.tokens import token
 from services.console import pages
+from services.console.history import Trends
 from services.console.live import Live, marks_of
 from services.console.settings import ConsoleSettings, loopback
+from services.console.trends import Range, RangeError, range_named
 
 COOKIE = "nodeward_console"
 CSP = (
@@ -133,6 +136,8 @@ class Console:
         self.settings = settings
         self.token = token
         self.env = environment()
+        self.trends = Trends(live.nc, settings)
+        """The one reader of stored history for every viewer's trends."""
         self.log = structlog.get_logger().bind(component="console")
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -169,6 +174,7 @@ class Console:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.trends.stop()
 
     @property
     def url(self) -> str:
@@ -321,17 +327,21 @@ class Console:
         )
 
     async def capacity(self, request: web.Request) -> web.Response:
+        rng = _range(request)
         await self._picture()
         snap = self.live.capacity
+        held = await self.trends.get("capacity", rng)
         return self._page(
             request,
             "capacity.html",
             snapshot=snap,
             totals=snap.totals() if snap else [],
             held=[n for n in snap.nodes if n.blocked] if snap else [],
+            trend=pages.capacity_trend(held, time.time()),
         )
 
     async def energy(self, request: web.Request) -> web.Response:
+        rng = _range(request)
         await self._picture()
         nodes = [n for n in self.live.nodes.values() if n.energy is not None]
         power = [(n.name, n.energy.avg_power_w or 0.0) for n in nodes if n.energy]
@@ -351,12 +361,18 @@ class Console:
             ns_power=pages.bars(list(ns_power.items()), unit="W"),
             ns_co2=pages.bars(list(ns_co2.items()), unit="g"),
             nodes=len(nodes),
+            trend=pages.energy_trend(await self.trends.get("energy", rng), time.time()),
         )
 
     async def sessions(self, request: web.Request) -> web.Response:
+        rng = _range(request)
         await self._picture()
+        held = await self.trends.get("sessions", rng)
         return self._page(
-            request, "sessions.html", sessions=pages.sessions(self.live.nodes.values())
+            request,
+            "sessions.html",
+            sessions=pages.sessions(self.live.nodes.values()),
+            trend=pages.sessions_trend(held, time.time()),
         )
 
     # -- live -----------------------------------------------------------------------------
@@ -384,6 +400,14 @@ class Console:
         with contextlib.suppress(Exception):
             await response.write_eof()
         return response
+
+
+def _range(request: web.Request) -> Range:
+    """The page's `?range=` (the last hour when absent); anything else is a 400, in one line."""
+    try:
+        return range_named(request.query.get("range"))
+    except RangeError as exc:
+        raise web.HTTPBadRequest(text=f"400: {exc}\n") from None
 
 
 async def _no_icon(request: web.Request) -> web.Response:
