@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.nodeward-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck check system-deps venv schemas clean
+.PHONY: demo test lint typecheck check system-deps venv schemas dashboards clean
 
 demo: $(STAMP)
 	$(BIN)/nodeward up
@@ -39,6 +39,10 @@ venv: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/python -m nodeward.schemas_export schemas/json
+
+# The Grafana dashboards, from launch/observability/dashboards.py into the chart.
+dashboards: $(STAMP)
+	$(BIN)/python -m launch.observability.generate deploy/helm/nodeward/files/dashboards
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -86,6 +86,12 @@ class _Metrics:
         self.degraded = m.counter(
             "nodeward_energy_source_failures", "Failed or hung source reads", "source"
         )
+        self.rack = m.gauge(
+            "nodeward_node_rack_info", "1, with the node's rack (empty when unknown)", "rack"
+        )
+        self.cap = m.gauge(
+            "nodeward_power_cap_watts", "The power cap this node is held to, per scope", "scope"
+        )
 
 
 def _samples(name: str, got: object) -> list[PowerSample]:
@@ -143,6 +149,9 @@ class EnergyAgent:
             settings.caps, self.node, rack or settings.caps.rack
         )
         self.metrics = _Metrics(registry or CollectorRegistry())
+        self.metrics.rack.labels(rack or settings.caps.rack or "").set(1)
+        for watch in self.caps:
+            self.metrics.cap.labels(watch.scope).set(watch.cap.watts)
         self.log: Any = get_logger(agent="energy", node=self.node)
         self.ready = False
         self.totals: EnergyTotals | None = None  # None until read from KV

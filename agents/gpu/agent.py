@@ -164,6 +164,9 @@ class _Metrics:
         self.util = m.gauge("nodeward_gpu_utilization_ratio", "GPU utilisation", "gpu")
         self.memory = m.gauge("nodeward_gpu_memory_used_bytes", "GPU memory in use", "gpu")
         self.ecc = m.gauge("nodeward_gpu_ecc_errors", "ECC error counts", "gpu", "kind")
+        self.info = m.gauge(
+            "nodeward_gpu_info", "1 per GPU, with its model (for joins by model)", "gpu", "model"
+        )
         self.sightings = m.counter(
             "nodeward_gpu_xid_sightings",
             "XID reports per detector (an incident seen by two detectors counts twice)",
@@ -375,6 +378,8 @@ class GpuAgent:
 
     def _adopt(self, watch: _Watch, ident: GpuIdentity) -> None:
         watch.ident = ident
+        # The model as GPU feature discovery labels it (nvidia.com/gpu.product): dashes for spaces.
+        self.metrics.info.labels(str(watch.index), "-".join(ident.name.split()) or "unknown").set(1)
         first = _Unit(ident.uuid)
         if watch.units:  # published before it could be identified: keep its state and sequence
             old = watch.units[0]

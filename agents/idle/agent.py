@@ -16,6 +16,7 @@ import asyncio
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -99,7 +100,10 @@ class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         m = Declare(registry)
         self.sessions = m.gauge(
-            "nodeward_sessions", "Session pods on this node by their last verdict", "state"
+            "nodeward_sessions",
+            "Session pods on this node by namespace and their last verdict",
+            "namespace",
+            "state",
         )
         self.idle_reports = m.counter(
             "nodeward_session_idle_reports", "session.idle events published"
@@ -236,7 +240,7 @@ class IdleAgent:
         peaks, self._gpu_peak = self._gpu_peak, {}
         inputs = _Inputs(now, held, peaks, usage, cpu_error)
         verdicts: list[Verdict] = []
-        counts = dict.fromkeys(ActivityState, 0)
+        counts: Counter[tuple[str, ActivityState]] = Counter()
         live = set()
         for session in sessions:
             live.add(session.key)
@@ -244,14 +248,17 @@ class IdleAgent:
             tracker = self._trackers.setdefault(session.key, SessionTracker(session.key))
             verdict = tracker.judge(readings, now)
             verdicts.append(verdict)
-            counts[verdict.state] += 1
+            counts[(session.namespace, verdict.state)] += 1
             devices = held.get((session.namespace, session.name), [])
             self._publish(session, devices, readings, verdict, now)
         for uid in set(self._trackers) - live:  # the pod is gone
             self._trackers.pop(uid, None)
             self._cpu_marks.pop(uid, None)
-        for state, n in counts.items():
-            self.metrics.sessions.labels(state.value).set(n)
+        # Rewritten whole, with no await between: a namespace whose sessions left leaves no
+        # series behind, and a scrape never sees half of it.
+        self.metrics.sessions.clear()
+        for (namespace, state), n in counts.items():
+            self.metrics.sessions.labels(namespace, state.value).set(n)
         return verdicts
 
     async def _held_devices(self) -> dict[tuple[str, str], list[str]]:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from launch.access import AGENT_GRANTS, GRANTS
+from launch.observability.dashboards import EXPORTERS
 from nodeward.nats_auth import node_agent_nkey, operator, reader, service_user
 from tests.integration.helm_chart import (
     CHART,
@@ -95,34 +96,50 @@ def test_every_manifest_validates_against_kubernetes(
     assert not errors, "\n".join(errors)
 
 
-def test_prometheus_rules_pass_promtool(docs: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_prometheus_rules_are_the_chart_files_and_pass_promtool(
+    docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not found (Debian package prometheus; scripts/system-deps.sh)")
-    (rule,) = by_kind(docs, "PrometheusRule")
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump(rule["spec"]))
-    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    rules = {r["metadata"]["name"]: r for r in by_kind(docs, "PrometheusRule")}
+    assert set(rules) == {"nw-recording", "nw-alerts"}
+    used: set[str] = set()
+    for kind in ("recording", "alerts"):
+        rule = rules[f"nw-{kind}"]
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+        assert rule["spec"] == yaml.safe_load(
+            (CHART / "files" / "rules" / f"{kind}.yaml").read_text()
+        )
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump(rule["spec"]))
+        done = subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        used |= set().union(
+            *(_metric_names(r["expr"]) for g in rule["spec"]["groups"] for r in g["rules"])
+        )
+    alerts = {
+        r["alert"]: r["expr"] for g in rules["nw-alerts"]["spec"]["groups"] for r in g["rules"]
+    }
     assert "nodeward_events_dead_lettered_total" in alerts["NodewardDeadLettersGrowing"]
     assert "nodeward_breaker_tripped" in alerts["NodewardBreakerOpen"]
     assert 'up{job="agent"}' in alerts["NodewardAgentMissing"]
-    assert "nodeward_notifications_failed_total" in alerts["NodewardNotificationsFailing"]
-    used = set().union(*(_metric_names(e) for e in alerts.values()))
     missing = used - _defined_metrics()
-    assert not missing, f"alerts use metrics no code defines: {sorted(missing)}"
+    assert not missing, f"rules use metrics no code defines: {sorted(missing)}"
 
 
 def test_monitors_select_the_pods_that_serve_metrics(docs: list[dict[str, Any]]) -> None:
     monitors = by_kind(docs, "ServiceMonitor")
-    assert {m["metadata"]["name"] for m in monitors} == {f"nw-{s}" for s in SERVICES}
+    assert {m["metadata"]["name"] for m in monitors} == {f"nw-{s}" for s in (*SERVICES, "console")}
     services = by_kind(docs, "Service")
     for monitor in monitors:
         wanted = monitor["spec"]["selector"]["matchLabels"]
         (svc,) = [s for s in services if wanted.items() <= s["metadata"]["labels"].items()]
         assert monitor["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+        # the workload's own namespace and pod labels (accounting's) win over the target's
+        assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     (pod_monitor,) = by_kind(docs, "PodMonitor")
     daemonset = named(docs, "DaemonSet", "nw-agent")
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
@@ -523,7 +540,14 @@ def _exprs(dashboard: dict[str, Any]) -> list[str]:
 
 
 def _metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\bnodeward_[a-z0-9_]+", expr))
+    """The raw nodeward series an expression reads (a histogram's by its family; not the
+    recorded `level:nodeward_...:operation` ones, which `_recorded_names` reads)."""
+    names = re.findall(r"(?<![:\w])nodeward_[a-z0-9_]+(?![:\w])", expr)
+    return {re.sub(r"_(bucket|sum|count)$", "", n) if "_seconds_" in n else n for n in names}
+
+
+def _recorded_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b[a-z_]+:nodeward_[a-z0-9_]+:[a-z0-9_]+", expr))
 
 
 def _defined_metrics() -> set[str]:
@@ -542,28 +566,46 @@ def _defined_metrics() -> set[str]:
     return names
 
 
-def test_grafana_dashboard_uses_only_metrics_the_code_defines(docs: list[dict[str, Any]]) -> None:
-    cm = named(docs, "ConfigMap", "nw-dashboard")
-    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    dashboard = json.loads(cm["data"]["nodeward.json"])
-    exprs = _exprs(dashboard)
-    used = set().union(*(_metric_names(e) for e in exprs))
-    assert {"nodeward_gpu_health_state", "nodeward_remediations_total"} <= used
-    assert "nodeward_events_dead_lettered_total" in used
-    assert {
-        "nodeward_node_power_watts",
-        "nodeward_energy_joules_total",
-        "nodeward_co2e_grams_total",
-    } <= used
-    assert {  # the accounting service's counters per namespace
-        "nodeward_accounting_energy_joules_total",
-        "nodeward_accounting_co2e_grams_total",
-        "nodeward_accounting_gpu_seconds_total",
-        "nodeward_accounting_idle_gpu_seconds_total",
-        "nodeward_accounting_sessions_total",
-    } <= used
-    missing = used - _defined_metrics()
-    assert not missing, f"dashboard panels use metrics no code defines: {sorted(missing)}"
+def test_grafana_dashboards_read_only_what_the_code_and_the_recording_rules_define(
+    docs: list[dict[str, Any]],
+) -> None:
+    maps = {
+        c["metadata"]["name"]: c
+        for c in by_kind(docs, "ConfigMap")
+        if c["metadata"]["name"].startswith("nw-dashboard-")
+    }
+    assert set(maps) == {
+        f"nw-dashboard-{n}" for n in ("user", "cluster", "sustainability", "operations")
+    }
+    recording = yaml.safe_load((CHART / "files" / "rules" / "recording.yaml").read_text())
+    recorded = {r["record"] for g in recording["groups"] for r in g["rules"]}
+    exporters = {n for names in EXPORTERS.values() for n in names}
+    for name, cm in maps.items():
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = cm["data"].items()
+        dashboard = json.loads(text)
+        assert key == f"nodeward-{name.removeprefix('nw-dashboard-')}.json"
+        assert dashboard["uid"] == f"nodeward-{name.removeprefix('nw-dashboard-')}"
+        exprs = _exprs(dashboard)
+        raw = set().union(*(_metric_names(e) for e in exprs))
+        assert not raw - _defined_metrics(), (
+            f"{name}: metrics no code defines: {sorted(raw - _defined_metrics())}"
+        )
+        rules = set().union(*(_recorded_names(e) for e in exprs))
+        assert not rules - recorded, f"{name}: no recording rule makes {sorted(rules - recorded)}"
+        foreign = {
+            n
+            for e in exprs
+            for n in re.findall(r"\b(?:DCGM_|kepler_|kube_|container_)[A-Za-z0-9_]+", e)
+            if not n.startswith("container_namespace")
+        }
+        assert foreign <= exporters, (
+            f"{name}: exporter series not documented: {foreign - exporters}"
+        )
+        units = [
+            p["fieldConfig"]["defaults"]["unit"] for p in dashboard["panels"] if p["type"] != "row"
+        ]
+        assert all(units), name
 
 
 def test_falco_ingest_has_a_service_a_token_and_a_policy_letting_falco_in(

@@ -336,7 +336,7 @@ def test_prometheus_operator_kinds_only_where_the_api_is_served(
     kinds = {d["kind"] for d in docs}
     assert (kinds >= OPERATOR_KINDS) is rendered
     assert bool(OPERATOR_KINDS & kinds) is rendered
-    assert "nw-dashboard" in {c["metadata"]["name"] for c in by_kind(docs, "ConfigMap")}
+    assert "nw-dashboard-operations" in {c["metadata"]["name"] for c in by_kind(docs, "ConfigMap")}
 
 
 def test_the_auth_callout_is_scraped_too(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""Observability as code: the Grafana dashboards (`dashboards`, `generate`) and the cardinality budget (`budget`)."""
