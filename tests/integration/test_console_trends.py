@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -460,3 +461,49 @@ async def test_a_later_read_takes_only_what_was_stored_since(own_bus: Bus) -> No
         assert energy.trend.joules(HOUR.window(time.time())) == pytest.approx(90_000)
     finally:
         await trends.stop()
+
+
+async def test_under_its_nats_user_the_trends_are_read(tmp_path: Path) -> None:
+    """The chart's console user (a reader) may count, read and delete what the trends need:
+    every page draws its history, and no read fails."""
+    from launch.access import GRANTS
+    from nodeward.config import BusSettings
+    from nodeward.nats_auth import admin, reader, render_authorization, service_inbox
+
+    conf = tmp_path / "auth.conf"
+    conf.write_text(
+        render_authorization([admin("admin-pw"), reader("console", "console-pw", GRANTS)])
+    )
+    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
+        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
+        writer = await Bus.connect(BusSettings(url=url), source="test/admin")  # provisions
+        t = Times(time.time())
+        await _publish_history(writer, t)
+        settings = Settings.model_validate(
+            {
+                "bus": {
+                    "url": server.url,
+                    "user": "nodeward-console",
+                    "password": "console-pw",
+                    "inbox_prefix": service_inbox("console"),
+                    "provision": False,
+                },
+                "services": {"console": {"port": 0}},
+            }
+        )
+        assembled = await assemble(settings)
+        await assembled.daemon.start()
+        try:
+            async with httpx.AsyncClient() as client:
+                console = Console(assembled.console.url, client, assembled)
+                for path, chart, series in (
+                    ("energy?range=1w", "power", "power"),
+                    ("sessions?range=1d", "sessions", "idle"),
+                ):
+                    svg = await console.drawn(path, _has(chart, series))
+                    assert not any("failed" in n for n in svg.notes), svg.notes
+                svg = await console.drawn("capacity?range=1w", lambda s: len(s.charts) == 2)
+                assert not any("failed" in n for n in svg.notes), svg.notes
+        finally:
+            await assembled.daemon.stop()
+            await writer.close(grace=1)
