@@ -28,7 +28,7 @@ from nodeward.aio import any_set, within
 from nodeward.config import DaemonSettings
 from nodeward.health import LoopMonitor, Readiness, ReadinessCheck, ReadinessReport
 from nodeward.logs import get_logger
-from nodeward.metrics import Metrics
+from nodeward.metrics import Exposed, Metrics
 
 TaskFactory = Callable[[], Coroutine[Any, Any, Any]]
 ShutdownHook = Callable[[], Awaitable[Any]]
@@ -355,11 +355,12 @@ class Daemon:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         accept = request.headers.get("Accept", "")
+        exposed = Exposed(self.metrics.registry)  # no `_created` series
         if "application/openmetrics-text" in accept:
             encoder, content_type = choose_encoder(accept)
-            body = encoder(self.metrics.registry)
+            body = encoder(exposed)
         else:
-            body, content_type = generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST
+            body, content_type = generate_latest(exposed), CONTENT_TYPE_LATEST
         return web.Response(body=body, headers={"Content-Type": content_type})
 
 

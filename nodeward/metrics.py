@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 
 class Declare:
@@ -16,6 +21,26 @@ class Declare:
 
     def counter(self, name: str, documentation: str, *labels: str) -> Counter:
         return Counter(name, documentation, labels, registry=self.registry)
+
+
+class Exposed:
+    """What a daemon's `/metrics` serves of `registry`: every sample but prometheus_client's
+    `_created` ones (a counter's or histogram's creation time). Prometheus stores each as a
+    series of its own, one more per counter series and per histogram, for a time no query
+    of nodeward's reads (docs/cardinality.md)."""
+
+    def __init__(self, registry: Collector) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            created = f"{metric.name}_created"
+            if not any(s.name == created for s in metric.samples):
+                yield metric
+                continue
+            kept = copy.copy(metric)  # the registry's own is left as it is
+            kept.samples = [s for s in metric.samples if s.name != created]
+            yield kept
 
 
 class Metrics:
