@@ -384,6 +384,10 @@ class GpuAgent:
         if watch.units:  # published before it could be identified: keep its state and sequence
             old = watch.units[0]
             first.state, first.codes, first.sequence = old.state, old.codes, old.sequence
+            if old.uuid != ident.uuid and old.state is not None:  # its series goes with it
+                with contextlib.suppress(KeyError):
+                    self.metrics.state.remove(str(watch.index), old.uuid)
+                self.metrics.state.labels(str(watch.index), ident.uuid).set(_STATE_VALUE[old.state])
         watch.units = [first] + [
             _Unit(
                 m.uuid,

@@ -255,10 +255,12 @@ class IdleAgent:
             self._trackers.pop(uid, None)
             self._cpu_marks.pop(uid, None)
         # Rewritten whole, with no await between: a namespace whose sessions left leaves no
-        # series behind, and a scrape never sees half of it.
+        # series behind, a scrape never sees half of it, and a namespace with sessions has
+        # every state (0 included: a graph of idle sessions falls to 0, it does not stop).
         self.metrics.sessions.clear()
-        for (namespace, state), n in counts.items():
-            self.metrics.sessions.labels(namespace, state.value).set(n)
+        for namespace in {ns for ns, _ in counts}:
+            for state in ActivityState:
+                self.metrics.sessions.labels(namespace, state.value).set(counts[(namespace, state)])
         return verdicts
 
     async def _held_devices(self) -> dict[tuple[str, str], list[str]]:

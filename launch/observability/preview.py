@@ -93,9 +93,9 @@ def fmt(value: float, unit: str) -> str:
 
 def _chart(series: Sequence[Series], unit: str, start: float, end: float, stacked: bool) -> str:
     w, h, left, bottom = 560, 170, 70, 22
+    stacked_series: list[Series] = []
     if stacked:  # each series drawn on top of those before it
         totals: dict[float, float] = {}
-        stacked_series = []
         for s in series:
             pts = []
             for t, v in s.points:
@@ -128,6 +128,11 @@ def _chart(series: Sequence[Series], unit: str, start: float, end: float, stacke
             continue
         line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in s.points)
         colour = COLOURS[i % len(COLOURS)]
+        if stacked:  # the band between this series and the one below it, filled
+            below = stacked_series[i - 1].points if i else [(t, 0.0) for t, _ in s.points]
+            under = {t: v for t, v in below}
+            back = " ".join(f"{x(t):.1f},{y(under.get(t, 0.0)):.1f}" for t, _ in reversed(s.points))
+            parts.append(f'<polygon points="{line} {back}" fill="{colour}" fill-opacity="0.35"/>')
         parts.append(
             f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.6"/>'
         )
@@ -186,7 +191,7 @@ def panel_html(prometheus: str, panel: dict[str, Any], start: float, end: float)
 STYLE = """
 body { background:#111217; color:#ccccdc; font:13px Inter,Helvetica,Arial,sans-serif; margin:16px; }
 h1 { font-size:18px; color:#fff; margin:0 0 4px; } p.sub { margin:0 0 12px; color:#8e8e9e; }
-.grid24 { display:grid; grid-template-columns:repeat(24, 1fr); gap:8px; }
+.grid24 { display:grid; grid-template-columns:repeat(24, 1fr); gap:8px; align-items:start; }
 h2 { grid-column: span 24; font-size:14px; color:#fff; margin:10px 0 0; }
 .panel { background:#181b1f; border:1px solid #2c3235; border-radius:3px; padding:6px 8px; }
 .panel h3 { font-size:12px; font-weight:500; margin:0 0 4px; color:#ccccdc; }

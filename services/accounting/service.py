@@ -167,6 +167,15 @@ class _Metrics:
             registry=r,
         )
 
+    def of(self, namespace: str) -> _Metrics:
+        """Every counter of `namespace` made at 0 the first time it is charged, so that a
+        session warned later is an increase Prometheus sees, not a series born at 1."""
+        for counter in (self.energy, self.co2e, self.gpu, self.idle):
+            counter.labels(namespace)
+        self.sessions.labels(namespace, "warned")
+        self.sessions.labels(namespace, "stopped")
+        return self
+
 
 class AccountingService:
     def __init__(self, rt: Runtime[AccountingSettings], kv: Any) -> None:
@@ -258,7 +267,7 @@ class AccountingService:
             key = usage_key(hour, data.node, data.namespace, data.pod)
             cell = self._cell(hour, data.node, data.namespace, data.pod, c)
             if await self._add(key, cell, lambda x: add_pod_energy(x, event.id, data)):
-                self.metrics.energy.labels(data.namespace).inc(data.energy_j)
+                self.metrics.of(data.namespace).energy.labels(data.namespace).inc(data.energy_j)
                 if data.co2e_g is not None:
                     self.metrics.co2e.labels(data.namespace).inc(data.co2e_g)
                 if data.gpus is not None:
@@ -318,7 +327,7 @@ class AccountingService:
             after = await self.idle.update(key, lambda x: extend_idle(x, data, c.owner, c.model))
             now = after.value.idle_for_s * after.value.gpus_held if after else was
             if now > was:
-                self.metrics.idle.labels(data.namespace).inc(now - was)
+                self.metrics.of(data.namespace).idle.labels(data.namespace).inc(now - was)
 
     @_consumes("AUDIT", "audit", "audit_subjects", (Remediation,))
     async def handle_audit(self, event: Event[Any], delivery: Delivery) -> None:
@@ -343,7 +352,9 @@ class AccountingService:
             cell = self._cell(hour, node, ns, pod, c)
             action = data.action
             if await self._add(key, cell, lambda x: add_session_action(x, event.id, action)):
-                self.metrics.sessions.labels(ns, "warned" if action == "warn" else "stopped").inc()
+                self.metrics.of(ns).sessions.labels(
+                    ns, "warned" if action == "warn" else "stopped"
+                ).inc()
 
     @_consumes(
         "NODES",

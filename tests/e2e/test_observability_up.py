@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import nats
 import pytest
 import yaml
 
-from launch.observability import preview
+from launch.observability import budget, preview
 from launch.observability.dashboards import EXPORTERS
 from tests.browser import browser, screenshot
 from tests.conftest import REPO
@@ -278,11 +279,26 @@ def test_each_dashboard_drawn_from_prometheus_shows_its_panels(
             page.goto(path.as_uri())
             shown = page.locator("section.panel h3").all_inner_texts()
             assert shown == titles
-            empty = {
+            drawn_empty = {
                 f"{path.stem}.json: {t}"
                 for t in page.locator("section.panel:has(p.nodata) h3").all_inner_texts()
             }
-            assert empty <= exempt, f"drawn with no data: {sorted(empty - exempt)}"
+            assert drawn_empty <= exempt, f"drawn with no data: {sorted(drawn_empty - exempt)}"
             assert page.locator("section.panel svg polyline").count() > 0
             screenshot(page, tmp_path, f"dashboard-{path.stem}")
             page.close()
+
+
+def test_the_running_platform_keeps_to_the_series_budget(stack: Stack) -> None:
+    """Every daemon's exposition, agents included, after the demo's fault, quarantine and
+    recovery: within launch/observability/budget.yaml at this fleet's size, no label
+    unbounded, no `_created` series."""
+    _evaluated_twice(stack.prometheus)
+    scrapes = {}
+    for name, url in stack.up.daemons.items():
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+            scrapes[name] = reply.read().decode()
+    assert not any("_created" in text for text in scrapes.values())
+    nodes = len({n.removeprefix("agent-gpu-") for n in scrapes if n.startswith("agent-gpu-")})
+    assert nodes == 11
+    assert budget.violations(budget.load(), budget.count(scrapes), nodes) == []

@@ -439,6 +439,14 @@ async def test_gpu_hung_from_the_start_is_reported_then_identified(
 
         healed = await wait_for(healthy, what="gpu 0 healthy")
         assert healed["gpu_uuid"] == sim.gpus[0].uuid and healed["previous_state"] == "degraded"
+        # One health series per GPU: the placeholder's went when the GPU was identified.
+        states = {
+            s.labels["uuid"]: s.value
+            for m in agent.metrics.state.collect()
+            for s in m.samples
+            if s.labels["gpu"] == "0"
+        }
+        assert states == {sim.gpus[0].uuid: 0}
         sequences = [e["sequence"] for e in seen.health(0)]
         assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
     finally:

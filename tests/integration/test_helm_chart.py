@@ -130,6 +130,15 @@ def test_prometheus_rules_are_the_chart_files_and_pass_promtool(
     assert not missing, f"rules use metrics no code defines: {sorted(missing)}"
 
 
+def test_without_agents_no_alert_waits_for_them(tmp_path: Path) -> None:
+    values = minimal({"agents": {"enabled": False}})
+    docs = render(tmp_path, values, api_versions=[MONITORING_API])
+    alerts = named(docs, "PrometheusRule", "nw-alerts")["spec"]["groups"]
+    names = {r["alert"] for g in alerts for r in g["rules"]}
+    assert "NodewardAgentsAbsent" not in names and "NodewardServiceDown" in names
+    assert not by_kind(docs, "PodMonitor")
+
+
 def test_monitors_select_the_pods_that_serve_metrics(docs: list[dict[str, Any]]) -> None:
     monitors = by_kind(docs, "ServiceMonitor")
     assert {m["metadata"]["name"] for m in monitors} == {f"nw-{s}" for s in (*SERVICES, "console")}
