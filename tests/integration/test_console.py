@@ -192,32 +192,13 @@ def test_off_loopback_it_answers_401_without_the_token(nats_url: str, tmp_path: 
 async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Path) -> None:
     """The chart's console user on a nats-server with the chart's authorization: the picture
     is read and kept live, and a KV write or an event from that user is refused."""
-    from launch.access import GRANTS
     from nodeward.bus.errors import BusError
-    from nodeward.config import Settings
-    from nodeward.nats_auth import admin, reader, render_authorization, service_inbox
     from services.console.service import assemble
     from tests.conftest import wait_for
+    from tests.helpers.console_user import console_user
 
-    conf = tmp_path / "auth.conf"
-    conf.write_text(
-        render_authorization([admin("admin-pw"), reader("console", "console-pw", GRANTS)])
-    )
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
-        writer = await Bus.connect(BusSettings(url=url), source="test/admin")  # provisions
+    async with console_user(tmp_path) as (writer, settings):
         cordon = await writer.js.create_key_value(bucket="cordon")
-        settings = Settings.model_validate(
-            {
-                "bus": {
-                    "url": server.url,
-                    "user": "nodeward-console",
-                    "password": "console-pw",
-                    "inbox_prefix": service_inbox("console"),
-                },
-                "services": {"console": {"port": 0}},
-            }
-        )
         assembled = await assemble(settings)
         daemon, live = assembled.daemon, assembled.live
         await daemon.start()
@@ -255,4 +236,3 @@ async def test_under_its_nats_user_it_reads_live_and_writes_nothing(tmp_path: Pa
                 await cordon.get("node.forged")
         finally:
             await daemon.stop()
-            await writer.close(grace=1)

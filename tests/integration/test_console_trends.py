@@ -466,31 +466,11 @@ async def test_a_later_read_takes_only_what_was_stored_since(own_bus: Bus) -> No
 async def test_under_its_nats_user_the_trends_are_read(tmp_path: Path) -> None:
     """The chart's console user (a reader) may count, read and delete what the trends need:
     every page draws its history, and no read fails."""
-    from launch.access import GRANTS
-    from nodeward.config import BusSettings
-    from nodeward.nats_auth import admin, reader, render_authorization, service_inbox
+    from tests.helpers.console_user import console_user
 
-    conf = tmp_path / "auth.conf"
-    conf.write_text(
-        render_authorization([admin("admin-pw"), reader("console", "console-pw", GRANTS)])
-    )
-    async with EmbeddedNats(tmp_path / "nats", config_file=conf) as server:
-        url = server.url.replace("nats://", "nats://nodeward-admin:admin-pw@")
-        writer = await Bus.connect(BusSettings(url=url), source="test/admin")  # provisions
+    async with console_user(tmp_path, provision=False) as (writer, settings):
         t = Times(time.time())
         await _publish_history(writer, t)
-        settings = Settings.model_validate(
-            {
-                "bus": {
-                    "url": server.url,
-                    "user": "nodeward-console",
-                    "password": "console-pw",
-                    "inbox_prefix": service_inbox("console"),
-                    "provision": False,
-                },
-                "services": {"console": {"port": 0}},
-            }
-        )
         assembled = await assemble(settings)
         await assembled.daemon.start()
         try:
@@ -506,4 +486,3 @@ async def test_under_its_nats_user_the_trends_are_read(tmp_path: Path) -> None:
                 assert not any("failed" in n for n in svg.notes), svg.notes
         finally:
             await assembled.daemon.stop()
-            await writer.close(grace=1)

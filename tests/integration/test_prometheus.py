@@ -2,79 +2,43 @@
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import pytest_asyncio
 import yaml
 
-from nodeward.bus.server import free_port
 from nodeward.config import BusSettings, DaemonSettings, Settings
 from nodeward.platform import bus_daemon
 from tests.conftest import wait_for
-from tests.helpers.net import terminate
+from tests.helpers.prometheus import PROMETHEUS
+from tests.helpers.prometheus import prometheus as running
 
-PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
     PROMETHEUS is None, reason="Debian `prometheus` is not installed (scripts/system-deps.sh)"
 )
 
 
-@pytest_asyncio.fixture
-async def prometheus(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """Prometheus on a free port; yields its URL and the scrape file targets are written to."""
     targets = tmp_path / "targets.yml"
     targets.write_text("[]\n")
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
             {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": "nodeward",
-                        "scrape_interval": "1s",
-                        "scrape_timeout": "1s",
-                        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                    }
-                ],
+                "job_name": "nodeward",
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
             }
-        )
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(PROMETHEUS),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url, timeout=2) as http:
-
-            async def ready() -> bool:
-                if proc.poll() is not None:
-                    raise AssertionError(
-                        f"prometheus exited: {proc.stderr.read() if proc.stderr else ''}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    return (await http.get("/-/ready")).status_code == 200
-                return False
-
-            await wait_for(ready, timeout=30, interval=0.1, what="prometheus /-/ready")
+    }
+    with running(tmp_path / "prometheus", config) as url:
         yield url, targets
-    finally:
-        await terminate(proc, 15)
 
 
 async def test_prometheus_scrapes_a_daemons_bus_metric(
