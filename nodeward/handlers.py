@@ -33,8 +33,9 @@ name is written in one place: the durable is the section's `consumer` (the servi
 it has none) and the declaration's `suffix`. A service's plugin names its declarations
 (`ServicePlugin(handlers="service:app")`) and `launch.access` takes its grants from them. The
 metrics follow the declarations too: each consumer's are labelled with its derived durable
-(`nodeward.bus`), and each control's answers are counted per verb and reply status
-(`nodeward_control_answers_total`).
+(`nodeward.bus`), each control's answers are counted per verb and reply status
+(`nodeward_control_answers_total`), and the publish failures of every event type its grants
+let it publish start at 0 (`nodeward_publish_failures_total`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.config import Section, Settings, section
 from nodeward.daemon import Daemon, TaskFactory
 from nodeward.kube import Access, Cluster
-from nodeward.nats_auth import ServiceGrants
+from nodeward.nats_auth import ServiceGrants, service_publish
 from nodeward.platform import Component, Standalone, UpContext, acting_daemon, bus_daemon
 from schemas.base import Event
 from schemas.control import ControlReply, ControlRequest
@@ -347,13 +348,19 @@ class Service(Generic[C]):
         consumers = len(alone) + (1 if together else 0)
         prepared = await self._prepare(config) if self._prepare is not None else None
         cluster: Cluster | None = None
+        publishes = service_publish(self.grants())
         if self.access is not None:
             daemon, bus, cluster = await acting_daemon(
-                self.name, settings, source=self.source, access=self.access, consumers=consumers
+                self.name,
+                settings,
+                source=self.source,
+                access=self.access,
+                consumers=consumers,
+                publishes=publishes,
             )
         else:
             daemon, bus = await bus_daemon(
-                self.name, settings, source=self.source, consumers=consumers
+                self.name, settings, source=self.source, consumers=consumers, publishes=publishes
             )
         runtime = Runtime(
             self.name, settings, config, daemon, bus, cluster, up, options, prepared, self.source

@@ -224,9 +224,9 @@ def _covered(subject: str, granted: Iterable[str]) -> bool:
     return any(g == subject or (g.endswith(".>") and subject.startswith(g[:-1])) for g in granted)
 
 
-def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser:
-    """A service: its own consumers and KV buckets, its outputs (and, with consumers, the
-    runtime's `REFUSALS`), its own inbox."""
+def service_publish(grants: ServiceGrants) -> tuple[str, ...]:
+    """Every subject a service may publish on: its consumers' and KV buckets' API calls
+    and dead letters, its reads, its outputs and, with consumers, the runtime's `REFUSALS`."""
     publish: list[str] = []
     for stream, durable in grants.durables():
         publish += _consumer_api(stream, durable)
@@ -237,11 +237,17 @@ def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser
     publish += grants.publish
     if grants.consumers:
         publish += [s for s in REFUSALS if not _covered(s, publish)]
+    return tuple(publish)
+
+
+def service_user(service: str, grants: ServiceGrants, password: str) -> NatsUser:
+    """A service: its own consumers and KV buckets, its outputs (and, with consumers, the
+    runtime's `REFUSALS`), its own inbox."""
     controls = tuple(control_subject(service, verb) for verb in grants.controls)
     return NatsUser(
         user=f"nodeward-{service}",
         password=password,
-        publish=tuple(publish),
+        publish=service_publish(grants),
         subscribe=(f"{service_inbox(service)}.>", *controls),
         allow_responses=bool(controls),  # the reply to each control request, nothing more
     )

@@ -4,7 +4,7 @@ and the embedded bus (`nodeward bus`). `launch.up` composes these into the whole
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -15,7 +15,9 @@ from nodeward.bus.server import EmbeddedNats
 from nodeward.config import ClusterSettings, Settings
 from nodeward.daemon import Daemon, install_signal_handlers
 from nodeward.kube import Access, Cluster
+from nodeward.metrics import at_zero
 from nodeward.plugin import names, resolve, service, services
+from schemas.registry import types_on
 
 
 class BusNotAnswering(RuntimeError):
@@ -29,14 +31,18 @@ async def bus_daemon(
     source: str,
     provision: bool | None = None,
     consumers: int = 0,
+    publishes: Iterable[str] = (),
 ) -> tuple[Daemon, Bus]:
     """A daemon with its bus connection: readiness follows the connection, shutdown drains it.
 
     `provision=False` for node agents: they publish, and have no rights to create streams.
     `consumers`: how many consumers the daemon runs; it is not ready until all are bound
     (its consume tasks start after `start()`, so an empty list is not "all bound").
+    `publishes`: the subjects it may publish on (its NATS grants);
+    `nodeward_publish_failures_total` starts at 0 for each event type they carry.
     """
     daemon = Daemon(name, settings.daemon)
+    at_zero(daemon.metrics.publish_failures, type=types_on(publishes))
     bus_settings = settings.bus
     if provision is not None:
         bus_settings = bus_settings.model_copy(update={"provision": provision})
@@ -60,15 +66,24 @@ async def bus_daemon(
 
 
 async def acting_daemon(
-    name: str, settings: Settings, *, source: str, access: Access, consumers: int = 1
+    name: str,
+    settings: Settings,
+    *,
+    source: str,
+    access: Access,
+    consumers: int = 1,
+    publishes: Iterable[str] = (),
 ) -> tuple[Daemon, Bus, Cluster]:
     """A service's daemon with its bus and its cluster port, which allows only what the
-    service declares in `access` (its package's `access.py`).
+    service declares in `access` (its package's `access.py`); `consumers` and `publishes`
+    as `bus_daemon`'s.
 
     On shutdown the consumers drain first (their handlers use the cluster), then the
     cluster client closes.
     """
-    daemon, bus = await bus_daemon(name, settings, source=source, consumers=consumers)
+    daemon, bus = await bus_daemon(
+        name, settings, source=source, consumers=consumers, publishes=publishes
+    )
     cluster = Cluster.connect(settings.cluster, access=access)
     grace = settings.daemon.shutdown_timeout.total_seconds() / 2
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -19,7 +19,7 @@ from schemas.node import NodeFinding, NodeHealth
 from schemas.notify import Notification
 from schemas.remediation import Remediation
 from schemas.session import SessionActivity, SessionIdle
-from schemas.streams import StreamSpec, stream_spec, subject_matches
+from schemas.streams import StreamSpec, patterns_overlap, stream_spec, subject_matches
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,20 @@ def native_type_for_subject(subject: str) -> EventType | None:
         if subject_matches(pattern, subject):
             return REGISTRY[type_name]
     return None
+
+
+def types_on(subjects: Iterable[str]) -> tuple[str, ...]:
+    """The event types (sorted) whose subjects some of `subjects` (NATS subjects or
+    wildcards, e.g. a publisher's grants) match: all a publisher granted `subjects` can
+    publish; a type is in when any of its subjects is."""
+    granted = tuple(subjects)
+    return tuple(
+        sorted(
+            name
+            for name, et in REGISTRY.items()
+            if any(patterns_overlap(et.subject_wildcard, s) for s in granted)
+        )
+    )
 
 
 def example_event(type_name: str) -> Event[EventData]:

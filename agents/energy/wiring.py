@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
-from agents.energy.access import ACCESS
+from agents.energy.access import ACCESS, GRANTS
 from agents.energy.account import CarbonProvider, StaticCarbon
 from agents.energy.agent import EnergyAgent, node_name
 from agents.energy.pods import KubeNodePods, NodePods
@@ -26,6 +26,7 @@ from nodeward.logs import get_logger
 from nodeward.nats_auth import agent_inbox
 from nodeward.platform import Standalone
 from schemas.energy import CarbonBasis
+from schemas.tokens import token
 
 
 def gpu_device_ids(nvml: Any) -> dict[str, list[str]]:
@@ -123,7 +124,11 @@ async def build_energy_agent(
         bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
         settings = settings.model_copy(update={"bus": bus_settings})
     daemon, bus = await bus_daemon(
-        f"agent-energy-{node}", settings, source=f"agent/energy/{node}", provision=False
+        f"agent-energy-{node}",
+        settings,
+        source=f"agent/energy/{node}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node)),
     )
     http = httpx.AsyncClient()
     daemon.add_shutdown_hook(http.aclose)

@@ -6,6 +6,7 @@ import asyncio
 from functools import partial
 from typing import Any
 
+from agents.gpu.access import GRANTS
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import select
 from agents.gpu.settings import GpuAgentSettings
@@ -15,6 +16,7 @@ from nodeward.config import Settings, section
 from nodeward.daemon import Daemon
 from nodeward.nats_auth import agent_inbox
 from nodeward.platform import Standalone, bus_daemon
+from schemas.tokens import token
 
 
 async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
@@ -37,7 +39,11 @@ async def build_gpu_agent(settings: Settings, *, nvml: Any = None) -> Daemon:
         bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
         settings = settings.model_copy(update={"bus": bus_settings})
     daemon, bus = await bus_daemon(
-        f"agent-gpu-{node}", settings, source=f"agent/gpu/{node}", provision=False
+        f"agent-gpu-{node}",
+        settings,
+        source=f"agent/gpu/{node}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node)),
     )
     pods = KubeletPods(
         config.pod_resources_socket, timeout=config.pod_resources_timeout.total_seconds()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.idle.access import ACCESS
+from agents.idle.access import ACCESS, GRANTS
 from agents.idle.agent import IdleAgent, KubeSessionPods, node_name
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import GpuUtilization
@@ -24,6 +24,7 @@ from nodeward.kube import Cluster
 from nodeward.logs import get_logger
 from nodeward.nats_auth import agent_inbox
 from nodeward.platform import Standalone, bus_daemon
+from schemas.tokens import token
 
 
 def _nvml(log: Any) -> GpuUtilization | None:
@@ -48,7 +49,11 @@ async def build_idle_agent(settings: Settings) -> Daemon:
         bus_settings = settings.bus.model_copy(update={"inbox_prefix": agent_inbox(node)})
         settings = settings.model_copy(update={"bus": bus_settings})
     daemon, bus = await bus_daemon(
-        f"agent-idle-{node}", settings, source=f"agent/idle/{node}", provision=False
+        f"agent-idle-{node}",
+        settings,
+        source=f"agent/idle/{node}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node)),
     )
     cluster = Cluster.connect(settings.cluster, access=ACCESS)
     pods = KubeletPods(config.pod_resources_socket)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agents.energy.access import GRANTS
 from agents.energy.account import StaticCarbon
 from agents.energy.agent import EnergyAgent
 from agents.energy.pods import KubeNodePods, NodePods, StaticPodList
@@ -32,6 +33,7 @@ from nodeward.kube import Cluster
 from nodeward.platform import UpContext
 from schemas.energy import PowerSource
 from schemas.gpu import GpuSample
+from schemas.tokens import token
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.nvml import SimNvml
 
@@ -104,7 +106,11 @@ async def build_sim_energy_agent(
     )
     sim = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
-        f"agent-energy-{node.name}", settings, source=f"agent/energy/{node.name}", provision=False
+        f"agent-energy-{node.name}",
+        settings,
+        source=f"agent/energy/{node.name}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node.name)),
     )
     carbon = StaticCarbon(config.carbon.static_g_per_kwh, zone=config.carbon.zone)
     gpu_pods: PodSource = StaticPods(sim_pod_devices(sim, pods))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agents.gpu.access import GRANTS
 from agents.gpu.agent import GpuAgent
 from agents.gpu.backends import AmdSmiBackend
 from agents.gpu.settings import GpuAgentSettings
@@ -29,7 +30,7 @@ from nodeward.platform import UpContext
 from schemas.cloudevents import DecodeError, decode
 from schemas.common import PodRef
 from schemas.gpu import GpuSample, GpuTelemetry
-from schemas.tokens import subject
+from schemas.tokens import subject, token
 from sim.amdsmi import SimAmdSmi
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 from sim.inject import serve_injections
@@ -177,7 +178,11 @@ async def build_sim_gpu_agent(
         kmsg = SimKmsg(kmsg_dir / node.name, sim)
         config = config.model_copy(update={"kernel_log": "kmsg", "kmsg_path": kmsg.path})
     daemon, bus = await bus_daemon(
-        f"agent-gpu-{node.name}", settings, source=f"agent/gpu/{node.name}", provision=False
+        f"agent-gpu-{node.name}",
+        settings,
+        source=f"agent/gpu/{node.name}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node.name)),
     )
     gpu_pods: PodSource = StaticPods(sim_pod_devices(sim, pods))
     if live is not None:

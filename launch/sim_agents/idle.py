@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.idle.access import ACCESS
+from agents.idle.access import ACCESS, GRANTS
 from agents.idle.agent import IdleAgent, KubeSessionPods
 from agents.idle.settings import IdleSettings
 from agents.sources.activity import KernelsReading
@@ -30,6 +30,7 @@ from nodeward.kube import Cluster
 from nodeward.platform import UpContext, bus_daemon
 from schemas.gpu import GpuSample
 from schemas.session import KernelActivity
+from schemas.tokens import token
 from sim.cluster.seed import NodeSeed, PodSeed, Seed
 
 KERNEL_ANNOTATION = "sim.nodeward.io/kernel"
@@ -105,7 +106,11 @@ async def build_sim_idle_agent(
     config: IdleSettings = section(settings, "agents", "idle", IdleSettings)
     sim_gpus = sim_workload(sim_nvml_for(node), pods)
     daemon, bus = await bus_daemon(
-        f"agent-idle-{node.name}", settings, source=f"agent/idle/{node.name}", provision=False
+        f"agent-idle-{node.name}",
+        settings,
+        source=f"agent/idle/{node.name}",
+        provision=False,
+        publishes=GRANTS.publish_for(token(node.name)),
     )
     cluster = Cluster.connect(settings.cluster, access=ACCESS)
     activity = SimSessionActivity()

@@ -44,7 +44,7 @@ from nodeward.bus.identity import Binding, Mismatch, bind, default_binding, mism
 from nodeward.bus.provision import ensure_stream
 from nodeward.bus.pull import GONE, Puller
 from nodeward.config import BusSettings
-from nodeward.metrics import Metrics
+from nodeward.metrics import Metrics, at_zero
 from schemas.base import Event, EventData, make_event
 from schemas.cloudevents import DecodeError, decode
 from schemas.common import ObjectRef
@@ -53,6 +53,12 @@ from schemas.ids import stable_id
 from schemas.notify import Notification, Severity
 from schemas.remediation import Outcome, Remediation
 from schemas.streams import STREAMS, stream_spec
+
+TERMINATED = "terminated"
+"""The dead-letter counter's reason for a message that could not be dead-lettered and was
+terminated (`Consumer._terminate`)."""
+DEAD_LETTER_REASONS: tuple[str, ...] = (*(r.value for r in DeadLetterReason), TERMINATED)
+"""Every `reason` of `nodeward_events_dead_lettered_total`: a closed set."""
 
 
 class Bus(Protocol):
@@ -283,6 +289,7 @@ class Consumer:
         m = bus.metrics
         self._m_latency = m.handler_seconds.labels(spec.name)
         m.in_flight.labels(spec.name).set_function(lambda: len(self._held))
+        at_zero(m.dead_lettered, consumer=[spec.name], reason=DEAD_LETTER_REASONS)
         self._m_handled: dict[tuple[str, str], Any] = {}
         self._dlq_failures: dict[int | str, int] = {}  # stream sequence -> failed DLQ writes
         self._delayed: dict[int, Msg] = {}  # stream sequence -> nak'ed with a retry delay
@@ -1010,7 +1017,7 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - it comes back; the next try terminates again
             self.log.error("consumer.term_failed", error=one_line(exc))
             return
-        self.bus.metrics.dead_lettered.labels(self.spec.name, "terminated").inc()
+        self.bus.metrics.dead_lettered.labels(self.spec.name, TERMINATED).inc()
         reason = f"could not be dead-lettered after {tries} tries: {one_line(error, 500)}"
         self.log.error("dlq.terminated", reason=reason, stream_sequence=dl.stream_sequence)
         audit = Remediation(

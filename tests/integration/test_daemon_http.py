@@ -156,6 +156,56 @@ async def test_a_service_is_not_ready_until_its_consumer_is_bound(
         await daemon.stop()
 
 
+async def test_failure_counters_have_their_series_at_0_before_any_failure(
+    bus_settings: Any, node: str
+) -> None:
+    """Scraped over HTTP before anything failed: each reason a bound consumer may
+    dead-letter for, and each event type the daemon may publish (from the subjects it is
+    granted), at 0, so the first failure is an increase Prometheus sees."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from nodeward.bus import ConsumerSpec
+    from nodeward.config import Settings
+    from nodeward.platform import bus_daemon
+
+    config = Settings(bus=bus_settings, daemon=settings())
+    durable = f"svc-{node}"
+    daemon, bus = await bus_daemon(
+        "svc",
+        config,
+        source="test/svc",
+        consumers=1,
+        publishes=("gpu.health.*.>", "notify.*.power-cap", f"dlq.GPU.{durable}", "$KV.x.>"),
+    )
+    await daemon.start()
+    try:
+        spec = ConsumerSpec(name=durable, stream="GPU", subjects=(f"gpu.health.{node}.>",))
+
+        async def handler(_event: Any, _delivery: Any) -> None:
+            return None
+
+        await bus.consume(spec, handler)
+        async with httpx.AsyncClient(base_url=daemon.url) as http:
+            text = (await http.get("/metrics")).text
+        found = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        reasons = ("invalid", "permanent", "exhausted", "identity_mismatch", "future")
+        for reason in (*reasons, "terminated"):
+            key = (("consumer", durable), ("reason", reason))
+            assert found[("nodeward_events_dead_lettered_total", key)] == 0.0
+        failures = {
+            dict(labels)["type"]: value
+            for (name, labels), value in found.items()
+            if name == "nodeward_publish_failures_total"
+        }
+        assert failures == {"dlq.v1": 0.0, "gpu.health.v1": 0.0, "notify.v1": 0.0}
+    finally:
+        await daemon.stop()
+
+
 async def test_readyz_fails_while_the_nats_server_is_hung_and_recovers_after(
     own_nats: Any, node: str
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pytest
 from pydantic import Field
 
 from nodeward.bus import Bus, Delivery
+from nodeward.bus.consumer import DEAD_LETTER_REASONS
 from nodeward.bus.control import request
 from nodeward.bus.partitions import PartitionedConsumer
 from nodeward.bus.server import EmbeddedNats
@@ -198,6 +200,14 @@ async def test_one_call_builds_the_declared_daemon(bus_settings: BusSettings, no
             async with httpx.AsyncClient() as http:
                 metrics = (await http.get(f"{daemon.url}/metrics")).text
             assert 'nodeward_control_answers_total{status="ok",verb="release"} 1.0' in metrics
+            # Nothing failed, and every failure counter it can move is there at 0: its
+            # consumer's dead letters, the publishes its grants allow (its dead letters, the
+            # runtime's refusal audits and notices; `toy.>` carries no event type).
+            for reason in DEAD_LETTER_REASONS:
+                series = f'{{consumer="{name}-c",reason="{reason}"}} 0.0'
+                assert f"nodeward_events_dead_lettered_total{series}" in metrics
+            failures = re.findall(r'nodeward_publish_failures_total\{type="([^"]+)"\} 0.0', metrics)
+            assert failures == ["dlq.v1", "notify.v1", "remediation.v1"]
             assert f"{name}:tick" in {t.get_name() for t in asyncio.all_tasks()}
     finally:
         await _forget(bus_settings, f"{name}-c")
