@@ -65,7 +65,8 @@ def node_name(settings: EnergySettings) -> str:
 
 
 class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, sources: Sequence[str]) -> None:
+        """`sources`: the power sources read, each one's failures counted from 0."""
         m = Declare(registry)
         self.power = m.gauge("nodeward_node_power_watts", "Node mean power over the last interval")
         self.energy = m.counter(
@@ -84,7 +85,10 @@ class _Metrics:
             "nodeward_pod_co2e_grams", "CO2e attributed to a pod", "namespace", "pod"
         )
         self.degraded = m.counter(
-            "nodeward_energy_source_failures", "Failed or hung source reads", "source"
+            "nodeward_energy_source_failures",
+            "Failed or hung source reads",
+            "source",
+            known={"source": sources},
         )
         self.rack = m.gauge(
             "nodeward_node_rack_info", "1, with the node's rack (empty when unknown)", "rack"
@@ -148,7 +152,7 @@ class EnergyAgent:
         self.caps: list[CapWatch] = cap_watches(
             settings.caps, self.node, rack or settings.caps.rack
         )
-        self.metrics = _Metrics(registry or CollectorRegistry())
+        self.metrics = _Metrics(registry or CollectorRegistry(), [s.name for s in self.sources])
         self.metrics.rack.labels(rack or settings.caps.rack or "").set(1)
         for watch in self.caps:
             self.metrics.cap.labels(watch.scope).set(watch.cap.watts)

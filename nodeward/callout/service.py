@@ -42,10 +42,15 @@ from nodeward.config import AuthCalloutSettings, Settings
 from nodeward.daemon import Daemon, DaemonError
 from nodeward.kube import Cluster
 from nodeward.kube.errors import KubeError, NotFound
+from nodeward.metrics import at_zero
 
 SUBJECT = "$SYS.REQ.USER.AUTH"
 REQUEST_AUDIENCE = "nats-authorization-request"
 NAME = "auth-callout"
+AGENT, COMPONENT = "agent", "component"
+"""The kinds of component the callout allows: a node's agents, a fixed account."""
+UNKNOWN = "unknown"
+"""The kind counted for a request refused or failed."""
 
 
 def load_signer(path: Path | None) -> nkeys.KeyPair:
@@ -132,9 +137,9 @@ class Callout:
                 raise Refused(f"pod {name} no longer exists") from None
             except KubeError as exc:
                 raise Refused(f"cannot read pod {name}: {exc}") from None
-            grant, kind = self.rules.agent(node_of(pod, uid, reviewed)), "agent"
+            grant, kind = self.rules.agent(node_of(pod, uid, reviewed)), AGENT
         else:
-            grant, kind = self.rules.fixed(account), "component"
+            grant, kind = self.rules.fixed(account), COMPONENT
         return grant, kind, expiry(token)  # None: a token that does not end (user_ttl)
 
     def user_jwt(self, grant: Grant, user_nkey: str, token_expires: float | None) -> str:
@@ -190,6 +195,10 @@ async def build(settings: Settings) -> Daemon:
         ["outcome", "kind"],
         registry=daemon.metrics.registry,
     )
+    # What `answer` counts: a component allowed as what it is, any refusal or failure as
+    # of an unknown kind.
+    at_zero(answered, outcome=("allowed",), kind=(AGENT, COMPONENT))
+    at_zero(answered, outcome=("refused", "failed"), kind=(UNKNOWN,))
     seconds = Histogram(
         "nodeward_auth_callout_seconds",
         "From an authorization request to its answer",
@@ -213,7 +222,7 @@ async def build(settings: Settings) -> Daemon:
             request = request_of(data)
         except (jwt.JwtError, xkey.XkeyError) as exc:
             log.warning("callout.bad_request", error=str(exc))
-            answered.labels("refused", "unknown").inc()
+            answered.labels("refused", UNKNOWN).inc()
             return  # not the server's: nothing to answer
         user_nkey = str(request["user_nkey"])
         server_id = str((request.get("server_id") or {}).get("id") or "")
@@ -224,11 +233,11 @@ async def build(settings: Settings) -> Daemon:
             grant, kind, expires = await callout.grant(str(opts.get("auth_token") or ""))
         except Refused as exc:
             bound.warning("callout.refused", reason=str(exc))
-            answered.labels("refused", "unknown").inc()
+            answered.labels("refused", UNKNOWN).inc()
             reply = callout.response(user_nkey, server_id, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug must refuse, not leave the server waiting
             bound.exception("callout.failed", error=type(exc).__name__)
-            answered.labels("failed", "unknown").inc()
+            answered.labels("failed", UNKNOWN).inc()
             reply = callout.response(user_nkey, server_id, error="internal error in the callout")
         else:
             bound.info("callout.allowed", user=grant.user)

@@ -34,7 +34,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,6 +51,10 @@ PROJECTED_KEY: dict[Kind, str] = {"kerberos": "krb5cc", "oauth2": "access_token"
 MUTATION_KINDS = ("volume", "mount", "env", "identity", "rewrite")
 """The `kind` label of the mutation counter: a fixed set."""
 Outcome = Literal["mutated", "unchanged", "skipped", "refused"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+RefusalReason = Literal["uid", "secret_ref", "owner_unknown"]
+REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
+"""The `reason` label of the refusal counter: a fixed set."""
 _CONTAINER_LISTS = ("initContainers", "containers")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -522,7 +526,7 @@ def _is_from_read(read: _Read, env_from: Mapping[str, Any]) -> bool:
     return read.how == "envFrom" and (env_from.get("secretRef") or {}).get("name") == read.secret
 
 
-def _refuse(who: str, reason: str, message: str) -> Decision:
+def _refuse(who: str, reason: RefusalReason, message: str) -> Decision:
     return Decision(False, "refused", code=403, message=message, reason=reason, pod=who)
 
 

@@ -36,8 +36,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from nodeward.daemon import listen
+from nodeward.metrics import at_zero
 from services.admission.policy import (
     MUTATION_KINDS,
+    OUTCOMES,
+    REFUSAL_REASONS,
     BadReview,
     CredentialRef,
     Decision,
@@ -157,8 +160,14 @@ class Metrics:
             ["result"],
             registry=registry,
         )
-        for kind in MUTATION_KINDS:
-            self.mutations.labels(kind)
+        # Every series at 0 from the start: a decision's outcome in a dry run or not, a
+        # review unanswered (caches not synced) likewise, one malformed or past the
+        # deadline as not a dry run (the request was not read).
+        at_zero(self.reviews, outcome=(*OUTCOMES, "not_ready"), dry_run=("true", "false"))
+        at_zero(self.reviews, outcome=("malformed", "timeout"), dry_run=("false",))
+        at_zero(self.refusals, reason=REFUSAL_REASONS)
+        at_zero(self.tls_reloads, result=("loaded", "failed"))
+        at_zero(self.mutations, kind=MUTATION_KINDS)
 
 
 class AdmissionServer:

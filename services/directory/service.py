@@ -32,6 +32,7 @@ from nodeward.aio import within
 from nodeward.daemon import DaemonError
 from nodeward.handlers import Runtime, Service
 from nodeward.kube import Conflict, KubeError, NotFound
+from nodeward.metrics import at_zero
 from schemas.common import ObjectRef
 from schemas.directory import OWNER_LEFT
 from schemas.ids import stable_id
@@ -110,6 +111,7 @@ class DirectoryService:
             ["scope", "outcome"],
             registry=registry,
         )
+        at_zero(self.passes, scope=("full", "new"), outcome=("ok", "failed"))
         self.left = Gauge(
             "nodeward_directory_owners_left",
             "Namespaces whose owner the directory no longer has (last full sync)",

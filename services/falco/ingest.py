@@ -62,6 +62,7 @@ from nodeward.bus.lanes import UrgentFirst
 from nodeward.config import Section
 from nodeward.daemon import listen
 from nodeward.durations import Duration
+from nodeward.metrics import at_zero
 from schemas.base import Event, make_event
 from schemas.cloudevents import one_line
 from schemas.falco import FalcoAlert
@@ -255,6 +256,12 @@ class Ingest:
             ["code"],
             registry=registry,
         )
+        # What `_post` answers: accepted, malformed, too big, the bus did not acknowledge;
+        # no or wrong credentials when a token is asked; refused for the backlog.
+        codes = [200, 400, 413, 503]
+        codes += [401, 403] if self.token is not None else []
+        codes += [429] if self.backlog is not None else []
+        at_zero(self.requests, code=[str(c) for c in sorted(codes)])
         self.alerts = Counter(
             "nodeward_falco_ingest_alerts",
             "Alerts received over HTTP, by outcome (published, test_dropped, refused_backlog)",

@@ -16,6 +16,7 @@ redelivered notice is not sent twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from nodeward.config import ConfigError
 from nodeward.durations import Duration
 from nodeward.handlers import Consuming, FromSettings, Runtime, Service, setting
 from nodeward.kube import Cluster, KubeError
+from nodeward.metrics import at_zero
 from schemas.base import Event
 from schemas.dlq import DeadLetterReason
 from schemas.notify import Notification, Severity
@@ -128,7 +130,10 @@ class NotifierSettings(Consuming):
 
 
 class NotifierMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, channels: Iterable[str] = ()) -> None:
+        """`channels`: those configured, each one's failures and dead letters counted
+        from 0."""
+        channels = tuple(channels)
         self.sent = Counter(
             "nodeward_notifications_sent",
             "Messages delivered, by channel and route (one per grouped message)",
@@ -147,6 +152,8 @@ class NotifierMetrics:
             ["channel"],
             registry=registry,
         )
+        at_zero(self.failed, channel=channels)
+        at_zero(self.dead_lettered, channel=channels)
         self.grouped = Counter(
             "nodeward_notifications_grouped",
             "Notices folded into a group another notice opened",
@@ -566,7 +573,7 @@ async def setup(rt: Runtime[NotifierSettings]) -> NotifierService:
         templates=templates,
         owners=Owners(cluster, directory, ttl=config.owner_cache_ttl.total_seconds()),
         settled=Settled(kv),
-        metrics=NotifierMetrics(rt.daemon.metrics.registry),
+        metrics=NotifierMetrics(rt.daemon.metrics.registry, tuple(channels)),
         dedup=DedupWindow(kv, config.grouping.dedup_window, prefix="said"),
     )
 

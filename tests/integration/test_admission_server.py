@@ -20,6 +20,7 @@ import structlog
 import structlog.testing
 from cryptography import x509
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodeward import certs
 from nodeward.aio import within
@@ -375,6 +376,23 @@ async def test_the_daemon_is_ready_once_synced_and_serves_metrics_on_its_own_por
     try:
         async with httpx.AsyncClient(base_url=daemon.url) as plain:
             await wait_for_status(plain, "/readyz", 200)
+            # Before any review: every outcome it can count, each refusal reason and each
+            # certificate reload result, at 0.
+            before = at_zero_series((await plain.get("/metrics")).text)
+            dry_runnable = ("mutated", "unchanged", "skipped", "refused", "not_ready")
+            assert before["nodeward_admission_reviews_total"] == {
+                *(f"dry_run=false,outcome={o}" for o in (*dry_runnable, "malformed", "timeout")),
+                *(f"dry_run=true,outcome={o}" for o in dry_runnable),
+            }
+            assert before["nodeward_admission_refusals_total"] == {
+                "reason=uid",
+                "reason=secret_ref",
+                "reason=owner_unknown",
+            }
+            assert before["nodeward_admission_tls_reloads_total"] == {
+                "result=loaded",
+                "result=failed",
+            }
             url = built.service.server.url
             async with httpx.AsyncClient(
                 verify=ssl.create_default_context(cadata=ca.pem.decode())
@@ -387,6 +405,17 @@ async def test_the_daemon_is_ready_once_synced_and_serves_metrics_on_its_own_por
             assert (await plain.get("/healthz")).status_code == 200
     finally:
         await daemon.stop()
+
+
+def at_zero_series(text: str) -> dict[str, set[str]]:
+    """Per counter family of a scrape, its series at 0, each as `label=value,...` sorted."""
+    found: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.endswith("_total") and s.value == 0.0:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                found.setdefault(s.name, set()).add(labels)
+    return found
 
 
 async def wait_for_status(client: httpx.AsyncClient, path: str, status: int) -> None:

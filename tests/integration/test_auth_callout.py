@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import nkeys
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from launch.access import AGENT_GRANTS, GRANTS, READERS
 from nodeward.bus import Bus, BusError
@@ -388,6 +390,24 @@ async def test_tokens_without_a_nodeward_identity_for_nats_are_refused(
 async def test_no_token_is_refused(env: Env) -> None:
     no_token = BusSettings(url=env.nats.url, connect_timeout="3s")  # type: ignore[arg-type]
     assert "Authorization Violation" in await _refused(no_token)
+    # Counted as refused; nothing failed, and no agent signed in: those series are there
+    # at 0 (the failure alert sees the first failure).
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{env.callout.url}/metrics")).text
+    answers = {
+        (s.labels["outcome"], s.labels["kind"]): s.value
+        for family in text_string_to_metric_families(scraped)
+        for s in family.samples
+        if s.name == "nodeward_auth_callout_answers_total"
+    }
+    assert set(answers) == {
+        ("allowed", "agent"),
+        ("allowed", "component"),
+        ("refused", "unknown"),
+        ("failed", "unknown"),
+    }
+    assert answers["failed", "unknown"] == answers["allowed", "agent"] == 0.0
+    assert answers["refused", "unknown"] >= 1 and answers["allowed", "component"] >= 1
 
 
 async def test_a_service_gets_its_own_grants_and_no_more(env: Env) -> None:

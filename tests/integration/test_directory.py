@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from structlog.testing import capture_logs
 
@@ -251,6 +252,13 @@ async def test_without_a_url_it_idles_ready(directory_env: EnvFactory) -> None:
     daemon = await env.start()
     await wait_for(lambda: env.ready(daemon), what="ready")
     assert not await env.labelled(ns, OWNER_UID)
+    # No sync yet, none failed: each scope's and outcome's series is there, at 0.
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{daemon.url}/metrics")).text
+    for scope in ("full", "new"):
+        for outcome in ("ok", "failed"):
+            series = f'{{outcome="{outcome}",scope="{scope}"}}'
+            assert f"nodeward_directory_syncs_total{series} 0.0" in scraped
 
 
 async def test_dry_run_writes_nothing_and_tells_no_one(directory_env: EnvFactory) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -12,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from nats.js.errors import NotFoundError
 from prometheus_client import CollectorRegistry
@@ -173,8 +175,9 @@ async def test_a_failing_or_hung_source_is_degraded_and_the_loop_goes_on(
     good, bad = Watts("rapl", 300.0, component="package-0"), Watts("ipmi")
     bad.mode = mode
     subj = f"energy.node.{node}"
+    registry = CollectorRegistry()
     try:
-        async with running(bus_settings, node, settings(tmp_path), [good, bad]):
+        async with running(bus_settings, node, settings(tmp_path), [good, bad], registry=registry):
             first = await next_stored(bus, subj)
             second = await next_stored(bus, subj, after=first["_seq"])
             third = await next_stored(bus, subj, after=second["_seq"])
@@ -192,6 +195,9 @@ async def test_a_failing_or_hung_source_is_degraded_and_the_loop_goes_on(
     }[mode]
     assert expected in third["degraded"][0]
     assert third["interval"]["end"] > second["interval"]["end"]
+    failures = "nodeward_energy_source_failures_total"
+    assert registry.get_sample_value(failures, {"source": "rapl"}) == 0.0  # there, at 0
+    assert (registry.get_sample_value(failures, {"source": "ipmi"}) or 0.0) >= 2
 
 
 async def test_pods_get_their_gpus_energy_and_a_cpu_time_share(
@@ -345,6 +351,14 @@ async def test_standalone_daemon_publishes_with_static_carbon_and_never_logs_the
     async with daemon:
         event = await next_stored(bus, f"energy.node.{node}")
         assert (await daemon.readiness()).ready
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"{daemon.url}/metrics")).text
+    # Nothing failed, and what could is there at 0: its source's reads, each type it
+    # publishes (its node's grants).
+    assert 'nodeward_energy_source_failures_total{source="ipmi"} 0.0' in scraped
+    published = ("energy.node.v1", "energy.pod.v1", "node.finding.v1", "notify.v1")
+    failures = re.findall(r'nodeward_publish_failures_total\{type="([^"]+)"\} 0.0', scraped)
+    assert failures == list(published)
     assert daemon.name == f"agent-energy-{node}"
     assert event["avg_power_w"] == pytest.approx(420.0)
     assert event["co2e_g"] == pytest.approx(event["energy_j"] / 3.6e6 * 50.0, rel=1e-9)

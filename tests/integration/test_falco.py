@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from schemas.falco import ISOLATE_LABEL
@@ -141,6 +143,12 @@ async def test_unauthenticated_wrong_and_oversized_posts_are_refused(
             "max_body_bytes": 4096,
         }
     )
+    # Before any request, every status the ingest answers is there at 0 (with a token:
+    # 401 and 403 too), so the refusal alert sees the first refusals.
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{env.running[-1].daemon.url}/metrics")).text
+    codes = re.findall(r'nodeward_falco_ingest_requests_total\{code="(\d+)"\} 0.0', scraped)
+    assert codes == ["200", "400", "401", "403", "413", "429", "503"]
     alert = env.alert(DROP_AND_EXECUTE)
     no_auth = await env.post(alert, headers={"Authorization": ""})
     assert no_auth.status_code == 401

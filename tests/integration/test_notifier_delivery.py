@@ -1,6 +1,7 @@
 """services.notifier delivery semantics: a storm becomes one message per route, a dead channel
-dead-letters with the reason while the others deliver, bad input goes to the DLQ, a
-redelivered notice is not sent twice, and a user's notice reaches its owner."""
+dead-letters with the reason while the others deliver (each channel's failures counted from
+0), bad input goes to the DLQ, a redelivered notice is not sent twice, and a user's notice
+reaches its owner."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 from nats.js.errors import NotFoundError
 
 from nodeward.bus.server import free_port
@@ -106,7 +108,14 @@ async def test_dead_channel_dead_letters_with_reason_and_others_deliver(
         },
         routes=oncall("pager", "chat", "outbox"),
     )
-    await env.start()
+    daemon = await env.start()
+    # Before anything failed, each channel's failures and dead letters are scraped at 0:
+    # the first failure is an increase Prometheus sees.
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{daemon.url}/metrics")).text
+    for channel in ("pager", "chat", "outbox"):
+        for family in ("failed", "dead_lettered"):
+            assert f'nodeward_notifications_{family}_total{{channel="{channel}"}} 0.0' in scraped
     incident = "gpu-health/rack/r-dead"  # one incident: one message
     events = [
         env.notice(f"gpu-dead-{i} quarantined", node=f"gpu-dead-{i}", incident=incident)
