@@ -531,12 +531,12 @@ OPERATIONS = Dashboard(
                     description="Quarantines, releases, culls, renewals, ... by outcome.",
                 ),
                 Panel(
-                    "Actions refused by a guard per 5 minutes (count)",
+                    "Actions a guard refused or skipped per 5 minutes (count)",
                     "short",
                     [
                         q(
-                            "sum by (guard) (job:nodeward_remediations_refused:increase5m)",
-                            "{{guard}}",
+                            "sum by (guard, outcome) (job:nodeward_remediations_guarded:increase5m)",
+                            "{{guard}} ({{outcome}})",
                         )
                     ],
                 ),

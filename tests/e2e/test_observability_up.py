@@ -26,7 +26,7 @@ from launch.observability.dashboards import EXPORTERS
 from tests.browser import browser, screenshot
 from tests.conftest import REPO
 from tests.e2e.platform import Up, running_up
-from tests.e2e.test_cli import wait_until
+from tests.e2e.test_cli import run, wait_until
 from tests.helpers.prometheus import PROMETHEUS, api, prometheus, query
 
 pytestmark = [
@@ -147,6 +147,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         }
         with prometheus(tmp / "prometheus", config) as url:
             _dead_letter(up)
+            _guarded(up)
             yield Stack(up, url)
 
 
@@ -162,6 +163,17 @@ def _dead_letter(up: Up) -> None:
         await nc.close()
 
     asyncio.run(publish())
+
+
+def _guarded(up: Up) -> None:
+    """An operator asks the cordon service to release a node it never quarantined: a guard
+    (`not_ours`) stops it, as the operations view shows (the demo's own refusals, a rate
+    limit hit or not, depend on timing)."""
+    done = run(
+        "quarantine", "release", "gpu-h100-04", "--reason", "e2e: not ours",
+        "--state-dir", str(up.state),
+    )  # fmt: skip
+    assert done.returncode != 0 and "no quarantine by nodeward" in done.stdout + done.stderr
 
 
 def _evaluated_twice(url: str) -> None:
