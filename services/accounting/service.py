@@ -31,6 +31,7 @@ from nodeward.config import Section
 from nodeward.durations import Duration
 from nodeward.handlers import EventHandler, Runtime, Service, setting
 from nodeward.kube import NotFound
+from nodeward.metrics import at_zero
 from schemas.base import Event
 from schemas.capacity import AMD_PRODUCT_LABEL
 from schemas.energy import EnergyNode, EnergyPod
@@ -171,9 +172,8 @@ class _Metrics:
         """Every counter of `namespace` made at 0 the first time it is charged, so that a
         session warned later is an increase Prometheus sees, not a series born at 1."""
         for counter in (self.energy, self.co2e, self.gpu, self.idle):
-            counter.labels(namespace)
-        self.sessions.labels(namespace, "warned")
-        self.sessions.labels(namespace, "stopped")
+            at_zero(counter, namespace=[namespace])
+        at_zero(self.sessions, namespace=[namespace], action=["warned", "stopped"])
         return self
 
 
