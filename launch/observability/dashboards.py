@@ -395,7 +395,7 @@ SUSTAINABILITY = Dashboard(
                     [
                         q(
                             "cluster:nodeward_co2e_grams:increase1h"
-                            " / cluster:nodeward_energy_kwh:increase1h"
+                            " / (cluster:nodeward_energy_kwh:increase1h > 0)"
                         )
                     ],
                     description="CO2e over energy for the last hour: the grid's intensity as "
@@ -505,14 +505,20 @@ OPERATIONS = Dashboard(
                     [q("node:nodeward_gpu_health_state:max", "{{node}}")],
                 ),
                 Panel(
-                    "XIDs per hour (count)",
+                    "XIDs in the last hour (count)",
                     "short",
                     [
                         q(
-                            "sum by (node, xid) (increase(nodeward_gpu_xid_events_total[1h]))",
+                            "sum by (node, xid) ("
+                            "(nodeward_gpu_xid_events_total"
+                            " unless nodeward_gpu_xid_events_total offset 1h)"
+                            " and on (job, instance) (up offset 1h)"
+                            " or increase(nodeward_gpu_xid_events_total[1h]))",
                             "{{node}} XID {{xid}}",
                         )
                     ],
+                    description="A GPU's XID counter is born with its first XID, which "
+                    "increase() cannot see: a series born within the hour counts whole.",
                 ),
             ],
         ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 import urllib.request
@@ -190,15 +191,16 @@ def _evaluated_twice(url: str) -> None:
 
 
 def _wait_for_data(url: str, exprs: list[Expr], timeout: float) -> list[str]:
-    """The expressions still empty (not exempt) when all others have data or `timeout`
-    passed; every expression is run, and one Prometheus refuses fails at once."""
+    """The expressions still without a finite value (not exempt) when all others have one
+    or `timeout` passed; every expression is run, and one Prometheus refuses fails at once."""
     pending = list(exprs)
     deadline = time.monotonic() + timeout
     while True:
         still = []
         for e in pending:
             result = query(url, e.promql)  # raises with Prometheus' error for bad PromQL
-            if not result and e.exempt() is None:
+            finite = [r for r in result if math.isfinite(float(r["value"][1]))]
+            if not finite and e.exempt() is None:  # NaN or Inf alone: "No data" on a panel
                 still.append(e)
         pending = still
         if not pending or time.monotonic() > deadline:
