@@ -112,6 +112,22 @@ async def stored_since(
     )
 
 
+async def stream_info(
+    nc: Any, stream: str, request: dict[str, Any] | None = None, *, timeout: float = 5.0
+) -> dict[str, Any] | None:
+    """The server's own `STREAM.INFO` answer for `stream` (nats-py's leaves out fields, such
+    as the first message's time, and pages of subjects); None if there is no such stream."""
+    payload = json.dumps(request).encode() if request else b""
+    msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", payload, timeout)
+    reply: dict[str, Any] = json.loads(msg.data)
+    error = reply.get("error")
+    if error:
+        if error.get("code") == 404:
+            return None
+        raise SnapshotError(f"stream {stream}: {error.get('description', error)}")
+    return reply
+
+
 async def subject_counts(
     nc: Any, stream: str, subjects_filter: str, *, timeout: float = 5.0
 ) -> dict[str, int] | None:
@@ -121,14 +137,10 @@ async def subject_counts(
     out: dict[str, int] = {}
     offset = 0
     while True:
-        request = json.dumps({"subjects_filter": subjects_filter, "offset": offset})
-        msg = await nc.request(f"$JS.API.STREAM.INFO.{stream}", request.encode(), timeout)
-        reply = json.loads(msg.data)
-        error = reply.get("error")
-        if error:
-            if error.get("code") == 404:
-                return None
-            raise SnapshotError(f"stream {stream}: {error.get('description', error)}")
+        request = {"subjects_filter": subjects_filter, "offset": offset}
+        reply = await stream_info(nc, stream, request, timeout=timeout)
+        if reply is None:
+            return None
         page = (reply.get("state") or {}).get("subjects") or {}
         out.update(page)
         offset += len(page)

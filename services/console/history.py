@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from nats.js import api
 from pydantic import ValidationError
 
 from nodeward.aio import within
-from nodeward.bus.snapshot import last_per_subject
+from nodeward.bus.snapshot import last_per_subject, stream_info
 from schemas import DecodeError, decode
 from schemas.capacity import CapacityChanged, GpuCounts
 from schemas.energy import EnergyNode
@@ -314,13 +313,9 @@ class Trends:
     async def _stream(self, stream: str) -> Stream | None:
         """What `stream` holds now, from the server's `STREAM.INFO` (with the time of its
         first message, which nats-py leaves out); None when there is no such stream."""
-        msg = await self.nc.request(f"$JS.API.STREAM.INFO.{stream}", b"", timeout=STALL_S)
-        reply = json.loads(msg.data)
-        error = reply.get("error")
-        if error:
-            if error.get("code") == 404:
-                return None
-            raise RuntimeError(f"stream {stream}: {error.get('description', error)}")
+        reply = await stream_info(self.nc, stream, timeout=STALL_S)
+        if reply is None:
+            return None
         config, state = reply.get("config") or {}, reply.get("state") or {}
         first = None
         if state.get("messages") and state.get("first_ts"):
