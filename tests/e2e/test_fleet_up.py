@@ -23,7 +23,9 @@ from schemas.state.cordon import TAINT_KEY
 from tests.conftest import wait_for
 from tests.e2e.platform import running_up
 
-pytestmark = pytest.mark.timeout(180)
+# Its lag budget is a timing: never beside the other `up` that scrapes every daemon each
+# second (test_observability_up.py), on the same worker instead.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("heavy-up")]
 
 CONSUMERS = (("GPU", "cordon"), ("HEARTBEATS", "cordon-heartbeats"))
 

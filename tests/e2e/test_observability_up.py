@@ -33,6 +33,7 @@ from tests.helpers.prometheus import PROMETHEUS, api, prometheus, query
 pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="Debian `prometheus` is not installed"),
     pytest.mark.timeout(600),
+    pytest.mark.xdist_group("heavy-up"),  # not beside test_fleet_up's timed 256 nodes
 ]
 
 CHART = REPO / "deploy" / "helm" / "nodeward"
