@@ -273,9 +273,10 @@ class GpuAgent:
 
     async def _start(self) -> None:
         backend = self.backend
-        await self._control.call(backend.init, self._timeout)
-        count = await self._control.call(backend.device_count, self._timeout)
-        self._event_set = await self._control.call(backend.open_events, self._timeout)
+        init = self.settings.init_timeout.total_seconds()
+        await self._control.call(backend.init, init)
+        count = await self._control.call(backend.device_count, init)
+        self._event_set = await self._control.call(backend.open_events, init)
         self.watches = [_Watch(i, Lane(f"{self.node}/gpu{i}")) for i in range(count)]
         await self._refresh_pods()
         await asyncio.gather(*(self._poll(w) for w in self.watches))

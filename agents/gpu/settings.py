@@ -25,6 +25,9 @@ class GpuAgentSettings(Section):
     telemetry_interval: Duration = timedelta(seconds=15)
     poll_interval: Duration = timedelta(seconds=10)
     call_timeout: Duration = timedelta(seconds=5)
+    init_timeout: Duration = timedelta(seconds=60)
+    """Start-up calls (init, device count, event set): without persistence mode the driver
+    sets every GPU up on first open, which takes seconds, so `call_timeout` is too short."""
     xid_window: Duration = timedelta(seconds=10)
     xid_hold: Duration = timedelta(minutes=30)
     ecc_corrected_limit: int = 10_000
