@@ -157,7 +157,9 @@ class Intake:
             return
         if kind == Kind.ESCALATE:
             record = self._new(node, incident, Plan.REBOOT, gpus, xids, reason)
-            await self.steps.escalate(record, why, rma=not flap)
+            # What failed, then why no cure: on-call reads the fault, not only the catalog.
+            fault = audit.reason.removeprefix(f"{node}: ")
+            await self.steps.escalate(record, f"{fault}; {why}", rma=not flap)
             return
         assert plan is not None
         remediator = self.kit.settings.remediators[plan]

@@ -206,18 +206,38 @@ async def test_a_fault_that_grows_to_one_the_catalog_sends_to_rma_escalates(
     recovery_env: Any,
 ) -> None:
     # XID 64 (reset_gpu) comes first and starts a reset plan; the row-remap failure the agent
-    # reports next (drain_and_rma) reaches recovery as cordon's `already_quarantined`.
+    # reports next (drain_and_rma) reaches recovery as cordon's `already_quarantined`. On a
+    # loaded machine cordon may fold both into the first quarantine, which then escalates at
+    # once: either way on-call reads what failed, not only what the catalog says of it.
     env: RecoveryEnv = await recovery_env()
     await _inject(env, 1, "row-remap-failure")
 
     (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
     assert "RMA suggested" in escalation.reason and "drain_and_rma" in escalation.reason
+    assert "row remapping failed" in escalation.reason, escalation.reason
     # The page goes out first, then the record is saved escalated.
     record = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
     assert record.held
     audits = await env.audits()
     assert not [a for a in audits if a.action in ("reset", "reboot", "release")]
     assert _has_taint(await env.node_obj())  # quarantined, for a human
+
+
+async def test_a_fault_the_catalog_sends_to_rma_from_the_start_escalates_and_names_it(
+    recovery_env: Any,
+) -> None:
+    # Retired pages at the retirement limit: the GPU's first failure is already RMA, so the
+    # quarantine goes to on-call at once, and on-call reads what failed.
+    env: RecoveryEnv = await recovery_env()
+    await _inject(env, 1, "retired-page-limit")
+
+    (escalation,) = await wait_for(lambda: _escalations(env), "the escalation")
+    assert "RMA suggested for GPU 1" in escalation.reason, escalation.reason
+    assert "retired pages" in escalation.reason, escalation.reason
+    record = await wait_for(lambda: _record_at(env, Step.ESCALATED), "the record escalated")
+    assert "retired pages" in record.history[-1], record.history
+    audits = await env.audits()
+    assert not [a for a in audits if a.action in ("recover", "reset", "reboot", "release")]
 
 
 async def test_a_gpu_failing_on_an_escalated_node_joins_the_escalation_and_reboots_nothing(
