@@ -85,7 +85,7 @@ async def running(
     agent = EnergyAgent(bus, config, sources, StaticCarbon(50.0), node=node, **kwargs)
     task = asyncio.create_task(agent.run())
     try:
-        await wait_for(lambda: agent.ready, timeout=5, what="energy agent ready")
+        await wait_for(lambda: agent.ready, timeout=20, what="energy agent ready")
         yield agent
     finally:
         task.cancel()

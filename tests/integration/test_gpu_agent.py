@@ -98,7 +98,7 @@ async def rig(bus_settings: BusSettings, node: str) -> AsyncIterator[Rig]:
     r = Rig(node, sim, agent, seen, bus, registry)
     try:
         async with agent_running(agent, sim, (sub, sub2, injections)):
-            await wait_for(lambda: agent.ready, timeout=5, what="agent ready")
+            await wait_for(lambda: agent.ready, timeout=20, what="agent ready")
             await r.state(0, "healthy")
             await r.state(1, "healthy")
             yield r
@@ -486,7 +486,7 @@ async def test_state_change_survives_the_stream_being_unavailable(own_nats: Any,
     task = asyncio.create_task(agent.run())
     failures = bus.metrics.registry.get_sample_value
     try:
-        await wait_for(lambda: agent.ready, timeout=5, what="agent ready")
+        await wait_for(lambda: agent.ready, timeout=20, what="agent ready")
         await bus.js.delete_stream("GPU")  # JetStream answers nothing for gpu.health.* now
         sim.inject_xid(0, 79)
         await wait_for(

@@ -60,7 +60,7 @@ async def test_amd_uncorrectable_ecc_on_a_mi300x_node_quarantines_it(
     injections = await serve_injections(env.bus.nc, smi)
     task = asyncio.create_task(agent.run())
     try:
-        await wait_for(lambda: agent.ready, timeout=5, what="agent ready on AMD SMI")
+        await wait_for(lambda: agent.ready, timeout=20, what="agent ready on AMD SMI")
         assert {w.ident.name for w in agent.watches if w.ident} == {"AMD Instinct MI300X"}
         # Healthy GPUs leave the node in service.
         await wait_for(
@@ -125,7 +125,7 @@ async def test_amd_ring_hang_fails_the_gpu_until_the_reset_completes(
         return unit.state.value if unit and unit.state else None
 
     try:
-        await wait_for(lambda: agent.ready and state(1) == "healthy", timeout=5, what="ready")
+        await wait_for(lambda: agent.ready and state(1) == "healthy", timeout=20, what="ready")
         smi.inject_fault(1, "ring-hang")
         await wait_for(lambda: state(1) == "failed", timeout=5, what="ring hang fails gpu 1")
         codes = agent.watches[1].units[0].codes
