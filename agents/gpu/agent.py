@@ -379,8 +379,8 @@ class GpuAgent:
 
     def _adopt(self, watch: _Watch, ident: GpuIdentity) -> None:
         watch.ident = ident
-        # The model as GPU feature discovery labels it (nvidia.com/gpu.product): dashes for spaces.
-        self.metrics.info.labels(str(watch.index), "-".join(ident.name.split()) or "unknown").set(1)
+        # The model as the node's product label spells it: joins with the capacity series.
+        self.metrics.info.labels(str(watch.index), ident.product or "unknown").set(1)
         first = _Unit(ident.uuid)
         if watch.units:  # published before it could be identified: keep its state and sequence
             old = watch.units[0]

@@ -71,6 +71,12 @@ class _Reader(LibraryReader):
         return str(exc).replace("\n\t", " ")
 
 
+def amd_product(name: str) -> str:
+    """An AMD board's product name (sysfs `product_name`, amdsmi's board info) as AMD's node
+    labeller spells it in `amd.com/gpu.product-name`: blanks underscores, no parentheses."""
+    return name.strip().replace(" ", "_").replace("(", "").replace(")", "")
+
+
 def processor_handles(smi: Any) -> list[Any]:
     return list(smi.amdsmi_get_processor_handles())
 
@@ -84,14 +90,17 @@ def identify(smi: Any, lane: Lane, index: int) -> GpuIdentity:
     uuid = str(smi.amdsmi_get_gpu_device_uuid(handle))
     asic = read("amdsmi_get_gpu_asic_info", handle) or {}
     board = read("amdsmi_get_gpu_board_info", handle) or {}
-    name = next(
-        (str(v) for v in (asic.get("market_name"), board.get("product_name")) if v and v != "N/A"),
-        "AMD GPU",
+    market, product = (
+        str(v) if v and v != "N/A" else ""
+        for v in (asic.get("market_name"), board.get("product_name"))
     )
+    name = market or product or "AMD GPU"
     return GpuIdentity(
         index=index,
         uuid=uuid,
         name=name,
+        # The labeller reads the board's product name (sysfs), else libdrm's marketing name.
+        product=amd_product(product or market),
         pci_bus_id=read("amdsmi_get_gpu_device_bdf", handle),
         handle=handle,
     )

@@ -9,6 +9,7 @@ reported by name. `NVMLError_GpuIsLost` propagates; `NotSupported` becomes `None
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +117,16 @@ class GpuIdentity:
     handle: Any
     migs: tuple[MigIdentity, ...] = ()
     nvlinks: tuple[int, ...] = ()
+    product: str = ""
+    """The model as the node's product label spells it (`schemas.capacity`): what a join
+    with the capacity service's series, which read that label, needs."""
+
+
+def nvidia_product(name: str) -> str:
+    """An NVML device name as GPU feature discovery spells it in `nvidia.com/gpu.product`
+    (its `sanitise`: characters outside `A-Za-z0-9-_. ` dropped, runs of blanks one dash);
+    without the `-SHARED` or `-MIG-<profile>` it appends for time-slicing or MIG."""
+    return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", name).split())
 
 
 def device_count(nvml: Any) -> int:
@@ -156,6 +167,7 @@ def identify(nvml: Any, lane: Lane, index: int) -> GpuIdentity:
         index=index,
         uuid=uuid,
         name=name,
+        product=nvidia_product(name),
         pci_bus_id=_text(pci.busId) if pci is not None else None,
         handle=handle,
         migs=tuple(migs),

@@ -247,6 +247,29 @@ def test_every_recording_rule_gives_series(stack: Stack) -> None:
     assert not empty, "recording rules without series:\n" + "\n".join(empty)
 
 
+def test_the_agents_name_each_model_as_the_capacity_series_do(stack: Stack) -> None:
+    """The by-model panels join the agents' `nodeward_gpu_info{model}` with the capacity
+    service's `nodeward_gpus{model}` (the nodes' product labels): every model an agent names,
+    NVIDIA's and AMD's alike, is one the capacity service counts, and has its utilisation."""
+    url = stack.prometheus
+
+    def models(expr: str) -> set[str]:
+        return {r["metric"].get("model", "") for r in query(url, f"count by (model) ({expr})")}
+
+    def both() -> bool:
+        return len(models("nodeward_gpu_info")) >= 3 and bool(models("nodeward_gpus"))
+
+    wait_until(both, timeout=60, what="the agents' and the capacity service's models")
+    named = models("nodeward_gpu_info")
+    assert any(m.startswith("AMD_") for m in named), named
+    assert named <= models("nodeward_gpus"), (named, models("nodeward_gpus"))
+    wait_until(
+        lambda: named <= models("model:nodeward_gpu_utilization_ratio:avg"),
+        timeout=150,
+        what=f"utilisation recorded for each of {sorted(named)}",
+    )
+
+
 def test_every_alert_reads_series_the_platform_exposes(stack: Stack) -> None:
     """An alert that is not firing gives nothing: what is checked is that each series it
     reads exists (else it could never fire), and that its expression runs."""

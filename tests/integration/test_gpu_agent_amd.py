@@ -62,6 +62,9 @@ async def test_amd_uncorrectable_ecc_on_a_mi300x_node_quarantines_it(
     try:
         await wait_for(lambda: agent.ready, timeout=20, what="agent ready on AMD SMI")
         assert {w.ident.name for w in agent.watches if w.ident} == {"AMD Instinct MI300X"}
+        # nodeward_gpu_info's model is the node label's, so the dashboards join by model.
+        models = {s.labels["model"] for m in agent.metrics.info.collect() for s in m.samples}
+        assert models == {node["metadata"]["labels"]["amd.com/gpu.product-name"]}
         # Healthy GPUs leave the node in service.
         await wait_for(
             lambda: all(u.state and u.state.value == "healthy" for u in agent.watches[3].units),
