@@ -118,8 +118,8 @@ class GpuIdentity:
     migs: tuple[MigIdentity, ...] = ()
     nvlinks: tuple[int, ...] = ()
     product: str = ""
-    """The model as the node's product label spells it (`schemas.capacity`): what a join
-    with the capacity service's series, which read that label, needs."""
+    """The model as the node's product label spells it (`nvidia_product`, or `amdsmi`'s
+    `amd_product`): what a join with the capacity service's series, which read it, needs."""
 
 
 def nvidia_product(name: str) -> str:
